@@ -1,0 +1,255 @@
+//! The one error type of the verbs API.
+//!
+//! Variants are grouped by who is at fault, in the spirit of rustls' `Error`: the caller
+//! (API misuse: a bad state transition, a wrong attribute mask, an argument out of range),
+//! resources (a full queue: `ENOMEM`), the backend (an operation it does not support) and
+//! the operating system or transport underneath. Every variant maps to the `errno` that
+//! libibverbs would return for the same mistake ([`Error::errno`]), so results of the two
+//! backends can be compared value by value.
+//!
+//! Verbs failures that a real HCA reports through a work completion (a remote access
+//! error, an exhausted RNR retry count, ...) are *not* errors here: they arrive as
+//! [`WorkCompletion`](crate::WorkCompletion)s with a non-success status.
+
+use crate::flags::QpAttrMask;
+use crate::qp::QpState;
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Which queue a [`Error::QueueFull`] refers to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QueueKind {
+    /// The send queue of a QP.
+    Send,
+    /// The receive queue of a QP.
+    Recv,
+}
+
+impl std::fmt::Display for QueueKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            QueueKind::Send => "send queue",
+            QueueKind::Recv => "receive queue",
+        })
+    }
+}
+
+/// Everything that can go wrong in a verbs call.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    // ---- the caller's mistakes (EINVAL) ----
+    /// `ibv_modify_qp` asked for a transition the QP state machine does not have.
+    #[error("invalid QP state transition: the QP is in {current:?}, {requested:?} cannot be reached from there (EINVAL)")]
+    InvalidTransition {
+        /// The state the QP is in.
+        current: QpState,
+        /// The state the caller asked for.
+        requested: QpState,
+    },
+    /// The attribute mask of `ibv_modify_qp` lacks a required attribute or carries one the
+    /// transition does not accept.
+    #[error("wrong attribute mask for {current:?} -> {requested:?}: missing {missing:?}, not allowed {not_allowed:?} (EINVAL)")]
+    InvalidAttrMask {
+        /// The state the QP is in.
+        current: QpState,
+        /// The state the caller asked for.
+        requested: QpState,
+        /// Attributes the transition requires that the mask lacks.
+        missing: QpAttrMask,
+        /// Attributes in the mask that the transition does not accept.
+        not_allowed: QpAttrMask,
+    },
+    /// An attribute value is out of range (a port that does not exist, an MTU above the
+    /// port's, more outstanding reads than the device allows, ...).
+    #[error("invalid attribute {name}: {reason} (EINVAL)")]
+    InvalidAttr {
+        /// The attribute's libibverbs name.
+        name: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Any other invalid argument (EINVAL), with the verb that refused it.
+    #[error("{call}: invalid argument: {reason} (EINVAL)")]
+    InvalidArgument {
+        /// The verb, e.g. `ibv_reg_mr`.
+        call: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A post to a QP whose state does not allow it (e.g. `post_send` before RTS).
+    #[error("{call}: QP {qpn:#x} is in {state:?}: {reason} (EINVAL)")]
+    InvalidQpState {
+        /// The verb.
+        call: &'static str,
+        /// The QP number.
+        qpn: u32,
+        /// The QP's state.
+        state: QpState,
+        /// What the verb needs.
+        reason: &'static str,
+    },
+    /// A memory-region accessor was asked for bytes outside the region.
+    #[error("range {offset}..{end} is outside the memory region of {len} bytes")]
+    OutOfBounds {
+        /// Start of the requested range.
+        offset: usize,
+        /// End of the requested range.
+        end: usize,
+        /// Length of the region.
+        len: usize,
+    },
+
+    // ---- resources (ENOMEM) ----
+    /// Posting past the capacity of a queue (ENOMEM).
+    #[error("{queue} of QP {qpn:#x} is full: {capacity} work requests outstanding (ENOMEM)")]
+    QueueFull {
+        /// Which queue.
+        queue: QueueKind,
+        /// The QP number.
+        qpn: u32,
+        /// The queue's capacity.
+        capacity: u32,
+    },
+    /// A resource could not be allocated (ENOMEM).
+    #[error("{call}: out of resources: {reason} (ENOMEM)")]
+    NoMemory {
+        /// The verb.
+        call: &'static str,
+        /// What ran out.
+        reason: String,
+    },
+    /// The completion queue overflowed: completions were lost, the CQ is in error.
+    #[error("completion queue {cq} overflowed: {lost} completion(s) lost; the CQ is in error and must be destroyed")]
+    CqOverflow {
+        /// The CQ's handle.
+        cq: u32,
+        /// How many completions could not be queued.
+        lost: u64,
+    },
+
+    // ---- the backend ----
+    /// The backend or device does not support this (EOPNOTSUPP).
+    #[error("{backend}: not supported: {what} (EOPNOTSUPP)")]
+    Unsupported {
+        /// Backend name.
+        backend: &'static str,
+        /// What is not supported.
+        what: String,
+    },
+    /// No RDMA device is present at all.
+    #[error("no RDMA device found: {hint}")]
+    NoDevice {
+        /// What the user can do about it.
+        hint: String,
+    },
+    /// The named device does not exist.
+    #[error("RDMA device {name:?} not found; available: {available:?} (ENODEV)")]
+    DeviceNotFound {
+        /// The name asked for.
+        name: String,
+        /// The names that exist.
+        available: Vec<String>,
+    },
+
+    // ---- the OS and the transport ----
+    /// A verb failed with an errno from the OS or provider library.
+    #[error("{call} failed: {source}")]
+    Os {
+        /// The verb or system call.
+        call: &'static str,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A transport-level failure (the simulated wire, an out-of-band exchange).
+    #[error("transport: {0}")]
+    Transport(String),
+    /// A wait did not finish within its bound.
+    #[error("timed out after {0:?}")]
+    Timeout(std::time::Duration),
+}
+
+impl Error {
+    /// The `errno` libibverbs returns for this error (EINVAL, ENOMEM, EOPNOTSUPP, ...), so
+    /// that two backends' failures can be compared value by value.
+    pub fn errno(&self) -> i32 {
+        match self {
+            Error::InvalidTransition { .. }
+            | Error::InvalidAttrMask { .. }
+            | Error::InvalidAttr { .. }
+            | Error::InvalidArgument { .. }
+            | Error::InvalidQpState { .. }
+            | Error::OutOfBounds { .. } => libc::EINVAL,
+            Error::QueueFull { .. } | Error::NoMemory { .. } => libc::ENOMEM,
+            Error::CqOverflow { .. } => libc::EOVERFLOW,
+            Error::Unsupported { .. } => libc::EOPNOTSUPP,
+            Error::NoDevice { .. } | Error::DeviceNotFound { .. } => libc::ENODEV,
+            Error::Os { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+            Error::Transport(_) => libc::EIO,
+            Error::Timeout(_) => libc::ETIMEDOUT,
+        }
+    }
+
+    /// Builds [`Error::Os`] from an errno value.
+    pub fn from_errno(call: &'static str, errno: i32) -> Self {
+        Error::Os {
+            call,
+            source: std::io::Error::from_raw_os_error(errno),
+        }
+    }
+
+    /// Shorthand for [`Error::InvalidArgument`].
+    pub fn invalid(call: &'static str, reason: impl Into<String>) -> Self {
+        Error::InvalidArgument {
+            call,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// A failed `post_send` / `post_recv`: the index and `wr_id` of the first work request
+/// that was not posted (libibverbs' `bad_wr`), and why. Work requests before `index` were
+/// posted and will complete; those from `index` on were not.
+#[derive(Debug, thiserror::Error)]
+#[error("work request #{index} (wr_id {wr_id:#x}) was not posted: {error}")]
+pub struct PostError {
+    /// Position of the failing WR in the list passed to the post call.
+    pub index: usize,
+    /// Its `wr_id`.
+    pub wr_id: u64,
+    /// Why it failed.
+    #[source]
+    pub error: Error,
+}
+
+impl PostError {
+    /// The `errno` of the underlying error.
+    pub fn errno(&self) -> i32 {
+        self.error.errno()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errno_mapping_matches_libibverbs() {
+        let e = Error::QueueFull {
+            queue: QueueKind::Send,
+            qpn: 5,
+            capacity: 4,
+        };
+        assert_eq!(e.errno(), libc::ENOMEM);
+        let e = Error::InvalidTransition {
+            current: QpState::Reset,
+            requested: QpState::Rts,
+        };
+        assert_eq!(e.errno(), libc::EINVAL);
+        assert!(e.to_string().contains("Reset"));
+        assert!(e.to_string().contains("Rts"));
+        assert_eq!(Error::from_errno("x", libc::EBUSY).errno(), libc::EBUSY);
+    }
+}

@@ -1,0 +1,349 @@
+//! The verbs as traits: a [`Backend`] names one associated type per verbs object, so code
+//! generic over `B: Backend` is statically dispatched and pays nothing for being generic.
+//! Choosing a backend at run time is one `match` in the binary.
+//!
+//! Objects own their parents: a PD keeps its context alive, an MR and a QP their PD, a QP
+//! its CQs, a CQ its completion channel. Dropping handles in any order is therefore safe:
+//! each verbs object is destroyed after everything that depends on it, as libibverbs
+//! requires (`ibv_dealloc_pd` fails with EBUSY while MRs exist; here it simply waits for
+//! the last of them).
+//!
+//! # Safety model
+//!
+//! Registered memory can be written by the HCA or by a remote peer at any moment, so this
+//! API never hands out `&[u8]`/`&mut [u8]` into it. [`MemoryRegion`] offers copy-in and
+//! copy-out accessors (and raw pointers); the accessors copy with raw pointers, like a CPU
+//! racing a DMA engine: a read concurrent with an incoming transfer may see a mix of old
+//! and new bytes, but never touches memory outside the region. Aligned 64-bit accessors
+//! use atomic loads and stores, so they never tear against remote atomics.
+//!
+//! Because every buffer a work request names must lie in a registered region (checked by
+//! the HCA through the lkey) and a region's memory outlives its registration,
+//! `post_send` and `post_recv` are safe: a bad SGE completes with `IBV_WC_LOC_PROT_ERR`;
+//! it cannot corrupt memory. Memory registered from caller-owned buffers is the one
+//! `unsafe` entry point ([`ProtectionDomain::reg_mr_raw`]).
+
+use std::os::fd::RawFd;
+use std::time::Duration;
+
+use crate::device::{Capabilities, DeviceAttr, DeviceInfo, Gid, PortAttr};
+use crate::endpoint::RemoteMr;
+use crate::error::{Error, PostError, Result};
+use crate::flags::{AccessFlags, QpAttrMask};
+use crate::qp::{QpAttr, QpInitAttr, QpState, QpType};
+use crate::wc::WorkCompletion;
+use crate::wr::{RecvWr, SendWr, Sge};
+
+/// The context type of backend `B`.
+pub type ContextOf<B> = <B as Backend>::Context;
+/// The protection-domain type of backend `B`.
+pub type PdOf<B> = <B as Backend>::Pd;
+/// The memory-region type of backend `B`.
+pub type MrOf<B> = <B as Backend>::Mr;
+/// The completion-queue type of backend `B`.
+pub type CqOf<B> = <B as Backend>::Cq;
+/// The completion-channel type of backend `B`.
+pub type ChannelOf<B> = <B as Backend>::Channel;
+/// The queue-pair type of backend `B`.
+pub type QpOf<B> = <B as Backend>::Qp;
+
+/// A family of RDMA devices: the simulated HCA or libibverbs.
+pub trait Backend: Send + Sync + Sized + 'static {
+    /// An open device (`struct ibv_context`).
+    type Context: Context<Backend = Self>;
+    /// A protection domain (`struct ibv_pd`).
+    type Pd: ProtectionDomain<Backend = Self>;
+    /// A memory region (`struct ibv_mr`).
+    type Mr: MemoryRegion;
+    /// A completion queue (`struct ibv_cq`).
+    type Cq: CompletionQueue;
+    /// A completion channel (`struct ibv_comp_channel`).
+    type Channel: CompletionChannel;
+    /// A queue pair (`struct ibv_qp`).
+    type Qp: QueuePair;
+
+    /// Short name: `sim`, `ibverbs`.
+    fn name(&self) -> &'static str;
+
+    /// `ibv_get_device_list`: the devices this backend can open (possibly none).
+    fn devices(&self) -> Result<Vec<DeviceInfo>>;
+
+    /// `ibv_open_device` by name.
+    fn open(&self, name: &str) -> Result<Self::Context>;
+
+    /// Opens the first device, or fails with [`Error::NoDevice`] when there is none.
+    fn open_first(&self) -> Result<Self::Context> {
+        let devs = self.devices()?;
+        match devs.first() {
+            Some(d) => self.open(&d.name),
+            None => Err(Error::NoDevice {
+                hint: format!("the {} backend lists no devices", self.name()),
+            }),
+        }
+    }
+}
+
+/// An open device (`struct ibv_context`).
+pub trait Context: Send + Sync + Sized {
+    /// The backend this context belongs to.
+    type Backend: Backend<Context = Self>;
+
+    /// The device name (`ibv_get_device_name`).
+    fn name(&self) -> &str;
+
+    /// `ibv_query_device`.
+    fn query_device(&self) -> Result<DeviceAttr>;
+
+    /// `ibv_query_port` (ports are numbered from 1).
+    fn query_port(&self, port_num: u8) -> Result<PortAttr>;
+
+    /// `ibv_query_gid`.
+    fn query_gid(&self, port_num: u8, index: u32) -> Result<Gid>;
+
+    /// What the device can do (see [`Capabilities`]).
+    fn capabilities(&self) -> Result<Capabilities>;
+
+    /// `ibv_alloc_pd`.
+    fn alloc_pd(&self) -> Result<PdOf<Self::Backend>>;
+
+    /// `ibv_create_comp_channel`.
+    fn create_comp_channel(&self) -> Result<ChannelOf<Self::Backend>>;
+
+    /// `ibv_create_cq` with at least `cqe` entries, optionally reporting to `channel`.
+    fn create_cq(&self, cqe: u32, channel: Option<&ChannelOf<Self::Backend>>) -> Result<CqOf<Self::Backend>>;
+}
+
+/// A protection domain (`struct ibv_pd`): MRs and QPs of one PD can reach each other,
+/// nothing of another PD can.
+pub trait ProtectionDomain: Send + Sync + Sized {
+    /// The backend this PD belongs to.
+    type Backend: Backend<Pd = Self>;
+
+    /// Allocates a zeroed, page-aligned buffer of `len` bytes and registers it
+    /// (`ibv_reg_mr`). `REMOTE_WRITE` or `REMOTE_ATOMIC` without `LOCAL_WRITE` is EINVAL.
+    fn reg_mr(&self, len: usize, access: AccessFlags) -> Result<MrOf<Self::Backend>>;
+
+    /// Registers caller memory (`ibv_reg_mr` on an existing buffer).
+    ///
+    /// # Safety
+    ///
+    /// `addr..addr + len` must be valid for reads and writes until the returned MR is
+    /// dropped, and while it is registered it must be accessed only through raw pointers
+    /// (never through `&`/`&mut` references), because the HCA and remote peers may read
+    /// and write it at any time.
+    unsafe fn reg_mr_raw(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<MrOf<Self::Backend>>;
+
+    /// `ibv_create_qp`. The QP starts in RESET; the granted capacities (which may be
+    /// larger than asked) are in [`QueuePair::query`]'s `cap`.
+    fn create_qp(&self, attr: &QpInitAttr<'_, CqOf<Self::Backend>>) -> Result<QpOf<Self::Backend>>;
+}
+
+/// A registered memory region (`struct ibv_mr`).
+///
+/// # Safety
+///
+/// Implementors guarantee that `as_ptr()..as_ptr() + len()` is valid for reads and writes
+/// for as long as the region exists (the default accessors rely on it).
+pub unsafe trait MemoryRegion: Send + Sync {
+    /// Start of the region.
+    fn as_ptr(&self) -> *mut u8;
+    /// Length in bytes.
+    fn len(&self) -> usize;
+    /// Local key, for SGEs.
+    fn lkey(&self) -> u32;
+    /// Remote key, for peers.
+    fn rkey(&self) -> u32;
+    /// The access flags it was registered with.
+    fn access(&self) -> AccessFlags;
+
+    /// Whether the region is empty.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The region's address as the HCA sees it (`ibv_mr::addr`).
+    fn addr(&self) -> u64 {
+        self.as_ptr() as u64
+    }
+
+    /// An SGE for `len` bytes at `offset`, checked against the region.
+    fn sge(&self, offset: usize, len: usize) -> Result<Sge> {
+        check_range(offset, len, self.len())?;
+        let length =
+            u32::try_from(len).map_err(|_| Error::invalid("sge", format!("length {len} exceeds 32 bits")))?;
+        Ok(Sge {
+            addr: self.addr() + offset as u64,
+            length,
+            lkey: self.lkey(),
+        })
+    }
+
+    /// An SGE covering the whole region (the length saturates at 2^32 - 1).
+    fn sge_all(&self) -> Sge {
+        Sge {
+            addr: self.addr(),
+            length: u32::try_from(self.len()).unwrap_or(u32::MAX),
+            lkey: self.lkey(),
+        }
+    }
+
+    /// The descriptor a peer needs for one-sided access to the whole region.
+    fn remote(&self) -> RemoteMr {
+        RemoteMr {
+            addr: self.addr(),
+            rkey: self.rkey(),
+            len: self.len() as u64,
+        }
+    }
+
+    /// Copies `buf.len()` bytes at `offset` out of the region.
+    fn read(&self, offset: usize, buf: &mut [u8]) -> Result<()> {
+        check_range(offset, buf.len(), self.len())?;
+        // SAFETY: the range is inside the region (checked above), which the trait contract
+        // keeps valid while `self` lives; `buf` is a distinct Rust buffer, so the ranges do
+        // not overlap. No reference into the region is created.
+        unsafe { std::ptr::copy_nonoverlapping(self.as_ptr().add(offset), buf.as_mut_ptr(), buf.len()) };
+        Ok(())
+    }
+
+    /// Copies `data` into the region at `offset`.
+    fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
+        check_range(offset, data.len(), self.len())?;
+        // SAFETY: as in `read`; the destination range is inside the region.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.as_ptr().add(offset), data.len()) };
+        Ok(())
+    }
+
+    /// Sets every byte of the region to `byte`.
+    fn fill(&self, byte: u8) {
+        // SAFETY: the whole region is valid for writes (trait contract).
+        unsafe { std::ptr::write_bytes(self.as_ptr(), byte, self.len()) };
+    }
+
+    /// A copy of the whole region.
+    fn to_vec(&self) -> Vec<u8> {
+        let mut v = vec![0u8; self.len()];
+        self.read(0, &mut v).expect("whole region is in bounds");
+        v
+    }
+
+    /// Reads a native-endian 64-bit word at `offset`. At an 8-byte aligned address this
+    /// is an atomic load, so it never tears against remote atomics on the same word.
+    fn read_u64(&self, offset: usize) -> Result<u64> {
+        check_range(offset, 8, self.len())?;
+        // SAFETY: in bounds (checked above).
+        let p = unsafe { self.as_ptr().add(offset) };
+        if (p as usize) % 8 == 0 {
+            // SAFETY: `p` is 8-byte aligned, in bounds and valid for the region's life;
+            // all concurrent accesses by the HCA to aligned words are atomic too.
+            Ok(unsafe { std::sync::atomic::AtomicU64::from_ptr(p.cast()) }
+                .load(std::sync::atomic::Ordering::SeqCst))
+        } else {
+            let mut b = [0u8; 8];
+            self.read(offset, &mut b)?;
+            Ok(u64::from_ne_bytes(b))
+        }
+    }
+
+    /// Writes a native-endian 64-bit word at `offset` (an atomic store when aligned).
+    fn write_u64(&self, offset: usize, value: u64) -> Result<()> {
+        check_range(offset, 8, self.len())?;
+        // SAFETY: in bounds (checked above).
+        let p = unsafe { self.as_ptr().add(offset) };
+        if (p as usize) % 8 == 0 {
+            // SAFETY: as in `read_u64`.
+            unsafe { std::sync::atomic::AtomicU64::from_ptr(p.cast()) }
+                .store(value, std::sync::atomic::Ordering::SeqCst);
+            Ok(())
+        } else {
+            self.write(offset, &value.to_ne_bytes())
+        }
+    }
+}
+
+fn check_range(offset: usize, len: usize, region: usize) -> Result<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= region => Ok(()),
+        _ => Err(Error::OutOfBounds {
+            offset,
+            end: offset.saturating_add(len),
+            len: region,
+        }),
+    }
+}
+
+/// A completion queue (`struct ibv_cq`).
+pub trait CompletionQueue: Send + Sync {
+    /// `ibv_poll_cq`: moves up to `wc.len()` completions into `wc`, oldest first, and
+    /// returns how many. An overflowed CQ returns [`Error::CqOverflow`].
+    fn poll(&self, wc: &mut [WorkCompletion]) -> Result<usize>;
+
+    /// `ibv_req_notify_cq`: arms the CQ so that the next completion (or, with
+    /// `solicited_only`, the next solicited or unsuccessful one) raises one event on its
+    /// channel.
+    fn req_notify(&self, solicited_only: bool) -> Result<()>;
+
+    /// `ibv_ack_cq_events`: acknowledges `n` events taken from the channel.
+    fn ack_events(&self, n: u32);
+
+    /// The number of entries the CQ holds (`ibv_cq::cqe`; may exceed what was asked).
+    fn capacity(&self) -> u32;
+
+    /// An identifier of this CQ, unique within its context, as returned by
+    /// [`CompletionChannel::get_cq_event`].
+    fn handle(&self) -> u32;
+}
+
+/// A completion channel (`struct ibv_comp_channel`).
+pub trait CompletionChannel: Send + Sync {
+    /// `ibv_get_cq_event`: waits up to `timeout` (forever with `None`) for an event and
+    /// returns the [`handle`](CompletionQueue::handle) of the CQ that raised it, or
+    /// `None` on timeout. Each event must later be acknowledged with
+    /// [`CompletionQueue::ack_events`].
+    fn get_cq_event(&self, timeout: Option<Duration>) -> Result<Option<u32>>;
+
+    /// A file descriptor that polls readable while an event is pending (for `poll(2)`,
+    /// epoll or tokio's `AsyncFd`).
+    fn fd(&self) -> RawFd;
+}
+
+/// A queue pair (`struct ibv_qp`).
+pub trait QueuePair: Send + Sync {
+    /// The QP number.
+    fn qp_num(&self) -> u32;
+
+    /// The transport type.
+    fn qp_type(&self) -> QpType;
+
+    /// `ibv_modify_qp`: applies the attributes selected by `mask`. A transition the state
+    /// machine lacks, or a mask that lacks required attributes or has extra ones, fails
+    /// with an error naming the current and requested state.
+    fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()>;
+
+    /// `ibv_query_qp`: every attribute, including the granted `cap`.
+    fn query(&self) -> Result<QpAttr>;
+
+    /// The current state (`ibv_query_qp` with `IBV_QP_STATE`).
+    fn state(&self) -> Result<QpState> {
+        Ok(self.query()?.qp_state)
+    }
+
+    /// `ibv_post_send`: queues the WRs in order. On failure the error names the first WR
+    /// not posted; those before it were posted. Posting past `max_send_wr` outstanding
+    /// WRs fails with ENOMEM; a QP before RTS refuses sends with EINVAL; in ERR every
+    /// posted WR completes with `IBV_WC_WR_FLUSH_ERR`.
+    ///
+    /// Buffers are read when the WR executes, after this call returns (except with
+    /// `IBV_SEND_INLINE`, where they are copied now; inline SGEs must still lie in a
+    /// registered region of this context, or the post fails with EINVAL).
+    fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostError>;
+
+    /// `ibv_post_recv`: queues receive WRs (from INIT on). Past `max_recv_wr` outstanding
+    /// it fails with ENOMEM.
+    fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), PostError>;
+}
