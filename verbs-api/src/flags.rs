@@ -33,8 +33,8 @@ impl AccessFlags {
 
     /// `ibv_reg_mr`'s rule: remote write or atomic access requires local write.
     pub fn is_valid_for_mr(self) -> bool {
-        !(self.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
-            && !self.contains(AccessFlags::LOCAL_WRITE))
+        !self.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
+            || self.contains(AccessFlags::LOCAL_WRITE)
     }
 }
 
