@@ -251,7 +251,7 @@ mod tests {
         #[test]
         fn accepted_iff_required_subset_and_no_extra(i in 0usize..7, j in 0usize..7, bits in 0u32..(1 << 21)) {
             let (cur, next) = (STATES[i], STATES[j]);
-            let mask = M::from_bits_truncate(bits) - M::CUR_STATE | M::STATE;
+            let mask = (M::from_bits_truncate(bits) - M::CUR_STATE) | M::STATE;
             let r = check_modify(cur, QpType::Rc, &attr(next), mask);
             match transition_masks(cur, next, QpType::Rc) {
                 None => {
