@@ -1,0 +1,301 @@
+//! Completion queues and completion channels (`man ibv_create_cq`, `man ibv_poll_cq`,
+//! `man ibv_req_notify_cq`, `man ibv_get_cq_event`, `man ibv_create_comp_channel`).
+//!
+//! - A CQ holds at most `cqe` completions. One more is an overflow: the completion is
+//!   lost, the CQ enters an error state that every later `poll` reports as
+//!   [`Error::CqOverflow`] (as a real CQ raises `IBV_EVENT_CQ_ERR` and becomes unusable),
+//!   and the QP that produced it goes to ERR. Overflow is never silent.
+//! - `req_notify` arms the CQ once: the next completion (or, solicited-only, the next
+//!   solicited or unsuccessful one, IBA 11.4.2.2) puts one event on the channel and
+//!   disarms it.
+//! - A channel is a queue of CQ handles plus an `eventfd` in semaphore mode, so its fd
+//!   polls readable exactly while events are pending.
+
+use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+use verbs_api::{Error, Result, WcStatus, WorkCompletion};
+
+/// Arming state of a CQ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Arm {
+    Off,
+    Next,
+    Solicited,
+}
+
+struct CqState {
+    entries: VecDeque<WorkCompletion>,
+    lost: u64,
+    arm: Arm,
+}
+
+/// One completion queue.
+pub struct CqShared {
+    /// Handle, unique per device.
+    pub handle: u32,
+    /// Capacity (`cqe`).
+    pub cap: u32,
+    state: Mutex<CqState>,
+    channel: Option<Arc<ChannelShared>>,
+    events_delivered: AtomicU64,
+    events_acked: AtomicU64,
+}
+
+impl CqShared {
+    /// A CQ of `cap` entries reporting to `channel`.
+    pub fn new(handle: u32, cap: u32, channel: Option<Arc<ChannelShared>>) -> Self {
+        CqShared {
+            handle,
+            cap,
+            state: Mutex::new(CqState {
+                entries: VecDeque::with_capacity(cap.min(4096) as usize),
+                lost: 0,
+                arm: Arm::Off,
+            }),
+            channel,
+            events_delivered: AtomicU64::new(0),
+            events_acked: AtomicU64::new(0),
+        }
+    }
+
+    /// Queues completions in order. Returns false if any was lost to overflow.
+    pub fn push_all(&self, wcs: impl IntoIterator<Item = (WorkCompletion, bool)>) -> bool {
+        let mut notify = false;
+        let mut ok = true;
+        {
+            let mut st = self.state.lock();
+            for (wc, solicited) in wcs {
+                if st.lost > 0 || st.entries.len() >= self.cap as usize {
+                    st.lost += 1;
+                    ok = false;
+                    continue;
+                }
+                st.entries.push_back(wc);
+                let fire = match st.arm {
+                    Arm::Off => false,
+                    Arm::Next => true,
+                    Arm::Solicited => solicited || wc.status != WcStatus::Success,
+                };
+                if fire {
+                    st.arm = Arm::Off;
+                    notify = true;
+                }
+            }
+            if !ok && st.arm != Arm::Off {
+                // An overflowed CQ raises its error through the channel as well.
+                st.arm = Arm::Off;
+                notify = true;
+            }
+        }
+        if notify {
+            if let Some(ch) = &self.channel {
+                self.events_delivered.fetch_add(1, Ordering::Relaxed);
+                ch.post(self.handle);
+            }
+        }
+        ok
+    }
+
+    /// Queues one completion; false if it was lost to overflow.
+    pub fn push(&self, wc: WorkCompletion, solicited: bool) -> bool {
+        self.push_all([(wc, solicited)])
+    }
+
+    /// `ibv_poll_cq`.
+    pub fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize> {
+        let mut st = self.state.lock();
+        if st.lost > 0 {
+            return Err(Error::CqOverflow {
+                cq: self.handle,
+                lost: st.lost,
+            });
+        }
+        let n = out.len().min(st.entries.len());
+        for (slot, wc) in out.iter_mut().zip(st.entries.drain(..n)) {
+            *slot = wc;
+        }
+        Ok(n)
+    }
+
+    /// `ibv_req_notify_cq`.
+    pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
+        if self.channel.is_none() {
+            return Err(Error::invalid(
+                "ibv_req_notify_cq",
+                "the CQ was created without a completion channel",
+            ));
+        }
+        let mut st = self.state.lock();
+        // Arming for "next" overrides a solicited-only arm, never the other way round.
+        st.arm = match (st.arm, solicited_only) {
+            (Arm::Next, _) | (_, false) => Arm::Next,
+            _ => Arm::Solicited,
+        };
+        Ok(())
+    }
+
+    /// `ibv_ack_cq_events`.
+    pub fn ack_events(&self, n: u32) {
+        self.events_acked.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// Events delivered but not yet acknowledged.
+    pub fn unacked_events(&self) -> u64 {
+        self.events_delivered
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.events_acked.load(Ordering::Relaxed))
+    }
+
+    /// Number of queued completions.
+    pub fn len(&self) -> usize {
+        self.state.lock().entries.len()
+    }
+
+    /// Whether no completion is queued.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A completion channel.
+pub struct ChannelShared {
+    events: Mutex<VecDeque<u32>>,
+    cv: Condvar,
+    efd: OwnedFd,
+}
+
+impl ChannelShared {
+    /// A channel with its eventfd.
+    pub fn new() -> Result<Self> {
+        // SAFETY: eventfd has no memory-safety preconditions; the result is checked.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_SEMAPHORE | libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(Error::Os {
+                call: "eventfd",
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        Ok(ChannelShared {
+            events: Mutex::new(VecDeque::new()),
+            cv: Condvar::new(),
+            // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+            efd: unsafe { OwnedFd::from_raw_fd(fd) },
+        })
+    }
+
+    fn post(&self, cq: u32) {
+        self.events.lock().push_back(cq);
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live u64 to our own eventfd.
+        let _ = unsafe { libc::write(self.efd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        self.cv.notify_all();
+    }
+
+    /// `ibv_get_cq_event` with a timeout.
+    pub fn get_event(&self, timeout: Option<Duration>) -> Result<Option<u32>> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut q = self.events.lock();
+        loop {
+            if let Some(cq) = q.pop_front() {
+                let mut v: u64 = 0;
+                // SAFETY: reads 8 bytes into a live u64 from our own eventfd; in semaphore
+                // mode this takes exactly one count, matching the one event taken.
+                let _ = unsafe { libc::read(self.efd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+                return Ok(Some(cq));
+            }
+            match deadline {
+                None => self.cv.wait(&mut q),
+                Some(d) => {
+                    if self.cv.wait_until(&mut q, d).timed_out() && q.is_empty() {
+                        return Ok(None);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The eventfd.
+    pub fn fd(&self) -> RawFd {
+        self.efd.as_raw_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wc(id: u64, status: WcStatus) -> WorkCompletion {
+        WorkCompletion {
+            wr_id: id,
+            status,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn order_and_overflow() {
+        let cq = CqShared::new(1, 2, None);
+        assert!(cq.push(wc(1, WcStatus::Success), false));
+        assert!(cq.push(wc(2, WcStatus::Success), false));
+        assert!(!cq.push(wc(3, WcStatus::Success), false));
+        let mut out = [WorkCompletion::default(); 4];
+        match cq.poll(&mut out) {
+            Err(Error::CqOverflow { lost: 1, .. }) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn poll_in_order() {
+        let cq = CqShared::new(1, 8, None);
+        for i in 0..5 {
+            cq.push(wc(i, WcStatus::Success), false);
+        }
+        let mut out = [WorkCompletion::default(); 3];
+        assert_eq!(cq.poll(&mut out).unwrap(), 3);
+        assert_eq!(out.map(|w| w.wr_id), [0, 1, 2]);
+        assert_eq!(cq.poll(&mut out).unwrap(), 2);
+        assert_eq!(out[..2].iter().map(|w| w.wr_id).collect::<Vec<_>>(), [3, 4]);
+        assert_eq!(cq.poll(&mut out).unwrap(), 0);
+    }
+
+    #[test]
+    fn notify_once_and_solicited_only() {
+        let ch = Arc::new(ChannelShared::new().unwrap());
+        let cq = CqShared::new(7, 16, Some(ch.clone()));
+        cq.push(wc(1, WcStatus::Success), false);
+        assert_eq!(
+            ch.get_event(Some(Duration::from_millis(1))).unwrap(),
+            None,
+            "not armed"
+        );
+        cq.req_notify(false).unwrap();
+        cq.push(wc(2, WcStatus::Success), false);
+        cq.push(wc(3, WcStatus::Success), false);
+        assert_eq!(ch.get_event(Some(Duration::ZERO)).unwrap(), Some(7));
+        assert_eq!(
+            ch.get_event(Some(Duration::from_millis(1))).unwrap(),
+            None,
+            "one event per arm"
+        );
+        cq.req_notify(true).unwrap();
+        cq.push(wc(4, WcStatus::Success), false);
+        assert_eq!(ch.get_event(Some(Duration::from_millis(1))).unwrap(), None);
+        cq.push(wc(5, WcStatus::Success), true);
+        assert_eq!(ch.get_event(Some(Duration::ZERO)).unwrap(), Some(7));
+        cq.req_notify(true).unwrap();
+        cq.push(wc(6, WcStatus::RemAccessErr), false);
+        assert_eq!(
+            ch.get_event(Some(Duration::ZERO)).unwrap(),
+            Some(7),
+            "errors wake solicited-only"
+        );
+        cq.ack_events(3);
+        assert_eq!(cq.unacked_events(), 0);
+    }
+}

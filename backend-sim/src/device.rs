@@ -1,0 +1,221 @@
+//! The simulated device: its attributes (`ibv_query_device`, `ibv_query_port`,
+//! `ibv_query_gid`), its tables (MRs by key, QPs by number, handles of PDs and CQs), its
+//! TCP listener and the progress thread that runs its transport.
+//!
+//! Addressing: a sim device is reachable at the TCP address it listens on. Its port's
+//! LID is that TCP port, and both entries of its GID table (index 0 and 1, so that
+//! programs written for InfiniBand (index 0) and for RoCE v2 (index 1) both work) hold
+//! the listen IP as a GID (IPv4-mapped for IPv4). The usual out-of-band exchange of
+//! (GID, LID, QPN, PSN) therefore tells the peer where to connect, on one host or across
+//! hosts.
+//!
+//! Progress: each device has one thread running a current-thread tokio runtime; the
+//! listener, and every QP's requester and responder connection, are tasks on it. RDMA
+//! READ, WRITE and atomics complete without the target application doing anything.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+
+use parking_lot::Mutex;
+use verbs_api::{
+    AtomicCap, Capabilities, DeviceAttr, Error, Gid, LinkLayer, Mtu, PortAttr, PortState, Result,
+};
+
+use crate::memory::MrTable;
+use crate::qp::QpShared;
+
+/// Entries in the GID table.
+pub const GID_TABLE_LEN: u32 = 2;
+/// Largest `max_inline_data` a QP may ask for.
+pub const MAX_INLINE: u32 = 256;
+
+/// One simulated HCA.
+pub struct DeviceShared {
+    /// Device name (`sim0`, ...).
+    pub name: String,
+    /// The address its listener is bound to.
+    pub listen: SocketAddr,
+    /// Its GID (both table entries).
+    pub gid: Gid,
+    /// Device attributes.
+    pub attr: DeviceAttr,
+    /// Registered memory.
+    pub mrs: MrTable,
+    /// QPs by number.
+    pub qps: Mutex<HashMap<u32, Weak<QpShared>>>,
+    next_handle: AtomicU32,
+    next_qpn: AtomicU32,
+    /// The progress runtime.
+    pub rt: tokio::runtime::Handle,
+    shutdown: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// A protection domain.
+pub struct PdShared {
+    /// Handle, unique on the device.
+    pub handle: u32,
+    /// The device.
+    pub dev: Arc<DeviceShared>,
+}
+
+impl DeviceShared {
+    /// Opens a device: binds its listener on `listen` and starts its progress thread.
+    pub fn open(name: &str, index: u32, listen: SocketAddr) -> Result<Arc<DeviceShared>> {
+        let os = |call: &'static str| move |source: std::io::Error| Error::Os { call, source };
+        let sock = socket2::Socket::new(
+            socket2::Domain::for_address(listen),
+            socket2::Type::STREAM,
+            Some(socket2::Protocol::TCP),
+        )
+        .map_err(os("socket"))?;
+        sock.set_reuse_address(true)
+            .map_err(os("setsockopt(SO_REUSEADDR)"))?;
+        sock.bind(&listen.into()).map_err(|source| Error::Os {
+            call: "bind (sim device listener)",
+            source,
+        })?;
+        sock.listen(1024).map_err(os("listen"))?;
+        sock.set_nonblocking(true).map_err(os("fcntl(O_NONBLOCK)"))?;
+        let std_listener: std::net::TcpListener = sock.into();
+        let bound = std_listener.local_addr().map_err(os("getsockname"))?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(os("tokio runtime"))?;
+        let handle = rt.handle().clone();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name(format!("{name}-progress"))
+            .spawn(move || {
+                rt.block_on(async {
+                    let _ = rx.await;
+                });
+                // Dropped here, outside any runtime context: cancels every task.
+                drop(rt);
+            })
+            .map_err(os("spawn progress thread"))?;
+        let guid = 0x5349_4d00_0000_0000u64 | ((std::process::id() as u64) << 16) | index as u64;
+        let attr = DeviceAttr {
+            fw_ver: concat!("sim-", env!("CARGO_PKG_VERSION")).to_string(),
+            node_guid: guid,
+            sys_image_guid: guid,
+            max_mr_size: u64::MAX,
+            page_size_cap: 0xffff_f000,
+            vendor_id: 0,
+            vendor_part_id: 0,
+            hw_ver: 1,
+            max_qp: 1 << 16,
+            max_qp_wr: 16384,
+            device_cap_flags: 0,
+            max_sge: 32,
+            max_sge_rd: 32,
+            max_cq: 1 << 16,
+            max_cqe: (1 << 22) - 1,
+            max_mr: 1 << 20,
+            max_pd: 1 << 16,
+            max_qp_rd_atom: 16,
+            max_qp_init_rd_atom: 16,
+            atomic_cap: AtomicCap::Hca,
+            max_srq: 0,
+            max_srq_wr: 0,
+            max_pkeys: 1,
+            phys_port_cnt: 1,
+        };
+        let gid = match bound.ip() {
+            std::net::IpAddr::V4(v4) => Gid::from(v4),
+            std::net::IpAddr::V6(v6) => Gid::from(v6),
+        };
+        let dev = Arc::new(DeviceShared {
+            name: name.to_string(),
+            listen: bound,
+            gid,
+            attr,
+            mrs: MrTable::default(),
+            qps: Mutex::new(HashMap::new()),
+            next_handle: AtomicU32::new(1),
+            next_qpn: AtomicU32::new(0x100 + (rand::random::<u32>() & 0xf_ff00)),
+            rt: handle,
+            shutdown: Mutex::new(Some(tx)),
+            thread: Mutex::new(Some(thread)),
+        });
+        crate::transport::spawn_listener(&dev, std_listener)?;
+        tracing::debug!(device = name, %bound, "sim device open");
+        Ok(dev)
+    }
+
+    /// A fresh handle for a PD or CQ.
+    pub fn next_handle(&self) -> u32 {
+        self.next_handle.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// A fresh QP number (24 bits, never 0 or 1, not in use).
+    pub fn alloc_qpn(&self) -> u32 {
+        let qps = self.qps.lock();
+        loop {
+            let n = self.next_qpn.fetch_add(1, Ordering::Relaxed) & 0xff_ffff;
+            if n > 1 && !qps.contains_key(&n) {
+                return n;
+            }
+        }
+    }
+
+    /// `ibv_query_port`.
+    pub fn port_attr(&self) -> PortAttr {
+        PortAttr {
+            state: PortState::Active,
+            max_mtu: Mtu::Mtu4096,
+            active_mtu: Mtu::Mtu4096,
+            gid_tbl_len: GID_TABLE_LEN,
+            max_msg_sz: crate::wire::MAX_MSG,
+            pkey_tbl_len: 1,
+            lid: self.listen.port(),
+            sm_lid: 0,
+            lmc: 0,
+            active_width: 1,
+            active_speed: 1,
+            phys_state: 5,
+            link_layer: LinkLayer::InfiniBand,
+        }
+    }
+
+    /// What the sim can do.
+    pub fn capabilities(&self) -> Capabilities {
+        let a = &self.attr;
+        let mut c = Capabilities::default();
+        c.atomic_cap = a.atomic_cap;
+        c.imm_data = true;
+        c.srq = false;
+        c.ud = false;
+        c.max_inline_data = MAX_INLINE;
+        c.max_send_sge = a.max_sge;
+        c.max_recv_sge = a.max_sge;
+        c.max_sge_rd = a.max_sge_rd;
+        c.max_qp_wr = a.max_qp_wr;
+        c.max_cqe = a.max_cqe;
+        c.max_qp_init_rd_atom = a.max_qp_init_rd_atom;
+        c.max_qp_rd_atom = a.max_qp_rd_atom;
+        c.max_msg_sz = crate::wire::MAX_MSG;
+        c.max_mr_size = a.max_mr_size;
+        c.link_layer = LinkLayer::InfiniBand;
+        c
+    }
+}
+
+impl Drop for DeviceShared {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.lock().take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.lock().take() {
+            // The last reference may go away on the progress thread itself (a task held
+            // it); that thread exits by itself once its runtime stops.
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
+        }
+    }
+}

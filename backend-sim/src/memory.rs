@@ -1,0 +1,526 @@
+//! Registered memory and the access checks every data path goes through
+//! (`man ibv_reg_mr`; IBA 10.6 "Memory management", 9.7.4.1.4 / C9-xx responder checks).
+//!
+//! - [`MrShared`] is one registered region: where its bytes are, which PD it belongs to,
+//!   its access flags and its key. Owned regions free their buffer when the last
+//!   reference goes; regions over caller memory are fenced by [`MrShared::kill`], which
+//!   waits until no data-path copy is inside the region (each copy *pins* it).
+//! - [`MrTable`] maps keys to regions. Keys are random 32-bit values (never sequential),
+//!   unique on the device; lkey and rkey are the same value, as on ConnectX and rxe.
+//! - [`MrTable::resolve_local`] checks a gather/scatter list (lkey exists, same PD, inside
+//!   the region, `LOCAL_WRITE` when the HCA writes): a failure is `IBV_WC_LOC_PROT_ERR`.
+//! - [`MrTable::resolve_remote`] is the one remote access check: rkey exists, same PD as
+//!   the responder QP, the QP's and the region's access flags allow the operation, the
+//!   range lies inside the region, and atomics are 8 bytes and 8-byte aligned.
+//!
+//! No `&[u8]` into registered memory is ever created: copies use raw pointers while the
+//! region is pinned, and atomics use `AtomicU64::from_ptr` on aligned words.
+
+use std::alloc::Layout;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+use verbs_api::{AccessFlags, Sge};
+
+const DEAD: u32 = 1 << 31;
+
+/// One registered memory region.
+pub struct MrShared {
+    /// Handle of the PD it belongs to.
+    pub pd: u32,
+    /// Its key (lkey == rkey).
+    pub key: u32,
+    /// Access flags.
+    pub access: AccessFlags,
+    base: *mut u8,
+    len: usize,
+    owned: Option<Layout>,
+    /// DEAD bit | number of copies in progress.
+    state: AtomicU32,
+}
+
+// SAFETY: `base` points to memory that is valid for the region's life (owned: freed only in
+// Drop; caller memory: kept valid by the caller until `kill` returns, per `reg_mr_raw`'s
+// contract). All access goes through raw-pointer copies under a pin or through atomics, so
+// sharing the descriptor between threads is sound.
+unsafe impl Send for MrShared {}
+// SAFETY: see `Send`; the only interior mutability is the atomic `state`.
+unsafe impl Sync for MrShared {}
+
+impl MrShared {
+    /// A zeroed, page-aligned owned buffer of `len` bytes.
+    pub fn new_owned(pd: u32, key: u32, len: usize, access: AccessFlags) -> Option<MrShared> {
+        let layout = Layout::from_size_align(len.max(1), 4096).ok()?;
+        // SAFETY: the layout has non-zero size.
+        let base = unsafe { std::alloc::alloc_zeroed(layout) };
+        if base.is_null() {
+            return None;
+        }
+        Some(MrShared {
+            pd,
+            key,
+            access,
+            base,
+            len,
+            owned: Some(layout),
+            state: AtomicU32::new(0),
+        })
+    }
+
+    /// A region over caller memory.
+    ///
+    /// # Safety
+    ///
+    /// `base..base + len` must stay valid for reads and writes until [`MrShared::kill`]
+    /// has returned.
+    pub unsafe fn new_borrowed(
+        pd: u32,
+        key: u32,
+        base: *mut u8,
+        len: usize,
+        access: AccessFlags,
+    ) -> MrShared {
+        MrShared {
+            pd,
+            key,
+            access,
+            base,
+            len,
+            owned: None,
+            state: AtomicU32::new(0),
+        }
+    }
+
+    /// Start of the region.
+    pub fn base(&self) -> *mut u8 {
+        self.base
+    }
+
+    /// Length of the region.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the region is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The region's first address as the HCA sees it.
+    pub fn addr(&self) -> u64 {
+        self.base as u64
+    }
+
+    /// Offset of `[addr, addr + len)` inside the region, if it lies inside.
+    pub fn offset_of(&self, addr: u64, len: u64) -> Option<usize> {
+        let off = addr.checked_sub(self.addr())?;
+        let end = off.checked_add(len)?;
+        (end <= self.len as u64).then_some(off as usize)
+    }
+
+    /// Pins the region for one copy; false if it is dead. Every successful `pin` must be
+    /// followed by one `unpin`.
+    pub(crate) fn pin(&self) -> bool {
+        let mut s = self.state.load(Ordering::Acquire);
+        loop {
+            if s & DEAD != 0 {
+                return false;
+            }
+            match self
+                .state
+                .compare_exchange_weak(s, s + 1, Ordering::Acquire, Ordering::Acquire)
+            {
+                Ok(_) => return true,
+                Err(now) => s = now,
+            }
+        }
+    }
+
+    /// Ends a copy started with `pin`.
+    pub(crate) fn unpin(&self) {
+        self.state.fetch_sub(1, Ordering::Release);
+    }
+
+    /// Fences the region: after this returns, no data-path copy touches its memory any
+    /// more (those in progress have finished, later ones see it dead and skip).
+    pub fn kill(&self) {
+        self.state.fetch_or(DEAD, Ordering::AcqRel);
+        while self.state.load(Ordering::Acquire) & !DEAD != 0 {
+            std::hint::spin_loop();
+            std::thread::yield_now();
+        }
+    }
+
+    /// Whether [`MrShared::kill`] has run.
+    pub fn is_dead(&self) -> bool {
+        self.state.load(Ordering::Acquire) & DEAD != 0
+    }
+}
+
+impl Drop for MrShared {
+    fn drop(&mut self) {
+        if let Some(layout) = self.owned {
+            // SAFETY: allocated in `new_owned` with this layout; no pins can exist because
+            // pins are only taken through an `Arc<MrShared>` that is being dropped.
+            unsafe { std::alloc::dealloc(self.base, layout) };
+        }
+    }
+}
+
+/// A byte range inside one registered region, held alive by an `Arc`.
+#[derive(Clone)]
+pub struct Seg {
+    /// The region.
+    pub mr: Arc<MrShared>,
+    /// Offset of the range in the region.
+    pub offset: usize,
+    /// Length of the range.
+    pub len: usize,
+}
+
+impl std::fmt::Debug for Seg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Seg(key {:#x} +{} len {})", self.mr.key, self.offset, self.len)
+    }
+}
+
+impl Seg {
+    /// Runs `f` with a pointer to the range while the region is pinned; `None` if the
+    /// region has been deregistered.
+    pub fn with_ptr<R>(&self, f: impl FnOnce(*mut u8) -> R) -> Option<R> {
+        if !self.mr.pin() {
+            return None;
+        }
+        // SAFETY: `offset + len <= mr.len` is an invariant of every `Seg` built by this
+        // module, and the pin keeps caller memory valid (see `MrShared::kill`).
+        let r = f(unsafe { self.mr.base.add(self.offset) });
+        self.mr.unpin();
+        Some(r)
+    }
+
+    /// Copies `src` into the range at byte `at` (`at + src.len() <= len`). Returns false
+    /// if the region was deregistered (nothing is written then).
+    pub fn copy_in(&self, at: usize, src: &[u8]) -> bool {
+        debug_assert!(at + src.len() <= self.len);
+        let n = src.len().min(self.len.saturating_sub(at));
+        self.with_ptr(|p| {
+            // SAFETY: `at + n <= len` (clamped above), so the destination lies inside the
+            // pinned range; `src` is ordinary memory distinct from the region.
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), p.add(at), n) }
+        })
+        .is_some()
+    }
+
+    /// Copies bytes at `at` out of the range into `dst`; zeros if deregistered.
+    pub fn copy_out(&self, at: usize, dst: &mut [u8]) {
+        let n = dst.len().min(self.len.saturating_sub(at));
+        let ok = self
+            .with_ptr(|p| {
+                // SAFETY: as in `copy_in`, in the other direction.
+                unsafe { std::ptr::copy_nonoverlapping(p.add(at), dst.as_mut_ptr(), n) }
+            })
+            .is_some();
+        if !ok {
+            dst.fill(0);
+        }
+    }
+
+    /// Runs `f` on the 64-bit word at the start of the range as an atomic. The range must
+    /// be 8 bytes at an 8-byte aligned address (checked by `resolve_remote`).
+    pub fn atomic<R>(&self, f: impl FnOnce(&AtomicU64) -> R) -> Option<R> {
+        debug_assert!(self.len >= 8);
+        self.with_ptr(|p| {
+            debug_assert_eq!(p as usize % 8, 0);
+            // SAFETY: `p` is 8-byte aligned (checked before the Seg was built), in bounds
+            // and pinned; every HCA access to aligned words of a region is atomic.
+            f(unsafe { AtomicU64::from_ptr(p.cast()) })
+        })
+    }
+}
+
+/// Why a remote access was refused (all complete as `IBV_WC_REM_ACCESS_ERR` except
+/// `Misaligned`, which is an invalid request).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RemoteAccessError {
+    /// No region with this rkey.
+    BadKey,
+    /// The region belongs to another PD than the responder QP.
+    WrongPd,
+    /// The QP's `qp_access_flags` do not allow the operation.
+    QpAccess,
+    /// The region's access flags do not allow the operation.
+    MrAccess,
+    /// The range leaves the region.
+    OutOfBounds,
+    /// An atomic on an address that is not 8-byte aligned.
+    Misaligned,
+}
+
+/// Why a local SGE was refused (`IBV_WC_LOC_PROT_ERR`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LocalAccessError {
+    /// No region with this lkey.
+    BadKey,
+    /// The region belongs to another PD than the QP.
+    WrongPd,
+    /// The HCA must write, but the region lacks `LOCAL_WRITE`.
+    NoLocalWrite,
+    /// The SGE leaves the region.
+    OutOfBounds,
+}
+
+/// The regions of one device, by key.
+#[derive(Default)]
+pub struct MrTable {
+    map: RwLock<HashMap<u32, Arc<MrShared>>>,
+}
+
+impl MrTable {
+    /// A key that is not in use: random, non-zero.
+    pub fn fresh_key(&self) -> u32 {
+        let map = self.map.read();
+        loop {
+            let k: u32 = rand::random();
+            if k != 0 && !map.contains_key(&k) {
+                return k;
+            }
+        }
+    }
+
+    /// Adds a region.
+    pub fn insert(&self, mr: Arc<MrShared>) {
+        self.map.write().insert(mr.key, mr);
+    }
+
+    /// Removes a region: from now on its key resolves to nothing.
+    pub fn remove(&self, key: u32) -> Option<Arc<MrShared>> {
+        self.map.write().remove(&key)
+    }
+
+    /// Looks a key up.
+    pub fn get(&self, key: u32) -> Option<Arc<MrShared>> {
+        self.map.read().get(&key).cloned()
+    }
+
+    /// Number of registered regions.
+    pub fn len(&self) -> usize {
+        self.map.read().len()
+    }
+
+    /// Whether no region is registered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Resolves a local gather/scatter list of a QP in PD `pd` into `out` (cleared first)
+    /// and returns its total length. Zero-length SGEs are skipped without a key check.
+    pub fn resolve_local(
+        &self,
+        pd: u32,
+        sges: &[Sge],
+        need_write: bool,
+        out: &mut Vec<Seg>,
+    ) -> Result<u64, LocalAccessError> {
+        out.clear();
+        let map = self.map.read();
+        let mut total = 0u64;
+        for s in sges {
+            if s.length == 0 {
+                continue;
+            }
+            let mr = map.get(&s.lkey).ok_or(LocalAccessError::BadKey)?;
+            if mr.pd != pd {
+                return Err(LocalAccessError::WrongPd);
+            }
+            if need_write && !mr.access.contains(AccessFlags::LOCAL_WRITE) {
+                return Err(LocalAccessError::NoLocalWrite);
+            }
+            let offset = mr
+                .offset_of(s.addr, s.length as u64)
+                .ok_or(LocalAccessError::OutOfBounds)?;
+            out.push(Seg {
+                mr: mr.clone(),
+                offset,
+                len: s.length as usize,
+            });
+            total += s.length as u64;
+        }
+        Ok(total)
+    }
+
+    /// The remote access check. `need` is the one right the operation needs
+    /// (`REMOTE_WRITE`, `REMOTE_READ` or `REMOTE_ATOMIC`). Returns `Ok(None)` for a
+    /// zero-length READ or WRITE, which touches no memory and checks no key (IBA 9.4.1.1).
+    pub fn resolve_remote(
+        &self,
+        pd: u32,
+        qp_access: AccessFlags,
+        rkey: u32,
+        addr: u64,
+        len: u64,
+        need: AccessFlags,
+    ) -> Result<Option<Seg>, RemoteAccessError> {
+        let atomic = need == AccessFlags::REMOTE_ATOMIC;
+        if !qp_access.contains(need) {
+            return Err(RemoteAccessError::QpAccess);
+        }
+        if len == 0 && !atomic {
+            return Ok(None);
+        }
+        if atomic && addr % 8 != 0 {
+            return Err(RemoteAccessError::Misaligned);
+        }
+        let mr = self.get(rkey).ok_or(RemoteAccessError::BadKey)?;
+        if mr.pd != pd {
+            return Err(RemoteAccessError::WrongPd);
+        }
+        if !mr.access.contains(need) {
+            return Err(RemoteAccessError::MrAccess);
+        }
+        let offset = mr.offset_of(addr, len).ok_or(RemoteAccessError::OutOfBounds)?;
+        Ok(Some(Seg {
+            mr,
+            offset,
+            len: len as usize,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn table_with(len: usize, access: AccessFlags) -> (MrTable, Arc<MrShared>) {
+        let t = MrTable::default();
+        let key = t.fresh_key();
+        let mr = Arc::new(MrShared::new_owned(1, key, len, access).unwrap());
+        t.insert(mr.clone());
+        (t, mr)
+    }
+
+    #[test]
+    fn remote_checks_in_order() {
+        let all = AccessFlags::ALL;
+        let (t, mr) = table_with(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE);
+        let a = mr.addr();
+        assert!(t
+            .resolve_remote(1, all, mr.key, a, 64, AccessFlags::REMOTE_WRITE)
+            .unwrap()
+            .is_some());
+        assert_eq!(
+            t.resolve_remote(1, all, mr.key ^ 1, a, 8, AccessFlags::REMOTE_WRITE)
+                .unwrap_err(),
+            RemoteAccessError::BadKey
+        );
+        assert_eq!(
+            t.resolve_remote(2, all, mr.key, a, 8, AccessFlags::REMOTE_WRITE)
+                .unwrap_err(),
+            RemoteAccessError::WrongPd
+        );
+        assert_eq!(
+            t.resolve_remote(1, all, mr.key, a, 8, AccessFlags::REMOTE_READ)
+                .unwrap_err(),
+            RemoteAccessError::MrAccess
+        );
+        assert_eq!(
+            t.resolve_remote(
+                1,
+                AccessFlags::REMOTE_READ,
+                mr.key,
+                a,
+                8,
+                AccessFlags::REMOTE_WRITE
+            )
+            .unwrap_err(),
+            RemoteAccessError::QpAccess
+        );
+        assert_eq!(
+            t.resolve_remote(1, all, mr.key, a + 1, 64, AccessFlags::REMOTE_WRITE)
+                .unwrap_err(),
+            RemoteAccessError::OutOfBounds
+        );
+        assert_eq!(
+            t.resolve_remote(1, all, mr.key, a - 1, 2, AccessFlags::REMOTE_WRITE)
+                .unwrap_err(),
+            RemoteAccessError::OutOfBounds
+        );
+        // zero-length write checks no key
+        assert!(t
+            .resolve_remote(1, all, 0xdead, 0, 0, AccessFlags::REMOTE_WRITE)
+            .unwrap()
+            .is_none());
+    }
+
+    #[test]
+    fn atomics_need_alignment() {
+        let (t, mr) = table_with(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC);
+        let a = mr.addr();
+        assert!(t
+            .resolve_remote(1, AccessFlags::ALL, mr.key, a + 8, 8, AccessFlags::REMOTE_ATOMIC)
+            .is_ok());
+        assert_eq!(
+            t.resolve_remote(1, AccessFlags::ALL, mr.key, a + 4, 8, AccessFlags::REMOTE_ATOMIC)
+                .unwrap_err(),
+            RemoteAccessError::Misaligned
+        );
+    }
+
+    #[test]
+    fn dereg_makes_key_unreachable_and_kill_fences() {
+        let (t, mr) = table_with(16, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE);
+        let seg = t
+            .resolve_remote(
+                1,
+                AccessFlags::ALL,
+                mr.key,
+                mr.addr(),
+                16,
+                AccessFlags::REMOTE_WRITE,
+            )
+            .unwrap()
+            .unwrap();
+        t.remove(mr.key);
+        mr.kill();
+        assert!(t.get(mr.key).is_none());
+        assert!(!seg.copy_in(0, b"hello"));
+    }
+
+    #[test]
+    fn local_resolution() {
+        let (t, mr) = table_with(32, AccessFlags::empty());
+        let mut out = Vec::new();
+        let sges = [
+            Sge::new(mr.addr(), 16, mr.key),
+            Sge::new(mr.addr() + 16, 16, mr.key),
+        ];
+        assert_eq!(t.resolve_local(1, &sges, false, &mut out), Ok(32));
+        assert_eq!(out.len(), 2);
+        assert_eq!(
+            t.resolve_local(1, &sges, true, &mut out),
+            Err(LocalAccessError::NoLocalWrite)
+        );
+        assert_eq!(
+            t.resolve_local(1, &[Sge::new(mr.addr() + 17, 16, mr.key)], false, &mut out),
+            Err(LocalAccessError::OutOfBounds)
+        );
+        assert_eq!(
+            t.resolve_local(2, &sges, false, &mut out),
+            Err(LocalAccessError::WrongPd)
+        );
+    }
+
+    proptest! {
+        /// Whatever address and length a peer names, a granted range lies inside the region.
+        #[test]
+        fn granted_ranges_stay_inside(delta in any::<i64>(), len in any::<u64>()) {
+            let (t, mr) = table_with(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE);
+            let addr = mr.addr().wrapping_add(delta as u64);
+            if let Ok(Some(seg)) = t.resolve_remote(1, AccessFlags::ALL, mr.key, addr, len, AccessFlags::REMOTE_WRITE) {
+                prop_assert!(seg.offset + seg.len <= mr.len());
+            }
+        }
+    }
+}

@@ -1,0 +1,534 @@
+//! The queue pair: its state machine and attributes (`man ibv_create_qp`,
+//! `man ibv_modify_qp`, `man ibv_query_qp`), and the post verbs (`man ibv_post_send`,
+//! `man ibv_post_recv`). It owns one [`Requester`] and one [`Responder`] behind a mutex
+//! that the transport tasks take briefly (never across I/O).
+//!
+//! Transition checks come from [`verbs_api::transitions::check_modify`]; attribute values
+//! are checked against the device (port 1, one P_Key, two GIDs, `max_qp_rd_atom`, 5-bit
+//! timer codes, 3-bit retry counts) as `ib_modify_qp` does, each failure an EINVAL that
+//! names the attribute. Moving to ERR flushes both queues; to RESET empties them without
+//! completions.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+use verbs_api::timers::local_ack_timeout;
+use verbs_api::transitions::check_modify;
+use verbs_api::{
+    Error, PostError, QpAttr, QpAttrMask as M, QpCap, QpState, QpType, QueueKind, RecvWr, Result, SendWr,
+    WorkCompletion, PSN_MASK,
+};
+
+use crate::cq::CqShared;
+use crate::device::{DeviceShared, PdShared, GID_TABLE_LEN};
+use crate::requester::{PostCheck, ReqAttrs, Requester};
+use crate::responder::{RespAttrs, Responder};
+
+/// Everything about a QP that changes, under one lock.
+pub struct QpInner {
+    /// Current state.
+    pub state: QpState,
+    /// Attributes as last set.
+    pub attr: QpAttr,
+    /// Send side.
+    pub req: Requester,
+    /// Receive side.
+    pub resp: Responder,
+    /// Bumped on RESET and destroy: transport tasks of an older epoch stop.
+    pub epoch: u64,
+    /// Bumped for every accepted inbound connection: only the newest one serves.
+    pub inbound_gen: u64,
+    /// Where the peer device listens (from the address vector).
+    pub remote: Option<SocketAddr>,
+    send_wc: Vec<WorkCompletion>,
+    recv_wc: Vec<(WorkCompletion, bool)>,
+}
+
+/// One QP, shared by the user's handle and the transport tasks.
+pub struct QpShared {
+    /// QP number.
+    pub qpn: u32,
+    /// The device.
+    pub dev: Arc<DeviceShared>,
+    /// The PD.
+    pub pd: Arc<PdShared>,
+    /// Send CQ.
+    pub send_cq: Arc<CqShared>,
+    /// Receive CQ.
+    pub recv_cq: Arc<CqShared>,
+    /// Granted capacities.
+    pub cap: QpCap,
+    /// `sq_sig_all`.
+    pub sq_sig_all: bool,
+    /// Mutable state.
+    pub inner: Mutex<QpInner>,
+    /// Doorbell of the requester task.
+    pub req_wake: Notify,
+    /// Wakes the responder task on state changes.
+    pub resp_wake: Notify,
+    /// Set when the user destroyed the QP.
+    pub destroyed: AtomicBool,
+}
+
+impl QpShared {
+    /// A new QP in RESET.
+    pub fn new(
+        qpn: u32,
+        dev: Arc<DeviceShared>,
+        pd: Arc<PdShared>,
+        send_cq: Arc<CqShared>,
+        recv_cq: Arc<CqShared>,
+        cap: QpCap,
+        sq_sig_all: bool,
+    ) -> Self {
+        let attr = QpAttr {
+            cap,
+            ..Default::default()
+        };
+        QpShared {
+            qpn,
+            inner: Mutex::new(QpInner {
+                state: QpState::Reset,
+                attr,
+                req: Requester::new(qpn, pd.handle, &cap, sq_sig_all),
+                resp: Responder::new(qpn, pd.handle, cap.max_recv_wr, cap.max_recv_sge),
+                epoch: 0,
+                inbound_gen: 0,
+                remote: None,
+                send_wc: Vec::new(),
+                recv_wc: Vec::new(),
+            }),
+            dev,
+            pd,
+            send_cq,
+            recv_cq,
+            cap,
+            sq_sig_all,
+            req_wake: Notify::new(),
+            resp_wake: Notify::new(),
+            destroyed: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether a task of `epoch` must stop.
+    pub fn is_stale(&self, g: &QpInner, epoch: u64) -> bool {
+        g.epoch != epoch || self.destroyed.load(Ordering::Acquire)
+    }
+
+    /// Moves the QP to ERR (with the lock held): flushes both queues.
+    pub fn enter_error(&self, g: &mut QpInner) {
+        if g.state == QpState::Err {
+            return;
+        }
+        tracing::debug!(qpn = self.qpn, from = ?g.state, "QP to ERR");
+        g.state = QpState::Err;
+        let QpInner {
+            req,
+            resp,
+            send_wc,
+            recv_wc,
+            ..
+        } = g;
+        req.flush(send_wc);
+        resp.flush(recv_wc);
+        self.deliver(g);
+        self.req_wake.notify_one();
+        self.resp_wake.notify_one();
+    }
+
+    /// Pushes the completions gathered in `g` to the CQs. A CQ overflow moves the QP to
+    /// ERR (its completions are lost; the CQ reports the overflow).
+    pub fn deliver(&self, g: &mut QpInner) {
+        loop {
+            let ok_s = g.send_wc.is_empty() || self.send_cq.push_all(g.send_wc.drain(..).map(|w| (w, false)));
+            let ok_r = g.recv_wc.is_empty() || self.recv_cq.push_all(g.recv_wc.drain(..));
+            if (ok_s && ok_r) || g.state == QpState::Err {
+                g.send_wc.clear();
+                g.recv_wc.clear();
+                return;
+            }
+            tracing::warn!(qpn = self.qpn, "completion queue overflow: QP to ERR");
+            self.enter_error_inner(g);
+        }
+    }
+
+    fn enter_error_inner(&self, g: &mut QpInner) {
+        g.state = QpState::Err;
+        let QpInner {
+            req,
+            resp,
+            send_wc,
+            recv_wc,
+            ..
+        } = g;
+        req.flush(send_wc);
+        resp.flush(recv_wc);
+        self.req_wake.notify_one();
+        self.resp_wake.notify_one();
+    }
+
+    /// Scratch vectors for completions (requester, responder), used by the transport.
+    pub fn scratch(
+        g: &mut QpInner,
+    ) -> (
+        &mut Requester,
+        &mut Responder,
+        &mut Vec<WorkCompletion>,
+        &mut Vec<(WorkCompletion, bool)>,
+    ) {
+        (&mut g.req, &mut g.resp, &mut g.send_wc, &mut g.recv_wc)
+    }
+
+    fn check_values(&self, attr: &QpAttr, mask: M) -> Result<()> {
+        let bad = |name: &'static str, reason: String| Err(Error::InvalidAttr { name, reason });
+        let d = &self.dev.attr;
+        if mask.contains(M::PORT) && attr.port_num != 1 {
+            return bad(
+                "port_num",
+                format!("port {} does not exist (the device has port 1)", attr.port_num),
+            );
+        }
+        if mask.contains(M::PKEY_INDEX) && attr.pkey_index != 0 {
+            return bad(
+                "pkey_index",
+                format!("index {} is outside the P_Key table of 1 entry", attr.pkey_index),
+            );
+        }
+        if mask.contains(M::AV) {
+            let ah = &attr.ah_attr;
+            if ah.port_num > 1 {
+                return bad("ah_attr.port_num", format!("port {} does not exist", ah.port_num));
+            }
+            if ah.is_global && ah.grh.sgid_index as u32 >= GID_TABLE_LEN {
+                return bad(
+                    "ah_attr.grh.sgid_index",
+                    format!(
+                        "index {} is outside the GID table of {GID_TABLE_LEN} entries",
+                        ah.grh.sgid_index
+                    ),
+                );
+            }
+            if ah.dlid == 0 {
+                return bad(
+                    "ah_attr.dlid",
+                    "LID 0 is not a valid destination (on the sim the LID is the peer device's TCP port)"
+                        .into(),
+                );
+            }
+        }
+        if mask.contains(M::TIMEOUT) && attr.timeout > 31 {
+            return bad("timeout", format!("{} exceeds 31", attr.timeout));
+        }
+        if mask.contains(M::RETRY_CNT) && attr.retry_cnt > 7 {
+            return bad("retry_cnt", format!("{} exceeds 7", attr.retry_cnt));
+        }
+        if mask.contains(M::RNR_RETRY) && attr.rnr_retry > 7 {
+            return bad("rnr_retry", format!("{} exceeds 7", attr.rnr_retry));
+        }
+        if mask.contains(M::MIN_RNR_TIMER) && attr.min_rnr_timer > 31 {
+            return bad("min_rnr_timer", format!("{} exceeds 31", attr.min_rnr_timer));
+        }
+        if mask.contains(M::MAX_QP_RD_ATOMIC) && attr.max_rd_atomic as u32 > d.max_qp_init_rd_atom {
+            return bad(
+                "max_rd_atomic",
+                format!(
+                    "{} exceeds the device's max_qp_init_rd_atom {}",
+                    attr.max_rd_atomic, d.max_qp_init_rd_atom
+                ),
+            );
+        }
+        if mask.contains(M::MAX_DEST_RD_ATOMIC) && attr.max_dest_rd_atomic as u32 > d.max_qp_rd_atom {
+            return bad(
+                "max_dest_rd_atomic",
+                format!(
+                    "{} exceeds the device's max_qp_rd_atom {}",
+                    attr.max_dest_rd_atomic, d.max_qp_rd_atom
+                ),
+            );
+        }
+        if mask.contains(M::DEST_QPN) && attr.dest_qp_num > PSN_MASK {
+            return bad("dest_qp_num", format!("{:#x} exceeds 24 bits", attr.dest_qp_num));
+        }
+        if mask.contains(M::CAP) {
+            return bad(
+                "cap",
+                "resizing queues with ibv_modify_qp is not supported".into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// Where the peer device of address vector `ah` listens.
+    fn remote_addr(&self, attr: &QpAttr) -> SocketAddr {
+        let ah = &attr.ah_attr;
+        let ip = if ah.is_global {
+            let v6 = ah.grh.dgid.to_ipv6();
+            match v6.to_ipv4_mapped() {
+                Some(v4) => IpAddr::V4(v4),
+                None => IpAddr::V6(v6),
+            }
+        } else {
+            // Without a GRH the peer is on this "subnet": the same host address.
+            self.dev.listen.ip()
+        };
+        SocketAddr::new(ip, ah.dlid)
+    }
+
+    /// `ibv_modify_qp`.
+    pub fn modify(self: &Arc<Self>, attr: &QpAttr, mask: M) -> Result<()> {
+        let mut g = self.inner.lock();
+        let cur = g.state;
+        let next = check_modify(cur, QpType::Rc, attr, mask)?;
+        self.check_values(attr, mask)?;
+        let a = &mut g.attr;
+        if mask.contains(M::ACCESS_FLAGS) {
+            a.qp_access_flags = attr.qp_access_flags;
+        }
+        if mask.contains(M::PKEY_INDEX) {
+            a.pkey_index = attr.pkey_index;
+        }
+        if mask.contains(M::PORT) {
+            a.port_num = attr.port_num;
+        }
+        if mask.contains(M::AV) {
+            a.ah_attr = attr.ah_attr;
+        }
+        if mask.contains(M::PATH_MTU) {
+            a.path_mtu = attr.path_mtu;
+        }
+        if mask.contains(M::DEST_QPN) {
+            a.dest_qp_num = attr.dest_qp_num;
+        }
+        if mask.contains(M::RQ_PSN) {
+            a.rq_psn = attr.rq_psn & PSN_MASK;
+        }
+        if mask.contains(M::SQ_PSN) {
+            a.sq_psn = attr.sq_psn & PSN_MASK;
+        }
+        if mask.contains(M::TIMEOUT) {
+            a.timeout = attr.timeout;
+        }
+        if mask.contains(M::RETRY_CNT) {
+            a.retry_cnt = attr.retry_cnt;
+        }
+        if mask.contains(M::RNR_RETRY) {
+            a.rnr_retry = attr.rnr_retry;
+        }
+        if mask.contains(M::MIN_RNR_TIMER) {
+            a.min_rnr_timer = attr.min_rnr_timer;
+        }
+        if mask.contains(M::MAX_QP_RD_ATOMIC) {
+            a.max_rd_atomic = attr.max_rd_atomic;
+        }
+        if mask.contains(M::MAX_DEST_RD_ATOMIC) {
+            a.max_dest_rd_atomic = attr.max_dest_rd_atomic;
+        }
+        if mask.contains(M::EN_SQD_ASYNC_NOTIFY) {
+            a.en_sqd_async_notify = attr.en_sqd_async_notify;
+        }
+        let a = g.attr;
+        g.resp.access = a.qp_access_flags;
+        g.resp.min_rnr_timer = a.min_rnr_timer;
+        match next {
+            QpState::Reset => {
+                g.req.reset();
+                g.resp.reset();
+                g.epoch += 1;
+                g.remote = None;
+                g.attr = QpAttr {
+                    cap: self.cap,
+                    ..Default::default()
+                };
+                self.req_wake.notify_one();
+                self.resp_wake.notify_one();
+            }
+            QpState::Err => {
+                self.enter_error(&mut g);
+            }
+            QpState::Rtr if cur == QpState::Init => {
+                g.remote = Some(self.remote_addr(&a));
+                g.resp.connect(RespAttrs {
+                    rq_psn: a.rq_psn,
+                    min_rnr_timer: a.min_rnr_timer,
+                });
+            }
+            QpState::Rts if cur == QpState::Rtr => {
+                g.req.connect(ReqAttrs {
+                    sq_psn: a.sq_psn,
+                    timeout: local_ack_timeout(a.timeout),
+                    retry_cnt: a.retry_cnt,
+                    rnr_retry: a.rnr_retry,
+                    max_rd_atomic: a.max_rd_atomic,
+                });
+                g.req.draining = false;
+                let epoch = g.epoch;
+                crate::transport::spawn_requester(self.clone(), epoch);
+            }
+            QpState::Rts => {
+                g.req.draining = false;
+                self.req_wake.notify_one();
+            }
+            QpState::Sqd => {
+                g.req.draining = true;
+            }
+            _ => {}
+        }
+        if next != QpState::Err {
+            g.state = next;
+        }
+        Ok(())
+    }
+
+    /// `ibv_query_qp`.
+    pub fn query(&self) -> QpAttr {
+        let g = self.inner.lock();
+        let mut a = g.attr;
+        a.qp_state = g.state;
+        a.cur_qp_state = g.state;
+        a.cap = self.cap;
+        a.sq_draining = g.req.draining && g.req.outstanding() > 0;
+        a
+    }
+
+    /// `ibv_post_send`.
+    pub fn post_send(&self, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
+        let mut g = self.inner.lock();
+        let mut posted = false;
+        let mut result = Ok(());
+        for (index, wr) in wrs.iter().enumerate() {
+            let fail = |error: Error| PostError {
+                index,
+                wr_id: wr.wr_id,
+                error,
+            };
+            if matches!(g.state, QpState::Reset | QpState::Init | QpState::Rtr) {
+                result = Err(fail(Error::InvalidQpState {
+                    call: "ibv_post_send",
+                    qpn: self.qpn,
+                    state: g.state,
+                    reason: "send work requests need RTS (or SQD/ERR)",
+                }));
+                break;
+            }
+            if let Err(c) = g.req.post(wr, &self.dev.mrs) {
+                let error = match c {
+                    PostCheck::Full => Error::QueueFull {
+                        queue: QueueKind::Send,
+                        qpn: self.qpn,
+                        capacity: self.cap.max_send_wr,
+                    },
+                    PostCheck::TooManySge => Error::invalid(
+                        "ibv_post_send",
+                        format!(
+                            "{} SGEs exceed max_send_sge {}",
+                            wr.sg_list.len(),
+                            self.cap.max_send_sge
+                        ),
+                    ),
+                    PostCheck::InlineTooLong => Error::invalid(
+                        "ibv_post_send",
+                        format!(
+                            "{} bytes of inline data exceed max_inline_data {}",
+                            wr.total_len(),
+                            self.cap.max_inline_data
+                        ),
+                    ),
+                    PostCheck::InlineNotAllowed => Error::invalid(
+                        "ibv_post_send",
+                        "IBV_SEND_INLINE is only valid for SEND and RDMA WRITE",
+                    ),
+                    PostCheck::BadInlineSge => Error::invalid(
+                        "ibv_post_send",
+                        "an inline SGE is not inside a registered memory region of this QP's PD",
+                    ),
+                };
+                result = Err(fail(error));
+                break;
+            }
+            posted = true;
+        }
+        if posted {
+            if g.state == QpState::Err {
+                let QpInner { req, send_wc, .. } = &mut *g;
+                req.flush(send_wc);
+                self.deliver(&mut g);
+            } else {
+                drop(g);
+                self.req_wake.notify_one();
+            }
+        }
+        result
+    }
+
+    /// `ibv_post_recv`.
+    pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), PostError> {
+        let mut g = self.inner.lock();
+        let mut result = Ok(());
+        let mut posted = false;
+        for (index, wr) in wrs.iter().enumerate() {
+            let fail = |error: Error| PostError {
+                index,
+                wr_id: wr.wr_id,
+                error,
+            };
+            if g.state == QpState::Reset {
+                result = Err(fail(Error::InvalidQpState {
+                    call: "ibv_post_recv",
+                    qpn: self.qpn,
+                    state: g.state,
+                    reason: "receives can be posted from INIT on",
+                }));
+                break;
+            }
+            match g.resp.post(wr) {
+                Ok(()) => posted = true,
+                Err(full) => {
+                    result = Err(fail(if full {
+                        Error::QueueFull {
+                            queue: QueueKind::Recv,
+                            qpn: self.qpn,
+                            capacity: self.cap.max_recv_wr,
+                        }
+                    } else {
+                        Error::invalid(
+                            "ibv_post_recv",
+                            format!(
+                                "{} SGEs exceed max_recv_sge {}",
+                                wr.sg_list.len(),
+                                self.cap.max_recv_sge
+                            ),
+                        )
+                    }));
+                    break;
+                }
+            }
+        }
+        if posted && g.state == QpState::Err {
+            let QpInner { resp, recv_wc, .. } = &mut *g;
+            resp.flush(recv_wc);
+            self.deliver(&mut g);
+        }
+        result
+    }
+
+    /// The user destroyed the QP: stop its tasks, forget its queues.
+    pub fn destroy(&self) {
+        self.destroyed.store(true, Ordering::Release);
+        let mut g = self.inner.lock();
+        g.epoch += 1;
+        g.req.reset();
+        g.resp.reset();
+        drop(g);
+        self.req_wake.notify_one();
+        self.resp_wake.notify_one();
+    }
+
+    /// Current time, in one place so tests can see where time enters.
+    pub fn now() -> Instant {
+        Instant::now()
+    }
+}

@@ -1,0 +1,681 @@
+//! The requester half of an RC QP, as pure state: no I/O, time passed in
+//! (`man ibv_post_send`; IBA 9.7 "Reliable service", 9.7.5.2.8 RNR NAK, 9.7.6 timers,
+//! 10.8.3.3 fences).
+//!
+//! It keeps the send queue in posting order, turns WQEs into request frames (checking the
+//! local gather/scatter lists: a bad lkey or range is `IBV_WC_LOC_PROT_ERR`), limits
+//! outstanding READ/atomic requests to `max_rd_atomic`, holds back a fenced WQE until the
+//! READs and atomics before it have completed, and matches responses:
+//!
+//! - an ACK completes every SEND/WRITE up to its PSN; a READ or atomic response completes
+//!   its WQE (and implicitly acknowledges those before it);
+//! - an RNR NAK rewinds to the refused WQE and waits the responder's `min_rnr_timer`
+//!   before resending, `rnr_retry` times (7 = forever), then completes it with
+//!   `IBV_WC_RNR_RETRY_EXC_ERR`;
+//! - no response within the local ACK `timeout` rewinds and resends, `retry_cnt` times,
+//!   then `IBV_WC_RETRY_EXC_ERR`;
+//! - any other NAK completes the WQE with the matching remote error.
+//!
+//! An error returns [`Fatal`]: the QP must move to ERR, which flushes the rest. WQEs
+//! complete strictly in order; only signaled ones (or errors) produce a completion.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use verbs_api::timers::{rnr_timer, RNR_RETRY_INFINITE};
+use verbs_api::{SendFlags, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion, WrOp};
+
+use crate::memory::{MrTable, Seg};
+use crate::psn;
+use crate::tx::TxQueue;
+use crate::wire::{Frame, NakCode, MAX_MSG};
+
+/// The QP must go to ERR (a completion with the error has been produced).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fatal(pub WcStatus);
+
+/// One send WQE.
+#[derive(Debug)]
+struct SendWqe {
+    wr_id: u64,
+    op: WrOp,
+    signaled: bool,
+    fence: bool,
+    solicited: bool,
+    inline: bool,
+    sges: Vec<Sge>,
+    inline_data: Vec<u8>,
+    /// Resolved scatter list of a READ/atomic (where the response lands).
+    local: Vec<Seg>,
+    len: u64,
+    psn: u32,
+    sent: bool,
+    status: Option<WcStatus>,
+}
+
+impl SendWqe {
+    fn blank() -> Self {
+        SendWqe {
+            wr_id: 0,
+            op: WrOp::Send,
+            signaled: false,
+            fence: false,
+            solicited: false,
+            inline: false,
+            sges: Vec::new(),
+            inline_data: Vec::new(),
+            local: Vec::new(),
+            len: 0,
+            psn: 0,
+            sent: false,
+            status: None,
+        }
+    }
+
+    fn completion(&self, qpn: u32, status: WcStatus) -> WorkCompletion {
+        let byte_len = match self.op {
+            WrOp::AtomicCmpAndSwp { .. } | WrOp::AtomicFetchAndAdd { .. } => 8,
+            _ => self.len as u32,
+        };
+        WorkCompletion {
+            wr_id: self.wr_id,
+            status,
+            opcode: WcOpcode::of_send(self.op.opcode()),
+            byte_len,
+            qp_num: qpn,
+            ..Default::default()
+        }
+    }
+}
+
+/// Where a READ response's payload goes.
+pub enum ReadSink {
+    /// Into these segments, then call [`Requester::read_done`] with the same PSN.
+    Into {
+        /// PSN of the READ.
+        psn: u32,
+        /// Scatter list.
+        segs: Vec<Seg>,
+    },
+    /// Nowhere (a stale or unexpected response): drop the payload.
+    Discard,
+}
+
+/// Connection attributes the requester needs (set at RTR → RTS).
+#[derive(Clone, Copy, Debug)]
+pub struct ReqAttrs {
+    /// First PSN to send.
+    pub sq_psn: u32,
+    /// Local ACK timeout (`None`: infinite).
+    pub timeout: Option<Duration>,
+    /// Transport retries.
+    pub retry_cnt: u8,
+    /// RNR retries (7 = forever).
+    pub rnr_retry: u8,
+    /// Outstanding READ/atomics allowed (0 is treated as 1).
+    pub max_rd_atomic: u8,
+}
+
+/// The send side of a QP.
+pub struct Requester {
+    qpn: u32,
+    pd: u32,
+    cap: usize,
+    max_inline: u32,
+    max_sge: u32,
+    sig_all: bool,
+    sq: VecDeque<SendWqe>,
+    spare: Vec<SendWqe>,
+    /// Index in `sq` of the first WQE not yet sent.
+    next: usize,
+    psn: u32,
+    attrs: ReqAttrs,
+    rd_inflight: u32,
+    retry_left: u8,
+    rnr_left: u8,
+    rnr_wait: Option<Instant>,
+    ack_deadline: Option<Instant>,
+    /// SQD: start nothing new.
+    pub draining: bool,
+    scratch: Vec<Seg>,
+}
+
+impl Requester {
+    /// An empty send queue for QP `qpn` in PD `pd` with the QP's capacities;
+    /// `sig_all` is `sq_sig_all`.
+    pub fn new(qpn: u32, pd: u32, cap: &verbs_api::QpCap, sig_all: bool) -> Self {
+        Requester {
+            qpn,
+            pd,
+            cap: cap.max_send_wr as usize,
+            max_inline: cap.max_inline_data,
+            max_sge: cap.max_send_sge,
+            sig_all,
+            sq: VecDeque::with_capacity(cap.max_send_wr.min(4096) as usize),
+            spare: Vec::new(),
+            next: 0,
+            psn: 0,
+            attrs: ReqAttrs {
+                sq_psn: 0,
+                timeout: None,
+                retry_cnt: 0,
+                rnr_retry: 0,
+                max_rd_atomic: 1,
+            },
+            rd_inflight: 0,
+            retry_left: 0,
+            rnr_left: 0,
+            rnr_wait: None,
+            ack_deadline: None,
+            draining: false,
+            scratch: Vec::new(),
+        }
+    }
+
+    /// Applies connection attributes (RTR → RTS, or RTS → RTS for `min_rnr_timer`-like
+    /// changes): PSNs restart at `sq_psn`.
+    pub fn connect(&mut self, attrs: ReqAttrs) {
+        self.attrs = attrs;
+        self.psn = attrs.sq_psn;
+        self.retry_left = attrs.retry_cnt;
+        self.rnr_left = attrs.rnr_retry;
+    }
+
+    /// Current attributes.
+    pub fn attrs(&self) -> ReqAttrs {
+        self.attrs
+    }
+
+    /// The next PSN to be sent (`sq_psn` as `ibv_query_qp` reports it).
+    pub fn next_psn(&self) -> u32 {
+        self.psn
+    }
+
+    /// WQEs posted and not yet completed.
+    pub fn outstanding(&self) -> usize {
+        self.sq.len()
+    }
+
+    /// Whether a WQE waits to be sent (and may be, now or after a timer).
+    pub fn has_unsent(&self) -> bool {
+        self.next < self.sq.len()
+    }
+
+    /// Queues a WQE. Checks what `ibv_post_send` checks at post time: capacity (ENOMEM),
+    /// SGE count and inline size (EINVAL). Inline data is copied now.
+    pub fn post(&mut self, wr: &SendWr<'_>, mrs: &MrTable) -> Result<(), PostCheck> {
+        if self.sq.len() >= self.cap {
+            return Err(PostCheck::Full);
+        }
+        if wr.sg_list.len() > self.max_sge as usize {
+            return Err(PostCheck::TooManySge);
+        }
+        let inline = wr.send_flags.contains(SendFlags::INLINE);
+        let mut w = self.spare.pop().unwrap_or_else(SendWqe::blank);
+        w.inline_data.clear();
+        if inline {
+            if matches!(wr.op, WrOp::RdmaRead { .. }) || wr.op.is_atomic() {
+                self.spare.push(w);
+                return Err(PostCheck::InlineNotAllowed);
+            }
+            if wr.total_len() > self.max_inline as u64 {
+                self.spare.push(w);
+                return Err(PostCheck::InlineTooLong);
+            }
+            // Inline SGEs are read now, by the CPU; they must lie in registered memory of
+            // this device (the lkey names the region) so that no stray pointer is read.
+            let mut segs = std::mem::take(&mut self.scratch);
+            let r = mrs.resolve_local(self.pd, wr.sg_list, false, &mut segs);
+            if r.is_err() {
+                self.scratch = segs;
+                self.spare.push(w);
+                return Err(PostCheck::BadInlineSge);
+            }
+            for s in &segs {
+                let at = w.inline_data.len();
+                w.inline_data.resize(at + s.len, 0);
+                s.copy_out(0, &mut w.inline_data[at..]);
+            }
+            segs.clear();
+            self.scratch = segs;
+        }
+        w.wr_id = wr.wr_id;
+        w.op = wr.op;
+        w.fence = wr.send_flags.contains(SendFlags::FENCE);
+        w.solicited = wr.send_flags.contains(SendFlags::SOLICITED);
+        w.signaled = self.sig_all || wr.send_flags.contains(SendFlags::SIGNALED);
+        w.inline = inline;
+        w.sges.clear();
+        w.sges.extend_from_slice(wr.sg_list);
+        w.local.clear();
+        w.len = wr.total_len();
+        w.psn = 0;
+        w.sent = false;
+        w.status = None;
+        self.sq.push_back(w);
+        Ok(())
+    }
+
+    /// The earliest time at which [`Requester::on_timer`] has work.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        match (self.rnr_wait, self.ack_deadline) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Builds request frames for as many WQEs as may go now, into `tx`. Local errors
+    /// complete the WQE and return [`Fatal`].
+    pub fn poll_transmit(
+        &mut self,
+        mrs: &MrTable,
+        now: Instant,
+        tx: &mut TxQueue,
+        budget: usize,
+        out: &mut Vec<WorkCompletion>,
+    ) -> Result<usize, Fatal> {
+        if let Some(t) = self.rnr_wait {
+            if now < t {
+                return Ok(0);
+            }
+            self.rnr_wait = None;
+        }
+        let mut sent = 0;
+        let max_rd = self.attrs.max_rd_atomic.max(1) as u32;
+        while self.next < self.sq.len() && sent < budget && !self.draining {
+            let idx = self.next;
+            let (is_rd, fence) = {
+                let w = &self.sq[idx];
+                (w.op.is_read_or_atomic(), w.fence)
+            };
+            if fence && self.rd_inflight > 0 {
+                break;
+            }
+            if is_rd && self.rd_inflight >= max_rd {
+                break;
+            }
+            let psn = self.psn;
+            match self.build(idx, psn, mrs, tx) {
+                Ok(()) => {}
+                Err(status) => {
+                    self.sq[idx].status = Some(status);
+                    self.retire(out);
+                    return Err(Fatal(status));
+                }
+            }
+            let w = &mut self.sq[idx];
+            w.psn = psn;
+            w.sent = true;
+            self.psn = psn::add(psn, 1);
+            if is_rd {
+                self.rd_inflight += 1;
+            }
+            self.next += 1;
+            sent += 1;
+            if self.ack_deadline.is_none() {
+                self.ack_deadline = self.attrs.timeout.map(|t| now + t);
+            }
+        }
+        Ok(sent)
+    }
+
+    fn build(&mut self, idx: usize, psn: u32, mrs: &MrTable, tx: &mut TxQueue) -> Result<(), WcStatus> {
+        let pd = self.pd;
+        let w = &mut self.sq[idx];
+        if w.len > MAX_MSG as u64 {
+            return Err(WcStatus::LocLenErr);
+        }
+        let len = w.len as u32;
+        match w.op {
+            WrOp::Send
+            | WrOp::SendWithImm { .. }
+            | WrOp::RdmaWrite { .. }
+            | WrOp::RdmaWriteWithImm { .. } => {
+                let segs = &mut self.scratch;
+                if !w.inline {
+                    mrs.resolve_local(pd, &w.sges, false, segs)
+                        .map_err(|_| WcStatus::LocProtErr)?;
+                }
+                let frame = match w.op {
+                    WrOp::Send | WrOp::SendWithImm { .. } => Frame::Send {
+                        psn,
+                        len,
+                        imm: w.op.imm_data(),
+                        solicited: w.solicited,
+                    },
+                    _ => {
+                        let r = w.op.remote().expect("RDMA op has a remote address");
+                        Frame::Write {
+                            psn,
+                            len,
+                            addr: r.addr,
+                            rkey: r.rkey,
+                            imm: w.op.imm_data(),
+                            solicited: w.solicited,
+                        }
+                    }
+                };
+                tx.push_frame(&frame);
+                if w.inline {
+                    tx.push_bytes(&w.inline_data);
+                } else {
+                    for s in segs.iter() {
+                        tx.push_seg(s);
+                    }
+                    segs.clear();
+                }
+            }
+            WrOp::RdmaRead { remote } => {
+                mrs.resolve_local(pd, &w.sges, true, &mut w.local)
+                    .map_err(|_| WcStatus::LocProtErr)?;
+                tx.push_frame(&Frame::Read {
+                    psn,
+                    len,
+                    addr: remote.addr,
+                    rkey: remote.rkey,
+                });
+            }
+            WrOp::AtomicCmpAndSwp { remote, .. } | WrOp::AtomicFetchAndAdd { remote, .. } => {
+                let total = mrs
+                    .resolve_local(pd, &w.sges, true, &mut w.local)
+                    .map_err(|_| WcStatus::LocProtErr)?;
+                if total < 8 {
+                    return Err(WcStatus::LocLenErr);
+                }
+                let frame = match w.op {
+                    WrOp::AtomicCmpAndSwp { compare, swap, .. } => Frame::CmpSwap {
+                        psn,
+                        addr: remote.addr,
+                        rkey: remote.rkey,
+                        compare,
+                        swap,
+                    },
+                    WrOp::AtomicFetchAndAdd { add, .. } => Frame::FetchAdd {
+                        psn,
+                        addr: remote.addr,
+                        rkey: remote.rkey,
+                        add,
+                    },
+                    _ => unreachable!("matched atomics above"),
+                };
+                tx.push_frame(&frame);
+            }
+        }
+        Ok(())
+    }
+
+    /// Position in `sq` of the sent WQE with `psn`.
+    fn find_sent(&self, psn: u32) -> Option<usize> {
+        self.sq
+            .iter()
+            .take(self.next)
+            .position(|w| w.sent && w.status.is_none() && w.psn == psn)
+    }
+
+    /// Marks every sent, unfinished SEND/WRITE strictly before `idx` (or up to and
+    /// including `idx` when `inclusive`) as successful. Returns whether anything changed.
+    fn ack_through(&mut self, idx: usize, inclusive: bool) -> bool {
+        let end = if inclusive { idx + 1 } else { idx };
+        let mut progressed = false;
+        for w in self.sq.iter_mut().take(end) {
+            if w.sent && w.status.is_none() && !w.op.is_read_or_atomic() {
+                w.status = Some(WcStatus::Success);
+                progressed = true;
+            }
+        }
+        progressed
+    }
+
+    fn progress(&mut self, now: Instant) {
+        self.retry_left = self.attrs.retry_cnt;
+        self.rnr_left = self.attrs.rnr_retry;
+        let unacked = self
+            .sq
+            .iter()
+            .take(self.next)
+            .any(|w| w.sent && w.status.is_none());
+        self.ack_deadline = if unacked {
+            self.attrs.timeout.map(|t| now + t)
+        } else {
+            None
+        };
+    }
+
+    /// Moves finished WQEs off the front of the queue, producing completions in order.
+    fn retire(&mut self, out: &mut Vec<WorkCompletion>) {
+        while let Some(w) = self.sq.front() {
+            let Some(status) = w.status else { break };
+            if w.signaled || status != WcStatus::Success {
+                out.push(w.completion(self.qpn, status));
+            }
+            let mut w = self.sq.pop_front().expect("front exists");
+            w.local.clear();
+            self.spare.push(w);
+            self.next = self.next.saturating_sub(1);
+        }
+    }
+
+    /// Rewinds to the WQE at `idx`: it and everything after it will be sent again, from
+    /// its PSN.
+    fn rewind(&mut self, idx: usize) {
+        if idx >= self.next {
+            return;
+        }
+        let psn = self.sq[idx].psn;
+        for w in self.sq.iter_mut().skip(idx).take(self.next - idx) {
+            if w.sent && w.op.is_read_or_atomic() {
+                self.rd_inflight -= 1;
+            }
+            w.sent = false;
+        }
+        self.next = idx;
+        self.psn = psn;
+        self.ack_deadline = None;
+    }
+
+    /// Handles a response frame. For a READ response, returns where its payload goes.
+    pub fn on_response(
+        &mut self,
+        frame: &Frame,
+        now: Instant,
+        out: &mut Vec<WorkCompletion>,
+    ) -> Result<ReadSink, Fatal> {
+        match *frame {
+            Frame::Ack { psn } => {
+                // Acknowledges every SEND/WRITE up to `psn`.
+                let upto = self.sq.iter().take(self.next).rposition(|w| {
+                    w.sent && psn::diff(w.psn, psn) <= 0 && psn::diff(w.psn, psn) > -(1 << 22)
+                });
+                if let Some(i) = upto {
+                    if self.ack_through(i, true) {
+                        self.progress(now);
+                    }
+                }
+                self.retire(out);
+                Ok(ReadSink::Discard)
+            }
+            Frame::ReadResp { psn, len } => {
+                let Some(i) = self.find_sent(psn) else {
+                    return Ok(ReadSink::Discard);
+                };
+                let w = &self.sq[i];
+                if !matches!(w.op, WrOp::RdmaRead { .. }) || w.len != len as u64 {
+                    return self.fail(i, WcStatus::BadRespErr, out);
+                }
+                self.ack_through(i, false);
+                let segs = std::mem::take(&mut self.sq[i].local);
+                Ok(ReadSink::Into { psn, segs })
+            }
+            Frame::AtomicResp { psn, orig } => {
+                let Some(i) = self.find_sent(psn) else {
+                    return Ok(ReadSink::Discard);
+                };
+                if !self.sq[i].op.is_atomic() {
+                    return self.fail(i, WcStatus::BadRespErr, out);
+                }
+                self.ack_through(i, false);
+                let bytes = orig.to_ne_bytes();
+                let mut written = 0;
+                for s in &self.sq[i].local {
+                    let n = (8 - written).min(s.len);
+                    s.copy_in(0, &bytes[written..written + n]);
+                    written += n;
+                    if written == 8 {
+                        break;
+                    }
+                }
+                self.sq[i].status = Some(WcStatus::Success);
+                self.rd_inflight -= 1;
+                self.progress(now);
+                self.retire(out);
+                Ok(ReadSink::Discard)
+            }
+            Frame::Nak { psn, code } => {
+                let Some(i) = self.find_sent(psn) else {
+                    return Ok(ReadSink::Discard);
+                };
+                self.ack_through(i, false);
+                match code {
+                    NakCode::Rnr { timer } => {
+                        if self.rnr_left == 0 {
+                            return self.fail(i, WcStatus::RnrRetryExcErr, out);
+                        }
+                        if self.attrs.rnr_retry != RNR_RETRY_INFINITE {
+                            self.rnr_left -= 1;
+                        }
+                        self.rewind(i);
+                        self.rnr_wait = Some(now + rnr_timer(timer));
+                        self.retire(out);
+                        Ok(ReadSink::Discard)
+                    }
+                    NakCode::PsnSeq => {
+                        if self.retry_left == 0 {
+                            return self.fail(i, WcStatus::RetryExcErr, out);
+                        }
+                        self.retry_left -= 1;
+                        self.rewind(i);
+                        self.retire(out);
+                        Ok(ReadSink::Discard)
+                    }
+                    NakCode::InvalidRequest => self.fail(i, WcStatus::RemInvReqErr, out),
+                    NakCode::RemoteAccess => self.fail(i, WcStatus::RemAccessErr, out),
+                    NakCode::RemoteOperational => self.fail(i, WcStatus::RemOpErr, out),
+                }
+            }
+            _ => Ok(ReadSink::Discard),
+        }
+    }
+
+    /// The payload of the READ with `psn` has been written into `segs` (given back so the
+    /// WQE keeps its buffers).
+    pub fn read_done(&mut self, psn: u32, segs: Vec<Seg>, now: Instant, out: &mut Vec<WorkCompletion>) {
+        if let Some(i) = self.find_sent(psn) {
+            let w = &mut self.sq[i];
+            w.local = segs;
+            w.status = Some(WcStatus::Success);
+            self.rd_inflight -= 1;
+            self.progress(now);
+            self.retire(out);
+        }
+    }
+
+    fn fail(
+        &mut self,
+        idx: usize,
+        status: WcStatus,
+        out: &mut Vec<WorkCompletion>,
+    ) -> Result<ReadSink, Fatal> {
+        self.sq[idx].status = Some(status);
+        self.retire(out);
+        Err(Fatal(status))
+    }
+
+    /// Timers: the RNR wait ends (sending resumes in `poll_transmit`), or the ACK timeout
+    /// fires (rewind and resend, or `IBV_WC_RETRY_EXC_ERR` when retries are used up).
+    pub fn on_timer(&mut self, now: Instant, out: &mut Vec<WorkCompletion>) -> Result<(), Fatal> {
+        if self.rnr_wait.is_some_and(|t| now >= t) {
+            self.rnr_wait = None;
+        }
+        if let Some(d) = self.ack_deadline {
+            if now >= d {
+                // Re-armed by the next send, or by the next failed connection attempt.
+                self.ack_deadline = None;
+                if let Some(i) = self.sq.iter().position(|w| w.status.is_none()) {
+                    if self.retry_left == 0 {
+                        return self.fail(i, WcStatus::RetryExcErr, out).map(|_| ());
+                    }
+                    self.retry_left -= 1;
+                    self.rewind(i);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The transport lost everything in flight (the connection broke): resend from the
+    /// oldest unacknowledged WQE once reconnected. The ACK timer keeps running, so a peer
+    /// that stays away exhausts `retry_cnt`.
+    pub fn on_connection_lost(&mut self) {
+        let deadline = self.ack_deadline;
+        if let Some(i) = self
+            .sq
+            .iter()
+            .take(self.next)
+            .position(|w| w.sent && w.status.is_none())
+        {
+            self.rewind(i);
+        }
+        self.ack_deadline = deadline;
+    }
+
+    /// Arms the ACK timer if unset (a connection attempt is outstanding).
+    pub fn arm_timer(&mut self, now: Instant) {
+        if self.ack_deadline.is_none() && self.has_unsent() {
+            self.ack_deadline = self.attrs.timeout.map(|t| now + t);
+        }
+    }
+
+    /// QP to ERR: every WQE not yet finished completes with `IBV_WC_WR_FLUSH_ERR` (those
+    /// already finished keep their status), in order.
+    pub fn flush(&mut self, out: &mut Vec<WorkCompletion>) {
+        for w in self.sq.iter_mut() {
+            if w.status.is_none() {
+                w.status = Some(WcStatus::WrFlushErr);
+            }
+        }
+        self.rd_inflight = 0;
+        self.next = self.sq.len();
+        self.retire(out);
+        self.next = 0;
+        self.rnr_wait = None;
+        self.ack_deadline = None;
+    }
+
+    /// QP to RESET: the queue is emptied without completions.
+    pub fn reset(&mut self) {
+        while let Some(mut w) = self.sq.pop_front() {
+            w.local.clear();
+            self.spare.push(w);
+        }
+        self.next = 0;
+        self.rd_inflight = 0;
+        self.rnr_wait = None;
+        self.ack_deadline = None;
+        self.draining = false;
+    }
+}
+
+/// Why `post` refused a WR.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PostCheck {
+    /// The queue holds `max_send_wr` WQEs (ENOMEM).
+    Full,
+    /// More SGEs than `max_send_sge` (EINVAL).
+    TooManySge,
+    /// Inline data longer than `max_inline_data` (EINVAL).
+    InlineTooLong,
+    /// `IBV_SEND_INLINE` on a READ or atomic (EINVAL).
+    InlineNotAllowed,
+    /// An inline SGE outside registered memory of this QP's PD (EINVAL).
+    BadInlineSge,
+}

@@ -1,0 +1,462 @@
+//! The responder half of an RC QP, as pure state: no I/O (`man ibv_post_recv`; IBA 9.7.4
+//! "Responder", 9.7.5.2 NAK codes, 9.7.8 atomics, 10.7.2.2 receive errors).
+//!
+//! For each incoming request, in PSN order:
+//!
+//! - a PSN behind the expected one is a duplicate: SEND/WRITE are acknowledged again
+//!   without executing, READs are executed again, atomics return the saved result;
+//! - a PSN ahead of the expected one gets one PSN-sequence-error NAK, then everything is
+//!   dropped until the expected PSN arrives;
+//! - SEND, SEND_WITH_IMM and RDMA_WRITE_WITH_IMM consume the oldest posted receive; with
+//!   none posted the answer is an RNR NAK carrying this QP's `min_rnr_timer`, and requests
+//!   are dropped until the refused one is resent;
+//! - a message longer than the receive's buffers completes the receive with
+//!   `IBV_WC_LOC_LEN_ERR` and NAKs the request as invalid (`IBV_WC_REM_INV_REQ_ERR` at
+//!   the requester); a receive SGE with a bad lkey is `IBV_WC_LOC_PROT_ERR` here and a
+//!   remote operational error there;
+//! - RDMA and atomics pass the one access check of [`MrTable::resolve_remote`]; a
+//!   violation NAKs with remote access error (misaligned atomics: invalid request) and
+//!   leaves memory untouched;
+//! - atomics run as one atomic instruction on the target word, so they are atomic against
+//!   every other atomic on the device, from any QP.
+//!
+//! Errors return [`Fatal`]: the QP goes to ERR (as an HCA does after a responder error on
+//! RC). ACKs are coalesced: one ACK covers every request executed before it is sent.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+
+use verbs_api::{AccessFlags, RecvWr, Sge, WcFlags, WcOpcode, WcStatus, WorkCompletion};
+
+use crate::memory::{MrTable, RemoteAccessError, Seg};
+use crate::psn;
+use crate::requester::Fatal;
+use crate::tx::TxQueue;
+use crate::wire::{Frame, NakCode};
+
+/// How many atomic results are kept for duplicate requests.
+const ATOMIC_REPLAY: usize = 16;
+
+struct RecvWqe {
+    wr_id: u64,
+    sges: Vec<Sge>,
+}
+
+/// A receive consumed by a request whose payload is still arriving.
+struct InProgress {
+    wr_id: u64,
+    opcode: WcOpcode,
+    byte_len: u32,
+    imm: Option<u32>,
+    solicited: bool,
+}
+
+/// What to do with the payload that follows a request header.
+#[derive(Debug)]
+pub enum Incoming {
+    /// Write it into these segments (in order), then call [`Responder::payload_done`].
+    Sink(Vec<Seg>),
+    /// Read and drop it.
+    Discard,
+}
+
+/// Responder attributes (set at INIT → RTR).
+#[derive(Clone, Copy, Debug)]
+pub struct RespAttrs {
+    /// Expected PSN of the first request (`rq_psn`).
+    pub rq_psn: u32,
+    /// RNR NAK timer code advertised to requesters.
+    pub min_rnr_timer: u8,
+}
+
+/// The receive side of a QP.
+pub struct Responder {
+    qpn: u32,
+    pd: u32,
+    cap: usize,
+    max_sge: u32,
+    rq: VecDeque<RecvWqe>,
+    spare: Vec<RecvWqe>,
+    epsn: u32,
+    /// Set after a NAK: requests are dropped until this PSN arrives.
+    nak_psn: Option<u32>,
+    /// Remote operations the QP accepts (`qp_access_flags`).
+    pub access: AccessFlags,
+    /// RNR NAK timer code.
+    pub min_rnr_timer: u8,
+    ack_owed: Option<u32>,
+    replay: VecDeque<(u32, u64)>,
+    in_progress: Option<InProgress>,
+    scratch: Vec<Seg>,
+}
+
+impl Responder {
+    /// An empty receive queue for QP `qpn` in PD `pd`.
+    pub fn new(qpn: u32, pd: u32, cap: u32, max_sge: u32) -> Self {
+        Responder {
+            qpn,
+            pd,
+            cap: cap as usize,
+            max_sge,
+            rq: VecDeque::with_capacity(cap.min(4096) as usize),
+            spare: Vec::new(),
+            epsn: 0,
+            nak_psn: None,
+            access: AccessFlags::empty(),
+            min_rnr_timer: 0,
+            ack_owed: None,
+            replay: VecDeque::new(),
+            in_progress: None,
+            scratch: Vec::new(),
+        }
+    }
+
+    /// Applies INIT → RTR attributes.
+    pub fn connect(&mut self, attrs: RespAttrs) {
+        self.epsn = attrs.rq_psn;
+        self.min_rnr_timer = attrs.min_rnr_timer;
+        self.nak_psn = None;
+        self.ack_owed = None;
+        self.replay.clear();
+    }
+
+    /// The expected PSN (`rq_psn` as `ibv_query_qp` reports it).
+    pub fn expected_psn(&self) -> u32 {
+        self.epsn
+    }
+
+    /// Receives posted and not yet consumed.
+    pub fn posted(&self) -> usize {
+        self.rq.len()
+    }
+
+    /// Queues a receive WQE; `Err(true)`: the queue is full (ENOMEM); `Err(false)`: too
+    /// many SGEs (EINVAL).
+    pub fn post(&mut self, wr: &RecvWr<'_>) -> Result<(), bool> {
+        if self.rq.len() >= self.cap {
+            return Err(true);
+        }
+        if wr.sg_list.len() > self.max_sge as usize {
+            return Err(false);
+        }
+        let mut w = self.spare.pop().unwrap_or(RecvWqe {
+            wr_id: 0,
+            sges: Vec::new(),
+        });
+        w.wr_id = wr.wr_id;
+        w.sges.clear();
+        w.sges.extend_from_slice(wr.sg_list);
+        self.rq.push_back(w);
+        Ok(())
+    }
+
+    fn recv_completion(&self, wr_id: u64, status: WcStatus) -> WorkCompletion {
+        WorkCompletion {
+            wr_id,
+            status,
+            opcode: WcOpcode::Recv,
+            qp_num: self.qpn,
+            ..Default::default()
+        }
+    }
+
+    fn nak(&mut self, tx: &mut TxQueue, psn: u32, code: NakCode) {
+        self.ack_owed = None;
+        tx.push_frame(&Frame::Nak { psn, code });
+    }
+
+    /// Sends the ACK owed, if any (call when the current batch of requests is done).
+    pub fn flush_ack(&mut self, tx: &mut TxQueue) {
+        if let Some(psn) = self.ack_owed.take() {
+            tx.push_frame(&Frame::Ack { psn });
+        }
+    }
+
+    fn flush_ack_before_response(&mut self, tx: &mut TxQueue) {
+        // A READ or atomic response implicitly acknowledges everything before it, but an
+        // explicit ACK keeps the requester's view simple and costs 16 bytes.
+        self.flush_ack(tx);
+    }
+
+    fn take_recv(&mut self) -> Option<RecvWqe> {
+        self.rq.pop_front()
+    }
+
+    fn give_back(&mut self, w: RecvWqe) {
+        self.spare.push(w);
+    }
+
+    /// Handles a request header. Responses go to `tx`, receive completions to `out`.
+    pub fn on_request(
+        &mut self,
+        frame: &Frame,
+        mrs: &MrTable,
+        tx: &mut TxQueue,
+        out: &mut Vec<(WorkCompletion, bool)>,
+    ) -> Result<Incoming, Fatal> {
+        let Some(psn) = frame.psn().filter(|_| frame.is_request()) else {
+            return Ok(Incoming::Discard);
+        };
+        let d = psn::diff(psn, self.epsn);
+        if d < 0 {
+            return Ok(self.duplicate(frame, mrs, tx));
+        }
+        if d > 0 {
+            if self.nak_psn.is_none() {
+                self.nak_psn = Some(self.epsn);
+                let e = self.epsn;
+                self.nak(tx, e, NakCode::PsnSeq);
+            }
+            return Ok(Incoming::Discard);
+        }
+        self.nak_psn = None;
+        match *frame {
+            Frame::Send {
+                len, imm, solicited, ..
+            } => {
+                let Some(w) = self.take_recv() else {
+                    return self.rnr(psn, tx);
+                };
+                let mut segs = std::mem::take(&mut self.scratch);
+                let resolved = mrs.resolve_local(self.pd, &w.sges, true, &mut segs);
+                let total = match resolved {
+                    Ok(t) => t,
+                    Err(_) => {
+                        out.push((self.recv_completion(w.wr_id, WcStatus::LocProtErr), false));
+                        self.give_back(w);
+                        self.scratch = segs;
+                        self.nak(tx, psn, NakCode::RemoteOperational);
+                        return Err(Fatal(WcStatus::LocProtErr));
+                    }
+                };
+                if (len as u64) > total {
+                    out.push((self.recv_completion(w.wr_id, WcStatus::LocLenErr), false));
+                    self.give_back(w);
+                    self.scratch = segs;
+                    self.nak(tx, psn, NakCode::InvalidRequest);
+                    return Err(Fatal(WcStatus::LocLenErr));
+                }
+                trim(&mut segs, len as usize);
+                self.in_progress = Some(InProgress {
+                    wr_id: w.wr_id,
+                    opcode: WcOpcode::Recv,
+                    byte_len: len,
+                    imm,
+                    solicited,
+                });
+                self.give_back(w);
+                self.epsn = psn::add(psn, 1);
+                Ok(Incoming::Sink(segs))
+            }
+            Frame::Write {
+                len,
+                addr,
+                rkey,
+                imm,
+                solicited,
+                ..
+            } => {
+                // Resources (a receive for the immediate) are checked before the rkey, as
+                // the responder state machines of rxe and the IBA do.
+                if imm.is_some() && self.rq.is_empty() {
+                    return self.rnr(psn, tx);
+                }
+                let seg = match mrs.resolve_remote(
+                    self.pd,
+                    self.access,
+                    rkey,
+                    addr,
+                    len as u64,
+                    AccessFlags::REMOTE_WRITE,
+                ) {
+                    Ok(s) => s,
+                    Err(e) => return self.access_error(psn, e, tx),
+                };
+                if imm.is_some() {
+                    let w = self.take_recv().expect("checked above");
+                    self.in_progress = Some(InProgress {
+                        wr_id: w.wr_id,
+                        opcode: WcOpcode::RecvRdmaWithImm,
+                        byte_len: len,
+                        imm,
+                        solicited,
+                    });
+                    self.give_back(w);
+                }
+                self.epsn = psn::add(psn, 1);
+                let mut segs = std::mem::take(&mut self.scratch);
+                segs.clear();
+                segs.extend(seg);
+                Ok(Incoming::Sink(segs))
+            }
+            Frame::Read { len, addr, rkey, .. } => {
+                let seg = match mrs.resolve_remote(
+                    self.pd,
+                    self.access,
+                    rkey,
+                    addr,
+                    len as u64,
+                    AccessFlags::REMOTE_READ,
+                ) {
+                    Ok(s) => s,
+                    Err(e) => return self.access_error(psn, e, tx),
+                };
+                self.flush_ack_before_response(tx);
+                tx.push_frame(&Frame::ReadResp { psn, len });
+                if let Some(s) = seg {
+                    tx.push_seg(&s);
+                }
+                self.epsn = psn::add(psn, 1);
+                Ok(Incoming::Discard)
+            }
+            Frame::CmpSwap { addr, rkey, .. } | Frame::FetchAdd { addr, rkey, .. } => {
+                let seg =
+                    match mrs.resolve_remote(self.pd, self.access, rkey, addr, 8, AccessFlags::REMOTE_ATOMIC)
+                    {
+                        Ok(Some(s)) => s,
+                        Ok(None) => unreachable!("atomics always name 8 bytes"),
+                        Err(e) => return self.access_error(psn, e, tx),
+                    };
+                let orig = seg.atomic(|w| match *frame {
+                    Frame::CmpSwap { compare, swap, .. } => {
+                        match w.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
+                            Ok(v) | Err(v) => v,
+                        }
+                    }
+                    Frame::FetchAdd { add, .. } => w.fetch_add(add, Ordering::SeqCst),
+                    _ => unreachable!("matched atomics above"),
+                });
+                let Some(orig) = orig else {
+                    // Deregistered between the check and the operation.
+                    return self.access_error(psn, RemoteAccessError::BadKey, tx);
+                };
+                if self.replay.len() == ATOMIC_REPLAY {
+                    self.replay.pop_front();
+                }
+                self.replay.push_back((psn, orig));
+                self.flush_ack_before_response(tx);
+                tx.push_frame(&Frame::AtomicResp { psn, orig });
+                self.epsn = psn::add(psn, 1);
+                Ok(Incoming::Discard)
+            }
+            _ => Ok(Incoming::Discard),
+        }
+    }
+
+    fn rnr(&mut self, psn: u32, tx: &mut TxQueue) -> Result<Incoming, Fatal> {
+        self.nak_psn = Some(psn);
+        let timer = self.min_rnr_timer;
+        self.nak(tx, psn, NakCode::Rnr { timer });
+        Ok(Incoming::Discard)
+    }
+
+    fn access_error(&mut self, psn: u32, e: RemoteAccessError, tx: &mut TxQueue) -> Result<Incoming, Fatal> {
+        let code = match e {
+            RemoteAccessError::Misaligned => NakCode::InvalidRequest,
+            _ => NakCode::RemoteAccess,
+        };
+        self.nak(tx, psn, code);
+        Err(Fatal(match code {
+            NakCode::InvalidRequest => WcStatus::RemInvReqErr,
+            _ => WcStatus::RemAccessErr,
+        }))
+    }
+
+    fn duplicate(&mut self, frame: &Frame, mrs: &MrTable, tx: &mut TxQueue) -> Incoming {
+        match *frame {
+            Frame::Send { .. } | Frame::Write { .. } => {
+                self.flush_ack(tx);
+                tx.push_frame(&Frame::Ack {
+                    psn: psn::add(self.epsn, verbs_api::PSN_MASK),
+                });
+            }
+            Frame::Read { psn, len, addr, rkey } => {
+                match mrs.resolve_remote(
+                    self.pd,
+                    self.access,
+                    rkey,
+                    addr,
+                    len as u64,
+                    AccessFlags::REMOTE_READ,
+                ) {
+                    Ok(seg) => {
+                        self.flush_ack(tx);
+                        tx.push_frame(&Frame::ReadResp { psn, len });
+                        if let Some(s) = seg {
+                            tx.push_seg(&s);
+                        }
+                    }
+                    Err(_) => self.nak(tx, psn, NakCode::RemoteAccess),
+                }
+            }
+            Frame::CmpSwap { psn, .. } | Frame::FetchAdd { psn, .. } => {
+                match self.replay.iter().find(|(p, _)| *p == psn) {
+                    Some(&(_, orig)) => {
+                        self.flush_ack(tx);
+                        tx.push_frame(&Frame::AtomicResp { psn, orig });
+                    }
+                    None => self.nak(tx, psn, NakCode::InvalidRequest),
+                }
+            }
+            _ => {}
+        }
+        Incoming::Discard
+    }
+
+    /// The payload of the current request has been written (or was empty): complete the
+    /// receive it consumed, if any, and owe an ACK.
+    pub fn payload_done(&mut self, sink: Vec<Seg>, out: &mut Vec<(WorkCompletion, bool)>) {
+        let mut sink = sink;
+        sink.clear();
+        self.scratch = sink;
+        if let Some(p) = self.in_progress.take() {
+            let mut wc = self.recv_completion(p.wr_id, WcStatus::Success);
+            wc.opcode = p.opcode;
+            wc.byte_len = p.byte_len;
+            if let Some(imm) = p.imm {
+                wc.imm_data = imm;
+                wc.wc_flags |= WcFlags::WITH_IMM;
+            }
+            out.push((wc, p.solicited));
+        }
+        self.ack_owed = Some(psn::add(self.epsn, verbs_api::PSN_MASK));
+    }
+
+    /// QP to ERR: every posted receive (and one consumed by a request still arriving)
+    /// completes with `IBV_WC_WR_FLUSH_ERR`, in order.
+    pub fn flush(&mut self, out: &mut Vec<(WorkCompletion, bool)>) {
+        if let Some(p) = self.in_progress.take() {
+            out.push((self.recv_completion(p.wr_id, WcStatus::WrFlushErr), false));
+        }
+        while let Some(w) = self.rq.pop_front() {
+            out.push((self.recv_completion(w.wr_id, WcStatus::WrFlushErr), false));
+            self.spare.push(w);
+        }
+        self.ack_owed = None;
+    }
+
+    /// QP to RESET: receives are discarded without completions.
+    pub fn reset(&mut self) {
+        self.in_progress = None;
+        while let Some(w) = self.rq.pop_front() {
+            self.spare.push(w);
+        }
+        self.ack_owed = None;
+        self.nak_psn = None;
+    }
+}
+
+/// Shortens a scatter list to its first `len` bytes.
+fn trim(segs: &mut Vec<Seg>, len: usize) {
+    let mut left = len;
+    let mut keep = 0;
+    for s in segs.iter_mut() {
+        if left == 0 {
+            break;
+        }
+        s.len = s.len.min(left);
+        left -= s.len;
+        keep += 1;
+    }
+    segs.truncate(keep);
+}

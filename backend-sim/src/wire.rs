@@ -1,0 +1,659 @@
+//! The sim's wire format: frame encode/decode only, no I/O.
+//!
+//! One RC connection direction is one TCP stream: the requester of a QP opens it to the
+//! peer device and sends requests; the peer's responder answers on the same stream. The
+//! frames mirror InfiniBand's headers at message granularity (TCP already segments and
+//! retransmits): a 16-byte base header (like the BTH: opcode, flags, PSN, plus length and
+//! immediate), then an extension that depends on the opcode (RETH for RDMA, AtomicETH for
+//! atomics, AtomicAckETH for atomic responses, a hello block for connection setup), then
+//! `len` payload bytes for SEND, WRITE and READ responses.
+//!
+//! All integers are little-endian. The decoder accepts any bytes: short input asks for
+//! more, anything malformed (unknown opcode, a length beyond the message limit, a PSN or
+//! QPN wider than 24 bits, bad magic) is a [`WireError`], never a panic.
+
+use std::fmt;
+
+/// Bytes of the base header.
+pub const BASE_LEN: usize = 16;
+/// Longest header (base + largest extension).
+pub const MAX_HDR_LEN: usize = BASE_LEN + 32;
+/// Largest message (2^31 bytes, as `ibv_port_attr::max_msg_sz` on most HCAs).
+pub const MAX_MSG: u32 = 1 << 31;
+/// Magic of the hello frame ("RSIM").
+pub const HELLO_MAGIC: u32 = 0x4d49_5352;
+/// Protocol version in the hello frame.
+pub const VERSION: u16 = 1;
+
+/// Frame flag: the request carries immediate data.
+pub const F_IMM: u8 = 1;
+/// Frame flag: the solicited-event bit.
+pub const F_SOLICITED: u8 = 2;
+
+/// Why a connection setup was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u16)]
+pub enum HelloReject {
+    /// No QP with that number on the device.
+    NoSuchQp = 1,
+    /// The QP exists but is not in RTR/RTS (a real HCA silently drops such packets).
+    NotReady = 2,
+    /// The QP is connected to a different remote endpoint.
+    WrongPeer = 3,
+    /// Protocol version mismatch.
+    Version = 4,
+}
+
+impl HelloReject {
+    fn from_raw(v: u16) -> Result<Self, WireError> {
+        Ok(match v {
+            1 => HelloReject::NoSuchQp,
+            2 => HelloReject::NotReady,
+            3 => HelloReject::WrongPeer,
+            4 => HelloReject::Version,
+            _ => return Err(WireError::BadField("hello reject reason")),
+        })
+    }
+}
+
+/// The syndrome of a NAK (IBA 9.7.5.2.8, AETH syndrome encodings).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NakCode {
+    /// Receiver not ready: no receive posted. Carries the responder's RNR timer code.
+    Rnr {
+        /// `min_rnr_timer` code of the responder QP.
+        timer: u8,
+    },
+    /// PSN sequence error: the responder expected another PSN (carried in the frame).
+    PsnSeq,
+    /// Invalid request (message too long for the receive, misaligned atomic, ...).
+    InvalidRequest,
+    /// Remote access error (rkey, PD, rights, bounds).
+    RemoteAccess,
+    /// Remote operational error (the responder failed, e.g. a bad receive SGE).
+    RemoteOperational,
+}
+
+impl NakCode {
+    fn to_raw(self) -> u16 {
+        match self {
+            NakCode::Rnr { timer } => 0x100 | (timer as u16 & 31),
+            NakCode::PsnSeq => 0x200,
+            NakCode::InvalidRequest => 0x201,
+            NakCode::RemoteAccess => 0x202,
+            NakCode::RemoteOperational => 0x203,
+        }
+    }
+
+    fn from_raw(v: u16) -> Result<Self, WireError> {
+        Ok(match v {
+            0x100..=0x11f => NakCode::Rnr {
+                timer: (v & 31) as u8,
+            },
+            0x200 => NakCode::PsnSeq,
+            0x201 => NakCode::InvalidRequest,
+            0x202 => NakCode::RemoteAccess,
+            0x203 => NakCode::RemoteOperational,
+            _ => return Err(WireError::BadField("NAK syndrome")),
+        })
+    }
+}
+
+/// One decoded frame (the header; payload bytes, if any, follow on the stream).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Frame {
+    /// Connection setup, requester → responder device.
+    Hello {
+        /// GID of the requester's device.
+        src_gid: [u8; 16],
+        /// LID (TCP port) of the requester's device.
+        src_lid: u16,
+        /// Requester QP number.
+        src_qpn: u32,
+        /// Responder QP number.
+        dst_qpn: u32,
+    },
+    /// Connection accepted.
+    HelloAck,
+    /// Connection refused.
+    HelloNak {
+        /// Why.
+        reason: HelloReject,
+    },
+    /// SEND / SEND_WITH_IMM, followed by `len` payload bytes.
+    Send {
+        /// Packet sequence number.
+        psn: u32,
+        /// Payload length.
+        len: u32,
+        /// Immediate data.
+        imm: Option<u32>,
+        /// Solicited event.
+        solicited: bool,
+    },
+    /// RDMA WRITE / WRITE_WITH_IMM, followed by `len` payload bytes.
+    Write {
+        /// Packet sequence number.
+        psn: u32,
+        /// Payload length.
+        len: u32,
+        /// Remote virtual address.
+        addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Immediate data.
+        imm: Option<u32>,
+        /// Solicited event.
+        solicited: bool,
+    },
+    /// RDMA READ request of `len` bytes.
+    Read {
+        /// Packet sequence number.
+        psn: u32,
+        /// Bytes requested.
+        len: u32,
+        /// Remote virtual address.
+        addr: u64,
+        /// Remote key.
+        rkey: u32,
+    },
+    /// ATOMIC CMP_AND_SWP.
+    CmpSwap {
+        /// Packet sequence number.
+        psn: u32,
+        /// Remote virtual address.
+        addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Compare operand.
+        compare: u64,
+        /// Swap operand.
+        swap: u64,
+    },
+    /// ATOMIC FETCH_AND_ADD.
+    FetchAdd {
+        /// Packet sequence number.
+        psn: u32,
+        /// Remote virtual address.
+        addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Addend.
+        add: u64,
+    },
+    /// Positive acknowledgement of every request up to and including `psn`.
+    Ack {
+        /// Last PSN acknowledged.
+        psn: u32,
+    },
+    /// Negative acknowledgement of the request `psn` (and implicit ACK of those before).
+    Nak {
+        /// The PSN refused (for PSN sequence errors: the PSN expected).
+        psn: u32,
+        /// Why.
+        code: NakCode,
+    },
+    /// READ response for request `psn`, followed by `len` payload bytes.
+    ReadResp {
+        /// PSN of the READ request.
+        psn: u32,
+        /// Payload length.
+        len: u32,
+    },
+    /// Atomic response for request `psn`: the original value of the word.
+    AtomicResp {
+        /// PSN of the atomic request.
+        psn: u32,
+        /// Value before the operation.
+        orig: u64,
+    },
+}
+
+/// A malformed frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    /// Unknown opcode byte.
+    #[error("unknown opcode {0:#04x}")]
+    UnknownOpcode(u8),
+    /// A field out of range.
+    #[error("malformed {0}")]
+    BadField(&'static str),
+    /// A payload length beyond the message limit.
+    #[error("message length {0} exceeds the 2^31 byte limit")]
+    TooLong(u32),
+}
+
+mod op {
+    pub const HELLO: u8 = 0x01;
+    pub const HELLO_ACK: u8 = 0x02;
+    pub const HELLO_NAK: u8 = 0x03;
+    pub const SEND: u8 = 0x10;
+    pub const WRITE: u8 = 0x11;
+    pub const READ: u8 = 0x12;
+    pub const CMP_SWAP: u8 = 0x13;
+    pub const FETCH_ADD: u8 = 0x14;
+    pub const ACK: u8 = 0x20;
+    pub const NAK: u8 = 0x21;
+    pub const READ_RESP: u8 = 0x22;
+    pub const ATOMIC_RESP: u8 = 0x23;
+}
+
+fn ext_len(opcode: u8) -> Option<usize> {
+    Some(match opcode {
+        op::HELLO => 32,
+        op::HELLO_ACK | op::HELLO_NAK | op::SEND | op::ACK | op::NAK | op::READ_RESP => 0,
+        op::WRITE | op::READ => 12,
+        op::CMP_SWAP | op::FETCH_ADD => 28,
+        op::ATOMIC_RESP => 8,
+        _ => return None,
+    })
+}
+
+impl Frame {
+    /// Payload bytes that follow this frame's header on the stream.
+    pub fn payload_len(&self) -> u32 {
+        match *self {
+            Frame::Send { len, .. } | Frame::Write { len, .. } | Frame::ReadResp { len, .. } => len,
+            _ => 0,
+        }
+    }
+
+    /// The PSN, for request and response frames.
+    pub fn psn(&self) -> Option<u32> {
+        match *self {
+            Frame::Send { psn, .. }
+            | Frame::Write { psn, .. }
+            | Frame::Read { psn, .. }
+            | Frame::CmpSwap { psn, .. }
+            | Frame::FetchAdd { psn, .. }
+            | Frame::Ack { psn }
+            | Frame::Nak { psn, .. }
+            | Frame::ReadResp { psn, .. }
+            | Frame::AtomicResp { psn, .. } => Some(psn),
+            Frame::Hello { .. } | Frame::HelloAck | Frame::HelloNak { .. } => None,
+        }
+    }
+
+    /// Whether this frame travels requester → responder.
+    pub fn is_request(&self) -> bool {
+        matches!(
+            self,
+            Frame::Send { .. }
+                | Frame::Write { .. }
+                | Frame::Read { .. }
+                | Frame::CmpSwap { .. }
+                | Frame::FetchAdd { .. }
+        )
+    }
+
+    /// Whether this frame travels responder → requester.
+    pub fn is_response(&self) -> bool {
+        matches!(
+            self,
+            Frame::Ack { .. } | Frame::Nak { .. } | Frame::ReadResp { .. } | Frame::AtomicResp { .. }
+        )
+    }
+
+    /// Encodes the header into `out`, returning the number of bytes written.
+    pub fn encode(&self, out: &mut [u8; MAX_HDR_LEN]) -> usize {
+        let (opcode, flags, aux, psn, len, imm) = match *self {
+            Frame::Hello { .. } => (op::HELLO, 0, VERSION, 0, 0, 0),
+            Frame::HelloAck => (op::HELLO_ACK, 0, 0, 0, 0, 0),
+            Frame::HelloNak { reason } => (op::HELLO_NAK, 0, reason as u16, 0, 0, 0),
+            Frame::Send {
+                psn,
+                len,
+                imm,
+                solicited,
+            } => (op::SEND, flags_of(imm, solicited), 0, psn, len, imm.unwrap_or(0)),
+            Frame::Write {
+                psn,
+                len,
+                imm,
+                solicited,
+                ..
+            } => (op::WRITE, flags_of(imm, solicited), 0, psn, len, imm.unwrap_or(0)),
+            Frame::Read { psn, len, .. } => (op::READ, 0, 0, psn, len, 0),
+            Frame::CmpSwap { psn, .. } => (op::CMP_SWAP, 0, 0, psn, 0, 0),
+            Frame::FetchAdd { psn, .. } => (op::FETCH_ADD, 0, 0, psn, 0, 0),
+            Frame::Ack { psn } => (op::ACK, 0, 0, psn, 0, 0),
+            Frame::Nak { psn, code } => (op::NAK, 0, code.to_raw(), psn, 0, 0),
+            Frame::ReadResp { psn, len } => (op::READ_RESP, 0, 0, psn, len, 0),
+            Frame::AtomicResp { psn, .. } => (op::ATOMIC_RESP, 0, 0, psn, 0, 0),
+        };
+        out[0] = opcode;
+        out[1] = flags;
+        out[2..4].copy_from_slice(&aux.to_le_bytes());
+        out[4..8].copy_from_slice(&psn.to_le_bytes());
+        out[8..12].copy_from_slice(&len.to_le_bytes());
+        out[12..16].copy_from_slice(&imm.to_le_bytes());
+        let e = &mut out[BASE_LEN..];
+        match *self {
+            Frame::Hello {
+                src_gid,
+                src_lid,
+                src_qpn,
+                dst_qpn,
+            } => {
+                e[0..4].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
+                e[4..6].copy_from_slice(&src_lid.to_le_bytes());
+                e[6..8].copy_from_slice(&0u16.to_le_bytes());
+                e[8..12].copy_from_slice(&src_qpn.to_le_bytes());
+                e[12..16].copy_from_slice(&dst_qpn.to_le_bytes());
+                e[16..32].copy_from_slice(&src_gid);
+            }
+            Frame::Write { addr, rkey, .. } | Frame::Read { addr, rkey, .. } => {
+                e[0..8].copy_from_slice(&addr.to_le_bytes());
+                e[8..12].copy_from_slice(&rkey.to_le_bytes());
+            }
+            Frame::CmpSwap {
+                addr,
+                rkey,
+                compare,
+                swap,
+                ..
+            } => {
+                e[0..8].copy_from_slice(&addr.to_le_bytes());
+                e[8..12].copy_from_slice(&rkey.to_le_bytes());
+                e[12..20].copy_from_slice(&compare.to_le_bytes());
+                e[20..28].copy_from_slice(&swap.to_le_bytes());
+            }
+            Frame::FetchAdd { addr, rkey, add, .. } => {
+                e[0..8].copy_from_slice(&addr.to_le_bytes());
+                e[8..12].copy_from_slice(&rkey.to_le_bytes());
+                e[12..20].copy_from_slice(&add.to_le_bytes());
+                e[20..28].copy_from_slice(&0u64.to_le_bytes());
+            }
+            Frame::AtomicResp { orig, .. } => e[0..8].copy_from_slice(&orig.to_le_bytes()),
+            _ => {}
+        }
+        BASE_LEN + ext_len(opcode).expect("encoder only emits known opcodes")
+    }
+
+    /// Decodes one header from the front of `buf`. `Ok(None)`: more bytes are needed.
+    /// `Ok(Some((frame, n)))`: the header took `n` bytes (its payload, if any, follows).
+    pub fn decode(buf: &[u8]) -> Result<Option<(Frame, usize)>, WireError> {
+        if buf.len() < BASE_LEN {
+            return Ok(None);
+        }
+        let opcode = buf[0];
+        let ext = ext_len(opcode).ok_or(WireError::UnknownOpcode(opcode))?;
+        if buf.len() < BASE_LEN + ext {
+            return Ok(None);
+        }
+        let flags = buf[1];
+        let aux = u16_at(buf, 2);
+        let psn = u32_at(buf, 4);
+        let len = u32_at(buf, 8);
+        let imm_raw = u32_at(buf, 12);
+        if flags & !(F_IMM | F_SOLICITED) != 0 {
+            return Err(WireError::BadField("flags"));
+        }
+        if psn > 0xff_ffff {
+            return Err(WireError::BadField("PSN"));
+        }
+        if len > MAX_MSG {
+            return Err(WireError::TooLong(len));
+        }
+        let imm = (flags & F_IMM != 0).then_some(imm_raw);
+        let solicited = flags & F_SOLICITED != 0;
+        let e = &buf[BASE_LEN..];
+        let frame = match opcode {
+            op::HELLO => {
+                if u32_at(e, 0) != HELLO_MAGIC {
+                    return Err(WireError::BadField("hello magic"));
+                }
+                if aux != VERSION {
+                    return Err(WireError::BadField("protocol version"));
+                }
+                let src_qpn = u32_at(e, 8);
+                let dst_qpn = u32_at(e, 12);
+                if src_qpn > 0xff_ffff || dst_qpn > 0xff_ffff {
+                    return Err(WireError::BadField("QPN"));
+                }
+                let mut src_gid = [0u8; 16];
+                src_gid.copy_from_slice(&e[16..32]);
+                Frame::Hello {
+                    src_gid,
+                    src_lid: u16_at(e, 4),
+                    src_qpn,
+                    dst_qpn,
+                }
+            }
+            op::HELLO_ACK => Frame::HelloAck,
+            op::HELLO_NAK => Frame::HelloNak {
+                reason: HelloReject::from_raw(aux)?,
+            },
+            op::SEND => Frame::Send {
+                psn,
+                len,
+                imm,
+                solicited,
+            },
+            op::WRITE => Frame::Write {
+                psn,
+                len,
+                addr: u64_at(e, 0),
+                rkey: u32_at(e, 8),
+                imm,
+                solicited,
+            },
+            op::READ => Frame::Read {
+                psn,
+                len,
+                addr: u64_at(e, 0),
+                rkey: u32_at(e, 8),
+            },
+            op::CMP_SWAP => Frame::CmpSwap {
+                psn,
+                addr: u64_at(e, 0),
+                rkey: u32_at(e, 8),
+                compare: u64_at(e, 12),
+                swap: u64_at(e, 20),
+            },
+            op::FETCH_ADD => Frame::FetchAdd {
+                psn,
+                addr: u64_at(e, 0),
+                rkey: u32_at(e, 8),
+                add: u64_at(e, 12),
+            },
+            op::ACK => Frame::Ack { psn },
+            op::NAK => Frame::Nak {
+                psn,
+                code: NakCode::from_raw(aux)?,
+            },
+            op::READ_RESP => Frame::ReadResp { psn, len },
+            op::ATOMIC_RESP => Frame::AtomicResp {
+                psn,
+                orig: u64_at(e, 0),
+            },
+            other => return Err(WireError::UnknownOpcode(other)),
+        };
+        // Fields that the frame kind does not use must be zero, so that every frame has
+        // exactly one encoding (the property tests rely on it).
+        let uses_len = matches!(opcode, op::SEND | op::WRITE | op::READ | op::READ_RESP);
+        let uses_aux = matches!(opcode, op::HELLO | op::HELLO_NAK | op::NAK);
+        let uses_psn = !matches!(opcode, op::HELLO | op::HELLO_ACK | op::HELLO_NAK);
+        if (!uses_len && len != 0)
+            || (!uses_aux && aux != 0)
+            || (!uses_psn && psn != 0)
+            || (imm.is_none() && imm_raw != 0)
+            || (!matches!(opcode, op::SEND | op::WRITE) && flags != 0)
+        {
+            return Err(WireError::BadField("reserved field"));
+        }
+        if opcode == op::HELLO && u16_at(e, 6) != 0 {
+            return Err(WireError::BadField("reserved field"));
+        }
+        if opcode == op::FETCH_ADD && u64_at(e, 20) != 0 {
+            return Err(WireError::BadField("reserved field"));
+        }
+        Ok(Some((frame, BASE_LEN + ext)))
+    }
+}
+
+fn flags_of(imm: Option<u32>, solicited: bool) -> u8 {
+    (if imm.is_some() { F_IMM } else { 0 }) | (if solicited { F_SOLICITED } else { 0 })
+}
+
+fn u16_at(b: &[u8], i: usize) -> u16 {
+    u16::from_le_bytes([b[i], b[i + 1]])
+}
+
+fn u32_at(b: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
+}
+
+fn u64_at(b: &[u8], i: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[i..i + 8]);
+    u64::from_le_bytes(a)
+}
+
+impl fmt::Display for Frame {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{self:?}")
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    pub fn arb_frame() -> impl Strategy<Value = Frame> {
+        let psn = 0u32..=0xff_ffff;
+        let len = 0u32..=MAX_MSG;
+        prop_oneof![
+            (
+                any::<[u8; 16]>(),
+                any::<u16>(),
+                0u32..=0xff_ffff,
+                0u32..=0xff_ffff
+            )
+                .prop_map(|(src_gid, src_lid, src_qpn, dst_qpn)| Frame::Hello {
+                    src_gid,
+                    src_lid,
+                    src_qpn,
+                    dst_qpn
+                }),
+            Just(Frame::HelloAck),
+            prop_oneof![
+                Just(HelloReject::NoSuchQp),
+                Just(HelloReject::NotReady),
+                Just(HelloReject::WrongPeer),
+                Just(HelloReject::Version)
+            ]
+            .prop_map(|reason| Frame::HelloNak { reason }),
+            (psn.clone(), len.clone(), any::<Option<u32>>(), any::<bool>()).prop_map(
+                |(psn, len, imm, solicited)| Frame::Send {
+                    psn,
+                    len,
+                    imm,
+                    solicited
+                }
+            ),
+            (
+                psn.clone(),
+                len.clone(),
+                any::<u64>(),
+                any::<u32>(),
+                any::<Option<u32>>(),
+                any::<bool>()
+            )
+                .prop_map(|(psn, len, addr, rkey, imm, solicited)| Frame::Write {
+                    psn,
+                    len,
+                    addr,
+                    rkey,
+                    imm,
+                    solicited
+                }),
+            (psn.clone(), len.clone(), any::<u64>(), any::<u32>())
+                .prop_map(|(psn, len, addr, rkey)| Frame::Read { psn, len, addr, rkey }),
+            (
+                psn.clone(),
+                any::<u64>(),
+                any::<u32>(),
+                any::<u64>(),
+                any::<u64>()
+            )
+                .prop_map(|(psn, addr, rkey, compare, swap)| Frame::CmpSwap {
+                    psn,
+                    addr,
+                    rkey,
+                    compare,
+                    swap
+                }),
+            (psn.clone(), any::<u64>(), any::<u32>(), any::<u64>())
+                .prop_map(|(psn, addr, rkey, add)| Frame::FetchAdd { psn, addr, rkey, add }),
+            psn.clone().prop_map(|psn| Frame::Ack { psn }),
+            (
+                psn.clone(),
+                prop_oneof![
+                    (0u8..32).prop_map(|timer| NakCode::Rnr { timer }),
+                    Just(NakCode::PsnSeq),
+                    Just(NakCode::InvalidRequest),
+                    Just(NakCode::RemoteAccess),
+                    Just(NakCode::RemoteOperational)
+                ]
+            )
+                .prop_map(|(psn, code)| Frame::Nak { psn, code }),
+            (psn.clone(), len).prop_map(|(psn, len)| Frame::ReadResp { psn, len }),
+            (psn, any::<u64>()).prop_map(|(psn, orig)| Frame::AtomicResp { psn, orig }),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn roundtrip(f in arb_frame()) {
+            let mut b = [0u8; MAX_HDR_LEN];
+            let n = f.encode(&mut b);
+            prop_assert_eq!(Frame::decode(&b[..n]).unwrap(), Some((f, n)));
+            // every strict prefix asks for more bytes
+            for k in 0..n {
+                prop_assert_eq!(Frame::decode(&b[..k]).unwrap(), None);
+            }
+        }
+
+        /// Any bytes: no panic; whatever decodes re-encodes to the same bytes.
+        #[test]
+        fn hostile_bytes(b in proptest::collection::vec(any::<u8>(), 0..96)) {
+            if let Ok(Some((f, n))) = Frame::decode(&b) {
+                prop_assert!(n <= b.len());
+                prop_assert!(f.payload_len() <= MAX_MSG);
+                let mut out = [0u8; MAX_HDR_LEN];
+                let m = f.encode(&mut out);
+                prop_assert_eq!(&out[..m], &b[..n]);
+            }
+        }
+
+        /// Mutating one byte of a valid header never panics the decoder.
+        #[test]
+        fn single_byte_mutations(f in arb_frame(), i in 0usize..MAX_HDR_LEN, v in any::<u8>()) {
+            let mut b = [0u8; MAX_HDR_LEN];
+            let n = f.encode(&mut b);
+            b[i % n] = v;
+            let _ = Frame::decode(&b[..n]);
+        }
+    }
+
+    #[test]
+    fn rejects_unknown_and_oversized() {
+        let mut b = [0u8; MAX_HDR_LEN];
+        b[0] = 0x99;
+        assert_eq!(Frame::decode(&b), Err(WireError::UnknownOpcode(0x99)));
+        let n = Frame::Send {
+            psn: 1,
+            len: 4,
+            imm: None,
+            solicited: false,
+        }
+        .encode(&mut b);
+        b[8..12].copy_from_slice(&(MAX_MSG + 1).to_le_bytes());
+        assert_eq!(Frame::decode(&b[..n]), Err(WireError::TooLong(MAX_MSG + 1)));
+        b[8..12].copy_from_slice(&4u32.to_le_bytes());
+        b[4..8].copy_from_slice(&0x0100_0000u32.to_le_bytes());
+        assert_eq!(Frame::decode(&b[..n]), Err(WireError::BadField("PSN")));
+    }
+}
