@@ -1,1 +1,157 @@
-//! placeholder
+//! # conformance: one suite, every backend
+//!
+//! A case is a plain function generic over [`verbs_api::Backend`], with an id, a group,
+//! a one-line name and the man page, rdma-core test or spec section whose behaviour it
+//! checks. [`cases`] lists them all. The same table runs
+//!
+//! - under `cargo test` against the simulated HCA (`tests/sim.rs`, one test per case), and
+//! - from the `conformance` binary against any backend and device, printing a table or
+//!   JSON, so the suite can be run on a user's own hardware.
+//!
+//! A case asserts what a real HCA does. Where a particular device is known to deviate
+//! (Soft-RoCE reports some errors differently), the case accepts the device's behaviour
+//! only through [`Env::deviation`], which names the source, and the report shows "pass
+//! (deviation: ...)". A case that cannot run on a device says why ([`Outcome::Skip`]);
+//! nothing passes by skipping.
+
+#![warn(missing_docs)]
+
+pub mod cases;
+pub mod env;
+pub mod report;
+
+use std::panic::AssertUnwindSafe;
+use std::time::{Duration, Instant};
+
+pub use env::{Config, Env, Pair, PairOpts, Profile};
+use verbs_api::Backend;
+
+/// How a case ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The device behaved as a real HCA must.
+    Pass,
+    /// The device behaved as this device is documented to deviate (reasons attached).
+    Deviation(Vec<String>),
+    /// The case could not run here (the reason).
+    Skip(String),
+}
+
+/// A failed check: what was expected and what happened.
+#[derive(Debug)]
+pub struct Failure(pub String);
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<verbs_api::Error> for Failure {
+    fn from(e: verbs_api::Error) -> Self {
+        Failure(format!("unexpected error: {e}"))
+    }
+}
+
+impl From<verbs_api::PostError> for Failure {
+    fn from(e: verbs_api::PostError) -> Self {
+        Failure(format!("unexpected post error: {e}"))
+    }
+}
+
+/// What a case function returns.
+pub type CaseResult = Result<Outcome, Failure>;
+
+/// Fails the case with a message unless `cond` holds.
+#[macro_export]
+macro_rules! ensure {
+    ($cond:expr, $($fmt:tt)+) => {
+        if !$cond {
+            return Err($crate::Failure(format!($($fmt)+)));
+        }
+    };
+}
+
+/// Fails the case unless `left == right`, showing both.
+#[macro_export]
+macro_rules! ensure_eq {
+    ($left:expr, $right:expr, $($fmt:tt)+) => {
+        match (&$left, &$right) {
+            (l, r) => {
+                if l != r {
+                    return Err($crate::Failure(format!("{}: expected {:?}, got {:?}", format!($($fmt)+), r, l)));
+                }
+            }
+        }
+    };
+}
+
+/// One conformance case.
+pub struct Case<B: Backend> {
+    /// Stable identifier, e.g. `rnr.exhausted`.
+    pub id: &'static str,
+    /// Group, e.g. `rnr`.
+    pub group: &'static str,
+    /// What it checks, in one line.
+    pub name: &'static str,
+    /// Where the behaviour is specified.
+    pub source: &'static str,
+    /// The check.
+    pub run: fn(&Env<B>) -> CaseResult,
+}
+
+/// The result of running one case.
+#[derive(Clone, Debug)]
+pub struct CaseReport {
+    /// Case id.
+    pub id: &'static str,
+    /// Case group.
+    pub group: &'static str,
+    /// Case name.
+    pub name: &'static str,
+    /// Where the behaviour is specified.
+    pub source: &'static str,
+    /// "pass", "fail" or "skip".
+    pub status: &'static str,
+    /// Why it failed or was skipped, or the deviations it passed with.
+    pub detail: String,
+    /// Wall time.
+    pub time: Duration,
+}
+
+/// Runs one case on a fresh context of `cfg.device`, catching panics.
+pub fn run_case<B: Backend>(backend: &B, cfg: &Config, case: &Case<B>) -> CaseReport {
+    let start = Instant::now();
+    let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        let env = Env::new(backend, cfg)?;
+        let r = (case.run)(&env)?;
+        Ok::<_, Failure>((r, env.take_deviations()))
+    }));
+    let (status, detail) = match result {
+        Ok(Ok((Outcome::Pass, devs))) | Ok(Ok((Outcome::Deviation(devs), _))) if !devs.is_empty() => {
+            ("pass", format!("deviation: {}", devs.join("; ")))
+        }
+        Ok(Ok((Outcome::Pass, _))) | Ok(Ok((Outcome::Deviation(_), _))) => ("pass", String::new()),
+        Ok(Ok((Outcome::Skip(why), _))) => ("skip", why),
+        Ok(Err(f)) => ("fail", f.0),
+        Err(panic) => {
+            let msg = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "panic".into());
+            ("fail", format!("panicked: {msg}"))
+        }
+    };
+    CaseReport {
+        id: case.id,
+        group: case.group,
+        name: case.name,
+        source: case.source,
+        status,
+        detail,
+        time: start.elapsed(),
+    }
+}
+
+pub use cases::cases;

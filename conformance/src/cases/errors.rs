@@ -1,0 +1,261 @@
+//! The error state and local errors (IBA 10.3.1 "Error state", 10.8.3.1; `man ibv_poll_cq`
+//! statuses; `man ibv_modify_qp`).
+//!
+//! In ERR every outstanding and every newly posted WR completes with WR_FLUSH_ERR, each
+//! exactly once, in order; local protection and length errors complete with their own
+//! statuses and take the QP to ERR.
+
+use std::time::Duration;
+
+use verbs_api::{
+    AccessFlags as A, Backend, MemoryRegion, QpAttr, QpAttrMask as M, QpState, QueuePair, RecvWr, SendWr,
+    Sge, WcStatus,
+};
+
+use super::case;
+use crate::{ensure, ensure_eq, Case, CaseResult, Env, Outcome, Profile};
+
+pub fn list<B: Backend>() -> Vec<Case<B>> {
+    vec![
+        case!(
+            "errors.flush-receives",
+            "moving a QP to ERR flushes its 5 posted receives: WR_FLUSH_ERR each, in order",
+            "man ibv_modify_qp (IBV_QPS_ERR); IBA 10.3.1",
+            flush_receives
+        ),
+        case!(
+            "errors.flush-new-posts",
+            "WRs posted in ERR (sends unsignaled or not, receives) complete with WR_FLUSH_ERR",
+            "IBA 10.8.3.1 (WRs posted in the error state); man ibv_post_send",
+            flush_new_posts
+        ),
+        case!(
+            "errors.flush-outstanding-sends",
+            "SENDs stuck in RNR retries are flushed exactly once each when the QP goes to ERR",
+            "IBA 10.3.1; man ibv_poll_cq (WR_FLUSH_ERR)",
+            flush_outstanding
+        ),
+        case!(
+            "errors.flush-after-remote-error",
+            "after REM_ACCESS_ERR the QP is in ERR and the WRs behind the failed one are flushed",
+            "IBA 9.9.3 / 10.8.3.1 (requester errors move the QP to ERR)",
+            flush_after_remote_error
+        ),
+        case!("errors.bad-lkey", "a SEND with an lkey that names no region completes with LOC_PROT_ERR", "man ibv_poll_cq (IBV_WC_LOC_PROT_ERR)", bad_lkey),
+        case!(
+            "errors.lkey-out-of-bounds",
+            "a SEND whose SGE runs past its region completes with LOC_PROT_ERR",
+            "man ibv_poll_cq (IBV_WC_LOC_PROT_ERR)",
+            lkey_oob
+        ),
+        case!(
+            "errors.read-into-readonly",
+            "an RDMA READ into a region without LOCAL_WRITE completes with LOC_PROT_ERR",
+            "man ibv_reg_mr (IBV_ACCESS_LOCAL_WRITE needed for the HCA to write)",
+            read_into_readonly
+        ),
+        case!(
+            "errors.recv-too-small",
+            "a SEND longer than the receive: LOC_LEN_ERR at the responder, REM_INV_REQ_ERR at the requester, both QPs in ERR",
+            "IBA 9.7.5.2.8 / 10.7.2.2; man ibv_poll_cq (IBV_WC_LOC_LEN_ERR, IBV_WC_REM_INV_REQ_ERR)",
+            recv_too_small
+        ),
+        case!(
+            "errors.recv-bad-lkey",
+            "a receive with a bad lkey: LOC_PROT_ERR at the responder, the requester's SEND fails (REM_OP_ERR)",
+            "IBA 9.7.5.2.8 (NAK remote operational error); man ibv_poll_cq",
+            recv_bad_lkey
+        ),
+    ]
+}
+
+fn to_err(qp: &impl QueuePair) -> verbs_api::Result<()> {
+    qp.modify(
+        &QpAttr {
+            qp_state: QpState::Err,
+            ..Default::default()
+        },
+        M::STATE,
+    )
+}
+
+fn flush_receives<B: Backend>(env: &Env<B>) -> CaseResult {
+    let p = env.pair(&env.opts())?;
+    let mr = env.mr(&p.pd, 4096, A::LOCAL_WRITE)?;
+    for i in 0..5u64 {
+        p.b.post_recv(&[RecvWr::new(100 + i, &[mr.sge(i as usize * 64, 64)?])])?;
+    }
+    to_err(&p.b)?;
+    let wcs = env.wait(&p.cq_b, 5)?;
+    for (i, w) in wcs.iter().enumerate() {
+        ensure_eq!(w.wr_id, 100 + i as u64, "wr_id of flushed receive {i}");
+        ensure_eq!(w.status, WcStatus::WrFlushErr, "status of flushed receive {i}");
+        ensure_eq!(w.qp_num, p.b.qp_num(), "qp_num");
+    }
+    env.expect_empty(&p.cq_b, "after the flush")?;
+    Ok(Outcome::Pass)
+}
+
+fn flush_new_posts<B: Backend>(env: &Env<B>) -> CaseResult {
+    let p = env.pair(&env.opts())?;
+    let mr = env.mr(&p.pd, 4096, A::LOCAL_WRITE)?;
+    to_err(&p.a)?;
+    let sge = [mr.sge(0, 8)?];
+    p.a.post_send(&[SendWr::send(1, &sge), SendWr::send(2, &sge).signaled()])?;
+    p.a.post_recv(&[RecvWr::new(3, &[mr.sge(64, 64)?])])?;
+    let wcs = env.wait(&p.cq_a, 3)?;
+    let mut ids: Vec<u64> = wcs.iter().map(|w| w.wr_id).collect();
+    ids.sort_unstable();
+    ensure_eq!(ids, vec![1, 2, 3], "flushed WRs (unsignaled ones included)");
+    ensure!(
+        wcs.iter().all(|w| w.status == WcStatus::WrFlushErr),
+        "statuses {wcs:?}"
+    );
+    env.expect_empty(&p.cq_a, "after the flush")?;
+    Ok(Outcome::Pass)
+}
+
+fn flush_outstanding<B: Backend>(env: &Env<B>) -> CaseResult {
+    let mut o = env.opts();
+    o.a.rnr_retry = 7;
+    o.b.min_rnr_timer = 20;
+    let p = env.pair(&o)?;
+    let mr = env.mr(&p.pd, 4096, A::LOCAL_WRITE)?;
+    let sge = [mr.sge(0, 8)?];
+    let wrs: Vec<_> = (0..10).map(|i| SendWr::send(i, &sge).signaled()).collect();
+    p.a.post_send(&wrs)?;
+    std::thread::sleep(Duration::from_millis(30));
+    ensure!(
+        env.quiet(&p.cq_a, Duration::ZERO)?.is_empty(),
+        "SENDs completed without receives"
+    );
+    to_err(&p.a)?;
+    let wcs = env.wait(&p.cq_a, 10)?;
+    let ids: Vec<u64> = wcs.iter().map(|w| w.wr_id).collect();
+    ensure_eq!(ids, (0..10).collect::<Vec<u64>>(), "flushed WRs in order");
+    ensure!(
+        wcs.iter().all(|w| w.status == WcStatus::WrFlushErr),
+        "statuses {wcs:?}"
+    );
+    env.expect_empty(&p.cq_a, "a second completion for some WR")?;
+    Ok(Outcome::Pass)
+}
+
+fn flush_after_remote_error<B: Backend>(env: &Env<B>) -> CaseResult {
+    let p = env.pair(&env.opts())?;
+    let src = env.mr(&p.pd, 4096, A::LOCAL_WRITE)?;
+    let dst = env.mr(&p.pd, 4096, A::LOCAL_WRITE | A::REMOTE_WRITE)?;
+    let bad = verbs_api::RemoteAddr::new(dst.addr(), dst.rkey() ^ 0x00ff_0000);
+    let sge = [src.sge(0, 16)?];
+    p.a.post_send(&[
+        SendWr::write(1, &sge, bad).signaled(),
+        SendWr::write(2, &sge, dst.remote().at(0)).signaled(),
+        SendWr::write(3, &sge, dst.remote().at(64)).signaled(),
+    ])?;
+    let wcs = env.wait(&p.cq_a, 3)?;
+    ensure_eq!(wcs[0].wr_id, 1, "first completion");
+    env.expect_status("WRITE with a bad rkey", &wcs[0], WcStatus::RemAccessErr, &[])?;
+    for w in &wcs[1..] {
+        ensure_eq!(
+            w.status,
+            WcStatus::WrFlushErr,
+            "status of WR {} behind the failed one",
+            w.wr_id
+        );
+    }
+    ensure_eq!(p.a.state()?, QpState::Err, "requester state");
+    p.a.post_send(&[SendWr::write(4, &sge, dst.remote().at(0))])?;
+    let w = env.wait1(&p.cq_a)?;
+    ensure!(
+        w.wr_id == 4 && w.status == WcStatus::WrFlushErr,
+        "WR posted after the error: {w:?}"
+    );
+    ensure!(
+        dst.to_vec().iter().all(|&b| b == 0),
+        "flushed WRITEs modified memory"
+    );
+    Ok(Outcome::Pass)
+}
+
+fn bad_lkey<B: Backend>(env: &Env<B>) -> CaseResult {
+    let p = env.pair(&env.opts())?;
+    let mr = env.mr(&p.pd, 4096, A::LOCAL_WRITE)?;
+    p.b.post_recv(&[RecvWr::new(1, &[mr.sge(1024, 64)?])])?;
+    let bad = Sge::new(mr.addr(), 16, mr.lkey() ^ 0x0f0f_0000);
+    p.a.post_send(&[SendWr::send(2, &[bad]).signaled()])?;
+    let wc = env.wait1(&p.cq_a)?;
+    env.expect_status("SEND with a bad lkey", &wc, WcStatus::LocProtErr, &[])?;
+    ensure_eq!(p.a.state()?, QpState::Err, "requester state");
+    Ok(Outcome::Pass)
+}
+
+fn lkey_oob<B: Backend>(env: &Env<B>) -> CaseResult {
+    let p = env.pair(&env.opts())?;
+    let mr = env.mr(&p.pd, 4096, A::LOCAL_WRITE)?;
+    p.b.post_recv(&[RecvWr::new(1, &[mr.sge(0, 4096)?])])?;
+    let oob = Sge::new(mr.addr() + 4000, 200, mr.lkey());
+    p.a.post_send(&[SendWr::send(2, &[oob]).signaled()])?;
+    let wc = env.wait1(&p.cq_a)?;
+    env.expect_status("SEND past the end of its region", &wc, WcStatus::LocProtErr, &[])?;
+    Ok(Outcome::Pass)
+}
+
+fn read_into_readonly<B: Backend>(env: &Env<B>) -> CaseResult {
+    let p = env.pair(&env.opts())?;
+    let remote = env.mr(&p.pd, 4096, A::LOCAL_WRITE | A::REMOTE_READ)?;
+    remote.write(0, &[9u8; 64])?;
+    let local = env.mr(&p.pd, 4096, A::REMOTE_READ)?;
+    p.a.post_send(&[SendWr::read(1, &[local.sge(0, 64)?], remote.remote().at(0)).signaled()])?;
+    let wc = env.wait1(&p.cq_a)?;
+    env.expect_status(
+        "READ into a region without LOCAL_WRITE",
+        &wc,
+        WcStatus::LocProtErr,
+        &[],
+    )?;
+    ensure!(
+        local.to_vec().iter().all(|&b| b == 0),
+        "the read-only region was written"
+    );
+    Ok(Outcome::Pass)
+}
+
+const RXE_LEN: &str = "rxe completes a too-small receive with LOC_QP_OP_ERR and NAKs with \
+AETH_NAK_REM_OP_ERR instead of LOC_LEN_ERR / invalid request (drivers/infiniband/sw/rxe/rxe_resp.c)";
+
+fn recv_too_small<B: Backend>(env: &Env<B>) -> CaseResult {
+    let p = env.pair(&env.opts())?;
+    let mr = env.mr(&p.pd, 4096, A::LOCAL_WRITE)?;
+    p.b.post_recv(&[RecvWr::new(1, &[mr.sge(2048, 16)?])])?;
+    p.a.post_send(&[SendWr::send(2, &[mr.sge(0, 100)?]).signaled()])?;
+    let r = env.wait1(&p.cq_b)?;
+    let s = env.wait1(&p.cq_a)?;
+    env.expect_status(
+        "responder",
+        &r,
+        WcStatus::LocLenErr,
+        &[(Profile::Rxe, WcStatus::LocQpOpErr, RXE_LEN)],
+    )?;
+    env.expect_status(
+        "requester",
+        &s,
+        WcStatus::RemInvReqErr,
+        &[(Profile::Rxe, WcStatus::RemOpErr, RXE_LEN)],
+    )?;
+    ensure_eq!(p.a.state()?, QpState::Err, "requester state");
+    ensure_eq!(p.b.state()?, QpState::Err, "responder state");
+    Ok(Outcome::Pass)
+}
+
+fn recv_bad_lkey<B: Backend>(env: &Env<B>) -> CaseResult {
+    let p = env.pair(&env.opts())?;
+    let mr = env.mr(&p.pd, 4096, A::LOCAL_WRITE)?;
+    let bad = Sge::new(mr.addr() + 1024, 64, mr.lkey() ^ 0x0f0f_0000);
+    p.b.post_recv(&[RecvWr::new(1, &[bad])])?;
+    p.a.post_send(&[SendWr::send(2, &[mr.sge(0, 16)?]).signaled()])?;
+    let r = env.wait1(&p.cq_b)?;
+    let s = env.wait1(&p.cq_a)?;
+    env.expect_status("responder", &r, WcStatus::LocProtErr, &[])?;
+    env.expect_status("requester", &s, WcStatus::RemOpErr, &[])?;
+    Ok(Outcome::Pass)
+}

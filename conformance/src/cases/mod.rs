@@ -1,0 +1,54 @@
+//! The case table. Each module holds one group; [`cases`] concatenates them in a fixed
+//! order so reports line up across backends.
+
+use verbs_api::Backend;
+
+use crate::Case;
+
+mod access;
+mod atomic;
+mod cq;
+mod device;
+mod errors;
+mod mr;
+mod order;
+mod post;
+mod qp;
+mod rdma;
+mod rnr;
+mod send;
+
+/// Builds a [`Case`] from its metadata and a generic function.
+macro_rules! case {
+    ($id:literal, $name:literal, $source:literal, $f:ident) => {
+        $crate::Case {
+            id: $id,
+            group: match $id.split_once('.') {
+                Some((g, _)) => g,
+                None => $id,
+            },
+            name: $name,
+            source: $source,
+            run: $f::<B>,
+        }
+    };
+}
+pub(crate) use case;
+
+/// Every case, in report order.
+pub fn cases<B: Backend>() -> Vec<Case<B>> {
+    let mut v = Vec::new();
+    v.extend(device::list::<B>());
+    v.extend(mr::list::<B>());
+    v.extend(cq::list::<B>());
+    v.extend(qp::list::<B>());
+    v.extend(post::list::<B>());
+    v.extend(send::list::<B>());
+    v.extend(rnr::list::<B>());
+    v.extend(access::list::<B>());
+    v.extend(atomic::list::<B>());
+    v.extend(rdma::list::<B>());
+    v.extend(order::list::<B>());
+    v.extend(errors::list::<B>());
+    v
+}

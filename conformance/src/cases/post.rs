@@ -1,0 +1,207 @@
+//! Posting rules (`man ibv_post_send`, `man ibv_post_recv`): state, capacity, SGE and
+//! inline limits, and the report of the first failing work request.
+
+use verbs_api::{
+    modify_to_init, AccessFlags as A, Backend, MemoryRegion, QpState, QueuePair, RecvWr, SendWr, Sge,
+    WcStatus,
+};
+
+use super::case;
+use crate::{ensure, ensure_eq, Case, CaseResult, Env, Failure, Outcome};
+
+pub fn list<B: Backend>() -> Vec<Case<B>> {
+    vec![
+        case!(
+            "post.send-before-rts",
+            "post_send on a QP in INIT is refused with EINVAL",
+            "IBA 10.8.2 (send WRs need RTS); man ibv_post_send",
+            post_send_before_rts
+        ),
+        case!(
+            "post.recv-in-init",
+            "receives can be posted in INIT",
+            "man ibv_post_recv; IBA 10.3.1 (INIT)",
+            post_recv_in_init
+        ),
+        case!(
+            "post.send-queue-full",
+            "posting past max_send_wr outstanding fails with ENOMEM at the first WR that does not fit",
+            "man ibv_post_send (ENOMEM, bad_wr)",
+            post_send_full
+        ),
+        case!(
+            "post.recv-queue-full",
+            "posting past max_recv_wr outstanding fails with ENOMEM at the first WR that does not fit",
+            "man ibv_post_recv (ENOMEM, bad_wr)",
+            post_recv_full
+        ),
+        case!(
+            "post.too-many-sge",
+            "a send WR with more SGEs than max_send_sge is refused with EINVAL",
+            "man ibv_post_send (EINVAL)",
+            post_too_many_sge
+        ),
+        case!(
+            "post.inline-too-long",
+            "inline data beyond max_inline_data is refused with EINVAL",
+            "man ibv_post_send (IBV_SEND_INLINE)",
+            post_inline_too_long
+        ),
+        case!(
+            "post.partial-list",
+            "in a list whose second WR is bad, the first is posted and completes, the error names index 1",
+            "man ibv_post_send (bad_wr)",
+            post_partial_list
+        ),
+    ]
+}
+
+fn post_send_before_rts<B: Backend>(env: &Env<B>) -> CaseResult {
+    let p = env.pair_unconnected(&env.opts())?;
+    modify_to_init(&p.a, &env.params())?;
+    let mr = env.mr(&p.pd, 64, A::LOCAL_WRITE)?;
+    match p.a.post_send(&[SendWr::send(1, &[mr.sge(0, 8)?]).signaled()]) {
+        Ok(()) => Err(Failure("post_send in INIT succeeded".into())),
+        Err(e) => {
+            ensure_eq!(e.errno(), libc::EINVAL, "errno");
+            ensure_eq!(e.index, 0, "index");
+            Ok(Outcome::Pass)
+        }
+    }
+}
+
+fn post_recv_in_init<B: Backend>(env: &Env<B>) -> CaseResult {
+    let p = env.pair_unconnected(&env.opts())?;
+    modify_to_init(&p.b, &env.params())?;
+    let mr = env.mr(&p.pd, 4096, A::LOCAL_WRITE)?;
+    p.b.post_recv(&[
+        RecvWr::new(1, &[mr.sge(0, 64)?]),
+        RecvWr::new(2, &[mr.sge(64, 64)?]),
+    ])?;
+    ensure_eq!(p.b.state()?, QpState::Init, "state");
+    Ok(Outcome::Pass)
+}
+
+fn post_send_full<B: Backend>(env: &Env<B>) -> CaseResult {
+    // The responder posts no receives and A retries RNR forever, so no SEND completes and
+    // the queue fills.
+    let mut o = env.opts();
+    o.cap.max_send_wr = 16;
+    o.a.rnr_retry = 7;
+    o.b.min_rnr_timer = 20;
+    let p = env.pair(&o)?;
+    let cap = p.a.query()?.cap.max_send_wr as usize;
+    let mr = env.mr(&p.pd, 64, A::LOCAL_WRITE)?;
+    let sge = [mr.sge(0, 8)?];
+    let wrs: Vec<_> = (0..cap as u64 + 1)
+        .map(|i| SendWr::send(i, &sge).signaled())
+        .collect();
+    match p.a.post_send(&wrs) {
+        Ok(()) => Err(Failure(format!(
+            "{} WRs posted into a send queue of {cap}",
+            cap + 1
+        ))),
+        Err(e) => {
+            ensure_eq!(e.errno(), libc::ENOMEM, "errno ({e})");
+            ensure_eq!(e.index, cap, "index of the first WR that did not fit");
+            ensure_eq!(e.wr_id, cap as u64, "wr_id of the first WR that did not fit");
+            // The QP still works: moving it to ERR flushes exactly the WRs that were posted.
+            p.a.modify(
+                &verbs_api::QpAttr {
+                    qp_state: QpState::Err,
+                    ..Default::default()
+                },
+                verbs_api::QpAttrMask::STATE,
+            )?;
+            let wcs = env.wait(&p.cq_a, cap)?;
+            ensure!(
+                wcs.iter().all(|w| w.status == WcStatus::WrFlushErr),
+                "flush statuses {wcs:?}"
+            );
+            env.expect_empty(&p.cq_a, "after the flush")?;
+            Ok(Outcome::Pass)
+        }
+    }
+}
+
+fn post_recv_full<B: Backend>(env: &Env<B>) -> CaseResult {
+    let mut o = env.opts();
+    o.cap.max_recv_wr = 16;
+    let p = env.pair(&o)?;
+    let cap = p.b.query()?.cap.max_recv_wr as usize;
+    let mr = env.mr(&p.pd, 64, A::LOCAL_WRITE)?;
+    let sge = [mr.sge(0, 8)?];
+    let wrs: Vec<_> = (0..cap as u64 + 1).map(|i| RecvWr::new(i, &sge)).collect();
+    match p.b.post_recv(&wrs) {
+        Ok(()) => Err(Failure(format!(
+            "{} receives posted into a queue of {cap}",
+            cap + 1
+        ))),
+        Err(e) => {
+            ensure_eq!(e.errno(), libc::ENOMEM, "errno ({e})");
+            ensure_eq!(e.index, cap, "index");
+            Ok(Outcome::Pass)
+        }
+    }
+}
+
+fn post_too_many_sge<B: Backend>(env: &Env<B>) -> CaseResult {
+    let p = env.pair(&env.opts())?;
+    let max = p.a.query()?.cap.max_send_sge as usize;
+    let mr = env.mr(&p.pd, 4096, A::LOCAL_WRITE)?;
+    let sges: Vec<Sge> = (0..max + 1).map(|i| mr.sge(i * 8, 8)).collect::<Result<_, _>>()?;
+    match p.a.post_send(&[SendWr::send(1, &sges).signaled()]) {
+        Ok(()) => Err(Failure(format!(
+            "{} SGEs accepted with max_send_sge {max}",
+            max + 1
+        ))),
+        Err(e) => {
+            ensure_eq!(e.errno(), libc::EINVAL, "errno ({e})");
+            Ok(Outcome::Pass)
+        }
+    }
+}
+
+fn post_inline_too_long<B: Backend>(env: &Env<B>) -> CaseResult {
+    let p = env.pair(&env.opts())?;
+    let max = p.a.query()?.cap.max_inline_data as usize;
+    let mr = env.mr(&p.pd, 64 * 1024, A::LOCAL_WRITE)?;
+    let too_long = (max + 1).max(4096);
+    match p
+        .a
+        .post_send(&[SendWr::send(1, &[mr.sge(0, too_long)?]).inline().signaled()])
+    {
+        Ok(()) => Err(Failure(format!(
+            "{too_long} bytes of inline data accepted with max_inline_data {max}"
+        ))),
+        Err(e) => {
+            ensure_eq!(e.errno(), libc::EINVAL, "errno ({e})");
+            Ok(Outcome::Pass)
+        }
+    }
+}
+
+fn post_partial_list<B: Backend>(env: &Env<B>) -> CaseResult {
+    let p = env.pair(&env.opts())?;
+    let max = p.a.query()?.cap.max_send_sge as usize;
+    let mr = env.mr(&p.pd, 4096, A::LOCAL_WRITE | A::REMOTE_WRITE)?;
+    let one = [mr.sge(0, 8)?];
+    let many: Vec<Sge> = (0..max + 1).map(|i| mr.sge(i * 8, 8)).collect::<Result<_, _>>()?;
+    let wrs = [
+        SendWr::write(10, &one, mr.remote().at(1024)).signaled(),
+        SendWr::write(11, &many, mr.remote().at(2048)).signaled(),
+        SendWr::write(12, &one, mr.remote().at(3072)).signaled(),
+    ];
+    match p.a.post_send(&wrs) {
+        Ok(()) => Err(Failure("a list with an invalid WR was fully posted".into())),
+        Err(e) => {
+            ensure_eq!(e.index, 1, "index of the failing WR");
+            ensure_eq!(e.wr_id, 11, "wr_id of the failing WR");
+            let wc = env.wait1(&p.cq_a)?;
+            ensure_eq!(wc.wr_id, 10, "the WR before the bad one completes");
+            ensure!(wc.is_ok(), "status {:?}", wc.status);
+            env.expect_empty(&p.cq_a, "WRs after the bad one")?;
+            Ok(Outcome::Pass)
+        }
+    }
+}

@@ -1,0 +1,406 @@
+//! The QP state machine and its attributes (`man ibv_create_qp`, `man ibv_modify_qp`,
+//! `man ibv_query_qp`; IBA 10.3).
+
+use verbs_api::{
+    connect_rc, modify_to_init, modify_to_rtr, AccessFlags as A, Backend, Context, Error, MemoryRegion,
+    ProtectionDomain, QpAttr, QpAttrMask as M, QpCap, QpInitAttr, QpState, QueuePair, RecvWr, SendWr,
+};
+
+use super::case;
+use crate::{ensure, ensure_eq, Case, CaseResult, Env, Failure, Outcome};
+
+pub fn list<B: Backend>() -> Vec<Case<B>> {
+    vec![
+        case!(
+            "qp.create",
+            "a new RC QP is in RESET with distinct numbers and at least the capacities asked for",
+            "man ibv_create_qp; rdma-core tests/test_qp.py test_create_rc_qp",
+            qp_create
+        ),
+        case!(
+            "qp.create-too-many-wr",
+            "max_send_wr above max_qp_wr is refused",
+            "man ibv_create_qp (cap limits)",
+            qp_create_too_many_wr
+        ),
+        case!(
+            "qp.create-too-many-sge",
+            "max_send_sge above max_sge is refused",
+            "man ibv_create_qp (cap limits)",
+            qp_create_too_many_sge
+        ),
+        case!(
+            "qp.bring-up",
+            "RESET -> INIT -> RTR -> RTS with the RC masks; query returns what was set",
+            "man ibv_modify_qp (RC transitions), man ibv_query_qp; rdma-core tests/test_qp.py test_modify_qp",
+            qp_bring_up
+        ),
+        case!(
+            "qp.invalid-transition",
+            "RESET -> RTR and RESET -> RTS are refused with EINVAL naming both states",
+            "man ibv_modify_qp; IBA 10.3.1 (state transitions)",
+            qp_invalid_transition
+        ),
+        case!(
+            "qp.init-missing-attr",
+            "RESET -> INIT without IBV_QP_PORT is refused with EINVAL",
+            "man ibv_modify_qp: required attributes for RESET -> INIT",
+            qp_init_missing
+        ),
+        case!(
+            "qp.rtr-missing-attr",
+            "INIT -> RTR without IBV_QP_DEST_QPN is refused with EINVAL",
+            "man ibv_modify_qp: required attributes for INIT -> RTR",
+            qp_rtr_missing
+        ),
+        case!(
+            "qp.rts-missing-attr",
+            "RTR -> RTS without IBV_QP_SQ_PSN is refused with EINVAL",
+            "man ibv_modify_qp: required attributes for RTR -> RTS",
+            qp_rts_missing
+        ),
+        case!(
+            "qp.extra-attr",
+            "RESET -> INIT with an RTR-only attribute in the mask is refused with EINVAL",
+            "IBA 10.3.1 (optional attributes per transition); ib_modify_qp_is_ok",
+            qp_extra_attr
+        ),
+        case!(
+            "qp.bad-port",
+            "INIT with a port that does not exist is refused with EINVAL",
+            "man ibv_modify_qp (port_num)",
+            qp_bad_port
+        ),
+        case!(
+            "qp.rd-atomic-limit",
+            "max_rd_atomic above max_qp_init_rd_atom is refused with EINVAL",
+            "man ibv_modify_qp (max_rd_atomic); man ibv_query_device",
+            qp_rd_atomic_limit
+        ),
+        case!(
+            "qp.to-err",
+            "INIT and RTS QPs can be moved to ERR; query says ERR",
+            "man ibv_modify_qp (any state -> ERR)",
+            qp_to_err
+        ),
+        case!(
+            "qp.reuse",
+            "a QP moved RTS -> ERR -> RESET can be brought up again and carries traffic",
+            "man ibv_modify_qp (any state -> RESET); IBA 10.3.1",
+            qp_reuse
+        ),
+    ]
+}
+
+fn einval(what: &str, r: verbs_api::Result<()>) -> Result<Error, Failure> {
+    match r {
+        Ok(()) => Err(Failure(format!("{what}: succeeded, expected EINVAL"))),
+        Err(e) => {
+            ensure_eq!(e.errno(), libc::EINVAL, "{what}: errno ({e})");
+            Ok(e)
+        }
+    }
+}
+
+fn qp_create<B: Backend>(env: &Env<B>) -> CaseResult {
+    let p = env.pair_unconnected(&env.opts())?;
+    ensure_eq!(p.a.state()?, QpState::Reset, "state of a new QP");
+    ensure!(
+        p.a.qp_num() != p.b.qp_num(),
+        "two QPs share number {}",
+        p.a.qp_num()
+    );
+    ensure!(p.a.qp_num() > 1, "QP number {} is reserved", p.a.qp_num());
+    let cap = p.a.query()?.cap;
+    let want = env.opts().cap;
+    ensure!(
+        cap.max_send_wr >= want.max_send_wr
+            && cap.max_recv_wr >= want.max_recv_wr
+            && cap.max_send_sge >= want.max_send_sge
+            && cap.max_recv_sge >= want.max_recv_sge
+            && cap.max_inline_data >= want.max_inline_data,
+        "granted {cap:?} for {want:?}"
+    );
+    Ok(Outcome::Pass)
+}
+
+fn create_with<B: Backend>(env: &Env<B>, cap: QpCap) -> Result<verbs_api::Result<B::Qp>, Failure> {
+    let pd = env.ctx.alloc_pd()?;
+    let cq = env.ctx.create_cq(16, None)?;
+    Ok(pd.create_qp(&QpInitAttr::rc(&cq, &cq, cap)))
+}
+
+fn qp_create_too_many_wr<B: Backend>(env: &Env<B>) -> CaseResult {
+    let max = env.ctx.query_device()?.max_qp_wr;
+    let cap = QpCap {
+        max_send_wr: max.saturating_add(1),
+        max_recv_wr: 1,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    ensure!(
+        create_with(env, cap)?.is_err(),
+        "max_send_wr {} accepted",
+        max as u64 + 1
+    );
+    Ok(Outcome::Pass)
+}
+
+fn qp_create_too_many_sge<B: Backend>(env: &Env<B>) -> CaseResult {
+    let max = env.ctx.query_device()?.max_sge;
+    let cap = QpCap {
+        max_send_wr: 1,
+        max_recv_wr: 1,
+        max_send_sge: max.saturating_add(1),
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    ensure!(
+        create_with(env, cap)?.is_err(),
+        "max_send_sge {} accepted",
+        max as u64 + 1
+    );
+    Ok(Outcome::Pass)
+}
+
+fn qp_bring_up<B: Backend>(env: &Env<B>) -> CaseResult {
+    let mut o = env.opts();
+    o.a.timeout = 12;
+    o.a.retry_cnt = 5;
+    o.a.rnr_retry = 3;
+    o.a.min_rnr_timer = 9;
+    o.a.access = A::REMOTE_READ | A::REMOTE_WRITE;
+    let p = env.pair_unconnected(&o)?;
+    modify_to_init(&p.a, &o.a)?;
+    ensure_eq!(p.a.state()?, QpState::Init, "after INIT");
+    modify_to_rtr(&p.a, &o.a, &p.ep_b)?;
+    ensure_eq!(p.a.state()?, QpState::Rtr, "after RTR");
+    verbs_api::modify_to_rts(&p.a, &o.a, p.ep_a.psn)?;
+    let q = p.a.query()?;
+    ensure_eq!(q.qp_state, QpState::Rts, "after RTS");
+    ensure_eq!(q.dest_qp_num, p.b.qp_num(), "dest_qp_num");
+    ensure_eq!(q.rq_psn, p.ep_b.psn, "rq_psn");
+    ensure_eq!(q.timeout, 12, "timeout");
+    ensure_eq!(q.retry_cnt, 5, "retry_cnt");
+    ensure_eq!(q.rnr_retry, 3, "rnr_retry");
+    ensure_eq!(q.min_rnr_timer, 9, "min_rnr_timer");
+    ensure_eq!(q.path_mtu, o.a.path_mtu, "path_mtu");
+    ensure_eq!(q.port_num, 1, "port_num");
+    ensure!(
+        q.qp_access_flags.contains(A::REMOTE_READ | A::REMOTE_WRITE),
+        "qp_access_flags {:?}",
+        q.qp_access_flags
+    );
+    Ok(Outcome::Pass)
+}
+
+fn qp_invalid_transition<B: Backend>(env: &Env<B>) -> CaseResult {
+    let p = env.pair_unconnected(&env.opts())?;
+    for target in [QpState::Rtr, QpState::Rts] {
+        let attr = QpAttr {
+            qp_state: target,
+            ..Default::default()
+        };
+        let e = einval(&format!("RESET -> {target:?}"), p.a.modify(&attr, M::STATE))?;
+        if env.profile == crate::Profile::Sim {
+            let msg = e.to_string();
+            ensure!(
+                msg.contains("Reset") && msg.contains(&format!("{target:?}")),
+                "error does not name the states: {msg}"
+            );
+        }
+    }
+    ensure_eq!(p.a.state()?, QpState::Reset, "state after refused transitions");
+    Ok(Outcome::Pass)
+}
+
+fn qp_init_missing<B: Backend>(env: &Env<B>) -> CaseResult {
+    let p = env.pair_unconnected(&env.opts())?;
+    let attr = QpAttr {
+        qp_state: QpState::Init,
+        port_num: 1,
+        qp_access_flags: A::REMOTE_WRITE,
+        ..Default::default()
+    };
+    einval(
+        "RESET -> INIT without PORT",
+        p.a.modify(&attr, M::STATE | M::PKEY_INDEX | M::ACCESS_FLAGS),
+    )?;
+    ensure_eq!(p.a.state()?, QpState::Reset, "state");
+    Ok(Outcome::Pass)
+}
+
+fn rtr_attr(env: &Env<impl Backend>, p: &crate::Pair<impl Backend>) -> QpAttr {
+    QpAttr {
+        qp_state: QpState::Rtr,
+        path_mtu: verbs_api::Mtu::Mtu1024,
+        dest_qp_num: p.ep_b.qpn,
+        rq_psn: p.ep_b.psn,
+        max_dest_rd_atomic: 1,
+        min_rnr_timer: 12,
+        ah_attr: verbs_api::ah_attr_for(&p.ep_b, &env.params()),
+        ..Default::default()
+    }
+}
+
+fn qp_rtr_missing<B: Backend>(env: &Env<B>) -> CaseResult {
+    let p = env.pair_unconnected(&env.opts())?;
+    modify_to_init(&p.a, &env.params())?;
+    let attr = rtr_attr(env, &p);
+    einval(
+        "INIT -> RTR without DEST_QPN",
+        p.a.modify(
+            &attr,
+            M::STATE | M::AV | M::PATH_MTU | M::RQ_PSN | M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER,
+        ),
+    )?;
+    ensure_eq!(p.a.state()?, QpState::Init, "state");
+    Ok(Outcome::Pass)
+}
+
+fn qp_rts_missing<B: Backend>(env: &Env<B>) -> CaseResult {
+    let p = env.pair_unconnected(&env.opts())?;
+    modify_to_init(&p.a, &env.params())?;
+    modify_to_rtr(&p.a, &env.params(), &p.ep_b)?;
+    let attr = QpAttr {
+        qp_state: QpState::Rts,
+        timeout: 14,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        max_rd_atomic: 1,
+        ..Default::default()
+    };
+    einval(
+        "RTR -> RTS without SQ_PSN",
+        p.a.modify(
+            &attr,
+            M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
+        ),
+    )?;
+    ensure_eq!(p.a.state()?, QpState::Rtr, "state");
+    Ok(Outcome::Pass)
+}
+
+fn qp_extra_attr<B: Backend>(env: &Env<B>) -> CaseResult {
+    let p = env.pair_unconnected(&env.opts())?;
+    let attr = QpAttr {
+        qp_state: QpState::Init,
+        port_num: 1,
+        qp_access_flags: A::REMOTE_WRITE,
+        dest_qp_num: p.ep_b.qpn,
+        ..Default::default()
+    };
+    einval(
+        "RESET -> INIT with DEST_QPN",
+        p.a.modify(
+            &attr,
+            M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS | M::DEST_QPN,
+        ),
+    )?;
+    Ok(Outcome::Pass)
+}
+
+fn qp_bad_port<B: Backend>(env: &Env<B>) -> CaseResult {
+    let p = env.pair_unconnected(&env.opts())?;
+    let n = env.ctx.query_device()?.phys_port_cnt;
+    let attr = QpAttr {
+        qp_state: QpState::Init,
+        port_num: n + 1,
+        ..Default::default()
+    };
+    einval(
+        "INIT on a missing port",
+        p.a.modify(&attr, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS),
+    )?;
+    Ok(Outcome::Pass)
+}
+
+fn qp_rd_atomic_limit<B: Backend>(env: &Env<B>) -> CaseResult {
+    let max = env.ctx.query_device()?.max_qp_init_rd_atom;
+    if max >= 255 {
+        return Ok(Outcome::Skip(format!(
+            "max_qp_init_rd_atom is {max}: no u8 value exceeds it"
+        )));
+    }
+    let p = env.pair_unconnected(&env.opts())?;
+    modify_to_init(&p.a, &env.params())?;
+    modify_to_rtr(&p.a, &env.params(), &p.ep_b)?;
+    let attr = QpAttr {
+        qp_state: QpState::Rts,
+        sq_psn: 0,
+        timeout: 14,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        max_rd_atomic: (max + 1) as u8,
+        ..Default::default()
+    };
+    einval(
+        "max_rd_atomic above the device limit",
+        p.a.modify(
+            &attr,
+            M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
+        ),
+    )?;
+    Ok(Outcome::Pass)
+}
+
+fn qp_to_err<B: Backend>(env: &Env<B>) -> CaseResult {
+    let p = env.pair(&env.opts())?;
+    let err = QpAttr {
+        qp_state: QpState::Err,
+        ..Default::default()
+    };
+    p.a.modify(&err, M::STATE)?;
+    ensure_eq!(p.a.state()?, QpState::Err, "RTS -> ERR");
+    let q = env.pair_unconnected(&env.opts())?;
+    modify_to_init(&q.a, &env.params())?;
+    q.a.modify(&err, M::STATE)?;
+    ensure_eq!(q.a.state()?, QpState::Err, "INIT -> ERR");
+    Ok(Outcome::Pass)
+}
+
+fn qp_reuse<B: Backend>(env: &Env<B>) -> CaseResult {
+    let o = env.opts();
+    let p = env.pair(&o)?;
+    for qp in [&p.a, &p.b] {
+        qp.modify(
+            &QpAttr {
+                qp_state: QpState::Err,
+                ..Default::default()
+            },
+            M::STATE,
+        )?;
+        qp.modify(
+            &QpAttr {
+                qp_state: QpState::Reset,
+                ..Default::default()
+            },
+            M::STATE,
+        )?;
+        ensure_eq!(qp.state()?, QpState::Reset, "after RESET");
+    }
+    // Flushed completions of the first life may sit in the CQs; drain them.
+    let _ = env.quiet(&p.cq_a, std::time::Duration::from_millis(10))?;
+    let _ = env.quiet(&p.cq_b, std::time::Duration::from_millis(10))?;
+    connect_rc(&p.a, &o.a, 0x30, &verbs_api::Endpoint { psn: 0x40, ..p.ep_b })?;
+    connect_rc(&p.b, &o.b, 0x40, &verbs_api::Endpoint { psn: 0x30, ..p.ep_a })?;
+    let mr = env.mr(&p.pd, 4096, A::LOCAL_WRITE)?;
+    mr.write(0, b"second life")?;
+    p.b.post_recv(&[RecvWr::new(7, &[mr.sge(2048, 64)?])])?;
+    p.a.post_send(&[SendWr::send(8, &[mr.sge(0, 11)?]).signaled()])?;
+    let wa = env.wait1(&p.cq_a)?;
+    let wb = env.wait1(&p.cq_b)?;
+    ensure!(
+        wa.is_ok() && wb.is_ok(),
+        "after reuse: {:?} / {:?}",
+        wa.status,
+        wb.status
+    );
+    ensure_eq!(
+        crate::env::read_back(&mr, 2048, 11)?,
+        b"second life".to_vec(),
+        "data"
+    );
+    Ok(Outcome::Pass)
+}

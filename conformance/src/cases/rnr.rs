@@ -1,0 +1,152 @@
+//! Receiver-not-ready: what happens when a SEND finds no posted receive (IBA 9.7.5.2.8,
+//! `man ibv_modify_qp` (rnr_retry, min_rnr_timer)).
+
+use std::time::{Duration, Instant};
+
+use verbs_api::{
+    timers::rnr_timer, AccessFlags as A, Backend, MemoryRegion, QpState, QueuePair, RecvWr, SendWr, WcStatus,
+};
+
+use super::case;
+use crate::env::{pattern, read_back};
+use crate::{ensure, ensure_eq, Case, CaseResult, Env, Outcome};
+
+pub fn list<B: Backend>() -> Vec<Case<B>> {
+    vec![
+        case!(
+            "rnr.exhausted",
+            "with rnr_retry 0 a SEND to an empty receive queue fails with RNR_RETRY_EXC_ERR and the QP goes to ERR",
+            "IBA 9.7.5.2.8 (RNR NAK), man ibv_modify_qp (rnr_retry)",
+            rnr_exhausted
+        ),
+        case!(
+            "rnr.retry-count",
+            "with rnr_retry 3 the SEND fails no sooner than 3 RNR timer periods",
+            "IBA 9.7.5.2.8 (RNR NAK timer), man ibv_modify_qp (min_rnr_timer)",
+            rnr_retry_count
+        ),
+        case!(
+            "rnr.recovery",
+            "a receive posted during RNR retries lets the SEND through intact",
+            "IBA 9.7.5.2.8",
+            rnr_recovery
+        ),
+        case!(
+            "rnr.infinite",
+            "with rnr_retry 7 the SEND waits as long as it takes, then completes",
+            "man ibv_modify_qp: rnr_retry 7 means infinite",
+            rnr_infinite
+        ),
+        case!(
+            "rnr.write-imm",
+            "RDMA_WRITE_WITH_IMM needs a receive too: with none and rnr_retry 0 it fails with RNR_RETRY_EXC_ERR",
+            "IBA 9.4.2 (WRITE with immediate consumes a receive WQE)",
+            rnr_write_imm
+        ),
+        case!(
+            "rnr.write-needs-no-receive",
+            "a plain RDMA WRITE succeeds with an empty receive queue and rnr_retry 0",
+            "IBA 9.4.2 (RDMA WRITE is one-sided)",
+            rnr_write_no_recv
+        ),
+    ]
+}
+
+fn rnr_exhausted<B: Backend>(env: &Env<B>) -> CaseResult {
+    let mut o = env.opts();
+    o.a.rnr_retry = 0;
+    let p = env.pair(&o)?;
+    let mr = env.mr(&p.pd, 64, A::LOCAL_WRITE)?;
+    p.a.post_send(&[SendWr::send(1, &[mr.sge(0, 8)?]).signaled()])?;
+    let wc = env.wait1(&p.cq_a)?;
+    env.expect_status("SEND", &wc, WcStatus::RnrRetryExcErr, &[])?;
+    ensure_eq!(wc.wr_id, 1, "wr_id");
+    ensure_eq!(p.a.state()?, QpState::Err, "requester state");
+    ensure_eq!(p.b.state()?, QpState::Rts, "responder state");
+    Ok(Outcome::Pass)
+}
+
+fn rnr_retry_count<B: Backend>(env: &Env<B>) -> CaseResult {
+    let mut o = env.opts();
+    o.a.rnr_retry = 3;
+    o.b.min_rnr_timer = 18; // 5.12 ms
+    let p = env.pair(&o)?;
+    let mr = env.mr(&p.pd, 64, A::LOCAL_WRITE)?;
+    let t0 = Instant::now();
+    p.a.post_send(&[SendWr::send(1, &[mr.sge(0, 8)?]).signaled()])?;
+    let wc = env.wait1(&p.cq_a)?;
+    let took = t0.elapsed();
+    env.expect_status("SEND", &wc, WcStatus::RnrRetryExcErr, &[])?;
+    let floor = rnr_timer(18) * 3;
+    ensure!(
+        took >= floor,
+        "failed after {took:?}, before 3 RNR periods ({floor:?})"
+    );
+    Ok(Outcome::Pass)
+}
+
+fn rnr_recovery<B: Backend>(env: &Env<B>) -> CaseResult {
+    let mut o = env.opts();
+    o.a.rnr_retry = 7;
+    o.b.min_rnr_timer = 14; // 1.28 ms
+    let p = env.pair(&o)?;
+    let mr = env.mr(&p.pd, 4096, A::LOCAL_WRITE)?;
+    let data = pattern(100, 4);
+    mr.write(0, &data)?;
+    p.a.post_send(&[SendWr::send(1, &[mr.sge(0, 100)?]).signaled()])?;
+    std::thread::sleep(Duration::from_millis(30));
+    ensure!(
+        env.quiet(&p.cq_a, Duration::ZERO)?.is_empty(),
+        "SEND completed before a receive was posted"
+    );
+    p.b.post_recv(&[RecvWr::new(2, &[mr.sge(1024, 128)?])])?;
+    let s = env.wait1(&p.cq_a)?;
+    let r = env.wait1(&p.cq_b)?;
+    ensure!(s.is_ok() && r.is_ok(), "statuses {:?} / {:?}", s.status, r.status);
+    ensure_eq!(read_back(&mr, 1024, 100)?, data, "payload");
+    Ok(Outcome::Pass)
+}
+
+fn rnr_infinite<B: Backend>(env: &Env<B>) -> CaseResult {
+    let mut o = env.opts();
+    o.a.rnr_retry = 7;
+    o.b.min_rnr_timer = 1; // 0.01 ms: thousands of retries
+    let p = env.pair(&o)?;
+    let mr = env.mr(&p.pd, 4096, A::LOCAL_WRITE)?;
+    p.a.post_send(&[SendWr::send(1, &[mr.sge(0, 8)?]).signaled()])?;
+    let early = env.quiet(&p.cq_a, Duration::from_millis(300))?;
+    ensure!(early.is_empty(), "completed without a receive: {early:?}");
+    ensure_eq!(p.a.state()?, QpState::Rts, "state while retrying");
+    p.b.post_recv(&[RecvWr::new(2, &[mr.sge(1024, 64)?])])?;
+    let s = env.wait1(&p.cq_a)?;
+    ensure!(s.is_ok(), "status {:?}", s.status);
+    Ok(Outcome::Pass)
+}
+
+fn rnr_write_imm<B: Backend>(env: &Env<B>) -> CaseResult {
+    let mut o = env.opts();
+    o.a.rnr_retry = 0;
+    let p = env.pair(&o)?;
+    let src = env.mr(&p.pd, 64, A::LOCAL_WRITE)?;
+    let dst = env.mr(&p.pd, 64, A::LOCAL_WRITE | A::REMOTE_WRITE)?;
+    src.write(0, &[7u8; 16])?;
+    p.a.post_send(&[SendWr::write_with_imm(1, &[src.sge(0, 16)?], dst.remote().at(0), 5).signaled()])?;
+    let wc = env.wait1(&p.cq_a)?;
+    env.expect_status("WRITE_WITH_IMM", &wc, WcStatus::RnrRetryExcErr, &[])?;
+    Ok(Outcome::Pass)
+}
+
+fn rnr_write_no_recv<B: Backend>(env: &Env<B>) -> CaseResult {
+    let mut o = env.opts();
+    o.a.rnr_retry = 0;
+    let p = env.pair(&o)?;
+    let src = env.mr(&p.pd, 64, A::LOCAL_WRITE)?;
+    let dst = env.mr(&p.pd, 64, A::LOCAL_WRITE | A::REMOTE_WRITE)?;
+    src.write(0, &[7u8; 16])?;
+    p.a.post_send(&[SendWr::write(1, &[src.sge(0, 16)?], dst.remote().at(0)).signaled()])?;
+    let wc = env.wait1(&p.cq_a)?;
+    ensure!(wc.is_ok(), "status {:?}", wc.status);
+    ensure_eq!(read_back(&dst, 0, 16)?, vec![7u8; 16], "written bytes");
+    env.expect_empty(&p.cq_b, "the responder's CQ")?;
+    Ok(Outcome::Pass)
+}

@@ -1,0 +1,278 @@
+//! What a case runs in: a fresh device context, the run's configuration, helpers that
+//! build connected RC pairs and wait for completions with a bound, and the record of the
+//! documented deviations a case accepted.
+
+use std::cell::RefCell;
+use std::time::Duration;
+
+use verbs_api::{
+    connect_rc, local_endpoint, poll_n, poll_quiet, AccessFlags, Backend, Context, Endpoint, MemoryRegion,
+    ProtectionDomain, QpCap, QpInitAttr, RcParams, WcStatus, WorkCompletion,
+};
+
+use crate::Failure;
+
+/// The run's settings.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Device to open.
+    pub device: String,
+    /// GID index for connections (1 for RoCE v2 over IPv4 on rxe).
+    pub gid_index: u8,
+    /// Bound on every wait for a completion.
+    pub timeout: Duration,
+}
+
+impl Config {
+    /// Settings for `device` with GID index 0 and a 10 s wait bound.
+    pub fn new(device: impl Into<String>) -> Self {
+        Config {
+            device: device.into(),
+            gid_index: 0,
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Which kind of device runs the case: deviations are documented per kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Profile {
+    /// The simulated HCA (holds real-HCA behaviour; never deviates).
+    Sim,
+    /// Soft-RoCE (`rdma_rxe`).
+    Rxe,
+    /// Anything else (a hardware HCA).
+    Hardware,
+}
+
+/// A case's environment.
+pub struct Env<'a, B: Backend> {
+    /// The backend.
+    pub backend: &'a B,
+    /// The run's settings.
+    pub cfg: &'a Config,
+    /// A context opened for this case alone.
+    pub ctx: B::Context,
+    /// The kind of device.
+    pub profile: Profile,
+    deviations: RefCell<Vec<String>>,
+}
+
+/// Options for [`Env::pair`]: A is usually the requester, B the responder.
+#[derive(Clone, Debug)]
+pub struct PairOpts {
+    /// Queue capacities of both QPs.
+    pub cap: QpCap,
+    /// Connection attributes of QP A (its `rnr_retry`, `retry_cnt`, `timeout` matter).
+    pub a: RcParams,
+    /// Connection attributes of QP B (its `access` and `min_rnr_timer` matter).
+    pub b: RcParams,
+    /// `sq_sig_all` for QP A.
+    pub sq_sig_all: bool,
+    /// Give B's CQ a completion channel.
+    pub channel: bool,
+    /// Size of A's CQ.
+    pub cqe: u32,
+    /// Size of B's CQ (default: `cqe`).
+    pub cqe_b: Option<u32>,
+}
+
+impl Default for PairOpts {
+    fn default() -> Self {
+        PairOpts {
+            cap: QpCap {
+                max_send_wr: 64,
+                max_recv_wr: 64,
+                max_send_sge: 4,
+                max_recv_sge: 4,
+                max_inline_data: 64,
+            },
+            a: RcParams {
+                min_rnr_timer: 1,
+                ..RcParams::default()
+            },
+            b: RcParams {
+                min_rnr_timer: 1,
+                ..RcParams::default()
+            },
+            sq_sig_all: false,
+            channel: false,
+            cqe: 512,
+            cqe_b: None,
+        }
+    }
+}
+
+/// Two RC QPs on one device, connected to each other, each with its own CQ.
+pub struct Pair<B: Backend> {
+    /// Their PD.
+    pub pd: B::Pd,
+    /// CQ of QP A (send and receive).
+    pub cq_a: B::Cq,
+    /// CQ of QP B (send and receive).
+    pub cq_b: B::Cq,
+    /// QP A.
+    pub a: B::Qp,
+    /// QP B.
+    pub b: B::Qp,
+    /// Channel of `cq_b`, with `PairOpts::channel`.
+    pub ch_b: Option<B::Channel>,
+    /// A's endpoint.
+    pub ep_a: Endpoint,
+    /// B's endpoint.
+    pub ep_b: Endpoint,
+}
+
+impl<'a, B: Backend> Env<'a, B> {
+    /// Opens `cfg.device` for one case.
+    pub fn new(backend: &'a B, cfg: &'a Config) -> Result<Self, Failure> {
+        let ctx = backend.open(&cfg.device)?;
+        let profile = if backend.name() == "sim" {
+            Profile::Sim
+        } else if cfg.device.starts_with("rxe") {
+            Profile::Rxe
+        } else {
+            Profile::Hardware
+        };
+        Ok(Env {
+            backend,
+            cfg,
+            ctx,
+            profile,
+            deviations: RefCell::new(Vec::new()),
+        })
+    }
+
+    /// Records a documented deviation of this device (with its source).
+    pub fn deviation(&self, why: impl Into<String>) {
+        let why = why.into();
+        let mut d = self.deviations.borrow_mut();
+        if !d.contains(&why) {
+            d.push(why);
+        }
+    }
+
+    /// The deviations recorded so far.
+    pub fn take_deviations(&self) -> Vec<String> {
+        std::mem::take(&mut self.deviations.borrow_mut())
+    }
+
+    /// Connection attributes for this run (the configured GID index).
+    pub fn params(&self) -> RcParams {
+        RcParams {
+            gid_index: self.cfg.gid_index,
+            ..RcParams::default()
+        }
+    }
+
+    /// Default pair options with this run's GID index.
+    pub fn opts(&self) -> PairOpts {
+        let mut o = PairOpts::default();
+        o.a.gid_index = self.cfg.gid_index;
+        o.b.gid_index = self.cfg.gid_index;
+        o
+    }
+
+    /// A memory region of `len` bytes.
+    pub fn mr(&self, pd: &B::Pd, len: usize, access: AccessFlags) -> Result<B::Mr, Failure> {
+        Ok(pd.reg_mr(len, access)?)
+    }
+
+    /// Two QPs with their CQs, created but not connected (both in RESET).
+    pub fn pair_unconnected(&self, o: &PairOpts) -> Result<Pair<B>, Failure> {
+        let pd = self.ctx.alloc_pd()?;
+        let ch_b = if o.channel {
+            Some(self.ctx.create_comp_channel()?)
+        } else {
+            None
+        };
+        let cq_a = self.ctx.create_cq(o.cqe, None)?;
+        let cq_b = self.ctx.create_cq(o.cqe_b.unwrap_or(o.cqe), ch_b.as_ref())?;
+        let mut ia = QpInitAttr::rc(&cq_a, &cq_a, o.cap);
+        ia.sq_sig_all = o.sq_sig_all;
+        let a = pd.create_qp(&ia)?;
+        let b = pd.create_qp(&QpInitAttr::rc(&cq_b, &cq_b, o.cap))?;
+        let ep_a = local_endpoint(&self.ctx, &a, &o.a, 0x1000)?;
+        let ep_b = local_endpoint(&self.ctx, &b, &o.b, 0x2000)?;
+        Ok(Pair {
+            pd,
+            cq_a,
+            cq_b,
+            a,
+            b,
+            ch_b,
+            ep_a,
+            ep_b,
+        })
+    }
+
+    /// Two connected QPs (both in RTS).
+    pub fn pair(&self, o: &PairOpts) -> Result<Pair<B>, Failure> {
+        let p = self.pair_unconnected(o)?;
+        connect_rc(&p.a, &o.a, p.ep_a.psn, &p.ep_b)?;
+        connect_rc(&p.b, &o.b, p.ep_b.psn, &p.ep_a)?;
+        Ok(p)
+    }
+
+    /// Waits for exactly `n` completions on `cq` (bounded by the configured timeout).
+    pub fn wait(&self, cq: &B::Cq, n: usize) -> Result<Vec<WorkCompletion>, Failure> {
+        poll_n(cq, n, self.cfg.timeout).map_err(|e| Failure(e.to_string()))
+    }
+
+    /// Waits for one completion.
+    pub fn wait1(&self, cq: &B::Cq) -> Result<WorkCompletion, Failure> {
+        Ok(self.wait(cq, 1)?[0])
+    }
+
+    /// Everything that arrives on `cq` within `quiet`.
+    pub fn quiet(&self, cq: &B::Cq, quiet: Duration) -> Result<Vec<WorkCompletion>, Failure> {
+        Ok(poll_quiet(cq, quiet)?)
+    }
+
+    /// Checks a completion's status: `want` is what a real HCA reports; `alt` lists what a
+    /// given device reports instead, with the source that documents it.
+    pub fn expect_status(
+        &self,
+        what: &str,
+        wc: &WorkCompletion,
+        want: WcStatus,
+        alt: &[(Profile, WcStatus, &str)],
+    ) -> Result<(), Failure> {
+        if wc.status == want {
+            return Ok(());
+        }
+        for (p, s, why) in alt {
+            if *p == self.profile && wc.status == *s {
+                self.deviation(format!("{what}: {s:?} instead of {want:?}; {why}"));
+                return Ok(());
+            }
+        }
+        Err(Failure(format!(
+            "{what}: expected status {want:?}, got {:?} (wr_id {:#x})",
+            wc.status, wc.wr_id
+        )))
+    }
+
+    /// Checks that `cq` holds nothing (after a short wait).
+    pub fn expect_empty(&self, cq: &B::Cq, what: &str) -> Result<(), Failure> {
+        let extra = self.quiet(cq, Duration::from_millis(20))?;
+        if !extra.is_empty() {
+            return Err(Failure(format!("{what}: expected no completion, got {extra:?}")));
+        }
+        Ok(())
+    }
+}
+
+/// A buffer with a recognisable pattern.
+pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+/// Reads `len` bytes at `offset` of `mr`.
+pub fn read_back(mr: &impl MemoryRegion, offset: usize, len: usize) -> Result<Vec<u8>, Failure> {
+    let mut v = vec![0u8; len];
+    mr.read(offset, &mut v)?;
+    Ok(v)
+}

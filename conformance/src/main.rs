@@ -1,0 +1,152 @@
+//! The conformance runner: runs the case table against a backend and device and prints a
+//! table (or JSON); exits non-zero if any case fails.
+//!
+//! ```text
+//! cargo run --release -p conformance -- --backend sim
+//! cargo run --release -p conformance -- --backend sim --json > sim.json
+//! cargo run --release -p conformance -- --filter rnr
+//! cargo run --release -p conformance -- --compare sim.json rxe.json
+//! ```
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+use conformance::report::{compare, json_rows, table, JsonRow};
+use conformance::{cases, run_case, CaseReport, Config};
+use verbs_api::Backend;
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum BackendKind {
+    /// The simulated HCA (no hardware needed).
+    Sim,
+}
+
+/// Run the verbs conformance suite against a backend.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    /// Backend to test.
+    #[arg(long, value_enum, default_value = "sim")]
+    backend: BackendKind,
+    /// Device to open (default: the backend's first device).
+    #[arg(long, short = 'd')]
+    device: Option<String>,
+    /// GID index for connections (RoCE v2 over IPv4 usually needs 1).
+    #[arg(long, short = 'x', default_value_t = 0)]
+    gid_index: u8,
+    /// Only cases whose id or group contains this text (repeatable).
+    #[arg(long, short = 'f')]
+    filter: Vec<String>,
+    /// Print a JSON array instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Bound on each wait for a completion, in seconds.
+    #[arg(long, default_value_t = 10.0)]
+    timeout: f64,
+    /// List the cases and exit.
+    #[arg(long)]
+    list: bool,
+    /// Print two JSON reports side by side and exit.
+    #[arg(long, num_args = 2, value_names = ["A.json", "B.json"])]
+    compare: Option<Vec<String>>,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    if let Some(files) = &args.compare {
+        return match (load(&files[0]), load(&files[1])) {
+            (Ok(a), Ok(b)) => {
+                print!("{}", compare(&a, &b));
+                ExitCode::SUCCESS
+            }
+            (Err(e), _) | (_, Err(e)) => {
+                eprintln!("error: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
+    match args.backend {
+        BackendKind::Sim => match backend_sim::SimBackend::from_env() {
+            Ok(b) => run(&b, &args),
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(2)
+            }
+        },
+    }
+}
+
+fn load(path: &str) -> Result<Vec<JsonRow>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+    serde_json::from_str(&text).map_err(|e| format!("{path}: {e}"))
+}
+
+fn run<B: Backend>(backend: &B, args: &Args) -> ExitCode {
+    let device = match &args.device {
+        Some(d) => d.clone(),
+        None => match backend.devices() {
+            Ok(d) if !d.is_empty() => d[0].name.clone(),
+            Ok(_) => {
+                eprintln!("error: the {} backend lists no devices", backend.name());
+                return ExitCode::from(2);
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+        },
+    };
+    let cfg = Config {
+        device: device.clone(),
+        gid_index: args.gid_index,
+        timeout: Duration::from_secs_f64(args.timeout),
+    };
+    let all = cases::<B>();
+    let selected: Vec<_> = all
+        .iter()
+        .filter(|c| {
+            args.filter.is_empty()
+                || args
+                    .filter
+                    .iter()
+                    .any(|f| c.id.contains(f.as_str()) || c.group == f)
+        })
+        .collect();
+    if args.list {
+        for c in &selected {
+            println!("{:<40} {:<8} {} [{}]", c.id, c.group, c.name, c.source);
+        }
+        return ExitCode::SUCCESS;
+    }
+    if selected.is_empty() {
+        eprintln!("error: no case matches {:?}", args.filter);
+        return ExitCode::from(2);
+    }
+    let mut reports: Vec<CaseReport> = Vec::new();
+    for c in selected {
+        if !args.json {
+            eprint!("{:<40}\r", c.id);
+            let _ = std::io::stderr().flush();
+        }
+        reports.push(run_case(backend, &cfg, c));
+    }
+    if args.json {
+        let rows = json_rows(&reports, backend.name(), &device);
+        println!("{}", serde_json::to_string_pretty(&rows).expect("rows serialize"));
+    } else {
+        println!(
+            "backend {} device {} gid-index {}\n",
+            backend.name(),
+            device,
+            args.gid_index
+        );
+        print!("{}", table(&reports));
+    }
+    if reports.iter().any(|r| r.status == "fail") {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
