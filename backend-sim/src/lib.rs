@@ -38,6 +38,7 @@
 
 pub mod cq;
 pub mod device;
+pub mod engine;
 pub mod memory;
 pub mod psn;
 pub mod qp;

@@ -85,7 +85,7 @@ impl Reader {
     }
 
     /// The next event from buffered bytes, or `None` when more bytes are needed.
-    pub fn next(&mut self) -> Result<Option<Event>, WireError> {
+    pub fn next_event(&mut self) -> Result<Option<Event>, WireError> {
         if let Some(p) = &mut self.payload {
             let n = p.left.min(self.end - self.start);
             if n > 0 {
@@ -216,7 +216,7 @@ mod tests {
         let mut events = Vec::new();
         for chunk in bytes.chunks(3) {
             r.feed(chunk);
-            while let Some(e) = r.next().unwrap() {
+            while let Some(e) = r.next_event().unwrap() {
                 if let Event::Frame(Frame::Send { len, .. }) = &e {
                     r.expect_payload(
                         *len as usize,

@@ -25,9 +25,8 @@ use tokio::net::TcpStream;
 use verbs_api::{QpState, Result};
 
 use crate::device::DeviceShared;
+use crate::engine::{drive_requester, drive_responder, Stop};
 use crate::qp::QpShared;
-use crate::requester::ReadSink;
-use crate::responder::Incoming;
 use crate::rx::{Event, Reader};
 use crate::tx::TxQueue;
 use crate::wire::{Frame, HelloReject};
@@ -100,7 +99,7 @@ async fn fill(stream: &TcpStream, reader: &mut Reader) -> io::Result<()> {
 
 async fn read_frame(stream: &TcpStream, reader: &mut Reader) -> io::Result<Frame> {
     loop {
-        match reader.next().map_err(|e| proto(e.to_string()))? {
+        match reader.next_event().map_err(|e| proto(e.to_string()))? {
             Some(Event::Frame(f)) => return Ok(f),
             Some(Event::PayloadDone(_)) => return Err(proto("payload during setup")),
             None => fill(stream, reader).await?,
@@ -183,61 +182,23 @@ async fn responder_loop(
                 return Ok(());
             }
             loop {
-                let ev = match reader.next() {
-                    Ok(Some(ev)) => ev,
-                    Ok(None) => break,
-                    Err(e) => {
-                        qp.enter_error(&mut g);
-                        return Err(proto(format!("malformed request: {e}")));
-                    }
-                };
                 let accepting = matches!(g.state, QpState::Rtr | QpState::Rts | QpState::Sqd);
-                match ev {
-                    Event::Frame(f) => {
-                        if !f.is_request() {
-                            qp.enter_error(&mut g);
-                            return Err(proto(format!("unexpected frame on a responder connection: {f}")));
-                        }
-                        let incoming = if accepting {
-                            let (_, resp, _, rwc) = QpShared::scratch(&mut g);
-                            match resp.on_request(&f, &qp.dev.mrs, &mut tx, rwc) {
-                                Ok(i) => i,
-                                Err(fatal) => {
-                                    tracing::debug!(qpn = qp.qpn, ?fatal, "responder error");
-                                    qp.enter_error(&mut g);
-                                    Incoming::Discard
-                                }
-                            }
-                        } else {
-                            // A QP that is not ready (or in ERR) silently drops requests.
-                            Incoming::Discard
-                        };
-                        let len = f.payload_len() as usize;
-                        match incoming {
-                            Incoming::Sink(segs) if len > 0 => reader.expect_payload(len, Some(segs)),
-                            Incoming::Sink(segs) => {
-                                let (_, resp, _, rwc) = QpShared::scratch(&mut g);
-                                resp.payload_done(segs, rwc);
-                            }
-                            Incoming::Discard if len > 0 => reader.expect_payload(len, None),
-                            Incoming::Discard => {}
-                        }
+                let (_, resp, _, rwc) = QpShared::scratch(&mut g);
+                let r = drive_responder(resp, accepting, &mut reader, &qp.dev.mrs, &mut tx, rwc, TX_HIGH);
+                match r {
+                    Ok(()) => {
                         qp.deliver(&mut g);
+                        break;
                     }
-                    Event::PayloadDone(segs) => {
-                        if accepting {
-                            let (_, resp, _, rwc) = QpShared::scratch(&mut g);
-                            resp.payload_done(segs, rwc);
-                            qp.deliver(&mut g);
-                        }
+                    Err(Stop::Fatal(status)) => {
+                        tracing::debug!(qpn = qp.qpn, ?status, "responder error: QP to ERR");
+                        qp.enter_error(&mut g);
+                    }
+                    Err(Stop::Protocol(msg)) => {
+                        qp.enter_error(&mut g);
+                        return Err(proto(msg));
                     }
                 }
-                if tx.pending() > TX_HIGH {
-                    break;
-                }
-            }
-            if matches!(g.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
-                g.resp.flush_ack(&mut tx);
             }
         }
         if !tx.is_empty() {
@@ -381,47 +342,16 @@ async fn run_requester(qp: &Arc<QpShared>, epoch: u64, stream: TcpStream, mut re
                 return End::Stale;
             }
             let now = QpShared::now();
-            loop {
-                let ev = match reader.next() {
-                    Ok(Some(ev)) => ev,
-                    Ok(None) => break,
-                    Err(e) => {
-                        qp.enter_error(&mut g);
-                        tracing::warn!(qpn = qp.qpn, "malformed response: {e}");
-                        return End::Stale;
-                    }
-                };
-                let (req, _, swc, _) = QpShared::scratch(&mut g);
-                match ev {
-                    Event::Frame(f) => {
-                        if !f.is_response() {
-                            qp.enter_error(&mut g);
-                            tracing::warn!(qpn = qp.qpn, "unexpected frame on a requester connection: {f}");
-                            return End::Stale;
-                        }
-                        let len = f.payload_len() as usize;
-                        match req.on_response(&f, now, swc) {
-                            Ok(ReadSink::Into { psn, segs }) if len > 0 => {
-                                reader.expect_payload(len, Some(segs));
-                                read_psn = Some(psn);
-                            }
-                            Ok(ReadSink::Into { psn, segs }) => req.read_done(psn, segs, now, swc),
-                            Ok(ReadSink::Discard) => {
-                                if len > 0 {
-                                    reader.expect_payload(len, None);
-                                    read_psn = None;
-                                }
-                            }
-                            Err(_) => qp.enter_error(&mut g),
-                        }
-                    }
-                    Event::PayloadDone(segs) => {
-                        if let Some(psn) = read_psn.take() {
-                            req.read_done(psn, segs, now, swc);
-                        }
-                    }
+            let (req, _, swc, _) = QpShared::scratch(&mut g);
+            let r = drive_requester(req, &mut reader, now, swc, &mut read_psn);
+            match r {
+                Ok(()) => qp.deliver(&mut g),
+                Err(Stop::Fatal(_)) => qp.enter_error(&mut g),
+                Err(Stop::Protocol(msg)) => {
+                    tracing::warn!(qpn = qp.qpn, "{msg}");
+                    qp.enter_error(&mut g);
+                    return End::Stale;
                 }
-                qp.deliver(&mut g);
             }
             if g.state == QpState::Err {
                 return End::Stale;

@@ -6,6 +6,7 @@
 //! cargo run --release -p conformance -- --backend sim --json > sim.json
 //! cargo run --release -p conformance -- --filter rnr
 //! cargo run --release -p conformance -- --compare sim.json rxe.json
+//! cargo run --release -p conformance --features ibverbs -- --backend ibverbs -d rxe0 -x 1
 //! ```
 
 use std::io::Write;
@@ -21,6 +22,8 @@ use verbs_api::Backend;
 enum BackendKind {
     /// The simulated HCA (no hardware needed).
     Sim,
+    /// libibverbs: a real HCA or Soft-RoCE (build with `--features ibverbs`).
+    Ibverbs,
 }
 
 /// Run the verbs conformance suite against a backend.
@@ -48,6 +51,9 @@ struct Args {
     /// List the cases and exit.
     #[arg(long)]
     list: bool,
+    /// Print the table of a JSON report and exit.
+    #[arg(long, value_name = "REPORT.json")]
+    render: Option<String>,
     /// Print two JSON reports side by side and exit.
     #[arg(long, num_args = 2, value_names = ["A.json", "B.json"])]
     compare: Option<Vec<String>>,
@@ -55,6 +61,18 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if let Some(file) = &args.render {
+        return match load(file) {
+            Ok(rows) => {
+                print!("{}", table(&rows));
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
     if let Some(files) = &args.compare {
         return match (load(&files[0]), load(&files[1])) {
             (Ok(a), Ok(b)) => {
@@ -75,7 +93,23 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+        BackendKind::Ibverbs => run_ibverbs(&args),
     }
+}
+
+#[cfg(feature = "ibverbs")]
+fn run_ibverbs(args: &Args) -> ExitCode {
+    run(&backend_ibverbs::IbvBackend, args)
+}
+
+#[cfg(not(feature = "ibverbs"))]
+fn run_ibverbs(_: &Args) -> ExitCode {
+    eprintln!(
+        "error: this runner was built without the ibverbs backend; rebuild with \
+         `cargo run --release -p conformance --features ibverbs -- --backend ibverbs` \
+         (needs libibverbs-dev, librdmacm-dev, pkg-config and libclang-dev)"
+    );
+    ExitCode::from(2)
 }
 
 fn load(path: &str) -> Result<Vec<JsonRow>, String> {
@@ -132,8 +166,8 @@ fn run<B: Backend>(backend: &B, args: &Args) -> ExitCode {
         }
         reports.push(run_case(backend, &cfg, c));
     }
+    let rows = json_rows(&reports, backend.name(), &device);
     if args.json {
-        let rows = json_rows(&reports, backend.name(), &device);
         println!("{}", serde_json::to_string_pretty(&rows).expect("rows serialize"));
     } else {
         println!(
@@ -142,7 +176,7 @@ fn run<B: Backend>(backend: &B, args: &Args) -> ExitCode {
             device,
             args.gid_index
         );
-        print!("{}", table(&reports));
+        print!("{}", table(&rows));
     }
     if reports.iter().any(|r| r.status == "fail") {
         ExitCode::FAILURE

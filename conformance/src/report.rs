@@ -63,10 +63,10 @@ fn result_cell(status: &str, detail: &str) -> String {
 
 /// The text table: id, group, name, result, time; then the details of every case that
 /// failed, was skipped or passed with a deviation; then the totals.
-pub fn table(reports: &[CaseReport]) -> String {
+pub fn table(rows: &[JsonRow]) -> String {
     let mut s = String::new();
-    let idw = reports.iter().map(|r| r.id.len()).max().unwrap_or(2).max(2);
-    let gw = reports.iter().map(|r| r.group.len()).max().unwrap_or(5).max(5);
+    let idw = rows.iter().map(|r| r.id.len()).max().unwrap_or(2).max(2);
+    let gw = rows.iter().map(|r| r.group.len()).max().unwrap_or(5).max(5);
     let nw = 64;
     let _ = writeln!(
         s,
@@ -74,7 +74,7 @@ pub fn table(reports: &[CaseReport]) -> String {
         "id", "group", "name", "result", "time"
     );
     let _ = writeln!(s, "{}", "-".repeat(idw + gw + nw + 16 + 9 + 8));
-    for r in reports {
+    for r in rows {
         let mut name: String = r.name.chars().take(nw).collect();
         if r.name.chars().count() > nw {
             name.pop();
@@ -86,26 +86,26 @@ pub fn table(reports: &[CaseReport]) -> String {
             r.id,
             r.group,
             name,
-            result_cell(r.status, &r.detail),
-            r.time.as_secs_f64() * 1e3
+            result_cell(&r.status, &r.detail),
+            r.time_ms
         );
     }
-    let notes: Vec<&CaseReport> = reports.iter().filter(|r| !r.detail.is_empty()).collect();
+    let notes: Vec<&JsonRow> = rows.iter().filter(|r| !r.detail.is_empty()).collect();
     if !notes.is_empty() {
         let _ = writeln!(s);
         for r in notes {
             let _ = writeln!(s, "{} [{}]: {}", r.id, r.status, r.detail);
         }
     }
-    let count = |st: &str| reports.iter().filter(|r| r.status == st).count();
-    let dev = reports
+    let count = |st: &str| rows.iter().filter(|r| r.status == st).count();
+    let dev = rows
         .iter()
         .filter(|r| r.status == "pass" && !r.detail.is_empty())
         .count();
     let _ = writeln!(
         s,
         "\n{} cases: {} passed ({} with a documented deviation), {} failed, {} skipped",
-        reports.len(),
+        rows.len(),
         count("pass"),
         dev,
         count("fail"),

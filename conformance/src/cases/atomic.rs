@@ -158,8 +158,7 @@ fn concurrent<B: Backend>(env: &Env<B>) -> CaseResult {
             .collect();
         handles
             .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err("thread panicked".into())))
-            .collect()
+            .try_for_each(|h| h.join().unwrap_or_else(|_| Err("thread panicked".into())))
     });
     outcome.map_err(crate::Failure)?;
     let final_value = targets[0].read_u64(0)?;

@@ -102,15 +102,38 @@ fn flush_new_posts<B: Backend>(env: &Env<B>) -> CaseResult {
     to_err(&p.a)?;
     let sge = [mr.sge(0, 8)?];
     p.a.post_send(&[SendWr::send(1, &sge), SendWr::send(2, &sge).signaled()])?;
-    p.a.post_recv(&[RecvWr::new(3, &[mr.sge(64, 64)?])])?;
-    let wcs = env.wait(&p.cq_a, 3)?;
-    let mut ids: Vec<u64> = wcs.iter().map(|w| w.wr_id).collect();
-    ids.sort_unstable();
-    ensure_eq!(ids, vec![1, 2, 3], "flushed WRs (unsignaled ones included)");
+    let wcs = env.wait(&p.cq_a, 2)?;
+    ensure_eq!(
+        wcs.iter().map(|w| w.wr_id).collect::<Vec<_>>(),
+        vec![1, 2],
+        "flushed sends (unsignaled included)"
+    );
     ensure!(
         wcs.iter().all(|w| w.status == WcStatus::WrFlushErr),
         "statuses {wcs:?}"
     );
+    p.a.post_recv(&[RecvWr::new(3, &[mr.sge(64, 64)?])])?;
+    if env.profile == Profile::Rxe {
+        let got = env.quiet(&p.cq_a, Duration::from_millis(200))?;
+        if got.is_empty() {
+            env.deviation(
+                "a receive posted in ERR is never flushed: rdma-core's rxe_post_recv (providers/rxe/rxe.c) \
+                 only writes the WQE into the user-mapped queue without entering the kernel, and the kernel \
+                 flushes the receive queue only when its responder task runs (rxe_resp.c check_resource)",
+            );
+            return Ok(Outcome::Pass);
+        }
+        ensure!(
+            got.len() == 1 && got[0].wr_id == 3 && got[0].status == WcStatus::WrFlushErr,
+            "receive: {got:?}"
+        );
+    } else {
+        let w = env.wait1(&p.cq_a)?;
+        ensure!(
+            w.wr_id == 3 && w.status == WcStatus::WrFlushErr,
+            "receive posted in ERR: {w:?}"
+        );
+    }
     env.expect_empty(&p.cq_a, "after the flush")?;
     Ok(Outcome::Pass)
 }
@@ -184,7 +207,17 @@ fn bad_lkey<B: Backend>(env: &Env<B>) -> CaseResult {
     let bad = Sge::new(mr.addr(), 16, mr.lkey() ^ 0x0f0f_0000);
     p.a.post_send(&[SendWr::send(2, &[bad]).signaled()])?;
     let wc = env.wait1(&p.cq_a)?;
-    env.expect_status("SEND with a bad lkey", &wc, WcStatus::LocProtErr, &[])?;
+    env.expect_status(
+        "SEND with a bad lkey",
+        &wc,
+        WcStatus::LocProtErr,
+        &[(
+            Profile::Rxe,
+            WcStatus::LocQpOpErr,
+            "rxe's copy_data() returns -EINVAL when the lkey names no region (rxe_mr.c), and \
+             finish_packet()'s caller maps every error but -EFAULT to IB_WC_LOC_QP_OP_ERR (rxe_req.c)",
+        )],
+    )?;
     ensure_eq!(p.a.state()?, QpState::Err, "requester state");
     Ok(Outcome::Pass)
 }
@@ -220,8 +253,9 @@ fn read_into_readonly<B: Backend>(env: &Env<B>) -> CaseResult {
     Ok(Outcome::Pass)
 }
 
-const RXE_LEN: &str = "rxe completes a too-small receive with LOC_QP_OP_ERR and NAKs with \
-AETH_NAK_REM_OP_ERR instead of LOC_LEN_ERR / invalid request (drivers/infiniband/sw/rxe/rxe_resp.c)";
+const RXE_LEN: &str = "rxe's copy_data() returns -EINVAL when the message exceeds the receive's SGEs \
+(rxe_mr.c), send_data_in() reports RESPST_ERR_MALFORMED_WQE, completed as LOC_QP_OP_ERR with a \
+'remote operational error' NAK (rxe_resp.c)";
 
 fn recv_too_small<B: Backend>(env: &Env<B>) -> CaseResult {
     let p = env.pair(&env.opts())?;
@@ -255,7 +289,17 @@ fn recv_bad_lkey<B: Backend>(env: &Env<B>) -> CaseResult {
     p.a.post_send(&[SendWr::send(2, &[mr.sge(0, 16)?]).signaled()])?;
     let r = env.wait1(&p.cq_b)?;
     let s = env.wait1(&p.cq_a)?;
-    env.expect_status("responder", &r, WcStatus::LocProtErr, &[])?;
+    env.expect_status(
+        "responder",
+        &r,
+        WcStatus::LocProtErr,
+        &[(
+            Profile::Rxe,
+            WcStatus::LocQpOpErr,
+            "rxe's copy_data() fails with -EINVAL on the bad lkey, send_data_in() turns that into \
+             RESPST_ERR_MALFORMED_WQE, completed as IB_WC_LOC_QP_OP_ERR (rxe_resp.c)",
+        )],
+    )?;
     env.expect_status("requester", &s, WcStatus::RemOpErr, &[])?;
     Ok(Outcome::Pass)
 }

@@ -1,0 +1,497 @@
+//! Posting work requests: `ibv_post_send` and `ibv_post_recv` (`man ibv_post_send`,
+//! `man ibv_post_recv`).
+//!
+//! A slice of [`SendWr`] becomes a linked list of `struct ibv_send_wr` with their
+//! `struct ibv_sge` arrays, built in stack buffers (up to [`STACK_WRS`] WRs and
+//! [`STACK_SGES`] SGEs; longer lists use a heap buffer), so a post allocates nothing in
+//! the common case. libibverbs' `bad_wr` is mapped back to the index of the WR.
+//!
+//! The one check done here: an `IBV_SEND_INLINE` WR has its gather list copied by the
+//! provider at post time, from `addr`, without any lkey check, so every inline SGE must
+//! lie inside the registered region its lkey names (the context's span table, read-locked
+//! for the whole post so that no region is deregistered meanwhile). A WR that fails this
+//! check is not posted: the WRs before it are, and the post fails with EINVAL naming it.
+
+use std::mem::MaybeUninit;
+use std::os::raw::c_int;
+use std::ptr::null_mut;
+
+use rdma_sys::{atomic_t, imm_data_invalidated_rkey_union_t, rdma_t, wr_t};
+use rdma_sys::{ibv_post_recv, ibv_post_send, ibv_recv_wr, ibv_send_wr, ibv_sge};
+use verbs_api::{Error, PostError, QpState, QueueKind, QueuePair, RecvWr, SendFlags, SendWr, Sge, WrOp};
+
+use crate::async_events::MrSpan;
+use crate::errno::rc_errno;
+use crate::qp::IbvQp;
+
+/// WRs per post built on the stack.
+pub(crate) const STACK_WRS: usize = 16;
+/// SGEs per post built on the stack.
+pub(crate) const STACK_SGES: usize = 32;
+
+/// Runs `f` on an uninitialized buffer of `n` elements: on the stack if `n <= N`.
+fn with_scratch<T, const N: usize, R>(n: usize, f: impl FnOnce(&mut [MaybeUninit<T>]) -> R) -> R {
+    if n <= N {
+        let mut buf: [MaybeUninit<T>; N] = [const { MaybeUninit::uninit() }; N];
+        f(&mut buf[..n])
+    } else {
+        let mut v: Vec<MaybeUninit<T>> = Vec::with_capacity(n);
+        v.resize_with(n, MaybeUninit::uninit);
+        f(&mut v)
+    }
+}
+
+fn sge_to_raw(s: &Sge) -> ibv_sge {
+    ibv_sge {
+        addr: s.addr,
+        length: s.length,
+        lkey: s.lkey,
+    }
+}
+
+/// One `struct ibv_send_wr` for `wr`, pointing at `sg_list` (`num_sge` entries) and
+/// `next`. Immediate data goes out in network byte order.
+pub(crate) fn send_wr_to_raw(
+    wr: &SendWr<'_>,
+    sg_list: *mut ibv_sge,
+    num_sge: c_int,
+    next: *mut ibv_send_wr,
+) -> ibv_send_wr {
+    // SAFETY: all-zero is a valid ibv_send_wr (integers, raw pointers, unions of them).
+    let mut r: ibv_send_wr = unsafe { std::mem::zeroed() };
+    r.wr_id = wr.wr_id;
+    r.next = next;
+    r.sg_list = sg_list;
+    r.num_sge = num_sge;
+    r.opcode = wr.op.opcode() as u32;
+    r.send_flags = wr.send_flags.bits();
+    if let Some(imm) = wr.op.imm_data() {
+        r.imm_data_invalidated_rkey_union = imm_data_invalidated_rkey_union_t {
+            imm_data: imm.to_be(),
+        };
+    }
+    match wr.op {
+        WrOp::Send | WrOp::SendWithImm { .. } => {}
+        WrOp::RdmaWrite { remote } | WrOp::RdmaWriteWithImm { remote, .. } | WrOp::RdmaRead { remote } => {
+            r.wr = wr_t {
+                rdma: rdma_t {
+                    remote_addr: remote.addr,
+                    rkey: remote.rkey,
+                },
+            };
+        }
+        WrOp::AtomicCmpAndSwp {
+            remote,
+            compare,
+            swap,
+        } => {
+            r.wr = wr_t {
+                atomic: atomic_t {
+                    remote_addr: remote.addr,
+                    compare_add: compare,
+                    swap,
+                    rkey: remote.rkey,
+                },
+            };
+        }
+        WrOp::AtomicFetchAndAdd { remote, add } => {
+            r.wr = wr_t {
+                atomic: atomic_t {
+                    remote_addr: remote.addr,
+                    compare_add: add,
+                    swap: 0,
+                    rkey: remote.rkey,
+                },
+            };
+        }
+    }
+    r
+}
+
+/// The first WR that must not reach the provider, and why: an inline SGE outside the
+/// region its lkey names (`spans` is `None` when no WR is inline), or a gather list
+/// longer than `int`.
+fn first_unpostable(
+    wrs: &[SendWr<'_>],
+    spans: Option<&std::collections::HashMap<u32, MrSpan>>,
+) -> Option<(usize, Error)> {
+    for (i, wr) in wrs.iter().enumerate() {
+        if c_int::try_from(wr.sg_list.len()).is_err() {
+            return Some((
+                i,
+                Error::invalid(
+                    "ibv_post_send",
+                    format!("{} SGEs exceed INT_MAX", wr.sg_list.len()),
+                ),
+            ));
+        }
+        if !wr.send_flags.contains(SendFlags::INLINE) {
+            continue;
+        }
+        let Some(spans) = spans else { continue };
+        for (j, s) in wr.sg_list.iter().enumerate() {
+            let inside = spans
+                .get(&s.lkey)
+                .is_some_and(|span| span.contains(s.addr, s.length as u64));
+            if !inside {
+                return Some((
+                    i,
+                    Error::invalid(
+                        "ibv_post_send",
+                        format!(
+                            "inline SGE #{j} (addr {:#x}, length {}, lkey {:#x}) is not inside a memory \
+                             region of this context registered with that lkey",
+                            s.addr, s.length, s.lkey
+                        ),
+                    ),
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// Index of `bad` in the array at `base` (0 if the provider left it NULL or foreign).
+fn bad_index<T>(base: *const T, bad: *const T, len: usize) -> usize {
+    let size = std::mem::size_of::<T>();
+    let (b, x) = (base as usize, bad as usize);
+    if bad.is_null() || x < b || size == 0 {
+        return 0;
+    }
+    ((x - b) / size).min(len.saturating_sub(1))
+}
+
+/// Explains a failed post: ENOMEM is a full queue; EINVAL in a state that refuses the
+/// post names the state; anything else is passed on.
+fn post_error(qp: &IbvQp, kind: QueueKind, errno: i32, index: usize, wr_id: u64) -> PostError {
+    let call = match kind {
+        QueueKind::Send => "ibv_post_send",
+        QueueKind::Recv => "ibv_post_recv",
+    };
+    let error = match errno {
+        libc::ENOMEM => Error::QueueFull {
+            queue: kind,
+            qpn: qp.qp_num,
+            capacity: match kind {
+                QueueKind::Send => qp.cap.max_send_wr,
+                QueueKind::Recv => qp.cap.max_recv_wr,
+            },
+        },
+        libc::EINVAL => {
+            let state = qp.state().ok();
+            match (kind, state) {
+                (QueueKind::Send, Some(s @ (QpState::Reset | QpState::Init | QpState::Rtr))) => {
+                    Error::InvalidQpState {
+                        call,
+                        qpn: qp.qp_num,
+                        state: s,
+                        reason: "sends need RTS",
+                    }
+                }
+                (QueueKind::Recv, Some(s @ QpState::Reset)) => Error::InvalidQpState {
+                    call,
+                    qpn: qp.qp_num,
+                    state: s,
+                    reason: "receives need INIT or later",
+                },
+                _ => Error::invalid(
+                    call,
+                    format!(
+                        "the provider refused WR #{index} (EINVAL): too many SGEs (max {}), inline \
+                         data above max_inline_data ({}), or an opcode this QP does not support",
+                        match kind {
+                            QueueKind::Send => qp.cap.max_send_sge,
+                            QueueKind::Recv => qp.cap.max_recv_sge,
+                        },
+                        qp.cap.max_inline_data
+                    ),
+                ),
+            }
+        }
+        e => Error::from_errno(call, e),
+    };
+    PostError { index, wr_id, error }
+}
+
+/// `ibv_post_send` for `wrs` (see the module docs).
+pub(crate) fn post_send(qp: &IbvQp, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
+    if wrs.is_empty() {
+        return Ok(());
+    }
+    let any_inline = wrs.iter().any(|w| w.send_flags.contains(SendFlags::INLINE));
+    // Held until the provider has copied the inline data.
+    let spans = any_inline.then(|| qp.pd.ctx.registry.mrs.read());
+    let refused = first_unpostable(wrs, spans.as_deref());
+    let postable = refused.as_ref().map_or(wrs.len(), |(i, _)| *i);
+    if postable > 0 {
+        post_send_checked(qp, &wrs[..postable])?;
+    }
+    drop(spans);
+    match refused {
+        None => Ok(()),
+        Some((index, error)) => Err(PostError {
+            index,
+            wr_id: wrs[index].wr_id,
+            error,
+        }),
+    }
+}
+
+/// Builds the linked list and calls `ibv_post_send`. `wrs` passed `first_unpostable`.
+fn post_send_checked(qp: &IbvQp, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
+    let nsge: usize = wrs.iter().map(|w| w.sg_list.len()).sum();
+    with_scratch::<ibv_sge, STACK_SGES, _>(nsge, |sges| {
+        with_scratch::<ibv_send_wr, STACK_WRS, _>(wrs.len(), |raw_wrs| {
+            let sge_base = sges.as_mut_ptr().cast::<ibv_sge>();
+            let wr_base = raw_wrs.as_mut_ptr().cast::<ibv_send_wr>();
+            let mut off = 0;
+            for (i, wr) in wrs.iter().enumerate() {
+                for (j, s) in wr.sg_list.iter().enumerate() {
+                    // SAFETY: off + j < nsge, the length of `sges`.
+                    unsafe { sge_base.add(off + j).write(sge_to_raw(s)) };
+                }
+                let sg_list = if wr.sg_list.is_empty() {
+                    null_mut()
+                } else {
+                    // SAFETY: off < nsge (this WR has at least one SGE there).
+                    unsafe { sge_base.add(off) }
+                };
+                let next = if i + 1 < wrs.len() {
+                    // SAFETY: i + 1 < wrs.len(), the length of `raw_wrs`.
+                    unsafe { wr_base.add(i + 1) }
+                } else {
+                    null_mut()
+                };
+                // fits: checked by first_unpostable
+                let num_sge = wr.sg_list.len() as c_int;
+                // SAFETY: i < wrs.len(), the length of `raw_wrs`.
+                unsafe { wr_base.add(i).write(send_wr_to_raw(wr, sg_list, num_sge, next)) };
+                off += wr.sg_list.len();
+            }
+            let mut bad: *mut ibv_send_wr = null_mut();
+            // SAFETY: the QP is live; `wr_base` heads a NULL-terminated list of fully
+            // initialized WRs whose SGE arrays live in `sges`, both outliving the call.
+            // SGE addresses are checked by the HCA through the lkey when the WR executes,
+            // except for inline ones, which `first_unpostable` checked against live
+            // regions that the held span lock keeps registered.
+            let rc = unsafe { ibv_post_send(qp.raw, wr_base, &mut bad) };
+            if rc == 0 {
+                return Ok(());
+            }
+            let index = bad_index(wr_base, bad, wrs.len());
+            Err(post_error(
+                qp,
+                QueueKind::Send,
+                rc_errno(rc),
+                index,
+                wrs[index].wr_id,
+            ))
+        })
+    })
+}
+
+/// `ibv_post_recv` for `wrs`.
+pub(crate) fn post_recv(qp: &IbvQp, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
+    if wrs.is_empty() {
+        return Ok(());
+    }
+    if let Some((i, wr)) = wrs
+        .iter()
+        .enumerate()
+        .find(|(_, w)| c_int::try_from(w.sg_list.len()).is_err())
+    {
+        if i > 0 {
+            post_recv(qp, &wrs[..i])?;
+        }
+        return Err(PostError {
+            index: i,
+            wr_id: wr.wr_id,
+            error: Error::invalid(
+                "ibv_post_recv",
+                format!("{} SGEs exceed INT_MAX", wr.sg_list.len()),
+            ),
+        });
+    }
+    let nsge: usize = wrs.iter().map(|w| w.sg_list.len()).sum();
+    with_scratch::<ibv_sge, STACK_SGES, _>(nsge, |sges| {
+        with_scratch::<ibv_recv_wr, STACK_WRS, _>(wrs.len(), |raw_wrs| {
+            let sge_base = sges.as_mut_ptr().cast::<ibv_sge>();
+            let wr_base = raw_wrs.as_mut_ptr().cast::<ibv_recv_wr>();
+            let mut off = 0;
+            for (i, wr) in wrs.iter().enumerate() {
+                for (j, s) in wr.sg_list.iter().enumerate() {
+                    // SAFETY: off + j < nsge, the length of `sges`.
+                    unsafe { sge_base.add(off + j).write(sge_to_raw(s)) };
+                }
+                let raw = ibv_recv_wr {
+                    wr_id: wr.wr_id,
+                    next: if i + 1 < wrs.len() {
+                        // SAFETY: i + 1 < wrs.len(), the length of `raw_wrs`.
+                        unsafe { wr_base.add(i + 1) }
+                    } else {
+                        null_mut()
+                    },
+                    sg_list: if wr.sg_list.is_empty() {
+                        null_mut()
+                    } else {
+                        // SAFETY: off < nsge.
+                        unsafe { sge_base.add(off) }
+                    },
+                    num_sge: wr.sg_list.len() as c_int,
+                };
+                // SAFETY: i < wrs.len(), the length of `raw_wrs`.
+                unsafe { wr_base.add(i).write(raw) };
+                off += wr.sg_list.len();
+            }
+            let mut bad: *mut ibv_recv_wr = null_mut();
+            // SAFETY: the QP is live; `wr_base` heads a NULL-terminated list of fully
+            // initialized WRs whose SGE arrays live in `sges`. Receive buffers are written
+            // by the HCA only after it checked them through their lkey.
+            let rc = unsafe { ibv_post_recv(qp.raw, wr_base, &mut bad) };
+            if rc == 0 {
+                return Ok(());
+            }
+            let index = bad_index(wr_base, bad, wrs.len());
+            Err(post_error(
+                qp,
+                QueueKind::Recv,
+                rc_errno(rc),
+                index,
+                wrs[index].wr_id,
+            ))
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdma_sys::ibv_send_flags as F;
+    use rdma_sys::ibv_wr_opcode as O;
+    use std::collections::HashMap;
+    use verbs_api::{RemoteAddr, WrOpcode};
+
+    #[test]
+    fn opcode_and_flag_values_match_verbs_h() {
+        for (ours, theirs) in [
+            (WrOpcode::RdmaWrite, O::IBV_WR_RDMA_WRITE),
+            (WrOpcode::RdmaWriteWithImm, O::IBV_WR_RDMA_WRITE_WITH_IMM),
+            (WrOpcode::Send, O::IBV_WR_SEND),
+            (WrOpcode::SendWithImm, O::IBV_WR_SEND_WITH_IMM),
+            (WrOpcode::RdmaRead, O::IBV_WR_RDMA_READ),
+            (WrOpcode::AtomicCmpAndSwp, O::IBV_WR_ATOMIC_CMP_AND_SWP),
+            (WrOpcode::AtomicFetchAndAdd, O::IBV_WR_ATOMIC_FETCH_AND_ADD),
+        ] {
+            assert_eq!(ours as u32, theirs);
+        }
+        assert_eq!(SendFlags::FENCE.bits(), F::IBV_SEND_FENCE.0);
+        assert_eq!(SendFlags::SIGNALED.bits(), F::IBV_SEND_SIGNALED.0);
+        assert_eq!(SendFlags::SOLICITED.bits(), F::IBV_SEND_SOLICITED.0);
+        assert_eq!(SendFlags::INLINE.bits(), F::IBV_SEND_INLINE.0);
+    }
+
+    #[test]
+    fn send_with_imm_goes_out_big_endian() {
+        let sge = [Sge::new(0x1000, 8, 5)];
+        let wr = SendWr::send_with_imm(9, &sge, 0x0102_0304).signaled().solicited();
+        let r = send_wr_to_raw(&wr, null_mut(), 1, null_mut());
+        assert_eq!(r.wr_id, 9);
+        assert_eq!(r.opcode, O::IBV_WR_SEND_WITH_IMM);
+        assert_eq!(r.send_flags, F::IBV_SEND_SIGNALED.0 | F::IBV_SEND_SOLICITED.0);
+        assert_eq!(r.num_sge, 1);
+        // SAFETY: reading the u32 union variant that was written.
+        let imm = unsafe { r.imm_data_invalidated_rkey_union.imm_data };
+        assert_eq!(imm.to_ne_bytes(), [1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn rdma_and_atomic_fields() {
+        let remote = RemoteAddr::new(0xdead_0000, 0x77);
+        let r = send_wr_to_raw(
+            &SendWr::write_with_imm(1, &[], remote, 5),
+            null_mut(),
+            0,
+            null_mut(),
+        );
+        assert_eq!(r.opcode, O::IBV_WR_RDMA_WRITE_WITH_IMM);
+        // SAFETY: reading the variant that was written.
+        let (addr, rkey) = unsafe { (r.wr.rdma.remote_addr, r.wr.rdma.rkey) };
+        assert_eq!((addr, rkey), (0xdead_0000, 0x77));
+
+        let r = send_wr_to_raw(&SendWr::read(2, &[], remote), null_mut(), 0, null_mut());
+        assert_eq!(r.opcode, O::IBV_WR_RDMA_READ);
+        // SAFETY: as above.
+        assert_eq!(unsafe { r.wr.rdma.remote_addr }, 0xdead_0000);
+
+        let r = send_wr_to_raw(
+            &SendWr::cmp_and_swp(3, &[], remote, 10, 20),
+            null_mut(),
+            0,
+            null_mut(),
+        );
+        assert_eq!(r.opcode, O::IBV_WR_ATOMIC_CMP_AND_SWP);
+        // SAFETY: as above.
+        let a = unsafe { r.wr.atomic };
+        assert_eq!(
+            (a.remote_addr, a.compare_add, a.swap, a.rkey),
+            (0xdead_0000, 10, 20, 0x77)
+        );
+
+        let r = send_wr_to_raw(
+            &SendWr::fetch_and_add(4, &[], remote, 3),
+            null_mut(),
+            0,
+            null_mut(),
+        );
+        assert_eq!(r.opcode, O::IBV_WR_ATOMIC_FETCH_AND_ADD);
+        // SAFETY: as above.
+        let a = unsafe { r.wr.atomic };
+        assert_eq!((a.compare_add, a.rkey), (3, 0x77));
+    }
+
+    #[test]
+    fn inline_sges_must_lie_in_their_region() {
+        let mut spans = HashMap::new();
+        spans.insert(
+            5,
+            MrSpan {
+                addr: 0x1000,
+                len: 64,
+            },
+        );
+        let good = [Sge::new(0x1000, 64, 5)];
+        let outside = [Sge::new(0x1020, 64, 5)];
+        let wrong_key = [Sge::new(0x1000, 8, 6)];
+        let wrs = [
+            SendWr::send(0, &good).inline(),
+            SendWr::send(1, &outside), // not inline: the HCA checks it
+            SendWr::send(2, &wrong_key).inline(),
+        ];
+        let (i, e) = first_unpostable(&wrs, Some(&spans)).unwrap();
+        assert_eq!(i, 2);
+        assert!(e.to_string().contains("inline SGE #0"), "{e}");
+        assert_eq!(e.errno(), libc::EINVAL);
+        let wrs = [
+            SendWr::send(0, &good).inline(),
+            SendWr::send(1, &outside).inline(),
+        ];
+        assert_eq!(first_unpostable(&wrs, Some(&spans)).unwrap().0, 1);
+        assert!(first_unpostable(&wrs[..1], Some(&spans)).is_none());
+    }
+
+    #[test]
+    fn bad_wr_maps_to_its_index() {
+        let a = [0u64; 4];
+        let base = a.as_ptr();
+        assert_eq!(bad_index(base, base.wrapping_add(2), 4), 2);
+        assert_eq!(bad_index(base, std::ptr::null(), 4), 0);
+        assert_eq!(bad_index(base, base.wrapping_add(9), 4), 3);
+    }
+
+    #[test]
+    fn scratch_buffers_switch_to_the_heap() {
+        assert_eq!(with_scratch::<u64, 4, _>(3, |b| b.len()), 3);
+        assert_eq!(with_scratch::<u64, 4, _>(100, |b| b.len()), 100);
+        assert_eq!(with_scratch::<u64, 4, _>(0, |b| b.len()), 0);
+    }
+}

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# conformance-rxe.sh - run the conformance suite on a real libibverbs device: build the
+# runner with the ibverbs backend on the host, boot the Soft-RoCE VM of ci/rxe-vm.sh and
+# run every case on rxe0 (GID index 1) there.
+#
+#   ci/conformance-rxe.sh [OUT_DIR] [RUNNER ARGS..]
+#
+# Writes OUT_DIR/rxe.json (the JSON report) and OUT_DIR/rxe.txt (the table); exits
+# non-zero if any case failed (or the VM gave no status: 99). OUT_DIR defaults to ci-out.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=${1:-$root/ci-out}
+shift || true
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+target=${CARGO_TARGET_DIR:-$root/target}
+case $target in /*) ;; *) target=$root/$target ;; esac
+cargo build --release --manifest-path "$root/Cargo.toml" -p conformance --features ibverbs --bin conformance
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+cp "$target/release/conformance" "$dir/"
+# One run in the guest (its shell is busybox ash: keep the command simple) writes the JSON
+# report; the host renders the table from it.
+set +e
+"$root/ci/rxe-vm.sh" run "$dir" sh -c "./conformance --backend ibverbs --device rxe0 --gid-index 1 --timeout 30 --json $* > rxe.json"
+rc=$?
+set -e
+if [ -s "$dir/rxe.json" ]; then
+    cp "$dir/rxe.json" "$out/rxe.json"
+    "$target/release/conformance" --render "$out/rxe.json" | tee "$out/rxe.txt"
+fi
+echo "conformance on rxe0: exit status $rc" >&2
+exit $rc
