@@ -17,6 +17,7 @@
 
 #![warn(missing_docs)]
 
+pub mod cm;
 pub mod connect;
 pub mod device;
 pub mod endpoint;

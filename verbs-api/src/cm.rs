@@ -1,0 +1,405 @@
+//! Connection setup over a TCP side channel, the same for every backend: what `rdma_cm`
+//! (or the hand-written exchange in `ibv_rc_pingpong` and perftest) does, made small.
+//!
+//! The server [`CmListener::accept`]s and the client [`connect`]s; each side sends a
+//! hello with its QP [`Endpoint`], optional remote-memory descriptors and private data,
+//! drives its QP to RTS towards the peer's endpoint, and then both confirm with a ready
+//! byte. When either call returns, *both* QPs are in RTS: the peer may send at once.
+//! To have receives in place before the peer can send, move the QP to INIT
+//! ([`modify_to_init`](crate::modify_to_init)) and post them before calling; a QP in RESET
+//! is moved to INIT here.
+//!
+//! ```no_run
+//! # use verbs_api::*;
+//! # fn server<B: Backend>(ctx: &B::Context, qp: &B::Qp, mr: &B::Mr) -> Result<()> {
+//! let listener = cm::CmListener::bind("0.0.0.0:18515")?;
+//! let peer = listener.accept(ctx, qp, &RcParams::default(), &cm::Offer::new().mr(mr.remote()))?;
+//! println!("connected to QP {:#x}", peer.endpoint.qpn);
+//! # Ok(()) }
+//! ```
+//!
+//! Wire format (big-endian): magic `VAPI` (4) | version (2) | endpoint (26, see
+//! [`Endpoint::to_bytes`]) | MR count (2) | MRs (20 each, [`RemoteMr::to_bytes`]) | private
+//! data length (4) | private data; then one byte `R` each way. A peer that hangs up, stays
+//! silent past the timeout or sends anything else gets a clear [`Error`].
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+use crate::connect::{local_endpoint, modify_to_init, modify_to_rtr, modify_to_rts, RcParams};
+use crate::endpoint::{Endpoint, RemoteMr};
+use crate::error::{Error, Result};
+use crate::qp::{QpState, PSN_MASK};
+use crate::traits::{Context, QueuePair};
+
+const MAGIC: &[u8; 4] = b"VAPI";
+const VERSION: u16 = 1;
+/// Most MR descriptors a hello may carry.
+pub const MAX_MRS: usize = 1024;
+/// Most private data a hello may carry.
+pub const MAX_PRIVATE: usize = 64 * 1024;
+/// Default bound on the whole exchange.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What this side tells the peer besides its endpoint.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Offer {
+    /// Memory the peer may access one-sidedly.
+    pub mrs: Vec<RemoteMr>,
+    /// Application bytes (at most [`MAX_PRIVATE`]).
+    pub private_data: Vec<u8>,
+    /// Bound on the exchange (default [`DEFAULT_TIMEOUT`]).
+    pub timeout: Option<Duration>,
+}
+
+impl Offer {
+    /// Nothing but the endpoint.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a remote-memory descriptor.
+    pub fn mr(mut self, mr: RemoteMr) -> Self {
+        self.mrs.push(mr);
+        self
+    }
+
+    /// Sets the private data.
+    pub fn private_data(mut self, data: impl Into<Vec<u8>>) -> Self {
+        self.private_data = data.into();
+        self
+    }
+
+    /// Sets the bound on the exchange.
+    pub fn timeout(mut self, t: Duration) -> Self {
+        self.timeout = Some(t);
+        self
+    }
+}
+
+/// What the peer sent; the TCP side channel stays open in `stream` (drop it to close).
+#[derive(Debug)]
+pub struct Peer {
+    /// The peer QP's endpoint.
+    pub endpoint: Endpoint,
+    /// The peer's remote-memory descriptors.
+    pub mrs: Vec<RemoteMr>,
+    /// The peer's private data.
+    pub private_data: Vec<u8>,
+    /// The side channel (for the application's own barriers or shutdown).
+    pub stream: TcpStream,
+}
+
+/// A server waiting for [`connect`]s.
+#[derive(Debug)]
+pub struct CmListener {
+    listener: TcpListener,
+}
+
+impl CmListener {
+    /// Listens on `addr` (port 0 picks a free port; see [`CmListener::local_addr`]).
+    pub fn bind(addr: impl ToSocketAddrs) -> Result<Self> {
+        let listener = TcpListener::bind(addr).map_err(|source| Error::Os { call: "bind", source })?;
+        Ok(CmListener { listener })
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> Result<SocketAddr> {
+        self.listener.local_addr().map_err(|source| Error::Os {
+            call: "getsockname",
+            source,
+        })
+    }
+
+    /// Waits for one client, exchanges endpoints and offers, and brings `qp` to RTS
+    /// towards it.
+    pub fn accept<C: Context, Q: QueuePair>(
+        &self,
+        ctx: &C,
+        qp: &Q,
+        params: &RcParams,
+        offer: &Offer,
+    ) -> Result<Peer> {
+        let timeout = offer.timeout.unwrap_or(DEFAULT_TIMEOUT);
+        let (stream, _) = accept_within(&self.listener, timeout)?;
+        let deadline = Instant::now() + timeout;
+        setup(stream, deadline, ctx, qp, params, offer, false)
+    }
+}
+
+/// Connects to a [`CmListener`] at `addr`, exchanges endpoints and offers, and brings
+/// `qp` to RTS towards the server's QP.
+pub fn connect<C: Context, Q: QueuePair>(
+    addr: impl ToSocketAddrs,
+    ctx: &C,
+    qp: &Q,
+    params: &RcParams,
+    offer: &Offer,
+) -> Result<Peer> {
+    let timeout = offer.timeout.unwrap_or(DEFAULT_TIMEOUT);
+    let deadline = Instant::now() + timeout;
+    let addrs: Vec<SocketAddr> = addr
+        .to_socket_addrs()
+        .map_err(|source| Error::Os {
+            call: "resolve",
+            source,
+        })?
+        .collect();
+    let mut last = None;
+    for a in &addrs {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        match TcpStream::connect_timeout(a, left) {
+            Ok(s) => return setup(s, deadline, ctx, qp, params, offer, true),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(match last {
+        Some(source) => Error::Os {
+            call: "connect",
+            source,
+        },
+        None => Error::invalid("cm::connect", "the address resolved to nothing"),
+    })
+}
+
+fn accept_within(l: &TcpListener, timeout: Duration) -> Result<(TcpStream, SocketAddr)> {
+    let os = |call| move |source| Error::Os { call, source };
+    l.set_nonblocking(true).map_err(os("fcntl"))?;
+    let deadline = Instant::now() + timeout;
+    let r = loop {
+        match l.accept() {
+            Ok(x) => break Ok(x),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if Instant::now() >= deadline {
+                    break Err(Error::Timeout(timeout));
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Err(source) => {
+                break Err(Error::Os {
+                    call: "accept",
+                    source,
+                })
+            }
+        }
+    };
+    l.set_nonblocking(false).map_err(os("fcntl"))?;
+    let (s, a) = r?;
+    s.set_nonblocking(false).map_err(os("fcntl"))?;
+    Ok((s, a))
+}
+
+fn setup<C: Context, Q: QueuePair>(
+    mut stream: TcpStream,
+    deadline: Instant,
+    ctx: &C,
+    qp: &Q,
+    params: &RcParams,
+    offer: &Offer,
+    client: bool,
+) -> Result<Peer> {
+    if offer.mrs.len() > MAX_MRS || offer.private_data.len() > MAX_PRIVATE {
+        return Err(Error::invalid(
+            "cm",
+            format!("at most {MAX_MRS} MRs and {MAX_PRIVATE} bytes of private data"),
+        ));
+    }
+    let _ = stream.set_nodelay(true);
+    let psn = rand_psn();
+    let me = local_endpoint(ctx, qp, params, psn)?;
+    let hello = encode_hello(&me, offer);
+    // The client speaks first; the server answers after reading, so a stray connection
+    // that sends nothing learns nothing.
+    if client {
+        write_all(&mut stream, &hello, deadline)?;
+    }
+    let peer = read_hello(&mut stream, deadline)?;
+    if !client {
+        write_all(&mut stream, &hello, deadline)?;
+    }
+    if qp.state()? == QpState::Reset {
+        modify_to_init(qp, params)?;
+    }
+    modify_to_rtr(qp, params, &peer.0)?;
+    modify_to_rts(qp, params, me.psn)?;
+    write_all(&mut stream, b"R", deadline)?;
+    let mut r = [0u8; 1];
+    read_exact(&mut stream, &mut r, deadline)?;
+    if r[0] != b'R' {
+        return Err(Error::Transport(format!(
+            "peer sent {:#04x} instead of the ready byte",
+            r[0]
+        )));
+    }
+    let _ = stream.set_read_timeout(None);
+    let _ = stream.set_write_timeout(None);
+    Ok(Peer {
+        endpoint: peer.0,
+        mrs: peer.1,
+        private_data: peer.2,
+        stream,
+    })
+}
+
+fn rand_psn() -> u32 {
+    // Any value works; vary it so that stale packets of an earlier connection do not
+    // look like the next ones. std's RandomState is seeded from the OS.
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(Instant::now().elapsed().as_nanos() as u64);
+    (h.finish() as u32) & PSN_MASK
+}
+
+/// Encodes a hello.
+pub fn encode_hello(me: &Endpoint, offer: &Offer) -> Vec<u8> {
+    let mut b = Vec::with_capacity(38 + offer.mrs.len() * RemoteMr::WIRE_LEN + offer.private_data.len());
+    b.extend_from_slice(MAGIC);
+    b.extend_from_slice(&VERSION.to_be_bytes());
+    b.extend_from_slice(&me.to_bytes());
+    b.extend_from_slice(&(offer.mrs.len() as u16).to_be_bytes());
+    for m in &offer.mrs {
+        b.extend_from_slice(&m.to_bytes());
+    }
+    b.extend_from_slice(&(offer.private_data.len() as u32).to_be_bytes());
+    b.extend_from_slice(&offer.private_data);
+    b
+}
+
+type Hello = (Endpoint, Vec<RemoteMr>, Vec<u8>);
+
+/// Decodes a hello from a reader, refusing anything malformed or oversized.
+pub fn decode_hello(r: &mut impl Read) -> std::io::Result<std::result::Result<Hello, String>> {
+    let mut head = [0u8; 6];
+    r.read_exact(&mut head)?;
+    if &head[..4] != MAGIC {
+        return Ok(Err(format!(
+            "not a verbs-api connection setup (got {:02x?}); is the peer a server of this kind?",
+            &head[..4]
+        )));
+    }
+    let v = u16::from_be_bytes([head[4], head[5]]);
+    if v != VERSION {
+        return Ok(Err(format!("protocol version {v}, this side speaks {VERSION}")));
+    }
+    let mut ep = [0u8; Endpoint::WIRE_LEN];
+    r.read_exact(&mut ep)?;
+    let endpoint = match Endpoint::from_bytes(&ep) {
+        Ok(e) => e,
+        Err(e) => return Ok(Err(e.to_string())),
+    };
+    let mut n = [0u8; 2];
+    r.read_exact(&mut n)?;
+    let n = u16::from_be_bytes(n) as usize;
+    if n > MAX_MRS {
+        return Ok(Err(format!("{n} MR descriptors exceed the limit of {MAX_MRS}")));
+    }
+    let mut mrs = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut m = [0u8; RemoteMr::WIRE_LEN];
+        r.read_exact(&mut m)?;
+        mrs.push(RemoteMr::from_bytes(&m).expect("fixed length"));
+    }
+    let mut l = [0u8; 4];
+    r.read_exact(&mut l)?;
+    let l = u32::from_be_bytes(l) as usize;
+    if l > MAX_PRIVATE {
+        return Ok(Err(format!(
+            "{l} bytes of private data exceed the limit of {MAX_PRIVATE}"
+        )));
+    }
+    let mut private = vec![0u8; l];
+    r.read_exact(&mut private)?;
+    Ok(Ok((endpoint, mrs, private)))
+}
+
+fn io_err(e: std::io::Error, deadline: Instant) -> Error {
+    match e.kind() {
+        std::io::ErrorKind::UnexpectedEof
+        | std::io::ErrorKind::ConnectionReset
+        | std::io::ErrorKind::BrokenPipe => {
+            Error::Transport("the peer closed the connection during the setup exchange".into())
+        }
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => Error::Timeout(
+            deadline
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(1)),
+        ),
+        _ => Error::Os {
+            call: "connection setup",
+            source: e,
+        },
+    }
+}
+
+fn arm(stream: &TcpStream, deadline: Instant) -> Result<()> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(Error::Timeout(Duration::ZERO));
+    }
+    stream
+        .set_read_timeout(Some(left))
+        .and_then(|_| stream.set_write_timeout(Some(left)))
+        .map_err(|source| Error::Os {
+            call: "setsockopt",
+            source,
+        })
+}
+
+fn write_all(s: &mut TcpStream, b: &[u8], deadline: Instant) -> Result<()> {
+    arm(s, deadline)?;
+    s.write_all(b).map_err(|e| io_err(e, deadline))
+}
+
+fn read_exact(s: &mut TcpStream, b: &mut [u8], deadline: Instant) -> Result<()> {
+    arm(s, deadline)?;
+    s.read_exact(b).map_err(|e| io_err(e, deadline))
+}
+
+fn read_hello(s: &mut TcpStream, deadline: Instant) -> Result<Hello> {
+    arm(s, deadline)?;
+    match decode_hello(s) {
+        Ok(Ok(h)) => Ok(h),
+        Ok(Err(msg)) => Err(Error::Transport(format!(
+            "bad connection setup from the peer: {msg}"
+        ))),
+        Err(e) => Err(io_err(e, deadline)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::Gid;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn hello_roundtrip(qpn in 0u32..1 << 24, psn in 0u32..1 << 24, n in 0usize..5, private in proptest::collection::vec(any::<u8>(), 0..100)) {
+            let me = Endpoint { gid: Gid([7; 16]), lid: 3, qpn, psn };
+            let offer = Offer { mrs: (0..n as u64).map(|i| RemoteMr { addr: i, rkey: i as u32, len: 8 }).collect(), private_data: private.clone(), timeout: None };
+            let b = encode_hello(&me, &offer);
+            let (e, m, p) = decode_hello(&mut &b[..]).unwrap().unwrap();
+            prop_assert_eq!(e, me);
+            prop_assert_eq!(m, offer.mrs);
+            prop_assert_eq!(p, private);
+        }
+
+        /// Garbage never panics the decoder and never makes it allocate past the limits.
+        #[test]
+        fn garbage(b in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let _ = decode_hello(&mut &b[..]);
+        }
+    }
+
+    #[test]
+    fn refuses_oversized_private_data() {
+        let mut b = encode_hello(&Endpoint::default(), &Offer::new());
+        let n = b.len();
+        b[n - 4..].copy_from_slice(&(MAX_PRIVATE as u32 + 1).to_be_bytes());
+        assert!(decode_hello(&mut &b[..]).unwrap().is_err());
+    }
+}
