@@ -49,6 +49,9 @@ pub mod transport;
 pub mod tx;
 pub mod wire;
 
+#[cfg(test)]
+mod link_tests;
+
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::RawFd;
 use std::sync::Arc;

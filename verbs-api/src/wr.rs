@@ -44,6 +44,13 @@ impl RemoteAddr {
     }
 }
 
+impl From<(u64, u32)> for RemoteAddr {
+    /// `(remote_addr, rkey)`.
+    fn from((addr, rkey): (u64, u32)) -> Self {
+        RemoteAddr { addr, rkey }
+    }
+}
+
 impl From<RemoteMr> for RemoteAddr {
     fn from(r: RemoteMr) -> Self {
         RemoteAddr {
