@@ -18,6 +18,9 @@
 //! # Ok(()) }
 //! ```
 //!
+//! With the `tokio` feature, [`AsyncCmListener`] and [`connect_async`] do the same on
+//! tokio; the two forms interoperate.
+//!
 //! Wire format (big-endian): magic `VAPI` (4) | version (2) | endpoint (26, see
 //! [`Endpoint::to_bytes`]) | MR count (2) | MRs (20 each, [`RemoteMr::to_bytes`]) | private
 //! data length (4) | private data; then one byte `R` each way. A peer that hangs up, stays
@@ -202,12 +205,7 @@ fn setup<C: Context, Q: QueuePair>(
     offer: &Offer,
     client: bool,
 ) -> Result<Peer> {
-    if offer.mrs.len() > MAX_MRS || offer.private_data.len() > MAX_PRIVATE {
-        return Err(Error::invalid(
-            "cm",
-            format!("at most {MAX_MRS} MRs and {MAX_PRIVATE} bytes of private data"),
-        ));
-    }
+    check_offer(offer)?;
     let _ = stream.set_nodelay(true);
     let psn = rand_psn();
     let me = local_endpoint(ctx, qp, params, psn)?;
@@ -221,11 +219,7 @@ fn setup<C: Context, Q: QueuePair>(
     if !client {
         write_all(&mut stream, &hello, deadline)?;
     }
-    if qp.state()? == QpState::Reset {
-        modify_to_init(qp, params)?;
-    }
-    modify_to_rtr(qp, params, &peer.0)?;
-    modify_to_rts(qp, params, me.psn)?;
+    bring_up(qp, params, &peer.0, me.psn)?;
     write_all(&mut stream, b"R", deadline)?;
     let mut r = [0u8; 1];
     read_exact(&mut stream, &mut r, deadline)?;
@@ -243,6 +237,25 @@ fn setup<C: Context, Q: QueuePair>(
         private_data: peer.2,
         stream,
     })
+}
+
+/// INIT (if still in RESET) → RTR towards `peer` → RTS sending from `psn`.
+fn bring_up<Q: QueuePair>(qp: &Q, params: &RcParams, peer: &Endpoint, psn: u32) -> Result<()> {
+    if qp.state()? == QpState::Reset {
+        modify_to_init(qp, params)?;
+    }
+    modify_to_rtr(qp, params, peer)?;
+    modify_to_rts(qp, params, psn)
+}
+
+fn check_offer(offer: &Offer) -> Result<()> {
+    if offer.mrs.len() > MAX_MRS || offer.private_data.len() > MAX_PRIVATE {
+        return Err(Error::invalid(
+            "cm",
+            format!("at most {MAX_MRS} MRs and {MAX_PRIVATE} bytes of private data"),
+        ));
+    }
+    Ok(())
 }
 
 fn rand_psn() -> u32 {
@@ -271,49 +284,76 @@ pub fn encode_hello(me: &Endpoint, offer: &Offer) -> Vec<u8> {
 
 type Hello = (Endpoint, Vec<RemoteMr>, Vec<u8>);
 
-/// Decodes a hello from a reader, refusing anything malformed or oversized.
-pub fn decode_hello(r: &mut impl Read) -> std::io::Result<std::result::Result<Hello, String>> {
-    let mut head = [0u8; 6];
-    r.read_exact(&mut head)?;
-    if &head[..4] != MAGIC {
-        return Ok(Err(format!(
+/// Result of [`parse_hello`] on the bytes received so far.
+#[derive(Debug, PartialEq, Eq)]
+pub enum HelloParse {
+    /// At least this many bytes are needed in all (not more: the hello may be followed by
+    /// the ready byte).
+    Need(usize),
+    /// A complete hello: endpoint, MR descriptors, private data.
+    Done(Endpoint, Vec<RemoteMr>, Vec<u8>),
+}
+
+/// Parses a hello from the front of `b` without I/O, refusing anything malformed or
+/// oversized (the error says what is wrong).
+pub fn parse_hello(b: &[u8]) -> std::result::Result<HelloParse, String> {
+    const HEAD: usize = 6 + Endpoint::WIRE_LEN + 2;
+    if b.len() < 4 {
+        return Ok(HelloParse::Need(4));
+    }
+    if &b[..4] != MAGIC {
+        return Err(format!(
             "not a verbs-api connection setup (got {:02x?}); is the peer a server of this kind?",
-            &head[..4]
-        )));
+            &b[..4]
+        ));
     }
-    let v = u16::from_be_bytes([head[4], head[5]]);
+    if b.len() < HEAD {
+        return Ok(HelloParse::Need(HEAD));
+    }
+    let v = u16::from_be_bytes([b[4], b[5]]);
     if v != VERSION {
-        return Ok(Err(format!("protocol version {v}, this side speaks {VERSION}")));
+        return Err(format!("protocol version {v}, this side speaks {VERSION}"));
     }
-    let mut ep = [0u8; Endpoint::WIRE_LEN];
-    r.read_exact(&mut ep)?;
-    let endpoint = match Endpoint::from_bytes(&ep) {
-        Ok(e) => e,
-        Err(e) => return Ok(Err(e.to_string())),
-    };
-    let mut n = [0u8; 2];
-    r.read_exact(&mut n)?;
-    let n = u16::from_be_bytes(n) as usize;
+    let endpoint = Endpoint::from_bytes(&b[6..6 + Endpoint::WIRE_LEN]).map_err(|e| e.to_string())?;
+    let n = u16::from_be_bytes([b[HEAD - 2], b[HEAD - 1]]) as usize;
     if n > MAX_MRS {
-        return Ok(Err(format!("{n} MR descriptors exceed the limit of {MAX_MRS}")));
+        return Err(format!("{n} MR descriptors exceed the limit of {MAX_MRS}"));
     }
-    let mut mrs = Vec::with_capacity(n);
-    for _ in 0..n {
-        let mut m = [0u8; RemoteMr::WIRE_LEN];
-        r.read_exact(&mut m)?;
-        mrs.push(RemoteMr::from_bytes(&m).expect("fixed length"));
+    let mrs_end = HEAD + n * RemoteMr::WIRE_LEN;
+    if b.len() < mrs_end + 4 {
+        return Ok(HelloParse::Need(mrs_end + 4));
     }
-    let mut l = [0u8; 4];
-    r.read_exact(&mut l)?;
-    let l = u32::from_be_bytes(l) as usize;
+    let l = u32::from_be_bytes([b[mrs_end], b[mrs_end + 1], b[mrs_end + 2], b[mrs_end + 3]]) as usize;
     if l > MAX_PRIVATE {
-        return Ok(Err(format!(
+        return Err(format!(
             "{l} bytes of private data exceed the limit of {MAX_PRIVATE}"
-        )));
+        ));
     }
-    let mut private = vec![0u8; l];
-    r.read_exact(&mut private)?;
-    Ok(Ok((endpoint, mrs, private)))
+    let end = mrs_end + 4 + l;
+    if b.len() < end {
+        return Ok(HelloParse::Need(end));
+    }
+    let mrs = b[HEAD..mrs_end]
+        .chunks(RemoteMr::WIRE_LEN)
+        .map(|c| RemoteMr::from_bytes(c).expect("fixed length"))
+        .collect();
+    Ok(HelloParse::Done(endpoint, mrs, b[mrs_end + 4..end].to_vec()))
+}
+
+/// Reads a hello from a blocking reader (exactly its bytes, nothing after it).
+pub fn decode_hello(r: &mut impl Read) -> std::io::Result<std::result::Result<Hello, String>> {
+    let mut buf = Vec::new();
+    loop {
+        match parse_hello(&buf) {
+            Err(e) => return Ok(Err(e)),
+            Ok(HelloParse::Done(e, m, p)) => return Ok(Ok((e, m, p))),
+            Ok(HelloParse::Need(n)) => {
+                let at = buf.len();
+                buf.resize(n, 0);
+                r.read_exact(&mut buf[at..])?;
+            }
+        }
+    }
 }
 
 fn io_err(e: std::io::Error, deadline: Instant) -> Error {
@@ -369,6 +409,163 @@ fn read_hello(s: &mut TcpStream, deadline: Instant) -> Result<Hello> {
         Err(e) => Err(io_err(e, deadline)),
     }
 }
+
+#[cfg(feature = "tokio")]
+mod nonblocking {
+    //! The same exchange on tokio.
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener as TokioListener, TcpStream as TokioStream, ToSocketAddrs as TokioAddrs};
+
+    /// What the peer sent, with the side channel as a tokio stream.
+    #[derive(Debug)]
+    pub struct AsyncPeer {
+        /// The peer QP's endpoint.
+        pub endpoint: Endpoint,
+        /// The peer's remote-memory descriptors.
+        pub mrs: Vec<RemoteMr>,
+        /// The peer's private data.
+        pub private_data: Vec<u8>,
+        /// The side channel.
+        pub stream: TokioStream,
+    }
+
+    /// A server waiting for [`connect_async`]s (or blocking [`connect`]s).
+    #[derive(Debug)]
+    pub struct AsyncCmListener {
+        listener: TokioListener,
+    }
+
+    impl AsyncCmListener {
+        /// Listens on `addr`.
+        pub async fn bind(addr: impl TokioAddrs) -> Result<Self> {
+            let listener = TokioListener::bind(addr)
+                .await
+                .map_err(|source| Error::Os { call: "bind", source })?;
+            Ok(AsyncCmListener { listener })
+        }
+
+        /// The address it listens on.
+        pub fn local_addr(&self) -> Result<SocketAddr> {
+            self.listener.local_addr().map_err(|source| Error::Os {
+                call: "getsockname",
+                source,
+            })
+        }
+
+        /// Waits for one client and brings `qp` to RTS towards it (bounded by the offer's
+        /// timeout, which includes the wait for the client).
+        pub async fn accept<C: Context, Q: QueuePair>(
+            &self,
+            ctx: &C,
+            qp: &Q,
+            params: &RcParams,
+            offer: &Offer,
+        ) -> Result<AsyncPeer> {
+            let timeout = offer.timeout.unwrap_or(DEFAULT_TIMEOUT);
+            tokio::time::timeout(timeout, async {
+                let (stream, _) = self.listener.accept().await.map_err(|source| Error::Os {
+                    call: "accept",
+                    source,
+                })?;
+                setup_async(stream, ctx, qp, params, offer, false).await
+            })
+            .await
+            .map_err(|_| Error::Timeout(timeout))?
+        }
+    }
+
+    /// Connects to a listener at `addr` and brings `qp` to RTS towards the server's QP.
+    pub async fn connect_async<C: Context, Q: QueuePair>(
+        addr: impl TokioAddrs,
+        ctx: &C,
+        qp: &Q,
+        params: &RcParams,
+        offer: &Offer,
+    ) -> Result<AsyncPeer> {
+        let timeout = offer.timeout.unwrap_or(DEFAULT_TIMEOUT);
+        tokio::time::timeout(timeout, async {
+            let stream = TokioStream::connect(addr).await.map_err(|source| Error::Os {
+                call: "connect",
+                source,
+            })?;
+            setup_async(stream, ctx, qp, params, offer, true).await
+        })
+        .await
+        .map_err(|_| Error::Timeout(timeout))?
+    }
+
+    fn aio_err(e: std::io::Error) -> Error {
+        match e.kind() {
+            std::io::ErrorKind::UnexpectedEof
+            | std::io::ErrorKind::ConnectionReset
+            | std::io::ErrorKind::BrokenPipe => {
+                Error::Transport("the peer closed the connection during the setup exchange".into())
+            }
+            _ => Error::Os {
+                call: "connection setup",
+                source: e,
+            },
+        }
+    }
+
+    async fn read_hello_async(s: &mut TokioStream) -> Result<Hello> {
+        let mut buf = Vec::new();
+        loop {
+            match parse_hello(&buf) {
+                Err(msg) => {
+                    return Err(Error::Transport(format!(
+                        "bad connection setup from the peer: {msg}"
+                    )))
+                }
+                Ok(HelloParse::Done(e, m, p)) => return Ok((e, m, p)),
+                Ok(HelloParse::Need(n)) => {
+                    let at = buf.len();
+                    buf.resize(n, 0);
+                    s.read_exact(&mut buf[at..]).await.map_err(aio_err)?;
+                }
+            }
+        }
+    }
+
+    async fn setup_async<C: Context, Q: QueuePair>(
+        mut stream: TokioStream,
+        ctx: &C,
+        qp: &Q,
+        params: &RcParams,
+        offer: &Offer,
+        client: bool,
+    ) -> Result<AsyncPeer> {
+        check_offer(offer)?;
+        let _ = stream.set_nodelay(true);
+        let me = local_endpoint(ctx, qp, params, rand_psn())?;
+        let hello = encode_hello(&me, offer);
+        if client {
+            stream.write_all(&hello).await.map_err(aio_err)?;
+        }
+        let peer = read_hello_async(&mut stream).await?;
+        if !client {
+            stream.write_all(&hello).await.map_err(aio_err)?;
+        }
+        bring_up(qp, params, &peer.0, me.psn)?;
+        stream.write_all(b"R").await.map_err(aio_err)?;
+        let r = stream.read_u8().await.map_err(aio_err)?;
+        if r != b'R' {
+            return Err(Error::Transport(format!(
+                "peer sent {r:#04x} instead of the ready byte"
+            )));
+        }
+        Ok(AsyncPeer {
+            endpoint: peer.0,
+            mrs: peer.1,
+            private_data: peer.2,
+            stream,
+        })
+    }
+}
+
+#[cfg(feature = "tokio")]
+pub use nonblocking::{connect_async, AsyncCmListener, AsyncPeer};
 
 #[cfg(test)]
 mod tests {

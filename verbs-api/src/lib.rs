@@ -17,6 +17,8 @@
 
 #![warn(missing_docs)]
 
+#[cfg(feature = "tokio")]
+pub mod aio;
 pub mod cm;
 pub mod connect;
 pub mod device;
