@@ -6,6 +6,7 @@ use verbs_api::Backend;
 use crate::Case;
 
 mod access;
+mod aio;
 mod atomic;
 mod cq;
 mod device;
@@ -50,5 +51,6 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     v.extend(rdma::list::<B>());
     v.extend(order::list::<B>());
     v.extend(errors::list::<B>());
+    v.extend(aio::list::<B>());
     v
 }
