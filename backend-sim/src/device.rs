@@ -9,9 +9,10 @@
 //! (GID, LID, QPN, PSN) therefore tells the peer where to connect, on one host or across
 //! hosts.
 //!
-//! Progress: each device has one thread running a current-thread tokio runtime; the
-//! listener, and every QP's requester and responder connection, are tasks on it. RDMA
-//! READ, WRITE and atomics complete without the target application doing anything.
+//! Threads: each device has a setup thread running a current-thread tokio runtime (the
+//! listener, connection setup and reconnection) and a progress thread for the data path
+//! ([`progress`](crate::progress)). RDMA READ, WRITE and atomics complete without the
+//! target application doing anything.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -25,6 +26,7 @@ use verbs_api::{
 };
 
 use crate::memory::MrTable;
+use crate::progress::Progress;
 use crate::qp::QpShared;
 
 /// Entries in the GID table.
@@ -48,10 +50,13 @@ pub struct DeviceShared {
     pub qps: Mutex<HashMap<u32, Weak<QpShared>>>,
     next_handle: AtomicU32,
     next_qpn: AtomicU32,
-    /// The progress runtime.
+    /// The runtime of the connection-setup tasks.
     pub rt: tokio::runtime::Handle,
+    /// The data path: established connections, timers, transmit scheduling.
+    pub progress: Arc<Progress>,
     shutdown: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    progress_thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 /// A protection domain.
@@ -89,7 +94,7 @@ impl DeviceShared {
         let handle = rt.handle().clone();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::Builder::new()
-            .name(format!("{name}-progress"))
+            .name(format!("{name}-setup"))
             .spawn(move || {
                 rt.block_on(async {
                     let _ = rx.await;
@@ -97,6 +102,12 @@ impl DeviceShared {
                 // Dropped here, outside any runtime context: cancels every task.
                 drop(rt);
             })
+            .map_err(os("spawn progress thread"))?;
+        let progress = Arc::new(Progress::new()?);
+        let p = progress.clone();
+        let progress_thread = std::thread::Builder::new()
+            .name(format!("{name}-progress"))
+            .spawn(move || p.run())
             .map_err(os("spawn progress thread"))?;
         let guid = 0x5349_4d00_0000_0000u64 | ((std::process::id() as u64) << 16) | index as u64;
         let attr = DeviceAttr {
@@ -139,8 +150,10 @@ impl DeviceShared {
             next_handle: AtomicU32::new(1),
             next_qpn: AtomicU32::new(0x100 + (rand::random::<u32>() & 0xf_ff00)),
             rt: handle,
+            progress,
             shutdown: Mutex::new(Some(tx)),
             thread: Mutex::new(Some(thread)),
+            progress_thread: Mutex::new(Some(progress_thread)),
         });
         crate::transport::spawn_listener(&dev, std_listener)?;
         tracing::debug!(device = name, %bound, "sim device open");
@@ -210,12 +223,17 @@ impl Drop for DeviceShared {
         if let Some(tx) = self.shutdown.lock().take() {
             let _ = tx.send(());
         }
-        if let Some(t) = self.thread.lock().take() {
-            // The last reference may go away on the progress thread itself (a task held
-            // it); that thread exits by itself once its runtime stops.
+        self.progress.shutdown();
+        // The last reference may go away on one of the device's own threads (a task or
+        // the progress loop held it); such a thread exits by itself.
+        for t in [self.thread.lock().take(), self.progress_thread.lock().take()]
+            .into_iter()
+            .flatten()
+        {
             if t.thread().id() != std::thread::current().id() {
                 let _ = t.join();
             }
         }
+        self.progress.close_all();
     }
 }

@@ -40,6 +40,7 @@ pub mod cq;
 pub mod device;
 pub mod engine;
 pub mod memory;
+pub mod progress;
 pub mod psn;
 pub mod qp;
 pub mod requester;
@@ -396,6 +397,12 @@ pub struct SimCq {
 
 impl CompletionQueue for SimCq {
     fn poll(&self, wc: &mut [WorkCompletion]) -> Result<usize> {
+        let n = self.cq.poll(wc)?;
+        if n > 0 || wc.is_empty() {
+            return Ok(n);
+        }
+        // Empty: drive the device's receive progress on this thread, then look again.
+        self.dev.progress.user_drive();
         self.cq.poll(wc)
     }
     fn req_notify(&self, solicited_only: bool) -> Result<()> {

@@ -25,6 +25,7 @@ use verbs_api::{
 
 use crate::cq::CqShared;
 use crate::device::{DeviceShared, PdShared, GID_TABLE_LEN};
+use crate::progress::Conn;
 use crate::requester::{PostCheck, ReqAttrs, Requester};
 use crate::responder::{RespAttrs, Responder};
 
@@ -44,6 +45,12 @@ pub struct QpInner {
     pub inbound_gen: u64,
     /// Where the peer device listens (from the address vector).
     pub remote: Option<SocketAddr>,
+    /// The requester's established connection.
+    pub out_conn: Option<Arc<Conn>>,
+    /// The responder's established connection.
+    pub in_conn: Option<Arc<Conn>>,
+    /// The deadline last pushed to the device's timer heap.
+    pub timer_at: Option<Instant>,
     send_wc: Vec<WorkCompletion>,
     recv_wc: Vec<(WorkCompletion, bool)>,
 }
@@ -66,12 +73,13 @@ pub struct QpShared {
     pub sq_sig_all: bool,
     /// Mutable state.
     pub inner: Mutex<QpInner>,
-    /// Doorbell of the requester task.
+    /// Wakes the requester's connection-setup task (work without a connection, a lost
+    /// connection, a state change).
     pub req_wake: Notify,
-    /// Wakes the responder task on state changes.
-    pub resp_wake: Notify,
     /// Set when the user destroyed the QP.
     pub destroyed: AtomicBool,
+    /// Set while the QP waits in the progress engine's transmit queue.
+    pub tx_queued: AtomicBool,
 }
 
 impl QpShared {
@@ -99,6 +107,9 @@ impl QpShared {
                 epoch: 0,
                 inbound_gen: 0,
                 remote: None,
+                out_conn: None,
+                in_conn: None,
+                timer_at: None,
                 send_wc: Vec::new(),
                 recv_wc: Vec::new(),
             }),
@@ -109,8 +120,15 @@ impl QpShared {
             cap,
             sq_sig_all,
             req_wake: Notify::new(),
-            resp_wake: Notify::new(),
             destroyed: AtomicBool::new(false),
+            tx_queued: AtomicBool::new(false),
+        }
+    }
+
+    /// Closes both connections (RESET, destroy).
+    fn close_conns(&self, g: &mut QpInner) {
+        for c in [g.out_conn.take(), g.in_conn.take()].into_iter().flatten() {
+            self.dev.progress.close(&c);
         }
     }
 
@@ -137,7 +155,6 @@ impl QpShared {
         resp.flush(recv_wc);
         self.deliver(g);
         self.req_wake.notify_one();
-        self.resp_wake.notify_one();
     }
 
     /// Pushes the completions gathered in `g` to the CQs. A CQ overflow moves the QP to
@@ -168,7 +185,6 @@ impl QpShared {
         req.flush(send_wc);
         resp.flush(recv_wc);
         self.req_wake.notify_one();
-        self.resp_wake.notify_one();
     }
 
     /// Scratch vectors for completions (requester, responder), used by the transport.
@@ -339,12 +355,13 @@ impl QpShared {
                 g.resp.reset();
                 g.epoch += 1;
                 g.remote = None;
+                g.timer_at = None;
+                self.close_conns(&mut g);
                 g.attr = QpAttr {
                     cap: self.cap,
                     ..Default::default()
                 };
                 self.req_wake.notify_one();
-                self.resp_wake.notify_one();
             }
             QpState::Err => {
                 self.enter_error(&mut g);
@@ -395,7 +412,7 @@ impl QpShared {
     }
 
     /// `ibv_post_send`.
-    pub fn post_send(&self, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
+    pub fn post_send(self: &Arc<Self>, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
         let mut g = self.inner.lock();
         let mut posted = false;
         let mut result = Ok(());
@@ -456,9 +473,14 @@ impl QpShared {
                 let QpInner { req, send_wc, .. } = &mut *g;
                 req.flush(send_wc);
                 self.deliver(&mut g);
-            } else {
+            } else if g.state == QpState::Rts {
+                let conn = g.out_conn.clone();
+                let idle = g.req.nothing_in_flight();
                 drop(g);
-                self.req_wake.notify_one();
+                match conn {
+                    Some(c) => self.dev.progress.kick(self, &c, idle),
+                    None => self.req_wake.notify_one(),
+                }
             }
         }
         result
@@ -522,9 +544,9 @@ impl QpShared {
         g.epoch += 1;
         g.req.reset();
         g.resp.reset();
+        self.close_conns(&mut g);
         drop(g);
         self.req_wake.notify_one();
-        self.resp_wake.notify_one();
     }
 
     /// Current time, in one place so tests can see where time enters.

@@ -196,6 +196,12 @@ impl Requester {
         self.sq.len()
     }
 
+    /// Whether nothing has been sent that is not yet complete: the connection is idle, so
+    /// a new WQE is latency-bound rather than part of a stream.
+    pub fn nothing_in_flight(&self) -> bool {
+        self.next == 0
+    }
+
     /// Whether a WQE waits to be sent (and may be, now or after a timer).
     pub fn has_unsent(&self) -> bool {
         self.next < self.sq.len()

@@ -1,19 +1,16 @@
-//! The TCP side of the sim (tokio + socket2): the device's listener, and per QP one
-//! outgoing connection for its requester and one incoming connection for its responder.
-//! Everything protocol-related happens in the sans-IO [`Requester`](crate::requester)
-//! and [`Responder`](crate::responder); this module only moves bytes and time.
+//! Connection setup for the sim (tokio + socket2): the device's listener, and for every
+//! QP one outgoing connection for its requester and one incoming connection for its
+//! responder. Once the hello exchange is done, the socket is handed to the device's
+//! [`progress`](crate::progress) engine, which runs the data path; this module only
+//! sets connections up and sets them up again when they break.
 //!
-//! - Connection setup: the requester of a QP in RTS with work to do connects to the
-//!   peer device (address from the QP's address vector) and says hello (its GID, LID and
-//!   QPN, and the QPN it wants). The device accepts only for a QP in RTR/RTS/SQD whose
-//!   destination QPN and address vector name exactly that peer. A refused or failed
-//!   connection counts like a lost packet: the requester's ACK timer runs, and
-//!   `retry_cnt` failed attempts end in `IBV_WC_RETRY_EXC_ERR`.
-//! - No lock is held across I/O: a task takes the QP's lock to process what it read or
-//!   to collect what to send, drops it, then reads or writes without blocking.
-//! - Back-pressure: the responder stops reading requests while its replies back up, the
-//!   requester stops building requests while its queue backs up; both always keep reading
-//!   the other direction, so two peers can never block each other.
+//! - The requester of a QP in RTS with work to do connects to the peer device (address
+//!   from the QP's address vector) and says hello (its GID, LID and QPN, and the QPN it
+//!   wants). The device accepts only for a QP in RTR/RTS/SQD whose destination QPN and
+//!   address vector name exactly that peer.
+//! - A refused or failed connection counts like a lost packet: the requester's ACK timer
+//!   runs (in the progress engine), and `retry_cnt` failed attempts end in
+//!   `IBV_WC_RETRY_EXC_ERR`. Between attempts the task backs off (1 ms doubling to 50 ms).
 
 use std::io;
 use std::os::fd::AsRawFd;
@@ -25,18 +22,13 @@ use tokio::net::TcpStream;
 use verbs_api::{QpState, Result};
 
 use crate::device::DeviceShared;
-use crate::engine::{drive_requester, drive_responder, Stop};
+use crate::progress::Dir;
 use crate::qp::QpShared;
 use crate::rx::{Event, Reader};
-use crate::tx::TxQueue;
 use crate::wire::{Frame, HelloReject};
 
 /// Bound on connecting and on the hello exchange.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(5);
-/// Stop producing frames while this many bytes wait to be written.
-const TX_HIGH: usize = 4 << 20;
-/// WQEs turned into frames per pass.
-const BUDGET: usize = 64;
 
 /// Starts accepting connections for `dev`.
 pub fn spawn_listener(dev: &Arc<DeviceShared>, listener: std::net::TcpListener) -> Result<()> {
@@ -160,147 +152,91 @@ async fn serve_inbound(dev: Weak<DeviceShared>, mut stream: TcpStream) -> io::Re
         Ok((epoch, gen)) => {
             send_frame(&mut stream, &Frame::HelloAck).await?;
             let qp = qp.expect("accepted QPs exist");
-            qp.resp_wake.notify_one();
-            responder_loop(qp, stream, reader, epoch, gen).await
-        }
-    }
-}
-
-async fn responder_loop(
-    qp: Arc<QpShared>,
-    stream: TcpStream,
-    mut reader: Reader,
-    epoch: u64,
-    gen: u64,
-) -> io::Result<()> {
-    let fd = stream.as_raw_fd();
-    let mut tx = TxQueue::new();
-    loop {
-        {
-            let mut g = qp.inner.lock();
-            if qp.is_stale(&g, epoch) || g.inbound_gen != gen {
-                return Ok(());
-            }
-            loop {
-                let accepting = matches!(g.state, QpState::Rtr | QpState::Rts | QpState::Sqd);
-                let (_, resp, _, rwc) = QpShared::scratch(&mut g);
-                let r = drive_responder(resp, accepting, &mut reader, &qp.dev.mrs, &mut tx, rwc, TX_HIGH);
-                match r {
-                    Ok(()) => {
-                        qp.deliver(&mut g);
-                        break;
-                    }
-                    Err(Stop::Fatal(status)) => {
-                        tracing::debug!(qpn = qp.qpn, ?status, "responder error: QP to ERR");
-                        qp.enter_error(&mut g);
-                    }
-                    Err(Stop::Protocol(msg)) => {
-                        qp.enter_error(&mut g);
-                        return Err(proto(msg));
-                    }
+            let sock = stream.into_std()?;
+            let progress = qp.dev.progress.clone();
+            let conn = progress.register(&qp, Dir::Responder, epoch, gen, sock, reader)?;
+            let old = {
+                let mut g = qp.inner.lock();
+                if qp.is_stale(&g, epoch) || g.inbound_gen != gen {
+                    drop(g);
+                    progress.close(&conn);
+                    return Ok(());
                 }
+                g.in_conn.replace(conn.clone())
+            };
+            if let Some(old) = old {
+                progress.close(&old);
             }
-        }
-        if !tx.is_empty() {
-            match stream.try_io(Interest::WRITABLE, || tx.write_to(fd)) {
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => return Err(e),
-            }
-        }
-        tokio::select! {
-            r = stream.readable(), if tx.pending() <= TX_HIGH => {
-                r?;
-                match stream.try_io(Interest::READABLE, || reader.fill(fd)) {
-                    Ok(0) => return Ok(()),
-                    Ok(_) => {}
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    Err(e) => return Err(e),
-                }
-            }
-            r = stream.writable(), if !tx.is_empty() => { r?; }
-            _ = qp.resp_wake.notified() => {}
+            progress.service(&conn);
+            Ok(())
         }
     }
 }
 
 // ---------------------------------------------------------------- requester side
 
-enum End {
-    /// The QP was reset, destroyed or moved to ERR: the task is done.
-    Stale,
-    /// The connection broke: reconnect and resend.
-    Lost(io::Error),
-}
-
 async fn requester_task(qp: Arc<QpShared>, epoch: u64) {
     let mut backoff = Duration::from_millis(1);
     loop {
-        let (remote, deadline, want) = {
-            let g = qp.inner.lock();
-            if qp.is_stale(&g, epoch) || g.state == QpState::Err {
-                return;
-            }
-            (
-                g.remote,
-                g.req.next_deadline(),
-                g.req.has_unsent() && g.state == QpState::Rts,
-            )
-        };
-        if !want {
-            wait_work(&qp, deadline).await;
-            continue;
-        }
-        let Some(remote) = remote else { return };
-        match connect(&qp, remote).await {
-            Ok((stream, reader)) => {
-                backoff = Duration::from_millis(1);
-                match run_requester(&qp, epoch, stream, reader).await {
-                    End::Stale => return,
-                    End::Lost(e) => {
-                        tracing::debug!(qpn = qp.qpn, "requester connection lost: {e}");
-                        qp.inner.lock().req.on_connection_lost();
+        // Wait until the QP needs a connection it does not have.
+        let remote = loop {
+            let notified = qp.req_wake.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let g = qp.inner.lock();
+                if qp.is_stale(&g, epoch) || g.state == QpState::Err {
+                    return;
+                }
+                if g.out_conn.is_none() && g.state == QpState::Rts && g.req.has_unsent() {
+                    match g.remote {
+                        Some(r) => break r,
+                        None => return,
                     }
                 }
             }
+            notified.await;
+        };
+        match connect(&qp, remote).await {
+            Ok((stream, reader)) => {
+                backoff = Duration::from_millis(1);
+                let progress = qp.dev.progress.clone();
+                let conn = match stream
+                    .into_std()
+                    .and_then(|s| progress.register(&qp, Dir::Requester, epoch, 0, s, reader))
+                {
+                    Ok(c) => c,
+                    Err(e) => {
+                        tracing::warn!(
+                            qpn = qp.qpn,
+                            "cannot hand the connection to the progress engine: {e}"
+                        );
+                        continue;
+                    }
+                };
+                {
+                    let mut g = qp.inner.lock();
+                    if qp.is_stale(&g, epoch) || g.state == QpState::Err {
+                        drop(g);
+                        progress.close(&conn);
+                        return;
+                    }
+                    g.out_conn = Some(conn.clone());
+                }
+                progress.service(&conn);
+            }
             Err(e) => {
                 tracing::debug!(qpn = qp.qpn, %remote, "connection attempt failed: {e}");
-                let deadline = {
+                {
+                    // Like a lost packet: the ACK timer runs and counts retries.
                     let mut g = qp.inner.lock();
                     g.req.arm_timer(QpShared::now());
-                    g.req.next_deadline()
-                };
-                tokio::select! {
-                    _ = tokio::time::sleep(backoff) => {}
-                    _ = sleep_until(deadline) => {}
+                    qp.dev.progress.rearm(&qp, &mut g);
                 }
-                on_timer(&qp);
+                tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_millis(50));
             }
         }
-    }
-}
-
-async fn sleep_until(deadline: Option<std::time::Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d.into()).await,
-        None => std::future::pending().await,
-    }
-}
-
-fn on_timer(qp: &QpShared) {
-    let mut g = qp.inner.lock();
-    let (req, _, swc, _) = QpShared::scratch(&mut g);
-    if req.on_timer(QpShared::now(), swc).is_err() {
-        qp.enter_error(&mut g);
-    }
-    qp.deliver(&mut g);
-}
-
-async fn wait_work(qp: &QpShared, deadline: Option<std::time::Instant>) {
-    tokio::select! {
-        _ = qp.req_wake.notified() => {}
-        _ = sleep_until(deadline) => on_timer(qp),
     }
 }
 
@@ -328,69 +264,5 @@ async fn connect(qp: &QpShared, remote: std::net::SocketAddr) -> io::Result<(Tcp
             format!("peer refused QP {dst_qpn:#x}: {reason:?}"),
         )),
         other => Err(proto(format!("expected hello answer, got {other}"))),
-    }
-}
-
-async fn run_requester(qp: &Arc<QpShared>, epoch: u64, stream: TcpStream, mut reader: Reader) -> End {
-    let fd = stream.as_raw_fd();
-    let mut tx = TxQueue::new();
-    let mut read_psn: Option<u32> = None;
-    loop {
-        let deadline = {
-            let mut g = qp.inner.lock();
-            if qp.is_stale(&g, epoch) || g.state == QpState::Err {
-                return End::Stale;
-            }
-            let now = QpShared::now();
-            let (req, _, swc, _) = QpShared::scratch(&mut g);
-            let r = drive_requester(req, &mut reader, now, swc, &mut read_psn);
-            match r {
-                Ok(()) => qp.deliver(&mut g),
-                Err(Stop::Fatal(_)) => qp.enter_error(&mut g),
-                Err(Stop::Protocol(msg)) => {
-                    tracing::warn!(qpn = qp.qpn, "{msg}");
-                    qp.enter_error(&mut g);
-                    return End::Stale;
-                }
-            }
-            if g.state == QpState::Err {
-                return End::Stale;
-            }
-            if tx.pending() < TX_HIGH && g.state == QpState::Rts {
-                let (req, _, swc, _) = QpShared::scratch(&mut g);
-                if req.poll_transmit(&qp.dev.mrs, now, &mut tx, BUDGET, swc).is_err() {
-                    qp.enter_error(&mut g);
-                }
-                qp.deliver(&mut g);
-            }
-            g.req.next_deadline()
-        };
-        if !tx.is_empty() {
-            match stream.try_io(Interest::WRITABLE, || tx.write_to(fd)) {
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => return End::Lost(e),
-            }
-        }
-        tokio::select! {
-            r = stream.readable() => {
-                if let Err(e) = r {
-                    return End::Lost(e);
-                }
-                match stream.try_io(Interest::READABLE, || reader.fill(fd)) {
-                    Ok(0) => return End::Lost(io::Error::new(io::ErrorKind::UnexpectedEof, "peer closed the connection")),
-                    Ok(_) => {}
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    Err(e) => return End::Lost(e),
-                }
-            }
-            r = stream.writable(), if !tx.is_empty() => {
-                if let Err(e) = r {
-                    return End::Lost(e);
-                }
-            }
-            _ = qp.req_wake.notified() => {}
-            _ = sleep_until(deadline) => on_timer(qp),
-        }
     }
 }
