@@ -381,6 +381,88 @@ fn psn_ahead_of_the_responder_ends_in_retry_exceeded() {
     assert_eq!(wc[0].status, WcStatus::RetryExcErr);
 }
 
+#[test]
+fn connection_lost_mid_payload_is_resent_and_delivered_once() {
+    let mut l = Link::new(7, 7, 10, 1);
+    let src = Link::mr(&l.a_mrs, 8192);
+    let dst = Link::mr(&l.b_mrs, 8192);
+    let data: Vec<u8> = (0..5000u32).map(|i| (i % 253) as u8).collect();
+    crate::memory::Seg {
+        mr: src.clone(),
+        offset: 0,
+        len: 5000,
+    }
+    .copy_in(0, &data);
+    l.resp.post(&RecvWr::new(9, &[sge(&dst, 0, 8192)])).unwrap();
+    l.req
+        .post(&SendWr::send(1, &[sge(&src, 0, 5000)]).signaled(), &l.a_mrs)
+        .unwrap();
+    // Deliver only the header and part of the payload, then break the connection.
+    l.req
+        .poll_transmit(&l.a_mrs, l.now, &mut l.a2b, 64, &mut l.send_wc)
+        .unwrap();
+    let mut bytes = Vec::new();
+    l.a2b.drain_into(&mut bytes);
+    l.rx_b.feed(&bytes[..2000]);
+    drive_responder(
+        &mut l.resp,
+        true,
+        &mut l.rx_b,
+        &l.b_mrs,
+        &mut l.b2a,
+        &mut l.recv_wc,
+        usize::MAX,
+    )
+    .unwrap();
+    assert!(l.take_recv().is_empty());
+    l.resp.connection_lost();
+    l.rx_b = Reader::new();
+    l.req.on_connection_lost();
+    // Reconnected: the requester resends; the receive is still there and is used once.
+    l.pump();
+    let s = l.take_send();
+    let r = l.take_recv();
+    assert_eq!((s.len(), s[0].status), (1, WcStatus::Success));
+    assert_eq!(r.len(), 1);
+    assert_eq!(
+        (r[0].wr_id, r[0].byte_len, r[0].status),
+        (9, 5000, WcStatus::Success)
+    );
+    let mut got = vec![0u8; 5000];
+    crate::memory::Seg {
+        mr: dst,
+        offset: 0,
+        len: 5000,
+    }
+    .copy_out(0, &mut got);
+    assert!(got == data);
+}
+
+#[test]
+fn forced_rnr_answers_rnr_despite_posted_receives() {
+    let mut l = Link::new(7, 7, 10, 1);
+    let src = Link::mr(&l.a_mrs, 64);
+    let dst = Link::mr(&l.b_mrs, 64);
+    l.resp.post(&RecvWr::new(9, &[sge(&dst, 0, 64)])).unwrap();
+    l.resp.force_rnr = 2;
+    l.req
+        .post(&SendWr::send(1, &[sge(&src, 0, 8)]).signaled(), &l.a_mrs)
+        .unwrap();
+    l.pump();
+    let first = l.sent_bytes;
+    l.at(l.now + rnr_timer(1));
+    assert_eq!(l.sent_bytes, 2 * first);
+    assert!(l.take_send().is_empty(), "still refused");
+    l.at(l.now + rnr_timer(1));
+    let s = l.take_send();
+    assert_eq!(
+        (s.len(), s[0].status),
+        (1, WcStatus::Success),
+        "third attempt goes through"
+    );
+    assert_eq!(l.take_recv().len(), 1);
+}
+
 /// One step of the random model check.
 #[derive(Clone, Debug)]
 enum Op {

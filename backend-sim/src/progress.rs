@@ -596,6 +596,7 @@ impl Progress {
             Dir::Responder => {
                 if g.in_conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
                     g.in_conn = None;
+                    g.resp.connection_lost();
                 }
             }
         }

@@ -45,6 +45,7 @@ struct RecvWqe {
 /// A receive consumed by a request whose payload is still arriving.
 struct InProgress {
     wr_id: u64,
+    sges: Vec<Sge>,
     opcode: WcOpcode,
     byte_len: u32,
     imm: Option<u32>,
@@ -87,6 +88,10 @@ pub struct Responder {
     ack_owed: Option<u32>,
     replay: VecDeque<(u32, u64)>,
     in_progress: Option<InProgress>,
+    /// PSN of the request whose payload is arriving (to roll back if it never does).
+    payload_psn: Option<u32>,
+    /// Fault injection: answer RNR to this many more SEND / WRITE_WITH_IMM requests.
+    pub force_rnr: u32,
     scratch: Vec<Seg>,
 }
 
@@ -107,6 +112,8 @@ impl Responder {
             ack_owed: None,
             replay: VecDeque::new(),
             in_progress: None,
+            payload_psn: None,
+            force_rnr: 0,
             scratch: Vec::new(),
         }
     }
@@ -214,6 +221,10 @@ impl Responder {
             Frame::Send {
                 len, imm, solicited, ..
             } => {
+                if self.force_rnr > 0 {
+                    self.force_rnr -= 1;
+                    return self.rnr(psn, tx);
+                }
                 let Some(w) = self.take_recv() else {
                     return self.rnr(psn, tx);
                 };
@@ -239,12 +250,13 @@ impl Responder {
                 trim(&mut segs, len as usize);
                 self.in_progress = Some(InProgress {
                     wr_id: w.wr_id,
+                    sges: w.sges,
                     opcode: WcOpcode::Recv,
                     byte_len: len,
                     imm,
                     solicited,
                 });
-                self.give_back(w);
+                self.payload_psn = Some(psn);
                 self.epsn = psn::add(psn, 1);
                 Ok(Incoming::Sink(segs))
             }
@@ -258,6 +270,10 @@ impl Responder {
             } => {
                 // Resources (a receive for the immediate) are checked before the rkey, as
                 // the responder state machines of rxe and the IBA do.
+                if imm.is_some() && self.force_rnr > 0 {
+                    self.force_rnr -= 1;
+                    return self.rnr(psn, tx);
+                }
                 if imm.is_some() && self.rq.is_empty() {
                     return self.rnr(psn, tx);
                 }
@@ -276,13 +292,14 @@ impl Responder {
                     let w = self.take_recv().expect("checked above");
                     self.in_progress = Some(InProgress {
                         wr_id: w.wr_id,
+                        sges: w.sges,
                         opcode: WcOpcode::RecvRdmaWithImm,
                         byte_len: len,
                         imm,
                         solicited,
                     });
-                    self.give_back(w);
                 }
+                self.payload_psn = Some(psn);
                 self.epsn = psn::add(psn, 1);
                 let mut segs = std::mem::take(&mut self.scratch);
                 segs.clear();
@@ -409,22 +426,50 @@ impl Responder {
         let mut sink = sink;
         sink.clear();
         self.scratch = sink;
+        self.payload_psn = None;
         if let Some(p) = self.in_progress.take() {
-            let mut wc = self.recv_completion(p.wr_id, WcStatus::Success);
-            wc.opcode = p.opcode;
-            wc.byte_len = p.byte_len;
-            if let Some(imm) = p.imm {
+            let InProgress {
+                wr_id,
+                sges,
+                opcode,
+                byte_len,
+                imm,
+                solicited,
+            } = p;
+            self.spare.push(RecvWqe { wr_id, sges });
+            let mut wc = self.recv_completion(wr_id, WcStatus::Success);
+            wc.opcode = opcode;
+            wc.byte_len = byte_len;
+            if let Some(imm) = imm {
                 wc.imm_data = imm;
                 wc.wc_flags |= WcFlags::WITH_IMM;
             }
-            out.push((wc, p.solicited));
+            out.push((wc, solicited));
         }
         self.ack_owed = Some(psn::add(self.epsn, verbs_api::PSN_MASK));
+    }
+
+    /// The connection broke in the middle of a request's payload: as an HCA that never
+    /// saw the last packet, forget the request (the requester resends it): the expected
+    /// PSN goes back and a receive it consumed returns to the head of the queue.
+    pub fn connection_lost(&mut self) {
+        if let Some(psn) = self.payload_psn.take() {
+            self.epsn = psn;
+            if let Some(p) = self.in_progress.take() {
+                self.rq.push_front(RecvWqe {
+                    wr_id: p.wr_id,
+                    sges: p.sges,
+                });
+            }
+        }
+        self.nak_psn = None;
+        self.ack_owed = None;
     }
 
     /// QP to ERR: every posted receive (and one consumed by a request still arriving)
     /// completes with `IBV_WC_WR_FLUSH_ERR`, in order.
     pub fn flush(&mut self, out: &mut Vec<(WorkCompletion, bool)>) {
+        self.payload_psn = None;
         if let Some(p) = self.in_progress.take() {
             out.push((self.recv_completion(p.wr_id, WcStatus::WrFlushErr), false));
         }
@@ -438,6 +483,8 @@ impl Responder {
     /// QP to RESET: receives are discarded without completions.
     pub fn reset(&mut self) {
         self.in_progress = None;
+        self.payload_psn = None;
+        self.force_rnr = 0;
         while let Some(w) = self.rq.pop_front() {
             self.spare.push(w);
         }

@@ -139,7 +139,10 @@ async fn serve_inbound(dev: Weak<DeviceShared>, mut stream: TcpStream) -> io::Re
             {
                 Err(HelloReject::WrongPeer)
             } else {
+                // A newer connection supersedes the old one: whatever arrived half on the
+                // old one is forgotten (the requester resends it).
                 g.inbound_gen += 1;
+                g.resp.connection_lost();
                 Ok((g.epoch, g.inbound_gen))
             }
         }
