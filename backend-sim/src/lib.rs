@@ -39,6 +39,7 @@
 pub mod cq;
 pub mod device;
 pub mod engine;
+pub mod faults;
 pub mod memory;
 pub mod progress;
 pub mod psn;
@@ -178,6 +179,11 @@ impl SimContext {
     /// The TCP address this device listens on.
     pub fn listen_addr(&self) -> SocketAddr {
         self.dev.listen
+    }
+
+    /// Fault injection on this device (see [`faults`]).
+    pub fn faults(&self) -> faults::Faults {
+        faults::Faults::new(&self.dev)
     }
 }
 

@@ -37,6 +37,7 @@ use parking_lot::Mutex;
 use verbs_api::QpState;
 
 use crate::engine::{drive_requester, drive_responder, Stop};
+use crate::faults::{BreakPoint, FaultCounters};
 use crate::qp::{QpInner, QpShared};
 use crate::rx::Reader;
 use crate::tx::TxQueue;
@@ -109,6 +110,15 @@ impl Ord for TimerEntry {
     }
 }
 
+/// What [`Progress::process`] did.
+enum Processed {
+    Ok,
+    /// The connection was closed.
+    Closed,
+    /// Fault injection: break the connection at this point of the request just built.
+    Break(BreakPoint),
+}
+
 /// The progress engine of one device.
 pub struct Progress {
     epfd: OwnedFd,
@@ -126,6 +136,8 @@ pub struct Progress {
     spin: Duration,
     /// Consecutive empty polls by application threads (rate limiting).
     idle_polls: AtomicU32,
+    /// Faults that fired on this device.
+    pub counters: FaultCounters,
 }
 
 fn os(call: &'static str) -> impl FnOnce(io::Error) -> verbs_api::Error {
@@ -167,6 +179,7 @@ impl Progress {
             user_until: AtomicU64::new(0),
             spin,
             idle_polls: AtomicU32::new(0),
+            counters: FaultCounters::default(),
         };
         p.ctl(
             libc::EPOLL_CTL_ADD,
@@ -414,13 +427,17 @@ impl Progress {
                 }
                 qp.deliver(&mut g);
                 self.rearm(&qp, &mut g);
-                g.out_conn.clone()
+                (g.out_conn.clone(), g.in_conn.clone())
             };
-            match conn {
+            match conn.0 {
                 Some(c) => {
                     self.service(&c);
                 }
                 None => qp.req_wake.notify_one(),
+            }
+            // A stalled responder or held responses may be due now.
+            if let Some(c) = conn.1 {
+                self.service(&c);
             }
         }
         work
@@ -449,7 +466,9 @@ impl Progress {
         let mut did = false;
         loop {
             let mut progressed = false;
-            let reading = conn.dir == Dir::Requester || io.tx.pending() <= TX_HIGH;
+            let faulty = conn.qp.fault_armed.load(Ordering::Acquire) && conn.dir == Dir::Responder;
+            let stalled = faulty && self.responder_stalled(conn);
+            let reading = !stalled && (conn.dir == Dir::Requester || io.tx.pending() <= TX_HIGH);
             if reading {
                 match io.reader.fill(fd) {
                     Ok(0) => {
@@ -465,16 +484,23 @@ impl Progress {
                     }
                 }
             }
-            let keep = {
+            let mut brk = None;
+            if !stalled {
                 let ConnIo {
                     reader, tx, read_psn, ..
                 } = &mut *io;
-                self.process(conn, reader, tx, read_psn)
-            };
-            if !keep {
+                match self.process(conn, reader, tx, read_psn) {
+                    Processed::Closed => return true,
+                    Processed::Break(p) => brk = Some(p),
+                    Processed::Ok => {}
+                }
+            }
+            if let Some(point) = brk {
+                self.break_now(conn, &mut io, point);
                 return true;
             }
-            if !io.tx.is_empty() {
+            let hold = faulty && self.responder_hold(conn, io.tx.is_empty());
+            if !io.tx.is_empty() && !hold {
                 match io.tx.write_to(fd) {
                     Ok(n) => progressed |= n > 0,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
@@ -484,15 +510,12 @@ impl Progress {
                     }
                 }
             }
-            let want = (if conn.dir == Dir::Requester || io.tx.pending() <= TX_HIGH {
-                libc::EPOLLIN as u32
-            } else {
-                0
-            }) | (if io.tx.is_empty() {
-                0
-            } else {
-                libc::EPOLLOUT as u32
-            });
+            let want = (if reading { libc::EPOLLIN as u32 } else { 0 })
+                | (if io.tx.is_empty() || hold {
+                    0
+                } else {
+                    libc::EPOLLOUT as u32
+                });
             if want != io.interest {
                 io.interest = want;
                 let _ = self.ctl(libc::EPOLL_CTL_MOD, fd, want, conn.token);
@@ -505,6 +528,81 @@ impl Progress {
         did
     }
 
+    /// Fault injection: whether the responder of `conn` is stalled now.
+    fn responder_stalled(&self, conn: &Arc<Conn>) -> bool {
+        let now = Instant::now();
+        let mut g = conn.qp.inner.lock();
+        let stalled = g.faults.stall_until.is_some_and(|t| now < t);
+        if !stalled {
+            g.faults.stall_until = None;
+        }
+        stalled
+    }
+
+    /// Fault injection: whether the responses queued on `conn` must wait (delay).
+    fn responder_hold(&self, conn: &Arc<Conn>, tx_empty: bool) -> bool {
+        let qp = &conn.qp;
+        let now = Instant::now();
+        let mut g = qp.inner.lock();
+        let f = &mut g.faults;
+        if f.delay.is_zero() {
+            return false;
+        }
+        match f.hold_until {
+            Some(t) if now < t => true,
+            Some(_) => {
+                f.hold_until = None;
+                false
+            }
+            None if !tx_empty => {
+                let t = now + f.delay;
+                f.hold_until = Some(t);
+                drop(g);
+                self.counters.delayed.fetch_add(1, Ordering::Relaxed);
+                self.arm_timer(qp, t);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Breaks a connection at `point` of the request just built (fault injection).
+    fn break_now(&self, conn: &Arc<Conn>, io: &mut ConnIo, point: BreakPoint) {
+        let fd = conn.sock.as_raw_fd();
+        let mut bytes = Vec::new();
+        io.tx.drain_into(&mut bytes);
+        let n = match point {
+            BreakPoint::BeforeRequest => 0,
+            BreakPoint::MidRequest => bytes.len() / 2,
+            BreakPoint::AfterRequest => bytes.len(),
+        };
+        let mut off = 0;
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while off < n && Instant::now() < deadline {
+            // SAFETY: sends bytes from a live Vec on our own socket.
+            let r = unsafe {
+                libc::send(
+                    fd,
+                    bytes[off..n].as_ptr().cast(),
+                    n - off,
+                    libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+                )
+            };
+            if r > 0 {
+                off += r as usize;
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        self.fault_break(conn);
+    }
+
+    /// Breaks a connection now (fault injection).
+    pub fn fault_break(&self, conn: &Arc<Conn>) {
+        self.counters.breaks.fetch_add(1, Ordering::Relaxed);
+        self.lost(conn, "fault injection");
+    }
+
     /// Hands buffered frames to the QP's state machines and collects what to send.
     /// Returns false if the connection was closed.
     fn process(
@@ -513,7 +611,7 @@ impl Progress {
         reader: &mut Reader,
         tx: &mut TxQueue,
         read_psn: &mut Option<u32>,
-    ) -> bool {
+    ) -> Processed {
         let qp = &conn.qp;
         let mut g = qp.inner.lock();
         let stale = qp.is_stale(&g, conn.epoch)
@@ -524,7 +622,7 @@ impl Progress {
         if stale {
             drop(g);
             self.close(conn);
-            return false;
+            return Processed::Closed;
         }
         match conn.dir {
             Dir::Responder => loop {
@@ -544,7 +642,7 @@ impl Progress {
                         qp.enter_error(&mut g);
                         drop(g);
                         self.close(conn);
-                        return false;
+                        return Processed::Closed;
                     }
                 }
             },
@@ -559,10 +657,22 @@ impl Progress {
                         qp.enter_error(&mut g);
                     }
                 }
+                let armed = qp.fault_armed.load(Ordering::Acquire);
+                if armed && g.faults.break_at == Some(BreakPoint::BeforeRequest) && g.req.has_unsent() {
+                    g.faults.break_at = None;
+                    return Processed::Break(BreakPoint::BeforeRequest);
+                }
                 if g.state == QpState::Rts && tx.pending() < TX_HIGH {
+                    let before = tx.pending();
                     let (req, _, swc, _) = QpShared::scratch(&mut g);
                     if req.poll_transmit(&qp.dev.mrs, now, tx, BUDGET, swc).is_err() {
                         qp.enter_error(&mut g);
+                    }
+                    if armed && tx.pending() > before {
+                        if let Some(p) = g.faults.break_at.take() {
+                            qp.deliver(&mut g);
+                            return Processed::Break(p);
+                        }
                     }
                 }
                 qp.deliver(&mut g);
@@ -571,11 +681,11 @@ impl Progress {
                     g.out_conn = None;
                     drop(g);
                     self.close(conn);
-                    return false;
+                    return Processed::Closed;
                 }
             }
         }
-        true
+        Processed::Ok
     }
 
     fn lost(&self, conn: &Arc<Conn>, why: &str) {

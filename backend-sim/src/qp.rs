@@ -25,6 +25,7 @@ use verbs_api::{
 
 use crate::cq::CqShared;
 use crate::device::{DeviceShared, PdShared, GID_TABLE_LEN};
+use crate::faults::QpFaults;
 use crate::progress::Conn;
 use crate::requester::{PostCheck, ReqAttrs, Requester};
 use crate::responder::{RespAttrs, Responder};
@@ -51,6 +52,8 @@ pub struct QpInner {
     pub in_conn: Option<Arc<Conn>>,
     /// The deadline last pushed to the device's timer heap.
     pub timer_at: Option<Instant>,
+    /// Armed fault injection.
+    pub faults: QpFaults,
     send_wc: Vec<WorkCompletion>,
     recv_wc: Vec<(WorkCompletion, bool)>,
 }
@@ -80,6 +83,8 @@ pub struct QpShared {
     pub destroyed: AtomicBool,
     /// Set while the QP waits in the progress engine's transmit queue.
     pub tx_queued: AtomicBool,
+    /// Set once any fault was armed on this QP (keeps the fault checks off the fast path).
+    pub fault_armed: AtomicBool,
 }
 
 impl QpShared {
@@ -110,6 +115,7 @@ impl QpShared {
                 out_conn: None,
                 in_conn: None,
                 timer_at: None,
+                faults: QpFaults::default(),
                 send_wc: Vec::new(),
                 recv_wc: Vec::new(),
             }),
@@ -122,6 +128,7 @@ impl QpShared {
             req_wake: Notify::new(),
             destroyed: AtomicBool::new(false),
             tx_queued: AtomicBool::new(false),
+            fault_armed: AtomicBool::new(false),
         }
     }
 

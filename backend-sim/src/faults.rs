@@ -1,0 +1,177 @@
+//! Fault injection for tests (the sim's own, and users'): break a QP's connection at a
+//! chosen point of a transfer, stall a responder, delay its responses, or make it answer
+//! RNR although receives are posted. Get a handle with
+//! [`SimContext::faults`](crate::SimContext::faults) and name the QP by its number.
+//!
+//! The sim then behaves as an HCA does when the fabric misbehaves: lost requests and
+//! responses are resent after the local ACK `timeout`, `retry_cnt` times, then the WR
+//! completes with `IBV_WC_RETRY_EXC_ERR`, the QP goes to ERR and the rest is flushed;
+//! resent requests are recognised as duplicates (a SEND is delivered once, an atomic runs
+//! once); RNR is retried per `rnr_retry`. Other QPs are not affected, every wait is
+//! bounded, and every signaled WR gets exactly one completion.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use verbs_api::{Error, Result};
+
+use crate::device::DeviceShared;
+use crate::qp::QpShared;
+
+/// Where, in the next request a QP sends, its connection breaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BreakPoint {
+    /// Before any byte of the request is written.
+    BeforeRequest,
+    /// After the request header and part of its payload were written.
+    MidRequest,
+    /// After the whole request was written, before its response arrives.
+    AfterRequest,
+}
+
+/// Faults armed on one QP (kept under its lock).
+#[derive(Clone, Debug, Default)]
+pub struct QpFaults {
+    /// Break the requester's connection at this point of the next request.
+    pub break_at: Option<BreakPoint>,
+    /// The responder processes nothing before this instant.
+    pub stall_until: Option<Instant>,
+    /// Every response waits this long before it is written.
+    pub delay: Duration,
+    /// Responses are held until this instant (set when a delayed response is queued).
+    pub hold_until: Option<Instant>,
+}
+
+/// How many faults fired.
+#[derive(Debug, Default)]
+pub struct FaultCounters {
+    /// Connections broken.
+    pub breaks: AtomicU64,
+    /// Responder stalls started.
+    pub stalls: AtomicU64,
+    /// Response batches held back.
+    pub delayed: AtomicU64,
+    /// RNR NAKs forced.
+    pub forced_rnr: AtomicU64,
+}
+
+/// A snapshot of [`FaultCounters`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FaultStats {
+    /// Connections broken.
+    pub breaks: u64,
+    /// Responder stalls started.
+    pub stalls: u64,
+    /// Response batches held back.
+    pub delayed: u64,
+    /// RNR NAKs forced (armed).
+    pub forced_rnr: u64,
+}
+
+/// Fault injection on one simulated device.
+#[derive(Clone)]
+pub struct Faults {
+    dev: Weak<DeviceShared>,
+}
+
+impl Faults {
+    pub(crate) fn new(dev: &Arc<DeviceShared>) -> Self {
+        Faults {
+            dev: Arc::downgrade(dev),
+        }
+    }
+
+    fn qp(&self, qpn: u32) -> Result<Arc<QpShared>> {
+        let dev = self
+            .dev
+            .upgrade()
+            .ok_or_else(|| Error::invalid("faults", "the device is closed"))?;
+        let qp = dev.qps.lock().get(&qpn).and_then(Weak::upgrade);
+        let qp =
+            qp.ok_or_else(|| Error::invalid("faults", format!("no QP {qpn:#x} on device {}", dev.name)))?;
+        qp.fault_armed.store(true, Ordering::Release);
+        Ok(qp)
+    }
+
+    /// Breaks the connection of QP `qpn`'s requester at `point` of its next request.
+    pub fn break_connection(&self, qpn: u32, point: BreakPoint) -> Result<()> {
+        let qp = self.qp(qpn)?;
+        qp.inner.lock().faults.break_at = Some(point);
+        qp.dev.progress.schedule(&qp);
+        Ok(())
+    }
+
+    /// Breaks every connection of QP `qpn` now (both directions).
+    pub fn drop_connections(&self, qpn: u32) -> Result<()> {
+        let qp = self.qp(qpn)?;
+        let conns = {
+            let g = qp.inner.lock();
+            [g.out_conn.clone(), g.in_conn.clone()]
+        };
+        for c in conns.into_iter().flatten() {
+            qp.dev.progress.fault_break(&c);
+        }
+        Ok(())
+    }
+
+    /// QP `qpn`'s responder processes nothing for `d` (requests wait in the socket).
+    pub fn stall_responder(&self, qpn: u32, d: Duration) -> Result<()> {
+        let qp = self.qp(qpn)?;
+        let until = Instant::now() + d;
+        qp.inner.lock().faults.stall_until = Some(until);
+        qp.dev.progress.counters.stalls.fetch_add(1, Ordering::Relaxed);
+        qp.dev.progress.arm_timer(&qp, until);
+        Ok(())
+    }
+
+    /// Every response of QP `qpn`'s responder is written `d` after it was produced
+    /// (`Duration::ZERO` turns this off).
+    pub fn delay_responses(&self, qpn: u32, d: Duration) -> Result<()> {
+        let qp = self.qp(qpn)?;
+        let mut g = qp.inner.lock();
+        g.faults.delay = d;
+        if d.is_zero() {
+            g.faults.hold_until = None;
+        }
+        Ok(())
+    }
+
+    /// QP `qpn`'s responder answers RNR to the next `n` SEND / RDMA_WRITE_WITH_IMM
+    /// requests, whether or not receives are posted.
+    pub fn force_rnr(&self, qpn: u32, n: u32) -> Result<()> {
+        let qp = self.qp(qpn)?;
+        qp.inner.lock().resp.force_rnr = n;
+        qp.dev
+            .progress
+            .counters
+            .forced_rnr
+            .fetch_add(n as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Disarms every fault of QP `qpn`.
+    pub fn clear(&self, qpn: u32) -> Result<()> {
+        let qp = self.qp(qpn)?;
+        let mut g = qp.inner.lock();
+        g.faults = QpFaults::default();
+        g.resp.force_rnr = 0;
+        drop(g);
+        qp.dev.progress.schedule(&qp);
+        Ok(())
+    }
+
+    /// How many faults fired on this device.
+    pub fn stats(&self) -> FaultStats {
+        let Some(dev) = self.dev.upgrade() else {
+            return FaultStats::default();
+        };
+        let c = &dev.progress.counters;
+        FaultStats {
+            breaks: c.breaks.load(Ordering::Relaxed),
+            stalls: c.stalls.load(Ordering::Relaxed),
+            delayed: c.delayed.load(Ordering::Relaxed),
+            forced_rnr: c.forced_rnr.load(Ordering::Relaxed),
+        }
+    }
+}

@@ -1,0 +1,295 @@
+//! Fault injection: with each fault the outcome is what an HCA does (retries per
+//! timeout/retry_cnt or rnr_retry, then the error, QP to ERR, the rest flushed), duplicates
+//! are not executed twice, other connections are unaffected, and every signaled WR gets
+//! exactly one completion.
+use std::time::{Duration, Instant};
+
+use backend_sim::faults::BreakPoint;
+use backend_sim::{SimBackend, SimContext, SimCq, SimPd, SimQp};
+use verbs_api::*;
+
+const T: Duration = Duration::from_secs(10);
+
+struct Pair {
+    a_ctx: SimContext,
+    b_ctx: SimContext,
+    pd_a: SimPd,
+    pd_b: SimPd,
+    cq_a: SimCq,
+    cq_b: SimCq,
+    a: SimQp,
+    b: SimQp,
+}
+
+/// A on sim0 (requester), B on sim1 (responder).
+fn pair(timeout: u8, retry_cnt: u8, rnr_retry: u8) -> Pair {
+    let sim = SimBackend::default();
+    let a_ctx = sim.open("sim0").unwrap();
+    let b_ctx = sim.open("sim1").unwrap();
+    let cap = QpCap {
+        max_send_wr: 64,
+        max_recv_wr: 64,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let pd_a = a_ctx.alloc_pd().unwrap();
+    let pd_b = b_ctx.alloc_pd().unwrap();
+    let cq_a = a_ctx.create_cq(256, None).unwrap();
+    let cq_b = b_ctx.create_cq(256, None).unwrap();
+    let a = pd_a.create_qp(&QpInitAttr::rc(&cq_a, &cq_a, cap)).unwrap();
+    let b = pd_b.create_qp(&QpInitAttr::rc(&cq_b, &cq_b, cap)).unwrap();
+    let pa = RcParams {
+        timeout,
+        retry_cnt,
+        rnr_retry,
+        ..RcParams::default()
+    };
+    let pb = RcParams {
+        min_rnr_timer: 1,
+        ..RcParams::default()
+    };
+    let ea = local_endpoint(&a_ctx, &a, &pa, 10).unwrap();
+    let eb = local_endpoint(&b_ctx, &b, &pb, 20).unwrap();
+    connect_rc(&a, &pa, ea.psn, &eb).unwrap();
+    connect_rc(&b, &pb, eb.psn, &ea).unwrap();
+    Pair {
+        a_ctx,
+        b_ctx,
+        pd_a,
+        pd_b,
+        cq_a,
+        cq_b,
+        a,
+        b,
+    }
+}
+
+fn nothing_more(cq: &SimCq) {
+    let extra = poll_quiet(cq, Duration::from_millis(100)).unwrap();
+    assert!(extra.is_empty(), "extra completions: {extra:?}");
+}
+
+fn send_survives(point: BreakPoint, len: usize) {
+    let p = pair(14, 7, 7);
+    let src = p.pd_a.reg_mr(len, AccessFlags::LOCAL_WRITE).unwrap();
+    let dst = p.pd_b.reg_mr(len, AccessFlags::LOCAL_WRITE).unwrap();
+    let data: Vec<u8> = (0..len as u32).map(|i| (i % 251) as u8).collect();
+    src.write(0, &data).unwrap();
+    // Warm the connection up, then break it on the next request.
+    p.b.post_recv(&[RecvWr::new(1, &[dst.sge(0, 8).unwrap()])])
+        .unwrap();
+    p.a.post_send(&[SendWr::send(1, &[src.sge(0, 8).unwrap()]).signaled()])
+        .unwrap();
+    poll_n(&p.cq_a, 1, T).unwrap();
+    poll_n(&p.cq_b, 1, T).unwrap();
+    p.a_ctx.faults().break_connection(p.a.qp_num(), point).unwrap();
+    p.b.post_recv(&[RecvWr::new(2, &[dst.sge_all()])]).unwrap();
+    p.a.post_send(&[SendWr::send(2, &[src.sge_all()]).signaled()])
+        .unwrap();
+    let s = poll_n(&p.cq_a, 1, T).unwrap();
+    let r = poll_n(&p.cq_b, 1, T).unwrap();
+    assert_eq!((s[0].wr_id, s[0].status), (2, WcStatus::Success), "{point:?}");
+    assert_eq!(
+        (r[0].wr_id, r[0].status, r[0].byte_len as usize),
+        (2, WcStatus::Success, len),
+        "{point:?}"
+    );
+    assert!(dst.to_vec() == data, "{point:?}: payload differs");
+    assert_eq!(p.a_ctx.faults().stats().breaks, 1);
+    nothing_more(&p.cq_a);
+    nothing_more(&p.cq_b);
+}
+
+#[test]
+fn connection_breaks_before_a_send() {
+    send_survives(BreakPoint::BeforeRequest, 4096);
+}
+
+#[test]
+fn connection_breaks_in_the_middle_of_a_send() {
+    send_survives(BreakPoint::MidRequest, 256 * 1024);
+}
+
+#[test]
+fn connection_breaks_after_a_send() {
+    send_survives(BreakPoint::AfterRequest, 4096);
+}
+
+#[test]
+fn atomic_resent_after_a_break_runs_once() {
+    let p = pair(14, 7, 7);
+    let word = p
+        .pd_b
+        .reg_mr(8, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC)
+        .unwrap();
+    let res = p.pd_a.reg_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
+    word.write_u64(0, 100).unwrap();
+    for i in 0..3u64 {
+        p.a_ctx
+            .faults()
+            .break_connection(p.a.qp_num(), BreakPoint::AfterRequest)
+            .unwrap();
+        p.a.post_send(&[SendWr::fetch_and_add(i, &[res.sge_all()], word.remote().at(0), 1).signaled()])
+            .unwrap();
+        let w = poll_n(&p.cq_a, 1, T).unwrap();
+        assert_eq!((w[0].wr_id, w[0].status), (i, WcStatus::Success));
+        assert_eq!(res.read_u64(0).unwrap(), 100 + i, "old value of add {i}");
+    }
+    assert_eq!(word.read_u64(0).unwrap(), 103, "each add ran exactly once");
+    assert_eq!(p.a_ctx.faults().stats().breaks, 3);
+}
+
+#[test]
+fn write_with_imm_resent_after_a_break_consumes_one_receive() {
+    let p = pair(14, 7, 7);
+    let dst = p
+        .pd_b
+        .reg_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+        .unwrap();
+    let src = p.pd_a.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    src.write(0, b"imm!").unwrap();
+    p.b.post_recv(&[RecvWr::new(1, &[]), RecvWr::new(2, &[])])
+        .unwrap();
+    p.a_ctx
+        .faults()
+        .break_connection(p.a.qp_num(), BreakPoint::AfterRequest)
+        .unwrap();
+    p.a.post_send(&[SendWr::write_with_imm(9, &[src.sge(0, 4).unwrap()], dst.remote().at(0), 77).signaled()])
+        .unwrap();
+    assert!(poll_n(&p.cq_a, 1, T).unwrap()[0].is_ok());
+    let r = poll_n(&p.cq_b, 1, T).unwrap();
+    assert_eq!((r[0].wr_id, r[0].imm()), (1, Some(77)));
+    nothing_more(&p.cq_b);
+}
+
+#[test]
+fn stalled_responder_exhausts_retries_and_leaves_other_qps_alone() {
+    let p = pair(10, 2, 7); // 4.2 ms x (1 + 2 retries)
+    let q = pair(10, 2, 7);
+    let dst = p
+        .pd_b
+        .reg_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+        .unwrap();
+    let src = p.pd_a.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    p.b_ctx
+        .faults()
+        .stall_responder(p.b.qp_num(), Duration::from_secs(2))
+        .unwrap();
+    let t0 = Instant::now();
+    p.a.post_send(&[
+        SendWr::write(1, &[src.sge(0, 8).unwrap()], dst.remote().at(0)).signaled(),
+        SendWr::write(2, &[src.sge(0, 8).unwrap()], dst.remote().at(8)).signaled(),
+    ])
+    .unwrap();
+    // Meanwhile another pair works normally.
+    let qd = q
+        .pd_b
+        .reg_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+        .unwrap();
+    let qs = q.pd_a.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    q.a.post_send(&[SendWr::write(5, &[qs.sge(0, 8).unwrap()], qd.remote().at(0)).signaled()])
+        .unwrap();
+    assert!(poll_n(&q.cq_a, 1, T).unwrap()[0].is_ok());
+    let w = poll_n(&p.cq_a, 2, T).unwrap();
+    assert_eq!((w[0].wr_id, w[0].status), (1, WcStatus::RetryExcErr));
+    assert_eq!((w[1].wr_id, w[1].status), (2, WcStatus::WrFlushErr));
+    let took = t0.elapsed();
+    assert!(
+        took >= local_ack(10) * 3,
+        "gave up after {took:?}, before 3 ACK timeouts"
+    );
+    assert!(
+        took < Duration::from_secs(2),
+        "waited for the stall to end ({took:?})"
+    );
+    assert_eq!(p.a.state().unwrap(), QpState::Err);
+    nothing_more(&p.cq_a);
+}
+
+fn local_ack(code: u8) -> Duration {
+    verbs_api::timers::local_ack_timeout(code).unwrap()
+}
+
+#[test]
+fn short_stall_is_ridden_out() {
+    let p = pair(14, 7, 7); // 67 ms timeout
+    let dst = p
+        .pd_b
+        .reg_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+        .unwrap();
+    let src = p.pd_a.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    src.write(0, b"12345678").unwrap();
+    p.b_ctx
+        .faults()
+        .stall_responder(p.b.qp_num(), Duration::from_millis(20))
+        .unwrap();
+    p.a.post_send(&[SendWr::write(1, &[src.sge(0, 8).unwrap()], dst.remote().at(0)).signaled()])
+        .unwrap();
+    let w = poll_n(&p.cq_a, 1, T).unwrap();
+    assert!(w[0].is_ok(), "{w:?}");
+    let mut b = [0u8; 8];
+    dst.read(0, &mut b).unwrap();
+    assert_eq!(&b, b"12345678");
+}
+
+#[test]
+fn delayed_responses_beyond_the_timeout_complete_once() {
+    let p = pair(10, 7, 7); // 4.2 ms timeout, responses 15 ms late: resends happen
+    let word = p
+        .pd_b
+        .reg_mr(8, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC)
+        .unwrap();
+    let res = p.pd_a.reg_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
+    p.b_ctx
+        .faults()
+        .delay_responses(p.b.qp_num(), Duration::from_millis(15))
+        .unwrap();
+    p.a.post_send(&[SendWr::fetch_and_add(1, &[res.sge_all()], word.remote().at(0), 5).signaled()])
+        .unwrap();
+    let w = poll_n(&p.cq_a, 1, T).unwrap();
+    assert!(w[0].is_ok(), "{w:?}");
+    assert_eq!(word.read_u64(0).unwrap(), 5, "the add ran once despite resends");
+    assert!(p.b_ctx.faults().stats().delayed >= 1);
+    nothing_more(&p.cq_a);
+}
+
+#[test]
+fn forced_rnr_follows_rnr_retry() {
+    let p = pair(14, 7, 2);
+    let dst = p.pd_b.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    let src = p.pd_a.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    p.b.post_recv(&[RecvWr::new(1, &[dst.sge_all()]), RecvWr::new(2, &[dst.sge_all()])])
+        .unwrap();
+    // Two forced refusals: rnr_retry 2 rides them out.
+    p.b_ctx.faults().force_rnr(p.b.qp_num(), 2).unwrap();
+    p.a.post_send(&[SendWr::send(1, &[src.sge(0, 8).unwrap()]).signaled()])
+        .unwrap();
+    assert!(poll_n(&p.cq_a, 1, T).unwrap()[0].is_ok());
+    assert_eq!(poll_n(&p.cq_b, 1, T).unwrap()[0].wr_id, 1);
+    // Three: one more than rnr_retry allows.
+    p.b_ctx.faults().force_rnr(p.b.qp_num(), 3).unwrap();
+    p.a.post_send(&[SendWr::send(2, &[src.sge(0, 8).unwrap()]).signaled()])
+        .unwrap();
+    let w = poll_n(&p.cq_a, 1, T).unwrap();
+    assert_eq!((w[0].wr_id, w[0].status), (2, WcStatus::RnrRetryExcErr));
+    assert_eq!(p.a.state().unwrap(), QpState::Err);
+}
+
+#[test]
+fn dropped_connections_are_set_up_again() {
+    let p = pair(14, 7, 7);
+    let dst = p
+        .pd_b
+        .reg_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+        .unwrap();
+    let src = p.pd_a.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    for i in 0..5u64 {
+        p.a.post_send(&[SendWr::write(i, &[src.sge(0, 8).unwrap()], dst.remote().at(0)).signaled()])
+            .unwrap();
+        assert!(poll_n(&p.cq_a, 1, T).unwrap()[0].is_ok(), "write {i}");
+        p.a_ctx.faults().drop_connections(p.a.qp_num()).unwrap();
+        p.b_ctx.faults().drop_connections(p.b.qp_num()).unwrap();
+    }
+    assert!(p.a_ctx.faults().stats().breaks >= 5);
+}
