@@ -1,0 +1,258 @@
+//! A hostile peer on a raw TCP socket: garbage, unknown QPs, and crafted frames from a
+//! peer that knows (or spoofs) a QP's expected endpoint. Memory outside the registered
+//! region stays untouched, only the attacked QP goes to ERR, and the device keeps
+//! serving other QPs.
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use backend_sim::wire::{Frame, MAX_HDR_LEN};
+use backend_sim::{SimBackend, SimContext};
+use verbs_api::*;
+
+fn frame(f: Frame) -> Vec<u8> {
+    let mut b = [0u8; MAX_HDR_LEN];
+    let n = f.encode(&mut b);
+    b[..n].to_vec()
+}
+
+fn hello(ctx: &SimContext, src_qpn: u32, dst_qpn: u32) -> Vec<u8> {
+    let gid = ctx.query_gid(1, 0).unwrap();
+    frame(Frame::Hello {
+        src_gid: gid.0,
+        src_lid: ctx.query_port(1).unwrap().lid,
+        src_qpn,
+        dst_qpn,
+    })
+}
+
+fn read_answer(s: &mut TcpStream) -> Option<Frame> {
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = vec![0u8; MAX_HDR_LEN];
+    let mut got = 0;
+    loop {
+        if let Ok(Some((f, _))) = Frame::decode(&buf[..got]) {
+            return Some(f);
+        }
+        match s.read(&mut buf[got..]) {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => got += n,
+        }
+    }
+}
+
+#[test]
+fn strangers_are_turned_away() {
+    let ctx = SimBackend::default().open("sim0").unwrap();
+    let addr = ctx.listen_addr();
+    // Garbage instead of a hello: the connection is closed.
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(&[0xff; 64]).unwrap();
+    assert!(read_answer(&mut s).is_none());
+    // A hello for a QP that does not exist.
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(&hello(&ctx, 5, 0x7777)).unwrap();
+    assert!(matches!(read_answer(&mut s), Some(Frame::HelloNak { .. })));
+    // A hello for a QP in RESET.
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(8, None).unwrap();
+    let cap = QpCap {
+        max_send_wr: 1,
+        max_recv_wr: 1,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let qp = pd.create_qp(&QpInitAttr::rc(&cq, &cq, cap)).unwrap();
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(&hello(&ctx, 5, qp.qp_num())).unwrap();
+    assert!(matches!(read_answer(&mut s), Some(Frame::HelloNak { .. })));
+}
+
+#[test]
+fn crafted_frames_never_touch_memory_outside_the_region() {
+    let ctx = SimBackend::default().open("sim0").unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(64, None).unwrap();
+    let cap = QpCap {
+        max_send_wr: 8,
+        max_recv_wr: 8,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    // The victim QP, connected to an endpoint the attacker then impersonates. Its region
+    // sits in the middle of a larger buffer whose guard zones must stay untouched.
+    let victim = pd.create_qp(&QpInitAttr::rc(&cq, &cq, cap)).unwrap();
+    let mut backing = vec![0xeeu8; 3 * 4096];
+    // SAFETY: `backing` outlives `mr` (dropped below) and is only read after that.
+    let mr = unsafe {
+        pd.reg_mr_raw(backing.as_mut_ptr().add(4096), 4096, AccessFlags::ALL)
+            .unwrap()
+    };
+    mr.fill(0);
+    let fake = Endpoint {
+        gid: ctx.query_gid(1, 0).unwrap(),
+        lid: ctx.query_port(1).unwrap().lid,
+        qpn: 0x4242,
+        psn: 0,
+    };
+    connect_rc(&victim, &RcParams::default(), 0, &fake).unwrap();
+    victim
+        .post_recv(&[RecvWr::new(1, &[mr.sge(0, 64).unwrap()])])
+        .unwrap();
+    let (rkey, base) = (mr.rkey(), mr.addr());
+    let mut s = TcpStream::connect(ctx.listen_addr()).unwrap();
+    s.write_all(&hello(&ctx, fake.qpn, victim.qp_num())).unwrap();
+    assert!(matches!(read_answer(&mut s), Some(Frame::HelloAck)));
+    let mut attack = Vec::new();
+    let w = |psn, addr: u64, rkey, len: u32| Frame::Write {
+        psn,
+        len,
+        addr,
+        rkey,
+        imm: None,
+        solicited: false,
+    };
+    // In order: writes just before and across both ends, a guessed rkey, a READ past the
+    // end, misaligned and out-of-range atomics, a huge length, a SEND larger than the receive.
+    attack.extend(frame(w(0, base - 8, rkey, 16)));
+    attack.extend([0xaa; 16]);
+    attack.extend(frame(w(0, base + 4090, rkey, 16)));
+    attack.extend([0xaa; 16]);
+    attack.extend(frame(w(0, base, rkey ^ 1, 16)));
+    attack.extend([0xaa; 16]);
+    attack.extend(frame(Frame::Read {
+        psn: 0,
+        len: 64,
+        addr: base + 4095,
+        rkey,
+    }));
+    attack.extend(frame(Frame::FetchAdd {
+        psn: 0,
+        addr: base + 4,
+        rkey,
+        add: 1,
+    }));
+    attack.extend(frame(Frame::CmpSwap {
+        psn: 0,
+        addr: base + 4096,
+        rkey,
+        compare: 0,
+        swap: 1,
+    }));
+    attack.extend(frame(w(0, base, rkey, 1 << 30)));
+    attack.extend(vec![0xaa; 1 << 16]); // then hang up, long before the claimed 1 GiB
+    let _ = s.write_all(&attack);
+    drop(s);
+    // A truncated frame and an unknown opcode on a second connection.
+    let mut s = TcpStream::connect(ctx.listen_addr()).unwrap();
+    s.write_all(&hello(&ctx, fake.qpn, victim.qp_num())).unwrap();
+    let _ = read_answer(&mut s);
+    let _ = s.write_all(&[0x11, 0, 0, 0, 0, 0]);
+    let _ = s.write_all(&[0x99; 32]);
+    drop(s);
+    std::thread::sleep(Duration::from_millis(200));
+    // The victim went to ERR on the first violation and flushed its receive.
+    assert_eq!(victim.state().unwrap(), QpState::Err);
+    let wc = poll_n(&cq, 1, Duration::from_secs(5)).unwrap();
+    assert_eq!((wc[0].wr_id, wc[0].status), (1, WcStatus::WrFlushErr));
+    drop(mr);
+    assert!(
+        backing[..4096].iter().all(|&b| b == 0xee),
+        "bytes before the region changed"
+    );
+    assert!(
+        backing[8192..].iter().all(|&b| b == 0xee),
+        "bytes after the region changed"
+    );
+    assert!(
+        backing[4096..8192].iter().all(|&b| b == 0),
+        "a refused WRITE changed the region"
+    );
+
+    // The device still serves good QPs.
+    let a = pd.create_qp(&QpInitAttr::rc(&cq, &cq, cap)).unwrap();
+    let b = pd.create_qp(&QpInitAttr::rc(&cq, &cq, cap)).unwrap();
+    let p = RcParams::default();
+    let ea = local_endpoint(&ctx, &a, &p, 1).unwrap();
+    let eb = local_endpoint(&ctx, &b, &p, 2).unwrap();
+    connect_rc(&a, &p, 1, &eb).unwrap();
+    connect_rc(&b, &p, 2, &ea).unwrap();
+    let good = pd.reg_mr(64, AccessFlags::ALL).unwrap();
+    a.post_send(&[SendWr::write(7, &[good.sge(0, 8).unwrap()], good.remote().at(8)).signaled()])
+        .unwrap();
+    let wc = poll_n(&cq, 1, Duration::from_secs(5)).unwrap();
+    assert_eq!((wc[0].wr_id, wc[0].status), (7, WcStatus::Success));
+}
+
+#[test]
+fn a_peer_that_floods_without_reading_is_bounded() {
+    // 2 KiB READ requests (whose responses are copied into the reply queue), never
+    // reading the responses: the responder stops reading once its replies back up, the
+    // kernel buffers fill, and the flooder is pushed back. Without that, 512 Ki requests
+    // would queue 1 GiB of replies.
+    let ctx = SimBackend::default().open("sim0").unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(8, None).unwrap();
+    let cap = QpCap {
+        max_send_wr: 1,
+        max_recv_wr: 1,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let victim = pd.create_qp(&QpInitAttr::rc(&cq, &cq, cap)).unwrap();
+    let mr = pd.reg_mr(1 << 20, AccessFlags::ALL).unwrap();
+    let fake = Endpoint {
+        gid: ctx.query_gid(1, 0).unwrap(),
+        lid: ctx.query_port(1).unwrap().lid,
+        qpn: 0x4343,
+        psn: 0,
+    };
+    connect_rc(&victim, &RcParams::default(), 0, &fake).unwrap();
+    let mut s = TcpStream::connect(ctx.listen_addr()).unwrap();
+    s.write_all(&hello(&ctx, fake.qpn, victim.qp_num())).unwrap();
+    assert!(matches!(read_answer(&mut s), Some(Frame::HelloAck)));
+    s.set_write_timeout(Some(Duration::from_millis(300))).unwrap();
+    let rss_before = rss_kib();
+    let total = 512 * 1024u32;
+    let mut sent = 0u32;
+    'flood: while sent < total {
+        let mut batch = Vec::with_capacity(1024 * 44);
+        for k in 0..1024 {
+            batch.extend(frame(Frame::Read {
+                psn: (sent + k) & 0xff_ffff,
+                len: 2048,
+                addr: mr.addr(),
+                rkey: mr.rkey(),
+            }));
+        }
+        if s.write_all(&batch).is_err() {
+            break 'flood; // pushed back: the responder stopped reading
+        }
+        sent += 1024;
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let grew = rss_kib().saturating_sub(rss_before);
+    eprintln!("flood: {sent} READ requests taken before back-pressure, RSS grew {grew} KiB");
+    assert!(
+        sent < total,
+        "all {total} requests were taken without back-pressure"
+    );
+    assert!(
+        grew < 64 * 1024,
+        "RSS grew by {grew} KiB after {sent} READ requests"
+    );
+    drop(s);
+    drop(victim);
+}
+
+fn rss_kib() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap();
+    s.lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
