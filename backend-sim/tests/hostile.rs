@@ -28,7 +28,7 @@ fn hello(ctx: &SimContext, src_qpn: u32, dst_qpn: u32) -> Vec<u8> {
 
 fn read_answer(s: &mut TcpStream) -> Option<Frame> {
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let mut buf = vec![0u8; MAX_HDR_LEN];
+    let mut buf = [0u8; MAX_HDR_LEN];
     let mut got = 0;
     loop {
         if let Ok(Some((f, _))) = Frame::decode(&buf[..got]) {
