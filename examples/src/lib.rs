@@ -1,1 +1,38 @@
-//! placeholder
+//! # examples: the RDMA communication model, runnable
+//!
+//! Binaries (each a `src/bin/*.rs`), all generic over `verbs_api::Backend` and run on
+//! the simulated HCA (`--backend sim`, the default) or on libibverbs
+//! (`--backend ibverbs`, built with `--features ibverbs`):
+//!
+//! - `kv-rpc`: a key-value store over SEND/RECV with pre-posted, batch-refilled receives,
+//!   and what happens when the receive queue runs dry (RNR NAK retries,
+//!   `IBV_WC_RNR_RETRY_EXC_ERR`).
+//! - `param-pool`: parameter vectors pulled with RDMA READ while their owner rewrites them;
+//!   a seqlock-style version word plus a checksum keeps torn vectors from being used.
+//! - `dist-lock`: a CMP_AND_SWP spinlock and a FETCH_AND_ADD ticket lock guarding a shared
+//!   counter that proves mutual exclusion.
+//! - `perf`: perftest-style latency and bandwidth (`send_lat`, `write_bw`, ...).
+//! - `devinfo`: `ibv_devinfo -v` for any backend.
+//!
+//! Each of the first three runs as `server` and `client` subcommands (separate processes,
+//! possibly on separate hosts) and as `demo`, which starts the server as a child process,
+//! runs the clients, checks the example's invariant and exits non-zero if it fails.
+//!
+//! This library holds what they share: command-line options and backend dispatch
+//! ([`cli`], [`with_backend!`]), connected QPs and the side channel ([`conn`]), bounded
+//! waits ([`wait`]), latency statistics ([`stats`]), demo child processes ([`child`]),
+//! errors ([`error`]) and the two small wire/memory formats ([`kv`], [`pool`]).
+
+pub mod child;
+pub mod cli;
+pub mod conn;
+pub mod error;
+pub mod kv;
+pub mod pool;
+pub mod stats;
+pub mod wait;
+
+pub use error::{report, Error, Res, ResultExt};
+
+#[cfg(feature = "ibverbs")]
+pub use backend_ibverbs::IbvBackend;

@@ -1,0 +1,192 @@
+//! Connected RC queue pairs on top of `verbs_api::cm`: create a CQ and a QP with the
+//! capacities an example needs, accept or connect with clear error messages, and use the
+//! TCP side channel that `cm` leaves open (`Peer::stream`) for small out-of-band messages:
+//! a start signal, "I am done", a final result.
+//!
+//! A server that must have receives in place before its peer can send moves the QP to
+//! INIT ([`verbs_api::modify_to_init`]), posts them, and only then accepts.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+use verbs_api::cm::{self, CmListener, Offer, Peer};
+use verbs_api::{Backend, Context, ProtectionDomain, QpCap, QpInitAttr, QueuePair, RcParams};
+
+use crate::error::{Res, ResultExt};
+
+/// Queue sizes of a QP.
+#[derive(Clone, Copy, Debug)]
+pub struct QpOpts {
+    /// Outstanding send WRs.
+    pub send_wr: u32,
+    /// Outstanding receive WRs.
+    pub recv_wr: u32,
+    /// Inline bytes asked for (granted up to the device's limit; see [`RcQp::cap`]).
+    pub inline: u32,
+}
+
+impl QpOpts {
+    /// `send_wr` sends and `recv_wr` receives, no inline data.
+    pub fn new(send_wr: u32, recv_wr: u32) -> Self {
+        QpOpts {
+            send_wr: send_wr.max(1),
+            recv_wr: recv_wr.max(1),
+            inline: 0,
+        }
+    }
+
+    /// Asks for `bytes` of inline data.
+    pub fn inline(mut self, bytes: u32) -> Self {
+        self.inline = bytes;
+        self
+    }
+
+    /// CQ entries enough for every WR of one such QP.
+    pub fn cqe(&self) -> u32 {
+        self.send_wr + self.recv_wr
+    }
+}
+
+/// An RC QP and the CQ it reports to (send and receive completions on the same CQ).
+pub struct RcQp<B: Backend> {
+    /// The CQ.
+    pub cq: B::Cq,
+    /// The QP (in RESET until connected).
+    pub qp: B::Qp,
+    /// The capacities granted.
+    pub cap: QpCap,
+}
+
+/// Creates a QP on `cq` (for both queues) with the sizes of `opts`; the inline size is
+/// capped at what the device offers.
+pub fn create_qp_on<B: Backend>(
+    ctx: &B::Context,
+    pd: &B::Pd,
+    cq: &B::Cq,
+    opts: &QpOpts,
+) -> Res<(B::Qp, QpCap)> {
+    let caps = ctx.capabilities().context("querying the device's capabilities")?;
+    let cap = QpCap {
+        max_send_wr: opts.send_wr.min(caps.max_qp_wr.max(1)),
+        max_recv_wr: opts.recv_wr.min(caps.max_qp_wr.max(1)),
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: opts.inline.min(caps.max_inline_data),
+    };
+    let qp = pd
+        .create_qp(&QpInitAttr::rc(cq, cq, cap))
+        .with_context(|| format!("creating an RC QP ({cap:?})"))?;
+    let granted = qp.query().context("querying the new QP")?.cap;
+    Ok((qp, granted))
+}
+
+/// Creates a CQ big enough for the QP and the QP on it.
+pub fn create_rc<B: Backend>(ctx: &B::Context, pd: &B::Pd, opts: &QpOpts) -> Res<RcQp<B>> {
+    let cq = ctx
+        .create_cq(opts.cqe(), None)
+        .with_context(|| format!("creating a CQ of {} entries", opts.cqe()))?;
+    let (qp, cap) = create_qp_on::<B>(ctx, pd, &cq, opts)?;
+    Ok(RcQp { cq, qp, cap })
+}
+
+/// Accepts one client on `listener` and brings `qp` to RTS towards it.
+pub fn accept<C: Context, Q: QueuePair>(
+    listener: &CmListener,
+    ctx: &C,
+    qp: &Q,
+    params: &RcParams,
+    offer: Offer,
+    timeout: Duration,
+) -> Res<Peer> {
+    let addr = listener.local_addr()?;
+    listener
+        .accept(ctx, qp, params, &offer.timeout(timeout))
+        .with_context(|| format!("accepting a client on {addr}"))
+}
+
+/// Connects `qp` to the server at `addr`.
+pub fn connect<C: Context, Q: QueuePair>(
+    addr: impl ToSocketAddrs + std::fmt::Display,
+    ctx: &C,
+    qp: &Q,
+    params: &RcParams,
+    offer: Offer,
+    timeout: Duration,
+) -> Res<Peer> {
+    cm::connect(&addr, ctx, qp, params, &offer.timeout(timeout)).with_context(|| {
+        format!("connecting to the server at {addr} (is it running, and with the same --backend?)")
+    })
+}
+
+/// Binds the connection listener, with a helpful message when the port is taken.
+pub fn listen(addr: &str) -> Res<CmListener> {
+    CmListener::bind(addr).with_context(|| {
+        format!("listening on {addr} (another server running? use --listen 0.0.0.0:0 for a free port)")
+    })
+}
+
+/// Parses `host:port`, `:port` or `port` (host defaults to 127.0.0.1).
+pub fn parse_addr(s: &str) -> Res<SocketAddr> {
+    let full = if s.parse::<u16>().is_ok() {
+        format!("127.0.0.1:{s}")
+    } else if let Some(p) = s.strip_prefix(':') {
+        format!("127.0.0.1:{p}")
+    } else {
+        s.to_string()
+    };
+    full.to_socket_addrs()
+        .with_context(|| format!("resolving {s:?}"))?
+        .next()
+        .ok_or_else(|| format!("{s:?} resolves to no address").into())
+}
+
+/// Writes a length-prefixed message on the side channel.
+pub fn send_msg(stream: &mut TcpStream, msg: &[u8]) -> Res<()> {
+    let mut b = (msg.len() as u32).to_be_bytes().to_vec();
+    b.extend_from_slice(msg);
+    stream.write_all(&b).context("writing to the side channel")
+}
+
+/// Reads a length-prefixed message from the side channel, waiting at most `timeout`.
+pub fn recv_msg(stream: &mut TcpStream, timeout: Duration) -> Res<Vec<u8>> {
+    let deadline = Instant::now() + timeout;
+    let mut len = [0u8; 4];
+    read_exact_by(stream, &mut len, deadline)?;
+    let len = u32::from_be_bytes(len) as usize;
+    if len > 1 << 20 {
+        crate::bail!("side channel: a {len}-byte message is not from this program");
+    }
+    let mut msg = vec![0u8; len];
+    read_exact_by(stream, &mut msg, deadline)?;
+    Ok(msg)
+}
+
+fn read_exact_by(stream: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> Res<()> {
+    let left = deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1));
+    stream.set_read_timeout(Some(left)).context("setsockopt")?;
+    stream.read_exact(buf).map_err(|e| match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+            "timed out waiting for the peer on the side channel".into()
+        }
+        std::io::ErrorKind::UnexpectedEof => "the peer closed the side channel".into(),
+        _ => crate::Error::from(format!("side channel: {e}")),
+    })
+}
+
+/// Whether the peer has closed the side channel (or sent anything: both mean "done"),
+/// without blocking.
+pub fn peer_done(stream: &mut TcpStream) -> Res<bool> {
+    stream.set_nonblocking(true).context("fcntl")?;
+    let mut b = [0u8; 64];
+    let r = stream.read(&mut b);
+    stream.set_nonblocking(false).context("fcntl")?;
+    match r {
+        Ok(_) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(false),
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => Ok(true),
+        Err(e) => Err(format!("side channel: {e}").into()),
+    }
+}

@@ -1,0 +1,259 @@
+//! Runs every example's demo (and perf, devinfo) on the sim through the built binaries,
+//! with small sizes, and checks the exit status and the key lines of the output. Each run
+//! is bounded: a hung demo fails its test instead of hanging `cargo test`.
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+struct Out {
+    ok: bool,
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl std::fmt::Debug for Out {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "exit {:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            self.code, self.stdout, self.stderr
+        )
+    }
+}
+
+fn run(bin: &str, args: &[&str]) -> Out {
+    let limit = Duration::from_secs(60);
+    let mut child = Command::new(bin)
+        .args(args)
+        .env_remove("RDMA_SIM_LISTEN")
+        .env_remove("RDMA_SIM_DEVICES")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {bin}: {e}"));
+    let mut so = child.stdout.take().unwrap();
+    let mut se = child.stderr.take().unwrap();
+    let t1 = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = so.read_to_string(&mut s);
+        s
+    });
+    let t2 = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = se.read_to_string(&mut s);
+        s
+    });
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{bin} {args:?} did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    Out {
+        ok: status.success(),
+        code: status.code(),
+        stdout: t1.join().unwrap(),
+        stderr: t2.join().unwrap(),
+    }
+}
+
+fn ok(bin: &str, args: &[&str]) -> Out {
+    let o = run(bin, args);
+    assert!(o.ok, "{bin} {args:?} failed:\n{o:?}");
+    o
+}
+
+fn has(o: &Out, text: &str) {
+    assert!(o.stdout.contains(text), "missing {text:?} in:\n{o:?}");
+}
+
+const KV: &str = env!("CARGO_BIN_EXE_kv-rpc");
+const POOL: &str = env!("CARGO_BIN_EXE_param-pool");
+const LOCK: &str = env!("CARGO_BIN_EXE_dist-lock");
+const PERF: &str = env!("CARGO_BIN_EXE_perf");
+const DEVINFO: &str = env!("CARGO_BIN_EXE_devinfo");
+
+#[test]
+fn kv_rpc_demo_checks_every_answer() {
+    let o = ok(KV, &["demo", "--keys", "200", "--clients", "2"]);
+    has(&o, "demo: OK: all 1400 answers checked");
+    has(&o, "wrong answers: 0");
+    has(&o, "ops/s");
+    has(&o, "p99.9");
+    has(&o, "receive queue ran dry 0 times");
+}
+
+#[test]
+fn kv_rpc_no_refill_rnr_retry_0_shows_rnr_retry_exc_err() {
+    let o = ok(KV, &["demo", "--no-refill", "--rnr-retry", "0", "--keys", "200"]);
+    has(&o, "IBV_WC_RNR_RETRY_EXC_ERR");
+    has(&o, "IBV_WC_WR_FLUSH_ERR");
+    has(&o, "demo: OK: expected outcome observed");
+}
+
+#[test]
+fn kv_rpc_no_refill_with_retries_completes_slowly() {
+    let o = ok(
+        KV,
+        &[
+            "demo",
+            "--no-refill",
+            "--tick-ms",
+            "20",
+            "--keys",
+            "100",
+            "--clients",
+            "1",
+        ],
+    );
+    has(&o, "demo: OK: all 350 answers checked");
+    assert!(
+        o.stdout.contains("SENDs arriving meanwhile got RNR NAKs"),
+        "the receive queue should have run dry:\n{o:?}"
+    );
+}
+
+#[test]
+fn param_pool_demo_uses_no_torn_vector() {
+    let o = ok(
+        POOL,
+        &["demo", "--duration-ms", "500", "--vectors", "4", "--dim", "512"],
+    );
+    has(&o, "torn vectors used: 0");
+    has(&o, "OK: every one of the");
+    has(&o, "reads/s");
+}
+
+#[test]
+fn dist_lock_cas_two_processes_two_threads() {
+    let o = ok(
+        LOCK,
+        &[
+            "demo",
+            "--mode",
+            "cas",
+            "--procs",
+            "2",
+            "--threads",
+            "2",
+            "--iters",
+            "50",
+        ],
+    );
+    has(&o, "demo: OK: cas lock: counter = 200 = 2 x 2 x 50");
+    has(&o, "acq/s");
+}
+
+#[test]
+fn dist_lock_ticket_two_processes_two_threads() {
+    let o = ok(
+        LOCK,
+        &[
+            "demo",
+            "--mode",
+            "ticket",
+            "--procs",
+            "2",
+            "--threads",
+            "2",
+            "--iters",
+            "50",
+        ],
+    );
+    has(&o, "demo: OK: ticket lock: counter = 200 = 2 x 2 x 50");
+    has(&o, "next_ticket=200 now_serving=200");
+}
+
+#[test]
+fn perf_send_lat() {
+    let o = ok(PERF, &["send_lat", "-n", "200"]);
+    has(&o, "Send Latency Test");
+    has(&o, "t_typical[usec]");
+    let row = o
+        .stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("2 "))
+        .unwrap_or_else(|| panic!("no row for 2 bytes:\n{o:?}"));
+    let cols: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cols.len(), 9, "{row}");
+    assert_eq!(cols[1], "200");
+    let typical: f64 = cols[4].parse().unwrap();
+    assert!(typical > 0.0, "{row}");
+}
+
+#[test]
+fn perf_write_bw() {
+    let o = ok(PERF, &["write_bw", "-n", "200", "-s", "65536", "-F"]);
+    has(&o, "RDMA_Write BW Test");
+    has(&o, "BW average[MB/sec]");
+    let row = o
+        .stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("65536 "))
+        .unwrap_or_else(|| panic!("no row for 65536 bytes:\n{o:?}"));
+    let cols: Vec<f64> = row.split_whitespace().map(|c| c.parse().unwrap()).collect();
+    assert_eq!(cols[1], 200.0);
+    assert!(cols[3] > 0.0 && cols[2] >= cols[3], "peak >= average > 0: {row}");
+}
+
+#[test]
+fn perf_json_rows_parse() {
+    for (args, test, size) in [
+        (
+            &["write_bw", "-n", "200", "-s", "65536", "--json"][..],
+            "write_bw",
+            65536,
+        ),
+        (&["read_lat", "-n", "100", "--json"][..], "read_lat", 2),
+        (&["atomic_bw", "-n", "200", "--json"][..], "atomic_bw", 8),
+    ] {
+        let o = ok(PERF, args);
+        let rows: Vec<serde_json::Value> = o
+            .stdout
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}\n{o:?}")))
+            .collect();
+        assert_eq!(rows.len(), 1, "{o:?}");
+        let r = &rows[0];
+        assert_eq!(r["test"], test);
+        assert_eq!(r["size"], size);
+        assert_eq!(r["iters"], args[2].parse::<u64>().unwrap());
+        for k in [
+            "t_typical_us",
+            "t_avg_us",
+            "t_p99_us",
+            "bw_avg_MBps",
+            "msg_rate_Mpps",
+        ] {
+            assert!(r[k].as_f64().is_some_and(|v| v > 0.0), "{k} in {r}");
+        }
+    }
+}
+
+#[test]
+fn devinfo_lists_sim_devices() {
+    let o = ok(DEVINFO, &[]);
+    has(&o, "hca_id:\tsim0");
+    has(&o, "hca_id:\tsim1");
+    has(&o, "atomic_cap:\t\t\tATOMIC_HCA (1)");
+    has(&o, "GID[  0]:");
+    has(&o, "verbs-api capabilities:");
+}
+
+#[cfg(not(feature = "ibverbs"))]
+#[test]
+fn ibverbs_without_the_feature_is_a_clear_error() {
+    let o = run(DEVINFO, &["--backend", "ibverbs"]);
+    assert!(!o.ok);
+    assert!(o.stderr.contains("built without the ibverbs backend"), "{o:?}");
+    assert!(o.stderr.contains("--features ibverbs"), "{o:?}");
+}
