@@ -206,6 +206,18 @@ impl Seg {
         debug_assert!(at + src.len() <= self.len);
         let n = src.len().min(self.len.saturating_sub(at));
         self.with_ptr(|p| {
+            // SAFETY: `at + n <= len`, inside the pinned range.
+            let dst = unsafe { p.add(at) };
+            if n == 8 && dst as usize % 8 == 0 {
+                // An aligned word: one atomic store, so it never tears against atomics
+                // or against the application's `read_u64`.
+                let mut w = [0u8; 8];
+                w.copy_from_slice(&src[..8]);
+                // SAFETY: aligned, in bounds, pinned; every access to aligned words of a
+                // region by the sim is atomic.
+                unsafe { AtomicU64::from_ptr(dst.cast()) }.store(u64::from_ne_bytes(w), Ordering::SeqCst);
+                return;
+            }
             // SAFETY: `at + n <= len` (clamped above), so the destination lies inside the
             // pinned range; `src` is ordinary memory distinct from the region.
             unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), p.add(at), n) }
@@ -218,6 +230,15 @@ impl Seg {
         let n = dst.len().min(self.len.saturating_sub(at));
         let ok = self
             .with_ptr(|p| {
+                // SAFETY: `at + n <= len`, inside the pinned range.
+                let src = unsafe { p.add(at) };
+                if n == 8 && src as usize % 8 == 0 {
+                    // An aligned word: one atomic load (see `copy_in`).
+                    // SAFETY: aligned, in bounds, pinned.
+                    let v = unsafe { AtomicU64::from_ptr(src.cast()) }.load(Ordering::SeqCst);
+                    dst[..8].copy_from_slice(&v.to_ne_bytes());
+                    return;
+                }
                 // SAFETY: as in `copy_in`, in the other direction.
                 unsafe { std::ptr::copy_nonoverlapping(p.add(at), dst.as_mut_ptr(), n) }
             })

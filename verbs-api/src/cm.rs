@@ -84,6 +84,8 @@ impl Offer {
 /// What the peer sent; the TCP side channel stays open in `stream` (drop it to close).
 #[derive(Debug)]
 pub struct Peer {
+    /// This side's endpoint as sent to the peer (its `psn` is the QP's first send PSN).
+    pub local: Endpoint,
     /// The peer QP's endpoint.
     pub endpoint: Endpoint,
     /// The peer's remote-memory descriptors.
@@ -178,7 +180,7 @@ fn accept_within(l: &TcpListener, timeout: Duration) -> Result<(TcpStream, Socke
             Ok(x) => break Ok(x),
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 if Instant::now() >= deadline {
-                    break Err(Error::Timeout(timeout));
+                    break Err(Error::timeout(timeout, "no client connected"));
                 }
                 std::thread::sleep(Duration::from_millis(2));
             }
@@ -232,6 +234,7 @@ fn setup<C: Context, Q: QueuePair>(
     let _ = stream.set_read_timeout(None);
     let _ = stream.set_write_timeout(None);
     Ok(Peer {
+        local: me,
         endpoint: peer.0,
         mrs: peer.1,
         private_data: peer.2,
@@ -363,10 +366,11 @@ fn io_err(e: std::io::Error, deadline: Instant) -> Error {
         | std::io::ErrorKind::BrokenPipe => {
             Error::Transport("the peer closed the connection during the setup exchange".into())
         }
-        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => Error::Timeout(
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => Error::timeout(
             deadline
                 .saturating_duration_since(Instant::now())
                 .max(Duration::from_millis(1)),
+            "the peer did not answer during the setup exchange",
         ),
         _ => Error::Os {
             call: "connection setup",
@@ -378,7 +382,10 @@ fn io_err(e: std::io::Error, deadline: Instant) -> Error {
 fn arm(stream: &TcpStream, deadline: Instant) -> Result<()> {
     let left = deadline.saturating_duration_since(Instant::now());
     if left.is_zero() {
-        return Err(Error::Timeout(Duration::ZERO));
+        return Err(Error::timeout(
+            Duration::ZERO,
+            "the setup exchange ran out of time",
+        ));
     }
     stream
         .set_read_timeout(Some(left))
@@ -420,6 +427,8 @@ mod nonblocking {
     /// What the peer sent, with the side channel as a tokio stream.
     #[derive(Debug)]
     pub struct AsyncPeer {
+        /// This side's endpoint as sent to the peer.
+        pub local: Endpoint,
         /// The peer QP's endpoint.
         pub endpoint: Endpoint,
         /// The peer's remote-memory descriptors.
@@ -471,7 +480,7 @@ mod nonblocking {
                 setup_async(stream, ctx, qp, params, offer, false).await
             })
             .await
-            .map_err(|_| Error::Timeout(timeout))?
+            .map_err(|_| Error::timeout(timeout, "no client completed the connection setup"))?
         }
     }
 
@@ -492,7 +501,7 @@ mod nonblocking {
             setup_async(stream, ctx, qp, params, offer, true).await
         })
         .await
-        .map_err(|_| Error::Timeout(timeout))?
+        .map_err(|_| Error::timeout(timeout, "the connection setup with the server did not finish"))?
     }
 
     fn aio_err(e: std::io::Error) -> Error {
@@ -556,6 +565,7 @@ mod nonblocking {
             )));
         }
         Ok(AsyncPeer {
+            local: me,
             endpoint: peer.0,
             mrs: peer.1,
             private_data: peer.2,

@@ -167,8 +167,13 @@ pub enum Error {
     #[error("transport: {0}")]
     Transport(String),
     /// A wait did not finish within its bound.
-    #[error("timed out after {0:?}")]
-    Timeout(std::time::Duration),
+    #[error("timed out after {after:?}{}", if what.is_empty() { String::new() } else { format!(": {what}") })]
+    Timeout {
+        /// The bound.
+        after: std::time::Duration,
+        /// What was being waited for, and how far it got.
+        what: String,
+    },
 }
 
 impl Error {
@@ -188,7 +193,7 @@ impl Error {
             Error::NoDevice { .. } | Error::DeviceNotFound { .. } => libc::ENODEV,
             Error::Os { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
             Error::Transport(_) => libc::EIO,
-            Error::Timeout(_) => libc::ETIMEDOUT,
+            Error::Timeout { .. } => libc::ETIMEDOUT,
         }
     }
 
@@ -197,6 +202,14 @@ impl Error {
         Error::Os {
             call,
             source: std::io::Error::from_raw_os_error(errno),
+        }
+    }
+
+    /// Shorthand for [`Error::Timeout`].
+    pub fn timeout(after: std::time::Duration, what: impl Into<String>) -> Self {
+        Error::Timeout {
+            after,
+            what: what.into(),
         }
     }
 

@@ -26,11 +26,14 @@ pub fn poll_n(cq: &impl CompletionQueue, n: usize, timeout: Duration) -> Result<
         idle += 1;
         if idle > 64 {
             if Instant::now() >= deadline {
-                return Err(Error::Transport(format!(
-                    "timed out after {timeout:?} waiting for completions: {} of {n} arrived ({:?})",
-                    out.len(),
-                    out.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>()
-                )));
+                return Err(Error::timeout(
+                    timeout,
+                    format!(
+                        "{} of {n} completions arrived ({:?})",
+                        out.len(),
+                        out.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>()
+                    ),
+                ));
             }
             if idle > 1024 {
                 std::thread::sleep(Duration::from_micros(50));
