@@ -1,13 +1,17 @@
 //! Drives the sans-IO halves of a QP from buffered bytes: decodes frames from a
-//! [`Reader`], hands each to the [`Requester`] or [`Responder`], and tells the reader where
-//! payloads go. Used by the TCP transport and, byte for byte the same, by the in-memory
-//! test link, so that what the tests exercise is what runs on the wire.
+//! [`Reader`], hands requests to the QP's [`Responder`] and responses to its
+//! [`Requester`], and tells the reader where payloads go. One connection carries both
+//! directions of an RC connection (the peer's requests and the responses to ours), as the
+//! two halves of an IB RC connection share one path; acknowledgements for the peer thus
+//! leave in the same write as our next request.
+//!
+//! Used by the progress engine and, byte for byte the same, by the in-memory test link.
 
 use std::time::Instant;
 
 use verbs_api::{WcStatus, WorkCompletion};
 
-use crate::memory::MrTable;
+use crate::memory::{MrTable, Seg};
 use crate::requester::{ReadSink, Requester};
 use crate::responder::{Incoming, Responder};
 use crate::rx::{Event, Reader};
@@ -16,42 +20,78 @@ use crate::tx::TxQueue;
 /// Why driving stopped early.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Stop {
-    /// The QP must go to ERR (a completion with this status was produced); call again
-    /// afterwards with `accepting = false` (responder) to keep the stream in sync.
+    /// The QP must go to ERR (a completion with this status was produced). Call again
+    /// afterwards (the responder with `accepting = false`) to keep the stream in sync.
     Fatal(WcStatus),
-    /// The peer broke the protocol (malformed frame, frame for the wrong direction): the
-    /// connection must be closed and the QP moved to ERR.
+    /// The peer broke the protocol (malformed frame, a frame its role cannot send, too
+    /// many READ/atomic requests without reading the answers): close the connection and
+    /// move the QP to ERR.
     Protocol(String),
 }
 
-/// Processes buffered requests until the reader needs more bytes, `tx` holds more than
-/// `tx_high` bytes, or an error stops it. When `accepting` is false (the QP is not in
-/// RTR/RTS/SQD), requests are dropped silently, as an HCA drops packets for such a QP.
-pub fn drive_responder(
-    resp: &mut Responder,
-    accepting: bool,
+/// Whose payload the reader is filling between calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PayloadOwner {
+    /// A request's payload (SEND, WRITE) for the responder.
+    Responder,
+    /// A READ response's payload for the requester, with the READ's PSN.
+    Requester(u32),
+    /// Nobody's: it is dropped.
+    Nobody,
+}
+
+/// The halves of a QP a connection serves, and the state kept between calls.
+pub struct Sides<'a> {
+    /// The requester (reads responses), if this end sends requests.
+    pub req: Option<&'a mut Requester>,
+    /// The responder (reads requests), if this end answers them.
+    pub resp: Option<&'a mut Responder>,
+    /// Whether the QP accepts requests (RTR, RTS, SQD); otherwise they are dropped
+    /// silently, as an HCA drops packets for a QP in another state.
+    pub accepting: bool,
+    /// Completions of the requester.
+    pub send_wc: &'a mut Vec<WorkCompletion>,
+    /// Completions of the responder (with the solicited bit).
+    pub recv_wc: &'a mut Vec<(WorkCompletion, bool)>,
+}
+
+/// State of one connection's reader between calls.
+#[derive(Debug, Default)]
+pub struct DriveState {
+    owner: Option<PayloadOwner>,
+}
+
+/// Processes buffered frames until the reader needs more bytes or an error stops it.
+/// Responses to the peer's requests are queued in `tx`, followed by one ACK for the
+/// requests acknowledged in this pass (unless `defer_ack`: then the ACK stays owed to the
+/// responder, to leave with the next write). `max_unsent_reads` bounds the READ and atomic
+/// responses queued but not yet written: a peer that keeps asking without reading the
+/// answers exceeds it and is cut off instead of growing this side's memory.
+#[allow(clippy::too_many_arguments)]
+pub fn drive(
+    sides: &mut Sides<'_>,
     reader: &mut Reader,
     mrs: &MrTable,
     tx: &mut TxQueue,
-    out: &mut Vec<(WorkCompletion, bool)>,
-    tx_high: usize,
+    now: Instant,
+    st: &mut DriveState,
+    max_unsent_reads: usize,
+    defer_ack: bool,
 ) -> Result<(), Stop> {
-    while tx.pending() <= tx_high {
+    loop {
         let ev = match reader.next_event() {
             Ok(Some(ev)) => ev,
             Ok(None) => break,
-            Err(e) => return Err(Stop::Protocol(format!("malformed request: {e}"))),
+            Err(e) => return Err(Stop::Protocol(format!("malformed frame: {e}"))),
         };
         match ev {
-            Event::Frame(f) => {
-                if !f.is_request() {
-                    return Err(Stop::Protocol(format!(
-                        "unexpected frame on a responder connection: {f}"
-                    )));
-                }
+            Event::Frame(f) if f.is_request() => {
+                let Some(resp) = sides.resp.as_deref_mut() else {
+                    return Err(Stop::Protocol(format!("unexpected request: {f}")));
+                };
                 let len = f.payload_len() as usize;
-                let (incoming, fatal) = if accepting {
-                    match resp.on_request(&f, mrs, tx, out) {
+                let (incoming, fatal) = if sides.accepting {
+                    match resp.on_request(&f, mrs, tx, sides.recv_wc) {
                         Ok(i) => (i, None),
                         Err(fatal) => (Incoming::Discard, Some(fatal.0)),
                     }
@@ -59,76 +99,76 @@ pub fn drive_responder(
                     (Incoming::Discard, None)
                 };
                 match incoming {
-                    Incoming::Sink(segs) if len > 0 => reader.expect_payload(len, Some(segs)),
-                    Incoming::Sink(segs) => resp.payload_done(segs, out),
-                    Incoming::Discard if len > 0 => reader.expect_payload(len, None),
+                    Incoming::Sink(segs) if len > 0 => {
+                        reader.expect_payload(len, Some(segs));
+                        st.owner = Some(PayloadOwner::Responder);
+                    }
+                    Incoming::Sink(segs) => resp.payload_done(segs, sides.recv_wc),
+                    Incoming::Discard if len > 0 => {
+                        reader.expect_payload(len, None);
+                        st.owner = Some(PayloadOwner::Nobody);
+                    }
                     Incoming::Discard => {}
                 }
                 if let Some(status) = fatal {
                     return Err(Stop::Fatal(status));
                 }
-            }
-            Event::PayloadDone(segs) => {
-                if accepting {
-                    resp.payload_done(segs, out);
-                }
-            }
-        }
-    }
-    if accepting {
-        resp.flush_ack(tx);
-    }
-    Ok(())
-}
-
-/// Processes buffered responses until the reader needs more bytes or an error stops it.
-/// `read_psn` carries the READ whose payload is arriving between calls.
-pub fn drive_requester(
-    req: &mut Requester,
-    reader: &mut Reader,
-    now: Instant,
-    out: &mut Vec<WorkCompletion>,
-    read_psn: &mut Option<u32>,
-) -> Result<(), Stop> {
-    loop {
-        let ev = match reader.next_event() {
-            Ok(Some(ev)) => ev,
-            Ok(None) => return Ok(()),
-            Err(e) => return Err(Stop::Protocol(format!("malformed response: {e}"))),
-        };
-        match ev {
-            Event::Frame(f) => {
-                if !f.is_response() {
+                if tx.unsent_replies() > max_unsent_reads {
                     return Err(Stop::Protocol(format!(
-                        "unexpected frame on a requester connection: {f}"
+                        "more than {max_unsent_reads} READ/atomic requests without reading the responses"
                     )));
                 }
+            }
+            Event::Frame(f) if f.is_response() => {
+                let Some(req) = sides.req.as_deref_mut() else {
+                    return Err(Stop::Protocol(format!("unexpected response: {f}")));
+                };
                 let len = f.payload_len() as usize;
-                match req.on_response(&f, now, out) {
+                match req.on_response(&f, now, sides.send_wc) {
                     Ok(ReadSink::Into { psn, segs }) if len > 0 => {
                         reader.expect_payload(len, Some(segs));
-                        *read_psn = Some(psn);
+                        st.owner = Some(PayloadOwner::Requester(psn));
                     }
-                    Ok(ReadSink::Into { psn, segs }) => req.read_done(psn, segs, now, out),
+                    Ok(ReadSink::Into { psn, segs }) => req.read_done(psn, segs, now, sides.send_wc),
                     Ok(ReadSink::Discard) => {
                         if len > 0 {
                             reader.expect_payload(len, None);
-                            *read_psn = None;
+                            st.owner = Some(PayloadOwner::Nobody);
                         }
                     }
                     Err(fatal) => {
                         if len > 0 {
                             reader.expect_payload(len, None);
+                            st.owner = Some(PayloadOwner::Nobody);
                         }
                         return Err(Stop::Fatal(fatal.0));
                     }
                 }
             }
-            Event::PayloadDone(segs) => {
-                if let Some(psn) = read_psn.take() {
-                    req.read_done(psn, segs, now, out);
-                }
+            Event::Frame(f) => return Err(Stop::Protocol(format!("unexpected frame: {f}"))),
+            Event::PayloadDone(segs) => payload_done(sides, st, segs, now),
+        }
+    }
+    if sides.accepting && !defer_ack {
+        if let Some(resp) = sides.resp.as_deref_mut() {
+            resp.flush_ack(tx);
+        }
+    }
+    Ok(())
+}
+
+fn payload_done(sides: &mut Sides<'_>, st: &mut DriveState, segs: Vec<Seg>, now: Instant) {
+    match st.owner.take() {
+        Some(PayloadOwner::Responder) => {
+            if let (true, Some(resp)) = (sides.accepting, sides.resp.as_deref_mut()) {
+                resp.payload_done(segs, sides.recv_wc);
             }
         }
+        Some(PayloadOwner::Requester(psn)) => {
+            if let Some(req) = sides.req.as_deref_mut() {
+                req.read_done(psn, segs, now, sides.send_wc);
+            }
+        }
+        Some(PayloadOwner::Nobody) | None => {}
     }
 }

@@ -107,7 +107,7 @@ impl Faults {
         let qp = self.qp(qpn)?;
         let conns = {
             let g = qp.inner.lock();
-            [g.out_conn.clone(), g.in_conn.clone()]
+            [g.conn.clone(), g.self_conn.clone()]
         };
         for c in conns.into_iter().flatten() {
             qp.dev.progress.fault_break(&c);

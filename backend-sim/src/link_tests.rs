@@ -10,7 +10,7 @@ use proptest::prelude::*;
 use verbs_api::timers::{local_ack_timeout, rnr_timer};
 use verbs_api::{AccessFlags, QpCap, RecvWr, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion};
 
-use crate::engine::{drive_requester, drive_responder, Stop};
+use crate::engine::{drive, DriveState, Sides, Stop};
 use crate::memory::{MrShared, MrTable};
 use crate::requester::{ReqAttrs, Requester};
 use crate::responder::{RespAttrs, Responder};
@@ -28,7 +28,8 @@ struct Link {
     b2a: TxQueue,
     rx_b: Reader,
     rx_a: Reader,
-    read_psn: Option<u32>,
+    st_a: DriveState,
+    st_b: DriveState,
     now: Instant,
     send_wc: Vec<WorkCompletion>,
     recv_wc: Vec<(WorkCompletion, bool)>,
@@ -77,7 +78,8 @@ impl Link {
             b2a: TxQueue::new(),
             rx_b: Reader::new(),
             rx_a: Reader::new(),
-            read_psn: None,
+            st_a: DriveState::default(),
+            st_b: DriveState::default(),
             now: Instant::now(),
             send_wc: Vec::new(),
             recv_wc: Vec::new(),
@@ -105,6 +107,50 @@ impl Link {
         self.resp.flush(&mut self.recv_wc);
     }
 
+    /// B's responder over the bytes it has.
+    fn drive_b(&mut self) -> Result<(), Stop> {
+        let mut swc = Vec::new();
+        let mut sides = Sides {
+            req: None,
+            resp: Some(&mut self.resp),
+            accepting: !self.b_err,
+            send_wc: &mut swc,
+            recv_wc: &mut self.recv_wc,
+        };
+        drive(
+            &mut sides,
+            &mut self.rx_b,
+            &self.b_mrs,
+            &mut self.b2a,
+            self.now,
+            &mut self.st_b,
+            usize::MAX,
+            false,
+        )
+    }
+
+    /// A's requester over the bytes it has.
+    fn drive_a(&mut self) -> Result<(), Stop> {
+        let mut rwc = Vec::new();
+        let mut sides = Sides {
+            req: Some(&mut self.req),
+            resp: None,
+            accepting: false,
+            send_wc: &mut self.send_wc,
+            recv_wc: &mut rwc,
+        };
+        drive(
+            &mut sides,
+            &mut self.rx_a,
+            &self.a_mrs,
+            &mut self.b2a,
+            self.now,
+            &mut self.st_a,
+            usize::MAX,
+            false,
+        )
+    }
+
     /// Moves bytes both ways until nothing moves.
     fn pump(&mut self) {
         loop {
@@ -128,16 +174,7 @@ impl Link {
                 loop {
                     off += self.rx_b.feed(&bytes[off..]);
                     loop {
-                        let accepting = !self.b_err;
-                        match drive_responder(
-                            &mut self.resp,
-                            accepting,
-                            &mut self.rx_b,
-                            &self.b_mrs,
-                            &mut self.b2a,
-                            &mut self.recv_wc,
-                            usize::MAX,
-                        ) {
+                        match self.drive_b() {
                             Ok(()) => break,
                             Err(Stop::Fatal(_)) => self.b_err(),
                             Err(Stop::Protocol(m)) => panic!("protocol error on a well-behaved link: {m}"),
@@ -158,13 +195,7 @@ impl Link {
                 loop {
                     off += self.rx_a.feed(&back[off..]);
                     if !self.a_err {
-                        match drive_requester(
-                            &mut self.req,
-                            &mut self.rx_a,
-                            self.now,
-                            &mut self.send_wc,
-                            &mut self.read_psn,
-                        ) {
+                        match self.drive_a() {
                             Ok(()) => {}
                             Err(Stop::Fatal(_)) => self.a_err(),
                             Err(Stop::Protocol(m)) => panic!("protocol error on a well-behaved link: {m}"),
@@ -404,16 +435,7 @@ fn connection_lost_mid_payload_is_resent_and_delivered_once() {
     let mut bytes = Vec::new();
     l.a2b.drain_into(&mut bytes);
     l.rx_b.feed(&bytes[..2000]);
-    drive_responder(
-        &mut l.resp,
-        true,
-        &mut l.rx_b,
-        &l.b_mrs,
-        &mut l.b2a,
-        &mut l.recv_wc,
-        usize::MAX,
-    )
-    .unwrap();
+    l.drive_b().unwrap();
     assert!(l.take_recv().is_empty());
     l.resp.connection_lost();
     l.rx_b = Reader::new();
@@ -606,6 +628,7 @@ proptest! {
         let mut rx = Reader::new();
         let mut tx = TxQueue::new();
         let mut out = Vec::new();
+        let mut st = DriveState::default();
         let mut accepting = true;
         'outer: for c in chunks {
             // Mix in a plausible header now and then so that deeper paths are reached.
@@ -621,7 +644,9 @@ proptest! {
             let mut off = 0;
             while off < bytes.len() {
                 off += rx.feed(&bytes[off..]);
-                match drive_responder(&mut resp, accepting, &mut rx, &table, &mut tx, &mut out, usize::MAX) {
+                let mut swc = Vec::new();
+                let mut sides = Sides { req: None, resp: Some(&mut resp), accepting, send_wc: &mut swc, recv_wc: &mut out };
+                match drive(&mut sides, &mut rx, &table, &mut tx, Instant::now(), &mut st, usize::MAX, false) {
                     Ok(()) => {}
                     Err(Stop::Fatal(_)) => accepting = false,
                     Err(Stop::Protocol(_)) => break 'outer,
@@ -652,6 +677,7 @@ proptest! {
         let mut rx = Reader::new();
         let mut tx = TxQueue::new();
         let mut out = Vec::new();
+        let mut st = DriveState::default();
         let mut accepting = true;
         for f in frames {
             // Aim some frames at the region so the accept paths run too.
@@ -669,7 +695,9 @@ proptest! {
             let mut stop = false;
             while off < bytes.len() {
                 off += rx.feed(&bytes[off..]);
-                match drive_responder(&mut resp, accepting, &mut rx, &table, &mut tx, &mut out, usize::MAX) {
+                let mut swc = Vec::new();
+                let mut sides = Sides { req: None, resp: Some(&mut resp), accepting, send_wc: &mut swc, recv_wc: &mut out };
+                match drive(&mut sides, &mut rx, &table, &mut tx, Instant::now(), &mut st, usize::MAX, false) {
                     Ok(()) => {}
                     Err(Stop::Fatal(_)) => accepting = false,
                     Err(Stop::Protocol(_)) => { stop = true; break; }

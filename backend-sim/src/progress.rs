@@ -29,56 +29,105 @@ use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::io;
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use verbs_api::QpState;
 
-use crate::engine::{drive_requester, drive_responder, Stop};
+use crate::engine::{drive, DriveState, Sides, Stop};
 use crate::faults::{BreakPoint, FaultCounters};
 use crate::qp::{QpInner, QpShared};
 use crate::rx::Reader;
 use crate::tx::TxQueue;
 
-/// Stop reading requests while this many reply bytes wait to be written.
-const TX_HIGH: usize = 4 << 20;
 /// WQEs turned into frames per pass.
 const BUDGET: usize = 128;
-/// Token of the doorbell in the epoll set.
+/// Stop building new requests while this many bytes wait to be written.
+const TX_HIGH: usize = 4 << 20;
+/// READ/atomic responses a peer may leave unread before it is cut off (generous: the
+/// requesters of this project never have more than `max_rd_atomic` <= 16 outstanding).
+const MAX_UNSENT_READS: usize = 1024;
+/// Token of the doorbell in the epoll sets.
 const BELL: u64 = u64::MAX;
-/// Default spin window.
+/// Shortest spin window.
 const DEFAULT_SPIN: Duration = Duration::from_micros(50);
+/// Longest spin window (the adaptive window never exceeds it).
+const MAX_SPIN: Duration = Duration::from_micros(200);
+/// Polls closer together than this count as an application thread driving progress.
+const DRIVE_GAP: Duration = Duration::from_micros(50);
+/// How long an application-driven poll keeps the progress thread off the connections.
+const USER_WINDOW: Duration = Duration::from_micros(100);
+/// How long after that the progress thread looks again.
+const USER_GRACE: Duration = Duration::from_micros(500);
 
-/// Which half of a QP a connection serves.
+/// `epoll_pwait2` with a nanosecond timeout (`None`: wait forever; zero: poll).
+fn wait_on(ep: &OwnedFd, events: &mut [libc::epoll_event], timeout: Option<Duration>) -> usize {
+    let ts = timeout.map(|t| libc::timespec {
+        tv_sec: t.as_secs().min(i64::MAX as u64) as libc::time_t,
+        tv_nsec: t.subsec_nanos() as libc::c_long,
+    });
+    let tsp = ts
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: `events` is a writable array of `events.len()` epoll_events; `tsp` is null or
+    // points to a live timespec; a null sigmask leaves the signal mask alone.
+    let n = unsafe {
+        libc::epoll_pwait2(
+            ep.as_raw_fd(),
+            events.as_mut_ptr(),
+            events.len() as i32,
+            tsp,
+            std::ptr::null(),
+        )
+    };
+    n.max(0) as usize
+}
+
+fn add_to(ep: &OwnedFd, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
+    let mut ev = libc::epoll_event { events, u64: token };
+    // SAFETY: `ev` is a valid epoll_event; both descriptors are open.
+    if unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Who services a connection, and for what.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Dir {
-    /// This side's requester: sends requests, reads responses.
-    Requester,
-    /// This side's responder: reads requests, sends responses.
-    Responder,
+enum Mode {
+    /// The progress thread: read, process, write until nothing moves.
+    Full,
+    /// An application thread polling for completions: like `Full`, but ACKs alone are
+    /// left for its next call (delayed ACK), off the path to the completion it waits for.
+    User,
+    /// An application thread that just posted: build and write frames, read nothing.
+    Transmit,
 }
 
 struct ConnIo {
     reader: Reader,
     tx: TxQueue,
-    read_psn: Option<u32>,
+    drive: DriveState,
     /// The epoll interest currently registered.
     interest: u32,
 }
 
-/// One established TCP connection of a QP.
+/// The established TCP connection of a QP pair.
 pub struct Conn {
     token: u64,
-    /// Which half of the QP it serves.
-    pub dir: Dir,
     qp: Arc<QpShared>,
     epoch: u64,
-    gen: u64,
     sock: TcpStream,
     io: Mutex<ConnIo>,
     closed: AtomicBool,
+    /// Whether the connection waits in the delayed-ACK list.
+    ack_queued: AtomicBool,
+    /// Set by every thread that wants the connection serviced; the thread holding its
+    /// I/O lock goes around again if it finds it set after letting go (no work is lost
+    /// to a failed `try_lock`).
+    pending: AtomicBool,
 }
 
 impl Conn {
@@ -112,7 +161,8 @@ impl Ord for TimerEntry {
 
 /// What [`Progress::process`] did.
 enum Processed {
-    Ok,
+    /// Go on; `ack_later`: an ACK is owed and left for later (delayed ACK).
+    Ok { ack_later: bool },
     /// The connection was closed.
     Closed,
     /// Fault injection: break the connection at this point of the request just built.
@@ -122,6 +172,9 @@ enum Processed {
 /// The progress engine of one device.
 pub struct Progress {
     epfd: OwnedFd,
+    /// An epoll set with only the doorbell: where the progress thread sleeps while
+    /// application threads drive progress themselves.
+    bell_ep: OwnedFd,
     bell: OwnedFd,
     /// Set while the progress thread blocks (or is about to): posters ring the bell.
     sleeping: AtomicBool,
@@ -133,9 +186,11 @@ pub struct Progress {
     base: Instant,
     /// Nanoseconds since `base` until which an application thread counts as driving.
     user_until: AtomicU64,
+    /// When an application thread last polled (nanoseconds since `base`).
+    last_user_poll: AtomicU64,
     spin: Duration,
-    /// Consecutive empty polls by application threads (rate limiting).
-    idle_polls: AtomicU32,
+    /// Connections with an ACK left for later (delayed ACK).
+    acks: Mutex<Vec<Arc<Conn>>>,
     /// Faults that fired on this device.
     pub counters: FaultCounters,
 }
@@ -144,30 +199,40 @@ fn os(call: &'static str) -> impl FnOnce(io::Error) -> verbs_api::Error {
     move |source| verbs_api::Error::Os { call, source }
 }
 
+fn new_fd(r: libc::c_int, call: &'static str) -> verbs_api::Result<OwnedFd> {
+    if r < 0 {
+        return Err(os(call)(io::Error::last_os_error()));
+    }
+    // SAFETY: a fresh descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(r) })
+}
+
 impl Progress {
     /// A new engine (no thread yet; see [`Progress::run`]).
     pub fn new() -> verbs_api::Result<Progress> {
-        // SAFETY: plain syscalls; results checked before use.
-        let epfd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        if epfd < 0 {
-            return Err(os("epoll_create1")(io::Error::last_os_error()));
-        }
-        // SAFETY: a fresh descriptor that nothing else owns.
-        let epfd = unsafe { OwnedFd::from_raw_fd(epfd) };
-        // SAFETY: as above.
-        let bell = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if bell < 0 {
-            return Err(os("eventfd")(io::Error::last_os_error()));
-        }
-        // SAFETY: as above.
-        let bell = unsafe { OwnedFd::from_raw_fd(bell) };
+        // SAFETY (all three): plain syscalls without pointers; results are checked.
+        let epfd = new_fd(
+            unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) },
+            "epoll_create1",
+        )?;
+        let bell_ep = new_fd(
+            unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) },
+            "epoll_create1",
+        )?;
+        let bell = new_fd(
+            unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) },
+            "eventfd",
+        )?;
+        add_to(&epfd, bell.as_raw_fd(), libc::EPOLLIN as u32, BELL).map_err(os("epoll_ctl"))?;
+        add_to(&bell_ep, bell.as_raw_fd(), libc::EPOLLIN as u32, BELL).map_err(os("epoll_ctl"))?;
         let spin = std::env::var("RDMA_SIM_SPIN_US")
             .ok()
             .and_then(|v| v.parse::<u64>().ok())
             .map(Duration::from_micros)
             .unwrap_or(DEFAULT_SPIN);
-        let p = Progress {
+        Ok(Progress {
             epfd,
+            bell_ep,
             bell,
             sleeping: AtomicBool::new(false),
             stop: AtomicBool::new(false),
@@ -177,28 +242,17 @@ impl Progress {
             timers: Mutex::new(BinaryHeap::new()),
             base: Instant::now(),
             user_until: AtomicU64::new(0),
+            last_user_poll: AtomicU64::new(0),
             spin,
-            idle_polls: AtomicU32::new(0),
+            acks: Mutex::new(Vec::new()),
             counters: FaultCounters::default(),
-        };
-        p.ctl(
-            libc::EPOLL_CTL_ADD,
-            p.bell.as_raw_fd(),
-            libc::EPOLLIN as u32,
-            BELL,
-        )
-        .map_err(os("epoll_ctl"))?;
-        Ok(p)
+        })
     }
 
-    fn ctl(&self, op: libc::c_int, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
+    fn ctl_mod(&self, fd: RawFd, events: u32, token: u64) {
         let mut ev = libc::epoll_event { events, u64: token };
         // SAFETY: `ev` is a valid epoll_event; both descriptors are open.
-        let r = unsafe { libc::epoll_ctl(self.epfd.as_raw_fd(), op, fd, &mut ev) };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        let _ = unsafe { libc::epoll_ctl(self.epfd.as_raw_fd(), libc::EPOLL_CTL_MOD, fd, &mut ev) };
     }
 
     fn nanos(&self, t: Instant) -> u64 {
@@ -217,13 +271,12 @@ impl Progress {
         self.ring();
     }
 
-    /// Takes over an established connection of `qp` (set up by the transport).
+    /// Takes over an established connection of `qp` (set up by the transport). It is not
+    /// serviced before [`Progress::activate`]: install it in the QP first.
     pub fn register(
         &self,
         qp: &Arc<QpShared>,
-        dir: Dir,
         epoch: u64,
-        gen: u64,
         sock: TcpStream,
         reader: Reader,
     ) -> io::Result<Arc<Conn>> {
@@ -231,30 +284,55 @@ impl Progress {
         let token = self.next_token.fetch_add(1, Ordering::Relaxed);
         let conn = Arc::new(Conn {
             token,
-            dir,
             qp: qp.clone(),
             epoch,
-            gen,
             sock,
             io: Mutex::new(ConnIo {
                 reader,
                 tx: TxQueue::new(),
-                read_psn: None,
+                drive: DriveState::default(),
                 interest: libc::EPOLLIN as u32,
             }),
             closed: AtomicBool::new(false),
+            ack_queued: AtomicBool::new(false),
+            pending: AtomicBool::new(false),
         });
         self.conns.lock().insert(token, conn.clone());
-        if let Err(e) = self.ctl(
-            libc::EPOLL_CTL_ADD,
+        Ok(conn)
+    }
+
+    /// Starts servicing a registered connection (now installed in its QP).
+    pub fn activate(&self, conn: &Arc<Conn>) {
+        if let Err(e) = add_to(
+            &self.epfd,
             conn.sock.as_raw_fd(),
             libc::EPOLLIN as u32,
-            token,
+            conn.token,
         ) {
-            self.conns.lock().remove(&token);
-            return Err(e);
+            tracing::warn!(qpn = conn.qp.qpn, "cannot watch the connection: {e}");
+            self.lost(conn, "epoll_ctl failed");
+            return;
         }
-        Ok(conn)
+        self.service(conn);
+    }
+
+    /// Writes what a connection owes (ACKs left for later) before its QP goes away.
+    /// Blocks briefly for the connection's I/O lock; the QP lock must not be held.
+    pub fn flush_final(&self, conn: &Arc<Conn>) {
+        let mut io = conn.io.lock();
+        if conn.is_closed() {
+            return;
+        }
+        conn.qp.inner.lock().resp.flush_ack(&mut io.tx);
+        let fd = conn.sock.as_raw_fd();
+        let deadline = Instant::now() + Duration::from_millis(100);
+        while !io.tx.is_empty() && Instant::now() < deadline {
+            match io.tx.write_to(fd) {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
+                Err(_) => break,
+            }
+        }
     }
 
     /// Closes a connection: no thread services it afterwards.
@@ -262,12 +340,22 @@ impl Progress {
         if conn.closed.swap(true, Ordering::AcqRel) {
             return;
         }
-        let _ = self.ctl(libc::EPOLL_CTL_DEL, conn.sock.as_raw_fd(), 0, conn.token);
+        let mut ev = libc::epoll_event { events: 0, u64: 0 };
+        // SAFETY: `ev` is valid (ignored for DEL); both descriptors are open (a descriptor
+        // that was never added just makes this fail harmlessly).
+        let _ = unsafe {
+            libc::epoll_ctl(
+                self.epfd.as_raw_fd(),
+                libc::EPOLL_CTL_DEL,
+                conn.sock.as_raw_fd(),
+                &mut ev,
+            )
+        };
         let _ = conn.sock.shutdown(std::net::Shutdown::Both);
         self.conns.lock().remove(&conn.token);
     }
 
-    /// Schedules a timer check of `qp` at `at` (its requester's next deadline).
+    /// Schedules a timer check of `qp` at `at`.
     pub fn arm_timer(&self, qp: &Arc<QpShared>, at: Instant) {
         let earliest = {
             let mut t = self.timers.lock();
@@ -277,7 +365,7 @@ impl Progress {
             }));
             t.peek().map(|e| e.0.at) == Some(at)
         };
-        if earliest && self.sleeping.load(Ordering::Acquire) {
+        if earliest && self.sleeping.load(Ordering::SeqCst) {
             self.ring();
         }
     }
@@ -286,7 +374,7 @@ impl Progress {
     pub fn schedule(&self, qp: &Arc<QpShared>) {
         if !qp.tx_queued.swap(true, Ordering::AcqRel) {
             self.ready.lock().push_back(qp.clone());
-            if self.sleeping.load(Ordering::Acquire) {
+            if self.sleeping.load(Ordering::SeqCst) {
                 self.ring();
             }
         }
@@ -295,76 +383,109 @@ impl Progress {
     /// After `post_send`: transmit now on this thread if the connection is idle (the
     /// latency path), else leave it to the progress thread (which batches).
     pub fn kick(&self, qp: &Arc<QpShared>, conn: &Arc<Conn>, idle: bool) {
-        if idle && self.service(conn) {
+        if idle && self.service_as(conn, Mode::Transmit) {
+            self.flush_acks();
             return;
         }
         self.schedule(qp);
     }
 
-    /// Receive progress from an application thread whose CQ was empty: one
-    /// non-blocking look at the epoll set.
-    pub fn user_drive(&self) {
-        self.user_until
-            .store(self.nanos(Instant::now() + self.spin), Ordering::Relaxed);
-        let mut events = [libc::epoll_event { events: 0, u64: 0 }; 16];
-        let n = self.wait(&mut events, 0);
-        if n == 0 {
-            self.idle_polls.fetch_add(1, Ordering::Relaxed);
-            return;
+    /// Writes the ACKs left for later.
+    fn flush_acks(&self) -> bool {
+        let conns = {
+            let mut a = self.acks.lock();
+            if a.is_empty() {
+                return false;
+            }
+            std::mem::take(&mut *a)
+        };
+        for c in &conns {
+            c.ack_queued.store(false, Ordering::Release);
+            self.service_as(c, Mode::Transmit);
         }
-        self.idle_polls.store(0, Ordering::Relaxed);
+        true
+    }
+
+    /// Receive progress from an application thread whose CQ was empty: one
+    /// non-blocking look at the epoll set, plus due timers and queued transmits.
+    pub fn user_drive(&self) {
+        // Only a thread that polls in a tight loop counts as driving (and lets the
+        // progress thread sleep); an occasional poll between naps does not.
+        let now = self.nanos(Instant::now());
+        let last = self.last_user_poll.swap(now, Ordering::Relaxed);
+        if now.saturating_sub(last) < DRIVE_GAP.as_nanos() as u64 {
+            self.user_until
+                .store(now + USER_WINDOW.as_nanos() as u64, Ordering::Relaxed);
+        }
+        self.flush_acks();
+        let mut events = [libc::epoll_event { events: 0, u64: 0 }; 16];
+        let n = wait_on(&self.epfd, &mut events, Some(Duration::ZERO));
         for ev in &events[..n] {
             if ev.u64 != BELL {
                 if let Some(c) = self.conn(ev.u64) {
-                    self.service(&c);
+                    self.service_as(&c, Mode::User);
                 }
             }
         }
+        if self.timer_due(Instant::now()) {
+            self.run_timers();
+        }
+        if !self.ready.lock().is_empty() {
+            self.run_ready();
+        }
+    }
+
+    fn timer_due(&self, now: Instant) -> bool {
+        self.timers.lock().peek().is_some_and(|e| e.0.at <= now)
     }
 
     fn conn(&self, token: u64) -> Option<Arc<Conn>> {
         self.conns.lock().get(&token).cloned()
     }
 
-    fn wait(&self, events: &mut [libc::epoll_event], timeout_ms: i32) -> usize {
-        // SAFETY: `events` is a writable array of `events.len()` epoll_events.
-        let n = unsafe {
-            libc::epoll_wait(
-                self.epfd.as_raw_fd(),
-                events.as_mut_ptr(),
-                events.len() as i32,
-                timeout_ms,
-            )
-        };
-        n.max(0) as usize
-    }
-
     /// The progress thread's loop; returns when [`Progress::shutdown`] is called.
     pub fn run(&self) {
         let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 256];
         let mut spin_until = Instant::now();
+        let mut last_work = Instant::now();
+        // Average gap between bursts of work: the spin window follows it (bounded), so a
+        // steady stream of requests never falls into "each one pays a wake-up".
+        let mut gap_ewma = self.spin;
         while !self.stop.load(Ordering::Acquire) {
             let now = Instant::now();
-            let user_driving = self.user_until.load(Ordering::Relaxed) > self.nanos(now);
-            let timeout_ms = if now < spin_until && !user_driving {
-                0
+            let user_until = self.user_until.load(Ordering::Relaxed);
+            let user_driving = user_until > self.nanos(now);
+            // Spin (poll without blocking) for a while after doing work, unless an
+            // application thread is driving progress itself: one spinner is enough.
+            let spinning = now < spin_until && !user_driving;
+            let timeout = if spinning {
+                Some(Duration::ZERO)
             } else {
                 self.sleeping.store(true, Ordering::SeqCst);
                 // Work queued between the last check and now must not wait for a bell.
-                if !self.ready.lock().is_empty() {
-                    0
+                if !self.ready.lock().is_empty() || !self.acks.lock().is_empty() {
+                    Some(Duration::ZERO)
                 } else {
-                    match self.timers.lock().peek() {
-                        None => -1,
-                        Some(e) => {
-                            let left = e.0.at.saturating_duration_since(now);
-                            // Round up: waking early only costs another loop.
-                            left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32
-                        }
+                    let mut left = self
+                        .timers
+                        .lock()
+                        .peek()
+                        .map(|e| e.0.at.saturating_duration_since(now));
+                    if user_driving {
+                        // Take over when the application stops driving, plus a grace
+                        // period: checking more often would cost the driving threads a
+                        // core (a wake-up costs tens of µs on small VMs).
+                        let window = Duration::from_nanos(user_until - self.nanos(now)) + USER_GRACE;
+                        left = Some(left.map_or(window, |l| l.min(window)));
                     }
+                    left
                 }
             };
-            let n = self.wait(&mut events, timeout_ms);
+            // While applications drive, sleep on the doorbell alone: waking for every
+            // packet they handle themselves would only take CPU from them.
+            let bell_only = user_driving && !spinning;
+            let set = if bell_only { &self.bell_ep } else { &self.epfd };
+            let n = wait_on(set, &mut events, timeout);
             self.sleeping.store(false, Ordering::SeqCst);
             let mut work = false;
             for ev in &events[..n] {
@@ -376,11 +497,28 @@ impl Progress {
                     work |= self.service(&c);
                 }
             }
+            if bell_only {
+                // Woken by the bell or the end of the window: connections may have data
+                // that no application thread picked up.
+                let m = wait_on(&self.epfd, &mut events, Some(Duration::ZERO));
+                for ev in &events[..m] {
+                    if ev.u64 != BELL {
+                        if let Some(c) = self.conn(ev.u64) {
+                            work |= self.service(&c);
+                        }
+                    }
+                }
+            }
+            work |= self.flush_acks();
             work |= self.run_ready();
             work |= self.run_timers();
             if work {
-                spin_until = Instant::now() + self.spin;
-            } else if timeout_ms == 0 && n == 0 {
+                let t = Instant::now();
+                let gap = t.saturating_duration_since(last_work);
+                last_work = t;
+                gap_ewma = (gap_ewma * 3 + gap) / 4;
+                spin_until = t + (gap_ewma * 2).clamp(self.spin, MAX_SPIN.max(self.spin));
+            } else if spinning && n == 0 {
                 std::hint::spin_loop();
             }
         }
@@ -393,7 +531,7 @@ impl Progress {
                 break;
             };
             qp.tx_queued.store(false, Ordering::Release);
-            let conn = qp.inner.lock().out_conn.clone();
+            let conn = qp.inner.lock().conn.clone();
             match conn {
                 Some(c) => work |= self.service(&c),
                 None => qp.req_wake.notify_one(),
@@ -416,7 +554,7 @@ impl Progress {
             let Some(e) = entry else { break };
             let Some(qp) = e.qp.upgrade() else { continue };
             work = true;
-            let conn = {
+            let conns = {
                 let mut g = qp.inner.lock();
                 if g.timer_at == Some(e.at) {
                     g.timer_at = None;
@@ -427,16 +565,13 @@ impl Progress {
                 }
                 qp.deliver(&mut g);
                 self.rearm(&qp, &mut g);
-                (g.out_conn.clone(), g.in_conn.clone())
+                [g.conn.clone(), g.self_conn.clone()]
             };
-            match conn.0 {
-                Some(c) => {
-                    self.service(&c);
-                }
-                None => qp.req_wake.notify_one(),
+            if conns[0].is_none() {
+                qp.req_wake.notify_one();
             }
-            // A stalled responder or held responses may be due now.
-            if let Some(c) = conn.1 {
+            // Retransmissions, a stalled responder or held responses may be due now.
+            for c in conns.into_iter().flatten() {
                 self.service(&c);
             }
         }
@@ -456,48 +591,78 @@ impl Progress {
     /// Reads, processes and writes what a connection has, until it has nothing more.
     /// Returns false if another thread is servicing it (or it is closed).
     pub fn service(&self, conn: &Arc<Conn>) -> bool {
-        let Some(mut io) = conn.io.try_lock() else {
-            return false;
-        };
-        if conn.is_closed() {
-            return false;
+        self.service_as(conn, Mode::Full)
+    }
+
+    fn service_as(&self, conn: &Arc<Conn>, mode: Mode) -> bool {
+        conn.pending.store(true, Ordering::SeqCst);
+        let mut did = false;
+        loop {
+            let Some(io) = conn.io.try_lock() else {
+                // The holder sees `pending` after it lets go and goes around again.
+                return did;
+            };
+            conn.pending.store(false, Ordering::SeqCst);
+            if conn.is_closed() {
+                return did;
+            }
+            let (done, closed) = self.service_locked(conn, io, mode);
+            did |= done;
+            if closed || !conn.pending.load(Ordering::SeqCst) {
+                return did;
+            }
         }
+    }
+
+    /// One round of service with the I/O lock held (released on return). Returns (did
+    /// work, connection closed).
+    fn service_locked(
+        &self,
+        conn: &Arc<Conn>,
+        mut io: parking_lot::MutexGuard<'_, ConnIo>,
+        mode: Mode,
+    ) -> (bool, bool) {
         let fd = conn.sock.as_raw_fd();
         let mut did = false;
         loop {
             let mut progressed = false;
-            let faulty = conn.qp.fault_armed.load(Ordering::Acquire) && conn.dir == Dir::Responder;
+            let faulty = conn.qp.fault_armed.load(Ordering::Acquire);
             let stalled = faulty && self.responder_stalled(conn);
-            let reading = !stalled && (conn.dir == Dir::Requester || io.tx.pending() <= TX_HIGH);
+            let reading = !stalled && mode != Mode::Transmit;
             if reading {
                 match io.reader.fill(fd) {
                     Ok(0) => {
+                        drop(io);
                         self.lost(conn, "peer closed the connection");
-                        return true;
+                        return (true, true);
                     }
                     Ok(_) => progressed = true,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => progressed = true,
                     Err(e) => {
+                        drop(io);
                         self.lost(conn, &e.to_string());
-                        return true;
+                        return (true, true);
                     }
                 }
             }
-            let mut brk = None;
-            if !stalled {
+            let ack_later = if stalled {
+                false
+            } else {
                 let ConnIo {
-                    reader, tx, read_psn, ..
+                    reader, tx, drive, ..
                 } = &mut *io;
-                match self.process(conn, reader, tx, read_psn) {
-                    Processed::Closed => return true,
-                    Processed::Break(p) => brk = Some(p),
-                    Processed::Ok => {}
+                match self.process(conn, reader, tx, drive, mode) {
+                    Processed::Closed => return (true, true),
+                    Processed::Break(p) => {
+                        self.break_now(conn, &mut io, p);
+                        return (true, true);
+                    }
+                    Processed::Ok { ack_later } => ack_later,
                 }
-            }
-            if let Some(point) = brk {
-                self.break_now(conn, &mut io, point);
-                return true;
+            };
+            if ack_later && !conn.ack_queued.swap(true, Ordering::AcqRel) {
+                self.acks.lock().push(conn.clone());
             }
             let hold = faulty && self.responder_hold(conn, io.tx.is_empty());
             if !io.tx.is_empty() && !hold {
@@ -505,12 +670,13 @@ impl Progress {
                     Ok(n) => progressed |= n > 0,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                     Err(e) => {
+                        drop(io);
                         self.lost(conn, &e.to_string());
-                        return true;
+                        return (true, true);
                     }
                 }
             }
-            let want = (if reading { libc::EPOLLIN as u32 } else { 0 })
+            let want = (if stalled { 0 } else { libc::EPOLLIN as u32 })
                 | (if io.tx.is_empty() || hold {
                     0
                 } else {
@@ -518,17 +684,19 @@ impl Progress {
                 });
             if want != io.interest {
                 io.interest = want;
-                let _ = self.ctl(libc::EPOLL_CTL_MOD, fd, want, conn.token);
+                self.ctl_mod(fd, want, conn.token);
             }
             did |= progressed;
-            if !progressed {
+            // One pass when transmitting after a post; otherwise go on while bytes move
+            // and the last read did not find the socket drained.
+            if !progressed || mode == Mode::Transmit || (io.reader.drained() && io.tx.is_empty()) {
                 break;
             }
         }
-        did
+        (did, false)
     }
 
-    /// Fault injection: whether the responder of `conn` is stalled now.
+    /// Fault injection: whether the responder side of `conn` is stalled now.
     fn responder_stalled(&self, conn: &Arc<Conn>) -> bool {
         let now = Instant::now();
         let mut g = conn.qp.inner.lock();
@@ -539,7 +707,7 @@ impl Progress {
         stalled
     }
 
-    /// Fault injection: whether the responses queued on `conn` must wait (delay).
+    /// Fault injection: whether the frames queued on `conn` must wait (delayed responses).
     fn responder_hold(&self, conn: &Arc<Conn>, tx_empty: bool) -> bool {
         let qp = &conn.qp;
         let now = Instant::now();
@@ -603,112 +771,115 @@ impl Progress {
         self.lost(conn, "fault injection");
     }
 
-    /// Hands buffered frames to the QP's state machines and collects what to send.
-    /// Returns false if the connection was closed.
+    /// Hands buffered frames to the QP's state machines and builds what to send.
     fn process(
         &self,
         conn: &Arc<Conn>,
         reader: &mut Reader,
         tx: &mut TxQueue,
-        read_psn: &mut Option<u32>,
+        st: &mut DriveState,
+        mode: Mode,
     ) -> Processed {
         let qp = &conn.qp;
         let mut g = qp.inner.lock();
-        let stale = qp.is_stale(&g, conn.epoch)
-            || match conn.dir {
-                Dir::Responder => g.inbound_gen != conn.gen,
-                Dir::Requester => !g.out_conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)),
-            };
-        if stale {
+        let current = g.conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn))
+            || g.self_conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn));
+        if qp.is_stale(&g, conn.epoch) || !current {
             drop(g);
             self.close(conn);
             return Processed::Closed;
         }
-        match conn.dir {
-            Dir::Responder => loop {
-                let accepting = matches!(g.state, QpState::Rtr | QpState::Rts | QpState::Sqd);
-                let (_, resp, _, rwc) = QpShared::scratch(&mut g);
-                match drive_responder(resp, accepting, reader, &qp.dev.mrs, tx, rwc, TX_HIGH) {
-                    Ok(()) => {
-                        qp.deliver(&mut g);
-                        break;
-                    }
-                    Err(Stop::Fatal(status)) => {
-                        tracing::debug!(qpn = qp.qpn, ?status, "responder error: QP to ERR");
-                        qp.enter_error(&mut g);
-                    }
-                    Err(Stop::Protocol(msg)) => {
-                        tracing::warn!(qpn = qp.qpn, "closing connection: {msg}");
-                        qp.enter_error(&mut g);
-                        drop(g);
-                        self.close(conn);
-                        return Processed::Closed;
-                    }
+        let now = Instant::now();
+        let defer_ack = mode == Mode::User;
+        loop {
+            let accepting = matches!(g.state, QpState::Rtr | QpState::Rts | QpState::Sqd);
+            let (req, resp, swc, rwc) = QpShared::scratch(&mut g);
+            let mut sides = Sides {
+                req: Some(req),
+                resp: Some(resp),
+                accepting,
+                send_wc: swc,
+                recv_wc: rwc,
+            };
+            match drive(
+                &mut sides,
+                reader,
+                &qp.dev.mrs,
+                tx,
+                now,
+                st,
+                MAX_UNSENT_READS,
+                defer_ack,
+            ) {
+                Ok(()) => break,
+                Err(Stop::Fatal(status)) => {
+                    tracing::debug!(qpn = qp.qpn, ?status, "QP to ERR");
+                    qp.enter_error(&mut g);
                 }
-            },
-            Dir::Requester => {
-                let now = Instant::now();
-                let (req, _, swc, _) = QpShared::scratch(&mut g);
-                match drive_requester(req, reader, now, swc, read_psn) {
-                    Ok(()) => {}
-                    Err(Stop::Fatal(_)) => qp.enter_error(&mut g),
-                    Err(Stop::Protocol(msg)) => {
-                        tracing::warn!(qpn = qp.qpn, "closing connection: {msg}");
-                        qp.enter_error(&mut g);
+                Err(Stop::Protocol(msg)) => {
+                    tracing::warn!(qpn = qp.qpn, "closing connection: {msg}");
+                    qp.enter_error(&mut g);
+                    if g.conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
+                        g.conn = None;
                     }
-                }
-                let armed = qp.fault_armed.load(Ordering::Acquire);
-                if armed && g.faults.break_at == Some(BreakPoint::BeforeRequest) && g.req.has_unsent() {
-                    g.faults.break_at = None;
-                    return Processed::Break(BreakPoint::BeforeRequest);
-                }
-                if g.state == QpState::Rts && tx.pending() < TX_HIGH {
-                    let before = tx.pending();
-                    let (req, _, swc, _) = QpShared::scratch(&mut g);
-                    if req.poll_transmit(&qp.dev.mrs, now, tx, BUDGET, swc).is_err() {
-                        qp.enter_error(&mut g);
-                    }
-                    if armed && tx.pending() > before {
-                        if let Some(p) = g.faults.break_at.take() {
-                            qp.deliver(&mut g);
-                            return Processed::Break(p);
-                        }
-                    }
-                }
-                qp.deliver(&mut g);
-                self.rearm(qp, &mut g);
-                if g.state == QpState::Err && tx.is_empty() {
-                    g.out_conn = None;
                     drop(g);
                     self.close(conn);
                     return Processed::Closed;
                 }
             }
         }
-        Processed::Ok
+        let armed = qp.fault_armed.load(Ordering::Acquire);
+        if armed && g.faults.break_at == Some(BreakPoint::BeforeRequest) && g.req.has_unsent() {
+            g.faults.break_at = None;
+            qp.deliver(&mut g);
+            return Processed::Break(BreakPoint::BeforeRequest);
+        }
+        if g.state == QpState::Rts && tx.pending() < TX_HIGH {
+            // An ACK still owed goes first, in the same write as the new requests.
+            if g.req.has_unsent() {
+                g.resp.flush_ack(tx);
+            }
+            let before = tx.pending();
+            let (req, _, swc, _) = QpShared::scratch(&mut g);
+            if req.poll_transmit(&qp.dev.mrs, now, tx, BUDGET, swc).is_err() {
+                qp.enter_error(&mut g);
+            }
+            if armed && tx.pending() > before {
+                if let Some(p) = g.faults.break_at.take() {
+                    qp.deliver(&mut g);
+                    return Processed::Break(p);
+                }
+            }
+        }
+        if mode == Mode::Transmit {
+            g.resp.flush_ack(tx);
+        }
+        qp.deliver(&mut g);
+        self.rearm(qp, &mut g);
+        Processed::Ok {
+            ack_later: g.resp.owes_ack(),
+        }
     }
 
     fn lost(&self, conn: &Arc<Conn>, why: &str) {
-        tracing::debug!(qpn = conn.qp.qpn, dir = ?conn.dir, "connection lost: {why}");
+        tracing::debug!(qpn = conn.qp.qpn, "connection lost: {why}");
         self.close(conn);
         let qp = &conn.qp;
         let mut g = qp.inner.lock();
-        match conn.dir {
-            Dir::Requester => {
-                if g.out_conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
-                    g.out_conn = None;
-                    g.req.on_connection_lost();
-                    self.rearm(qp, &mut g);
-                    drop(g);
-                    qp.req_wake.notify_one();
-                }
-            }
-            Dir::Responder => {
-                if g.in_conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
-                    g.in_conn = None;
-                    g.resp.connection_lost();
-                }
-            }
+        if g.self_conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
+            g.self_conn = None;
+            g.resp.connection_lost();
+            return;
+        }
+        if g.conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
+            g.conn = None;
+            // Whatever was in flight is gone: requests are resent, half-received ones
+            // are forgotten (see Responder::connection_lost).
+            g.resp.connection_lost();
+            g.req.on_connection_lost();
+            self.rearm(qp, &mut g);
+            drop(g);
+            qp.req_wake.notify_one();
         }
     }
 

@@ -42,14 +42,16 @@ pub struct QpInner {
     pub resp: Responder,
     /// Bumped on RESET and destroy: transport tasks of an older epoch stop.
     pub epoch: u64,
-    /// Bumped for every accepted inbound connection: only the newest one serves.
-    pub inbound_gen: u64,
+    /// Bumped for every connection: only the newest one serves.
+    pub conn_gen: u64,
+    /// Whether this side sets the connection up (its (GID, LID, QPN) is the smaller).
+    pub active: bool,
     /// Where the peer device listens (from the address vector).
     pub remote: Option<SocketAddr>,
-    /// The requester's established connection.
-    pub out_conn: Option<Arc<Conn>>,
-    /// The responder's established connection.
-    pub in_conn: Option<Arc<Conn>>,
+    /// The established connection of the QP pair (both directions).
+    pub conn: Option<Arc<Conn>>,
+    /// For a QP connected to itself: the accepting end of its own connection.
+    pub self_conn: Option<Arc<Conn>>,
     /// The deadline last pushed to the device's timer heap.
     pub timer_at: Option<Instant>,
     /// Armed fault injection.
@@ -110,10 +112,11 @@ impl QpShared {
                 req: Requester::new(qpn, pd.handle, &cap, sq_sig_all),
                 resp: Responder::new(qpn, pd.handle, cap.max_recv_wr, cap.max_recv_sge),
                 epoch: 0,
-                inbound_gen: 0,
+                conn_gen: 0,
+                active: false,
                 remote: None,
-                out_conn: None,
-                in_conn: None,
+                conn: None,
+                self_conn: None,
                 timer_at: None,
                 faults: QpFaults::default(),
                 send_wc: Vec::new(),
@@ -134,7 +137,7 @@ impl QpShared {
 
     /// Closes both connections (RESET, destroy).
     fn close_conns(&self, g: &mut QpInner) {
-        for c in [g.out_conn.take(), g.in_conn.take()].into_iter().flatten() {
+        for c in [g.conn.take(), g.self_conn.take()].into_iter().flatten() {
             self.dev.progress.close(&c);
         }
     }
@@ -285,6 +288,21 @@ impl QpShared {
         Ok(())
     }
 
+    /// This QP's (GID, LID, QPN) as its hello names it.
+    pub fn local_id(&self) -> ([u8; 16], u16, u32) {
+        (self.dev.gid.0, self.dev.listen.port(), self.qpn)
+    }
+
+    /// The peer's (GID, LID, QPN) as the address vector and destination QPN name it.
+    pub fn remote_id(&self, a: &QpAttr) -> ([u8; 16], u16, u32) {
+        let gid = if a.ah_attr.is_global {
+            a.ah_attr.grh.dgid.0
+        } else {
+            self.dev.gid.0
+        };
+        (gid, a.ah_attr.dlid, a.dest_qp_num)
+    }
+
     /// Where the peer device of address vector `ah` listens.
     fn remote_addr(&self, attr: &QpAttr) -> SocketAddr {
         let ah = &attr.ah_attr;
@@ -358,6 +376,12 @@ impl QpShared {
         g.resp.min_rnr_timer = a.min_rnr_timer;
         match next {
             QpState::Reset => {
+                if let Some(c) = g.conn.clone() {
+                    // As in `destroy`: what was executed is acknowledged first.
+                    drop(g);
+                    self.dev.progress.flush_final(&c);
+                    g = self.inner.lock();
+                }
                 g.req.reset();
                 g.resp.reset();
                 g.epoch += 1;
@@ -379,6 +403,13 @@ impl QpShared {
                     rq_psn: a.rq_psn,
                     min_rnr_timer: a.min_rnr_timer,
                 });
+                // One connection per QP pair, set up by the side with the smaller
+                // (GID, LID, QPN), from RTR on (the responder needs it too).
+                g.active = self.local_id() <= self.remote_id(&a);
+                if g.active {
+                    let epoch = g.epoch;
+                    crate::transport::spawn_connector(self.clone(), epoch);
+                }
             }
             QpState::Rts if cur == QpState::Rtr => {
                 g.req.connect(ReqAttrs {
@@ -389,8 +420,6 @@ impl QpShared {
                     max_rd_atomic: a.max_rd_atomic,
                 });
                 g.req.draining = false;
-                let epoch = g.epoch;
-                crate::transport::spawn_requester(self.clone(), epoch);
             }
             QpState::Rts => {
                 g.req.draining = false;
@@ -481,8 +510,14 @@ impl QpShared {
                 req.flush(send_wc);
                 self.deliver(&mut g);
             } else if g.state == QpState::Rts {
-                let conn = g.out_conn.clone();
+                let conn = g.conn.clone();
                 let idle = g.req.nothing_in_flight();
+                if conn.is_none() {
+                    // Until the connection is (re)established the ACK timer runs, as for
+                    // packets lost on the way.
+                    g.req.arm_timer(Self::now());
+                    self.dev.progress.rearm(self, &mut g);
+                }
                 drop(g);
                 match conn {
                     Some(c) => self.dev.progress.kick(self, &c, idle),
@@ -546,6 +581,12 @@ impl QpShared {
 
     /// The user destroyed the QP: stop its tasks, forget its queues.
     pub fn destroy(&self) {
+        // An HCA acknowledged what it executed long before the application could
+        // destroy the QP: write ACKs still owed (delayed ACK) first.
+        let conn = self.inner.lock().conn.clone();
+        if let Some(c) = conn {
+            self.dev.progress.flush_final(&c);
+        }
         self.destroyed.store(true, Ordering::Release);
         let mut g = self.inner.lock();
         g.epoch += 1;

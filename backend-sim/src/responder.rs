@@ -172,6 +172,11 @@ impl Responder {
         tx.push_frame(&Frame::Nak { psn, code });
     }
 
+    /// Whether an ACK is owed (requests executed but not yet acknowledged).
+    pub fn owes_ack(&self) -> bool {
+        self.ack_owed.is_some()
+    }
+
     /// Sends the ACK owed, if any (call when the current batch of requests is done).
     pub fn flush_ack(&mut self, tx: &mut TxQueue) {
         if let Some(psn) = self.ack_owed.take() {

@@ -60,6 +60,7 @@ pub struct Reader {
     start: usize,
     end: usize,
     payload: Option<Payload>,
+    drained: bool,
 }
 
 impl Default for Reader {
@@ -76,7 +77,14 @@ impl Reader {
             start: 0,
             end: 0,
             payload: None,
+            drained: false,
         }
+    }
+
+    /// Whether the last [`Reader::fill`] got less than it asked for: the socket had no
+    /// more bytes at that moment (level-triggered readiness reports new ones).
+    pub fn drained(&self) -> bool {
+        self.drained
     }
 
     /// Whether a payload is being received.
@@ -141,6 +149,7 @@ impl Reader {
                         Some(n) if n < 0 => return Err(io::Error::last_os_error()),
                         Some(n) => {
                             let n = n as usize;
+                            self.drained = n < want;
                             p.left -= n;
                             p.off += n;
                             if p.off == s.len {
@@ -161,11 +170,14 @@ impl Reader {
             self.start = 0;
         }
         let space = &mut self.buf[self.end..];
+        let want = space.len();
         // SAFETY: reads at most `space.len()` bytes into our own buffer.
-        let n = unsafe { libc::read(fd, space.as_mut_ptr().cast(), space.len()) };
+        let n = unsafe { libc::read(fd, space.as_mut_ptr().cast(), want) };
         if n < 0 {
+            self.drained = true;
             return Err(io::Error::last_os_error());
         }
+        self.drained = (n as usize) < want;
         self.end += n as usize;
         Ok(n as usize)
     }

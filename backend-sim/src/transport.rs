@@ -1,16 +1,15 @@
 //! Connection setup for the sim (tokio + socket2): the device's listener, and for every
-//! QP one outgoing connection for its requester and one incoming connection for its
-//! responder. Once the hello exchange is done, the socket is handed to the device's
-//! [`progress`](crate::progress) engine, which runs the data path; this module only
-//! sets connections up and sets them up again when they break.
+//! QP pair one TCP connection that carries both directions. Once the hello exchange is
+//! done, the socket is handed to the device's [`progress`](crate::progress) engine, which
+//! runs the data path; this module only sets connections up, and again when they break.
 //!
-//! - The requester of a QP in RTS with work to do connects to the peer device (address
-//!   from the QP's address vector) and says hello (its GID, LID and QPN, and the QPN it
-//!   wants). The device accepts only for a QP in RTR/RTS/SQD whose destination QPN and
-//!   address vector name exactly that peer.
-//! - A refused or failed connection counts like a lost packet: the requester's ACK timer
-//!   runs (in the progress engine), and `retry_cnt` failed attempts end in
-//!   `IBV_WC_RETRY_EXC_ERR`. Between attempts the task backs off (1 ms doubling to 50 ms).
+//! - The QP with the smaller (GID, LID, QPN) is *active*: from RTR on it connects to the
+//!   peer device (address from its address vector) and says hello (its GID, LID and QPN,
+//!   and the QPN it wants). The peer device accepts only for a passive QP in RTR/RTS/SQD
+//!   whose destination QPN and address vector name exactly that peer.
+//! - A refused or failed connection is retried with backoff (100 µs doubling to 10 ms)
+//!   while the QP lives; meanwhile WRs wait as for lost packets: the requester's ACK timer
+//!   runs (in the progress engine), and `retry_cnt` expiries end in `IBV_WC_RETRY_EXC_ERR`.
 
 use std::io;
 use std::os::fd::AsRawFd;
@@ -22,7 +21,6 @@ use tokio::net::TcpStream;
 use verbs_api::{QpState, Result};
 
 use crate::device::DeviceShared;
-use crate::progress::Dir;
 use crate::qp::QpShared;
 use crate::rx::{Event, Reader};
 use crate::wire::{Frame, HelloReject};
@@ -60,10 +58,10 @@ pub fn spawn_listener(dev: &Arc<DeviceShared>, listener: std::net::TcpListener) 
     Ok(())
 }
 
-/// Starts the requester task of `qp` for `epoch` (called on RTR → RTS).
-pub fn spawn_requester(qp: Arc<QpShared>, epoch: u64) {
+/// Starts the task that connects `qp` (the active side of its pair) for `epoch`.
+pub fn spawn_connector(qp: Arc<QpShared>, epoch: u64) {
     let rt = qp.dev.rt.clone();
-    rt.spawn(requester_task(qp, epoch));
+    rt.spawn(connector_task(qp, epoch));
 }
 
 fn proto(msg: impl Into<String>) -> io::Error {
@@ -131,6 +129,8 @@ async fn serve_inbound(dev: Weak<DeviceShared>, mut stream: TcpStream) -> io::Re
         Some(qp) => {
             let mut g = qp.inner.lock();
             let ah = g.attr.ah_attr;
+            let peer = (src_gid, src_lid, src_qpn);
+            let self_loop = g.active && peer == qp.local_id();
             if !matches!(g.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
                 Err(HelloReject::NotReady)
             } else if g.attr.dest_qp_num != src_qpn
@@ -138,12 +138,19 @@ async fn serve_inbound(dev: Weak<DeviceShared>, mut stream: TcpStream) -> io::Re
                 || (ah.is_global && ah.grh.dgid.0 != src_gid)
             {
                 Err(HelloReject::WrongPeer)
+            } else if g.active && !self_loop {
+                // This side sets the connection up; a peer that thinks otherwise names
+                // the pair differently (e.g. another GID).
+                Err(HelloReject::WrongPeer)
             } else {
-                // A newer connection supersedes the old one: whatever arrived half on the
-                // old one is forgotten (the requester resends it).
-                g.inbound_gen += 1;
-                g.resp.connection_lost();
-                Ok((g.epoch, g.inbound_gen))
+                g.conn_gen += 1;
+                if !self_loop {
+                    // A newer connection supersedes the old one: what was in flight on it
+                    // is resent, half-received requests are forgotten.
+                    g.resp.connection_lost();
+                    g.req.on_connection_lost();
+                }
+                Ok((g.epoch, g.conn_gen, self_loop))
             }
         }
     };
@@ -152,25 +159,29 @@ async fn serve_inbound(dev: Weak<DeviceShared>, mut stream: TcpStream) -> io::Re
             send_frame(&mut stream, &Frame::HelloNak { reason }).await?;
             Err(proto(format!("refused hello for QP {dst_qpn:#x}: {reason:?}")))
         }
-        Ok((epoch, gen)) => {
+        Ok((epoch, gen, self_loop)) => {
             send_frame(&mut stream, &Frame::HelloAck).await?;
             let qp = qp.expect("accepted QPs exist");
             let sock = stream.into_std()?;
             let progress = qp.dev.progress.clone();
-            let conn = progress.register(&qp, Dir::Responder, epoch, gen, sock, reader)?;
+            let conn = progress.register(&qp, epoch, sock, reader)?;
             let old = {
                 let mut g = qp.inner.lock();
-                if qp.is_stale(&g, epoch) || g.inbound_gen != gen {
+                if qp.is_stale(&g, epoch) || g.conn_gen != gen {
                     drop(g);
                     progress.close(&conn);
                     return Ok(());
                 }
-                g.in_conn.replace(conn.clone())
+                if self_loop {
+                    g.self_conn.replace(conn.clone())
+                } else {
+                    g.conn.replace(conn.clone())
+                }
             };
             if let Some(old) = old {
                 progress.close(&old);
             }
-            progress.service(&conn);
+            progress.activate(&conn);
             Ok(())
         }
     }
@@ -178,8 +189,8 @@ async fn serve_inbound(dev: Weak<DeviceShared>, mut stream: TcpStream) -> io::Re
 
 // ---------------------------------------------------------------- requester side
 
-async fn requester_task(qp: Arc<QpShared>, epoch: u64) {
-    let mut backoff = Duration::from_millis(1);
+async fn connector_task(qp: Arc<QpShared>, epoch: u64) {
+    let mut backoff = Duration::from_micros(100);
     loop {
         // Wait until the QP needs a connection it does not have.
         let remote = loop {
@@ -191,7 +202,7 @@ async fn requester_task(qp: Arc<QpShared>, epoch: u64) {
                 if qp.is_stale(&g, epoch) || g.state == QpState::Err {
                     return;
                 }
-                if g.out_conn.is_none() && g.state == QpState::Rts && g.req.has_unsent() {
+                if g.conn.is_none() && matches!(g.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
                     match g.remote {
                         Some(r) => break r,
                         None => return,
@@ -202,11 +213,16 @@ async fn requester_task(qp: Arc<QpShared>, epoch: u64) {
         };
         match connect(&qp, remote).await {
             Ok((stream, reader)) => {
-                backoff = Duration::from_millis(1);
+                backoff = Duration::from_micros(100);
                 let progress = qp.dev.progress.clone();
+                let gen = {
+                    let mut g = qp.inner.lock();
+                    g.conn_gen += 1;
+                    g.conn_gen
+                };
                 let conn = match stream
                     .into_std()
-                    .and_then(|s| progress.register(&qp, Dir::Requester, epoch, 0, s, reader))
+                    .and_then(|s| progress.register(&qp, epoch, s, reader))
                 {
                     Ok(c) => c,
                     Err(e) => {
@@ -219,25 +235,25 @@ async fn requester_task(qp: Arc<QpShared>, epoch: u64) {
                 };
                 {
                     let mut g = qp.inner.lock();
-                    if qp.is_stale(&g, epoch) || g.state == QpState::Err {
+                    if qp.is_stale(&g, epoch) || g.state == QpState::Err || g.conn_gen != gen {
                         drop(g);
                         progress.close(&conn);
                         return;
                     }
-                    g.out_conn = Some(conn.clone());
+                    g.conn = Some(conn.clone());
                 }
-                progress.service(&conn);
+                progress.activate(&conn);
             }
             Err(e) => {
                 tracing::debug!(qpn = qp.qpn, %remote, "connection attempt failed: {e}");
                 {
-                    // Like a lost packet: the ACK timer runs and counts retries.
+                    // Like a lost packet: the ACK timer runs (if there is work) and counts.
                     let mut g = qp.inner.lock();
                     g.req.arm_timer(QpShared::now());
                     qp.dev.progress.rearm(&qp, &mut g);
                 }
                 tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_millis(50));
+                backoff = (backoff * 2).min(Duration::from_millis(10));
             }
         }
     }

@@ -42,6 +42,13 @@ pub struct TxQueue {
     /// Bytes of `parts.front()` already written.
     head_off: usize,
     pending: usize,
+    /// Whether anything but coalesced ACKs is queued (ACKs alone may wait a little).
+    urgent: bool,
+    /// Bytes ever queued and ever written (stream positions).
+    queued_total: u64,
+    written_total: u64,
+    /// Where each queued READ/atomic response's header ends, oldest first.
+    replies: VecDeque<u64>,
 }
 
 impl TxQueue {
@@ -60,11 +67,27 @@ impl TxQueue {
         self.pending
     }
 
+    /// Whether anything but ACK frames is queued.
+    pub fn urgent(&self) -> bool {
+        self.urgent
+    }
+
+    /// READ and atomic responses queued and not yet written.
+    pub fn unsent_replies(&self) -> usize {
+        self.replies.len()
+    }
+
     /// Queues a frame header.
     pub fn push_frame(&mut self, f: &Frame) {
+        if !matches!(f, Frame::Ack { .. }) {
+            self.urgent = true;
+        }
         let mut hdr = [0u8; MAX_HDR_LEN];
         let n = f.encode(&mut hdr);
         self.push_bytes(&hdr[..n]);
+        if matches!(f, Frame::ReadResp { .. } | Frame::AtomicResp { .. }) {
+            self.replies.push_back(self.queued_total);
+        }
     }
 
     /// Queues bytes (copied).
@@ -79,6 +102,7 @@ impl TxQueue {
 
     fn extend_bytes(&mut self, start: usize, end: usize) {
         self.pending += end - start;
+        self.queued_total += (end - start) as u64;
         if let Some(Part::Bytes { end: last_end, .. }) = self.parts.back_mut() {
             if *last_end == start {
                 *last_end = end;
@@ -101,12 +125,17 @@ impl TxQueue {
             self.extend_bytes(start, self.arena.len());
         } else {
             self.pending += seg.len;
+            self.queued_total += seg.len as u64;
             self.parts.push_back(Part::Mem(seg.clone()));
         }
     }
 
     fn advance(&mut self, mut n: usize) {
         self.pending -= n;
+        self.written_total += n as u64;
+        while self.replies.front().is_some_and(|&end| end <= self.written_total) {
+            self.replies.pop_front();
+        }
         while n > 0 {
             let front = self.parts.front().expect("advance within pending bytes");
             let left = front.len() - self.head_off;
@@ -122,6 +151,7 @@ impl TxQueue {
         if self.parts.is_empty() {
             self.arena.clear();
             self.head_off = 0;
+            self.urgent = false;
         }
     }
 
@@ -229,6 +259,9 @@ impl TxQueue {
         }
         self.arena.clear();
         self.pending = 0;
+        self.urgent = false;
+        self.written_total = self.queued_total;
+        self.replies.clear();
     }
 }
 

@@ -94,7 +94,7 @@ fn crafted_frames_never_touch_memory_outside_the_region() {
     let fake = Endpoint {
         gid: ctx.query_gid(1, 0).unwrap(),
         lid: ctx.query_port(1).unwrap().lid,
-        qpn: 0x4242,
+        qpn: 2, // the smallest QPN: the victim is the passive side and accepts
         psn: 0,
     };
     connect_rc(&victim, &RcParams::default(), 0, &fake).unwrap();
@@ -207,7 +207,7 @@ fn a_peer_that_floods_without_reading_is_bounded() {
     let fake = Endpoint {
         gid: ctx.query_gid(1, 0).unwrap(),
         lid: ctx.query_port(1).unwrap().lid,
-        qpn: 0x4343,
+        qpn: 2, // the smallest QPN: the victim is the passive side and accepts
         psn: 0,
     };
     connect_rc(&victim, &RcParams::default(), 0, &fake).unwrap();

@@ -415,15 +415,26 @@ impl<B: Backend> Side<B> {
         }
     }
 
-    /// Waits until the last byte of a `size`-byte message in the receive area is `v`.
-    fn wait_byte(&self, size: usize, v: u8) -> Res<()> {
+    /// Waits until the last byte of a `size`-byte message in the receive area is `v`,
+    /// reaping send completions meanwhile (polling the CQ is also what drives a
+    /// software HCA's progress on this thread).
+    fn wait_byte(&mut self, size: usize, v: u8) -> Res<()> {
         let at = size - 1;
         let word = at & !7;
         let shift = at - word;
         let mut w = Waiter::new(self.timeout);
+        let mut wcs = [WorkCompletion::default(); 8];
         loop {
             let x = self.mr.read_u64(word)?.to_ne_bytes()[shift];
             if x == v {
+                return Ok(());
+            }
+            let n = self.rc.cq.poll(&mut wcs)?;
+            for wc in &wcs[..n] {
+                check_wc(wc, &|| format!("{} message", self.cfg.test.name()))?;
+                self.sends_out -= 1;
+            }
+            if self.mr.read_u64(word)?.to_ne_bytes()[shift] == v {
                 return Ok(());
             }
             w.idle(&|| format!("the peer's RDMA WRITE (byte {at} to become {v})"))?;
