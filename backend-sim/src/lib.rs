@@ -403,6 +403,8 @@ pub struct SimCq {
 
 impl CompletionQueue for SimCq {
     fn poll(&self, wc: &mut [WorkCompletion]) -> Result<usize> {
+        // ACKs deferred by this thread's previous poll leave now (delayed ACK).
+        self.dev.progress.flush_acks();
         let n = self.cq.poll(wc)?;
         if n > 0 || wc.is_empty() {
             return Ok(n);

@@ -191,6 +191,8 @@ pub struct Progress {
     spin: Duration,
     /// Connections with an ACK left for later (delayed ACK).
     acks: Mutex<Vec<Arc<Conn>>>,
+    /// Whether `acks` may be non-empty (checked without the lock on every poll).
+    acks_pending: AtomicBool,
     /// Faults that fired on this device.
     pub counters: FaultCounters,
 }
@@ -245,6 +247,7 @@ impl Progress {
             last_user_poll: AtomicU64::new(0),
             spin,
             acks: Mutex::new(Vec::new()),
+            acks_pending: AtomicBool::new(false),
             counters: FaultCounters::default(),
         })
     }
@@ -390,8 +393,12 @@ impl Progress {
         self.schedule(qp);
     }
 
-    /// Writes the ACKs left for later.
-    fn flush_acks(&self) -> bool {
+    /// Writes the ACKs left for later (an application thread's next poll or post, or
+    /// the progress thread when no application drives).
+    pub fn flush_acks(&self) -> bool {
+        if !self.acks_pending.swap(false, Ordering::AcqRel) {
+            return false;
+        }
         let conns = {
             let mut a = self.acks.lock();
             if a.is_empty() {
@@ -463,7 +470,7 @@ impl Progress {
             } else {
                 self.sleeping.store(true, Ordering::SeqCst);
                 // Work queued between the last check and now must not wait for a bell.
-                if !self.ready.lock().is_empty() || !self.acks.lock().is_empty() {
+                if !self.ready.lock().is_empty() || self.acks_pending.load(Ordering::Acquire) {
                     Some(Duration::ZERO)
                 } else {
                     let mut left = self
@@ -663,6 +670,7 @@ impl Progress {
             };
             if ack_later && !conn.ack_queued.swap(true, Ordering::AcqRel) {
                 self.acks.lock().push(conn.clone());
+                self.acks_pending.store(true, Ordering::Release);
             }
             let hold = faulty && self.responder_hold(conn, io.tx.is_empty());
             if !io.tx.is_empty() && !hold {

@@ -12,9 +12,9 @@ use std::os::fd::RawFd;
 use crate::memory::Seg;
 use crate::wire::{Frame, WireError};
 
-const BUF: usize = 64 * 1024;
+const BUF: usize = 32 * 1024;
 /// Payload remainders at least this large are read directly into place.
-const DIRECT_MIN: usize = 16 * 1024;
+const DIRECT_MIN: usize = 8 * 1024;
 
 /// What the reader produced.
 #[derive(Debug)]

@@ -1,0 +1,863 @@
+//! perf-compare: the simulated HCA against the physical limit of the transport it runs on.
+//!
+//! In one run, alternating so that both see the same machine, it measures raw TCP over
+//! loopback (an 8-byte ping-pong, busy-polling and blocking, and one stream of 1 MiB
+//! writes), then the sim with the `perf` tool (two processes, as a user would run it), and
+//! prints every target of the performance issue with the measured ratio:
+//!
+//! | test | target |
+//! |---|---|
+//! | send_lat / write_lat 8 B, typical one-way | <= 1.3 x raw TCP ping-pong one-way (same polling mode) |
+//! | read_lat / atomic_lat 8 B | <= 1.3 x one raw TCP round trip |
+//! | write_bw / read_bw / send_bw 1 MiB | >= 0.8 x one raw TCP stream |
+//! | write_bw 64 B, tx depth 128 | >= 1 M msgs/s |
+//! | 64 QPs on one device, write_bw 64 KiB aggregate | >= 0.8 x one QP (same harness) |
+//! | send_lat p99 with a third thread spinning | < 4 ms (no scheduler-tick stalls) |
+//!
+//! `--curves` adds latency and bandwidth against message size (8 B .. 4 MiB) and against
+//! the number of QPs (1 .. 1024), written as CSV and, with `--plot FILE.svg`, as a plot.
+//!
+//! ```text
+//! cargo run --release -p examples --bin perf-compare                 # the target table
+//! cargo run --release -p examples --bin perf-compare -- --curves --plot docs/perf.svg
+//! ```
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand};
+use examples::bail;
+use examples::error::{Res, ResultExt};
+use serde::Serialize;
+use verbs_api::*;
+
+/// Measure the simulated HCA against raw TCP on this machine.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Cli {
+    /// Rounds of every measurement (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Iterations of each latency test.
+    #[arg(long, default_value_t = 20_000)]
+    lat_iters: u64,
+    /// Also measure the curves (size and QP count).
+    #[arg(long)]
+    curves: bool,
+    /// Write the curves as an SVG plot to this file (implies --curves).
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// Write all figures as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Largest QP count of the QP curve.
+    #[arg(long, default_value_t = 1024)]
+    max_qps: usize,
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// (internal) the TCP peer of the baselines.
+    TcpServer,
+    /// (internal) a thread that only spins, for the third-thread test.
+    Spin {
+        /// How long.
+        #[arg(long)]
+        secs: f64,
+    },
+}
+
+/// An error from a formatted message.
+macro_rules! error {
+    ($($t:tt)*) => {
+        examples::error::Error::from(format!($($t)*))
+    };
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let r = match &cli.cmd {
+        Some(Cmd::TcpServer) => tcp_server(),
+        Some(Cmd::Spin { secs }) => {
+            let end = Instant::now() + Duration::from_secs_f64(*secs);
+            while Instant::now() < end {
+                std::hint::spin_loop();
+            }
+            Ok(())
+        }
+        None => run(&cli),
+    };
+    examples::error::report("perf-compare", r)
+}
+
+// ------------------------------------------------------------------------- raw TCP
+
+const MODE_PINGPONG: u8 = 1;
+const MODE_STREAM: u8 = 2;
+
+/// The peer of the baselines: answers 8-byte pings, or swallows a stream.
+fn tcp_server() -> Res<()> {
+    let l = TcpListener::bind("127.0.0.1:0")?;
+    println!("listening on {}", l.local_addr()?);
+    std::io::stdout().flush()?;
+    loop {
+        let (mut s, _) = l.accept()?;
+        s.set_nodelay(true)?;
+        let mut mode = [0u8; 2];
+        if s.read_exact(&mut mode).is_err() {
+            return Ok(());
+        }
+        match mode[0] {
+            MODE_PINGPONG => {
+                let busy = mode[1] == 1;
+                s.set_nonblocking(busy)?;
+                let mut b = [0u8; 8];
+                while read_full(&mut s, &mut b, busy).is_ok() {
+                    if write_full(&mut s, &b).is_err() {
+                        break;
+                    }
+                }
+            }
+            MODE_STREAM => {
+                let busy = mode[1] == 1;
+                s.set_nonblocking(busy)?;
+                let mut buf = vec![0u8; 1 << 20];
+                loop {
+                    match s.read(&mut buf) {
+                        Ok(0) => break,
+                        Ok(_) => {}
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+                        Err(_) => break,
+                    }
+                }
+                s.set_nonblocking(false)?;
+                let _ = s.write_all(b"k");
+            }
+            _ => return Ok(()),
+        }
+    }
+}
+
+/// Reads exactly `b.len()` bytes; when busy, spins on a non-blocking socket (yielding
+/// every 64 tries, as the `perf` tool's waits do).
+fn read_full(s: &mut TcpStream, b: &mut [u8], busy: bool) -> std::io::Result<()> {
+    let mut got = 0;
+    let mut tries = 0u32;
+    while got < b.len() {
+        match s.read(&mut b[got..]) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => got += n,
+            Err(e) if busy && e.kind() == std::io::ErrorKind::WouldBlock => {
+                tries += 1;
+                if tries % 64 == 0 {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+fn write_full(s: &mut TcpStream, b: &[u8]) -> std::io::Result<()> {
+    let mut off = 0;
+    while off < b.len() {
+        match s.write(&b[off..]) {
+            Ok(n) => off += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+struct Peer {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn spawn_tcp_server() -> Res<Peer> {
+    let mut child = Command::new(std::env::current_exe()?)
+        .arg("tcp-server")
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("starting the TCP peer")?;
+    let out = child
+        .stdout
+        .take()
+        .ok_or_else(|| error!("no stdout from the TCP peer"))?;
+    let mut line = String::new();
+    BufReader::new(out).read_line(&mut line)?;
+    let addr = line
+        .trim()
+        .strip_prefix("listening on ")
+        .ok_or_else(|| error!("the TCP peer did not say where it listens"))?
+        .to_string();
+    Ok(Peer { child, addr })
+}
+
+/// One-way latencies (µs) of an 8-byte TCP ping-pong.
+fn tcp_pingpong(peer: &Peer, iters: u64, busy: bool) -> Res<Vec<f64>> {
+    let mut s = TcpStream::connect(&peer.addr)?;
+    s.set_nodelay(true)?;
+    s.write_all(&[MODE_PINGPONG, busy as u8])?;
+    s.set_nonblocking(busy)?;
+    let mut b = [7u8; 8];
+    let mut lat = Vec::with_capacity(iters as usize);
+    for i in 0..iters + 100 {
+        let t0 = Instant::now();
+        write_full(&mut s, &b)?;
+        read_full(&mut s, &mut b, busy)?;
+        if i >= 100 {
+            lat.push(t0.elapsed().as_secs_f64() * 1e6 / 2.0);
+        }
+    }
+    Ok(lat)
+}
+
+/// MB/s of one TCP stream of 1 MiB writes: 0.5 s of warm-up (the window opens), then
+/// `secs` measured, as iperf3 does. `busy`: both ends poll non-blocking sockets instead
+/// of sleeping in the kernel (as the sim's progress threads do).
+fn tcp_stream(peer: &Peer, secs: f64, busy: bool) -> Res<f64> {
+    let mut s = TcpStream::connect(&peer.addr)?;
+    s.set_nodelay(true)?;
+    s.write_all(&[MODE_STREAM, busy as u8])?;
+    s.set_nonblocking(busy)?;
+    let buf = vec![1u8; 1 << 20];
+    let warm = Instant::now() + Duration::from_millis(500);
+    while Instant::now() < warm {
+        write_full(&mut s, &buf)?;
+    }
+    let t0 = Instant::now();
+    let mut sent = 0u64;
+    while t0.elapsed().as_secs_f64() < secs {
+        write_full(&mut s, &buf)?;
+        sent += buf.len() as u64;
+    }
+    let elapsed = t0.elapsed().as_secs_f64();
+    s.set_nonblocking(false)?;
+    s.shutdown(std::net::Shutdown::Write)?;
+    let mut k = [0u8; 1];
+    s.read_exact(&mut k)?;
+    Ok(sent as f64 / elapsed / 1e6)
+}
+
+// ------------------------------------------------------------------------- the sim via perf
+
+#[derive(Clone, Debug, Default, serde::Deserialize)]
+struct PerfRow {
+    size: u64,
+    #[serde(default)]
+    t_typical_us: f64,
+    #[serde(default)]
+    t_p99_us: f64,
+    #[serde(default)]
+    t_max_us: f64,
+    #[serde(default)]
+    #[serde(rename = "bw_avg_MBps")]
+    bw_avg_mbps: f64,
+    #[serde(default)]
+    #[serde(rename = "msg_rate_Mpps")]
+    msg_rate_mpps: f64,
+}
+
+fn perf_exe() -> Res<PathBuf> {
+    let p = std::env::current_exe()?.with_file_name("perf");
+    if !p.exists() {
+        bail!(
+            "{} not found: build it with `cargo build --release -p examples`",
+            p.display()
+        );
+    }
+    Ok(p)
+}
+
+fn perf(args: &[String]) -> Res<Vec<PerfRow>> {
+    let out = Command::new(perf_exe()?)
+        .args(args)
+        .arg("--json")
+        .stderr(Stdio::null())
+        .output()
+        .context("running perf")?;
+    if !out.status.success() {
+        bail!(
+            "perf {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.trim_start().starts_with('{'))
+        .map(|l| serde_json::from_str(l).map_err(|e| error!("perf output {l:?}: {e}")))
+        .collect()
+}
+
+fn perf1(args: &[&str]) -> Res<PerfRow> {
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    perf(&args)?
+        .into_iter()
+        .next()
+        .ok_or_else(|| error!("perf printed no result"))
+}
+
+// ------------------------------------------------------------------------- many QPs, in process
+
+/// Aggregate MB/s of RDMA WRITEs of `size` bytes over `qps` QPs on one device (their
+/// peers on a second device in this process), `depth` WRs outstanding per QP.
+fn multi_qp_write_bw(qps: usize, size: usize, total: u64) -> Res<f64> {
+    let sim = backend_sim::SimBackend::default();
+    let a = sim.open("sim0")?;
+    let b = sim.open("sim1")?;
+    let pd_a = a.alloc_pd()?;
+    let pd_b = b.alloc_pd()?;
+    let cq_a = a.create_cq(65536, None)?;
+    let cq_b = b.create_cq(64, None)?;
+    let depth = (256 / qps).clamp(2, 16);
+    let cap = QpCap {
+        max_send_wr: depth as u32,
+        max_recv_wr: 1,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let src = pd_a.reg_mr(size, AccessFlags::LOCAL_WRITE)?;
+    let dst = pd_b.reg_mr(size, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+    let p = RcParams::default();
+    let mut pairs = Vec::with_capacity(qps);
+    for _ in 0..qps {
+        let qa = pd_a.create_qp(&QpInitAttr::rc(&cq_a, &cq_a, cap))?;
+        let qb = pd_b.create_qp(&QpInitAttr::rc(&cq_b, &cq_b, cap))?;
+        let ea = local_endpoint(&a, &qa, &p, 1)?;
+        let eb = local_endpoint(&b, &qb, &p, 2)?;
+        connect_rc(&qa, &p, 1, &eb)?;
+        connect_rc(&qb, &p, 2, &ea)?;
+        pairs.push((qa, qb));
+    }
+    let sge = [src.sge_all()];
+    let remote = dst.remote().at(0);
+    let mut outstanding = vec![0usize; qps];
+    let mut wcs = vec![WorkCompletion::default(); 256];
+    // Warm up: one WRITE per QP sets the connections up.
+    for (i, (qa, _)) in pairs.iter().enumerate() {
+        qa.post_send(&[SendWr::write(i as u64, &sge, remote).signaled()])
+            .map_err(|e| error!("{e}"))?;
+    }
+    poll_n(&cq_a, qps, Duration::from_secs(60))?;
+    let msgs = (total / size as u64).max(qps as u64);
+    let t0 = Instant::now();
+    let (mut posted, mut done) = (0u64, 0u64);
+    while done < msgs {
+        for (i, (qa, _)) in pairs.iter().enumerate() {
+            while outstanding[i] < depth && posted < msgs {
+                qa.post_send(&[SendWr::write(i as u64, &sge, remote).signaled()])
+                    .map_err(|e| error!("{e}"))?;
+                outstanding[i] += 1;
+                posted += 1;
+            }
+        }
+        let n = cq_a.poll(&mut wcs)?;
+        for wc in &wcs[..n] {
+            if !wc.is_ok() {
+                bail!("WRITE on QP {} failed: {:?}", wc.wr_id, wc.status);
+            }
+            outstanding[wc.wr_id as usize] -= 1;
+        }
+        done += n as u64;
+        if n == 0 {
+            std::thread::yield_now();
+        }
+        if t0.elapsed() > Duration::from_secs(120) {
+            bail!("{qps} QPs: {done} of {msgs} WRITEs after 120 s");
+        }
+    }
+    Ok(done as f64 * size as f64 / t0.elapsed().as_secs_f64() / 1e6)
+}
+
+/// Typical latency (µs) of an 8-byte RDMA WRITE (to completion), taking `qps` QPs in turn.
+fn multi_qp_write_lat(qps: usize, iters: u64) -> Res<f64> {
+    let sim = backend_sim::SimBackend::default();
+    let a = sim.open("sim0")?;
+    let b = sim.open("sim1")?;
+    let pd_a = a.alloc_pd()?;
+    let pd_b = b.alloc_pd()?;
+    let cq_a = a.create_cq(4096, None)?;
+    let cq_b = b.create_cq(64, None)?;
+    let cap = QpCap {
+        max_send_wr: 4,
+        max_recv_wr: 1,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 64,
+    };
+    let src = pd_a.reg_mr(64, AccessFlags::LOCAL_WRITE)?;
+    let dst = pd_b.reg_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+    let p = RcParams::default();
+    let mut qs = Vec::with_capacity(qps);
+    for _ in 0..qps {
+        let qa = pd_a.create_qp(&QpInitAttr::rc(&cq_a, &cq_a, cap))?;
+        let qb = pd_b.create_qp(&QpInitAttr::rc(&cq_b, &cq_b, cap))?;
+        let ea = local_endpoint(&a, &qa, &p, 1)?;
+        let eb = local_endpoint(&b, &qb, &p, 2)?;
+        connect_rc(&qa, &p, 1, &eb)?;
+        connect_rc(&qb, &p, 2, &ea)?;
+        qs.push((qa, qb));
+    }
+    let sge = [src.sge(0, 8)?];
+    let mut lat = Vec::with_capacity(iters as usize);
+    let total = iters + qps as u64;
+    for i in 0..total {
+        let (qa, _) = &qs[(i as usize) % qps];
+        let t0 = Instant::now();
+        qa.post_send(&[SendWr::write(i, &sge, dst.remote().at(0)).signaled().inline()])
+            .map_err(|e| error!("{e}"))?;
+        poll_n(&cq_a, 1, Duration::from_secs(10))?;
+        // The first round sets the connections up: not counted.
+        if i >= qps as u64 {
+            lat.push(t0.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    Ok(percentile(&mut lat, 50.0))
+}
+
+// ------------------------------------------------------------------------- the run
+
+fn percentile(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v[((v.len() - 1) as f64 * p / 100.0).round() as usize]
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    percentile(&mut v, 50.0)
+}
+
+#[derive(Serialize, Debug, Clone)]
+struct Target {
+    test: String,
+    measured: String,
+    baseline: String,
+    ratio: f64,
+    target: String,
+    pass: bool,
+}
+
+#[derive(Serialize, Debug, Default)]
+struct Report {
+    machine: String,
+    date: String,
+    rounds: usize,
+    tcp_busy_one_way_us: f64,
+    tcp_block_one_way_us: f64,
+    /// The bandwidth baseline: the better of the two modes, per round.
+    #[serde(rename = "tcp_stream_MBps")]
+    tcp_stream_mbps: f64,
+    #[serde(rename = "tcp_stream_blocking_MBps")]
+    tcp_stream_blocking_mbps: f64,
+    #[serde(rename = "tcp_stream_busy_MBps")]
+    tcp_stream_busy_mbps: f64,
+    targets: Vec<Target>,
+    size_curve: Vec<SizePoint>,
+    qp_curve: Vec<QpPoint>,
+}
+
+#[derive(Serialize, Debug, Clone)]
+struct SizePoint {
+    size: u64,
+    write_lat_us: f64,
+    #[serde(rename = "write_bw_MBps")]
+    write_bw_mbps: f64,
+}
+
+#[derive(Serialize, Debug, Clone)]
+struct QpPoint {
+    qps: usize,
+    write_lat_us: f64,
+    #[serde(rename = "write_bw_64k_MBps")]
+    write_bw_64k_mbps: f64,
+}
+
+fn machine() -> String {
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!("{cpus} x {model}, Linux {}", kernel.trim())
+}
+
+fn raise_fd_limit() {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit write/read a live rlimit struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < r.rlim_max {
+            r.rlim_cur = r.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        }
+    }
+}
+
+fn run(cli: &Cli) -> Res<()> {
+    raise_fd_limit();
+    let rounds = cli.rounds.max(1);
+    let n = cli.lat_iters.to_string();
+    let mut rep = Report {
+        machine: machine(),
+        date: date(),
+        rounds,
+        ..Default::default()
+    };
+    eprintln!("perf-compare: {} rounds on {}", rounds, rep.machine);
+    let peer = spawn_tcp_server()?;
+
+    let mut tcp_busy = Vec::new();
+    let mut tcp_block = Vec::new();
+    let mut tcp_bw = Vec::new();
+    let mut tcp_bw_modes = Vec::new();
+    let mut sim: std::collections::BTreeMap<&str, Vec<f64>> = Default::default();
+    let lat_tests = ["send_lat", "write_lat", "read_lat", "atomic_lat"];
+    for r in 0..rounds {
+        eprintln!("round {}/{rounds}", r + 1);
+        tcp_busy.push(median(tcp_pingpong(&peer, cli.lat_iters, true)?));
+        tcp_block.push(median(tcp_pingpong(&peer, cli.lat_iters / 4, false)?));
+        // The stronger of the two polling modes is the baseline.
+        let blocking = tcp_stream(&peer, 2.0, false)?;
+        let busy = tcp_stream(&peer, 2.0, true)?;
+        tcp_bw_modes.push((blocking, busy));
+        tcp_bw.push(blocking.max(busy));
+        for t in lat_tests {
+            let row = perf1(&[t, "-s", "8", "-n", &n])?;
+            sim.entry(t).or_default().push(row.t_typical_us);
+        }
+        for t in ["write_bw", "read_bw", "send_bw"] {
+            let row = perf1(&[t, "-s", "1048576", "-n", "8000"])?;
+            sim.entry(t).or_default().push(row.bw_avg_mbps);
+        }
+        let row = perf1(&["write_bw", "-s", "64", "-t", "128", "-n", "1000000"])?;
+        sim.entry("write_bw_64").or_default().push(row.msg_rate_mpps);
+        sim.entry("qp1")
+            .or_default()
+            .push(multi_qp_write_bw(1, 65536, 2 << 30)?);
+        sim.entry("qp64")
+            .or_default()
+            .push(multi_qp_write_bw(64, 65536, 2 << 30)?);
+    }
+    let busy = median(tcp_busy);
+    let block = median(tcp_block);
+    let bw = median(tcp_bw);
+    rep.tcp_busy_one_way_us = busy;
+    rep.tcp_block_one_way_us = block;
+    rep.tcp_stream_mbps = bw;
+    rep.tcp_stream_blocking_mbps = median(tcp_bw_modes.iter().map(|m| m.0).collect());
+    rep.tcp_stream_busy_mbps = median(tcp_bw_modes.iter().map(|m| m.1).collect());
+    let m = |k: &str| median(sim.get(k).cloned().unwrap_or_default());
+    let mut push = |test: &str,
+                    measured: f64,
+                    unit: &str,
+                    base: f64,
+                    base_desc: String,
+                    max: Option<f64>,
+                    min: Option<f64>| {
+        let ratio = measured / base;
+        let (pass, target) = match (max, min) {
+            (Some(x), _) => (ratio <= x, format!("<= {x} x")),
+            (_, Some(x)) => (ratio >= x, format!(">= {x} x")),
+            _ => (true, String::new()),
+        };
+        rep.targets.push(Target {
+            test: test.into(),
+            measured: format!("{measured:.2} {unit}"),
+            baseline: base_desc,
+            ratio,
+            target,
+            pass,
+        });
+    };
+    for t in ["send_lat", "write_lat"] {
+        push(
+            t,
+            m(t),
+            "us",
+            busy,
+            format!("TCP one-way {busy:.2} us"),
+            Some(1.3),
+            None,
+        );
+    }
+    for t in ["read_lat", "atomic_lat"] {
+        push(
+            t,
+            m(t),
+            "us",
+            2.0 * busy,
+            format!("TCP round trip {:.2} us", 2.0 * busy),
+            Some(1.3),
+            None,
+        );
+    }
+    for t in ["write_bw", "read_bw", "send_bw"] {
+        push(
+            &format!("{t} 1 MiB"),
+            m(t),
+            "MB/s",
+            bw,
+            format!("TCP stream {bw:.0} MB/s"),
+            None,
+            Some(0.8),
+        );
+    }
+    push(
+        "write_bw 64 B, tx depth 128",
+        m("write_bw_64"),
+        "M msgs/s",
+        1.0,
+        "1 M msgs/s".into(),
+        None,
+        Some(1.0),
+    );
+    push(
+        "64 QPs write_bw 64 KiB aggregate",
+        m("qp64"),
+        "MB/s",
+        m("qp1"),
+        format!("1 QP {:.0} MB/s", m("qp1")),
+        None,
+        Some(0.8),
+    );
+
+    // A third thread that only spins, on these two cores.
+    let spin_secs = 20.0;
+    let mut spinner = Command::new(std::env::current_exe()?)
+        .args(["spin", "--secs", &spin_secs.to_string()])
+        .spawn()?;
+    std::thread::sleep(Duration::from_millis(100));
+    let loaded = perf1(&["send_lat", "-s", "8", "-n", &n]);
+    let mut tcp_loaded = tcp_pingpong(&peer, cli.lat_iters, true)?;
+    let _ = spinner.kill();
+    let _ = spinner.wait();
+    let loaded = loaded?;
+    let tcp_p99 = percentile(&mut tcp_loaded, 99.0);
+    rep.targets.push(Target {
+        test: "send_lat p99 with a third spinning thread".into(),
+        measured: format!("p99 {:.1} us (max {:.0} us)", loaded.t_p99_us, loaded.t_max_us),
+        baseline: format!("TCP busy p99 {tcp_p99:.1} us"),
+        ratio: loaded.t_p99_us / tcp_p99,
+        target: "p99 < 4000 us".into(),
+        pass: loaded.t_p99_us < 4000.0,
+    });
+
+    if cli.curves || cli.plot.is_some() {
+        eprintln!("size curve");
+        let lat = perf(&["write_lat".into(), "-a".into(), "-n".into(), "2000".into()])?;
+        let bwr = perf(&["write_bw".into(), "-a".into(), "-n".into(), "2000".into()])?;
+        for l in &lat {
+            if let Some(b) = bwr.iter().find(|b| b.size == l.size) {
+                rep.size_curve.push(SizePoint {
+                    size: l.size,
+                    write_lat_us: l.t_typical_us,
+                    write_bw_mbps: b.bw_avg_mbps,
+                });
+            }
+        }
+        let mut q = 1;
+        while q <= cli.max_qps {
+            eprintln!("QP curve: {q} QPs");
+            rep.qp_curve.push(QpPoint {
+                qps: q,
+                write_lat_us: multi_qp_write_lat(q, 2000.max(q as u64 * 2))?,
+                write_bw_64k_mbps: multi_qp_write_bw(q, 65536, 1 << 30)?,
+            });
+            q *= 4;
+        }
+    }
+
+    print_report(&rep);
+    if let Some(p) = &cli.json {
+        std::fs::write(p, serde_json::to_string_pretty(&rep)?)?;
+    }
+    if let Some(p) = &cli.plot {
+        plot(&rep, p)?;
+        eprintln!("plot written to {}", p.display());
+    }
+    if rep.targets.iter().any(|t| !t.pass) {
+        println!("\nsome targets are not met (see above)");
+    }
+    Ok(())
+}
+
+fn date() -> String {
+    Command::new("date")
+        .arg("-u")
+        .arg("+%Y-%m-%d")
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+fn print_report(rep: &Report) {
+    println!(
+        "\nmachine: {}; {}; median of {} rounds",
+        rep.machine, rep.date, rep.rounds
+    );
+    println!(
+        "raw TCP over 127.0.0.1: 8 B ping-pong one-way {:.2} us busy-polling, {:.2} us blocking; one stream of 1 MiB writes {:.0} MB/s blocking, {:.0} MB/s busy-polling\n",
+        rep.tcp_busy_one_way_us, rep.tcp_block_one_way_us, rep.tcp_stream_blocking_mbps, rep.tcp_stream_busy_mbps
+    );
+    println!("| test | sim | baseline | ratio | target | met |");
+    println!("|---|---|---|---|---|---|");
+    for t in &rep.targets {
+        println!(
+            "| {} | {} | {} | {:.2} | {} | {} |",
+            t.test,
+            t.measured,
+            t.baseline,
+            t.ratio,
+            t.target,
+            if t.pass { "yes" } else { "**no**" }
+        );
+    }
+    if !rep.size_curve.is_empty() {
+        println!("\nsize,write_lat_us,write_bw_MBps");
+        for p in &rep.size_curve {
+            println!("{},{:.2},{:.0}", p.size, p.write_lat_us, p.write_bw_mbps);
+        }
+    }
+    if !rep.qp_curve.is_empty() {
+        println!("\nqps,write_lat_us,write_bw_64k_MBps");
+        for p in &rep.qp_curve {
+            println!("{},{:.2},{:.0}", p.qps, p.write_lat_us, p.write_bw_64k_mbps);
+        }
+    }
+}
+
+fn plot(rep: &Report, path: &std::path::Path) -> Res<()> {
+    use plotters::prelude::*;
+    let root = SVGBackend::new(path, (1100, 420)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| error!("plot: {e}"))?;
+    let (left, right) = root.split_horizontally(550);
+    let e = |e: DrawingAreaErrorKind<_>| error!("plot: {e}");
+    // Left: latency and bandwidth against message size.
+    if !rep.size_curve.is_empty() {
+        let max_lat = rep.size_curve.iter().map(|p| p.write_lat_us).fold(1.0, f64::max) * 1.2;
+        let max_bw = rep.size_curve.iter().map(|p| p.write_bw_mbps).fold(1.0, f64::max) * 1.2;
+        let sizes = (
+            rep.size_curve[0].size,
+            rep.size_curve.last().map_or(2, |p| p.size),
+        );
+        let mut c = ChartBuilder::on(&left)
+            .caption("sim write_lat / write_bw vs message size", ("sans-serif", 16))
+            .margin(10)
+            .x_label_area_size(35)
+            .y_label_area_size(55)
+            .right_y_label_area_size(55)
+            .build_cartesian_2d((sizes.0..sizes.1).log_scale(), (0.5..max_lat).log_scale())
+            .map_err(e)?
+            .set_secondary_coord((sizes.0..sizes.1).log_scale(), 0.0..max_bw);
+        c.configure_mesh()
+            .x_desc("bytes")
+            .y_desc("write_lat typical (us)")
+            .draw()
+            .map_err(e)?;
+        c.configure_secondary_axes()
+            .y_desc("write_bw (MB/s)")
+            .draw()
+            .map_err(e)?;
+        c.draw_series(LineSeries::new(
+            rep.size_curve.iter().map(|p| (p.size, p.write_lat_us)),
+            &BLUE,
+        ))
+        .map_err(e)?
+        .label("write_lat (us, left)")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE));
+        c.draw_secondary_series(LineSeries::new(
+            rep.size_curve.iter().map(|p| (p.size, p.write_bw_mbps)),
+            &RED,
+        ))
+        .map_err(e)?
+        .label("write_bw (MB/s, right)")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
+        c.configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .position(SeriesLabelPosition::UpperLeft)
+            .draw()
+            .map_err(e)?;
+    }
+    // Right: latency and aggregate bandwidth against the number of QPs.
+    if !rep.qp_curve.is_empty() {
+        let max_lat = rep.qp_curve.iter().map(|p| p.write_lat_us).fold(1.0, f64::max) * 1.3;
+        let max_bw = rep
+            .qp_curve
+            .iter()
+            .map(|p| p.write_bw_64k_mbps)
+            .fold(1.0, f64::max)
+            * 1.3;
+        let qmax = rep.qp_curve.last().map_or(2, |p| p.qps as u32).max(2);
+        let mut c = ChartBuilder::on(&right)
+            .caption("sim vs number of QPs (one device)", ("sans-serif", 16))
+            .margin(10)
+            .x_label_area_size(35)
+            .y_label_area_size(55)
+            .right_y_label_area_size(55)
+            .build_cartesian_2d((1u32..qmax).log_scale(), 0.0..max_lat)
+            .map_err(e)?
+            .set_secondary_coord((1u32..qmax).log_scale(), 0.0..max_bw);
+        c.configure_mesh()
+            .x_desc("QPs")
+            .y_desc("8 B write latency (us)")
+            .draw()
+            .map_err(e)?;
+        c.configure_secondary_axes()
+            .y_desc("64 KiB write_bw aggregate (MB/s)")
+            .draw()
+            .map_err(e)?;
+        c.draw_series(LineSeries::new(
+            rep.qp_curve.iter().map(|p| (p.qps as u32, p.write_lat_us)),
+            &BLUE,
+        ))
+        .map_err(e)?
+        .label("latency (us, left)")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE));
+        c.draw_secondary_series(LineSeries::new(
+            rep.qp_curve.iter().map(|p| (p.qps as u32, p.write_bw_64k_mbps)),
+            &RED,
+        ))
+        .map_err(e)?
+        .label("bandwidth (MB/s, right)")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
+        c.configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .position(SeriesLabelPosition::LowerLeft)
+            .draw()
+            .map_err(e)?;
+    }
+    root.present().map_err(|e| error!("plot: {e}"))?;
+    Ok(())
+}
