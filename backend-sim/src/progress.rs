@@ -60,7 +60,7 @@ const DRIVE_GAP: Duration = Duration::from_micros(50);
 /// How long an application-driven poll keeps the progress thread off the connections.
 const USER_WINDOW: Duration = Duration::from_micros(100);
 /// How long after that the progress thread looks again.
-const USER_GRACE: Duration = Duration::from_micros(500);
+const USER_GRACE: Duration = Duration::from_millis(2);
 
 /// `epoll_pwait2` with a nanosecond timeout (`None`: wait forever; zero: poll).
 fn wait_on(ep: &OwnedFd, events: &mut [libc::epoll_event], timeout: Option<Duration>) -> usize {
@@ -193,6 +193,7 @@ pub struct Progress {
     acks: Mutex<Vec<Arc<Conn>>>,
     /// Whether `acks` may be non-empty (checked without the lock on every poll).
     acks_pending: AtomicBool,
+    acks_spare: Mutex<Vec<Arc<Conn>>>,
     /// Faults that fired on this device.
     pub counters: FaultCounters,
 }
@@ -248,6 +249,7 @@ impl Progress {
             spin,
             acks: Mutex::new(Vec::new()),
             acks_pending: AtomicBool::new(false),
+            acks_spare: Mutex::new(Vec::new()),
             counters: FaultCounters::default(),
         })
     }
@@ -399,17 +401,22 @@ impl Progress {
         if !self.acks_pending.swap(false, Ordering::AcqRel) {
             return false;
         }
-        let conns = {
+        // Swap with a spare list so the steady state allocates nothing.
+        let mut conns = std::mem::take(&mut *self.acks_spare.lock());
+        {
             let mut a = self.acks.lock();
             if a.is_empty() {
+                *self.acks_spare.lock() = conns;
                 return false;
             }
-            std::mem::take(&mut *a)
-        };
+            std::mem::swap(&mut *a, &mut conns);
+        }
         for c in &conns {
             c.ack_queued.store(false, Ordering::Release);
             self.service_as(c, Mode::Transmit);
         }
+        conns.clear();
+        *self.acks_spare.lock() = conns;
         true
     }
 
