@@ -290,14 +290,16 @@ fn perf(args: &[String]) -> Res<Vec<PerfRow>> {
     let out = Command::new(perf_exe()?)
         .args(args)
         .arg("--json")
-        .stderr(Stdio::null())
         .output()
         .context("running perf")?;
     if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let tail: Vec<&str> = stderr.lines().rev().take(10).collect();
         bail!(
-            "perf {} failed: {}",
+            "perf {} failed ({}):\n{}",
             args.join(" "),
-            String::from_utf8_lossy(&out.stdout)
+            out.status,
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
         );
     }
     String::from_utf8_lossy(&out.stdout)
