@@ -414,7 +414,10 @@ impl CompletionQueue for SimCq {
         self.cq.poll(wc)
     }
     fn req_notify(&self, solicited_only: bool) -> Result<()> {
-        self.cq.req_notify(solicited_only)
+        self.cq.req_notify(solicited_only)?;
+        // The caller will wait on the channel, not poll: hand progress to the device.
+        self.dev.progress.user_idle();
+        Ok(())
     }
     fn ack_events(&self, n: u32) {
         self.cq.ack_events(n)

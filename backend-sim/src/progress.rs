@@ -449,6 +449,19 @@ impl Progress {
         }
     }
 
+    /// An application thread is about to sleep on a completion channel (it armed a CQ):
+    /// it no longer drives progress, so the progress thread must take over at once
+    /// rather than after the grace period, and the thread's next poll does not start a
+    /// new driving window.
+    pub fn user_idle(&self) {
+        self.last_user_poll.store(0, Ordering::Relaxed);
+        let until = self.user_until.swap(0, Ordering::Relaxed);
+        if until > self.nanos(Instant::now()) && self.sleeping.load(Ordering::SeqCst) {
+            // It may be asleep on the doorbell alone: wake it to watch the connections.
+            self.ring();
+        }
+    }
+
     fn timer_due(&self, now: Instant) -> bool {
         self.timers.lock().peek().is_some_and(|e| e.0.at <= now)
     }
@@ -904,5 +917,28 @@ impl Progress {
         for c in all {
             self.close(&c);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arming_a_cq_hands_progress_to_the_progress_thread() {
+        let p = Progress::new().unwrap();
+        std::thread::sleep(DRIVE_GAP * 4);
+        // An application polls in a tight loop: it drives progress for a while.
+        let now = p.nanos(Instant::now());
+        p.last_user_poll.store(now, Ordering::Relaxed);
+        p.user_until.store(now + 1_000_000_000, Ordering::Relaxed);
+        // It arms a CQ to sleep on the channel: the window ends at once...
+        p.user_idle();
+        assert_eq!(p.user_until.load(Ordering::Relaxed), 0);
+        assert_eq!(p.last_user_poll.load(Ordering::Relaxed), 0);
+        // ...and the poll that drains the CQ once more after arming opens no new one
+        // (a poll counts as driving only if the previous one was < DRIVE_GAP before).
+        p.user_drive();
+        assert_eq!(p.user_until.load(Ordering::Relaxed), 0);
     }
 }
