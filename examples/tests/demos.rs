@@ -81,6 +81,7 @@ const POOL: &str = env!("CARGO_BIN_EXE_param-pool");
 const LOCK: &str = env!("CARGO_BIN_EXE_dist-lock");
 const PERF: &str = env!("CARGO_BIN_EXE_perf");
 const DEVINFO: &str = env!("CARGO_BIN_EXE_devinfo");
+const ECHO: &str = env!("CARGO_BIN_EXE_async-echo");
 
 #[test]
 fn kv_rpc_demo_checks_every_answer() {
@@ -256,4 +257,55 @@ fn ibverbs_without_the_feature_is_a_clear_error() {
     assert!(!o.ok);
     assert!(o.stderr.contains("built without the ibverbs backend"), "{o:?}");
     assert!(o.stderr.contains("--features ibverbs"), "{o:?}");
+}
+
+#[test]
+fn async_echo_demo_checks_every_echo() {
+    let o = ok(ECHO, &["demo", "--clients", "3", "-n", "300"]);
+    has(
+        &o,
+        "demo: OK: 3 client(s) x 300 messages, every echo matched what was sent",
+    );
+    assert_eq!(
+        o.stdout.matches("server: echoed 300 messages").count(),
+        3,
+        "{o:?}"
+    );
+}
+
+#[test]
+fn async_echo_server_and_client_processes() {
+    use std::io::BufRead;
+    let mut server = Command::new(ECHO)
+        .args(["server", "--listen", "127.0.0.1:0"])
+        .env_remove("RDMA_SIM_LISTEN")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(server.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    let addr = first.strip_prefix("listening on ").expect(&first).to_string();
+    let clients: Vec<_> = (0..2)
+        .map(|_| {
+            let addr = addr.clone();
+            std::thread::spawn(move || run(ECHO, &["client", "--server", &addr, "-n", "200"]))
+        })
+        .collect();
+    for c in clients {
+        let o = c.join().unwrap();
+        assert!(o.ok, "{o:?}");
+        has(&o, "client 0: 200 echoes in");
+    }
+    // The server saw both clients say goodbye.
+    let echoed: Vec<String> = lines.by_ref().take(2).map(|l| l.unwrap()).collect();
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(
+        echoed
+            .iter()
+            .all(|l| l.starts_with("server: echoed 200 messages")),
+        "{echoed:?}"
+    );
 }

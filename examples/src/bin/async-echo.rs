@@ -1,0 +1,273 @@
+//! async-echo: an echo service on tokio, the smallest complete async RDMA program.
+//!
+//! The server accepts connections with [`AsyncCmListener`] (the QP goes to RTS during the
+//! exchange) and serves each on its own task; the client connects with [`connect_async`].
+//! Both await completions through [`AsyncCq`] (the completion channel's fd in tokio's
+//! reactor, armed and drained without losing an event), so no thread spins on a CQ.
+//! Messages are SENDs into pre-posted receives; a receive is re-posted *before* the echo
+//! goes out, so the client's next SEND never meets an empty receive queue.
+//!
+//! ```text
+//! async-echo demo                          # server and 4 clients in one process; checks every echo
+//! async-echo server --listen 0.0.0.0:18520
+//! async-echo client --server HOST:18520 -n 1000
+//! ```
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand};
+use examples::cli::{open_device, CommonArgs};
+use examples::{bail, with_backend, Res};
+use verbs_api::aio::AsyncCq;
+use verbs_api::cm::{connect_async, AsyncCmListener, Offer};
+use verbs_api::*;
+
+/// An echo service over SEND/RECV on tokio (verbs_api::aio and cm).
+#[derive(Parser, Debug)]
+#[command(name = "async-echo", version)]
+struct Cli {
+    #[command(flatten)]
+    common: CommonArgs,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Serve clients until killed.
+    Server {
+        /// Side-channel address to listen on.
+        #[arg(long, default_value = "127.0.0.1:18520")]
+        listen: String,
+    },
+    /// Send `-n` messages and check every echo.
+    Client {
+        /// The server's side-channel address.
+        #[arg(long, default_value = "127.0.0.1:18520")]
+        server: String,
+        /// Messages to send.
+        #[arg(short = 'n', long, default_value_t = 1000)]
+        count: u64,
+    },
+    /// A server and `--clients` clients in one process (one device, a QP pair per client).
+    Demo {
+        /// Concurrent clients.
+        #[arg(long, default_value_t = 4)]
+        clients: usize,
+        /// Messages per client.
+        #[arg(short = 'n', long, default_value_t = 1000)]
+        count: u64,
+    },
+}
+
+/// Largest message.
+const MSG: usize = 256;
+const RECV: u64 = 1;
+const SEND: u64 = 2;
+
+/// One end of a connection: a QP whose CQ is awaited on tokio, and its two buffers.
+struct Conn<B: Backend> {
+    qp: QpOf<B>,
+    acq: AsyncCq<B>,
+    rx: MrOf<B>,
+    tx: MrOf<B>,
+}
+
+fn conn<B: Backend>(ctx: &B::Context) -> Res<Conn<B>> {
+    let pd = ctx.alloc_pd()?;
+    let ch = ctx.create_comp_channel()?;
+    let cq = ctx.create_cq(16, Some(&ch))?;
+    let cap = QpCap {
+        max_send_wr: 4,
+        max_recv_wr: 4,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let qp = pd.create_qp(&QpInitAttr::rc(&cq, &cq, cap))?;
+    let rx = pd.reg_mr(MSG, AccessFlags::LOCAL_WRITE)?;
+    let tx = pd.reg_mr(MSG, AccessFlags::LOCAL_WRITE)?;
+    Ok(Conn {
+        acq: AsyncCq::new(cq, ch)?,
+        qp,
+        rx,
+        tx,
+    })
+}
+
+/// The completion, or an error naming its status.
+fn ok(wc: WorkCompletion) -> Res<WorkCompletion> {
+    if !wc.is_ok() {
+        bail!("wr {} completed with {}", wc.wr_id, wc.status.as_str());
+    }
+    Ok(wc)
+}
+
+// --- the server: accept, then echo each connection on its own task -----------------
+
+async fn server<B: Backend>(
+    ctx: Arc<B::Context>,
+    listener: AsyncCmListener,
+    p: RcParams,
+    clients: Option<usize>,
+) -> Res<()> {
+    let mut tasks = Vec::new();
+    while clients.is_none_or(|n| tasks.len() < n) {
+        let c = conn::<B>(&ctx)?;
+        let offer = Offer::new().timeout(Duration::from_secs(3600));
+        let peer = listener.accept(&*ctx, &c.qp, &p, &offer).await?;
+        // A SEND that arrives before this receive is posted gets an RNR NAK and is retried.
+        c.qp.post_recv(&[RecvWr::new(RECV, &[c.rx.sge_all()])])?;
+        tasks.push(tokio::spawn(async move {
+            let r = echo(&c).await;
+            match &r {
+                Ok(n) => println!("server: echoed {n} messages to QP {:#x}", peer.endpoint.qpn),
+                Err(e) => eprintln!("server: connection failed: {e}"),
+            }
+            r
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(())
+}
+
+async fn echo<B: Backend>(c: &Conn<B>) -> Res<u64> {
+    let mut msg = [0u8; MSG];
+    for n in 0.. {
+        let len = ok(c.acq.completion(RECV).await?)?.byte_len as usize;
+        c.rx.read(0, &mut msg[..len])?;
+        if &msg[..len] == b"bye" {
+            return Ok(n);
+        }
+        c.tx.write(0, &msg[..len])?;
+        c.qp.post_recv(&[RecvWr::new(RECV, &[c.rx.sge_all()])])?; // before the echo leaves
+        ok(c.acq
+            .post_send(&c.qp, SendWr::send(SEND, &[c.tx.sge(0, len)?]))
+            .await?)?;
+    }
+    unreachable!("the loop only ends by returning")
+}
+
+// --- the client: connect, send, await each echo and check it ------------------------
+
+async fn client<B: Backend>(ctx: &B::Context, server: &str, p: &RcParams, count: u64) -> Res<Duration> {
+    let c = conn::<B>(ctx)?;
+    connect_async(server, ctx, &c.qp, p, &Offer::new()).await?;
+    let start = Instant::now();
+    let mut echo = [0u8; MSG];
+    for i in 0..=count {
+        let msg = if i == count {
+            "bye".to_string()
+        } else {
+            format!("hello #{i}")
+        };
+        c.tx.write(0, msg.as_bytes())?;
+        if i < count {
+            c.qp.post_recv(&[RecvWr::new(RECV, &[c.rx.sge_all()])])?;
+        }
+        ok(c.acq
+            .post_send(&c.qp, SendWr::send(SEND, &[c.tx.sge(0, msg.len())?]))
+            .await?)?;
+        if i < count {
+            let len = ok(c.acq.completion(RECV).await?)?.byte_len as usize;
+            c.rx.read(0, &mut echo[..len])?;
+            if echo[..len] != *msg.as_bytes() {
+                bail!(
+                    "echo of {msg:?} came back as {:?}",
+                    String::from_utf8_lossy(&echo[..len])
+                );
+            }
+        }
+    }
+    Ok(start.elapsed())
+}
+
+// --- command line ---------------------------------------------------------------------
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    examples::report("async-echo", run(&cli))
+}
+
+fn run(cli: &Cli) -> Res<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    with_backend!(cli.common.backend, |b| rt.block_on(main_async(b, cli)))
+}
+
+async fn main_async<B: Backend>(b: &B, cli: &Cli) -> Res<()> {
+    let ctx = Arc::new(open_device(b, cli.common.device.as_deref())?);
+    let p = cli.common.rc_params();
+    let wait = cli.common.wait();
+    match &cli.cmd {
+        Cmd::Server { listen } => {
+            let listener = AsyncCmListener::bind(listen.as_str()).await?;
+            examples::child::announce_listening(listener.local_addr()?);
+            server::<B>(ctx, listener, p, None).await
+        }
+        Cmd::Client { server, count } => {
+            let t = bounded(wait, *count, client::<B>(&ctx, server, &p, *count)).await?;
+            report_client(0, *count, t);
+            Ok(())
+        }
+        Cmd::Demo { clients, count } => {
+            let listener = AsyncCmListener::bind("127.0.0.1:0").await?;
+            let addr: SocketAddr = listener.local_addr()?;
+            let srv = tokio::spawn(server::<B>(ctx.clone(), listener, p, Some(*clients)));
+            let runs = (0..*clients).map(|i| {
+                let (ctx, addr) = (&ctx, addr.to_string());
+                async move {
+                    let t = bounded(wait, *count, client::<B>(ctx, &addr, &p, *count)).await?;
+                    report_client(i, *count, t);
+                    Res::Ok(())
+                }
+            });
+            let results = futures_util::future::join_all(runs).await;
+            let mut failed: Vec<String> = results
+                .into_iter()
+                .enumerate()
+                .filter_map(|(i, r)| r.err().map(|e| format!("client {i}: {e}")))
+                .collect();
+            if failed.is_empty() {
+                // Every client said goodbye: the server's tasks end on their own.
+                match tokio::time::timeout(wait, srv).await {
+                    Ok(Ok(Ok(()))) => {}
+                    Ok(Ok(Err(e))) => failed.push(format!("server: {e}")),
+                    Ok(Err(e)) => failed.push(format!("server task: {e}")),
+                    Err(_) => failed.push(format!("server: not done {wait:?} after the last client")),
+                }
+            }
+            if !failed.is_empty() {
+                bail!("{}", failed.join("; "));
+            }
+            println!("demo: OK: {clients} client(s) x {count} messages, every echo matched what was sent");
+            Ok(())
+        }
+    }
+}
+
+/// Runs a client with a bound that grows with the message count.
+async fn bounded<F: std::future::Future<Output = Res<Duration>>>(
+    wait: Duration,
+    count: u64,
+    f: F,
+) -> Res<Duration> {
+    let limit = wait + Duration::from_millis(count);
+    tokio::time::timeout(limit, f)
+        .await
+        .map_err(|_| format!("the client did not finish within {limit:?}"))?
+}
+
+fn report_client(i: usize, count: u64, t: Duration) {
+    let per = t.as_secs_f64() * 1e6 / (count.max(1) as f64);
+    println!(
+        "client {i}: {count} echoes in {:.3} s: {per:.1} us per round trip",
+        t.as_secs_f64()
+    );
+}
