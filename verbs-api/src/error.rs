@@ -125,7 +125,9 @@ pub enum Error {
     CqOverflow {
         /// The CQ's handle.
         cq: u32,
-        /// How many completions could not be queued.
+        /// How many completions could not be queued, as far as the backend knows: exact
+        /// on the sim; a lower bound (at least 1) on libibverbs, which only reports that
+        /// the CQ overran.
         lost: u64,
     },
 

@@ -57,6 +57,11 @@ impl QpState {
 
 /// `struct ibv_qp_cap`: queue sizes asked for at create time; `create_qp` may round them
 /// up and [`QueuePair::query`](crate::QueuePair::query) returns what was granted.
+///
+/// As with libibverbs, the granted values are what the queues hold at least: a provider
+/// may round up (Soft-RoCE grants 2^n - 1), so a queue can accept more WRs than asked
+/// for before `post_send`/`post_recv` fails with ENOMEM. Portable code keeps its own
+/// count of outstanding WRs against the value it asked for.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct QpCap {
     /// Outstanding send WRs.
