@@ -6,7 +6,7 @@
 //! drives its QP to RTS towards the peer's endpoint, and then both confirm with a ready
 //! byte. When either call returns, *both* QPs are in RTS: the peer may send at once.
 //! To have receives in place before the peer can send, move the QP to INIT
-//! ([`modify_to_init`](crate::modify_to_init)) and post them before calling; a QP in RESET
+//! ([`modify_to_init`]) and post them before calling; a QP in RESET
 //! is moved to INIT here.
 //!
 //! ```no_run

@@ -118,9 +118,9 @@ async fn server<B: Backend>(
     while clients.is_none_or(|n| tasks.len() < n) {
         let c = conn::<B>(&ctx)?;
         let offer = Offer::new().timeout(Duration::from_secs(3600));
-        let peer = listener.accept(&*ctx, &c.qp, &p, &offer).await?;
-        // A SEND that arrives before this receive is posted gets an RNR NAK and is retried.
+        modify_to_init(&c.qp, &p)?; // so the first receive is posted before the client can send
         c.qp.post_recv(&[RecvWr::new(RECV, &[c.rx.sge_all()])])?;
+        let peer = listener.accept(&*ctx, &c.qp, &p, &offer).await?;
         tasks.push(tokio::spawn(async move {
             let r = echo(&c).await;
             match &r {
@@ -155,25 +155,20 @@ async fn echo<B: Backend>(c: &Conn<B>) -> Res<u64> {
 
 // --- the client: connect, send, await each echo and check it ------------------------
 
-async fn client<B: Backend>(ctx: &B::Context, server: &str, p: &RcParams, count: u64) -> Res<Duration> {
+async fn client<B: Backend>(ctx: &B::Context, server: &str, p: &RcParams, msgs: &[String]) -> Res<()> {
     let c = conn::<B>(ctx)?;
     connect_async(server, ctx, &c.qp, p, &Offer::new()).await?;
-    let start = Instant::now();
     let mut echo = [0u8; MSG];
-    for i in 0..=count {
-        let msg = if i == count {
-            "bye".to_string()
-        } else {
-            format!("hello #{i}")
-        };
+    for msg in msgs.iter().map(String::as_str).chain(["bye"]) {
         c.tx.write(0, msg.as_bytes())?;
-        if i < count {
+        let last = msg == "bye";
+        if !last {
             c.qp.post_recv(&[RecvWr::new(RECV, &[c.rx.sge_all()])])?;
         }
         ok(c.acq
             .post_send(&c.qp, SendWr::send(SEND, &[c.tx.sge(0, msg.len())?]))
             .await?)?;
-        if i < count {
+        if !last {
             let len = ok(c.acq.completion(RECV).await?)?.byte_len as usize;
             c.rx.read(0, &mut echo[..len])?;
             if echo[..len] != *msg.as_bytes() {
@@ -184,6 +179,24 @@ async fn client<B: Backend>(ctx: &B::Context, server: &str, p: &RcParams, count:
             }
         }
     }
+    Ok(())
+}
+
+/// Runs a client over `count` messages with a bound that grows with the count; returns
+/// its run time.
+async fn timed_client<B: Backend>(
+    ctx: &B::Context,
+    server: &str,
+    p: &RcParams,
+    count: u64,
+    wait: Duration,
+) -> Res<Duration> {
+    let msgs: Vec<String> = (0..count).map(|i| format!("hello #{i}")).collect();
+    let limit = wait + Duration::from_millis(count);
+    let start = Instant::now();
+    tokio::time::timeout(limit, client::<B>(ctx, server, p, &msgs))
+        .await
+        .map_err(|_| format!("the client did not finish within {limit:?}"))??;
     Ok(start.elapsed())
 }
 
@@ -212,7 +225,7 @@ async fn main_async<B: Backend>(b: &B, cli: &Cli) -> Res<()> {
             server::<B>(ctx, listener, p, None).await
         }
         Cmd::Client { server, count } => {
-            let t = bounded(wait, *count, client::<B>(&ctx, server, &p, *count)).await?;
+            let t = timed_client::<B>(&ctx, server, &p, *count, wait).await?;
             report_client(0, *count, t);
             Ok(())
         }
@@ -223,7 +236,7 @@ async fn main_async<B: Backend>(b: &B, cli: &Cli) -> Res<()> {
             let runs = (0..*clients).map(|i| {
                 let (ctx, addr) = (&ctx, addr.to_string());
                 async move {
-                    let t = bounded(wait, *count, client::<B>(ctx, &addr, &p, *count)).await?;
+                    let t = timed_client::<B>(ctx, &addr, &p, *count, wait).await?;
                     report_client(i, *count, t);
                     Res::Ok(())
                 }
@@ -250,18 +263,6 @@ async fn main_async<B: Backend>(b: &B, cli: &Cli) -> Res<()> {
             Ok(())
         }
     }
-}
-
-/// Runs a client with a bound that grows with the message count.
-async fn bounded<F: std::future::Future<Output = Res<Duration>>>(
-    wait: Duration,
-    count: u64,
-    f: F,
-) -> Res<Duration> {
-    let limit = wait + Duration::from_millis(count);
-    tokio::time::timeout(limit, f)
-        .await
-        .map_err(|_| format!("the client did not finish within {limit:?}"))?
 }
 
 fn report_client(i: usize, count: u64, t: Duration) {
