@@ -147,6 +147,7 @@ pub fn drive(
             }
             Event::Frame(f) => return Err(Stop::Protocol(format!("unexpected frame: {f}"))),
             Event::PayloadDone(segs) => payload_done(sides, st, segs, now),
+            Event::PayloadLost(segs) => payload_lost(sides, st, segs, tx)?,
         }
     }
     if sides.accepting && !defer_ack {
@@ -170,5 +171,30 @@ fn payload_done(sides: &mut Sides<'_>, st: &mut DriveState, segs: Vec<Seg>, now:
             }
         }
         Some(PayloadOwner::Nobody) | None => {}
+    }
+}
+
+/// A payload's region was deregistered while the payload arrived: the request (a WRITE or
+/// SEND here) or the READ (its local sink) fails instead of completing successfully.
+fn payload_lost(
+    sides: &mut Sides<'_>,
+    st: &mut DriveState,
+    segs: Vec<Seg>,
+    tx: &mut TxQueue,
+) -> Result<(), Stop> {
+    let fatal = match st.owner.take() {
+        Some(PayloadOwner::Responder) => match (sides.accepting, sides.resp.as_deref_mut()) {
+            (true, Some(resp)) => Some(resp.payload_lost(segs, tx, sides.recv_wc)),
+            _ => None,
+        },
+        Some(PayloadOwner::Requester(psn)) => sides
+            .req
+            .as_deref_mut()
+            .and_then(|req| req.read_lost(psn, segs, sides.send_wc)),
+        Some(PayloadOwner::Nobody) | None => None,
+    };
+    match fatal {
+        Some(f) => Err(Stop::Fatal(f.0)),
+        None => Ok(()),
     }
 }

@@ -485,6 +485,244 @@ fn forced_rnr_answers_rnr_despite_posted_receives() {
     assert_eq!(l.take_recv().len(), 1);
 }
 
+/// Feeds `bytes` to B's responder, as the engine does (a fatal error moves B to ERR and
+/// the rest of the stream is still consumed).
+fn feed_b(l: &mut Link, bytes: &[u8]) {
+    let mut off = 0;
+    loop {
+        off += l.rx_b.feed(&bytes[off..]);
+        loop {
+            match l.drive_b() {
+                Ok(()) => break,
+                Err(Stop::Fatal(_)) => l.b_err(),
+                Err(Stop::Protocol(m)) => panic!("protocol error: {m}"),
+            }
+        }
+        if off == bytes.len() {
+            return;
+        }
+    }
+}
+
+/// Feeds `bytes` to A's requester.
+fn feed_a(l: &mut Link, bytes: &[u8]) {
+    let mut off = 0;
+    loop {
+        off += l.rx_a.feed(&bytes[off..]);
+        loop {
+            match l.drive_a() {
+                Ok(()) => break,
+                Err(Stop::Fatal(_)) => l.a_err(),
+                Err(Stop::Protocol(m)) => panic!("protocol error: {m}"),
+            }
+        }
+        if off == bytes.len() {
+            return;
+        }
+    }
+}
+
+/// The bytes of a region, read directly (the tests own it; no copy is in progress).
+fn bytes_of(m: &MrShared) -> Vec<u8> {
+    // SAFETY: the region's buffer stays allocated while `m` lives (even after `kill`),
+    // and nothing else accesses it during the test.
+    unsafe { std::slice::from_raw_parts(m.base(), m.len()) }.to_vec()
+}
+
+/// Found by `tests/lifetime.rs`: the responder QP was destroyed mid-burst, and the
+/// requester, whose peer is the side that sets the connection up, was left without one.
+/// After the first ACK timeout nothing re-armed the timer (no resend, no connection
+/// attempt), so the outstanding WRs never completed. The timer now keeps running while
+/// anything is outstanding: `retry_cnt` timeouts later the oldest WR fails with
+/// `RETRY_EXC_ERR` and the rest are flushed.
+#[test]
+fn requester_cut_off_from_its_peer_gives_up_after_retry_cnt() {
+    let mut l = Link::new(7, 2, 10, 1);
+    let src = Link::mr(&l.a_mrs, 64);
+    let dst = Link::mr(&l.b_mrs, 64);
+    for id in 1..=2 {
+        l.req
+            .post(
+                &SendWr::write(id, &[sge(&src, 0, 8)], (dst.addr(), dst.key)).signaled(),
+                &l.a_mrs,
+            )
+            .unwrap();
+    }
+    l.req
+        .poll_transmit(&l.a_mrs, l.now, &mut l.a2b, 64, &mut l.send_wc)
+        .unwrap();
+    // The connection breaks before anything arrives, and nobody sets it up again.
+    l.req.on_connection_lost();
+    let t0 = l.now;
+    let mut timeouts = 0u32;
+    while !l.a_err {
+        let at = l
+            .req
+            .next_deadline()
+            .unwrap_or_else(|| panic!("no timer armed after {timeouts} timeouts: the WRs never complete"));
+        l.now = at;
+        timeouts += 1;
+        if l.req.on_timer(at, &mut l.send_wc).is_err() {
+            l.a_err();
+        }
+        assert!(timeouts <= 10, "still waiting after {timeouts} timeouts");
+    }
+    assert_eq!(timeouts, 3, "the first timeout and retry_cnt = 2 more");
+    assert!(l.now - t0 <= local_ack_timeout(10).unwrap() * 3);
+    let s = l.take_send();
+    assert_eq!(
+        s.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(1, WcStatus::RetryExcErr), (2, WcStatus::WrFlushErr)]
+    );
+}
+
+/// Found by `tests/lifetime.rs`: a WRITE whose target region was deregistered while its
+/// payload arrived dropped the rest of the payload and was still acknowledged, so the
+/// requester saw SUCCESS for data that never landed. It now fails as its later packets
+/// would on an HCA: a remote access error NAK (`REM_ACCESS_ERR` at the requester, the
+/// responder QP to ERR), and nothing is written after the deregistration.
+#[test]
+fn write_into_a_region_deregistered_mid_payload_fails() {
+    const LEN: usize = 64 * 1024;
+    let mut l = Link::new(7, 7, 10, 1);
+    let src = Link::mr(&l.a_mrs, LEN);
+    let dst = Link::mr(&l.b_mrs, LEN);
+    crate::memory::Seg {
+        mr: src.clone(),
+        offset: 0,
+        len: LEN,
+    }
+    .copy_in(0, &[0x5a; LEN]);
+    l.req
+        .post(
+            &SendWr::write(1, &[sge(&src, 0, LEN)], (dst.addr(), dst.key)).signaled(),
+            &l.a_mrs,
+        )
+        .unwrap();
+    l.req
+        .post(
+            &SendWr::write(2, &[sge(&src, 0, 8)], (dst.addr(), dst.key)).signaled(),
+            &l.a_mrs,
+        )
+        .unwrap();
+    l.req
+        .poll_transmit(&l.a_mrs, l.now, &mut l.a2b, 64, &mut l.send_wc)
+        .unwrap();
+    let mut bytes = Vec::new();
+    l.a2b.drain_into(&mut bytes);
+    let half = LEN / 2;
+    feed_b(&mut l, &bytes[..half]);
+    assert!(!l.b_err);
+    // ibv_dereg_mr on the responder, halfway through the payload.
+    l.b_mrs.remove(dst.key);
+    dst.kill();
+    feed_b(&mut l, &bytes[half..]);
+    assert!(l.b_err, "the responder QP goes to ERR");
+    l.pump();
+    assert_eq!(
+        l.take_send()
+            .iter()
+            .map(|w| (w.wr_id, w.status))
+            .collect::<Vec<_>>(),
+        [(1, WcStatus::RemAccessErr), (2, WcStatus::WrFlushErr)]
+    );
+    let mem = bytes_of(&dst);
+    assert!(mem[..1000].iter().all(|&b| b == 0x5a), "the start arrived before");
+    assert!(
+        mem[half..].iter().all(|&b| b == 0),
+        "written after deregistration"
+    );
+}
+
+/// Found by `tests/lifetime.rs`: a READ whose local sink was deregistered while the
+/// response arrived completed with SUCCESS although its data was dropped. It now
+/// completes with `LOC_PROT_ERR` (the rest flushed), and the sink is not written after
+/// the deregistration.
+#[test]
+fn read_into_a_sink_deregistered_mid_payload_fails() {
+    const LEN: usize = 64 * 1024;
+    let mut l = Link::new(7, 7, 10, 1);
+    let sink = Link::mr(&l.a_mrs, LEN);
+    let remote = Link::mr(&l.b_mrs, LEN);
+    crate::memory::Seg {
+        mr: remote.clone(),
+        offset: 0,
+        len: LEN,
+    }
+    .copy_in(0, &[0x77; LEN]);
+    for (id, len) in [(1, LEN), (2, 8)] {
+        l.req
+            .post(
+                &SendWr::read(id, &[sge(&sink, 0, len)], (remote.addr(), remote.key)).signaled(),
+                &l.a_mrs,
+            )
+            .unwrap();
+    }
+    l.req
+        .poll_transmit(&l.a_mrs, l.now, &mut l.a2b, 64, &mut l.send_wc)
+        .unwrap();
+    let mut bytes = Vec::new();
+    l.a2b.drain_into(&mut bytes);
+    feed_b(&mut l, &bytes);
+    let mut back = Vec::new();
+    l.b2a.drain_into(&mut back);
+    let half = LEN / 2;
+    feed_a(&mut l, &back[..half]);
+    assert!(l.send_wc.is_empty());
+    l.a_mrs.remove(sink.key);
+    sink.kill();
+    feed_a(&mut l, &back[half..]);
+    assert!(l.a_err);
+    assert_eq!(
+        l.take_send()
+            .iter()
+            .map(|w| (w.wr_id, w.status))
+            .collect::<Vec<_>>(),
+        [(1, WcStatus::LocProtErr), (2, WcStatus::WrFlushErr)]
+    );
+    let mem = bytes_of(&sink);
+    assert!(mem[..1000].iter().all(|&b| b == 0x77), "the start arrived before");
+    assert!(
+        mem[half..].iter().all(|&b| b == 0),
+        "written after deregistration"
+    );
+}
+
+/// Same for an atomic: the old value cannot land in a deregistered buffer, so the atomic
+/// completes with `LOC_PROT_ERR` instead of SUCCESS.
+#[test]
+fn atomic_result_into_a_deregistered_buffer_fails() {
+    let mut l = Link::new(7, 7, 10, 1);
+    let res = Link::mr(&l.a_mrs, 8);
+    let word = Link::mr(&l.b_mrs, 8);
+    l.req
+        .post(
+            &SendWr::fetch_and_add(1, &[sge(&res, 0, 8)], (word.addr(), word.key), 5).signaled(),
+            &l.a_mrs,
+        )
+        .unwrap();
+    l.req
+        .poll_transmit(&l.a_mrs, l.now, &mut l.a2b, 64, &mut l.send_wc)
+        .unwrap();
+    let mut bytes = Vec::new();
+    l.a2b.drain_into(&mut bytes);
+    feed_b(&mut l, &bytes);
+    let mut back = Vec::new();
+    l.b2a.drain_into(&mut back);
+    l.a_mrs.remove(res.key);
+    res.kill();
+    feed_a(&mut l, &back);
+    assert_eq!(
+        l.take_send()
+            .iter()
+            .map(|w| (w.wr_id, w.status))
+            .collect::<Vec<_>>(),
+        [(1, WcStatus::LocProtErr)]
+    );
+    assert!(l.a_err);
+    assert_eq!(bytes_of(&res), [0; 8]);
+}
+
 /// One step of the random model check.
 #[derive(Clone, Debug)]
 enum Op {

@@ -225,8 +225,9 @@ impl Seg {
         .is_some()
     }
 
-    /// Copies bytes at `at` out of the range into `dst`; zeros if deregistered.
-    pub fn copy_out(&self, at: usize, dst: &mut [u8]) {
+    /// Copies bytes at `at` out of the range into `dst`. Returns false if the region was
+    /// deregistered: `dst` is zeroed then, and must not be passed off as the region's bytes.
+    pub fn copy_out(&self, at: usize, dst: &mut [u8]) -> bool {
         let n = dst.len().min(self.len.saturating_sub(at));
         let ok = self
             .with_ptr(|p| {
@@ -246,6 +247,7 @@ impl Seg {
         if !ok {
             dst.fill(0);
         }
+        ok
     }
 
     /// Runs `f` on the 64-bit word at the start of the range as an atomic. The range must

@@ -237,13 +237,19 @@ impl Requester {
                 self.spare.push(w);
                 return Err(PostCheck::BadInlineSge);
             }
+            let mut copied = true;
             for s in &segs {
                 let at = w.inline_data.len();
                 w.inline_data.resize(at + s.len, 0);
-                s.copy_out(0, &mut w.inline_data[at..]);
+                copied &= s.copy_out(0, &mut w.inline_data[at..]);
             }
             segs.clear();
             self.scratch = segs;
+            if !copied {
+                // Deregistered between the check and the copy.
+                self.spare.push(w);
+                return Err(PostCheck::BadInlineSge);
+            }
         }
         w.wr_id = wr.wr_id;
         w.op = wr.op;
@@ -522,13 +528,18 @@ impl Requester {
                 self.ack_through(i, false);
                 let bytes = orig.to_ne_bytes();
                 let mut written = 0;
+                let mut stored = true;
                 for s in &self.sq[i].local {
                     let n = (8 - written).min(s.len);
-                    s.copy_in(0, &bytes[written..written + n]);
+                    stored &= s.copy_in(0, &bytes[written..written + n]);
                     written += n;
                     if written == 8 {
                         break;
                     }
+                }
+                if !stored {
+                    // The local buffer was deregistered: the old value has nowhere to go.
+                    return self.fail(i, WcStatus::LocProtErr, out);
                 }
                 self.sq[i].status = Some(WcStatus::Success);
                 self.rd_inflight -= 1;
@@ -585,6 +596,15 @@ impl Requester {
         }
     }
 
+    /// The payload of the READ with `psn` could not be stored: its local buffer was
+    /// deregistered while the data arrived. The READ completes with `IBV_WC_LOC_PROT_ERR`
+    /// (`Some(Fatal)`: the QP must go to ERR); `None` if no such READ is outstanding.
+    pub fn read_lost(&mut self, psn: u32, segs: Vec<Seg>, out: &mut Vec<WorkCompletion>) -> Option<Fatal> {
+        let i = self.find_sent(psn)?;
+        self.sq[i].local = segs;
+        self.fail(i, WcStatus::LocProtErr, out).err()
+    }
+
     fn fail(
         &mut self,
         idx: usize,
@@ -612,6 +632,11 @@ impl Requester {
                     }
                     self.retry_left -= 1;
                     self.rewind(i);
+                    // The timer keeps running while anything is outstanding: a resend
+                    // re-arms it anyway, but a requester that cannot resend (its
+                    // connection is gone and the peer, not this side, would set it up
+                    // again) must still give up after `retry_cnt`.
+                    self.ack_deadline = self.attrs.timeout.map(|t| now + t);
                 }
             }
         }

@@ -454,6 +454,48 @@ impl Responder {
         self.ack_owed = Some(psn::add(self.epsn, verbs_api::PSN_MASK));
     }
 
+    /// The region the current request's payload was going to was deregistered while the
+    /// payload arrived, so part of it was dropped: the request fails as if its later
+    /// packets had met the dead key. A SEND completes its receive with
+    /// `IBV_WC_LOC_PROT_ERR` and NAKs a remote operational error (as for a receive SGE
+    /// with a bad lkey); a WRITE NAKs a remote access error (a receive consumed by
+    /// WRITE_WITH_IMM goes back to the queue, to be flushed). The QP must go to ERR.
+    pub fn payload_lost(
+        &mut self,
+        sink: Vec<Seg>,
+        tx: &mut TxQueue,
+        out: &mut Vec<(WorkCompletion, bool)>,
+    ) -> Fatal {
+        let mut sink = sink;
+        sink.clear();
+        self.scratch = sink;
+        let psn = self
+            .payload_psn
+            .take()
+            .unwrap_or_else(|| psn::add(self.epsn, verbs_api::PSN_MASK));
+        match self.in_progress.take() {
+            Some(p) if p.opcode == WcOpcode::Recv => {
+                out.push((self.recv_completion(p.wr_id, WcStatus::LocProtErr), false));
+                self.give_back(RecvWqe {
+                    wr_id: p.wr_id,
+                    sges: p.sges,
+                });
+                self.nak(tx, psn, NakCode::RemoteOperational);
+                Fatal(WcStatus::LocProtErr)
+            }
+            p => {
+                if let Some(p) = p {
+                    self.rq.push_front(RecvWqe {
+                        wr_id: p.wr_id,
+                        sges: p.sges,
+                    });
+                }
+                self.nak(tx, psn, NakCode::RemoteAccess);
+                Fatal(WcStatus::RemAccessErr)
+            }
+        }
+    }
+
     /// The connection broke in the middle of a request's payload: as an HCA that never
     /// saw the last packet, forget the request (the requester resends it): the expected
     /// PSN goes back and a receive it consumed returns to the head of the queue.

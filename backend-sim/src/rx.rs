@@ -4,7 +4,10 @@
 //! Whatever part of a payload already sits in the staging buffer is copied into place;
 //! the rest of a large payload is read by the kernel straight into the target region
 //! (`readv` on the pinned range), so big transfers are not copied twice. A payload whose
-//! request was refused is read and dropped, keeping the stream's framing intact.
+//! request was refused is read and dropped, keeping the stream's framing intact. A payload
+//! whose region is deregistered while it arrives is dropped from that point on and
+//! reported as [`Event::PayloadLost`]: nothing is written after `ibv_dereg_mr` returned,
+//! and the operation must not complete successfully.
 
 use std::io;
 use std::os::fd::RawFd;
@@ -23,6 +26,9 @@ pub enum Event {
     Frame(Frame),
     /// The payload announced by the last frame has been stored; here are its segments back.
     PayloadDone(Vec<Seg>),
+    /// The payload announced by the last frame has been consumed, but not all of it could
+    /// be stored: a region of its segments was deregistered meanwhile.
+    PayloadLost(Vec<Seg>),
 }
 
 struct Payload {
@@ -31,6 +37,8 @@ struct Payload {
     off: usize,
     left: usize,
     discard: bool,
+    /// Bytes were dropped because the target region was deregistered.
+    lost: bool,
 }
 
 impl Payload {
@@ -43,7 +51,12 @@ impl Payload {
         while !data.is_empty() {
             let Some(s) = self.segs.get(self.seg) else { return };
             let n = (s.len - self.off).min(data.len());
-            s.copy_in(self.off, &data[..n]);
+            if !s.copy_in(self.off, &data[..n]) {
+                // Deregistered: drop the rest.
+                self.lost = true;
+                self.discard = true;
+                return;
+            }
             data = &data[n..];
             self.off += n;
             if self.off == s.len {
@@ -104,7 +117,11 @@ impl Reader {
                 return Ok(None);
             }
             let p = self.payload.take().expect("checked above");
-            return Ok(Some(Event::PayloadDone(p.segs)));
+            return Ok(Some(if p.lost {
+                Event::PayloadLost(p.segs)
+            } else {
+                Event::PayloadDone(p.segs)
+            }));
         }
         match Frame::decode(&self.buf[self.start..self.end])? {
             None => Ok(None),
@@ -125,6 +142,7 @@ impl Reader {
             off: 0,
             left: len,
             discard,
+            lost: false,
         });
     }
 
@@ -158,7 +176,11 @@ impl Reader {
                             }
                             return Ok(n);
                         }
-                        None => p.discard = true, // deregistered: drop the rest
+                        None => {
+                            // Deregistered: drop the rest.
+                            p.discard = true;
+                            p.lost = true;
+                        }
                     }
                 }
             }

@@ -91,7 +91,7 @@ async fn read_frame(stream: &TcpStream, reader: &mut Reader) -> io::Result<Frame
     loop {
         match reader.next_event().map_err(|e| proto(e.to_string()))? {
             Some(Event::Frame(f)) => return Ok(f),
-            Some(Event::PayloadDone(_)) => return Err(proto("payload during setup")),
+            Some(Event::PayloadDone(_) | Event::PayloadLost(_)) => return Err(proto("payload during setup")),
             None => fill(stream, reader).await?,
         }
     }
@@ -144,12 +144,6 @@ async fn serve_inbound(dev: Weak<DeviceShared>, mut stream: TcpStream) -> io::Re
                 Err(HelloReject::WrongPeer)
             } else {
                 g.conn_gen += 1;
-                if !self_loop {
-                    // A newer connection supersedes the old one: what was in flight on it
-                    // is resent, half-received requests are forgotten.
-                    g.resp.connection_lost();
-                    g.req.on_connection_lost();
-                }
                 Ok((g.epoch, g.conn_gen, self_loop))
             }
         }
@@ -175,6 +169,14 @@ async fn serve_inbound(dev: Weak<DeviceShared>, mut stream: TcpStream) -> io::Re
                 if self_loop {
                     g.self_conn.replace(conn.clone())
                 } else {
+                    // A newer connection supersedes the old one: what was in flight on it
+                    // is resent, half-received requests are forgotten. Only now, in the
+                    // same critical section that retires the old connection: rewound
+                    // earlier, the old connection (still current) would carry the resent
+                    // requests to a peer that has left it, and responses still buffered
+                    // on it would complete the resent WQEs out of order.
+                    g.resp.connection_lost();
+                    g.req.on_connection_lost();
                     g.conn.replace(conn.clone())
                 }
             };

@@ -4,8 +4,11 @@
 //! Headers, inline data and small payloads are copied into one arena; larger payloads are
 //! queued as [`Seg`]s that point into registered memory and are gathered by the kernel
 //! straight from there (zero copy). Consecutive frames queued together go out in one
-//! system call. A region deregistered while its bytes wait is sent as zeros: the stream's
-//! framing survives and no freed memory is read.
+//! system call. A region deregistered before its bytes could be gathered breaks the
+//! stream ([`TxQueue::write_to`] fails, the connection is dropped): the bytes are not
+//! there to send, and sending anything else in their place (zeros) would let the
+//! operation complete successfully with data it never had. Dropping the connection makes
+//! the peer resend the request, which then meets the dead key and fails as it must.
 
 use std::collections::VecDeque;
 use std::io;
@@ -18,7 +21,6 @@ use crate::wire::{Frame, MAX_HDR_LEN};
 const COPY_THRESHOLD: usize = 2048;
 /// Most iovecs per `writev`.
 const MAX_IOV: usize = 128;
-static ZEROS: [u8; 4096] = [0; 4096];
 
 enum Part {
     Bytes { start: usize, end: usize },
@@ -47,6 +49,9 @@ pub struct TxQueue {
     /// Bytes ever queued and ever written (stream positions).
     queued_total: u64,
     written_total: u64,
+    /// Stream position from which the queued bytes are not the data they stand for (a
+    /// region was deregistered before they could be gathered): the stream ends there.
+    poison: Option<u64>,
     /// Where each queued READ/atomic response's header ends, oldest first.
     replies: VecDeque<u64>,
 }
@@ -113,21 +118,33 @@ impl TxQueue {
     }
 
     /// Queues the bytes of a registered-memory range: small ranges are copied now, large
-    /// ones are gathered from the region when written.
-    pub fn push_seg(&mut self, seg: &Seg) {
+    /// ones are gathered from the region when written. Returns false if the region has
+    /// been deregistered: the stream ends before these bytes (see [`TxQueue::write_to`]).
+    pub fn push_seg(&mut self, seg: &Seg) -> bool {
         if seg.len == 0 {
-            return;
+            return true;
         }
         if seg.len <= COPY_THRESHOLD {
             let start = self.arena.len();
             self.arena.resize(start + seg.len, 0);
-            seg.copy_out(0, &mut self.arena[start..]);
+            let ok = seg.copy_out(0, &mut self.arena[start..]);
+            if !ok && self.poison.is_none() {
+                self.poison = Some(self.queued_total);
+            }
             self.extend_bytes(start, self.arena.len());
+            if !ok {
+                return false;
+            }
         } else {
             self.pending += seg.len;
             self.queued_total += seg.len as u64;
             self.parts.push_back(Part::Mem(seg.clone()));
         }
+        true
+    }
+
+    fn deregistered() -> io::Error {
+        io::Error::other("a registered region was deregistered before its queued bytes were sent")
     }
 
     fn advance(&mut self, mut n: usize) {
@@ -156,7 +173,9 @@ impl TxQueue {
     }
 
     /// Writes as much as the socket takes without blocking. Returns the bytes written;
-    /// `WouldBlock` when the socket is full before anything was written.
+    /// `WouldBlock` when the socket is full before anything was written. Fails for good
+    /// once bytes of a deregistered region are due (everything queued before them has
+    /// been written): the connection must be dropped.
     pub fn write_to(&mut self, fd: RawFd) -> io::Result<usize> {
         let mut total = 0;
         while !self.is_empty() {
@@ -181,47 +200,54 @@ impl TxQueue {
         }; MAX_IOV];
         let mut pinned: [Option<&Seg>; MAX_IOV] = [None; MAX_IOV];
         let mut cnt = 0;
+        // Bytes that may still go out: what is queued before the bytes of a deregistered
+        // region goes out (as a link delivers the packets before a failure); the stream
+        // ends where those begin.
+        let mut room = self
+            .poison
+            .map_or(usize::MAX, |p| (p - self.written_total) as usize);
         for (i, part) in self.parts.iter().enumerate() {
-            if cnt == MAX_IOV {
+            if cnt == MAX_IOV || room == 0 {
                 break;
             }
             let skip = if i == 0 { self.head_off } else { 0 };
             match part {
                 Part::Bytes { start, end } => {
+                    let len = (end - start - skip).min(room);
                     iov[cnt] = libc::iovec {
                         iov_base: self.arena[start + skip..].as_ptr() as *mut libc::c_void,
-                        iov_len: end - start - skip,
+                        iov_len: len,
                     };
+                    room -= len;
                     cnt += 1;
                 }
                 Part::Mem(seg) => {
-                    if seg.mr.pin() {
-                        pinned[cnt] = Some(seg);
-                        iov[cnt] = libc::iovec {
-                            // SAFETY (pointer arithmetic): offset + skip < offset + len <=
-                            // region length, an invariant of `Seg`.
-                            iov_base: unsafe { seg.mr.base().add(seg.offset + skip) }.cast(),
-                            iov_len: seg.len - skip,
-                        };
-                    } else {
-                        // Deregistered while queued: send zeros of the same length.
-                        iov[cnt] = libc::iovec {
-                            iov_base: ZEROS.as_ptr() as *mut libc::c_void,
-                            iov_len: (seg.len - skip).min(ZEROS.len()),
-                        };
-                    }
-                    cnt += 1;
-                    if pinned[cnt - 1].is_none() {
-                        // A zero substitute may be shorter than the part; stop here so the
-                        // byte count stays aligned with `advance`.
+                    if !seg.mr.pin() {
+                        // Deregistered while queued: its bytes cannot be sent.
+                        let at =
+                            self.written_total + iov[..cnt].iter().map(|v| v.iov_len as u64).sum::<u64>();
+                        self.poison = Some(self.poison.map_or(at, |p| p.min(at)));
                         break;
                     }
+                    pinned[cnt] = Some(seg);
+                    let len = (seg.len - skip).min(room);
+                    iov[cnt] = libc::iovec {
+                        // SAFETY (pointer arithmetic): offset + skip < offset + len <=
+                        // region length, an invariant of `Seg`.
+                        iov_base: unsafe { seg.mr.base().add(seg.offset + skip) }.cast(),
+                        iov_len: len,
+                    };
+                    room -= len;
+                    cnt += 1;
                 }
             }
         }
+        if cnt == 0 && self.poison == Some(self.written_total) {
+            return Err(Self::deregistered());
+        }
         // SAFETY: every iovec points into memory that stays valid for the call: the arena
-        // (not touched during the call), pinned registered regions (unpinned below), or the
-        // static zero page; the kernel only reads them. `sendmsg` (rather than `writev`) so
+        // (not touched during the call) or pinned registered regions (unpinned below); the
+        // kernel only reads them. `sendmsg` (rather than `writev`) so
         // that MSG_NOSIGNAL turns a closed peer into EPIPE instead of SIGPIPE.
         let r = unsafe {
             let msg = libc::msghdr {
@@ -300,27 +326,41 @@ mod tests {
         assert!(q.is_empty());
     }
 
+    /// A region deregistered while its bytes wait ends the stream there: what was queued
+    /// before goes out, nothing is sent in their place (it used to be zeros, so a READ
+    /// "succeeded" with data the responder never had), and the writer fails.
     #[test]
-    fn dead_region_is_sent_as_zeros() {
-        let mr = Arc::new(MrShared::new_owned(1, 5, 5000, AccessFlags::empty()).unwrap());
-        let seg = Seg {
-            mr: mr.clone(),
-            offset: 0,
-            len: 5000,
-        };
-        seg.copy_in(0, &[9u8; 5000]);
-        let mut q = TxQueue::new();
-        q.push_seg(&seg);
-        mr.kill();
-        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
-        let mut total = 0;
-        while !q.is_empty() {
-            total += q.write_to(a.as_raw_fd()).unwrap();
+    fn dead_region_breaks_the_stream() {
+        for len in [100, 5000] {
+            let mr = Arc::new(MrShared::new_owned(1, 5, len, AccessFlags::empty()).unwrap());
+            let seg = Seg {
+                mr: mr.clone(),
+                offset: 0,
+                len,
+            };
+            seg.copy_in(0, &vec![9u8; len]);
+            let mut q = TxQueue::new();
+            q.push_bytes(b"hdr");
+            if len > COPY_THRESHOLD {
+                // Gathered in place when written: the region dies while queued.
+                assert!(q.push_seg(&seg));
+                mr.kill();
+            } else {
+                // Copied now: the region died between the access check and the copy.
+                mr.kill();
+                assert!(!q.push_seg(&seg));
+            }
+            let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+            for _ in 0..2 {
+                let e = q.write_to(a.as_raw_fd()).unwrap_err();
+                assert_eq!(e.kind(), io::ErrorKind::Other, "{len}");
+            }
+            // Only the bytes queued before went out before this marker.
+            use std::io::{Read, Write};
+            (&a).write_all(&[0xab]).unwrap();
+            let mut got = [0u8; 4];
+            (&b).read_exact(&mut got).unwrap();
+            assert_eq!(&got, b"hdr\xab", "{len}");
         }
-        assert_eq!(total, 5000);
-        let mut got = vec![1u8; 5000];
-        use std::io::Read;
-        (&b).read_exact(&mut got).unwrap();
-        assert!(got.iter().all(|&x| x == 0));
     }
 }

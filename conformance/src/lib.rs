@@ -19,6 +19,7 @@
 pub mod cases;
 pub mod env;
 pub mod report;
+pub mod soak;
 
 use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
