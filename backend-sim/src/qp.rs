@@ -29,6 +29,7 @@ use crate::faults::QpFaults;
 use crate::progress::Conn;
 use crate::requester::{PostCheck, ReqAttrs, Requester};
 use crate::responder::{RespAttrs, Responder};
+use crate::tx::TxQueue;
 
 /// Everything about a QP that changes, under one lock.
 pub struct QpInner {
@@ -513,10 +514,22 @@ impl QpShared {
                 let conn = g.conn.clone();
                 let idle = g.req.nothing_in_flight();
                 if conn.is_none() {
-                    // Until the connection is (re)established the ACK timer runs, as for
-                    // packets lost on the way.
-                    g.req.arm_timer(Self::now());
-                    self.dev.progress.rearm(self, &mut g);
+                    // No connection (not yet, or the peer is gone). An HCA processes the
+                    // WQEs anyway, whether anything answers or not: build the frames (the
+                    // local checks run, so a bad lkey is LOC_PROT_ERR now, not a transport
+                    // error after the retries) and lose them on the way. They are resent
+                    // once connected; until then the ACK timer runs.
+                    let now = Self::now();
+                    let QpInner { req, send_wc, .. } = &mut *g;
+                    let mut void = TxQueue::new();
+                    let built = req.poll_transmit(&self.dev.mrs, now, &mut void, usize::MAX, send_wc);
+                    req.on_connection_lost();
+                    if built.is_err() {
+                        self.enter_error(&mut g);
+                    } else {
+                        g.req.arm_timer(now);
+                        self.dev.progress.rearm(self, &mut g);
+                    }
                 }
                 drop(g);
                 match conn {
@@ -600,5 +613,71 @@ impl QpShared {
     /// Current time, in one place so tests can see where time enters.
     pub fn now() -> Instant {
         Instant::now()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use verbs_api::{
+        connect_rc, local_endpoint, poll_n, AccessFlags, Context, Endpoint, MemoryRegion, ProtectionDomain,
+        QpCap, QpInitAttr, QpState, QueuePair, RcParams, SendWr, Sge, WcStatus,
+    };
+
+    use crate::SimBackend;
+
+    /// An HCA processes a WQE whether or not anything answers at the other end, so a
+    /// local protection error completes at once, also on a QP without a connection (its
+    /// peer unreachable, not yet connected, or gone). Found by the verbs-level model
+    /// check (tests/model.rs): the sim built WQEs only once a connection existed, so a
+    /// bad lkey towards a peer in ERR or destroyed ended as RETRY_EXC_ERR after the
+    /// retries instead of LOC_PROT_ERR.
+    #[test]
+    fn local_errors_complete_without_a_connection() {
+        use verbs_api::Backend;
+        let sim = SimBackend::default();
+        let ctx = sim.open("sim0").unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(16, None).unwrap();
+        let cap = QpCap {
+            max_send_wr: 4,
+            max_recv_wr: 4,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let qp = pd.create_qp(&QpInitAttr::rc(&cq, &cq, cap)).unwrap();
+        let mr = pd.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        // 67 ms x 8 tries: the old outcome took half a second.
+        let p = RcParams {
+            timeout: 14,
+            retry_cnt: 7,
+            ..RcParams::default()
+        };
+        let me = local_endpoint(&ctx, &qp, &p, 1).unwrap();
+        // A peer that does not exist: no connection ever forms.
+        let nobody = Endpoint {
+            qpn: qp.qp_num() ^ 0x80_0000,
+            ..me
+        };
+        connect_rc(&qp, &p, me.psn, &nobody).unwrap();
+        let bad = [Sge::new(mr.addr(), 8, mr.lkey() ^ 0x5a5a_0000)];
+        let good = [mr.sge(0, 8).unwrap()];
+        let t0 = Instant::now();
+        qp.post_send(&[
+            SendWr::write(1, &good, mr.remote().at(0)).signaled(),
+            SendWr::send(2, &bad),
+        ])
+        .unwrap();
+        let wc = poll_n(&cq, 2, Duration::from_secs(10)).unwrap();
+        let took = t0.elapsed();
+        assert_eq!((wc[0].wr_id, wc[0].status), (1, WcStatus::WrFlushErr), "{wc:?}");
+        assert_eq!((wc[1].wr_id, wc[1].status), (2, WcStatus::LocProtErr), "{wc:?}");
+        assert!(
+            took < Duration::from_millis(300),
+            "took {took:?}: waited for transport retries"
+        );
+        assert_eq!(qp.state().unwrap(), QpState::Err);
     }
 }
