@@ -24,8 +24,8 @@ pub enum Stop {
     /// afterwards (the responder with `accepting = false`) to keep the stream in sync.
     Fatal(WcStatus),
     /// The peer broke the protocol (malformed frame, a frame its role cannot send, too
-    /// many READ/atomic requests without reading the answers): close the connection and
-    /// move the QP to ERR.
+    /// many requests without reading the responses): close the connection and move the
+    /// QP to ERR.
     Protocol(String),
 }
 
@@ -64,9 +64,10 @@ pub struct DriveState {
 /// Processes buffered frames until the reader needs more bytes or an error stops it.
 /// Responses to the peer's requests are queued in `tx`, followed by one ACK for the
 /// requests acknowledged in this pass (unless `defer_ack`: then the ACK stays owed to the
-/// responder, to leave with the next write). `max_unsent_reads` bounds the READ and atomic
-/// responses queued but not yet written: a peer that keeps asking without reading the
-/// answers exceeds it and is cut off instead of growing this side's memory.
+/// responder, to leave with the next write). `max_unsent_reads` bounds the responses
+/// (READ and atomic responses, ACKs, NAKs) queued but not yet written: a peer that keeps
+/// sending requests without reading the answers exceeds it and is cut off instead of
+/// growing this side's memory.
 #[allow(clippy::too_many_arguments)]
 pub fn drive(
     sides: &mut Sides<'_>,
@@ -115,7 +116,7 @@ pub fn drive(
                 }
                 if tx.unsent_replies() > max_unsent_reads {
                     return Err(Stop::Protocol(format!(
-                        "more than {max_unsent_reads} READ/atomic requests without reading the responses"
+                        "more than {max_unsent_reads} responses queued for a peer that does not read them"
                     )));
                 }
             }
@@ -196,5 +197,115 @@ fn payload_lost(
     match fatal {
         Some(f) => Err(Stop::Fatal(f.0)),
         None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::responder::RespAttrs;
+    use crate::wire::{Frame, NakCode, MAX_HDR_LEN};
+    use verbs_api::AccessFlags;
+
+    /// A peer that sends `copies` of `f` and never reads: each 32 KiB the reader takes is
+    /// one pass of `drive`. Returns how it ended and what was queued for the peer.
+    fn flood(resp: &mut Responder, f: Frame, copies: usize) -> (Result<(), Stop>, TxQueue) {
+        let mrs = MrTable::default();
+        let mut h = [0u8; MAX_HDR_LEN];
+        let n = f.encode(&mut h);
+        let bytes: Vec<u8> = h[..n].iter().copied().cycle().take(n * copies).collect();
+        let mut reader = Reader::new();
+        let mut tx = TxQueue::new();
+        let mut st = DriveState::default();
+        let (mut swc, mut rwc) = (Vec::new(), Vec::new());
+        let mut off = 0;
+        while off < bytes.len() {
+            off += reader.feed(&bytes[off..]);
+            let mut sides = Sides {
+                req: None,
+                resp: Some(resp),
+                accepting: true,
+                send_wc: &mut swc,
+                recv_wc: &mut rwc,
+            };
+            let r = drive(
+                &mut sides,
+                &mut reader,
+                &mrs,
+                &mut tx,
+                Instant::now(),
+                &mut st,
+                1024,
+                false,
+            );
+            if r.is_err() {
+                return (r, tx);
+            }
+        }
+        (Ok(()), tx)
+    }
+
+    fn responder() -> Responder {
+        let mut r = Responder::new(2, 1, 4, 1);
+        r.connect(RespAttrs {
+            rq_psn: 100,
+            min_rnr_timer: 1,
+        });
+        r.access = AccessFlags::REMOTE;
+        r
+    }
+
+    /// Found by the `responder` fuzz target: 64 Ki copies of an already executed SEND
+    /// queued 64 Ki ACKs (1 MiB) for a peer that never read them. Now one ACK per pass.
+    #[test]
+    fn a_flood_of_duplicates_queues_one_ack_per_pass() {
+        let mut resp = responder();
+        let dup = Frame::Send {
+            psn: 99,
+            len: 0,
+            imm: None,
+            solicited: false,
+        };
+        let (r, mut tx) = flood(&mut resp, dup, 64 * 1024);
+        assert_eq!(r, Ok(()));
+        let mut b = Vec::new();
+        tx.drain_into(&mut b);
+        // 1 MiB arrives in 32 KiB reads: 32 passes, one ACK each.
+        assert_eq!(b.len(), 32 * 16, "{} bytes queued", b.len());
+        assert_eq!(Frame::decode(&b).unwrap(), Some((Frame::Ack { psn: 99 }, 16)));
+    }
+
+    /// Found by the `responder` fuzz target: a SEND resent without pause to a QP with no
+    /// receive posted earns an RNR NAK per copy; a peer that never reads them is cut off
+    /// once 1024 responses wait, instead of growing this side's memory without bound.
+    #[test]
+    fn a_peer_that_never_reads_its_naks_is_cut_off() {
+        let mut resp = responder();
+        let send = Frame::Send {
+            psn: 100,
+            len: 0,
+            imm: None,
+            solicited: false,
+        };
+        let (r, tx) = flood(&mut resp, send, 64 * 1024);
+        assert!(
+            matches!(r, Err(Stop::Protocol(ref m)) if m.contains("does not read")),
+            "{r:?}"
+        );
+        assert_eq!(tx.unsent_replies(), 1025);
+        assert_eq!(tx.pending(), 1025 * 16);
+        let mut tx = tx;
+        let mut b = Vec::new();
+        tx.drain_into(&mut b);
+        assert_eq!(
+            Frame::decode(&b).unwrap(),
+            Some((
+                Frame::Nak {
+                    psn: 100,
+                    code: NakCode::Rnr { timer: 1 }
+                },
+                16
+            ))
+        );
     }
 }

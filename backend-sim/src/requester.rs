@@ -298,7 +298,9 @@ impl Requester {
             let idx = self.next;
             let (is_rd, fence) = {
                 let w = &self.sq[idx];
-                (w.op.is_read_or_atomic(), w.fence)
+                // A READ/atomic already answered (out of order, before a rewind) is resent
+                // to keep the PSNs in sequence, but its answer is not awaited.
+                (w.op.is_read_or_atomic() && w.status.is_none(), w.fence)
             };
             if fence && self.rd_inflight > 0 {
                 break;
@@ -475,7 +477,10 @@ impl Requester {
         }
         let psn = self.sq[idx].psn;
         for w in self.sq.iter_mut().skip(idx).take(self.next - idx) {
-            if w.sent && w.op.is_read_or_atomic() {
+            // Only READs/atomics still waiting for their answer are counted in flight; one
+            // a peer answered out of order (after an unanswered one) is resent, but no
+            // longer counted.
+            if w.sent && w.status.is_none() && w.op.is_read_or_atomic() {
                 self.rd_inflight -= 1;
             }
             w.sent = false;
@@ -709,4 +714,66 @@ pub enum PostCheck {
     InlineNotAllowed,
     /// An inline SGE outside registered memory of this QP's PD (EINVAL).
     BadInlineSge,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::MrShared;
+    use std::sync::Arc;
+    use verbs_api::{AccessFlags, QpCap};
+
+    /// Found by the `responder` fuzz target: two FETCH_AND_ADDs in flight, the peer
+    /// answers the second first, then the connection breaks. The rewind subtracted the
+    /// answered one from the READ/atomic count a second time: a u32 underflow (a panic in
+    /// debug builds; in release builds the count wrapped to u32::MAX and the QP never sent
+    /// another READ or atomic).
+    #[test]
+    fn an_atomic_answered_out_of_order_survives_a_rewind() {
+        let mrs = MrTable::default();
+        let mr = Arc::new(MrShared::new_owned(1, 7, 64, AccessFlags::LOCAL_WRITE).unwrap());
+        mrs.insert(mr.clone());
+        let cap = QpCap {
+            max_send_wr: 8,
+            max_recv_wr: 1,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let mut req = Requester::new(1, 1, &cap, false);
+        req.connect(ReqAttrs {
+            sq_psn: 10,
+            timeout: None,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            max_rd_atomic: 2,
+        });
+        let sges: Vec<[Sge; 1]> = (0..4).map(|k| [Sge::new(mr.addr() + 8 * k, 8, 7)]).collect();
+        let faa = |id: u64| SendWr::fetch_and_add(id, &sges[id as usize - 1], (0x1000, 5), 1).signaled();
+        let now = Instant::now();
+        let mut tx = TxQueue::new();
+        let mut out = Vec::new();
+        let mut sink = Vec::new();
+        req.post(&faa(1), &mrs).unwrap();
+        req.post(&faa(2), &mrs).unwrap();
+        assert_eq!(req.poll_transmit(&mrs, now, &mut tx, 16, &mut out), Ok(2));
+        req.on_response(&Frame::AtomicResp { psn: 11, orig: 0 }, now, &mut out)
+            .unwrap();
+        req.on_connection_lost();
+        tx.drain_into(&mut sink);
+        // Both are resent (PSNs stay in sequence); the first one's answer completes both.
+        assert_eq!(req.poll_transmit(&mrs, now, &mut tx, 16, &mut out), Ok(2));
+        for psn in [10, 11] {
+            req.on_response(&Frame::AtomicResp { psn, orig: 0 }, now, &mut out)
+                .unwrap();
+        }
+        assert_eq!(
+            out.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+            [(1, WcStatus::Success), (2, WcStatus::Success)]
+        );
+        // Nothing is counted in flight any more: two new atomics go out at once.
+        req.post(&faa(3), &mrs).unwrap();
+        req.post(&faa(4), &mrs).unwrap();
+        assert_eq!(req.poll_transmit(&mrs, now, &mut tx, 16, &mut out), Ok(2));
+    }
 }

@@ -4,7 +4,8 @@
 //! For each incoming request, in PSN order:
 //!
 //! - a PSN behind the expected one is a duplicate: SEND/WRITE are acknowledged again
-//!   without executing, READs are executed again, atomics return the saved result;
+//!   (by the next coalesced ACK) without executing, READs are executed again, atomics
+//!   return the saved result;
 //! - a PSN ahead of the expected one gets one PSN-sequence-error NAK, then everything is
 //!   dropped until the expected PSN arrives;
 //! - SEND, SEND_WITH_IMM and RDMA_WRITE_WITH_IMM consume the oldest posted receive; with
@@ -387,10 +388,10 @@ impl Responder {
     fn duplicate(&mut self, frame: &Frame, mrs: &MrTable, tx: &mut TxQueue) -> Incoming {
         match *frame {
             Frame::Send { .. } | Frame::Write { .. } => {
-                self.flush_ack(tx);
-                tx.push_frame(&Frame::Ack {
-                    psn: psn::add(self.epsn, verbs_api::PSN_MASK),
-                });
+                // Owed, not queued: one ACK of the last executed PSN answers a whole run
+                // of duplicates, so a peer resending the same SEND without reading the
+                // answers cannot make this side queue an ACK per copy.
+                self.ack_owed = Some(psn::add(self.epsn, verbs_api::PSN_MASK));
             }
             Frame::Read { psn, len, addr, rkey } => {
                 match mrs.resolve_remote(
@@ -553,4 +554,84 @@ fn trim(segs: &mut Vec<Seg>, len: usize) {
         keep += 1;
     }
     segs.truncate(keep);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frames(tx: &mut TxQueue) -> Vec<Frame> {
+        let mut b = Vec::new();
+        tx.drain_into(&mut b);
+        let mut out = Vec::new();
+        let mut at = 0;
+        while let Some((f, n)) = Frame::decode(&b[at..]).unwrap() {
+            out.push(f);
+            at += n + f.payload_len() as usize;
+        }
+        assert_eq!(at, b.len());
+        out
+    }
+
+    /// Found by the `responder` fuzz target: every duplicate SEND/WRITE queued an ACK of
+    /// its own, so a peer resending one SEND without reading grew the send queue by 16
+    /// bytes per copy. A run of duplicates is now answered by one coalesced ACK.
+    #[test]
+    fn duplicates_owe_one_coalesced_ack() {
+        let mrs = MrTable::default();
+        let mut resp = Responder::new(2, 1, 4, 1);
+        resp.connect(RespAttrs {
+            rq_psn: 7,
+            min_rnr_timer: 1,
+        });
+        resp.access = AccessFlags::REMOTE;
+        let mut tx = TxQueue::new();
+        let mut out = Vec::new();
+        let write = Frame::Write {
+            psn: 7,
+            len: 0,
+            addr: 0,
+            rkey: 0,
+            imm: None,
+            solicited: false,
+        };
+        match resp.on_request(&write, &mrs, &mut tx, &mut out).unwrap() {
+            Incoming::Sink(s) => resp.payload_done(s, &mut out),
+            Incoming::Discard => panic!("a zero-length WRITE is executed"),
+        }
+        for _ in 0..1000 {
+            let dup = Frame::Send {
+                psn: 7,
+                len: 0,
+                imm: None,
+                solicited: false,
+            };
+            assert!(matches!(
+                resp.on_request(&dup, &mrs, &mut tx, &mut out),
+                Ok(Incoming::Discard)
+            ));
+            assert!(matches!(
+                resp.on_request(&write, &mrs, &mut tx, &mut out),
+                Ok(Incoming::Discard)
+            ));
+        }
+        assert!(tx.is_empty(), "{} bytes queued for duplicates", tx.pending());
+        assert!(resp.owes_ack());
+        resp.flush_ack(&mut tx);
+        assert_eq!(frames(&mut tx), [Frame::Ack { psn: 7 }]);
+        assert!(out.is_empty());
+        // A duplicate still answers at once when a READ response follows it.
+        resp.on_request(&write, &mrs, &mut tx, &mut out).unwrap();
+        let read = Frame::Read {
+            psn: 8,
+            len: 0,
+            addr: 0,
+            rkey: 0,
+        };
+        resp.on_request(&read, &mrs, &mut tx, &mut out).unwrap();
+        assert_eq!(
+            frames(&mut tx),
+            [Frame::Ack { psn: 7 }, Frame::ReadResp { psn: 8, len: 0 }]
+        );
+    }
 }

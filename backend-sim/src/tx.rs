@@ -52,7 +52,8 @@ pub struct TxQueue {
     /// Stream position from which the queued bytes are not the data they stand for (a
     /// region was deregistered before they could be gathered): the stream ends there.
     poison: Option<u64>,
-    /// Where each queued READ/atomic response's header ends, oldest first.
+    /// Where each queued response's header (ACK, NAK, READ or atomic response) ends,
+    /// oldest first.
     replies: VecDeque<u64>,
 }
 
@@ -77,7 +78,8 @@ impl TxQueue {
         self.urgent
     }
 
-    /// READ and atomic responses queued and not yet written.
+    /// Responses to the peer's requests (ACKs, NAKs, READ and atomic responses) queued
+    /// and not yet written: what a peer that stops reading makes this side hold.
     pub fn unsent_replies(&self) -> usize {
         self.replies.len()
     }
@@ -90,7 +92,7 @@ impl TxQueue {
         let mut hdr = [0u8; MAX_HDR_LEN];
         let n = f.encode(&mut hdr);
         self.push_bytes(&hdr[..n]);
-        if matches!(f, Frame::ReadResp { .. } | Frame::AtomicResp { .. }) {
+        if f.is_response() {
             self.replies.push_back(self.queued_total);
         }
     }
