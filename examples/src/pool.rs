@@ -1,6 +1,6 @@
 //! The param-pool slot: one parameter vector in registered memory, laid out so that a
 //! reader that fetches the whole slot with one RDMA READ can tell whether it saw a
-//! consistent vector, and a checksum that proves it.
+//! consistent vector.
 //!
 //! ```text
 //! offset 0        head version  u64   even: stable, odd: being written
@@ -12,13 +12,23 @@
 //!
 //! The owner updates a slot from version `v` (even) to `v + 2` like a seqlock with a
 //! version at both ends: head := v+1, tail := v+1, (fence), payload and checksum,
-//! (fence), tail := v+2, head := v+2. The reader accepts a slot only when head == tail
-//! and both are even. Whether the READ copies the slot front to back or back to front,
-//! any payload byte of an update in progress makes the version read *after* it differ
-//! from the one read *before* it, so a torn vector is detected and re-read. (A DMA engine
-//! that copied the middle of the slot before both ends could defeat that, which is why
-//! every vector a reader *uses* is also checked against its checksum and regenerated
-//! contents: the proof does not rest on the copy order.)
+//! (fence), tail := v+2, head := v+2. A reader accepts a slot only when head == tail,
+//! both are even, *and* the checksum over id, version and payload matches
+//! ([`check`]); anything else is a torn read, and it reads again.
+//!
+//! Why both. If a READ copied the slot strictly front to back (or back to front), the
+//! versions alone would catch every torn copy. Nothing promises that order: an HCA
+//! splits a READ into PCIe reads that may complete out of order, and a CPU copying the
+//! slot with a fast-string `rep movsb` (which is how the Linux kernel copies a user
+//! buffer into a socket, so how the sim gathers a READ response) may perform its loads
+//! out of order too. CI caught exactly that: 1 READ in 7103 had equal even versions
+//! around a payload that was half rewritten. The checksum (what Pilaf-style
+//! self-verifying objects use) closes the gap; the versions catch the common case
+//! cheaply and tell "being written" from "corrupt".
+//!
+//! The demo also proves the result with an oracle no real reader has: every vector a
+//! reader *uses* is compared with the contents regenerated from its id and version
+//! ([`matches_generated`]).
 
 use std::sync::atomic::{fence, Ordering};
 
@@ -129,19 +139,25 @@ pub fn update_slot(
 /// What a reader makes of a slot it fetched.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SlotCheck {
-    /// head == tail, even: usable; the id and version it holds.
+    /// head == tail, even, checksum matches: usable; the id and version it holds.
     Stable {
         /// Vector id.
         id: u64,
         /// Version.
         version: u64,
     },
-    /// An update was in progress: re-read.
+    /// The versions disagree or are odd: an update was in progress. Re-read.
     Torn {
         /// Head version seen.
         head: u64,
         /// Tail version seen.
         tail: u64,
+    },
+    /// The versions agree but the checksum does not: the READ copied the middle of the
+    /// slot at another moment than its ends. Re-read.
+    BadChecksum {
+        /// The (agreeing) version seen at both ends.
+        version: u64,
     },
 }
 
@@ -151,27 +167,27 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_ne_bytes(w)
 }
 
-/// The version check of a fetched slot (`bytes` is the whole slot).
-pub fn version_check(bytes: &[u8], dim: usize) -> SlotCheck {
+/// The reader's acceptance test of a fetched slot (`bytes` is the whole slot): versions,
+/// then checksum.
+pub fn check(bytes: &[u8], dim: usize) -> SlotCheck {
     let head = u64_at(bytes, HEAD);
     let tail = u64_at(bytes, tail_at(dim));
-    if head == tail && head % 2 == 0 {
-        SlotCheck::Stable {
-            id: u64_at(bytes, ID),
-            version: head,
-        }
-    } else {
-        SlotCheck::Torn { head, tail }
+    if head != tail || head % 2 != 0 {
+        return SlotCheck::Torn { head, tail };
     }
+    let id = u64_at(bytes, ID);
+    let payload = &bytes[PAYLOAD..PAYLOAD + payload_len(dim)];
+    if checksum(id, head, payload) != u64_at(bytes, checksum_at(dim)) {
+        return SlotCheck::BadChecksum { version: head };
+    }
+    SlotCheck::Stable { id, version: head }
 }
 
-/// Whether a stable slot's checksum matches and its payload is exactly vector `id` at
-/// `version` (the proof that a used vector is not torn).
-pub fn verify(bytes: &[u8], id: u64, version: u64, dim: usize, scratch: &mut [u8]) -> bool {
+/// The oracle: whether the slot's payload is exactly vector `id` at `version`, as
+/// regenerated from them (the proof that a used vector is not torn; a real reader
+/// cannot do this, which is why it relies on [`check`]).
+pub fn matches_generated(bytes: &[u8], id: u64, version: u64, dim: usize, scratch: &mut [u8]) -> bool {
     let payload = &bytes[PAYLOAD..PAYLOAD + payload_len(dim)];
-    if checksum(id, version, payload) != u64_at(bytes, checksum_at(dim)) {
-        return false;
-    }
     fill_payload(scratch, id, version, dim);
     scratch == payload
 }
@@ -199,8 +215,8 @@ mod tests {
         let dim = 13;
         let b = slot(3, 8, dim);
         let mut scratch = vec![0u8; payload_len(dim)];
-        assert_eq!(version_check(&b, dim), SlotCheck::Stable { id: 3, version: 8 });
-        assert!(verify(&b, 3, 8, dim, &mut scratch));
+        assert_eq!(check(&b, dim), SlotCheck::Stable { id: 3, version: 8 });
+        assert!(matches_generated(&b, 3, 8, dim, &mut scratch));
     }
 
     /// Every front-to-back and back-to-front cut between two versions is either detected
@@ -222,11 +238,29 @@ mod tests {
                     [&a[..cut], &b[cut..]].concat(), // front part read earlier (older)
                     [&b[..cut], &a[cut..]].concat(), // back part read earlier
                 ] {
-                    if let SlotCheck::Stable { id, version } = version_check(&mixed, dim) {
-                        assert!(verify(&mixed, id, version, dim, &mut scratch), "cut {cut}");
+                    if let SlotCheck::Stable { id, version } = check(&mixed, dim) {
+                        assert!(
+                            matches_generated(&mixed, id, version, dim, &mut scratch),
+                            "cut {cut}"
+                        );
                     }
                 }
             }
         }
+    }
+
+    /// A copy out of order (both ends read before the update began, the middle during
+    /// it) has agreeing even versions; the checksum catches it.
+    #[test]
+    fn middle_copied_late_is_caught_by_the_checksum() {
+        let dim = 16;
+        let old = slot(2, 10, dim);
+        let new = slot(2, 12, dim);
+        let mut mixed = old.clone();
+        let half = PAYLOAD + payload_len(dim) / 2;
+        mixed[half..checksum_at(dim)].copy_from_slice(&new[half..checksum_at(dim)]);
+        assert_eq!(check(&mixed, dim), SlotCheck::BadChecksum { version: 10 });
+        let mut scratch = vec![0u8; payload_len(dim)];
+        assert!(!matches_generated(&mixed, 2, 10, dim, &mut scratch));
     }
 }
