@@ -128,6 +128,9 @@ pub struct Conn {
     /// I/O lock goes around again if it finds it set after letting go (no work is lost
     /// to a failed `try_lock`).
     pending: AtomicBool,
+    /// When bytes last left on this connection ([`Progress`] clock nanoseconds, 0 =
+    /// never): the requester's ACK timer counts from it.
+    last_tx: AtomicU64,
 }
 
 impl Conn {
@@ -301,6 +304,7 @@ impl Progress {
             closed: AtomicBool::new(false),
             ack_queued: AtomicBool::new(false),
             pending: AtomicBool::new(false),
+            last_tx: AtomicU64::new(0),
         });
         self.conns.lock().insert(token, conn.clone());
         Ok(conn)
@@ -586,8 +590,15 @@ impl Progress {
                 if g.timer_at == Some(e.at) {
                     g.timer_at = None;
                 }
+                let last_tx = g
+                    .conn
+                    .as_ref()
+                    .and_then(|c| match c.last_tx.load(Ordering::Relaxed) {
+                        0 => None,
+                        ns => Some(self.base + Duration::from_nanos(ns)),
+                    });
                 let (req, _, swc, _) = QpShared::scratch(&mut g);
-                if req.on_timer(now, swc).is_err() {
+                if req.on_timer(now, last_tx, swc).is_err() {
                     qp.enter_error(&mut g);
                 }
                 qp.deliver(&mut g);
@@ -695,7 +706,13 @@ impl Progress {
             let hold = faulty && self.responder_hold(conn, io.tx.is_empty());
             if !io.tx.is_empty() && !hold {
                 match io.tx.write_to(fd) {
-                    Ok(n) => progressed |= n > 0,
+                    Ok(n) => {
+                        if n > 0 {
+                            progressed = true;
+                            conn.last_tx
+                                .store(self.nanos(Instant::now()).max(1), Ordering::Relaxed);
+                        }
+                    }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                     Err(e) => {
                         drop(io);

@@ -623,9 +623,25 @@ impl Requester {
 
     /// Timers: the RNR wait ends (sending resumes in `poll_transmit`), or the ACK timeout
     /// fires (rewind and resend, or `IBV_WC_RETRY_EXC_ERR` when retries are used up).
-    pub fn on_timer(&mut self, now: Instant, out: &mut Vec<WorkCompletion>) -> Result<(), Fatal> {
+    ///
+    /// `last_tx` is when bytes last left for the peer. The timeout counts from the later
+    /// of the last acknowledged progress and the last transmission, as rxe restarts its
+    /// retransmit timer with every request packet it sends (`rxe_req.c`): a message
+    /// still leaving (a 1 GiB window of 8 MiB WRITEs takes a quarter second to write on
+    /// loopback) is not lost, and resending it would only queue it twice.
+    pub fn on_timer(
+        &mut self,
+        now: Instant,
+        last_tx: Option<Instant>,
+        out: &mut Vec<WorkCompletion>,
+    ) -> Result<(), Fatal> {
         if self.rnr_wait.is_some_and(|t| now >= t) {
             self.rnr_wait = None;
+        }
+        if let (Some(d), Some(t), Some(timeout)) = (self.ack_deadline, last_tx, self.attrs.timeout) {
+            if now >= d && t + timeout > now && t + timeout > d {
+                self.ack_deadline = Some(t + timeout);
+            }
         }
         if let Some(d) = self.ack_deadline {
             if now >= d {
@@ -775,5 +791,70 @@ mod tests {
         req.post(&faa(3), &mrs).unwrap();
         req.post(&faa(4), &mrs).unwrap();
         assert_eq!(req.poll_transmit(&mrs, now, &mut tx, 16, &mut out), Ok(2));
+    }
+
+    /// perf-compare's `write_bw -a` failed with `IBV_WC_RETRY_EXC_ERR`: 128 WRITEs of
+    /// 8 MiB were queued at once and took longer than `timeout` to leave, so the timer
+    /// fired on messages still being written, and each resend queued them again. The
+    /// timer now counts from the last bytes sent; only silence after that is a loss.
+    #[test]
+    fn the_ack_timer_counts_from_the_last_transmission() {
+        let mrs = MrTable::default();
+        let mr = Arc::new(MrShared::new_owned(1, 7, 64, AccessFlags::LOCAL_WRITE).unwrap());
+        mrs.insert(mr.clone());
+        let cap = QpCap {
+            max_send_wr: 4,
+            max_recv_wr: 1,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let timeout = Duration::from_millis(10);
+        let mut req = Requester::new(1, 1, &cap, false);
+        req.connect(ReqAttrs {
+            sq_psn: 0,
+            timeout: Some(timeout),
+            retry_cnt: 0,
+            rnr_retry: 0,
+            max_rd_atomic: 1,
+        });
+        let sge = [Sge::new(mr.addr(), 64, 7)];
+        let t0 = Instant::now();
+        let (mut tx, mut out) = (TxQueue::new(), Vec::new());
+        req.post(&SendWr::write(1, &sge, (0x1000, 5)).signaled(), &mrs)
+            .unwrap();
+        assert_eq!(req.poll_transmit(&mrs, t0, &mut tx, 16, &mut out), Ok(1));
+        assert_eq!(req.next_deadline(), Some(t0 + timeout));
+        // The deadline passes while bytes are still leaving: no retry (retry_cnt 0 would
+        // fail the WR at once), the deadline moves to timeout after the last byte sent.
+        let sending = t0 + timeout - Duration::from_millis(1);
+        let late = t0 + timeout + Duration::from_millis(2);
+        assert_eq!(req.on_timer(late, Some(sending), &mut out), Ok(()));
+        assert!(out.is_empty());
+        assert_eq!(req.next_deadline(), Some(sending + timeout));
+        // Silence for a whole timeout after the last byte: retries are used up.
+        let silent = sending + timeout + Duration::from_millis(1);
+        assert_eq!(
+            req.on_timer(silent, Some(sending), &mut out),
+            Err(Fatal(WcStatus::RetryExcErr))
+        );
+        assert_eq!(
+            out.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+            [(1, WcStatus::RetryExcErr)]
+        );
+        // Without a transmission record the timer counts from the send, as before.
+        let mut req = Requester::new(1, 1, &cap, false);
+        req.connect(ReqAttrs {
+            sq_psn: 0,
+            timeout: Some(timeout),
+            retry_cnt: 0,
+            rnr_retry: 0,
+            max_rd_atomic: 1,
+        });
+        let mut out = Vec::new();
+        req.post(&SendWr::write(2, &sge, (0x1000, 5)).signaled(), &mrs)
+            .unwrap();
+        assert_eq!(req.poll_transmit(&mrs, t0, &mut tx, 16, &mut out), Ok(1));
+        assert!(req.on_timer(late, None, &mut out).is_err());
     }
 }
