@@ -100,6 +100,11 @@ impl Reader {
         self.drained
     }
 
+    /// Whether bytes read from the socket wait to be decoded.
+    pub fn has_buffered(&self) -> bool {
+        self.start < self.end
+    }
+
     /// Whether a payload is being received.
     pub fn in_payload(&self) -> bool {
         self.payload.is_some()

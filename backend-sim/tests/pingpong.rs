@@ -1,0 +1,92 @@
+//! Many short round trips between two application threads, each spinning on its own CQ
+//! of its own device: the pattern of `perf send_lat` and `read_lat`, in which a post
+//! from one thread races with another thread (or the progress thread) that holds the
+//! connection while it looks for news. A post lost in that race shows up here as a
+//! round trip that never completes (each wait is bounded), not as a slow benchmark.
+
+use std::time::Duration;
+use verbs_api::*;
+
+const ROUNDS: u64 = 20_000;
+/// Round trips after a pause of 0 to 280 us.
+const PAUSED_ROUNDS: u64 = 6000;
+const WAIT: Duration = Duration::from_secs(5);
+
+fn cap() -> QpCap {
+    QpCap {
+        max_send_wr: 16,
+        max_recv_wr: 16,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 64,
+    }
+}
+
+#[test]
+fn send_recv_and_read_round_trips_never_lose_a_post() {
+    let sim = backend_sim::SimBackend::default();
+    let (c0, c1) = (sim.open("sim0").unwrap(), sim.open("sim1").unwrap());
+    let (pd0, pd1) = (c0.alloc_pd().unwrap(), c1.alloc_pd().unwrap());
+    let (cq0, cq1) = (c0.create_cq(64, None).unwrap(), c1.create_cq(64, None).unwrap());
+    let a = pd0.create_qp(&QpInitAttr::rc(&cq0, &cq0, cap())).unwrap();
+    let b = pd1.create_qp(&QpInitAttr::rc(&cq1, &cq1, cap())).unwrap();
+    let p = RcParams::default();
+    let ea = local_endpoint(&c0, &a, &p, 1).unwrap();
+    let eb = local_endpoint(&c1, &b, &p, 2).unwrap();
+    connect_rc(&a, &p, ea.psn, &eb).unwrap();
+    connect_rc(&b, &p, eb.psn, &ea).unwrap();
+    let mra = pd0.reg_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let mrb = pd1
+        .reg_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)
+        .unwrap();
+
+    // SEND/RECV ping-pong: both sides post and spin; each keeps its next receive posted
+    // before it sends, so no SEND meets an empty receive queue.
+    a.post_recv(&[RecvWr::new(0, &[mra.sge(0, 8).unwrap()])]).unwrap();
+    b.post_recv(&[RecvWr::new(0, &[mrb.sge(0, 8).unwrap()])]).unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for i in 0..ROUNDS {
+                let w = poll_n(&cq1, 1, WAIT).unwrap_or_else(|e| panic!("pong {i}: ping lost: {e}"));
+                assert!(w[0].is_ok() && w[0].opcode == WcOpcode::Recv, "{w:?}");
+                b.post_recv(&[RecvWr::new(i + 1, &[mrb.sge(0, 8).unwrap()])])
+                    .unwrap();
+                b.post_send(&[SendWr::send(i, &[mrb.sge(8, 8).unwrap()]).signaled()])
+                    .unwrap();
+                let w = poll_n(&cq1, 1, WAIT).unwrap_or_else(|e| panic!("pong {i}: send lost: {e}"));
+                assert!(w[0].is_ok() && w[0].opcode == WcOpcode::Send, "{w:?}");
+            }
+        });
+        for i in 0..ROUNDS {
+            a.post_send(&[SendWr::send(i, &[mra.sge(8, 8).unwrap()]).signaled()])
+                .unwrap();
+            let w = poll_n(&cq0, 2, WAIT).unwrap_or_else(|e| panic!("ping {i}: lost: {e}"));
+            assert!(w.iter().all(|w| w.is_ok()), "{w:?}");
+            a.post_recv(&[RecvWr::new(i + 1, &[mra.sge(0, 8).unwrap()])])
+                .unwrap();
+        }
+    });
+
+    // READ round trips: only the requester's thread spins; the target side is the
+    // progress thread of sim1 alone.
+    for i in 0..ROUNDS {
+        mrb.write_u64(64, i).unwrap();
+        a.post_send(&[SendWr::read(i, &[mra.sge(64, 8).unwrap()], mrb.remote().at(64)).signaled()])
+            .unwrap();
+        let w = poll_n(&cq0, 1, WAIT).unwrap_or_else(|e| panic!("READ {i}: lost: {e}"));
+        assert!(w[0].is_ok(), "{w:?}");
+        assert_eq!(mra.read_u64(64).unwrap(), i);
+    }
+
+    // Round trips after pauses: once an application thread stops polling for a while the
+    // progress thread takes over and spins, so the next post races with it.
+    for i in 0..PAUSED_ROUNDS {
+        std::thread::sleep(Duration::from_micros(40 * (i % 8)));
+        mrb.write_u64(72, i).unwrap();
+        a.post_send(&[SendWr::read(i, &[mra.sge(72, 8).unwrap()], mrb.remote().at(72)).signaled()])
+            .unwrap();
+        let w = poll_n(&cq0, 1, WAIT).unwrap_or_else(|e| panic!("paused READ {i}: lost: {e}"));
+        assert!(w[0].is_ok(), "{w:?}");
+        assert_eq!(mra.read_u64(72).unwrap(), i);
+    }
+}
