@@ -739,6 +739,24 @@ mod tests {
     use std::sync::Arc;
     use verbs_api::{AccessFlags, QpCap};
 
+    /// A memory table with one 64-byte region (lkey 7), and a connected requester with
+    /// room for `wrs` WRs.
+    fn setup(wrs: u32, attrs: ReqAttrs) -> (MrTable, Arc<MrShared>, Requester) {
+        let mrs = MrTable::default();
+        let mr = Arc::new(MrShared::new_owned(1, 7, 64, AccessFlags::LOCAL_WRITE).unwrap());
+        mrs.insert(mr.clone());
+        let cap = QpCap {
+            max_send_wr: wrs,
+            max_recv_wr: 1,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let mut req = Requester::new(1, 1, &cap, false);
+        req.connect(attrs);
+        (mrs, mr, req)
+    }
+
     /// Found by the `responder` fuzz target: two FETCH_AND_ADDs in flight, the peer
     /// answers the second first, then the connection breaks. The rewind subtracted the
     /// answered one from the READ/atomic count a second time: a u32 underflow (a panic in
@@ -746,24 +764,16 @@ mod tests {
     /// another READ or atomic).
     #[test]
     fn an_atomic_answered_out_of_order_survives_a_rewind() {
-        let mrs = MrTable::default();
-        let mr = Arc::new(MrShared::new_owned(1, 7, 64, AccessFlags::LOCAL_WRITE).unwrap());
-        mrs.insert(mr.clone());
-        let cap = QpCap {
-            max_send_wr: 8,
-            max_recv_wr: 1,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        };
-        let mut req = Requester::new(1, 1, &cap, false);
-        req.connect(ReqAttrs {
-            sq_psn: 10,
-            timeout: None,
-            retry_cnt: 7,
-            rnr_retry: 7,
-            max_rd_atomic: 2,
-        });
+        let (mrs, mr, mut req) = setup(
+            8,
+            ReqAttrs {
+                sq_psn: 10,
+                timeout: None,
+                retry_cnt: 7,
+                rnr_retry: 7,
+                max_rd_atomic: 2,
+            },
+        );
         let sges: Vec<[Sge; 1]> = (0..4).map(|k| [Sge::new(mr.addr() + 8 * k, 8, 7)]).collect();
         let faa = |id: u64| SendWr::fetch_and_add(id, &sges[id as usize - 1], (0x1000, 5), 1).signaled();
         let now = Instant::now();
@@ -799,25 +809,15 @@ mod tests {
     /// timer now counts from the last bytes sent; only silence after that is a loss.
     #[test]
     fn the_ack_timer_counts_from_the_last_transmission() {
-        let mrs = MrTable::default();
-        let mr = Arc::new(MrShared::new_owned(1, 7, 64, AccessFlags::LOCAL_WRITE).unwrap());
-        mrs.insert(mr.clone());
-        let cap = QpCap {
-            max_send_wr: 4,
-            max_recv_wr: 1,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        };
         let timeout = Duration::from_millis(10);
-        let mut req = Requester::new(1, 1, &cap, false);
-        req.connect(ReqAttrs {
+        let attrs = ReqAttrs {
             sq_psn: 0,
             timeout: Some(timeout),
             retry_cnt: 0,
             rnr_retry: 0,
             max_rd_atomic: 1,
-        });
+        };
+        let (mrs, mr, mut req) = setup(4, attrs);
         let sge = [Sge::new(mr.addr(), 64, 7)];
         let t0 = Instant::now();
         let (mut tx, mut out) = (TxQueue::new(), Vec::new());
@@ -843,14 +843,7 @@ mod tests {
             [(1, WcStatus::RetryExcErr)]
         );
         // Without a transmission record the timer counts from the send, as before.
-        let mut req = Requester::new(1, 1, &cap, false);
-        req.connect(ReqAttrs {
-            sq_psn: 0,
-            timeout: Some(timeout),
-            retry_cnt: 0,
-            rnr_retry: 0,
-            max_rd_atomic: 1,
-        });
+        let (_, _, mut req) = setup(4, attrs);
         let mut out = Vec::new();
         req.post(&SendWr::write(2, &sge, (0x1000, 5)).signaled(), &mrs)
             .unwrap();
