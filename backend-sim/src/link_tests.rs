@@ -221,6 +221,16 @@ impl Link {
         self.pump();
     }
 
+    /// Builds the requests that may go now and returns their bytes (not delivered).
+    fn transmit(&mut self) -> Vec<u8> {
+        self.req
+            .poll_transmit(&self.a_mrs, self.now, &mut self.a2b, 64, &mut self.send_wc)
+            .unwrap();
+        let mut bytes = Vec::new();
+        self.a2b.drain_into(&mut bytes);
+        bytes
+    }
+
     fn take_send(&mut self) -> Vec<WorkCompletion> {
         std::mem::take(&mut self.send_wc)
     }
@@ -235,6 +245,31 @@ impl Link {
 
 fn sge(m: &MrShared, off: usize, len: usize) -> Sge {
     Sge::new(m.addr() + off as u64, len as u32, m.key)
+}
+
+/// Copies `data` into `m` at `at` (what the application, or an earlier transfer, put there).
+fn put(m: &Arc<MrShared>, at: usize, data: &[u8]) {
+    crate::memory::Seg {
+        mr: m.clone(),
+        offset: at,
+        len: data.len(),
+    }
+    .copy_in(0, data);
+}
+
+/// Copies `out.len()` bytes of `m` at `at` into `out`.
+fn get(m: &Arc<MrShared>, at: usize, out: &mut [u8]) {
+    crate::memory::Seg {
+        mr: m.clone(),
+        offset: at,
+        len: out.len(),
+    }
+    .copy_out(0, out);
+}
+
+/// (wr_id, status) of each completion, in order.
+fn statuses(wcs: &[WorkCompletion]) -> Vec<(u64, WcStatus)> {
+    wcs.iter().map(|w| (w.wr_id, w.status)).collect()
 }
 
 #[test]
@@ -275,12 +310,7 @@ fn receive_posted_during_rnr_wait_lets_the_send_through() {
     let mut l = Link::new(7, 7, 14, 1);
     let src = Link::mr(&l.a_mrs, 64);
     let dst = Link::mr(&l.b_mrs, 64);
-    crate::memory::Seg {
-        mr: src.clone(),
-        offset: 0,
-        len: 5,
-    }
-    .copy_in(0, b"hello");
+    put(&src, 0, b"hello");
     l.req
         .post(&SendWr::send(1, &[sge(&src, 0, 5)]).signaled(), &l.a_mrs)
         .unwrap();
@@ -296,12 +326,7 @@ fn receive_posted_during_rnr_wait_lets_the_send_through() {
     assert_eq!((s.len(), s[0].status), (1, WcStatus::Success));
     assert_eq!((r[0].wr_id, r[0].byte_len, r[0].opcode), (9, 5, WcOpcode::Recv));
     let mut got = [0u8; 5];
-    crate::memory::Seg {
-        mr: dst,
-        offset: 0,
-        len: 5,
-    }
-    .copy_out(0, &mut got);
+    get(&dst, 0, &mut got);
     assert_eq!(&got, b"hello");
 }
 
@@ -357,10 +382,7 @@ fn duplicates_are_not_executed_twice() {
     l.drop_responses = false;
     l.at(l.now + local_ack_timeout(10).unwrap());
     let wc = l.take_send();
-    assert_eq!(
-        wc.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
-        [(1, WcStatus::Success), (2, WcStatus::Success)]
-    );
+    assert_eq!(statuses(&wc), [(1, WcStatus::Success), (2, WcStatus::Success)]);
     let v = crate::memory::Seg {
         mr: word,
         offset: 0,
@@ -369,12 +391,7 @@ fn duplicates_are_not_executed_twice() {
     .atomic(|a| a.load(std::sync::atomic::Ordering::SeqCst));
     assert_eq!(v, Some(5), "the add ran once");
     let mut old = [0u8; 8];
-    crate::memory::Seg {
-        mr: res,
-        offset: 0,
-        len: 8,
-    }
-    .copy_out(0, &mut old);
+    get(&res, 0, &mut old);
     assert_eq!(
         u64::from_ne_bytes(old),
         0,
@@ -418,22 +435,13 @@ fn connection_lost_mid_payload_is_resent_and_delivered_once() {
     let src = Link::mr(&l.a_mrs, 8192);
     let dst = Link::mr(&l.b_mrs, 8192);
     let data: Vec<u8> = (0..5000u32).map(|i| (i % 253) as u8).collect();
-    crate::memory::Seg {
-        mr: src.clone(),
-        offset: 0,
-        len: 5000,
-    }
-    .copy_in(0, &data);
+    put(&src, 0, &data);
     l.resp.post(&RecvWr::new(9, &[sge(&dst, 0, 8192)])).unwrap();
     l.req
         .post(&SendWr::send(1, &[sge(&src, 0, 5000)]).signaled(), &l.a_mrs)
         .unwrap();
     // Deliver only the header and part of the payload, then break the connection.
-    l.req
-        .poll_transmit(&l.a_mrs, l.now, &mut l.a2b, 64, &mut l.send_wc)
-        .unwrap();
-    let mut bytes = Vec::new();
-    l.a2b.drain_into(&mut bytes);
+    let bytes = l.transmit();
     l.rx_b.feed(&bytes[..2000]);
     l.drive_b().unwrap();
     assert!(l.take_recv().is_empty());
@@ -451,12 +459,7 @@ fn connection_lost_mid_payload_is_resent_and_delivered_once() {
         (9, 5000, WcStatus::Success)
     );
     let mut got = vec![0u8; 5000];
-    crate::memory::Seg {
-        mr: dst,
-        offset: 0,
-        len: 5000,
-    }
-    .copy_out(0, &mut got);
+    get(&dst, 0, &mut got);
     assert!(got == data);
 }
 
@@ -571,7 +574,7 @@ fn requester_cut_off_from_its_peer_gives_up_after_retry_cnt() {
     assert!(l.now - t0 <= local_ack_timeout(10).unwrap() * 3);
     let s = l.take_send();
     assert_eq!(
-        s.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        statuses(&s),
         [(1, WcStatus::RetryExcErr), (2, WcStatus::WrFlushErr)]
     );
 }
@@ -587,12 +590,7 @@ fn write_into_a_region_deregistered_mid_payload_fails() {
     let mut l = Link::new(7, 7, 10, 1);
     let src = Link::mr(&l.a_mrs, LEN);
     let dst = Link::mr(&l.b_mrs, LEN);
-    crate::memory::Seg {
-        mr: src.clone(),
-        offset: 0,
-        len: LEN,
-    }
-    .copy_in(0, &[0x5a; LEN]);
+    put(&src, 0, &[0x5a; LEN]);
     l.req
         .post(
             &SendWr::write(1, &[sge(&src, 0, LEN)], (dst.addr(), dst.key)).signaled(),
@@ -605,11 +603,7 @@ fn write_into_a_region_deregistered_mid_payload_fails() {
             &l.a_mrs,
         )
         .unwrap();
-    l.req
-        .poll_transmit(&l.a_mrs, l.now, &mut l.a2b, 64, &mut l.send_wc)
-        .unwrap();
-    let mut bytes = Vec::new();
-    l.a2b.drain_into(&mut bytes);
+    let bytes = l.transmit();
     let half = LEN / 2;
     feed_b(&mut l, &bytes[..half]);
     assert!(!l.b_err);
@@ -620,10 +614,7 @@ fn write_into_a_region_deregistered_mid_payload_fails() {
     assert!(l.b_err, "the responder QP goes to ERR");
     l.pump();
     assert_eq!(
-        l.take_send()
-            .iter()
-            .map(|w| (w.wr_id, w.status))
-            .collect::<Vec<_>>(),
+        statuses(&l.take_send()),
         [(1, WcStatus::RemAccessErr), (2, WcStatus::WrFlushErr)]
     );
     let mem = bytes_of(&dst);
@@ -644,12 +635,7 @@ fn read_into_a_sink_deregistered_mid_payload_fails() {
     let mut l = Link::new(7, 7, 10, 1);
     let sink = Link::mr(&l.a_mrs, LEN);
     let remote = Link::mr(&l.b_mrs, LEN);
-    crate::memory::Seg {
-        mr: remote.clone(),
-        offset: 0,
-        len: LEN,
-    }
-    .copy_in(0, &[0x77; LEN]);
+    put(&remote, 0, &[0x77; LEN]);
     for (id, len) in [(1, LEN), (2, 8)] {
         l.req
             .post(
@@ -658,11 +644,7 @@ fn read_into_a_sink_deregistered_mid_payload_fails() {
             )
             .unwrap();
     }
-    l.req
-        .poll_transmit(&l.a_mrs, l.now, &mut l.a2b, 64, &mut l.send_wc)
-        .unwrap();
-    let mut bytes = Vec::new();
-    l.a2b.drain_into(&mut bytes);
+    let bytes = l.transmit();
     feed_b(&mut l, &bytes);
     let mut back = Vec::new();
     l.b2a.drain_into(&mut back);
@@ -674,10 +656,7 @@ fn read_into_a_sink_deregistered_mid_payload_fails() {
     feed_a(&mut l, &back[half..]);
     assert!(l.a_err);
     assert_eq!(
-        l.take_send()
-            .iter()
-            .map(|w| (w.wr_id, w.status))
-            .collect::<Vec<_>>(),
+        statuses(&l.take_send()),
         [(1, WcStatus::LocProtErr), (2, WcStatus::WrFlushErr)]
     );
     let mem = bytes_of(&sink);
@@ -701,24 +680,14 @@ fn atomic_result_into_a_deregistered_buffer_fails() {
             &l.a_mrs,
         )
         .unwrap();
-    l.req
-        .poll_transmit(&l.a_mrs, l.now, &mut l.a2b, 64, &mut l.send_wc)
-        .unwrap();
-    let mut bytes = Vec::new();
-    l.a2b.drain_into(&mut bytes);
+    let bytes = l.transmit();
     feed_b(&mut l, &bytes);
     let mut back = Vec::new();
     l.b2a.drain_into(&mut back);
     l.a_mrs.remove(res.key);
     res.kill();
     feed_a(&mut l, &back);
-    assert_eq!(
-        l.take_send()
-            .iter()
-            .map(|w| (w.wr_id, w.status))
-            .collect::<Vec<_>>(),
-        [(1, WcStatus::LocProtErr)]
-    );
+    assert_eq!(statuses(&l.take_send()), [(1, WcStatus::LocProtErr)]);
     assert!(l.a_err);
     assert_eq!(bytes_of(&res), [0; 8]);
 }
@@ -772,7 +741,7 @@ proptest! {
                 Op::Send { len } => {
                     let data: Vec<u8> = (0..len).map(|i| (i as u8).wrapping_add(id as u8)).collect();
                     let at = next_local; next_local += 300;
-                    crate::memory::Seg { mr: local.clone(), offset: at, len }.copy_in(0, &data);
+                    put(&local, at, &data);
                     l.req.post(&SendWr::send(id, &[sge(&local, at, len)]).signaled(), &l.a_mrs).unwrap();
                     expect_send.push((id, WcOpcode::Send));
                     sends.push(data);
@@ -780,7 +749,7 @@ proptest! {
                 Op::Write { off, len, byte } => {
                     let len = len.min(8 * 1024 - off.min(8 * 1024));
                     let at = next_local; next_local += 1200;
-                    crate::memory::Seg { mr: local.clone(), offset: at, len }.copy_in(0, &vec![byte; len]);
+                    put(&local, at, &vec![byte; len]);
                     l.req.post(&SendWr::write(id, &[sge(&local, at, len)], (remote.addr() + off as u64, remote.key)).signaled(), &l.a_mrs).unwrap();
                     model[off..off + len].fill(byte);
                     expect_send.push((id, WcOpcode::RdmaWrite));
@@ -831,20 +800,20 @@ proptest! {
             prop_assert_eq!(w.wr_id, 1000 + k as u64);
             prop_assert_eq!(w.byte_len as usize, data.len());
             let mut got = vec![0u8; data.len()];
-            crate::memory::Seg { mr: rbufs.clone(), offset: k * 256, len: data.len() }.copy_out(0, &mut got);
+            get(&rbufs, k * 256, &mut got);
             prop_assert_eq!(&got, data);
         }
         let mut mem = vec![0u8; 8 * 1024];
-        crate::memory::Seg { mr: remote.clone(), offset: 0, len: 8 * 1024 }.copy_out(0, &mut mem);
+        get(&remote, 0, &mut mem);
         prop_assert!(mem == model, "remote memory differs from the model");
         for (rid, at, want) in reads {
             let mut got = vec![0u8; want.len()];
-            crate::memory::Seg { mr: local.clone(), offset: at, len: want.len() }.copy_out(0, &mut got);
+            get(&local, at, &mut got);
             prop_assert!(got == want, "READ {} returned other bytes than the model", rid);
         }
         for (fid, at, old) in faas {
             let mut got = [0u8; 8];
-            crate::memory::Seg { mr: local.clone(), offset: at, len: 8 }.copy_out(0, &mut got);
+            get(&local, at, &mut got);
             prop_assert_eq!(u64::from_ne_bytes(got), old, "old value of FAA {}", fid);
         }
     }
