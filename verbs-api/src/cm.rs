@@ -81,9 +81,11 @@ impl Offer {
     }
 }
 
-/// What the peer sent; the TCP side channel stays open in `stream` (drop it to close).
+/// What the peer sent; the TCP side channel stays open in `stream` (drop it to close):
+/// a std stream from [`connect`]/[`CmListener::accept`], a tokio one (`AsyncPeer`) from
+/// the async forms.
 #[derive(Debug)]
-pub struct Peer {
+pub struct Peer<S = TcpStream> {
     /// This side's endpoint as sent to the peer (its `psn` is the QP's first send PSN).
     pub local: Endpoint,
     /// The peer QP's endpoint.
@@ -93,7 +95,7 @@ pub struct Peer {
     /// The peer's private data.
     pub private_data: Vec<u8>,
     /// The side channel (for the application's own barriers or shutdown).
-    pub stream: TcpStream,
+    pub stream: S,
 }
 
 /// A server waiting for [`connect`]s.
@@ -225,12 +227,7 @@ fn setup<C: Context, Q: QueuePair>(
     write_all(&mut stream, b"R", deadline)?;
     let mut r = [0u8; 1];
     read_exact(&mut stream, &mut r, deadline)?;
-    if r[0] != b'R' {
-        return Err(Error::Transport(format!(
-            "peer sent {:#04x} instead of the ready byte",
-            r[0]
-        )));
-    }
+    check_ready(r[0])?;
     let _ = stream.set_read_timeout(None);
     let _ = stream.set_write_timeout(None);
     Ok(Peer {
@@ -359,13 +356,36 @@ pub fn decode_hello(r: &mut impl Read) -> std::io::Result<std::result::Result<He
     }
 }
 
-fn io_err(e: std::io::Error, deadline: Instant) -> Error {
+/// An I/O error of the setup exchange, for both forms: the peer hanging up, or `other`.
+fn setup_io_err(e: std::io::Error, other: impl FnOnce(std::io::Error) -> Error) -> Error {
     match e.kind() {
         std::io::ErrorKind::UnexpectedEof
         | std::io::ErrorKind::ConnectionReset
         | std::io::ErrorKind::BrokenPipe => {
             Error::Transport("the peer closed the connection during the setup exchange".into())
         }
+        _ => other(e),
+    }
+}
+
+/// A hello that does not parse.
+fn bad_hello(msg: String) -> Error {
+    Error::Transport(format!("bad connection setup from the peer: {msg}"))
+}
+
+/// The last byte of the exchange must be the peer's ready byte.
+fn check_ready(r: u8) -> Result<()> {
+    if r != b'R' {
+        return Err(Error::Transport(format!(
+            "peer sent {r:#04x} instead of the ready byte"
+        )));
+    }
+    Ok(())
+}
+
+/// A setup I/O error on the blocking form, where timeouts show as WouldBlock/TimedOut.
+fn io_err(e: std::io::Error, deadline: Instant) -> Error {
+    setup_io_err(e, |e| match e.kind() {
         std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => Error::timeout(
             deadline
                 .saturating_duration_since(Instant::now())
@@ -376,7 +396,7 @@ fn io_err(e: std::io::Error, deadline: Instant) -> Error {
             call: "connection setup",
             source: e,
         },
-    }
+    })
 }
 
 fn arm(stream: &TcpStream, deadline: Instant) -> Result<()> {
@@ -410,9 +430,7 @@ fn read_hello(s: &mut TcpStream, deadline: Instant) -> Result<Hello> {
     arm(s, deadline)?;
     match decode_hello(s) {
         Ok(Ok(h)) => Ok(h),
-        Ok(Err(msg)) => Err(Error::Transport(format!(
-            "bad connection setup from the peer: {msg}"
-        ))),
+        Ok(Err(msg)) => Err(bad_hello(msg)),
         Err(e) => Err(io_err(e, deadline)),
     }
 }
@@ -425,19 +443,7 @@ mod nonblocking {
     use tokio::net::{TcpListener as TokioListener, TcpStream as TokioStream, ToSocketAddrs as TokioAddrs};
 
     /// What the peer sent, with the side channel as a tokio stream.
-    #[derive(Debug)]
-    pub struct AsyncPeer {
-        /// This side's endpoint as sent to the peer.
-        pub local: Endpoint,
-        /// The peer QP's endpoint.
-        pub endpoint: Endpoint,
-        /// The peer's remote-memory descriptors.
-        pub mrs: Vec<RemoteMr>,
-        /// The peer's private data.
-        pub private_data: Vec<u8>,
-        /// The side channel.
-        pub stream: TokioStream,
-    }
+    pub type AsyncPeer = Peer<TokioStream>;
 
     /// A server waiting for [`connect_async`]s (or blocking [`connect`]s).
     #[derive(Debug)]
@@ -504,29 +510,19 @@ mod nonblocking {
         .map_err(|_| Error::timeout(timeout, "the connection setup with the server did not finish"))?
     }
 
+    /// A setup I/O error on the async form (timeouts come from `tokio::time::timeout`).
     fn aio_err(e: std::io::Error) -> Error {
-        match e.kind() {
-            std::io::ErrorKind::UnexpectedEof
-            | std::io::ErrorKind::ConnectionReset
-            | std::io::ErrorKind::BrokenPipe => {
-                Error::Transport("the peer closed the connection during the setup exchange".into())
-            }
-            _ => Error::Os {
-                call: "connection setup",
-                source: e,
-            },
-        }
+        setup_io_err(e, |source| Error::Os {
+            call: "connection setup",
+            source,
+        })
     }
 
     async fn read_hello_async(s: &mut TokioStream) -> Result<Hello> {
         let mut buf = Vec::new();
         loop {
             match parse_hello(&buf) {
-                Err(msg) => {
-                    return Err(Error::Transport(format!(
-                        "bad connection setup from the peer: {msg}"
-                    )))
-                }
+                Err(msg) => return Err(bad_hello(msg)),
                 Ok(HelloParse::Done(e, m, p)) => return Ok((e, m, p)),
                 Ok(HelloParse::Need(n)) => {
                     let at = buf.len();
@@ -558,12 +554,7 @@ mod nonblocking {
         }
         bring_up(qp, params, &peer.0, me.psn)?;
         stream.write_all(b"R").await.map_err(aio_err)?;
-        let r = stream.read_u8().await.map_err(aio_err)?;
-        if r != b'R' {
-            return Err(Error::Transport(format!(
-                "peer sent {r:#04x} instead of the ready byte"
-            )));
-        }
+        check_ready(stream.read_u8().await.map_err(aio_err)?)?;
         Ok(AsyncPeer {
             local: me,
             endpoint: peer.0,
