@@ -17,6 +17,7 @@
 #![warn(missing_docs)]
 
 pub mod cases;
+pub mod cli;
 pub mod env;
 pub mod report;
 pub mod soak;

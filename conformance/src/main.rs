@@ -13,18 +13,11 @@ use std::io::Write;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, ValueEnum};
+use clap::Parser;
+use conformance::cli::BackendKind;
 use conformance::report::{compare, json_rows, table, JsonRow};
 use conformance::{cases, run_case, CaseReport, Config};
 use verbs_api::Backend;
-
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum BackendKind {
-    /// The simulated HCA (no hardware needed).
-    Sim,
-    /// libibverbs: a real HCA or Soft-RoCE (build with `--features ibverbs`).
-    Ibverbs,
-}
 
 /// Run the verbs conformance suite against a backend.
 #[derive(Parser, Debug)]
@@ -85,31 +78,11 @@ fn main() -> ExitCode {
             }
         };
     }
-    match args.backend {
-        BackendKind::Sim => match backend_sim::SimBackend::from_env() {
-            Ok(b) => run(&b, &args),
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::from(2)
-            }
-        },
-        BackendKind::Ibverbs => run_ibverbs(&args),
-    }
-}
-
-#[cfg(feature = "ibverbs")]
-fn run_ibverbs(args: &Args) -> ExitCode {
-    run(&backend_ibverbs::IbvBackend, args)
-}
-
-#[cfg(not(feature = "ibverbs"))]
-fn run_ibverbs(_: &Args) -> ExitCode {
-    eprintln!(
-        "error: this runner was built without the ibverbs backend; rebuild with \
-         `cargo run --release -p conformance --features ibverbs -- --backend ibverbs` \
-         (needs libibverbs-dev, librdmacm-dev, pkg-config and libclang-dev)"
-    );
-    ExitCode::from(2)
+    conformance::with_backend!(
+        args.backend,
+        "cargo run --release -p conformance --features ibverbs -- --backend ibverbs",
+        |b| run(b, &args)
+    )
 }
 
 fn load(path: &str) -> Result<Vec<JsonRow>, String> {

@@ -11,17 +11,10 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, ValueEnum};
+use clap::Parser;
+use conformance::cli::BackendKind;
 use conformance::soak::{self, Mix, SoakConfig};
 use verbs_api::Backend;
-
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum BackendKind {
-    /// The simulated HCA (no hardware needed).
-    Sim,
-    /// libibverbs: a real HCA or Soft-RoCE (build with `--features ibverbs`).
-    Ibverbs,
-}
 
 /// Soak a verbs backend: QPs connected pairwise across two devices, SEND/RECV, RDMA
 /// WRITE/READ and atomics with many WRs outstanding, every completion, byte and atomic
@@ -103,31 +96,11 @@ fn main() -> ExitCode {
         gid_index: args.gid_index,
         ..SoakConfig::default()
     };
-    match args.backend {
-        BackendKind::Sim => match backend_sim::SimBackend::from_env() {
-            Ok(b) => run(&b, &args, &cfg),
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::from(2)
-            }
-        },
-        BackendKind::Ibverbs => run_ibverbs(&args, &cfg),
-    }
-}
-
-#[cfg(feature = "ibverbs")]
-fn run_ibverbs(args: &Args, cfg: &SoakConfig) -> ExitCode {
-    run(&backend_ibverbs::IbvBackend, args, cfg)
-}
-
-#[cfg(not(feature = "ibverbs"))]
-fn run_ibverbs(_: &Args, _: &SoakConfig) -> ExitCode {
-    eprintln!(
-        "error: this soak was built without the ibverbs backend; rebuild with \
-         `cargo run --release -p conformance --features ibverbs --bin soak -- --backend ibverbs` \
-         (needs libibverbs-dev, librdmacm-dev, pkg-config and libclang-dev)"
-    );
-    ExitCode::from(2)
+    conformance::with_backend!(
+        args.backend,
+        "cargo run --release -p conformance --features ibverbs --bin soak -- --backend ibverbs",
+        |b| run(b, &args, &cfg)
+    )
 }
 
 fn run<B: Backend>(backend: &B, args: &Args, cfg: &SoakConfig) -> ExitCode {
