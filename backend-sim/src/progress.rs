@@ -19,6 +19,10 @@
 //!   frames itself (one `sendmsg`); with requests already in flight it queues the QP for
 //!   the progress thread, which batches many WQEs per `sendmsg`. `poll_cq` on an empty CQ
 //!   polls the epoll set once (`epoll_wait` with no timeout) and services what is ready.
+//! - While spinning (an application in `poll_cq`, or the progress thread in its spin
+//!   window) over a device with at most `DIRECT_MAX` connections, the spinner reads each
+//!   socket directly instead of asking epoll first: the same number of syscalls per spin,
+//!   but one instead of two once bytes have arrived.
 //! - A connection is serviced by whichever thread holds its I/O lock; others skip it, and
 //!   level-triggered readiness makes sure nothing is left behind.
 //! - Lock order: a connection's I/O lock, then its QP's lock. No lock is held while a
