@@ -56,8 +56,26 @@ struct Cli {
     /// Largest QP count of the QP curve.
     #[arg(long, default_value_t = 1024)]
     max_qps: usize,
+    /// Measure only these groups of targets (comma-separated; default: all).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    only: Vec<Group>,
     #[command(subcommand)]
     cmd: Option<Cmd>,
+}
+
+/// A group of targets (`--only`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Group {
+    /// send_lat, write_lat, read_lat, atomic_lat against the TCP ping-pong.
+    Lat,
+    /// write_bw, read_bw, send_bw 1 MiB against one TCP stream.
+    Bw,
+    /// write_bw 64 B with tx depth 128 (message rate).
+    Rate,
+    /// 64 QPs against one QP.
+    Qps,
+    /// send_lat p99 with a third spinning thread.
+    Load,
 }
 
 #[derive(Subcommand, Debug)]
@@ -543,31 +561,40 @@ fn run(cli: &Cli) -> Res<()> {
     let mut tcp_bw_modes = Vec::new();
     let mut sim: std::collections::BTreeMap<&str, Vec<f64>> = Default::default();
     let lat_tests = ["send_lat", "write_lat", "read_lat", "atomic_lat"];
+    let want = |g: Group| cli.only.is_empty() || cli.only.contains(&g);
     for r in 0..rounds {
         eprintln!("round {}/{rounds}", r + 1);
-        tcp_busy.push(median(tcp_pingpong(&peer, cli.lat_iters, true)?));
-        tcp_block.push(median(tcp_pingpong(&peer, cli.lat_iters / 4, false)?));
-        // The stronger of the two polling modes is the baseline.
-        let blocking = tcp_stream(&peer, 2.0, false)?;
-        let busy = tcp_stream(&peer, 2.0, true)?;
-        tcp_bw_modes.push((blocking, busy));
-        tcp_bw.push(blocking.max(busy));
-        for t in lat_tests {
-            let row = perf1(&[t, "-s", "8", "-n", &n])?;
-            sim.entry(t).or_default().push(row.t_typical_us);
+        if want(Group::Lat) {
+            tcp_busy.push(median(tcp_pingpong(&peer, cli.lat_iters, true)?));
+            tcp_block.push(median(tcp_pingpong(&peer, cli.lat_iters / 4, false)?));
+            for t in lat_tests {
+                let row = perf1(&[t, "-s", "8", "-n", &n])?;
+                sim.entry(t).or_default().push(row.t_typical_us);
+            }
         }
-        for t in ["write_bw", "read_bw", "send_bw"] {
-            let row = perf1(&[t, "-s", "1048576", "-n", "8000"])?;
-            sim.entry(t).or_default().push(row.bw_avg_mbps);
+        if want(Group::Bw) {
+            // The stronger of the two polling modes is the baseline.
+            let blocking = tcp_stream(&peer, 2.0, false)?;
+            let busy = tcp_stream(&peer, 2.0, true)?;
+            tcp_bw_modes.push((blocking, busy));
+            tcp_bw.push(blocking.max(busy));
+            for t in ["write_bw", "read_bw", "send_bw"] {
+                let row = perf1(&[t, "-s", "1048576", "-n", "8000"])?;
+                sim.entry(t).or_default().push(row.bw_avg_mbps);
+            }
         }
-        let row = perf1(&["write_bw", "-s", "64", "-t", "128", "-n", "1000000"])?;
-        sim.entry("write_bw_64").or_default().push(row.msg_rate_mpps);
-        sim.entry("qp1")
-            .or_default()
-            .push(multi_qp_write_bw(1, 65536, 2 << 30)?);
-        sim.entry("qp64")
-            .or_default()
-            .push(multi_qp_write_bw(64, 65536, 2 << 30)?);
+        if want(Group::Rate) {
+            let row = perf1(&["write_bw", "-s", "64", "-t", "128", "-n", "1000000"])?;
+            sim.entry("write_bw_64").or_default().push(row.msg_rate_mpps);
+        }
+        if want(Group::Qps) {
+            sim.entry("qp1")
+                .or_default()
+                .push(multi_qp_write_bw(1, 65536, 2 << 30)?);
+            sim.entry("qp64")
+                .or_default()
+                .push(multi_qp_write_bw(64, 65536, 2 << 30)?);
+        }
     }
     let busy = median(tcp_busy);
     let block = median(tcp_block);
@@ -600,78 +627,88 @@ fn run(cli: &Cli) -> Res<()> {
             pass,
         });
     };
-    for t in ["send_lat", "write_lat"] {
+    if want(Group::Lat) {
+        for t in ["send_lat", "write_lat"] {
+            push(
+                t,
+                m(t),
+                "us",
+                busy,
+                format!("TCP one-way {busy:.2} us"),
+                Some(1.3),
+                None,
+            );
+        }
+        for t in ["read_lat", "atomic_lat"] {
+            push(
+                t,
+                m(t),
+                "us",
+                2.0 * busy,
+                format!("TCP round trip {:.2} us", 2.0 * busy),
+                Some(1.3),
+                None,
+            );
+        }
+    }
+    if want(Group::Bw) {
+        for t in ["write_bw", "read_bw", "send_bw"] {
+            push(
+                &format!("{t} 1 MiB"),
+                m(t),
+                "MB/s",
+                bw,
+                format!("TCP stream {bw:.0} MB/s"),
+                None,
+                Some(0.8),
+            );
+        }
+    }
+    if want(Group::Rate) {
         push(
-            t,
-            m(t),
-            "us",
-            busy,
-            format!("TCP one-way {busy:.2} us"),
-            Some(1.3),
+            "write_bw 64 B, tx depth 128",
+            m("write_bw_64"),
+            "M msgs/s",
+            1.0,
+            "1 M msgs/s".into(),
             None,
+            Some(1.0),
         );
     }
-    for t in ["read_lat", "atomic_lat"] {
+    if want(Group::Qps) {
         push(
-            t,
-            m(t),
-            "us",
-            2.0 * busy,
-            format!("TCP round trip {:.2} us", 2.0 * busy),
-            Some(1.3),
-            None,
-        );
-    }
-    for t in ["write_bw", "read_bw", "send_bw"] {
-        push(
-            &format!("{t} 1 MiB"),
-            m(t),
+            "64 QPs write_bw 64 KiB aggregate",
+            m("qp64"),
             "MB/s",
-            bw,
-            format!("TCP stream {bw:.0} MB/s"),
+            m("qp1"),
+            format!("1 QP {:.0} MB/s", m("qp1")),
             None,
             Some(0.8),
         );
     }
-    push(
-        "write_bw 64 B, tx depth 128",
-        m("write_bw_64"),
-        "M msgs/s",
-        1.0,
-        "1 M msgs/s".into(),
-        None,
-        Some(1.0),
-    );
-    push(
-        "64 QPs write_bw 64 KiB aggregate",
-        m("qp64"),
-        "MB/s",
-        m("qp1"),
-        format!("1 QP {:.0} MB/s", m("qp1")),
-        None,
-        Some(0.8),
-    );
 
-    // A third thread that only spins, on these two cores.
-    let spin_secs = 20.0;
-    let mut spinner = Command::new(std::env::current_exe()?)
-        .args(["spin", "--secs", &spin_secs.to_string()])
-        .spawn()?;
-    std::thread::sleep(Duration::from_millis(100));
-    let loaded = perf1(&["send_lat", "-s", "8", "-n", &n]);
-    let mut tcp_loaded = tcp_pingpong(&peer, cli.lat_iters, true)?;
-    let _ = spinner.kill();
-    let _ = spinner.wait();
-    let loaded = loaded?;
-    let tcp_p99 = percentile(&mut tcp_loaded, 99.0);
-    rep.targets.push(Target {
-        test: "send_lat p99 with a third spinning thread".into(),
-        measured: format!("p99 {:.1} us (max {:.0} us)", loaded.t_p99_us, loaded.t_max_us),
-        baseline: format!("TCP busy p99 {tcp_p99:.1} us"),
-        ratio: loaded.t_p99_us / tcp_p99,
-        target: "p99 < 4000 us".into(),
-        pass: loaded.t_p99_us < 4000.0,
-    });
+    if want(Group::Load) {
+        // A third thread that only spins, on these two cores.
+        let spin_secs = 20.0;
+        let mut spinner = Command::new(std::env::current_exe()?)
+            .args(["spin", "--secs", &spin_secs.to_string()])
+            .spawn()?;
+        std::thread::sleep(Duration::from_millis(100));
+        let loaded = perf1(&["send_lat", "-s", "8", "-n", &n]);
+        let mut tcp_loaded = tcp_pingpong(&peer, cli.lat_iters, true)?;
+        let _ = spinner.kill();
+        let _ = spinner.wait();
+        let loaded = loaded?;
+        let tcp_p99 = percentile(&mut tcp_loaded, 99.0);
+        rep.targets.push(Target {
+            test: "send_lat p99 with a third spinning thread".into(),
+            measured: format!("p99 {:.1} us (max {:.0} us)", loaded.t_p99_us, loaded.t_max_us),
+            baseline: format!("TCP busy p99 {tcp_p99:.1} us"),
+            ratio: loaded.t_p99_us / tcp_p99,
+            target: "p99 < 4000 us".into(),
+            pass: loaded.t_p99_us < 4000.0,
+        });
+    }
 
     if cli.curves || cli.plot.is_some() {
         eprintln!("size curve");
@@ -727,10 +764,22 @@ fn print_report(rep: &Report) {
         "\nmachine: {}; {}; median of {} rounds",
         rep.machine, rep.date, rep.rounds
     );
-    println!(
-        "raw TCP over 127.0.0.1: 8 B ping-pong one-way {:.2} us busy-polling, {:.2} us blocking; one stream of 1 MiB writes {:.0} MB/s blocking, {:.0} MB/s busy-polling\n",
-        rep.tcp_busy_one_way_us, rep.tcp_block_one_way_us, rep.tcp_stream_blocking_mbps, rep.tcp_stream_busy_mbps
-    );
+    let mut base = Vec::new();
+    if rep.tcp_busy_one_way_us > 0.0 {
+        base.push(format!(
+            "8 B ping-pong one-way {:.2} us busy-polling, {:.2} us blocking",
+            rep.tcp_busy_one_way_us, rep.tcp_block_one_way_us
+        ));
+    }
+    if rep.tcp_stream_mbps > 0.0 {
+        base.push(format!(
+            "one stream of 1 MiB writes {:.0} MB/s blocking, {:.0} MB/s busy-polling",
+            rep.tcp_stream_blocking_mbps, rep.tcp_stream_busy_mbps
+        ));
+    }
+    if !base.is_empty() {
+        println!("raw TCP over 127.0.0.1: {}\n", base.join("; "));
+    }
     println!("| test | sim | baseline | ratio | target | met |");
     println!("|---|---|---|---|---|---|");
     for t in &rep.targets {
