@@ -29,7 +29,7 @@
 //!   thread sleeps; syscalls under the I/O lock never block (non-blocking sockets).
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BinaryHeap, VecDeque};
 use std::io;
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -38,6 +38,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
 use verbs_api::QpState;
 
 use crate::engine::{drive, DriveState, Sides, Stop};
@@ -129,7 +130,9 @@ pub struct Conn {
     sock: TcpStream,
     io: Mutex<ConnIo>,
     closed: AtomicBool,
-    /// Whether the connection waits in the delayed-ACK list.
+    /// Whether the connection owes an ACK left for later and waits in the delayed-ACK
+    /// list. Cleared when the ACK leaves with other frames first: the list entry is then
+    /// skipped instead of serviced for nothing.
     ack_queued: AtomicBool,
     /// Set by every thread that wants the connection serviced; the thread holding its
     /// I/O lock goes around again if it finds it set after letting go (no work is lost
@@ -192,10 +195,16 @@ pub struct Progress {
     /// Set while the progress thread blocks (or is about to): posters ring the bell.
     sleeping: AtomicBool,
     stop: AtomicBool,
-    conns: Mutex<HashMap<u64, Arc<Conn>>>,
+    conns: Mutex<FxHashMap<u64, Arc<Conn>>>,
     next_token: AtomicU64,
     ready: Mutex<VecDeque<Arc<QpShared>>>,
+    /// Whether `ready` may be non-empty (set and cleared under its lock; read without it
+    /// on every poll).
+    ready_pending: AtomicBool,
     timers: Mutex<BinaryHeap<Reverse<TimerEntry>>>,
+    /// When the earliest timer is due (nanoseconds since `base`; `u64::MAX`: none), kept
+    /// under the `timers` lock and read without it on every poll.
+    next_timer: AtomicU64,
     base: Instant,
     /// Nanoseconds since `base` until which an application thread counts as driving.
     user_until: AtomicU64,
@@ -252,9 +261,11 @@ impl Progress {
             bell,
             sleeping: AtomicBool::new(false),
             stop: AtomicBool::new(false),
-            conns: Mutex::new(HashMap::new()),
+            conns: Mutex::new(FxHashMap::default()),
             next_token: AtomicU64::new(1),
             ready: Mutex::new(VecDeque::new()),
+            ready_pending: AtomicBool::new(false),
+            next_timer: AtomicU64::new(u64::MAX),
             timers: Mutex::new(BinaryHeap::new()),
             base: Instant::now(),
             user_until: AtomicU64::new(0),
@@ -384,7 +395,9 @@ impl Progress {
                 at,
                 qp: Arc::downgrade(qp),
             }));
-            t.peek().map(|e| e.0.at) == Some(at)
+            let first = t.peek().map(|e| e.0.at);
+            self.note_next_timer(first);
+            first == Some(at)
         };
         if earliest && self.sleeping.load(Ordering::SeqCst) {
             self.ring();
@@ -394,7 +407,10 @@ impl Progress {
     /// Queues `qp` for the progress thread to transmit its send queue.
     pub fn schedule(&self, qp: &Arc<QpShared>) {
         if !qp.tx_queued.swap(true, Ordering::AcqRel) {
-            self.ready.lock().push_back(qp.clone());
+            let mut r = self.ready.lock();
+            r.push_back(qp.clone());
+            self.ready_pending.store(true, Ordering::Release);
+            drop(r);
             if self.sleeping.load(Ordering::SeqCst) {
                 self.ring();
             }
@@ -428,8 +444,9 @@ impl Progress {
             std::mem::swap(&mut *a, &mut conns);
         }
         for c in &conns {
-            c.ack_queued.store(false, Ordering::Release);
-            self.service_as(c, Mode::Transmit);
+            if c.ack_queued.swap(false, Ordering::AcqRel) {
+                self.service_as(c, Mode::Transmit);
+            }
         }
         conns.clear();
         *self.acks_spare.lock() = conns;
@@ -459,10 +476,11 @@ impl Progress {
                 }
             }
         }
-        if self.timer_due(Instant::now()) {
+        // A timer is checked against the clock read above: at most one poll late.
+        if self.timer_due(now) {
             self.run_timers();
         }
-        if !self.ready.lock().is_empty() {
+        if self.ready_pending.load(Ordering::Acquire) {
             self.run_ready();
         }
     }
@@ -504,8 +522,15 @@ impl Progress {
         }
     }
 
-    fn timer_due(&self, now: Instant) -> bool {
-        self.timers.lock().peek().is_some_and(|e| e.0.at <= now)
+    /// Whether the earliest timer is due at `now_ns` (nanoseconds since `base`).
+    fn timer_due(&self, now_ns: u64) -> bool {
+        self.next_timer.load(Ordering::Acquire) <= now_ns
+    }
+
+    /// Records when the earliest timer is due; call with the `timers` lock held.
+    fn note_next_timer(&self, first: Option<Instant>) {
+        let ns = first.map_or(u64::MAX, |at| self.nanos(at));
+        self.next_timer.store(ns, Ordering::Release);
     }
 
     fn conn(&self, token: u64) -> Option<Arc<Conn>> {
@@ -532,7 +557,7 @@ impl Progress {
             } else {
                 self.sleeping.store(true, Ordering::SeqCst);
                 // Work queued between the last check and now must not wait for a bell.
-                if !self.ready.lock().is_empty() || self.acks_pending.load(Ordering::Acquire) {
+                if self.ready_pending.load(Ordering::Acquire) || self.acks_pending.load(Ordering::Acquire) {
                     Some(Duration::ZERO)
                 } else {
                     let mut left = self
@@ -606,7 +631,15 @@ impl Progress {
     fn run_ready(&self) -> bool {
         let mut work = false;
         loop {
-            let Some(qp) = self.ready.lock().pop_front() else {
+            let next = {
+                let mut r = self.ready.lock();
+                let next = r.pop_front();
+                if next.is_none() {
+                    self.ready_pending.store(false, Ordering::Release);
+                }
+                next
+            };
+            let Some(qp) = next else {
                 break;
             };
             qp.tx_queued.store(false, Ordering::Release);
@@ -621,14 +654,21 @@ impl Progress {
 
     fn run_timers(&self) -> bool {
         let now = Instant::now();
+        if !self.timer_due(self.nanos(now)) {
+            return false;
+        }
         let mut work = false;
         loop {
             let entry = {
                 let mut t = self.timers.lock();
-                match t.peek() {
+                let due = match t.peek() {
                     Some(e) if e.0.at <= now => t.pop().map(|e| e.0),
                     _ => None,
+                };
+                if due.is_some() {
+                    self.note_next_timer(t.peek().map(|e| e.0.at));
                 }
+                due
             };
             let Some(e) = entry else { break };
             let Some(qp) = e.qp.upgrade() else { continue };
@@ -767,7 +807,10 @@ impl Progress {
                     Processed::Ok { ack_later } => ack_later,
                 }
             };
-            if ack_later && !conn.ack_queued.swap(true, Ordering::AcqRel) {
+            if !ack_later {
+                // Nothing owed (any ACK left with this round's frames).
+                conn.ack_queued.store(false, Ordering::Release);
+            } else if !conn.ack_queued.swap(true, Ordering::AcqRel) {
                 self.acks.lock().push(conn.clone());
                 self.acks_pending.store(true, Ordering::Release);
             }
@@ -904,40 +947,48 @@ impl Progress {
         }
         let now = Instant::now();
         let defer_ack = mode == Mode::User;
-        loop {
-            let accepting = matches!(g.state, QpState::Rtr | QpState::Rts | QpState::Sqd);
-            let (req, resp, swc, rwc) = QpShared::scratch(&mut g);
-            let mut sides = Sides {
-                req: Some(req),
-                resp: Some(resp),
-                accepting,
-                send_wc: swc,
-                recv_wc: rwc,
-            };
-            match drive(
-                &mut sides,
-                reader,
-                &qp.dev.mrs,
-                tx,
-                now,
-                st,
-                MAX_UNSENT_READS,
-                defer_ack,
-            ) {
-                Ok(()) => break,
-                Err(Stop::Fatal(status)) => {
-                    tracing::debug!(qpn = qp.qpn, ?status, "QP to ERR");
-                    qp.enter_error(&mut g);
-                }
-                Err(Stop::Protocol(msg)) => {
-                    tracing::warn!(qpn = qp.qpn, "closing connection: {msg}");
-                    qp.enter_error(&mut g);
-                    if g.conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
-                        g.conn = None;
+        // Nothing buffered and no payload underway (a thread that just posted): nothing
+        // to decode; only the ACK that `drive` would end with.
+        if !reader.has_buffered() && !reader.in_payload() {
+            if mode == Mode::Full && matches!(g.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+                g.resp.flush_ack(tx);
+            }
+        } else {
+            loop {
+                let accepting = matches!(g.state, QpState::Rtr | QpState::Rts | QpState::Sqd);
+                let (req, resp, swc, rwc) = QpShared::scratch(&mut g);
+                let mut sides = Sides {
+                    req: Some(req),
+                    resp: Some(resp),
+                    accepting,
+                    send_wc: swc,
+                    recv_wc: rwc,
+                };
+                match drive(
+                    &mut sides,
+                    reader,
+                    &qp.dev.mrs,
+                    tx,
+                    now,
+                    st,
+                    MAX_UNSENT_READS,
+                    defer_ack,
+                ) {
+                    Ok(()) => break,
+                    Err(Stop::Fatal(status)) => {
+                        tracing::debug!(qpn = qp.qpn, ?status, "QP to ERR");
+                        qp.enter_error(&mut g);
                     }
-                    drop(g);
-                    self.close(conn);
-                    return Processed::Closed;
+                    Err(Stop::Protocol(msg)) => {
+                        tracing::warn!(qpn = qp.qpn, "closing connection: {msg}");
+                        qp.enter_error(&mut g);
+                        if g.conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
+                            g.conn = None;
+                        }
+                        drop(g);
+                        self.close(conn);
+                        return Processed::Closed;
+                    }
                 }
             }
         }
