@@ -23,6 +23,12 @@
 //!   window) over a device with at most `DIRECT_MAX` connections, the spinner reads each
 //!   socket directly instead of asking epoll first: the same number of syscalls per spin,
 //!   but one instead of two once bytes have arrived.
+//! - A socket in an epoll set makes every packet delivered to it run epoll's wake-up
+//!   callback in the sender's softirq. So the connections of such a device are in the
+//!   epoll set only while the progress thread may block on it: while it spins, or sleeps
+//!   on the doorbell alone because application threads drive, they are read directly
+//!   and left out (`Progress::settle`); before it blocks on the set they go back in
+//!   (level-triggered: bytes that came meanwhile wake it at once).
 //! - A connection is serviced by whichever thread holds its I/O lock; others skip it, and
 //!   level-triggered readiness makes sure nothing is left behind.
 //! - Lock order: a connection's I/O lock, then its QP's lock. No lock is held while a
@@ -118,7 +124,19 @@ struct ConnIo {
     reader: Reader,
     tx: TxQueue,
     drive: DriveState,
-    /// The epoll interest currently registered.
+    /// The epoll interest last asked for (a copy of `EpReg::interest`, to skip its lock
+    /// when nothing changes).
+    interest: u32,
+}
+
+/// A connection's place in the device's epoll set. A socket in an epoll set costs every
+/// packet delivered to it a wake-up callback (two IRQ-safe locks in the sender's
+/// softirq), so a connection is only registered while the progress thread may block on
+/// the set; while threads spin over a few connections and read them directly, it is not.
+struct EpReg {
+    /// Whether the socket is in the epoll set now.
+    registered: bool,
+    /// The events wanted (`EPOLLIN`, and `EPOLLOUT` while bytes wait to be written).
     interest: u32,
 }
 
@@ -141,6 +159,8 @@ pub struct Conn {
     /// Set once the connection is watched ([`Progress::activate`]): only then may an
     /// application thread read it directly.
     active: AtomicBool,
+    /// Its epoll registration (lock order: after the I/O lock).
+    ep: Mutex<EpReg>,
     /// When bytes last left on this connection ([`Progress`] clock nanoseconds, 0 =
     /// never): the requester's ACK timer counts from it.
     last_tx: AtomicU64,
@@ -175,6 +195,13 @@ impl Ord for TimerEntry {
     }
 }
 
+/// What [`Progress::settle`] last arranged (progress thread state).
+#[derive(Default)]
+struct Settled {
+    direct: Option<bool>,
+    generation: u64,
+}
+
 /// What [`Progress::process`] did.
 enum Processed {
     /// Go on; `ack_later`: an ACK is owed and left for later (delayed ACK).
@@ -196,6 +223,8 @@ pub struct Progress {
     sleeping: AtomicBool,
     stop: AtomicBool,
     conns: Mutex<FxHashMap<u64, Arc<Conn>>>,
+    /// Bumped whenever a connection comes or goes (see [`Progress::settle`]).
+    conns_gen: AtomicU64,
     next_token: AtomicU64,
     ready: Mutex<VecDeque<Arc<QpShared>>>,
     /// Whether `ready` may be non-empty (set and cleared under its lock; read without it
@@ -262,6 +291,7 @@ impl Progress {
             sleeping: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             conns: Mutex::new(FxHashMap::default()),
+            conns_gen: AtomicU64::new(0),
             next_token: AtomicU64::new(1),
             ready: Mutex::new(VecDeque::new()),
             ready_pending: AtomicBool::new(false),
@@ -278,10 +308,76 @@ impl Progress {
         })
     }
 
-    fn ctl_mod(&self, fd: RawFd, events: u32, token: u64) {
-        let mut ev = libc::epoll_event { events, u64: token };
-        // SAFETY: `ev` is a valid epoll_event; both descriptors are open.
-        let _ = unsafe { libc::epoll_ctl(self.epfd.as_raw_fd(), libc::EPOLL_CTL_MOD, fd, &mut ev) };
+    fn ctl(&self, op: libc::c_int, conn: &Conn, events: u32) -> io::Result<()> {
+        let mut ev = libc::epoll_event {
+            events,
+            u64: conn.token,
+        };
+        // SAFETY: `ev` is a valid epoll_event (ignored for DEL); both descriptors are open
+        // (the socket is owned by `conn`).
+        if unsafe { libc::epoll_ctl(self.epfd.as_raw_fd(), op, conn.sock.as_raw_fd(), &mut ev) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Records the events a connection wants, and tells epoll if it is registered.
+    fn set_interest(&self, conn: &Conn, want: u32) {
+        let mut ep = conn.ep.lock();
+        ep.interest = want;
+        if ep.registered {
+            let _ = self.ctl(libc::EPOLL_CTL_MOD, conn, want);
+        }
+    }
+
+    /// Puts a connection in the epoll set (if it is open and not there yet).
+    fn arm(&self, conn: &Conn) -> io::Result<()> {
+        let mut ep = conn.ep.lock();
+        if !ep.registered && !conn.is_closed() {
+            self.ctl(libc::EPOLL_CTL_ADD, conn, ep.interest)?;
+            ep.registered = true;
+        }
+        Ok(())
+    }
+
+    /// Takes a connection out of the epoll set (threads read it directly meanwhile).
+    fn disarm(&self, conn: &Conn) {
+        let mut ep = conn.ep.lock();
+        if ep.registered {
+            let _ = self.ctl(libc::EPOLL_CTL_DEL, conn, 0);
+            ep.registered = false;
+        }
+    }
+
+    /// Brings every connection's registration in line with what the progress thread is
+    /// about to do: `direct` (spin over them, or sleep on the doorbell while application
+    /// threads drive) takes them out of the epoll set when there are at most
+    /// [`DIRECT_MAX`]; anything else (blocking on the set, or too many to read
+    /// directly) puts them in. Does nothing when neither the wish nor the set of
+    /// connections changed since the last call.
+    fn settle(&self, direct: bool, st: &mut Settled, scratch: &mut Vec<Arc<Conn>>) {
+        let generation = self.conns_gen.load(Ordering::Acquire);
+        if st.direct == Some(direct) && st.generation == generation {
+            return;
+        }
+        scratch.clear();
+        scratch.extend(self.conns.lock().values().cloned());
+        let armed = !direct || scratch.len() > DIRECT_MAX;
+        for c in scratch.iter() {
+            if armed {
+                if let Err(e) = self.arm(c) {
+                    tracing::warn!(qpn = c.qp.qpn, "cannot watch the connection: {e}");
+                    self.lost(c, "epoll_ctl failed");
+                }
+            } else {
+                self.disarm(c);
+            }
+        }
+        scratch.clear();
+        *st = Settled {
+            direct: Some(direct),
+            generation,
+        };
     }
 
     fn nanos(&self, t: Instant) -> u64 {
@@ -327,6 +423,10 @@ impl Progress {
             pending: AtomicBool::new(false),
             last_tx: AtomicU64::new(0),
             active: AtomicBool::new(false),
+            ep: Mutex::new(EpReg {
+                registered: false,
+                interest: libc::EPOLLIN as u32,
+            }),
         });
         self.conns.lock().insert(token, conn.clone());
         Ok(conn)
@@ -334,16 +434,14 @@ impl Progress {
 
     /// Starts servicing a registered connection (now installed in its QP).
     pub fn activate(&self, conn: &Arc<Conn>) {
-        if let Err(e) = add_to(
-            &self.epfd,
-            conn.sock.as_raw_fd(),
-            libc::EPOLLIN as u32,
-            conn.token,
-        ) {
+        // Registered at first, whatever the progress thread does; it takes the
+        // connection out of the set again if it reads connections directly.
+        if let Err(e) = self.arm(conn) {
             tracing::warn!(qpn = conn.qp.qpn, "cannot watch the connection: {e}");
             self.lost(conn, "epoll_ctl failed");
             return;
         }
+        self.conns_gen.fetch_add(1, Ordering::AcqRel);
         conn.active.store(true, Ordering::Release);
         self.service(conn);
     }
@@ -372,19 +470,11 @@ impl Progress {
         if conn.closed.swap(true, Ordering::AcqRel) {
             return;
         }
-        let mut ev = libc::epoll_event { events: 0, u64: 0 };
-        // SAFETY: `ev` is valid (ignored for DEL); both descriptors are open (a descriptor
-        // that was never added just makes this fail harmlessly).
-        let _ = unsafe {
-            libc::epoll_ctl(
-                self.epfd.as_raw_fd(),
-                libc::EPOLL_CTL_DEL,
-                conn.sock.as_raw_fd(),
-                &mut ev,
-            )
-        };
+        // `arm` checks `closed` under the same lock: the socket does not come back.
+        self.disarm(conn);
         let _ = conn.sock.shutdown(std::net::Shutdown::Both);
         self.conns.lock().remove(&conn.token);
+        self.conns_gen.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Schedules a timer check of `qp` at `at`.
@@ -545,6 +635,8 @@ impl Progress {
         // Average gap between bursts of work: the spin window follows it (bounded), so a
         // steady stream of requests never falls into "each one pays a wake-up".
         let mut gap_ewma = self.spin;
+        let mut settled = Settled::default();
+        let mut scratch = Vec::new();
         while !self.stop.load(Ordering::Acquire) {
             let now = Instant::now();
             let user_until = self.user_until.load(Ordering::Relaxed);
@@ -579,7 +671,10 @@ impl Progress {
             // packet they handle themselves would only take CPU from them.
             let bell_only = user_driving && !spinning;
             let mut work = false;
-            // Spinning over a few connections: read them directly (see `peek_few`).
+            // Spinning, or asleep on the doorbell while applications drive: connections
+            // are read directly (see `peek_few`) and, if few enough, kept out of the
+            // epoll set; blocking on the set needs them all in it.
+            self.settle(spinning || bell_only, &mut settled, &mut scratch);
             let peeked = if spinning { self.peek_few(Mode::Full) } else { None };
             let n = match peeked {
                 Some(w) => {
@@ -604,11 +699,16 @@ impl Progress {
             if bell_only {
                 // Woken by the bell or the end of the window: connections may have data
                 // that no application thread picked up.
-                let m = wait_on(&self.epfd, &mut events, Some(Duration::ZERO));
-                for ev in &events[..m] {
-                    if ev.u64 != BELL {
-                        if let Some(c) = self.conn(ev.u64) {
-                            work |= self.service(&c);
+                match self.peek_few(Mode::Full) {
+                    Some(w) => work |= w,
+                    None => {
+                        let m = wait_on(&self.epfd, &mut events, Some(Duration::ZERO));
+                        for ev in &events[..m] {
+                            if ev.u64 != BELL {
+                                if let Some(c) = self.conn(ev.u64) {
+                                    work |= self.service(&c);
+                                }
+                            }
                         }
                     }
                 }
@@ -840,7 +940,7 @@ impl Progress {
                 });
             if want != io.interest {
                 io.interest = want;
-                self.ctl_mod(fd, want, conn.token);
+                self.set_interest(conn, want);
             }
             did |= progressed;
             // One pass when transmitting after a post; otherwise go on while bytes move

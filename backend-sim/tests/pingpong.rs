@@ -90,3 +90,45 @@ fn send_recv_and_read_round_trips_never_lose_a_post() {
         assert_eq!(mra.read_u64(72).unwrap(), i);
     }
 }
+
+/// A target whose application polled in a tight loop (so its progress thread slept on
+/// the doorbell, its connection read directly and kept out of the epoll set) and then
+/// stops polling without arming a CQ: its progress thread must take the connection over,
+/// back in the epoll set, and answer one-sided requests, also after pauses long enough
+/// for it to block.
+#[test]
+fn a_target_that_stops_polling_is_served_by_its_progress_thread() {
+    let sim = backend_sim::SimBackend::default();
+    let (c0, c1) = (sim.open("sim0").unwrap(), sim.open("sim1").unwrap());
+    let (pd0, pd1) = (c0.alloc_pd().unwrap(), c1.alloc_pd().unwrap());
+    let (cq0, cq1) = (c0.create_cq(64, None).unwrap(), c1.create_cq(64, None).unwrap());
+    let a = pd0.create_qp(&QpInitAttr::rc(&cq0, &cq0, cap())).unwrap();
+    let b = pd1.create_qp(&QpInitAttr::rc(&cq1, &cq1, cap())).unwrap();
+    let p = RcParams::default();
+    let ea = local_endpoint(&c0, &a, &p, 1).unwrap();
+    let eb = local_endpoint(&c1, &b, &p, 2).unwrap();
+    connect_rc(&a, &p, ea.psn, &eb).unwrap();
+    connect_rc(&b, &p, eb.psn, &ea).unwrap();
+    let mra = pd0.reg_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let mrb = pd1
+        .reg_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)
+        .unwrap();
+    let mut wc = [WorkCompletion::default(); 4];
+    for i in 0..30u64 {
+        // The target's application drives its device for 3 ms, then goes away.
+        let until = std::time::Instant::now() + Duration::from_millis(3);
+        while std::time::Instant::now() < until {
+            assert_eq!(cq1.poll(&mut wc).unwrap(), 0);
+        }
+        std::thread::sleep(Duration::from_millis(i % 4));
+        for k in 0..4 {
+            let v = i * 10 + k;
+            mrb.write_u64(128, v).unwrap();
+            a.post_send(&[SendWr::read(v, &[mra.sge(128, 8).unwrap()], mrb.remote().at(128)).signaled()])
+                .unwrap();
+            let w = poll_n(&cq0, 1, WAIT).unwrap_or_else(|e| panic!("READ {i}.{k}: no answer: {e}"));
+            assert!(w[0].is_ok(), "{w:?}");
+            assert_eq!(mra.read_u64(128).unwrap(), v);
+        }
+    }
+}
