@@ -21,6 +21,11 @@ use crate::wire::{Frame, MAX_HDR_LEN};
 const COPY_THRESHOLD: usize = 2048;
 /// Most iovecs per `writev`.
 const MAX_IOV: usize = 128;
+/// Most bytes one [`TxQueue::write_to`] call writes. On loopback a `sendmsg` keeps
+/// copying for as long as the receiver frees space, so one call over a window of large
+/// WRITEs could run for tens of milliseconds, holding the connection while ACKs wait
+/// unread and the ACK timer (which counts from the last bytes sent) runs out.
+pub const WRITE_BUDGET: usize = 4 << 20;
 
 enum Part {
     Bytes { start: usize, end: usize },
@@ -174,14 +179,19 @@ impl TxQueue {
         }
     }
 
-    /// Writes as much as the socket takes without blocking. Returns the bytes written;
-    /// `WouldBlock` when the socket is full before anything was written. Fails for good
-    /// once bytes of a deregistered region are due (everything queued before them has
-    /// been written): the connection must be dropped.
+    /// Writes as much as the socket takes without blocking, up to [`WRITE_BUDGET`]
+    /// bytes. Returns the bytes written; `WouldBlock` when the socket is full before
+    /// anything was written. Fails for good once bytes of a deregistered region are due
+    /// (everything queued before them has been written): the connection must be dropped.
     pub fn write_to(&mut self, fd: RawFd) -> io::Result<usize> {
+        self.write_at_most(fd, WRITE_BUDGET)
+    }
+
+    /// [`TxQueue::write_to`] with another budget.
+    pub fn write_at_most(&mut self, fd: RawFd, budget: usize) -> io::Result<usize> {
         let mut total = 0;
-        while !self.is_empty() {
-            match self.writev_once(fd) {
+        while !self.is_empty() && total < budget {
+            match self.writev_once(fd, budget - total) {
                 Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "connection closed")),
                 Ok(n) => {
                     total += n;
@@ -195,7 +205,8 @@ impl TxQueue {
         Ok(total)
     }
 
-    fn writev_once(&mut self, fd: RawFd) -> io::Result<usize> {
+    /// One `sendmsg` of at most `budget` bytes.
+    fn writev_once(&mut self, fd: RawFd, budget: usize) -> io::Result<usize> {
         let mut iov: [libc::iovec; MAX_IOV] = [libc::iovec {
             iov_base: std::ptr::null_mut(),
             iov_len: 0,
@@ -207,7 +218,8 @@ impl TxQueue {
         // ends where those begin.
         let mut room = self
             .poison
-            .map_or(usize::MAX, |p| (p - self.written_total) as usize);
+            .map_or(usize::MAX, |p| (p - self.written_total) as usize)
+            .min(budget);
         for (i, part) in self.parts.iter().enumerate() {
             if cnt == MAX_IOV || room == 0 {
                 break;
@@ -326,6 +338,39 @@ mod tests {
         assert!(got[3..10_003].iter().all(|&x| x == 7));
         assert_eq!(&got[10_003..], b"xyz");
         assert!(q.is_empty());
+    }
+
+    /// One call writes at most its budget even when the socket would take more (on
+    /// loopback a reader may drain it as fast as it fills): the caller gets the
+    /// connection back to read ACKs and note the time of the last bytes sent.
+    #[test]
+    fn one_call_writes_at_most_the_budget() {
+        const BUDGET: usize = 16 * 1024;
+        const LEN: usize = 100_000;
+        let mr = Arc::new(MrShared::new_owned(1, 5, LEN, AccessFlags::empty()).unwrap());
+        let pattern: Vec<u8> = (0..LEN).map(|i| (i % 251) as u8).collect();
+        let seg = Seg {
+            mr: mr.clone(),
+            offset: 0,
+            len: LEN,
+        };
+        seg.copy_in(0, &pattern);
+        let mut q = TxQueue::new();
+        q.push_seg(&seg);
+        // The socket takes all 100 kB at once (its buffer is ~200 kB): only the budget
+        // splits the writes.
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let mut calls = 0;
+        while !q.is_empty() {
+            let n = q.write_at_most(a.as_raw_fd(), BUDGET).unwrap();
+            assert!(n > 0 && n <= BUDGET, "one call wrote {n} bytes");
+            calls += 1;
+        }
+        assert_eq!(calls, LEN.div_ceil(BUDGET));
+        let mut got = vec![0u8; LEN];
+        use std::io::Read;
+        (&b).read_exact(&mut got).unwrap();
+        assert!(got == pattern, "bytes arrived out of order");
     }
 
     /// A region deregistered while its bytes wait ends the stream there: what was queued
