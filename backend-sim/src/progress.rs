@@ -76,6 +76,11 @@ const USER_WINDOW: Duration = Duration::from_micros(100);
 /// How long after that the progress thread looks again.
 const USER_GRACE: Duration = Duration::from_millis(2);
 
+thread_local! {
+    /// Set on progress threads: their writes are not an application driving progress.
+    static ON_PROGRESS_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// `epoll_pwait2` with a nanosecond timeout (`None`: wait forever; zero: poll).
 fn wait_on(ep: &OwnedFd, events: &mut [libc::epoll_event], timeout: Option<Duration>) -> usize {
     let ts = timeout.map(|t| libc::timespec {
@@ -549,11 +554,7 @@ impl Progress {
         // Only a thread that polls in a tight loop counts as driving (and lets the
         // progress thread sleep); an occasional poll between naps does not.
         let now = self.nanos(Instant::now());
-        let last = self.last_user_poll.swap(now, Ordering::Relaxed);
-        if now.saturating_sub(last) < DRIVE_GAP.as_nanos() as u64 {
-            self.user_until
-                .store(now + USER_WINDOW.as_nanos() as u64, Ordering::Relaxed);
-        }
+        self.user_active(now);
         self.flush_acks();
         if self.peek_few(Mode::User).is_none() {
             let mut events = [libc::epoll_event { events: 0, u64: 0 }; 16];
@@ -572,6 +573,31 @@ impl Progress {
         }
         if self.ready_pending.load(Ordering::Acquire) {
             self.run_ready();
+        }
+    }
+
+    /// An application thread polls at `now` (nanoseconds since `base`): if its
+    /// previous poll was less than [`DRIVE_GAP`] before, it drives progress for the next
+    /// [`USER_WINDOW`].
+    fn user_active(&self, now: u64) {
+        let last = self.last_user_poll.swap(now, Ordering::Relaxed);
+        if now.saturating_sub(last) < DRIVE_GAP.as_nanos() as u64 {
+            self.user_until
+                .store(now + USER_WINDOW.as_nanos() as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// An application thread finished a write at `now`: if it was driving progress (its
+    /// last poll opened or extended the window), the time spent writing (up to a
+    /// [`WRITE_BUDGET`](crate::tx::WRITE_BUDGET) of payload, a millisecond or more) is
+    /// not a pause between polls, so the window runs on from here.
+    fn user_wrote(&self, now: u64) {
+        // Zero: never driving, or it armed a CQ to sleep (`user_idle`).
+        let until = self.user_until.load(Ordering::Relaxed);
+        if until != 0 && until >= self.last_user_poll.load(Ordering::Relaxed) {
+            self.last_user_poll.store(now, Ordering::Relaxed);
+            self.user_until
+                .store(now + USER_WINDOW.as_nanos() as u64, Ordering::Relaxed);
         }
     }
 
@@ -629,6 +655,7 @@ impl Progress {
 
     /// The progress thread's loop; returns when [`Progress::shutdown`] is called.
     pub fn run(&self) {
+        ON_PROGRESS_THREAD.set(true);
         let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 256];
         let mut spin_until = Instant::now();
         let mut last_work = Instant::now();
@@ -920,8 +947,11 @@ impl Progress {
                     Ok(n) => {
                         if n > 0 {
                             progressed = true;
-                            conn.last_tx
-                                .store(self.nanos(Instant::now()).max(1), Ordering::Relaxed);
+                            let t = self.nanos(Instant::now()).max(1);
+                            conn.last_tx.store(t, Ordering::Relaxed);
+                            if mode != Mode::Full && !ON_PROGRESS_THREAD.get() {
+                                self.user_wrote(t);
+                            }
                         }
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
@@ -1159,6 +1189,33 @@ impl Progress {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A thread that polls in a tight loop and then spends a few milliseconds writing a
+    /// large payload still drives progress afterwards (the progress thread stays off the
+    /// connection); a thread that was not driving, or armed a CQ to sleep, does not
+    /// start driving by writing.
+    #[test]
+    fn a_long_write_by_a_driving_thread_keeps_the_window_open() {
+        let window = USER_WINDOW.as_nanos() as u64;
+        let p = Progress::new().unwrap();
+        let t0 = p.nanos(Instant::now()) + 1_000_000_000;
+        // One isolated poll, then a write: not driving.
+        p.user_active(t0);
+        p.user_wrote(t0 + 1_000);
+        assert_eq!(p.user_until.load(Ordering::Relaxed), 0);
+        // Polls 10 us apart: driving; a write that ends 3 ms later keeps it so.
+        p.user_active(t0 + 10_000);
+        assert_eq!(p.user_until.load(Ordering::Relaxed), t0 + 10_000 + window);
+        p.user_wrote(t0 + 3_000_000);
+        assert_eq!(p.user_until.load(Ordering::Relaxed), t0 + 3_000_000 + window);
+        // ...and the next poll right after counts as a tight loop.
+        p.user_active(t0 + 3_010_000);
+        assert_eq!(p.user_until.load(Ordering::Relaxed), t0 + 3_010_000 + window);
+        // Armed a CQ to sleep on its channel: a write (a post) opens no window.
+        p.user_idle();
+        p.user_wrote(t0 + 3_020_000);
+        assert_eq!(p.user_until.load(Ordering::Relaxed), 0);
+    }
 
     #[test]
     fn arming_a_cq_hands_progress_to_the_progress_thread() {

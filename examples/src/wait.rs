@@ -28,6 +28,8 @@ pub struct Waiter {
     timeout: Duration,
     idle: u32,
     since: Option<Instant>,
+    /// Whether long waits nap (else they keep yielding).
+    naps: bool,
 }
 
 impl Waiter {
@@ -37,6 +39,18 @@ impl Waiter {
             timeout,
             idle: 0,
             since: None,
+            naps: true,
+        }
+    }
+
+    /// A waiter that never naps, only spins and yields: for a loop that always has work
+    /// outstanding and must keep driving it, as a bandwidth test with its send queue
+    /// full does (perftest busy-polls there too). A nap would leave the device's
+    /// connection unserviced and hand it to the progress thread and back.
+    pub fn busy(timeout: Duration) -> Self {
+        Waiter {
+            naps: false,
+            ..Waiter::new(timeout)
         }
     }
 
@@ -67,7 +81,7 @@ impl Waiter {
             )
             .into());
         }
-        if waited < YIELD_FOR {
+        if waited < YIELD_FOR || !self.naps {
             std::thread::yield_now();
         } else {
             std::thread::sleep(NAP);

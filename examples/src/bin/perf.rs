@@ -768,7 +768,7 @@ fn run_bw<B: Backend>(side: &mut Side<B>, size: usize, iters: u64) -> Res<(Durat
     let mut wcs = [WorkCompletion::default(); 32];
     let mut samples: Vec<(Duration, u64)> = Vec::with_capacity((iters / sig + 2) as usize);
     let (mut posted, mut completed) = (0u64, 0u64);
-    let mut w = Waiter::new(side.timeout);
+    let mut w = Waiter::busy(side.timeout);
     let start = Instant::now();
     while completed < iters {
         let room = depth - (posted - completed);
