@@ -14,7 +14,10 @@
 //! - **Progress thread**: `epoll_wait`s on every connection, the doorbell and the next
 //!   timer. After it did work it keeps polling without blocking for the spin window
 //!   (`RDMA_SIM_SPIN_US`, default 50 µs), unless an application thread is driving progress
-//!   itself (then one spinner per process is enough), and then blocks.
+//!   itself (then one spinner per process is enough), and then blocks. An application
+//!   thread drives while its polls come less than `DRIVE_GAP` apart; a write it makes
+//!   on the way (up to a [`WRITE_BUDGET`](crate::tx::WRITE_BUDGET), a millisecond or
+//!   more on loopback) does not count as a pause.
 //! - **Application threads**: `post_send` on an idle connection builds and writes the
 //!   frames itself (one `sendmsg`); with requests already in flight it queues the QP for
 //!   the progress thread, which batches many WQEs per `sendmsg`. `poll_cq` on an empty CQ
@@ -31,8 +34,10 @@
 //!   (level-triggered: bytes that came meanwhile wake it at once).
 //! - A connection is serviced by whichever thread holds its I/O lock; others skip it, and
 //!   level-triggered readiness makes sure nothing is left behind.
-//! - Lock order: a connection's I/O lock, then its QP's lock. No lock is held while a
-//!   thread sleeps; syscalls under the I/O lock never block (non-blocking sockets).
+//! - Lock order: a connection's I/O lock, then its QP's lock or its epoll registration.
+//!   No lock is held while a thread sleeps; syscalls under the I/O lock never block
+//!   (non-blocking sockets), and one write sends at most a
+//!   [`WRITE_BUDGET`](crate::tx::WRITE_BUDGET), so ACKs are read in between.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
