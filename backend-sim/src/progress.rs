@@ -504,17 +504,27 @@ impl Progress {
         }
     }
 
-    /// Queues `qp` for the progress thread to transmit its send queue.
+    /// Queues `qp` to transmit its send queue: for the next poll of an application
+    /// thread that drives progress, else for the progress thread (woken if asleep).
     pub fn schedule(&self, qp: &Arc<QpShared>) {
         if !qp.tx_queued.swap(true, Ordering::AcqRel) {
             let mut r = self.ready.lock();
             r.push_back(qp.clone());
             self.ready_pending.store(true, Ordering::Release);
             drop(r);
-            if self.sleeping.load(Ordering::SeqCst) {
+            // While an application thread drives, its next poll (within DRIVE_GAP) runs
+            // the queue; waking the progress thread too would only have two threads
+            // fight over the connections. If it stops polling without arming a CQ,
+            // the progress thread takes over when the window and grace period end.
+            if self.sleeping.load(Ordering::SeqCst) && !self.user_driving() {
                 self.ring();
             }
         }
+    }
+
+    /// Whether an application thread drives progress now.
+    fn user_driving(&self) -> bool {
+        self.user_until.load(Ordering::Relaxed) > self.nanos(Instant::now())
     }
 
     /// After `post_send`: transmit now on this thread if the connection is idle (the

@@ -132,3 +132,67 @@ fn a_target_that_stops_polling_is_served_by_its_progress_thread() {
         }
     }
 }
+
+/// Posts to a busy connection by a thread that drives progress are left for its next
+/// poll, not handed to the progress thread. If the thread then stops polling (without
+/// arming a CQ), the progress thread must still send them once the driving window and
+/// its grace period are over: the WRITEs reach the target with nobody polling the
+/// requester's device.
+#[test]
+fn posts_left_by_a_driving_thread_that_stops_polling_still_go_out() {
+    let sim = backend_sim::SimBackend::default();
+    let (c0, c1) = (sim.open("sim0").unwrap(), sim.open("sim1").unwrap());
+    let (pd0, pd1) = (c0.alloc_pd().unwrap(), c1.alloc_pd().unwrap());
+    let (cq0, cq1) = (c0.create_cq(64, None).unwrap(), c1.create_cq(64, None).unwrap());
+    let a = pd0.create_qp(&QpInitAttr::rc(&cq0, &cq0, cap())).unwrap();
+    let b = pd1.create_qp(&QpInitAttr::rc(&cq1, &cq1, cap())).unwrap();
+    // No ACK timer (timeout 0 is infinite): its expiry would also send them.
+    let p = RcParams {
+        timeout: 0,
+        ..RcParams::default()
+    };
+    let ea = local_endpoint(&c0, &a, &p, 1).unwrap();
+    let eb = local_endpoint(&c1, &b, &p, 2).unwrap();
+    connect_rc(&a, &p, ea.psn, &eb).unwrap();
+    connect_rc(&b, &p, eb.psn, &ea).unwrap();
+    let src = pd0.reg_mr(1 << 20, AccessFlags::LOCAL_WRITE).unwrap();
+    let dst = pd1
+        .reg_mr(1 << 20, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+        .unwrap();
+    let mut wc = [WorkCompletion::default(); 16];
+    let small = [src.sge(1 << 19, 8).unwrap()];
+    for round in 1..=5u64 {
+        // Drive for 2 ms: small WRITEs one after the other, polled in a tight loop (the
+        // packets also wake a progress thread blocked on the epoll set, which then sees
+        // the application driving and sleeps on its doorbell alone).
+        let until = std::time::Instant::now() + Duration::from_millis(2);
+        let mut out = 0;
+        while std::time::Instant::now() < until || out > 0 {
+            if out == 0 {
+                a.post_send(&[SendWr::write(99, &small, dst.remote().at(1 << 19)).signaled()])
+                    .unwrap();
+                out = 1;
+            }
+            out -= cq0.poll(&mut wc).unwrap();
+        }
+        // Eight 64 KiB WRITEs, the last one's first word marked; only the first finds
+        // the connection idle.
+        for k in 0..8u64 {
+            src.write_u64(k as usize * 65536, round * 100 + k).unwrap();
+            let sge = [src.sge(k as usize * 65536, 65536).unwrap()];
+            a.post_send(&[SendWr::write(k, &sge, dst.remote().at(k * 65536)).signaled()])
+                .unwrap();
+        }
+        // Nobody polls sim0 now: wait for the data at the target.
+        let deadline = std::time::Instant::now() + WAIT;
+        while dst.read_u64(7 * 65536).unwrap() != round * 100 + 7 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "round {round}: the queued WRITEs never left"
+            );
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        let w = poll_n(&cq0, 8, WAIT).unwrap();
+        assert!(w.iter().all(|w| w.is_ok()), "{w:?}");
+    }
+}
