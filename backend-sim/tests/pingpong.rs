@@ -22,19 +22,71 @@ fn cap() -> QpCap {
     }
 }
 
+/// Writes `v` at `off` of `mrb`, READs it over `qp` into the same offset of `mra` and
+/// checks it arrived (each wait bounded).
+fn read_back<Q: QueuePair, C: CompletionQueue, M: MemoryRegion>(
+    qp: &Q,
+    cq: &C,
+    mra: &M,
+    mrb: &M,
+    off: usize,
+    v: u64,
+    what: &str,
+) {
+    mrb.write_u64(off, v).unwrap();
+    qp.post_send(&[SendWr::read(v, &[mra.sge(off, 8).unwrap()], mrb.remote().at(off as u64)).signaled()])
+        .unwrap();
+    let w = poll_n(cq, 1, WAIT).unwrap_or_else(|e| panic!("{what}: lost: {e}"));
+    assert!(w[0].is_ok(), "{what}: {w:?}");
+    assert_eq!(mra.read_u64(off).unwrap(), v, "{what}");
+}
+
+/// Two devices of one sim with one connected RC QP each (`a` on sim0, `b` on sim1).
+struct Pair {
+    _sim: backend_sim::SimBackend,
+    pd0: backend_sim::SimPd,
+    pd1: backend_sim::SimPd,
+    cq0: backend_sim::SimCq,
+    cq1: backend_sim::SimCq,
+    a: backend_sim::SimQp,
+    b: backend_sim::SimQp,
+}
+
+impl Pair {
+    fn new(p: &RcParams) -> Pair {
+        let sim = backend_sim::SimBackend::default();
+        let (c0, c1) = (sim.open("sim0").unwrap(), sim.open("sim1").unwrap());
+        let (pd0, pd1) = (c0.alloc_pd().unwrap(), c1.alloc_pd().unwrap());
+        let (cq0, cq1) = (c0.create_cq(64, None).unwrap(), c1.create_cq(64, None).unwrap());
+        let a = pd0.create_qp(&QpInitAttr::rc(&cq0, &cq0, cap())).unwrap();
+        let b = pd1.create_qp(&QpInitAttr::rc(&cq1, &cq1, cap())).unwrap();
+        let ea = local_endpoint(&c0, &a, p, 1).unwrap();
+        let eb = local_endpoint(&c1, &b, p, 2).unwrap();
+        connect_rc(&a, p, ea.psn, &eb).unwrap();
+        connect_rc(&b, p, eb.psn, &ea).unwrap();
+        Pair {
+            _sim: sim,
+            pd0,
+            pd1,
+            cq0,
+            cq1,
+            a,
+            b,
+        }
+    }
+}
+
 #[test]
 fn send_recv_and_read_round_trips_never_lose_a_post() {
-    let sim = backend_sim::SimBackend::default();
-    let (c0, c1) = (sim.open("sim0").unwrap(), sim.open("sim1").unwrap());
-    let (pd0, pd1) = (c0.alloc_pd().unwrap(), c1.alloc_pd().unwrap());
-    let (cq0, cq1) = (c0.create_cq(64, None).unwrap(), c1.create_cq(64, None).unwrap());
-    let a = pd0.create_qp(&QpInitAttr::rc(&cq0, &cq0, cap())).unwrap();
-    let b = pd1.create_qp(&QpInitAttr::rc(&cq1, &cq1, cap())).unwrap();
-    let p = RcParams::default();
-    let ea = local_endpoint(&c0, &a, &p, 1).unwrap();
-    let eb = local_endpoint(&c1, &b, &p, 2).unwrap();
-    connect_rc(&a, &p, ea.psn, &eb).unwrap();
-    connect_rc(&b, &p, eb.psn, &ea).unwrap();
+    let Pair {
+        _sim,
+        pd0,
+        pd1,
+        cq0,
+        cq1,
+        a,
+        b,
+    } = Pair::new(&RcParams::default());
     let mra = pd0.reg_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
     let mrb = pd1
         .reg_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)
@@ -70,24 +122,14 @@ fn send_recv_and_read_round_trips_never_lose_a_post() {
     // READ round trips: only the requester's thread spins; the target side is the
     // progress thread of sim1 alone.
     for i in 0..ROUNDS {
-        mrb.write_u64(64, i).unwrap();
-        a.post_send(&[SendWr::read(i, &[mra.sge(64, 8).unwrap()], mrb.remote().at(64)).signaled()])
-            .unwrap();
-        let w = poll_n(&cq0, 1, WAIT).unwrap_or_else(|e| panic!("READ {i}: lost: {e}"));
-        assert!(w[0].is_ok(), "{w:?}");
-        assert_eq!(mra.read_u64(64).unwrap(), i);
+        read_back(&a, &cq0, &mra, &mrb, 64, i, &format!("READ {i}"));
     }
 
     // Round trips after pauses: once an application thread stops polling for a while the
     // progress thread takes over and spins, so the next post races with it.
     for i in 0..PAUSED_ROUNDS {
         std::thread::sleep(Duration::from_micros(40 * (i % 8)));
-        mrb.write_u64(72, i).unwrap();
-        a.post_send(&[SendWr::read(i, &[mra.sge(72, 8).unwrap()], mrb.remote().at(72)).signaled()])
-            .unwrap();
-        let w = poll_n(&cq0, 1, WAIT).unwrap_or_else(|e| panic!("paused READ {i}: lost: {e}"));
-        assert!(w[0].is_ok(), "{w:?}");
-        assert_eq!(mra.read_u64(72).unwrap(), i);
+        read_back(&a, &cq0, &mra, &mrb, 72, i, &format!("paused READ {i}"));
     }
 }
 
@@ -98,17 +140,15 @@ fn send_recv_and_read_round_trips_never_lose_a_post() {
 /// for it to block.
 #[test]
 fn a_target_that_stops_polling_is_served_by_its_progress_thread() {
-    let sim = backend_sim::SimBackend::default();
-    let (c0, c1) = (sim.open("sim0").unwrap(), sim.open("sim1").unwrap());
-    let (pd0, pd1) = (c0.alloc_pd().unwrap(), c1.alloc_pd().unwrap());
-    let (cq0, cq1) = (c0.create_cq(64, None).unwrap(), c1.create_cq(64, None).unwrap());
-    let a = pd0.create_qp(&QpInitAttr::rc(&cq0, &cq0, cap())).unwrap();
-    let b = pd1.create_qp(&QpInitAttr::rc(&cq1, &cq1, cap())).unwrap();
-    let p = RcParams::default();
-    let ea = local_endpoint(&c0, &a, &p, 1).unwrap();
-    let eb = local_endpoint(&c1, &b, &p, 2).unwrap();
-    connect_rc(&a, &p, ea.psn, &eb).unwrap();
-    connect_rc(&b, &p, eb.psn, &ea).unwrap();
+    let Pair {
+        _sim,
+        pd0,
+        pd1,
+        cq0,
+        cq1,
+        a,
+        b: _b,
+    } = Pair::new(&RcParams::default());
     let mra = pd0.reg_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
     let mrb = pd1
         .reg_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)
@@ -122,13 +162,7 @@ fn a_target_that_stops_polling_is_served_by_its_progress_thread() {
         }
         std::thread::sleep(Duration::from_millis(i % 4));
         for k in 0..4 {
-            let v = i * 10 + k;
-            mrb.write_u64(128, v).unwrap();
-            a.post_send(&[SendWr::read(v, &[mra.sge(128, 8).unwrap()], mrb.remote().at(128)).signaled()])
-                .unwrap();
-            let w = poll_n(&cq0, 1, WAIT).unwrap_or_else(|e| panic!("READ {i}.{k}: no answer: {e}"));
-            assert!(w[0].is_ok(), "{w:?}");
-            assert_eq!(mra.read_u64(128).unwrap(), v);
+            read_back(&a, &cq0, &mra, &mrb, 128, i * 10 + k, &format!("READ {i}.{k}"));
         }
     }
 }
@@ -140,21 +174,19 @@ fn a_target_that_stops_polling_is_served_by_its_progress_thread() {
 /// requester's device.
 #[test]
 fn posts_left_by_a_driving_thread_that_stops_polling_still_go_out() {
-    let sim = backend_sim::SimBackend::default();
-    let (c0, c1) = (sim.open("sim0").unwrap(), sim.open("sim1").unwrap());
-    let (pd0, pd1) = (c0.alloc_pd().unwrap(), c1.alloc_pd().unwrap());
-    let (cq0, cq1) = (c0.create_cq(64, None).unwrap(), c1.create_cq(64, None).unwrap());
-    let a = pd0.create_qp(&QpInitAttr::rc(&cq0, &cq0, cap())).unwrap();
-    let b = pd1.create_qp(&QpInitAttr::rc(&cq1, &cq1, cap())).unwrap();
     // No ACK timer (timeout 0 is infinite): its expiry would also send them.
-    let p = RcParams {
+    let Pair {
+        _sim,
+        pd0,
+        pd1,
+        cq0,
+        cq1: _cq1,
+        a,
+        b: _b,
+    } = Pair::new(&RcParams {
         timeout: 0,
         ..RcParams::default()
-    };
-    let ea = local_endpoint(&c0, &a, &p, 1).unwrap();
-    let eb = local_endpoint(&c1, &b, &p, 2).unwrap();
-    connect_rc(&a, &p, ea.psn, &eb).unwrap();
-    connect_rc(&b, &p, eb.psn, &ea).unwrap();
+    });
     let src = pd0.reg_mr(1 << 20, AccessFlags::LOCAL_WRITE).unwrap();
     let dst = pd1
         .reg_mr(1 << 20, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
@@ -166,8 +198,13 @@ fn posts_left_by_a_driving_thread_that_stops_polling_still_go_out() {
         // packets also wake a progress thread blocked on the epoll set, which then sees
         // the application driving and sleeps on its doorbell alone).
         let until = std::time::Instant::now() + Duration::from_millis(2);
+        let deadline = until + WAIT;
         let mut out = 0;
         while std::time::Instant::now() < until || out > 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "round {round}: a small WRITE never completed"
+            );
             if out == 0 {
                 a.post_send(&[SendWr::write(99, &small, dst.remote().at(1 << 19)).signaled()])
                     .unwrap();
