@@ -640,13 +640,7 @@ mod tests {
         let ctx = sim.open("sim0").unwrap();
         let pd = ctx.alloc_pd().unwrap();
         let cq = ctx.create_cq(16, None).unwrap();
-        let cap = QpCap {
-            max_send_wr: 4,
-            max_recv_wr: 4,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        };
+        let cap = QpCap::new(4, 4);
         let qp = pd.create_qp(&QpInitAttr::rc(&cq, &cq, cap)).unwrap();
         let mr = pd.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
         // 67 ms x 8 tries: the old outcome took half a second.

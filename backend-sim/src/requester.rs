@@ -745,13 +745,7 @@ mod tests {
         let mrs = MrTable::default();
         let mr = Arc::new(MrShared::new_owned(1, 7, 64, AccessFlags::LOCAL_WRITE).unwrap());
         mrs.insert(mr.clone());
-        let cap = QpCap {
-            max_send_wr: wrs,
-            max_recv_wr: 1,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        };
+        let cap = QpCap::new(wrs, 1);
         let mut req = Requester::new(1, 1, &cap, false);
         req.connect(attrs);
         (mrs, mr, req)

@@ -205,13 +205,7 @@ async fn async_connect_accept_under_a_timeout() {
         let ctx = SimBackend::default().open(name).unwrap();
         let pd = ctx.alloc_pd().unwrap();
         let cq = ctx.create_cq(16, None).unwrap();
-        let cap = QpCap {
-            max_send_wr: 4,
-            max_recv_wr: 4,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        };
+        let cap = QpCap::new(4, 4);
         let qp = pd.create_qp(&QpInitAttr::rc(&cq, &cq, cap)).unwrap();
         (ctx, pd, cq, qp)
     };

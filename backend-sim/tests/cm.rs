@@ -10,13 +10,7 @@ use verbs_api::*;
 fn qp_on(ctx: &backend_sim::SimContext) -> (backend_sim::SimPd, backend_sim::SimCq, backend_sim::SimQp) {
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(64, None).unwrap();
-    let cap = QpCap {
-        max_send_wr: 16,
-        max_recv_wr: 16,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 0,
-    };
+    let cap = QpCap::new(16, 16);
     let qp = pd.create_qp(&QpInitAttr::rc(&cq, &cq, cap)).unwrap();
     (pd, cq, qp)
 }

@@ -26,13 +26,7 @@ fn pair(timeout: u8, retry_cnt: u8, rnr_retry: u8) -> Pair {
     let sim = SimBackend::default();
     let a_ctx = sim.open("sim0").unwrap();
     let b_ctx = sim.open("sim1").unwrap();
-    let cap = QpCap {
-        max_send_wr: 64,
-        max_recv_wr: 64,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 0,
-    };
+    let cap = QpCap::new(64, 64);
     let pd_a = a_ctx.alloc_pd().unwrap();
     let pd_b = b_ctx.alloc_pd().unwrap();
     let cq_a = a_ctx.create_cq(256, None).unwrap();

@@ -56,13 +56,7 @@ fn strangers_are_turned_away() {
     // A hello for a QP in RESET.
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(8, None).unwrap();
-    let cap = QpCap {
-        max_send_wr: 1,
-        max_recv_wr: 1,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 0,
-    };
+    let cap = QpCap::new(1, 1);
     let qp = pd.create_qp(&QpInitAttr::rc(&cq, &cq, cap)).unwrap();
     let mut s = TcpStream::connect(addr).unwrap();
     s.write_all(&hello(&ctx, 5, qp.qp_num())).unwrap();
@@ -74,13 +68,7 @@ fn crafted_frames_never_touch_memory_outside_the_region() {
     let ctx = SimBackend::default().open("sim0").unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(64, None).unwrap();
-    let cap = QpCap {
-        max_send_wr: 8,
-        max_recv_wr: 8,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 0,
-    };
+    let cap = QpCap::new(8, 8);
     // The victim QP, connected to an endpoint the attacker then impersonates. Its region
     // sits in the middle of a larger buffer whose guard zones must stay untouched.
     let victim = pd.create_qp(&QpInitAttr::rc(&cq, &cq, cap)).unwrap();
@@ -195,13 +183,7 @@ fn a_peer_that_floods_without_reading_is_bounded() {
     let ctx = SimBackend::default().open("sim0").unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(8, None).unwrap();
-    let cap = QpCap {
-        max_send_wr: 1,
-        max_recv_wr: 1,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 0,
-    };
+    let cap = QpCap::new(1, 1);
     let victim = pd.create_qp(&QpInitAttr::rc(&cq, &cq, cap)).unwrap();
     let mr = pd.reg_mr(1 << 20, AccessFlags::ALL).unwrap();
     let fake = Endpoint {

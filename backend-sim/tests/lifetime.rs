@@ -185,13 +185,7 @@ struct Pair {
     b: SimQp,
 }
 
-const CAP: QpCap = QpCap {
-    max_send_wr: 64,
-    max_recv_wr: 4,
-    max_send_sge: 1,
-    max_recv_sge: 1,
-    max_inline_data: 0,
-};
+const CAP: QpCap = QpCap::new(64, 4);
 
 /// A on the requester's device, B on the responder's, connected. The requester gives up
 /// after 3 x 67 ms without an answer.

@@ -13,13 +13,7 @@ const PAUSED_ROUNDS: u64 = 6000;
 const WAIT: Duration = Duration::from_secs(5);
 
 fn cap() -> QpCap {
-    QpCap {
-        max_send_wr: 16,
-        max_recv_wr: 16,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 64,
-    }
+    QpCap::new(16, 16).with_inline(64)
 }
 
 /// Writes `v` at `off` of `mrb`, READs it over `qp` into the same offset of `mra` and

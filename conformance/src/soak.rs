@@ -619,13 +619,7 @@ impl<B: Backend> Device<B> {
         let cqs = (0..lay.n.div_ceil(per_cq))
             .map(|_| ctx.create_cq(cqe, None))
             .collect::<Result<Vec<_>, _>>()?;
-        let cap = QpCap {
-            max_send_wr: lay.depth as u32,
-            max_recv_wr: lay.depth as u32,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        };
+        let cap = QpCap::new(lay.depth as u32, lay.depth as u32);
         let qps = (0..lay.n)
             .map(|j| {
                 let cq = &cqs[j / per_cq];

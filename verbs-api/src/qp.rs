@@ -76,6 +76,28 @@ pub struct QpCap {
     pub max_inline_data: u32,
 }
 
+impl QpCap {
+    /// `max_send_wr` and `max_recv_wr` WRs, one SGE per WR each way, no inline data: the
+    /// common case; change a field, or add inline data with [`QpCap::with_inline`].
+    pub const fn new(max_send_wr: u32, max_recv_wr: u32) -> QpCap {
+        QpCap {
+            max_send_wr,
+            max_recv_wr,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        }
+    }
+
+    /// The same with `max_inline_data` bytes of inline data per send WR.
+    pub const fn with_inline(self, max_inline_data: u32) -> QpCap {
+        QpCap {
+            max_inline_data,
+            ..self
+        }
+    }
+}
+
 /// `struct ibv_qp_init_attr` for [`ProtectionDomain::create_qp`](crate::ProtectionDomain::create_qp),
 /// generic over the backend's CQ type.
 #[derive(Debug)]

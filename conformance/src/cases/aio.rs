@@ -49,13 +49,7 @@ fn rig<B: Backend>(env: &Env<B>) -> Result<Rig<B>, Failure> {
     let ch = env.ctx.create_comp_channel()?;
     let cq_a = env.ctx.create_cq(256, Some(&ch))?;
     let cq_b = env.ctx.create_cq(256, None)?;
-    let cap = QpCap {
-        max_send_wr: 64,
-        max_recv_wr: 64,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 0,
-    };
+    let cap = QpCap::new(64, 64);
     let a = pd.create_qp(&QpInitAttr::rc(&cq_a, &cq_a, cap))?;
     let b = pd.create_qp(&QpInitAttr::rc(&cq_b, &cq_b, cap))?;
     let o = env.opts();

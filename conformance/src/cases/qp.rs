@@ -132,13 +132,7 @@ fn create_with<B: Backend>(env: &Env<B>, cap: QpCap) -> Result<verbs_api::Result
 
 fn qp_create_too_many_wr<B: Backend>(env: &Env<B>) -> CaseResult {
     let max = env.ctx.query_device()?.max_qp_wr;
-    let cap = QpCap {
-        max_send_wr: max.saturating_add(1),
-        max_recv_wr: 1,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 0,
-    };
+    let cap = QpCap::new(max.saturating_add(1), 1);
     ensure!(
         create_with(env, cap)?.is_err(),
         "max_send_wr {} accepted",

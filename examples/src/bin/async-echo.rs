@@ -80,13 +80,7 @@ fn conn<B: Backend>(ctx: &B::Context) -> Res<Conn<B>> {
     let pd = ctx.alloc_pd()?;
     let ch = ctx.create_comp_channel()?;
     let cq = ctx.create_cq(16, Some(&ch))?;
-    let cap = QpCap {
-        max_send_wr: 4,
-        max_recv_wr: 4,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 0,
-    };
+    let cap = QpCap::new(4, 4);
     let qp = pd.create_qp(&QpInitAttr::rc(&cq, &cq, cap))?;
     let rx = pd.reg_mr(MSG, AccessFlags::LOCAL_WRITE)?;
     let tx = pd.reg_mr(MSG, AccessFlags::LOCAL_WRITE)?;

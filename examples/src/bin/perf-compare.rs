@@ -350,13 +350,7 @@ fn multi_qp_write_bw(qps: usize, size: usize, total: u64) -> Res<f64> {
     let cq_a = a.create_cq(65536, None)?;
     let cq_b = b.create_cq(64, None)?;
     let depth = (256 / qps).clamp(2, 16);
-    let cap = QpCap {
-        max_send_wr: depth as u32,
-        max_recv_wr: 1,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 0,
-    };
+    let cap = QpCap::new(depth as u32, 1);
     let src = pd_a.reg_mr(size, AccessFlags::LOCAL_WRITE)?;
     let dst = pd_b.reg_mr(size, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
     let p = RcParams::default();
@@ -419,13 +413,7 @@ fn multi_qp_write_lat(qps: usize, iters: u64) -> Res<f64> {
     let pd_b = b.alloc_pd()?;
     let cq_a = a.create_cq(4096, None)?;
     let cq_b = b.create_cq(64, None)?;
-    let cap = QpCap {
-        max_send_wr: 4,
-        max_recv_wr: 1,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 64,
-    };
+    let cap = QpCap::new(4, 1).with_inline(64);
     let src = pd_a.reg_mr(64, AccessFlags::LOCAL_WRITE)?;
     let dst = pd_b.reg_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
     let p = RcParams::default();
