@@ -406,8 +406,12 @@ impl CompletionQueue for SimCq {
         // ACKs deferred by this thread's previous poll leave now (delayed ACK).
         self.dev.progress.flush_acks();
         let n = self.cq.poll(wc)?;
-        if n > 0 || wc.is_empty() {
+        if n > 0 {
+            self.dev.progress.user_polled();
             return Ok(n);
+        }
+        if wc.is_empty() {
+            return Ok(0);
         }
         // Empty: drive the device's receive progress on this thread, then look again.
         self.dev.progress.user_drive();

@@ -15,9 +15,11 @@
 //!   timer. After it did work it keeps polling without blocking for the spin window
 //!   (`RDMA_SIM_SPIN_US`, default 50 µs), unless an application thread is driving progress
 //!   itself (then one spinner per process is enough), and then blocks. An application
-//!   thread drives while its polls come less than `DRIVE_GAP` apart; a write it makes
-//!   on the way (up to a [`WRITE_BUDGET`](crate::tx::WRITE_BUDGET), a millisecond or
-//!   more on loopback) does not count as a pause.
+//!   thread drives while its polls (empty or not) come less than `DRIVE_GAP` apart; the
+//!   time it spends reading or writing a connection on the way (up to a
+//!   [`WRITE_BUDGET`](crate::tx::WRITE_BUDGET) per write, a millisecond or more on
+//!   loopback) does not count as a pause. While it drives, the progress thread sleeps on
+//!   the doorbell alone and leaves queued transmits and ACKs to the driving thread.
 //! - **Application threads**: `post_send` on an idle connection builds and writes the
 //!   frames itself (one `sendmsg`); with requests already in flight it queues the QP for
 //!   the progress thread, which batches many WQEs per `sendmsg`. `poll_cq` on an empty CQ
@@ -245,7 +247,9 @@ pub struct Progress {
     /// under the `timers` lock and read without it on every poll.
     next_timer: AtomicU64,
     base: Instant,
-    /// Nanoseconds since `base` until which an application thread counts as driving.
+    /// Nanoseconds since `base` until which an application thread counts as driving
+    /// (`u64::MAX` while a driving thread services a connection, see
+    /// [`Progress::user_entered`]).
     user_until: AtomicU64,
     /// When an application thread last polled (nanoseconds since `base`).
     last_user_poll: AtomicU64,
@@ -591,6 +595,12 @@ impl Progress {
         }
     }
 
+    /// An application thread's poll found completions: it counts towards driving as an
+    /// empty one does (a loop whose polls always find some still polls in a tight loop).
+    pub fn user_polled(&self) {
+        self.user_active(self.nanos(Instant::now()));
+    }
+
     /// An application thread polls at `now` (nanoseconds since `base`): if its
     /// previous poll was less than [`DRIVE_GAP`] before, it drives progress for the next
     /// [`USER_WINDOW`].
@@ -602,17 +612,45 @@ impl Progress {
         }
     }
 
-    /// An application thread finished a write at `now`: if it was driving progress (its
-    /// last poll opened or extended the window), the time spent writing (up to a
-    /// [`WRITE_BUDGET`](crate::tx::WRITE_BUDGET) of payload, a millisecond or more) is
-    /// not a pause between polls, so the window runs on from here.
-    fn user_wrote(&self, now: u64) {
-        // Zero: never driving, or it armed a CQ to sleep (`user_idle`).
+    /// An application thread starts servicing a connection: if it drives progress (its
+    /// last poll opened or extended the window), it goes on driving for as long as it is
+    /// there, however short the window: reading or writing a large payload (up to a
+    /// [`WRITE_BUDGET`](crate::tx::WRITE_BUDGET)) takes a millisecond or more on
+    /// loopback. Without this, a progress thread waking meanwhile finds the window over,
+    /// watches the connections itself and fights the application for them. Returns the
+    /// window to hand to [`Progress::user_left`]; `None` on a progress thread, or when the
+    /// thread was not driving (zero: never, or it armed a CQ to sleep, see `user_idle`).
+    fn user_entered(&self) -> Option<u64> {
+        if ON_PROGRESS_THREAD.get() {
+            return None;
+        }
         let until = self.user_until.load(Ordering::Relaxed);
         if until != 0 && until >= self.last_user_poll.load(Ordering::Relaxed) {
-            self.last_user_poll.store(now, Ordering::Relaxed);
-            self.user_until
-                .store(now + USER_WINDOW.as_nanos() as u64, Ordering::Relaxed);
+            self.user_until.store(u64::MAX, Ordering::Relaxed);
+            Some(until)
+        } else {
+            None
+        }
+    }
+
+    /// The thread of [`Progress::user_entered`] lets go of the connection: if it moved
+    /// bytes, the time spent was not a pause between polls and the window runs on from
+    /// `now()`; else the window is as it was. Only undoes its own mark: a CQ armed
+    /// meanwhile (`user_idle`) or a newer poll's window stands.
+    fn user_left(&self, entered: Option<u64>, moved: bool, now: impl FnOnce() -> u64) {
+        let Some(until) = entered else { return };
+        // (`u64::MAX`: another thread was in a connection too; it counts as moved.)
+        let (until, at) = if moved || until == u64::MAX {
+            let t = now();
+            (t + USER_WINDOW.as_nanos() as u64, Some(t))
+        } else {
+            (until, None)
+        };
+        let swapped = self
+            .user_until
+            .compare_exchange(u64::MAX, until, Ordering::Relaxed, Ordering::Relaxed);
+        if let (Ok(_), Some(t)) = (swapped, at) {
+            self.last_user_poll.store(t, Ordering::Relaxed);
         }
     }
 
@@ -690,8 +728,13 @@ impl Progress {
                 Some(Duration::ZERO)
             } else {
                 self.sleeping.store(true, Ordering::SeqCst);
-                // Work queued between the last check and now must not wait for a bell.
-                if self.ready_pending.load(Ordering::Acquire) || self.acks_pending.load(Ordering::Acquire) {
+                // Work queued between the last check and now must not wait for a bell,
+                // unless an application thread drives: its next poll runs it (posters
+                // do not ring while it does, see `schedule`).
+                if !user_driving
+                    && (self.ready_pending.load(Ordering::Acquire)
+                        || self.acks_pending.load(Ordering::Acquire))
+                {
                     Some(Duration::ZERO)
                 } else {
                     let mut left = self
@@ -703,7 +746,9 @@ impl Progress {
                         // Take over when the application stops driving, plus a grace
                         // period: checking more often would cost the driving threads a
                         // core (a wake-up costs tens of µs on small VMs).
-                        let window = Duration::from_nanos(user_until - self.nanos(now)) + USER_GRACE;
+                        // (At most one window ahead while a driving thread writes.)
+                        let ahead = Duration::from_nanos(user_until - self.nanos(now));
+                        let window = ahead.min(USER_WINDOW) + USER_GRACE;
                         left = Some(left.map_or(window, |l| l.min(window)));
                     }
                     left
@@ -887,7 +932,9 @@ impl Progress {
             if conn.is_closed() {
                 return did;
             }
+            let entered = self.user_entered();
             let (done, closed) = self.service_locked(conn, io, mode, peek);
+            self.user_left(entered, done, || self.nanos(Instant::now()));
             did |= done;
             if closed || !conn.pending.load(Ordering::SeqCst) {
                 return did;
@@ -962,11 +1009,8 @@ impl Progress {
                     Ok(n) => {
                         if n > 0 {
                             progressed = true;
-                            let t = self.nanos(Instant::now()).max(1);
-                            conn.last_tx.store(t, Ordering::Relaxed);
-                            if mode != Mode::Full && !ON_PROGRESS_THREAD.get() {
-                                self.user_wrote(t);
-                            }
+                            conn.last_tx
+                                .store(self.nanos(Instant::now()).max(1), Ordering::Relaxed);
                         }
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
@@ -1210,26 +1254,44 @@ mod tests {
     /// connection); a thread that was not driving, or armed a CQ to sleep, does not
     /// start driving by writing.
     #[test]
-    fn a_long_write_by_a_driving_thread_keeps_the_window_open() {
+    fn a_driving_thread_busy_in_a_connection_keeps_driving() {
         let window = USER_WINDOW.as_nanos() as u64;
+        let until = |p: &Progress| p.user_until.load(Ordering::Relaxed);
         let p = Progress::new().unwrap();
         let t0 = p.nanos(Instant::now()) + 1_000_000_000;
         // One isolated poll, then a write: not driving.
         p.user_active(t0);
-        p.user_wrote(t0 + 1_000);
-        assert_eq!(p.user_until.load(Ordering::Relaxed), 0);
-        // Polls 10 us apart: driving; a write that ends 3 ms later keeps it so.
+        let e = p.user_entered();
+        assert_eq!(e, None);
+        p.user_left(e, true, || t0 + 1_000);
+        assert_eq!(until(&p), 0);
+        // Polls 10 us apart: driving, and it stays so while in a connection, however
+        // long (the progress thread sees "driving" all along)...
         p.user_active(t0 + 10_000);
-        assert_eq!(p.user_until.load(Ordering::Relaxed), t0 + 10_000 + window);
-        p.user_wrote(t0 + 3_000_000);
-        assert_eq!(p.user_until.load(Ordering::Relaxed), t0 + 3_000_000 + window);
+        assert_eq!(until(&p), t0 + 10_000 + window);
+        let e = p.user_entered();
+        assert_eq!(e, Some(t0 + 10_000 + window));
+        assert_eq!(until(&p), u64::MAX);
+        // ...a write that ends 3 ms later opens the window from there...
+        p.user_left(e, true, || t0 + 3_000_000);
+        assert_eq!(until(&p), t0 + 3_000_000 + window);
         // ...and the next poll right after counts as a tight loop.
         p.user_active(t0 + 3_010_000);
-        assert_eq!(p.user_until.load(Ordering::Relaxed), t0 + 3_010_000 + window);
-        // Armed a CQ to sleep on its channel: a write (a post) opens no window.
+        assert_eq!(until(&p), t0 + 3_010_000 + window);
+        // A visit that moved nothing leaves the window as it was (and reads no clock).
+        let e = p.user_entered();
+        p.user_left(e, false, || unreachable!("no clock read for an empty visit"));
+        assert_eq!(until(&p), t0 + 3_010_000 + window);
+        // Armed a CQ to sleep on its channel while inside: that stands.
+        let e = p.user_entered();
         p.user_idle();
-        p.user_wrote(t0 + 3_020_000);
-        assert_eq!(p.user_until.load(Ordering::Relaxed), 0);
+        p.user_left(e, true, || t0 + 3_020_000);
+        assert_eq!(until(&p), 0);
+        // ...and a write (a post) after that opens no window.
+        let e = p.user_entered();
+        assert_eq!(e, None);
+        p.user_left(e, true, || t0 + 3_030_000);
+        assert_eq!(until(&p), 0);
     }
 
     #[test]
