@@ -19,7 +19,9 @@
 //!   time it spends reading or writing a connection on the way (up to a
 //!   [`WRITE_BUDGET`](crate::tx::WRITE_BUDGET) per write, a millisecond or more on
 //!   loopback) does not count as a pause. While it drives, the progress thread sleeps on
-//!   the doorbell alone and leaves queued transmits and ACKs to the driving thread.
+//!   the doorbell alone and leaves queued transmits and ACKs to the driving thread; it
+//!   looks again when the driving window plus a grace period (`RDMA_SIM_GRACE_US`,
+//!   default 2 ms) are over.
 //! - **Application threads**: `post_send` on an idle connection builds and writes the
 //!   frames itself (one `sendmsg`); with requests already in flight it queues the QP for
 //!   the progress thread, which batches many WQEs per `sendmsg`. `poll_cq` on an empty CQ
@@ -80,7 +82,7 @@ const MAX_SPIN: Duration = Duration::from_micros(200);
 const DRIVE_GAP: Duration = Duration::from_micros(50);
 /// How long an application-driven poll keeps the progress thread off the connections.
 const USER_WINDOW: Duration = Duration::from_micros(100);
-/// How long after that the progress thread looks again.
+/// How long after that the progress thread looks again (`RDMA_SIM_GRACE_US`).
 const USER_GRACE: Duration = Duration::from_millis(2);
 
 thread_local! {
@@ -254,6 +256,9 @@ pub struct Progress {
     /// When an application thread last polled (nanoseconds since `base`).
     last_user_poll: AtomicU64,
     spin: Duration,
+    /// How long the progress thread stays off the connections after an application
+    /// thread's driving window ends ([`USER_GRACE`] unless `RDMA_SIM_GRACE_US` says).
+    grace: Duration,
     /// Connections with an ACK left for later (delayed ACK).
     acks: Mutex<Vec<Arc<Conn>>>,
     /// Whether `acks` may be non-empty (checked without the lock on every poll).
@@ -293,11 +298,14 @@ impl Progress {
         )?;
         add_to(&epfd, bell.as_raw_fd(), libc::EPOLLIN as u32, BELL).map_err(os("epoll_ctl"))?;
         add_to(&bell_ep, bell.as_raw_fd(), libc::EPOLLIN as u32, BELL).map_err(os("epoll_ctl"))?;
-        let spin = std::env::var("RDMA_SIM_SPIN_US")
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok())
-            .map(Duration::from_micros)
-            .unwrap_or(DEFAULT_SPIN);
+        let micros = |var: &str, default: Duration| {
+            std::env::var(var)
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+                .map_or(default, Duration::from_micros)
+        };
+        let spin = micros("RDMA_SIM_SPIN_US", DEFAULT_SPIN);
+        let grace = micros("RDMA_SIM_GRACE_US", USER_GRACE);
         Ok(Progress {
             epfd,
             bell_ep,
@@ -315,6 +323,7 @@ impl Progress {
             user_until: AtomicU64::new(0),
             last_user_poll: AtomicU64::new(0),
             spin,
+            grace,
             acks: Mutex::new(Vec::new()),
             acks_pending: AtomicBool::new(false),
             acks_spare: Mutex::new(Vec::new()),
@@ -370,7 +379,9 @@ impl Progress {
     /// directly) puts them in. Does nothing when neither the wish nor the set of
     /// connections changed since the last call.
     fn settle(&self, direct: bool, st: &mut Settled, scratch: &mut Vec<Arc<Conn>>) {
-        let generation = self.conns_gen.load(Ordering::Acquire);
+        // SeqCst: `activate` bumps it, then reads `sleeping`; this thread stored
+        // `sleeping` before, so one of the two sees the other.
+        let generation = self.conns_gen.load(Ordering::SeqCst);
         if st.direct == Some(direct) && st.generation == generation {
             return;
         }
@@ -455,8 +466,14 @@ impl Progress {
             self.lost(conn, "epoll_ctl failed");
             return;
         }
-        self.conns_gen.fetch_add(1, Ordering::AcqRel);
+        self.conns_gen.fetch_add(1, Ordering::SeqCst);
         conn.active.store(true, Ordering::Release);
+        // One connection too many to read directly: application threads now look at the
+        // epoll set, where the others may be missing (the progress thread took them out
+        // while it slept on the doorbell). Wake it to put them back (`settle`).
+        if self.sleeping.load(Ordering::SeqCst) && self.conns.lock().len() > DIRECT_MAX {
+            self.ring();
+        }
         self.service(conn);
     }
 
@@ -748,7 +765,7 @@ impl Progress {
                         // core (a wake-up costs tens of µs on small VMs).
                         // (At most one window ahead while a driving thread writes.)
                         let ahead = Duration::from_nanos(user_until - self.nanos(now));
-                        let window = ahead.min(USER_WINDOW) + USER_GRACE;
+                        let window = ahead.min(USER_WINDOW) + self.grace;
                         left = Some(left.map_or(window, |l| l.min(window)));
                     }
                     left
