@@ -32,7 +32,9 @@
 //! default). Its LID is that port and its GID the listen IP (see [`device`]), so the usual
 //! out-of-band exchange of (GID, LID, QPN, PSN) is all a peer needs, in the same process,
 //! another process or another host. [`SimConfig`] (or the environment, see
-//! [`SimBackend::from_env`]) chooses the listen address and the number of devices.
+//! [`SimBackend::from_env`]) chooses the listen address and the number of devices. The
+//! data connections use CUBIC congestion control whatever the host's default
+//! (`RDMA_SIM_TCP_CC` chooses another, or `system`; see [`sockopt`] for why).
 
 #![warn(missing_docs)]
 
@@ -47,6 +49,7 @@ pub mod qp;
 pub mod requester;
 pub mod responder;
 pub mod rx;
+pub mod sockopt;
 pub mod transport;
 pub mod tx;
 pub mod wire;

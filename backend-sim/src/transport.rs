@@ -40,7 +40,7 @@ pub fn spawn_listener(dev: &Arc<DeviceShared>, listener: std::net::TcpListener) 
         loop {
             match listener.accept().await {
                 Ok((stream, peer)) => {
-                    let _ = stream.set_nodelay(true);
+                    let _ = crate::sockopt::tune(&stream);
                     let dev = weak.clone();
                     tokio::spawn(async move {
                         if let Err(e) = serve_inbound(dev, stream).await {
@@ -265,7 +265,7 @@ async fn connect(qp: &QpShared, remote: std::net::SocketAddr) -> io::Result<(Tcp
     let mut stream = tokio::time::timeout(SETUP_TIMEOUT, TcpStream::connect(remote))
         .await
         .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;
-    stream.set_nodelay(true)?;
+    crate::sockopt::tune(&stream)?;
     let dst_qpn = qp.inner.lock().attr.dest_qp_num;
     let hello = Frame::Hello {
         src_gid: qp.dev.gid.0,

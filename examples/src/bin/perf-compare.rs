@@ -5,7 +5,9 @@
 //! processes, as a user would run it), and prints every target of the performance issue
 //! with the measured ratio. Each sim figure is paired with a baseline measured right
 //! before it (the speed of a shared VM drifts by tens of percent from minute to minute);
-//! a ratio is the median over the rounds of those pairs' ratios:
+//! a ratio is the median over the rounds of those pairs' ratios. The baseline's sockets
+//! get the same options as the sim's data connections (`TCP_NODELAY`, and the congestion
+//! control of `backend_sim::sockopt`: CUBIC unless `RDMA_SIM_TCP_CC` says otherwise):
 //!
 //! | test | target |
 //! |---|---|
@@ -127,7 +129,7 @@ fn tcp_server() -> Res<()> {
     std::io::stdout().flush()?;
     loop {
         let (mut s, _) = l.accept()?;
-        s.set_nodelay(true)?;
+        backend_sim::sockopt::tune(&s)?;
         let mut mode = [0u8; 2];
         if s.read_exact(&mut mode).is_err() {
             return Ok(());
@@ -233,7 +235,7 @@ fn spawn_tcp_server() -> Res<Peer> {
 /// One-way latencies (µs) of an 8-byte TCP ping-pong.
 fn tcp_pingpong(peer: &Peer, iters: u64, busy: bool) -> Res<Vec<f64>> {
     let mut s = TcpStream::connect(&peer.addr)?;
-    s.set_nodelay(true)?;
+    backend_sim::sockopt::tune(&s)?;
     s.write_all(&[MODE_PINGPONG, busy as u8])?;
     s.set_nonblocking(busy)?;
     let mut b = [7u8; 8];
@@ -254,7 +256,7 @@ fn tcp_pingpong(peer: &Peer, iters: u64, busy: bool) -> Res<Vec<f64>> {
 /// of sleeping in the kernel (as the sim's progress threads do).
 fn tcp_stream(peer: &Peer, secs: f64, busy: bool) -> Res<f64> {
     let mut s = TcpStream::connect(&peer.addr)?;
-    s.set_nodelay(true)?;
+    backend_sim::sockopt::tune(&s)?;
     s.write_all(&[MODE_STREAM, busy as u8])?;
     s.set_nonblocking(busy)?;
     let buf = vec![1u8; 1 << 20];
@@ -524,7 +526,13 @@ fn machine() -> String {
         })
         .unwrap_or_else(|| "unknown CPU".into());
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    format!("{cpus} x {model}, Linux {}", kernel.trim())
+    let host_cc = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control").unwrap_or_default();
+    let cc = backend_sim::sockopt::congestion().unwrap_or_else(|| host_cc.trim().to_string());
+    format!(
+        "{cpus} x {model}, Linux {}; TCP congestion control {cc} (host default {})",
+        kernel.trim(),
+        host_cc.trim()
+    )
 }
 
 fn raise_fd_limit() {

@@ -1,0 +1,84 @@
+//! The TCP options of the sim's data connections (`tcp(7)`): no Nagle delay, and a
+//! congestion control chosen for the sim rather than inherited from the host.
+//!
+//! The congestion control matters on loopback. With BBR (the default of some
+//! distributions and of this project's CI machines) the sending side paces at its own
+//! estimate of the path's bandwidth; the sim's traffic is application-limited in bursts
+//! (an application thread polls, posts, and is descheduled), and that estimate often
+//! settles far below what the host can copy: 1 MiB `perf send_bw` runs ran at 2-5.6 GB/s
+//! under BBR and 5.4-8.6 GB/s under CUBIC on the same machine, interleaved. So the sim
+//! asks for CUBIC (Linux's default), unless `RDMA_SIM_TCP_CC` names another algorithm
+//! (`reno`, `bbr`, ...) or says `system` to keep the host's choice. An algorithm the host
+//! does not offer or allow (`net.ipv4.tcp_allowed_congestion_control`) is not an error:
+//! the connection keeps the host's default, and the sim logs it at debug level.
+
+use std::io;
+use std::os::fd::AsFd;
+
+/// The congestion control the sim asks for unless `RDMA_SIM_TCP_CC` says otherwise.
+pub const DEFAULT_CONGESTION: &str = "cubic";
+
+/// The congestion control the sim's data connections ask for, or `None` to keep the
+/// host's default (`RDMA_SIM_TCP_CC=system`, or empty).
+pub fn congestion() -> Option<String> {
+    match std::env::var("RDMA_SIM_TCP_CC") {
+        Ok(v) if v.is_empty() || v == "system" => None,
+        Ok(v) => Some(v),
+        Err(_) => Some(DEFAULT_CONGESTION.to_string()),
+    }
+}
+
+/// Sets `TCP_CONGESTION` on `sock` to `algo`.
+pub fn set_congestion(sock: &impl AsFd, algo: &str) -> io::Result<()> {
+    socket2::SockRef::from(sock).set_tcp_congestion(algo.as_bytes())
+}
+
+/// The options of a data connection: `TCP_NODELAY`, and the congestion control of
+/// [`congestion`] if the host allows it (else it keeps the host's default).
+pub fn tune(sock: &impl AsFd) -> io::Result<()> {
+    let s = socket2::SockRef::from(sock);
+    s.set_tcp_nodelay(true)?;
+    if let Some(algo) = congestion() {
+        if let Err(e) = s.set_tcp_congestion(algo.as_bytes()) {
+            tracing::debug!("TCP congestion control {algo:?} not available ({e}); keeping the host's");
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The algorithm of `s` (the kernel pads the name with NULs).
+    fn algo_of(s: &socket2::SockRef<'_>) -> Vec<u8> {
+        let mut v = s.tcp_congestion().unwrap();
+        v.retain(|&b| b != 0);
+        v
+    }
+
+    #[test]
+    fn a_data_connection_gets_nodelay_and_the_chosen_congestion_control() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        // Reno is built into every Linux kernel, so the host always offers it.
+        set_congestion(&c, "reno").unwrap();
+        let s = socket2::SockRef::from(&c);
+        assert_eq!(algo_of(&s), b"reno");
+        tune(&c).unwrap();
+        assert!(s.tcp_nodelay().unwrap());
+        if let Some(algo) = congestion() {
+            let offered = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control")
+                .unwrap_or_default();
+            let got = algo_of(&s);
+            if offered.split_whitespace().any(|a| a == algo) {
+                assert_eq!(got, algo.as_bytes());
+            } else {
+                // Not offered here: the connection keeps what it had.
+                assert_eq!(got, b"reno");
+            }
+        }
+        // An algorithm nobody has is an error from the kernel, not a panic.
+        assert!(set_congestion(&c, "no-such-algorithm").is_err());
+    }
+}
