@@ -3,7 +3,10 @@
 //!
 //! Whatever part of a payload already sits in the staging buffer is copied into place;
 //! the rest of a large payload is read by the kernel straight into the target region
-//! (`readv` on the pinned range), so big transfers are not copied twice. A payload whose
+//! (`read` on the pinned range), so big transfers are not copied twice. After a large
+//! payload the next read asks for one header's worth of bytes only: a staging-sized read
+//! would bring 32 KiB of the next large payload along, to be copied a second time (half
+//! of every 64 KiB message). A payload whose
 //! request was refused is read and dropped, keeping the stream's framing intact. A payload
 //! whose region is deregistered while it arrives is dropped from that point on and
 //! reported as [`Event::PayloadLost`]: nothing is written after `ibv_dereg_mr` returned,
@@ -13,7 +16,7 @@ use std::io;
 use std::os::fd::RawFd;
 
 use crate::memory::Seg;
-use crate::wire::{Frame, WireError};
+use crate::wire::{Frame, WireError, MAX_HDR_LEN};
 
 const BUF: usize = 32 * 1024;
 /// Payload remainders at least this large are read directly into place.
@@ -74,6 +77,9 @@ pub struct Reader {
     end: usize,
     payload: Option<Payload>,
     drained: bool,
+    /// The last payload was large: the next frame is likely large too, so a read at a
+    /// frame boundary takes one header's worth (see the module docs).
+    after_large: bool,
 }
 
 impl Default for Reader {
@@ -91,6 +97,7 @@ impl Reader {
             end: 0,
             payload: None,
             drained: false,
+            after_large: false,
         }
     }
 
@@ -141,6 +148,7 @@ impl Reader {
     /// with `None`). `sink` must cover at least `len` bytes unless dropping.
     pub fn expect_payload(&mut self, len: usize, sink: Option<Vec<Seg>>) {
         let discard = sink.is_none();
+        self.after_large = len >= DIRECT_MIN;
         self.payload = Some(Payload {
             segs: sink.unwrap_or_default(),
             seg: 0,
@@ -197,8 +205,12 @@ impl Reader {
             self.start = 0;
         }
         let space = &mut self.buf[self.end..];
-        let want = space.len();
-        // SAFETY: reads at most `space.len()` bytes into our own buffer.
+        let want = if self.after_large && self.payload.is_none() && self.end == 0 {
+            MAX_HDR_LEN
+        } else {
+            space.len()
+        };
+        // SAFETY: reads at most `want <= space.len()` bytes into our own buffer.
         let n = unsafe { libc::read(fd, space.as_mut_ptr().cast(), want) };
         if n < 0 {
             self.drained = true;
@@ -231,7 +243,6 @@ impl Reader {
 mod tests {
     use super::*;
     use crate::memory::MrShared;
-    use crate::wire::MAX_HDR_LEN;
     use std::sync::Arc;
     use verbs_api::AccessFlags;
 
@@ -285,5 +296,70 @@ mod tests {
         }
         .copy_out(0, &mut out);
         assert_eq!(&out, b"456789");
+    }
+
+    /// Two SENDs of 40 KiB from a socket: the first read (a staging buffer's worth)
+    /// brings part of the first payload along; the rest of it is read into place; the
+    /// read at the next frame boundary asks for one header only, so the second payload
+    /// is not staged and copied; both arrive intact.
+    #[test]
+    fn after_a_large_payload_the_next_read_takes_one_header() {
+        use std::io::Write;
+        use std::os::fd::AsRawFd;
+        const LEN: usize = 40 * 1024;
+        let mr = Arc::new(MrShared::new_owned(1, 9, 2 * LEN, AccessFlags::LOCAL_WRITE).unwrap());
+        let (mut tx, rx) = std::os::unix::net::UnixStream::pair().unwrap();
+        let mut bytes = Vec::new();
+        for k in 0..2u8 {
+            let mut h = [0u8; MAX_HDR_LEN];
+            let f = Frame::Send {
+                psn: k as u32,
+                len: LEN as u32,
+                imm: None,
+                solicited: false,
+            };
+            let n = f.encode(&mut h);
+            bytes.extend_from_slice(&h[..n]);
+            bytes.extend((0..LEN).map(|i| (i % 251) as u8 ^ k));
+        }
+        tx.write_all(&bytes).unwrap();
+        drop(tx);
+        let mut r = Reader::new();
+        let (mut done, mut reads) = (0, Vec::new());
+        while done < 2 {
+            let n = r.fill(rx.as_raw_fd()).unwrap();
+            assert!(n > 0, "the stream ended early");
+            reads.push((done, n));
+            while let Some(e) = r.next_event().unwrap() {
+                match e {
+                    Event::Frame(Frame::Send { len, .. }) => {
+                        let seg = Seg {
+                            mr: mr.clone(),
+                            offset: done * LEN,
+                            len: len as usize,
+                        };
+                        r.expect_payload(len as usize, Some(vec![seg]));
+                    }
+                    Event::PayloadDone(_) => done += 1,
+                    e => panic!("unexpected {e:?}"),
+                }
+            }
+        }
+        // The first read after the first payload completed: one header's worth.
+        let first_after = reads.iter().find(|&&(d, _)| d == 1).unwrap().1;
+        assert!(first_after <= MAX_HDR_LEN, "{reads:?}");
+        for k in 0..2usize {
+            let mut out = vec![0u8; LEN];
+            Seg {
+                mr: mr.clone(),
+                offset: k * LEN,
+                len: LEN,
+            }
+            .copy_out(0, &mut out);
+            assert!(out
+                .iter()
+                .enumerate()
+                .all(|(i, &b)| b == (i % 251) as u8 ^ k as u8));
+        }
     }
 }
