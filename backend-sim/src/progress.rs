@@ -800,7 +800,12 @@ impl Progress {
                     work |= self.service(&c);
                 }
             }
-            if bell_only {
+            // Woken from the doorbell while an application thread still drives (it polled
+            // again since this thread went to sleep): what it left is for its next poll,
+            // which comes within the window; taking it here would only make this a third
+            // busy thread beside the application's. Due timers still run.
+            let still_driving = bell_only && self.user_driving();
+            if bell_only && !still_driving {
                 // Woken by the bell or the end of the window: connections may have data
                 // that no application thread picked up.
                 match self.peek_few(Mode::Full) {
@@ -817,8 +822,10 @@ impl Progress {
                     }
                 }
             }
-            work |= self.flush_acks();
-            work |= self.run_ready();
+            if !still_driving {
+                work |= self.flush_acks();
+                work |= self.run_ready();
+            }
             work |= self.run_timers();
             if work {
                 let t = Instant::now();
