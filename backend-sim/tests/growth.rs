@@ -8,12 +8,13 @@
 //!
 //! Its own test binary: it sets `RDMA_SIM_GRACE_US` for the whole process.
 
+mod common;
+
+use common::{read_back, read_mrs};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use verbs_api::*;
-
-const WAIT: Duration = Duration::from_secs(5);
 
 #[test]
 fn connections_read_directly_go_back_to_epoll_when_a_fifth_comes_up() {
@@ -37,18 +38,8 @@ fn connections_read_directly_go_back_to_epoll_when_a_fifth_comes_up() {
         (a, b)
     };
     let mut pairs: Vec<_> = (0..4).map(|k| connect(10 * k + 1)).collect();
-    let mra = pd0.reg_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
-    let mrb = pd1
-        .reg_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)
-        .unwrap();
-    let read_back = |qp: &backend_sim::SimQp, v: u64, what: &str| {
-        mrb.write_u64(64, v).unwrap();
-        qp.post_send(&[SendWr::read(v, &[mra.sge(64, 8).unwrap()], mrb.remote().at(64)).signaled()])
-            .unwrap();
-        let w = poll_n(&cq0, 1, WAIT).unwrap_or_else(|e| panic!("{what}: no completion: {e}"));
-        assert!(w[0].is_ok(), "{what}: {w:?}");
-        assert_eq!(mra.read_u64(64).unwrap(), v, "{what}");
-    };
+    let (mra, mrb) = read_mrs(&pd0, &pd1);
+    let read = |qp: &backend_sim::SimQp, v: u64, what: &str| read_back(qp, &cq0, &mra, &mrb, 64, v, what);
     // The target's application polls its CQ in a tight loop from here on: it drives
     // sim1, whose progress thread sleeps on the doorbell once traffic wakes it.
     let stop = Arc::new(AtomicBool::new(false));
@@ -62,7 +53,7 @@ fn connections_read_directly_go_back_to_epoll_when_a_fifth_comes_up() {
         })
     };
     for i in 0..50u64 {
-        read_back(
+        read(
             &pairs[(i % 4) as usize].0,
             i,
             &format!("READ {i} over four connections"),
@@ -71,7 +62,7 @@ fn connections_read_directly_go_back_to_epoll_when_a_fifth_comes_up() {
     std::thread::sleep(Duration::from_millis(5));
     pairs.push(connect(41));
     for i in 0..20u64 {
-        read_back(
+        read(
             &pairs[(i % 5) as usize].0,
             1000 + i,
             &format!("READ {i} over five connections"),

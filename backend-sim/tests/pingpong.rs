@@ -4,35 +4,18 @@
 //! connection while it looks for news. A post lost in that race shows up here as a
 //! round trip that never completes (each wait is bounded), not as a slow benchmark.
 
+mod common;
+
+use common::{read_back, read_mrs, WAIT};
 use std::time::Duration;
 use verbs_api::*;
 
 const ROUNDS: u64 = 20_000;
 /// Round trips after a pause of 0 to 280 us.
 const PAUSED_ROUNDS: u64 = 6000;
-const WAIT: Duration = Duration::from_secs(5);
 
 fn cap() -> QpCap {
     QpCap::new(16, 16).with_inline(64)
-}
-
-/// Writes `v` at `off` of `mrb`, READs it over `qp` into the same offset of `mra` and
-/// checks it arrived (each wait bounded).
-fn read_back<Q: QueuePair, C: CompletionQueue, M: MemoryRegion>(
-    qp: &Q,
-    cq: &C,
-    mra: &M,
-    mrb: &M,
-    off: usize,
-    v: u64,
-    what: &str,
-) {
-    mrb.write_u64(off, v).unwrap();
-    qp.post_send(&[SendWr::read(v, &[mra.sge(off, 8).unwrap()], mrb.remote().at(off as u64)).signaled()])
-        .unwrap();
-    let w = poll_n(cq, 1, WAIT).unwrap_or_else(|e| panic!("{what}: lost: {e}"));
-    assert!(w[0].is_ok(), "{what}: {w:?}");
-    assert_eq!(mra.read_u64(off).unwrap(), v, "{what}");
 }
 
 /// Two devices of one sim with one connected RC QP each (`a` on sim0, `b` on sim1).
@@ -72,19 +55,9 @@ impl Pair {
 
 #[test]
 fn send_recv_and_read_round_trips_never_lose_a_post() {
-    let Pair {
-        _sim,
-        pd0,
-        pd1,
-        cq0,
-        cq1,
-        a,
-        b,
-    } = Pair::new(&RcParams::default());
-    let mra = pd0.reg_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
-    let mrb = pd1
-        .reg_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)
-        .unwrap();
+    let p = Pair::new(&RcParams::default());
+    let (cq0, cq1, a, b) = (&p.cq0, &p.cq1, &p.a, &p.b);
+    let (mra, mrb) = read_mrs(&p.pd0, &p.pd1);
 
     // SEND/RECV ping-pong: both sides post and spin; each keeps its next receive posted
     // before it sends, so no SEND meets an empty receive queue.
@@ -93,20 +66,20 @@ fn send_recv_and_read_round_trips_never_lose_a_post() {
     std::thread::scope(|s| {
         s.spawn(|| {
             for i in 0..ROUNDS {
-                let w = poll_n(&cq1, 1, WAIT).unwrap_or_else(|e| panic!("pong {i}: ping lost: {e}"));
+                let w = poll_n(cq1, 1, WAIT).unwrap_or_else(|e| panic!("pong {i}: ping lost: {e}"));
                 assert!(w[0].is_ok() && w[0].opcode == WcOpcode::Recv, "{w:?}");
                 b.post_recv(&[RecvWr::new(i + 1, &[mrb.sge(0, 8).unwrap()])])
                     .unwrap();
                 b.post_send(&[SendWr::send(i, &[mrb.sge(8, 8).unwrap()]).signaled()])
                     .unwrap();
-                let w = poll_n(&cq1, 1, WAIT).unwrap_or_else(|e| panic!("pong {i}: send lost: {e}"));
+                let w = poll_n(cq1, 1, WAIT).unwrap_or_else(|e| panic!("pong {i}: send lost: {e}"));
                 assert!(w[0].is_ok() && w[0].opcode == WcOpcode::Send, "{w:?}");
             }
         });
         for i in 0..ROUNDS {
             a.post_send(&[SendWr::send(i, &[mra.sge(8, 8).unwrap()]).signaled()])
                 .unwrap();
-            let w = poll_n(&cq0, 2, WAIT).unwrap_or_else(|e| panic!("ping {i}: lost: {e}"));
+            let w = poll_n(cq0, 2, WAIT).unwrap_or_else(|e| panic!("ping {i}: lost: {e}"));
             assert!(w.iter().all(|w| w.is_ok()), "{w:?}");
             a.post_recv(&[RecvWr::new(i + 1, &[mra.sge(0, 8).unwrap()])])
                 .unwrap();
@@ -116,14 +89,14 @@ fn send_recv_and_read_round_trips_never_lose_a_post() {
     // READ round trips: only the requester's thread spins; the target side is the
     // progress thread of sim1 alone.
     for i in 0..ROUNDS {
-        read_back(&a, &cq0, &mra, &mrb, 64, i, &format!("READ {i}"));
+        read_back(a, cq0, &mra, &mrb, 64, i, &format!("READ {i}"));
     }
 
     // Round trips after pauses: once an application thread stops polling for a while the
     // progress thread takes over and spins, so the next post races with it.
     for i in 0..PAUSED_ROUNDS {
         std::thread::sleep(Duration::from_micros(40 * (i % 8)));
-        read_back(&a, &cq0, &mra, &mrb, 72, i, &format!("paused READ {i}"));
+        read_back(a, cq0, &mra, &mrb, 72, i, &format!("paused READ {i}"));
     }
 }
 
@@ -134,19 +107,9 @@ fn send_recv_and_read_round_trips_never_lose_a_post() {
 /// for it to block.
 #[test]
 fn a_target_that_stops_polling_is_served_by_its_progress_thread() {
-    let Pair {
-        _sim,
-        pd0,
-        pd1,
-        cq0,
-        cq1,
-        a,
-        b: _b,
-    } = Pair::new(&RcParams::default());
-    let mra = pd0.reg_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
-    let mrb = pd1
-        .reg_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)
-        .unwrap();
+    let p = Pair::new(&RcParams::default());
+    let (cq0, cq1, a) = (&p.cq0, &p.cq1, &p.a);
+    let (mra, mrb) = read_mrs(&p.pd0, &p.pd1);
     let mut wc = [WorkCompletion::default(); 4];
     for i in 0..30u64 {
         // The target's application drives its device for 3 ms, then goes away.
@@ -156,7 +119,7 @@ fn a_target_that_stops_polling_is_served_by_its_progress_thread() {
         }
         std::thread::sleep(Duration::from_millis(i % 4));
         for k in 0..4 {
-            read_back(&a, &cq0, &mra, &mrb, 128, i * 10 + k, &format!("READ {i}.{k}"));
+            read_back(a, cq0, &mra, &mrb, 128, i * 10 + k, &format!("READ {i}.{k}"));
         }
     }
 }
@@ -169,18 +132,11 @@ fn a_target_that_stops_polling_is_served_by_its_progress_thread() {
 #[test]
 fn posts_left_by_a_driving_thread_that_stops_polling_still_go_out() {
     // No ACK timer (timeout 0 is infinite): its expiry would also send them.
-    let Pair {
-        _sim,
-        pd0,
-        pd1,
-        cq0,
-        cq1: _cq1,
-        a,
-        b: _b,
-    } = Pair::new(&RcParams {
+    let p = Pair::new(&RcParams {
         timeout: 0,
         ..RcParams::default()
     });
+    let (pd0, pd1, cq0, a) = (&p.pd0, &p.pd1, &p.cq0, &p.a);
     let src = pd0.reg_mr(1 << 20, AccessFlags::LOCAL_WRITE).unwrap();
     let dst = pd1
         .reg_mr(1 << 20, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
@@ -223,7 +179,7 @@ fn posts_left_by_a_driving_thread_that_stops_polling_still_go_out() {
             );
             std::thread::sleep(Duration::from_micros(200));
         }
-        let w = poll_n(&cq0, 8, WAIT).unwrap();
+        let w = poll_n(cq0, 8, WAIT).unwrap();
         assert!(w.iter().all(|w| w.is_ok()), "{w:?}");
     }
 }
