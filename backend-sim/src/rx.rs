@@ -6,11 +6,11 @@
 //! (`read` on the pinned range), so big transfers are not copied twice. After a large
 //! payload the next read asks for one header's worth of bytes only: a staging-sized read
 //! would bring 32 KiB of the next large payload along, to be copied a second time (half
-//! of every 64 KiB message). A payload whose
-//! request was refused is read and dropped, keeping the stream's framing intact. A payload
-//! whose region is deregistered while it arrives is dropped from that point on and
-//! reported as [`Event::PayloadLost`]: nothing is written after `ibv_dereg_mr` returned,
-//! and the operation must not complete successfully.
+//! of every 64 KiB message). A payload whose request was refused is read and dropped,
+//! keeping the stream's framing intact. A payload whose region is deregistered while it
+//! arrives is dropped from that point on and reported as [`Event::PayloadLost`]: nothing
+//! is written after `ibv_dereg_mr` returned, and the operation must not complete
+//! successfully.
 
 use std::io;
 use std::os::fd::RawFd;
