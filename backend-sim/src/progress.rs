@@ -315,7 +315,8 @@ impl Progress {
             conns: Mutex::new(FxHashMap::default()),
             conns_gen: AtomicU64::new(0),
             next_token: AtomicU64::new(1),
-            ready: Mutex::new(VecDeque::new()),
+            // Room for the QPs of a typical device: no allocation on the data path later.
+            ready: Mutex::new(VecDeque::with_capacity(64)),
             ready_pending: AtomicBool::new(false),
             next_timer: AtomicU64::new(u64::MAX),
             timers: Mutex::new(BinaryHeap::new()),

@@ -1,0 +1,238 @@
+//! The data path allocates nothing in its steady state (issue 5: "allocation-free steady
+//! state"): once a connection is up and every operation has run a few times, posting,
+//! transmitting, executing, answering and completing SEND/RECV (with immediate), RDMA
+//! WRITE (with immediate), RDMA READ and both atomics, alone and in batches, moves no
+//! byte through the heap on any thread of the process: not the application's, not the
+//! progress threads', not the runtime's.
+//!
+//! A counting global allocator (this test file is its own binary) records every
+//! allocation while the measured loop runs, and the backtrace of the first one, so a
+//! regression names the line that allocates.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use verbs_api::*;
+
+struct Counting;
+
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+static FIRST: Mutex<Option<String>> = Mutex::new(None);
+
+thread_local! {
+    /// Set while this thread records a backtrace (which allocates itself).
+    static IN_HOOK: Cell<bool> = const { Cell::new(false) };
+}
+
+impl Counting {
+    fn note(&self) {
+        if !COUNTING.load(Ordering::Relaxed) || IN_HOOK.get() {
+            return;
+        }
+        if ALLOCS.fetch_add(1, Ordering::Relaxed) == 0 {
+            IN_HOOK.set(true);
+            let bt = std::backtrace::Backtrace::force_capture().to_string();
+            if let Ok(mut f) = FIRST.lock() {
+                f.get_or_insert(bt);
+            }
+            IN_HOOK.set(false);
+        }
+    }
+}
+
+// SAFETY: every call is forwarded unchanged to the system allocator; the counting
+// around it allocates only on the thread's first counted allocation, guarded against
+// reentry by `IN_HOOK`.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        self.note();
+        // SAFETY: the caller's contract is the system allocator's.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        self.note();
+        // SAFETY: as above.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        self.note();
+        // SAFETY: as above.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: as above.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+const WAIT: Duration = Duration::from_secs(10);
+/// Size and offset of the large payloads (both regions are twice as large).
+const BIG: usize = 64 << 10;
+
+/// Polls `cq` until `n` completions came, all successful (no allocation: a fixed array).
+fn wait(cq: &impl CompletionQueue, n: usize, what: &str) {
+    let mut wcs = [WorkCompletion::default(); 16];
+    let mut got = 0;
+    let t0 = Instant::now();
+    while got < n {
+        let k = cq.poll(&mut wcs).unwrap();
+        for wc in &wcs[..k] {
+            assert!(wc.is_ok(), "{what}: {:?}", wc.status);
+        }
+        got += k;
+        assert!(
+            t0.elapsed() < WAIT,
+            "{what}: {got} of {n} completions after {WAIT:?}"
+        );
+    }
+}
+
+/// One round of every operation: SEND with and without immediate, WRITE with and
+/// without immediate, READ, CMP_AND_SWP, FETCH_AND_ADD, a 64 KiB WRITE and READ (the
+/// payloads that go straight between socket and region), and a batch of 8 WRITEs and 8
+/// SENDs posted in one call each.
+#[allow(clippy::too_many_arguments)]
+fn round(
+    i: u64,
+    a: &impl QueuePair,
+    b: &impl QueuePair,
+    cq_a: &impl CompletionQueue,
+    cq_b: &impl CompletionQueue,
+    la: &impl MemoryRegion,
+    lb: &impl MemoryRegion,
+    remote: RemoteMr,
+) {
+    let src = [la.sge(0, 256).unwrap()];
+    let small = [la.sge(0, 8).unwrap()];
+    let old = [la.sge(4096, 8).unwrap()];
+    let rx = [lb.sge(0, 256).unwrap()];
+    let big = [la.sge(BIG, BIG).unwrap()];
+
+    b.post_recv(&[RecvWr::new(i, &rx)]).unwrap();
+    a.post_send(&[SendWr::send(i, &src).signaled()]).unwrap();
+    wait(cq_a, 1, "send");
+    wait(cq_b, 1, "recv");
+
+    b.post_recv(&[RecvWr::new(i, &rx)]).unwrap();
+    a.post_send(&[SendWr::send_with_imm(i, &small, i as u32).signaled()])
+        .unwrap();
+    wait(cq_a, 1, "send with imm");
+    wait(cq_b, 1, "recv with imm");
+
+    a.post_send(&[SendWr::write(i, &src, remote.at(0)).signaled()])
+        .unwrap();
+    wait(cq_a, 1, "write");
+
+    b.post_recv(&[RecvWr::new(i, &[])]).unwrap();
+    a.post_send(&[SendWr::write_with_imm(i, &src, remote.at(256), i as u32).signaled()])
+        .unwrap();
+    wait(cq_a, 1, "write with imm");
+    wait(cq_b, 1, "recv of write with imm");
+
+    a.post_send(&[SendWr::read(i, &src, remote.at(512)).signaled()])
+        .unwrap();
+    wait(cq_a, 1, "read");
+
+    a.post_send(&[SendWr::write(i, &big, remote.at(BIG as u64)).signaled()])
+        .unwrap();
+    wait(cq_a, 1, "64 KiB write");
+    a.post_send(&[SendWr::read(i, &big, remote.at(BIG as u64)).signaled()])
+        .unwrap();
+    wait(cq_a, 1, "64 KiB read");
+
+    a.post_send(&[SendWr::fetch_and_add(i, &old, remote.at(4096), 1).signaled()])
+        .unwrap();
+    wait(cq_a, 1, "fetch and add");
+    a.post_send(&[SendWr::cmp_and_swp(i, &old, remote.at(4104), i, i + 1).signaled()])
+        .unwrap();
+    wait(cq_a, 1, "compare and swap");
+
+    let writes: [SendWr<'_>; 8] = std::array::from_fn(|k| {
+        let wr = SendWr::write(k as u64, &src, remote.at(1024 + 256 * k as u64));
+        if k == 7 {
+            wr.signaled()
+        } else {
+            wr
+        }
+    });
+    a.post_send(&writes).unwrap();
+    wait(cq_a, 1, "batch of writes");
+
+    let recvs: [RecvWr<'_>; 8] = std::array::from_fn(|k| RecvWr::new(k as u64, &rx));
+    b.post_recv(&recvs).unwrap();
+    let sends: [SendWr<'_>; 8] = std::array::from_fn(|k| SendWr::send(k as u64, &small).signaled());
+    a.post_send(&sends).unwrap();
+    wait(cq_a, 8, "batch of sends");
+    wait(cq_b, 8, "batch of recvs");
+}
+
+/// `parking_lot` allocates its table of parked threads the first time a thread parks
+/// on a lock, and grows it when more threads have parked than it has room for: once per
+/// process, not per operation, but whenever the first contention happens to come. Have
+/// 16 threads park at once so the table is at full size before the count starts.
+fn size_the_parking_table() {
+    let lock = parking_lot::Mutex::new(());
+    let held = lock.lock();
+    std::thread::scope(|s| {
+        for _ in 0..16 {
+            s.spawn(|| drop(lock.lock()));
+        }
+        // Longer than the lock's spinning before it parks (microseconds).
+        std::thread::sleep(Duration::from_millis(50));
+        drop(held);
+    });
+}
+
+#[test]
+fn the_data_path_allocates_nothing_once_warm() {
+    size_the_parking_table();
+    let sim = backend_sim::SimBackend::default();
+    let (c0, c1) = (sim.open("sim0").unwrap(), sim.open("sim1").unwrap());
+    let (pd0, pd1) = (c0.alloc_pd().unwrap(), c1.alloc_pd().unwrap());
+    let (cq_a, cq_b) = (c0.create_cq(64, None).unwrap(), c1.create_cq(64, None).unwrap());
+    let cap = QpCap::new(32, 32);
+    let a = pd0.create_qp(&QpInitAttr::rc(&cq_a, &cq_a, cap)).unwrap();
+    let b = pd1.create_qp(&QpInitAttr::rc(&cq_b, &cq_b, cap)).unwrap();
+    let p = RcParams::default();
+    let ea = local_endpoint(&c0, &a, &p, 1).unwrap();
+    let eb = local_endpoint(&c1, &b, &p, 2).unwrap();
+    connect_rc(&a, &p, ea.psn, &eb).unwrap();
+    connect_rc(&b, &p, eb.psn, &ea).unwrap();
+    let la = pd0.reg_mr(2 * BIG, AccessFlags::LOCAL_WRITE).unwrap();
+    let flags = AccessFlags::LOCAL_WRITE
+        | AccessFlags::REMOTE_WRITE
+        | AccessFlags::REMOTE_READ
+        | AccessFlags::REMOTE_ATOMIC;
+    let lb = pd1.reg_mr(2 * BIG, flags).unwrap();
+    let remote = lb.remote();
+
+    // Warm up: connections set up, queues, scratch vectors and free lists at size.
+    for i in 0..200 {
+        round(i, &a, &b, &cq_a, &cq_b, &la, &lb, remote);
+    }
+    let rounds = 2000;
+    COUNTING.store(true, Ordering::SeqCst);
+    for i in 0..rounds {
+        round(i, &a, &b, &cq_a, &cq_b, &la, &lb, remote);
+    }
+    COUNTING.store(false, Ordering::SeqCst);
+
+    let n = ALLOCS.load(Ordering::SeqCst);
+    let first = FIRST.lock().unwrap().take().unwrap_or_default();
+    assert_eq!(
+        n, 0,
+        "{n} allocations in {rounds} rounds of 25 work requests each; the first:\n{first}"
+    );
+    // The rounds really ran: the counters moved by exactly as many atomics.
+    assert_eq!(lb.read_u64(4096).unwrap(), 200 + rounds);
+}
