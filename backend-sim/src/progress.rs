@@ -21,7 +21,8 @@
 //!   loopback) does not count as a pause. While it drives, the progress thread sleeps on
 //!   the doorbell alone and leaves queued transmits and ACKs to the driving thread; it
 //!   looks again when the driving window plus a grace period (`RDMA_SIM_GRACE_US`,
-//!   default 2 ms) are over.
+//!   default 2 ms) are over, or at once when the thread arms a CQ or polls a CQ of
+//!   another device (it then drives that one: `Progress::user_here`).
 //! - **Application threads**: `post_send` on an idle connection builds and writes the
 //!   frames itself (one `sendmsg`); with requests already in flight it queues the QP for
 //!   the progress thread, which batches many WQEs per `sendmsg`. `poll_cq` on an empty CQ
@@ -88,6 +89,8 @@ const USER_GRACE: Duration = Duration::from_millis(2);
 thread_local! {
     /// Set on progress threads: their writes are not an application driving progress.
     static ON_PROGRESS_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// The device this application thread polled last ([`Progress::user_here`]).
+    static POLLED: std::cell::RefCell<Weak<Progress>> = const { std::cell::RefCell::new(Weak::new()) };
 }
 
 /// `epoll_pwait2` with a nanosecond timeout (`None`: wait forever; zero: poll).
@@ -587,7 +590,8 @@ impl Progress {
 
     /// Receive progress from an application thread whose CQ was empty: one
     /// non-blocking look at the epoll set, plus due timers and queued transmits.
-    pub fn user_drive(&self) {
+    pub fn user_drive(self: &Arc<Self>) {
+        self.user_here();
         // Only a thread that polls in a tight loop counts as driving (and lets the
         // progress thread sleep); an occasional poll between naps does not.
         let now = self.nanos(Instant::now());
@@ -615,8 +619,30 @@ impl Progress {
 
     /// An application thread's poll found completions: it counts towards driving as an
     /// empty one does (a loop whose polls always find some still polls in a tight loop).
-    pub fn user_polled(&self) {
+    pub fn user_polled(self: &Arc<Self>) {
+        self.user_here();
         self.user_active(self.nanos(Instant::now()));
+    }
+
+    /// An application thread polls a CQ of this device. If the last device it polled
+    /// was another one, it no longer drives that one: tell it now, as if the thread had
+    /// armed a CQ there ([`Progress::user_idle`]), so its progress thread takes over at
+    /// once instead of after the driving window and the grace period. A thread that
+    /// alternates between the CQs of two devices (a test with both ends in one
+    /// process) would otherwise leave each device's incoming requests waiting for that
+    /// grace period, about 2 ms, while it polls the other one. One thread-local
+    /// comparison per poll while it stays on one device.
+    fn user_here(self: &Arc<Self>) {
+        let left = POLLED.with(|last| {
+            let mut last = last.borrow_mut();
+            if std::ptr::eq(last.as_ptr(), Arc::as_ptr(self)) {
+                return None;
+            }
+            std::mem::replace(&mut *last, Arc::downgrade(self)).upgrade()
+        });
+        if let Some(other) = left {
+            other.user_idle();
+        }
     }
 
     /// An application thread polls at `now` (nanoseconds since `base`): if its
@@ -703,8 +729,10 @@ impl Progress {
     pub fn user_idle(&self) {
         self.last_user_poll.store(0, Ordering::Relaxed);
         let until = self.user_until.swap(0, Ordering::Relaxed);
-        if until > self.nanos(Instant::now()) && self.sleeping.load(Ordering::SeqCst) {
-            // It may be asleep on the doorbell alone: wake it to watch the connections.
+        // While the window and the grace period after it last, the progress thread may
+        // be asleep on the doorbell alone: wake it to watch the connections.
+        let off_until = until.saturating_add(self.grace.as_nanos() as u64);
+        if until != 0 && off_until > self.nanos(Instant::now()) && self.sleeping.load(Ordering::SeqCst) {
             self.ring();
         }
     }
@@ -1319,9 +1347,51 @@ mod tests {
         assert_eq!(until(&p), 0);
     }
 
+    /// Reads the doorbell: how often it was rung since the last read.
+    fn rings(p: &Progress) -> u64 {
+        let mut v: u64 = 0;
+        // SAFETY: reads 8 bytes into a live u64 from the engine's own (non-blocking) eventfd.
+        let r = unsafe { libc::read(p.bell.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+        if r == 8 {
+            v
+        } else {
+            0
+        }
+    }
+
+    /// A thread drives the first device (polls in a tight loop while its progress thread
+    /// sleeps), then polls the second: the first is told at once, its window closed and
+    /// its progress thread woken; staying on the second tells nobody anything.
+    #[test]
+    fn polling_another_device_hands_the_first_back() {
+        let (p0, p1) = (
+            Arc::new(Progress::new().unwrap()),
+            Arc::new(Progress::new().unwrap()),
+        );
+        p0.user_polled();
+        p0.user_polled();
+        assert!(p0.user_driving());
+        p0.sleeping.store(true, Ordering::SeqCst);
+        p1.user_polled();
+        assert_eq!(p0.user_until.load(Ordering::Relaxed), 0);
+        assert_eq!(p0.last_user_poll.load(Ordering::Relaxed), 0);
+        assert_eq!(rings(&p0), 1);
+        p1.sleeping.store(true, Ordering::SeqCst);
+        for _ in 0..3 {
+            p1.user_polled();
+        }
+        assert!(p1.user_driving());
+        assert_eq!(rings(&p1), 0);
+        assert_eq!(rings(&p0), 0);
+        // Back to the first: the second is handed back the same way.
+        p0.user_polled();
+        assert_eq!(p1.user_until.load(Ordering::Relaxed), 0);
+        assert_eq!(rings(&p1), 1);
+    }
+
     #[test]
     fn arming_a_cq_hands_progress_to_the_progress_thread() {
-        let p = Progress::new().unwrap();
+        let p = Arc::new(Progress::new().unwrap());
         std::thread::sleep(DRIVE_GAP * 4);
         // An application polls in a tight loop: it drives progress for a while.
         let now = p.nanos(Instant::now());
@@ -1335,5 +1405,20 @@ mod tests {
         // (a poll counts as driving only if the previous one was < DRIVE_GAP before).
         p.user_drive();
         assert_eq!(p.user_until.load(Ordering::Relaxed), 0);
+        // The progress thread sleeps on the doorbell for the grace period after a window
+        // ends: a CQ armed meanwhile wakes it; one armed after that has nobody to wake.
+        p.sleeping.store(true, Ordering::SeqCst);
+        rings(&p);
+        // (The engine's clock starts at its creation: let it pass two grace periods.)
+        std::thread::sleep(p.grace * 3);
+        let now = p.nanos(Instant::now());
+        p.user_until
+            .store(now - p.grace.as_nanos() as u64 / 2, Ordering::Relaxed);
+        p.user_idle();
+        assert_eq!(rings(&p), 1);
+        p.user_until
+            .store(now - 2 * p.grace.as_nanos() as u64, Ordering::Relaxed);
+        p.user_idle();
+        assert_eq!(rings(&p), 0);
     }
 }
