@@ -33,6 +33,14 @@ pub fn set_congestion(sock: &impl AsFd, algo: &str) -> io::Result<()> {
     socket2::SockRef::from(sock).set_tcp_congestion(algo.as_bytes())
 }
 
+/// The congestion control `sock` uses (`TCP_CONGESTION` as the kernel reports it).
+pub fn congestion_of(sock: &impl AsFd) -> io::Result<String> {
+    let mut v = socket2::SockRef::from(sock).tcp_congestion()?;
+    // The kernel pads the name with NULs.
+    v.retain(|&b| b != 0);
+    Ok(String::from_utf8_lossy(&v).into_owned())
+}
+
 /// The options of a data connection: `TCP_NODELAY`, and the congestion control of
 /// [`congestion`] if the host allows it (else it keeps the host's default).
 pub fn tune(sock: &impl AsFd) -> io::Result<()> {
@@ -50,32 +58,24 @@ pub fn tune(sock: &impl AsFd) -> io::Result<()> {
 mod tests {
     use super::*;
 
-    /// The algorithm of `s` (the kernel pads the name with NULs).
-    fn algo_of(s: &socket2::SockRef<'_>) -> Vec<u8> {
-        let mut v = s.tcp_congestion().unwrap();
-        v.retain(|&b| b != 0);
-        v
-    }
-
     #[test]
     fn a_data_connection_gets_nodelay_and_the_chosen_congestion_control() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
         // Reno is built into every Linux kernel, so the host always offers it.
         set_congestion(&c, "reno").unwrap();
-        let s = socket2::SockRef::from(&c);
-        assert_eq!(algo_of(&s), b"reno");
+        assert_eq!(congestion_of(&c).unwrap(), "reno");
         tune(&c).unwrap();
-        assert!(s.tcp_nodelay().unwrap());
+        assert!(socket2::SockRef::from(&c).tcp_nodelay().unwrap());
         if let Some(algo) = congestion() {
             let offered = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control")
                 .unwrap_or_default();
-            let got = algo_of(&s);
+            let got = congestion_of(&c).unwrap();
             if offered.split_whitespace().any(|a| a == algo) {
-                assert_eq!(got, algo.as_bytes());
+                assert_eq!(got, algo);
             } else {
                 // Not offered here: the connection keeps what it had.
-                assert_eq!(got, b"reno");
+                assert_eq!(got, "reno");
             }
         }
         // An algorithm nobody has is an error from the kernel, not a panic.
