@@ -22,7 +22,10 @@
 //!   the doorbell alone and leaves queued transmits and ACKs to the driving thread; it
 //!   looks again when the driving window plus a grace period (`RDMA_SIM_GRACE_US`,
 //!   default 2 ms) are over, or at once when the thread arms a CQ or polls a CQ of
-//!   another device (it then drives that one: `Progress::user_here`).
+//!   another device (it then drives that one: `Progress::user_here`). A driving thread
+//!   that stays inside one connection for longer than the grace period (its stream does
+//!   not drain) still drives, but the progress thread gives the device's other
+//!   connections a round every window plus grace period meanwhile (`Progress::long_stay`).
 //! - **Application threads**: `post_send` on an idle connection builds and writes the
 //!   frames itself (one `sendmsg`); with requests already in flight it queues the QP for
 //!   the progress thread, which batches many WQEs per `sendmsg`. `poll_cq` on an empty CQ
@@ -698,6 +701,17 @@ impl Progress {
         }
     }
 
+    /// Whether an application thread has been inside one connection for about the grace
+    /// period or longer (`now_ns`: nanoseconds since `base`). It entered within a window
+    /// of its last poll and has not polled since, so while its stream does not drain the
+    /// device's other connections have nobody to read them: the progress thread gives
+    /// them a round every window plus grace period, as it would if nobody drove.
+    fn long_stay(&self, now_ns: u64) -> bool {
+        self.user_until.load(Ordering::Relaxed) == u64::MAX
+            && now_ns.saturating_sub(self.last_user_poll.load(Ordering::Relaxed))
+                >= self.grace.as_nanos() as u64
+    }
+
     /// With at most [`DIRECT_MAX`] connections, reads each of them directly (and
     /// services those that had news); `None` with more. Reading a socket is one syscall
     /// per connection and spin, like asking epoll, but when bytes have arrived it saves
@@ -832,8 +846,11 @@ impl Progress {
             // Woken from the doorbell while an application thread still drives (it polled
             // again since this thread went to sleep): what it left is for its next poll,
             // which comes within the window; taking it here would only make this a third
-            // busy thread beside the application's. Due timers still run.
-            let still_driving = bell_only && self.user_driving();
+            // busy thread beside the application's. Due timers still run. Unless it has
+            // been inside one connection since before the grace period: then the others
+            // get a round here (the one it is in is skipped, its I/O lock being held).
+            let still_driving =
+                bell_only && self.user_driving() && !self.long_stay(self.nanos(Instant::now()));
             if bell_only && !still_driving {
                 // Woken by the bell or the end of the window: connections may have data
                 // that no application thread picked up.
@@ -1345,6 +1362,30 @@ mod tests {
         assert_eq!(e, None);
         p.user_left(e, true, || t0 + 3_030_000);
         assert_eq!(until(&p), 0);
+    }
+
+    /// A driving thread inside one connection for the grace period or longer is a long
+    /// stay (the progress thread then serves the other connections); a shorter one, a
+    /// thread that left, or one that polls again in between are not.
+    #[test]
+    fn a_stay_longer_than_the_grace_period_is_a_long_stay() {
+        let p = Progress::new().unwrap();
+        let g = p.grace.as_nanos() as u64;
+        let t0 = p.nanos(Instant::now()) + 1_000_000_000;
+        p.user_active(t0);
+        p.user_active(t0 + 10_000);
+        // Driving, not inside a connection: nothing to serve beside it.
+        assert!(!p.long_stay(t0 + 10_000 + 2 * g));
+        let e = p.user_entered();
+        assert!(e.is_some());
+        assert!(!p.long_stay(t0 + 10_000 + g / 2));
+        assert!(p.long_stay(t0 + 10_000 + g));
+        // It polls again from another thread meanwhile: that one visits the others.
+        p.user_active(t0 + 20_000 + g);
+        assert!(!p.long_stay(t0 + 30_000 + g));
+        // It leaves: no stay at all.
+        p.user_left(e, true, || t0 + 40_000 + g);
+        assert!(!p.long_stay(t0 + 40_000 + 3 * g));
     }
 
     /// Reads the doorbell: how often it was rung since the last read.
