@@ -1,6 +1,9 @@
 //! Helpers shared by the integration tests that check READs come back (each test file
 //! is its own crate; this module is included with `mod common;`).
 
+// Each test crate uses a part of it.
+#![allow(dead_code)]
+
 use std::time::Duration;
 use verbs_api::*;
 

@@ -1,0 +1,147 @@
+//! An application thread that drives a device can stay inside one connection for as long
+//! as that connection's stream does not drain. The device's other connections must not
+//! wait for the end of that stay: here a raw TCP peer floods one QP with duplicate SENDs
+//! (each answered by a coalesced ACK, nothing else happens) while READs arrive for another
+//! QP of the same device. Each READ must be answered within a second, flood or not, and
+//! the flooded QP stays usable.
+//!
+//! What it does not prove: that a stay of seconds is cut short. On two cores the flood's
+//! writer and the polling thread take turns and the stream drains now and then, so stays
+//! end within tens of milliseconds (the slowest READ took 0.4-39 ms without the progress
+//! thread's long-stay round, 0.4-2.9 ms with it, 6 runs each); the round itself is
+//! tested in `progress::tests::a_stay_longer_than_the_grace_period_is_a_long_stay`.
+//!
+//! Its own test binary: the flood would slow down other tests running beside it.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use backend_sim::wire::{Frame, MAX_HDR_LEN};
+use backend_sim::SimBackend;
+use common::read_mrs;
+use verbs_api::*;
+
+fn frame(f: Frame) -> Vec<u8> {
+    let mut b = [0u8; MAX_HDR_LEN];
+    let n = f.encode(&mut b);
+    b[..n].to_vec()
+}
+
+/// The first frame on `s` (the answer to a hello).
+fn answer(s: &mut TcpStream) -> Option<Frame> {
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = [0u8; MAX_HDR_LEN];
+    let mut got = 0;
+    loop {
+        if let Ok(Some((f, _))) = Frame::decode(&buf[..got]) {
+            return Some(f);
+        }
+        match s.read(&mut buf[got..]) {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => got += n,
+        }
+    }
+}
+
+#[test]
+fn a_flood_on_one_qp_does_not_hold_up_reads_on_another() {
+    let sim = SimBackend::default();
+    let (c0, c1) = (sim.open("sim0").unwrap(), sim.open("sim1").unwrap());
+    let (pd0, pd1) = (c0.alloc_pd().unwrap(), c1.alloc_pd().unwrap());
+    let (cq0, cq1) = (c0.create_cq(64, None).unwrap(), c1.create_cq(64, None).unwrap());
+    let cap = QpCap::new(8, 8);
+    let p = RcParams::default();
+
+    // QP x on sim0, connected to an endpoint the raw peer impersonates (the smallest QPN,
+    // so x is the passive side and accepts the peer's hello).
+    let x = pd0.create_qp(&QpInitAttr::rc(&cq0, &cq0, cap)).unwrap();
+    let fake = Endpoint {
+        gid: c0.query_gid(1, 0).unwrap(),
+        lid: c0.query_port(1).unwrap().lid,
+        qpn: 2,
+        psn: 0,
+    };
+    connect_rc(&x, &p, 0, &fake).unwrap();
+    // QP y0 on sim0, READ by y1 on sim1.
+    let y0 = pd0.create_qp(&QpInitAttr::rc(&cq0, &cq0, cap)).unwrap();
+    let y1 = pd1.create_qp(&QpInitAttr::rc(&cq1, &cq1, cap)).unwrap();
+    let e0 = local_endpoint(&c0, &y0, &p, 1).unwrap();
+    let e1 = local_endpoint(&c1, &y1, &p, 2).unwrap();
+    connect_rc(&y0, &p, e0.psn, &e1).unwrap();
+    connect_rc(&y1, &p, e1.psn, &e0).unwrap();
+    let (local, remote) = read_mrs(&pd1, &pd0);
+    let read = |i: u64, bound: Duration| {
+        remote.write_u64(0, i).unwrap();
+        y1.post_send(&[SendWr::read(i, &[local.sge(0, 8).unwrap()], remote.remote().at(0)).signaled()])
+            .unwrap();
+        // Polled every 100 us, not in a tight loop: a third spinning thread on a 2-core
+        // machine would take turns with the flood's writer and let x's stream drain.
+        let t = Instant::now();
+        let mut wc = [WorkCompletion::default(); 1];
+        while cq1.poll(&mut wc).unwrap() == 0 {
+            assert!(t.elapsed() < bound, "READ {i}: no completion after {bound:?}");
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        assert!(wc[0].is_ok(), "READ {i}: {:?}", wc[0]);
+        assert_eq!(local.read_u64(0).unwrap(), i);
+        t.elapsed()
+    };
+    // y's connection is up before the flood starts.
+    read(0, Duration::from_secs(5));
+
+    let mut s = TcpStream::connect(c0.listen_addr()).unwrap();
+    s.write_all(&frame(Frame::Hello {
+        src_gid: fake.gid.0,
+        src_lid: fake.lid,
+        src_qpn: fake.qpn,
+        dst_qpn: x.qp_num(),
+    }))
+    .unwrap();
+    assert!(matches!(answer(&mut s), Some(Frame::HelloAck)));
+    // Duplicates of a SEND x never saw (the PSN just behind its expected one): each is
+    // acknowledged again, coalesced, and delivers nothing.
+    let dup = frame(Frame::Send {
+        psn: 0xff_ffff,
+        len: 0,
+        imm: None,
+        solicited: false,
+    });
+    let flood: Vec<u8> = dup.iter().copied().cycle().take(dup.len() * 65536).collect();
+
+    let stop = AtomicBool::new(false);
+    let slowest = std::thread::scope(|sc| {
+        // The application thread of sim0 polls its CQ in a tight loop: it drives sim0,
+        // whose progress thread sleeps, and reads x's flood itself.
+        sc.spawn(|| {
+            let mut wc = [WorkCompletion::default(); 4];
+            while !stop.load(Ordering::Relaxed) {
+                assert_eq!(cq0.poll(&mut wc).unwrap(), 0, "nothing completes on sim0");
+            }
+        });
+        // The raw peer: floods x, and reads (and drops) the ACKs.
+        let mut rx = s.try_clone().unwrap();
+        sc.spawn(move || {
+            let mut buf = vec![0u8; 1 << 16];
+            while matches!(rx.read(&mut buf), Ok(n) if n > 0) {}
+        });
+        sc.spawn(|| {
+            let mut s = &s;
+            let t0 = Instant::now();
+            while !stop.load(Ordering::Relaxed) && t0.elapsed() < Duration::from_secs(20) {
+                s.write_all(&flood).unwrap();
+            }
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        let slowest = (1..=20).map(|i| read(i, Duration::from_secs(1))).max();
+        stop.store(true, Ordering::Relaxed);
+        slowest
+    });
+    eprintln!("slowest READ during the flood: {slowest:?}");
+    // The flood did not break x: it still accepts requests (RTS).
+    assert_eq!(x.state().unwrap(), QpState::Rts);
+}
