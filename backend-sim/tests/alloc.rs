@@ -17,6 +17,9 @@ use std::time::{Duration, Instant};
 
 use verbs_api::*;
 
+mod common;
+use common::Pair;
+
 struct Counting;
 
 static COUNTING: AtomicBool = AtomicBool::new(false);
@@ -196,34 +199,24 @@ fn size_the_parking_table() {
 #[test]
 fn the_data_path_allocates_nothing_once_warm() {
     size_the_parking_table();
-    let sim = backend_sim::SimBackend::default();
-    let (c0, c1) = (sim.open("sim0").unwrap(), sim.open("sim1").unwrap());
-    let (pd0, pd1) = (c0.alloc_pd().unwrap(), c1.alloc_pd().unwrap());
-    let (cq_a, cq_b) = (c0.create_cq(64, None).unwrap(), c1.create_cq(64, None).unwrap());
-    let cap = QpCap::new(32, 32);
-    let a = pd0.create_qp(&QpInitAttr::rc(&cq_a, &cq_a, cap)).unwrap();
-    let b = pd1.create_qp(&QpInitAttr::rc(&cq_b, &cq_b, cap)).unwrap();
-    let p = RcParams::default();
-    let ea = local_endpoint(&c0, &a, &p, 1).unwrap();
-    let eb = local_endpoint(&c1, &b, &p, 2).unwrap();
-    connect_rc(&a, &p, ea.psn, &eb).unwrap();
-    connect_rc(&b, &p, eb.psn, &ea).unwrap();
-    let la = pd0.reg_mr(2 * BIG, AccessFlags::LOCAL_WRITE).unwrap();
+    let p = Pair::new(&RcParams::default(), QpCap::new(32, 32));
+    let (a, b, cq_a, cq_b) = (&p.a, &p.b, &p.cq0, &p.cq1);
+    let la = p.pd0.reg_mr(2 * BIG, AccessFlags::LOCAL_WRITE).unwrap();
     let flags = AccessFlags::LOCAL_WRITE
         | AccessFlags::REMOTE_WRITE
         | AccessFlags::REMOTE_READ
         | AccessFlags::REMOTE_ATOMIC;
-    let lb = pd1.reg_mr(2 * BIG, flags).unwrap();
+    let lb = p.pd1.reg_mr(2 * BIG, flags).unwrap();
     let remote = lb.remote();
 
     // Warm up: connections set up, queues, scratch vectors and free lists at size.
     for i in 0..200 {
-        round(i, &a, &b, &cq_a, &cq_b, &la, &lb, remote);
+        round(i, a, b, cq_a, cq_b, &la, &lb, remote);
     }
     let rounds = 2000;
     COUNTING.store(true, Ordering::SeqCst);
     for i in 0..rounds {
-        round(i, &a, &b, &cq_a, &cq_b, &la, &lb, remote);
+        round(i, a, b, cq_a, cq_b, &la, &lb, remote);
     }
     COUNTING.store(false, Ordering::SeqCst);
 

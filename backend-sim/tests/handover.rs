@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{read_back, read_mrs, WAIT};
+use common::{read_back, read_mrs, Pair, WAIT};
 use verbs_api::*;
 
 #[test]
@@ -17,19 +17,9 @@ fn a_thread_that_moves_to_another_device_hands_the_first_back() {
     // The only test of this binary, run before any device exists: no other thread reads
     // the environment meanwhile.
     std::env::set_var("RDMA_SIM_GRACE_US", "30000000");
-    let sim = backend_sim::SimBackend::default();
-    let (c0, c1) = (sim.open("sim0").unwrap(), sim.open("sim1").unwrap());
-    let (pd0, pd1) = (c0.alloc_pd().unwrap(), c1.alloc_pd().unwrap());
-    let (cq0, cq1) = (c0.create_cq(64, None).unwrap(), c1.create_cq(64, None).unwrap());
-    let cap = QpCap::new(16, 16);
-    let a = pd0.create_qp(&QpInitAttr::rc(&cq0, &cq0, cap)).unwrap();
-    let b = pd1.create_qp(&QpInitAttr::rc(&cq1, &cq1, cap)).unwrap();
-    let p = RcParams::default();
-    let ea = local_endpoint(&c0, &a, &p, 1).unwrap();
-    let eb = local_endpoint(&c1, &b, &p, 2).unwrap();
-    connect_rc(&a, &p, ea.psn, &eb).unwrap();
-    connect_rc(&b, &p, eb.psn, &ea).unwrap();
-    let (mra, mrb) = read_mrs(&pd0, &pd1);
+    let p = Pair::new(&RcParams::default(), QpCap::new(16, 16));
+    let (cq0, cq1, a, b) = (&p.cq0, &p.cq1, &p.a, &p.b);
+    let (mra, mrb) = read_mrs(&p.pd0, &p.pd1);
 
     for i in 0..200u64 {
         // The receive completes while this thread drives sim1, which then leaves its
@@ -37,15 +27,15 @@ fn a_thread_that_moves_to_another_device_hands_the_first_back() {
         b.post_recv(&[RecvWr::new(i, &[mrb.sge(0, 8).unwrap()])]).unwrap();
         a.post_send(&[SendWr::send(i, &[mra.sge(8, 8).unwrap()]).signaled()])
             .unwrap();
-        let w = poll_n(&cq1, 1, WAIT).unwrap_or_else(|e| panic!("round {i}: receive lost: {e}"));
+        let w = poll_n(cq1, 1, WAIT).unwrap_or_else(|e| panic!("round {i}: receive lost: {e}"));
         assert!(w[0].is_ok() && w[0].opcode == WcOpcode::Recv, "{w:?}");
-        let w = poll_n(&cq0, 1, WAIT).unwrap_or_else(|e| panic!("round {i}: SEND not acknowledged: {e}"));
+        let w = poll_n(cq0, 1, WAIT).unwrap_or_else(|e| panic!("round {i}: SEND not acknowledged: {e}"));
         assert!(w[0].is_ok() && w[0].opcode == WcOpcode::Send, "{w:?}");
         // Drive sim1 again (a poll that finds nothing), then READ from it: its progress
         // thread must serve the READ while this thread polls sim0.
         for _ in 0..4 {
             assert_eq!(cq1.poll(&mut [WorkCompletion::default(); 1]).unwrap(), 0);
         }
-        read_back(&a, &cq0, &mra, &mrb, 64, i, &format!("round {i}: READ"));
+        read_back(a, cq0, &mra, &mrb, 64, i, &format!("round {i}: READ"));
     }
 }

@@ -2,44 +2,16 @@
 //! peer that knows (or spoofs) a QP's expected endpoint. Memory outside the registered
 //! region stays untouched, only the attacked QP goes to ERR, and the device keeps
 //! serving other QPs.
-use std::io::{Read, Write};
+mod common;
+
+use std::io::Write;
 use std::net::TcpStream;
 use std::time::Duration;
 
-use backend_sim::wire::{Frame, MAX_HDR_LEN};
-use backend_sim::{SimBackend, SimContext};
+use backend_sim::wire::Frame;
+use backend_sim::SimBackend;
+use common::{frame, hello, read_answer};
 use verbs_api::*;
-
-fn frame(f: Frame) -> Vec<u8> {
-    let mut b = [0u8; MAX_HDR_LEN];
-    let n = f.encode(&mut b);
-    b[..n].to_vec()
-}
-
-fn hello(ctx: &SimContext, src_qpn: u32, dst_qpn: u32) -> Vec<u8> {
-    let gid = ctx.query_gid(1, 0).unwrap();
-    frame(Frame::Hello {
-        src_gid: gid.0,
-        src_lid: ctx.query_port(1).unwrap().lid,
-        src_qpn,
-        dst_qpn,
-    })
-}
-
-fn read_answer(s: &mut TcpStream) -> Option<Frame> {
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let mut buf = [0u8; MAX_HDR_LEN];
-    let mut got = 0;
-    loop {
-        if let Ok(Some((f, _))) = Frame::decode(&buf[..got]) {
-            return Some(f);
-        }
-        match s.read(&mut buf[got..]) {
-            Ok(0) | Err(_) => return None,
-            Ok(n) => got += n,
-        }
-    }
-}
 
 #[test]
 fn strangers_are_turned_away() {

@@ -20,45 +20,22 @@ use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use backend_sim::wire::{Frame, MAX_HDR_LEN};
-use backend_sim::SimBackend;
-use common::read_mrs;
+use backend_sim::wire::Frame;
+use common::{frame, hello, read_answer, read_mrs, Pair};
 use verbs_api::*;
-
-fn frame(f: Frame) -> Vec<u8> {
-    let mut b = [0u8; MAX_HDR_LEN];
-    let n = f.encode(&mut b);
-    b[..n].to_vec()
-}
-
-/// The first frame on `s` (the answer to a hello).
-fn answer(s: &mut TcpStream) -> Option<Frame> {
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let mut buf = [0u8; MAX_HDR_LEN];
-    let mut got = 0;
-    loop {
-        if let Ok(Some((f, _))) = Frame::decode(&buf[..got]) {
-            return Some(f);
-        }
-        match s.read(&mut buf[got..]) {
-            Ok(0) | Err(_) => return None,
-            Ok(n) => got += n,
-        }
-    }
-}
 
 #[test]
 fn a_flood_on_one_qp_does_not_hold_up_reads_on_another() {
-    let sim = SimBackend::default();
-    let (c0, c1) = (sim.open("sim0").unwrap(), sim.open("sim1").unwrap());
-    let (pd0, pd1) = (c0.alloc_pd().unwrap(), c1.alloc_pd().unwrap());
-    let (cq0, cq1) = (c0.create_cq(64, None).unwrap(), c1.create_cq(64, None).unwrap());
+    // QP y0 (`a`) on sim0, READ by y1 (`b`) on sim1.
     let cap = QpCap::new(8, 8);
     let p = RcParams::default();
+    let pair = Pair::new(&p, cap);
+    let (c0, pd0, pd1, cq0, cq1) = (&pair.c0, &pair.pd0, &pair.pd1, &pair.cq0, &pair.cq1);
+    let y1 = &pair.b;
 
     // QP x on sim0, connected to an endpoint the raw peer impersonates (the smallest QPN,
     // so x is the passive side and accepts the peer's hello).
-    let x = pd0.create_qp(&QpInitAttr::rc(&cq0, &cq0, cap)).unwrap();
+    let x = pd0.create_qp(&QpInitAttr::rc(cq0, cq0, cap)).unwrap();
     let fake = Endpoint {
         gid: c0.query_gid(1, 0).unwrap(),
         lid: c0.query_port(1).unwrap().lid,
@@ -66,14 +43,7 @@ fn a_flood_on_one_qp_does_not_hold_up_reads_on_another() {
         psn: 0,
     };
     connect_rc(&x, &p, 0, &fake).unwrap();
-    // QP y0 on sim0, READ by y1 on sim1.
-    let y0 = pd0.create_qp(&QpInitAttr::rc(&cq0, &cq0, cap)).unwrap();
-    let y1 = pd1.create_qp(&QpInitAttr::rc(&cq1, &cq1, cap)).unwrap();
-    let e0 = local_endpoint(&c0, &y0, &p, 1).unwrap();
-    let e1 = local_endpoint(&c1, &y1, &p, 2).unwrap();
-    connect_rc(&y0, &p, e0.psn, &e1).unwrap();
-    connect_rc(&y1, &p, e1.psn, &e0).unwrap();
-    let (local, remote) = read_mrs(&pd1, &pd0);
+    let (local, remote) = read_mrs(pd1, pd0);
     let read = |i: u64, bound: Duration| {
         remote.write_u64(0, i).unwrap();
         y1.post_send(&[SendWr::read(i, &[local.sge(0, 8).unwrap()], remote.remote().at(0)).signaled()])
@@ -94,14 +64,8 @@ fn a_flood_on_one_qp_does_not_hold_up_reads_on_another() {
     read(0, Duration::from_secs(5));
 
     let mut s = TcpStream::connect(c0.listen_addr()).unwrap();
-    s.write_all(&frame(Frame::Hello {
-        src_gid: fake.gid.0,
-        src_lid: fake.lid,
-        src_qpn: fake.qpn,
-        dst_qpn: x.qp_num(),
-    }))
-    .unwrap();
-    assert!(matches!(answer(&mut s), Some(Frame::HelloAck)));
+    s.write_all(&hello(c0, fake.qpn, x.qp_num())).unwrap();
+    assert!(matches!(read_answer(&mut s), Some(Frame::HelloAck)));
     // Duplicates of a SEND x never saw (the PSN just behind its expected one): each is
     // acknowledged again, coalesced, and delivers nothing.
     let dup = frame(Frame::Send {

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{read_back, read_mrs, WAIT};
+use common::{read_back, read_mrs, Pair, WAIT};
 use std::time::Duration;
 use verbs_api::*;
 
@@ -18,44 +18,9 @@ fn cap() -> QpCap {
     QpCap::new(16, 16).with_inline(64)
 }
 
-/// Two devices of one sim with one connected RC QP each (`a` on sim0, `b` on sim1).
-struct Pair {
-    _sim: backend_sim::SimBackend,
-    pd0: backend_sim::SimPd,
-    pd1: backend_sim::SimPd,
-    cq0: backend_sim::SimCq,
-    cq1: backend_sim::SimCq,
-    a: backend_sim::SimQp,
-    b: backend_sim::SimQp,
-}
-
-impl Pair {
-    fn new(p: &RcParams) -> Pair {
-        let sim = backend_sim::SimBackend::default();
-        let (c0, c1) = (sim.open("sim0").unwrap(), sim.open("sim1").unwrap());
-        let (pd0, pd1) = (c0.alloc_pd().unwrap(), c1.alloc_pd().unwrap());
-        let (cq0, cq1) = (c0.create_cq(64, None).unwrap(), c1.create_cq(64, None).unwrap());
-        let a = pd0.create_qp(&QpInitAttr::rc(&cq0, &cq0, cap())).unwrap();
-        let b = pd1.create_qp(&QpInitAttr::rc(&cq1, &cq1, cap())).unwrap();
-        let ea = local_endpoint(&c0, &a, p, 1).unwrap();
-        let eb = local_endpoint(&c1, &b, p, 2).unwrap();
-        connect_rc(&a, p, ea.psn, &eb).unwrap();
-        connect_rc(&b, p, eb.psn, &ea).unwrap();
-        Pair {
-            _sim: sim,
-            pd0,
-            pd1,
-            cq0,
-            cq1,
-            a,
-            b,
-        }
-    }
-}
-
 #[test]
 fn send_recv_and_read_round_trips_never_lose_a_post() {
-    let p = Pair::new(&RcParams::default());
+    let p = Pair::new(&RcParams::default(), cap());
     let (cq0, cq1, a, b) = (&p.cq0, &p.cq1, &p.a, &p.b);
     let (mra, mrb) = read_mrs(&p.pd0, &p.pd1);
 
@@ -107,7 +72,7 @@ fn send_recv_and_read_round_trips_never_lose_a_post() {
 /// for it to block.
 #[test]
 fn a_target_that_stops_polling_is_served_by_its_progress_thread() {
-    let p = Pair::new(&RcParams::default());
+    let p = Pair::new(&RcParams::default(), cap());
     let (cq0, cq1, a) = (&p.cq0, &p.cq1, &p.a);
     let (mra, mrb) = read_mrs(&p.pd0, &p.pd1);
     let mut wc = [WorkCompletion::default(); 4];
@@ -132,10 +97,13 @@ fn a_target_that_stops_polling_is_served_by_its_progress_thread() {
 #[test]
 fn posts_left_by_a_driving_thread_that_stops_polling_still_go_out() {
     // No ACK timer (timeout 0 is infinite): its expiry would also send them.
-    let p = Pair::new(&RcParams {
-        timeout: 0,
-        ..RcParams::default()
-    });
+    let p = Pair::new(
+        &RcParams {
+            timeout: 0,
+            ..RcParams::default()
+        },
+        cap(),
+    );
     let (pd0, pd1, cq0, a) = (&p.pd0, &p.pd1, &p.cq0, &p.a);
     let src = pd0.reg_mr(1 << 20, AccessFlags::LOCAL_WRITE).unwrap();
     let dst = pd1

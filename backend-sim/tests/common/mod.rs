@@ -1,10 +1,16 @@
-//! Helpers shared by the integration tests that check READs come back (each test file
-//! is its own crate; this module is included with `mod common;`).
+//! Helpers shared by the integration tests: READs that must come back, a connected pair
+//! of QPs on two devices, and a raw peer's frames (each test file is its own crate; this
+//! module is included with `mod common;`).
 
 // Each test crate uses a part of it.
 #![allow(dead_code)]
 
+use std::io::Read;
+use std::net::TcpStream;
 use std::time::Duration;
+
+use backend_sim::wire::{Frame, MAX_HDR_LEN};
+use backend_sim::SimContext;
 use verbs_api::*;
 
 /// How long one READ may take before the test calls it lost.
@@ -37,4 +43,80 @@ pub fn read_back<Q: QueuePair, C: CompletionQueue, M: MemoryRegion>(
     let w = poll_n(cq, 1, WAIT).unwrap_or_else(|e| panic!("{what}: lost: {e}"));
     assert!(w[0].is_ok(), "{what}: {w:?}");
     assert_eq!(mra.read_u64(off).unwrap(), v, "{what}");
+}
+
+/// Two devices of one sim with one connected RC QP each (`a` on sim0, `b` on sim1).
+pub struct Pair {
+    _sim: backend_sim::SimBackend,
+    pub c0: backend_sim::SimContext,
+    pub c1: backend_sim::SimContext,
+    pub pd0: backend_sim::SimPd,
+    pub pd1: backend_sim::SimPd,
+    pub cq0: backend_sim::SimCq,
+    pub cq1: backend_sim::SimCq,
+    pub a: backend_sim::SimQp,
+    pub b: backend_sim::SimQp,
+}
+
+impl Pair {
+    /// Both QPs with `cap`, connected with `p` (CQs of 64 entries).
+    pub fn new(p: &RcParams, cap: QpCap) -> Pair {
+        let sim = backend_sim::SimBackend::default();
+        let (c0, c1) = (sim.open("sim0").unwrap(), sim.open("sim1").unwrap());
+        let (pd0, pd1) = (c0.alloc_pd().unwrap(), c1.alloc_pd().unwrap());
+        let (cq0, cq1) = (c0.create_cq(64, None).unwrap(), c1.create_cq(64, None).unwrap());
+        let a = pd0.create_qp(&QpInitAttr::rc(&cq0, &cq0, cap)).unwrap();
+        let b = pd1.create_qp(&QpInitAttr::rc(&cq1, &cq1, cap)).unwrap();
+        let ea = local_endpoint(&c0, &a, p, 1).unwrap();
+        let eb = local_endpoint(&c1, &b, p, 2).unwrap();
+        connect_rc(&a, p, ea.psn, &eb).unwrap();
+        connect_rc(&b, p, eb.psn, &ea).unwrap();
+        Pair {
+            _sim: sim,
+            c0,
+            c1,
+            pd0,
+            pd1,
+            cq0,
+            cq1,
+            a,
+            b,
+        }
+    }
+}
+
+// ---------------------------------------------------------------- a raw peer's frames
+
+/// `f` encoded, as a raw peer writes it.
+pub fn frame(f: Frame) -> Vec<u8> {
+    let mut b = [0u8; MAX_HDR_LEN];
+    let n = f.encode(&mut b);
+    b[..n].to_vec()
+}
+
+/// A hello from QP `src_qpn` at `ctx`'s own address, for the QP `dst_qpn`.
+pub fn hello(ctx: &SimContext, src_qpn: u32, dst_qpn: u32) -> Vec<u8> {
+    let gid = ctx.query_gid(1, 0).unwrap();
+    frame(Frame::Hello {
+        src_gid: gid.0,
+        src_lid: ctx.query_port(1).unwrap().lid,
+        src_qpn,
+        dst_qpn,
+    })
+}
+
+/// The first frame on `s` (waiting up to 5 s), or `None` if it closes first.
+pub fn read_answer(s: &mut TcpStream) -> Option<Frame> {
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = [0u8; MAX_HDR_LEN];
+    let mut got = 0;
+    loop {
+        if let Ok(Some((f, _))) = Frame::decode(&buf[..got]) {
+            return Some(f);
+        }
+        match s.read(&mut buf[got..]) {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => got += n,
+        }
+    }
 }
