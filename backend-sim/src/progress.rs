@@ -70,6 +70,8 @@ use crate::tx::TxQueue;
 const BUDGET: usize = 128;
 /// Stop building new requests while this many bytes wait to be written.
 const TX_HIGH: usize = 4 << 20;
+/// Payload bytes a deferred ACK may cover while more requests stream in (see `process`).
+const ACK_EVERY: usize = 32 << 10;
 /// READ/atomic responses a peer may leave unread before it is cut off (generous: the
 /// requesters of this project never have more than `max_rd_atomic` <= 16 outstanding).
 const MAX_UNSENT_READS: usize = 1024;
@@ -1205,7 +1207,12 @@ impl Progress {
             return Processed::Closed;
         }
         let now = Instant::now();
-        let defer_ack = mode == Mode::User;
+        // On the progress thread, while the stream keeps coming (the last read got all it
+        // asked for), the ACK waits for the next pass until it covers `ACK_EVERY` bytes
+        // of payload: WRITEs of 16 KiB arrive one per pass (a header read, then the
+        // payload straight into the region), and an ACK each cost a `sendmsg` each. Once
+        // the socket is drained the ACK leaves at once.
+        let defer_ack = mode == Mode::User || !reader.drained();
         // Nothing buffered and no payload underway (a thread that just posted): nothing
         // to decode; only the ACK that `drive` would end with.
         if !reader.has_buffered() && !reader.in_payload() {
@@ -1233,7 +1240,12 @@ impl Progress {
                     MAX_UNSENT_READS,
                     defer_ack,
                 ) {
-                    Ok(()) => break,
+                    Ok(()) => {
+                        if mode != Mode::User && g.resp.owed_bytes() >= ACK_EVERY {
+                            g.resp.flush_ack(tx);
+                        }
+                        break;
+                    }
                     Err(Stop::Fatal(status)) => {
                         tracing::debug!(qpn = qp.qpn, ?status, "QP to ERR");
                         qp.enter_error(&mut g);

@@ -87,6 +87,8 @@ pub struct Responder {
     /// RNR NAK timer code.
     pub min_rnr_timer: u8,
     ack_owed: Option<u32>,
+    /// Payload bytes of the requests the owed ACK covers.
+    owed_bytes: usize,
     replay: VecDeque<(u32, u64)>,
     in_progress: Option<InProgress>,
     /// PSN of the request whose payload is arriving (to roll back if it never does).
@@ -111,6 +113,7 @@ impl Responder {
             access: AccessFlags::empty(),
             min_rnr_timer: 0,
             ack_owed: None,
+            owed_bytes: 0,
             replay: VecDeque::new(),
             in_progress: None,
             payload_psn: None,
@@ -178,11 +181,21 @@ impl Responder {
         self.ack_owed.is_some()
     }
 
+    /// Payload bytes of the requests executed since the last ACK (0 if none is owed).
+    pub fn owed_bytes(&self) -> usize {
+        if self.ack_owed.is_some() {
+            self.owed_bytes
+        } else {
+            0
+        }
+    }
+
     /// Sends the ACK owed, if any (call when the current batch of requests is done).
     pub fn flush_ack(&mut self, tx: &mut TxQueue) {
         if let Some(psn) = self.ack_owed.take() {
             tx.push_frame(&Frame::Ack { psn });
         }
+        self.owed_bytes = 0;
     }
 
     fn flush_ack_before_response(&mut self, tx: &mut TxQueue) {
@@ -430,6 +443,10 @@ impl Responder {
     /// receive it consumed, if any, and owe an ACK.
     pub fn payload_done(&mut self, sink: Vec<Seg>, out: &mut Vec<(WorkCompletion, bool)>) {
         let mut sink = sink;
+        if self.ack_owed.is_none() {
+            self.owed_bytes = 0;
+        }
+        self.owed_bytes += sink.iter().map(|s| s.len).sum::<usize>();
         sink.clear();
         self.scratch = sink;
         self.payload_psn = None;

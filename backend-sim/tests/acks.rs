@@ -1,0 +1,94 @@
+//! ACK coalescing on a stream of requests: a responder that has more requests waiting in
+//! its socket acknowledges several with one ACK (the last PSN covers all before it), as an
+//! HCA coalesces ACKs; it does not answer each 12 KiB WRITE with a `sendmsg` of its own.
+//! A raw peer writes 48 WRITEs of 12 KiB in one call (more than the socket buffers take
+//! at once, so they stream in while the device reads) and counts the ACK frames it gets
+//! back: about one per three WRITEs (17-18 in 21 runs, 10 of them beside two busy-looping
+//! processes), where the device used to send 36-43 (8 runs).
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use backend_sim::wire::Frame;
+use backend_sim::SimBackend;
+use common::{frame, hello, read_answer};
+use verbs_api::*;
+
+/// WRITEs in the burst, and the size of each.
+const WRITES: u32 = 48;
+const LEN: usize = 12 << 10;
+
+#[test]
+fn a_burst_of_writes_is_acknowledged_by_fewer_acks() {
+    let ctx = SimBackend::default().open("sim0").unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(8, None).unwrap();
+    let qp = pd.create_qp(&QpInitAttr::rc(&cq, &cq, QpCap::new(1, 1))).unwrap();
+    let mr = pd
+        .reg_mr(
+            WRITES as usize * LEN,
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+        )
+        .unwrap();
+    let fake = Endpoint {
+        gid: ctx.query_gid(1, 0).unwrap(),
+        lid: ctx.query_port(1).unwrap().lid,
+        qpn: 2, // the smallest QPN: the QP is the passive side and accepts
+        psn: 0,
+    };
+    connect_rc(&qp, &RcParams::default(), 0, &fake).unwrap();
+    let mut s = TcpStream::connect(ctx.listen_addr()).unwrap();
+    s.write_all(&hello(&ctx, fake.qpn, qp.qp_num())).unwrap();
+    assert!(matches!(read_answer(&mut s), Some(Frame::HelloAck)));
+
+    // The whole burst in one write.
+    let mut burst = Vec::new();
+    for psn in 0..WRITES {
+        burst.extend(frame(Frame::Write {
+            psn,
+            len: LEN as u32,
+            addr: mr.addr() + (psn as usize * LEN) as u64,
+            rkey: mr.rkey(),
+            imm: None,
+            solicited: false,
+        }));
+        burst.extend(std::iter::repeat_n(psn as u8 + 1, LEN));
+    }
+    s.write_all(&burst).unwrap();
+
+    // Read ACKs until one covers the last WRITE.
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let (mut buf, mut got, mut acks) = (vec![0u8; 4096], 0, Vec::new());
+    let t0 = Instant::now();
+    while acks.last() != Some(&(WRITES - 1)) {
+        assert!(t0.elapsed() < Duration::from_secs(5), "ACKs so far: {acks:?}");
+        let n = s.read(&mut buf[got..]).expect("the device answers");
+        assert!(n > 0, "the device closed the connection; ACKs so far: {acks:?}");
+        got += n;
+        let mut off = 0;
+        while let Ok(Some((f, len))) = Frame::decode(&buf[off..got]) {
+            match f {
+                Frame::Ack { psn } => acks.push(psn),
+                other => panic!("unexpected answer {other}"),
+            }
+            off += len;
+        }
+        buf.copy_within(off..got, 0);
+        got -= off;
+    }
+    // Every WRITE landed, and at most one ACK per two WRITEs covered them, in order.
+    for k in 0..WRITES as usize {
+        let mut b = [0u8; 1];
+        mr.read(k * LEN + LEN - 1, &mut b).unwrap();
+        assert_eq!(b[0], k as u8 + 1, "WRITE {k}");
+    }
+    assert!(acks.windows(2).all(|w| w[0] < w[1]), "{acks:?}");
+    assert!(
+        acks.len() <= WRITES as usize / 2,
+        "{} ACKs for {WRITES} WRITEs: {acks:?}",
+        acks.len()
+    );
+}
