@@ -43,7 +43,7 @@
 //! - ACKs (IBA 9.7.5.1.2: a responder may coalesce them): an application thread's poll
 //!   leaves the ACK it owes for its next poll or post (delayed ACK, so it leaves with the
 //!   next request); the progress thread, while requests keep streaming in, sends one per
-//!   [`ACK_EVERY`] bytes of payload, and at once when the socket is drained.
+//!   `ACK_EVERY` (32 KiB) of payload, and at once when the socket is drained.
 //! - A connection is serviced by whichever thread holds its I/O lock; others skip it, and
 //!   level-triggered readiness makes sure nothing is left behind.
 //! - Lock order: a connection's I/O lock, then its QP's lock or its epoll registration.
