@@ -47,9 +47,10 @@ impl Counting {
     }
 }
 
-// SAFETY: every call is forwarded unchanged to the system allocator; the counting
-// around it allocates only on the thread's first counted allocation, guarded against
-// reentry by `IN_HOOK`.
+// SAFETY: every call is forwarded unchanged to the system allocator. The counting
+// around it allocates only to record the backtrace of the run's first counted
+// allocation; those nested allocations skip the counting (`IN_HOOK`) and go straight to
+// the system allocator.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         self.note();
