@@ -49,7 +49,7 @@ pub fn spawn_listener(dev: &Arc<DeviceShared>, listener: std::net::TcpListener) 
                     });
                 }
                 Err(e) => {
-                    tracing::warn!("accept failed: {e}");
+                    tracing::warn!("accept failed: {e}{}", fd_hint(&e));
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
             }
@@ -62,6 +62,16 @@ pub fn spawn_listener(dev: &Arc<DeviceShared>, listener: std::net::TcpListener) 
 pub fn spawn_connector(qp: Arc<QpShared>, epoch: u64) {
     let rt = qp.dev.rt.clone();
     rt.spawn(connector_task(qp, epoch));
+}
+
+/// For errors that mean the process ran out of file descriptors: what to do about it.
+fn fd_hint(e: &io::Error) -> &'static str {
+    match e.raw_os_error() {
+        Some(libc::EMFILE) | Some(libc::ENFILE) => {
+            " (every connected QP holds a socket: raise the open-file limit, `ulimit -n`)"
+        }
+        _ => "",
+    }
 }
 
 fn proto(msg: impl Into<String>) -> io::Error {
@@ -247,7 +257,10 @@ async fn connector_task(qp: Arc<QpShared>, epoch: u64) {
                 progress.activate(&conn);
             }
             Err(e) => {
-                tracing::debug!(qpn = qp.qpn, %remote, "connection attempt failed: {e}");
+                match fd_hint(&e) {
+                    "" => tracing::debug!(qpn = qp.qpn, %remote, "connection attempt failed: {e}"),
+                    hint => tracing::warn!(qpn = qp.qpn, %remote, "cannot connect: {e}{hint}"),
+                }
                 {
                     // Like a lost packet: the ACK timer runs (if there is work) and counts.
                     let mut g = qp.inner.lock();
@@ -285,5 +298,19 @@ async fn connect(qp: &QpShared, remote: std::net::SocketAddr) -> io::Result<(Tcp
             format!("peer refused QP {dst_qpn:#x}: {reason:?}"),
         )),
         other => Err(proto(format!("expected hello answer, got {other}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn running_out_of_descriptors_comes_with_a_hint() {
+        for errno in [libc::EMFILE, libc::ENFILE] {
+            assert!(fd_hint(&io::Error::from_raw_os_error(errno)).contains("ulimit -n"));
+        }
+        assert_eq!(fd_hint(&io::Error::from_raw_os_error(libc::ECONNREFUSED)), "");
+        assert_eq!(fd_hint(&proto("bad hello")), "");
     }
 }

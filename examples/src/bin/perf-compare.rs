@@ -347,6 +347,21 @@ fn perf1(args: &[&str]) -> Res<PerfRow> {
 
 // ------------------------------------------------------------------------- many QPs, in process
 
+/// Fails on the first unsuccessful completion of a test with `qps` QPs (whose WRITEs
+/// carry their QP's index or their sequence number as `wr_id`).
+fn all_ok(wcs: &[WorkCompletion], qps: usize) -> Res<()> {
+    match wcs.iter().find(|wc| !wc.is_ok()) {
+        None => Ok(()),
+        Some(wc) => bail!(
+            "{qps} QPs: WRITE {} failed ({:?}); a QP whose connection cannot be set up ends \
+             so, e.g. when the process runs out of file descriptors (each QP holds a socket: \
+             `ulimit -n`)",
+            wc.wr_id,
+            wc.status
+        ),
+    }
+}
+
 /// WRITEs each QP keeps outstanding in the QP curve: 16, and at most 1024 in all.
 fn curve_depth(qps: usize) -> usize {
     (1024 / qps).clamp(1, 16)
@@ -385,7 +400,7 @@ fn multi_qp_write_bw(qps: usize, depth: usize, size: usize, total: u64) -> Res<f
         qa.post_send(&[SendWr::write(i as u64, &sge, remote).signaled()])
             .map_err(|e| error!("{e}"))?;
     }
-    poll_n(&cq_a, qps, Duration::from_secs(60))?;
+    all_ok(&poll_n(&cq_a, qps, Duration::from_secs(60))?, qps)?;
     let msgs = (total / size as u64).max(qps as u64);
     let t0 = Instant::now();
     let (mut posted, mut done) = (0u64, 0u64);
@@ -447,7 +462,7 @@ fn multi_qp_write_lat(qps: usize, iters: u64) -> Res<f64> {
         let t0 = Instant::now();
         qa.post_send(&[SendWr::write(i, &sge, dst.remote().at(0)).signaled().inline()])
             .map_err(|e| error!("{e}"))?;
-        poll_n(&cq_a, 1, Duration::from_secs(10))?;
+        all_ok(&poll_n(&cq_a, 1, Duration::from_secs(10))?, qps)?;
         // The first round sets the connections up: not counted.
         if i >= qps as u64 {
             lat.push(t0.elapsed().as_secs_f64() * 1e6);
