@@ -137,6 +137,11 @@ pub struct Requester {
     ack_deadline: Option<Instant>,
     /// SQD: start nothing new.
     pub draining: bool,
+    /// The `errno` of the last failed attempt to connect to the peer, 0 once connected:
+    /// an `IBV_WC_RETRY_EXC_ERR` completion carries it in `vendor_err` (as an HCA puts a
+    /// vendor syndrome there), so "the peer never answered" and "the peer could not be
+    /// reached" (`ECONNREFUSED`, `EMFILE`, ...) can be told apart.
+    pub link_error: u32,
     scratch: Vec<Seg>,
 }
 
@@ -168,6 +173,7 @@ impl Requester {
             rnr_wait: None,
             ack_deadline: None,
             draining: false,
+            link_error: 0,
             scratch: Vec::new(),
         }
     }
@@ -460,7 +466,11 @@ impl Requester {
         while let Some(w) = self.sq.front() {
             let Some(status) = w.status else { break };
             if w.signaled || status != WcStatus::Success {
-                out.push(w.completion(self.qpn, status));
+                let mut wc = w.completion(self.qpn, status);
+                if status == WcStatus::RetryExcErr {
+                    wc.vendor_err = self.link_error;
+                }
+                out.push(wc);
             }
             let mut w = self.sq.pop_front().expect("front exists");
             w.local.clear();

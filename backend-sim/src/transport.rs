@@ -74,6 +74,18 @@ fn fd_hint(e: &io::Error) -> &'static str {
     }
 }
 
+/// The `errno` that best names why a connection attempt failed (see
+/// `Requester::link_error`).
+fn errno_of(e: &io::Error) -> u32 {
+    let errno = e.raw_os_error().unwrap_or(match e.kind() {
+        io::ErrorKind::TimedOut => libc::ETIMEDOUT,
+        io::ErrorKind::ConnectionRefused => libc::ECONNREFUSED,
+        io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset => libc::ECONNRESET,
+        _ => libc::EPROTO,
+    });
+    errno.max(0) as u32
+}
+
 fn proto(msg: impl Into<String>) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, msg.into())
 }
@@ -253,6 +265,7 @@ async fn connector_task(qp: Arc<QpShared>, epoch: u64) {
                         return;
                     }
                     g.conn = Some(conn.clone());
+                    g.req.link_error = 0;
                 }
                 progress.activate(&conn);
             }
@@ -264,6 +277,7 @@ async fn connector_task(qp: Arc<QpShared>, epoch: u64) {
                 {
                     // Like a lost packet: the ACK timer runs (if there is work) and counts.
                     let mut g = qp.inner.lock();
+                    g.req.link_error = errno_of(&e);
                     g.req.arm_timer(QpShared::now());
                     qp.dev.progress.rearm(&qp, &mut g);
                 }
@@ -312,5 +326,27 @@ mod tests {
         }
         assert_eq!(fd_hint(&io::Error::from_raw_os_error(libc::ECONNREFUSED)), "");
         assert_eq!(fd_hint(&proto("bad hello")), "");
+    }
+
+    #[test]
+    fn a_failed_connection_is_named_by_an_errno() {
+        let os = |n| io::Error::from_raw_os_error(n);
+        assert_eq!(errno_of(&os(libc::EMFILE)), libc::EMFILE as u32);
+        assert_eq!(errno_of(&os(libc::ECONNREFUSED)), libc::ECONNREFUSED as u32);
+        let kind = |k, m: &str| io::Error::new(k, m.to_string());
+        // A hello the peer refused, no answer in time, a peer that hung up, nonsense.
+        assert_eq!(
+            errno_of(&kind(io::ErrorKind::ConnectionRefused, "refused")),
+            libc::ECONNREFUSED as u32
+        );
+        assert_eq!(
+            errno_of(&kind(io::ErrorKind::TimedOut, "no answer")),
+            libc::ETIMEDOUT as u32
+        );
+        assert_eq!(
+            errno_of(&kind(io::ErrorKind::UnexpectedEof, "closed")),
+            libc::ECONNRESET as u32
+        );
+        assert_eq!(errno_of(&proto("bad hello")), libc::EPROTO as u32);
     }
 }

@@ -188,6 +188,8 @@ fn stalled_responder_exhausts_retries_and_leaves_other_qps_alone() {
     let w = poll_n(&p.cq_a, 2, T).unwrap();
     assert_eq!((w[0].wr_id, w[0].status), (1, WcStatus::RetryExcErr));
     assert_eq!((w[1].wr_id, w[1].status), (2, WcStatus::WrFlushErr));
+    // The connection was up all along: no errno in `vendor_err`.
+    assert_eq!(w[0].vendor_err, 0);
     let took = t0.elapsed();
     assert!(
         took >= local_ack(10) * 3,
@@ -286,4 +288,36 @@ fn dropped_connections_are_set_up_again() {
         p.b_ctx.faults().drop_connections(p.b.qp_num()).unwrap();
     }
     assert!(p.a_ctx.faults().stats().breaks >= 5);
+}
+
+/// A peer nobody listens for: the connection attempts fail, the ACK timer runs out as for
+/// lost packets, and the RETRY_EXC_ERR completion names why in `vendor_err`
+/// (ECONNREFUSED), where a peer that stopped answering leaves it 0 (above).
+#[test]
+fn an_unreachable_peer_ends_in_retry_exc_err_naming_the_refusal() {
+    let ctx = SimBackend::default().open("sim0").unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(8, None).unwrap();
+    let qp = pd.create_qp(&QpInitAttr::rc(&cq, &cq, QpCap::new(4, 4))).unwrap();
+    let p = RcParams {
+        timeout: 10,
+        retry_cnt: 1,
+        ..RcParams::default()
+    };
+    // Port 65535 (outside Linux's ephemeral range, so nothing listens there) as the
+    // peer's LID: the larger (GID, LID) makes this QP the side that connects.
+    let nobody = Endpoint {
+        gid: ctx.query_gid(1, 0).unwrap(),
+        lid: u16::MAX,
+        qpn: 7,
+        psn: 0,
+    };
+    connect_rc(&qp, &p, 0, &nobody).unwrap();
+    let src = pd.reg_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
+    qp.post_send(&[SendWr::write(1, &[src.sge(0, 8).unwrap()], RemoteAddr::new(0x1000, 1)).signaled()])
+        .unwrap();
+    let w = poll_n(&cq, 1, T).unwrap();
+    assert_eq!((w[0].wr_id, w[0].status), (1, WcStatus::RetryExcErr));
+    assert_eq!(w[0].vendor_err, libc::ECONNREFUSED as u32, "{w:?}");
+    assert_eq!(qp.state().unwrap(), QpState::Err);
 }
