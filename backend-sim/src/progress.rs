@@ -1312,6 +1312,7 @@ impl Progress {
         }
         if g.conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
             g.conn = None;
+            g.req.link_error = libc::ENOTCONN as u32;
             // Whatever was in flight is gone: requests are resent, half-received ones
             // are forgotten (see Responder::connection_lost).
             g.resp.connection_lost();

@@ -400,6 +400,8 @@ impl QpShared {
             }
             QpState::Rtr if cur == QpState::Init => {
                 g.remote = Some(self.remote_addr(&a));
+                // Not connected yet (see `Requester::link_error`).
+                g.req.link_error = libc::ENOTCONN as u32;
                 g.resp.connect(RespAttrs {
                     rq_psn: a.rq_psn,
                     min_rnr_timer: a.min_rnr_timer,

@@ -137,10 +137,12 @@ pub struct Requester {
     ack_deadline: Option<Instant>,
     /// SQD: start nothing new.
     pub draining: bool,
-    /// The `errno` of the last failed attempt to connect to the peer, 0 once connected:
-    /// an `IBV_WC_RETRY_EXC_ERR` completion carries it in `vendor_err` (as an HCA puts a
-    /// vendor syndrome there), so "the peer never answered" and "the peer could not be
-    /// reached" (`ECONNREFUSED`, `EMFILE`, ...) can be told apart.
+    /// Why the QP has no connection to its peer, as an `errno`: that of the last failed
+    /// attempt to connect (`ECONNREFUSED`, `EMFILE`, ...), `ENOTCONN` while none failed
+    /// yet (still connecting, waiting for the peer to connect, or the link just broke),
+    /// 0 while connected. An `IBV_WC_RETRY_EXC_ERR` completion carries it in `vendor_err`
+    /// (as an HCA puts a vendor syndrome there), so "the peer stopped answering" (0) and
+    /// "the peer could not be reached" can be told apart. Kept by the transport.
     pub link_error: u32,
     scratch: Vec<Seg>,
 }

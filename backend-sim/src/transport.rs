@@ -199,6 +199,7 @@ async fn serve_inbound(dev: Weak<DeviceShared>, mut stream: TcpStream) -> io::Re
                     // on it would complete the resent WQEs out of order.
                     g.resp.connection_lost();
                     g.req.on_connection_lost();
+                    g.req.link_error = 0;
                     g.conn.replace(conn.clone())
                 }
             };

@@ -321,3 +321,31 @@ fn an_unreachable_peer_ends_in_retry_exc_err_naming_the_refusal() {
     assert_eq!(w[0].vendor_err, libc::ECONNREFUSED as u32, "{w:?}");
     assert_eq!(qp.state().unwrap(), QpState::Err);
 }
+
+/// A QP waiting for its peer to connect (the peer has the smaller (GID, LID, QPN), so it
+/// sets the connection up), and the peer never does: RETRY_EXC_ERR with ENOTCONN.
+#[test]
+fn a_peer_that_never_connects_ends_in_retry_exc_err_not_connected() {
+    let ctx = SimBackend::default().open("sim0").unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(8, None).unwrap();
+    let qp = pd.create_qp(&QpInitAttr::rc(&cq, &cq, QpCap::new(4, 4))).unwrap();
+    let p = RcParams {
+        timeout: 10,
+        retry_cnt: 1,
+        ..RcParams::default()
+    };
+    let silent = Endpoint {
+        gid: ctx.query_gid(1, 0).unwrap(),
+        lid: 1,
+        qpn: 7,
+        psn: 0,
+    };
+    connect_rc(&qp, &p, 0, &silent).unwrap();
+    let src = pd.reg_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
+    qp.post_send(&[SendWr::write(1, &[src.sge(0, 8).unwrap()], RemoteAddr::new(0x1000, 1)).signaled()])
+        .unwrap();
+    let w = poll_n(&cq, 1, T).unwrap();
+    assert_eq!((w[0].wr_id, w[0].status), (1, WcStatus::RetryExcErr));
+    assert_eq!(w[0].vendor_err, libc::ENOTCONN as u32, "{w:?}");
+}

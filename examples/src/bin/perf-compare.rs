@@ -353,11 +353,12 @@ fn all_ok(wcs: &[WorkCompletion], qps: usize) -> Res<()> {
     match wcs.iter().find(|wc| !wc.is_ok()) {
         None => Ok(()),
         Some(wc) => bail!(
-            "{qps} QPs: WRITE {} failed ({:?}); a QP whose connection cannot be set up ends \
-             so, e.g. when the process runs out of file descriptors (each QP holds a socket: \
-             `ulimit -n`)",
+            "{qps} QPs: WRITE {} failed ({:?}, vendor_err {}: why the QP had no connection, as an errno); \
+             a QP whose connection cannot be set up ends so, e.g. when the process runs out \
+             of file descriptors (each QP holds a socket: `ulimit -n`)",
             wc.wr_id,
-            wc.status
+            wc.status,
+            wc.vendor_err
         ),
     }
 }
