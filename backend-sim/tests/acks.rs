@@ -9,12 +9,11 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use backend_sim::wire::Frame;
 use backend_sim::SimBackend;
-use common::{frame, hello, read_answer};
+use common::{frame, impersonate};
 use verbs_api::*;
 
 /// WRITEs in the burst, and the size of each.
@@ -33,16 +32,7 @@ fn a_burst_of_writes_is_acknowledged_by_fewer_acks() {
             AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
         )
         .unwrap();
-    let fake = Endpoint {
-        gid: ctx.query_gid(1, 0).unwrap(),
-        lid: ctx.query_port(1).unwrap().lid,
-        qpn: 2, // the smallest QPN: the QP is the passive side and accepts
-        psn: 0,
-    };
-    connect_rc(&qp, &RcParams::default(), 0, &fake).unwrap();
-    let mut s = TcpStream::connect(ctx.listen_addr()).unwrap();
-    s.write_all(&hello(&ctx, fake.qpn, qp.qp_num())).unwrap();
-    assert!(matches!(read_answer(&mut s), Some(Frame::HelloAck)));
+    let mut s = impersonate(&ctx, &qp, &RcParams::default());
 
     // The whole burst in one write.
     let mut burst = Vec::new();

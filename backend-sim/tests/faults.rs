@@ -290,11 +290,9 @@ fn dropped_connections_are_set_up_again() {
     assert!(p.a_ctx.faults().stats().breaks >= 5);
 }
 
-/// A peer nobody listens for: the connection attempts fail, the ACK timer runs out as for
-/// lost packets, and the RETRY_EXC_ERR completion names why in `vendor_err`
-/// (ECONNREFUSED), where a peer that stopped answering leaves it 0 (above).
-#[test]
-fn an_unreachable_peer_ends_in_retry_exc_err_naming_the_refusal() {
+/// A WRITE from a QP on a fresh device connected to a peer at `lid` (on this host) that
+/// never answers: its completion (after 2 ACK timeouts of ~4 ms) and the QP.
+fn write_to_absent_peer(lid: u16) -> (WorkCompletion, SimQp) {
     let ctx = SimBackend::default().open("sim0").unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(8, None).unwrap();
@@ -304,21 +302,30 @@ fn an_unreachable_peer_ends_in_retry_exc_err_naming_the_refusal() {
         retry_cnt: 1,
         ..RcParams::default()
     };
-    // Port 65535 (outside Linux's ephemeral range, so nothing listens there) as the
-    // peer's LID: the larger (GID, LID) makes this QP the side that connects.
-    let nobody = Endpoint {
+    let peer = Endpoint {
         gid: ctx.query_gid(1, 0).unwrap(),
-        lid: u16::MAX,
+        lid,
         qpn: 7,
         psn: 0,
     };
-    connect_rc(&qp, &p, 0, &nobody).unwrap();
+    connect_rc(&qp, &p, 0, &peer).unwrap();
     let src = pd.reg_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
     qp.post_send(&[SendWr::write(1, &[src.sge(0, 8).unwrap()], RemoteAddr::new(0x1000, 1)).signaled()])
         .unwrap();
     let w = poll_n(&cq, 1, T).unwrap();
-    assert_eq!((w[0].wr_id, w[0].status), (1, WcStatus::RetryExcErr));
-    assert_eq!(w[0].vendor_err, libc::ECONNREFUSED as u32, "{w:?}");
+    (w[0], qp)
+}
+
+/// A peer nobody listens for: the connection attempts fail, the ACK timer runs out as for
+/// lost packets, and the RETRY_EXC_ERR completion names why in `vendor_err`
+/// (ECONNREFUSED), where a peer that stopped answering leaves it 0 (above).
+#[test]
+fn an_unreachable_peer_ends_in_retry_exc_err_naming_the_refusal() {
+    // Port 65535 (outside Linux's ephemeral range, so nothing listens there) as the
+    // peer's LID: the larger (GID, LID) makes this QP the side that connects.
+    let (wc, qp) = write_to_absent_peer(u16::MAX);
+    assert_eq!((wc.wr_id, wc.status), (1, WcStatus::RetryExcErr));
+    assert_eq!(wc.vendor_err, libc::ECONNREFUSED as u32, "{wc:?}");
     assert_eq!(qp.state().unwrap(), QpState::Err);
 }
 
@@ -326,26 +333,7 @@ fn an_unreachable_peer_ends_in_retry_exc_err_naming_the_refusal() {
 /// sets the connection up), and the peer never does: RETRY_EXC_ERR with ENOTCONN.
 #[test]
 fn a_peer_that_never_connects_ends_in_retry_exc_err_not_connected() {
-    let ctx = SimBackend::default().open("sim0").unwrap();
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(8, None).unwrap();
-    let qp = pd.create_qp(&QpInitAttr::rc(&cq, &cq, QpCap::new(4, 4))).unwrap();
-    let p = RcParams {
-        timeout: 10,
-        retry_cnt: 1,
-        ..RcParams::default()
-    };
-    let silent = Endpoint {
-        gid: ctx.query_gid(1, 0).unwrap(),
-        lid: 1,
-        qpn: 7,
-        psn: 0,
-    };
-    connect_rc(&qp, &p, 0, &silent).unwrap();
-    let src = pd.reg_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
-    qp.post_send(&[SendWr::write(1, &[src.sge(0, 8).unwrap()], RemoteAddr::new(0x1000, 1)).signaled()])
-        .unwrap();
-    let w = poll_n(&cq, 1, T).unwrap();
-    assert_eq!((w[0].wr_id, w[0].status), (1, WcStatus::RetryExcErr));
-    assert_eq!(w[0].vendor_err, libc::ENOTCONN as u32, "{w:?}");
+    let (wc, _qp) = write_to_absent_peer(1);
+    assert_eq!((wc.wr_id, wc.status), (1, WcStatus::RetryExcErr));
+    assert_eq!(wc.vendor_err, libc::ENOTCONN as u32, "{wc:?}");
 }

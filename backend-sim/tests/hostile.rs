@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use backend_sim::wire::Frame;
 use backend_sim::SimBackend;
-use common::{frame, hello, read_answer};
+use common::{frame, hello, impersonate, read_answer, RAW_QPN};
 use verbs_api::*;
 
 #[test]
@@ -51,20 +51,11 @@ fn crafted_frames_never_touch_memory_outside_the_region() {
             .unwrap()
     };
     mr.fill(0);
-    let fake = Endpoint {
-        gid: ctx.query_gid(1, 0).unwrap(),
-        lid: ctx.query_port(1).unwrap().lid,
-        qpn: 2, // the smallest QPN: the victim is the passive side and accepts
-        psn: 0,
-    };
-    connect_rc(&victim, &RcParams::default(), 0, &fake).unwrap();
+    let mut s = impersonate(&ctx, &victim, &RcParams::default());
     victim
         .post_recv(&[RecvWr::new(1, &[mr.sge(0, 64).unwrap()])])
         .unwrap();
     let (rkey, base) = (mr.rkey(), mr.addr());
-    let mut s = TcpStream::connect(ctx.listen_addr()).unwrap();
-    s.write_all(&hello(&ctx, fake.qpn, victim.qp_num())).unwrap();
-    assert!(matches!(read_answer(&mut s), Some(Frame::HelloAck)));
     let mut attack = Vec::new();
     let w = |psn, addr: u64, rkey, len: u32| Frame::Write {
         psn,
@@ -107,7 +98,7 @@ fn crafted_frames_never_touch_memory_outside_the_region() {
     drop(s);
     // A truncated frame and an unknown opcode on a second connection.
     let mut s = TcpStream::connect(ctx.listen_addr()).unwrap();
-    s.write_all(&hello(&ctx, fake.qpn, victim.qp_num())).unwrap();
+    s.write_all(&hello(&ctx, RAW_QPN, victim.qp_num())).unwrap();
     let _ = read_answer(&mut s);
     let _ = s.write_all(&[0x11, 0, 0, 0, 0, 0]);
     let _ = s.write_all(&[0x99; 32]);
@@ -158,16 +149,7 @@ fn a_peer_that_floods_without_reading_is_bounded() {
     let cap = QpCap::new(1, 1);
     let victim = pd.create_qp(&QpInitAttr::rc(&cq, &cq, cap)).unwrap();
     let mr = pd.reg_mr(1 << 20, AccessFlags::ALL).unwrap();
-    let fake = Endpoint {
-        gid: ctx.query_gid(1, 0).unwrap(),
-        lid: ctx.query_port(1).unwrap().lid,
-        qpn: 2, // the smallest QPN: the victim is the passive side and accepts
-        psn: 0,
-    };
-    connect_rc(&victim, &RcParams::default(), 0, &fake).unwrap();
-    let mut s = TcpStream::connect(ctx.listen_addr()).unwrap();
-    s.write_all(&hello(&ctx, fake.qpn, victim.qp_num())).unwrap();
-    assert!(matches!(read_answer(&mut s), Some(Frame::HelloAck)));
+    let mut s = impersonate(&ctx, &victim, &RcParams::default());
     s.set_write_timeout(Some(Duration::from_millis(300))).unwrap();
     let rss_before = rss_kib();
     let total = 512 * 1024u32;

@@ -16,12 +16,11 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use backend_sim::wire::Frame;
-use common::{frame, hello, read_answer, read_mrs, Pair};
+use common::{frame, impersonate, read_mrs, Pair};
 use verbs_api::*;
 
 #[test]
@@ -36,13 +35,6 @@ fn a_flood_on_one_qp_does_not_hold_up_reads_on_another() {
     // QP x on sim0, connected to an endpoint the raw peer impersonates (the smallest QPN,
     // so x is the passive side and accepts the peer's hello).
     let x = pd0.create_qp(&QpInitAttr::rc(cq0, cq0, cap)).unwrap();
-    let fake = Endpoint {
-        gid: c0.query_gid(1, 0).unwrap(),
-        lid: c0.query_port(1).unwrap().lid,
-        qpn: 2,
-        psn: 0,
-    };
-    connect_rc(&x, &p, 0, &fake).unwrap();
     let (local, remote) = read_mrs(pd1, pd0);
     let read = |i: u64, bound: Duration| {
         remote.write_u64(0, i).unwrap();
@@ -63,9 +55,7 @@ fn a_flood_on_one_qp_does_not_hold_up_reads_on_another() {
     // y's connection is up before the flood starts.
     read(0, Duration::from_secs(5));
 
-    let mut s = TcpStream::connect(c0.listen_addr()).unwrap();
-    s.write_all(&hello(c0, fake.qpn, x.qp_num())).unwrap();
-    assert!(matches!(read_answer(&mut s), Some(Frame::HelloAck)));
+    let s = impersonate(c0, &x, &p);
     // Duplicates of a SEND x never saw (the PSN just behind its expected one): each is
     // acknowledged again, coalesced, and delivers nothing.
     let dup = frame(Frame::Send {

@@ -5,7 +5,7 @@
 // Each test crate uses a part of it.
 #![allow(dead_code)]
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
@@ -103,6 +103,26 @@ pub fn hello(ctx: &SimContext, src_qpn: u32, dst_qpn: u32) -> Vec<u8> {
         src_qpn,
         dst_qpn,
     })
+}
+
+/// QPN of the raw peer [`impersonate`] plays: the smallest, so the QP it talks to is the
+/// passive side and accepts its hello.
+pub const RAW_QPN: u32 = 2;
+
+/// Connects `qp` (on `ctx`) to a peer at `ctx`'s own address with QPN [`RAW_QPN`] and PSN
+/// 0, plays that peer on a raw socket, and returns the socket once `qp` accepted its hello.
+pub fn impersonate<Q: QueuePair>(ctx: &SimContext, qp: &Q, p: &RcParams) -> TcpStream {
+    let fake = Endpoint {
+        gid: ctx.query_gid(1, 0).unwrap(),
+        lid: ctx.query_port(1).unwrap().lid,
+        qpn: RAW_QPN,
+        psn: 0,
+    };
+    connect_rc(qp, p, 0, &fake).unwrap();
+    let mut s = TcpStream::connect(ctx.listen_addr()).unwrap();
+    s.write_all(&hello(ctx, RAW_QPN, qp.qp_num())).unwrap();
+    assert!(matches!(read_answer(&mut s), Some(Frame::HelloAck)));
+    s
 }
 
 /// The first frame on `s` (waiting up to 5 s), or `None` if it closes first.
