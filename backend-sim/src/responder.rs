@@ -127,7 +127,7 @@ impl Responder {
         self.epsn = attrs.rq_psn;
         self.min_rnr_timer = attrs.min_rnr_timer;
         self.nak_psn = None;
-        self.ack_owed = None;
+        self.forget_ack();
         self.replay.clear();
     }
 
@@ -172,7 +172,7 @@ impl Responder {
     }
 
     fn nak(&mut self, tx: &mut TxQueue, psn: u32, code: NakCode) {
-        self.ack_owed = None;
+        self.forget_ack();
         tx.push_frame(&Frame::Nak { psn, code });
     }
 
@@ -181,13 +181,15 @@ impl Responder {
         self.ack_owed.is_some()
     }
 
+    /// Owes no ACK any more (without sending one).
+    fn forget_ack(&mut self) {
+        self.ack_owed = None;
+        self.owed_bytes = 0;
+    }
+
     /// Payload bytes of the requests executed since the last ACK (0 if none is owed).
     pub fn owed_bytes(&self) -> usize {
-        if self.ack_owed.is_some() {
-            self.owed_bytes
-        } else {
-            0
-        }
+        self.owed_bytes
     }
 
     /// Sends the ACK owed, if any (call when the current batch of requests is done).
@@ -443,9 +445,6 @@ impl Responder {
     /// receive it consumed, if any, and owe an ACK.
     pub fn payload_done(&mut self, sink: Vec<Seg>, out: &mut Vec<(WorkCompletion, bool)>) {
         let mut sink = sink;
-        if self.ack_owed.is_none() {
-            self.owed_bytes = 0;
-        }
         self.owed_bytes += sink.iter().map(|s| s.len).sum::<usize>();
         sink.clear();
         self.scratch = sink;
@@ -528,7 +527,7 @@ impl Responder {
             }
         }
         self.nak_psn = None;
-        self.ack_owed = None;
+        self.forget_ack();
     }
 
     /// QP to ERR: every posted receive (and one consumed by a request still arriving)
@@ -542,7 +541,7 @@ impl Responder {
             out.push((self.recv_completion(w.wr_id, WcStatus::WrFlushErr), false));
             self.spare.push(w);
         }
-        self.ack_owed = None;
+        self.forget_ack();
     }
 
     /// QP to RESET: receives are discarded without completions.
@@ -553,7 +552,7 @@ impl Responder {
         while let Some(w) = self.rq.pop_front() {
             self.spare.push(w);
         }
-        self.ack_owed = None;
+        self.forget_ack();
         self.nak_psn = None;
     }
 }
