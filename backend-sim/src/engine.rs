@@ -63,8 +63,10 @@ pub struct DriveState {
 
 /// Processes buffered frames until the reader needs more bytes or an error stops it.
 /// Responses to the peer's requests are queued in `tx`, followed by one ACK for the
-/// requests acknowledged in this pass (unless `defer_ack`: then the ACK stays owed to the
-/// responder, to leave with the next write). `max_unsent_reads` bounds the responses
+/// requests acknowledged so far once they carried at least `ack_after` bytes of payload
+/// (0: always; `usize::MAX`: never, the ACK stays owed to the responder, to leave with the
+/// next write; in between: ACKs coalesced over several calls while requests stream in).
+/// `max_unsent_reads` bounds the responses
 /// (READ and atomic responses, ACKs, NAKs) queued but not yet written: a peer that keeps
 /// sending requests without reading the answers exceeds it and is cut off instead of
 /// growing this side's memory.
@@ -77,7 +79,7 @@ pub fn drive(
     now: Instant,
     st: &mut DriveState,
     max_unsent_reads: usize,
-    defer_ack: bool,
+    ack_after: usize,
 ) -> Result<(), Stop> {
     loop {
         let ev = match reader.next_event() {
@@ -151,9 +153,11 @@ pub fn drive(
             Event::PayloadLost(segs) => payload_lost(sides, st, segs, tx)?,
         }
     }
-    if sides.accepting && !defer_ack {
+    if sides.accepting {
         if let Some(resp) = sides.resp.as_deref_mut() {
-            resp.flush_ack(tx);
+            if resp.owed_bytes() >= ack_after {
+                resp.flush_ack(tx);
+            }
         }
     }
     Ok(())
@@ -236,7 +240,7 @@ mod tests {
                 Instant::now(),
                 &mut st,
                 1024,
-                false,
+                0,
             );
             if r.is_err() {
                 return (r, tx);

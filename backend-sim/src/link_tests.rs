@@ -125,7 +125,7 @@ impl Link {
             self.now,
             &mut self.st_b,
             usize::MAX,
-            false,
+            0,
         )
     }
 
@@ -147,7 +147,7 @@ impl Link {
             self.now,
             &mut self.st_a,
             usize::MAX,
-            false,
+            0,
         )
     }
 
@@ -853,7 +853,7 @@ proptest! {
                 off += rx.feed(&bytes[off..]);
                 let mut swc = Vec::new();
                 let mut sides = Sides { req: None, resp: Some(&mut resp), accepting, send_wc: &mut swc, recv_wc: &mut out };
-                match drive(&mut sides, &mut rx, &table, &mut tx, Instant::now(), &mut st, usize::MAX, false) {
+                match drive(&mut sides, &mut rx, &table, &mut tx, Instant::now(), &mut st, usize::MAX, 0) {
                     Ok(()) => {}
                     Err(Stop::Fatal(_)) => accepting = false,
                     Err(Stop::Protocol(_)) => break 'outer,
@@ -904,7 +904,7 @@ proptest! {
                 off += rx.feed(&bytes[off..]);
                 let mut swc = Vec::new();
                 let mut sides = Sides { req: None, resp: Some(&mut resp), accepting, send_wc: &mut swc, recv_wc: &mut out };
-                match drive(&mut sides, &mut rx, &table, &mut tx, Instant::now(), &mut st, usize::MAX, false) {
+                match drive(&mut sides, &mut rx, &table, &mut tx, Instant::now(), &mut st, usize::MAX, 0) {
                     Ok(()) => {}
                     Err(Stop::Fatal(_)) => accepting = false,
                     Err(Stop::Protocol(_)) => { stop = true; break; }

@@ -422,6 +422,18 @@ impl Progress {
         t.saturating_duration_since(self.base).as_nanos() as u64
     }
 
+    /// Empties the doorbell: how often it was rung since it was last emptied.
+    fn take_rings(&self) -> u64 {
+        let mut v: u64 = 0;
+        // SAFETY: reads 8 bytes into a live u64 from our own (non-blocking) eventfd.
+        let r = unsafe { libc::read(self.bell.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+        if r == 8 {
+            v
+        } else {
+            0
+        }
+    }
+
     fn ring(&self) {
         let one: u64 = 1;
         // SAFETY: writes 8 bytes from a live u64 to our own eventfd.
@@ -842,9 +854,7 @@ impl Progress {
             self.sleeping.store(false, Ordering::SeqCst);
             for ev in &events[..n] {
                 if ev.u64 == BELL {
-                    let mut v: u64 = 0;
-                    // SAFETY: reads 8 bytes into a live u64 from our own eventfd.
-                    let _ = unsafe { libc::read(self.bell.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+                    self.take_rings();
                 } else if let Some(c) = self.conn(ev.u64) {
                     work |= self.service(&c);
                 }
@@ -1211,12 +1221,17 @@ impl Progress {
             return Processed::Closed;
         }
         let now = Instant::now();
-        // On the progress thread, while the stream keeps coming (the last read got all it
+        // An application thread's poll leaves the ACK for its next call (delayed ACK). On
+        // the progress thread, while the stream keeps coming (the last read got all it
         // asked for), the ACK waits for the next pass until it covers `ACK_EVERY` bytes
         // of payload: WRITEs of 16 KiB arrive one per pass (a header read, then the
         // payload straight into the region), and an ACK each cost a `sendmsg` each. Once
         // the socket is drained the ACK leaves at once.
-        let defer_ack = mode == Mode::User || !reader.drained();
+        let ack_after = match mode {
+            Mode::User => usize::MAX,
+            _ if reader.drained() => 0,
+            _ => ACK_EVERY,
+        };
         // Nothing buffered and no payload underway (a thread that just posted): nothing
         // to decode; only the ACK that `drive` would end with.
         if !reader.has_buffered() && !reader.in_payload() {
@@ -1242,14 +1257,9 @@ impl Progress {
                     now,
                     st,
                     MAX_UNSENT_READS,
-                    defer_ack,
+                    ack_after,
                 ) {
-                    Ok(()) => {
-                        if mode != Mode::User && g.resp.owed_bytes() >= ACK_EVERY {
-                            g.resp.flush_ack(tx);
-                        }
-                        break;
-                    }
+                    Ok(()) => break,
                     Err(Stop::Fatal(status)) => {
                         tracing::debug!(qpn = qp.qpn, ?status, "QP to ERR");
                         qp.enter_error(&mut g);
@@ -1405,18 +1415,6 @@ mod tests {
         assert!(!p.long_stay(t0 + 40_000 + 3 * g));
     }
 
-    /// Reads the doorbell: how often it was rung since the last read.
-    fn rings(p: &Progress) -> u64 {
-        let mut v: u64 = 0;
-        // SAFETY: reads 8 bytes into a live u64 from the engine's own (non-blocking) eventfd.
-        let r = unsafe { libc::read(p.bell.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
-        if r == 8 {
-            v
-        } else {
-            0
-        }
-    }
-
     /// A thread drives the first device (polls in a tight loop while its progress thread
     /// sleeps), then polls the second: the first is told at once, its window closed and
     /// its progress thread woken; staying on the second tells nobody anything.
@@ -1433,18 +1431,18 @@ mod tests {
         p1.user_polled();
         assert_eq!(p0.user_until.load(Ordering::Relaxed), 0);
         assert_eq!(p0.last_user_poll.load(Ordering::Relaxed), 0);
-        assert_eq!(rings(&p0), 1);
+        assert_eq!(p0.take_rings(), 1);
         p1.sleeping.store(true, Ordering::SeqCst);
         for _ in 0..3 {
             p1.user_polled();
         }
         assert!(p1.user_driving());
-        assert_eq!(rings(&p1), 0);
-        assert_eq!(rings(&p0), 0);
+        assert_eq!(p1.take_rings(), 0);
+        assert_eq!(p0.take_rings(), 0);
         // Back to the first: the second is handed back the same way.
         p0.user_polled();
         assert_eq!(p1.user_until.load(Ordering::Relaxed), 0);
-        assert_eq!(rings(&p1), 1);
+        assert_eq!(p1.take_rings(), 1);
     }
 
     #[test]
@@ -1466,17 +1464,17 @@ mod tests {
         // The progress thread sleeps on the doorbell for the grace period after a window
         // ends: a CQ armed meanwhile wakes it; one armed after that has nobody to wake.
         p.sleeping.store(true, Ordering::SeqCst);
-        rings(&p);
+        p.take_rings();
         // (The engine's clock starts at its creation: let it pass two grace periods.)
         std::thread::sleep(p.grace * 3);
         let now = p.nanos(Instant::now());
         p.user_until
             .store(now - p.grace.as_nanos() as u64 / 2, Ordering::Relaxed);
         p.user_idle();
-        assert_eq!(rings(&p), 1);
+        assert_eq!(p.take_rings(), 1);
         p.user_until
             .store(now - 2 * p.grace.as_nanos() as u64, Ordering::Relaxed);
         p.user_idle();
-        assert_eq!(rings(&p), 0);
+        assert_eq!(p.take_rings(), 0);
     }
 }
