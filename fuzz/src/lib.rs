@@ -1138,7 +1138,7 @@ impl Harness {
                 self.now,
                 &mut self.st,
                 MAX_UNSENT_READS,
-                false,
+                0,
             );
             match r {
                 Ok(()) => {
