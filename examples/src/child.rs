@@ -3,6 +3,8 @@
 //! port from the `listening on ADDR` line it prints (servers bind port 0), echoes the
 //! children's output with a `[name]` prefix, bounds every wait, and kills whatever is
 //! still running when it is dropped (so an error in the demo never leaves a stray server).
+//! Other programs run the same way ([`ChildProc::spawn_program`]: UCX's and libfabric's test
+//! programs for [`peers`](crate::peers)).
 
 use std::io::{BufRead, BufReader};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -47,13 +49,18 @@ impl ChildProc {
     /// Starts this binary with `args`; `name` prefixes its echoed output.
     pub fn spawn(name: &str, args: &[String], echo: Echo) -> Res<ChildProc> {
         let exe = std::env::current_exe().context("finding this program's path to start a child")?;
-        let mut child = Command::new(&exe)
-            .args(args)
+        ChildProc::spawn_program(name, Command::new(exe).args(args), echo)
+    }
+
+    /// Starts another program, as `cmd` describes it (its standard streams are replaced:
+    /// stdin empty, stdout and stderr read as by [`ChildProc::spawn`]).
+    pub fn spawn_program(name: &str, cmd: &mut Command, echo: Echo) -> Res<ChildProc> {
+        let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .with_context(|| format!("starting {} {}", exe.display(), args.join(" ")))?;
+            .with_context(|| format!("starting {cmd:?}"))?;
         let (tx, rx) = channel();
         let kept = Arc::new(Mutex::new(Vec::new()));
         let mut readers = Vec::new();

@@ -21,13 +21,15 @@
 //! This library holds what they share: command-line options and backend dispatch
 //! ([`cli`], [`with_backend!`]), connected QPs and the side channel ([`conn`]), bounded
 //! waits ([`wait`]), latency statistics ([`stats`]), demo child processes ([`child`]),
-//! errors ([`error`]) and the two small wire/memory formats ([`kv`], [`pool`]).
+//! errors ([`error`]), the two small wire/memory formats ([`kv`], [`pool`]) and
+//! perf-compare's UCX and libfabric reference runs ([`peers`]).
 
 pub mod child;
 pub mod cli;
 pub mod conn;
 pub mod error;
 pub mod kv;
+pub mod peers;
 pub mod pool;
 pub mod stats;
 pub mod wait;

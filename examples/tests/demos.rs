@@ -24,9 +24,15 @@ impl std::fmt::Debug for Out {
 }
 
 fn run(bin: &str, args: &[&str]) -> Out {
+    run_env(bin, args, &[])
+}
+
+/// `run` with these environment variables set.
+fn run_env(bin: &str, args: &[&str], env: &[(&str, &str)]) -> Out {
     let limit = Duration::from_secs(60);
     let mut child = Command::new(bin)
         .args(args)
+        .envs(env.iter().copied())
         .env_remove("RDMA_SIM_LISTEN")
         .env_remove("RDMA_SIM_DEVICES")
         .stdin(Stdio::null())
@@ -82,6 +88,7 @@ const LOCK: &str = env!("CARGO_BIN_EXE_dist-lock");
 const PERF: &str = env!("CARGO_BIN_EXE_perf");
 const DEVINFO: &str = env!("CARGO_BIN_EXE_devinfo");
 const ECHO: &str = env!("CARGO_BIN_EXE_async-echo");
+const COMPARE: &str = env!("CARGO_BIN_EXE_perf-compare");
 
 #[test]
 fn kv_rpc_demo_checks_every_answer() {
@@ -238,6 +245,62 @@ fn perf_json_rows_parse() {
             assert!(r[k].as_f64().is_some_and(|v| v > 0.0), "{k} in {r}");
         }
     }
+}
+
+/// perf-compare's UCX and libfabric rows: each reference program runs, and every row
+/// pairs a positive figure of the sim with one of the reference. Needs `ucx-utils` and
+/// `libfabric-bin`, which a fresh machine lacks, so `cargo test` leaves it out; `.ci/run`
+/// installs them and runs it (`cargo test -p examples --test demos -- --ignored`).
+#[test]
+#[ignore = "needs ucx-utils and libfabric-bin; .ci/run installs them and runs it"]
+fn perf_compare_pairs_the_sim_with_ucx_and_libfabric() {
+    let o = ok(
+        COMPARE,
+        &["--rounds", "1", "--lat-iters", "1000", "--only", "peers"],
+    );
+    for row in [
+        "send_lat vs UCX tag_lat",
+        "write_lat vs UCX tag_lat",
+        "send_lat vs libfabric fi_pingpong",
+        "atomic_lat vs UCX ucp_fadd",
+    ] {
+        let line = o
+            .stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("| {row} |")))
+            .unwrap_or_else(|| panic!("no row {row:?}:\n{o:?}"));
+        let cols: Vec<&str> = line.split('|').map(str::trim).collect();
+        let us = |c: &str| -> f64 {
+            let v = c
+                .split_whitespace()
+                .rev()
+                .nth(1)
+                .unwrap_or_else(|| panic!("{line}"));
+            v.parse().unwrap_or_else(|_| panic!("{c:?} in {line}"))
+        };
+        assert!(us(cols[2]) > 0.0 && us(cols[3]) > 0.0, "{line}");
+        let ratio: f64 = cols[4].parse().unwrap_or_else(|_| panic!("{line}"));
+        assert!(
+            (ratio - us(cols[2]) / us(cols[3])).abs() < 0.02,
+            "one round: ratio = sim / reference: {line}"
+        );
+    }
+}
+
+/// Without the reference programs, asking for their rows is a clear error.
+#[test]
+fn perf_compare_names_the_missing_reference_programs() {
+    let o = run_env(
+        COMPARE,
+        &["--rounds", "1", "--only", "peers"],
+        &[("PATH", "/nonexistent")],
+    );
+    assert!(!o.ok, "{o:?}");
+    assert!(
+        o.stderr.contains("ucx_perftest and fi_pingpong")
+            && o.stderr.contains("apt-get install ucx-utils libfabric-bin"),
+        "{o:?}"
+    );
 }
 
 #[test]

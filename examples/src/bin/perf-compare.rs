@@ -41,6 +41,7 @@ use std::time::{Duration, Instant};
 use clap::{Parser, Subcommand};
 use examples::bail;
 use examples::error::{Res, ResultExt};
+use examples::peers::Reference;
 use serde::Serialize;
 use verbs_api::*;
 
@@ -86,6 +87,9 @@ enum Group {
     Qps,
     /// send_lat p99 with a third spinning thread.
     Load,
+    /// send_lat, write_lat, atomic_lat against UCX and libfabric on this machine (needs
+    /// `apt-get install ucx-utils libfabric-bin`; left out of a full run without them).
+    Peers,
 }
 
 #[derive(Subcommand, Debug)]
@@ -367,6 +371,22 @@ fn all_ok(wcs: &[WorkCompletion], qps: usize) -> Res<()> {
 /// compares at 16 per QP; 4 per QP is shown without one.
 const QP_ROWS: [(&str, usize, Option<f64>); 2] = [("qp64", 16, Some(0.8)), ("qp64_depth4", 4, None)];
 
+/// The UCX and libfabric references and the sim's tests paired with each (8 B).
+const PEER_ROWS: [(Reference, &[&str]); 3] = [
+    (Reference::UcxTagLat, &["send_lat", "write_lat"]),
+    (Reference::FabricPingpong, &["send_lat"]),
+    (Reference::UcxFetchAdd, &["atomic_lat"]),
+];
+
+/// Iterations of each UCX and libfabric run per sim latency iteration (100 000 by
+/// default, as `bench/ucx-libfabric.sh`: they need more to settle).
+const PEER_ITERS_PER_LAT_ITER: u64 = 5;
+
+/// The key of a sim test paired with a reference in the report's pairs.
+fn peer_key(test: &str, peer: Reference) -> String {
+    format!("{test}/{}", peer.name())
+}
+
 /// WRITEs each QP keeps outstanding in the QP curve: 16, and at most 1024 in all.
 fn curve_depth(qps: usize) -> usize {
     (1024 / qps).clamp(1, 16)
@@ -615,7 +635,24 @@ fn run(cli: &Cli) -> Res<()> {
         pairs.entry(k.to_string()).or_default().push(Pair { sim, base });
     };
     let lat_tests = ["send_lat", "write_lat", "read_lat", "atomic_lat"];
-    let want = |g: Group| cli.only.is_empty() || cli.only.contains(&g);
+    let missing = examples::peers::missing();
+    if !missing.is_empty() {
+        if cli.only.contains(&Group::Peers) {
+            bail!(
+                "--only peers needs {} ({})",
+                missing.join(" and "),
+                examples::peers::INSTALL
+            );
+        }
+        eprintln!(
+            "perf-compare: {} not installed, so the UCX and libfabric rows are left out ({})",
+            missing.join(" and "),
+            examples::peers::INSTALL
+        );
+    }
+    let want = |g: Group| {
+        (cli.only.is_empty() || cli.only.contains(&g)) && (g != Group::Peers || missing.is_empty())
+    };
     for r in 0..rounds {
         eprintln!("round {}/{rounds}", r + 1);
         if want(Group::Lat) {
@@ -647,6 +684,16 @@ fn run(cli: &Cli) -> Res<()> {
         if want(Group::Rate) {
             let row = perf1(&["write_bw", "-s", "64", "-t", "128", "-n", "1000000"])?;
             pair("write_bw_64", row.msg_rate_mpps, 1.0);
+        }
+        if want(Group::Peers) {
+            // Each reference figure, then the sim's counterparts right after it.
+            for (peer, tests) in PEER_ROWS {
+                let base = peer.measure(cli.lat_iters * PEER_ITERS_PER_LAT_ITER)?;
+                for t in tests {
+                    let row = perf1(&[t, "-s", "8", "-n", &n])?;
+                    pair(&peer_key(t, peer), row.t_typical_us, base);
+                }
+            }
         }
         if want(Group::Qps) {
             for (t, depth, _) in QP_ROWS {
@@ -718,6 +765,25 @@ fn run(cli: &Cli) -> Res<()> {
             None,
             Some(1.0),
         );
+    }
+    if want(Group::Peers) {
+        for (peer, tests) in PEER_ROWS {
+            for t in tests {
+                let k = peer_key(t, peer);
+                // The target: one-way latency at or below UCX's and libfabric's.
+                let max = (peer != Reference::UcxFetchAdd).then_some(1.0);
+                let base = format!("{} {:.2} us", peer.name(), mb(&k));
+                push(
+                    &format!("{t} vs {}", peer.name()),
+                    m(&k),
+                    "us",
+                    mr(&k),
+                    base,
+                    max,
+                    None,
+                );
+            }
+        }
     }
     if want(Group::Qps) {
         for (t, depth, min) in QP_ROWS {
