@@ -14,6 +14,8 @@ use std::collections::VecDeque;
 use std::io;
 use std::os::fd::RawFd;
 
+use arrayvec::ArrayVec;
+
 use crate::memory::Seg;
 use crate::wire::{Frame, MAX_HDR_LEN};
 
@@ -207,12 +209,9 @@ impl TxQueue {
 
     /// One `sendmsg` of at most `budget` bytes.
     fn writev_once(&mut self, fd: RawFd, budget: usize) -> io::Result<usize> {
-        let mut iov: [libc::iovec; MAX_IOV] = [libc::iovec {
-            iov_base: std::ptr::null_mut(),
-            iov_len: 0,
-        }; MAX_IOV];
-        let mut pinned: [Option<&Seg>; MAX_IOV] = [None; MAX_IOV];
-        let mut cnt = 0;
+        // Filled as they are built: no zeroing of 128 entries per call on the latency path.
+        let mut iov = ArrayVec::<libc::iovec, MAX_IOV>::new();
+        let mut pinned = ArrayVec::<&Seg, MAX_IOV>::new();
         // Bytes that may still go out: what is queued before the bytes of a deregistered
         // region goes out (as a link delivers the packets before a failure); the stream
         // ends where those begin.
@@ -221,42 +220,39 @@ impl TxQueue {
             .map_or(usize::MAX, |p| (p - self.written_total) as usize)
             .min(budget);
         for (i, part) in self.parts.iter().enumerate() {
-            if cnt == MAX_IOV || room == 0 {
+            if iov.is_full() || room == 0 {
                 break;
             }
             let skip = if i == 0 { self.head_off } else { 0 };
             match part {
                 Part::Bytes { start, end } => {
                     let len = (end - start - skip).min(room);
-                    iov[cnt] = libc::iovec {
+                    iov.push(libc::iovec {
                         iov_base: self.arena[start + skip..].as_ptr() as *mut libc::c_void,
                         iov_len: len,
-                    };
+                    });
                     room -= len;
-                    cnt += 1;
                 }
                 Part::Mem(seg) => {
                     if !seg.mr.pin() {
                         // Deregistered while queued: its bytes cannot be sent.
-                        let at =
-                            self.written_total + iov[..cnt].iter().map(|v| v.iov_len as u64).sum::<u64>();
+                        let at = self.written_total + iov.iter().map(|v| v.iov_len as u64).sum::<u64>();
                         self.poison = Some(self.poison.map_or(at, |p| p.min(at)));
                         break;
                     }
-                    pinned[cnt] = Some(seg);
+                    pinned.push(seg);
                     let len = (seg.len - skip).min(room);
-                    iov[cnt] = libc::iovec {
+                    iov.push(libc::iovec {
                         // SAFETY (pointer arithmetic): offset + skip < offset + len <=
                         // region length, an invariant of `Seg`.
                         iov_base: unsafe { seg.mr.base().add(seg.offset + skip) }.cast(),
                         iov_len: len,
-                    };
+                    });
                     room -= len;
-                    cnt += 1;
                 }
             }
         }
-        if cnt == 0 && self.poison == Some(self.written_total) {
+        if iov.is_empty() && self.poison == Some(self.written_total) {
             return Err(Self::deregistered());
         }
         // SAFETY: every iovec points into memory that stays valid for the call: the arena
@@ -268,14 +264,14 @@ impl TxQueue {
                 msg_name: std::ptr::null_mut(),
                 msg_namelen: 0,
                 msg_iov: iov.as_mut_ptr(),
-                msg_iovlen: cnt,
+                msg_iovlen: iov.len(),
                 msg_control: std::ptr::null_mut(),
                 msg_controllen: 0,
                 msg_flags: 0,
             };
             libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT)
         };
-        for seg in pinned.iter().take(cnt).flatten() {
+        for seg in pinned {
             seg.mr.unpin();
         }
         if r < 0 {
