@@ -287,6 +287,38 @@ fn perf_compare_pairs_the_sim_with_ucx_and_libfabric() {
     }
 }
 
+/// perf-compare's one-thread cost row: the sim's and TCP's nanoseconds per message, and
+/// the sim's own work as their difference.
+#[test]
+fn perf_compare_cost_row() {
+    let o = ok(
+        COMPARE,
+        &["--rounds", "1", "--lat-iters", "200", "--only", "cost"],
+    );
+    let line = o
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("| CPU per message, one thread"))
+        .unwrap_or_else(|| panic!("no cost row:\n{o:?}"));
+    let cols: Vec<&str> = line.split('|').map(str::trim).collect();
+    let first = |c: &str| -> f64 {
+        let v = c.split_whitespace().find_map(|w| w.parse::<f64>().ok());
+        v.unwrap_or_else(|| panic!("{c:?} in {line}"))
+    };
+    let (sim, tcp) = (
+        first(cols[2]),
+        first(cols[3].trim_start_matches("TCP send + recv")),
+    );
+    assert!(sim > 0.0 && tcp > 0.0, "{line}");
+    let own: f64 = cols[2]
+        .split("own work ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    assert!((own - (sim - tcp)).abs() < 2.0, "own work = sim - TCP: {line}");
+}
+
 /// Without the reference programs, asking for their rows is a clear error.
 #[test]
 fn perf_compare_names_the_missing_reference_programs() {

@@ -23,6 +23,12 @@
 //! target, does the same with 4 per QP (256 in all): it shows what a shallow pipeline
 //! per QP costs, at any QP count.
 //!
+//! Two groups have no target of their own: `peers` measures UCX (`ucx_perftest`) and
+//! libfabric (`fi_pingpong`) and pairs the sim's latency with each (the issue asks for
+//! the sim at or below their figures: the rows' target is 1.0 x), and `cost` measures the
+//! CPU time of one message with both ends in one thread against raw TCP doing the same
+//! system calls ([`cost`]): a figure free of scheduling noise, for comparing changes.
+//!
 //! `--curves` adds latency and bandwidth against message size (8 B .. 4 MiB) and against
 //! the number of QPs (1 .. 1024; 16 WRITEs outstanding per QP up to 64 QPs, then 1024 in
 //! all), written as CSV and, with `--plot FILE.svg`, as a plot.
@@ -42,6 +48,8 @@ use clap::{Parser, Subcommand};
 use examples::bail;
 use examples::error::{Res, ResultExt};
 use examples::peers::Reference;
+
+mod cost;
 use serde::Serialize;
 use verbs_api::*;
 
@@ -90,6 +98,8 @@ enum Group {
     /// send_lat, write_lat, atomic_lat against UCX and libfabric on this machine (needs
     /// `apt-get install ucx-utils libfabric-bin`; left out of a full run without them).
     Peers,
+    /// The CPU cost of one message in one thread, sim against TCP (no target).
+    Cost,
 }
 
 #[derive(Subcommand, Debug)]
@@ -370,6 +380,10 @@ fn all_ok(wcs: &[WorkCompletion], qps: usize) -> Res<()> {
 /// The QP rows: key, WRITEs outstanding per QP (on both sides), minimum ratio. The target
 /// compares at 16 per QP; 4 per QP is shown without one.
 const QP_ROWS: [(&str, usize, Option<f64>); 2] = [("qp64", 16, Some(0.8)), ("qp64_depth4", 4, None)];
+
+/// Messages of each one-thread cost measurement per latency iteration (200 000 by
+/// default: a second of each side).
+const COST_MESSAGES_PER_LAT_ITER: u64 = 10;
 
 /// The UCX and libfabric references and the sim's tests paired with each (8 B).
 const PEER_ROWS: [(Reference, &[&str]); 3] = [
@@ -695,6 +709,11 @@ fn run(cli: &Cli) -> Res<()> {
                 }
             }
         }
+        if want(Group::Cost) {
+            let msgs = cli.lat_iters * COST_MESSAGES_PER_LAT_ITER;
+            let base = cost::tcp_ns_per_message(msgs)?;
+            pair("cost", cost::sim_ns_per_message(msgs)?, base);
+        }
         if want(Group::Qps) {
             for (t, depth, _) in QP_ROWS {
                 let one = multi_qp_write_bw(1, depth, 65536, 2 << 30)?;
@@ -784,6 +803,19 @@ fn run(cli: &Cli) -> Res<()> {
                 );
             }
         }
+    }
+    if want(Group::Cost) {
+        let k = "cost";
+        let own = median(get(k).iter().map(|p| p.sim - p.base).collect());
+        push(
+            "CPU per message, one thread (post + poll)",
+            m(k),
+            &format!("ns (sim's own work {own:.0} ns)"),
+            mr(k),
+            format!("TCP send + recv {:.0} ns", mb(k)),
+            None,
+            None,
+        );
     }
     if want(Group::Qps) {
         for (t, depth, min) in QP_ROWS {
