@@ -74,6 +74,9 @@ use crate::tx::TxQueue;
 const BUDGET: usize = 128;
 /// Stop building new requests while this many bytes wait to be written.
 const TX_HIGH: usize = 4 << 20;
+/// A write this large can take long enough (up to a millisecond on loopback) that the
+/// clock is read again after it: the ACK timer counts from when bytes last left.
+const LARGE_WRITE: usize = 64 << 10;
 /// Payload bytes a deferred ACK may cover while more requests stream in (see `process`).
 const ACK_EVERY: usize = 32 << 10;
 /// READ/atomic responses a peer may leave unread before it is cut off (generous: the
@@ -1019,8 +1022,8 @@ impl Progress {
                 return did;
             }
             let entered = self.user_entered();
-            let (done, closed) = self.service_locked(conn, io, mode, peek);
-            self.user_left(entered, done, || self.nanos(Instant::now()));
+            let (done, closed, clock) = self.service_locked(conn, io, mode, peek);
+            self.user_left(entered, done, || self.nanos(clock.unwrap_or_else(Instant::now)));
             did |= done;
             if closed || !conn.pending.load(Ordering::SeqCst) {
                 return did;
@@ -1029,16 +1032,19 @@ impl Progress {
     }
 
     /// One round of service with the I/O lock held (released on return). Returns (did
-    /// work, connection closed).
+    /// work, connection closed, the clock as of the end of its I/O if it read it: one
+    /// read per round, taken after the round's read; a large write, which can take a
+    /// millisecond, reads it again).
     fn service_locked(
         &self,
         conn: &Arc<Conn>,
         mut io: parking_lot::MutexGuard<'_, ConnIo>,
         mode: Mode,
         peek: bool,
-    ) -> (bool, bool) {
+    ) -> (bool, bool, Option<Instant>) {
         let fd = conn.sock.as_raw_fd();
         let mut did = false;
+        let mut clock: Option<Instant>;
         loop {
             let mut progressed = false;
             let faulty = conn.qp.fault_armed.load(Ordering::Acquire);
@@ -1049,35 +1055,38 @@ impl Progress {
                     Ok(0) => {
                         drop(io);
                         self.lost(conn, "peer closed the connection");
-                        return (true, true);
+                        return (true, true, None);
                     }
                     Ok(_) => progressed = true,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                         // A thread looking for news found none: nothing to decode,
                         // nothing to write, so nothing to do.
                         if peek && !did && !io.reader.has_buffered() && io.tx.is_empty() {
-                            return (false, false);
+                            return (false, false, None);
                         }
                     }
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => progressed = true,
                     Err(e) => {
                         drop(io);
                         self.lost(conn, &e.to_string());
-                        return (true, true);
+                        return (true, true, None);
                     }
                 }
             }
+            // The round's one clock read: the timers' `now`, and when its bytes left.
+            let now = Instant::now();
+            clock = Some(now);
             let ack_later = if stalled {
                 false
             } else {
                 let ConnIo {
                     reader, tx, drive, ..
                 } = &mut *io;
-                match self.process(conn, reader, tx, drive, mode) {
-                    Processed::Closed => return (true, true),
+                match self.process(conn, reader, tx, drive, mode, now) {
+                    Processed::Closed => return (true, true, None),
                     Processed::Break(p) => {
                         self.break_now(conn, &mut io, p);
-                        return (true, true);
+                        return (true, true, None);
                     }
                     Processed::Ok { ack_later } => ack_later,
                 }
@@ -1095,15 +1104,21 @@ impl Progress {
                     Ok(n) => {
                         if n > 0 {
                             progressed = true;
-                            conn.last_tx
-                                .store(self.nanos(Instant::now()).max(1), Ordering::Relaxed);
+                            let at = if n >= LARGE_WRITE {
+                                let t = Instant::now();
+                                clock = Some(t);
+                                t
+                            } else {
+                                now
+                            };
+                            conn.last_tx.store(self.nanos(at).max(1), Ordering::Relaxed);
                         }
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                     Err(e) => {
                         drop(io);
                         self.lost(conn, &e.to_string());
-                        return (true, true);
+                        return (true, true, None);
                     }
                 }
             }
@@ -1124,7 +1139,7 @@ impl Progress {
                 break;
             }
         }
-        (did, false)
+        (did, false, clock)
     }
 
     /// Fault injection: whether the responder side of `conn` is stalled now.
@@ -1210,6 +1225,7 @@ impl Progress {
         tx: &mut TxQueue,
         st: &mut DriveState,
         mode: Mode,
+        now: Instant,
     ) -> Processed {
         let qp = &conn.qp;
         let mut g = qp.inner.lock();
@@ -1220,7 +1236,6 @@ impl Progress {
             self.close(conn);
             return Processed::Closed;
         }
-        let now = Instant::now();
         // An application thread's poll leaves the ACK for its next call (delayed ACK). On
         // the progress thread, while the stream keeps coming (the last read got all it
         // asked for), the ACK waits for the next pass until it covers `ACK_EVERY` bytes
