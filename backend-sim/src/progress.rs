@@ -763,7 +763,8 @@ impl Progress {
     /// new driving window.
     pub fn user_idle(&self) {
         self.last_user_poll.store(0, Ordering::Relaxed);
-        let until = self.user_until.swap(0, Ordering::Relaxed);
+        // SeqCst: paired with the progress thread's `sleeping` store and second look.
+        let until = self.user_until.swap(0, Ordering::SeqCst);
         // While the window and the grace period after it last, the progress thread may
         // be asleep on the doorbell alone: wake it to watch the connections.
         let off_until = until.saturating_add(self.grace.as_nanos() as u64);
@@ -809,12 +810,20 @@ impl Progress {
                 Some(Duration::ZERO)
             } else {
                 self.sleeping.store(true, Ordering::SeqCst);
+                // An application thread that stopped driving (armed a CQ or moved to
+                // another device: `user_idle`) after `user_until` was read above found
+                // `sleeping` still false and did not ring: without this second look the
+                // thread would sleep through the window and grace period it computed
+                // from the stale value. (Both sides: a SeqCst write, then a SeqCst read
+                // of the other's flag, so at least one of them sees the other.)
+                let stopped = user_driving && self.user_until.load(Ordering::SeqCst) == 0;
                 // Work queued between the last check and now must not wait for a bell,
                 // unless an application thread drives: its next poll runs it (posters
                 // do not ring while it does, see `schedule`).
-                if !user_driving
-                    && (self.ready_pending.load(Ordering::Acquire)
-                        || self.acks_pending.load(Ordering::Acquire))
+                if stopped
+                    || !user_driving
+                        && (self.ready_pending.load(Ordering::Acquire)
+                            || self.acks_pending.load(Ordering::Acquire))
                 {
                     Some(Duration::ZERO)
                 } else {
