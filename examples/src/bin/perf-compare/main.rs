@@ -5,7 +5,8 @@
 //! processes, as a user would run it), and prints every target of the performance issue
 //! with the measured ratio. Each sim figure is paired with a baseline measured right
 //! before it (the speed of a shared VM drifts by tens of percent from minute to minute);
-//! a ratio is the median over the rounds of those pairs' ratios. The baseline's sockets
+//! a ratio is the median over the rounds of those pairs' ratios, and the table shows the
+//! lowest and highest of them too. The baseline's sockets
 //! get the same options as the sim's data connections (`TCP_NODELAY`, and the congestion
 //! control of `backend_sim::sockopt`: CUBIC unless `RDMA_SIM_TCP_CC` says otherwise):
 //!
@@ -530,6 +531,8 @@ struct Target {
     measured: String,
     baseline: String,
     ratio: f64,
+    /// The lowest and highest of the rounds' ratios ("" for a row without pairs).
+    pairs: String,
     target: String,
     pass: bool,
 }
@@ -735,14 +738,19 @@ fn run(cli: &Cli) -> Res<()> {
     // Median of the sim's figures, median of their baselines, median of the ratios.
     let m = |k: &str| median(get(k).iter().map(|p| p.sim).collect());
     let mb = |k: &str| median(get(k).iter().map(|p| p.base).collect());
-    let mr = |k: &str| median(get(k).iter().map(|p| p.sim / p.base).collect());
+    let ratios = |k: &str| get(k).iter().map(|p| p.sim / p.base).collect::<Vec<f64>>();
     let mut push = |test: &str,
                     measured: f64,
                     unit: &str,
-                    ratio: f64,
+                    key: &str,
                     base_desc: String,
                     max: Option<f64>,
                     min: Option<f64>| {
+        let r = ratios(key);
+        let ratio = median(r.clone());
+        let spread = r.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| {
+            (lo.min(x), hi.max(x))
+        });
         let (pass, target) = match (max, min) {
             (Some(x), _) => (ratio <= x, format!("<= {x} x")),
             (_, Some(x)) => (ratio >= x, format!(">= {x} x")),
@@ -753,6 +761,7 @@ fn run(cli: &Cli) -> Res<()> {
             measured: format!("{measured:.2} {unit}"),
             baseline: base_desc,
             ratio,
+            pairs: format!("{:.2}-{:.2}", spread.0, spread.1),
             target,
             pass,
         });
@@ -760,17 +769,17 @@ fn run(cli: &Cli) -> Res<()> {
     if want(Group::Lat) {
         for t in ["send_lat", "write_lat"] {
             let base = format!("TCP one-way {:.2} us", mb(t));
-            push(t, m(t), "us", mr(t), base, Some(1.3), None);
+            push(t, m(t), "us", t, base, Some(1.3), None);
         }
         for t in ["read_lat", "atomic_lat"] {
             let base = format!("TCP round trip {:.2} us", mb(t));
-            push(t, m(t), "us", mr(t), base, Some(1.3), None);
+            push(t, m(t), "us", t, base, Some(1.3), None);
         }
     }
     if want(Group::Bw) {
         for t in ["write_bw", "read_bw", "send_bw"] {
             let base = format!("TCP stream {:.0} MB/s", mb(t));
-            push(&format!("{t} 1 MiB"), m(t), "MB/s", mr(t), base, None, Some(0.8));
+            push(&format!("{t} 1 MiB"), m(t), "MB/s", t, base, None, Some(0.8));
         }
     }
     if want(Group::Rate) {
@@ -779,7 +788,7 @@ fn run(cli: &Cli) -> Res<()> {
             "write_bw 64 B, tx depth 128",
             m(t),
             "M msgs/s",
-            mr(t),
+            t,
             "1 M msgs/s".into(),
             None,
             Some(1.0),
@@ -796,7 +805,7 @@ fn run(cli: &Cli) -> Res<()> {
                     &format!("{t} vs {}", peer.name()),
                     m(&k),
                     "us",
-                    mr(&k),
+                    &k,
                     base,
                     max,
                     None,
@@ -811,7 +820,7 @@ fn run(cli: &Cli) -> Res<()> {
             "CPU per message, one thread (post + poll)",
             m(k),
             &format!("ns (sim's own work {own:.0} ns)"),
-            mr(k),
+            k,
             format!("TCP send + recv {:.0} ns", mb(k)),
             None,
             None,
@@ -823,7 +832,7 @@ fn run(cli: &Cli) -> Res<()> {
                 &format!("64 QPs write_bw 64 KiB aggregate, {depth} outstanding per QP"),
                 m(t),
                 "MB/s",
-                mr(t),
+                t,
                 format!("1 QP {:.0} MB/s, {depth} outstanding", mb(t)),
                 None,
                 min,
@@ -849,6 +858,7 @@ fn run(cli: &Cli) -> Res<()> {
             measured: format!("p99 {:.1} us (max {:.0} us)", loaded.t_p99_us, loaded.t_max_us),
             baseline: format!("TCP busy p99 {tcp_p99:.1} us"),
             ratio: loaded.t_p99_us / tcp_p99,
+            pairs: String::new(),
             target: "p99 < 4000 us".into(),
             pass: loaded.t_p99_us < 4000.0,
         });
@@ -906,7 +916,7 @@ fn date() -> String {
 
 fn print_report(rep: &Report) {
     println!(
-        "\nmachine: {}; {}; median of {} rounds (ratio: median of each round's sim / the baseline measured just before)",
+        "\nmachine: {}; {}; median of {} rounds (ratio: median of each round's sim / the baseline measured just before; pairs: the lowest and highest of those)",
         rep.machine, rep.date, rep.rounds
     );
     let mut base = Vec::new();
@@ -925,15 +935,16 @@ fn print_report(rep: &Report) {
     if !base.is_empty() {
         println!("raw TCP over 127.0.0.1: {}\n", base.join("; "));
     }
-    println!("| test | sim | baseline | ratio | target | met |");
-    println!("|---|---|---|---|---|---|");
+    println!("| test | sim | baseline | ratio | pairs | target | met |");
+    println!("|---|---|---|---|---|---|---|");
     for t in &rep.targets {
         println!(
-            "| {} | {} | {} | {:.2} | {} | {} |",
+            "| {} | {} | {} | {:.2} | {} | {} | {} |",
             t.test,
             t.measured,
             t.baseline,
             t.ratio,
+            t.pairs,
             t.target,
             if t.target.is_empty() {
                 "-"
