@@ -15,9 +15,10 @@
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use examples::error::Res;
+use examples::error::{Res, ResultExt};
+use examples::wait::Waiter;
 use verbs_api::*;
 
 /// Messages before the measured ones (connections, caches and branch predictors warm).
@@ -57,18 +58,18 @@ pub fn sim_ns_per_message(messages: u64) -> Res<f64> {
         let sge = [mrs[from].sge(64, 8)?];
         qps[from]
             .post_send(&[SendWr::send(1, &sge).signaled().inline()])
-            .map_err(|e| examples::error::Error::from(e.to_string()))?;
-        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+            .context("posting a SEND")?;
+        let mut w = Waiter::busy(Duration::from_secs(10));
         loop {
             let n = cqs[to].poll(&mut wc)?;
             if let Some(bad) = wc[..n].iter().find(|w| !w.is_ok()) {
                 examples::bail!("one-thread ping-pong: {:?} failed: {:?}", bad.opcode, bad.status);
             }
-            if wc[..n].iter().any(|w| w.opcode == WcOpcode::Recv) {
+            if wc[..n].iter().any(|c| c.opcode == WcOpcode::Recv) {
                 break;
             }
-            if n == 0 && Instant::now() > deadline {
-                examples::bail!("one-thread ping-pong: a SEND did not arrive within 10 s");
+            if n == 0 {
+                w.idle(&|| "a SEND of the one-thread ping-pong".to_string())?;
             }
         }
         qps[to].post_recv(&[RecvWr::new(0, &[mrs[to].sge(0, 64)?])])?;
