@@ -64,8 +64,9 @@ pub struct DriveState {
 /// Processes buffered frames until the reader needs more bytes or an error stops it.
 /// Responses to the peer's requests are queued in `tx`, followed by one ACK for the
 /// requests acknowledged so far once they carried at least `ack_after` bytes of payload
-/// (0: always; `usize::MAX`: never, the ACK stays owed to the responder, to leave with the
-/// next write; in between: ACKs coalesced over several calls while requests stream in).
+/// or one of them asked for it (AckReq) (0: always; `usize::MAX`: never, the ACK stays
+/// owed to the responder, to leave with the next write, AckReq or not; in between: ACKs
+/// coalesced over several calls while requests stream in).
 /// `max_unsent_reads` bounds the responses
 /// (READ and atomic responses, ACKs, NAKs) queued but not yet written: a peer that keeps
 /// sending requests without reading the answers exceeds it and is cut off instead of
@@ -155,7 +156,7 @@ pub fn drive(
     }
     if sides.accepting {
         if let Some(resp) = sides.resp.as_deref_mut() {
-            if resp.owed_bytes() >= ack_after {
+            if resp.owed_bytes() >= ack_after || (resp.ack_asked() && ack_after != usize::MAX) {
                 resp.flush_ack(tx);
             }
         }
@@ -269,6 +270,7 @@ mod tests {
             len: 0,
             imm: None,
             solicited: false,
+            ack_req: false,
         };
         let (r, mut tx) = flood(&mut resp, dup, 64 * 1024);
         assert_eq!(r, Ok(()));
@@ -290,6 +292,7 @@ mod tests {
             len: 0,
             imm: None,
             solicited: false,
+            ack_req: false,
         };
         let (r, tx) = flood(&mut resp, send, 64 * 1024);
         assert!(

@@ -841,7 +841,7 @@ proptest! {
             // Mix in a plausible header now and then so that deeper paths are reached.
             let mut bytes = c;
             if bytes.first().is_some_and(|b| b % 3 == 0) {
-                let f = crate::wire::Frame::Write { psn: 0, len: bytes.len() as u32, addr: mr.addr().wrapping_add(bytes[0] as u64 * 64), rkey: key, imm: None, solicited: false };
+                let f = crate::wire::Frame::Write { psn: 0, len: bytes.len() as u32, addr: mr.addr().wrapping_add(bytes[0] as u64 * 64), rkey: key, imm: None, solicited: false, ack_req: false };
                 let mut h = [0u8; crate::wire::MAX_HDR_LEN];
                 let n = f.encode(&mut h);
                 let mut v = h[..n].to_vec();
@@ -889,8 +889,8 @@ proptest! {
         for f in frames {
             // Aim some frames at the region so the accept paths run too.
             let f = match f {
-                crate::wire::Frame::Write { psn, imm, solicited, .. } => crate::wire::Frame::Write { psn, len: payload as u32, addr: mr.addr() + (psn as u64 % 5000), rkey: key, imm, solicited },
-                crate::wire::Frame::Send { psn, imm, solicited, .. } => crate::wire::Frame::Send { psn, len: payload as u32, imm, solicited },
+                crate::wire::Frame::Write { psn, imm, solicited, ack_req, .. } => crate::wire::Frame::Write { psn, len: payload as u32, addr: mr.addr() + (psn as u64 % 5000), rkey: key, imm, solicited, ack_req },
+                crate::wire::Frame::Send { psn, imm, solicited, ack_req, .. } => crate::wire::Frame::Send { psn, len: payload as u32, imm, solicited, ack_req },
                 crate::wire::Frame::ReadResp { .. } => continue,
                 other => other,
             };

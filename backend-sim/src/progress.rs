@@ -42,8 +42,10 @@
 //!   (level-triggered: bytes that came meanwhile wake it at once).
 //! - ACKs (IBA 9.7.5.1.2: a responder may coalesce them): an application thread's poll
 //!   leaves the ACK it owes for its next poll or post (delayed ACK, so it leaves with the
-//!   next request); the progress thread, while requests keep streaming in, sends one per
-//!   `ACK_EVERY` (32 KiB) of payload, and at once when the socket is drained.
+//!   next request); the progress thread, while requests keep streaming in, sends one when
+//!   a request asked for it (the AckReq bit, which requesters set on one in every half of
+//!   their outstanding WQEs) or `ACK_EVERY` (1 MiB) of payload went unacknowledged, and
+//!   at once when the socket is drained.
 //! - A connection is serviced by whichever thread holds its I/O lock; others skip it, and
 //!   level-triggered readiness makes sure nothing is left behind.
 //! - Lock order: a connection's I/O lock, then its QP's lock or its epoll registration.
@@ -77,8 +79,9 @@ const TX_HIGH: usize = 4 << 20;
 /// A write this large can take long enough (up to a millisecond on loopback) that the
 /// clock is read again after it: the ACK timer counts from when bytes last left.
 const LARGE_WRITE: usize = 64 << 10;
-/// Payload bytes a deferred ACK may cover while more requests stream in (see `process`).
-const ACK_EVERY: usize = 32 << 10;
+/// Payload bytes a deferred ACK may cover while more requests stream in without asking
+/// for one (see `process`).
+const ACK_EVERY: usize = 1 << 20;
 /// READ/atomic responses a peer may leave unread before it is cut off (generous: the
 /// requesters of this project never have more than `max_rd_atomic` <= 16 outstanding).
 const MAX_UNSENT_READS: usize = 1024;
@@ -1247,9 +1250,10 @@ impl Progress {
         }
         // An application thread's poll leaves the ACK for its next call (delayed ACK). On
         // the progress thread, while the stream keeps coming (the last read got all it
-        // asked for), the ACK waits for the next pass until it covers `ACK_EVERY` bytes
-        // of payload: WRITEs of 16 KiB arrive one per pass (a header read, then the
-        // payload straight into the region), and an ACK each cost a `sendmsg` each. Once
+        // asked for), the ACK waits for the next pass until a request asks for it
+        // (AckReq) or it covers `ACK_EVERY` bytes of payload: WRITEs of 16 KiB arrive one
+        // per pass (a header read, then the payload straight into the region), and an
+        // ACK each cost a `sendmsg` each (and the requester a segment to take in). Once
         // the socket is drained the ACK leaves at once.
         let ack_after = match mode {
             Mode::User => usize::MAX,

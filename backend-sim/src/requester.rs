@@ -131,6 +131,8 @@ pub struct Requester {
     psn: u32,
     attrs: ReqAttrs,
     rd_inflight: u32,
+    /// SENDs and WRITEs sent since the last one that asked for an ACK.
+    since_ack_req: usize,
     retry_left: u8,
     rnr_left: u8,
     rnr_wait: Option<Instant>,
@@ -170,6 +172,7 @@ impl Requester {
                 max_rd_atomic: 1,
             },
             rd_inflight: 0,
+            since_ack_req: 0,
             retry_left: 0,
             rnr_left: 0,
             rnr_wait: None,
@@ -202,6 +205,25 @@ impl Requester {
     /// WQEs posted and not yet completed.
     pub fn outstanding(&self) -> usize {
         self.sq.len()
+    }
+
+    /// Whether the SEND or WRITE about to be sent asks for an ACK (the AckReq bit, IBA
+    /// 9.2; the responder acknowledges it at once instead of coalescing: see
+    /// [`wire::F_ACK_REQ`](crate::wire::F_ACK_REQ)). One in every half of the WQEs
+    /// outstanding (posted, not complete) asks, every one when at most two are
+    /// outstanding: an ACK comes back while half of the window is still on its way, so
+    /// the send queue never runs dry waiting for it, and a deep stream is not answered
+    /// with one ACK per message (each a `sendmsg` on the responder and a segment for this
+    /// side to take in). The responder also acknowledges whenever the stream pauses
+    /// (the requester ran out of WQEs or of room), so nothing waits on a request that
+    /// did not ask.
+    fn ack_req_due(&mut self) -> bool {
+        self.since_ack_req += 1;
+        let due = self.since_ack_req >= (self.sq.len() / 2).max(1);
+        if due {
+            self.since_ack_req = 0;
+        }
+        due
     }
 
     /// Whether nothing has been sent that is not yet complete: the connection is idle, so
@@ -343,6 +365,7 @@ impl Requester {
 
     fn build(&mut self, idx: usize, psn: u32, mrs: &MrTable, tx: &mut TxQueue) -> Result<(), WcStatus> {
         let pd = self.pd;
+        let ack_req = !self.sq[idx].op.is_read_or_atomic() && self.ack_req_due();
         let w = &mut self.sq[idx];
         if w.len > MAX_MSG as u64 {
             return Err(WcStatus::LocLenErr);
@@ -364,6 +387,7 @@ impl Requester {
                         len,
                         imm: w.op.imm_data(),
                         solicited: w.solicited,
+                        ack_req,
                     },
                     _ => {
                         let r = w.op.remote().expect("RDMA op has a remote address");
@@ -374,6 +398,7 @@ impl Requester {
                             rkey: r.rkey,
                             imm: w.op.imm_data(),
                             solicited: w.solicited,
+                            ack_req,
                         }
                     }
                 };
@@ -807,6 +832,59 @@ mod tests {
         req.post(&faa(3), &mrs).unwrap();
         req.post(&faa(4), &mrs).unwrap();
         assert_eq!(req.poll_transmit(&mrs, now, &mut tx, 16, &mut out), Ok(2));
+    }
+
+    /// The PSNs of the WRITEs in `bytes` (frames as sent) that ask for an ACK.
+    fn asking(bytes: &[u8]) -> Vec<u32> {
+        let (mut off, mut psns) = (0, Vec::new());
+        while let Some((f, n)) = Frame::decode(&bytes[off..]).unwrap() {
+            if let Frame::Write {
+                psn, ack_req: true, ..
+            } = f
+            {
+                psns.push(psn);
+            }
+            off += n + f.payload_len() as usize;
+        }
+        assert_eq!(off, bytes.len());
+        psns
+    }
+
+    /// A deep stream asks for an ACK once per half of the WQEs outstanding (not for each
+    /// WRITE); a WRITE alone in the send queue always asks.
+    #[test]
+    fn a_stream_asks_for_an_ack_once_per_half_window() {
+        let attrs = ReqAttrs {
+            sq_psn: 0,
+            timeout: None,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            max_rd_atomic: 1,
+        };
+        let (mrs, mr, mut req) = setup(16, attrs);
+        let sge = [Sge::new(mr.addr(), 8, 7)];
+        let now = Instant::now();
+        let (mut tx, mut out, mut sent) = (TxQueue::new(), Vec::new(), Vec::new());
+        for id in 0..16 {
+            req.post(&SendWr::write(id, &sge, (0x1000, 5)).signaled(), &mrs)
+                .unwrap();
+        }
+        assert_eq!(req.poll_transmit(&mrs, now, &mut tx, 64, &mut out), Ok(16));
+        tx.drain_into(&mut sent);
+        assert_eq!(asking(&sent), [7, 15]);
+        req.on_response(&Frame::Ack { psn: 15 }, now, &mut out).unwrap();
+        assert_eq!(out.len(), 16);
+
+        // One at a time, each acknowledged before the next: every one asks.
+        for (id, psn) in (16..20).zip(16u32..) {
+            req.post(&SendWr::write(id, &sge, (0x1000, 5)).signaled(), &mrs)
+                .unwrap();
+            assert_eq!(req.poll_transmit(&mrs, now, &mut tx, 64, &mut out), Ok(1));
+            sent.clear();
+            tx.drain_into(&mut sent);
+            assert_eq!(asking(&sent), [psn]);
+            req.on_response(&Frame::Ack { psn }, now, &mut out).unwrap();
+        }
     }
 
     /// perf-compare's `write_bw -a` failed with `IBV_WC_RETRY_EXC_ERR`: 128 WRITEs of

@@ -93,6 +93,10 @@ pub struct Responder {
     in_progress: Option<InProgress>,
     /// PSN of the request whose payload is arriving (to roll back if it never does).
     payload_psn: Option<u32>,
+    /// The request whose payload is arriving asked for an ACK.
+    payload_ack_req: bool,
+    /// A request the owed ACK covers asked for it: send it at the end of this batch.
+    ack_asked: bool,
     /// Fault injection: answer RNR to this many more SEND / WRITE_WITH_IMM requests.
     pub force_rnr: u32,
     scratch: Vec<Seg>,
@@ -117,6 +121,8 @@ impl Responder {
             replay: VecDeque::new(),
             in_progress: None,
             payload_psn: None,
+            payload_ack_req: false,
+            ack_asked: false,
             force_rnr: 0,
             scratch: Vec::new(),
         }
@@ -185,11 +191,18 @@ impl Responder {
     fn forget_ack(&mut self) {
         self.ack_owed = None;
         self.owed_bytes = 0;
+        self.ack_asked = false;
     }
 
     /// Payload bytes of the requests executed since the last ACK (0 if none is owed).
     pub fn owed_bytes(&self) -> usize {
         self.owed_bytes
+    }
+
+    /// Whether a request the owed ACK covers asked for it (AckReq): it should leave at
+    /// the end of the current batch rather than be coalesced with later ones.
+    pub fn ack_asked(&self) -> bool {
+        self.ack_asked
     }
 
     /// Sends the ACK owed, if any (call when the current batch of requests is done).
@@ -198,6 +211,7 @@ impl Responder {
             tx.push_frame(&Frame::Ack { psn });
         }
         self.owed_bytes = 0;
+        self.ack_asked = false;
     }
 
     fn flush_ack_before_response(&mut self, tx: &mut TxQueue) {
@@ -278,6 +292,7 @@ impl Responder {
                     solicited,
                 });
                 self.payload_psn = Some(psn);
+                self.payload_ack_req = frame.ack_req();
                 self.epsn = psn::add(psn, 1);
                 Ok(Incoming::Sink(segs))
             }
@@ -321,6 +336,7 @@ impl Responder {
                     });
                 }
                 self.payload_psn = Some(psn);
+                self.payload_ack_req = frame.ack_req();
                 self.epsn = psn::add(psn, 1);
                 let mut segs = std::mem::take(&mut self.scratch);
                 segs.clear();
@@ -407,6 +423,7 @@ impl Responder {
                 // of duplicates, so a peer resending the same SEND without reading the
                 // answers cannot make this side queue an ACK per copy.
                 self.ack_owed = Some(psn::add(self.epsn, verbs_api::PSN_MASK));
+                self.ack_asked |= frame.ack_req();
             }
             Frame::Read { psn, len, addr, rkey } => {
                 match mrs.resolve_remote(
@@ -446,6 +463,7 @@ impl Responder {
     pub fn payload_done(&mut self, sink: Vec<Seg>, out: &mut Vec<(WorkCompletion, bool)>) {
         let mut sink = sink;
         self.owed_bytes += sink.iter().map(|s| s.len).sum::<usize>();
+        self.ack_asked |= std::mem::take(&mut self.payload_ack_req);
         sink.clear();
         self.scratch = sink;
         self.payload_psn = None;
@@ -610,6 +628,7 @@ mod tests {
             rkey: 0,
             imm: None,
             solicited: false,
+            ack_req: false,
         };
         match resp.on_request(&write, &mrs, &mut tx, &mut out).unwrap() {
             Incoming::Sink(s) => resp.payload_done(s, &mut out),
@@ -621,6 +640,7 @@ mod tests {
                 len: 0,
                 imm: None,
                 solicited: false,
+                ack_req: false,
             };
             assert!(matches!(
                 resp.on_request(&dup, &mrs, &mut tx, &mut out),

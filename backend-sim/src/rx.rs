@@ -258,6 +258,7 @@ mod tests {
             len: 10,
             imm: None,
             solicited: false,
+            ack_req: false,
         };
         let n = f.encode(&mut h);
         bytes.extend_from_slice(&h[..n]);
@@ -319,6 +320,7 @@ mod tests {
                 len: LEN as u32,
                 imm: None,
                 solicited: false,
+                ack_req: false,
             };
             let n = f.encode(&mut h);
             bytes.extend_from_slice(&h[..n]);

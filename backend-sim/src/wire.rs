@@ -29,6 +29,10 @@ pub const VERSION: u16 = 1;
 pub const F_IMM: u8 = 1;
 /// Frame flag: the solicited-event bit.
 pub const F_SOLICITED: u8 = 2;
+/// Frame flag: the requester asks for an ACK (the BTH's AckReq bit, IBA 9.2): the
+/// responder acknowledges the request once it is executed instead of coalescing the ACK
+/// with later ones (see `Requester::ack_req_due` for when requesters set it).
+pub const F_ACK_REQ: u8 = 4;
 
 /// Why a connection setup was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -130,6 +134,8 @@ pub enum Frame {
         imm: Option<u32>,
         /// Solicited event.
         solicited: bool,
+        /// The requester asks for an ACK ([`F_ACK_REQ`]).
+        ack_req: bool,
     },
     /// RDMA WRITE / WRITE_WITH_IMM, followed by `len` payload bytes.
     Write {
@@ -145,6 +151,8 @@ pub enum Frame {
         imm: Option<u32>,
         /// Solicited event.
         solicited: bool,
+        /// The requester asks for an ACK ([`F_ACK_REQ`]).
+        ack_req: bool,
     },
     /// RDMA READ request of `len` bytes.
     Read {
@@ -258,6 +266,14 @@ impl Frame {
         }
     }
 
+    /// Whether the frame is a SEND or WRITE that asks for an ACK ([`F_ACK_REQ`]).
+    pub fn ack_req(&self) -> bool {
+        matches!(
+            self,
+            Frame::Send { ack_req: true, .. } | Frame::Write { ack_req: true, .. }
+        )
+    }
+
     /// The PSN, for request and response frames.
     pub fn psn(&self) -> Option<u32> {
         match *self {
@@ -305,14 +321,30 @@ impl Frame {
                 len,
                 imm,
                 solicited,
-            } => (op::SEND, flags_of(imm, solicited), 0, psn, len, imm.unwrap_or(0)),
+                ack_req,
+            } => (
+                op::SEND,
+                flags_of(imm, solicited, ack_req),
+                0,
+                psn,
+                len,
+                imm.unwrap_or(0),
+            ),
             Frame::Write {
                 psn,
                 len,
                 imm,
                 solicited,
+                ack_req,
                 ..
-            } => (op::WRITE, flags_of(imm, solicited), 0, psn, len, imm.unwrap_or(0)),
+            } => (
+                op::WRITE,
+                flags_of(imm, solicited, ack_req),
+                0,
+                psn,
+                len,
+                imm.unwrap_or(0),
+            ),
             Frame::Read { psn, len, .. } => (op::READ, 0, 0, psn, len, 0),
             Frame::CmpSwap { psn, .. } => (op::CMP_SWAP, 0, 0, psn, 0, 0),
             Frame::FetchAdd { psn, .. } => (op::FETCH_ADD, 0, 0, psn, 0, 0),
@@ -386,7 +418,7 @@ impl Frame {
         let psn = u32_at(buf, 4);
         let len = u32_at(buf, 8);
         let imm_raw = u32_at(buf, 12);
-        if flags & !(F_IMM | F_SOLICITED) != 0 {
+        if flags & !(F_IMM | F_SOLICITED | F_ACK_REQ) != 0 {
             return Err(WireError::BadField("flags"));
         }
         if psn > 0xff_ffff {
@@ -397,6 +429,7 @@ impl Frame {
         }
         let imm = (flags & F_IMM != 0).then_some(imm_raw);
         let solicited = flags & F_SOLICITED != 0;
+        let ack_req = flags & F_ACK_REQ != 0;
         let e = &buf[BASE_LEN..];
         let frame = match opcode {
             op::HELLO => {
@@ -429,6 +462,7 @@ impl Frame {
                 len,
                 imm,
                 solicited,
+                ack_req,
             },
             op::WRITE => Frame::Write {
                 psn,
@@ -437,6 +471,7 @@ impl Frame {
                 rkey: u32_at(e, 8),
                 imm,
                 solicited,
+                ack_req,
             },
             op::READ => Frame::Read {
                 psn,
@@ -492,8 +527,10 @@ impl Frame {
     }
 }
 
-fn flags_of(imm: Option<u32>, solicited: bool) -> u8 {
-    (if imm.is_some() { F_IMM } else { 0 }) | (if solicited { F_SOLICITED } else { 0 })
+fn flags_of(imm: Option<u32>, solicited: bool, ack_req: bool) -> u8 {
+    (if imm.is_some() { F_IMM } else { 0 })
+        | (if solicited { F_SOLICITED } else { 0 })
+        | (if ack_req { F_ACK_REQ } else { 0 })
 }
 
 fn u16_at(b: &[u8], i: usize) -> u16 {
@@ -545,29 +582,37 @@ pub(crate) mod tests {
                 Just(HelloReject::Version)
             ]
             .prop_map(|reason| Frame::HelloNak { reason }),
-            (psn.clone(), len.clone(), any::<Option<u32>>(), any::<bool>()).prop_map(
-                |(psn, len, imm, solicited)| Frame::Send {
+            (
+                psn.clone(),
+                len.clone(),
+                any::<Option<u32>>(),
+                any::<bool>(),
+                any::<bool>()
+            )
+                .prop_map(|(psn, len, imm, solicited, ack_req)| Frame::Send {
                     psn,
                     len,
                     imm,
-                    solicited
-                }
-            ),
+                    solicited,
+                    ack_req
+                }),
             (
                 psn.clone(),
                 len.clone(),
                 any::<u64>(),
                 any::<u32>(),
                 any::<Option<u32>>(),
+                any::<bool>(),
                 any::<bool>()
             )
-                .prop_map(|(psn, len, addr, rkey, imm, solicited)| Frame::Write {
+                .prop_map(|(psn, len, addr, rkey, imm, solicited, ack_req)| Frame::Write {
                     psn,
                     len,
                     addr,
                     rkey,
                     imm,
-                    solicited
+                    solicited,
+                    ack_req
                 }),
             (psn.clone(), len.clone(), any::<u64>(), any::<u32>())
                 .prop_map(|(psn, len, addr, rkey)| Frame::Read { psn, len, addr, rkey }),
@@ -648,6 +693,7 @@ pub(crate) mod tests {
             len: 4,
             imm: None,
             solicited: false,
+            ack_req: false,
         }
         .encode(&mut b);
         b[8..12].copy_from_slice(&(MAX_MSG + 1).to_le_bytes());

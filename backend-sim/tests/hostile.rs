@@ -64,6 +64,7 @@ fn crafted_frames_never_touch_memory_outside_the_region() {
         rkey,
         imm: None,
         solicited: false,
+        ack_req: false,
     };
     // In order: writes just before and across both ends, a guessed rkey, a READ past the
     // end, misaligned and out-of-range atomics, a huge length, a SEND larger than the receive.

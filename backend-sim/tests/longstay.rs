@@ -88,6 +88,7 @@ fn a_flood_on_one_qp_does_not_hold_up_reads_on_another() {
             len: 0,
             imm: None,
             solicited: false,
+            ack_req: false,
         }));
     }
     let flood: Vec<u8> = dup.iter().copied().cycle().take(dup.len() * 8192).collect();

@@ -186,6 +186,8 @@ pub enum FrameSpec {
         imm: Option<u32>,
         /// Solicited bit.
         solicited: bool,
+        /// AckReq bit.
+        ack_req: bool,
         /// First payload byte (then counting up).
         fill: u8,
     },
@@ -203,6 +205,8 @@ pub enum FrameSpec {
         imm: Option<u32>,
         /// Solicited bit.
         solicited: bool,
+        /// AckReq bit.
+        ack_req: bool,
         /// First payload byte.
         fill: u8,
     },
@@ -674,6 +678,7 @@ impl Harness {
                 len,
                 imm,
                 solicited,
+                ack_req,
                 fill,
             } => (
                 Frame::Send {
@@ -681,6 +686,7 @@ impl Harness {
                     len: Self::len(len),
                     imm,
                     solicited,
+                    ack_req,
                 },
                 fill,
             ),
@@ -691,6 +697,7 @@ impl Harness {
                 key,
                 imm,
                 solicited,
+                ack_req,
                 fill,
             } => (
                 Frame::Write {
@@ -700,6 +707,7 @@ impl Harness {
                     rkey: self.key(key),
                     imm,
                     solicited,
+                    ack_req,
                 },
                 fill,
             ),
@@ -840,12 +848,17 @@ impl Harness {
     fn with_psn(f: Frame, psn: u32) -> Frame {
         match f {
             Frame::Send {
-                len, imm, solicited, ..
+                len,
+                imm,
+                solicited,
+                ack_req,
+                ..
             } => Frame::Send {
                 psn,
                 len,
                 imm,
                 solicited,
+                ack_req,
             },
             Frame::Write {
                 len,
@@ -853,6 +866,7 @@ impl Harness {
                 rkey,
                 imm,
                 solicited,
+                ack_req,
                 ..
             } => Frame::Write {
                 psn,
@@ -861,6 +875,7 @@ impl Harness {
                 rkey,
                 imm,
                 solicited,
+                ack_req,
             },
             Frame::Read { len, addr, rkey, .. } => Frame::Read { psn, len, addr, rkey },
             Frame::CmpSwap {
@@ -1324,6 +1339,7 @@ mod tests {
             key: KeySel::Region(0),
             imm: None,
             solicited: false,
+            ack_req: false,
             fill: 1,
         }));
         h.check();
@@ -1398,6 +1414,7 @@ mod tests {
                 key: KeySel::Region(0),
                 imm: None,
                 solicited: false,
+                ack_req: false,
                 fill: 7,
             },
             keep: 1000,
@@ -1423,6 +1440,7 @@ mod tests {
             len: LenSel::Small(0),
             imm: None,
             solicited: false,
+            ack_req: false,
             fill: 0,
         };
         Harness::run(&Input {
@@ -1435,6 +1453,7 @@ mod tests {
                         len: LenSel::Small(0),
                         imm: None,
                         solicited: false,
+                        ack_req: false,
                         fill: 0,
                     },
                     count: 63744,
