@@ -86,9 +86,12 @@ fn burst_acks(ask: u32) -> Vec<u32> {
 
 #[test]
 fn a_burst_of_writes_that_asks_for_no_ack_is_acknowledged_by_few_acks() {
+    // 3-7 here; when the socket drains (the device caught up with the peer) an ACK
+    // leaves, so a fast device gets more: the bound leaves room for that and still
+    // fails an ACK per WRITE or per 32 KiB (36-43 and 17-18 before).
     let acks = burst_acks(0);
     assert!(
-        acks.len() <= WRITES as usize / 4,
+        acks.len() <= WRITES as usize / 3,
         "{} ACKs for {WRITES} WRITEs: {acks:?}",
         acks.len()
     );
