@@ -10,6 +10,10 @@
 //! - A refused or failed connection is retried with backoff (100 µs doubling to 10 ms)
 //!   while the QP lives; meanwhile WRs wait as for lost packets: the requester's ACK timer
 //!   runs (in the progress engine), and `retry_cnt` expiries end in `IBV_WC_RETRY_EXC_ERR`.
+//! - A hello of another protocol version ([`wire::VERSION`](crate::wire::VERSION): another
+//!   build of the sim) is refused as such (`HelloReject::Version`, and a warning on both
+//!   sides); that refusal is final: the connecting QP stops trying, and its WRs end in
+//!   `IBV_WC_RETRY_EXC_ERR` with `vendor_err` EPROTO.
 
 use std::io;
 use std::os::fd::AsRawFd;
@@ -23,7 +27,7 @@ use verbs_api::{QpState, Result};
 use crate::device::DeviceShared;
 use crate::qp::QpShared;
 use crate::rx::{Event, Reader};
-use crate::wire::{Frame, HelloReject};
+use crate::wire::{Frame, HelloReject, WireError, VERSION};
 
 /// Bound on connecting and on the hello exchange.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(5);
@@ -109,9 +113,13 @@ async fn fill(stream: &TcpStream, reader: &mut Reader) -> io::Result<()> {
     }
 }
 
+/// Reads one frame; a malformed one is an `InvalidData` error carrying the [`WireError`].
 async fn read_frame(stream: &TcpStream, reader: &mut Reader) -> io::Result<Frame> {
     loop {
-        match reader.next_event().map_err(|e| proto(e.to_string()))? {
+        match reader
+            .next_event()
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?
+        {
             Some(Event::Frame(f)) => return Ok(f),
             Some(Event::PayloadDone(_) | Event::PayloadLost(_)) => return Err(proto("payload during setup")),
             None => fill(stream, reader).await?,
@@ -129,9 +137,26 @@ async fn send_frame(stream: &mut TcpStream, f: &Frame) -> io::Result<()> {
 
 async fn serve_inbound(dev: Weak<DeviceShared>, mut stream: TcpStream) -> io::Result<()> {
     let mut reader = Reader::new();
-    let hello = tokio::time::timeout(SETUP_TIMEOUT, read_frame(&stream, &mut reader))
+    let hello = match tokio::time::timeout(SETUP_TIMEOUT, read_frame(&stream, &mut reader))
         .await
-        .map_err(|_| proto("no hello within the setup timeout"))??;
+        .map_err(|_| proto("no hello within the setup timeout"))?
+    {
+        Ok(f) => f,
+        Err(e) => {
+            if let Some(WireError::Version(v)) = e.get_ref().and_then(|i| i.downcast_ref::<WireError>()) {
+                // Another build: say so, so that its side reports it instead of retrying.
+                tracing::warn!("refused a connection from a peer that speaks sim protocol version {v} (this build: {VERSION})");
+                send_frame(
+                    &mut stream,
+                    &Frame::HelloNak {
+                        reason: HelloReject::Version,
+                    },
+                )
+                .await?;
+            }
+            return Err(e);
+        }
+    };
     let Frame::Hello {
         src_gid,
         src_lid,
@@ -270,6 +295,16 @@ async fn connector_task(qp: Arc<QpShared>, epoch: u64) {
                 }
                 progress.activate(&conn);
             }
+            Err(e) if e.kind() == io::ErrorKind::Unsupported => {
+                // The peer will never accept: say so once, and let the WRs fail as for a
+                // lost link (the ACK timer runs out; `vendor_err` EPROTO).
+                tracing::warn!(qpn = qp.qpn, %remote, "cannot connect: {e}");
+                let mut g = qp.inner.lock();
+                g.req.link_error = errno_of(&e);
+                g.req.arm_timer(QpShared::now());
+                qp.dev.progress.rearm(&qp, &mut g);
+                return;
+            }
             Err(e) => {
                 match fd_hint(&e) {
                     "" => tracing::debug!(qpn = qp.qpn, %remote, "connection attempt failed: {e}"),
@@ -308,6 +343,13 @@ async fn connect(qp: &QpShared, remote: std::net::SocketAddr) -> io::Result<(Tcp
         .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no answer to hello"))??;
     match answer {
         Frame::HelloAck => Ok((stream, reader)),
+        // Permanent: `Unsupported` tells the connector to stop trying.
+        Frame::HelloNak {
+            reason: HelloReject::Version,
+        } => Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("the peer device speaks another sim protocol version (this build: {VERSION}); run the same build on both sides"),
+        )),
         Frame::HelloNak { reason } => Err(io::Error::new(
             io::ErrorKind::ConnectionRefused,
             format!("peer refused QP {dst_qpn:#x}: {reason:?}"),

@@ -22,8 +22,10 @@ pub const MAX_HDR_LEN: usize = BASE_LEN + 32;
 pub const MAX_MSG: u32 = 1 << 31;
 /// Magic of the hello frame ("RSIM").
 pub const HELLO_MAGIC: u32 = 0x4d49_5352;
-/// Protocol version in the hello frame.
-pub const VERSION: u16 = 1;
+/// Protocol version in the hello frame (2: SEND and WRITE may carry [`F_ACK_REQ`]). A
+/// device refuses a hello of another version ([`HelloReject::Version`]): both ends of a
+/// connection must run builds that speak the same frames.
+pub const VERSION: u16 = 2;
 
 /// Frame flag: the request carries immediate data.
 pub const F_IMM: u8 = 1;
@@ -229,6 +231,9 @@ pub enum WireError {
     /// A payload length beyond the message limit.
     #[error("message length {0} exceeds the 2^31 byte limit")]
     TooLong(u32),
+    /// A hello of another protocol version.
+    #[error("the peer speaks sim protocol version {0}, this build version {VERSION}")]
+    Version(u16),
 }
 
 mod op {
@@ -437,7 +442,7 @@ impl Frame {
                     return Err(WireError::BadField("hello magic"));
                 }
                 if aux != VERSION {
-                    return Err(WireError::BadField("protocol version"));
+                    return Err(WireError::Version(aux));
                 }
                 let src_qpn = u32_at(e, 8);
                 let dst_qpn = u32_at(e, 12);

@@ -337,3 +337,39 @@ fn a_peer_that_never_connects_ends_in_retry_exc_err_not_connected() {
     assert_eq!((wc.wr_id, wc.status), (1, WcStatus::RetryExcErr));
     assert_eq!(wc.vendor_err, libc::ENOTCONN as u32, "{wc:?}");
 }
+
+/// A peer device of another build, whose frames this one does not speak: it refuses the
+/// hello as such (`HelloReject::Version`), and the QP stops trying at once (one attempt,
+/// not one every 10 ms) and fails its WRs with RETRY_EXC_ERR naming EPROTO.
+#[test]
+fn a_peer_of_another_protocol_version_is_tried_once_and_named() {
+    use backend_sim::wire::{Frame, HelloReject, MAX_HDR_LEN};
+    use std::io::{Read, Write};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    // The peer's LID (port) is above Linux's ephemeral range, so this QP, with the smaller
+    // (GID, LID), is the side that connects; 65534 (65535 is the absent peer above).
+    let listener =
+        std::net::TcpListener::bind("127.0.0.1:65534").expect("port 65534 is free for the fake peer");
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let seen = attempts.clone();
+    std::thread::spawn(move || {
+        for s in listener.incoming() {
+            let Ok(mut s) = s else { return };
+            seen.fetch_add(1, Ordering::SeqCst);
+            let mut hello = [0u8; MAX_HDR_LEN];
+            let _ = s.read_exact(&mut hello);
+            let mut b = [0u8; MAX_HDR_LEN];
+            let n = Frame::HelloNak {
+                reason: HelloReject::Version,
+            }
+            .encode(&mut b);
+            let _ = s.write_all(&b[..n]);
+        }
+    });
+    let (wc, qp) = write_to_absent_peer(65534);
+    assert_eq!((wc.wr_id, wc.status), (1, WcStatus::RetryExcErr));
+    assert_eq!(wc.vendor_err, libc::EPROTO as u32, "{wc:?}");
+    assert_eq!(qp.state().unwrap(), QpState::Err);
+    assert_eq!(attempts.load(Ordering::SeqCst), 1);
+}

@@ -25,6 +25,18 @@ fn strangers_are_turned_away() {
     let mut s = TcpStream::connect(addr).unwrap();
     s.write_all(&hello(&ctx, 5, 0x7777)).unwrap();
     assert!(matches!(read_answer(&mut s), Some(Frame::HelloNak { .. })));
+    // A hello of another protocol version (the version sits in bytes 2-3 of the header):
+    // refused as such, so that the other build can say why.
+    let mut old = hello(&ctx, 5, 0x7777);
+    old[2..4].copy_from_slice(&(backend_sim::wire::VERSION - 1).to_le_bytes());
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(&old).unwrap();
+    assert_eq!(
+        read_answer(&mut s),
+        Some(Frame::HelloNak {
+            reason: backend_sim::wire::HelloReject::Version
+        })
+    );
     // A hello for a QP in RESET.
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(8, None).unwrap();
