@@ -22,7 +22,9 @@
 //! The QP target compares like with like, as perftest's `-q` does: each of the 64 QPs
 //! keeps as many WRITEs outstanding as the single QP (16). A second row, without a
 //! target, does the same with 4 per QP (256 in all): it shows what a shallow pipeline
-//! per QP costs, at any QP count.
+//! per QP costs, at any QP count. A third, without a target, is raw TCP with the same
+//! traffic over 64 connections against one ([`streams`]): what many connections cost
+//! the kernel, so that the sim's ratio can be read against it.
 //!
 //! Two groups have no target of their own: `peers` measures UCX (`ucx_perftest`) and
 //! libfabric (`fi_pingpong`) and pairs the sim's latency with each (the issue asks for
@@ -51,6 +53,7 @@ use examples::error::{Res, ResultExt};
 use examples::peers::Reference;
 
 mod cost;
+mod streams;
 use serde::Serialize;
 use verbs_api::*;
 
@@ -92,7 +95,7 @@ enum Group {
     Bw,
     /// write_bw 64 B with tx depth 128 (message rate).
     Rate,
-    /// 64 QPs against one QP (16 and 4 WRITEs outstanding per QP).
+    /// 64 QPs against one QP (16 and 4 WRITEs outstanding per QP), and raw TCP with the same traffic over 64 connections against one
     Qps,
     /// send_lat p99 with a third spinning thread.
     Load,
@@ -381,6 +384,9 @@ fn all_ok(wcs: &[WorkCompletion], qps: usize) -> Res<()> {
 /// The QP rows: key, WRITEs outstanding per QP (on both sides), minimum ratio. The target
 /// compares at 16 per QP; 4 per QP is shown without one.
 const QP_ROWS: [(&str, usize, Option<f64>); 2] = [("qp64", 16, Some(0.8)), ("qp64_depth4", 4, None)];
+/// Key of the QP rows' raw TCP reference ([`streams`]: 64 connections against one, 16
+/// messages of 64 KiB outstanding on each, no target).
+const TCP_QP_ROW: &str = "tcp_conns64";
 
 /// Messages of each one-thread cost measurement per latency iteration (200 000 by
 /// default: a second of each side).
@@ -727,6 +733,12 @@ fn run(cli: &Cli) -> Res<()> {
                 let after = multi_qp_write_bw(1, depth, 65536, 2 << 30)?;
                 pair(t, many, (before + after) / 2.0);
             }
+            // The same comparison for raw TCP with the same traffic: what 64 connections
+            // cost the kernel, as against what they cost the sim.
+            let before = streams::write_bw(1, 16, 65536, 2 << 30)?;
+            let many = streams::write_bw(64, 16, 65536, 2 << 30)?;
+            let after = streams::write_bw(1, 16, 65536, 2 << 30)?;
+            pair(TCP_QP_ROW, many, (before + after) / 2.0);
         }
     }
     let busy = median(tcp_busy);
@@ -842,6 +854,15 @@ fn run(cli: &Cli) -> Res<()> {
                 min,
             );
         }
+        push(
+            "raw TCP, 64 connections with the 64-QP row's traffic, aggregate",
+            m(TCP_QP_ROW),
+            "MB/s",
+            TCP_QP_ROW,
+            format!("1 connection {:.0} MB/s", mb(TCP_QP_ROW)),
+            None,
+            None,
+        );
     }
 
     if want(Group::Load) {
