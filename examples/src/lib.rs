@@ -22,7 +22,8 @@
 //! ([`cli`], [`with_backend!`]), connected QPs and the side channel ([`conn`]), bounded
 //! waits ([`wait`]), latency statistics ([`stats`]), demo child processes ([`child`]),
 //! errors ([`error`]), the two small wire/memory formats ([`kv`], [`pool`]) and
-//! perf-compare's UCX and libfabric reference runs ([`peers`]).
+//! perf-compare's references: UCX and libfabric runs ([`peers`]) and raw TCP with the
+//! QP rows' traffic ([`streams`]).
 
 pub mod child;
 pub mod cli;
@@ -32,6 +33,7 @@ pub mod kv;
 pub mod peers;
 pub mod pool;
 pub mod stats;
+pub mod streams;
 pub mod wait;
 
 pub use error::{report, Error, Res, ResultExt};

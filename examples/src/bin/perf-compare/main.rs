@@ -51,9 +51,9 @@ use clap::{Parser, Subcommand};
 use examples::bail;
 use examples::error::{Res, ResultExt};
 use examples::peers::Reference;
+use examples::streams;
 
 mod cost;
-mod streams;
 use serde::Serialize;
 use verbs_api::*;
 

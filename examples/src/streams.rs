@@ -1,4 +1,4 @@
-//! Raw TCP carrying the QP rows' traffic: the reference for "64 QPs against one".
+//! Raw TCP carrying the QP rows' traffic (perf-compare's reference for "64 QPs against one").
 //!
 //! Whether 64 connections cost the kernel more than one is a question about TCP, not
 //! about the sim. This measures it with the sim's traffic and none of the sim: `conns`
@@ -15,8 +15,8 @@ use std::io::{ErrorKind, IoSlice, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use examples::bail;
-use examples::error::{Res, ResultExt};
+use crate::bail;
+use crate::error::{Res, ResultExt};
 
 /// Bytes of a message's header (the sim's WRITE header).
 const HDR: usize = 48;
