@@ -8,7 +8,7 @@
 //! progress thread), both non-blocking and busy, reading every socket in turn. The
 //! receiver answers with a 16-byte cumulative count (as an ACK) every half window and
 //! whenever a socket runs dry, as the sim's responder does with the AckReq bit; the
-//! sender puts up to [`BATCH`] messages in one `writev`, as the sim puts several WQEs in
+//! sender puts up to 16 messages (`BATCH`) in one `writev`, as the sim puts several WQEs in
 //! one `sendmsg`.
 
 use std::io::{ErrorKind, IoSlice, Read, Write};
