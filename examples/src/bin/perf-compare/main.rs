@@ -997,6 +997,13 @@ fn print_report(rep: &Report) {
     }
 }
 
+/// A legend entry's sample: a short line in the series' colour.
+fn swatch(
+    color: plotters::style::RGBColor,
+) -> impl Fn((i32, i32)) -> plotters::element::PathElement<(i32, i32)> {
+    move |(x, y)| plotters::element::PathElement::new(vec![(x, y), (x + 20, y)], color)
+}
+
 fn plot(rep: &Report, path: &std::path::Path) -> Res<()> {
     use plotters::prelude::*;
     let root = SVGBackend::new(path, (1100, 420)).into_drawing_area();
@@ -1035,14 +1042,14 @@ fn plot(rep: &Report, path: &std::path::Path) -> Res<()> {
         ))
         .map_err(e)?
         .label("write_lat (us, left)")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE));
+        .legend(swatch(BLUE));
         c.draw_secondary_series(LineSeries::new(
             rep.size_curve.iter().map(|p| (p.size, p.write_bw_mbps)),
             &RED,
         ))
         .map_err(e)?
         .label("write_bw (MB/s, right)")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
+        .legend(swatch(RED));
         c.configure_series_labels()
             .background_style(WHITE.mix(0.8))
             .border_style(BLACK)
@@ -1084,14 +1091,14 @@ fn plot(rep: &Report, path: &std::path::Path) -> Res<()> {
         ))
         .map_err(e)?
         .label("latency (us, left)")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE));
+        .legend(swatch(BLUE));
         c.draw_secondary_series(LineSeries::new(
             rep.qp_curve.iter().map(|p| (p.qps as u32, p.write_bw_64k_mbps)),
             &RED,
         ))
         .map_err(e)?
         .label("bandwidth (MB/s, right)")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
+        .legend(swatch(RED));
         c.configure_series_labels()
             .background_style(WHITE.mix(0.8))
             .border_style(BLACK)
