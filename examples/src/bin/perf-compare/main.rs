@@ -381,9 +381,23 @@ fn all_ok(wcs: &[WorkCompletion], qps: usize) -> Res<()> {
     }
 }
 
-/// The QP rows: key, WRITEs outstanding per QP (on both sides), minimum ratio. The target
-/// compares at 16 per QP; 4 per QP is shown without one.
-const QP_ROWS: [(&str, usize, Option<f64>); 2] = [("qp64", 16, Some(0.8)), ("qp64_depth4", 4, None)];
+/// How the QP rows' application posts its WRITEs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Posting {
+    /// One WR per `post_send` (perftest's default, `--post_list 1`).
+    Single,
+    /// Each QP's refill as one list (as `perf write_bw` posts).
+    List,
+}
+
+/// The QP rows: key, WRITEs outstanding per QP (on both sides), posting, minimum ratio.
+/// The target compares at 16 per QP, one WR per call; 4 per QP, and 16 per QP posted as
+/// lists, are shown without one.
+const QP_ROWS: [(&str, usize, Posting, Option<f64>); 3] = [
+    ("qp64", 16, Posting::Single, Some(0.8)),
+    ("qp64_depth4", 4, Posting::Single, None),
+    ("qp64_lists", 16, Posting::List, None),
+];
 /// Key of the QP rows' raw TCP reference ([`streams`]: 64 connections against one, 16
 /// messages of 64 KiB outstanding on each, no target).
 const TCP_QP_ROW: &str = "tcp_conns64";
@@ -414,8 +428,9 @@ fn curve_depth(qps: usize) -> usize {
 }
 
 /// Aggregate MB/s of RDMA WRITEs of `size` bytes over `qps` QPs on one device (their
-/// peers on a second device in this process), `depth` WRs outstanding per QP.
-fn multi_qp_write_bw(qps: usize, depth: usize, size: usize, total: u64) -> Res<f64> {
+/// peers on a second device in this process), `depth` WRs outstanding per QP, posted as
+/// `posting` says.
+fn multi_qp_write_bw(qps: usize, depth: usize, size: usize, total: u64, posting: Posting) -> Res<f64> {
     let sim = backend_sim::SimBackend::default();
     let a = sim.open("sim0")?;
     let b = sim.open("sim1")?;
@@ -441,6 +456,7 @@ fn multi_qp_write_bw(qps: usize, depth: usize, size: usize, total: u64) -> Res<f
     let remote = dst.remote().at(0);
     let mut outstanding = vec![0usize; qps];
     let mut wcs = vec![WorkCompletion::default(); 256];
+    let mut list = Vec::with_capacity(depth);
     // Warm up: one WRITE per QP sets the connections up.
     for (i, (qa, _)) in pairs.iter().enumerate() {
         qa.post_send(&[SendWr::write(i as u64, &sge, remote).signaled()])
@@ -452,12 +468,26 @@ fn multi_qp_write_bw(qps: usize, depth: usize, size: usize, total: u64) -> Res<f
     let (mut posted, mut done) = (0u64, 0u64);
     while done < msgs {
         for (i, (qa, _)) in pairs.iter().enumerate() {
-            while outstanding[i] < depth && posted < msgs {
-                qa.post_send(&[SendWr::write(i as u64, &sge, remote).signaled()])
-                    .map_err(|e| error!("{e}"))?;
-                outstanding[i] += 1;
-                posted += 1;
+            let room = (depth - outstanding[i]).min((msgs - posted) as usize);
+            if room == 0 {
+                continue;
             }
+            let wr = SendWr::write(i as u64, &sge, remote).signaled();
+            match posting {
+                Posting::Single => {
+                    for _ in 0..room {
+                        qa.post_send(std::slice::from_ref(&wr))
+                            .map_err(|e| error!("{e}"))?;
+                    }
+                }
+                Posting::List => {
+                    list.clear();
+                    list.resize(room, wr);
+                    qa.post_send(&list).map_err(|e| error!("{e}"))?;
+                }
+            }
+            outstanding[i] += room;
+            posted += room as u64;
         }
         let n = cq_a.poll(&mut wcs)?;
         for wc in &wcs[..n] {
@@ -724,13 +754,13 @@ fn run(cli: &Cli) -> Res<()> {
             pair("cost", cost::sim_ns_per_message(msgs)?, base);
         }
         if want(Group::Qps) {
-            for (t, depth, _) in QP_ROWS {
+            for (t, depth, posting, _) in QP_ROWS {
                 // One QP before and after the 64 (their mean is the baseline): the host's
                 // speed can change between two runs, and a baseline from one side only
                 // put some pairs at 0.8 and others at 1.8 of each other.
-                let before = multi_qp_write_bw(1, depth, 65536, 2 << 30)?;
-                let many = multi_qp_write_bw(64, depth, 65536, 2 << 30)?;
-                let after = multi_qp_write_bw(1, depth, 65536, 2 << 30)?;
+                let before = multi_qp_write_bw(1, depth, 65536, 2 << 30, posting)?;
+                let many = multi_qp_write_bw(64, depth, 65536, 2 << 30, posting)?;
+                let after = multi_qp_write_bw(1, depth, 65536, 2 << 30, posting)?;
                 pair(t, many, (before + after) / 2.0);
             }
             // The same comparison for raw TCP with the same traffic: what 64 connections
@@ -843,13 +873,17 @@ fn run(cli: &Cli) -> Res<()> {
         );
     }
     if want(Group::Qps) {
-        for (t, depth, min) in QP_ROWS {
+        for (t, depth, posting, min) in QP_ROWS {
+            let how = match posting {
+                Posting::Single => "",
+                Posting::List => ", posted as lists",
+            };
             push(
-                &format!("64 QPs write_bw 64 KiB aggregate, {depth} outstanding per QP"),
+                &format!("64 QPs write_bw 64 KiB aggregate, {depth} outstanding per QP{how}"),
                 m(t),
                 "MB/s",
                 t,
-                format!("1 QP {:.0} MB/s, {depth} outstanding", mb(t)),
+                format!("1 QP {:.0} MB/s, {depth} outstanding{how}", mb(t)),
                 None,
                 min,
             );
@@ -909,7 +943,7 @@ fn run(cli: &Cli) -> Res<()> {
                 qps: q,
                 depth: curve_depth(q),
                 write_lat_us: multi_qp_write_lat(q, 2000.max(q as u64 * 2))?,
-                write_bw_64k_mbps: multi_qp_write_bw(q, curve_depth(q), 65536, 1 << 30)?,
+                write_bw_64k_mbps: multi_qp_write_bw(q, curve_depth(q), 65536, 1 << 30, Posting::Single)?,
             });
             q *= 4;
         }
