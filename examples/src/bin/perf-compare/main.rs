@@ -14,7 +14,7 @@
 //! |---|---|
 //! | send_lat / write_lat 8 B, typical one-way | <= 1.3 x raw TCP ping-pong one-way (same polling mode) |
 //! | read_lat / atomic_lat 8 B | <= 1.3 x one raw TCP round trip |
-//! | write_bw / read_bw / send_bw 1 MiB | >= 0.8 x one raw TCP stream |
+//! | write_bw / read_bw / send_bw 1 MiB | >= 0.8 x one raw TCP stream (the streams right before and after, averaged) |
 //! | write_bw 64 B, tx depth 128 | >= 1 M msgs/s |
 //! | 64 QPs on one device, write_bw 64 KiB aggregate | >= 0.8 x one QP (same harness, 16 WRs outstanding per QP; the one QP measured before and after, averaged) |
 //! | send_lat p99 with a third thread spinning | < 4 ms (no scheduler-tick stalls) |
@@ -24,7 +24,9 @@
 //! target, does the same with 4 per QP (256 in all): it shows what a shallow pipeline
 //! per QP costs, at any QP count. A third, without a target, is raw TCP with the same
 //! traffic over 64 connections against one ([`streams`]): what many connections cost
-//! the kernel, so that the sim's ratio can be read against it.
+//! the kernel, so that the sim's ratio can be read against it. A fourth, without a
+//! target, is the first row with each QP's refill posted as one list instead of one WR
+//! per `post_send`: what the posting pattern costs.
 //!
 //! Two groups have no target of their own: `peers` measures UCX (`ucx_perftest`) and
 //! libfabric (`fi_pingpong`) and pairs the sim's latency with each (the issue asks for
@@ -573,7 +575,8 @@ struct Target {
     pass: bool,
 }
 
-/// One sim figure and the baseline measured right before it.
+/// One sim figure and its baseline (measured right before it, or the mean of the ones
+/// right before and after it).
 #[derive(Serialize, Debug, Clone, Copy)]
 struct Pair {
     sim: f64,
@@ -680,9 +683,10 @@ fn run(cli: &Cli) -> Res<()> {
     let mut tcp_block = Vec::new();
     let mut tcp_bw = Vec::new();
     let mut tcp_bw_modes = Vec::new();
-    // Every sim figure is paired with a baseline measured right before it: the host's
-    // speed drifts by tens of percent from one minute to the next, so a ratio is only
-    // taken between neighbours, and the median of those ratios is reported.
+    // Every sim figure is paired with a baseline measured right before it (or before and
+    // after it): the host's speed drifts by tens of percent from one minute to the next,
+    // so a ratio is only taken between neighbours, and the median of those ratios is
+    // reported.
     let mut pairs: std::collections::BTreeMap<String, Vec<Pair>> = Default::default();
     let mut pair = |k: &str, sim: f64, base: f64| {
         pairs.entry(k.to_string()).or_default().push(Pair { sim, base });
@@ -724,14 +728,23 @@ fn run(cli: &Cli) -> Res<()> {
             }
         }
         if want(Group::Bw) {
-            for t in ["write_bw", "read_bw", "send_bw"] {
-                // The stronger of the two polling modes is the baseline.
+            // The stronger of the two polling modes is a stream's figure. Each sim test
+            // runs between two streams and their mean is its baseline, as for the QP rows:
+            // with a stream before it only, a sim run that fell into one of this VM's slow
+            // phases was held against a stream from before the phase began.
+            let mut stream = || -> Res<f64> {
                 let blocking = tcp_stream(&peer, 1.5, false)?;
                 let busy = tcp_stream(&peer, 1.5, true)?;
                 tcp_bw_modes.push((blocking, busy));
                 tcp_bw.push(blocking.max(busy));
+                Ok(blocking.max(busy))
+            };
+            let mut before = stream()?;
+            for t in ["write_bw", "read_bw", "send_bw"] {
                 let row = perf1(&[t, "-s", "1048576", "-n", "8000"])?;
-                pair(t, row.bw_avg_mbps, blocking.max(busy));
+                let after = stream()?;
+                pair(t, row.bw_avg_mbps, (before + after) / 2.0);
+                before = after;
             }
         }
         if want(Group::Rate) {
@@ -975,7 +988,7 @@ fn date() -> String {
 
 fn print_report(rep: &Report) {
     println!(
-        "\nmachine: {}; {}; median of {} rounds (ratio: median of each round's sim / the baseline measured just before; pairs: the lowest and highest of those)",
+        "\nmachine: {}; {}; median of {} rounds (ratio: median of each round's sim / the baseline measured next to it; pairs: the lowest and highest of those)",
         rep.machine, rep.date, rep.rounds
     );
     let mut base = Vec::new();
