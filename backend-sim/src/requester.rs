@@ -836,18 +836,15 @@ mod tests {
 
     /// The PSNs of the WRITEs in `bytes` (frames as sent) that ask for an ACK.
     fn asking(bytes: &[u8]) -> Vec<u32> {
-        let (mut off, mut psns) = (0, Vec::new());
-        while let Some((f, n)) = Frame::decode(&bytes[off..]).unwrap() {
-            if let Frame::Write {
-                psn, ack_req: true, ..
-            } = f
-            {
-                psns.push(psn);
-            }
-            off += n + f.payload_len() as usize;
-        }
-        assert_eq!(off, bytes.len());
-        psns
+        crate::wire::tests::decode_all(bytes)
+            .into_iter()
+            .filter_map(|f| match f {
+                Frame::Write {
+                    psn, ack_req: true, ..
+                } => Some(psn),
+                _ => None,
+            })
+            .collect()
     }
 
     /// A deep stream asks for an ACK once per half of the WQEs outstanding (not for each

@@ -597,14 +597,7 @@ mod tests {
     fn frames(tx: &mut TxQueue) -> Vec<Frame> {
         let mut b = Vec::new();
         tx.drain_into(&mut b);
-        let mut out = Vec::new();
-        let mut at = 0;
-        while let Some((f, n)) = Frame::decode(&b[at..]).unwrap() {
-            out.push(f);
-            at += n + f.payload_len() as usize;
-        }
-        assert_eq!(at, b.len());
-        out
+        crate::wire::tests::decode_all(&b)
     }
 
     /// Found by the `responder` fuzz target: every duplicate SEND/WRITE queued an ACK of

@@ -563,6 +563,18 @@ pub(crate) mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// The frames in `bytes` as a side sent them (payloads skipped); the bytes must end
+    /// on a frame boundary. For the unit tests of the requester and the responder.
+    pub(crate) fn decode_all(bytes: &[u8]) -> Vec<Frame> {
+        let (mut at, mut out) = (0, Vec::new());
+        while let Some((f, n)) = Frame::decode(&bytes[at..]).unwrap() {
+            out.push(f);
+            at += n + f.payload_len() as usize;
+        }
+        assert_eq!(at, bytes.len());
+        out
+    }
+
     pub fn arb_frame() -> impl Strategy<Value = Frame> {
         let psn = 0u32..=0xff_ffff;
         let len = 0u32..=MAX_MSG;
