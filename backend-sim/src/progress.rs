@@ -28,8 +28,12 @@
 //!   connections a round every window plus grace period meanwhile (`Progress::long_stay`).
 //! - **Application threads**: `post_send` on an idle connection builds and writes the
 //!   frames itself (one `sendmsg`); with requests already in flight it queues the QP for
-//!   the progress thread, which batches many WQEs per `sendmsg`. `poll_cq` on an empty CQ
-//!   polls the epoll set once (`epoll_wait` with no timeout) and services what is ready.
+//!   the driving thread's next poll or the progress thread, which batch many WQEs per
+//!   `sendmsg`. So does a lone WR on an idle connection while a thread drives and other
+//!   QPs of the device have work outstanding (a loop refilling many QPs one WR per
+//!   `post_send`: the WRs it posts to the QP next leave with it; `Progress::kick`).
+//!   `poll_cq` on an empty CQ polls the epoll set once (`epoll_wait` with no timeout)
+//!   and services what is ready.
 //! - While spinning (an application in `poll_cq`, or the progress thread in its spin
 //!   window) over a device with at most `DIRECT_MAX` connections, the spinner reads each
 //!   socket directly instead of asking epoll first: the same number of syscalls per spin,
@@ -58,7 +62,7 @@ use std::collections::{BinaryHeap, VecDeque};
 use std::io;
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -284,6 +288,11 @@ pub struct Progress {
     acks_spare: Mutex<Vec<Arc<Conn>>>,
     /// Faults that fired on this device.
     pub counters: FaultCounters,
+    /// How many of the device's QPs have WQEs in their send queues ([`Progress::kick`]).
+    busy_sqs: AtomicUsize,
+    /// Lone WRs that waited for the ones posted after them ([`Progress::kick`]; read by
+    /// tests).
+    pub(crate) joined: AtomicU64,
 }
 
 fn os(call: &'static str) -> impl FnOnce(io::Error) -> verbs_api::Error {
@@ -347,6 +356,8 @@ impl Progress {
             acks_pending: AtomicBool::new(false),
             acks_spare: Mutex::new(Vec::new()),
             counters: FaultCounters::default(),
+            busy_sqs: AtomicUsize::new(0),
+            joined: AtomicU64::new(0),
         })
     }
 
@@ -579,10 +590,37 @@ impl Progress {
         self.user_until.load(Ordering::Relaxed) > self.nanos(Instant::now())
     }
 
-    /// After `post_send`: transmit now on this thread if the connection is idle (the
-    /// latency path), else leave it to the progress thread (which batches).
-    pub fn kick(&self, qp: &Arc<QpShared>, conn: &Arc<Conn>, idle: bool) {
-        if idle && self.service_as(conn, Mode::Transmit) {
+    /// A QP's send queue became busy (`true`) or empty (`false`): see
+    /// [`QpShared::note_busy`](crate::qp::QpShared::note_busy).
+    pub fn count_busy(&self, busy: bool) {
+        if busy {
+            self.busy_sqs.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.busy_sqs.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// How many of the device's QPs have WQEs in their send queues.
+    pub fn busy_send_queues(&self) -> usize {
+        self.busy_sqs.load(Ordering::Relaxed)
+    }
+
+    /// After `post_send` (of `wrs` work requests): transmit now on this thread if the
+    /// connection is idle (the latency path), else leave it to the driving thread's next
+    /// poll or the progress thread (which batch). A lone WR on an idle connection waits
+    /// too while an application thread drives and other QPs of the device have work
+    /// outstanding: the poster is then in a loop that refills many QPs one `post_send`
+    /// at a time, and the WRs it posts to this QP next leave with it in one `sendmsg` at
+    /// its next poll instead of two (the first alone). A thread that posts and then
+    /// computes without polling has it sent when the driving window and grace period
+    /// end, as any WR queued behind others while it drives. A list is the poster's own
+    /// batch: it leaves at once.
+    pub fn kick(&self, qp: &Arc<QpShared>, conn: &Arc<Conn>, idle: bool, wrs: usize) {
+        let join = idle && wrs == 1 && self.busy_send_queues() > 1 && self.user_driving();
+        if join {
+            self.joined.fetch_add(1, Ordering::Relaxed);
+        }
+        if idle && !join && self.service_as(conn, Mode::Transmit) {
             self.flush_acks();
             return;
         }

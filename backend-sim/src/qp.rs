@@ -57,6 +57,10 @@ pub struct QpInner {
     pub timer_at: Option<Instant>,
     /// Armed fault injection.
     pub faults: QpFaults,
+    /// Whether the send queue holds WQEs and is counted in the device's
+    /// [`busy_send_queues`](crate::progress::Progress::busy_send_queues) (kept in step by
+    /// [`QpShared::note_busy`]).
+    pub busy: bool,
     send_wc: Vec<WorkCompletion>,
     recv_wc: Vec<(WorkCompletion, bool)>,
 }
@@ -120,6 +124,7 @@ impl QpShared {
                 self_conn: None,
                 timer_at: None,
                 faults: QpFaults::default(),
+                busy: false,
                 send_wc: Vec::new(),
                 recv_wc: Vec::new(),
             }),
@@ -177,10 +182,22 @@ impl QpShared {
             if (ok_s && ok_r) || g.state == QpState::Err {
                 g.send_wc.clear();
                 g.recv_wc.clear();
+                self.note_busy(g);
                 return;
             }
             tracing::warn!(qpn = self.qpn, "completion queue overflow: QP to ERR");
             self.enter_error_inner(g);
+        }
+    }
+
+    /// Brings the device's count of busy send queues in line with this QP's (call after
+    /// the send queue changed: a post, completions, a flush, a reset). Every path that
+    /// completes or flushes WQEs ends in [`QpShared::deliver`], which calls it.
+    pub fn note_busy(&self, g: &mut QpInner) {
+        let busy = g.req.outstanding() > 0;
+        if busy != g.busy {
+            g.busy = busy;
+            self.dev.progress.count_busy(busy);
         }
     }
 
@@ -385,6 +402,7 @@ impl QpShared {
                 }
                 g.req.reset();
                 g.resp.reset();
+                self.note_busy(&mut g);
                 g.epoch += 1;
                 g.remote = None;
                 g.timer_at = None;
@@ -508,6 +526,7 @@ impl QpShared {
             posted = true;
         }
         if posted {
+            self.note_busy(&mut g);
             if g.state == QpState::Err {
                 let QpInner { req, send_wc, .. } = &mut *g;
                 req.flush(send_wc);
@@ -535,7 +554,7 @@ impl QpShared {
                 }
                 drop(g);
                 match conn {
-                    Some(c) => self.dev.progress.kick(self, &c, idle),
+                    Some(c) => self.dev.progress.kick(self, &c, idle, wrs.len()),
                     None => self.req_wake.notify_one(),
                 }
             }
@@ -607,6 +626,7 @@ impl QpShared {
         g.epoch += 1;
         g.req.reset();
         g.resp.reset();
+        self.note_busy(&mut g);
         self.close_conns(&mut g);
         drop(g);
         self.req_wake.notify_one();
@@ -675,5 +695,174 @@ mod tests {
             "took {took:?}: waited for transport retries"
         );
         assert_eq!(qp.state().unwrap(), QpState::Err);
+    }
+
+    /// The device's count of QPs with WQEs in their send queues (which decides whether a
+    /// lone WR on an idle connection may wait for the ones posted after it, see
+    /// `Progress::kick`) follows posts, completions, flushes, RESET and destroy. A
+    /// count left too high would make the device hold WRs for nothing; too low, never.
+    #[test]
+    fn the_busy_send_queue_count_follows_posts_completions_flushes_and_resets() {
+        use verbs_api::{Backend, QpAttr, QpAttrMask};
+        let sim = SimBackend::default();
+        let ctx = sim.open("sim0").unwrap();
+        let peer = sim.open("sim1").unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let ppd = peer.alloc_pd().unwrap();
+        let cq = ctx.create_cq(64, None).unwrap();
+        let pcq = peer.create_cq(64, None).unwrap();
+        let cap = QpCap::new(8, 8);
+        let mr = pd.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        let pmr = ppd
+            .reg_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+            .unwrap();
+        let busy = || ctx.dev.progress.busy_send_queues();
+        // WQEs towards a peer that does not exist stay outstanding (resent after a
+        // timeout of 4.3 s, far beyond this test).
+        let p = RcParams {
+            timeout: 20,
+            ..RcParams::default()
+        };
+        let lonely = |ctx: &crate::SimContext| {
+            let qp = pd.create_qp(&QpInitAttr::rc(&cq, &cq, cap)).unwrap();
+            let me = local_endpoint(ctx, &qp, &p, 1).unwrap();
+            let nobody = Endpoint {
+                qpn: qp.qp_num() ^ 0x80_0000,
+                ..me
+            };
+            connect_rc(&qp, &p, me.psn, &nobody).unwrap();
+            qp
+        };
+        let sge = [mr.sge(0, 8).unwrap()];
+        let write = |id| SendWr::write(id, &sge, pmr.remote().at(0)).signaled();
+        assert_eq!(busy(), 0);
+
+        // Posts: each QP counts once, however many WQEs it holds.
+        let q1 = lonely(&ctx);
+        let q2 = lonely(&ctx);
+        let q3 = lonely(&ctx);
+        q1.post_send(&[write(1), write(2)]).unwrap();
+        assert_eq!(busy(), 1);
+        q1.post_send(&[write(3)]).unwrap();
+        q2.post_send(&[write(4)]).unwrap();
+        q3.post_send(&[write(5)]).unwrap();
+        assert_eq!(busy(), 3);
+        // A flush (the QP to ERR), RESET and destroy each empty a send queue.
+        let err = QpAttr {
+            qp_state: QpState::Err,
+            ..QpAttr::default()
+        };
+        q1.modify(&err, QpAttrMask::STATE).unwrap();
+        assert_eq!(busy(), 2);
+        let reset = QpAttr {
+            qp_state: QpState::Reset,
+            ..QpAttr::default()
+        };
+        q2.modify(&reset, QpAttrMask::STATE).unwrap();
+        assert_eq!(busy(), 1);
+        drop(q3);
+        assert_eq!(busy(), 0);
+        let flushed = poll_n(&cq, 3, Duration::from_secs(5)).unwrap();
+        assert!(
+            flushed.iter().all(|w| w.status == WcStatus::WrFlushErr),
+            "{flushed:?}"
+        );
+
+        // Completions: a connected QP is busy until its WRITEs are acknowledged.
+        let qa = pd.create_qp(&QpInitAttr::rc(&cq, &cq, cap)).unwrap();
+        let qb = ppd.create_qp(&QpInitAttr::rc(&pcq, &pcq, cap)).unwrap();
+        let p = RcParams::default();
+        let ea = local_endpoint(&ctx, &qa, &p, 1).unwrap();
+        let eb = local_endpoint(&peer, &qb, &p, 2).unwrap();
+        connect_rc(&qa, &p, 1, &eb).unwrap();
+        connect_rc(&qb, &p, 2, &ea).unwrap();
+        for round in 0..3 {
+            qa.post_send(&[write(10), write(11)]).unwrap();
+            let wc = poll_n(&cq, 2, Duration::from_secs(10)).unwrap();
+            assert!(wc.iter().all(|w| w.is_ok()), "round {round}: {wc:?}");
+            assert_eq!(busy(), 0, "round {round}");
+        }
+    }
+    /// A lone WR posted to an idle QP while this thread drives progress and another QP
+    /// of the device has work outstanding waits for the WRs posted after it
+    /// (`Progress::kick`). A thread that posts it and then stops polling (it computes)
+    /// must still have it executed: the progress thread takes it when the driving window
+    /// and the grace period end (about 2.1 ms; checked here with a wide margin). Without
+    /// that hand-over the WRITE would wait for a poll that never comes.
+    #[test]
+    fn a_lone_write_that_waits_while_the_thread_drives_is_executed_without_another_poll() {
+        use verbs_api::{Backend, CompletionQueue};
+        let sim = SimBackend::default();
+        let c0 = sim.open("sim0").unwrap();
+        let c1 = sim.open("sim1").unwrap();
+        let (pd0, pd1) = (c0.alloc_pd().unwrap(), c1.alloc_pd().unwrap());
+        let (cq0, cq1) = (c0.create_cq(64, None).unwrap(), c1.create_cq(64, None).unwrap());
+        let cap = QpCap::new(8, 8);
+        // A timeout of 1.07 s: the stalled WRITE below is not resent meanwhile.
+        let p = RcParams {
+            timeout: 18,
+            ..RcParams::default()
+        };
+        let pair = || {
+            let a = pd0.create_qp(&QpInitAttr::rc(&cq0, &cq0, cap)).unwrap();
+            let b = pd1.create_qp(&QpInitAttr::rc(&cq1, &cq1, cap)).unwrap();
+            let ea = local_endpoint(&c0, &a, &p, 1).unwrap();
+            let eb = local_endpoint(&c1, &b, &p, 2).unwrap();
+            connect_rc(&a, &p, 1, &eb).unwrap();
+            connect_rc(&b, &p, 2, &ea).unwrap();
+            (a, b)
+        };
+        let (a1, b1) = pair();
+        let (a2, _b2) = pair();
+        let src = pd0.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        let dst = pd1
+            .reg_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+            .unwrap();
+        src.write_u64(0, 0x1111).unwrap();
+        src.write_u64(8, 0x2222).unwrap();
+        let first = [src.sge(0, 8).unwrap()];
+        let lone = [src.sge(8, 8).unwrap()];
+        // Both connections up (one WRITE each, completed).
+        a1.post_send(&[SendWr::write(1, &first, dst.remote().at(0)).signaled()])
+            .unwrap();
+        a2.post_send(&[SendWr::write(2, &lone, dst.remote().at(8)).signaled()])
+            .unwrap();
+        let wc = poll_n(&cq0, 2, Duration::from_secs(10)).unwrap();
+        assert!(wc.iter().all(|w| w.is_ok()), "{wc:?}");
+        dst.write_u64(8, 0).unwrap();
+
+        // a1's next WRITE stays outstanding: its peer processes nothing for 300 ms.
+        c1.faults()
+            .stall_responder(b1.qp_num(), Duration::from_millis(300))
+            .unwrap();
+        a1.post_send(&[SendWr::write(3, &first, dst.remote().at(0)).signaled()])
+            .unwrap();
+        // Drive: polls in a tight loop for 2 ms.
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_millis(2) {
+            assert_eq!(cq0.poll(&mut [Default::default(); 4]).unwrap(), 0);
+        }
+        let joined = c0.dev.progress.joined.load(std::sync::atomic::Ordering::Relaxed);
+        a2.post_send(&[SendWr::write(4, &lone, dst.remote().at(8)).signaled()])
+            .unwrap();
+        assert_eq!(
+            c0.dev.progress.joined.load(std::sync::atomic::Ordering::Relaxed),
+            joined + 1,
+            "the lone WRITE was sent at once: this test does not test the wait"
+        );
+        // Then compute: no more polls until the WRITE has landed.
+        let t = Instant::now();
+        while dst.read_u64(8).unwrap() != 0x2222 {
+            assert!(
+                t.elapsed() < Duration::from_secs(1),
+                "the lone WRITE never left without a poll"
+            );
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        let wc = poll_n(&cq0, 2, Duration::from_secs(10)).unwrap();
+        assert!(wc.iter().all(|w| w.is_ok()), "{wc:?}");
+        let mut ids: Vec<u64> = wc.iter().map(|w| w.wr_id).collect();
+        ids.sort();
+        assert_eq!(ids, [3, 4]);
     }
 }
