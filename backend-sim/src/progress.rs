@@ -616,7 +616,8 @@ impl Progress {
     /// end, as any WR queued behind others while it drives. A list is the poster's own
     /// batch: it leaves at once.
     pub fn kick(&self, qp: &Arc<QpShared>, conn: &Arc<Conn>, idle: bool, wrs: usize) {
-        let join = idle && wrs == 1 && self.busy_send_queues() > 1 && self.user_driving();
+        let driving = self.user_posted(self.nanos(Instant::now()));
+        let join = idle && wrs == 1 && driving && self.busy_send_queues() > 1;
         if join {
             self.joined.fetch_add(1, Ordering::Relaxed);
         }
@@ -625,6 +626,22 @@ impl Progress {
             return;
         }
         self.schedule(qp);
+    }
+
+    /// An application thread posted at `now` (nanoseconds since `base`): whether an
+    /// application thread drives progress. If one does, the post counts as a poll
+    /// towards its window: a loop that refills many QPs can take longer than the window
+    /// between two polls, and the progress thread, finding the window over, would take
+    /// the transmits it is queueing (a third busy thread on the connections). A post
+    /// opens no window of its own: a thread that posts and waits on a completion channel
+    /// does not drive.
+    fn user_posted(&self, now: u64) -> bool {
+        let until = self.user_until.load(Ordering::Relaxed);
+        // (`u64::MAX`: a driving thread is inside a connection; its exit sets the window.)
+        if until > now && until != u64::MAX {
+            self.user_active(now);
+        }
+        until > now
     }
 
     /// Writes the ACKs left for later (an application thread's next poll or post, or
@@ -1012,19 +1029,29 @@ impl Progress {
                         ns => Some(self.base + Duration::from_nanos(ns)),
                     });
                 let (req, _, swc, _) = QpShared::scratch(&mut g);
-                if req.on_timer(now, last_tx, swc).is_err() {
+                let fired = req.on_timer(now, last_tx, swc).unwrap_or_else(|_| {
                     qp.enter_error(&mut g);
-                }
+                    true
+                });
                 qp.deliver(&mut g);
                 self.rearm(&qp, &mut g);
-                [g.conn.clone(), g.self_conn.clone()]
+                (fired, [g.conn.clone(), g.self_conn.clone()])
             };
+            let (fired, conns) = conns;
             if conns[0].is_none() {
                 qp.req_wake.notify_one();
             }
-            // Retransmissions, a stalled responder or held responses may be due now.
-            for c in conns.into_iter().flatten() {
-                self.service(&c);
+            // A resend, or the end of an RNR wait, may be due now; on a QP with faults
+            // armed, the end of a stall or of held responses too. An ACK deadline that
+            // only moved (the stream is flowing: it moves with every write) leaves
+            // nothing to do: servicing the connection here would only take its frames
+            // from the thread that drives it, on a third thread. With 64 QPs streaming,
+            // each QP's deadline comes due (and moves) once per timeout: about 950
+            // services a second at the default 67 ms, before this check.
+            if fired || qp.fault_armed.load(Ordering::Acquire) {
+                for c in conns.into_iter().flatten() {
+                    self.service(&c);
+                }
             }
         }
         work
@@ -1455,6 +1482,43 @@ mod tests {
         assert_eq!(e, None);
         p.user_left(e, true, || t0 + 3_030_000);
         assert_eq!(until(&p), 0);
+    }
+
+    /// Posts from a driving thread keep its window open (a loop refilling many QPs between
+    /// two polls), and the poll after them still counts as a tight loop; posts from a
+    /// thread that does not drive open no window.
+    #[test]
+    fn posts_extend_a_driving_window_but_open_none() {
+        let window = USER_WINDOW.as_nanos() as u64;
+        let until = |p: &Progress| p.user_until.load(Ordering::Relaxed);
+        let p = Progress::new().unwrap();
+        let t0 = p.nanos(Instant::now()) + 1_000_000_000;
+        // Posts alone, however close together: nobody drives.
+        for i in 0..4 {
+            assert!(!p.user_posted(t0 + i * 10_000));
+        }
+        assert_eq!(until(&p), 0);
+        // Two polls 10 us apart: driving. A refill loop of 300 us posts every 40 us; each
+        // post sees a driving thread and moves the window on.
+        p.user_active(t0 + 100_000);
+        p.user_active(t0 + 110_000);
+        for i in 1..=7 {
+            let t = t0 + 110_000 + i * 40_000;
+            assert!(p.user_posted(t), "post {i}");
+            assert_eq!(until(&p), t + window);
+        }
+        // The poll right after the loop (20 us after its last post) is a tight loop.
+        p.user_active(t0 + 410_000);
+        assert_eq!(until(&p), t0 + 410_000 + window);
+        // A driving thread inside a connection: its window stays its own.
+        let e = p.user_entered();
+        assert!(p.user_posted(t0 + 420_000));
+        assert_eq!(until(&p), u64::MAX);
+        p.user_left(e, true, || t0 + 430_000);
+        // A post after the window is over: not driving, and it does not start again.
+        assert!(!p.user_posted(t0 + 430_000 + window + 1));
+        assert!(!p.user_posted(t0 + 430_000 + window + 10_000));
+        assert_eq!(until(&p), t0 + 430_000 + window);
     }
 
     /// A driving thread inside one connection for the grace period or longer is a long

@@ -660,6 +660,8 @@ impl Requester {
 
     /// Timers: the RNR wait ends (sending resumes in `poll_transmit`), or the ACK timeout
     /// fires (rewind and resend, or `IBV_WC_RETRY_EXC_ERR` when retries are used up).
+    /// Returns whether either happened, i.e. whether there is something to send now; a
+    /// deadline that only moved (bytes left since it was set) is not.
     ///
     /// `last_tx` is when bytes last left for the peer. The timeout counts from the later
     /// of the last acknowledged progress and the last transmission, as rxe restarts its
@@ -671,9 +673,11 @@ impl Requester {
         now: Instant,
         last_tx: Option<Instant>,
         out: &mut Vec<WorkCompletion>,
-    ) -> Result<(), Fatal> {
+    ) -> Result<bool, Fatal> {
+        let mut fired = false;
         if self.rnr_wait.is_some_and(|t| now >= t) {
             self.rnr_wait = None;
+            fired = true;
         }
         if let (Some(d), Some(t), Some(timeout)) = (self.ack_deadline, last_tx, self.attrs.timeout) {
             if now >= d && t + timeout > now && t + timeout > d {
@@ -686,10 +690,11 @@ impl Requester {
                 self.ack_deadline = None;
                 if let Some(i) = self.sq.iter().position(|w| w.status.is_none()) {
                     if self.retry_left == 0 {
-                        return self.fail(i, WcStatus::RetryExcErr, out).map(|_| ());
+                        return self.fail(i, WcStatus::RetryExcErr, out).map(|_| true);
                     }
                     self.retry_left -= 1;
                     self.rewind(i);
+                    fired = true;
                     // The timer keeps running while anything is outstanding: a resend
                     // re-arms it anyway, but a requester that cannot resend (its
                     // connection is gone and the peer, not this side, would set it up
@@ -698,7 +703,7 @@ impl Requester {
                 }
             }
         }
-        Ok(())
+        Ok(fired)
     }
 
     /// The transport lost everything in flight (the connection broke): resend from the
@@ -887,6 +892,36 @@ mod tests {
     /// perf-compare's `write_bw -a` failed with `IBV_WC_RETRY_EXC_ERR`: 128 WRITEs of
     /// 8 MiB were queued at once and took longer than `timeout` to leave, so the timer
     /// fired on messages still being written, and each resend queued them again. The
+    /// `on_timer` says whether it left something to send: a resend after the ACK timeout
+    /// does; a deadline not reached, or one that only moved because bytes left meanwhile,
+    /// does not (the progress engine then leaves the connection to whichever thread
+    /// drives it instead of servicing it on a timer).
+    #[test]
+    fn the_ack_timer_says_whether_a_resend_is_due() {
+        let ms = Duration::from_millis;
+        let attrs = ReqAttrs {
+            sq_psn: 0,
+            timeout: Some(ms(10)),
+            retry_cnt: 1,
+            rnr_retry: 0,
+            max_rd_atomic: 1,
+        };
+        let (mrs, mr, mut req) = setup(4, attrs);
+        let sge = [Sge::new(mr.addr(), 64, 7)];
+        let t0 = Instant::now();
+        let (mut tx, mut out) = (TxQueue::new(), Vec::new());
+        req.post(&SendWr::write(1, &sge, (0x1000, 5)).signaled(), &mrs)
+            .unwrap();
+        assert_eq!(req.poll_transmit(&mrs, t0, &mut tx, 16, &mut out), Ok(1));
+        assert_eq!(req.on_timer(t0 + ms(5), Some(t0), &mut out), Ok(false));
+        assert_eq!(req.on_timer(t0 + ms(11), Some(t0 + ms(8)), &mut out), Ok(false));
+        assert!(!req.has_unsent());
+        assert_eq!(req.next_deadline(), Some(t0 + ms(18)));
+        assert_eq!(req.on_timer(t0 + ms(19), Some(t0 + ms(8)), &mut out), Ok(true));
+        assert!(req.has_unsent(), "rewound: the WRITE goes again");
+        assert!(out.is_empty(), "{out:?}");
+    }
+
     /// timer now counts from the last bytes sent; only silence after that is a loss.
     #[test]
     fn the_ack_timer_counts_from_the_last_transmission() {
@@ -910,7 +945,7 @@ mod tests {
         // fail the WR at once), the deadline moves to timeout after the last byte sent.
         let sending = t0 + timeout - Duration::from_millis(1);
         let late = t0 + timeout + Duration::from_millis(2);
-        assert_eq!(req.on_timer(late, Some(sending), &mut out), Ok(()));
+        assert_eq!(req.on_timer(late, Some(sending), &mut out), Ok(false));
         assert!(out.is_empty());
         assert_eq!(req.next_deadline(), Some(sending + timeout));
         // Silence for a whole timeout after the last byte: retries are used up.

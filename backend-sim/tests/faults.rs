@@ -229,6 +229,29 @@ fn short_stall_is_ridden_out() {
     assert_eq!(&b, b"12345678");
 }
 
+/// The requester's ACK timeout (1.07 s) is far longer than the stall (20 ms): the WRITE
+/// must complete when the stall ends, not when it is resent.
+#[test]
+fn a_stall_ends_on_time_without_a_resend() {
+    let p = pair(18, 7, 7);
+    let dst = p
+        .pd_b
+        .reg_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+        .unwrap();
+    let src = p.pd_a.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    p.b_ctx
+        .faults()
+        .stall_responder(p.b.qp_num(), Duration::from_millis(20))
+        .unwrap();
+    let t0 = Instant::now();
+    p.a.post_send(&[SendWr::write(1, &[src.sge(0, 8).unwrap()], dst.remote().at(0)).signaled()])
+        .unwrap();
+    let w = poll_n(&p.cq_a, 1, T).unwrap();
+    let took = t0.elapsed();
+    assert!(w[0].is_ok(), "{w:?}");
+    assert!(took < local_ack(18) / 2, "took {took:?}: waited for a resend");
+}
+
 #[test]
 fn delayed_responses_beyond_the_timeout_complete_once() {
     let p = pair(10, 7, 7); // 4.2 ms timeout, responses 15 ms late: resends happen
