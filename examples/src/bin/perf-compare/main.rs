@@ -559,6 +559,51 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
     v[((v.len() - 1) as f64 * p / 100.0).round() as usize]
 }
 
+/// Two baseline runs around a sim run that differ by more than this factor (the larger
+/// over the smaller) mean the host changed speed meanwhile (this VM has slow phases in
+/// which everything, TCP too, runs at a third of its speed, for seconds to minutes): the
+/// sim run fell into one phase or the other, or both, and its ratio to their mean says
+/// nothing about the sim. Such a measurement is taken again ([`bracketed`]).
+const STEADY: f64 = 1.25;
+/// How often a bracketed measurement is taken at most; the last is kept either way.
+const BRACKET_TRIES: u32 = 3;
+
+/// A sim figure and the mean of the baselines measured right before and after it.
+struct Bracketed {
+    sim: f64,
+    base: f64,
+    /// The baseline measured last (the next measurement's "before").
+    last: f64,
+    tries: u32,
+}
+
+/// Measures `sim` between `before` (a baseline just measured) and a new run of `base`,
+/// and again, each time between the last baseline and a new one, while the two disagree
+/// by more than [`STEADY`] (at most [`BRACKET_TRIES`] times). Whether to measure again
+/// depends on the baselines alone, never on the sim's figure.
+fn bracketed(
+    mut before: f64,
+    mut sim: impl FnMut() -> Res<f64>,
+    mut base: impl FnMut() -> Res<f64>,
+) -> Res<Bracketed> {
+    let mut tries = 1;
+    loop {
+        let s = sim()?;
+        let after = base()?;
+        let steady = before.max(after) <= STEADY * before.min(after);
+        if steady || tries == BRACKET_TRIES {
+            return Ok(Bracketed {
+                sim: s,
+                base: (before + after) / 2.0,
+                last: after,
+                tries,
+            });
+        }
+        before = after;
+        tries += 1;
+    }
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     percentile(&mut v, 50.0)
 }
@@ -581,6 +626,9 @@ struct Target {
 struct Pair {
     sim: f64,
     base: f64,
+    /// How many times a bracketed measurement was taken before its two baselines agreed
+    /// (1: at once; see [`bracketed`]); 1 for the others.
+    tries: u32,
 }
 
 #[derive(Serialize, Debug, Default)]
@@ -688,8 +736,11 @@ fn run(cli: &Cli) -> Res<()> {
     // so a ratio is only taken between neighbours, and the median of those ratios is
     // reported.
     let mut pairs: std::collections::BTreeMap<String, Vec<Pair>> = Default::default();
-    let mut pair = |k: &str, sim: f64, base: f64| {
-        pairs.entry(k.to_string()).or_default().push(Pair { sim, base });
+    let mut pair = |k: &str, sim: f64, base: f64, tries: u32| {
+        pairs
+            .entry(k.to_string())
+            .or_default()
+            .push(Pair { sim, base, tries });
     };
     let lat_tests = ["send_lat", "write_lat", "read_lat", "atomic_lat"];
     let missing = examples::peers::missing();
@@ -724,14 +775,16 @@ fn run(cli: &Cli) -> Res<()> {
                 } else {
                     2.0 * one_way
                 };
-                pair(t, row.t_typical_us, base);
+                pair(t, row.t_typical_us, base, 1);
             }
         }
         if want(Group::Bw) {
             // The stronger of the two polling modes is a stream's figure. Each sim test
             // runs between two streams and their mean is its baseline, as for the QP rows:
             // with a stream before it only, a sim run that fell into one of this VM's slow
-            // phases was held against a stream from before the phase began.
+            // phases was held against a stream from before the phase began. When the two
+            // streams disagree by more than `STEADY`, the host changed speed meanwhile and
+            // the test runs again (`bracketed`).
             let mut stream = || -> Res<f64> {
                 let blocking = tcp_stream(&peer, 1.5, false)?;
                 let busy = tcp_stream(&peer, 1.5, true)?;
@@ -741,15 +794,15 @@ fn run(cli: &Cli) -> Res<()> {
             };
             let mut before = stream()?;
             for t in ["write_bw", "read_bw", "send_bw"] {
-                let row = perf1(&[t, "-s", "1048576", "-n", "8000"])?;
-                let after = stream()?;
-                pair(t, row.bw_avg_mbps, (before + after) / 2.0);
-                before = after;
+                let sim = || Ok(perf1(&[t, "-s", "1048576", "-n", "8000"])?.bw_avg_mbps);
+                let b = bracketed(before, sim, &mut stream)?;
+                pair(t, b.sim, b.base, b.tries);
+                before = b.last;
             }
         }
         if want(Group::Rate) {
             let row = perf1(&["write_bw", "-s", "64", "-t", "128", "-n", "1000000"])?;
-            pair("write_bw_64", row.msg_rate_mpps, 1.0);
+            pair("write_bw_64", row.msg_rate_mpps, 1.0, 1);
         }
         if want(Group::Peers) {
             // Each reference figure, then the sim's counterparts right after it.
@@ -757,31 +810,32 @@ fn run(cli: &Cli) -> Res<()> {
                 let base = peer.measure(cli.lat_iters * PEER_ITERS_PER_LAT_ITER)?;
                 for t in tests {
                     let row = perf1(&[t, "-s", "8", "-n", &n])?;
-                    pair(&peer_key(t, peer), row.t_typical_us, base);
+                    pair(&peer_key(t, peer), row.t_typical_us, base, 1);
                 }
             }
         }
         if want(Group::Cost) {
             let msgs = cli.lat_iters * COST_MESSAGES_PER_LAT_ITER;
             let base = cost::tcp_ns_per_message(msgs)?;
-            pair("cost", cost::sim_ns_per_message(msgs)?, base);
+            pair("cost", cost::sim_ns_per_message(msgs)?, base, 1);
         }
         if want(Group::Qps) {
             for (t, depth, posting, _) in QP_ROWS {
                 // One QP before and after the 64 (their mean is the baseline): the host's
                 // speed can change between two runs, and a baseline from one side only
-                // put some pairs at 0.8 and others at 1.8 of each other.
-                let before = multi_qp_write_bw(1, depth, 65536, 2 << 30, posting)?;
-                let many = multi_qp_write_bw(64, depth, 65536, 2 << 30, posting)?;
-                let after = multi_qp_write_bw(1, depth, 65536, 2 << 30, posting)?;
-                pair(t, many, (before + after) / 2.0);
+                // put some pairs at 0.8 and others at 1.8 of each other. Taken again when the
+                // two single-QP runs disagree (`bracketed`).
+                let one = || multi_qp_write_bw(1, depth, 65536, 2 << 30, posting);
+                let many = || multi_qp_write_bw(64, depth, 65536, 2 << 30, posting);
+                let b = bracketed(one()?, many, one)?;
+                pair(t, b.sim, b.base, b.tries);
             }
             // The same comparison for raw TCP with the same traffic: what 64 connections
             // cost the kernel, as against what they cost the sim.
-            let before = streams::write_bw(1, 16, 65536, 2 << 30)?;
-            let many = streams::write_bw(64, 16, 65536, 2 << 30)?;
-            let after = streams::write_bw(1, 16, 65536, 2 << 30)?;
-            pair(TCP_QP_ROW, many, (before + after) / 2.0);
+            let one = || streams::write_bw(1, 16, 65536, 2 << 30);
+            let many = || streams::write_bw(64, 16, 65536, 2 << 30);
+            let b = bracketed(one()?, many, one)?;
+            pair(TCP_QP_ROW, b.sim, b.base, b.tries);
         }
     }
     let busy = median(tcp_busy);
@@ -820,7 +874,10 @@ fn run(cli: &Cli) -> Res<()> {
             measured: format!("{measured:.2} {unit}"),
             baseline: base_desc,
             ratio,
-            pairs: format!("{:.2}-{:.2}", spread.0, spread.1),
+            pairs: match get(key).iter().map(|p| p.tries - 1).sum::<u32>() {
+                0 => format!("{:.2}-{:.2}", spread.0, spread.1),
+                again => format!("{:.2}-{:.2} ({again} again)", spread.0, spread.1),
+            },
             target,
             pass,
         });
@@ -988,8 +1045,11 @@ fn date() -> String {
 
 fn print_report(rep: &Report) {
     println!(
-        "\nmachine: {}; {}; median of {} rounds (ratio: median of each round's sim / the baseline measured next to it; pairs: the lowest and highest of those)",
-        rep.machine, rep.date, rep.rounds
+        "\nmachine: {}; {}; median of {} rounds (ratio: median of each round's sim / the baseline measured next to it; pairs: the lowest and highest of those; \"N again\": bracketed measurements taken again because the baselines before and after them differed by more than {:.0}%)",
+        rep.machine,
+        rep.date,
+        rep.rounds,
+        (STEADY - 1.0) * 100.0
     );
     let mut base = Vec::new();
     if rep.tcp_busy_one_way_us > 0.0 {
@@ -1155,4 +1215,31 @@ fn plot(rep: &Report, path: &std::path::Path) -> Res<()> {
     }
     root.present().map_err(|e| error!("plot: {e}"))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Figures handed out in order, as the runs of a measurement would give them.
+    fn runs(v: &[f64]) -> impl FnMut() -> Res<f64> + '_ {
+        let mut it = v.iter();
+        move || Ok(*it.next().expect("one run too many"))
+    }
+
+    #[test]
+    fn a_bracketed_measurement_is_taken_again_only_while_its_baselines_disagree() {
+        // Steady (7000 and 6000 are within 25%): one try, the mean of the two.
+        let b = bracketed(7000.0, runs(&[6500.0]), runs(&[6000.0])).unwrap();
+        assert_eq!((b.sim, b.base, b.last, b.tries), (6500.0, 6500.0, 6000.0, 1));
+        // The host slows down during the first try (7000, then 2000): again, between 2000
+        // and the next baseline; the sim's figures play no part in the decision.
+        let b = bracketed(7000.0, runs(&[7000.0, 1900.0]), runs(&[2000.0, 2100.0])).unwrap();
+        assert_eq!((b.sim, b.base, b.last, b.tries), (1900.0, 2050.0, 2100.0, 2));
+        let b = bracketed(7000.0, runs(&[100.0, 1900.0]), runs(&[2000.0, 2100.0])).unwrap();
+        assert_eq!((b.sim, b.tries), (1900.0, 2));
+        // Never steady: the third try is kept.
+        let b = bracketed(7000.0, runs(&[1.0, 2.0, 3.0]), runs(&[2000.0, 7000.0, 2000.0])).unwrap();
+        assert_eq!((b.sim, b.base, b.tries), (3.0, 4500.0, 3));
+    }
 }
