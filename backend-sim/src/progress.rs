@@ -110,6 +110,9 @@ thread_local! {
     static ON_PROGRESS_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     /// The device this application thread polled last ([`Progress::user_here`]).
     static POLLED: std::cell::RefCell<Weak<Progress>> = const { std::cell::RefCell::new(Weak::new()) };
+    /// `post_send` calls of this application thread since its last poll of a CQ
+    /// ([`Progress::kick`]: only a post that follows another one may wait for more).
+    static POSTS_SINCE_POLL: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
 
 /// `epoll_pwait2` with a nanosecond timeout (`None`: wait forever; zero: poll).
@@ -608,16 +611,19 @@ impl Progress {
     /// After `post_send` (of `wrs` work requests): transmit now on this thread if the
     /// connection is idle (the latency path), else leave it to the driving thread's next
     /// poll or the progress thread (which batch). A lone WR on an idle connection waits
-    /// too while an application thread drives and other QPs of the device have work
-    /// outstanding: the poster is then in a loop that refills many QPs one `post_send`
-    /// at a time, and the WRs it posts to this QP next leave with it in one `sendmsg` at
-    /// its next poll instead of two (the first alone). A thread that posts and then
-    /// computes without polling has it sent when the driving window and grace period
-    /// end, as any WR queued behind others while it drives. A list is the poster's own
-    /// batch: it leaves at once.
+    /// too if this thread already posted since its last poll, an application thread
+    /// drives, and other QPs of the device have work outstanding: the poster is then in
+    /// a loop that refills many QPs one `post_send` at a time, and the WRs it posts to
+    /// this QP next leave with it in one `sendmsg` at its next poll instead of two (the
+    /// first alone). A thread that posts and then computes without polling has it sent
+    /// when the driving window and grace period end, as any WR queued behind others
+    /// while it drives. The first post after a poll never waits (a ping-pong, also one
+    /// between two QPs of this device, each of which looks busy while it owes the other
+    /// an ACK), nor does a list (the poster's own batch).
     pub fn kick(&self, qp: &Arc<QpShared>, conn: &Arc<Conn>, idle: bool, wrs: usize) {
         let driving = self.user_posted(self.nanos(Instant::now()));
-        let join = idle && wrs == 1 && driving && self.busy_send_queues() > 1;
+        let burst = POSTS_SINCE_POLL.replace(POSTS_SINCE_POLL.get().saturating_add(1)) > 0;
+        let join = idle && wrs == 1 && burst && driving && self.busy_send_queues() > 1;
         if join {
             self.joined.fetch_add(1, Ordering::Relaxed);
         }
@@ -715,6 +721,7 @@ impl Progress {
     /// grace period, about 2 ms, while it polls the other one. One thread-local
     /// comparison per poll while it stays on one device.
     fn user_here(self: &Arc<Self>) {
+        POSTS_SINCE_POLL.set(0);
         let left = POLLED.with(|last| {
             let mut last = last.borrow_mut();
             if std::ptr::eq(last.as_ptr(), Arc::as_ptr(self)) {

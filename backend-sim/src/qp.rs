@@ -783,9 +783,9 @@ mod tests {
             assert_eq!(busy(), 0, "round {round}");
         }
     }
-    /// A lone WR posted to an idle QP while this thread drives progress and another QP
-    /// of the device has work outstanding waits for the WRs posted after it
-    /// (`Progress::kick`). A thread that posts it and then stops polling (it computes)
+    /// A lone WR posted to an idle QP while this thread drives progress, after another
+    /// post, and another QP of the device has work outstanding waits for the WRs posted
+    /// after it (`Progress::kick`). A thread that posts it and then stops polling (it computes)
     /// must still have it executed: the progress thread takes it when the driving window
     /// and the grace period end (about 2.1 ms; checked here with a wide margin). Without
     /// that hand-over the WRITE would wait for a poll that never comes.
@@ -835,19 +835,23 @@ mod tests {
         c1.faults()
             .stall_responder(b1.qp_num(), Duration::from_millis(300))
             .unwrap();
-        a1.post_send(&[SendWr::write(3, &first, dst.remote().at(0)).signaled()])
-            .unwrap();
         // Drive: polls in a tight loop for 2 ms.
         let t = Instant::now();
         while t.elapsed() < Duration::from_millis(2) {
             assert_eq!(cq0.poll(&mut [Default::default(); 4]).unwrap(), 0);
         }
-        let joined = c0.dev.progress.joined.load(std::sync::atomic::Ordering::Relaxed);
+        let joined = || c0.dev.progress.joined.load(std::sync::atomic::Ordering::Relaxed);
+        let before = joined();
+        // The first post after a poll leaves at once (a ping-pong's post)...
+        a1.post_send(&[SendWr::write(3, &first, dst.remote().at(0)).signaled()])
+            .unwrap();
+        assert_eq!(joined(), before);
+        // ...the next one, to an idle QP while a1 is busy, waits for more.
         a2.post_send(&[SendWr::write(4, &lone, dst.remote().at(8)).signaled()])
             .unwrap();
         assert_eq!(
-            c0.dev.progress.joined.load(std::sync::atomic::Ordering::Relaxed),
-            joined + 1,
+            joined(),
+            before + 1,
             "the lone WRITE was sent at once: this test does not test the wait"
         );
         // Then compute: no more polls until the WRITE has landed.
@@ -864,5 +868,67 @@ mod tests {
         let mut ids: Vec<u64> = wc.iter().map(|w| w.wr_id).collect();
         ids.sort();
         assert_eq!(ids, [3, 4]);
+    }
+    /// One thread ping-pongs SENDs between two QPs of one device (a test with both ends
+    /// in one process, or `perf-compare`'s one-thread cost row). Each QP looks busy while
+    /// it owes the other an ACK (delayed until the thread's next call), so "other QPs
+    /// have work outstanding" holds at every post; the posts must still leave at once,
+    /// as every one of them is the first after a poll. (Holding them cost about 1 us of
+    /// CPU per message.)
+    #[test]
+    fn a_ping_pong_between_two_qps_of_one_device_never_waits() {
+        use verbs_api::{Backend, CompletionQueue, RecvWr, WcOpcode, WorkCompletion};
+        let sim = SimBackend::default();
+        let ctx = sim.open("sim0").unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cqs = [ctx.create_cq(64, None).unwrap(), ctx.create_cq(64, None).unwrap()];
+        let cap = QpCap::new(16, 16).with_inline(64);
+        let qps = [
+            pd.create_qp(&QpInitAttr::rc(&cqs[0], &cqs[0], cap)).unwrap(),
+            pd.create_qp(&QpInitAttr::rc(&cqs[1], &cqs[1], cap)).unwrap(),
+        ];
+        let p = RcParams::default();
+        let ends = [
+            local_endpoint(&ctx, &qps[0], &p, 1).unwrap(),
+            local_endpoint(&ctx, &qps[1], &p, 1).unwrap(),
+        ];
+        connect_rc(&qps[0], &p, 1, &ends[1]).unwrap();
+        connect_rc(&qps[1], &p, 1, &ends[0]).unwrap();
+        let mr = pd.reg_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+        for qp in &qps {
+            for _ in 0..8 {
+                qp.post_recv(&[RecvWr::new(0, &[mr.sge(0, 64).unwrap()])])
+                    .unwrap();
+            }
+        }
+        let mut wc = [WorkCompletion::default(); 8];
+        let mut busy_seen = 0;
+        for i in 0..400 {
+            let (from, to) = (i % 2, 1 - i % 2);
+            busy_seen += usize::from(ctx.dev.progress.busy_send_queues() > 0);
+            qps[from]
+                .post_send(&[SendWr::send(1, &[mr.sge(64, 8).unwrap()]).signaled().inline()])
+                .unwrap();
+            let t = Instant::now();
+            'wait: loop {
+                let n = cqs[to].poll(&mut wc).unwrap();
+                for w in &wc[..n] {
+                    assert!(w.is_ok(), "hop {i}: {w:?}");
+                    if w.opcode == WcOpcode::Recv {
+                        break 'wait;
+                    }
+                }
+                assert!(t.elapsed() < Duration::from_secs(10), "hop {i}: SEND lost");
+            }
+            qps[to]
+                .post_recv(&[RecvWr::new(0, &[mr.sge(0, 64).unwrap()])])
+                .unwrap();
+        }
+        assert!(busy_seen > 100, "the other QP was busy at only {busy_seen} posts");
+        let joined = ctx.dev.progress.joined.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(
+            joined, 0,
+            "{joined} of 400 SENDs waited for a post that never came"
+        );
     }
 }
