@@ -29,9 +29,10 @@
 //! - **Application threads**: `post_send` on an idle connection builds and writes the
 //!   frames itself (one `sendmsg`); with requests already in flight it queues the QP for
 //!   the driving thread's next poll or the progress thread, which batch many WQEs per
-//!   `sendmsg`. So does a lone WR on an idle connection while a thread drives and other
-//!   QPs of the device have work outstanding (a loop refilling many QPs one WR per
-//!   `post_send`: the WRs it posts to the QP next leave with it; `Progress::kick`).
+//!   `sendmsg`. So does a lone WR on an idle connection that is not the thread's first
+//!   post since its last poll, while a thread drives and other QPs of the device have
+//!   work outstanding (a loop refilling many QPs one WR per `post_send`: the WRs it
+//!   posts to the QP next leave with it; `Progress::kick`).
 //!   `poll_cq` on an empty CQ polls the epoll set once (`epoll_wait` with no timeout)
 //!   and services what is ready.
 //! - While spinning (an application in `poll_cq`, or the progress thread in its spin
