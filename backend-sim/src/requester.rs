@@ -889,9 +889,25 @@ mod tests {
         }
     }
 
-    /// perf-compare's `write_bw -a` failed with `IBV_WC_RETRY_EXC_ERR`: 128 WRITEs of
-    /// 8 MiB were queued at once and took longer than `timeout` to leave, so the timer
-    /// fired on messages still being written, and each resend queued them again. The
+    /// A requester with `timeout` and `retry_cnt` that sent one signaled WRITE at `t0`.
+    fn one_write_sent(timeout: Duration, retry_cnt: u8, t0: Instant) -> Requester {
+        let attrs = ReqAttrs {
+            sq_psn: 0,
+            timeout: Some(timeout),
+            retry_cnt,
+            rnr_retry: 0,
+            max_rd_atomic: 1,
+        };
+        let (mrs, mr, mut req) = setup(4, attrs);
+        let sge = [Sge::new(mr.addr(), 64, 7)];
+        let (mut tx, mut out) = (TxQueue::new(), Vec::new());
+        req.post(&SendWr::write(1, &sge, (0x1000, 5)).signaled(), &mrs)
+            .unwrap();
+        assert_eq!(req.poll_transmit(&mrs, t0, &mut tx, 16, &mut out), Ok(1));
+        assert!(out.is_empty(), "{out:?}");
+        req
+    }
+
     /// `on_timer` says whether it left something to send: a resend after the ACK timeout
     /// does; a deadline not reached, or one that only moved because bytes left meanwhile,
     /// does not (the progress engine then leaves the connection to whichever thread
@@ -899,20 +915,9 @@ mod tests {
     #[test]
     fn the_ack_timer_says_whether_a_resend_is_due() {
         let ms = Duration::from_millis;
-        let attrs = ReqAttrs {
-            sq_psn: 0,
-            timeout: Some(ms(10)),
-            retry_cnt: 1,
-            rnr_retry: 0,
-            max_rd_atomic: 1,
-        };
-        let (mrs, mr, mut req) = setup(4, attrs);
-        let sge = [Sge::new(mr.addr(), 64, 7)];
         let t0 = Instant::now();
-        let (mut tx, mut out) = (TxQueue::new(), Vec::new());
-        req.post(&SendWr::write(1, &sge, (0x1000, 5)).signaled(), &mrs)
-            .unwrap();
-        assert_eq!(req.poll_transmit(&mrs, t0, &mut tx, 16, &mut out), Ok(1));
+        let mut req = one_write_sent(ms(10), 1, t0);
+        let mut out = Vec::new();
         assert_eq!(req.on_timer(t0 + ms(5), Some(t0), &mut out), Ok(false));
         assert_eq!(req.on_timer(t0 + ms(11), Some(t0 + ms(8)), &mut out), Ok(false));
         assert!(!req.has_unsent());
@@ -922,24 +927,16 @@ mod tests {
         assert!(out.is_empty(), "{out:?}");
     }
 
+    /// perf-compare's `write_bw -a` failed with `IBV_WC_RETRY_EXC_ERR`: 128 WRITEs of
+    /// 8 MiB were queued at once and took longer than `timeout` to leave, so the timer
+    /// fired on messages still being written, and each resend queued them again. The
     /// timer now counts from the last bytes sent; only silence after that is a loss.
     #[test]
     fn the_ack_timer_counts_from_the_last_transmission() {
         let timeout = Duration::from_millis(10);
-        let attrs = ReqAttrs {
-            sq_psn: 0,
-            timeout: Some(timeout),
-            retry_cnt: 0,
-            rnr_retry: 0,
-            max_rd_atomic: 1,
-        };
-        let (mrs, mr, mut req) = setup(4, attrs);
-        let sge = [Sge::new(mr.addr(), 64, 7)];
         let t0 = Instant::now();
-        let (mut tx, mut out) = (TxQueue::new(), Vec::new());
-        req.post(&SendWr::write(1, &sge, (0x1000, 5)).signaled(), &mrs)
-            .unwrap();
-        assert_eq!(req.poll_transmit(&mrs, t0, &mut tx, 16, &mut out), Ok(1));
+        let mut req = one_write_sent(timeout, 0, t0);
+        let mut out = Vec::new();
         assert_eq!(req.next_deadline(), Some(t0 + timeout));
         // The deadline passes while bytes are still leaving: no retry (retry_cnt 0 would
         // fail the WR at once), the deadline moves to timeout after the last byte sent.
@@ -959,11 +956,7 @@ mod tests {
             [(1, WcStatus::RetryExcErr)]
         );
         // Without a transmission record the timer counts from the send, as before.
-        let (_, _, mut req) = setup(4, attrs);
-        let mut out = Vec::new();
-        req.post(&SendWr::write(2, &sge, (0x1000, 5)).signaled(), &mrs)
-            .unwrap();
-        assert_eq!(req.poll_transmit(&mrs, t0, &mut tx, 16, &mut out), Ok(1));
+        let mut req = one_write_sent(timeout, 0, t0);
         assert!(req.on_timer(late, None, &mut out).is_err());
     }
 }
