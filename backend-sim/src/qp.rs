@@ -176,12 +176,16 @@ impl QpShared {
     /// Pushes the completions gathered in `g` to the CQs. A CQ overflow moves the QP to
     /// ERR (its completions are lost; the CQ reports the overflow).
     pub fn deliver(&self, g: &mut QpInner) {
+        // Counted before the completions become visible: a poller that sees the last one
+        // also sees the send queue empty.
+        self.note_busy(g);
         loop {
             let ok_s = g.send_wc.is_empty() || self.send_cq.push_all(g.send_wc.drain(..).map(|w| (w, false)));
             let ok_r = g.recv_wc.is_empty() || self.recv_cq.push_all(g.recv_wc.drain(..));
             if (ok_s && ok_r) || g.state == QpState::Err {
                 g.send_wc.clear();
                 g.recv_wc.clear();
+                // (Again: an overflow's flush may have emptied it.)
                 self.note_busy(g);
                 return;
             }
@@ -192,7 +196,8 @@ impl QpShared {
 
     /// Brings the device's count of busy send queues in line with this QP's (call after
     /// the send queue changed: a post, completions, a flush, a reset). Every path that
-    /// completes or flushes WQEs ends in [`QpShared::deliver`], which calls it.
+    /// completes or flushes WQEs ends in [`QpShared::deliver`], which calls it before it
+    /// pushes the completions.
     pub fn note_busy(&self, g: &mut QpInner) {
         let busy = g.req.outstanding() > 0;
         if busy != g.busy {
