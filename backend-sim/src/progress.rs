@@ -1024,7 +1024,7 @@ impl Progress {
             let Some(e) = entry else { break };
             let Some(qp) = e.qp.upgrade() else { continue };
             work = true;
-            let conns = {
+            let (fired, conns) = {
                 let mut g = qp.inner.lock();
                 if g.timer_at == Some(e.at) {
                     g.timer_at = None;
@@ -1045,7 +1045,6 @@ impl Progress {
                 self.rearm(&qp, &mut g);
                 (fired, [g.conn.clone(), g.self_conn.clone()])
             };
-            let (fired, conns) = conns;
             if conns[0].is_none() {
                 qp.req_wake.notify_one();
             }

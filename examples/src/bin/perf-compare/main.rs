@@ -731,10 +731,11 @@ fn run(cli: &Cli) -> Res<()> {
     let mut tcp_block = Vec::new();
     let mut tcp_bw = Vec::new();
     let mut tcp_bw_modes = Vec::new();
-    // Every sim figure is paired with a baseline measured right before it (or before and
-    // after it): the host's speed drifts by tens of percent from one minute to the next,
-    // so a ratio is only taken between neighbours, and the median of those ratios is
-    // reported.
+    // Every sim figure is paired with its baseline measured right before and after it
+    // (`bracketed`; the one-thread cost row: a TCP run right before it; the message rate
+    // row: its fixed target): the host's speed drifts by tens of percent from one minute
+    // to the next, so a ratio is only taken between neighbours, and the median of those
+    // ratios is reported.
     let mut pairs: std::collections::BTreeMap<String, Vec<Pair>> = Default::default();
     let mut pair = |k: &str, sim: f64, base: f64, tries: u32| {
         pairs
