@@ -82,8 +82,10 @@ const BUDGET: usize = 128;
 /// Stop building new requests while this many bytes wait to be written.
 const TX_HIGH: usize = 4 << 20;
 /// A write this large can take long enough (up to a millisecond on loopback) that the
-/// clock is read again after it: the ACK timer counts from when bytes last left.
-const LARGE_WRITE: usize = 64 << 10;
+/// clock is read again after it: the ACK timer counts from when bytes last left. A read
+/// this large makes a clock the caller read before it too old to use (see
+/// `service_locked`).
+const LARGE_IO: usize = 64 << 10;
 /// Payload bytes a deferred ACK may cover while more requests stream in without asking
 /// for one (see `process`).
 const ACK_EVERY: usize = 1 << 20;
@@ -622,13 +624,14 @@ impl Progress {
     /// between two QPs of this device, each of which looks busy while it owes the other
     /// an ACK), nor does a list (the poster's own batch).
     pub fn kick(&self, qp: &Arc<QpShared>, conn: &Arc<Conn>, idle: bool, wrs: usize) {
-        let driving = self.user_posted(self.nanos(Instant::now()));
+        let now = Instant::now();
+        let driving = self.user_posted(self.nanos(now));
         let burst = POSTS_SINCE_POLL.replace(POSTS_SINCE_POLL.get().saturating_add(1)) > 0;
         let join = idle && wrs == 1 && burst && driving && self.busy_send_queues() > 1;
         if join {
             self.joined.fetch_add(1, Ordering::Relaxed);
         }
-        if idle && !join && self.service_as(conn, Mode::Transmit) {
+        if idle && !join && self.service_inner(conn, Mode::Transmit, false, Some(now)) {
             self.flush_acks();
             return;
         }
@@ -683,16 +686,18 @@ impl Progress {
         self.user_here();
         // Only a thread that polls in a tight loop counts as driving (and lets the
         // progress thread sleep); an occasional poll between naps does not.
-        let now = self.nanos(Instant::now());
+        let clock = Instant::now();
+        let now = self.nanos(clock);
         self.user_active(now);
         self.flush_acks();
-        if self.peek_few(Mode::User).is_none() {
+        if self.peek_few(Mode::User, Some(clock)).is_none() {
             let mut events = [libc::epoll_event { events: 0, u64: 0 }; 16];
             let n = wait_on(&self.epfd, &mut events, Some(Duration::ZERO));
+            let mut given = Some(clock);
             for ev in &events[..n] {
                 if ev.u64 != BELL {
                     if let Some(c) = self.conn(ev.u64) {
-                        self.service_as(&c, Mode::User);
+                        self.service_inner(&c, Mode::User, false, given.take());
                     }
                 }
             }
@@ -803,7 +808,9 @@ impl Progress {
     /// services those that had news); `None` with more. Reading a socket is one syscall
     /// per connection and spin, like asking epoll, but when bytes have arrived it saves
     /// the second one (epoll, then read): a read that finds nothing returns at once.
-    fn peek_few(&self, mode: Mode) -> Option<bool> {
+    /// `clock`: the caller's, read just before, for the first connection's round (the
+    /// others may follow a long write, and read their own).
+    fn peek_few(&self, mode: Mode, mut clock: Option<Instant>) -> Option<bool> {
         let mut direct: [Option<Arc<Conn>>; DIRECT_MAX] = Default::default();
         {
             let conns = self.conns.lock();
@@ -817,7 +824,7 @@ impl Progress {
         let mut work = false;
         for c in direct.iter().flatten() {
             if c.active.load(Ordering::Acquire) {
-                work |= self.service_inner(c, mode, true);
+                work |= self.service_inner(c, mode, true, clock.take());
             }
         }
         Some(work)
@@ -918,7 +925,11 @@ impl Progress {
             // are read directly (see `peek_few`) and, if few enough, kept out of the
             // epoll set; blocking on the set needs them all in it.
             self.settle(spinning || bell_only, &mut settled, &mut scratch);
-            let peeked = if spinning { self.peek_few(Mode::Full) } else { None };
+            let peeked = if spinning {
+                self.peek_few(Mode::Full, None)
+            } else {
+                None
+            };
             let n = match peeked {
                 Some(w) => {
                     work = w;
@@ -948,7 +959,7 @@ impl Progress {
             if bell_only && !still_driving {
                 // Woken by the bell or the end of the window: connections may have data
                 // that no application thread picked up.
-                match self.peek_few(Mode::Full) {
+                match self.peek_few(Mode::Full, None) {
                     Some(w) => work |= w,
                     None => {
                         let m = wait_on(&self.epfd, &mut events, Some(Duration::ZERO));
@@ -1081,15 +1092,23 @@ impl Progress {
     }
 
     fn service_as(&self, conn: &Arc<Conn>, mode: Mode) -> bool {
-        self.service_inner(conn, mode, false)
+        self.service_inner(conn, mode, false, None)
     }
 
     /// `peek`: the caller does not know whether the socket has news; if it has none and
     /// nothing waits to be decoded or written, return without processing. A peek asks
     /// for nothing: it does not set `pending` (a busy connection is being serviced
     /// anyway), and a request another thread left in `pending` makes its round a full
-    /// one, so no post waits behind a peek.
-    fn service_inner(&self, conn: &Arc<Conn>, mode: Mode, mut peek: bool) -> bool {
+    /// one, so no post waits behind a peek. `clock`: the time as the caller read it just
+    /// before (its first round uses it instead of reading the clock again: on a VM a
+    /// read costs ~40 ns, and a ping-pong's message would pay it twice more).
+    fn service_inner(
+        &self,
+        conn: &Arc<Conn>,
+        mode: Mode,
+        mut peek: bool,
+        mut clock: Option<Instant>,
+    ) -> bool {
         if !peek {
             conn.pending.store(true, Ordering::SeqCst);
         }
@@ -1106,8 +1125,8 @@ impl Progress {
                 return did;
             }
             let entered = self.user_entered();
-            let (done, closed, clock) = self.service_locked(conn, io, mode, peek);
-            self.user_left(entered, done, || self.nanos(clock.unwrap_or_else(Instant::now)));
+            let (done, closed, end) = self.service_locked(conn, io, mode, peek, clock.take());
+            self.user_left(entered, done, || self.nanos(end.unwrap_or_else(Instant::now)));
             did |= done;
             if closed || !conn.pending.load(Ordering::SeqCst) {
                 return did;
@@ -1118,19 +1137,23 @@ impl Progress {
     /// One round of service with the I/O lock held (released on return). Returns (did
     /// work, connection closed, the clock as of the end of its I/O if it read it: one
     /// read per round, taken after the round's read; a large write, which can take a
-    /// millisecond, reads it again).
+    /// millisecond, reads it again). `given`: the caller's clock, read just before; the
+    /// first round takes it as its own unless that round read a large payload (which
+    /// can take as long as a large write).
     fn service_locked(
         &self,
         conn: &Arc<Conn>,
         mut io: parking_lot::MutexGuard<'_, ConnIo>,
         mode: Mode,
         peek: bool,
+        mut given: Option<Instant>,
     ) -> (bool, bool, Option<Instant>) {
         let fd = conn.sock.as_raw_fd();
         let mut did = false;
         let mut clock: Option<Instant>;
         loop {
             let mut progressed = false;
+            let mut read_large = false;
             let faulty = conn.qp.fault_armed.load(Ordering::Acquire);
             let stalled = faulty && self.responder_stalled(conn);
             let reading = !stalled && mode != Mode::Transmit;
@@ -1141,7 +1164,10 @@ impl Progress {
                         self.lost(conn, "peer closed the connection");
                         return (true, true, None);
                     }
-                    Ok(_) => progressed = true,
+                    Ok(n) => {
+                        progressed = true;
+                        read_large = n >= LARGE_IO;
+                    }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                         // A thread looking for news found none: nothing to decode,
                         // nothing to write, so nothing to do.
@@ -1158,7 +1184,10 @@ impl Progress {
                 }
             }
             // The round's one clock read: the timers' `now`, and when its bytes left.
-            let now = Instant::now();
+            let now = match given.take() {
+                Some(t) if !read_large => t,
+                _ => Instant::now(),
+            };
             clock = Some(now);
             let ack_later = if stalled {
                 false
@@ -1188,7 +1217,7 @@ impl Progress {
                     Ok(n) => {
                         if n > 0 {
                             progressed = true;
-                            let at = if n >= LARGE_WRITE {
+                            let at = if n >= LARGE_IO {
                                 let t = Instant::now();
                                 clock = Some(t);
                                 t
