@@ -345,8 +345,14 @@ fn post_recvs_on<Q: QueuePair, M: MemoryRegion>(qp: &Q, mr: &M, max: usize, n: u
         return Ok(());
     }
     let sge = [mr.sge(0, max)?];
-    // In batches from a stack array: the latency loop posts one per message, and a
-    // heap allocation there would be measured along with the device.
+    // The latency loop posts one per message, between a completion and the next send:
+    // build no more than that (the tool's own time is measured along with the device).
+    if n == 1 {
+        qp.post_recv(&[RecvWr::new(RECV_ID, &sge)])
+            .context("posting receives")?;
+        return Ok(());
+    }
+    // More in batches from a stack array (no heap allocation in a measured loop).
     let batch = [RecvWr::new(RECV_ID, &sge); 32];
     let mut left = n as usize;
     while left > 0 {
