@@ -788,6 +788,7 @@ mod tests {
             assert_eq!(busy(), 0, "round {round}");
         }
     }
+
     /// A lone WR posted to an idle QP while this thread drives progress, after another
     /// post, and another QP of the device has work outstanding waits for the WRs posted
     /// after it (`Progress::kick`). A thread that posts it and then stops polling (it computes)
@@ -888,6 +889,7 @@ mod tests {
         }
         assert!(done.iter().all(|w| w.is_ok()), "{done:?}");
     }
+
     /// One thread ping-pongs SENDs between two QPs of one device (a test with both ends
     /// in one process, or `perf-compare`'s one-thread cost row). Each QP looks busy while
     /// it owes the other an ACK (delayed until the thread's next call), so "other QPs
