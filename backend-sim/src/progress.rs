@@ -190,10 +190,15 @@ pub struct Conn {
     sock: TcpStream,
     io: Mutex<ConnIo>,
     closed: AtomicBool,
-    /// Whether the connection owes an ACK left for later and waits in the delayed-ACK
-    /// list. Cleared when the ACK leaves with other frames first: the list entry is then
-    /// skipped instead of serviced for nothing.
-    ack_queued: AtomicBool,
+    /// Whether the connection owes an ACK left for later. Cleared when the ACK leaves
+    /// with other frames first (the next request of a ping-pong), so that
+    /// [`Progress::flush_acks`] skips it instead of servicing it for nothing.
+    ack_owed: AtomicBool,
+    /// Whether the connection is in the device's delayed-ACK list. It stays there once
+    /// added, until it is closed: a ping-pong owes an ACK after every message it
+    /// receives, and adding and removing it each time cost a dozen locked instructions
+    /// per message.
+    ack_listed: AtomicBool,
     /// Set by every thread that wants the connection serviced; the thread holding its
     /// I/O lock goes around again if it finds it set after letting go (no work is lost
     /// to a failed `try_lock`).
@@ -492,7 +497,8 @@ impl Progress {
                 interest: libc::EPOLLIN as u32,
             }),
             closed: AtomicBool::new(false),
-            ack_queued: AtomicBool::new(false),
+            ack_owed: AtomicBool::new(false),
+            ack_listed: AtomicBool::new(false),
             pending: AtomicBool::new(false),
             last_tx: AtomicU64::new(0),
             active: AtomicBool::new(false),
@@ -553,6 +559,9 @@ impl Progress {
         self.disarm(conn);
         let _ = conn.sock.shutdown(std::net::Shutdown::Both);
         self.conns.lock().remove(&conn.token);
+        if conn.ack_listed.load(Ordering::Acquire) {
+            self.acks.lock().retain(|c| !std::ptr::eq(Arc::as_ptr(c), conn));
+        }
         self.conns_gen.fetch_add(1, Ordering::AcqRel);
     }
 
@@ -655,28 +664,34 @@ impl Progress {
     }
 
     /// Writes the ACKs left for later (an application thread's next poll or post, or
-    /// the progress thread when no application drives).
+    /// the progress thread when no application drives). Returns whether any was owed.
     pub fn flush_acks(&self) -> bool {
-        if !self.acks_pending.swap(false, Ordering::AcqRel) {
+        // A plain load first: this runs on every poll and post, and usually finds nothing;
+        // the swap (a locked instruction) only when there is something to take.
+        if !self.acks_pending.load(Ordering::Acquire) || !self.acks_pending.swap(false, Ordering::AcqRel) {
             return false;
         }
-        // Swap with a spare list so the steady state allocates nothing.
-        let mut conns = std::mem::take(&mut *self.acks_spare.lock());
-        {
-            let mut a = self.acks.lock();
-            if a.is_empty() {
-                *self.acks_spare.lock() = conns;
+        // The connections that owe one, collected in a spare list (the steady state
+        // allocates nothing) and serviced once the list's lock is released. Closed ones
+        // leave the list here if `close` missed them (added while it closed).
+        let mut owed: Option<Vec<Arc<Conn>>> = None;
+        self.acks.lock().retain(|c| {
+            if c.is_closed() {
+                c.ack_listed.store(false, Ordering::Release);
                 return false;
             }
-            std::mem::swap(&mut *a, &mut conns);
-        }
-        for c in &conns {
-            if c.ack_queued.swap(false, Ordering::AcqRel) {
-                self.service_as(c, Mode::Transmit);
+            if c.ack_owed.load(Ordering::Acquire) && c.ack_owed.swap(false, Ordering::AcqRel) {
+                owed.get_or_insert_with(|| std::mem::take(&mut *self.acks_spare.lock()))
+                    .push(c.clone());
             }
+            true
+        });
+        let Some(mut owed) = owed else { return false };
+        for c in &owed {
+            self.service_as(c, Mode::Transmit);
         }
-        conns.clear();
-        *self.acks_spare.lock() = conns;
+        owed.clear();
+        *self.acks_spare.lock() = owed;
         true
     }
 
@@ -1206,9 +1221,14 @@ impl Progress {
             };
             if !ack_later {
                 // Nothing owed (any ACK left with this round's frames).
-                conn.ack_queued.store(false, Ordering::Release);
-            } else if !conn.ack_queued.swap(true, Ordering::AcqRel) {
-                self.acks.lock().push(conn.clone());
+                if conn.ack_owed.load(Ordering::Relaxed) {
+                    conn.ack_owed.store(false, Ordering::Release);
+                }
+            } else {
+                conn.ack_owed.store(true, Ordering::Release);
+                if !conn.ack_listed.load(Ordering::Acquire) && !conn.ack_listed.swap(true, Ordering::AcqRel) {
+                    self.acks.lock().push(conn.clone());
+                }
                 self.acks_pending.store(true, Ordering::Release);
             }
             let hold = faulty && self.responder_hold(conn, io.tx.is_empty());
