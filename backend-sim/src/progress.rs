@@ -45,9 +45,12 @@
 //!   on the doorbell alone because application threads drive, they are read directly
 //!   and left out (`Progress::settle`); before it blocks on the set they go back in
 //!   (level-triggered: bytes that came meanwhile wake it at once).
-//! - ACKs (IBA 9.7.5.1.2: a responder may coalesce them): an application thread's poll
-//!   leaves the ACK it owes for its next poll or post (delayed ACK, so it leaves with the
-//!   next request); the progress thread, while requests keep streaming in, sends one when
+//! - ACKs (IBA 9.7.5.1.2: a responder may coalesce them): the poll of an application
+//!   thread that drives progress leaves the ACK it owes for its next poll or post
+//!   (delayed ACK, so it leaves with the next request), or for the progress thread once
+//!   the driving window and grace period are over; a thread that polls now and then
+//!   sends it at once, as nothing says when it calls again. The progress thread, while
+//!   requests keep streaming in, sends one when
 //!   a request asked for it (the AckReq bit, which requesters set on one in every half of
 //!   their outstanding WQEs) or `ACK_EVERY` (1 MiB) of payload went unacknowledged, and
 //!   at once when the socket is drained.
@@ -155,8 +158,9 @@ fn add_to(ep: &OwnedFd, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
 enum Mode {
     /// The progress thread: read, process, write until nothing moves.
     Full,
-    /// An application thread polling for completions: like `Full`, but ACKs alone are
-    /// left for its next call (delayed ACK), off the path to the completion it waits for.
+    /// An application thread polling for completions in a tight loop (it drives
+    /// progress): like `Full`, but ACKs alone are left for its next call (delayed ACK),
+    /// off the path to the completion it waits for.
     User,
     /// An application thread that just posted: build and write frames, read nothing.
     Transmit,
@@ -613,6 +617,12 @@ impl Progress {
         } else {
             self.busy_sqs.fetch_sub(1, Ordering::Relaxed);
         }
+    }
+
+    /// How many connections the delayed-ACK list holds (tests).
+    #[cfg(test)]
+    pub fn acks_listed(&self) -> usize {
+        self.acks.lock().len()
     }
 
     /// How many of the device's QPs have WQEs in their send queues.
@@ -1140,6 +1150,16 @@ impl Progress {
                 return did;
             }
             let entered = self.user_entered();
+            // An application thread that does not drive progress (it polled once, not in
+            // a tight loop) may not poll or post again for a long time, and the progress
+            // thread may be asleep: an ACK left for its next call could wait for the
+            // requester's resend (forever with an infinite local ACK timeout). Its ACKs
+            // leave as the progress thread's do.
+            let mode = if mode == Mode::User && entered.is_none() {
+                Mode::Full
+            } else {
+                mode
+            };
             let (done, closed, end) = self.service_locked(conn, io, mode, peek, clock.take());
             self.user_left(entered, done, || self.nanos(end.unwrap_or_else(Instant::now)));
             did |= done;

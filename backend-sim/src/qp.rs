@@ -789,6 +789,73 @@ mod tests {
         }
     }
 
+    /// Every ACK a receiver owes is sent, whether it polls now and then or in a tight
+    /// loop, and the delayed-ACK list keeps a connection once (no adding and removing per
+    /// message): a one-way stream of SENDs, each acknowledged before the next, whose
+    /// receiver only polls (it posts no SEND that could carry the ACK). With an infinite
+    /// local ACK timeout no resend can complete a SEND whose ACK stayed behind. A receiver
+    /// polling once a millisecond does not drive progress, and its ACK used to wait for
+    /// its next call, which here never comes before the sender's completion: the stream
+    /// hung at its first SEND. Each device's list holds its one connection at most, and
+    /// none once the QPs are destroyed.
+    #[test]
+    fn each_owed_ack_is_sent_and_the_delayed_ack_list_keeps_a_connection_once() {
+        use verbs_api::{Backend, CompletionQueue, RecvWr, WcOpcode, WorkCompletion};
+        let sim = SimBackend::default();
+        let (ctx, peer) = (sim.open("sim0").unwrap(), sim.open("sim1").unwrap());
+        let (pd, ppd) = (ctx.alloc_pd().unwrap(), peer.alloc_pd().unwrap());
+        let (cq, pcq) = (
+            ctx.create_cq(16, None).unwrap(),
+            peer.create_cq(16, None).unwrap(),
+        );
+        let cap = QpCap::new(8, 8);
+        let mr = pd.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        let pmr = ppd.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        let qa = pd.create_qp(&QpInitAttr::rc(&cq, &cq, cap)).unwrap();
+        let qb = ppd.create_qp(&QpInitAttr::rc(&pcq, &pcq, cap)).unwrap();
+        // Local ACK timeout 0: infinite.
+        let p = RcParams {
+            timeout: 0,
+            ..RcParams::default()
+        };
+        let ea = local_endpoint(&ctx, &qa, &p, 1).unwrap();
+        let eb = local_endpoint(&peer, &qb, &p, 2).unwrap();
+        connect_rc(&qa, &p, 1, &eb).unwrap();
+        connect_rc(&qb, &p, 2, &ea).unwrap();
+        let sge = [mr.sge(0, 8).unwrap()];
+        // The first 10 received by polling once a millisecond, the rest in a tight loop.
+        let nap_poll = || {
+            let mut wc = [WorkCompletion::default()];
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while pcq.poll(&mut wc).unwrap() == 0 {
+                assert!(Instant::now() < deadline, "no receive completion");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            wc.to_vec()
+        };
+        for i in 0..40u64 {
+            qb.post_recv(&[RecvWr::new(i, &[pmr.sge(0, 8).unwrap()])])
+                .unwrap();
+            qa.post_send(&[SendWr::send(i, &sge).signaled()]).unwrap();
+            let got = if i < 10 {
+                nap_poll()
+            } else {
+                poll_n(&pcq, 1, Duration::from_secs(10)).unwrap()
+            };
+            assert_eq!((got[0].opcode, got[0].wr_id), (WcOpcode::Recv, i), "{got:?}");
+            let done = poll_n(&cq, 1, Duration::from_secs(10)).unwrap();
+            assert!(done[0].is_ok() && done[0].wr_id == i, "SEND {i}: {done:?}");
+            assert!(peer.dev.progress.acks_listed() <= 1, "SEND {i}");
+        }
+        assert_eq!(ctx.dev.progress.acks_listed(), 0, "the sender never owed an ACK");
+        drop((qa, qb));
+        assert_eq!(
+            peer.dev.progress.acks_listed(),
+            0,
+            "a closed connection leaves the list"
+        );
+    }
+
     /// A lone WR posted to an idle QP while this thread drives progress, after another
     /// post, and another QP of the device has work outstanding waits for the WRs posted
     /// after it (`Progress::kick`). A thread that posts it and then stops polling (it computes)
