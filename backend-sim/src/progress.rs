@@ -272,6 +272,11 @@ pub struct Progress {
     bell: OwnedFd,
     /// Set while the progress thread blocks (or is about to): posters ring the bell.
     sleeping: AtomicBool,
+    /// Whether that sleep ends by itself when the application threads' driving window
+    /// and grace period are over (it slept on the doorbell alone because one drove).
+    /// Written before `sleeping`; a thread that starts driving while the progress thread
+    /// sleeps without that bound rings it (`Progress::user_active`).
+    sleep_bounded: AtomicBool,
     stop: AtomicBool,
     conns: Mutex<FxHashMap<u64, Arc<Conn>>>,
     /// Bumped whenever a connection comes or goes (see [`Progress::settle`]).
@@ -353,6 +358,7 @@ impl Progress {
             bell_ep,
             bell,
             sleeping: AtomicBool::new(false),
+            sleep_bounded: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             conns: Mutex::new(FxHashMap::default()),
             conns_gen: AtomicU64::new(0),
@@ -768,11 +774,28 @@ impl Progress {
     /// An application thread polls at `now` (nanoseconds since `base`): if its
     /// previous poll was less than [`DRIVE_GAP`] before, it drives progress for the next
     /// [`USER_WINDOW`].
+    ///
+    /// A thread that starts driving (no window was open) while the progress thread
+    /// sleeps on the whole epoll set, with no end to its sleep, rings it: that thread
+    /// must learn that a window opened, to sleep on the doorbell alone and take over
+    /// when the window and grace period end. Else what the driving thread leaves behind
+    /// when it stops polling (an ACK it owes, a transmit queued behind others) would wait
+    /// for the next packet or timer, for ever if none comes: the packets of the window
+    /// only woke it for readiness that the driving thread had already taken.
     fn user_active(&self, now: u64) {
         let last = self.last_user_poll.swap(now, Ordering::Relaxed);
         if now.saturating_sub(last) < DRIVE_GAP.as_nanos() as u64 {
-            self.user_until
-                .store(now + USER_WINDOW.as_nanos() as u64, Ordering::Relaxed);
+            let until = now + USER_WINDOW.as_nanos() as u64;
+            if self.user_until.load(Ordering::Relaxed) > now {
+                // A window is open (or a driving thread is inside a connection).
+                self.user_until.store(until, Ordering::Relaxed);
+                return;
+            }
+            // SeqCst: paired with the progress thread's `sleeping` store and second look.
+            self.user_until.store(until, Ordering::SeqCst);
+            if self.sleeping.load(Ordering::SeqCst) && !self.sleep_bounded.load(Ordering::Relaxed) {
+                self.ring();
+            }
         }
     }
 
@@ -907,6 +930,7 @@ impl Progress {
             let timeout = if spinning {
                 Some(Duration::ZERO)
             } else {
+                self.sleep_bounded.store(user_driving, Ordering::Relaxed);
                 self.sleeping.store(true, Ordering::SeqCst);
                 // An application thread that stopped driving (armed a CQ or moved to
                 // another device: `user_idle`) after `user_until` was read above found
@@ -914,11 +938,15 @@ impl Progress {
                 // thread would sleep through the window and grace period it computed
                 // from the stale value. (Both sides: a SeqCst write, then a SeqCst read
                 // of the other's flag, so at least one of them sees the other.)
-                let stopped = user_driving && self.user_until.load(Ordering::SeqCst) == 0;
+                // Likewise a thread that started driving meanwhile (`user_active`).
+                let until = self.user_until.load(Ordering::SeqCst);
+                let stopped = user_driving && until == 0;
+                let started = !user_driving && until > self.nanos(now);
                 // Work queued between the last check and now must not wait for a bell,
                 // unless an application thread drives: its next poll runs it (posters
                 // do not ring while it does, see `schedule`).
                 if stopped
+                    || started
                     || !user_driving
                         && (self.ready_pending.load(Ordering::Acquire)
                             || self.acks_pending.load(Ordering::Acquire))

@@ -796,8 +796,9 @@ mod tests {
     /// local ACK timeout no resend can complete a SEND whose ACK stayed behind. A receiver
     /// polling once a millisecond does not drive progress, and its ACK used to wait for
     /// its next call, which here never comes before the sender's completion: the stream
-    /// hung at its first SEND. Each device's list holds its one connection at most, and
-    /// none once the QPs are destroyed.
+    /// hung at its first SEND. A receiver that polls in a tight loop and then stops
+    /// leaves its ACK to the progress thread. Each device's list holds its one connection
+    /// at most, and none once the QPs are destroyed.
     #[test]
     fn each_owed_ack_is_sent_and_the_delayed_ack_list_keeps_a_connection_once() {
         use verbs_api::{Backend, CompletionQueue, RecvWr, WcOpcode, WorkCompletion};
@@ -823,7 +824,9 @@ mod tests {
         connect_rc(&qa, &p, 1, &eb).unwrap();
         connect_rc(&qb, &p, 2, &ea).unwrap();
         let sge = [mr.sge(0, 8).unwrap()];
-        // The first 10 received by polling once a millisecond, the rest in a tight loop.
+        // The first 10 received by polling once a millisecond, the rest in a tight loop:
+        // 10 by a thread that stops polling then, 20 by this thread, which moves on to the
+        // sender's device.
         let nap_poll = || {
             let mut wc = [WorkCompletion::default()];
             let deadline = Instant::now() + Duration::from_secs(10);
@@ -836,11 +839,26 @@ mod tests {
         for i in 0..40u64 {
             qb.post_recv(&[RecvWr::new(i, &[pmr.sge(0, 8).unwrap()])])
                 .unwrap();
-            qa.post_send(&[SendWr::send(i, &sge).signaled()]).unwrap();
-            let got = if i < 10 {
-                nap_poll()
-            } else {
-                poll_n(&pcq, 1, Duration::from_secs(10)).unwrap()
+            let send = || qa.post_send(&[SendWr::send(i, &sge).signaled()]).unwrap();
+            let got = match i {
+                0..10 => {
+                    send();
+                    nap_poll()
+                }
+                // Polled in a tight loop (it has been polling for a while when the SEND
+                // comes) by a thread that then stops polling: it neither polls again nor
+                // moves to another device. The progress thread sends the ACK once the
+                // driving window and grace period are over.
+                10..20 => std::thread::scope(|s| {
+                    let receiver = s.spawn(|| poll_n(&pcq, 1, Duration::from_secs(10)).unwrap());
+                    std::thread::sleep(Duration::from_millis(1));
+                    send();
+                    receiver.join().unwrap()
+                }),
+                _ => {
+                    send();
+                    poll_n(&pcq, 1, Duration::from_secs(10)).unwrap()
+                }
             };
             assert_eq!((got[0].opcode, got[0].wr_id), (WcOpcode::Recv, i), "{got:?}");
             let done = poll_n(&cq, 1, Duration::from_secs(10)).unwrap();
