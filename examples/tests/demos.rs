@@ -287,8 +287,8 @@ fn perf_compare_pairs_the_sim_with_ucx_and_libfabric() {
     }
 }
 
-/// perf-compare's one-thread cost row: the sim's and TCP's nanoseconds per message, and
-/// the sim's own work as their difference.
+/// perf-compare's one-thread cost rows: the sim's and TCP's nanoseconds per message, and
+/// the sim's own work as their difference; an empty poll against the `recv`s it makes.
 #[test]
 fn perf_compare_cost_row() {
     let o = ok(
@@ -317,6 +317,22 @@ fn perf_compare_cost_row() {
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("{line}"));
     assert!((own - (sim - tcp)).abs() < 2.0, "own work = sim - TCP: {line}");
+    let line = o
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("| Empty poll of a device with two connections"))
+        .unwrap_or_else(|| panic!("no empty-poll row:\n{o:?}"));
+    let cols: Vec<&str> = line.split('|').map(str::trim).collect();
+    let (sim, tcp) = (
+        first(cols[2]),
+        first(cols[3].trim_start_matches("two TCP recv finding nothing")),
+    );
+    assert!(sim > 0.0 && tcp > 0.0, "{line}");
+    let ratio: f64 = cols[4].parse().unwrap_or_else(|_| panic!("{line}"));
+    assert!(
+        (ratio - sim / tcp).abs() < 0.02,
+        "one round: ratio = sim / TCP: {line}"
+    );
 }
 
 /// Without the reference programs, asking for their rows is a clear error.

@@ -12,6 +12,11 @@
 //! connection, finding nothing), then `post_recv`. The TCP side mirrors the system
 //! calls: a `send` of a 48-byte frame, a `recv` that gets it, a `recv` on the other
 //! socket that finds nothing.
+//!
+//! Then the same setups measure an empty look: `poll_cq` on an empty CQ of the device
+//! (one `recv` per connection, both finding nothing), against two `recv`s on the idle
+//! sockets. What the sim adds there lengthens each turn of a spinning poller, so a
+//! message arriving during a spin waits half of it on average before it is seen.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -24,8 +29,20 @@ use verbs_api::*;
 /// Messages before the measured ones (connections, caches and branch predictors warm).
 const WARMUP: u64 = 5_000;
 
-/// Nanoseconds per one-way message of the sim in one thread (see the module docs).
-pub fn sim_ns_per_message(messages: u64) -> Res<f64> {
+/// Empty looks measured per message measured.
+const LOOKS_PER_MESSAGE: u64 = 2;
+
+/// Nanoseconds of one side of the one-thread measurement (see the module docs).
+#[derive(Clone, Copy, Debug)]
+pub struct Cost {
+    /// Per one-way message.
+    pub message: f64,
+    /// Per empty look at the device's (or the sockets') two connections.
+    pub empty_look: f64,
+}
+
+/// The sim in one thread (see the module docs).
+pub fn sim_ns_per_message(messages: u64) -> Res<Cost> {
     let sim = backend_sim::SimBackend::default();
     let ctx = sim.open("sim0")?;
     let pd = ctx.alloc_pd()?;
@@ -82,12 +99,21 @@ pub fn sim_ns_per_message(messages: u64) -> Res<f64> {
     for i in 0..messages {
         hop((i % 2) as usize)?;
     }
-    Ok(t0.elapsed().as_nanos() as f64 / messages as f64)
+    let message = t0.elapsed().as_nanos() as f64 / messages as f64;
+    let looks = messages * LOOKS_PER_MESSAGE;
+    let t0 = Instant::now();
+    for _ in 0..looks {
+        if cqs[0].poll(&mut wc)? != 0 {
+            examples::bail!("a completion on an idle CQ");
+        }
+    }
+    let empty_look = t0.elapsed().as_nanos() as f64 / looks as f64;
+    Ok(Cost { message, empty_look })
 }
 
-/// Nanoseconds per one-way message of raw TCP over loopback in one thread, with the
-/// sim's system calls per message (see the module docs).
-pub fn tcp_ns_per_message(messages: u64) -> Res<f64> {
+/// Raw TCP over loopback in one thread, with the sim's system calls (see the module
+/// docs).
+pub fn tcp_ns_per_message(messages: u64) -> Res<Cost> {
     let l = TcpListener::bind("127.0.0.1:0")?;
     let mut c = TcpStream::connect(l.local_addr()?)?;
     let (mut s, _) = l.accept()?;
@@ -123,5 +149,17 @@ pub fn tcp_ns_per_message(messages: u64) -> Res<f64> {
         hop(&mut c, &mut s)?;
         hop(&mut s, &mut c)?;
     }
-    Ok(t0.elapsed().as_nanos() as f64 / (messages / 2 * 2) as f64)
+    let message = t0.elapsed().as_nanos() as f64 / (messages / 2 * 2) as f64;
+    let looks = messages * LOOKS_PER_MESSAGE;
+    let t0 = Instant::now();
+    for _ in 0..looks {
+        for x in [&mut c, &mut s] {
+            match x.read(&mut buf) {
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                other => examples::bail!("unexpected bytes on an idle socket: {other:?}"),
+            }
+        }
+    }
+    let empty_look = t0.elapsed().as_nanos() as f64 / looks as f64;
+    Ok(Cost { message, empty_look })
 }

@@ -104,7 +104,8 @@ enum Group {
     /// send_lat, write_lat, atomic_lat against UCX and libfabric on this machine (needs
     /// `apt-get install ucx-utils libfabric-bin`; left out of a full run without them).
     Peers,
-    /// The CPU cost of one message in one thread, sim against TCP (no target).
+    /// The CPU cost of one message in one thread, and of an empty poll, sim against TCP
+    /// (no target).
     Cost,
 }
 
@@ -876,7 +877,9 @@ fn run(cli: &Cli) -> Res<()> {
         if want(Group::Cost) {
             let msgs = cli.lat_iters * COST_MESSAGES_PER_LAT_ITER;
             let base = cost::tcp_ns_per_message(msgs)?;
-            pair("cost", cost::sim_ns_per_message(msgs)?, base, 1);
+            let sim = cost::sim_ns_per_message(msgs)?;
+            pair("cost", sim.message, base.message, 1);
+            pair("empty_look", sim.empty_look, base.empty_look, 1);
         }
         if want(Group::Qps) {
             for (t, depth, posting, _) in QP_ROWS {
@@ -997,6 +1000,16 @@ fn run(cli: &Cli) -> Res<()> {
             &format!("ns (sim's own work {own:.0} ns)"),
             k,
             format!("TCP send + recv {:.0} ns", mb(k)),
+            None,
+            None,
+        );
+        let k = "empty_look";
+        push(
+            "Empty poll of a device with two connections, one thread",
+            m(k),
+            "ns",
+            k,
+            format!("two TCP recv finding nothing {:.0} ns", mb(k)),
             None,
             None,
         );
