@@ -295,21 +295,24 @@ fn perf_compare_cost_row() {
         COMPARE,
         &["--rounds", "1", "--lat-iters", "200", "--only", "cost"],
     );
-    let line = o
-        .stdout
-        .lines()
-        .find(|l| l.starts_with("| CPU per message, one thread"))
-        .unwrap_or_else(|| panic!("no cost row:\n{o:?}"));
-    let cols: Vec<&str> = line.split('|').map(str::trim).collect();
-    let first = |c: &str| -> f64 {
-        let v = c.split_whitespace().find_map(|w| w.parse::<f64>().ok());
-        v.unwrap_or_else(|| panic!("{c:?} in {line}"))
+    // A row's line, its columns, and the sim's and the baseline's figures (the first
+    // number in each, after the baseline's label).
+    let row = |name: &str, label: &str| {
+        let line = o
+            .stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("| {name}")))
+            .unwrap_or_else(|| panic!("no {name:?} row:\n{o:?}"));
+        let cols: Vec<&str> = line.split('|').map(str::trim).collect();
+        let first = |c: &str| -> f64 {
+            let v = c.split_whitespace().find_map(|w| w.parse::<f64>().ok());
+            v.unwrap_or_else(|| panic!("{c:?} in {line}"))
+        };
+        let (sim, base) = (first(cols[2]), first(cols[3].trim_start_matches(label)));
+        assert!(sim > 0.0 && base > 0.0, "{line}");
+        (line, cols, sim, base)
     };
-    let (sim, tcp) = (
-        first(cols[2]),
-        first(cols[3].trim_start_matches("TCP send + recv")),
-    );
-    assert!(sim > 0.0 && tcp > 0.0, "{line}");
+    let (line, cols, sim, tcp) = row("CPU per message, one thread", "TCP send + recv");
     let own: f64 = cols[2]
         .split("own work ")
         .nth(1)
@@ -317,17 +320,10 @@ fn perf_compare_cost_row() {
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("{line}"));
     assert!((own - (sim - tcp)).abs() < 2.0, "own work = sim - TCP: {line}");
-    let line = o
-        .stdout
-        .lines()
-        .find(|l| l.starts_with("| Empty poll of a device with two connections"))
-        .unwrap_or_else(|| panic!("no empty-poll row:\n{o:?}"));
-    let cols: Vec<&str> = line.split('|').map(str::trim).collect();
-    let (sim, tcp) = (
-        first(cols[2]),
-        first(cols[3].trim_start_matches("two TCP recv finding nothing")),
+    let (line, cols, sim, tcp) = row(
+        "Empty poll of a device with two connections",
+        "two TCP recv finding nothing",
     );
-    assert!(sim > 0.0 && tcp > 0.0, "{line}");
     let ratio: f64 = cols[4].parse().unwrap_or_else(|_| panic!("{line}"));
     assert!(
         (ratio - sim / tcp).abs() < 0.02,
