@@ -41,6 +41,23 @@ pub struct Cost {
     pub empty_look: f64,
 }
 
+/// Nanoseconds per call of `f` (passed the call's index), over `n` calls.
+fn ns_per(n: u64, mut f: impl FnMut(u64) -> Res<()>) -> Res<f64> {
+    let t0 = Instant::now();
+    for i in 0..n {
+        f(i)?;
+    }
+    Ok(t0.elapsed().as_nanos() as f64 / n as f64)
+}
+
+/// One `recv` on a socket that must have nothing to read.
+fn read_nothing(s: &mut TcpStream, buf: &mut [u8]) -> Res<()> {
+    match s.read(buf) {
+        Err(e) if e.kind() == ErrorKind::WouldBlock => Ok(()),
+        other => examples::bail!("unexpected bytes on an idle socket: {other:?}"),
+    }
+}
+
 /// The sim in one thread (see the module docs).
 pub fn sim_ns_per_message(messages: u64) -> Res<Cost> {
     let sim = backend_sim::SimBackend::default();
@@ -95,19 +112,13 @@ pub fn sim_ns_per_message(messages: u64) -> Res<Cost> {
     for i in 0..WARMUP {
         hop((i % 2) as usize)?;
     }
-    let t0 = Instant::now();
-    for i in 0..messages {
-        hop((i % 2) as usize)?;
-    }
-    let message = t0.elapsed().as_nanos() as f64 / messages as f64;
-    let looks = messages * LOOKS_PER_MESSAGE;
-    let t0 = Instant::now();
-    for _ in 0..looks {
+    let message = ns_per(messages, |i| hop((i % 2) as usize))?;
+    let empty_look = ns_per(messages * LOOKS_PER_MESSAGE, |_| {
         if cqs[0].poll(&mut wc)? != 0 {
             examples::bail!("a completion on an idle CQ");
         }
-    }
-    let empty_look = t0.elapsed().as_nanos() as f64 / looks as f64;
+        Ok(())
+    })?;
     Ok(Cost { message, empty_look })
 }
 
@@ -135,31 +146,20 @@ pub fn tcp_ns_per_message(messages: u64) -> Res<Cost> {
             }
         }
         // The look at the device's other connection, which finds nothing.
-        match a.read(&mut buf) {
-            Err(e) if e.kind() == ErrorKind::WouldBlock => Ok(()),
-            other => examples::bail!("unexpected bytes on the idle socket: {other:?}"),
-        }
+        read_nothing(a, &mut buf)
     };
     for _ in 0..WARMUP / 2 {
         hop(&mut c, &mut s)?;
         hop(&mut s, &mut c)?;
     }
-    let t0 = Instant::now();
-    for _ in 0..messages / 2 {
+    // A message each way per call.
+    let message = ns_per(messages / 2, |_| {
         hop(&mut c, &mut s)?;
-        hop(&mut s, &mut c)?;
-    }
-    let message = t0.elapsed().as_nanos() as f64 / (messages / 2 * 2) as f64;
-    let looks = messages * LOOKS_PER_MESSAGE;
-    let t0 = Instant::now();
-    for _ in 0..looks {
-        for x in [&mut c, &mut s] {
-            match x.read(&mut buf) {
-                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
-                other => examples::bail!("unexpected bytes on an idle socket: {other:?}"),
-            }
-        }
-    }
-    let empty_look = t0.elapsed().as_nanos() as f64 / looks as f64;
+        hop(&mut s, &mut c)
+    })? / 2.0;
+    let empty_look = ns_per(messages * LOOKS_PER_MESSAGE, |_| {
+        read_nothing(&mut c, &mut buf)?;
+        read_nothing(&mut s, &mut buf)
+    })?;
     Ok(Cost { message, empty_look })
 }
