@@ -82,6 +82,17 @@ fn has(o: &Out, text: &str) {
     assert!(o.stdout.contains(text), "missing {text:?} in:\n{o:?}");
 }
 
+/// The line of a markdown table row that starts with `start`, and its trimmed cells
+/// (the first and last empty, outside the pipes).
+fn table_row<'a>(o: &'a Out, start: &str) -> (&'a str, Vec<&'a str>) {
+    let line = o
+        .stdout
+        .lines()
+        .find(|l| l.starts_with(start))
+        .unwrap_or_else(|| panic!("no row {start:?}:\n{o:?}"));
+    (line, line.split('|').map(str::trim).collect())
+}
+
 const KV: &str = env!("CARGO_BIN_EXE_kv-rpc");
 const POOL: &str = env!("CARGO_BIN_EXE_param-pool");
 const LOCK: &str = env!("CARGO_BIN_EXE_dist-lock");
@@ -264,12 +275,7 @@ fn perf_compare_pairs_the_sim_with_ucx_and_libfabric() {
         "send_lat vs libfabric fi_pingpong",
         "atomic_lat vs UCX ucp_fadd",
     ] {
-        let line = o
-            .stdout
-            .lines()
-            .find(|l| l.starts_with(&format!("| {row} |")))
-            .unwrap_or_else(|| panic!("no row {row:?}:\n{o:?}"));
-        let cols: Vec<&str> = line.split('|').map(str::trim).collect();
+        let (line, cols) = table_row(&o, &format!("| {row} |"));
         let us = |c: &str| -> f64 {
             let v = c
                 .split_whitespace()
@@ -298,12 +304,7 @@ fn perf_compare_cost_row() {
     // A row's line, its columns, and the sim's and the baseline's figures (the first
     // number in each, after the baseline's label).
     let row = |name: &str, label: &str| {
-        let line = o
-            .stdout
-            .lines()
-            .find(|l| l.starts_with(&format!("| {name}")))
-            .unwrap_or_else(|| panic!("no {name:?} row:\n{o:?}"));
-        let cols: Vec<&str> = line.split('|').map(str::trim).collect();
+        let (line, cols) = table_row(&o, &format!("| {name}"));
         let first = |c: &str| -> f64 {
             let v = c.split_whitespace().find_map(|w| w.parse::<f64>().ok());
             v.unwrap_or_else(|| panic!("{c:?} in {line}"))
