@@ -157,6 +157,34 @@ impl MrShared {
     pub fn is_dead(&self) -> bool {
         self.state.load(Ordering::Acquire) & DEAD != 0
     }
+
+    /// Copies bytes at `offset` out of the region into `dst` (`offset + dst.len()` must
+    /// lie inside the region; clamped if not). Returns false if the region was
+    /// deregistered: `dst` is zeroed then, and must not be passed off as the region's
+    /// bytes.
+    pub fn copy_out(&self, offset: usize, dst: &mut [u8]) -> bool {
+        let offset = offset.min(self.len);
+        let n = dst.len().min(self.len - offset);
+        if !self.pin() {
+            dst.fill(0);
+            return false;
+        }
+        // SAFETY: `offset + n <= len` (clamped above), inside the region, which the pin
+        // keeps valid (see `kill`).
+        let src = unsafe { self.base.add(offset) };
+        if n == 8 && src as usize % 8 == 0 {
+            // An aligned word: one atomic load (see `Seg::copy_in`).
+            // SAFETY: aligned, in bounds, pinned.
+            let v = unsafe { AtomicU64::from_ptr(src.cast()) }.load(Ordering::SeqCst);
+            dst[..8].copy_from_slice(&v.to_ne_bytes());
+        } else {
+            // SAFETY: `src..src + n` is inside the pinned region; `dst` is ordinary memory
+            // of at least `n` bytes, distinct from the region.
+            unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), n) }
+        }
+        self.unpin();
+        true
+    }
 }
 
 impl Drop for MrShared {
@@ -228,22 +256,9 @@ impl Seg {
     /// Copies bytes at `at` out of the range into `dst`. Returns false if the region was
     /// deregistered: `dst` is zeroed then, and must not be passed off as the region's bytes.
     pub fn copy_out(&self, at: usize, dst: &mut [u8]) -> bool {
+        // Within the range: at most `len - at` bytes.
         let n = dst.len().min(self.len.saturating_sub(at));
-        let ok = self
-            .with_ptr(|p| {
-                // SAFETY: `at + n <= len`, inside the pinned range.
-                let src = unsafe { p.add(at) };
-                if n == 8 && src as usize % 8 == 0 {
-                    // An aligned word: one atomic load (see `copy_in`).
-                    // SAFETY: aligned, in bounds, pinned.
-                    let v = unsafe { AtomicU64::from_ptr(src.cast()) }.load(Ordering::SeqCst);
-                    dst[..8].copy_from_slice(&v.to_ne_bytes());
-                    return;
-                }
-                // SAFETY: as in `copy_in`, in the other direction.
-                unsafe { std::ptr::copy_nonoverlapping(p.add(at), dst.as_mut_ptr(), n) }
-            })
-            .is_some();
+        let ok = self.mr.copy_out(self.offset + at.min(self.len), &mut dst[..n]);
         if !ok {
             dst.fill(0);
         }
@@ -348,6 +363,42 @@ impl MrTable {
         out: &mut Vec<Seg>,
     ) -> Result<u64, LocalAccessError> {
         out.clear();
+        self.for_each_local(pd, sges, need_write, |mr, offset, len| {
+            out.push(Seg {
+                mr: mr.clone(),
+                offset,
+                len,
+            });
+            true
+        })
+    }
+
+    /// Copies the bytes of a local gather list of a QP in PD `pd` to the end of `out`
+    /// (inline data, read by the CPU at post time), with the checks of
+    /// [`MrTable::resolve_local`]. `Ok(false)`: a region was deregistered before its bytes
+    /// were read. Cheaper than resolving and then copying: no `Seg` and no reference
+    /// count per SGE (the table's lock keeps the regions while they are read).
+    pub fn gather_local(&self, pd: u32, sges: &[Sge], out: &mut Vec<u8>) -> Result<bool, LocalAccessError> {
+        let mut copied = true;
+        self.for_each_local(pd, sges, false, |mr, offset, len| {
+            let at = out.len();
+            out.resize(at + len, 0);
+            copied = mr.copy_out(offset, &mut out[at..]);
+            copied
+        })?;
+        Ok(copied)
+    }
+
+    /// Checks each non-empty SGE of a local list (key, PD, `LOCAL_WRITE` if `need_write`,
+    /// bounds) and hands its region, offset and length to `f`, under the table's read
+    /// lock, stopping early when `f` returns false. Returns the list's total length.
+    fn for_each_local(
+        &self,
+        pd: u32,
+        sges: &[Sge],
+        need_write: bool,
+        mut f: impl FnMut(&Arc<MrShared>, usize, usize) -> bool,
+    ) -> Result<u64, LocalAccessError> {
         let map = self.map.read();
         let mut total = 0u64;
         for s in sges {
@@ -364,12 +415,10 @@ impl MrTable {
             let offset = mr
                 .offset_of(s.addr, s.length as u64)
                 .ok_or(LocalAccessError::OutOfBounds)?;
-            out.push(Seg {
-                mr: mr.clone(),
-                offset,
-                len: s.length as usize,
-            });
             total += s.length as u64;
+            if !f(mr, offset, s.length as usize) {
+                break;
+            }
         }
         Ok(total)
     }
@@ -534,6 +583,45 @@ mod tests {
             t.resolve_local(2, &sges, false, &mut out),
             Err(LocalAccessError::WrongPd)
         );
+    }
+
+    #[test]
+    fn inline_gather_copies_in_order_with_the_local_checks() {
+        let (t, mr) = table_with(32, AccessFlags::empty());
+        let bytes: Vec<u8> = (0..32).collect();
+        let all = Seg {
+            mr: mr.clone(),
+            offset: 0,
+            len: 32,
+        };
+        assert!(all.copy_in(0, &bytes));
+        let mut out = vec![0xee];
+        let sges = [
+            Sge::new(mr.addr() + 8, 8, mr.key),
+            Sge::new(0, 0, 0xdead), // zero length: no key check
+            Sge::new(mr.addr() + 1, 3, mr.key),
+        ];
+        // Appended after what `out` held, in list order; no LOCAL_WRITE needed to read.
+        assert_eq!(t.gather_local(1, &sges, &mut out), Ok(true));
+        assert_eq!(out, [0xee, 8, 9, 10, 11, 12, 13, 14, 15, 1, 2, 3]);
+        let bad = |s: Sge| t.gather_local(1, &[Sge::new(mr.addr(), 4, mr.key), s], &mut Vec::new());
+        assert_eq!(
+            bad(Sge::new(mr.addr(), 4, mr.key ^ 1)),
+            Err(LocalAccessError::BadKey)
+        );
+        assert_eq!(
+            bad(Sge::new(mr.addr() + 30, 4, mr.key)),
+            Err(LocalAccessError::OutOfBounds)
+        );
+        assert_eq!(
+            t.gather_local(2, &sges, &mut Vec::new()),
+            Err(LocalAccessError::WrongPd)
+        );
+        // A region fenced while still in the table (deregistration under way) is not read.
+        mr.kill();
+        let mut out = Vec::new();
+        assert_eq!(t.gather_local(1, &sges[..1], &mut out), Ok(false));
+        assert_eq!(out, [0; 8]);
     }
 
     proptest! {

@@ -260,23 +260,8 @@ impl Requester {
             }
             // Inline SGEs are read now, by the CPU; they must lie in registered memory of
             // this device (the lkey names the region) so that no stray pointer is read.
-            let mut segs = std::mem::take(&mut self.scratch);
-            let r = mrs.resolve_local(self.pd, wr.sg_list, false, &mut segs);
-            if r.is_err() {
-                self.scratch = segs;
-                self.spare.push(w);
-                return Err(PostCheck::BadInlineSge);
-            }
-            let mut copied = true;
-            for s in &segs {
-                let at = w.inline_data.len();
-                w.inline_data.resize(at + s.len, 0);
-                copied &= s.copy_out(0, &mut w.inline_data[at..]);
-            }
-            segs.clear();
-            self.scratch = segs;
-            if !copied {
-                // Deregistered between the check and the copy.
+            // (`Ok(false)`: deregistered between the check and the copy.)
+            if mrs.gather_local(self.pd, wr.sg_list, &mut w.inline_data) != Ok(true) {
                 self.spare.push(w);
                 return Err(PostCheck::BadInlineSge);
             }
