@@ -41,6 +41,7 @@
 pub mod cq;
 pub mod device;
 pub mod engine;
+pub mod epoll;
 pub mod faults;
 pub mod memory;
 pub mod progress;

@@ -65,7 +65,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::io;
 use std::net::TcpStream;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -75,6 +75,7 @@ use rustc_hash::FxHashMap;
 use verbs_api::QpState;
 
 use crate::engine::{drive, DriveState, Sides, Stop};
+use crate::epoll::{add_to, wait_on};
 use crate::faults::{BreakPoint, FaultCounters};
 use crate::qp::{QpInner, QpShared};
 use crate::rx::Reader;
@@ -119,38 +120,6 @@ thread_local! {
     /// `post_send` calls of this application thread since its last poll of a CQ
     /// ([`Progress::kick`]: only a post that follows another one may wait for more).
     static POSTS_SINCE_POLL: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
-}
-
-/// `epoll_pwait2` with a nanosecond timeout (`None`: wait forever; zero: poll).
-fn wait_on(ep: &OwnedFd, events: &mut [libc::epoll_event], timeout: Option<Duration>) -> usize {
-    let ts = timeout.map(|t| libc::timespec {
-        tv_sec: t.as_secs().min(i64::MAX as u64) as libc::time_t,
-        tv_nsec: t.subsec_nanos() as libc::c_long,
-    });
-    let tsp = ts
-        .as_ref()
-        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
-    // SAFETY: `events` is a writable array of `events.len()` epoll_events; `tsp` is null or
-    // points to a live timespec; a null sigmask leaves the signal mask alone.
-    let n = unsafe {
-        libc::epoll_pwait2(
-            ep.as_raw_fd(),
-            events.as_mut_ptr(),
-            events.len() as i32,
-            tsp,
-            std::ptr::null(),
-        )
-    };
-    n.max(0) as usize
-}
-
-fn add_to(ep: &OwnedFd, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
-    let mut ev = libc::epoll_event { events, u64: token };
-    // SAFETY: `ev` is a valid epoll_event; both descriptors are open.
-    if unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 /// Who services a connection, and for what.
