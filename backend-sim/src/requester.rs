@@ -124,8 +124,13 @@ pub struct Requester {
     max_inline: u32,
     max_sge: u32,
     sig_all: bool,
-    sq: VecDeque<SendWqe>,
-    spare: Vec<SendWqe>,
+    /// Boxed: a WQE moves from the spare list to the queue and back once per message (four
+    /// moves), and a pointer moves in one instruction where the 144-byte WQE took a
+    /// `memcpy` of about 30.
+    sq: VecDeque<Box<SendWqe>>,
+    // (The boxes move between the two lists, which is what the lint's advice would undo.)
+    #[allow(clippy::vec_box)]
+    spare: Vec<Box<SendWqe>>,
     /// Index in `sq` of the first WQE not yet sent.
     next: usize,
     psn: u32,
@@ -247,7 +252,7 @@ impl Requester {
             return Err(PostCheck::TooManySge);
         }
         let inline = wr.send_flags.contains(SendFlags::INLINE);
-        let mut w = self.spare.pop().unwrap_or_else(SendWqe::blank);
+        let mut w = self.spare.pop().unwrap_or_else(|| Box::new(SendWqe::blank()));
         w.inline_data.clear();
         if inline {
             if matches!(wr.op, WrOp::RdmaRead { .. }) || wr.op.is_atomic() {
