@@ -1170,9 +1170,7 @@ impl Progress {
                 mode
             };
             let (done, closed, end) = self.service_locked(conn, io, mode, peek, clock.take());
-            self.user_left(entered, done, || {
-                end.map_or_else(|| self.nanos(Instant::now()), |e| e.ns)
-            });
+            self.user_left(entered, done, || end.unwrap_or_else(|| self.stamp_now()).ns);
             did |= done;
             if closed || !conn.pending.load(Ordering::SeqCst) {
                 return did;
