@@ -51,6 +51,7 @@ pub mod requester;
 pub mod responder;
 pub mod rx;
 pub mod sockopt;
+pub mod sys;
 pub mod transport;
 pub mod tx;
 pub mod wire;

@@ -16,6 +16,7 @@ use std::io;
 use std::os::fd::RawFd;
 
 use crate::memory::Seg;
+use crate::sys;
 use crate::wire::{Frame, WireError, MAX_HDR_LEN};
 
 const BUF: usize = 32 * 1024;
@@ -176,12 +177,11 @@ impl Reader {
                         // SAFETY: the range `off..off + want` lies inside the pinned segment
                         // (`off < s.len`, `want <= s.len - off`); the kernel writes into it
                         // like a DMA engine; no Rust reference to it exists.
-                        unsafe { libc::recv(fd, ptr.add(off).cast(), want, libc::MSG_DONTWAIT) }
+                        unsafe { sys::recv(fd, ptr.add(off), want, libc::MSG_DONTWAIT) }
                     });
                     match r {
-                        Some(n) if n < 0 => return Err(io::Error::last_os_error()),
-                        Some(n) => {
-                            let n = n as usize;
+                        Some(Err(e)) => return Err(e),
+                        Some(Ok(n)) => {
                             self.drained = n < want;
                             p.left -= n;
                             p.off += n;
@@ -213,14 +213,12 @@ impl Reader {
             space.len()
         };
         // SAFETY: reads at most `want <= space.len()` bytes into our own buffer.
-        let n = unsafe { libc::recv(fd, space.as_mut_ptr().cast(), want, libc::MSG_DONTWAIT) };
-        if n < 0 {
+        let n = unsafe { sys::recv(fd, space.as_mut_ptr(), want, libc::MSG_DONTWAIT) }.inspect_err(|_| {
             self.drained = true;
-            return Err(io::Error::last_os_error());
-        }
-        self.drained = (n as usize) < want;
-        self.end += n as usize;
-        Ok(n as usize)
+        })?;
+        self.drained = n < want;
+        self.end += n;
+        Ok(n)
     }
 
     /// Appends bytes as if read from the stream (for the in-memory harness and tests).

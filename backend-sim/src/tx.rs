@@ -17,6 +17,7 @@ use std::os::fd::RawFd;
 use arrayvec::ArrayVec;
 
 use crate::memory::Seg;
+use crate::sys;
 use crate::wire::{Frame, MAX_HDR_LEN};
 
 /// Payloads up to this size are copied into the arena instead of gathered in place.
@@ -265,7 +266,7 @@ impl TxQueue {
         // loopback ~170 ns less per message.
         let r = unsafe {
             if let [one] = iov.as_slice() {
-                libc::send(fd, one.iov_base, one.iov_len, flags)
+                sys::send(fd, one.iov_base.cast(), one.iov_len, flags)
             } else {
                 let msg = libc::msghdr {
                     msg_name: std::ptr::null_mut(),
@@ -276,17 +277,14 @@ impl TxQueue {
                     msg_controllen: 0,
                     msg_flags: 0,
                 };
-                libc::sendmsg(fd, &msg, flags)
+                sys::sendmsg(fd, &msg, flags)
             }
         };
         // By reference: iterating the ArrayVec by value would first copy all of it (1 KiB).
         for seg in &pinned {
             seg.mr.unpin();
         }
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(r as usize)
+        r
     }
 
     /// Moves every queued byte into `out` (for the in-memory test harness).
