@@ -165,7 +165,9 @@ pub struct Conn {
     closed: AtomicBool,
     /// Whether the connection owes an ACK left for later. Cleared when the ACK leaves
     /// with other frames first (the next request of a ping-pong), so that
-    /// [`Progress::flush_acks`] skips it instead of servicing it for nothing.
+    /// [`Progress::flush_acks`] skips it instead of servicing it for nothing. Every
+    /// change is a swap that also moves the device's count of owed ACKs
+    /// (`Progress::acks_owed`).
     ack_owed: AtomicBool,
     /// Whether the connection is in the device's delayed-ACK list. It stays there once
     /// added, until it is closed: a ping-pong owes an ACK after every message it
@@ -281,8 +283,12 @@ pub struct Progress {
     grace: Duration,
     /// Connections with an ACK left for later (delayed ACK).
     acks: Mutex<Vec<Arc<Conn>>>,
-    /// Whether `acks` may be non-empty (checked without the lock on every poll).
-    acks_pending: AtomicBool,
+    /// How many connections owe an ACK (`Conn::ack_owed` set), checked without the lock
+    /// on every poll and post. Exact: each flag's change from false to true adds one and
+    /// each change back subtracts one, and `close` clears a closed connection's flag (a
+    /// count kept above zero would never let the progress thread sleep). Briefly off by
+    /// one between a flag's swap and the count's update, as the flag and a boolean were.
+    acks_owed: AtomicUsize,
     acks_spare: Mutex<Vec<Arc<Conn>>>,
     /// Faults that fired on this device.
     pub counters: FaultCounters,
@@ -352,7 +358,7 @@ impl Progress {
             spin,
             grace,
             acks: Mutex::new(Vec::new()),
-            acks_pending: AtomicBool::new(false),
+            acks_owed: AtomicUsize::new(0),
             acks_spare: Mutex::new(Vec::new()),
             counters: FaultCounters::default(),
             busy_sqs: AtomicUsize::new(0),
@@ -549,16 +555,15 @@ impl Progress {
 
     /// Closes a connection: no thread services it afterwards.
     pub fn close(&self, conn: &Conn) {
-        if conn.closed.swap(true, Ordering::AcqRel) {
+        // SeqCst: paired with the second look at `closed` after a round sets `ack_owed`.
+        if conn.closed.swap(true, Ordering::SeqCst) {
             return;
         }
         // `arm` checks `closed` under the same lock: the socket does not come back.
         self.disarm(conn);
         let _ = conn.sock.shutdown(std::net::Shutdown::Both);
         self.conns.lock().remove(&conn.token);
-        if conn.ack_listed.load(Ordering::Acquire) {
-            self.acks.lock().retain(|c| !std::ptr::eq(Arc::as_ptr(c), conn));
-        }
+        self.forget_acks(conn);
         self.conns_gen.fetch_add(1, Ordering::AcqRel);
     }
 
@@ -618,6 +623,47 @@ impl Progress {
         self.acks.lock().len()
     }
 
+    /// How many connections owe an ACK (tests).
+    #[cfg(test)]
+    pub fn acks_owed(&self) -> usize {
+        self.acks_owed.load(Ordering::SeqCst)
+    }
+
+    /// `conn` owes an ACK left for later: counts it and lists it once.
+    pub(crate) fn owe_ack(&self, conn: &Arc<Conn>) {
+        if conn.ack_owed.load(Ordering::Relaxed) || conn.ack_owed.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        self.acks_owed.fetch_add(1, Ordering::SeqCst);
+        if !conn.ack_listed.load(Ordering::Acquire) && !conn.ack_listed.swap(true, Ordering::AcqRel) {
+            self.acks.lock().push(conn.clone());
+        }
+        // A `close` that cleared the flag (and the list) before this round set it has
+        // gone by: do its part here. (SeqCst: either this look sees `closed`, or
+        // `close`'s swap, and the `forget_acks` after it, come later in the order and
+        // see the flag set and the connection listed.)
+        if conn.closed.load(Ordering::SeqCst) {
+            self.forget_acks(conn);
+        }
+    }
+
+    /// A closed `conn` leaves the delayed-ACK count and list.
+    fn forget_acks(&self, conn: &Conn) {
+        self.disown_ack(conn);
+        if conn.ack_listed.load(Ordering::SeqCst) {
+            self.acks.lock().retain(|c| !std::ptr::eq(Arc::as_ptr(c), conn));
+        }
+    }
+
+    /// `conn` owes no ACK (any it owed left, or it is closed): uncounts it. Always a
+    /// swap, never a plain look first: a closed connection's flag must be found set if
+    /// it is.
+    fn disown_ack(&self, conn: &Conn) {
+        if conn.ack_owed.swap(false, Ordering::SeqCst) {
+            self.acks_owed.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
     /// How many of the device's QPs have WQEs in their send queues.
     pub fn busy_send_queues(&self) -> usize {
         self.busy_sqs.load(Ordering::Relaxed)
@@ -669,9 +715,9 @@ impl Progress {
     /// Writes the ACKs left for later (an application thread's next poll or post, or
     /// the progress thread when no application drives). Returns whether any was owed.
     pub fn flush_acks(&self) -> bool {
-        // A plain load first: this runs on every poll and post, and usually finds nothing;
-        // the swap (a locked instruction) only when there is something to take.
-        if !self.acks_pending.load(Ordering::Acquire) || !self.acks_pending.swap(false, Ordering::AcqRel) {
+        // A plain load: this runs on every poll and post, and usually finds nothing owed
+        // (a ping-pong's ACK leaves with its next request).
+        if self.acks_owed.load(Ordering::Acquire) == 0 {
             return false;
         }
         // The connections that owe one, collected in a spare list (the steady state
@@ -681,9 +727,11 @@ impl Progress {
         self.acks.lock().retain(|c| {
             if c.is_closed() {
                 c.ack_listed.store(false, Ordering::Release);
+                self.disown_ack(c);
                 return false;
             }
-            if c.ack_owed.load(Ordering::Acquire) && c.ack_owed.swap(false, Ordering::AcqRel) {
+            if c.ack_owed.load(Ordering::Acquire) && c.ack_owed.swap(false, Ordering::SeqCst) {
+                self.acks_owed.fetch_sub(1, Ordering::SeqCst);
                 owed.get_or_insert_with(|| std::mem::take(&mut *self.acks_spare.lock()))
                     .push(c.clone());
             }
@@ -936,7 +984,7 @@ impl Progress {
                     || started
                     || !user_driving
                         && (self.ready_pending.load(Ordering::Acquire)
-                            || self.acks_pending.load(Ordering::Acquire))
+                            || self.acks_owed.load(Ordering::Acquire) != 0)
                 {
                     Some(Duration::ZERO)
                 } else {
@@ -1248,17 +1296,12 @@ impl Progress {
                     Processed::Ok { ack_later } => ack_later,
                 }
             };
-            if !ack_later {
-                // Nothing owed (any ACK left with this round's frames).
-                if conn.ack_owed.load(Ordering::Relaxed) {
-                    conn.ack_owed.store(false, Ordering::Release);
-                }
-            } else {
-                conn.ack_owed.store(true, Ordering::Release);
-                if !conn.ack_listed.load(Ordering::Acquire) && !conn.ack_listed.swap(true, Ordering::AcqRel) {
-                    self.acks.lock().push(conn.clone());
-                }
-                self.acks_pending.store(true, Ordering::Release);
+            if ack_later {
+                self.owe_ack(conn);
+            } else if conn.ack_owed.load(Ordering::Relaxed) {
+                // Nothing owed (any ACK left with this round's frames). (A stale look
+                // that misses the flag costs a visit of `flush_acks`, nothing more.)
+                self.disown_ack(conn);
             }
             let hold = faulty && self.responder_hold(conn, io.tx.is_empty());
             if !io.tx.is_empty() && !hold {

@@ -864,8 +864,10 @@ mod tests {
             let done = poll_n(&cq, 1, Duration::from_secs(10)).unwrap();
             assert!(done[0].is_ok() && done[0].wr_id == i, "SEND {i}: {done:?}");
             assert!(peer.dev.progress.acks_listed() <= 1, "SEND {i}");
+            assert!(peer.dev.progress.acks_owed() <= 1, "SEND {i}");
         }
         assert_eq!(ctx.dev.progress.acks_listed(), 0, "the sender never owed an ACK");
+        assert_eq!(ctx.dev.progress.acks_owed(), 0, "the sender never owed an ACK");
         drop((qa, qb));
         // The receiver's connection may be closed by its progress thread (it saw the
         // sender's end close first) rather than by `destroy`: wait for that close.
@@ -873,6 +875,61 @@ mod tests {
         while peer.dev.progress.acks_listed() > 0 {
             assert!(Instant::now() < deadline, "a closed connection leaves the list");
             std::thread::sleep(Duration::from_millis(1));
+        }
+        // A count left above zero would keep the progress thread from ever sleeping.
+        assert_eq!(
+            peer.dev.progress.acks_owed(),
+            0,
+            "a closed connection owes nothing"
+        );
+    }
+
+    /// The device's count of owed ACKs ends at zero, and its delayed-ACK list empty,
+    /// however a connection's close and a round that leaves an ACK for later interleave:
+    /// a round that finishes after the close (it held the I/O lock while `close` ran)
+    /// counts and lists the connection, then sees it closed and takes both back. A count
+    /// stuck above zero would keep the progress thread from sleeping for as long as the
+    /// device lives; a closed connection kept in the list would keep its socket open.
+    #[test]
+    fn a_close_leaves_no_owed_ack_counted_whichever_comes_first() {
+        use verbs_api::Backend;
+        let sim = SimBackend::default();
+        let ctx = sim.open("sim0").unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(16, None).unwrap();
+        let cap = QpCap::new(8, 8);
+        let progress = &ctx.dev.progress;
+        for close_first in [false, true] {
+            let (qa, qb) = (
+                pd.create_qp(&QpInitAttr::rc(&cq, &cq, cap)).unwrap(),
+                pd.create_qp(&QpInitAttr::rc(&cq, &cq, cap)).unwrap(),
+            );
+            let p = RcParams::default();
+            let ea = local_endpoint(&ctx, &qa, &p, 1).unwrap();
+            let eb = local_endpoint(&ctx, &qb, &p, 2).unwrap();
+            connect_rc(&qa, &p, 1, &eb).unwrap();
+            connect_rc(&qb, &p, 2, &ea).unwrap();
+            // The connection comes up in the background.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let conn = loop {
+                if let Some(c) = qa.qp.inner.lock().conn.clone() {
+                    break c;
+                }
+                assert!(Instant::now() < deadline, "no connection");
+                std::thread::sleep(Duration::from_millis(1));
+            };
+            if close_first {
+                progress.close(&conn);
+                progress.owe_ack(&conn);
+            } else {
+                // (Not checked in between: the progress thread may service the
+                // connection and find nothing owed.)
+                progress.owe_ack(&conn);
+                progress.owe_ack(&conn);
+                progress.close(&conn);
+            }
+            assert_eq!(progress.acks_owed(), 0, "close_first: {close_first}");
+            assert_eq!(progress.acks_listed(), 0, "close_first: {close_first}");
         }
     }
 
