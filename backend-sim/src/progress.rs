@@ -714,12 +714,16 @@ impl Progress {
 
     /// Writes the ACKs left for later (an application thread's next poll or post, or
     /// the progress thread when no application drives). Returns whether any was owed.
+    #[inline]
     pub fn flush_acks(&self) -> bool {
-        // A plain load: this runs on every poll and post, and usually finds nothing owed
-        // (a ping-pong's ACK leaves with its next request).
-        if self.acks_owed.load(Ordering::Acquire) == 0 {
-            return false;
-        }
+        // A plain load, inlined in the callers: this runs on every poll and post, and
+        // usually finds nothing owed (a ping-pong's ACK leaves with its next request).
+        self.acks_owed.load(Ordering::Acquire) != 0 && self.flush_owed_acks()
+    }
+
+    /// [`Progress::flush_acks`] when some connection owes an ACK.
+    #[inline(never)]
+    fn flush_owed_acks(&self) -> bool {
         // The connections that owe one, collected in a spare list (the steady state
         // allocates nothing) and serviced once the list's lock is released. Closed ones
         // leave the list here if `close` missed them (added while it closed).
