@@ -210,6 +210,19 @@ impl TxQueue {
 
     /// One `send` or `sendmsg` of at most `budget` bytes.
     fn writev_once(&mut self, fd: RawFd, budget: usize) -> io::Result<usize> {
+        let flags = libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT;
+        // The latency path: all that is queued is one run of the arena (frame headers,
+        // an inline or copied payload). One `send` straight from it, without building an
+        // iovec list.
+        if let (1, Some(&Part::Bytes { start, end }), None) =
+            (self.parts.len(), self.parts.front(), self.poison)
+        {
+            let from = start + self.head_off;
+            let len = (end - from).min(budget);
+            // SAFETY: `from..from + len` lies inside the arena (`from < end <=
+            // arena.len()`), which the call only reads.
+            return unsafe { sys::send(fd, self.arena[from..].as_ptr(), len, flags) };
+        }
         // Filled as they are built: no zeroing of 128 entries per call on the latency path.
         let mut iov = ArrayVec::<libc::iovec, MAX_IOV>::new();
         let mut pinned = ArrayVec::<&Seg, MAX_IOV>::new();
@@ -256,7 +269,6 @@ impl TxQueue {
         if iov.is_empty() && self.poison == Some(self.written_total) {
             return Err(Self::deregistered());
         }
-        let flags = libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT;
         // SAFETY: every iovec points into memory that stays valid for the call: the arena
         // (not touched during the call) or pinned registered regions (unpinned below); the
         // kernel only reads them. `send`/`sendmsg` (rather than `write`/`writev`) so that
