@@ -822,7 +822,10 @@ impl Progress {
     /// for the next packet or timer, for ever if none comes: the packets of the window
     /// only woke it for readiness that the driving thread had already taken.
     fn user_active(&self, now: u64) {
-        let last = self.last_user_poll.swap(now, Ordering::Relaxed);
+        // A load and a store, not a swap (a locked instruction on every poll): two threads
+        // polling at once may each see the other's time, which is as good as their own.
+        let last = self.last_user_poll.load(Ordering::Relaxed);
+        self.last_user_poll.store(now, Ordering::Relaxed);
         if now.saturating_sub(last) < DRIVE_GAP.as_nanos() as u64 {
             let until = now + USER_WINDOW.as_nanos() as u64;
             if self.user_until.load(Ordering::Relaxed) > now {
@@ -1204,7 +1207,9 @@ impl Progress {
                 // The holder sees `pending` after it lets go and goes around again.
                 return did;
             };
-            if conn.pending.swap(false, Ordering::SeqCst) {
+            // (A plain look first: a peek usually finds it clear, and a swap is a locked
+            // instruction. One set after the look is seen by the look after the round.)
+            if conn.pending.load(Ordering::Relaxed) && conn.pending.swap(false, Ordering::SeqCst) {
                 peek = false;
             }
             if conn.is_closed() {
