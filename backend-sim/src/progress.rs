@@ -117,6 +117,9 @@ thread_local! {
     static ON_PROGRESS_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     /// The device this application thread polled last ([`Progress::user_here`]).
     static POLLED: std::cell::RefCell<Weak<Progress>> = const { std::cell::RefCell::new(Weak::new()) };
+    /// Its address, for the comparison on every poll: a plain thread-local read, where
+    /// `POLLED` (it has a destructor) is first checked for being initialized.
+    static POLLED_AT: std::cell::Cell<*const Progress> = const { std::cell::Cell::new(std::ptr::null()) };
     /// `post_send` calls of this application thread since its last poll of a CQ
     /// ([`Progress::kick`]: only a post that follows another one may wait for more).
     static POSTS_SINCE_POLL: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
@@ -798,13 +801,12 @@ impl Progress {
     /// comparison per poll while it stays on one device.
     fn user_here(self: &Arc<Self>) {
         POSTS_SINCE_POLL.set(0);
-        let left = POLLED.with(|last| {
-            let mut last = last.borrow_mut();
-            if std::ptr::eq(last.as_ptr(), Arc::as_ptr(self)) {
-                return None;
-            }
-            std::mem::replace(&mut *last, Arc::downgrade(self)).upgrade()
-        });
+        if std::ptr::eq(POLLED_AT.get(), Arc::as_ptr(self)) {
+            return;
+        }
+        POLLED_AT.set(Arc::as_ptr(self));
+        let left =
+            POLLED.with(|last| std::mem::replace(&mut *last.borrow_mut(), Arc::downgrade(self)).upgrade());
         if let Some(other) = left {
             other.user_idle();
         }
