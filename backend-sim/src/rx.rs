@@ -119,6 +119,7 @@ impl Reader {
     }
 
     /// The next event from buffered bytes, or `None` when more bytes are needed.
+    #[inline]
     pub fn next_event(&mut self) -> Result<Option<Event>, WireError> {
         if let Some(p) = &mut self.payload {
             let n = p.left.min(self.end - self.start);

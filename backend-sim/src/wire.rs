@@ -316,6 +316,7 @@ impl Frame {
     }
 
     /// Encodes the header into `out`, returning the number of bytes written.
+    #[inline]
     pub fn encode(&self, out: &mut [u8; MAX_HDR_LEN]) -> usize {
         let (opcode, flags, aux, psn, len, imm) = match *self {
             Frame::Hello { .. } => (op::HELLO, 0, VERSION, 0, 0, 0),
@@ -409,6 +410,7 @@ impl Frame {
 
     /// Decodes one header from the front of `buf`. `Ok(None)`: more bytes are needed.
     /// `Ok(Some((frame, n)))`: the header took `n` bytes (its payload, if any, follows).
+    #[inline]
     pub fn decode(buf: &[u8]) -> Result<Option<(Frame, usize)>, WireError> {
         if buf.len() < BASE_LEN {
             return Ok(None);
