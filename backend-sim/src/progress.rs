@@ -79,6 +79,7 @@ use crate::epoll::{add_to, wait_on};
 use crate::faults::{BreakPoint, FaultCounters};
 use crate::qp::{QpInner, QpShared};
 use crate::rx::Reader;
+use crate::sys;
 use crate::tx::TxQueue;
 
 /// WQEs turned into frames per pass.
@@ -227,12 +228,14 @@ struct Settled {
     generation: u64,
 }
 
-/// A clock reading and its nanoseconds since the engine's `base`, converted once: one
-/// message's round used the same reading for the driving window, the requester's timers
-/// and when its bytes left, and converted it up to five times (about 50 instructions each).
+/// A clock reading in nanoseconds since the engine's `base`, read once per round: one
+/// message's round uses the same reading for the driving window, the requester's timers
+/// and when its bytes left. Read from `CLOCK_MONOTONIC` as nanoseconds
+/// ([`Progress::now_ns`]) rather than as an [`Instant`] converted to nanoseconds (about
+/// 50 instructions per conversion); the [`Instant`] that the protocol's timers take is
+/// made from it only when a round processes frames ([`Progress::instant`]).
 #[derive(Clone, Copy, Debug)]
 struct Stamp {
-    at: Instant,
     ns: u64,
 }
 
@@ -274,6 +277,10 @@ pub struct Progress {
     /// under the `timers` lock and read without it on every poll.
     next_timer: AtomicU64,
     base: Instant,
+    /// `CLOCK_MONOTONIC` (the clock of [`Instant`]) in nanoseconds, read just after
+    /// `base`: a reading less this is at most the time since `base`, never more, so a
+    /// timer never fires early (see [`Progress::now_ns`]).
+    base_ns: u64,
     /// Nanoseconds since `base` until which an application thread counts as driving
     /// (`u64::MAX` while a driving thread services a connection, see
     /// [`Progress::user_entered`]).
@@ -340,6 +347,8 @@ impl Progress {
         };
         let spin = micros("RDMA_SIM_SPIN_US", DEFAULT_SPIN);
         let grace = micros("RDMA_SIM_GRACE_US", USER_GRACE);
+        // `base_ns` right after `base` (see the field).
+        let base = Instant::now();
         Ok(Progress {
             epfd,
             bell_ep,
@@ -355,7 +364,8 @@ impl Progress {
             ready_pending: AtomicBool::new(false),
             next_timer: AtomicU64::new(u64::MAX),
             timers: Mutex::new(BinaryHeap::new()),
-            base: Instant::now(),
+            base,
+            base_ns: sys::monotonic_ns(),
             user_until: AtomicU64::new(0),
             last_user_poll: AtomicU64::new(0),
             spin,
@@ -447,13 +457,22 @@ impl Progress {
         t.saturating_duration_since(self.base).as_nanos() as u64
     }
 
-    /// Reads the clock, converted once (see [`Stamp`]).
+    /// Nanoseconds since `base`, read without an [`Instant`]. `base_ns` was read just
+    /// after `base`, so this lags [`Progress::nanos`] of the same moment by the time
+    /// between those two reads (tens of nanoseconds): a clock read that much earlier.
+    fn now_ns(&self) -> u64 {
+        sys::monotonic_ns().saturating_sub(self.base_ns)
+    }
+
+    /// The [`Instant`] of a reading of [`Progress::now_ns`] (not later than the moment it
+    /// was read).
+    fn instant(&self, ns: u64) -> Instant {
+        self.base + Duration::from_nanos(ns)
+    }
+
+    /// Reads the clock (see [`Stamp`]).
     fn stamp_now(&self) -> Stamp {
-        let at = Instant::now();
-        Stamp {
-            at,
-            ns: self.nanos(at),
-        }
+        Stamp { ns: self.now_ns() }
     }
 
     /// Empties the doorbell: how often it was rung since it was last emptied.
@@ -607,7 +626,7 @@ impl Progress {
 
     /// Whether an application thread drives progress now.
     fn user_driving(&self) -> bool {
-        self.user_until.load(Ordering::Relaxed) > self.nanos(Instant::now())
+        self.user_until.load(Ordering::Relaxed) > self.now_ns()
     }
 
     /// A QP's send queue became busy (`true`) or empty (`false`): see
@@ -788,7 +807,7 @@ impl Progress {
     /// empty one does (a loop whose polls always find some still polls in a tight loop).
     pub fn user_polled(self: &Arc<Self>) {
         self.user_here();
-        self.user_active(self.nanos(Instant::now()));
+        self.user_active(self.now_ns());
     }
 
     /// An application thread polls a CQ of this device. If the last device it polled
@@ -933,7 +952,7 @@ impl Progress {
         // While the window and the grace period after it last, the progress thread may
         // be asleep on the doorbell alone: wake it to watch the connections.
         let off_until = until.saturating_add(self.grace.as_nanos() as u64);
-        if until != 0 && off_until > self.nanos(Instant::now()) && self.sleeping.load(Ordering::SeqCst) {
+        if until != 0 && off_until > self.now_ns() && self.sleeping.load(Ordering::SeqCst) {
             self.ring();
         }
     }
@@ -1051,8 +1070,7 @@ impl Progress {
             // busy thread beside the application's. Due timers still run. Unless it has
             // been inside one connection since before the grace period: then the others
             // get a round here (the one it is in is skipped, its I/O lock being held).
-            let still_driving =
-                bell_only && self.user_driving() && !self.long_stay(self.nanos(Instant::now()));
+            let still_driving = bell_only && self.user_driving() && !self.long_stay(self.now_ns());
             if bell_only && !still_driving {
                 // Woken by the bell or the end of the window: connections may have data
                 // that no application thread picked up.
@@ -1298,7 +1316,7 @@ impl Progress {
                 let ConnIo {
                     reader, tx, drive, ..
                 } = &mut *io;
-                match self.process(conn, reader, tx, drive, mode, now.at) {
+                match self.process(conn, reader, tx, drive, mode, self.instant(now.ns)) {
                     Processed::Closed => return (true, true, None),
                     Processed::Break(p) => {
                         self.break_now(conn, &mut io, p);

@@ -1,5 +1,6 @@
-//! The socket calls of the data path (`man 2 recv`, `man 2 send`, `man 2 sendmsg`),
-//! made with `syscall(2)` rather than through glibc's `recv`, `send` and `sendmsg`.
+//! The system calls of the data path: the socket calls (`man 2 recv`, `man 2 send`,
+//! `man 2 sendmsg`), made with `syscall(2)` rather than through glibc's `recv`, `send`
+//! and `sendmsg`, and the clock (`man 2 clock_gettime`) read as nanoseconds.
 //!
 //! glibc's wrappers of these calls are cancellation points (`man 7 pthreads`): in a
 //! process with more than one thread each call first switches the thread to
@@ -11,6 +12,20 @@
 
 use std::io;
 use std::os::fd::RawFd;
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock of [`std::time::Instant`] on Linux, read
+/// through the vDSO as `Instant::now` reads it, without the conversion of an `Instant`
+/// to a `Duration` (a checked subtraction of two `timespec`s and a normalization).
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: writes one `timespec` into a live local.
+    let r = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    debug_assert_eq!(r, 0, "CLOCK_MONOTONIC is always available on Linux");
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
 
 /// Converts a raw system call result (`-1` with `errno` set on failure).
 fn result(r: libc::c_long) -> io::Result<usize> {
@@ -56,6 +71,21 @@ pub unsafe fn sendmsg(fd: RawFd, msg: &libc::msghdr, flags: libc::c_int) -> io::
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::{Duration, Instant};
+
+    /// The raw reading is the clock of `Instant`: between two `Instant`s it moves as far
+    /// as they are apart, within the time the reads themselves take.
+    #[test]
+    fn monotonic_ns_runs_with_instant() {
+        let (i0, n0) = (Instant::now(), monotonic_ns());
+        std::thread::sleep(Duration::from_millis(20));
+        let (n1, i1) = (monotonic_ns(), Instant::now());
+        let raw = n1 - n0;
+        let std = i1.duration_since(i0).as_nanos() as u64;
+        assert!(raw <= std, "{raw} ns read inside {std} ns");
+        assert!(std - raw < 5_000_000, "{raw} ns against {std} ns");
+        assert!(raw >= 20_000_000, "slept 20 ms, the clock moved {raw} ns");
+    }
     use std::net::{TcpListener, TcpStream};
     use std::os::fd::AsRawFd;
 
