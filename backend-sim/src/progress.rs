@@ -657,13 +657,14 @@ impl Progress {
             return;
         }
         self.acks_owed.fetch_add(1, Ordering::SeqCst);
-        if !conn.ack_listed.load(Ordering::Acquire) && !conn.ack_listed.swap(true, Ordering::AcqRel) {
+        if !conn.ack_listed.load(Ordering::Acquire) && !conn.ack_listed.swap(true, Ordering::SeqCst) {
             self.acks.lock().push(conn.clone());
         }
         // A `close` that cleared the flag (and the list) before this round set it has
-        // gone by: do its part here. (SeqCst: either this look sees `closed`, or
-        // `close`'s swap, and the `forget_acks` after it, come later in the order and
-        // see the flag set and the connection listed.)
+        // gone by: do its part here. Either this look sees `closed`, or `close`'s swap
+        // and its `forget_acks` come later and find the flag set and the connection
+        // listed (the swaps and looks are SeqCst), or its removal from the list took the
+        // list's lock before the push above, and this look sees `closed` after all.
         if conn.closed.load(Ordering::SeqCst) {
             self.forget_acks(conn);
         }
@@ -747,8 +748,9 @@ impl Progress {
     #[inline(never)]
     fn flush_owed_acks(&self) -> bool {
         // The connections that owe one, collected in a spare list (the steady state
-        // allocates nothing) and serviced once the list's lock is released. Closed ones
-        // leave the list here if `close` missed them (added while it closed).
+        // allocates nothing) and serviced once the list's lock is released. A closed one
+        // found here leaves the list (`close` and `owe_ack` remove them; this is the
+        // backstop).
         let mut owed: Option<Vec<Arc<Conn>>> = None;
         self.acks.lock().retain(|c| {
             if c.is_closed() {
