@@ -987,8 +987,11 @@ impl Progress {
         let mut scratch = Vec::new();
         while !self.stop.load(Ordering::Acquire) {
             let now = Instant::now();
+            // (Converted once: the loop compares it with the driving window up to three
+            // times.)
+            let now_ns = self.nanos(now);
             let user_until = self.user_until.load(Ordering::Relaxed);
-            let user_driving = user_until > self.nanos(now);
+            let user_driving = user_until > now_ns;
             // Spin (poll without blocking) for a while after doing work, unless an
             // application thread is driving progress itself: one spinner is enough.
             let spinning = now < spin_until && !user_driving;
@@ -1006,7 +1009,7 @@ impl Progress {
                 // Likewise a thread that started driving meanwhile (`user_active`).
                 let until = self.user_until.load(Ordering::SeqCst);
                 let stopped = user_driving && until == 0;
-                let started = !user_driving && until > self.nanos(now);
+                let started = !user_driving && until > now_ns;
                 // Work queued between the last check and now must not wait for a bell,
                 // unless an application thread drives: its next poll runs it (posters
                 // do not ring while it does, see `schedule`).
@@ -1028,7 +1031,7 @@ impl Progress {
                         // period: checking more often would cost the driving threads a
                         // core (a wake-up costs tens of µs on small VMs).
                         // (At most one window ahead while a driving thread writes.)
-                        let ahead = Duration::from_nanos(user_until - self.nanos(now));
+                        let ahead = Duration::from_nanos(user_until - now_ns);
                         let window = ahead.min(USER_WINDOW) + self.grace;
                         left = Some(left.map_or(window, |l| l.min(window)));
                     }
