@@ -38,6 +38,7 @@
 
 #![warn(missing_docs)]
 
+pub mod cpu_share;
 pub mod cq;
 pub mod device;
 pub mod engine;

@@ -26,6 +26,9 @@
 //!   that stays inside one connection for longer than the grace period (its stream does
 //!   not drain) still drives, but the progress thread gives the device's other
 //!   connections a round every window plus grace period meanwhile (`Progress::long_stay`).
+//!   A progress thread that spun a whole window for nothing and was then woken by a
+//!   connection almost at once had been starving the sender on a shared CPU; it moves to
+//!   another CPU ([`cpu_share`](crate::cpu_share)).
 //! - **Application threads**: `post_send` on an idle connection builds and writes the
 //!   frames itself (one `sendmsg`); with requests already in flight it queues the QP for
 //!   the driving thread's next poll or the progress thread, which batch many WQEs per
@@ -74,6 +77,7 @@ use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 use verbs_api::QpState;
 
+use crate::cpu_share::{self, ShareWatch};
 use crate::engine::{drive, DriveState, Sides, Stop};
 use crate::epoll::{add_to, wait_on};
 use crate::faults::{BreakPoint, FaultCounters};
@@ -985,6 +989,9 @@ impl Progress {
         let mut gap_ewma = self.spin;
         let mut settled = Settled::default();
         let mut scratch = Vec::new();
+        let mut share = ShareWatch::default();
+        // Whether the last turn was a spinning one (so a block now ends a spin window).
+        let mut spun_last = false;
         while !self.stop.load(Ordering::Acquire) {
             let now = Instant::now();
             // (Converted once: the loop compares it with the driving window up to three
@@ -1058,7 +1065,21 @@ impl Progress {
                 }
                 None => {
                     let set = if bell_only { &self.bell_ep } else { &self.epfd };
-                    wait_on(set, &mut events, timeout)
+                    let m = wait_on(set, &mut events, timeout);
+                    // Blocked on the connections right after a spin window, and woken by one: see
+                    // `cpu_share`.
+                    if spun_last
+                        && !bell_only
+                        && timeout != Some(Duration::ZERO)
+                        && events[..m].iter().any(|e| e.u64 != BELL)
+                    {
+                        let woke = Instant::now();
+                        let idle = now.saturating_duration_since(last_work);
+                        if share.after_wake(idle, self.spin, woke.saturating_duration_since(now), woke) {
+                            cpu_share::move_off_this_cpu();
+                        }
+                    }
+                    m
                 }
             };
             self.sleeping.store(false, Ordering::SeqCst);
@@ -1107,6 +1128,7 @@ impl Progress {
             } else if spinning && n == 0 {
                 std::hint::spin_loop();
             }
+            spun_last = spinning;
         }
     }
 
