@@ -95,7 +95,8 @@ enum Group {
     Lat,
     /// write_bw, read_bw, send_bw 1 MiB against one TCP stream.
     Bw,
-    /// write_bw 64 B with tx depth 128 (message rate).
+    /// write_bw 64 B with tx depth 128 (message rate), and the slowest of ten short runs
+    /// with tx depth 16 against their median (no target).
     Rate,
     /// 64 QPs against one QP (16 and 4 WRITEs outstanding per QP), and raw TCP with the same traffic over 64 connections against one
     Qps,
@@ -404,6 +405,14 @@ const QP_ROWS: [(&str, usize, Posting, Option<f64>); 3] = [
 /// Key of the QP rows' raw TCP reference ([`streams`]: 64 connections against one, 16
 /// messages of 64 KiB outstanding on each, no target).
 const TCP_QP_ROW: &str = "tcp_conns64";
+
+/// Key of the short-runs row: `perf write_bw -s 64 -t 16 -n 2000`, the slowest of
+/// [`SHORT_RUNS`] runs against their median (no target). Such a run takes a few
+/// milliseconds; one in ten stalled at a twentieth of the median before the sim's progress
+/// thread learnt to leave a CPU it shared with its sender (`backend_sim::cpu_share`).
+const SHORT_ROW: &str = "write_bw_64_short";
+/// Runs of the short-runs row per round.
+const SHORT_RUNS: usize = 10;
 
 /// Messages of each one-thread cost measurement per latency iteration (200 000 by
 /// default: a second of each side).
@@ -860,6 +869,15 @@ fn run(cli: &Cli) -> Res<()> {
         if want(Group::Rate) {
             let row = perf1(&["write_bw", "-s", "64", "-t", "128", "-n", "1000000"])?;
             pair("write_bw_64", row.msg_rate_mpps, 1.0, 1);
+            // Short runs of small WRITEs with a shallow send queue: the slowest of several
+            // against their median shows runs that stall (a few milliseconds each, so
+            // cheap to repeat).
+            let mut rates = Vec::with_capacity(SHORT_RUNS);
+            for _ in 0..SHORT_RUNS {
+                rates.push(perf1(&["write_bw", "-s", "64", "-t", "16", "-n", "2000"])?.msg_rate_mpps);
+            }
+            let slowest = rates.iter().copied().fold(f64::INFINITY, f64::min);
+            pair(SHORT_ROW, slowest, median(rates), 1);
         }
         if want(Group::Peers) {
             // Each of the sim's counterparts between two runs of the reference.
@@ -970,6 +988,17 @@ fn run(cli: &Cli) -> Res<()> {
             "1 M msgs/s".into(),
             None,
             Some(1.0),
+        );
+    }
+    if want(Group::Rate) {
+        push(
+            &format!("write_bw 64 B, tx depth 16, 2000 WRITEs: slowest of {SHORT_RUNS} runs (no target)"),
+            m(SHORT_ROW),
+            "M msgs/s",
+            SHORT_ROW,
+            format!("their median {:.2} M msgs/s", mb(SHORT_ROW)),
+            None,
+            None,
         );
     }
     if want(Group::Peers) {
