@@ -1,20 +1,21 @@
 //! Keeps the progress thread from sharing a CPU with the thread it waits for.
 //!
 //! A socket wake-up (`sock_def_readable`, a synchronous wake-up) lets the kernel place the
-//! woken thread on the waker's CPU, and once the woken thread last ran there too and the
-//! scheduler finds the cache busy (Linux's `SIS_UTIL`: on a 2-CPU machine one busy-polling
-//! thread is enough), it does not look for an idle CPU. So a progress thread woken by a
-//! busy-polling application thread of another process (a requester posting small WRITEs,
-//! READs or atomics with a shallow send queue) can stay on that thread's CPU while the
-//! other CPU idles. Then each spin window of the progress thread starves the very thread
-//! whose next request it waits for: the request comes only after the window is over and
-//! the thread has blocked, a few microseconds later, and every round trip costs a spin
-//! window (about 200 µs) instead of a few microseconds. Measured on a 2-CPU VM, `perf
-//! write_bw -s 64 -n 2000 -t 16`: about one run in ten ran at 0.07 M messages/s instead
-//! of 1.3 M.
+//! woken thread on the waker's CPU. Traced on a 2-CPU VM (Linux 6.18, `sched_waking`
+//! events): a progress thread woken by a busy-polling application thread of another
+//! process (a requester posting small WRITEs with a shallow send queue) was placed on that
+//! thread's CPU, where it had last run too, window after window, while the other CPU
+//! idled. (Linux skips its search for an idle CPU when the cache domain looks busy,
+//! `SIS_UTIL`, and on two CPUs one spinning thread is half of it: the likely reason.)
+//! Then each spin window of the progress thread starves the very thread whose next
+//! request it waits for: the request comes only after the window is over and the thread
+//! has blocked, a few microseconds later, and every round trip costs a spin window (about
+//! 200 µs) instead of a few microseconds. `perf write_bw -s 64 -n 2000 -t 16` on that VM:
+//! one run in ten to one in three ran at 0.07-0.3 M messages/s instead of about 1.4 M.
 //!
-//! The sign is cheap to see from the progress thread alone: it spun a whole window
-//! without work, blocked, and was woken by a connection almost at once
+//! The sign is cheap to see from the progress thread alone: it spun a whole window (the
+//! longest, which a stalled stream's gaps make it use) without work, blocked, and was
+//! woken by a connection almost at once, three times in a row
 //! ([`ShareWatch::after_wake`]). Then it moves itself to another CPU it may run on
 //! ([`move_off_this_cpu`]: `man 2 sched_setaffinity`), keeping its affinity mask, and
 //! later wake-ups find it there (a wake-up prefers the woken thread's last CPU when that
@@ -22,35 +23,65 @@
 
 use std::time::{Duration, Instant};
 
-/// A sleep shorter than this, after a spin window that found nothing, means the thread
-/// that woke the progress thread could not run while it spun.
+/// A sleep shorter than this, after a whole spin window that found nothing, means the
+/// thread that woke the progress thread could not run while it spun.
 pub const SHORT_SLEEP: Duration = Duration::from_micros(25);
-/// At most one move per this interval: when every CPU is busy, moving does not help, and
-/// each move costs a migration.
+/// Sleeps in a row that must show the sign before the thread moves: a sender that only
+/// paused once as long as the window, then sent, shows it once.
+pub const STREAK: u32 = 3;
+/// The shortest time between two moves. A move that did not help (the sign again within
+/// four times the time waited before it) doubles the time to the next one, up to
+/// [`MAX_BACKOFF`]: when every CPU is busy, or the sign came from something else, moving
+/// only costs migrations.
 pub const MOVE_INTERVAL: Duration = Duration::from_millis(1);
+/// The longest time between two moves.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 /// Watches the progress thread's sleeps for the sign of a shared CPU.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ShareWatch {
+    streak: u32,
     last_move: Option<Instant>,
+    backoff: Duration,
+}
+
+impl Default for ShareWatch {
+    fn default() -> Self {
+        ShareWatch {
+            streak: 0,
+            last_move: None,
+            backoff: MOVE_INTERVAL,
+        }
+    }
 }
 
 impl ShareWatch {
-    /// Called when a blocking wait ended because a connection became readable: `idle` is
-    /// how long the thread had gone without work when it blocked (its spin window, if
-    /// `idle >= min_spin`), `slept` how long it blocked, `now` the time of waking.
-    /// Returns whether the thread should move to another CPU (and records the move).
-    pub fn after_wake(&mut self, idle: Duration, min_spin: Duration, slept: Duration, now: Instant) -> bool {
-        let spun_empty = !min_spin.is_zero() && idle >= min_spin;
-        let recent = self
-            .last_move
-            .is_some_and(|at| now.saturating_duration_since(at) < MOVE_INTERVAL);
-        if spun_empty && slept < SHORT_SLEEP && !recent {
-            self.last_move = Some(now);
-            true
-        } else {
-            false
+    /// Called when a blocking wait that began right after a spin ended because a
+    /// connection became readable: `idle` is how long the thread had gone without work
+    /// when it blocked, `window` the longest spin window (the sign needs a whole one spun
+    /// for nothing: a shorter window means the last gaps were short, and they are what
+    /// sizes it), `slept` how long it blocked, `now` the time of waking. Returns whether
+    /// the thread should move to another CPU now (and records the move).
+    pub fn after_wake(&mut self, idle: Duration, window: Duration, slept: Duration, now: Instant) -> bool {
+        if window.is_zero() || idle < window || slept >= SHORT_SLEEP {
+            self.streak = 0;
+            return false;
         }
+        self.streak += 1;
+        if self.streak < STREAK {
+            return false;
+        }
+        let since = self.last_move.map(|at| now.saturating_duration_since(at));
+        if since.is_some_and(|s| s < self.backoff) {
+            return false;
+        }
+        self.backoff = match since {
+            Some(s) if s < self.backoff * 4 => (self.backoff * 2).min(MAX_BACKOFF),
+            _ => MOVE_INTERVAL,
+        };
+        self.last_move = Some(now);
+        self.streak = 0;
+        true
     }
 }
 
@@ -95,31 +126,67 @@ pub fn move_off_this_cpu() -> bool {
 mod tests {
     use super::*;
 
-    const SPIN: Duration = Duration::from_micros(50);
+    const WINDOW: Duration = Duration::from_micros(200);
 
     fn us(n: u64) -> Duration {
         Duration::from_micros(n)
     }
 
-    #[test]
-    fn a_quick_wake_after_an_empty_spin_moves_once_per_interval() {
-        let mut w = ShareWatch::default();
-        let t0 = Instant::now();
-        assert!(w.after_wake(us(200), SPIN, us(5), t0));
-        assert!(!w.after_wake(us(200), SPIN, us(5), t0 + MOVE_INTERVAL / 2));
-        assert!(w.after_wake(us(200), SPIN, us(5), t0 + MOVE_INTERVAL));
+    /// Feeds `n` sleeps with the sign at `at`; returns how many of them moved.
+    fn signs(w: &mut ShareWatch, n: u32, at: Instant) -> u32 {
+        (0..n)
+            .map(|_| w.after_wake(us(210), WINDOW, us(5), at) as u32)
+            .sum()
     }
 
     #[test]
-    fn long_sleeps_short_spins_and_no_spin_do_not_move() {
+    fn three_quick_wakes_in_a_row_after_whole_empty_windows_move() {
         let mut w = ShareWatch::default();
         let t0 = Instant::now();
-        // The peer simply took its time.
-        assert!(!w.after_wake(us(200), SPIN, SHORT_SLEEP, t0));
-        // Woken soon after work, without having spun a window: a plain stream.
-        assert!(!w.after_wake(us(49), SPIN, us(5), t0));
-        // With spinning off, every sleep follows work at once.
-        assert!(!w.after_wake(us(200), Duration::ZERO, us(5), t0));
+        assert!(!w.after_wake(us(210), WINDOW, us(5), t0));
+        assert!(!w.after_wake(us(210), WINDOW, us(5), t0));
+        assert!(w.after_wake(us(210), WINDOW, us(5), t0));
+        // A sleep without the sign starts the count again.
+        assert_eq!(signs(&mut w, 2, t0 + MOVE_INTERVAL), 0);
+        assert!(!w.after_wake(us(210), WINDOW, SHORT_SLEEP, t0 + MOVE_INTERVAL));
+        assert_eq!(signs(&mut w, 2, t0 + MOVE_INTERVAL), 0);
+    }
+
+    #[test]
+    fn long_sleeps_short_windows_and_no_spin_do_not_move() {
+        let mut w = ShareWatch::default();
+        let t0 = Instant::now();
+        for _ in 0..10 {
+            // The peer simply took its time.
+            assert!(!w.after_wake(us(210), WINDOW, SHORT_SLEEP, t0));
+            // Woken before a whole window went by: the gaps are shorter than it.
+            assert!(!w.after_wake(us(150), WINDOW, us(5), t0));
+            // No spin window at all.
+            assert!(!w.after_wake(us(210), Duration::ZERO, us(5), t0));
+        }
+    }
+
+    #[test]
+    fn moves_that_do_not_help_come_ever_more_rarely() {
+        let mut w = ShareWatch::default();
+        let t0 = Instant::now();
+        assert_eq!(signs(&mut w, 3, t0), 1);
+        // The sign goes on: within the interval, nothing; then one move, and the
+        // interval doubles because the sign came back soon.
+        assert_eq!(signs(&mut w, 9, t0 + MOVE_INTERVAL / 2), 0);
+        assert_eq!(signs(&mut w, 3, t0 + MOVE_INTERVAL), 1);
+        assert_eq!(signs(&mut w, 9, t0 + MOVE_INTERVAL * 2), 0);
+        assert_eq!(signs(&mut w, 3, t0 + MOVE_INTERVAL * 3), 1);
+        // After a long quiet time the interval is back at its shortest.
+        let later = t0 + MOVE_INTERVAL * 100;
+        assert_eq!(signs(&mut w, 3, later), 1);
+        assert_eq!(signs(&mut w, 3, later + MOVE_INTERVAL), 1);
+        // And it never grows beyond the longest.
+        let mut at = later + MOVE_INTERVAL;
+        for _ in 0..20 {
+            at += MAX_BACKOFF;
+            assert_eq!(signs(&mut w, 3, at), 1);
+        }
     }
 
     fn mask_of_this_thread() -> libc::cpu_set_t {

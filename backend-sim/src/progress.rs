@@ -1075,7 +1075,8 @@ impl Progress {
                     {
                         let woke = Instant::now();
                         let idle = now.saturating_duration_since(last_work);
-                        if share.after_wake(idle, self.spin, woke.saturating_duration_since(now), woke) {
+                        let window = MAX_SPIN.max(self.spin);
+                        if share.after_wake(idle, window, woke.saturating_duration_since(now), woke) {
                             cpu_share::move_off_this_cpu();
                         }
                     }
