@@ -81,6 +81,12 @@ struct Cli {
     /// Largest QP count of the QP curve.
     #[arg(long, default_value_t = 1024)]
     max_qps: usize,
+    /// GiB moved by each run of the QP rows (1 and 64 QPs alike, and raw TCP's 1 and 64
+    /// connections). 64 fresh connections carry their first few hundred MiB at a half to a
+    /// third of their steady rate, raw TCP's as well as the sim's, so a short run measures
+    /// mostly that start (2 GiB did until 2026-11-30).
+    #[arg(long, default_value_t = 8)]
+    qp_gib: u64,
     /// Measure only these groups of targets (comma-separated; default: all).
     #[arg(long, value_enum, value_delimiter = ',')]
     only: Vec<Group>,
@@ -905,15 +911,15 @@ fn run(cli: &Cli) -> Res<()> {
                 // speed can change between two runs, and a baseline from one side only
                 // put some pairs at 0.8 and others at 1.8 of each other. Taken again when the
                 // two single-QP runs disagree (`bracketed`).
-                let one = || multi_qp_write_bw(1, depth, 65536, 2 << 30, posting);
-                let many = || multi_qp_write_bw(64, depth, 65536, 2 << 30, posting);
+                let one = || multi_qp_write_bw(1, depth, 65536, cli.qp_gib << 30, posting);
+                let many = || multi_qp_write_bw(64, depth, 65536, cli.qp_gib << 30, posting);
                 let b = bracketed(one()?, many, one)?;
                 pair(t, b.sim, b.base, b.tries);
             }
             // The same comparison for raw TCP with the same traffic: what 64 connections
             // cost the kernel, as against what they cost the sim.
-            let one = || streams::write_bw(1, 16, 65536, 2 << 30);
-            let many = || streams::write_bw(64, 16, 65536, 2 << 30);
+            let one = || streams::write_bw(1, 16, 65536, cli.qp_gib << 30);
+            let many = || streams::write_bw(64, 16, 65536, cli.qp_gib << 30);
             let b = bracketed(one()?, many, one)?;
             pair(TCP_QP_ROW, b.sim, b.base, b.tries);
         }
