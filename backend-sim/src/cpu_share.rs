@@ -118,7 +118,15 @@ pub fn move_off_this_cpu() -> bool {
     // SAFETY: reads `size` bytes of a live `cpu_set_t`.
     let moved = unsafe { libc::sched_setaffinity(0, size, &others) } == 0;
     // SAFETY: as above. The mask the thread had is a valid one: it ran under it.
-    unsafe { libc::sched_setaffinity(0, size, &mask) };
+    if unsafe { libc::sched_setaffinity(0, size, &mask) } != 0 {
+        // Only if the allowed CPUs changed meanwhile (a cpuset): the thread keeps the
+        // narrower mask, a subset of what it was allowed.
+        tracing::warn!(
+            "cannot restore the progress thread's CPU affinity: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    tracing::debug!(from = cpu, moved, "progress thread moved off a shared CPU");
     moved
 }
 
