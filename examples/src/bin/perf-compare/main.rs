@@ -26,7 +26,13 @@
 //! traffic over 64 connections against one ([`streams`]): what many connections cost
 //! the kernel, so that the sim's ratio can be read against it. A fourth, without a
 //! target, is the first row with each QP's refill posted as one list instead of one WR
-//! per `post_send`: what the posting pattern costs.
+//! per `post_send`: what the posting pattern costs. Each run of these rows moves
+//! `--qp-gib` GiB (8): fresh connections start slowly, and a short run measures the start.
+//!
+//! The `rate` group also runs ten short runs of small WRITEs with a shallow send queue
+//! (`perf write_bw -s 64 -t 16 -n 2000`) and shows the slowest against their median, no
+//! target: a run that stalls (as some did while the progress thread could starve its
+//! sender on a shared CPU, `backend_sim::cpu_share`) shows there.
 //!
 //! Two groups have no target of their own: `peers` measures UCX (`ucx_perftest`) and
 //! libfabric (`fi_pingpong`) and pairs the sim's latency with each (the issue asks for
