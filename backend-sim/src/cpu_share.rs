@@ -189,12 +189,17 @@ mod tests {
         let later = t0 + MOVE_INTERVAL * 100;
         assert_eq!(signs(&mut w, 3, later), 1);
         assert_eq!(signs(&mut w, 3, later + MOVE_INTERVAL), 1);
-        // And it never grows beyond the longest.
+        // A sign that comes back as soon as a move is allowed doubles the wait, up to the
+        // longest and no further.
         let mut at = later + MOVE_INTERVAL;
-        for _ in 0..20 {
-            at += MAX_BACKOFF;
-            assert_eq!(signs(&mut w, 3, at), 1);
+        let mut wait = MOVE_INTERVAL * 2;
+        for _ in 0..15 {
+            assert_eq!(signs(&mut w, 3, at + wait - us(1)), 0, "before {wait:?}");
+            at += wait;
+            assert_eq!(signs(&mut w, 3, at), 1, "after {wait:?}");
+            wait = (wait * 2).min(MAX_BACKOFF);
         }
+        assert_eq!(wait, MAX_BACKOFF);
     }
 
     fn mask_of_this_thread() -> libc::cpu_set_t {

@@ -71,6 +71,8 @@ pub unsafe fn sendmsg(fd: RawFd, msg: &libc::msghdr, flags: libc::c_int) -> io::
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::{TcpListener, TcpStream};
+    use std::os::fd::AsRawFd;
     use std::time::{Duration, Instant};
 
     /// The raw reading is the clock of `Instant`: between two `Instant`s it moves as far
@@ -86,8 +88,6 @@ mod tests {
         assert!(std - raw < 5_000_000, "{raw} ns against {std} ns");
         assert!(raw >= 20_000_000, "slept 20 ms, the clock moved {raw} ns");
     }
-    use std::net::{TcpListener, TcpStream};
-    use std::os::fd::AsRawFd;
 
     #[test]
     fn the_calls_move_bytes_and_report_errno_as_the_wrappers_do() {
