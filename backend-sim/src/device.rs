@@ -3,11 +3,17 @@
 //! TCP listener and the progress thread that runs its transport.
 //!
 //! Addressing: a sim device is reachable at the TCP address it listens on. Its port's
-//! LID is that TCP port, and both entries of its GID table (index 0 and 1, so that
-//! programs written for InfiniBand (index 0) and for RoCE v2 (index 1) both work) hold
-//! the listen IP as a GID (IPv4-mapped for IPv4). The usual out-of-band exchange of
-//! (GID, LID, QPN, PSN) therefore tells the peer where to connect, on one host or across
-//! hosts.
+//! LID is that TCP port, and the first two entries of its GID table (index 0 and 1, so
+//! that programs written for InfiniBand (index 0) and for RoCE v2 (index 1) both work)
+//! hold the address it advertises as a GID (IPv4-mapped for IPv4): the listen IP, or for
+//! a wildcard listen (`0.0.0.0`, `::`) the configured advertised address or else the
+//! host's first non-loopback address ([`host_addrs`](crate::host_addrs)); a wildcard
+//! listen also lists the host's other addresses after those two, as a RoCE port lists
+//! its netdev's. The usual out-of-band exchange of (GID, LID, QPN, PSN) therefore tells
+//! the peer where to connect, on one host or across hosts.
+//!
+//! QP numbers are drawn at random from the whole 24-bit space (never 0, 1 or 0xffffff,
+//! which IBA reserves), so that a stranger cannot find a device's QPs by counting.
 //!
 //! Threads: each device has a setup thread running a current-thread tokio runtime (the
 //! listener, connection setup and reconnection) and a progress thread for the data path
@@ -15,7 +21,7 @@
 //! target application doing anything.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
@@ -29,8 +35,6 @@ use crate::memory::MrTable;
 use crate::progress::Progress;
 use crate::qp::QpShared;
 
-/// Entries in the GID table.
-pub const GID_TABLE_LEN: u32 = 2;
 /// Largest `max_inline_data` a QP may ask for.
 pub const MAX_INLINE: u32 = 256;
 
@@ -40,8 +44,12 @@ pub struct DeviceShared {
     pub name: String,
     /// The address its listener is bound to.
     pub listen: SocketAddr,
-    /// Its GID (both table entries).
-    pub gid: Gid,
+    /// The address peers reach it at (the listen address, with a wildcard IP replaced).
+    pub advertise: SocketAddr,
+    /// Its GID table (entries 0 and 1: the advertised IP).
+    pub gids: Vec<Gid>,
+    /// The hellos its QPs are sending, which peers check with it.
+    pub claims: Arc<crate::verify::Claims>,
     /// Device attributes.
     pub attr: DeviceAttr,
     /// Registered memory.
@@ -49,7 +57,6 @@ pub struct DeviceShared {
     /// QPs by number.
     pub qps: Mutex<HashMap<u32, Weak<QpShared>>>,
     next_handle: AtomicU32,
-    next_qpn: AtomicU32,
     /// The runtime of the connection-setup tasks.
     pub rt: tokio::runtime::Handle,
     /// The data path: established connections, timers, transmit scheduling.
@@ -68,8 +75,15 @@ pub struct PdShared {
 }
 
 impl DeviceShared {
-    /// Opens a device: binds its listener on `listen` and starts its progress thread.
-    pub fn open(name: &str, index: u32, listen: SocketAddr) -> Result<Arc<DeviceShared>> {
+    /// Opens a device: binds its listener on `listen` and starts its progress thread. A
+    /// wildcard `listen` advertises `advertise`, or else the host's first non-loopback
+    /// address of its family.
+    pub fn open(
+        name: &str,
+        index: u32,
+        listen: SocketAddr,
+        advertise: Option<IpAddr>,
+    ) -> Result<Arc<DeviceShared>> {
         let os = |call: &'static str| move |source: std::io::Error| Error::Os { call, source };
         let sock = socket2::Socket::new(
             socket2::Domain::for_address(listen),
@@ -136,19 +150,17 @@ impl DeviceShared {
             max_pkeys: 1,
             phys_port_cnt: 1,
         };
-        let gid = match bound.ip() {
-            std::net::IpAddr::V4(v4) => Gid::from(v4),
-            std::net::IpAddr::V6(v6) => Gid::from(v6),
-        };
+        let (advertise, gids) = gid_table(bound, advertise);
         let dev = Arc::new(DeviceShared {
             name: name.to_string(),
             listen: bound,
-            gid,
+            advertise,
+            gids,
+            claims: Arc::default(),
             attr,
             mrs: MrTable::default(),
             qps: Mutex::new(HashMap::new()),
             next_handle: AtomicU32::new(1),
-            next_qpn: AtomicU32::new(0x100 + (rand::random::<u32>() & 0xf_ff00)),
             rt: handle,
             progress,
             shutdown: Mutex::new(Some(tx)),
@@ -156,7 +168,7 @@ impl DeviceShared {
             progress_thread: Mutex::new(Some(progress_thread)),
         });
         crate::transport::spawn_listener(&dev, std_listener)?;
-        tracing::debug!(device = name, %bound, "sim device open");
+        tracing::debug!(device = name, %bound, %advertise, "sim device open");
         Ok(dev)
     }
 
@@ -165,15 +177,20 @@ impl DeviceShared {
         self.next_handle.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// A fresh QP number (24 bits, never 0 or 1, not in use).
+    /// A fresh QP number: random in 2..0xffffff, not in use.
     pub fn alloc_qpn(&self) -> u32 {
         let qps = self.qps.lock();
         loop {
-            let n = self.next_qpn.fetch_add(1, Ordering::Relaxed) & 0xff_ffff;
-            if n > 1 && !qps.contains_key(&n) {
+            let n = rand::random_range(2..0xff_ffff);
+            if !qps.contains_key(&n) {
                 return n;
             }
         }
+    }
+
+    /// Its GID at table index 0.
+    pub fn gid(&self) -> Gid {
+        self.gids[0]
     }
 
     /// `ibv_query_port`.
@@ -182,7 +199,7 @@ impl DeviceShared {
             state: PortState::Active,
             max_mtu: Mtu::Mtu4096,
             active_mtu: Mtu::Mtu4096,
-            gid_tbl_len: GID_TABLE_LEN,
+            gid_tbl_len: self.gids.len() as u32,
             max_msg_sz: crate::wire::MAX_MSG,
             pkey_tbl_len: 1,
             lid: self.listen.port(),
@@ -216,6 +233,26 @@ impl DeviceShared {
         c.link_layer = LinkLayer::InfiniBand;
         c
     }
+}
+
+/// The advertised address and the GID table of a device bound to `bound`.
+fn gid_table(bound: SocketAddr, advertise: Option<IpAddr>) -> (SocketAddr, Vec<Gid>) {
+    let gid = |ip: IpAddr| match ip {
+        IpAddr::V4(v4) => Gid::from(v4),
+        IpAddr::V6(v6) => Gid::from(v6),
+    };
+    if !bound.ip().is_unspecified() {
+        return (bound, vec![gid(bound.ip()); 2]);
+    }
+    let host = crate::host_addrs::host_addrs();
+    let ip = advertise.unwrap_or_else(|| crate::host_addrs::advertised(bound.ip(), &host));
+    let mut gids = vec![gid(ip); 2];
+    // A socket bound to 0.0.0.0 accepts IPv4 only; one bound to `::` both families.
+    let listed = host
+        .into_iter()
+        .filter(|a| *a != ip && !a.is_loopback() && (bound.is_ipv6() || a.is_ipv4()));
+    gids.extend(listed.map(gid));
+    (SocketAddr::new(ip, bound.port()), gids)
 }
 
 impl Drop for DeviceShared {

@@ -44,6 +44,8 @@ pub mod device;
 pub mod engine;
 pub mod epoll;
 pub mod faults;
+pub mod host_addrs;
+pub mod listener;
 pub mod memory;
 pub mod progress;
 pub mod psn;
@@ -55,6 +57,7 @@ pub mod sockopt;
 pub mod sys;
 pub mod transport;
 pub mod tx;
+pub mod verify;
 pub mod wire;
 
 #[cfg(test)]
@@ -72,7 +75,7 @@ use verbs_api::{
 };
 
 use crate::cq::{ChannelShared, CqShared};
-use crate::device::{DeviceShared, PdShared, GID_TABLE_LEN, MAX_INLINE};
+use crate::device::{DeviceShared, PdShared, MAX_INLINE};
 use crate::memory::MrShared;
 use crate::qp::QpShared;
 
@@ -84,6 +87,10 @@ pub struct SimConfig {
     pub listen: SocketAddr,
     /// How many devices (`sim0`, `sim1`, ...) the backend lists.
     pub devices: u32,
+    /// With a wildcard `listen` (`0.0.0.0`, `::`): the IP the devices advertise as their
+    /// GID, where peers connect. `None`: the host's first non-loopback address of the
+    /// listen address's family. Ignored for a specific listen IP, which is advertised.
+    pub advertise: Option<IpAddr>,
 }
 
 impl Default for SimConfig {
@@ -91,6 +98,7 @@ impl Default for SimConfig {
         SimConfig {
             listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0),
             devices: 2,
+            advertise: None,
         }
     }
 }
@@ -108,8 +116,9 @@ impl SimBackend {
     }
 
     /// The default configuration, overridden by `RDMA_SIM_LISTEN` (an `ip` or `ip:port`
-    /// to listen on, e.g. `0.0.0.0:18515` to accept other hosts) and `RDMA_SIM_DEVICES`
-    /// (how many devices to list).
+    /// to listen on, e.g. `0.0.0.0:18515` to accept other hosts), `RDMA_SIM_ADVERTISE`
+    /// (with a wildcard listen: the IP to advertise) and `RDMA_SIM_DEVICES` (how many
+    /// devices to list).
     pub fn from_env() -> Result<Self> {
         let mut c = SimConfig::default();
         if let Ok(v) = std::env::var("RDMA_SIM_LISTEN") {
@@ -117,6 +126,18 @@ impl SimBackend {
                 .parse::<SocketAddr>()
                 .or_else(|_| v.parse::<IpAddr>().map(|ip| SocketAddr::new(ip, 0)))
                 .map_err(|_| Error::invalid("RDMA_SIM_LISTEN", format!("{v:?} is not an ip or ip:port")))?;
+        }
+        if let Ok(v) = std::env::var("RDMA_SIM_ADVERTISE") {
+            let ip = v
+                .parse::<IpAddr>()
+                .map_err(|_| Error::invalid("RDMA_SIM_ADVERTISE", format!("{v:?} is not an IP address")))?;
+            if ip.is_unspecified() {
+                return Err(Error::invalid(
+                    "RDMA_SIM_ADVERTISE",
+                    format!("{v:?} is a wildcard: name an address peers can reach"),
+                ));
+            }
+            c.advertise = Some(ip);
         }
         if let Ok(v) = std::env::var("RDMA_SIM_DEVICES") {
             c.devices = v
@@ -171,7 +192,7 @@ impl Backend for SimBackend {
             listen.set_port(listen.port() + index as u16);
         }
         Ok(SimContext {
-            dev: DeviceShared::open(name, index, listen)?,
+            dev: DeviceShared::open(name, index, listen, self.config.advertise)?,
         })
     }
 }
@@ -185,6 +206,12 @@ impl SimContext {
     /// The TCP address this device listens on.
     pub fn listen_addr(&self) -> SocketAddr {
         self.dev.listen
+    }
+
+    /// The TCP address peers reach this device at: [`listen_addr`](Self::listen_addr),
+    /// with a wildcard IP replaced by the advertised one (GID index 0).
+    pub fn advertised_addr(&self) -> SocketAddr {
+        self.dev.advertise
     }
 
     /// Fault injection on this device (see [`faults`]).
@@ -221,13 +248,16 @@ impl Context for SimContext {
                 format!("port {port_num} does not exist (ports: 1)"),
             ));
         }
-        if index >= GID_TABLE_LEN {
-            return Err(Error::invalid(
+        match self.dev.gids.get(index as usize) {
+            Some(gid) => Ok(*gid),
+            None => Err(Error::invalid(
                 "ibv_query_gid",
-                format!("index {index} is outside the GID table of {GID_TABLE_LEN} entries"),
-            ));
+                format!(
+                    "index {index} is outside the GID table of {} entries",
+                    self.dev.gids.len()
+                ),
+            )),
         }
-        Ok(self.dev.gid)
     }
 
     fn capabilities(&self) -> Result<Capabilities> {

@@ -24,7 +24,7 @@ use verbs_api::{
 };
 
 use crate::cq::CqShared;
-use crate::device::{DeviceShared, PdShared, GID_TABLE_LEN};
+use crate::device::{DeviceShared, PdShared};
 use crate::faults::QpFaults;
 use crate::progress::Conn;
 use crate::requester::{PostCheck, ReqAttrs, Requester};
@@ -252,12 +252,13 @@ impl QpShared {
             if ah.port_num > 1 {
                 return bad("ah_attr.port_num", format!("port {} does not exist", ah.port_num));
             }
-            if ah.is_global && ah.grh.sgid_index as u32 >= GID_TABLE_LEN {
+            if ah.is_global && ah.grh.sgid_index as usize >= self.dev.gids.len() {
                 return bad(
                     "ah_attr.grh.sgid_index",
                     format!(
-                        "index {} is outside the GID table of {GID_TABLE_LEN} entries",
-                        ah.grh.sgid_index
+                        "index {} is outside the GID table of {} entries",
+                        ah.grh.sgid_index,
+                        self.dev.gids.len()
                     ),
                 );
             }
@@ -311,9 +312,19 @@ impl QpShared {
         Ok(())
     }
 
-    /// This QP's (GID, LID, QPN) as its hello names it.
-    pub fn local_id(&self) -> ([u8; 16], u16, u32) {
-        (self.dev.gid.0, self.dev.listen.port(), self.qpn)
+    /// This QP's (GID, LID, QPN) as its hello names it, with address vector `a`: the GID
+    /// at the AV's `sgid_index` (the source GID of a RoCE packet), or without a GRH the
+    /// first entry.
+    pub fn local_id(&self, a: &QpAttr) -> ([u8; 16], u16, u32) {
+        let gid = match a.ah_attr.is_global {
+            true => self.dev.gids.get(a.ah_attr.grh.sgid_index as usize),
+            false => None,
+        };
+        (
+            gid.unwrap_or(&self.dev.gids[0]).0,
+            self.dev.listen.port(),
+            self.qpn,
+        )
     }
 
     /// The peer's (GID, LID, QPN) as the address vector and destination QPN name it.
@@ -321,7 +332,7 @@ impl QpShared {
         let gid = if a.ah_attr.is_global {
             a.ah_attr.grh.dgid.0
         } else {
-            self.dev.gid.0
+            self.dev.gid().0
         };
         (gid, a.ah_attr.dlid, a.dest_qp_num)
     }
@@ -337,7 +348,7 @@ impl QpShared {
             }
         } else {
             // Without a GRH the peer is on this "subnet": the same host address.
-            self.dev.listen.ip()
+            self.dev.advertise.ip()
         };
         SocketAddr::new(ip, ah.dlid)
     }
@@ -431,7 +442,7 @@ impl QpShared {
                 });
                 // One connection per QP pair, set up by the side with the smaller
                 // (GID, LID, QPN), from RTR on (the responder needs it too).
-                g.active = self.local_id() <= self.remote_id(&a);
+                g.active = self.local_id(&a) <= self.remote_id(&a);
                 if g.active {
                     let epoch = g.epoch;
                     crate::transport::spawn_connector(self.clone(), epoch);

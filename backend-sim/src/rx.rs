@@ -17,7 +17,7 @@ use std::os::fd::RawFd;
 
 use crate::memory::Seg;
 use crate::sys;
-use crate::wire::{Frame, WireError, MAX_HDR_LEN};
+use crate::wire::{Frame, WireError, MAX_DATA_HDR_LEN};
 
 const BUF: usize = 32 * 1024;
 /// Payload remainders at least this large are read directly into place.
@@ -209,7 +209,7 @@ impl Reader {
         }
         let space = &mut self.buf[self.end..];
         let want = if self.after_large && self.payload.is_none() && self.end == 0 {
-            MAX_HDR_LEN
+            MAX_DATA_HDR_LEN
         } else {
             space.len()
         };
@@ -244,6 +244,7 @@ impl Reader {
 mod tests {
     use super::*;
     use crate::memory::MrShared;
+    use crate::wire::MAX_HDR_LEN;
     use std::sync::Arc;
     use verbs_api::AccessFlags;
 
@@ -350,7 +351,7 @@ mod tests {
         }
         // The first read after the first payload completed: one header's worth.
         let first_after = reads.iter().find(|&&(d, _)| d == 1).unwrap().1;
-        assert!(first_after <= MAX_HDR_LEN, "{reads:?}");
+        assert!(first_after <= MAX_DATA_HDR_LEN, "{reads:?}");
         for k in 0..2usize {
             let mut out = vec![0u8; LEN];
             Seg {

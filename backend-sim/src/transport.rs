@@ -1,12 +1,18 @@
-//! Connection setup for the sim (tokio + socket2): the device's listener, and for every
-//! QP pair one TCP connection that carries both directions. Once the hello exchange is
-//! done, the socket is handed to the device's [`progress`](crate::progress) engine, which
-//! runs the data path; this module only sets connections up, and again when they break.
+//! Connection setup for the sim (tokio + socket2): for every QP pair one TCP connection
+//! that carries both directions. Once the hello exchange is done, the socket is handed to
+//! the device's [`progress`](crate::progress) engine, which runs the data path; this
+//! module only sets connections up, and again when they break. The device's
+//! [`listener`](crate::listener) accepts the connections and bounds them.
 //!
 //! - The QP with the smaller (GID, LID, QPN) is *active*: from RTR on it connects to the
 //!   peer device (address from its address vector) and says hello (its GID, LID and QPN,
-//!   and the QPN it wants). The peer device accepts only for a passive QP in RTR/RTS/SQD
-//!   whose destination QPN and address vector name exactly that peer.
+//!   the QPN it wants, and a fresh token). The peer device considers it only for a
+//!   passive QP in RTR/RTS/SQD whose destination QPN and address vector name exactly that
+//!   peer, and accepts it only once the device at the address that address vector names
+//!   confirmed the token ([`verify`](crate::verify)). A confirmed hello replaces the QP's
+//!   connection (a reconnect after a reset or a half-open socket); nothing else touches it.
+//! - Every refusal is the same bytes ([`HelloReject::Refused`]): a stranger learns
+//!   nothing about which QPs exist. The real reason is logged at debug level.
 //! - A refused or failed connection is retried with backoff (100 µs doubling to 10 ms)
 //!   while the QP lives; meanwhile WRs wait as for lost packets: the requester's ACK timer
 //!   runs (in the progress engine), and `retry_cnt` expiries end in `IBV_WC_RETRY_EXC_ERR`.
@@ -16,18 +22,20 @@
 //!   `IBV_WC_RETRY_EXC_ERR` with `vendor_err` EPROTO.
 
 use std::io;
-use std::os::fd::AsRawFd;
+use std::net::SocketAddr;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use tokio::io::{AsyncWriteExt, Interest};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use verbs_api::{QpState, Result};
 
 use crate::device::DeviceShared;
-use crate::qp::QpShared;
-use crate::rx::{Event, Reader};
-use crate::wire::{Frame, HelloReject, WireError, VERSION};
+use crate::listener::{fd_limit_hint, is_out_of_fds, HELLO_TIMEOUT};
+use crate::qp::{QpInner, QpShared};
+use crate::rx::Reader;
+use crate::verify;
+use crate::wire::{Frame, HelloReject, TOKEN_LEN, VERSION};
 
 /// Bound on connecting and on the hello exchange.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(5);
@@ -40,25 +48,19 @@ pub fn spawn_listener(dev: &Arc<DeviceShared>, listener: std::net::TcpListener) 
         source,
     })?;
     let weak = Arc::downgrade(dev);
-    dev.rt.spawn(async move {
-        loop {
-            match listener.accept().await {
-                Ok((stream, peer)) => {
-                    let _ = crate::sockopt::tune(&stream);
-                    let dev = weak.clone();
-                    tokio::spawn(async move {
-                        if let Err(e) = serve_inbound(dev, stream).await {
-                            tracing::debug!(%peer, "inbound connection ended: {e}");
-                        }
-                    });
-                }
-                Err(e) => {
-                    tracing::warn!("accept failed: {e}{}", fd_hint(&e));
-                    tokio::time::sleep(Duration::from_millis(10)).await;
+    dev.rt.spawn(crate::listener::accept_loop(
+        dev.name.clone(),
+        listener,
+        move |stream, peer| {
+            let dev = weak.clone();
+            async move {
+                let _ = crate::sockopt::tune(&stream);
+                if let Err(e) = serve_inbound(dev, stream).await {
+                    tracing::debug!(%peer, "inbound connection ended: {e}");
                 }
             }
-        }
-    });
+        },
+    ));
     Ok(())
 }
 
@@ -69,12 +71,11 @@ pub fn spawn_connector(qp: Arc<QpShared>, epoch: u64) {
 }
 
 /// For errors that mean the process ran out of file descriptors: what to do about it.
-fn fd_hint(e: &io::Error) -> &'static str {
-    match e.raw_os_error() {
-        Some(libc::EMFILE) | Some(libc::ENFILE) => {
-            " (every connected QP holds a socket: raise the open-file limit, `ulimit -n`)"
-        }
-        _ => "",
+fn fd_hint(e: &io::Error) -> String {
+    if is_out_of_fds(e) {
+        format!(" ({})", fd_limit_hint())
+    } else {
+        String::new()
     }
 }
 
@@ -94,39 +95,6 @@ fn proto(msg: impl Into<String>) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, msg.into())
 }
 
-/// Reads more bytes into `reader`, waiting until some arrive.
-async fn fill(stream: &TcpStream, reader: &mut Reader) -> io::Result<()> {
-    let fd = stream.as_raw_fd();
-    loop {
-        stream.readable().await?;
-        match stream.try_io(Interest::READABLE, || reader.fill(fd)) {
-            Ok(0) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "peer closed the connection",
-                ))
-            }
-            Ok(_) => return Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-            Err(e) => return Err(e),
-        }
-    }
-}
-
-/// Reads one frame; a malformed one is an `InvalidData` error carrying the [`WireError`].
-async fn read_frame(stream: &TcpStream, reader: &mut Reader) -> io::Result<Frame> {
-    loop {
-        match reader
-            .next_event()
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?
-        {
-            Some(Event::Frame(f)) => return Ok(f),
-            Some(Event::PayloadDone(_) | Event::PayloadLost(_)) => return Err(proto("payload during setup")),
-            None => fill(stream, reader).await?,
-        }
-    }
-}
-
 async fn send_frame(stream: &mut TcpStream, f: &Frame) -> io::Result<()> {
     let mut b = [0u8; crate::wire::MAX_HDR_LEN];
     let n = f.encode(&mut b);
@@ -135,15 +103,57 @@ async fn send_frame(stream: &mut TcpStream, f: &Frame) -> io::Result<()> {
 
 // ---------------------------------------------------------------- responder side
 
+/// A hello's claim: the active QP `(src_gid, src_lid, src_qpn)` wants the passive QP
+/// `dst_qpn`, and `token` proves it with the claimed device.
+struct Claim {
+    src_gid: [u8; 16],
+    src_lid: u16,
+    src_qpn: u32,
+    dst_qpn: u32,
+    token: [u8; TOKEN_LEN],
+}
+
+/// What a QP that may accept a hello must still have when the hello is accepted.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Expect {
+    epoch: u64,
+    remote: SocketAddr,
+    self_loop: bool,
+}
+
+/// Whether `qp` may take `c` as its peer's hello, and if so what the check of the claim
+/// needs; `Err` names why not (for the log only: the stranger is told nothing).
+fn admissible(qp: &QpShared, g: &QpInner, c: &Claim) -> std::result::Result<Expect, &'static str> {
+    if !matches!(g.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+        return Err("the QP is not in RTR, RTS or SQD");
+    }
+    let ah = g.attr.ah_attr;
+    if g.attr.dest_qp_num != c.src_qpn || ah.dlid != c.src_lid || (ah.is_global && ah.grh.dgid.0 != c.src_gid)
+    {
+        return Err("the hello does not come from the QP's configured peer");
+    }
+    let self_loop = g.active && (c.src_gid, c.src_lid, c.src_qpn) == qp.local_id(&g.attr);
+    if g.active && !self_loop {
+        // This side sets the connection up; a peer that thinks otherwise names the pair
+        // differently (e.g. another GID).
+        return Err("the QP is the active side of its pair");
+    }
+    let remote = g.remote.ok_or("the QP has no peer address")?;
+    Ok(Expect {
+        epoch: g.epoch,
+        remote,
+        self_loop,
+    })
+}
+
 async fn serve_inbound(dev: Weak<DeviceShared>, mut stream: TcpStream) -> io::Result<()> {
-    let mut reader = Reader::new();
-    let hello = match tokio::time::timeout(SETUP_TIMEOUT, read_frame(&stream, &mut reader))
+    let first = match tokio::time::timeout(HELLO_TIMEOUT, verify::read_one(&mut stream))
         .await
-        .map_err(|_| proto("no hello within the setup timeout"))?
+        .map_err(|_| proto("nothing said within the setup timeout"))?
     {
         Ok(f) => f,
         Err(e) => {
-            if let Some(WireError::Version(v)) = e.get_ref().and_then(|i| i.downcast_ref::<WireError>()) {
+            if let Some(v) = verify::version_of(&e) {
                 // Another build: say so, so that its side reports it instead of retrying.
                 tracing::warn!("refused a connection from a peer that speaks sim protocol version {v} (this build: {VERSION})");
                 send_frame(
@@ -157,84 +167,141 @@ async fn serve_inbound(dev: Weak<DeviceShared>, mut stream: TcpStream) -> io::Re
             return Err(e);
         }
     };
-    let Frame::Hello {
-        src_gid,
-        src_lid,
-        src_qpn,
-        dst_qpn,
-    } = hello
-    else {
-        return Err(proto(format!("expected hello, got {hello}")));
+    let claim = match first {
+        Frame::Hello {
+            src_gid,
+            src_lid,
+            src_qpn,
+            dst_qpn,
+            token,
+        } => Claim {
+            src_gid,
+            src_lid,
+            src_qpn,
+            dst_qpn,
+            token,
+        },
+        Frame::Verify {
+            src_qpn,
+            dst_qpn,
+            token,
+        } => {
+            // A peer checks a hello that claims to come from one of our QPs.
+            let yes = dev
+                .upgrade()
+                .is_some_and(|d| d.claims.confirms(src_qpn, dst_qpn, &token));
+            let answer = if yes {
+                Frame::HelloAck
+            } else {
+                Frame::HelloNak {
+                    reason: HelloReject::Refused,
+                }
+            };
+            return send_frame(&mut stream, &answer).await;
+        }
+        other => return Err(proto(format!("expected hello, got {other}"))),
     };
     let Some(dev) = dev.upgrade() else {
         return Ok(());
     };
-    let qp = dev.qps.lock().get(&dst_qpn).and_then(Weak::upgrade);
-    drop(dev);
+    let qp = dev.qps.lock().get(&claim.dst_qpn).and_then(Weak::upgrade);
     let verdict = match &qp {
-        None => Err(HelloReject::NoSuchQp),
-        Some(qp) => {
-            let mut g = qp.inner.lock();
-            let ah = g.attr.ah_attr;
-            let peer = (src_gid, src_lid, src_qpn);
-            let self_loop = g.active && peer == qp.local_id();
-            if !matches!(g.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
-                Err(HelloReject::NotReady)
-            } else if g.attr.dest_qp_num != src_qpn
-                || ah.dlid != src_lid
-                || (ah.is_global && ah.grh.dgid.0 != src_gid)
-            {
-                Err(HelloReject::WrongPeer)
-            } else if g.active && !self_loop {
-                // This side sets the connection up; a peer that thinks otherwise names
-                // the pair differently (e.g. another GID).
-                Err(HelloReject::WrongPeer)
+        None => Err("no such QP"),
+        Some(qp) => admissible(qp, &qp.inner.lock(), &claim),
+    };
+    let verdict = match verdict {
+        Ok(expect) => {
+            // The one check a stranger cannot pass: the device at the address the QP's
+            // own address vector names confirms the token.
+            let confirmed = if expect.remote == dev.listen || expect.remote == dev.advertise {
+                dev.claims.confirms(claim.src_qpn, claim.dst_qpn, &claim.token)
             } else {
-                g.conn_gen += 1;
-                Ok((g.epoch, g.conn_gen, self_loop))
+                verify::ask(expect.remote, claim.src_qpn, claim.dst_qpn, claim.token)
+                    .await
+                    .unwrap_or_else(|e| {
+                        tracing::debug!(remote = %expect.remote, "cannot check a hello with its claimed device: {e}");
+                        false
+                    })
+            };
+            match confirmed {
+                true => Ok(expect),
+                false => Err("the device at the QP's peer address did not confirm the hello"),
             }
+        }
+        Err(why) => Err(why),
+    };
+    drop(dev);
+    let (qp, expect) = match (qp, verdict) {
+        (Some(qp), Ok(expect)) => (qp, expect),
+        (_, Err(why)) => {
+            tracing::debug!(
+                dst_qpn = claim.dst_qpn,
+                src_qpn = claim.src_qpn,
+                "refused a hello: {why}"
+            );
+            send_frame(
+                &mut stream,
+                &Frame::HelloNak {
+                    reason: HelloReject::Refused,
+                },
+            )
+            .await?;
+            return Err(proto(format!("refused hello for QP {:#x}: {why}", claim.dst_qpn)));
+        }
+        (None, Ok(_)) => unreachable!("only an existing QP is admissible"),
+    };
+    // The check took a round trip: the QP must still be what it was when it began.
+    let gen = {
+        let mut g = qp.inner.lock();
+        if admissible(&qp, &g, &claim).ok() == Some(expect) && !qp.is_stale(&g, expect.epoch) {
+            g.conn_gen += 1;
+            Some(g.conn_gen)
+        } else {
+            None
         }
     };
-    match verdict {
-        Err(reason) => {
-            send_frame(&mut stream, &Frame::HelloNak { reason }).await?;
-            Err(proto(format!("refused hello for QP {dst_qpn:#x}: {reason:?}")))
+    let Some(gen) = gen else {
+        send_frame(
+            &mut stream,
+            &Frame::HelloNak {
+                reason: HelloReject::Refused,
+            },
+        )
+        .await?;
+        return Err(proto("the QP changed while its hello was checked"));
+    };
+    send_frame(&mut stream, &Frame::HelloAck).await?;
+    let sock = stream.into_std()?;
+    let progress = qp.dev.progress.clone();
+    let conn = progress.register(&qp, expect.epoch, sock, Reader::new())?;
+    let old = {
+        let mut g = qp.inner.lock();
+        if qp.is_stale(&g, expect.epoch) || g.conn_gen != gen {
+            drop(g);
+            progress.close(&conn);
+            return Ok(());
         }
-        Ok((epoch, gen, self_loop)) => {
-            send_frame(&mut stream, &Frame::HelloAck).await?;
-            let qp = qp.expect("accepted QPs exist");
-            let sock = stream.into_std()?;
-            let progress = qp.dev.progress.clone();
-            let conn = progress.register(&qp, epoch, sock, reader)?;
-            let old = {
-                let mut g = qp.inner.lock();
-                if qp.is_stale(&g, epoch) || g.conn_gen != gen {
-                    drop(g);
-                    progress.close(&conn);
-                    return Ok(());
-                }
-                if self_loop {
-                    g.self_conn.replace(conn.clone())
-                } else {
-                    // A newer connection supersedes the old one: what was in flight on it
-                    // is resent, half-received requests are forgotten. Only now, in the
-                    // same critical section that retires the old connection: rewound
-                    // earlier, the old connection (still current) would carry the resent
-                    // requests to a peer that has left it, and responses still buffered
-                    // on it would complete the resent WQEs out of order.
-                    g.resp.connection_lost();
-                    g.req.on_connection_lost();
-                    g.req.link_error = 0;
-                    g.conn.replace(conn.clone())
-                }
-            };
-            if let Some(old) = old {
-                progress.close(&old);
-            }
-            progress.activate(&conn);
-            Ok(())
+        if expect.self_loop {
+            g.self_conn.replace(conn.clone())
+        } else {
+            // A newer connection supersedes the old one: what was in flight on it
+            // is resent, half-received requests are forgotten. Only now, in the
+            // same critical section that retires the old connection: rewound
+            // earlier, the old connection (still current) would carry the resent
+            // requests to a peer that has left it, and responses still buffered
+            // on it would complete the resent WQEs out of order.
+            tracing::debug!(qpn = qp.qpn, "connection from the peer accepted");
+            g.resp.connection_lost();
+            g.req.on_connection_lost();
+            g.req.link_error = 0;
+            g.conn.replace(conn.clone())
         }
+    };
+    if let Some(old) = old {
+        progress.close(&old);
     }
+    progress.activate(&conn);
+    Ok(())
 }
 
 // ---------------------------------------------------------------- requester side
@@ -262,7 +329,7 @@ async fn connector_task(qp: Arc<QpShared>, epoch: u64) {
             notified.await;
         };
         match connect(&qp, remote).await {
-            Ok((stream, reader)) => {
+            Ok(stream) => {
                 backoff = Duration::from_micros(100);
                 let progress = qp.dev.progress.clone();
                 let gen = {
@@ -272,7 +339,7 @@ async fn connector_task(qp: Arc<QpShared>, epoch: u64) {
                 };
                 let conn = match stream
                     .into_std()
-                    .and_then(|s| progress.register(&qp, epoch, s, reader))
+                    .and_then(|s| progress.register(&qp, epoch, s, Reader::new()))
                 {
                     Ok(c) => c,
                     Err(e) => {
@@ -307,7 +374,9 @@ async fn connector_task(qp: Arc<QpShared>, epoch: u64) {
             }
             Err(e) => {
                 match fd_hint(&e) {
-                    "" => tracing::debug!(qpn = qp.qpn, %remote, "connection attempt failed: {e}"),
+                    hint if hint.is_empty() => {
+                        tracing::debug!(qpn = qp.qpn, %remote, "connection attempt failed: {e}")
+                    }
                     hint => tracing::warn!(qpn = qp.qpn, %remote, "cannot connect: {e}{hint}"),
                 }
                 {
@@ -324,25 +393,30 @@ async fn connector_task(qp: Arc<QpShared>, epoch: u64) {
     }
 }
 
-async fn connect(qp: &QpShared, remote: std::net::SocketAddr) -> io::Result<(TcpStream, Reader)> {
+async fn connect(qp: &QpShared, remote: SocketAddr) -> io::Result<TcpStream> {
     let mut stream = tokio::time::timeout(SETUP_TIMEOUT, TcpStream::connect(remote))
         .await
         .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;
     crate::sockopt::tune(&stream)?;
+    let (src_gid, src_lid, _) = qp.local_id(&qp.inner.lock().attr);
     let dst_qpn = qp.inner.lock().attr.dest_qp_num;
+    // Held until the answer: the peer checks the token with this device meanwhile.
+    let claim = qp.dev.claims.begin(qp.qpn, dst_qpn);
     let hello = Frame::Hello {
-        src_gid: qp.dev.gid.0,
-        src_lid: qp.dev.listen.port(),
+        src_gid,
+        src_lid,
         src_qpn: qp.qpn,
         dst_qpn,
+        token: claim.token(),
     };
     send_frame(&mut stream, &hello).await?;
-    let mut reader = Reader::new();
-    let answer = tokio::time::timeout(SETUP_TIMEOUT, read_frame(&stream, &mut reader))
+    // Exactly the answer's header: what the peer sends after it is the data path's.
+    let answer = tokio::time::timeout(SETUP_TIMEOUT, verify::read_one(&mut stream))
         .await
         .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no answer to hello"))??;
+    drop(claim);
     match answer {
-        Frame::HelloAck => Ok((stream, reader)),
+        Frame::HelloAck => Ok(stream),
         // Permanent: `Unsupported` tells the connector to stop trying.
         Frame::HelloNak {
             reason: HelloReject::Version,
@@ -350,9 +424,9 @@ async fn connect(qp: &QpShared, remote: std::net::SocketAddr) -> io::Result<(Tcp
             io::ErrorKind::Unsupported,
             format!("the peer device speaks another sim protocol version (this build: {VERSION}); run the same build on both sides"),
         )),
-        Frame::HelloNak { reason } => Err(io::Error::new(
+        Frame::HelloNak { .. } => Err(io::Error::new(
             io::ErrorKind::ConnectionRefused,
-            format!("peer refused QP {dst_qpn:#x}: {reason:?}"),
+            format!("the peer device refused QP {dst_qpn:#x} (no such QP, not ready, or not connected to this one)"),
         )),
         other => Err(proto(format!("expected hello answer, got {other}"))),
     }

@@ -16,16 +16,23 @@ use std::fmt;
 
 /// Bytes of the base header.
 pub const BASE_LEN: usize = 16;
-/// Longest header (base + largest extension).
-pub const MAX_HDR_LEN: usize = BASE_LEN + 32;
+/// Longest header (base + largest extension: the hello's).
+pub const MAX_HDR_LEN: usize = BASE_LEN + 48;
+/// Longest header of a frame that travels on an established connection (requests and
+/// responses; the setup frames are longer).
+pub const MAX_DATA_HDR_LEN: usize = BASE_LEN + 28;
 /// Largest message (2^31 bytes, as `ibv_port_attr::max_msg_sz` on most HCAs).
 pub const MAX_MSG: u32 = 1 << 31;
 /// Magic of the hello frame ("RSIM").
 pub const HELLO_MAGIC: u32 = 0x4d49_5352;
-/// Protocol version in the hello frame (2: SEND and WRITE may carry [`F_ACK_REQ`]). A
-/// device refuses a hello of another version ([`HelloReject::Version`]): both ends of a
-/// connection must run builds that speak the same frames.
-pub const VERSION: u16 = 2;
+/// Protocol version in the hello frame (3: hellos carry a token that the passive side
+/// checks with the claimed peer device ([`Frame::Verify`]); 2: SEND and WRITE may carry
+/// [`F_ACK_REQ`]). A device refuses a hello of another version
+/// ([`HelloReject::Version`]): both ends of a connection must run builds that speak the
+/// same frames.
+pub const VERSION: u16 = 3;
+/// Bytes of the token a hello carries.
+pub const TOKEN_LEN: usize = 16;
 
 /// Frame flag: the request carries immediate data.
 pub const F_IMM: u8 = 1;
@@ -36,16 +43,18 @@ pub const F_SOLICITED: u8 = 2;
 /// with later ones (see `Requester::ack_req_due` for when requesters set it).
 pub const F_ACK_REQ: u8 = 4;
 
-/// Why a connection setup was refused.
+/// Why a connection setup (or a [`Frame::Verify`]) was refused.
+///
+/// A device tells a stranger nothing about its QPs: whether the QP does not exist, is
+/// not ready, expects another peer or the claim failed its check, the refusal is the same
+/// bytes ([`HelloReject::Refused`]); the device logs the real reason at debug level. Only
+/// a protocol version mismatch, which says nothing about QPs, is told apart, so that the
+/// other build can report it instead of retrying.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u16)]
 pub enum HelloReject {
-    /// No QP with that number on the device.
-    NoSuchQp = 1,
-    /// The QP exists but is not in RTR/RTS (a real HCA silently drops such packets).
-    NotReady = 2,
-    /// The QP is connected to a different remote endpoint.
-    WrongPeer = 3,
+    /// Refused (no such QP, not ready, another peer, or the claim was not confirmed).
+    Refused = 1,
     /// Protocol version mismatch.
     Version = 4,
 }
@@ -53,9 +62,7 @@ pub enum HelloReject {
 impl HelloReject {
     fn from_raw(v: u16) -> Result<Self, WireError> {
         Ok(match v {
-            1 => HelloReject::NoSuchQp,
-            2 => HelloReject::NotReady,
-            3 => HelloReject::WrongPeer,
+            1 => HelloReject::Refused,
             4 => HelloReject::Version,
             _ => return Err(WireError::BadField("hello reject reason")),
         })
@@ -108,23 +115,38 @@ impl NakCode {
 /// One decoded frame (the header; payload bytes, if any, follow on the stream).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Frame {
-    /// Connection setup, requester → responder device.
+    /// Connection setup, active QP's device → passive QP's device.
     Hello {
-        /// GID of the requester's device.
+        /// GID of the active QP's device (its entry at the QP's `sgid_index`).
         src_gid: [u8; 16],
-        /// LID (TCP port) of the requester's device.
+        /// LID (TCP port) of the active QP's device.
         src_lid: u16,
-        /// Requester QP number.
+        /// Active QP number.
         src_qpn: u32,
-        /// Responder QP number.
+        /// Passive QP number.
         dst_qpn: u32,
+        /// A random secret of this attempt, which the claimed device confirms to the
+        /// passive side through [`Frame::Verify`].
+        token: [u8; TOKEN_LEN],
     },
-    /// Connection accepted.
+    /// Connection accepted (or, answering a [`Frame::Verify`], the claim confirmed).
     HelloAck,
-    /// Connection refused.
+    /// Connection refused (or, answering a [`Frame::Verify`], the claim denied).
     HelloNak {
         /// Why.
         reason: HelloReject,
+    },
+    /// The passive side's check of a hello, sent to the listener at the address its QP's
+    /// address vector names (never to an address the hello names): "is your QP `src_qpn`
+    /// saying hello to my QP `dst_qpn` with `token` right now?" Answered with
+    /// [`Frame::HelloAck`] or [`Frame::HelloNak`], then the connection closes.
+    Verify {
+        /// The QP that claims to be saying hello (on the device asked).
+        src_qpn: u32,
+        /// The QP it says hello to (on the asking device).
+        dst_qpn: u32,
+        /// The hello's token.
+        token: [u8; TOKEN_LEN],
     },
     /// SEND / SEND_WITH_IMM, followed by `len` payload bytes.
     Send {
@@ -240,6 +262,7 @@ mod op {
     pub const HELLO: u8 = 0x01;
     pub const HELLO_ACK: u8 = 0x02;
     pub const HELLO_NAK: u8 = 0x03;
+    pub const VERIFY: u8 = 0x04;
     pub const SEND: u8 = 0x10;
     pub const WRITE: u8 = 0x11;
     pub const READ: u8 = 0x12;
@@ -253,13 +276,36 @@ mod op {
 
 fn ext_len(opcode: u8) -> Option<usize> {
     Some(match opcode {
-        op::HELLO => 32,
+        op::HELLO => 48,
+        op::VERIFY => 32,
         op::HELLO_ACK | op::HELLO_NAK | op::SEND | op::ACK | op::NAK | op::READ_RESP => 0,
         op::WRITE | op::READ => 12,
         op::CMP_SWAP | op::FETCH_ADD => 28,
         op::ATOMIC_RESP => 8,
         _ => return None,
     })
+}
+
+/// Bytes of the whole header of a frame whose first byte is `opcode` (base and
+/// extension), or `None` for an unknown opcode: lets a reader take exactly one header off
+/// a stream, as connection setup does before it allocates anything for the connection.
+pub fn header_len(opcode: u8) -> Option<usize> {
+    ext_len(opcode).map(|e| BASE_LEN + e)
+}
+
+/// The header length of a connection-setup frame (hello, its check and their answers)
+/// from its base header alone, so that setup reads exactly one header and never a data
+/// frame's: any other opcode is an error, and so is a hello or check of another protocol
+/// version, before its extension (whose length may differ between versions) is read.
+pub fn setup_header_len(base: &[u8; BASE_LEN]) -> Result<usize, WireError> {
+    let opcode = base[0];
+    match opcode {
+        op::HELLO | op::VERIFY if u16_at(base, 2) != VERSION => Err(WireError::Version(u16_at(base, 2))),
+        op::HELLO | op::HELLO_ACK | op::HELLO_NAK | op::VERIFY => {
+            Ok(header_len(opcode).expect("setup opcodes are known"))
+        }
+        _ => Err(WireError::UnknownOpcode(opcode)),
+    }
 }
 
 impl Frame {
@@ -291,7 +337,7 @@ impl Frame {
             | Frame::Nak { psn, .. }
             | Frame::ReadResp { psn, .. }
             | Frame::AtomicResp { psn, .. } => Some(psn),
-            Frame::Hello { .. } | Frame::HelloAck | Frame::HelloNak { .. } => None,
+            Frame::Hello { .. } | Frame::HelloAck | Frame::HelloNak { .. } | Frame::Verify { .. } => None,
         }
     }
 
@@ -320,6 +366,7 @@ impl Frame {
     pub fn encode(&self, out: &mut [u8; MAX_HDR_LEN]) -> usize {
         let (opcode, flags, aux, psn, len, imm) = match *self {
             Frame::Hello { .. } => (op::HELLO, 0, VERSION, 0, 0, 0),
+            Frame::Verify { .. } => (op::VERIFY, 0, VERSION, 0, 0, 0),
             Frame::HelloAck => (op::HELLO_ACK, 0, 0, 0, 0, 0),
             Frame::HelloNak { reason } => (op::HELLO_NAK, 0, reason as u16, 0, 0, 0),
             Frame::Send {
@@ -372,6 +419,7 @@ impl Frame {
                 src_lid,
                 src_qpn,
                 dst_qpn,
+                token,
             } => {
                 e[0..4].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
                 e[4..6].copy_from_slice(&src_lid.to_le_bytes());
@@ -379,6 +427,18 @@ impl Frame {
                 e[8..12].copy_from_slice(&src_qpn.to_le_bytes());
                 e[12..16].copy_from_slice(&dst_qpn.to_le_bytes());
                 e[16..32].copy_from_slice(&src_gid);
+                e[32..48].copy_from_slice(&token);
+            }
+            Frame::Verify {
+                src_qpn,
+                dst_qpn,
+                token,
+            } => {
+                e[0..4].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
+                e[4..8].copy_from_slice(&src_qpn.to_le_bytes());
+                e[8..12].copy_from_slice(&dst_qpn.to_le_bytes());
+                e[12..16].copy_from_slice(&0u32.to_le_bytes());
+                e[16..32].copy_from_slice(&token);
             }
             Frame::Write { addr, rkey, .. } | Frame::Read { addr, rkey, .. } => {
                 e[0..8].copy_from_slice(&addr.to_le_bytes());
@@ -453,11 +513,37 @@ impl Frame {
                 }
                 let mut src_gid = [0u8; 16];
                 src_gid.copy_from_slice(&e[16..32]);
+                let mut token = [0u8; TOKEN_LEN];
+                token.copy_from_slice(&e[32..48]);
                 Frame::Hello {
                     src_gid,
                     src_lid: u16_at(e, 4),
                     src_qpn,
                     dst_qpn,
+                    token,
+                }
+            }
+            op::VERIFY => {
+                if u32_at(e, 0) != HELLO_MAGIC {
+                    return Err(WireError::BadField("verify magic"));
+                }
+                if aux != VERSION {
+                    return Err(WireError::Version(aux));
+                }
+                let src_qpn = u32_at(e, 4);
+                let dst_qpn = u32_at(e, 8);
+                if src_qpn > 0xff_ffff || dst_qpn > 0xff_ffff {
+                    return Err(WireError::BadField("QPN"));
+                }
+                if u32_at(e, 12) != 0 {
+                    return Err(WireError::BadField("reserved field"));
+                }
+                let mut token = [0u8; TOKEN_LEN];
+                token.copy_from_slice(&e[16..32]);
+                Frame::Verify {
+                    src_qpn,
+                    dst_qpn,
+                    token,
                 }
             }
             op::HELLO_ACK => Frame::HelloAck,
@@ -514,8 +600,8 @@ impl Frame {
         // Fields that the frame kind does not use must be zero, so that every frame has
         // exactly one encoding (the property tests rely on it).
         let uses_len = matches!(opcode, op::SEND | op::WRITE | op::READ | op::READ_RESP);
-        let uses_aux = matches!(opcode, op::HELLO | op::HELLO_NAK | op::NAK);
-        let uses_psn = !matches!(opcode, op::HELLO | op::HELLO_ACK | op::HELLO_NAK);
+        let uses_aux = matches!(opcode, op::HELLO | op::VERIFY | op::HELLO_NAK | op::NAK);
+        let uses_psn = !matches!(opcode, op::HELLO | op::VERIFY | op::HELLO_ACK | op::HELLO_NAK);
         if (!uses_len && len != 0)
             || (!uses_aux && aux != 0)
             || (!uses_psn && psn != 0)
@@ -585,22 +671,26 @@ pub(crate) mod tests {
                 any::<[u8; 16]>(),
                 any::<u16>(),
                 0u32..=0xff_ffff,
-                0u32..=0xff_ffff
+                0u32..=0xff_ffff,
+                any::<[u8; TOKEN_LEN]>()
             )
-                .prop_map(|(src_gid, src_lid, src_qpn, dst_qpn)| Frame::Hello {
+                .prop_map(|(src_gid, src_lid, src_qpn, dst_qpn, token)| Frame::Hello {
                     src_gid,
                     src_lid,
                     src_qpn,
-                    dst_qpn
+                    dst_qpn,
+                    token
                 }),
+            (0u32..=0xff_ffff, 0u32..=0xff_ffff, any::<[u8; TOKEN_LEN]>()).prop_map(
+                |(src_qpn, dst_qpn, token)| Frame::Verify {
+                    src_qpn,
+                    dst_qpn,
+                    token
+                }
+            ),
             Just(Frame::HelloAck),
-            prop_oneof![
-                Just(HelloReject::NoSuchQp),
-                Just(HelloReject::NotReady),
-                Just(HelloReject::WrongPeer),
-                Just(HelloReject::Version)
-            ]
-            .prop_map(|reason| Frame::HelloNak { reason }),
+            prop_oneof![Just(HelloReject::Refused), Just(HelloReject::Version)]
+                .prop_map(|reason| Frame::HelloNak { reason }),
             (
                 psn.clone(),
                 len.clone(),
@@ -682,7 +772,7 @@ pub(crate) mod tests {
 
         /// Any bytes: no panic; whatever decodes re-encodes to the same bytes.
         #[test]
-        fn hostile_bytes(b in proptest::collection::vec(any::<u8>(), 0..96)) {
+        fn hostile_bytes(b in proptest::collection::vec(any::<u8>(), 0..128)) {
             if let Ok(Some((f, n))) = Frame::decode(&b) {
                 prop_assert!(n <= b.len());
                 prop_assert!(f.payload_len() <= MAX_MSG);
@@ -699,6 +789,29 @@ pub(crate) mod tests {
             let n = f.encode(&mut b);
             b[i % n] = v;
             let _ = Frame::decode(&b[..n]);
+        }
+    }
+
+    #[test]
+    fn only_setup_frames_of_this_version_are_read_during_setup() {
+        let base = |opcode: u8, version: u16| {
+            let mut b = [0u8; BASE_LEN];
+            b[0] = opcode;
+            b[2..4].copy_from_slice(&version.to_le_bytes());
+            b
+        };
+        for op in [op::HELLO, op::VERIFY] {
+            assert_eq!(setup_header_len(&base(op, VERSION)).ok(), header_len(op));
+            assert_eq!(
+                setup_header_len(&base(op, VERSION - 1)),
+                Err(WireError::Version(VERSION - 1))
+            );
+        }
+        for op in [op::HELLO_ACK, op::HELLO_NAK] {
+            assert_eq!(setup_header_len(&base(op, 0)).ok(), header_len(op));
+        }
+        for op in [op::SEND, op::WRITE, op::READ, op::ACK, op::NAK, 0x99] {
+            assert_eq!(setup_header_len(&base(op, 0)), Err(WireError::UnknownOpcode(op)));
         }
     }
 

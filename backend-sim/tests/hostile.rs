@@ -205,3 +205,24 @@ fn rss_kib() -> u64 {
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)
 }
+
+/// QPNs give a stranger nothing to count from: drawn over the whole 24 bits, never from
+/// one base upwards.
+#[test]
+fn qp_numbers_are_spread_over_24_bits() {
+    let ctx = SimBackend::default().open("sim0").unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(8, None).unwrap();
+    let qps: Vec<_> = (0..64)
+        .map(|_| pd.create_qp(&QpInitAttr::rc(&cq, &cq, QpCap::new(1, 1))).unwrap())
+        .collect();
+    let n: Vec<u32> = qps.iter().map(|q| q.qp_num()).collect();
+    assert!(n.iter().all(|&q| q > 1 && q < 0xff_ffff), "{n:x?}");
+    let adjacent = n.windows(2).filter(|w| w[1].abs_diff(w[0]) < 256).count();
+    assert!(adjacent < 4, "QPNs close to their predecessor: {n:x?}");
+    // Each of the top bits is set in some QPNs and clear in others.
+    for bit in [0x80_0000, 0x40_0000, 0x20_0000] {
+        let set = n.iter().filter(|&&q| q & bit != 0).count();
+        assert!(set > 4 && set < 60, "bit {bit:#x} set in {set} of 64: {n:x?}");
+    }
+}

@@ -814,16 +814,15 @@ impl Harness {
                     src_lid,
                     src_qpn: src_qpn & PSN_MASK,
                     dst_qpn: dst_qpn & PSN_MASK,
+                    token: [0; backend_sim::wire::TOKEN_LEN],
                 },
                 0,
             ),
             FrameSpec::HelloAck => (Frame::HelloAck, 0),
             FrameSpec::HelloNak { reason } => (
                 Frame::HelloNak {
-                    reason: match reason % 4 {
-                        0 => HelloReject::NoSuchQp,
-                        1 => HelloReject::NotReady,
-                        2 => HelloReject::WrongPeer,
+                    reason: match reason % 2 {
+                        0 => HelloReject::Refused,
                         _ => HelloReject::Version,
                     },
                 },
@@ -984,7 +983,7 @@ impl Harness {
             }
             Step::Reconnect => {
                 if self.err {
-                    // A QP in ERR refuses the new connection (HelloReject::NotReady).
+                    // A QP in ERR refuses the new connection (HelloReject::Refused).
                     self.closed = true;
                     return;
                 }

@@ -94,7 +94,8 @@ pub fn frame(f: Frame) -> Vec<u8> {
     b[..n].to_vec()
 }
 
-/// A hello from QP `src_qpn` at `ctx`'s own address, for the QP `dst_qpn`.
+/// A hello from QP `src_qpn` at `ctx`'s own address, for the QP `dst_qpn`, with a token
+/// nobody issued: a stranger's claim.
 pub fn hello(ctx: &SimContext, src_qpn: u32, dst_qpn: u32) -> Vec<u8> {
     let gid = ctx.query_gid(1, 0).unwrap();
     frame(Frame::Hello {
@@ -102,26 +103,44 @@ pub fn hello(ctx: &SimContext, src_qpn: u32, dst_qpn: u32) -> Vec<u8> {
         src_lid: ctx.query_port(1).unwrap().lid,
         src_qpn,
         dst_qpn,
+        token: [0x5a; backend_sim::wire::TOKEN_LEN],
     })
 }
 
-/// QPN of the raw peer [`impersonate`] plays: the smallest, so the QP it talks to is the
-/// passive side and accepts its hello.
+/// QPN of the raw peer [`impersonate`] plays.
 pub const RAW_QPN: u32 = 2;
 
-/// Connects `qp` (on `ctx`) to a peer at `ctx`'s own address with QPN [`RAW_QPN`] and PSN
-/// 0, plays that peer on a raw socket, and returns the socket once `qp` accepted its hello.
+/// Where the raw peer of [`impersonate`] listens: another loopback address, whose GID is
+/// greater than 127.0.0.1's, so the sim QP is the active side and connects to it.
+pub const RAW_IP: std::net::Ipv4Addr = std::net::Ipv4Addr::new(127, 0, 0, 2);
+
+/// Connects `qp` (on `ctx`) to a raw peer (QPN [`RAW_QPN`], PSN 0) that listens on
+/// [`RAW_IP`], plays that peer on a raw socket, and returns the socket once `qp`'s device
+/// connected to it and the raw peer accepted its hello. This is a legitimate peer: the
+/// QP's address vector names it.
 pub fn impersonate<Q: QueuePair>(ctx: &SimContext, qp: &Q, p: &RcParams) -> TcpStream {
+    let listener = std::net::TcpListener::bind((RAW_IP, 0)).unwrap();
     let fake = Endpoint {
-        gid: ctx.query_gid(1, 0).unwrap(),
-        lid: ctx.query_port(1).unwrap().lid,
+        gid: Gid::from(RAW_IP),
+        lid: listener.local_addr().unwrap().port(),
         qpn: RAW_QPN,
         psn: 0,
     };
     connect_rc(qp, p, 0, &fake).unwrap();
-    let mut s = TcpStream::connect(ctx.listen_addr()).unwrap();
-    s.write_all(&hello(ctx, RAW_QPN, qp.qp_num())).unwrap();
-    assert!(matches!(read_answer(&mut s), Some(Frame::HelloAck)));
+    listener.set_nonblocking(false).unwrap();
+    let (mut s, _) = listener.accept().unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut h = [0u8; MAX_HDR_LEN];
+    s.read_exact(&mut h).unwrap();
+    match Frame::decode(&h).unwrap() {
+        Some((Frame::Hello { src_qpn, dst_qpn, .. }, _)) => {
+            assert_eq!((src_qpn, dst_qpn), (qp.qp_num(), RAW_QPN));
+        }
+        other => panic!("expected a hello, got {other:?}"),
+    }
+    s.write_all(&frame(Frame::HelloAck)).unwrap();
+    s.set_read_timeout(None).unwrap();
+    let _ = ctx;
     s
 }
 

@@ -1,0 +1,168 @@
+//! Who may become a QP's peer: the check that makes connection setup as strong as the
+//! address vector is on a fabric.
+//!
+//! On InfiniBand or RoCE a responder sends its ACKs and READ/atomic responses to the
+//! address in its QP's address vector, whoever sent the request, so a stranger cannot take
+//! a connection over. On the sim anyone who reaches a device's listener can send a hello
+//! that *claims* to come from a QP's peer (its GID, LID and QPN are no secret). So the
+//! passive side checks the claim with the claimed device itself:
+//!
+//! 1. The active QP's device draws a random token for each connection attempt, records
+//!    `(token, its QPN, the passive QPN)` in its [`Claims`], and sends the token in its
+//!    hello.
+//! 2. The passive device connects to the listener at the address *its own QP's address
+//!    vector* names (never an address the hello names) and asks with a
+//!    [`Frame::Verify`]: is your QP `src_qpn` saying hello to my QP `dst_qpn` with this
+//!    token? The claimed device answers yes only for an attempt it is making right now.
+//! 3. Only a confirmed hello may replace a QP's connection; an unconfirmed one is refused
+//!    with the same bytes as every other refusal and disturbs nothing.
+//!
+//! The token travels only to the address the active QP's own address vector names, so a
+//! third process learns it only by reading another connection's bytes, which needs the
+//! privileges (root, `CAP_NET_RAW`) that the sim does not defend against, as plain RoCE
+//! does not defend against a tap on the wire.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::wire::{setup_header_len, Frame, WireError, BASE_LEN, MAX_HDR_LEN, TOKEN_LEN};
+
+/// Bound on one check: connecting to the claimed device and reading its answer.
+pub const VERIFY_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The hellos this device's QPs are sending right now, by token.
+#[derive(Default)]
+pub struct Claims {
+    pending: Mutex<HashMap<[u8; TOKEN_LEN], (u32, u32)>>,
+}
+
+/// A recorded attempt; dropping it withdraws the claim.
+pub struct Claim {
+    claims: Arc<Claims>,
+    token: [u8; TOKEN_LEN],
+}
+
+impl Claim {
+    /// The token to send in the hello.
+    pub fn token(&self) -> [u8; TOKEN_LEN] {
+        self.token
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        self.claims.pending.lock().remove(&self.token);
+    }
+}
+
+impl Claims {
+    /// Records that QP `src_qpn` of this device is saying hello to QP `dst_qpn` of its
+    /// peer, under a fresh random token (128 bits from the thread's CSPRNG).
+    pub fn begin(self: &Arc<Self>, src_qpn: u32, dst_qpn: u32) -> Claim {
+        let mut pending = self.pending.lock();
+        let token = loop {
+            let t: [u8; TOKEN_LEN] = rand::random();
+            if !pending.contains_key(&t) {
+                break t;
+            }
+        };
+        pending.insert(token, (src_qpn, dst_qpn));
+        Claim {
+            claims: self.clone(),
+            token,
+        }
+    }
+
+    /// Whether QP `src_qpn` of this device is saying hello to QP `dst_qpn` with `token`.
+    pub fn confirms(&self, src_qpn: u32, dst_qpn: u32, token: &[u8; TOKEN_LEN]) -> bool {
+        self.pending.lock().get(token) == Some(&(src_qpn, dst_qpn))
+    }
+
+    /// How many attempts are recorded (for tests).
+    pub fn len(&self) -> usize {
+        self.pending.lock().len()
+    }
+
+    /// Whether no attempt is recorded.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Asks the device listening at `at` (the passive QP's configured peer address) whether
+/// its QP `src_qpn` is saying hello to QP `dst_qpn` with `token`. Any failure to get a
+/// yes (no listener, a timeout, garbage, a no) is a no.
+pub async fn ask(at: SocketAddr, src_qpn: u32, dst_qpn: u32, token: [u8; TOKEN_LEN]) -> io::Result<bool> {
+    tokio::time::timeout(VERIFY_TIMEOUT, async {
+        let mut s = TcpStream::connect(at).await?;
+        s.set_nodelay(true)?;
+        let mut b = [0u8; MAX_HDR_LEN];
+        let n = Frame::Verify {
+            src_qpn,
+            dst_qpn,
+            token,
+        }
+        .encode(&mut b);
+        s.write_all(&b[..n]).await?;
+        Ok(matches!(read_one(&mut s).await?, Frame::HelloAck))
+    })
+    .await
+    .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no answer to the claim check"))?
+}
+
+/// Reads exactly one setup frame (a hello, a check or an answer to either) into a buffer
+/// on the stack: nothing is allocated for a connection before it proves itself. Frames of
+/// the data path are refused here, before their extension is read.
+pub async fn read_one(s: &mut TcpStream) -> io::Result<Frame> {
+    let mut b = [0u8; MAX_HDR_LEN];
+    let mut base = [0u8; BASE_LEN];
+    s.read_exact(&mut base).await?;
+    let n = setup_header_len(&base).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    b[..BASE_LEN].copy_from_slice(&base);
+    s.read_exact(&mut b[BASE_LEN..n]).await?;
+    match Frame::decode(&b[..n]) {
+        Ok(Some((f, _))) => Ok(f),
+        Ok(None) => unreachable!("a whole header was read"),
+        Err(e) => Err(io::Error::new(io::ErrorKind::InvalidData, e)),
+    }
+}
+
+/// The protocol version a malformed setup frame claimed, if that is what was wrong.
+pub fn version_of(e: &io::Error) -> Option<u16> {
+    match e.get_ref().and_then(|i| i.downcast_ref::<WireError>()) {
+        Some(WireError::Version(v)) => Some(*v),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_claim_confirms_only_its_own_pair_and_token_and_ends_with_its_guard() {
+        let claims = Arc::new(Claims::default());
+        let c = claims.begin(0x10, 0x20);
+        let t = c.token();
+        assert!(claims.confirms(0x10, 0x20, &t));
+        assert!(!claims.confirms(0x11, 0x20, &t), "another QP of this device");
+        assert!(!claims.confirms(0x10, 0x21, &t), "another passive QP");
+        let mut other = t;
+        other[0] ^= 1;
+        assert!(!claims.confirms(0x10, 0x20, &other), "a guessed token");
+        let c2 = claims.begin(0x10, 0x20);
+        assert_ne!(c2.token(), t, "every attempt draws its own token");
+        drop(c);
+        assert!(!claims.confirms(0x10, 0x20, &t), "withdrawn with its guard");
+        assert!(claims.confirms(0x10, 0x20, &c2.token()));
+        drop(c2);
+        assert!(claims.is_empty());
+    }
+}
