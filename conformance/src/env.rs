@@ -21,6 +21,9 @@ pub struct Config {
     pub gid_index: u8,
     /// Bound on every wait for a completion.
     pub timeout: Duration,
+    /// Where the server halves of the `remote` cases run (a runner started with
+    /// `--serve`); `None`: in this process, on a second context of the device.
+    pub peer: Option<std::net::SocketAddr>,
 }
 
 impl Config {
@@ -30,6 +33,7 @@ impl Config {
             device: device.into(),
             gid_index: 0,
             timeout: Duration::from_secs(10),
+            peer: None,
         }
     }
 }

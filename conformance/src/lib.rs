@@ -19,6 +19,7 @@
 pub mod cases;
 pub mod cli;
 pub mod env;
+pub mod peer;
 pub mod report;
 pub mod soak;
 

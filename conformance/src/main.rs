@@ -6,6 +6,8 @@
 //! cargo run --release -p conformance -- --backend sim --json > sim.json
 //! cargo run --release -p conformance -- --filter rnr
 //! cargo run --release -p conformance -- --compare sim.json rxe.json
+//! cargo run --release -p conformance -- --serve 0.0.0.0:18600            # host A
+//! cargo run --release -p conformance -- --peer HOST_A:18600 -f remote    # host B
 //! cargo run --release -p conformance --features ibverbs -- --backend ibverbs -d rxe0 -x 1
 //! ```
 
@@ -47,6 +49,17 @@ struct Args {
     /// Print the table of a JSON report and exit.
     #[arg(long, value_name = "REPORT.json")]
     render: Option<String>,
+    /// Serve the server halves of the `remote` cases on this address (for a runner on
+    /// another host started with `--peer`) instead of running cases.
+    #[arg(long, value_name = "ADDR")]
+    serve: Option<String>,
+    /// With `--serve`: exit after serving this many cases (default: serve until killed).
+    #[arg(long, value_name = "N", requires = "serve")]
+    serve_cases: Option<usize>,
+    /// Run the server halves of the `remote` cases in the runner at this address (started
+    /// with `--serve`) instead of in this process.
+    #[arg(long, value_name = "HOST:PORT", value_parser = conformance::peer::parse_peer)]
+    peer: Option<std::net::SocketAddr>,
     /// Print two JSON reports side by side and exit.
     #[arg(long, num_args = 2, value_names = ["A.json", "B.json"])]
     compare: Option<Vec<String>>,
@@ -109,7 +122,18 @@ fn run<B: Backend>(backend: &B, args: &Args) -> ExitCode {
         device: device.clone(),
         gid_index: args.gid_index,
         timeout: Duration::from_secs_f64(args.timeout),
+        peer: args.peer,
     };
+    if let Some(addr) = &args.serve {
+        let halves = conformance::cases::remote_halves::<B>();
+        return match conformance::peer::serve(backend, &cfg, addr, args.serve_cases, halves) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
     let all = cases::<B>();
     let selected: Vec<_> = all
         .iter()

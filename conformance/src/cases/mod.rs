@@ -16,6 +16,7 @@ mod order;
 mod post;
 mod qp;
 mod rdma;
+mod remote;
 mod rnr;
 mod send;
 
@@ -52,5 +53,11 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     v.extend(order::list::<B>());
     v.extend(errors::list::<B>());
     v.extend(aio::list::<B>());
+    v.extend(remote::list::<B>());
     v
+}
+
+/// The server halves of the `remote` group, for a runner in `--serve` mode.
+pub fn remote_halves<B: Backend>() -> crate::peer::Halves<B> {
+    remote::halves::<B>
 }
