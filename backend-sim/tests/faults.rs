@@ -295,6 +295,107 @@ fn dropped_connections_are_set_up_again() {
     assert!(p.a_ctx.faults().stats().breaks >= 5);
 }
 
+/// Connections of both sides dropped again and again while SENDs, WRITEs and
+/// FETCH_AND_ADDs stream in windows of 16: every reconnect is set up (and its hello
+/// checked) anew, nothing is lost, duplicated or reordered.
+#[test]
+fn repeated_resets_under_traffic_lose_nothing() {
+    let p = pair(10, 7, 7);
+    const OPS: u64 = 3008; // whole windows of 16
+    let src = p.pd_a.reg_mr(16 * 8, AccessFlags::LOCAL_WRITE).unwrap();
+    let old = p.pd_a.reg_mr(16 * 8, AccessFlags::LOCAL_WRITE).unwrap();
+    let rx = p.pd_b.reg_mr(64 * 8, AccessFlags::LOCAL_WRITE).unwrap();
+    let dst = p.pd_b.reg_mr(OPS as usize * 8 + 8, AccessFlags::ALL).unwrap();
+    for k in 0..64u64 {
+        p.b.post_recv(&[RecvWr::new(k, &[rx.sge(k as usize * 8, 8).unwrap()])])
+            .unwrap();
+    }
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    // Stops the dropping thread however the traffic ends (a failed assertion too).
+    struct StopOnDrop<'a>(&'a std::sync::atomic::AtomicBool);
+    impl Drop for StopOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    let mut received = Vec::new();
+    std::thread::scope(|sc| {
+        let _stop = StopOnDrop(&stop);
+        sc.spawn(|| {
+            let mut n = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(3));
+                match n % 2 {
+                    0 => p.a_ctx.faults().drop_connections(p.a.qp_num()).unwrap(),
+                    _ => p.b_ctx.faults().drop_connections(p.b.qp_num()).unwrap(),
+                }
+                n += 1;
+            }
+        });
+        let mut wcs = [WorkCompletion::default(); 64];
+        let t0 = Instant::now();
+        for base in (0..OPS).step_by(16) {
+            let mut wrs = Vec::new();
+            let sges: Vec<_> = (0..16).map(|j| [src.sge(j * 8, 8).unwrap()]).collect();
+            let olds: Vec<_> = (0..16).map(|j| [old.sge(j * 8, 8).unwrap()]).collect();
+            for j in 0..16u64 {
+                let i = base + j;
+                src.write_u64(j as usize * 8, i).unwrap();
+                wrs.push(
+                    match i % 3 {
+                        0 => SendWr::send(i, &sges[j as usize]),
+                        1 => SendWr::write(i, &sges[j as usize], dst.remote().at(8 + i * 8)),
+                        _ => SendWr::fetch_and_add(i, &olds[j as usize], dst.remote().at(0), 1),
+                    }
+                    .signaled(),
+                );
+            }
+            p.a.post_send(&wrs).unwrap();
+            let mut got = 0;
+            while got < 16 {
+                let n = p.cq_a.poll(&mut wcs).unwrap();
+                for (k, wc) in wcs[..n].iter().enumerate() {
+                    assert_eq!(
+                        (wc.wr_id, wc.status),
+                        (base + (got + k) as u64, WcStatus::Success),
+                        "{wc:?}"
+                    );
+                }
+                got += n;
+                let m = p.cq_b.poll(&mut wcs).unwrap();
+                for wc in &wcs[..m] {
+                    assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+                    received.push(rx.read_u64(wc.wr_id as usize * 8).unwrap());
+                    p.b.post_recv(&[RecvWr::new(
+                        wc.wr_id,
+                        &[rx.sge(wc.wr_id as usize * 8, 8).unwrap()],
+                    )])
+                    .unwrap();
+                }
+                assert!(t0.elapsed() < 3 * T, "stalled at op {base}");
+            }
+        }
+    });
+    let sends: Vec<u64> = (0..OPS).filter(|i| i % 3 == 0).collect();
+    let t0 = Instant::now();
+    while received.len() < sends.len() && t0.elapsed() < T {
+        for wc in poll_quiet(&p.cq_b, Duration::from_millis(50)).unwrap() {
+            received.push(rx.read_u64(wc.wr_id as usize * 8).unwrap());
+        }
+    }
+    assert_eq!(received, sends, "SENDs lost, duplicated or reordered");
+    for i in (0..OPS).filter(|i| i % 3 == 1) {
+        assert_eq!(dst.read_u64(8 + i as usize * 8).unwrap(), i, "WRITE {i}");
+    }
+    let faas = (0..OPS).filter(|i| i % 3 == 2).count() as u64;
+    assert_eq!(
+        dst.read_u64(0).unwrap(),
+        faas,
+        "every FETCH_AND_ADD ran exactly once"
+    );
+    assert!(p.a_ctx.faults().stats().breaks + p.b_ctx.faults().stats().breaks >= 10);
+}
+
 /// A WRITE from a QP on a fresh device connected to a peer at `lid` (on this host) that
 /// never answers: its completion (after 2 ACK timeouts of ~4 ms) and the QP.
 fn write_to_absent_peer(lid: u16) -> (WorkCompletion, SimQp) {
