@@ -168,6 +168,19 @@ pub enum Error {
     /// A transport-level failure (the simulated wire, an out-of-band exchange).
     #[error("transport: {0}")]
     Transport(String),
+    /// A `post_send` / `post_recv` that failed, as `?` converts a [`PostError`]: the
+    /// index and `wr_id` of the first work request that was not posted (libibverbs'
+    /// `bad_wr`), and why. Work requests before `index` were posted and will complete.
+    #[error("work request #{index} (wr_id {wr_id:#x}) was not posted: {source}")]
+    Post {
+        /// Position of the failing WR in the list passed to the post call.
+        index: usize,
+        /// Its `wr_id`.
+        wr_id: u64,
+        /// Why it failed.
+        #[source]
+        source: Box<Error>,
+    },
     /// A wait did not finish within its bound.
     #[error("timed out after {after:?}{}", if what.is_empty() { String::new() } else { format!(": {what}") })]
     Timeout {
@@ -196,6 +209,7 @@ impl Error {
             Error::Os { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
             Error::Transport(_) => libc::EIO,
             Error::Timeout { .. } => libc::ETIMEDOUT,
+            Error::Post { source, .. } => source.errno(),
         }
     }
 
@@ -246,6 +260,18 @@ impl PostError {
     }
 }
 
+impl From<PostError> for Error {
+    /// Keeps the failing WR's index and `wr_id` ([`Error::Post`]), so that `?` in a
+    /// function returning [`Result`] still says which work request was refused.
+    fn from(e: PostError) -> Self {
+        Error::Post {
+            index: e.index,
+            wr_id: e.wr_id,
+            source: Box::new(e.error),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -266,5 +292,35 @@ mod tests {
         assert!(e.to_string().contains("Reset"));
         assert!(e.to_string().contains("Rts"));
         assert_eq!(Error::from_errno("x", libc::EBUSY).errno(), libc::EBUSY);
+    }
+
+    /// `?` turns a failed post into an [`Error`] that still names the refused WR.
+    #[test]
+    fn question_mark_converts_a_post_error_keeping_index_and_wr_id() {
+        fn post() -> std::result::Result<(), PostError> {
+            Err(PostError {
+                index: 3,
+                wr_id: 0xbeef,
+                error: Error::QueueFull {
+                    queue: QueueKind::Send,
+                    qpn: 7,
+                    capacity: 4,
+                },
+            })
+        }
+        fn caller() -> Result<()> {
+            post()?;
+            Ok(())
+        }
+        let e = caller().unwrap_err();
+        let Error::Post { index, wr_id, source } = &e else {
+            panic!("expected Error::Post, got {e:?}");
+        };
+        assert_eq!((*index, *wr_id), (3, 0xbeef));
+        assert!(matches!(**source, Error::QueueFull { qpn: 7, .. }), "{source:?}");
+        assert_eq!(e.errno(), libc::ENOMEM);
+        let text = e.to_string();
+        assert!(text.contains("#3") && text.contains("wr_id 0xbeef"), "{text}");
+        assert!(text.contains("send queue of QP 0x7 is full"), "{text}");
     }
 }
