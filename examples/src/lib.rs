@@ -40,3 +40,11 @@ pub use error::{report, Error, Res, ResultExt};
 
 #[cfg(feature = "ibverbs")]
 pub use backend_ibverbs::IbvBackend;
+
+/// The README's Rust snippets, compiled and run as this crate's doctests
+/// (`cargo test -p examples --doc`), so that `cargo test` fails when one stops compiling.
+/// Snippets condensed from an example binary are `ignore`d here and kept identical to
+/// marked regions of that binary by `tests/readme.rs` instead.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;

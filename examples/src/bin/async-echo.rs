@@ -102,6 +102,8 @@ fn ok(wc: WorkCompletion) -> Res<WorkCompletion> {
 
 // --- the server: accept, then echo each connection on its own task -----------------
 
+// README:begin: the README shows these regions verbatim (tests/readme.rs checks it)
+// Server: accept connections and echo each one on its own task.
 async fn server<B: Backend>(
     ctx: Arc<B::Context>,
     listener: AsyncCmListener,
@@ -146,9 +148,12 @@ async fn echo<B: Backend>(c: &Conn<B>) -> Res<u64> {
     }
     unreachable!("the loop only ends by returning")
 }
+// README:end
 
 // --- the client: connect, send, await each echo and check it ------------------------
 
+// README:begin
+// Client: connect, then send each message and await its echo.
 async fn client<B: Backend>(ctx: &B::Context, server: &str, p: &RcParams, msgs: &[String]) -> Res<()> {
     let c = conn::<B>(ctx)?;
     connect_async(server, ctx, &c.qp, p, &Offer::new()).await?;
@@ -175,6 +180,7 @@ async fn client<B: Backend>(ctx: &B::Context, server: &str, p: &RcParams, msgs: 
     }
     Ok(())
 }
+// README:end
 
 /// Runs a client over `count` messages with a bound that grows with the count; returns
 /// its run time.
