@@ -21,7 +21,7 @@
 //! This library holds what they share: command-line options and backend dispatch
 //! ([`cli`], [`with_backend!`]), connected QPs and the side channel ([`conn`]), bounded
 //! waits ([`wait`]), latency statistics ([`stats`]), demo child processes ([`child`]),
-//! errors ([`error`]), the two small wire/memory formats ([`kv`], [`pool`]) and
+//! errors ([`error`]), logging ([`logging`]), the two small wire/memory formats ([`kv`], [`pool`]) and
 //! perf-compare's references: UCX and libfabric runs ([`peers`]) and raw TCP with the
 //! QP rows' traffic ([`streams`]).
 
@@ -30,6 +30,7 @@ pub mod cli;
 pub mod conn;
 pub mod error;
 pub mod kv;
+pub mod logging;
 pub mod peers;
 pub mod pool;
 pub mod stats;
@@ -37,6 +38,7 @@ pub mod streams;
 pub mod wait;
 
 pub use error::{report, Error, Res, ResultExt};
+pub use logging::init_tracing;
 
 #[cfg(feature = "ibverbs")]
 pub use backend_ibverbs::IbvBackend;

@@ -204,6 +204,7 @@ async fn timed_client<B: Backend>(
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    examples::init_tracing();
     examples::report("async-echo", run(&cli))
 }
 

@@ -167,6 +167,7 @@ struct DemoArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    examples::init_tracing();
     examples::report("dist-lock", run(cli))
 }
 

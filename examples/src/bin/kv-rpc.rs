@@ -136,6 +136,7 @@ struct DemoArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    examples::init_tracing();
     examples::report("kv-rpc", run(cli))
 }
 

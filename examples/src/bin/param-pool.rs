@@ -138,6 +138,7 @@ struct PoolInfo {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    examples::init_tracing();
     examples::report("param-pool", run(cli))
 }
 

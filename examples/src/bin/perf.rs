@@ -230,6 +230,7 @@ const LINE: &str = "------------------------------------------------------------
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    examples::init_tracing();
     examples::report("perf", run(&cli))
 }
 
