@@ -403,7 +403,8 @@ fn accept_within(cl: &CmListener, timeout: Duration) -> Result<(TcpStream, Socke
                 backoff = Backoff::default();
                 Duration::from_millis(2)
             }
-            Err(e) if accept_retryable(&e) => continue,
+            // Again at once, but not past the deadline.
+            Err(e) if accept_retryable(&e) => Duration::ZERO,
             Err(e) => match fd_errno(&e) {
                 Some(errno) => {
                     cl.fds.starved(l.local_addr().ok(), errno);
@@ -760,7 +761,7 @@ mod nonblocking {
                         self.fds.recovered(self.listener.local_addr().ok());
                         return Ok(Incoming { stream, peer });
                     }
-                    Err(e) if accept_retryable(&e) => {}
+                    Err(e) if accept_retryable(&e) => tokio::task::yield_now().await,
                     Err(e) => match fd_errno(&e) {
                         Some(errno) => {
                             *starved = Some(errno);
