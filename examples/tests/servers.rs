@@ -317,7 +317,7 @@ fn param_pool_server_drops_a_garbage_and_a_silent_client_and_serves_the_rest() {
 
 #[test]
 fn async_echo_server_drops_a_garbage_and_a_silent_client_and_serves_the_rest() {
-    let mut srv = Server::start(ECHO, &["--timeout", "1", "server", "--listen", "127.0.0.1:0"]);
+    let mut srv = Server::start(ECHO, &["--timeout", "2", "server", "--listen", "127.0.0.1:0"]);
     let (_s, s_addr) = silent(srv.addr);
     let (_g, g_addr) = garbage(srv.addr);
     let addr = srv.addr.to_string();
