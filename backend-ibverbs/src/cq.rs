@@ -375,6 +375,12 @@ impl CompletionQueue for IbvCq {
     fn handle(&self) -> u32 {
         self.inner.handle
     }
+
+    fn channel_fd(&self) -> Option<RawFd> {
+        // SAFETY: a channel the CQ reports to lives at least as long as the CQ (it holds
+        // an Arc of it); `fd` is a plain field.
+        self.inner._channel.as_ref().map(|ch| unsafe { (*ch.raw).fd })
+    }
 }
 
 #[cfg(test)]

@@ -159,6 +159,11 @@ impl CqShared {
         self.events_acked.fetch_add(n as u64, Ordering::Relaxed);
     }
 
+    /// The eventfd of the channel the CQ reports to, if it has one.
+    pub fn channel_fd(&self) -> Option<RawFd> {
+        self.channel.as_ref().map(|c| c.fd())
+    }
+
     /// Events delivered but not yet acknowledged.
     pub fn unacked_events(&self) -> u64 {
         self.events_delivered

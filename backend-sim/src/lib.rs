@@ -468,6 +468,9 @@ impl CompletionQueue for SimCq {
     fn handle(&self) -> u32 {
         self.cq.handle
     }
+    fn channel_fd(&self) -> Option<RawFd> {
+        self.cq.channel_fd()
+    }
 }
 
 /// A completion channel of the sim.

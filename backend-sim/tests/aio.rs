@@ -244,3 +244,33 @@ async fn async_connect_accept_under_a_timeout() {
     assert!(matches!(e, Error::Timeout { .. }), "{e}");
     assert!(t.elapsed() < Duration::from_secs(2));
 }
+
+/// A CQ without a completion channel (or with another channel) cannot be awaited: the
+/// constructor says so, instead of the first await failing (or never waking).
+#[tokio::test(flavor = "current_thread")]
+async fn async_cq_refuses_a_cq_without_its_channel_at_construction() {
+    let ctx = SimBackend::default().open("sim0").unwrap();
+    let ch = ctx.create_comp_channel().unwrap();
+    let plain = ctx.create_cq(16, None).unwrap();
+    let e = AsyncCq::<SimBackend>::new(plain, ch)
+        .err()
+        .expect("a CQ without a channel is refused");
+    assert_eq!(e.errno(), libc::EINVAL, "{e}");
+    let text = e.to_string();
+    assert!(
+        text.contains("AsyncCq::new") && text.contains("without a completion channel"),
+        "{text}"
+    );
+
+    let ch_a = ctx.create_comp_channel().unwrap();
+    let ch_b = ctx.create_comp_channel().unwrap();
+    let cq = ctx.create_cq(16, Some(&ch_a)).unwrap();
+    let e = AsyncCq::<SimBackend>::new(cq, ch_b)
+        .err()
+        .expect("a CQ of another channel is refused");
+    assert!(e.to_string().contains("another completion channel"), "{e}");
+
+    // Its own channel is accepted.
+    let cq = ctx.create_cq(16, Some(&ch_a)).unwrap();
+    assert!(AsyncCq::<SimBackend>::new(cq, ch_a).is_ok());
+}

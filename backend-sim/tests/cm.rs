@@ -132,3 +132,49 @@ fn accept_times_out_without_client() {
         .unwrap_err();
     assert!(matches!(e, Error::Timeout { .. }), "{e}");
 }
+
+/// A server taking the steps one by one: a client that sends garbage and one that says
+/// nothing fail at `request`, with their addresses known, before any QP takes part; the
+/// next client is accepted on the same listener and QP.
+#[test]
+fn incoming_request_accept_drop_bad_clients_and_serve_the_next() {
+    let listener = CmListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut junk = std::net::TcpStream::connect(addr).unwrap();
+    junk.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+    let silent = std::net::TcpStream::connect(addr).unwrap();
+    let ctx = SimBackend::default().open("sim0").unwrap();
+    let (_pd, _cq, qp) = qp_on(&ctx);
+
+    let incoming = listener.incoming(Duration::from_secs(5)).unwrap();
+    assert_eq!(incoming.peer_addr(), junk.local_addr().unwrap());
+    let e = incoming.request(Duration::from_secs(5)).unwrap_err();
+    assert!(e.to_string().contains("not a verbs-api connection setup"), "{e}");
+
+    let incoming = listener.incoming(Duration::from_secs(5)).unwrap();
+    assert_eq!(incoming.peer_addr(), silent.local_addr().unwrap());
+    let e = incoming.request(Duration::from_millis(100)).unwrap_err();
+    assert!(matches!(e, Error::Timeout { .. }), "{e}");
+    assert_eq!(qp.state().unwrap(), QpState::Reset, "no QP took part");
+
+    let client = std::thread::spawn(move || {
+        let ctx = SimBackend::default().open("sim1").unwrap();
+        let (_pd, _cq, qp) = qp_on(&ctx);
+        let offer = Offer::new().private_data(b"hi".to_vec());
+        connect(addr, &ctx, &qp, &RcParams::default(), &offer).map(|p| (p.endpoint.qpn, qp.qp_num()))
+    });
+    let request = listener
+        .incoming(Duration::from_secs(5))
+        .unwrap()
+        .request(Duration::from_secs(5))
+        .unwrap();
+    assert_eq!(request.private_data(), b"hi");
+    let client_qpn = request.endpoint().qpn;
+    let peer = request
+        .accept(&ctx, &qp, &RcParams::default(), &Offer::new())
+        .unwrap();
+    assert_eq!(qp.state().unwrap(), QpState::Rts);
+    let (seen_by_client, client_qp) = client.join().unwrap().unwrap();
+    assert_eq!((seen_by_client, peer.endpoint.qpn), (qp.qp_num(), client_qp));
+    assert_eq!(client_qpn, client_qp);
+}

@@ -36,8 +36,10 @@ pub enum Outcome {
     Pass,
     /// The device behaved as this device is documented to deviate (reasons attached).
     Deviation(Vec<String>),
-    /// The case could not run here (the reason).
-    Skip(String),
+    /// The case could not run here: the capability the device lacks, and the reason in
+    /// words. The report records the device's capabilities, so `--compare` can check
+    /// that they explain the skip.
+    Skip(report::Lack, String),
 }
 
 /// A failed check: what was expected and what happened.
@@ -118,6 +120,8 @@ pub struct CaseReport {
     pub status: &'static str,
     /// Why it failed or was skipped, or the deviations it passed with.
     pub detail: String,
+    /// For a skip: the capability the device lacks.
+    pub lacks: Option<report::Lack>,
     /// Wall time.
     pub time: Duration,
 }
@@ -130,12 +134,16 @@ pub fn run_case<B: Backend>(backend: &B, cfg: &Config, case: &Case<B>) -> CaseRe
         let r = (case.run)(&env)?;
         Ok::<_, Failure>((r, env.take_deviations()))
     }));
+    let mut lacks = None;
     let (status, detail) = match result {
         Ok(Ok((Outcome::Pass, devs))) | Ok(Ok((Outcome::Deviation(devs), _))) if !devs.is_empty() => {
             ("pass", format!("deviation: {}", devs.join("; ")))
         }
         Ok(Ok((Outcome::Pass, _))) | Ok(Ok((Outcome::Deviation(_), _))) => ("pass", String::new()),
-        Ok(Ok((Outcome::Skip(why), _))) => ("skip", why),
+        Ok(Ok((Outcome::Skip(lack, why), _))) => {
+            lacks = Some(lack);
+            ("skip", why)
+        }
         Ok(Err(f)) => ("fail", f.0),
         Err(panic) => {
             let msg = panic
@@ -153,6 +161,7 @@ pub fn run_case<B: Backend>(backend: &B, cfg: &Config, case: &Case<B>) -> CaseRe
         source: case.source,
         status,
         detail,
+        lacks,
         time: start.elapsed(),
     }
 }

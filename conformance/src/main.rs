@@ -17,9 +17,9 @@ use std::time::Duration;
 
 use clap::Parser;
 use conformance::cli::BackendKind;
-use conformance::report::{compare, json_rows, table, JsonRow};
+use conformance::report::{check, compare, json_rows, table, DeviceCaps, Report};
 use conformance::{cases, run_case, CaseReport, Config};
-use verbs_api::Backend;
+use verbs_api::{Backend, Context};
 
 /// Run the verbs conformance suite against a backend.
 #[derive(Parser, Debug)]
@@ -60,7 +60,10 @@ struct Args {
     /// with `--serve`) instead of in this process.
     #[arg(long, value_name = "HOST:PORT", value_parser = conformance::peer::parse_peer)]
     peer: Option<std::net::SocketAddr>,
-    /// Print two JSON reports side by side and exit.
+    /// Print two JSON reports side by side; exit non-zero, saying why per case, unless
+    /// they agree: every case in both, passing on both (a documented deviation counts as
+    /// a pass), skipped on both or neither, and every skip explained by its device's
+    /// recorded capabilities.
     #[arg(long, num_args = 2, value_names = ["A.json", "B.json"])]
     compare: Option<Vec<String>>,
 }
@@ -69,8 +72,8 @@ fn main() -> ExitCode {
     let args = Args::parse();
     if let Some(file) = &args.render {
         return match load(file) {
-            Ok(rows) => {
-                print!("{}", table(&rows));
+            Ok(report) => {
+                print!("{}", table(&report.cases));
                 ExitCode::SUCCESS
             }
             Err(e) => {
@@ -83,7 +86,33 @@ fn main() -> ExitCode {
         return match (load(&files[0]), load(&files[1])) {
             (Ok(a), Ok(b)) => {
                 print!("{}", compare(&a, &b));
-                ExitCode::SUCCESS
+                let problems = check(&a, &b);
+                if problems.is_empty() {
+                    let devs = |r: &Report| {
+                        r.cases
+                            .iter()
+                            .filter(|c| c.detail.starts_with("deviation"))
+                            .count()
+                    };
+                    println!(
+                        "\ncompare: the reports agree on all {} cases ({} with a documented deviation on {}, {} on {})",
+                        a.cases.len(),
+                        devs(&a),
+                        a.label("A"),
+                        devs(&b),
+                        b.label("B")
+                    );
+                    ExitCode::SUCCESS
+                } else {
+                    println!(
+                        "\ncompare: the reports do not agree on {} case(s):",
+                        problems.len()
+                    );
+                    for p in &problems {
+                        println!("- {p}");
+                    }
+                    ExitCode::FAILURE
+                }
             }
             (Err(e), _) | (_, Err(e)) => {
                 eprintln!("error: {e}");
@@ -98,9 +127,23 @@ fn main() -> ExitCode {
     )
 }
 
-fn load(path: &str) -> Result<Vec<JsonRow>, String> {
+fn load(path: &str) -> Result<Report, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
-    serde_json::from_str(&text).map_err(|e| format!("{path}: {e}"))
+    Report::parse(&text).map_err(|e| format!("{path}: {e}"))
+}
+
+/// The device's capabilities, for the report (a skip is checked against them).
+fn device_caps<B: Backend>(backend: &B, device: &str) -> Option<DeviceCaps> {
+    let r = backend
+        .open(device)
+        .and_then(|ctx| Ok(DeviceCaps::new(&ctx.query_device()?, &ctx.capabilities()?)));
+    match r {
+        Ok(c) => Some(c),
+        Err(e) => {
+            eprintln!("warning: the report will lack the device's capabilities: {e}");
+            None
+        }
+    }
 }
 
 fn run<B: Backend>(backend: &B, args: &Args) -> ExitCode {
@@ -165,7 +208,16 @@ fn run<B: Backend>(backend: &B, args: &Args) -> ExitCode {
     }
     let rows = json_rows(&reports, backend.name(), &device);
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&rows).expect("rows serialize"));
+        let report = Report {
+            backend: backend.name().into(),
+            device: device.clone(),
+            capabilities: device_caps(backend, &device),
+            cases: rows,
+        };
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).expect("reports serialize")
+        );
     } else {
         println!(
             "backend {} device {} gid-index {}\n",

@@ -1,12 +1,142 @@
 //! Reports: a text table for people, JSON for scripts, and a side-by-side comparison of
-//! two JSON reports (for example the sim and a real device).
+//! two JSON reports (for example the sim and a real device) that says where they do not
+//! agree ([`check`]).
+//!
+//! A JSON report is an object: the backend, the device, the device's capabilities as
+//! queried by the run ([`DeviceCaps`]) and one row per case ([`JsonRow`]). A pass
+//! granted through a documented deviation has `detail` "deviation: ..."; a skip names in
+//! `lacks` the capability the device lacks ([`Lack`]), which the recorded capabilities
+//! must confirm. Reports of earlier versions, a bare array of rows, still load (without
+//! capabilities).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
+use verbs_api::{AtomicCap, Capabilities, DeviceAttr};
 
 use crate::CaseReport;
+
+/// A device capability whose absence lets a case skip.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Lack {
+    /// The device reports `IBV_ATOMIC_NONE` (`atomic_cap`).
+    Atomics,
+    /// `max_qp_init_rd_atom` is 255 or more, so no `u8` `max_rd_atomic` exceeds it.
+    RdAtomLimitBelowU8,
+}
+
+impl Lack {
+    /// Whether `caps` confirm that the device lacks this; if not, why not.
+    pub fn explained_by(self, caps: &DeviceCaps) -> Result<(), String> {
+        match self {
+            Lack::Atomics if caps.atomic_cap == "none" => Ok(()),
+            Lack::Atomics => Err(format!("its atomic_cap is {:?}, not \"none\"", caps.atomic_cap)),
+            Lack::RdAtomLimitBelowU8 if caps.max_qp_init_rd_atom >= 255 => Ok(()),
+            Lack::RdAtomLimitBelowU8 => Err(format!(
+                "its max_qp_init_rd_atom is {}, which a u8 does exceed",
+                caps.max_qp_init_rd_atom
+            )),
+        }
+    }
+}
+
+/// The device's capabilities as the run found them (`ibv_query_device` and the
+/// verbs-api [`Capabilities`]): what a skip must be explained by.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DeviceCaps {
+    /// `atomic_cap`: "none", "hca" or "glob".
+    pub atomic_cap: String,
+    /// Outstanding READ/atomic requests a QP may issue.
+    pub max_qp_init_rd_atom: u32,
+    /// Outstanding READ/atomic requests a QP may receive.
+    pub max_qp_rd_atom: u32,
+    /// SEND_WITH_IMM and RDMA_WRITE_WITH_IMM are supported.
+    pub imm_data: bool,
+    /// Shared receive queues are supported.
+    pub srq: bool,
+    /// UD QPs are supported.
+    pub ud: bool,
+    /// Largest `max_inline_data`.
+    pub max_inline_data: u32,
+    /// SGEs per send WR.
+    pub max_send_sge: u32,
+    /// SGEs per receive WR.
+    pub max_recv_sge: u32,
+    /// WRs per queue.
+    pub max_qp_wr: u32,
+    /// CQ entries.
+    pub max_cqe: u32,
+}
+
+impl DeviceCaps {
+    /// From what the device reports.
+    pub fn new(attr: &DeviceAttr, caps: &Capabilities) -> Self {
+        DeviceCaps {
+            atomic_cap: match attr.atomic_cap {
+                AtomicCap::None => "none",
+                AtomicCap::Hca => "hca",
+                AtomicCap::Glob => "glob",
+            }
+            .into(),
+            max_qp_init_rd_atom: attr.max_qp_init_rd_atom,
+            max_qp_rd_atom: attr.max_qp_rd_atom,
+            imm_data: caps.imm_data,
+            srq: caps.srq,
+            ud: caps.ud,
+            max_inline_data: caps.max_inline_data,
+            max_send_sge: caps.max_send_sge,
+            max_recv_sge: caps.max_recv_sge,
+            max_qp_wr: caps.max_qp_wr,
+            max_cqe: caps.max_cqe,
+        }
+    }
+}
+
+/// A JSON report.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Report {
+    /// Backend that ran the cases.
+    pub backend: String,
+    /// Device that ran them.
+    pub device: String,
+    /// The device's capabilities (absent in reports of earlier versions).
+    #[serde(default)]
+    pub capabilities: Option<DeviceCaps>,
+    /// One row per case.
+    pub cases: Vec<JsonRow>,
+}
+
+impl Report {
+    /// Parses a report, or a bare array of rows as earlier versions wrote.
+    pub fn parse(text: &str) -> Result<Report, String> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Any {
+            Report(Report),
+            Rows(Vec<JsonRow>),
+        }
+        match serde_json::from_str::<Any>(text).map_err(|e| e.to_string())? {
+            Any::Report(r) => Ok(r),
+            Any::Rows(cases) => Ok(Report {
+                backend: cases.first().map(|r| r.backend.clone()).unwrap_or_default(),
+                device: cases.first().map(|r| r.device.clone()).unwrap_or_default(),
+                capabilities: None,
+                cases,
+            }),
+        }
+    }
+
+    /// `backend:device`, or `fallback` when the report names neither.
+    pub fn label(&self, fallback: &str) -> String {
+        if self.backend.is_empty() && self.device.is_empty() {
+            fallback.to_string()
+        } else {
+            format!("{}:{}", self.backend, self.device)
+        }
+    }
+}
 
 /// One row of a JSON report.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -33,6 +163,9 @@ pub struct JsonRow {
     /// Device that ran it.
     #[serde(default)]
     pub device: String,
+    /// For a skip: the capability the device lacks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lacks: Option<Lack>,
 }
 
 /// JSON rows for a run.
@@ -49,6 +182,7 @@ pub fn json_rows(reports: &[CaseReport], backend: &str, device: &str) -> Vec<Jso
             time_ms: (r.time.as_secs_f64() * 1e6).round() / 1e3,
             backend: backend.into(),
             device: device.into(),
+            lacks: r.lacks,
         })
         .collect()
 }
@@ -115,13 +249,9 @@ pub fn table(rows: &[JsonRow]) -> String {
 }
 
 /// Two reports side by side, by case id, in the order of the first.
-pub fn compare(a: &[JsonRow], b: &[JsonRow]) -> String {
-    let label = |rows: &[JsonRow], fallback: &str| {
-        rows.first()
-            .map(|r| format!("{}:{}", r.backend, r.device))
-            .unwrap_or_else(|| fallback.to_string())
-    };
-    let (la, lb) = (label(a, "A"), label(b, "B"));
+pub fn compare(ra: &Report, rb: &Report) -> String {
+    let (a, b) = (&ra.cases[..], &rb.cases[..]);
+    let (la, lb) = (ra.label("A"), rb.label("B"));
     let bmap: BTreeMap<&str, &JsonRow> = b.iter().map(|r| (r.id.as_str(), r)).collect();
     let idw = a.iter().chain(b).map(|r| r.id.len()).max().unwrap_or(2).max(2);
     let mut s = String::new();
@@ -168,4 +298,313 @@ pub fn compare(a: &[JsonRow], b: &[JsonRow]) -> String {
         let _ = writeln!(s, "\n{}", notes.join("\n"));
     }
     s
+}
+
+/// Where two reports do not agree, one line per case (empty: they agree). A case must be
+/// in both reports and pass on both, a pass with a recorded deviation counting as a pass;
+/// a case skipped on one side only was not compared; a skip must name the capability the
+/// device lacks, and that device's recorded capabilities must confirm it.
+pub fn check(ra: &Report, rb: &Report) -> Vec<String> {
+    let sides = [(ra, ra.label("A")), (rb, rb.label("B"))];
+    let mut problems = Vec::new();
+    for (r, label) in &sides {
+        let mut seen = BTreeSet::new();
+        for row in &r.cases {
+            if !seen.insert(row.id.as_str()) {
+                problems.push(format!(
+                    "{}: listed more than once in the report of {label}",
+                    row.id
+                ));
+            }
+        }
+    }
+    let maps: Vec<BTreeMap<&str, &JsonRow>> = sides
+        .iter()
+        .map(|(r, _)| r.cases.iter().map(|row| (row.id.as_str(), row)).collect())
+        .collect();
+    let mut ids: Vec<&str> = Vec::new();
+    for (r, _) in &sides {
+        for row in &r.cases {
+            if !ids.contains(&row.id.as_str()) {
+                ids.push(&row.id);
+            }
+        }
+    }
+    for id in ids {
+        let rows = [maps[0].get(id).copied(), maps[1].get(id).copied()];
+        let mut why: Vec<String> = Vec::new();
+        for (i, row) in rows.iter().enumerate() {
+            let (report, label) = &sides[i];
+            let Some(row) = row else {
+                why.push(format!("missing from the report of {label}"));
+                continue;
+            };
+            match row.status.as_str() {
+                "pass" => {}
+                "fail" => why.push(format!("fails on {label}: {}", row.detail)),
+                "skip" => match (row.lacks, &report.capabilities) {
+                    (None, _) => why.push(format!(
+                        "skipped on {label} without naming a capability the device lacks ({})",
+                        row.detail
+                    )),
+                    (Some(lack), None) => why.push(format!(
+                        "skipped on {label} for lack of {lack:?} ({}), but its report records no capabilities to confirm it",
+                        row.detail
+                    )),
+                    (Some(lack), Some(caps)) => {
+                        if let Err(e) = lack.explained_by(caps) {
+                            why.push(format!(
+                                "skipped on {label} for lack of {lack:?} ({}), which its capabilities do not explain: {e}",
+                                row.detail
+                            ));
+                        }
+                    }
+                },
+                other => why.push(format!("unknown status {other:?} on {label}")),
+            }
+        }
+        if let [Some(x), Some(y)] = rows {
+            if (x.status == "skip") != (y.status == "skip") {
+                let (skipped, ran) = if x.status == "skip" { (0, 1) } else { (1, 0) };
+                why.push(format!(
+                    "skipped on {} only ({}) but run on {}: the two were not compared",
+                    sides[skipped].1,
+                    rows[skipped].map_or("", |r| r.detail.as_str()),
+                    sides[ran].1
+                ));
+            }
+        }
+        if !why.is_empty() {
+            problems.push(format!("{id}: {}", why.join("; ")));
+        }
+    }
+    problems
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(id: &str, status: &str, detail: &str, lacks: Option<Lack>) -> JsonRow {
+        JsonRow {
+            id: id.into(),
+            group: id.split('.').next().unwrap().into(),
+            name: String::new(),
+            source: String::new(),
+            status: status.into(),
+            detail: detail.into(),
+            time_ms: 1.0,
+            backend: String::new(),
+            device: String::new(),
+            lacks,
+        }
+    }
+
+    fn caps(atomic_cap: &str, rd_atom: u32) -> DeviceCaps {
+        DeviceCaps {
+            atomic_cap: atomic_cap.into(),
+            max_qp_init_rd_atom: rd_atom,
+            ..DeviceCaps::default()
+        }
+    }
+
+    fn report(device: &str, caps: Option<DeviceCaps>, cases: Vec<JsonRow>) -> Report {
+        Report {
+            backend: if device.starts_with("sim") {
+                "sim"
+            } else {
+                "ibverbs"
+            }
+            .into(),
+            device: device.into(),
+            capabilities: caps,
+            cases,
+        }
+    }
+
+    fn pass(id: &str) -> JsonRow {
+        row(id, "pass", "", None)
+    }
+
+    const NO_ATOMICS: &str = "the device reports IBV_ATOMIC_NONE";
+
+    /// The sim and rxe0 as CI runs them: every case passes, some on rxe0 only through a
+    /// documented deviation; a skip on both sides that both devices' capabilities explain.
+    #[test]
+    fn reports_that_agree_up_to_recorded_deviations_and_explained_skips_compare_clean() {
+        let a = report(
+            "sim0",
+            Some(caps("none", 255)),
+            vec![
+                pass("send.basic"),
+                pass("errors.bad-lkey"),
+                row("atomic.fetch-add", "skip", NO_ATOMICS, Some(Lack::Atomics)),
+                row(
+                    "qp.rd-atomic-limit",
+                    "skip",
+                    "max 255",
+                    Some(Lack::RdAtomLimitBelowU8),
+                ),
+            ],
+        );
+        let b = report(
+            "rxe0",
+            Some(caps("none", 300)),
+            vec![
+                pass("send.basic"),
+                row(
+                    "errors.bad-lkey",
+                    "pass",
+                    "deviation: rxe's copy_data() returns -EINVAL",
+                    None,
+                ),
+                row("atomic.fetch-add", "skip", NO_ATOMICS, Some(Lack::Atomics)),
+                row(
+                    "qp.rd-atomic-limit",
+                    "skip",
+                    "max 300",
+                    Some(Lack::RdAtomLimitBelowU8),
+                ),
+            ],
+        );
+        assert_eq!(check(&a, &b), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_case_that_fails_on_one_side_is_a_disagreement() {
+        let a = report(
+            "sim0",
+            Some(caps("hca", 16)),
+            vec![pass("send.basic"), pass("rnr.exhausted")],
+        );
+        let b = report(
+            "rxe0",
+            Some(caps("hca", 16)),
+            vec![
+                pass("send.basic"),
+                row(
+                    "rnr.exhausted",
+                    "fail",
+                    "expected RNR_RETRY_EXC_ERR, got SUCCESS",
+                    None,
+                ),
+            ],
+        );
+        assert_eq!(
+            check(&a, &b),
+            ["rnr.exhausted: fails on ibverbs:rxe0: expected RNR_RETRY_EXC_ERR, got SUCCESS"]
+        );
+    }
+
+    #[test]
+    fn a_case_missing_from_either_report_is_named() {
+        let a = report(
+            "sim0",
+            Some(caps("hca", 16)),
+            vec![pass("send.basic"), pass("only.a")],
+        );
+        let b = report(
+            "rxe0",
+            Some(caps("hca", 16)),
+            vec![pass("send.basic"), pass("only.b")],
+        );
+        assert_eq!(
+            check(&a, &b),
+            [
+                "only.a: missing from the report of ibverbs:rxe0",
+                "only.b: missing from the report of sim:sim0"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_case_skipped_on_one_side_only_was_not_compared() {
+        let a = report("sim0", Some(caps("hca", 16)), vec![pass("atomic.fetch-add")]);
+        let b = report(
+            "siw0",
+            Some(caps("none", 16)),
+            vec![row("atomic.fetch-add", "skip", NO_ATOMICS, Some(Lack::Atomics))],
+        );
+        let p = check(&a, &b);
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(
+            p[0].starts_with("atomic.fetch-add: skipped on ibverbs:siw0 only")
+                && p[0].contains("not compared"),
+            "{p:?}"
+        );
+    }
+
+    #[test]
+    fn a_skip_the_capabilities_do_not_explain_is_named() {
+        let skip = || row("atomic.fetch-add", "skip", NO_ATOMICS, Some(Lack::Atomics));
+        let a = report("sim0", Some(caps("none", 16)), vec![skip()]);
+        let b = report("rxe0", Some(caps("hca", 16)), vec![skip()]);
+        let p = check(&a, &b);
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(
+            p[0].contains("skipped on ibverbs:rxe0 for lack of Atomics")
+                && p[0].contains("its atomic_cap is \"hca\""),
+            "{p:?}"
+        );
+        let skip = || {
+            row(
+                "qp.rd-atomic-limit",
+                "skip",
+                "max",
+                Some(Lack::RdAtomLimitBelowU8),
+            )
+        };
+        let a = report("sim0", Some(caps("hca", 255)), vec![skip()]);
+        let b = report("rxe0", Some(caps("hca", 128)), vec![skip()]);
+        let p = check(&a, &b);
+        assert!(
+            p.len() == 1 && p[0].contains("max_qp_init_rd_atom is 128"),
+            "{p:?}"
+        );
+    }
+
+    #[test]
+    fn a_skip_without_a_named_capability_or_without_recorded_capabilities_is_named() {
+        let a = report(
+            "sim0",
+            Some(caps("none", 16)),
+            vec![row("atomic.cas", "skip", "no reason", None)],
+        );
+        let b = report(
+            "rxe0",
+            None,
+            vec![row("atomic.cas", "skip", NO_ATOMICS, Some(Lack::Atomics))],
+        );
+        let p = check(&a, &b);
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(
+            p[0].contains("skipped on sim:sim0 without naming a capability"),
+            "{p:?}"
+        );
+        assert!(
+            p[0].contains("ibverbs:rxe0 for lack of Atomics") && p[0].contains("records no capabilities"),
+            "{p:?}"
+        );
+    }
+
+    #[test]
+    fn reports_round_trip_and_the_earlier_bare_array_still_loads() {
+        let r = report(
+            "sim0",
+            Some(caps("hca", 16)),
+            vec![
+                pass("send.basic"),
+                row("atomic.cas", "skip", NO_ATOMICS, Some(Lack::Atomics)),
+            ],
+        );
+        let text = serde_json::to_string_pretty(&r).unwrap();
+        assert!(text.contains("\"lacks\": \"atomics\""), "{text}");
+        assert_eq!(Report::parse(&text).unwrap(), r);
+        let old = r#"[{"id":"send.basic","group":"send","name":"n","status":"pass","detail":"","backend":"sim","device":"sim0"}]"#;
+        let o = Report::parse(old).unwrap();
+        assert_eq!(
+            (o.label("A"), o.capabilities, o.cases.len()),
+            ("sim:sim0".to_string(), None, 1)
+        );
+    }
 }

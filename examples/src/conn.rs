@@ -3,15 +3,23 @@
 //! TCP side channel that `cm` leaves open (`Peer::stream`) for small out-of-band messages:
 //! a start signal, "I am done", a final result.
 //!
-//! A server that must have receives in place before its peer can send moves the QP to
-//! INIT ([`verbs_api::modify_to_init`]), posts them, and only then accepts.
+//! A server accepts its clients through an [`Acceptor`]: a client that sends garbage or
+//! nothing is dropped with a warning naming its address, and the others go on. A server
+//! that must have receives in place before its peer can send moves the QP to INIT
+//! ([`verbs_api::modify_to_init`]) and posts them in the `prepare` step of
+//! [`Acceptor::accept`].
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use verbs_api::cm::{self, CmListener, Offer, Peer};
-use verbs_api::{Backend, Context, ProtectionDomain, QpCap, QpInitAttr, QueuePair, RcParams};
+use verbs_api::cm::{self, CmListener, ConnectRequest, Offer, Peer};
+use verbs_api::{
+    Backend, Context, ProtectionDomain, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QueuePair, RcParams,
+};
 
 use crate::error::{Res, ResultExt};
 
@@ -90,19 +98,127 @@ pub fn create_rc<B: Backend>(ctx: &B::Context, pd: &B::Pd, opts: &QpOpts) -> Res
     Ok(RcQp { cq, qp, cap })
 }
 
-/// Accepts one client on `listener` and brings `qp` to RTS towards it.
-pub fn accept<C: Context, Q: QueuePair>(
-    listener: &CmListener,
-    ctx: &C,
-    qp: &Q,
-    params: &RcParams,
-    offer: Offer,
-    timeout: Duration,
-) -> Res<Peer> {
-    let addr = listener.local_addr()?;
-    listener
-        .accept(ctx, qp, params, &offer.timeout(timeout))
-        .with_context(|| format!("accepting a client on {addr}"))
+/// A server's clients, accepted so that no client can stop the server or hold up the
+/// others: a thread accepts connections on the listener, and each client's connection
+/// request is read on a thread of its own, within `setup`. A client that sends something
+/// else, hangs up or says nothing for `setup` is dropped with a warning that names its
+/// address and what was wrong; the others go on. Dropping the `Acceptor` stops it.
+pub struct Acceptor {
+    requests: Receiver<ConnectRequest>,
+    stop: Arc<AtomicBool>,
+    addr: SocketAddr,
+    setup: Duration,
+}
+
+impl Acceptor {
+    /// Starts accepting on `listener`.
+    pub fn start(listener: CmListener, setup: Duration) -> Res<Acceptor> {
+        let addr = listener.local_addr()?;
+        let (tx, requests) = channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        std::thread::Builder::new()
+            .name("acceptor".into())
+            .spawn(move || accept_loop(&listener, &tx, &stopped, setup))
+            .context("starting the thread that accepts clients")?;
+        Ok(Acceptor {
+            requests,
+            stop,
+            addr,
+            setup,
+        })
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Accepts the next client whose connection request arrives within `timeout` with
+    /// `qp`, and brings `qp` to RTS towards it (the rest of the exchange bounded by
+    /// `setup` again). `prepare` readies `qp`, which is in RESET, for each attempt (e.g.
+    /// INIT and receives posted; doing nothing leaves INIT to `cm`). A client that fails
+    /// the rest of the exchange is dropped with a warning, `qp` goes back to RESET and
+    /// the next client gets it.
+    pub fn accept<C: Context, Q: QueuePair>(
+        &self,
+        ctx: &C,
+        qp: &Q,
+        mut prepare: impl FnMut(&Q) -> Res<()>,
+        params: &RcParams,
+        offer: Offer,
+        timeout: Duration,
+    ) -> Res<Peer> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let request = match self.requests.recv_timeout(left) {
+                Ok(r) => r,
+                Err(RecvTimeoutError::Timeout) => {
+                    crate::bail!("no client connected to {} within {timeout:?}", self.addr)
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    crate::bail!("the thread accepting clients on {} stopped", self.addr)
+                }
+            };
+            let from = request.peer_addr();
+            prepare(qp).context("preparing the QP for a client")?;
+            match request.accept(ctx, qp, params, &offer.clone().timeout(self.setup)) {
+                Ok(peer) => return Ok(peer),
+                Err(e) => {
+                    tracing::warn!("dropped the client at {from}: {e}");
+                    qp.modify(
+                        &QpAttr {
+                            qp_state: QpState::Reset,
+                            ..QpAttr::default()
+                        },
+                        QpAttrMask::STATE,
+                    )
+                    .context("resetting the QP for the next client")?;
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Acceptor {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+fn accept_loop(listener: &CmListener, tx: &Sender<ConnectRequest>, stop: &AtomicBool, setup: Duration) {
+    let addr = listener.local_addr().ok();
+    while !stop.load(Ordering::Relaxed) {
+        match listener.incoming(Duration::from_millis(100)) {
+            Ok(incoming) => {
+                let tx = tx.clone();
+                let from = incoming.peer_addr();
+                // A client that sends nothing keeps only this thread waiting, for `setup`.
+                let spawned = std::thread::Builder::new()
+                    .name("client setup".into())
+                    .spawn(move || match incoming.request(setup) {
+                        Ok(request) => {
+                            // An error means the server has all its clients: the request
+                            // is dropped, which closes its connection.
+                            let _ = tx.send(request);
+                        }
+                        Err(e) => tracing::warn!("dropped the client at {from}: {e}"),
+                    });
+                if let Err(e) = spawned {
+                    tracing::warn!("dropped the client at {from}: no thread to read its request: {e}");
+                }
+            }
+            // No client yet; or out of descriptors, which the listener has warned about
+            // once and waits out.
+            Err(verbs_api::Error::Timeout { .. } | verbs_api::Error::OutOfFiles { .. }) => {}
+            Err(e) => {
+                let on = addr.map_or_else(String::new, |a| format!(" on {a}"));
+                tracing::warn!("accepting clients{on}: {e}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
 }
 
 /// Connects `qp` to the server at `addr`.
@@ -122,7 +238,7 @@ pub fn connect<C: Context, Q: QueuePair>(
 /// Binds the connection listener, with a helpful message when the port is taken.
 pub fn listen(addr: &str) -> Res<CmListener> {
     CmListener::bind(addr).with_context(|| {
-        format!("listening on {addr} (another server running? use --listen 0.0.0.0:0 for a free port)")
+        format!("listening on {addr} (another server running? use --listen 127.0.0.1:0 for a free port)")
     })
 }
 

@@ -21,7 +21,7 @@
 //! This library holds what they share: command-line options and backend dispatch
 //! ([`cli`], [`with_backend!`]), connected QPs and the side channel ([`conn`]), bounded
 //! waits ([`wait`]), latency statistics ([`stats`]), demo child processes ([`child`]),
-//! errors ([`error`]), the two small wire/memory formats ([`kv`], [`pool`]) and
+//! errors ([`error`]), logging ([`logging`]), the two small wire/memory formats ([`kv`], [`pool`]) and
 //! perf-compare's references: UCX and libfabric runs ([`peers`]) and raw TCP with the
 //! QP rows' traffic ([`streams`]).
 
@@ -30,6 +30,7 @@ pub mod cli;
 pub mod conn;
 pub mod error;
 pub mod kv;
+pub mod logging;
 pub mod peers;
 pub mod pool;
 pub mod stats;
@@ -37,6 +38,15 @@ pub mod streams;
 pub mod wait;
 
 pub use error::{report, Error, Res, ResultExt};
+pub use logging::init_tracing;
 
 #[cfg(feature = "ibverbs")]
 pub use backend_ibverbs::IbvBackend;
+
+/// The README's Rust snippets, compiled and run as this crate's doctests
+/// (`cargo test -p examples --doc`), so that `cargo test` fails when one stops compiling.
+/// Snippets condensed from an example binary are `ignore`d here and kept identical to
+/// marked regions of that binary by `tests/readme.rs` instead.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;

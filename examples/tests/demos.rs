@@ -32,6 +32,7 @@ fn run_env(bin: &str, args: &[&str], env: &[(&str, &str)]) -> Out {
     let limit = Duration::from_secs(60);
     let mut child = Command::new(bin)
         .args(args)
+        .env_remove("RUST_LOG")
         .envs(env.iter().copied())
         .env_remove("RDMA_SIM_LISTEN")
         .env_remove("RDMA_SIM_DEVICES")
@@ -415,5 +416,27 @@ fn async_echo_server_and_client_processes() {
             .iter()
             .all(|l| l.starts_with("server: echoed 200 messages")),
         "{echoed:?}"
+    );
+}
+
+/// The binaries log through a `tracing` subscriber on stderr that honours `RUST_LOG`
+/// (here: the sim's debug line for each device it opens) and shows only warnings and
+/// errors without it.
+#[test]
+fn binaries_log_to_stderr_as_rust_log_says() {
+    let o = run_env(DEVINFO, &[], &[("RUST_LOG", "backend_sim=debug")]);
+    assert!(o.ok, "{o:?}");
+    assert!(
+        o.stderr.contains("DEBUG") && o.stderr.contains("sim device open"),
+        "RUST_LOG=backend_sim=debug should show the sim's debug lines on stderr:\n{o:?}"
+    );
+    assert!(
+        !o.stdout.contains("sim device open"),
+        "logs go to stderr, not stdout:\n{o:?}"
+    );
+    let o = ok(DEVINFO, &[]);
+    assert!(
+        !o.stderr.contains("sim device open"),
+        "without RUST_LOG only warnings and errors are logged:\n{o:?}"
     );
 }

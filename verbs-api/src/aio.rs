@@ -89,7 +89,30 @@ pub struct AsyncCq<B: Backend> {
 impl<B: Backend> AsyncCq<B> {
     /// Wraps `cq`, which must have been created with `channel`, and no other CQ may use
     /// that channel. Must be called inside a tokio runtime with I/O enabled.
+    ///
+    /// Fails with EINVAL, before anything waits, when `cq` was created without a channel
+    /// or with another one (its events would never wake this `AsyncCq`).
     pub fn new(cq: CqOf<B>, channel: ChannelOf<B>) -> Result<Self> {
+        match cq.channel_fd() {
+            None => {
+                return Err(Error::invalid(
+                    "AsyncCq::new",
+                    "the CQ was created without a completion channel, so nothing could wake a \
+                     wait on it: create it with `ctx.create_cq(cqe, Some(&channel))` and pass that channel",
+                ))
+            }
+            Some(fd) if fd != channel.fd() => {
+                return Err(Error::invalid(
+                    "AsyncCq::new",
+                    format!(
+                        "the CQ reports to another completion channel (fd {fd}) than the one given (fd {}): \
+                         pass the channel the CQ was created with",
+                        channel.fd()
+                    ),
+                ))
+            }
+            Some(_) => {}
+        }
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(Error::invalid(
                 "AsyncCq::new",

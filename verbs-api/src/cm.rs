@@ -21,6 +21,19 @@
 //! With the `tokio` feature, [`AsyncCmListener`] and [`connect_async`] do the same on
 //! tokio; the two forms interoperate.
 //!
+//! `accept` fails when its client sends garbage or nothing. A server that keeps serving
+//! other clients takes the steps one by one: [`CmListener::incoming`] (a TCP connection;
+//! its [`Incoming::peer_addr`] names the client), [`Incoming::request`] (the client's
+//! hello, read within a bound of its own and checked, before any QP takes part) and
+//! [`ConnectRequest::accept`] (this side's hello, RTS, the ready bytes); the async forms
+//! let every client's setup run on its own task.
+//!
+//! Out of file descriptors, errors say so and name the limit ([`Error::OutOfFiles`]:
+//! "out of file descriptors (EMFILE): the open-file limit is 1024 (ulimit -n)"). The
+//! accept paths do not fail on it: clients wait in the listen backlog while accept(2)
+//! is retried with a back-off (1 ms doubling to 100 ms) within the call's timeout, and
+//! a `tracing` warning naming the limit is logged once per episode.
+//!
 //! Wire format (big-endian): magic `VAPI` (4) | version (2) | endpoint (26, see
 //! [`Endpoint::to_bytes`]) | MR count (2) | MRs (20 each, [`RemoteMr::to_bytes`]) | private
 //! data length (4) | private data; then one byte `R` each way. A peer that hangs up, stays
@@ -28,11 +41,12 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::connect::{local_endpoint, modify_to_init, modify_to_rtr, modify_to_rts, RcParams};
 use crate::endpoint::{Endpoint, RemoteMr};
-use crate::error::{Error, Result};
+use crate::error::{open_file_limit, Error, Result};
 use crate::qp::{QpState, PSN_MASK};
 use crate::traits::{Context, QueuePair};
 
@@ -102,13 +116,17 @@ pub struct Peer<S = TcpStream> {
 #[derive(Debug)]
 pub struct CmListener {
     listener: TcpListener,
+    fds: FdEpisode,
 }
 
 impl CmListener {
     /// Listens on `addr` (port 0 picks a free port; see [`CmListener::local_addr`]).
     pub fn bind(addr: impl ToSocketAddrs) -> Result<Self> {
-        let listener = TcpListener::bind(addr).map_err(|source| Error::Os { call: "bind", source })?;
-        Ok(CmListener { listener })
+        let listener = TcpListener::bind(addr).map_err(|e| Error::from_io("bind", e))?;
+        Ok(CmListener {
+            listener,
+            fds: FdEpisode::default(),
+        })
     }
 
     /// The address it listens on.
@@ -120,7 +138,12 @@ impl CmListener {
     }
 
     /// Waits for one client, exchanges endpoints and offers, and brings `qp` to RTS
-    /// towards it.
+    /// towards it. The offer's timeout bounds the wait for a client, and again the
+    /// exchange with it.
+    ///
+    /// A client that sends garbage or nothing makes this call fail; a server that must
+    /// keep serving others uses [`CmListener::incoming`], [`Incoming::request`] and
+    /// [`ConnectRequest::accept`] instead, which also name the client's address.
     pub fn accept<C: Context, Q: QueuePair>(
         &self,
         ctx: &C,
@@ -129,9 +152,124 @@ impl CmListener {
         offer: &Offer,
     ) -> Result<Peer> {
         let timeout = offer.timeout.unwrap_or(DEFAULT_TIMEOUT);
-        let (stream, _) = accept_within(&self.listener, timeout)?;
-        let deadline = Instant::now() + timeout;
-        setup(stream, deadline, ctx, qp, params, offer, false)
+        let incoming = self.incoming(timeout)?;
+        let deadline = deadline_after(timeout);
+        incoming
+            .request_by(deadline)?
+            .accept_by(deadline, ctx, qp, params, offer)
+    }
+
+    /// Waits up to `timeout` for a client to connect; the setup exchange has not started
+    /// (see [`Incoming::request`]).
+    ///
+    /// While the process is out of file descriptors (`EMFILE`, or `ENFILE` system-wide)
+    /// clients wait in the listen backlog: this call retries with a back-off (1 ms
+    /// doubling to 100 ms), logs one `tracing` warning naming the open-file limit per
+    /// such episode, and, if the timeout passes before a descriptor is free, fails with
+    /// [`Error::OutOfFiles`].
+    pub fn incoming(&self, timeout: Duration) -> Result<Incoming> {
+        let (stream, peer) = accept_within(self, timeout)?;
+        Ok(Incoming { stream, peer })
+    }
+}
+
+/// A client that connected to a listener, before the setup exchange: read its
+/// connection request with [`Incoming::request`] (no QP is needed for that), or drop it.
+#[derive(Debug)]
+pub struct Incoming<S = TcpStream> {
+    stream: S,
+    peer: SocketAddr,
+}
+
+impl<S> Incoming<S> {
+    /// The client's address.
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.peer
+    }
+}
+
+impl Incoming<TcpStream> {
+    /// Reads the client's connection request (its hello) within `timeout`. A client that
+    /// sends something else, hangs up or stays silent fails here, before any QP takes
+    /// part, with an error that says which.
+    pub fn request(self, timeout: Duration) -> Result<ConnectRequest> {
+        self.request_by(deadline_after(timeout))
+    }
+
+    fn request_by(mut self, deadline: Instant) -> Result<ConnectRequest> {
+        let _ = self.stream.set_nodelay(true);
+        let (endpoint, mrs, private_data) = read_hello(&mut self.stream, deadline)?;
+        Ok(ConnectRequest {
+            stream: self.stream,
+            peer: self.peer,
+            endpoint,
+            mrs,
+            private_data,
+        })
+    }
+}
+
+/// A client's connection request, read and checked: its QP endpoint, memory descriptors
+/// and private data. [`ConnectRequest::accept`] it with a QP, or drop it to refuse (the
+/// client's setup then fails: the server closed the connection).
+#[derive(Debug)]
+pub struct ConnectRequest<S = TcpStream> {
+    stream: S,
+    peer: SocketAddr,
+    endpoint: Endpoint,
+    mrs: Vec<RemoteMr>,
+    private_data: Vec<u8>,
+}
+
+impl<S> ConnectRequest<S> {
+    /// The client's address.
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// The client QP's endpoint.
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    /// The client's remote-memory descriptors.
+    pub fn mrs(&self) -> &[RemoteMr] {
+        &self.mrs
+    }
+
+    /// The client's private data.
+    pub fn private_data(&self) -> &[u8] {
+        &self.private_data
+    }
+}
+
+impl ConnectRequest<TcpStream> {
+    /// Answers with this side's endpoint and offer, brings `qp` to RTS towards the client
+    /// and exchanges the ready bytes, bounded by the offer's timeout.
+    pub fn accept<C: Context, Q: QueuePair>(
+        self,
+        ctx: &C,
+        qp: &Q,
+        params: &RcParams,
+        offer: &Offer,
+    ) -> Result<Peer> {
+        let deadline = deadline_after(offer.timeout.unwrap_or(DEFAULT_TIMEOUT));
+        self.accept_by(deadline, ctx, qp, params, offer)
+    }
+
+    fn accept_by<C: Context, Q: QueuePair>(
+        mut self,
+        deadline: Instant,
+        ctx: &C,
+        qp: &Q,
+        params: &RcParams,
+        offer: &Offer,
+    ) -> Result<Peer> {
+        check_offer(offer)?;
+        let me = local_endpoint(ctx, qp, params, rand_psn())?;
+        write_all(&mut self.stream, &encode_hello(&me, offer), deadline)?;
+        let hello = (self.endpoint, self.mrs, self.private_data);
+        finish(self.stream, deadline, qp, params, me, hello)
     }
 }
 
@@ -145,7 +283,7 @@ pub fn connect<C: Context, Q: QueuePair>(
     offer: &Offer,
 ) -> Result<Peer> {
     let timeout = offer.timeout.unwrap_or(DEFAULT_TIMEOUT);
-    let deadline = Instant::now() + timeout;
+    let deadline = deadline_after(timeout);
     let addrs: Vec<SocketAddr> = addr
         .to_socket_addrs()
         .map_err(|source| Error::Os {
@@ -160,39 +298,129 @@ pub fn connect<C: Context, Q: QueuePair>(
             break;
         }
         match TcpStream::connect_timeout(a, left) {
-            Ok(s) => return setup(s, deadline, ctx, qp, params, offer, true),
+            Ok(s) => return setup_client(s, deadline, ctx, qp, params, offer),
             Err(e) => last = Some(e),
         }
     }
     Err(match last {
-        Some(source) => Error::Os {
-            call: "connect",
-            source,
-        },
+        Some(source) => Error::from_io("connect", source),
         None => Error::invalid("cm::connect", "the address resolved to nothing"),
     })
 }
 
-fn accept_within(l: &TcpListener, timeout: Duration) -> Result<(TcpStream, SocketAddr)> {
-    let os = |call| move |source| Error::Os { call, source };
-    l.set_nonblocking(true).map_err(os("fcntl"))?;
-    let deadline = Instant::now() + timeout;
-    let r = loop {
-        match l.accept() {
-            Ok(x) => break Ok(x),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if Instant::now() >= deadline {
-                    break Err(Error::timeout(timeout, "no client connected"));
-                }
-                std::thread::sleep(Duration::from_millis(2));
-            }
-            Err(source) => {
-                break Err(Error::Os {
-                    call: "accept",
-                    source,
-                })
-            }
+/// `now + timeout`, or a time decades away for a timeout too large to add.
+fn deadline_after(timeout: Duration) -> Instant {
+    const FAR: Duration = Duration::from_secs(50 * 365 * 24 * 3600);
+    let now = Instant::now();
+    now.checked_add(timeout.min(FAR)).unwrap_or(now)
+}
+
+/// The back-off of an accept loop while the process is out of descriptors.
+const FD_BACKOFF_FIRST: Duration = Duration::from_millis(1);
+/// Its longest pause.
+const FD_BACKOFF_MAX: Duration = Duration::from_millis(100);
+
+/// The pause before the next attempt: 1 ms, doubling to [`FD_BACKOFF_MAX`].
+#[derive(Debug, Default)]
+struct Backoff(Option<Duration>);
+
+impl Backoff {
+    fn next(&mut self) -> Duration {
+        let d = self.0.map_or(FD_BACKOFF_FIRST, |d| (d * 2).min(FD_BACKOFF_MAX));
+        self.0 = Some(d);
+        d
+    }
+}
+
+/// Errors of accept(2) that mean the process or system is out of file descriptors.
+fn fd_errno(e: &std::io::Error) -> Option<i32> {
+    e.raw_os_error()
+        .filter(|&n| n == libc::EMFILE || n == libc::ENFILE)
+}
+
+/// Errors of accept(2) about one connection, not the listener (accept(2): "treat them
+/// like EAGAIN by retrying"): a client that reset before it was accepted, a signal.
+fn accept_retryable(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::Interrupted
+        || matches!(
+            e.raw_os_error(),
+            Some(
+                libc::ECONNABORTED
+                    | libc::EPROTO
+                    | libc::ENETDOWN
+                    | libc::ENOPROTOOPT
+                    | libc::EHOSTDOWN
+                    | libc::ENONET
+                    | libc::EHOSTUNREACH
+                    | libc::EOPNOTSUPP
+                    | libc::ENETUNREACH
+            )
+        )
+}
+
+/// One listener's running out of descriptors: a warning when an episode starts, once,
+/// and a note when accept works again.
+#[derive(Debug, Default)]
+struct FdEpisode(AtomicBool);
+
+impl FdEpisode {
+    fn starved(&self, listener: Option<SocketAddr>, errno: i32) {
+        if !self.0.swap(true, Ordering::Relaxed) {
+            let e = Error::OutOfFiles {
+                call: "accept",
+                errno,
+                limit: open_file_limit(),
+            };
+            let on = listener.map_or_else(String::new, |a| format!(" on {a}"));
+            tracing::warn!(
+                "cm listener{on}: {e}; clients wait in the listen backlog, retrying every {FD_BACKOFF_FIRST:?} \
+                 backing off to {FD_BACKOFF_MAX:?} until descriptors are freed"
+            );
         }
+    }
+
+    fn recovered(&self, listener: Option<SocketAddr>) {
+        if self.0.swap(false, Ordering::Relaxed) {
+            let on = listener.map_or_else(String::new, |a| format!(" on {a}"));
+            tracing::info!("cm listener{on}: descriptors are free again, accepting clients");
+        }
+    }
+}
+
+fn accept_within(cl: &CmListener, timeout: Duration) -> Result<(TcpStream, SocketAddr)> {
+    let os = |call| move |source| Error::Os { call, source };
+    let l = &cl.listener;
+    l.set_nonblocking(true).map_err(os("fcntl"))?;
+    let deadline = deadline_after(timeout);
+    let mut backoff = Backoff::default();
+    let r = loop {
+        let pause = match l.accept() {
+            Ok(x) => {
+                cl.fds.recovered(l.local_addr().ok());
+                break Ok(x);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                backoff = Backoff::default();
+                Duration::from_millis(2)
+            }
+            // Again at once, but not past the deadline.
+            Err(e) if accept_retryable(&e) => Duration::ZERO,
+            Err(e) => match fd_errno(&e) {
+                Some(errno) => {
+                    cl.fds.starved(l.local_addr().ok(), errno);
+                    if Instant::now() >= deadline {
+                        break Err(Error::from_io("accept", e));
+                    }
+                    backoff.next()
+                }
+                None => break Err(Error::from_io("accept", e)),
+            },
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break Err(Error::timeout(timeout, "no client connected"));
+        }
+        std::thread::sleep(pause.min(left));
     };
     l.set_nonblocking(false).map_err(os("fcntl"))?;
     let (s, a) = r?;
@@ -200,29 +428,33 @@ fn accept_within(l: &TcpListener, timeout: Duration) -> Result<(TcpStream, Socke
     Ok((s, a))
 }
 
-fn setup<C: Context, Q: QueuePair>(
+fn setup_client<C: Context, Q: QueuePair>(
     mut stream: TcpStream,
     deadline: Instant,
     ctx: &C,
     qp: &Q,
     params: &RcParams,
     offer: &Offer,
-    client: bool,
 ) -> Result<Peer> {
     check_offer(offer)?;
     let _ = stream.set_nodelay(true);
-    let psn = rand_psn();
-    let me = local_endpoint(ctx, qp, params, psn)?;
-    let hello = encode_hello(&me, offer);
+    let me = local_endpoint(ctx, qp, params, rand_psn())?;
     // The client speaks first; the server answers after reading, so a stray connection
     // that sends nothing learns nothing.
-    if client {
-        write_all(&mut stream, &hello, deadline)?;
-    }
+    write_all(&mut stream, &encode_hello(&me, offer), deadline)?;
     let peer = read_hello(&mut stream, deadline)?;
-    if !client {
-        write_all(&mut stream, &hello, deadline)?;
-    }
+    finish(stream, deadline, qp, params, me, peer)
+}
+
+/// Both sides, once the hellos are exchanged: RTS towards the peer, then the ready bytes.
+fn finish<Q: QueuePair>(
+    mut stream: TcpStream,
+    deadline: Instant,
+    qp: &Q,
+    params: &RcParams,
+    me: Endpoint,
+    peer: Hello,
+) -> Result<Peer> {
     bring_up(qp, params, &peer.0, me.psn)?;
     write_all(&mut stream, b"R", deadline)?;
     let mut r = [0u8; 1];
@@ -392,10 +624,7 @@ fn io_err(e: std::io::Error, deadline: Instant) -> Error {
                 .max(Duration::from_millis(1)),
             "the peer did not answer during the setup exchange",
         ),
-        _ => Error::Os {
-            call: "connection setup",
-            source: e,
-        },
+        _ => Error::from_io("connection setup", e),
     })
 }
 
@@ -445,10 +674,17 @@ mod nonblocking {
     /// What the peer sent, with the side channel as a tokio stream.
     pub type AsyncPeer = Peer<TokioStream>;
 
+    /// A client connected to an [`AsyncCmListener`], before the setup exchange.
+    pub type AsyncIncoming = Incoming<TokioStream>;
+
+    /// A client's connection request read by [`Incoming::<TokioStream>::request`].
+    pub type AsyncConnectRequest = ConnectRequest<TokioStream>;
+
     /// A server waiting for [`connect_async`]s (or blocking [`connect`]s).
     #[derive(Debug)]
     pub struct AsyncCmListener {
         listener: TokioListener,
+        fds: FdEpisode,
     }
 
     impl AsyncCmListener {
@@ -456,8 +692,11 @@ mod nonblocking {
         pub async fn bind(addr: impl TokioAddrs) -> Result<Self> {
             let listener = TokioListener::bind(addr)
                 .await
-                .map_err(|source| Error::Os { call: "bind", source })?;
-            Ok(AsyncCmListener { listener })
+                .map_err(|e| Error::from_io("bind", e))?;
+            Ok(AsyncCmListener {
+                listener,
+                fds: FdEpisode::default(),
+            })
         }
 
         /// The address it listens on.
@@ -470,6 +709,11 @@ mod nonblocking {
 
         /// Waits for one client and brings `qp` to RTS towards it (bounded by the offer's
         /// timeout, which includes the wait for the client).
+        ///
+        /// A client that sends garbage or nothing makes this call fail; a server that
+        /// must keep serving others uses [`AsyncCmListener::incoming`] and sets each
+        /// client up on its own task ([`Incoming::<TokioStream>::request`],
+        /// [`ConnectRequest::<TokioStream>::accept`]).
         pub async fn accept<C: Context, Q: QueuePair>(
             &self,
             ctx: &C,
@@ -478,15 +722,125 @@ mod nonblocking {
             offer: &Offer,
         ) -> Result<AsyncPeer> {
             let timeout = offer.timeout.unwrap_or(DEFAULT_TIMEOUT);
-            tokio::time::timeout(timeout, async {
-                let (stream, _) = self.listener.accept().await.map_err(|source| Error::Os {
-                    call: "accept",
-                    source,
-                })?;
-                setup_async(stream, ctx, qp, params, offer, false).await
+            let mut starved = None;
+            let r = tokio::time::timeout(timeout, async {
+                let incoming = self.accept_tcp(&mut starved).await?;
+                incoming
+                    .read_request()
+                    .await?
+                    .answer(ctx, qp, params, offer)
+                    .await
             })
-            .await
-            .map_err(|_| Error::timeout(timeout, "no client completed the connection setup"))?
+            .await;
+            r.unwrap_or_else(|_| {
+                Err(timed_out(
+                    timeout,
+                    starved,
+                    "no client completed the connection setup",
+                ))
+            })
+        }
+
+        /// Waits up to `timeout` for a client to connect; the setup exchange has not
+        /// started ([`Incoming::<TokioStream>::request`]). Out of file descriptors, it
+        /// backs off, warns and fails as [`CmListener::incoming`] does.
+        pub async fn incoming(&self, timeout: Duration) -> Result<AsyncIncoming> {
+            let mut starved = None;
+            let r = tokio::time::timeout(timeout, self.accept_tcp(&mut starved)).await;
+            r.unwrap_or_else(|_| Err(timed_out(timeout, starved, "no client connected")))
+        }
+
+        /// accept(2) until it gives a connection; `starved` holds the errno while the
+        /// process is out of descriptors.
+        async fn accept_tcp(&self, starved: &mut Option<i32>) -> Result<AsyncIncoming> {
+            let mut backoff = Backoff::default();
+            loop {
+                match self.listener.accept().await {
+                    Ok((stream, peer)) => {
+                        *starved = None;
+                        self.fds.recovered(self.listener.local_addr().ok());
+                        return Ok(Incoming { stream, peer });
+                    }
+                    Err(e) if accept_retryable(&e) => tokio::task::yield_now().await,
+                    Err(e) => match fd_errno(&e) {
+                        Some(errno) => {
+                            *starved = Some(errno);
+                            self.fds.starved(self.listener.local_addr().ok(), errno);
+                            tokio::time::sleep(backoff.next()).await;
+                        }
+                        None => return Err(Error::from_io("accept", e)),
+                    },
+                }
+            }
+        }
+    }
+
+    /// The error of an accept that ran out of time: out of descriptors if it still was.
+    fn timed_out(timeout: Duration, starved: Option<i32>, what: &str) -> Error {
+        match starved {
+            Some(errno) => Error::OutOfFiles {
+                call: "accept",
+                errno,
+                limit: open_file_limit(),
+            },
+            None => Error::timeout(timeout, what),
+        }
+    }
+
+    impl Incoming<TokioStream> {
+        /// Reads the client's connection request (its hello) within `timeout`; a client
+        /// that sends something else, hangs up or stays silent fails here, before any QP
+        /// takes part, with an error that says which.
+        pub async fn request(self, timeout: Duration) -> Result<AsyncConnectRequest> {
+            tokio::time::timeout(timeout, self.read_request())
+                .await
+                .map_err(|_| Error::timeout(timeout, "the client sent no connection request"))?
+        }
+
+        async fn read_request(mut self) -> Result<AsyncConnectRequest> {
+            let _ = self.stream.set_nodelay(true);
+            let (endpoint, mrs, private_data) = read_hello_async(&mut self.stream).await?;
+            Ok(ConnectRequest {
+                stream: self.stream,
+                peer: self.peer,
+                endpoint,
+                mrs,
+                private_data,
+            })
+        }
+    }
+
+    impl ConnectRequest<TokioStream> {
+        /// Answers with this side's endpoint and offer, brings `qp` to RTS towards the
+        /// client and exchanges the ready bytes, bounded by the offer's timeout.
+        pub async fn accept<C: Context, Q: QueuePair>(
+            self,
+            ctx: &C,
+            qp: &Q,
+            params: &RcParams,
+            offer: &Offer,
+        ) -> Result<AsyncPeer> {
+            let timeout = offer.timeout.unwrap_or(DEFAULT_TIMEOUT);
+            tokio::time::timeout(timeout, self.answer(ctx, qp, params, offer))
+                .await
+                .map_err(|_| Error::timeout(timeout, "the client did not finish the connection setup"))?
+        }
+
+        async fn answer<C: Context, Q: QueuePair>(
+            mut self,
+            ctx: &C,
+            qp: &Q,
+            params: &RcParams,
+            offer: &Offer,
+        ) -> Result<AsyncPeer> {
+            check_offer(offer)?;
+            let me = local_endpoint(ctx, qp, params, rand_psn())?;
+            self.stream
+                .write_all(&encode_hello(&me, offer))
+                .await
+                .map_err(aio_err)?;
+            let hello = (self.endpoint, self.mrs, self.private_data);
+            finish_async(self.stream, qp, params, me, hello).await
         }
     }
 
@@ -500,11 +854,18 @@ mod nonblocking {
     ) -> Result<AsyncPeer> {
         let timeout = offer.timeout.unwrap_or(DEFAULT_TIMEOUT);
         tokio::time::timeout(timeout, async {
-            let stream = TokioStream::connect(addr).await.map_err(|source| Error::Os {
-                call: "connect",
-                source,
-            })?;
-            setup_async(stream, ctx, qp, params, offer, true).await
+            let mut stream = TokioStream::connect(addr)
+                .await
+                .map_err(|e| Error::from_io("connect", e))?;
+            check_offer(offer)?;
+            let _ = stream.set_nodelay(true);
+            let me = local_endpoint(ctx, qp, params, rand_psn())?;
+            stream
+                .write_all(&encode_hello(&me, offer))
+                .await
+                .map_err(aio_err)?;
+            let peer = read_hello_async(&mut stream).await?;
+            finish_async(stream, qp, params, me, peer).await
         })
         .await
         .map_err(|_| Error::timeout(timeout, "the connection setup with the server did not finish"))?
@@ -512,10 +873,7 @@ mod nonblocking {
 
     /// A setup I/O error on the async form (timeouts come from `tokio::time::timeout`).
     fn aio_err(e: std::io::Error) -> Error {
-        setup_io_err(e, |source| Error::Os {
-            call: "connection setup",
-            source,
-        })
+        setup_io_err(e, |source| Error::from_io("connection setup", source))
     }
 
     async fn read_hello_async(s: &mut TokioStream) -> Result<Hello> {
@@ -533,25 +891,14 @@ mod nonblocking {
         }
     }
 
-    async fn setup_async<C: Context, Q: QueuePair>(
+    /// Both sides, once the hellos are exchanged: RTS towards the peer, the ready bytes.
+    async fn finish_async<Q: QueuePair>(
         mut stream: TokioStream,
-        ctx: &C,
         qp: &Q,
         params: &RcParams,
-        offer: &Offer,
-        client: bool,
+        me: Endpoint,
+        peer: Hello,
     ) -> Result<AsyncPeer> {
-        check_offer(offer)?;
-        let _ = stream.set_nodelay(true);
-        let me = local_endpoint(ctx, qp, params, rand_psn())?;
-        let hello = encode_hello(&me, offer);
-        if client {
-            stream.write_all(&hello).await.map_err(aio_err)?;
-        }
-        let peer = read_hello_async(&mut stream).await?;
-        if !client {
-            stream.write_all(&hello).await.map_err(aio_err)?;
-        }
         bring_up(qp, params, &peer.0, me.psn)?;
         stream.write_all(b"R").await.map_err(aio_err)?;
         check_ready(stream.read_u8().await.map_err(aio_err)?)?;
@@ -566,7 +913,7 @@ mod nonblocking {
 }
 
 #[cfg(feature = "tokio")]
-pub use nonblocking::{connect_async, AsyncCmListener, AsyncPeer};
+pub use nonblocking::{connect_async, AsyncCmListener, AsyncConnectRequest, AsyncIncoming, AsyncPeer};
 
 #[cfg(test)]
 mod tests {

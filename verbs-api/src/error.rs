@@ -165,9 +165,33 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The process (`EMFILE`) or the whole system (`ENFILE`) ran out of file
+    /// descriptors; the text names the process's open-file limit (`ulimit -n`).
+    #[error("{call}: {}", out_of_files_text(*errno, *limit))]
+    OutOfFiles {
+        /// The system call that needed a descriptor (`accept`, `connect`, `socket`, ...).
+        call: &'static str,
+        /// `EMFILE` or `ENFILE`.
+        errno: i32,
+        /// The soft `RLIMIT_NOFILE` when the error was made, if it could be read.
+        limit: Option<u64>,
+    },
     /// A transport-level failure (the simulated wire, an out-of-band exchange).
     #[error("transport: {0}")]
     Transport(String),
+    /// A `post_send` / `post_recv` that failed, as `?` converts a [`PostError`]: the
+    /// index and `wr_id` of the first work request that was not posted (libibverbs'
+    /// `bad_wr`), and why. Work requests before `index` were posted and will complete.
+    #[error("work request #{index} (wr_id {wr_id:#x}) was not posted: {source}")]
+    Post {
+        /// Position of the failing WR in the list passed to the post call.
+        index: usize,
+        /// Its `wr_id`.
+        wr_id: u64,
+        /// Why it failed.
+        #[source]
+        source: Box<Error>,
+    },
     /// A wait did not finish within its bound.
     #[error("timed out after {after:?}{}", if what.is_empty() { String::new() } else { format!(": {what}") })]
     Timeout {
@@ -194,8 +218,10 @@ impl Error {
             Error::Unsupported { .. } => libc::EOPNOTSUPP,
             Error::NoDevice { .. } | Error::DeviceNotFound { .. } => libc::ENODEV,
             Error::Os { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+            Error::OutOfFiles { errno, .. } => *errno,
             Error::Transport(_) => libc::EIO,
             Error::Timeout { .. } => libc::ETIMEDOUT,
+            Error::Post { source, .. } => source.errno(),
         }
     }
 
@@ -204,6 +230,19 @@ impl Error {
         Error::Os {
             call,
             source: std::io::Error::from_raw_os_error(errno),
+        }
+    }
+
+    /// [`Error::Os`] for an I/O error of `call`, or [`Error::OutOfFiles`] (naming the
+    /// open-file limit) when it is `EMFILE` or `ENFILE`.
+    pub fn from_io(call: &'static str, source: std::io::Error) -> Self {
+        match source.raw_os_error() {
+            Some(errno @ (libc::EMFILE | libc::ENFILE)) => Error::OutOfFiles {
+                call,
+                errno,
+                limit: open_file_limit(),
+            },
+            _ => Error::Os { call, source },
         }
     }
 
@@ -221,6 +260,34 @@ impl Error {
             call,
             reason: reason.into(),
         }
+    }
+}
+
+/// This process's open-file limit: the soft `RLIMIT_NOFILE` (what `ulimit -n` shows), or
+/// `None` if it cannot be read or is unlimited.
+pub fn open_file_limit() -> Option<u64> {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit into the live struct it is given.
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) };
+    (rc == 0 && r.rlim_cur != libc::RLIM_INFINITY).then_some(r.rlim_cur)
+}
+
+/// The text of [`Error::OutOfFiles`]: which limit ran out, and its value.
+fn out_of_files_text(errno: i32, limit: Option<u64>) -> String {
+    let limit = match limit {
+        Some(n) => format!("the open-file limit is {n} (ulimit -n)"),
+        None => "the open-file limit could not be read (ulimit -n)".to_string(),
+    };
+    if errno == libc::ENFILE {
+        format!(
+            "out of file descriptors (ENFILE): the system-wide table of open files is full \
+             (sysctl fs.file-max); this process's {limit}"
+        )
+    } else {
+        format!("out of file descriptors (EMFILE): {limit}")
     }
 }
 
@@ -246,6 +313,18 @@ impl PostError {
     }
 }
 
+impl From<PostError> for Error {
+    /// Keeps the failing WR's index and `wr_id` ([`Error::Post`]), so that `?` in a
+    /// function returning [`Result`] still says which work request was refused.
+    fn from(e: PostError) -> Self {
+        Error::Post {
+            index: e.index,
+            wr_id: e.wr_id,
+            source: Box::new(e.error),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -266,5 +345,59 @@ mod tests {
         assert!(e.to_string().contains("Reset"));
         assert!(e.to_string().contains("Rts"));
         assert_eq!(Error::from_errno("x", libc::EBUSY).errno(), libc::EBUSY);
+    }
+
+    #[test]
+    fn out_of_files_names_the_errno_and_the_limit() {
+        let e = Error::from_io("accept", std::io::Error::from_raw_os_error(libc::EMFILE));
+        assert_eq!(e.errno(), libc::EMFILE);
+        let want = match open_file_limit() {
+            Some(n) => {
+                format!("accept: out of file descriptors (EMFILE): the open-file limit is {n} (ulimit -n)")
+            }
+            None => {
+                "accept: out of file descriptors (EMFILE): the open-file limit could not be read (ulimit -n)"
+                    .to_string()
+            }
+        };
+        assert_eq!(e.to_string(), want);
+        let e = Error::from_io("socket", std::io::Error::from_raw_os_error(libc::ENFILE));
+        assert_eq!(e.errno(), libc::ENFILE);
+        assert!(
+            e.to_string().contains("(ENFILE)") && e.to_string().contains("ulimit -n"),
+            "{e}"
+        );
+        let e = Error::from_io("connect", std::io::Error::from_raw_os_error(libc::ECONNREFUSED));
+        assert!(matches!(e, Error::Os { call: "connect", .. }), "{e:?}");
+    }
+
+    /// `?` turns a failed post into an [`Error`] that still names the refused WR.
+    #[test]
+    fn question_mark_converts_a_post_error_keeping_index_and_wr_id() {
+        fn post() -> std::result::Result<(), PostError> {
+            Err(PostError {
+                index: 3,
+                wr_id: 0xbeef,
+                error: Error::QueueFull {
+                    queue: QueueKind::Send,
+                    qpn: 7,
+                    capacity: 4,
+                },
+            })
+        }
+        fn caller() -> Result<()> {
+            post()?;
+            Ok(())
+        }
+        let e = caller().unwrap_err();
+        let Error::Post { index, wr_id, source } = &e else {
+            panic!("expected Error::Post, got {e:?}");
+        };
+        assert_eq!((*index, *wr_id), (3, 0xbeef));
+        assert!(matches!(**source, Error::QueueFull { qpn: 7, .. }), "{source:?}");
+        assert_eq!(e.errno(), libc::ENOMEM);
+        let text = e.to_string();
+        assert!(text.contains("#3") && text.contains("wr_id 0xbeef"), "{text}");
+        assert!(text.contains("send queue of QP 0x7 is full"), "{text}");
     }
 }

@@ -38,7 +38,7 @@ pub use connect::{
 };
 pub use device::{AtomicCap, Capabilities, DeviceAttr, DeviceInfo, Gid, LinkLayer, Mtu, PortAttr, PortState};
 pub use endpoint::{Endpoint, RemoteMr};
-pub use error::{Error, PostError, QueueKind, Result};
+pub use error::{open_file_limit, Error, PostError, QueueKind, Result};
 pub use flags::{AccessFlags, QpAttrMask, SendFlags, WcFlags};
 pub use poll::{poll_n, poll_quiet};
 pub use qp::{AhAttr, GlobalRoute, QpAttr, QpCap, QpInitAttr, QpState, QpType, PSN_MASK};

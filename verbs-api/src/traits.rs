@@ -297,6 +297,10 @@ pub trait CompletionQueue: Send + Sync {
     /// An identifier of this CQ, unique within its context, as returned by
     /// [`CompletionChannel::get_cq_event`].
     fn handle(&self) -> u32;
+
+    /// The file descriptor ([`CompletionChannel::fd`]) of the completion channel the CQ
+    /// was created with, or `None` for a CQ created without one (`ibv_cq::channel`).
+    fn channel_fd(&self) -> Option<RawFd>;
 }
 
 /// A completion channel (`struct ibv_comp_channel`).

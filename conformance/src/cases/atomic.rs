@@ -43,7 +43,10 @@ pub fn list<B: Backend>() -> Vec<Case<B>> {
 
 fn skip_without_atomics<B: Backend>(env: &Env<B>) -> Result<Option<Outcome>, crate::Failure> {
     if env.ctx.query_device()?.atomic_cap == AtomicCap::None {
-        return Ok(Some(Outcome::Skip("the device reports IBV_ATOMIC_NONE".into())));
+        return Ok(Some(Outcome::Skip(
+            crate::report::Lack::Atomics,
+            "the device reports IBV_ATOMIC_NONE".into(),
+        )));
     }
     Ok(None)
 }

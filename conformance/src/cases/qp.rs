@@ -313,9 +313,10 @@ fn qp_bad_port<B: Backend>(env: &Env<B>) -> CaseResult {
 fn qp_rd_atomic_limit<B: Backend>(env: &Env<B>) -> CaseResult {
     let max = env.ctx.query_device()?.max_qp_init_rd_atom;
     if max >= 255 {
-        return Ok(Outcome::Skip(format!(
-            "max_qp_init_rd_atom is {max}: no u8 value exceeds it"
-        )));
+        return Ok(Outcome::Skip(
+            crate::report::Lack::RdAtomLimitBelowU8,
+            format!("max_qp_init_rd_atom is {max}: no u8 value exceeds it"),
+        ));
     }
     let p = env.pair_unconnected(&env.opts())?;
     modify_to_init(&p.a, &env.params())?;

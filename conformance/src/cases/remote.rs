@@ -189,7 +189,10 @@ fn memory_server<B: Backend>(s: &mut ServerSide<B>) -> Result<(), Failure> {
 
 fn atomic<B: Backend>(env: &Env<B>) -> CaseResult {
     if env.ctx.capabilities()?.atomic_cap == AtomicCap::None {
-        return Ok(Outcome::Skip("the device reports atomic_cap NONE".into()));
+        return Ok(Outcome::Skip(
+            crate::report::Lack::Atomics,
+            "the device reports IBV_ATOMIC_NONE".into(),
+        ));
     }
     run(env, "remote.atomic", |pd, qp, cq, side| {
         side.link.expect("ready")?;

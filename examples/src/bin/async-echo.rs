@@ -22,7 +22,7 @@ use clap::{Parser, Subcommand};
 use examples::cli::{open_device, CommonArgs};
 use examples::{bail, with_backend, Res};
 use verbs_api::aio::AsyncCq;
-use verbs_api::cm::{connect_async, AsyncCmListener, Offer};
+use verbs_api::cm::{connect_async, AsyncCmListener, AsyncIncoming, Offer};
 use verbs_api::*;
 
 /// An echo service over SEND/RECV on tokio (verbs_api::aio and cm).
@@ -102,32 +102,49 @@ fn ok(wc: WorkCompletion) -> Res<WorkCompletion> {
 
 // --- the server: accept, then echo each connection on its own task -----------------
 
+// README:begin: the README shows these regions verbatim (tests/readme.rs checks it)
+// Server: each client is set up and served on a task of its own, so one that sends
+// garbage or nothing (for `setup`) holds up nobody. With `clients`, it stops after that many.
 async fn server<B: Backend>(
     ctx: Arc<B::Context>,
     listener: AsyncCmListener,
     p: RcParams,
+    setup: Duration,
     clients: Option<usize>,
 ) -> Res<()> {
-    let mut tasks = Vec::new();
-    while clients.is_none_or(|n| tasks.len() < n) {
-        let c = conn::<B>(&ctx)?;
-        let offer = Offer::new().timeout(Duration::from_secs(3600));
-        modify_to_init(&c.qp, &p)?; // so the first receive is posted before the client can send
-        c.qp.post_recv(&[RecvWr::new(RECV, &[c.rx.sge_all()])])?;
-        let peer = listener.accept(&*ctx, &c.qp, &p, &offer).await?;
-        tasks.push(tokio::spawn(async move {
-            let r = echo(&c).await;
-            match &r {
-                Ok(n) => println!("server: echoed {n} messages to QP {:#x}", peer.endpoint.qpn),
-                Err(e) => eprintln!("server: connection failed: {e}"),
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..clients.unwrap_or(usize::MAX) {
+        let incoming = listener.incoming(Duration::MAX).await?; // a TCP connection, no setup yet
+        let ctx = ctx.clone();
+        tasks.spawn(async move {
+            let from = incoming.peer_addr();
+            match serve::<B>(&ctx, incoming, &p, setup).await {
+                Ok(n) => println!("server: echoed {n} messages to {from}"),
+                Err(e) => tracing::warn!("dropped the client at {from}: {e}"),
             }
-            r
-        }));
+        });
+        while let Some(done) = tasks.try_join_next() {
+            done?; // (a task that panicked)
+        }
     }
-    for t in tasks {
-        t.await??;
+    while let Some(done) = tasks.join_next().await {
+        done?;
     }
     Ok(())
+}
+
+async fn serve<B: Backend>(
+    ctx: &B::Context,
+    incoming: AsyncIncoming,
+    p: &RcParams,
+    setup: Duration,
+) -> Res<u64> {
+    let request = incoming.request(setup).await?; // the client's hello, checked
+    let c = conn::<B>(ctx)?; // QP + AsyncCq + rx/tx MRs
+    modify_to_init(&c.qp, p)?; // INIT: receives may be posted
+    c.qp.post_recv(&[RecvWr::new(RECV, &[c.rx.sge_all()])])?;
+    request.accept(ctx, &c.qp, p, &Offer::new()).await?; // both QPs are in RTS now
+    echo(&c).await
 }
 
 async fn echo<B: Backend>(c: &Conn<B>) -> Res<u64> {
@@ -146,9 +163,12 @@ async fn echo<B: Backend>(c: &Conn<B>) -> Res<u64> {
     }
     unreachable!("the loop only ends by returning")
 }
+// README:end
 
 // --- the client: connect, send, await each echo and check it ------------------------
 
+// README:begin
+// Client: connect, then send each message and await its echo.
 async fn client<B: Backend>(ctx: &B::Context, server: &str, p: &RcParams, msgs: &[String]) -> Res<()> {
     let c = conn::<B>(ctx)?;
     connect_async(server, ctx, &c.qp, p, &Offer::new()).await?;
@@ -175,6 +195,7 @@ async fn client<B: Backend>(ctx: &B::Context, server: &str, p: &RcParams, msgs: 
     }
     Ok(())
 }
+// README:end
 
 /// Runs a client over `count` messages with a bound that grows with the count; returns
 /// its run time.
@@ -198,6 +219,7 @@ async fn timed_client<B: Backend>(
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    examples::init_tracing();
     examples::report("async-echo", run(&cli))
 }
 
@@ -216,7 +238,7 @@ async fn main_async<B: Backend>(b: &B, cli: &Cli) -> Res<()> {
         Cmd::Server { listen } => {
             let listener = AsyncCmListener::bind(listen.as_str()).await?;
             examples::child::announce_listening(listener.local_addr()?);
-            server::<B>(ctx, listener, p, None).await
+            server::<B>(ctx, listener, p, wait, None).await
         }
         Cmd::Client { server, count } => {
             let t = timed_client::<B>(&ctx, server, &p, *count, wait).await?;
@@ -226,7 +248,7 @@ async fn main_async<B: Backend>(b: &B, cli: &Cli) -> Res<()> {
         Cmd::Demo { clients, count } => {
             let listener = AsyncCmListener::bind("127.0.0.1:0").await?;
             let addr: SocketAddr = listener.local_addr()?;
-            let srv = tokio::spawn(server::<B>(ctx.clone(), listener, p, Some(*clients)));
+            let srv = tokio::spawn(server::<B>(ctx.clone(), listener, p, wait, Some(*clients)));
             let runs = (0..*clients).map(|i| {
                 let (ctx, addr) = (&ctx, addr.to_string());
                 async move {

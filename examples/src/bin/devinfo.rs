@@ -39,6 +39,7 @@ struct Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    examples::init_tracing();
     examples::report("devinfo", run(&cli))
 }
 

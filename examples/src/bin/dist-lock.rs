@@ -110,8 +110,9 @@ enum DemoMode {
 
 #[derive(Args, Debug, Clone)]
 struct ServerArgs {
-    /// Address to listen on for connection setup (port 0: any free port).
-    #[arg(long, default_value = "0.0.0.0:18517")]
+    /// Address to listen on for connection setup (port 0: any free port; loopback by
+    /// default, 0.0.0.0:PORT accepts other hosts).
+    #[arg(long, default_value = "127.0.0.1:18517")]
     listen: String,
     /// Client QPs to accept (threads in all client processes) before starting them.
     #[arg(long, default_value_t = 2)]
@@ -167,6 +168,7 @@ struct DemoArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    examples::init_tracing();
     examples::report("dist-lock", run(cli))
 }
 
@@ -200,8 +202,8 @@ fn server<B: Backend>(b: &B, common: &CommonArgs, a: &ServerArgs) -> Res<()> {
         )
         .context("registering the lock region")?;
     let cq = ctx.create_cq(16, None)?;
-    let listener = conn::listen(&a.listen)?;
-    announce_listening(listener.local_addr()?);
+    let acceptor = conn::Acceptor::start(conn::listen(&a.listen)?, common.wait())?;
+    announce_listening(acceptor.local_addr());
     println!(
         "server: device {}, lock region {:#x} rkey {:#x}: lock @0, next_ticket @8, now_serving @16, counter @24; waiting for {} client QPs",
         ctx.name(),
@@ -215,14 +217,8 @@ fn server<B: Backend>(b: &B, common: &CommonArgs, a: &ServerArgs) -> Res<()> {
     let mut peers = Vec::new();
     for _ in 0..a.clients.max(1) {
         let (qp, _) = conn::create_qp_on::<B>(&ctx, &pd, &cq, &QpOpts::new(1, 1))?;
-        let peer = conn::accept(
-            &listener,
-            &ctx,
-            &qp,
-            &params,
-            Offer::new().mr(mr.remote()),
-            timeout,
-        )?;
+        let offer = Offer::new().mr(mr.remote());
+        let peer = acceptor.accept(&ctx, &qp, |_| Ok(()), &params, offer, timeout)?;
         qps.push(qp);
         peers.push(peer);
     }

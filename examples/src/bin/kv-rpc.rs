@@ -84,8 +84,9 @@ struct ServerTuning {
 
 #[derive(Args, Debug, Clone)]
 struct ServerArgs {
-    /// Address to listen on for connection setup (port 0: any free port).
-    #[arg(long, default_value = "0.0.0.0:18515")]
+    /// Address to listen on for connection setup (port 0: any free port; loopback by
+    /// default, 0.0.0.0:PORT accepts other hosts).
+    #[arg(long, default_value = "127.0.0.1:18515")]
     listen: String,
     /// Client connections to accept before serving.
     #[arg(long, default_value_t = 1)]
@@ -136,6 +137,7 @@ struct DemoArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    examples::init_tracing();
     examples::report("kv-rpc", run(cli))
 }
 
@@ -208,8 +210,8 @@ fn server<B: Backend>(b: &B, common: &CommonArgs, a: &ServerArgs) -> Res<()> {
         .context("registering the response buffers")?;
     let cqe = nconn as u32 * (depth + resp_slots);
     let cq = ctx.create_cq(cqe, None).context("creating the CQ")?;
-    let listener = conn::listen(&a.listen)?;
-    announce_listening(listener.local_addr()?);
+    let acceptor = conn::Acceptor::start(conn::listen(&a.listen)?, common.wait())?;
+    announce_listening(acceptor.local_addr());
     println!(
         "server: device {}, {} client(s), {depth} receives of {MAX_REQ} B pre-posted per QP, {}",
         ctx.name(),
@@ -229,16 +231,11 @@ fn server<B: Backend>(b: &B, common: &CommonArgs, a: &ServerArgs) -> Res<()> {
     for c in 0..nconn {
         let (qp, _cap) = conn::create_qp_on::<B>(&ctx, &pd, &cq, &QpOpts::new(resp_slots, depth))?;
         // Receives first, then accept: the client may send as soon as it is connected.
-        modify_to_init(&qp, &params)?;
-        post_recvs(&qp, &recv_mr, c, &(0..depth).collect::<Vec<_>>(), &recv_off)?;
-        let peer = conn::accept(
-            &listener,
-            &ctx,
-            &qp,
-            &params,
-            Offer::new(),
-            accept_timeout(common),
-        )?;
+        let prepare = |qp: &B::Qp| -> Res<()> {
+            modify_to_init(qp, &params)?;
+            post_recvs(qp, &recv_mr, c, &(0..depth).collect::<Vec<_>>(), &recv_off)
+        };
+        let peer = acceptor.accept(&ctx, &qp, prepare, &params, Offer::new(), accept_timeout(common))?;
         println!(
             "server: client {c} connected (QP {:#x} <-> {:#x})",
             qp.qp_num(),

@@ -81,8 +81,9 @@ struct OwnerTuning {
 
 #[derive(Args, Debug, Clone)]
 struct ServerArgs {
-    /// Address to listen on for connection setup (port 0: any free port).
-    #[arg(long, default_value = "0.0.0.0:18516")]
+    /// Address to listen on for connection setup (port 0: any free port; loopback by
+    /// default, 0.0.0.0:PORT accepts other hosts).
+    #[arg(long, default_value = "127.0.0.1:18516")]
     listen: String,
     /// Reader connections to accept (one per reader thread).
     #[arg(long, default_value_t = 1)]
@@ -138,6 +139,7 @@ struct PoolInfo {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    examples::init_tracing();
     examples::report("param-pool", run(cli))
 }
 
@@ -174,8 +176,8 @@ fn owner<B: Backend>(b: &B, common: &CommonArgs, a: &ServerArgs) -> Res<()> {
         pool::init_slot(&mr, v * slot, v as u64, dim)?;
     }
     let cq = ctx.create_cq(16, None)?;
-    let listener = conn::listen(&a.listen)?;
-    announce_listening(listener.local_addr()?);
+    let acceptor = conn::Acceptor::start(conn::listen(&a.listen)?, common.wait())?;
+    announce_listening(acceptor.local_addr());
     println!(
         "owner: device {}, {nvec} vectors x {dim} f32 ({slot} B slots, {} KiB) registered with REMOTE_READ at {:#x} rkey {:#x}",
         ctx.name(),
@@ -218,7 +220,7 @@ fn owner<B: Backend>(b: &B, common: &CommonArgs, a: &ServerArgs) -> Res<()> {
             for r in 0..a.readers.max(1) {
                 let (qp, _) = conn::create_qp_on::<B>(&ctx, &pd, &cq, &QpOpts::new(1, 1))?;
                 let offer = Offer::new().mr(mr.remote()).private_data(private.clone());
-                let peer = conn::accept(&listener, &ctx, &qp, &params, offer, timeout)?;
+                let peer = acceptor.accept(&ctx, &qp, |_| Ok(()), &params, offer, timeout)?;
                 println!("owner: reader {r} connected (QP {:#x})", qp.qp_num());
                 peers.push(peer);
                 qps.push(qp);

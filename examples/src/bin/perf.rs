@@ -63,8 +63,9 @@ struct Cli {
     /// Run as the server: wait for one client on -p (perftest's role without an address).
     #[arg(long)]
     server: bool,
-    /// IP the server binds (with --server).
-    #[arg(long, default_value = "0.0.0.0")]
+    /// IP the server binds (with --server; loopback by default, 0.0.0.0 accepts other
+    /// hosts).
+    #[arg(long, default_value = "127.0.0.1")]
     bind: String,
     /// Connection-setup TCP port.
     #[arg(short = 'p', long, default_value_t = 18515)]
@@ -230,6 +231,7 @@ const LINE: &str = "------------------------------------------------------------
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    examples::init_tracing();
     examples::report("perf", run(&cli))
 }
 
@@ -473,8 +475,11 @@ fn server<B: Backend>(b: &B, cli: &Cli) -> Res<()> {
     let pd = ctx.alloc_pd()?;
     let rx = cli.rx_depth.max(2);
     let rc = conn::create_rc::<B>(&ctx, &pd, &QpOpts::new(16, rx).inline(220))?;
-    let listener = conn::listen(&format!("{}:{}", cli.bind, cli.port))?;
-    announce_listening(listener.local_addr()?);
+    let acceptor = conn::Acceptor::start(
+        conn::listen(&format!("{}:{}", cli.bind, cli.port))?,
+        common.wait(),
+    )?;
+    announce_listening(acceptor.local_addr());
     println!(
         "perf server: {} on {} ({}), waiting for a client",
         cli.test.name(),
@@ -482,10 +487,10 @@ fn server<B: Backend>(b: &B, cli: &Cli) -> Res<()> {
         b.name()
     );
     let params = common.rc_params();
-    let mut peer = conn::accept(
-        &listener,
+    let mut peer = acceptor.accept(
         &ctx,
         &rc.qp,
+        |_| Ok(()),
         &params,
         Offer::new(),
         Duration::from_secs(120),

@@ -143,6 +143,7 @@ macro_rules! error {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    examples::init_tracing();
     let r = match &cli.cmd {
         Some(Cmd::TcpServer) => tcp_server(),
         Some(Cmd::Spin { secs }) => {
