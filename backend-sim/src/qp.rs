@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 use tokio::sync::Notify;
 use verbs_api::timers::local_ack_timeout;
 use verbs_api::transitions::check_modify;
@@ -459,6 +459,9 @@ impl QpShared {
         if next != QpState::Err {
             g.state = next;
         }
+        if cur == QpState::Sqd && next == QpState::Rts && g.req.has_unsent() {
+            self.start_send_queue(g, None);
+        }
         Ok(())
     }
 
@@ -537,34 +540,45 @@ impl QpShared {
                 req.flush(send_wc);
                 self.deliver(&mut g);
             } else if g.state == QpState::Rts {
-                let conn = g.conn.clone();
-                let idle = g.req.nothing_in_flight();
-                if conn.is_none() {
-                    // No connection (not yet, or the peer is gone). An HCA processes the
-                    // WQEs anyway, whether anything answers or not: build the frames (the
-                    // local checks run, so a bad lkey is LOC_PROT_ERR now, not a transport
-                    // error after the retries) and lose them on the way. They are resent
-                    // once connected; until then the ACK timer runs.
-                    let now = Self::now();
-                    let QpInner { req, send_wc, .. } = &mut *g;
-                    let mut void = TxQueue::new();
-                    let built = req.poll_transmit(&self.dev.mrs, now, &mut void, usize::MAX, send_wc);
-                    req.on_connection_lost();
-                    if built.is_err() {
-                        self.enter_error(&mut g);
-                    } else {
-                        g.req.arm_timer(now);
-                        self.dev.progress.rearm(self, &mut g);
-                    }
-                }
-                drop(g);
-                match conn {
-                    Some(c) => self.dev.progress.kick(self, &c, idle, wrs.len()),
-                    None => self.req_wake.notify_one(),
-                }
+                self.start_send_queue(g, Some(wrs.len()));
             }
         }
         result
+    }
+
+    /// Starts sending what the send queue holds, now that it may: after `post_send` in
+    /// RTS (`posted`: the number of WRs of the call), and after SQD -> RTS (`None`), which
+    /// resumes the WQEs posted while the queue drained: nothing else starts them, and
+    /// without this they would wait for the next post. Releases the lock.
+    fn start_send_queue(self: &Arc<Self>, mut g: MutexGuard<'_, QpInner>, posted: Option<usize>) {
+        let conn = g.conn.clone();
+        let idle = g.req.nothing_in_flight();
+        if conn.is_none() {
+            // No connection (not yet, or the peer is gone). An HCA processes the
+            // WQEs anyway, whether anything answers or not: build the frames (the
+            // local checks run, so a bad lkey is LOC_PROT_ERR now, not a transport
+            // error after the retries) and lose them on the way. They are resent
+            // once connected; until then the ACK timer runs.
+            let now = Self::now();
+            let QpInner { req, send_wc, .. } = &mut *g;
+            let mut void = TxQueue::new();
+            let built = req.poll_transmit(&self.dev.mrs, now, &mut void, usize::MAX, send_wc);
+            req.on_connection_lost();
+            if built.is_err() {
+                self.enter_error(&mut g);
+            } else {
+                g.req.arm_timer(now);
+                self.dev.progress.rearm(self, &mut g);
+            }
+        }
+        drop(g);
+        match (conn, posted) {
+            (Some(c), Some(wrs)) => self.dev.progress.kick(self, &c, idle, wrs),
+            // Not a post (it must not count as one of a refill loop's, see
+            // `Progress::kick`): queued for the driving thread or the progress thread.
+            (Some(_), None) => self.dev.progress.schedule(self),
+            (None, _) => self.req_wake.notify_one(),
+        }
     }
 
     /// `ibv_post_recv`.

@@ -89,6 +89,12 @@ pub fn list<B: Backend>() -> Vec<Case<B>> {
             "man ibv_modify_qp (any state -> RESET); IBA 10.3.1",
             qp_reuse
         ),
+        case!(
+            "qp.sqd-resume",
+            "a WR posted in SQD is held, and sent after SQD -> RTS without another post",
+            "man ibv_modify_qp (IBV_QPS_SQD); IBA 10.3.1 (SQD -> RTS resumes the send queue)",
+            qp_sqd_resume
+        ),
     ]
 }
 
@@ -395,6 +401,46 @@ fn qp_reuse<B: Backend>(env: &Env<B>) -> CaseResult {
         crate::env::read_back(&mr, 2048, 11)?,
         b"second life".to_vec(),
         "data"
+    );
+    Ok(Outcome::Pass)
+}
+
+fn qp_sqd_resume<B: Backend>(env: &Env<B>) -> CaseResult {
+    let p = env.pair(&env.opts())?;
+    let src = env.mr(&p.pd, 4096, A::LOCAL_WRITE)?;
+    let dst = env.mr(&p.pd, 4096, A::LOCAL_WRITE | A::REMOTE_WRITE)?;
+    src.write(0, b"before SQD")?;
+    src.write(64, b"held in SQD")?;
+    // One WRITE first: the connection is up and idle when the QP moves to SQD.
+    p.a.post_send(&[SendWr::write(1, &[src.sge(0, 10)?], dst.remote().at(0)).signaled()])?;
+    let wc = env.wait1(&p.cq_a)?;
+    ensure!(wc.is_ok(), "WRITE before SQD: {:?}", wc.status);
+    let to = |state| QpAttr {
+        qp_state: state,
+        ..Default::default()
+    };
+    p.a.modify(&to(QpState::Sqd), M::STATE)?;
+    ensure_eq!(p.a.state()?, QpState::Sqd, "after RTS -> SQD");
+    p.a.post_send(&[SendWr::write(2, &[src.sge(64, 11)?], dst.remote().at(64)).signaled()])?;
+    env.expect_empty(&p.cq_a, "a WRITE posted in SQD")?;
+    ensure_eq!(
+        crate::env::read_back(&dst, 64, 11)?,
+        vec![0u8; 11],
+        "target of the WRITE posted in SQD, before SQD -> RTS"
+    );
+    p.a.modify(&to(QpState::Rts), M::STATE)?;
+    ensure_eq!(p.a.state()?, QpState::Rts, "after SQD -> RTS");
+    // No further post: the transition alone must start the held WRITE.
+    let wc = env.wait1(&p.cq_a)?;
+    ensure_eq!(
+        (wc.wr_id, wc.status),
+        (2, verbs_api::WcStatus::Success),
+        "the WRITE held in SQD"
+    );
+    ensure_eq!(
+        crate::env::read_back(&dst, 64, 11)?,
+        b"held in SQD".to_vec(),
+        "target of the WRITE held in SQD"
     );
     Ok(Outcome::Pass)
 }
