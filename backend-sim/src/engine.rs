@@ -257,6 +257,7 @@ mod tests {
             min_rnr_timer: 1,
         });
         r.access = AccessFlags::REMOTE;
+        r.max_dest_rd_atomic = 16;
         r
     }
 

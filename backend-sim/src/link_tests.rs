@@ -69,6 +69,7 @@ impl Link {
             min_rnr_timer,
         });
         resp.access = AccessFlags::REMOTE;
+        resp.max_dest_rd_atomic = 16;
         Link {
             a_mrs: MrTable::default(),
             b_mrs: MrTable::default(),
@@ -831,6 +832,7 @@ proptest! {
         let mut resp = Responder::new(2, PD, 16, 4);
         resp.connect(RespAttrs { rq_psn: 0, min_rnr_timer: 1 });
         resp.access = AccessFlags::REMOTE;
+        resp.max_dest_rd_atomic = 16;
         for _ in 0..4 { resp.post(&RecvWr::new(1, &[Sge::new(mr.addr(), 4096, key)])).unwrap(); }
         let mut rx = Reader::new();
         let mut tx = TxQueue::new();
@@ -880,6 +882,7 @@ proptest! {
         let mut resp = Responder::new(2, PD, 16, 4);
         resp.connect(RespAttrs { rq_psn: 0, min_rnr_timer: 1 });
         resp.access = AccessFlags::REMOTE;
+        resp.max_dest_rd_atomic = 16;
         resp.post(&RecvWr::new(1, &[Sge::new(mr.addr(), 4096, key)])).unwrap();
         let mut rx = Reader::new();
         let mut tx = TxQueue::new();

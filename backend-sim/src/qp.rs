@@ -396,6 +396,7 @@ impl QpShared {
         }
         let a = g.attr;
         g.resp.access = a.qp_access_flags;
+        g.resp.max_dest_rd_atomic = a.max_dest_rd_atomic;
         g.resp.min_rnr_timer = a.min_rnr_timer;
         match next {
             QpState::Reset => {

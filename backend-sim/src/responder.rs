@@ -15,6 +15,9 @@
 //!   `IBV_WC_LOC_LEN_ERR` and NAKs the request as invalid (`IBV_WC_REM_INV_REQ_ERR` at
 //!   the requester); a receive SGE with a bad lkey is `IBV_WC_LOC_PROT_ERR` here and a
 //!   remote operational error there;
+//! - a READ or atomic to a QP with `max_dest_rd_atomic` 0 (no responder resources for
+//!   them) is NAKed as invalid (`IBV_WC_REM_INV_REQ_ERR` at the requester) and not
+//!   executed, as rxe's `check_resource()` does; a non-zero limit is not enforced;
 //! - RDMA and atomics pass the one access check of [`MrTable::resolve_remote`]; a
 //!   violation NAKs with remote access error (misaligned atomics: invalid request) and
 //!   leaves memory untouched;
@@ -84,6 +87,12 @@ pub struct Responder {
     nak_psn: Option<u32>,
     /// Remote operations the QP accepts (`qp_access_flags`).
     pub access: AccessFlags,
+    /// RDMA READs and atomics this QP may have outstanding as a responder
+    /// (`max_dest_rd_atomic`). 0 leaves it no resources for them: each is refused as an
+    /// invalid request, as rxe's `check_resource()` does (an HCA that allocated no
+    /// responder resources cannot execute one). A non-zero limit is not enforced: a
+    /// requester never has more outstanding than its `max_rd_atomic`.
+    pub max_dest_rd_atomic: u8,
     /// RNR NAK timer code.
     pub min_rnr_timer: u8,
     ack_owed: Option<u32>,
@@ -115,6 +124,7 @@ impl Responder {
             epsn: 0,
             nak_psn: None,
             access: AccessFlags::empty(),
+            max_dest_rd_atomic: 0,
             min_rnr_timer: 0,
             ack_owed: None,
             owed_bytes: 0,
@@ -344,6 +354,9 @@ impl Responder {
                 Ok(Incoming::Sink(segs))
             }
             Frame::Read { len, addr, rkey, .. } => {
+                if self.max_dest_rd_atomic == 0 {
+                    return self.no_rd_atomic_resources(psn, tx);
+                }
                 let seg = match mrs.resolve_remote(
                     self.pd,
                     self.access,
@@ -364,6 +377,9 @@ impl Responder {
                 Ok(Incoming::Discard)
             }
             Frame::CmpSwap { addr, rkey, .. } | Frame::FetchAdd { addr, rkey, .. } => {
+                if self.max_dest_rd_atomic == 0 {
+                    return self.no_rd_atomic_resources(psn, tx);
+                }
                 let seg =
                     match mrs.resolve_remote(self.pd, self.access, rkey, addr, 8, AccessFlags::REMOTE_ATOMIC)
                     {
@@ -404,6 +420,15 @@ impl Responder {
         Ok(Incoming::Discard)
     }
 
+    /// A READ or atomic to a QP without responder resources for them
+    /// (`max_dest_rd_atomic` 0): an invalid request (`IBV_WC_REM_INV_REQ_ERR` at the
+    /// requester), checked before the rkey, as the resource check precedes the
+    /// memory checks in rxe's responder and the IBA's.
+    fn no_rd_atomic_resources(&mut self, psn: u32, tx: &mut TxQueue) -> Result<Incoming, Fatal> {
+        self.nak(tx, psn, NakCode::InvalidRequest);
+        Err(Fatal(WcStatus::RemInvReqErr))
+    }
+
     fn access_error(&mut self, psn: u32, e: RemoteAccessError, tx: &mut TxQueue) -> Result<Incoming, Fatal> {
         let code = match e {
             RemoteAccessError::Misaligned => NakCode::InvalidRequest,
@@ -424,6 +449,10 @@ impl Responder {
                 // answers cannot make this side queue an ACK per copy.
                 self.ack_owed = Some(psn::add(self.epsn, verbs_api::PSN_MASK));
                 self.ack_asked |= frame.ack_req();
+            }
+            // With no responder resources no READ was executed, so none is repeated.
+            Frame::Read { psn, .. } if self.max_dest_rd_atomic == 0 => {
+                self.nak(tx, psn, NakCode::InvalidRequest)
             }
             Frame::Read { psn, len, addr, rkey } => {
                 match mrs.resolve_remote(
@@ -612,6 +641,7 @@ mod tests {
             min_rnr_timer: 1,
         });
         resp.access = AccessFlags::REMOTE;
+        resp.max_dest_rd_atomic = 4;
         let mut tx = TxQueue::new();
         let mut out = Vec::new();
         let write = Frame::Write {
@@ -662,5 +692,70 @@ mod tests {
             frames(&mut tx),
             [Frame::Ack { psn: 7 }, Frame::ReadResp { psn: 8, len: 0 }]
         );
+    }
+
+    /// Without responder resources (`max_dest_rd_atomic` 0) no READ or atomic runs, as a
+    /// new request (a NAK and `Fatal`) or as a duplicate of an older PSN (a peer replaying
+    /// one that was never executed gets a NAK, not the region's bytes).
+    #[test]
+    fn without_responder_resources_no_read_or_atomic_runs() {
+        use crate::memory::MrShared;
+        use std::sync::Arc;
+        let mrs = MrTable::default();
+        let mr = Arc::new(MrShared::new_owned(1, 9, 64, AccessFlags::ALL).unwrap());
+        mrs.insert(mr.clone());
+        let seg = Seg {
+            mr: mr.clone(),
+            offset: 0,
+            len: 64,
+        };
+        assert!(seg.copy_in(0, &[7; 64]));
+        let mut resp = Responder::new(2, 1, 4, 1);
+        resp.connect(RespAttrs {
+            rq_psn: 20,
+            min_rnr_timer: 1,
+        });
+        resp.access = AccessFlags::REMOTE;
+        let (mut tx, mut out) = (TxQueue::new(), Vec::new());
+        let read = |psn| Frame::Read {
+            psn,
+            len: 64,
+            addr: mr.addr(),
+            rkey: 9,
+        };
+        let faa = Frame::FetchAdd {
+            psn: 20,
+            addr: mr.addr(),
+            rkey: 9,
+            add: 1,
+        };
+        for f in [read(20), faa] {
+            assert!(matches!(
+                resp.on_request(&f, &mrs, &mut tx, &mut out),
+                Err(Fatal(WcStatus::RemInvReqErr))
+            ));
+            assert_eq!(
+                frames(&mut tx),
+                [Frame::Nak {
+                    psn: 20,
+                    code: NakCode::InvalidRequest
+                }]
+            );
+        }
+        assert!(matches!(
+            resp.on_request(&read(19), &mrs, &mut tx, &mut out),
+            Ok(Incoming::Discard)
+        ));
+        assert_eq!(
+            frames(&mut tx),
+            [Frame::Nak {
+                psn: 19,
+                code: NakCode::InvalidRequest
+            }]
+        );
+        let mut now = [0u8; 64];
+        assert!(seg.copy_out(0, &mut now));
+        assert_eq!(now, [7; 64], "the region changed");
+        assert!(out.is_empty());
     }
 }

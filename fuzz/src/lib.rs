@@ -110,7 +110,8 @@ pub struct Input {
 /// QP attributes (zeros give the friendliest QP: every remote right granted).
 #[derive(Arbitrary, Debug)]
 pub struct Setup {
-    /// Remote rights the QP refuses: bit 0 WRITE, bit 1 READ, bit 2 ATOMIC.
+    /// Remote rights the QP refuses: bit 0 WRITE, bit 1 READ, bit 2 ATOMIC; bit 3: no
+    /// responder resources for READs and atomics (`max_dest_rd_atomic` 0).
     pub qp_refuses: u8,
     /// Responder's first expected PSN.
     pub rq_psn: u32,
@@ -548,13 +549,16 @@ impl Harness {
         if setup.qp_refuses & 4 != 0 {
             qp_access.remove(AccessFlags::REMOTE_ATOMIC);
         }
-        let target_writable = qp_access.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC);
+        // Atomics write only with responder resources for them.
+        let target_writable = qp_access.contains(AccessFlags::REMOTE_WRITE)
+            || (qp_access.contains(AccessFlags::REMOTE_ATOMIC) && setup.qp_refuses & 8 == 0);
         let mut resp = Responder::new(2, PD, cap().max_recv_wr, cap().max_recv_sge);
         resp.connect(RespAttrs {
             rq_psn: setup.rq_psn & PSN_MASK,
             min_rnr_timer: setup.min_rnr_timer % 32,
         });
         resp.access = qp_access;
+        resp.max_dest_rd_atomic = if setup.qp_refuses & 8 != 0 { 0 } else { 16 };
         let sq_psn = setup.sq_psn & PSN_MASK;
         let mut req = Requester::new(1, PD, &cap(), false);
         req.connect(ReqAttrs {
