@@ -310,7 +310,8 @@ mod tests {
             Some((
                 Frame::Nak {
                     psn: 100,
-                    code: NakCode::Rnr { timer: 1 }
+                    code: NakCode::Rnr { timer: 1 },
+                    reason: None
                 },
                 16
             ))

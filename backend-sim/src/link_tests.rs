@@ -922,3 +922,41 @@ proptest! {
         prop_assert!(backing[8192..].iter().all(|&b| b == 0xee));
     }
 }
+
+/// A refused remote access is logged at the responder (a warning: its QP goes to ERR and
+/// its application learns nothing else about why), naming the QP, the rkey, the address,
+/// the length and the reason; the requester's completion carries the reason's code.
+#[test]
+fn a_refused_access_is_logged_at_the_responder_with_its_reason() {
+    use crate::trace_capture::Capture;
+    use crate::wire::NakReason;
+    let cap = Capture::default();
+    let mut l = Link::new(7, 7, 14, 1);
+    let src = Link::mr(&l.a_mrs, 64);
+    let dst = Link::mr(&l.b_mrs, 64);
+    let addr = dst.addr() + 32;
+    l.req
+        .post(
+            &SendWr::write(5, &[sge(&src, 0, 48)], (addr, dst.key)).signaled(),
+            &l.a_mrs,
+        )
+        .unwrap();
+    cap.run(|| l.pump());
+    let wc = l.take_send();
+    assert_eq!(statuses(&wc), [(5, WcStatus::RemAccessErr)]);
+    assert_eq!(wc[0].vendor_err, NakReason::OutOfBounds.vendor_err());
+    let warned = cap.find(tracing::Level::WARN, "refused");
+    assert_eq!(warned.len(), 1, "{:?}", cap.events());
+    let e = &warned[0];
+    assert_eq!(e.field("qpn"), Some("2"));
+    assert_eq!(e.field("op"), Some("WRITE"));
+    assert_eq!(e.field("rkey"), Some(format!("{:#x}", dst.key).as_str()));
+    assert_eq!(e.field("addr"), Some(format!("{addr:#x}").as_str()));
+    assert_eq!(e.field("len"), Some("48"));
+    assert_eq!(e.field("reason"), Some("OutOfBounds"));
+    assert!(
+        e.message().contains("the address range leaves the memory region"),
+        "{}",
+        e.message()
+    );
+}

@@ -14,7 +14,8 @@
 //!   `IBV_WC_RNR_RETRY_EXC_ERR`;
 //! - no response within the local ACK `timeout` rewinds and resends, `retry_cnt` times,
 //!   then `IBV_WC_RETRY_EXC_ERR`;
-//! - any other NAK completes the WQE with the matching remote error.
+//! - any other NAK completes the WQE with the matching remote error, and the reason the
+//!   responder gave ([`NakReason`](crate::wire::NakReason)) in `vendor_err`.
 //!
 //! An error returns [`Fatal`]: the QP must move to ERR, which flushes the rest. WQEs
 //! complete strictly in order; only signaled ones (or errors) produce a completion.
@@ -28,7 +29,7 @@ use verbs_api::{SendFlags, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion, WrOp
 use crate::memory::{MrTable, Seg};
 use crate::psn;
 use crate::tx::TxQueue;
-use crate::wire::{Frame, NakCode, MAX_MSG};
+use crate::wire::{Frame, NakCode, NakReason, MAX_MSG};
 
 /// The QP must go to ERR (a completion with the error has been produced).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,6 +52,9 @@ struct SendWqe {
     psn: u32,
     sent: bool,
     status: Option<WcStatus>,
+    /// The completion's `vendor_err` when `status` is an error that carries one (the
+    /// responder's [`NakReason`]).
+    vendor_err: u32,
 }
 
 impl SendWqe {
@@ -69,6 +73,7 @@ impl SendWqe {
             psn: 0,
             sent: false,
             status: None,
+            vendor_err: 0,
         }
     }
 
@@ -284,6 +289,7 @@ impl Requester {
         w.psn = 0;
         w.sent = false;
         w.status = None;
+        w.vendor_err = 0;
         self.sq.push_back(w);
         Ok(())
     }
@@ -484,9 +490,11 @@ impl Requester {
             let Some(status) = w.status else { break };
             if w.signaled || status != WcStatus::Success {
                 let mut wc = w.completion(self.qpn, status);
-                if status == WcStatus::RetryExcErr {
-                    wc.vendor_err = self.link_error;
-                }
+                wc.vendor_err = if status == WcStatus::RetryExcErr {
+                    self.link_error
+                } else {
+                    w.vendor_err
+                };
                 out.push(wc);
             }
             let mut w = self.sq.pop_front().expect("front exists");
@@ -579,7 +587,7 @@ impl Requester {
                 self.retire(out);
                 Ok(ReadSink::Discard)
             }
-            Frame::Nak { psn, code } => {
+            Frame::Nak { psn, code, reason } => {
                 let Some(i) = self.find_sent(psn) else {
                     return Ok(ReadSink::Discard);
                 };
@@ -606,8 +614,15 @@ impl Requester {
                         self.retire(out);
                         Ok(ReadSink::Discard)
                     }
-                    NakCode::InvalidRequest => self.fail(i, WcStatus::RemInvReqErr, out),
-                    NakCode::RemoteAccess => self.fail(i, WcStatus::RemAccessErr, out),
+                    NakCode::InvalidRequest | NakCode::RemoteAccess => {
+                        // The responder's reason goes to `vendor_err` (0: none given).
+                        self.sq[i].vendor_err = reason.map_or(0, NakReason::vendor_err);
+                        let status = match code {
+                            NakCode::InvalidRequest => WcStatus::RemInvReqErr,
+                            _ => WcStatus::RemAccessErr,
+                        };
+                        self.fail(i, status, out)
+                    }
                     NakCode::RemoteOperational => self.fail(i, WcStatus::RemOpErr, out),
                 }
             }

@@ -36,7 +36,7 @@ use crate::memory::{MrTable, RemoteAccessError, Seg};
 use crate::psn;
 use crate::requester::Fatal;
 use crate::tx::TxQueue;
-use crate::wire::{Frame, NakCode};
+use crate::wire::{Frame, NakCode, NakReason};
 
 /// How many atomic results are kept for duplicate requests.
 const ATOMIC_REPLAY: usize = 16;
@@ -187,9 +187,9 @@ impl Responder {
         }
     }
 
-    fn nak(&mut self, tx: &mut TxQueue, psn: u32, code: NakCode) {
+    fn nak(&mut self, tx: &mut TxQueue, psn: u32, code: NakCode, reason: Option<NakReason>) {
         self.forget_ack();
-        tx.push_frame(&Frame::Nak { psn, code });
+        tx.push_frame(&Frame::Nak { psn, code, reason });
     }
 
     /// Whether an ACK is owed (requests executed but not yet acknowledged).
@@ -257,7 +257,7 @@ impl Responder {
             if self.nak_psn.is_none() {
                 self.nak_psn = Some(self.epsn);
                 let e = self.epsn;
-                self.nak(tx, e, NakCode::PsnSeq);
+                self.nak(tx, e, NakCode::PsnSeq, None);
             }
             return Ok(Incoming::Discard);
         }
@@ -281,15 +281,22 @@ impl Responder {
                         out.push((self.recv_completion(w.wr_id, WcStatus::LocProtErr), false));
                         self.give_back(w);
                         self.scratch = segs;
-                        self.nak(tx, psn, NakCode::RemoteOperational);
+                        self.nak(tx, psn, NakCode::RemoteOperational, None);
                         return Err(Fatal(WcStatus::LocProtErr));
                     }
                 };
                 if (len as u64) > total {
+                    tracing::debug!(
+                        qpn = self.qpn,
+                        len,
+                        room = total,
+                        "SEND longer than the receive buffers: LOC_LEN_ERR here, the QP goes to ERR"
+                    );
                     out.push((self.recv_completion(w.wr_id, WcStatus::LocLenErr), false));
                     self.give_back(w);
                     self.scratch = segs;
-                    self.nak(tx, psn, NakCode::InvalidRequest);
+                    let reason = NakReason::RecvTooShort;
+                    self.nak(tx, psn, reason.code(), Some(reason));
                     return Err(Fatal(WcStatus::LocLenErr));
                 }
                 trim(&mut segs, len as usize);
@@ -332,7 +339,7 @@ impl Responder {
                     AccessFlags::REMOTE_WRITE,
                 ) {
                     Ok(s) => s,
-                    Err(e) => return self.access_error(psn, e, tx),
+                    Err(e) => return self.refuse(psn, "WRITE", reason_of(e), rkey, addr, len as u64, tx),
                 };
                 if imm.is_some() {
                     let w = self.take_recv().expect("checked above");
@@ -354,8 +361,11 @@ impl Responder {
                 Ok(Incoming::Sink(segs))
             }
             Frame::Read { len, addr, rkey, .. } => {
+                // Resources before the rkey, as the responder state machines of rxe
+                // (`check_resource()` before `check_rkey()`) and the IBA order them.
                 if self.max_dest_rd_atomic == 0 {
-                    return self.no_rd_atomic_resources(psn, tx);
+                    let reason = NakReason::NoRdAtomicResources;
+                    return self.refuse(psn, "READ", reason, rkey, addr, len as u64, tx);
                 }
                 let seg = match mrs.resolve_remote(
                     self.pd,
@@ -366,7 +376,7 @@ impl Responder {
                     AccessFlags::REMOTE_READ,
                 ) {
                     Ok(s) => s,
-                    Err(e) => return self.access_error(psn, e, tx),
+                    Err(e) => return self.refuse(psn, "READ", reason_of(e), rkey, addr, len as u64, tx),
                 };
                 self.flush_ack_before_response(tx);
                 tx.push_frame(&Frame::ReadResp { psn, len });
@@ -377,15 +387,20 @@ impl Responder {
                 Ok(Incoming::Discard)
             }
             Frame::CmpSwap { addr, rkey, .. } | Frame::FetchAdd { addr, rkey, .. } => {
+                let op = match frame {
+                    Frame::CmpSwap { .. } => "CMP_AND_SWP",
+                    _ => "FETCH_AND_ADD",
+                };
                 if self.max_dest_rd_atomic == 0 {
-                    return self.no_rd_atomic_resources(psn, tx);
+                    let reason = NakReason::NoRdAtomicResources;
+                    return self.refuse(psn, op, reason, rkey, addr, 8, tx);
                 }
                 let seg =
                     match mrs.resolve_remote(self.pd, self.access, rkey, addr, 8, AccessFlags::REMOTE_ATOMIC)
                     {
                         Ok(Some(s)) => s,
                         Ok(None) => unreachable!("atomics always name 8 bytes"),
-                        Err(e) => return self.access_error(psn, e, tx),
+                        Err(e) => return self.refuse(psn, op, reason_of(e), rkey, addr, 8, tx),
                     };
                 let orig = seg.atomic(|w| match *frame {
                     Frame::CmpSwap { compare, swap, .. } => {
@@ -398,7 +413,8 @@ impl Responder {
                 });
                 let Some(orig) = orig else {
                     // Deregistered between the check and the operation.
-                    return self.access_error(psn, RemoteAccessError::BadKey, tx);
+                    let reason = NakReason::DeregisteredRkey;
+                    return self.refuse(psn, op, reason, rkey, addr, 8, tx);
                 };
                 if self.replay.len() == ATOMIC_REPLAY {
                     self.replay.pop_front();
@@ -416,26 +432,40 @@ impl Responder {
     fn rnr(&mut self, psn: u32, tx: &mut TxQueue) -> Result<Incoming, Fatal> {
         self.nak_psn = Some(psn);
         let timer = self.min_rnr_timer;
-        self.nak(tx, psn, NakCode::Rnr { timer });
+        self.nak(tx, psn, NakCode::Rnr { timer }, None);
         Ok(Incoming::Discard)
     }
 
-    /// A READ or atomic to a QP without responder resources for them
-    /// (`max_dest_rd_atomic` 0): an invalid request (`IBV_WC_REM_INV_REQ_ERR` at the
-    /// requester), checked before the rkey, as the resource check precedes the
-    /// memory checks in rxe's responder and the IBA's.
-    fn no_rd_atomic_resources(&mut self, psn: u32, tx: &mut TxQueue) -> Result<Incoming, Fatal> {
-        self.nak(tx, psn, NakCode::InvalidRequest);
-        Err(Fatal(WcStatus::RemInvReqErr))
-    }
-
-    fn access_error(&mut self, psn: u32, e: RemoteAccessError, tx: &mut TxQueue) -> Result<Incoming, Fatal> {
-        let code = match e {
-            RemoteAccessError::Misaligned => NakCode::InvalidRequest,
-            _ => NakCode::RemoteAccess,
-        };
-        self.nak(tx, psn, code);
-        Err(Fatal(match code {
+    /// Refuses request `psn` (`op` of `len` bytes at `addr` with `rkey`) for `reason`:
+    /// a NAK of the reason's kind (remote access error: `IBV_WC_REM_ACCESS_ERR` at the
+    /// requester; invalid request: `IBV_WC_REM_INV_REQ_ERR`) that carries the reason, and
+    /// the QP goes to ERR.
+    #[allow(clippy::too_many_arguments)]
+    fn refuse(
+        &mut self,
+        psn: u32,
+        op: &'static str,
+        reason: NakReason,
+        rkey: u32,
+        addr: u64,
+        len: u64,
+        tx: &mut TxQueue,
+    ) -> Result<Incoming, Fatal> {
+        // A warning, not a debug event: this side's QP goes to ERR for it, and its
+        // application learns nothing else about why (the error completion is the peer's).
+        // It comes at most once per QP life (in ERR, requests are dropped), so a peer
+        // cannot flood the log with it.
+        tracing::warn!(
+            qpn = self.qpn,
+            op,
+            rkey = %format_args!("{rkey:#x}"),
+            addr = %format_args!("{addr:#x}"),
+            len,
+            reason = ?reason,
+            "remote {op} refused: {reason}; the QP goes to ERR"
+        );
+        self.nak(tx, psn, reason.code(), Some(reason));
+        Err(Fatal(match reason.code() {
             NakCode::InvalidRequest => WcStatus::RemInvReqErr,
             _ => WcStatus::RemAccessErr,
         }))
@@ -452,7 +482,8 @@ impl Responder {
             }
             // With no responder resources no READ was executed, so none is repeated.
             Frame::Read { psn, .. } if self.max_dest_rd_atomic == 0 => {
-                self.nak(tx, psn, NakCode::InvalidRequest)
+                let reason = NakReason::NoRdAtomicResources;
+                self.nak(tx, psn, reason.code(), Some(reason))
             }
             Frame::Read { psn, len, addr, rkey } => {
                 match mrs.resolve_remote(
@@ -470,7 +501,20 @@ impl Responder {
                             tx.push_seg(&s);
                         }
                     }
-                    Err(_) => self.nak(tx, psn, NakCode::RemoteAccess),
+                    Err(e) => {
+                        // A debug event: a duplicate does not take the QP to ERR, so a
+                        // peer could repeat it at will.
+                        let reason = reason_of(e);
+                        tracing::debug!(
+                            qpn = self.qpn,
+                            rkey = %format_args!("{rkey:#x}"),
+                            addr = %format_args!("{addr:#x}"),
+                            len,
+                            reason = ?reason,
+                            "repeated READ refused: {reason}"
+                        );
+                        self.nak(tx, psn, reason.code(), Some(reason))
+                    }
                 }
             }
             Frame::CmpSwap { psn, .. } | Frame::FetchAdd { psn, .. } => {
@@ -479,7 +523,7 @@ impl Responder {
                         self.flush_ack(tx);
                         tx.push_frame(&Frame::AtomicResp { psn, orig });
                     }
-                    None => self.nak(tx, psn, NakCode::InvalidRequest),
+                    None => self.nak(tx, psn, NakCode::InvalidRequest, None),
                 }
             }
             _ => {}
@@ -544,7 +588,7 @@ impl Responder {
                     wr_id: p.wr_id,
                     sges: p.sges,
                 });
-                self.nak(tx, psn, NakCode::RemoteOperational);
+                self.nak(tx, psn, NakCode::RemoteOperational, None);
                 Fatal(WcStatus::LocProtErr)
             }
             p => {
@@ -554,7 +598,8 @@ impl Responder {
                         sges: p.sges,
                     });
                 }
-                self.nak(tx, psn, NakCode::RemoteAccess);
+                let reason = NakReason::DeregisteredRkey;
+                self.nak(tx, psn, reason.code(), Some(reason));
                 Fatal(WcStatus::RemAccessErr)
             }
         }
@@ -601,6 +646,19 @@ impl Responder {
         }
         self.forget_ack();
         self.nak_psn = None;
+    }
+}
+
+/// The reason a refused remote access gives the requester.
+fn reason_of(e: RemoteAccessError) -> NakReason {
+    match e {
+        RemoteAccessError::BadKey => NakReason::UnknownRkey,
+        RemoteAccessError::Deregistered => NakReason::DeregisteredRkey,
+        RemoteAccessError::WrongPd => NakReason::WrongPd,
+        RemoteAccessError::QpAccess => NakReason::QpAccess,
+        RemoteAccessError::MrAccess => NakReason::MrAccess,
+        RemoteAccessError::OutOfBounds => NakReason::OutOfBounds,
+        RemoteAccessError::Misaligned => NakReason::MisalignedAtomic,
     }
 }
 
@@ -738,7 +796,8 @@ mod tests {
                 frames(&mut tx),
                 [Frame::Nak {
                     psn: 20,
-                    code: NakCode::InvalidRequest
+                    code: NakCode::InvalidRequest,
+                    reason: Some(NakReason::NoRdAtomicResources)
                 }]
             );
         }
@@ -750,7 +809,8 @@ mod tests {
             frames(&mut tx),
             [Frame::Nak {
                 psn: 19,
-                code: NakCode::InvalidRequest
+                code: NakCode::InvalidRequest,
+                reason: Some(NakReason::NoRdAtomicResources)
             }]
         );
         let mut now = [0u8; 64];

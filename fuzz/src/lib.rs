@@ -43,7 +43,7 @@ use backend_sim::requester::{ReqAttrs, Requester};
 use backend_sim::responder::{RespAttrs, Responder};
 use backend_sim::rx::Reader;
 use backend_sim::tx::TxQueue;
-use backend_sim::wire::{Frame, HelloReject, NakCode, MAX_HDR_LEN};
+use backend_sim::wire::{Frame, HelloReject, NakCode, NakReason, MAX_HDR_LEN};
 use verbs_api::timers::local_ack_timeout;
 use verbs_api::{AccessFlags, QpCap, RecvWr, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion, PSN_MASK};
 
@@ -488,6 +488,17 @@ fn nak_code(code: u8) -> NakCode {
     }
 }
 
+/// A NAK's syndrome and, now and then, a reason of its kind (`vendor_err` at the
+/// requester).
+fn nak_of(code: u8) -> (NakCode, Option<NakReason>) {
+    let c = nak_code(code);
+    let reason = NakReason::ALL
+        .get(code as usize / 6 % 16)
+        .copied()
+        .filter(|r| r.code() == c);
+    (c, reason)
+}
+
 fn cap() -> QpCap {
     QpCap {
         max_send_wr: 16,
@@ -755,13 +766,17 @@ impl Harness {
                 },
                 0,
             ),
-            FrameSpec::Nak { psn, code } => (
-                Frame::Nak {
-                    psn: self.resp_psn(psn),
-                    code: nak_code(code),
-                },
-                0,
-            ),
+            FrameSpec::Nak { psn, code } => {
+                let (code, reason) = nak_of(code);
+                (
+                    Frame::Nak {
+                        psn: self.resp_psn(psn),
+                        code,
+                        reason,
+                    },
+                    0,
+                )
+            }
             FrameSpec::Reply {
                 which,
                 how,
@@ -778,10 +793,10 @@ impl Harness {
                         Frame::AtomicResp { psn, orig }
                     }
                     (0, _) => Frame::Ack { psn },
-                    (1, _) => Frame::Nak {
-                        psn,
-                        code: nak_code(orig as u8),
-                    },
+                    (1, _) => {
+                        let (code, reason) = nak_of(orig as u8);
+                        Frame::Nak { psn, code, reason }
+                    }
                     (_, Frame::Read { len, .. }) => Frame::ReadResp {
                         psn,
                         len: len ^ (1 + orig as u32 % 64),
@@ -897,7 +912,7 @@ impl Harness {
             },
             Frame::FetchAdd { addr, rkey, add, .. } => Frame::FetchAdd { psn, addr, rkey, add },
             Frame::Ack { .. } => Frame::Ack { psn },
-            Frame::Nak { code, .. } => Frame::Nak { psn, code },
+            Frame::Nak { code, reason, .. } => Frame::Nak { psn, code, reason },
             Frame::ReadResp { len, .. } => Frame::ReadResp { psn, len },
             Frame::AtomicResp { orig, .. } => Frame::AtomicResp { psn, orig },
             other => other,
