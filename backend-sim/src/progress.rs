@@ -1589,10 +1589,15 @@ impl Progress {
     }
 
     fn lost(&self, conn: &Arc<Conn>, why: &str) {
-        tracing::debug!(qpn = conn.qp.qpn, "connection lost: {why}");
         self.close(conn);
         let qp = &conn.qp;
         let mut g = qp.inner.lock();
+        tracing::debug!(
+            qpn = qp.qpn,
+            dest_qpn = g.attr.dest_qp_num,
+            outstanding = g.req.outstanding(),
+            "connection lost: {why}"
+        );
         if g.self_conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
             g.self_conn = None;
             g.resp.connection_lost();

@@ -31,6 +31,12 @@ use crate::psn;
 use crate::tx::TxQueue;
 use crate::wire::{Frame, NakCode, NakReason, MAX_MSG};
 
+/// How long a requester meets nothing but RNR NAKs before it warns, once per such run: with
+/// `rnr_retry` 7 (retry for ever, the default) a SEND to a peer that never posts a
+/// receive waits for ever, and without the warning nothing would say why. Each NAK and
+/// resend is a debug event; a few seconds of them is no passing shortage any more.
+pub const RNR_WARN_AFTER: Duration = Duration::from_secs(3);
+
 /// The QP must go to ERR (a completion with the error has been produced).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Fatal(pub WcStatus);
@@ -146,9 +152,16 @@ pub struct Requester {
     retry_left: u8,
     rnr_left: u8,
     rnr_wait: Option<Instant>,
+    /// When the current run of RNR NAKs began (the first since the last progress), how
+    /// many it has had, and whether it was warned about ([`RNR_WARN_AFTER`]).
+    rnr_since: Option<Instant>,
+    rnr_naks: u64,
+    rnr_warned: bool,
     ack_deadline: Option<Instant>,
     /// SQD: start nothing new.
     pub draining: bool,
+    /// The peer QP's number (`dest_qp_num`), for what the requester logs.
+    pub dest_qpn: u32,
     /// Why the QP has no connection to its peer, as an `errno`: that of the last failed
     /// attempt to connect (`ECONNREFUSED`, `EMFILE`, ...), `ENOTCONN` while none failed
     /// yet (still connecting, waiting for the peer to connect, or the link just broke),
@@ -186,8 +199,12 @@ impl Requester {
             retry_left: 0,
             rnr_left: 0,
             rnr_wait: None,
+            rnr_since: None,
+            rnr_naks: 0,
+            rnr_warned: false,
             ack_deadline: None,
             draining: false,
+            dest_qpn: 0,
             link_error: 0,
             scratch: Vec::new(),
         }
@@ -316,7 +333,7 @@ impl Requester {
             if now < t {
                 return Ok(0);
             }
-            self.rnr_wait = None;
+            self.end_rnr_wait();
         }
         let mut sent = 0;
         let max_rd = self.attrs.max_rd_atomic.max(1) as u32;
@@ -447,6 +464,60 @@ impl Requester {
         Ok(())
     }
 
+    /// An RNR NAK for `psn` came at `now` (advertising timer code `timer`): a debug event,
+    /// and a warning once the run of them has lasted [`RNR_WARN_AFTER`].
+    fn note_rnr(&mut self, psn: u32, timer: u8, now: Instant) {
+        let since = *self.rnr_since.get_or_insert(now);
+        self.rnr_naks += 1;
+        tracing::debug!(
+            qpn = self.qpn,
+            dest_qpn = self.dest_qpn,
+            psn,
+            timer,
+            retries_left = self.rnr_left,
+            "RNR NAK received: the peer has no receive posted"
+        );
+        let waited = now.saturating_duration_since(since);
+        if waited >= RNR_WARN_AFTER && !self.rnr_warned {
+            self.rnr_warned = true;
+            let forever = if self.attrs.rnr_retry == RNR_RETRY_INFINITE {
+                "; rnr_retry 7 retries for ever"
+            } else {
+                ""
+            };
+            tracing::warn!(
+                qpn = self.qpn,
+                dest_qpn = self.dest_qpn,
+                waited_ms = waited.as_millis() as u64,
+                rnr_naks = self.rnr_naks,
+                "QP {:#x} has met RNR NAKs from QP {:#x} for {:.1} s ({} NAKs): the peer posts no \
+                 receives{forever}",
+                self.qpn,
+                self.dest_qpn,
+                waited.as_secs_f64(),
+                self.rnr_naks
+            );
+        }
+    }
+
+    /// The RNR wait is over: the refused WQE and those after it go again.
+    fn end_rnr_wait(&mut self) {
+        self.rnr_wait = None;
+        tracing::debug!(
+            qpn = self.qpn,
+            dest_qpn = self.dest_qpn,
+            psn = self.psn,
+            "RNR wait over: resending"
+        );
+    }
+
+    /// Forward progress (or a reset): a later RNR NAK starts a new run.
+    fn end_rnr_run(&mut self) {
+        self.rnr_since = None;
+        self.rnr_naks = 0;
+        self.rnr_warned = false;
+    }
+
     /// Position in `sq` of the sent WQE with `psn`.
     fn find_sent(&self, psn: u32) -> Option<usize> {
         self.sq
@@ -472,6 +543,7 @@ impl Requester {
     fn progress(&mut self, now: Instant) {
         self.retry_left = self.attrs.retry_cnt;
         self.rnr_left = self.attrs.rnr_retry;
+        self.end_rnr_run();
         let unacked = self
             .sq
             .iter()
@@ -594,6 +666,7 @@ impl Requester {
                 self.ack_through(i, false);
                 match code {
                     NakCode::Rnr { timer } => {
+                        self.note_rnr(psn, timer, now);
                         if self.rnr_left == 0 {
                             return self.fail(i, WcStatus::RnrRetryExcErr, out);
                         }
@@ -611,6 +684,13 @@ impl Requester {
                         }
                         self.retry_left -= 1;
                         self.rewind(i);
+                        tracing::debug!(
+                            qpn = self.qpn,
+                            dest_qpn = self.dest_qpn,
+                            psn,
+                            retries_left = self.retry_left,
+                            "PSN sequence error NAK: resending from the PSN the responder expects"
+                        );
                         self.retire(out);
                         Ok(ReadSink::Discard)
                     }
@@ -681,7 +761,7 @@ impl Requester {
     ) -> Result<bool, Fatal> {
         let mut fired = false;
         if self.rnr_wait.is_some_and(|t| now >= t) {
-            self.rnr_wait = None;
+            self.end_rnr_wait();
             fired = true;
         }
         if let (Some(d), Some(t), Some(timeout)) = (self.ack_deadline, last_tx, self.attrs.timeout) {
@@ -695,10 +775,22 @@ impl Requester {
                 self.ack_deadline = None;
                 if let Some(i) = self.sq.iter().position(|w| w.status.is_none()) {
                     if self.retry_left == 0 {
+                        tracing::debug!(
+                            qpn = self.qpn,
+                            dest_qpn = self.dest_qpn,
+                            "local ACK timeout, no retries left: IBV_WC_RETRY_EXC_ERR"
+                        );
                         return self.fail(i, WcStatus::RetryExcErr, out).map(|_| true);
                     }
                     self.retry_left -= 1;
                     self.rewind(i);
+                    tracing::debug!(
+                        qpn = self.qpn,
+                        dest_qpn = self.dest_qpn,
+                        psn = self.psn,
+                        retries_left = self.retry_left,
+                        "local ACK timeout: resending"
+                    );
                     fired = true;
                     // The timer keeps running while anything is outstanding: a resend
                     // re-arms it anyway, but a requester that cannot resend (its
@@ -747,6 +839,7 @@ impl Requester {
         self.retire(out);
         self.next = 0;
         self.rnr_wait = None;
+        self.end_rnr_run();
         self.ack_deadline = None;
     }
 
@@ -759,6 +852,7 @@ impl Requester {
         self.next = 0;
         self.rd_inflight = 0;
         self.rnr_wait = None;
+        self.end_rnr_run();
         self.ack_deadline = None;
         self.draining = false;
     }

@@ -432,6 +432,13 @@ impl Responder {
     fn rnr(&mut self, psn: u32, tx: &mut TxQueue) -> Result<Incoming, Fatal> {
         self.nak_psn = Some(psn);
         let timer = self.min_rnr_timer;
+        tracing::debug!(
+            qpn = self.qpn,
+            psn,
+            timer,
+            posted = self.rq.len(),
+            "RNR NAK sent: no receive posted (or one forced by fault injection)"
+        );
         self.nak(tx, psn, NakCode::Rnr { timer }, None);
         Ok(Incoming::Discard)
     }
