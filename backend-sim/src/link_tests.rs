@@ -217,7 +217,7 @@ impl Link {
     /// Moves the clock to `t` and runs the requester's timers.
     fn at(&mut self, t: Instant) {
         self.now = t;
-        if !self.a_err && self.req.on_timer(t, None, &mut self.send_wc).is_err() {
+        if !self.a_err && self.req.on_timer(t, None, None, &mut self.send_wc).is_err() {
             self.a_err();
         }
         self.pump();
@@ -567,7 +567,7 @@ fn requester_cut_off_from_its_peer_gives_up_after_retry_cnt() {
             .unwrap_or_else(|| panic!("no timer armed after {timeouts} timeouts: the WRs never complete"));
         l.now = at;
         timeouts += 1;
-        if l.req.on_timer(at, None, &mut l.send_wc).is_err() {
+        if l.req.on_timer(at, None, None, &mut l.send_wc).is_err() {
             l.a_err();
         }
         assert!(timeouts <= 10, "still waiting after {timeouts} timeouts");

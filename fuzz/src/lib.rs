@@ -996,7 +996,12 @@ impl Harness {
             Step::PeerReads => self.peer_reads(),
             Step::Tick(us) => {
                 self.now += Duration::from_micros(*us as u64);
-                if !self.err && self.req.on_timer(self.now, None, &mut self.send_wc).is_err() {
+                if !self.err
+                    && self
+                        .req
+                        .on_timer(self.now, None, None, &mut self.send_wc)
+                        .is_err()
+                {
                     self.enter_error();
                 }
                 self.check_completions();
