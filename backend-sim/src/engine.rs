@@ -257,6 +257,7 @@ mod tests {
             min_rnr_timer: 1,
         });
         r.access = AccessFlags::REMOTE;
+        r.max_dest_rd_atomic = 16;
         r
     }
 
@@ -309,7 +310,8 @@ mod tests {
             Some((
                 Frame::Nak {
                     psn: 100,
-                    code: NakCode::Rnr { timer: 1 }
+                    code: NakCode::Rnr { timer: 1 },
+                    reason: None
                 },
                 16
             ))

@@ -62,6 +62,10 @@ pub mod wire;
 
 #[cfg(test)]
 mod link_tests;
+#[cfg(test)]
+mod trace_capture;
+
+pub use wire::NakReason;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::RawFd;

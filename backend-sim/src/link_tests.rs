@@ -56,6 +56,7 @@ fn cap() -> QpCap {
 impl Link {
     fn new(rnr_retry: u8, retry_cnt: u8, timeout: u8, min_rnr_timer: u8) -> Link {
         let mut req = Requester::new(1, PD, &cap(), false);
+        req.dest_qpn = 2;
         req.connect(ReqAttrs {
             sq_psn: 100,
             timeout: local_ack_timeout(timeout),
@@ -69,6 +70,7 @@ impl Link {
             min_rnr_timer,
         });
         resp.access = AccessFlags::REMOTE;
+        resp.max_dest_rd_atomic = 16;
         Link {
             a_mrs: MrTable::default(),
             b_mrs: MrTable::default(),
@@ -215,7 +217,7 @@ impl Link {
     /// Moves the clock to `t` and runs the requester's timers.
     fn at(&mut self, t: Instant) {
         self.now = t;
-        if !self.a_err && self.req.on_timer(t, None, &mut self.send_wc).is_err() {
+        if !self.a_err && self.req.on_timer(t, None, None, &mut self.send_wc).is_err() {
             self.a_err();
         }
         self.pump();
@@ -565,7 +567,7 @@ fn requester_cut_off_from_its_peer_gives_up_after_retry_cnt() {
             .unwrap_or_else(|| panic!("no timer armed after {timeouts} timeouts: the WRs never complete"));
         l.now = at;
         timeouts += 1;
-        if l.req.on_timer(at, None, &mut l.send_wc).is_err() {
+        if l.req.on_timer(at, None, None, &mut l.send_wc).is_err() {
             l.a_err();
         }
         assert!(timeouts <= 10, "still waiting after {timeouts} timeouts");
@@ -831,6 +833,7 @@ proptest! {
         let mut resp = Responder::new(2, PD, 16, 4);
         resp.connect(RespAttrs { rq_psn: 0, min_rnr_timer: 1 });
         resp.access = AccessFlags::REMOTE;
+        resp.max_dest_rd_atomic = 16;
         for _ in 0..4 { resp.post(&RecvWr::new(1, &[Sge::new(mr.addr(), 4096, key)])).unwrap(); }
         let mut rx = Reader::new();
         let mut tx = TxQueue::new();
@@ -880,6 +883,7 @@ proptest! {
         let mut resp = Responder::new(2, PD, 16, 4);
         resp.connect(RespAttrs { rq_psn: 0, min_rnr_timer: 1 });
         resp.access = AccessFlags::REMOTE;
+        resp.max_dest_rd_atomic = 16;
         resp.post(&RecvWr::new(1, &[Sge::new(mr.addr(), 4096, key)])).unwrap();
         let mut rx = Reader::new();
         let mut tx = TxQueue::new();
@@ -918,4 +922,149 @@ proptest! {
         prop_assert!(backing[..4096].iter().all(|&b| b == 0xee));
         prop_assert!(backing[8192..].iter().all(|&b| b == 0xee));
     }
+}
+
+/// A refused remote access is logged at the responder (a warning: its QP goes to ERR and
+/// its application learns nothing else about why), naming the QP, the rkey, the address,
+/// the length and the reason; the requester's completion carries the reason's code.
+#[test]
+fn a_refused_access_is_logged_at_the_responder_with_its_reason() {
+    use crate::trace_capture::Capture;
+    use crate::wire::NakReason;
+    let cap = Capture::default();
+    let mut l = Link::new(7, 7, 14, 1);
+    let src = Link::mr(&l.a_mrs, 64);
+    let dst = Link::mr(&l.b_mrs, 64);
+    let addr = dst.addr() + 32;
+    l.req
+        .post(
+            &SendWr::write(5, &[sge(&src, 0, 48)], (addr, dst.key)).signaled(),
+            &l.a_mrs,
+        )
+        .unwrap();
+    cap.run(|| l.pump());
+    let wc = l.take_send();
+    assert_eq!(statuses(&wc), [(5, WcStatus::RemAccessErr)]);
+    assert_eq!(wc[0].vendor_err, NakReason::OutOfBounds.vendor_err());
+    let warned = cap.find(tracing::Level::WARN, "refused");
+    assert_eq!(warned.len(), 1, "{:?}", cap.events());
+    let e = &warned[0];
+    assert_eq!(e.field("qpn"), Some("2"));
+    assert_eq!(e.field("op"), Some("WRITE"));
+    assert_eq!(e.field("rkey"), Some(format!("{:#x}", dst.key).as_str()));
+    assert_eq!(e.field("addr"), Some(format!("{addr:#x}").as_str()));
+    assert_eq!(e.field("len"), Some("48"));
+    assert_eq!(e.field("reason"), Some("OutOfBounds"));
+    assert!(
+        e.message().contains("the address range leaves the memory region"),
+        "{}",
+        e.message()
+    );
+}
+
+/// With `rnr_retry` 7 a SEND to a peer that never posts a receive is retried for ever:
+/// each RNR NAK sent and received, and each resend after the wait, is a debug event, and
+/// once the run of NAKs has lasted `RNR_WARN_AFTER` (3 s) the requester warns, once,
+/// naming both QPs and how long. Progress ends the run; a later run warns again.
+#[test]
+fn an_rnr_run_of_three_seconds_is_warned_about_once() {
+    use crate::requester::RNR_WARN_AFTER;
+    use crate::trace_capture::Capture;
+    use tracing::Level;
+    let timer = 31; // 491.52 ms between resends
+    let step = rnr_timer(timer);
+    // Local ACK timeout 0 (infinite): only RNR NAKs in play.
+    let mut l = Link::new(7, 7, 0, timer);
+    let src = Link::mr(&l.a_mrs, 64);
+    let dst = Link::mr(&l.b_mrs, 64);
+    l.req
+        .post(&SendWr::send(1, &[sge(&src, 0, 8)]).signaled(), &l.a_mrs)
+        .unwrap();
+    let cap = Capture::default();
+    let t0 = l.now;
+    // Six waits: 2.95 s of NAKs, seven of them.
+    cap.run(|| {
+        l.pump();
+        for k in 1..=6 {
+            l.at(t0 + step * k);
+        }
+    });
+    assert!(step * 6 < RNR_WARN_AFTER && step * 7 >= RNR_WARN_AFTER);
+    assert!(l.take_send().is_empty());
+    assert_eq!(cap.find(Level::DEBUG, "RNR NAK sent").len(), 7);
+    assert_eq!(cap.find(Level::DEBUG, "RNR NAK received").len(), 7);
+    assert_eq!(cap.find(Level::DEBUG, "RNR wait over: resending").len(), 6);
+    let sent = &cap.find(Level::DEBUG, "RNR NAK sent")[0];
+    assert_eq!((sent.field("qpn"), sent.field("timer")), (Some("2"), Some("31")));
+    let got = &cap.find(Level::DEBUG, "RNR NAK received")[0];
+    assert_eq!((got.field("qpn"), got.field("dest_qpn")), (Some("1"), Some("2")));
+    assert!(cap.find(Level::WARN, "RNR NAKs").is_empty(), "warned before 3 s");
+    // The eighth NAK comes 3.44 s after the first: one warning, and no second one.
+    cap.run(|| {
+        for k in 7..=12 {
+            l.at(t0 + step * k);
+        }
+    });
+    let warned = cap.find(Level::WARN, "RNR NAKs");
+    assert_eq!(warned.len(), 1, "{warned:?}");
+    let w = &warned[0];
+    assert_eq!(w.field("qpn"), Some("1"));
+    assert_eq!(w.field("dest_qpn"), Some("2"));
+    assert_eq!(w.field("waited_ms"), Some("3440"));
+    assert_eq!(w.field("rnr_naks"), Some("8"));
+    assert!(
+        w.message()
+            .contains("QP 0x1 has met RNR NAKs from QP 0x2 for 3.4 s")
+            && w.message().contains("rnr_retry 7 retries for ever"),
+        "{}",
+        w.message()
+    );
+    // A receive at last: the SEND completes and the run is over. A new one warns anew.
+    l.resp.post(&RecvWr::new(9, &[sge(&dst, 0, 64)])).unwrap();
+    let t1 = t0 + step * 13;
+    cap.run(|| l.at(t1));
+    assert_eq!(statuses(&l.take_send()), [(1, WcStatus::Success)]);
+    l.req
+        .post(&SendWr::send(2, &[sge(&src, 0, 8)]).signaled(), &l.a_mrs)
+        .unwrap();
+    cap.run(|| {
+        l.pump();
+        for k in 1..=7 {
+            l.at(t1 + step * k);
+        }
+    });
+    assert_eq!(cap.find(Level::WARN, "RNR NAKs").len(), 2);
+}
+
+/// A resend after the local ACK timeout is a debug event naming the QPs, the PSN resent
+/// from and the retries left.
+#[test]
+fn a_resend_after_the_ack_timeout_is_logged() {
+    use crate::trace_capture::Capture;
+    use tracing::Level;
+    let mut l = Link::new(7, 3, 10, 1);
+    let src = Link::mr(&l.a_mrs, 64);
+    let dst = Link::mr(&l.b_mrs, 64);
+    l.drop_responses = true;
+    l.req
+        .post(
+            &SendWr::write(1, &[sge(&src, 0, 8)], (dst.addr(), dst.key)).signaled(),
+            &l.a_mrs,
+        )
+        .unwrap();
+    let cap = Capture::default();
+    cap.run(|| {
+        l.pump();
+        l.drop_responses = false;
+        let t = l.now + local_ack_timeout(10).unwrap();
+        l.at(t);
+    });
+    assert_eq!(statuses(&l.take_send()), [(1, WcStatus::Success)]);
+    let resent = cap.find(Level::DEBUG, "local ACK timeout: resending");
+    assert_eq!(resent.len(), 1, "{:?}", cap.events());
+    let e = &resent[0];
+    assert_eq!(e.field("qpn"), Some("1"));
+    assert_eq!(e.field("dest_qpn"), Some("2"));
+    assert_eq!(e.field("psn"), Some("100"));
+    assert_eq!(e.field("retries_left"), Some("2"));
 }

@@ -6,7 +6,9 @@
 //!   reference goes; regions over caller memory are fenced by [`MrShared::kill`], which
 //!   waits until no data-path copy is inside the region (each copy *pins* it).
 //! - [`MrTable`] maps keys to regions. Keys are random 32-bit values (never sequential),
-//!   unique on the device; lkey and rkey are the same value, as on ConnectX and rxe.
+//!   unique on the device; lkey and rkey are the same value, as on ConnectX and rxe. It
+//!   remembers the keys of the last [`RETIRED_KEYS`] deregistered regions, so that a
+//!   request naming one is refused as such, and hands none of them out again meanwhile.
 //! - [`MrTable::resolve_local`] checks a gather/scatter list (lkey exists, same PD, inside
 //!   the region, `LOCAL_WRITE` when the HCA writes): a failure is `IBV_WC_LOC_PROT_ERR`.
 //! - [`MrTable::resolve_remote`] is the one remote access check: rkey exists, same PD as
@@ -282,8 +284,11 @@ impl Seg {
 /// `Misaligned`, which is an invalid request).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RemoteAccessError {
-    /// No region with this rkey.
+    /// No region with this rkey, and none had it among the last [`RETIRED_KEYS`]
+    /// deregistered.
     BadKey,
+    /// The rkey named a region that has been deregistered.
+    Deregistered,
     /// The region belongs to another PD than the responder QP.
     WrongPd,
     /// The QP's `qp_access_flags` do not allow the operation.
@@ -309,20 +314,57 @@ pub enum LocalAccessError {
     OutOfBounds,
 }
 
+/// How many keys of deregistered regions a [`MrTable`] remembers.
+pub const RETIRED_KEYS: usize = 1024;
+
+/// The keys of the regions deregistered last, oldest overwritten first: a request that
+/// names one is refused as [`RemoteAccessError::Deregistered`] rather than as a key that
+/// never existed, in bounded memory (4 KiB). Looked through only when a key is not found,
+/// and when a new key is chosen.
+#[derive(Default)]
+struct Retired {
+    keys: Vec<u32>,
+    /// Where the next key goes once `keys` is full.
+    next: usize,
+}
+
+impl Retired {
+    fn add(&mut self, key: u32) {
+        if self.keys.len() < RETIRED_KEYS {
+            self.keys.push(key);
+        } else {
+            self.keys[self.next] = key;
+            self.next = (self.next + 1) % RETIRED_KEYS;
+        }
+    }
+
+    fn contains(&self, key: u32) -> bool {
+        self.keys.contains(&key)
+    }
+}
+
+#[derive(Default)]
+struct Keys {
+    map: FxHashMap<u32, Arc<MrShared>>,
+    retired: Retired,
+}
+
 /// The regions of one device, by key. Keys are random, so the map uses the fast
 /// (non-keyed) Fx hash: every SEND, WRITE and inline post looks one up.
 #[derive(Default)]
 pub struct MrTable {
-    map: RwLock<FxHashMap<u32, Arc<MrShared>>>,
+    keys: RwLock<Keys>,
 }
 
 impl MrTable {
-    /// A key that is not in use: random, non-zero.
+    /// A key that is not in use: random, non-zero, and not one of the recently
+    /// deregistered keys, so that a stale rkey a peer still holds never reaches a new
+    /// region (and is reported as deregistered, which it is).
     pub fn fresh_key(&self) -> u32 {
-        let map = self.map.read();
+        let keys = self.keys.read();
         loop {
             let k: u32 = rand::random();
-            if k != 0 && !map.contains_key(&k) {
+            if k != 0 && !keys.map.contains_key(&k) && !keys.retired.contains(k) {
                 return k;
             }
         }
@@ -330,22 +372,35 @@ impl MrTable {
 
     /// Adds a region.
     pub fn insert(&self, mr: Arc<MrShared>) {
-        self.map.write().insert(mr.key, mr);
+        self.keys.write().map.insert(mr.key, mr);
     }
 
-    /// Removes a region: from now on its key resolves to nothing.
+    /// Removes a region: from now on its key resolves to nothing, and is remembered as
+    /// deregistered (among the last [`RETIRED_KEYS`]).
     pub fn remove(&self, key: u32) -> Option<Arc<MrShared>> {
-        self.map.write().remove(&key)
+        let mut keys = self.keys.write();
+        let mr = keys.map.remove(&key);
+        if mr.is_some() {
+            keys.retired.add(key);
+        }
+        mr
     }
 
     /// Looks a key up.
     pub fn get(&self, key: u32) -> Option<Arc<MrShared>> {
-        self.map.read().get(&key).cloned()
+        self.keys.read().map.get(&key).cloned()
+    }
+
+    /// Whether `key` named a region deregistered lately (one of the last
+    /// [`RETIRED_KEYS`]) and names none now.
+    pub fn was_deregistered(&self, key: u32) -> bool {
+        let keys = self.keys.read();
+        !keys.map.contains_key(&key) && keys.retired.contains(key)
     }
 
     /// Number of registered regions.
     pub fn len(&self) -> usize {
-        self.map.read().len()
+        self.keys.read().map.len()
     }
 
     /// Whether no region is registered.
@@ -399,7 +454,8 @@ impl MrTable {
         need_write: bool,
         mut f: impl FnMut(&Arc<MrShared>, usize, usize) -> bool,
     ) -> Result<u64, LocalAccessError> {
-        let map = self.map.read();
+        let keys = self.keys.read();
+        let map = &keys.map;
         let mut total = 0u64;
         for s in sges {
             if s.length == 0 {
@@ -445,7 +501,13 @@ impl MrTable {
         if atomic && addr % 8 != 0 {
             return Err(RemoteAccessError::Misaligned);
         }
-        let mr = self.get(rkey).ok_or(RemoteAccessError::BadKey)?;
+        let Some(mr) = self.get(rkey) else {
+            return Err(if self.was_deregistered(rkey) {
+                RemoteAccessError::Deregistered
+            } else {
+                RemoteAccessError::BadKey
+            });
+        };
         if mr.pd != pd {
             return Err(RemoteAccessError::WrongPd);
         }
@@ -559,6 +621,49 @@ mod tests {
         mr.kill();
         assert!(t.get(mr.key).is_none());
         assert!(!seg.copy_in(0, b"hello"));
+        assert_eq!(
+            t.resolve_remote(
+                1,
+                AccessFlags::ALL,
+                mr.key,
+                mr.addr(),
+                16,
+                AccessFlags::REMOTE_WRITE
+            )
+            .unwrap_err(),
+            RemoteAccessError::Deregistered
+        );
+    }
+
+    /// The table tells a deregistered key from one that never existed for the last
+    /// `RETIRED_KEYS` deregistrations, in bounded memory, and never hands a remembered key
+    /// out again.
+    #[test]
+    fn deregistered_keys_are_remembered_boundedly() {
+        let t = MrTable::default();
+        let mut gone = Vec::new();
+        for _ in 0..RETIRED_KEYS + 10 {
+            let key = t.fresh_key();
+            t.insert(Arc::new(
+                MrShared::new_owned(1, key, 8, AccessFlags::LOCAL_WRITE).unwrap(),
+            ));
+            t.remove(key);
+            gone.push(key);
+        }
+        assert_eq!(t.keys.read().retired.keys.len(), RETIRED_KEYS);
+        // The first ten were overwritten; the rest are remembered.
+        for (i, &k) in gone.iter().enumerate() {
+            assert_eq!(t.was_deregistered(k), i >= 10, "key {i}");
+        }
+        let remembered: std::collections::HashSet<u32> = gone[10..].iter().copied().collect();
+        for _ in 0..10_000 {
+            assert!(!remembered.contains(&t.fresh_key()));
+        }
+        // A key never seen is unknown; a registered one is no deregistered one.
+        let never = (1..).find(|k| !gone.contains(k)).unwrap();
+        assert!(!t.was_deregistered(never));
+        let (t, mr) = table_with(8, AccessFlags::LOCAL_WRITE);
+        assert!(!t.was_deregistered(mr.key));
     }
 
     #[test]

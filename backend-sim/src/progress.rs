@@ -194,6 +194,9 @@ pub struct Conn {
     /// When bytes last left on this connection ([`Progress`] clock nanoseconds, 0 =
     /// never): the requester's ACK timer counts from it.
     last_tx: AtomicU64,
+    /// When bytes last arrived on it (the same clock): while a READ response's payload
+    /// arrives, the ACK timer counts from it too.
+    last_rx: AtomicU64,
 }
 
 impl Conn {
@@ -530,6 +533,7 @@ impl Progress {
             ack_listed: AtomicBool::new(false),
             pending: AtomicBool::new(false),
             last_tx: AtomicU64::new(0),
+            last_rx: AtomicU64::new(0),
             active: AtomicBool::new(false),
             ep: Mutex::new(EpReg {
                 registered: false,
@@ -1183,15 +1187,14 @@ impl Progress {
                 if g.timer_at == Some(e.at) {
                     g.timer_at = None;
                 }
-                let last_tx = g
-                    .conn
-                    .as_ref()
-                    .and_then(|c| match c.last_tx.load(Ordering::Relaxed) {
-                        0 => None,
-                        ns => Some(self.base + Duration::from_nanos(ns)),
-                    });
+                let at = |t: &AtomicU64| match t.load(Ordering::Relaxed) {
+                    0 => None,
+                    ns => Some(self.base + Duration::from_nanos(ns)),
+                };
+                let last_tx = g.conn.as_ref().and_then(|c| at(&c.last_tx));
+                let last_rx = g.conn.as_ref().and_then(|c| at(&c.last_rx));
                 let (req, _, swc, _) = QpShared::scratch(&mut g);
-                let fired = req.on_timer(now, last_tx, swc).unwrap_or_else(|_| {
+                let fired = req.on_timer(now, last_tx, last_rx, swc).unwrap_or_else(|_| {
                     qp.enter_error(&mut g);
                     true
                 });
@@ -1303,6 +1306,7 @@ impl Progress {
         loop {
             let mut progressed = false;
             let mut read_large = false;
+            let mut read_any = false;
             let faulty = conn.qp.fault_armed.load(Ordering::Acquire);
             let stalled = faulty && self.responder_stalled(conn);
             let reading = !stalled && mode != Mode::Transmit;
@@ -1315,6 +1319,7 @@ impl Progress {
                     }
                     Ok(n) => {
                         progressed = true;
+                        read_any = true;
                         read_large = n >= LARGE_IO;
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -1338,6 +1343,9 @@ impl Progress {
                 _ => self.stamp_now(),
             };
             clock = Some(now);
+            if read_any {
+                conn.last_rx.store(now.ns.max(1), Ordering::Relaxed);
+            }
             let ack_later = if stalled {
                 false
             } else {
@@ -1589,10 +1597,15 @@ impl Progress {
     }
 
     fn lost(&self, conn: &Arc<Conn>, why: &str) {
-        tracing::debug!(qpn = conn.qp.qpn, "connection lost: {why}");
         self.close(conn);
         let qp = &conn.qp;
         let mut g = qp.inner.lock();
+        tracing::debug!(
+            qpn = qp.qpn,
+            dest_qpn = g.attr.dest_qp_num,
+            outstanding = g.req.outstanding(),
+            "connection lost: {why}"
+        );
         if g.self_conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
             g.self_conn = None;
             g.resp.connection_lost();

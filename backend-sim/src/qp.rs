@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 use tokio::sync::Notify;
 use verbs_api::timers::local_ack_timeout;
 use verbs_api::transitions::check_modify;
@@ -405,8 +405,13 @@ impl QpShared {
         if mask.contains(M::EN_SQD_ASYNC_NOTIFY) {
             a.en_sqd_async_notify = attr.en_sqd_async_notify;
         }
+        if next != QpState::Err && next != cur {
+            // (ERR is logged by `enter_error`, which every path to it takes.)
+            tracing::debug!(qpn = self.qpn, from = ?cur, to = ?next, "QP state change");
+        }
         let a = g.attr;
         g.resp.access = a.qp_access_flags;
+        g.resp.max_dest_rd_atomic = a.max_dest_rd_atomic;
         g.resp.min_rnr_timer = a.min_rnr_timer;
         match next {
             QpState::Reset => {
@@ -434,6 +439,7 @@ impl QpShared {
             }
             QpState::Rtr if cur == QpState::Init => {
                 g.remote = Some(self.remote_addr(&a));
+                g.req.dest_qpn = a.dest_qp_num;
                 // Not connected yet (see `Requester::link_error`).
                 g.req.link_error = libc::ENOTCONN as u32;
                 g.resp.connect(RespAttrs {
@@ -469,6 +475,9 @@ impl QpShared {
         }
         if next != QpState::Err {
             g.state = next;
+        }
+        if cur == QpState::Sqd && next == QpState::Rts && g.req.has_unsent() {
+            self.start_send_queue(g, None);
         }
         Ok(())
     }
@@ -548,34 +557,45 @@ impl QpShared {
                 req.flush(send_wc);
                 self.deliver(&mut g);
             } else if g.state == QpState::Rts {
-                let conn = g.conn.clone();
-                let idle = g.req.nothing_in_flight();
-                if conn.is_none() {
-                    // No connection (not yet, or the peer is gone). An HCA processes the
-                    // WQEs anyway, whether anything answers or not: build the frames (the
-                    // local checks run, so a bad lkey is LOC_PROT_ERR now, not a transport
-                    // error after the retries) and lose them on the way. They are resent
-                    // once connected; until then the ACK timer runs.
-                    let now = Self::now();
-                    let QpInner { req, send_wc, .. } = &mut *g;
-                    let mut void = TxQueue::new();
-                    let built = req.poll_transmit(&self.dev.mrs, now, &mut void, usize::MAX, send_wc);
-                    req.on_connection_lost();
-                    if built.is_err() {
-                        self.enter_error(&mut g);
-                    } else {
-                        g.req.arm_timer(now);
-                        self.dev.progress.rearm(self, &mut g);
-                    }
-                }
-                drop(g);
-                match conn {
-                    Some(c) => self.dev.progress.kick(self, &c, idle, wrs.len()),
-                    None => self.req_wake.notify_one(),
-                }
+                self.start_send_queue(g, Some(wrs.len()));
             }
         }
         result
+    }
+
+    /// Starts sending what the send queue holds, now that it may: after `post_send` in
+    /// RTS (`posted`: the number of WRs of the call), and after SQD -> RTS (`None`), which
+    /// resumes the WQEs posted while the queue drained: nothing else starts them, and
+    /// without this they would wait for the next post. Releases the lock.
+    fn start_send_queue(self: &Arc<Self>, mut g: MutexGuard<'_, QpInner>, posted: Option<usize>) {
+        let conn = g.conn.clone();
+        let idle = g.req.nothing_in_flight();
+        if conn.is_none() {
+            // No connection (not yet, or the peer is gone). An HCA processes the
+            // WQEs anyway, whether anything answers or not: build the frames (the
+            // local checks run, so a bad lkey is LOC_PROT_ERR now, not a transport
+            // error after the retries) and lose them on the way. They are resent
+            // once connected; until then the ACK timer runs.
+            let now = Self::now();
+            let QpInner { req, send_wc, .. } = &mut *g;
+            let mut void = TxQueue::new();
+            let built = req.poll_transmit(&self.dev.mrs, now, &mut void, usize::MAX, send_wc);
+            req.on_connection_lost();
+            if built.is_err() {
+                self.enter_error(&mut g);
+            } else {
+                g.req.arm_timer(now);
+                self.dev.progress.rearm(self, &mut g);
+            }
+        }
+        drop(g);
+        match (conn, posted) {
+            (Some(c), Some(wrs)) => self.dev.progress.kick(self, &c, idle, wrs),
+            // Not a post (it must not count as one of a refill loop's, see
+            // `Progress::kick`): queued for the driving thread or the progress thread.
+            (Some(_), None) => self.dev.progress.schedule(self),
+            (None, _) => self.req_wake.notify_one(),
+        }
     }
 
     /// `ibv_post_recv`.
@@ -1105,6 +1125,62 @@ mod tests {
         assert_eq!(
             joined, 0,
             "{joined} of 400 SENDs waited for a post that never came"
+        );
+    }
+
+    /// QP state changes and the loss of a connection are debug events, on the thread that
+    /// causes them: the modify, and here the fault injection that breaks the connection.
+    #[test]
+    fn state_changes_and_a_lost_connection_are_logged() {
+        use crate::trace_capture::Capture;
+        use tracing::Level;
+        use verbs_api::Backend;
+        let sim = SimBackend::default();
+        let ctx = sim.open("sim0").unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(16, None).unwrap();
+        let cap = QpCap::new(4, 4);
+        let qa = pd.create_qp(&QpInitAttr::rc(&cq, &cq, cap)).unwrap();
+        let qb = pd.create_qp(&QpInitAttr::rc(&cq, &cq, cap)).unwrap();
+        let mr = pd
+            .reg_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+            .unwrap();
+        let p = RcParams::default();
+        let ea = local_endpoint(&ctx, &qa, &p, 1).unwrap();
+        let eb = local_endpoint(&ctx, &qb, &p, 2).unwrap();
+        let log = Capture::default();
+        log.run(|| {
+            connect_rc(&qa, &p, 1, &eb).unwrap();
+            connect_rc(&qb, &p, 2, &ea).unwrap();
+            // Connected once this WRITE has completed.
+            qa.post_send(&[SendWr::write(1, &[mr.sge(0, 8).unwrap()], mr.remote().at(8)).signaled()])
+                .unwrap();
+            assert!(poll_n(&cq, 1, Duration::from_secs(10)).unwrap()[0].is_ok());
+            ctx.faults().drop_connections(qa.qp_num()).unwrap();
+        });
+        let qpn = qa.qp_num().to_string();
+        let changes: Vec<(String, String)> = log
+            .find(Level::DEBUG, "QP state change")
+            .iter()
+            .filter(|e| e.field("qpn") == Some(qpn.as_str()))
+            .map(|e| {
+                (
+                    e.field("from").unwrap().to_string(),
+                    e.field("to").unwrap().to_string(),
+                )
+            })
+            .collect();
+        let pair = |a: &str, b: &str| (a.to_string(), b.to_string());
+        assert_eq!(
+            changes,
+            [pair("Reset", "Init"), pair("Init", "Rtr"), pair("Rtr", "Rts")]
+        );
+        let lost = log.find(Level::DEBUG, "connection lost");
+        assert!(
+            lost.iter().any(|e| e.field("qpn") == Some(qpn.as_str())
+                && e.field("dest_qpn") == Some(qb.qp_num().to_string().as_str())),
+            "{:?}",
+            log.events()
         );
     }
 }

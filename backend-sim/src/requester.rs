@@ -14,7 +14,8 @@
 //!   `IBV_WC_RNR_RETRY_EXC_ERR`;
 //! - no response within the local ACK `timeout` rewinds and resends, `retry_cnt` times,
 //!   then `IBV_WC_RETRY_EXC_ERR`;
-//! - any other NAK completes the WQE with the matching remote error.
+//! - any other NAK completes the WQE with the matching remote error, and the reason the
+//!   responder gave ([`NakReason`](crate::wire::NakReason)) in `vendor_err`.
 //!
 //! An error returns [`Fatal`]: the QP must move to ERR, which flushes the rest. WQEs
 //! complete strictly in order; only signaled ones (or errors) produce a completion.
@@ -28,7 +29,13 @@ use verbs_api::{SendFlags, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion, WrOp
 use crate::memory::{MrTable, Seg};
 use crate::psn;
 use crate::tx::TxQueue;
-use crate::wire::{Frame, NakCode, MAX_MSG};
+use crate::wire::{Frame, NakCode, NakReason, MAX_MSG};
+
+/// How long a requester meets nothing but RNR NAKs before it warns, once per such run: with
+/// `rnr_retry` 7 (retry for ever, the default) a SEND to a peer that never posts a
+/// receive waits for ever, and without the warning nothing would say why. Each NAK and
+/// resend is a debug event; a few seconds of them is no passing shortage any more.
+pub const RNR_WARN_AFTER: Duration = Duration::from_secs(3);
 
 /// The QP must go to ERR (a completion with the error has been produced).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,6 +58,9 @@ struct SendWqe {
     psn: u32,
     sent: bool,
     status: Option<WcStatus>,
+    /// The completion's `vendor_err` when `status` is an error that carries one (the
+    /// responder's [`NakReason`]).
+    vendor_err: u32,
 }
 
 impl SendWqe {
@@ -69,6 +79,7 @@ impl SendWqe {
             psn: 0,
             sent: false,
             status: None,
+            vendor_err: 0,
         }
     }
 
@@ -141,9 +152,19 @@ pub struct Requester {
     retry_left: u8,
     rnr_left: u8,
     rnr_wait: Option<Instant>,
+    /// When the current run of RNR NAKs began (the first since the last progress), how
+    /// many it has had, and whether it was warned about ([`RNR_WARN_AFTER`]).
+    rnr_since: Option<Instant>,
+    rnr_naks: u64,
+    rnr_warned: bool,
     ack_deadline: Option<Instant>,
+    /// PSN of the READ whose response payload is arriving (its header was accepted, its
+    /// scatter list is with the reader).
+    receiving: Option<u32>,
     /// SQD: start nothing new.
     pub draining: bool,
+    /// The peer QP's number (`dest_qp_num`), for what the requester logs.
+    pub dest_qpn: u32,
     /// Why the QP has no connection to its peer, as an `errno`: that of the last failed
     /// attempt to connect (`ECONNREFUSED`, `EMFILE`, ...), `ENOTCONN` while none failed
     /// yet (still connecting, waiting for the peer to connect, or the link just broke),
@@ -181,8 +202,13 @@ impl Requester {
             retry_left: 0,
             rnr_left: 0,
             rnr_wait: None,
+            rnr_since: None,
+            rnr_naks: 0,
+            rnr_warned: false,
             ack_deadline: None,
+            receiving: None,
             draining: false,
+            dest_qpn: 0,
             link_error: 0,
             scratch: Vec::new(),
         }
@@ -284,6 +310,7 @@ impl Requester {
         w.psn = 0;
         w.sent = false;
         w.status = None;
+        w.vendor_err = 0;
         self.sq.push_back(w);
         Ok(())
     }
@@ -310,7 +337,7 @@ impl Requester {
             if now < t {
                 return Ok(0);
             }
-            self.rnr_wait = None;
+            self.end_rnr_wait();
         }
         let mut sent = 0;
         let max_rd = self.attrs.max_rd_atomic.max(1) as u32;
@@ -441,6 +468,60 @@ impl Requester {
         Ok(())
     }
 
+    /// An RNR NAK for `psn` came at `now` (advertising timer code `timer`): a debug event,
+    /// and a warning once the run of them has lasted [`RNR_WARN_AFTER`].
+    fn note_rnr(&mut self, psn: u32, timer: u8, now: Instant) {
+        let since = *self.rnr_since.get_or_insert(now);
+        self.rnr_naks += 1;
+        tracing::debug!(
+            qpn = self.qpn,
+            dest_qpn = self.dest_qpn,
+            psn,
+            timer,
+            retries_left = self.rnr_left,
+            "RNR NAK received: the peer has no receive posted"
+        );
+        let waited = now.saturating_duration_since(since);
+        if waited >= RNR_WARN_AFTER && !self.rnr_warned {
+            self.rnr_warned = true;
+            let forever = if self.attrs.rnr_retry == RNR_RETRY_INFINITE {
+                "; rnr_retry 7 retries for ever"
+            } else {
+                ""
+            };
+            tracing::warn!(
+                qpn = self.qpn,
+                dest_qpn = self.dest_qpn,
+                waited_ms = waited.as_millis() as u64,
+                rnr_naks = self.rnr_naks,
+                "QP {:#x} has met RNR NAKs from QP {:#x} for {:.1} s ({} NAKs): the peer posts no \
+                 receives{forever}",
+                self.qpn,
+                self.dest_qpn,
+                waited.as_secs_f64(),
+                self.rnr_naks
+            );
+        }
+    }
+
+    /// The RNR wait is over: the refused WQE and those after it go again.
+    fn end_rnr_wait(&mut self) {
+        self.rnr_wait = None;
+        tracing::debug!(
+            qpn = self.qpn,
+            dest_qpn = self.dest_qpn,
+            psn = self.psn,
+            "RNR wait over: resending"
+        );
+    }
+
+    /// Forward progress (or a reset): a later RNR NAK starts a new run.
+    fn end_rnr_run(&mut self) {
+        self.rnr_since = None;
+        self.rnr_naks = 0;
+        self.rnr_warned = false;
+    }
+
     /// Position in `sq` of the sent WQE with `psn`.
     fn find_sent(&self, psn: u32) -> Option<usize> {
         self.sq
@@ -466,6 +547,7 @@ impl Requester {
     fn progress(&mut self, now: Instant) {
         self.retry_left = self.attrs.retry_cnt;
         self.rnr_left = self.attrs.rnr_retry;
+        self.end_rnr_run();
         let unacked = self
             .sq
             .iter()
@@ -484,9 +566,11 @@ impl Requester {
             let Some(status) = w.status else { break };
             if w.signaled || status != WcStatus::Success {
                 let mut wc = w.completion(self.qpn, status);
-                if status == WcStatus::RetryExcErr {
-                    wc.vendor_err = self.link_error;
-                }
+                wc.vendor_err = if status == WcStatus::RetryExcErr {
+                    self.link_error
+                } else {
+                    w.vendor_err
+                };
                 out.push(wc);
             }
             let mut w = self.sq.pop_front().expect("front exists");
@@ -547,6 +631,11 @@ impl Requester {
                     return self.fail(i, WcStatus::BadRespErr, out);
                 }
                 self.ack_through(i, false);
+                // A response restarts the timer, as every response packet does on an HCA
+                // (rxe's completer re-arms it after each): the responder has answered, and
+                // the payload that follows is timed from its own bytes (`on_timer`).
+                self.ack_deadline = self.attrs.timeout.map(|t| now + t);
+                self.receiving = Some(psn);
                 let segs = std::mem::take(&mut self.sq[i].local);
                 Ok(ReadSink::Into { psn, segs })
             }
@@ -579,13 +668,14 @@ impl Requester {
                 self.retire(out);
                 Ok(ReadSink::Discard)
             }
-            Frame::Nak { psn, code } => {
+            Frame::Nak { psn, code, reason } => {
                 let Some(i) = self.find_sent(psn) else {
                     return Ok(ReadSink::Discard);
                 };
                 self.ack_through(i, false);
                 match code {
                     NakCode::Rnr { timer } => {
+                        self.note_rnr(psn, timer, now);
                         if self.rnr_left == 0 {
                             return self.fail(i, WcStatus::RnrRetryExcErr, out);
                         }
@@ -603,11 +693,25 @@ impl Requester {
                         }
                         self.retry_left -= 1;
                         self.rewind(i);
+                        tracing::debug!(
+                            qpn = self.qpn,
+                            dest_qpn = self.dest_qpn,
+                            psn,
+                            retries_left = self.retry_left,
+                            "PSN sequence error NAK: resending from the PSN the responder expects"
+                        );
                         self.retire(out);
                         Ok(ReadSink::Discard)
                     }
-                    NakCode::InvalidRequest => self.fail(i, WcStatus::RemInvReqErr, out),
-                    NakCode::RemoteAccess => self.fail(i, WcStatus::RemAccessErr, out),
+                    NakCode::InvalidRequest | NakCode::RemoteAccess => {
+                        // The responder's reason goes to `vendor_err` (0: none given).
+                        self.sq[i].vendor_err = reason.map_or(0, NakReason::vendor_err);
+                        let status = match code {
+                            NakCode::InvalidRequest => WcStatus::RemInvReqErr,
+                            _ => WcStatus::RemAccessErr,
+                        };
+                        self.fail(i, status, out)
+                    }
                     NakCode::RemoteOperational => self.fail(i, WcStatus::RemOpErr, out),
                 }
             }
@@ -618,6 +722,7 @@ impl Requester {
     /// The payload of the READ with `psn` has been written into `segs` (given back so the
     /// WQE keeps its buffers).
     pub fn read_done(&mut self, psn: u32, segs: Vec<Seg>, now: Instant, out: &mut Vec<WorkCompletion>) {
+        self.receiving = None;
         if let Some(i) = self.find_sent(psn) {
             let w = &mut self.sq[i];
             w.local = segs;
@@ -632,6 +737,7 @@ impl Requester {
     /// deregistered while the data arrived. The READ completes with `IBV_WC_LOC_PROT_ERR`
     /// (`Some(Fatal)`: the QP must go to ERR); `None` if no such READ is outstanding.
     pub fn read_lost(&mut self, psn: u32, segs: Vec<Seg>, out: &mut Vec<WorkCompletion>) -> Option<Fatal> {
+        self.receiving = None;
         let i = self.find_sent(psn)?;
         self.sq[i].local = segs;
         self.fail(i, WcStatus::LocProtErr, out).err()
@@ -658,18 +764,31 @@ impl Requester {
     /// retransmit timer with every request packet it sends (`rxe_req.c`): a message
     /// still leaving (a 1 GiB window of 8 MiB WRITEs takes a quarter second to write on
     /// loopback) is not lost, and resending it would only queue it twice.
+    ///
+    /// `last_rx` is when bytes last arrived from the peer. While a READ response's payload
+    /// arrives it counts too, as each response packet restarts an HCA's timer: a large
+    /// response still arriving is no lost request. If the payload stops for a whole
+    /// timeout, the READ is not resent (its answer could only come after the rest of this
+    /// payload, on the same ordered stream), but the timeout counts against `retry_cnt`
+    /// all the same, so a peer that stops mid-payload still ends in
+    /// `IBV_WC_RETRY_EXC_ERR`.
     pub fn on_timer(
         &mut self,
         now: Instant,
         last_tx: Option<Instant>,
+        last_rx: Option<Instant>,
         out: &mut Vec<WorkCompletion>,
     ) -> Result<bool, Fatal> {
         let mut fired = false;
         if self.rnr_wait.is_some_and(|t| now >= t) {
-            self.rnr_wait = None;
+            self.end_rnr_wait();
             fired = true;
         }
-        if let (Some(d), Some(t), Some(timeout)) = (self.ack_deadline, last_tx, self.attrs.timeout) {
+        let last_io = match (last_tx, last_rx.filter(|_| self.receiving.is_some())) {
+            (Some(t), Some(r)) => Some(t.max(r)),
+            (t, r) => t.or(r),
+        };
+        if let (Some(d), Some(t), Some(timeout)) = (self.ack_deadline, last_io, self.attrs.timeout) {
             if now >= d && t + timeout > now && t + timeout > d {
                 self.ack_deadline = Some(t + timeout);
             }
@@ -680,11 +799,33 @@ impl Requester {
                 self.ack_deadline = None;
                 if let Some(i) = self.sq.iter().position(|w| w.status.is_none()) {
                     if self.retry_left == 0 {
+                        tracing::debug!(
+                            qpn = self.qpn,
+                            dest_qpn = self.dest_qpn,
+                            "local ACK timeout, no retries left: IBV_WC_RETRY_EXC_ERR"
+                        );
                         return self.fail(i, WcStatus::RetryExcErr, out).map(|_| true);
                     }
                     self.retry_left -= 1;
-                    self.rewind(i);
-                    fired = true;
+                    if let Some(psn) = self.receiving {
+                        tracing::debug!(
+                            qpn = self.qpn,
+                            dest_qpn = self.dest_qpn,
+                            psn,
+                            retries_left = self.retry_left,
+                            "local ACK timeout while a READ response arrives: waiting for the rest"
+                        );
+                    } else {
+                        self.rewind(i);
+                        tracing::debug!(
+                            qpn = self.qpn,
+                            dest_qpn = self.dest_qpn,
+                            psn = self.psn,
+                            retries_left = self.retry_left,
+                            "local ACK timeout: resending"
+                        );
+                        fired = true;
+                    }
                     // The timer keeps running while anything is outstanding: a resend
                     // re-arms it anyway, but a requester that cannot resend (its
                     // connection is gone and the peer, not this side, would set it up
@@ -700,6 +841,7 @@ impl Requester {
     /// oldest unacknowledged WQE once reconnected. The ACK timer keeps running, so a peer
     /// that stays away exhausts `retry_cnt`.
     pub fn on_connection_lost(&mut self) {
+        self.receiving = None;
         let deadline = self.ack_deadline;
         if let Some(i) = self
             .sq
@@ -732,7 +874,9 @@ impl Requester {
         self.retire(out);
         self.next = 0;
         self.rnr_wait = None;
+        self.end_rnr_run();
         self.ack_deadline = None;
+        self.receiving = None;
     }
 
     /// QP to RESET: the queue is emptied without completions.
@@ -744,7 +888,9 @@ impl Requester {
         self.next = 0;
         self.rd_inflight = 0;
         self.rnr_wait = None;
+        self.end_rnr_run();
         self.ack_deadline = None;
+        self.receiving = None;
         self.draining = false;
     }
 }
@@ -908,11 +1054,17 @@ mod tests {
         let t0 = Instant::now();
         let mut req = one_write_sent(ms(10), 1, t0);
         let mut out = Vec::new();
-        assert_eq!(req.on_timer(t0 + ms(5), Some(t0), &mut out), Ok(false));
-        assert_eq!(req.on_timer(t0 + ms(11), Some(t0 + ms(8)), &mut out), Ok(false));
+        assert_eq!(req.on_timer(t0 + ms(5), Some(t0), None, &mut out), Ok(false));
+        assert_eq!(
+            req.on_timer(t0 + ms(11), Some(t0 + ms(8)), None, &mut out),
+            Ok(false)
+        );
         assert!(!req.has_unsent());
         assert_eq!(req.next_deadline(), Some(t0 + ms(18)));
-        assert_eq!(req.on_timer(t0 + ms(19), Some(t0 + ms(8)), &mut out), Ok(true));
+        assert_eq!(
+            req.on_timer(t0 + ms(19), Some(t0 + ms(8)), None, &mut out),
+            Ok(true)
+        );
         assert!(req.has_unsent(), "rewound: the WRITE goes again");
         assert!(out.is_empty(), "{out:?}");
     }
@@ -932,13 +1084,13 @@ mod tests {
         // fail the WR at once), the deadline moves to timeout after the last byte sent.
         let sending = t0 + timeout - Duration::from_millis(1);
         let late = t0 + timeout + Duration::from_millis(2);
-        assert_eq!(req.on_timer(late, Some(sending), &mut out), Ok(false));
+        assert_eq!(req.on_timer(late, Some(sending), None, &mut out), Ok(false));
         assert!(out.is_empty());
         assert_eq!(req.next_deadline(), Some(sending + timeout));
         // Silence for a whole timeout after the last byte: retries are used up.
         let silent = sending + timeout + Duration::from_millis(1);
         assert_eq!(
-            req.on_timer(silent, Some(sending), &mut out),
+            req.on_timer(silent, Some(sending), None, &mut out),
             Err(Fatal(WcStatus::RetryExcErr))
         );
         assert_eq!(
@@ -947,6 +1099,78 @@ mod tests {
         );
         // Without a transmission record the timer counts from the send, as before.
         let mut req = one_write_sent(timeout, 0, t0);
-        assert!(req.on_timer(late, None, &mut out).is_err());
+        assert!(req.on_timer(late, None, None, &mut out).is_err());
+    }
+
+    /// A requester with a 10 ms timeout and `retry_cnt` 1 that sent a 64-byte READ at
+    /// `t0` and accepted its response header at `t0 + 8 ms`; returns the scatter list the
+    /// payload goes to.
+    fn read_answered(t0: Instant) -> (Requester, Vec<Seg>) {
+        let ms = Duration::from_millis;
+        let attrs = ReqAttrs {
+            sq_psn: 0,
+            timeout: Some(ms(10)),
+            retry_cnt: 1,
+            rnr_retry: 0,
+            max_rd_atomic: 1,
+        };
+        let (mrs, mr, mut req) = setup(4, attrs);
+        let (mut tx, mut out) = (TxQueue::new(), Vec::new());
+        req.post(
+            &SendWr::read(1, &[Sge::new(mr.addr(), 64, 7)], (0x1000, 5)).signaled(),
+            &mrs,
+        )
+        .unwrap();
+        assert_eq!(req.poll_transmit(&mrs, t0, &mut tx, 16, &mut out), Ok(1));
+        let resp = Frame::ReadResp { psn: 0, len: 64 };
+        match req.on_response(&resp, t0 + ms(8), &mut out) {
+            Ok(ReadSink::Into { psn: 0, segs }) => (req, segs),
+            _ => panic!("the response is taken"),
+        }
+    }
+
+    /// A READ whose response is arriving is not resent when the local ACK timeout passes:
+    /// found as allocations in tests/alloc.rs under load, where the timer fired while a
+    /// 64 KiB response's payload was being read, and the resend rebuilt the READ's
+    /// scatter list (handed to the payload) and had the responder read the region again.
+    /// The response header restarts the timer, as every response packet does on an HCA,
+    /// and the payload's bytes move it on; a payload that stops for a whole timeout counts
+    /// against `retry_cnt`, still without a resend, until `IBV_WC_RETRY_EXC_ERR`.
+    #[test]
+    fn a_read_response_still_arriving_is_not_resent() {
+        let ms = Duration::from_millis;
+        let t0 = Instant::now();
+        let (mut req, segs) = read_answered(t0);
+        let mut out = Vec::new();
+        assert_eq!(req.next_deadline(), Some(t0 + ms(18)), "restarted by the header");
+        // Payload bytes until 15 ms: at 19 ms the deadline moves to 25, nothing is resent.
+        let rx = Some(t0 + ms(15));
+        assert_eq!(req.on_timer(t0 + ms(19), Some(t0), rx, &mut out), Ok(false));
+        assert!(!req.has_unsent(), "resent while its response arrived");
+        assert_eq!(req.next_deadline(), Some(t0 + ms(25)));
+        // Silence for a whole timeout: a retry is used up, still no resend.
+        assert_eq!(req.on_timer(t0 + ms(26), Some(t0), rx, &mut out), Ok(false));
+        assert!(!req.has_unsent());
+        assert!(out.is_empty(), "{out:?}");
+        // The rest arrives: the READ completes.
+        req.read_done(0, segs, t0 + ms(27), &mut out);
+        assert_eq!(
+            out.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+            [(1, WcStatus::Success)]
+        );
+
+        // A payload that never ends: retry_cnt timeouts, then RETRY_EXC_ERR.
+        let (mut req, _segs) = read_answered(t0);
+        let mut out = Vec::new();
+        assert_eq!(req.on_timer(t0 + ms(19), Some(t0), None, &mut out), Ok(false));
+        assert!(!req.has_unsent());
+        assert_eq!(
+            req.on_timer(t0 + ms(30), Some(t0), None, &mut out),
+            Err(Fatal(WcStatus::RetryExcErr))
+        );
+        assert_eq!(
+            out.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+            [(1, WcStatus::RetryExcErr)]
+        );
     }
 }

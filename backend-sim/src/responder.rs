@@ -15,6 +15,9 @@
 //!   `IBV_WC_LOC_LEN_ERR` and NAKs the request as invalid (`IBV_WC_REM_INV_REQ_ERR` at
 //!   the requester); a receive SGE with a bad lkey is `IBV_WC_LOC_PROT_ERR` here and a
 //!   remote operational error there;
+//! - a READ or atomic to a QP with `max_dest_rd_atomic` 0 (no responder resources for
+//!   them) is NAKed as invalid (`IBV_WC_REM_INV_REQ_ERR` at the requester) and not
+//!   executed, as rxe's `check_resource()` does; a non-zero limit is not enforced;
 //! - RDMA and atomics pass the one access check of [`MrTable::resolve_remote`]; a
 //!   violation NAKs with remote access error (misaligned atomics: invalid request) and
 //!   leaves memory untouched;
@@ -33,7 +36,7 @@ use crate::memory::{MrTable, RemoteAccessError, Seg};
 use crate::psn;
 use crate::requester::Fatal;
 use crate::tx::TxQueue;
-use crate::wire::{Frame, NakCode};
+use crate::wire::{Frame, NakCode, NakReason};
 
 /// How many atomic results are kept for duplicate requests.
 const ATOMIC_REPLAY: usize = 16;
@@ -84,6 +87,12 @@ pub struct Responder {
     nak_psn: Option<u32>,
     /// Remote operations the QP accepts (`qp_access_flags`).
     pub access: AccessFlags,
+    /// RDMA READs and atomics this QP may have outstanding as a responder
+    /// (`max_dest_rd_atomic`). 0 leaves it no resources for them: each is refused as an
+    /// invalid request, as rxe's `check_resource()` does (an HCA that allocated no
+    /// responder resources cannot execute one). A non-zero limit is not enforced: a
+    /// requester never has more outstanding than its `max_rd_atomic`.
+    pub max_dest_rd_atomic: u8,
     /// RNR NAK timer code.
     pub min_rnr_timer: u8,
     ack_owed: Option<u32>,
@@ -115,6 +124,7 @@ impl Responder {
             epsn: 0,
             nak_psn: None,
             access: AccessFlags::empty(),
+            max_dest_rd_atomic: 0,
             min_rnr_timer: 0,
             ack_owed: None,
             owed_bytes: 0,
@@ -177,9 +187,9 @@ impl Responder {
         }
     }
 
-    fn nak(&mut self, tx: &mut TxQueue, psn: u32, code: NakCode) {
+    fn nak(&mut self, tx: &mut TxQueue, psn: u32, code: NakCode, reason: Option<NakReason>) {
         self.forget_ack();
-        tx.push_frame(&Frame::Nak { psn, code });
+        tx.push_frame(&Frame::Nak { psn, code, reason });
     }
 
     /// Whether an ACK is owed (requests executed but not yet acknowledged).
@@ -247,7 +257,7 @@ impl Responder {
             if self.nak_psn.is_none() {
                 self.nak_psn = Some(self.epsn);
                 let e = self.epsn;
-                self.nak(tx, e, NakCode::PsnSeq);
+                self.nak(tx, e, NakCode::PsnSeq, None);
             }
             return Ok(Incoming::Discard);
         }
@@ -271,15 +281,22 @@ impl Responder {
                         out.push((self.recv_completion(w.wr_id, WcStatus::LocProtErr), false));
                         self.give_back(w);
                         self.scratch = segs;
-                        self.nak(tx, psn, NakCode::RemoteOperational);
+                        self.nak(tx, psn, NakCode::RemoteOperational, None);
                         return Err(Fatal(WcStatus::LocProtErr));
                     }
                 };
                 if (len as u64) > total {
+                    tracing::debug!(
+                        qpn = self.qpn,
+                        len,
+                        room = total,
+                        "SEND longer than the receive buffers: LOC_LEN_ERR here, the QP goes to ERR"
+                    );
                     out.push((self.recv_completion(w.wr_id, WcStatus::LocLenErr), false));
                     self.give_back(w);
                     self.scratch = segs;
-                    self.nak(tx, psn, NakCode::InvalidRequest);
+                    let reason = NakReason::RecvTooShort;
+                    self.nak(tx, psn, reason.code(), Some(reason));
                     return Err(Fatal(WcStatus::LocLenErr));
                 }
                 trim(&mut segs, len as usize);
@@ -322,7 +339,7 @@ impl Responder {
                     AccessFlags::REMOTE_WRITE,
                 ) {
                     Ok(s) => s,
-                    Err(e) => return self.access_error(psn, e, tx),
+                    Err(e) => return self.refuse(psn, "WRITE", reason_of(e), rkey, addr, len as u64, tx),
                 };
                 if imm.is_some() {
                     let w = self.take_recv().expect("checked above");
@@ -344,6 +361,12 @@ impl Responder {
                 Ok(Incoming::Sink(segs))
             }
             Frame::Read { len, addr, rkey, .. } => {
+                // Resources before the rkey, as the responder state machines of rxe
+                // (`check_resource()` before `check_rkey()`) and the IBA order them.
+                if self.max_dest_rd_atomic == 0 {
+                    let reason = NakReason::NoRdAtomicResources;
+                    return self.refuse(psn, "READ", reason, rkey, addr, len as u64, tx);
+                }
                 let seg = match mrs.resolve_remote(
                     self.pd,
                     self.access,
@@ -353,7 +376,7 @@ impl Responder {
                     AccessFlags::REMOTE_READ,
                 ) {
                     Ok(s) => s,
-                    Err(e) => return self.access_error(psn, e, tx),
+                    Err(e) => return self.refuse(psn, "READ", reason_of(e), rkey, addr, len as u64, tx),
                 };
                 self.flush_ack_before_response(tx);
                 tx.push_frame(&Frame::ReadResp { psn, len });
@@ -364,12 +387,20 @@ impl Responder {
                 Ok(Incoming::Discard)
             }
             Frame::CmpSwap { addr, rkey, .. } | Frame::FetchAdd { addr, rkey, .. } => {
+                let op = match frame {
+                    Frame::CmpSwap { .. } => "CMP_AND_SWP",
+                    _ => "FETCH_AND_ADD",
+                };
+                if self.max_dest_rd_atomic == 0 {
+                    let reason = NakReason::NoRdAtomicResources;
+                    return self.refuse(psn, op, reason, rkey, addr, 8, tx);
+                }
                 let seg =
                     match mrs.resolve_remote(self.pd, self.access, rkey, addr, 8, AccessFlags::REMOTE_ATOMIC)
                     {
                         Ok(Some(s)) => s,
                         Ok(None) => unreachable!("atomics always name 8 bytes"),
-                        Err(e) => return self.access_error(psn, e, tx),
+                        Err(e) => return self.refuse(psn, op, reason_of(e), rkey, addr, 8, tx),
                     };
                 let orig = seg.atomic(|w| match *frame {
                     Frame::CmpSwap { compare, swap, .. } => {
@@ -382,7 +413,8 @@ impl Responder {
                 });
                 let Some(orig) = orig else {
                     // Deregistered between the check and the operation.
-                    return self.access_error(psn, RemoteAccessError::BadKey, tx);
+                    let reason = NakReason::DeregisteredRkey;
+                    return self.refuse(psn, op, reason, rkey, addr, 8, tx);
                 };
                 if self.replay.len() == ATOMIC_REPLAY {
                     self.replay.pop_front();
@@ -400,17 +432,47 @@ impl Responder {
     fn rnr(&mut self, psn: u32, tx: &mut TxQueue) -> Result<Incoming, Fatal> {
         self.nak_psn = Some(psn);
         let timer = self.min_rnr_timer;
-        self.nak(tx, psn, NakCode::Rnr { timer });
+        tracing::debug!(
+            qpn = self.qpn,
+            psn,
+            timer,
+            posted = self.rq.len(),
+            "RNR NAK sent: no receive posted (or one forced by fault injection)"
+        );
+        self.nak(tx, psn, NakCode::Rnr { timer }, None);
         Ok(Incoming::Discard)
     }
 
-    fn access_error(&mut self, psn: u32, e: RemoteAccessError, tx: &mut TxQueue) -> Result<Incoming, Fatal> {
-        let code = match e {
-            RemoteAccessError::Misaligned => NakCode::InvalidRequest,
-            _ => NakCode::RemoteAccess,
-        };
-        self.nak(tx, psn, code);
-        Err(Fatal(match code {
+    /// Refuses request `psn` (`op` of `len` bytes at `addr` with `rkey`) for `reason`:
+    /// a NAK of the reason's kind (remote access error: `IBV_WC_REM_ACCESS_ERR` at the
+    /// requester; invalid request: `IBV_WC_REM_INV_REQ_ERR`) that carries the reason, and
+    /// the QP goes to ERR.
+    #[allow(clippy::too_many_arguments)]
+    fn refuse(
+        &mut self,
+        psn: u32,
+        op: &'static str,
+        reason: NakReason,
+        rkey: u32,
+        addr: u64,
+        len: u64,
+        tx: &mut TxQueue,
+    ) -> Result<Incoming, Fatal> {
+        // A warning, not a debug event: this side's QP goes to ERR for it, and its
+        // application learns nothing else about why (the error completion is the peer's).
+        // It comes at most once per QP life (in ERR, requests are dropped), so a peer
+        // cannot flood the log with it.
+        tracing::warn!(
+            qpn = self.qpn,
+            op,
+            rkey = %format_args!("{rkey:#x}"),
+            addr = %format_args!("{addr:#x}"),
+            len,
+            reason = ?reason,
+            "remote {op} refused: {reason}; the QP goes to ERR"
+        );
+        self.nak(tx, psn, reason.code(), Some(reason));
+        Err(Fatal(match reason.code() {
             NakCode::InvalidRequest => WcStatus::RemInvReqErr,
             _ => WcStatus::RemAccessErr,
         }))
@@ -424,6 +486,11 @@ impl Responder {
                 // answers cannot make this side queue an ACK per copy.
                 self.ack_owed = Some(psn::add(self.epsn, verbs_api::PSN_MASK));
                 self.ack_asked |= frame.ack_req();
+            }
+            // With no responder resources no READ was executed, so none is repeated.
+            Frame::Read { psn, .. } if self.max_dest_rd_atomic == 0 => {
+                let reason = NakReason::NoRdAtomicResources;
+                self.nak(tx, psn, reason.code(), Some(reason))
             }
             Frame::Read { psn, len, addr, rkey } => {
                 match mrs.resolve_remote(
@@ -441,7 +508,20 @@ impl Responder {
                             tx.push_seg(&s);
                         }
                     }
-                    Err(_) => self.nak(tx, psn, NakCode::RemoteAccess),
+                    Err(e) => {
+                        // A debug event: a duplicate does not take the QP to ERR, so a
+                        // peer could repeat it at will.
+                        let reason = reason_of(e);
+                        tracing::debug!(
+                            qpn = self.qpn,
+                            rkey = %format_args!("{rkey:#x}"),
+                            addr = %format_args!("{addr:#x}"),
+                            len,
+                            reason = ?reason,
+                            "repeated READ refused: {reason}"
+                        );
+                        self.nak(tx, psn, reason.code(), Some(reason))
+                    }
                 }
             }
             Frame::CmpSwap { psn, .. } | Frame::FetchAdd { psn, .. } => {
@@ -450,7 +530,7 @@ impl Responder {
                         self.flush_ack(tx);
                         tx.push_frame(&Frame::AtomicResp { psn, orig });
                     }
-                    None => self.nak(tx, psn, NakCode::InvalidRequest),
+                    None => self.nak(tx, psn, NakCode::InvalidRequest, None),
                 }
             }
             _ => {}
@@ -515,7 +595,7 @@ impl Responder {
                     wr_id: p.wr_id,
                     sges: p.sges,
                 });
-                self.nak(tx, psn, NakCode::RemoteOperational);
+                self.nak(tx, psn, NakCode::RemoteOperational, None);
                 Fatal(WcStatus::LocProtErr)
             }
             p => {
@@ -525,7 +605,8 @@ impl Responder {
                         sges: p.sges,
                     });
                 }
-                self.nak(tx, psn, NakCode::RemoteAccess);
+                let reason = NakReason::DeregisteredRkey;
+                self.nak(tx, psn, reason.code(), Some(reason));
                 Fatal(WcStatus::RemAccessErr)
             }
         }
@@ -575,6 +656,19 @@ impl Responder {
     }
 }
 
+/// The reason a refused remote access gives the requester.
+fn reason_of(e: RemoteAccessError) -> NakReason {
+    match e {
+        RemoteAccessError::BadKey => NakReason::UnknownRkey,
+        RemoteAccessError::Deregistered => NakReason::DeregisteredRkey,
+        RemoteAccessError::WrongPd => NakReason::WrongPd,
+        RemoteAccessError::QpAccess => NakReason::QpAccess,
+        RemoteAccessError::MrAccess => NakReason::MrAccess,
+        RemoteAccessError::OutOfBounds => NakReason::OutOfBounds,
+        RemoteAccessError::Misaligned => NakReason::MisalignedAtomic,
+    }
+}
+
 /// Shortens a scatter list to its first `len` bytes.
 fn trim(segs: &mut Vec<Seg>, len: usize) {
     let mut left = len;
@@ -612,6 +706,7 @@ mod tests {
             min_rnr_timer: 1,
         });
         resp.access = AccessFlags::REMOTE;
+        resp.max_dest_rd_atomic = 4;
         let mut tx = TxQueue::new();
         let mut out = Vec::new();
         let write = Frame::Write {
@@ -662,5 +757,72 @@ mod tests {
             frames(&mut tx),
             [Frame::Ack { psn: 7 }, Frame::ReadResp { psn: 8, len: 0 }]
         );
+    }
+
+    /// Without responder resources (`max_dest_rd_atomic` 0) no READ or atomic runs, as a
+    /// new request (a NAK and `Fatal`) or as a duplicate of an older PSN (a peer replaying
+    /// one that was never executed gets a NAK, not the region's bytes).
+    #[test]
+    fn without_responder_resources_no_read_or_atomic_runs() {
+        use crate::memory::MrShared;
+        use std::sync::Arc;
+        let mrs = MrTable::default();
+        let mr = Arc::new(MrShared::new_owned(1, 9, 64, AccessFlags::ALL).unwrap());
+        mrs.insert(mr.clone());
+        let seg = Seg {
+            mr: mr.clone(),
+            offset: 0,
+            len: 64,
+        };
+        assert!(seg.copy_in(0, &[7; 64]));
+        let mut resp = Responder::new(2, 1, 4, 1);
+        resp.connect(RespAttrs {
+            rq_psn: 20,
+            min_rnr_timer: 1,
+        });
+        resp.access = AccessFlags::REMOTE;
+        let (mut tx, mut out) = (TxQueue::new(), Vec::new());
+        let read = |psn| Frame::Read {
+            psn,
+            len: 64,
+            addr: mr.addr(),
+            rkey: 9,
+        };
+        let faa = Frame::FetchAdd {
+            psn: 20,
+            addr: mr.addr(),
+            rkey: 9,
+            add: 1,
+        };
+        for f in [read(20), faa] {
+            assert!(matches!(
+                resp.on_request(&f, &mrs, &mut tx, &mut out),
+                Err(Fatal(WcStatus::RemInvReqErr))
+            ));
+            assert_eq!(
+                frames(&mut tx),
+                [Frame::Nak {
+                    psn: 20,
+                    code: NakCode::InvalidRequest,
+                    reason: Some(NakReason::NoRdAtomicResources)
+                }]
+            );
+        }
+        assert!(matches!(
+            resp.on_request(&read(19), &mrs, &mut tx, &mut out),
+            Ok(Incoming::Discard)
+        ));
+        assert_eq!(
+            frames(&mut tx),
+            [Frame::Nak {
+                psn: 19,
+                code: NakCode::InvalidRequest,
+                reason: Some(NakReason::NoRdAtomicResources)
+            }]
+        );
+        let mut now = [0u8; 64];
+        assert!(seg.copy_out(0, &mut now));
+        assert_eq!(now, [7; 64], "the region changed");
+        assert!(out.is_empty());
     }
 }

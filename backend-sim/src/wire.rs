@@ -6,7 +6,8 @@
 //! retransmits): a 16-byte base header (like the BTH: opcode, flags, PSN, plus length and
 //! immediate), then an extension that depends on the opcode (RETH for RDMA, AtomicETH for
 //! atomics, AtomicAckETH for atomic responses, a hello block for connection setup), then
-//! `len` payload bytes for SEND, WRITE and READ responses.
+//! `len` payload bytes for SEND, WRITE and READ responses. A NAK, which has no immediate,
+//! carries the responder's [`NakReason`] in that field.
 //!
 //! All integers are little-endian. The decoder accepts any bytes: short input asks for
 //! more, anything malformed (unknown opcode, a length beyond the message limit, a PSN or
@@ -26,10 +27,10 @@ pub const MAX_MSG: u32 = 1 << 31;
 /// Magic of the hello frame ("RSIM").
 pub const HELLO_MAGIC: u32 = 0x4d49_5352;
 /// Protocol version in the hello frame (3: hellos carry a token that the passive side
-/// checks with the claimed peer device ([`Frame::Verify`]); 2: SEND and WRITE may carry
-/// [`F_ACK_REQ`]). A device refuses a hello of another version
-/// ([`HelloReject::Version`]): both ends of a connection must run builds that speak the
-/// same frames.
+/// checks with the claimed peer device ([`Frame::Verify`]), and a NAK may carry a
+/// [`NakReason`]; 2: SEND and WRITE may carry [`F_ACK_REQ`]). A device refuses a hello of
+/// another version ([`HelloReject::Version`]): both ends of a connection must run builds
+/// that speak the same frames.
 pub const VERSION: u16 = 3;
 /// Bytes of the token a hello carries.
 pub const TOKEN_LEN: usize = 16;
@@ -108,6 +109,110 @@ impl NakCode {
             0x202 => NakCode::RemoteAccess,
             0x203 => NakCode::RemoteOperational,
             _ => return Err(WireError::BadField("NAK syndrome")),
+        })
+    }
+}
+
+/// Which check a responder's request failed, carried in its NAK beside the syndrome (a
+/// field of the sim's own: the AETH of IBA 9.7.5.2.8 has room only for the syndrome) and
+/// reported by the requester in the work completion's `vendor_err`, where an HCA puts its
+/// vendor syndrome. `IBV_WC_REM_ACCESS_ERR` says that a remote access was refused,
+/// `IBV_WC_REM_INV_REQ_ERR` that a request was invalid; the code says why.
+///
+/// | `vendor_err` | status | reason |
+/// |---|---|---|
+/// | `0x101` | `IBV_WC_REM_ACCESS_ERR` | [`NakReason::UnknownRkey`] |
+/// | `0x102` | `IBV_WC_REM_ACCESS_ERR` | [`NakReason::DeregisteredRkey`] |
+/// | `0x103` | `IBV_WC_REM_ACCESS_ERR` | [`NakReason::WrongPd`] |
+/// | `0x104` | `IBV_WC_REM_ACCESS_ERR` | [`NakReason::QpAccess`] |
+/// | `0x105` | `IBV_WC_REM_ACCESS_ERR` | [`NakReason::MrAccess`] |
+/// | `0x106` | `IBV_WC_REM_ACCESS_ERR` | [`NakReason::OutOfBounds`] |
+/// | `0x201` | `IBV_WC_REM_INV_REQ_ERR` | [`NakReason::MisalignedAtomic`] |
+/// | `0x202` | `IBV_WC_REM_INV_REQ_ERR` | [`NakReason::NoRdAtomicResources`] |
+/// | `0x203` | `IBV_WC_REM_INV_REQ_ERR` | [`NakReason::RecvTooShort`] |
+///
+/// `vendor_err` 0 with these statuses: the responder gave no reason. The codes do not
+/// overlap the `errno` values that `IBV_WC_RETRY_EXC_ERR` carries there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum NakReason {
+    /// The rkey names no memory region of the responder's device (nor one deregistered
+    /// recently).
+    UnknownRkey = 0x101,
+    /// The rkey named a memory region that has been deregistered (`ibv_dereg_mr`): the
+    /// device remembers the keys of its last 1024 deregistered regions.
+    DeregisteredRkey = 0x102,
+    /// The memory region belongs to another protection domain than the responder QP.
+    WrongPd = 0x103,
+    /// The responder QP's `qp_access_flags` do not allow the operation
+    /// (`IBV_ACCESS_REMOTE_WRITE`, `_REMOTE_READ` or `_REMOTE_ATOMIC`).
+    QpAccess = 0x104,
+    /// The memory region was registered without the right the operation needs
+    /// (`IBV_ACCESS_REMOTE_WRITE` for WRITE, `_REMOTE_READ` for READ, `_REMOTE_ATOMIC`
+    /// for atomics).
+    MrAccess = 0x105,
+    /// The address range leaves the memory region.
+    OutOfBounds = 0x106,
+    /// An atomic on an address that is not 8-byte aligned.
+    MisalignedAtomic = 0x201,
+    /// An RDMA READ or atomic to a QP with no responder resources for them
+    /// (`max_dest_rd_atomic` 0).
+    NoRdAtomicResources = 0x202,
+    /// A SEND longer than the receive buffers posted for it (the responder's receive
+    /// completes with `IBV_WC_LOC_LEN_ERR`).
+    RecvTooShort = 0x203,
+}
+
+impl NakReason {
+    /// Every reason, in code order.
+    pub const ALL: [NakReason; 9] = [
+        NakReason::UnknownRkey,
+        NakReason::DeregisteredRkey,
+        NakReason::WrongPd,
+        NakReason::QpAccess,
+        NakReason::MrAccess,
+        NakReason::OutOfBounds,
+        NakReason::MisalignedAtomic,
+        NakReason::NoRdAtomicResources,
+        NakReason::RecvTooShort,
+    ];
+
+    /// The code, as a work completion's `vendor_err` carries it.
+    pub fn vendor_err(self) -> u32 {
+        self as u32
+    }
+
+    /// The reason a `vendor_err` of an `IBV_WC_REM_ACCESS_ERR` or `IBV_WC_REM_INV_REQ_ERR`
+    /// completion names (`None`: no reason given, or not a code of this table).
+    pub fn from_vendor_err(code: u32) -> Option<NakReason> {
+        NakReason::ALL.into_iter().find(|r| r.vendor_err() == code)
+    }
+
+    /// The syndrome a NAK with this reason carries.
+    pub fn code(self) -> NakCode {
+        match self {
+            NakReason::MisalignedAtomic | NakReason::NoRdAtomicResources | NakReason::RecvTooShort => {
+                NakCode::InvalidRequest
+            }
+            _ => NakCode::RemoteAccess,
+        }
+    }
+}
+
+impl fmt::Display for NakReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            NakReason::UnknownRkey => "the rkey names no memory region",
+            NakReason::DeregisteredRkey => "the rkey names a deregistered memory region",
+            NakReason::WrongPd => "the memory region belongs to another protection domain than the QP",
+            NakReason::QpAccess => "the QP's qp_access_flags do not allow the operation",
+            NakReason::MrAccess => "the memory region's access flags do not allow the operation",
+            NakReason::OutOfBounds => "the address range leaves the memory region",
+            NakReason::MisalignedAtomic => "the atomic's address is not 8-byte aligned",
+            NakReason::NoRdAtomicResources => {
+                "the QP has no responder resources for RDMA READ and atomics (max_dest_rd_atomic 0)"
+            }
+            NakReason::RecvTooShort => "the message is longer than the receive buffers",
         })
     }
 }
@@ -224,6 +329,10 @@ pub enum Frame {
         psn: u32,
         /// Why.
         code: NakCode,
+        /// Which check failed, for remote access errors and invalid requests (travels in
+        /// the base header's immediate field, which a NAK does not otherwise use; 0 there
+        /// is `None`). Always of `code`'s kind ([`NakReason::code`]).
+        reason: Option<NakReason>,
     },
     /// READ response for request `psn`, followed by `len` payload bytes.
     ReadResp {
@@ -402,7 +511,14 @@ impl Frame {
             Frame::CmpSwap { psn, .. } => (op::CMP_SWAP, 0, 0, psn, 0, 0),
             Frame::FetchAdd { psn, .. } => (op::FETCH_ADD, 0, 0, psn, 0, 0),
             Frame::Ack { psn } => (op::ACK, 0, 0, psn, 0, 0),
-            Frame::Nak { psn, code } => (op::NAK, 0, code.to_raw(), psn, 0, 0),
+            Frame::Nak { psn, code, reason } => (
+                op::NAK,
+                0,
+                code.to_raw(),
+                psn,
+                0,
+                reason.map_or(0, NakReason::vendor_err),
+            ),
             Frame::ReadResp { psn, len } => (op::READ_RESP, 0, 0, psn, len, 0),
             Frame::AtomicResp { psn, .. } => (op::ATOMIC_RESP, 0, 0, psn, 0, 0),
         };
@@ -586,10 +702,17 @@ impl Frame {
                 add: u64_at(e, 12),
             },
             op::ACK => Frame::Ack { psn },
-            op::NAK => Frame::Nak {
-                psn,
-                code: NakCode::from_raw(aux)?,
-            },
+            op::NAK => {
+                let code = NakCode::from_raw(aux)?;
+                let reason = match imm_raw {
+                    0 => None,
+                    v => match NakReason::from_vendor_err(v) {
+                        Some(r) if r.code() == code => Some(r),
+                        _ => return Err(WireError::BadField("NAK reason")),
+                    },
+                };
+                Frame::Nak { psn, code, reason }
+            }
             op::READ_RESP => Frame::ReadResp { psn, len },
             op::ATOMIC_RESP => Frame::AtomicResp {
                 psn,
@@ -605,7 +728,7 @@ impl Frame {
         if (!uses_len && len != 0)
             || (!uses_aux && aux != 0)
             || (!uses_psn && psn != 0)
-            || (imm.is_none() && imm_raw != 0)
+            || (imm.is_none() && imm_raw != 0 && opcode != op::NAK)
             || (!matches!(opcode, op::SEND | op::WRITE) && flags != 0)
         {
             return Err(WireError::BadField("reserved field"));
@@ -745,14 +868,15 @@ pub(crate) mod tests {
             (
                 psn.clone(),
                 prop_oneof![
-                    (0u8..32).prop_map(|timer| NakCode::Rnr { timer }),
-                    Just(NakCode::PsnSeq),
-                    Just(NakCode::InvalidRequest),
-                    Just(NakCode::RemoteAccess),
-                    Just(NakCode::RemoteOperational)
+                    (0u8..32).prop_map(|timer| (NakCode::Rnr { timer }, None)),
+                    Just((NakCode::PsnSeq, None)),
+                    Just((NakCode::InvalidRequest, None)),
+                    Just((NakCode::RemoteAccess, None)),
+                    Just((NakCode::RemoteOperational, None)),
+                    proptest::sample::select(NakReason::ALL.to_vec()).prop_map(|r| (r.code(), Some(r)))
                 ]
             )
-                .prop_map(|(psn, code)| Frame::Nak { psn, code }),
+                .prop_map(|(psn, (code, reason))| Frame::Nak { psn, code, reason }),
             (psn.clone(), len).prop_map(|(psn, len)| Frame::ReadResp { psn, len }),
             (psn, any::<u64>()).prop_map(|(psn, orig)| Frame::AtomicResp { psn, orig }),
         ]
@@ -789,6 +913,58 @@ pub(crate) mod tests {
             let n = f.encode(&mut b);
             b[i % n] = v;
             let _ = Frame::decode(&b[..n]);
+        }
+    }
+
+    /// A NAK's reason travels in the immediate field: a code of the table, of the NAK's
+    /// kind, or 0 (none). Anything else is malformed, and a reason on a NAK of another
+    /// kind too (so each NAK has one encoding).
+    #[test]
+    fn nak_reasons_are_checked() {
+        let mut b = [0u8; MAX_HDR_LEN];
+        for r in NakReason::ALL {
+            assert_eq!(NakReason::from_vendor_err(r.vendor_err()), Some(r));
+            let f = Frame::Nak {
+                psn: 9,
+                code: r.code(),
+                reason: Some(r),
+            };
+            let n = f.encode(&mut b);
+            assert_eq!(u32_at(&b, 12), r.vendor_err());
+            assert_eq!(Frame::decode(&b[..n]), Ok(Some((f, n))));
+        }
+        let n = Frame::Nak {
+            psn: 9,
+            code: NakCode::RemoteAccess,
+            reason: None,
+        }
+        .encode(&mut b);
+        for bad in [
+            1,
+            0x100,
+            0x107,
+            NakReason::MisalignedAtomic.vendor_err(),
+            u32::MAX,
+        ] {
+            b[12..16].copy_from_slice(&bad.to_le_bytes());
+            assert_eq!(
+                Frame::decode(&b[..n]),
+                Err(WireError::BadField("NAK reason")),
+                "{bad:#x}"
+            );
+        }
+        let n = Frame::Nak {
+            psn: 9,
+            code: NakCode::PsnSeq,
+            reason: None,
+        }
+        .encode(&mut b);
+        b[12..16].copy_from_slice(&NakReason::OutOfBounds.vendor_err().to_le_bytes());
+        assert_eq!(Frame::decode(&b[..n]), Err(WireError::BadField("NAK reason")));
+        assert_eq!(NakReason::from_vendor_err(0), None);
+        // The errno values that IBV_WC_RETRY_EXC_ERR carries are no reasons.
+        for errno in [libc::ECONNREFUSED, libc::EMFILE, libc::ETIMEDOUT, libc::ENOTCONN] {
+            assert_eq!(NakReason::from_vendor_err(errno as u32), None);
         }
     }
 

@@ -43,7 +43,7 @@ use backend_sim::requester::{ReqAttrs, Requester};
 use backend_sim::responder::{RespAttrs, Responder};
 use backend_sim::rx::Reader;
 use backend_sim::tx::TxQueue;
-use backend_sim::wire::{Frame, HelloReject, NakCode, MAX_HDR_LEN};
+use backend_sim::wire::{Frame, HelloReject, NakCode, NakReason, MAX_HDR_LEN};
 use verbs_api::timers::local_ack_timeout;
 use verbs_api::{AccessFlags, QpCap, RecvWr, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion, PSN_MASK};
 
@@ -110,7 +110,8 @@ pub struct Input {
 /// QP attributes (zeros give the friendliest QP: every remote right granted).
 #[derive(Arbitrary, Debug)]
 pub struct Setup {
-    /// Remote rights the QP refuses: bit 0 WRITE, bit 1 READ, bit 2 ATOMIC.
+    /// Remote rights the QP refuses: bit 0 WRITE, bit 1 READ, bit 2 ATOMIC; bit 3: no
+    /// responder resources for READs and atomics (`max_dest_rd_atomic` 0).
     pub qp_refuses: u8,
     /// Responder's first expected PSN.
     pub rq_psn: u32,
@@ -487,6 +488,17 @@ fn nak_code(code: u8) -> NakCode {
     }
 }
 
+/// A NAK's syndrome and, now and then, a reason of its kind (`vendor_err` at the
+/// requester).
+fn nak_of(code: u8) -> (NakCode, Option<NakReason>) {
+    let c = nak_code(code);
+    let reason = NakReason::ALL
+        .get(code as usize / 6 % 16)
+        .copied()
+        .filter(|r| r.code() == c);
+    (c, reason)
+}
+
 fn cap() -> QpCap {
     QpCap {
         max_send_wr: 16,
@@ -548,13 +560,16 @@ impl Harness {
         if setup.qp_refuses & 4 != 0 {
             qp_access.remove(AccessFlags::REMOTE_ATOMIC);
         }
-        let target_writable = qp_access.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC);
+        // Atomics write only with responder resources for them.
+        let target_writable = qp_access.contains(AccessFlags::REMOTE_WRITE)
+            || (qp_access.contains(AccessFlags::REMOTE_ATOMIC) && setup.qp_refuses & 8 == 0);
         let mut resp = Responder::new(2, PD, cap().max_recv_wr, cap().max_recv_sge);
         resp.connect(RespAttrs {
             rq_psn: setup.rq_psn & PSN_MASK,
             min_rnr_timer: setup.min_rnr_timer % 32,
         });
         resp.access = qp_access;
+        resp.max_dest_rd_atomic = if setup.qp_refuses & 8 != 0 { 0 } else { 16 };
         let sq_psn = setup.sq_psn & PSN_MASK;
         let mut req = Requester::new(1, PD, &cap(), false);
         req.connect(ReqAttrs {
@@ -751,13 +766,17 @@ impl Harness {
                 },
                 0,
             ),
-            FrameSpec::Nak { psn, code } => (
-                Frame::Nak {
-                    psn: self.resp_psn(psn),
-                    code: nak_code(code),
-                },
-                0,
-            ),
+            FrameSpec::Nak { psn, code } => {
+                let (code, reason) = nak_of(code);
+                (
+                    Frame::Nak {
+                        psn: self.resp_psn(psn),
+                        code,
+                        reason,
+                    },
+                    0,
+                )
+            }
             FrameSpec::Reply {
                 which,
                 how,
@@ -774,10 +793,10 @@ impl Harness {
                         Frame::AtomicResp { psn, orig }
                     }
                     (0, _) => Frame::Ack { psn },
-                    (1, _) => Frame::Nak {
-                        psn,
-                        code: nak_code(orig as u8),
-                    },
+                    (1, _) => {
+                        let (code, reason) = nak_of(orig as u8);
+                        Frame::Nak { psn, code, reason }
+                    }
                     (_, Frame::Read { len, .. }) => Frame::ReadResp {
                         psn,
                         len: len ^ (1 + orig as u32 % 64),
@@ -892,7 +911,7 @@ impl Harness {
             },
             Frame::FetchAdd { addr, rkey, add, .. } => Frame::FetchAdd { psn, addr, rkey, add },
             Frame::Ack { .. } => Frame::Ack { psn },
-            Frame::Nak { code, .. } => Frame::Nak { psn, code },
+            Frame::Nak { code, reason, .. } => Frame::Nak { psn, code, reason },
             Frame::ReadResp { len, .. } => Frame::ReadResp { psn, len },
             Frame::AtomicResp { orig, .. } => Frame::AtomicResp { psn, orig },
             other => other,
@@ -976,7 +995,12 @@ impl Harness {
             Step::PeerReads => self.peer_reads(),
             Step::Tick(us) => {
                 self.now += Duration::from_micros(*us as u64);
-                if !self.err && self.req.on_timer(self.now, None, &mut self.send_wc).is_err() {
+                if !self.err
+                    && self
+                        .req
+                        .on_timer(self.now, None, None, &mut self.send_wc)
+                        .is_err()
+                {
                     self.enter_error();
                 }
                 self.check_completions();

@@ -66,6 +66,12 @@ pub fn list<B: Backend>() -> Vec<Case<B>> {
             "IBA 9.7.5.2.8 (NAK remote operational error); man ibv_poll_cq",
             recv_bad_lkey
         ),
+        case!(
+            "errors.no-responder-resources",
+            "READ, CMP_AND_SWP and FETCH_AND_ADD to a QP with max_dest_rd_atomic 0: REM_INV_REQ_ERR, no byte read or changed",
+            "man ibv_modify_qp (max_dest_rd_atomic: responder resources for RDMA READ and atomics); IBA 9.7.5.2.8 (NAK invalid request); rxe_resp.c check_resource()",
+            no_responder_resources
+        ),
     ]
 }
 
@@ -301,5 +307,62 @@ fn recv_bad_lkey<B: Backend>(env: &Env<B>) -> CaseResult {
         )],
     )?;
     env.expect_status("requester", &s, WcStatus::RemOpErr, &[])?;
+    Ok(Outcome::Pass)
+}
+
+/// A responder without resources for RDMA READ and atomics (`max_dest_rd_atomic` 0)
+/// refuses them as invalid requests (rxe's `check_resource()` answers
+/// `RESPST_ERR_TOO_MANY_RDMA_ATM_REQ` with an invalid-request NAK) and executes nothing:
+/// the FETCH_AND_ADD does not add, the CMP_AND_SWP does not swap, the READ returns no data,
+/// and no old value lands in the requester's buffer.
+fn no_responder_resources<B: Backend>(env: &Env<B>) -> CaseResult {
+    const SENTINEL: u64 = 0x5a5a_5a5a_5a5a_5a5a;
+    let mut o = env.opts();
+    o.b.max_dest_rd_atomic = 0;
+    for op in ["READ", "CMP_AND_SWP", "FETCH_AND_ADD"] {
+        // A fresh pair each: the first error takes the requester to ERR.
+        let p = env.pair(&o)?;
+        let dst = env.mr(&p.pd, 4096, A::LOCAL_WRITE | A::REMOTE_READ | A::REMOTE_ATOMIC)?;
+        let local = env.mr(&p.pd, 4096, A::LOCAL_WRITE)?;
+        dst.write(0, &crate::env::pattern(4096, 7))?;
+        dst.write_u64(0, 41)?;
+        local.write_u64(0, SENTINEL)?;
+        let before = dst.to_vec();
+        let sge = [local.sge(0, 8)?];
+        let read_sge = [local.sge(0, 64)?];
+        let wr = match op {
+            "READ" => SendWr::read(1, &read_sge, dst.remote().at(0)),
+            // 41 == 41: the swap would happen.
+            "CMP_AND_SWP" => SendWr::cmp_and_swp(1, &sge, dst.remote().at(0), 41, 1000),
+            _ => SendWr::fetch_and_add(1, &sge, dst.remote().at(0), 1),
+        };
+        p.a.post_send(&[wr.signaled()])?;
+        let wc = env.wait1(&p.cq_a)?;
+        env.expect_status(
+            &format!("{op} to a QP with max_dest_rd_atomic 0"),
+            &wc,
+            WcStatus::RemInvReqErr,
+            &[],
+        )?;
+        ensure!(
+            dst.to_vec() == before,
+            "{op} to a QP with max_dest_rd_atomic 0: the remote memory changed (word 0 is now {})",
+            dst.read_u64(0)?
+        );
+        ensure_eq!(
+            local.read_u64(0)?,
+            SENTINEL,
+            "{op} to a QP with max_dest_rd_atomic 0: the requester's buffer"
+        );
+        ensure!(
+            crate::env::read_back(&local, 8, 56)?.iter().all(|&b| b == 0),
+            "{op} to a QP with max_dest_rd_atomic 0: data landed in the requester's buffer"
+        );
+        ensure_eq!(
+            p.a.state()?,
+            QpState::Err,
+            "requester state after the refused {op}"
+        );
+    }
     Ok(Outcome::Pass)
 }

@@ -7,7 +7,7 @@ use verbs_api::{
 };
 
 use super::case;
-use crate::{ensure, ensure_eq, Case, CaseResult, Env, Failure, Outcome};
+use crate::{ensure, ensure_eq, Case, CaseResult, Env, Failure, Outcome, Profile};
 
 pub fn list<B: Backend>() -> Vec<Case<B>> {
     vec![
@@ -88,6 +88,12 @@ pub fn list<B: Backend>() -> Vec<Case<B>> {
             "a QP moved RTS -> ERR -> RESET can be brought up again and carries traffic",
             "man ibv_modify_qp (any state -> RESET); IBA 10.3.1",
             qp_reuse
+        ),
+        case!(
+            "qp.sqd-resume",
+            "a WR posted in SQD is held, and sent after SQD -> RTS without another post",
+            "man ibv_modify_qp (IBV_QPS_SQD); IBA 10.3.1 (SQD -> RTS resumes the send queue)",
+            qp_sqd_resume
         ),
     ]
 }
@@ -396,6 +402,71 @@ fn qp_reuse<B: Backend>(env: &Env<B>) -> CaseResult {
         crate::env::read_back(&mr, 2048, 11)?,
         b"second life".to_vec(),
         "data"
+    );
+    Ok(Outcome::Pass)
+}
+
+/// rxe leaves the WRs posted in SQD waiting after SQD -> RTS: its modify moves the QP to
+/// RTS without scheduling the requester, so they go with the next post.
+const RXE_SQD_RTS: &str = "the WR held in SQD waits after SQD -> RTS until the next post_send: \
+rxe_qp_from_attr() moves the QP to RTS without scheduling the requester task \
+(drivers/infiniband/sw/rxe/rxe_qp.c)";
+
+fn qp_sqd_resume<B: Backend>(env: &Env<B>) -> CaseResult {
+    let p = env.pair(&env.opts())?;
+    let src = env.mr(&p.pd, 4096, A::LOCAL_WRITE)?;
+    let dst = env.mr(&p.pd, 4096, A::LOCAL_WRITE | A::REMOTE_WRITE)?;
+    src.write(0, b"before SQD")?;
+    src.write(64, b"held in SQD")?;
+    // One WRITE first: the connection is up and idle when the QP moves to SQD.
+    p.a.post_send(&[SendWr::write(1, &[src.sge(0, 10)?], dst.remote().at(0)).signaled()])?;
+    let wc = env.wait1(&p.cq_a)?;
+    ensure!(wc.is_ok(), "WRITE before SQD: {:?}", wc.status);
+    let to = |state| QpAttr {
+        qp_state: state,
+        ..Default::default()
+    };
+    p.a.modify(&to(QpState::Sqd), M::STATE)?;
+    ensure_eq!(p.a.state()?, QpState::Sqd, "after RTS -> SQD");
+    p.a.post_send(&[SendWr::write(2, &[src.sge(64, 11)?], dst.remote().at(64)).signaled()])?;
+    env.expect_empty(&p.cq_a, "a WRITE posted in SQD")?;
+    ensure_eq!(
+        crate::env::read_back(&dst, 64, 11)?,
+        vec![0u8; 11],
+        "target of the WRITE posted in SQD, before SQD -> RTS"
+    );
+    p.a.modify(&to(QpState::Rts), M::STATE)?;
+    ensure_eq!(p.a.state()?, QpState::Rts, "after SQD -> RTS");
+    // No further post: the transition alone must start the held WRITE.
+    let wc = if env.profile == Profile::Rxe {
+        match env.quiet(&p.cq_a, std::time::Duration::from_secs(2))?.as_slice() {
+            [wc] => *wc,
+            [] => {
+                env.deviation(RXE_SQD_RTS);
+                // The next post starts the held WRITE, and then itself.
+                p.a.post_send(&[SendWr::write(3, &[src.sge(0, 10)?], dst.remote().at(128)).signaled()])?;
+                let wcs = env.wait(&p.cq_a, 2)?;
+                ensure_eq!(
+                    (wcs[1].wr_id, wcs[1].status),
+                    (3, verbs_api::WcStatus::Success),
+                    "the WRITE posted after SQD -> RTS"
+                );
+                wcs[0]
+            }
+            more => return Err(Failure(format!("one completion expected, got {more:?}"))),
+        }
+    } else {
+        env.wait1(&p.cq_a)?
+    };
+    ensure_eq!(
+        (wc.wr_id, wc.status),
+        (2, verbs_api::WcStatus::Success),
+        "the WRITE held in SQD"
+    );
+    ensure_eq!(
+        crate::env::read_back(&dst, 64, 11)?,
+        b"held in SQD".to_vec(),
+        "target of the WRITE held in SQD"
     );
     Ok(Outcome::Pass)
 }
