@@ -41,31 +41,21 @@
 pub mod cpu_share;
 pub mod cq;
 pub mod device;
-pub mod engine;
 pub mod epoll;
 pub mod faults;
 pub mod host_addrs;
 pub mod listener;
-pub mod memory;
 pub mod progress;
-pub mod psn;
 pub mod qp;
-pub mod requester;
-pub mod responder;
-pub mod rx;
 pub mod sockopt;
 pub mod sys;
 pub mod transport;
-pub mod tx;
 pub mod verify;
-pub mod wire;
 
-#[cfg(test)]
-mod link_tests;
-#[cfg(test)]
-mod trace_capture;
 
-pub use wire::NakReason;
+pub use backend_sim_proto::NakReason;
+// The protocol core's modules under their old names, for the driver's own paths.
+use backend_sim_proto::{engine, memory, requester, responder, rx, tx, wire};
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::RawFd;
@@ -312,7 +302,7 @@ impl ProtectionDomain for SimPd {
     fn reg_mr(&self, len: usize, access: AccessFlags) -> Result<SimMr> {
         check_mr_access(access)?;
         let dev = &self.pd.dev;
-        let key = dev.mrs.fresh_key();
+        let key = dev.mrs.fresh_key(rand::random);
         let mr = MrShared::new_owned(self.pd.handle, key, len, access).ok_or_else(|| Error::NoMemory {
             call: "ibv_reg_mr",
             reason: format!("cannot allocate {len} bytes"),
@@ -325,7 +315,7 @@ impl ProtectionDomain for SimPd {
         if addr.is_null() && len > 0 {
             return Err(Error::invalid("ibv_reg_mr", "null address"));
         }
-        let key = self.pd.dev.mrs.fresh_key();
+        let key = self.pd.dev.mrs.fresh_key(rand::random);
         // SAFETY: the caller guarantees the memory stays valid until the MR is dropped,
         // and `SimMr::drop` calls `kill` before returning.
         let mr = unsafe { MrShared::new_borrowed(self.pd.handle, key, addr, len, access) };

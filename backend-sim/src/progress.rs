@@ -575,7 +575,7 @@ impl Progress {
         let fd = conn.sock.as_raw_fd();
         let deadline = Instant::now() + Duration::from_millis(100);
         while !io.tx.is_empty() && Instant::now() < deadline {
-            match io.tx.write_to(fd) {
+            match io.tx.write_to(&mut sys::Sock(fd)) {
                 Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
                 Err(_) => break,
@@ -1311,7 +1311,7 @@ impl Progress {
             let stalled = faulty && self.responder_stalled(conn);
             let reading = !stalled && mode != Mode::Transmit;
             if reading {
-                match io.reader.fill(fd) {
+                match io.reader.fill(&mut sys::Sock(fd)) {
                     Ok(0) => {
                         drop(io);
                         self.lost(conn, "peer closed the connection");
@@ -1370,7 +1370,7 @@ impl Progress {
             }
             let hold = faulty && self.responder_hold(conn, io.tx.is_empty());
             if !io.tx.is_empty() && !hold {
-                match io.tx.write_to(fd) {
+                match io.tx.write_to(&mut sys::Sock(fd)) {
                     Ok(n) => {
                         if n > 0 {
                             progressed = true;

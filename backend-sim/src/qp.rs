@@ -1132,7 +1132,7 @@ mod tests {
     /// causes them: the modify, and here the fault injection that breaks the connection.
     #[test]
     fn state_changes_and_a_lost_connection_are_logged() {
-        use crate::trace_capture::Capture;
+        use backend_sim_proto::trace_capture::Capture;
         use tracing::Level;
         use verbs_api::Backend;
         let sim = SimBackend::default();

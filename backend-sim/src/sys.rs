@@ -13,6 +13,8 @@
 use std::io;
 use std::os::fd::RawFd;
 
+use backend_sim_proto::io::RawSlice;
+
 /// `CLOCK_MONOTONIC` in nanoseconds: the clock of [`std::time::Instant`] on Linux, read
 /// through the vDSO as `Instant::now` reads it, without the conversion of an `Instant`
 /// to a `Duration` (a checked subtraction of two `timespec`s and a normalization).
@@ -66,6 +68,52 @@ pub unsafe fn send(fd: RawFd, buf: *const u8, len: usize, flags: libc::c_int) ->
 pub unsafe fn sendmsg(fd: RawFd, msg: &libc::msghdr, flags: libc::c_int) -> io::Result<usize> {
     // SAFETY: the caller guarantees the message and its buffers are readable.
     result(unsafe { libc::syscall(libc::SYS_sendmsg, fd, msg as *const libc::msghdr, flags) })
+}
+
+/// A connection's socket as the protocol core's byte source and sink
+/// ([`backend_sim_proto::io`]): `recv` with `MSG_DONTWAIT`; one run by `send`, a gather
+/// list by `sendmsg`, both with `MSG_DONTWAIT | MSG_NOSIGNAL` (so a closed peer is
+/// `EPIPE`, not `SIGPIPE`).
+#[derive(Clone, Copy, Debug)]
+pub struct Sock(pub RawFd);
+
+impl backend_sim_proto::io::Recv for Sock {
+    unsafe fn recv(&mut self, dst: *mut u8, len: usize) -> io::Result<usize> {
+        // SAFETY: the caller (the protocol core) guarantees `dst..dst + len` is writable.
+        unsafe { recv(self.0, dst, len, libc::MSG_DONTWAIT) }
+    }
+}
+
+// `RawSlice` is laid out as `struct iovec`: a gather list goes to the kernel as it is.
+const _: () = {
+    assert!(std::mem::size_of::<RawSlice>() == std::mem::size_of::<libc::iovec>());
+    assert!(std::mem::align_of::<RawSlice>() == std::mem::align_of::<libc::iovec>());
+};
+
+impl backend_sim_proto::io::Transmit for Sock {
+    unsafe fn transmit(&mut self, iov: &[RawSlice]) -> io::Result<usize> {
+        let flags = libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT;
+        if let [one] = iov {
+            // One run (a small message: header and inline payload are contiguous) by
+            // `send`, which spares the kernel copying in a `msghdr` and walking an iovec:
+            // on loopback ~170 ns less per message.
+            // SAFETY: the caller guarantees the run is readable for the call.
+            return unsafe { send(self.0, one.base, one.len, flags) };
+        }
+        let msg = libc::msghdr {
+            msg_name: std::ptr::null_mut(),
+            msg_namelen: 0,
+            // The kernel only reads the iovecs (a `*mut` by the C declaration).
+            msg_iov: iov.as_ptr() as *mut libc::iovec,
+            msg_iovlen: iov.len(),
+            msg_control: std::ptr::null_mut(),
+            msg_controllen: 0,
+            msg_flags: 0,
+        };
+        // SAFETY: `RawSlice` has the layout of `iovec` (checked above); the caller
+        // guarantees every run is readable for the call; `msg` lives across it.
+        unsafe { sendmsg(self.0, &msg, flags) }
+    }
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ mod common;
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
-use backend_sim::wire::Frame;
+use backend_sim_proto::wire::Frame;
 use backend_sim::SimBackend;
 use common::{frame, impersonate};
 use verbs_api::*;

@@ -449,7 +449,7 @@ fn a_peer_that_never_connects_ends_in_retry_exc_err_not_connected() {
 /// not one every 10 ms) and fails its WRs with RETRY_EXC_ERR naming EPROTO.
 #[test]
 fn a_peer_of_another_protocol_version_is_tried_once_and_named() {
-    use backend_sim::wire::{Frame, HelloReject, MAX_HDR_LEN};
+    use backend_sim_proto::wire::{Frame, HelloReject, MAX_HDR_LEN};
     use std::io::{Read, Write};
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;

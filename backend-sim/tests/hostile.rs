@@ -8,7 +8,7 @@ use std::io::Write;
 use std::net::TcpStream;
 use std::time::Duration;
 
-use backend_sim::wire::Frame;
+use backend_sim_proto::wire::Frame;
 use backend_sim::SimBackend;
 use common::{frame, hello, impersonate, read_answer, RAW_QPN};
 use verbs_api::*;
@@ -28,13 +28,13 @@ fn strangers_are_turned_away() {
     // A hello of another protocol version (the version sits in bytes 2-3 of the header):
     // refused as such, so that the other build can say why.
     let mut old = hello(&ctx, 5, 0x7777);
-    old[2..4].copy_from_slice(&(backend_sim::wire::VERSION - 1).to_le_bytes());
+    old[2..4].copy_from_slice(&(backend_sim_proto::wire::VERSION - 1).to_le_bytes());
     let mut s = TcpStream::connect(addr).unwrap();
     s.write_all(&old).unwrap();
     assert_eq!(
         read_answer(&mut s),
         Some(Frame::HelloNak {
-            reason: backend_sim::wire::HelloReject::Version
+            reason: backend_sim_proto::wire::HelloReject::Version
         })
     );
     // A hello for a QP in RESET.

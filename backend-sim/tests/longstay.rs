@@ -23,7 +23,7 @@ use std::io::{Read, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use backend_sim::wire::Frame;
+use backend_sim_proto::wire::Frame;
 use common::{frame, impersonate, read_mrs, Pair};
 use verbs_api::*;
 

@@ -26,7 +26,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use backend_sim::wire::{Frame, HelloReject, MAX_HDR_LEN, TOKEN_LEN};
+use backend_sim_proto::wire::{Frame, HelloReject, MAX_HDR_LEN, TOKEN_LEN};
 use backend_sim::SimBackend;
 use verbs_api::*;
 

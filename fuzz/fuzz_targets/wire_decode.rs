@@ -5,7 +5,7 @@
 
 #![no_main]
 
-use backend_sim::wire::{Frame, BASE_LEN, MAX_HDR_LEN, MAX_MSG};
+use backend_sim_proto::wire::{Frame, BASE_LEN, MAX_HDR_LEN, MAX_MSG};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

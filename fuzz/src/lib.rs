@@ -36,14 +36,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arbitrary::Arbitrary;
-use backend_sim::engine::{drive, DriveState, Sides, Stop};
-use backend_sim::memory::{MrShared, MrTable};
-use backend_sim::psn;
-use backend_sim::requester::{ReqAttrs, Requester};
-use backend_sim::responder::{RespAttrs, Responder};
-use backend_sim::rx::Reader;
-use backend_sim::tx::TxQueue;
-use backend_sim::wire::{Frame, HelloReject, NakCode, NakReason, MAX_HDR_LEN};
+use backend_sim_proto::engine::{drive, DriveState, Sides, Stop};
+use backend_sim_proto::memory::{MrShared, MrTable};
+use backend_sim_proto::psn;
+use backend_sim_proto::requester::{ReqAttrs, Requester};
+use backend_sim_proto::responder::{RespAttrs, Responder};
+use backend_sim_proto::rx::Reader;
+use backend_sim_proto::tx::TxQueue;
+use backend_sim_proto::wire::{Frame, HelloReject, NakCode, NakReason, MAX_HDR_LEN};
 use verbs_api::timers::local_ack_timeout;
 use verbs_api::{AccessFlags, QpCap, RecvWr, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion, PSN_MASK};
 
@@ -833,7 +833,7 @@ impl Harness {
                     src_lid,
                     src_qpn: src_qpn & PSN_MASK,
                     dst_qpn: dst_qpn & PSN_MASK,
-                    token: [0; backend_sim::wire::TOKEN_LEN],
+                    token: [0; backend_sim_proto::wire::TOKEN_LEN],
                 },
                 0,
             ),

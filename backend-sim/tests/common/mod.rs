@@ -9,7 +9,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use backend_sim::wire::{Frame, MAX_HDR_LEN};
+use backend_sim_proto::wire::{Frame, MAX_HDR_LEN};
 use backend_sim::SimContext;
 use verbs_api::*;
 
@@ -103,7 +103,7 @@ pub fn hello(ctx: &SimContext, src_qpn: u32, dst_qpn: u32) -> Vec<u8> {
         src_lid: ctx.query_port(1).unwrap().lid,
         src_qpn,
         dst_qpn,
-        token: [0x5a; backend_sim::wire::TOKEN_LEN],
+        token: [0x5a; backend_sim_proto::wire::TOKEN_LEN],
     })
 }
 

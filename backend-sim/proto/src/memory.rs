@@ -357,13 +357,14 @@ pub struct MrTable {
 }
 
 impl MrTable {
-    /// A key that is not in use: random, non-zero, and not one of the recently
-    /// deregistered keys, so that a stale rkey a peer still holds never reaches a new
-    /// region (and is reported as deregistered, which it is).
-    pub fn fresh_key(&self) -> u32 {
+    /// A key that is not in use: drawn from `draw` (the device passes a CSPRNG, so keys
+    /// are not guessable in sequence; this crate reads no entropy of its own), non-zero,
+    /// and not one of the recently deregistered keys, so that a stale rkey a peer still
+    /// holds never reaches a new region (and is reported as deregistered, which it is).
+    pub fn fresh_key(&self, mut draw: impl FnMut() -> u32) -> u32 {
         let keys = self.keys.read();
         loop {
-            let k: u32 = rand::random();
+            let k: u32 = draw();
             if k != 0 && !keys.map.contains_key(&k) && !keys.retired.contains(k) {
                 return k;
             }
@@ -523,6 +524,21 @@ impl MrTable {
     }
 }
 
+/// Keys for tests: a xorshift sequence (predictable; a device draws from a CSPRNG).
+#[cfg(test)]
+pub(crate) fn test_draw() -> u32 {
+    use std::cell::Cell;
+    thread_local!(static X: Cell<u32> = const { Cell::new(0x9e37_79b9) });
+    X.with(|x| {
+        let mut v = x.get();
+        v ^= v << 13;
+        v ^= v >> 17;
+        v ^= v << 5;
+        x.set(v);
+        v
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -530,7 +546,7 @@ mod tests {
 
     fn table_with(len: usize, access: AccessFlags) -> (MrTable, Arc<MrShared>) {
         let t = MrTable::default();
-        let key = t.fresh_key();
+        let key = t.fresh_key(test_draw);
         let mr = Arc::new(MrShared::new_owned(1, key, len, access).unwrap());
         t.insert(mr.clone());
         (t, mr)
@@ -643,7 +659,7 @@ mod tests {
         let t = MrTable::default();
         let mut gone = Vec::new();
         for _ in 0..RETIRED_KEYS + 10 {
-            let key = t.fresh_key();
+            let key = t.fresh_key(test_draw);
             t.insert(Arc::new(
                 MrShared::new_owned(1, key, 8, AccessFlags::LOCAL_WRITE).unwrap(),
             ));
@@ -657,7 +673,7 @@ mod tests {
         }
         let remembered: std::collections::HashSet<u32> = gone[10..].iter().copied().collect();
         for _ in 0..10_000 {
-            assert!(!remembered.contains(&t.fresh_key()));
+            assert!(!remembered.contains(&t.fresh_key(test_draw)));
         }
         // A key never seen is unknown; a registered one is no deregistered one.
         let never = (1..).find(|k| !gone.contains(k)).unwrap();

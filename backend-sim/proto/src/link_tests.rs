@@ -94,7 +94,7 @@ impl Link {
     }
 
     fn mr(table: &MrTable, len: usize) -> Arc<MrShared> {
-        let m = Arc::new(MrShared::new_owned(PD, table.fresh_key(), len, AccessFlags::ALL).unwrap());
+        let m = Arc::new(MrShared::new_owned(PD, table.fresh_key(crate::memory::test_draw), len, AccessFlags::ALL).unwrap());
         table.insert(m.clone());
         m
     }
@@ -826,7 +826,7 @@ proptest! {
     fn hostile_bytes_stay_inside_registered_memory(chunks in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..256), 1..20)) {
         let mut backing = vec![0xeeu8; 3 * 4096];
         let table = MrTable::default();
-        let key = table.fresh_key();
+        let key = table.fresh_key(crate::memory::test_draw);
         // SAFETY: `backing` outlives the region (killed below before the Vec drops).
         let mr = Arc::new(unsafe { MrShared::new_borrowed(PD, key, backing.as_mut_ptr().add(4096), 4096, AccessFlags::ALL) });
         table.insert(mr.clone());
@@ -876,7 +876,7 @@ proptest! {
     fn arbitrary_request_frames(frames in proptest::collection::vec(crate::wire::tests::arb_frame(), 1..20), payload in 0usize..600) {
         let mut backing = vec![0xeeu8; 3 * 4096];
         let table = MrTable::default();
-        let key = table.fresh_key();
+        let key = table.fresh_key(crate::memory::test_draw);
         // SAFETY: as above.
         let mr = Arc::new(unsafe { MrShared::new_borrowed(PD, key, backing.as_mut_ptr().add(4096), 4096, AccessFlags::ALL) });
         table.insert(mr.clone());

@@ -13,10 +13,9 @@
 //! successfully.
 
 use std::io;
-use std::os::fd::RawFd;
 
+use crate::io::Recv;
 use crate::memory::Seg;
-use crate::sys;
 use crate::wire::{Frame, WireError, MAX_DATA_HDR_LEN};
 
 const BUF: usize = 32 * 1024;
@@ -161,10 +160,10 @@ impl Reader {
         });
     }
 
-    /// Reads from the socket `fd` without blocking. `Ok(0)` means the peer closed the
-    /// stream. `recv` rather than `read`: it skips the VFS layer, ~40 ns less per call on
-    /// loopback, which a spinning poller pays on every empty look.
-    pub fn fill(&mut self, fd: RawFd) -> io::Result<usize> {
+    /// Reads from `src` (the connection's socket) without blocking: into the staging
+    /// buffer, or for the rest of a large payload straight into its target region. `Ok(0)`
+    /// means the peer closed the stream.
+    pub fn fill(&mut self, src: &mut impl Recv) -> io::Result<usize> {
         if self.start == self.end {
             self.start = 0;
             self.end = 0;
@@ -176,9 +175,9 @@ impl Reader {
                     let off = p.off;
                     let r = s.with_ptr(|ptr| {
                         // SAFETY: the range `off..off + want` lies inside the pinned segment
-                        // (`off < s.len`, `want <= s.len - off`); the kernel writes into it
+                        // (`off < s.len`, `want <= s.len - off`); the source writes into it
                         // like a DMA engine; no Rust reference to it exists.
-                        unsafe { sys::recv(fd, ptr.add(off), want, libc::MSG_DONTWAIT) }
+                        unsafe { src.recv(ptr.add(off), want) }
                     });
                     match r {
                         Some(Err(e)) => return Err(e),
@@ -213,8 +212,9 @@ impl Reader {
         } else {
             space.len()
         };
-        // SAFETY: reads at most `want <= space.len()` bytes into our own buffer.
-        let n = unsafe { sys::recv(fd, space.as_mut_ptr(), want, libc::MSG_DONTWAIT) }.inspect_err(|_| {
+        // SAFETY: reads at most `want <= space.len()` bytes into our own buffer, which
+        // nothing borrows during the call.
+        let n = unsafe { src.recv(space.as_mut_ptr(), want) }.inspect_err(|_| {
             self.drained = true;
         })?;
         self.drained = n < want;
@@ -308,10 +308,10 @@ mod tests {
     #[test]
     fn after_a_large_payload_the_next_read_takes_one_header() {
         use std::io::Write;
-        use std::os::fd::AsRawFd;
         const LEN: usize = 40 * 1024;
         let mr = Arc::new(MrShared::new_owned(1, 9, 2 * LEN, AccessFlags::LOCAL_WRITE).unwrap());
         let (mut tx, rx) = std::os::unix::net::UnixStream::pair().unwrap();
+        let mut rx = crate::io::FromRead(rx);
         let mut bytes = Vec::new();
         for k in 0..2u8 {
             let mut h = [0u8; MAX_HDR_LEN];
@@ -331,7 +331,7 @@ mod tests {
         let mut r = Reader::new();
         let (mut done, mut reads) = (0, Vec::new());
         while done < 2 {
-            let n = r.fill(rx.as_raw_fd()).unwrap();
+            let n = r.fill(&mut rx).unwrap();
             assert!(n > 0, "the stream ended early");
             reads.push((done, n));
             while let Some(e) = r.next_event().unwrap() {

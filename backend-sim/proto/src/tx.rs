@@ -12,12 +12,11 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::RawFd;
 
 use arrayvec::ArrayVec;
 
+use crate::io::{RawSlice, Transmit};
 use crate::memory::Seg;
-use crate::sys;
 use crate::wire::{Frame, MAX_HDR_LEN};
 
 /// Payloads up to this size are copied into the arena instead of gathered in place.
@@ -182,19 +181,20 @@ impl TxQueue {
         }
     }
 
-    /// Writes as much as the socket takes without blocking, up to [`WRITE_BUDGET`]
-    /// bytes. Returns the bytes written; `WouldBlock` when the socket is full before
-    /// anything was written. Fails for good once bytes of a deregistered region are due
-    /// (everything queued before them has been written): the connection must be dropped.
-    pub fn write_to(&mut self, fd: RawFd) -> io::Result<usize> {
-        self.write_at_most(fd, WRITE_BUDGET)
+    /// Writes as much as `out` (the connection's socket) takes without blocking, up to
+    /// [`WRITE_BUDGET`] bytes. Returns the bytes written; `WouldBlock` when the socket is
+    /// full before anything was written. Fails for good once bytes of a deregistered
+    /// region are due (everything queued before them has been written): the connection
+    /// must be dropped.
+    pub fn write_to(&mut self, out: &mut impl Transmit) -> io::Result<usize> {
+        self.write_at_most(out, WRITE_BUDGET)
     }
 
     /// [`TxQueue::write_to`] with another budget.
-    pub fn write_at_most(&mut self, fd: RawFd, budget: usize) -> io::Result<usize> {
+    pub fn write_at_most(&mut self, out: &mut impl Transmit, budget: usize) -> io::Result<usize> {
         let mut total = 0;
         while !self.is_empty() && total < budget {
-            match self.writev_once(fd, budget - total) {
+            match self.writev_once(out, budget - total) {
                 Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "connection closed")),
                 Ok(n) => {
                     total += n;
@@ -208,23 +208,27 @@ impl TxQueue {
         Ok(total)
     }
 
-    /// One `send` or `sendmsg` of at most `budget` bytes.
-    fn writev_once(&mut self, fd: RawFd, budget: usize) -> io::Result<usize> {
-        let flags = libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT;
+    /// One write of at most `budget` bytes: one run, or a gather list of up to
+    /// [`MAX_IOV`] runs.
+    fn writev_once(&mut self, out: &mut impl Transmit, budget: usize) -> io::Result<usize> {
         // The latency path: all that is queued is one run of the arena (frame headers,
-        // an inline or copied payload). One `send` straight from it, without building an
-        // iovec list.
+        // an inline or copied payload). One run straight from it, without walking the
+        // parts.
         if let (1, Some(&Part::Bytes { start, end }), None) =
             (self.parts.len(), self.parts.front(), self.poison)
         {
             let from = start + self.head_off;
             let len = (end - from).min(budget);
+            let run = [RawSlice {
+                base: self.arena[from..].as_ptr(),
+                len,
+            }];
             // SAFETY: `from..from + len` lies inside the arena (`from < end <=
-            // arena.len()`), which the call only reads.
-            return unsafe { sys::send(fd, self.arena[from..].as_ptr(), len, flags) };
+            // arena.len()`), which nothing changes during the call.
+            return unsafe { out.transmit(&run) };
         }
         // Filled as they are built: no zeroing of 128 entries per call on the latency path.
-        let mut iov = ArrayVec::<libc::iovec, MAX_IOV>::new();
+        let mut iov = ArrayVec::<RawSlice, MAX_IOV>::new();
         let mut pinned = ArrayVec::<&Seg, MAX_IOV>::new();
         // Bytes that may still go out: what is queued before the bytes of a deregistered
         // region goes out (as a link delivers the packets before a failure); the stream
@@ -241,26 +245,26 @@ impl TxQueue {
             match part {
                 Part::Bytes { start, end } => {
                     let len = (end - start - skip).min(room);
-                    iov.push(libc::iovec {
-                        iov_base: self.arena[start + skip..].as_ptr() as *mut libc::c_void,
-                        iov_len: len,
+                    iov.push(RawSlice {
+                        base: self.arena[start + skip..].as_ptr(),
+                        len,
                     });
                     room -= len;
                 }
                 Part::Mem(seg) => {
                     if !seg.mr.pin() {
                         // Deregistered while queued: its bytes cannot be sent.
-                        let at = self.written_total + iov.iter().map(|v| v.iov_len as u64).sum::<u64>();
+                        let at = self.written_total + iov.iter().map(|v| v.len as u64).sum::<u64>();
                         self.poison = Some(self.poison.map_or(at, |p| p.min(at)));
                         break;
                     }
                     pinned.push(seg);
                     let len = (seg.len - skip).min(room);
-                    iov.push(libc::iovec {
+                    iov.push(RawSlice {
                         // SAFETY (pointer arithmetic): offset + skip < offset + len <=
                         // region length, an invariant of `Seg`.
-                        iov_base: unsafe { seg.mr.base().add(seg.offset + skip) }.cast(),
-                        iov_len: len,
+                        base: unsafe { seg.mr.base().add(seg.offset + skip) },
+                        len,
                     });
                     room -= len;
                 }
@@ -269,29 +273,10 @@ impl TxQueue {
         if iov.is_empty() && self.poison == Some(self.written_total) {
             return Err(Self::deregistered());
         }
-        // SAFETY: every iovec points into memory that stays valid for the call: the arena
-        // (not touched during the call) or pinned registered regions (unpinned below); the
-        // kernel only reads them. `send`/`sendmsg` (rather than `write`/`writev`) so that
-        // MSG_NOSIGNAL turns a closed peer into EPIPE instead of SIGPIPE. One buffer (a
-        // small message: header and inline payload are contiguous in the arena) goes by
-        // `send`, which spares the kernel copying in a `msghdr` and walking an iovec: on
-        // loopback ~170 ns less per message.
-        let r = unsafe {
-            if let [one] = iov.as_slice() {
-                sys::send(fd, one.iov_base.cast(), one.iov_len, flags)
-            } else {
-                let msg = libc::msghdr {
-                    msg_name: std::ptr::null_mut(),
-                    msg_namelen: 0,
-                    msg_iov: iov.as_mut_ptr(),
-                    msg_iovlen: iov.len(),
-                    msg_control: std::ptr::null_mut(),
-                    msg_controllen: 0,
-                    msg_flags: 0,
-                };
-                sys::sendmsg(fd, &msg, flags)
-            }
-        };
+        // SAFETY: every run points into memory that stays valid for the call: the arena
+        // (not touched during the call) or pinned registered regions (unpinned below);
+        // the transmitter only reads them.
+        let r = unsafe { out.transmit(&iov) };
         // By reference: iterating the ArrayVec by value would first copy all of it (1 KiB).
         for seg in &pinned {
             seg.mr.unpin();
@@ -324,7 +309,6 @@ impl TxQueue {
 mod tests {
     use super::*;
     use crate::memory::MrShared;
-    use std::os::fd::AsRawFd;
     use std::sync::Arc;
     use verbs_api::AccessFlags;
 
@@ -343,8 +327,9 @@ mod tests {
         q.push_bytes(b"xyz");
         assert_eq!(q.pending(), 10_006);
         let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        a.set_nonblocking(true).unwrap();
         b.set_nonblocking(true).unwrap();
-        let n = q.write_to(a.as_raw_fd()).unwrap();
+        let n = q.write_to(&mut crate::io::ToWrite(&a)).unwrap();
         assert_eq!(n, 10_006);
         let mut got = vec![0u8; 10_006];
         use std::io::Read;
@@ -375,9 +360,10 @@ mod tests {
         // The socket takes all 100 kB at once (its buffer is ~200 kB): only the budget
         // splits the writes.
         let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        a.set_nonblocking(true).unwrap();
         let mut calls = 0;
         while !q.is_empty() {
-            let n = q.write_at_most(a.as_raw_fd(), BUDGET).unwrap();
+            let n = q.write_at_most(&mut crate::io::ToWrite(&a), BUDGET).unwrap();
             assert!(n > 0 && n <= BUDGET, "one call wrote {n} bytes");
             calls += 1;
         }
@@ -413,8 +399,9 @@ mod tests {
                 assert!(!q.push_seg(&seg));
             }
             let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        a.set_nonblocking(true).unwrap();
             for _ in 0..2 {
-                let e = q.write_to(a.as_raw_fd()).unwrap_err();
+                let e = q.write_to(&mut crate::io::ToWrite(&a)).unwrap_err();
                 assert_eq!(e.kind(), io::ErrorKind::Other, "{len}");
             }
             // Only the bytes queued before went out before this marker.

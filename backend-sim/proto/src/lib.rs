@@ -1,0 +1,59 @@
+//! # backend-sim-proto: the protocol core of the simulated HCA
+//!
+//! The firmware of `backend-sim`'s simulated RDMA HCA, as pure state machines with no
+//! I/O (in the manner of quinn-proto): the driver hands in bytes it read, the time and
+//! the work requests posted; the core hands back frames to send, the completions, and
+//! where payload bytes go and come from, so that the driver moves them straight between
+//! its sockets and registered memory. This crate makes no system call, reads no clock
+//! and draws no entropy of its own (time, randomness and the sockets are the driver's);
+//! its tests drive two QPs against each other in memory.
+//!
+//! - [`wire`]: the frame format (IBA's BTH/RETH/AtomicETH/AETH at message granularity).
+//! - [`psn`]: 24-bit packet sequence number arithmetic.
+//! - [`memory`]: registered regions and the one access check every remote request goes
+//!   through (rkey, PD, access flags, bounds, alignment).
+//! - [`requester`] and [`responder`]: the two halves of an RC QP (IBA 9.7): ordering,
+//!   ACK/NAK, RNR and transport retries, duplicate detection, READ and atomic responses.
+//! - [`engine`]: one connection's frames through both halves.
+//! - [`rx`] and [`tx`]: a connection's incoming and outgoing bytes, and [`io`] the two
+//!   traits through which the driver's sockets fill and drain them.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use backend_sim_proto::memory::{MrShared, MrTable, RemoteAccessError};
+//! use verbs_api::AccessFlags;
+//!
+//! // A region of PD 1 that peers may read but not write.
+//! let table = MrTable::default();
+//! let key = table.fresh_key(|| 0x1234_5678);
+//! let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ;
+//! let mr = Arc::new(MrShared::new_owned(1, key, 4096, access).unwrap());
+//! table.insert(mr.clone());
+//! let all = AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
+//! // The one access check every incoming READ, WRITE and atomic goes through.
+//! assert!(table.resolve_remote(1, all, key, mr.addr(), 64, AccessFlags::REMOTE_READ).is_ok());
+//! let write = table.resolve_remote(1, all, key, mr.addr(), 64, AccessFlags::REMOTE_WRITE);
+//! assert_eq!(write.unwrap_err(), RemoteAccessError::MrAccess);
+//! let other_pd = table.resolve_remote(2, all, key, mr.addr(), 64, AccessFlags::REMOTE_READ);
+//! assert_eq!(other_pd.unwrap_err(), RemoteAccessError::WrongPd);
+//! ```
+
+#![warn(missing_docs)]
+
+pub mod engine;
+pub mod io;
+pub mod memory;
+pub mod psn;
+pub mod requester;
+pub mod responder;
+pub mod rx;
+pub mod tx;
+pub mod wire;
+
+#[cfg(any(test, feature = "test-util"))]
+pub mod trace_capture;
+
+#[cfg(test)]
+mod link_tests;
+
+pub use wire::NakReason;
