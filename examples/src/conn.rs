@@ -21,7 +21,9 @@ use verbs_api::{
     Backend, Context, ProtectionDomain, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QueuePair, RcParams,
 };
 
-use crate::error::{Res, ResultExt};
+use anyhow::Context as _;
+
+use crate::Res;
 
 /// Queue sizes of a QP.
 #[derive(Clone, Copy, Debug)]
@@ -155,10 +157,10 @@ impl Acceptor {
             let request = match self.requests.recv_timeout(left) {
                 Ok(r) => r,
                 Err(RecvTimeoutError::Timeout) => {
-                    crate::bail!("no client connected to {} within {timeout:?}", self.addr)
+                    anyhow::bail!("no client connected to {} within {timeout:?}", self.addr)
                 }
                 Err(RecvTimeoutError::Disconnected) => {
-                    crate::bail!("the thread accepting clients on {} stopped", self.addr)
+                    anyhow::bail!("the thread accepting clients on {} stopped", self.addr)
                 }
             };
             let from = request.peer_addr();
@@ -254,7 +256,7 @@ pub fn parse_addr(s: &str) -> Res<SocketAddr> {
     full.to_socket_addrs()
         .with_context(|| format!("resolving {s:?}"))?
         .next()
-        .ok_or_else(|| format!("{s:?} resolves to no address").into())
+        .ok_or_else(|| anyhow::anyhow!("{s:?} resolves to no address"))
 }
 
 /// Writes a length-prefixed message on the side channel.
@@ -271,7 +273,7 @@ pub fn recv_msg(stream: &mut TcpStream, timeout: Duration) -> Res<Vec<u8>> {
     read_exact_by(stream, &mut len, deadline)?;
     let len = u32::from_be_bytes(len) as usize;
     if len > 1 << 20 {
-        crate::bail!("side channel: a {len}-byte message is not from this program");
+        anyhow::bail!("side channel: a {len}-byte message is not from this program");
     }
     let mut msg = vec![0u8; len];
     read_exact_by(stream, &mut msg, deadline)?;
@@ -285,10 +287,10 @@ fn read_exact_by(stream: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> R
     stream.set_read_timeout(Some(left)).context("setsockopt")?;
     stream.read_exact(buf).map_err(|e| match e.kind() {
         std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
-            "timed out waiting for the peer on the side channel".into()
+            anyhow::anyhow!("timed out waiting for the peer on the side channel")
         }
-        std::io::ErrorKind::UnexpectedEof => "the peer closed the side channel".into(),
-        _ => crate::Error::from(format!("side channel: {e}")),
+        std::io::ErrorKind::UnexpectedEof => anyhow::anyhow!("the peer closed the side channel"),
+        _ => anyhow::anyhow!("side channel: {e}"),
     })
 }
 
@@ -303,6 +305,6 @@ pub fn peer_done(stream: &mut TcpStream) -> Res<bool> {
         Ok(_) => Ok(true),
         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(false),
         Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => Ok(true),
-        Err(e) => Err(format!("side channel: {e}").into()),
+        Err(e) => Err(anyhow::anyhow!("side channel: {e}")),
     }
 }

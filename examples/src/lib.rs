@@ -21,14 +21,13 @@
 //! This library holds what they share: command-line options and backend dispatch
 //! ([`cli`], [`with_backend!`]), connected QPs and the side channel ([`conn`]), bounded
 //! waits ([`wait`]), latency statistics ([`stats`]), demo child processes ([`child`]),
-//! errors ([`error`]), logging ([`logging`]), the two small wire/memory formats ([`kv`], [`pool`]) and
+//! logging ([`logging`]), the two small wire/memory formats ([`kv`], [`pool`]) and
 //! perf-compare's references: UCX and libfabric runs ([`peers`]) and raw TCP with the
 //! QP rows' traffic ([`streams`]).
 
 pub mod child;
 pub mod cli;
 pub mod conn;
-pub mod error;
 pub mod kv;
 pub mod logging;
 pub mod peers;
@@ -37,8 +36,12 @@ pub mod stats;
 pub mod streams;
 pub mod wait;
 
-pub use error::{report, Error, Res, ResultExt};
+pub use cli::report;
 pub use logging::init_tracing;
+
+/// The examples' result: [`anyhow`]'s error, with the context each step adds on its way
+/// up (`anyhow::Context`), printed whole by [`report`].
+pub type Res<T> = anyhow::Result<T>;
 
 #[cfg(feature = "ibverbs")]
 pub use backend_ibverbs::IbvBackend;

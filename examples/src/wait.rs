@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use verbs_api::{CompletionQueue, WorkCompletion};
 
-use crate::error::Res;
+use crate::Res;
 
 /// Polls before the first clock read.
 const SPINS: u32 = 64;
@@ -74,12 +74,11 @@ impl Waiter {
         let since = *self.since.get_or_insert(now);
         let waited = now - since;
         if waited >= self.timeout {
-            return Err(format!(
+            anyhow::bail!(
                 "timed out after {:.1} s waiting for {} (nothing arrived: a lost completion or a dead peer)",
                 self.timeout.as_secs_f64(),
                 what()
-            )
-            .into());
+            );
         }
         if waited < YIELD_FOR || !self.naps {
             std::thread::yield_now();
@@ -136,7 +135,7 @@ pub fn check_wc(wc: &WorkCompletion, what: &dyn Fn() -> String) -> Res<()> {
     if wc.is_ok() {
         Ok(())
     } else {
-        Err(format!(
+        anyhow::bail!(
             "{} completed with {} ({}, wr_id {:#x}, vendor_err {:#x})",
             what(),
             status_name(wc.status),
@@ -144,7 +143,6 @@ pub fn check_wc(wc: &WorkCompletion, what: &dyn Fn() -> String) -> Res<()> {
             wc.wr_id,
             wc.vendor_err
         )
-        .into())
     }
 }
 

@@ -18,9 +18,10 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use anyhow::bail;
 use clap::{Parser, Subcommand};
-use examples::cli::{open_device, CommonArgs};
-use examples::{bail, with_backend, Res};
+use examples::cli::{describe, open_device, CommonArgs};
+use examples::{with_backend, Res};
 use verbs_api::aio::AsyncCq;
 use verbs_api::cm::{connect_async, AsyncCmListener, AsyncIncoming, Offer};
 use verbs_api::*;
@@ -211,7 +212,7 @@ async fn timed_client<B: Backend>(
     let start = Instant::now();
     tokio::time::timeout(limit, client::<B>(ctx, server, p, &msgs))
         .await
-        .map_err(|_| format!("the client did not finish within {limit:?}"))??;
+        .map_err(|_| anyhow::anyhow!("the client did not finish within {limit:?}"))??;
     Ok(start.elapsed())
 }
 
@@ -261,13 +262,13 @@ async fn main_async<B: Backend>(b: &B, cli: &Cli) -> Res<()> {
             let mut failed: Vec<String> = results
                 .into_iter()
                 .enumerate()
-                .filter_map(|(i, r)| r.err().map(|e| format!("client {i}: {e}")))
+                .filter_map(|(i, r)| r.err().map(|e| format!("client {i}: {}", describe(&e))))
                 .collect();
             if failed.is_empty() {
                 // Every client said goodbye: the server's tasks end on their own.
                 match tokio::time::timeout(wait, srv).await {
                     Ok(Ok(Ok(()))) => {}
-                    Ok(Ok(Err(e))) => failed.push(format!("server: {e}")),
+                    Ok(Ok(Err(e))) => failed.push(format!("server: {}", describe(&e))),
                     Ok(Err(e)) => failed.push(format!("server task: {e}")),
                     Err(_) => failed.push(format!("server: not done {wait:?} after the last client")),
                 }

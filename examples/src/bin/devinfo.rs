@@ -11,9 +11,10 @@
 
 use std::process::ExitCode;
 
+use anyhow::{bail, Context as _};
 use clap::Parser;
 use examples::cli::{open_device, CommonArgs};
-use examples::{bail, with_backend, Res, ResultExt};
+use examples::{with_backend, Res};
 use verbs_api::{AtomicCap, Backend, Capabilities, Context, LinkLayer, Mtu, PortState};
 
 /// Print the devices of a verbs backend like `ibv_devinfo -v`.

@@ -37,13 +37,14 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use anyhow::{bail, Context as _};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use examples::child::{announce_listening, ChildProc, Echo};
 use examples::cli::{open_device, CommonArgs};
 use examples::conn::{self, QpOpts};
 use examples::stats::{si, Latencies};
 use examples::wait::poll_one_ok;
-use examples::{bail, with_backend, Res, ResultExt};
+use examples::{with_backend, Res};
 use verbs_api::cm::Offer;
 use verbs_api::{
     AccessFlags, Backend, Context, MemoryRegion, ProtectionDomain, QueuePair, RemoteMr, SendWr,
@@ -375,7 +376,10 @@ fn clients<B: Backend>(b: &B, common: &CommonArgs, a: &ClientArgs) -> Res<()> {
             })
             .collect();
         hs.into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err("client thread panicked".into())))
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("client thread panicked")))
+            })
             .collect()
     });
     let reps = results.into_iter().collect::<Res<Vec<_>>>()?;
@@ -596,7 +600,7 @@ fn demo_one(common: &CommonArgs, a: &DemoArgs, mode: Mode) -> Res<()> {
         .split_whitespace()
         .find_map(|w| w.strip_prefix("counter="))
         .and_then(|v| v.parse().ok())
-        .ok_or_else(|| format!("cannot parse the server's final line {line:?}"))?;
+        .ok_or_else(|| anyhow::anyhow!("cannot parse the server's final line {line:?}"))?;
     if counter != expect {
         bail!(
             "{} lock: counter = {counter}, expected {expect}: mutual exclusion FAILED",

@@ -27,6 +27,7 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use anyhow::{bail, Context as _};
 use clap::{Args, Parser, Subcommand};
 use examples::child::{announce_listening, ChildProc, Echo};
 use examples::cli::{open_device, CommonArgs};
@@ -34,7 +35,7 @@ use examples::conn::{self, QpOpts};
 use examples::kv::{self, Op, Status, MAX_REQ, MAX_RESP};
 use examples::stats::{si, Latencies};
 use examples::wait::{status_name, Waiter};
-use examples::{bail, with_backend, Res, ResultExt};
+use examples::{with_backend, Res};
 use verbs_api::cm::Offer;
 use verbs_api::{
     modify_to_init, AccessFlags, Backend, CompletionQueue, Context, MemoryRegion, ProtectionDomain,
@@ -555,7 +556,10 @@ fn clients<B: Backend>(
             .collect();
         handles
             .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err("client thread panicked".into())))
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("client thread panicked")))
+            })
             .collect()
     });
     results.into_iter().collect()
@@ -637,7 +641,8 @@ fn client_conn<B: Backend>(
             } else {
                 Vec::new()
             };
-            let len = kv::encode_request(&mut buf, op, next as u32, &keys[k], &value)?;
+            let len = kv::encode_request(&mut buf, op, next as u32, &keys[k], &value)
+                .map_err(anyhow::Error::msg)?;
             req_mr.write(s * MAX_REQ, &buf[..len])?;
             slots[s] = Slot::Busy {
                 req: next,

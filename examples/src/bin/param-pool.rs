@@ -27,6 +27,7 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use anyhow::{bail, Context as _};
 use clap::{Args, Parser, Subcommand};
 use examples::child::{announce_listening, ChildProc, Echo};
 use examples::cli::{open_device, CommonArgs};
@@ -34,7 +35,7 @@ use examples::conn::{self, QpOpts};
 use examples::pool::{self, SlotCheck};
 use examples::stats::si;
 use examples::wait::{check_wc, Waiter};
-use examples::{bail, with_backend, Res, ResultExt};
+use examples::{with_backend, Res};
 use serde::{Deserialize, Serialize};
 use verbs_api::cm::Offer;
 use verbs_api::{
@@ -251,7 +252,9 @@ fn owner<B: Backend>(b: &B, common: &CommonArgs, a: &ServerArgs) -> Res<()> {
             Ok(())
         })();
         stop.store(true, Ordering::Relaxed);
-        let w = writer.join().map_err(|_| "the writer thread panicked")?;
+        let w = writer
+            .join()
+            .map_err(|_| anyhow::anyhow!("the writer thread panicked"))?;
         result.and(w)
     })
 }
@@ -299,7 +302,10 @@ fn readers<B: Backend>(
             })
             .collect();
         hs.into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err("reader thread panicked".into())))
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("reader thread panicked")))
+            })
             .collect()
     });
     results.into_iter().collect()

@@ -32,13 +32,14 @@ use std::net::TcpStream;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use anyhow::{bail, Context as _};
 use clap::{Parser, ValueEnum};
 use examples::child::{announce_listening, ChildProc, Echo};
 use examples::cli::{open_device, CommonArgs};
 use examples::conn::{self, QpOpts};
 use examples::stats::{percentile, Latencies};
 use examples::wait::{check_wc, Waiter};
-use examples::{bail, with_backend, Res, ResultExt};
+use examples::{with_backend, Res};
 use serde::{Deserialize, Serialize};
 use verbs_api::cm::Offer;
 use verbs_api::{

@@ -55,11 +55,11 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use anyhow::{anyhow, bail, Context as _};
 use clap::{Parser, Subcommand};
-use examples::bail;
-use examples::error::{Res, ResultExt};
 use examples::peers::Reference;
 use examples::streams;
+use examples::Res;
 
 mod cost;
 use serde::Serialize;
@@ -134,13 +134,6 @@ enum Cmd {
     },
 }
 
-/// An error from a formatted message.
-macro_rules! error {
-    ($($t:tt)*) => {
-        examples::error::Error::from(format!($($t)*))
-    };
-}
-
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     examples::init_tracing();
@@ -155,7 +148,7 @@ fn main() -> std::process::ExitCode {
         }
         None => run(&cli),
     };
-    examples::error::report("perf-compare", r)
+    examples::report("perf-compare", r)
 }
 
 // ------------------------------------------------------------------------- raw TCP
@@ -262,13 +255,13 @@ fn spawn_tcp_server() -> Res<Peer> {
     let out = child
         .stdout
         .take()
-        .ok_or_else(|| error!("no stdout from the TCP peer"))?;
+        .ok_or_else(|| anyhow!("no stdout from the TCP peer"))?;
     let mut line = String::new();
     BufReader::new(out).read_line(&mut line)?;
     let addr = line
         .trim()
         .strip_prefix("listening on ")
-        .ok_or_else(|| error!("the TCP peer did not say where it listens"))?
+        .ok_or_else(|| anyhow!("the TCP peer did not say where it listens"))?
         .to_string();
     Ok(Peer { child, addr })
 }
@@ -368,7 +361,7 @@ fn perf(args: &[String]) -> Res<Vec<PerfRow>> {
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter(|l| l.trim_start().starts_with('{'))
-        .map(|l| serde_json::from_str(l).map_err(|e| error!("perf output {l:?}: {e}")))
+        .map(|l| serde_json::from_str(l).map_err(|e| anyhow!("perf output {l:?}: {e}")))
         .collect()
 }
 
@@ -377,7 +370,7 @@ fn perf1(args: &[&str]) -> Res<PerfRow> {
     perf(&args)?
         .into_iter()
         .next()
-        .ok_or_else(|| error!("perf printed no result"))
+        .ok_or_else(|| anyhow!("perf printed no result"))
 }
 
 // ------------------------------------------------------------------------- many QPs, in process
@@ -485,7 +478,7 @@ fn multi_qp_write_bw(qps: usize, depth: usize, size: usize, total: u64, posting:
     // Warm up: one WRITE per QP sets the connections up.
     for (i, (qa, _)) in pairs.iter().enumerate() {
         qa.post_send(&[SendWr::write(i as u64, &sge, remote).signaled()])
-            .map_err(|e| error!("{e}"))?;
+            .map_err(|e| anyhow!("{e}"))?;
     }
     all_ok(&poll_n(&cq_a, qps, Duration::from_secs(60))?, qps)?;
     let msgs = (total / size as u64).max(qps as u64);
@@ -502,13 +495,13 @@ fn multi_qp_write_bw(qps: usize, depth: usize, size: usize, total: u64, posting:
                 Posting::Single => {
                     for _ in 0..room {
                         qa.post_send(std::slice::from_ref(&wr))
-                            .map_err(|e| error!("{e}"))?;
+                            .map_err(|e| anyhow!("{e}"))?;
                     }
                 }
                 Posting::List => {
                     list.clear();
                     list.resize(room, wr);
-                    qa.post_send(&list).map_err(|e| error!("{e}"))?;
+                    qa.post_send(&list).map_err(|e| anyhow!("{e}"))?;
                 }
             }
             outstanding[i] += room;
@@ -562,7 +555,7 @@ fn multi_qp_write_lat(qps: usize, iters: u64) -> Res<f64> {
         let (qa, _) = &qs[(i as usize) % qps];
         let t0 = Instant::now();
         qa.post_send(&[SendWr::write(i, &sge, dst.remote().at(0)).signaled().inline()])
-            .map_err(|e| error!("{e}"))?;
+            .map_err(|e| anyhow!("{e}"))?;
         all_ok(&poll_n(&cq_a, 1, Duration::from_secs(10))?, qps)?;
         // The first round sets the connections up: not counted.
         if i >= qps as u64 {
@@ -1228,9 +1221,9 @@ fn swatch(
 fn plot(rep: &Report, path: &std::path::Path) -> Res<()> {
     use plotters::prelude::*;
     let root = SVGBackend::new(path, (1100, 420)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| error!("plot: {e}"))?;
+    root.fill(&WHITE).map_err(|e| anyhow!("plot: {e}"))?;
     let (left, right) = root.split_horizontally(550);
-    let e = |e: DrawingAreaErrorKind<_>| error!("plot: {e}");
+    let e = |e: DrawingAreaErrorKind<_>| anyhow!("plot: {e}");
     // Left: latency and bandwidth against message size.
     if !rep.size_curve.is_empty() {
         let max_lat = rep.size_curve.iter().map(|p| p.write_lat_us).fold(1.0, f64::max) * 1.2;
@@ -1327,7 +1320,7 @@ fn plot(rep: &Report, path: &std::path::Path) -> Res<()> {
             .draw()
             .map_err(e)?;
     }
-    root.present().map_err(|e| error!("plot: {e}"))?;
+    root.present().map_err(|e| anyhow!("plot: {e}"))?;
     Ok(())
 }
 
