@@ -42,7 +42,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use examples::child::{announce_listening, ChildProc, Echo};
 use examples::cli::{open_device, CommonArgs};
 use examples::conn::{self, QpOpts};
-use examples::stats::{si, Latencies};
+use examples::stats::{per_sec, si, Latencies};
 use examples::wait::poll_one_ok;
 use examples::{with_backend, Res};
 use verbs_api::cm::Offer;
@@ -253,7 +253,7 @@ fn server<B: Backend>(b: &B, common: &CommonArgs, a: &ServerArgs) -> Res<()> {
     println!(
         "server: {counter} increments in {:.3} s: {}acquisitions/s across all clients",
         el.as_secs_f64(),
-        si(counter as f64 / el.as_secs_f64().max(1e-9))
+        si(per_sec(counter as f64, el))
     );
     println!("{FINAL} counter={counter} lock={lock} next_ticket={next} now_serving={serving}");
     if lock != 0 {
@@ -400,7 +400,7 @@ fn clients<B: Backend>(b: &B, common: &CommonArgs, a: &ClientArgs) -> Res<()> {
         reps.len(),
         t.iters,
         busy.as_secs_f64(),
-        si(acq as f64 / busy.as_secs_f64().max(1e-9)),
+        si(per_sec(acq as f64, busy)),
         s.p50_us,
         s.p99_us,
         s.max_us,

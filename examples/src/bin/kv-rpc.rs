@@ -33,7 +33,7 @@ use examples::child::{announce_listening, ChildProc, Echo};
 use examples::cli::{open_device, CommonArgs};
 use examples::conn::{self, QpOpts};
 use examples::kv::{self, Op, Status, MAX_REQ, MAX_RESP};
-use examples::stats::{si, Latencies};
+use examples::stats::{per_sec, si, Latencies};
 use examples::wait::{status_name, Waiter};
 use examples::{with_backend, Res};
 use verbs_api::cm::Offer;
@@ -365,7 +365,7 @@ fn server<B: Backend>(b: &B, common: &CommonArgs, a: &ServerArgs) -> Res<()> {
         counts[2],
         counts[3],
         elapsed.as_secs_f64(),
-        si(total as f64 / elapsed.as_secs_f64().max(1e-9))
+        si(per_sec(total as f64, elapsed))
     );
     println!(
         "server: re-posted {reposted} receives in {refills} post_recv calls (avg {:.1} per refill)",
@@ -860,7 +860,7 @@ fn summarize(reports: &[ClientReport], t: &ClientTuning) -> bool {
             r.completed,
             r.total,
             r.wall.as_secs_f64(),
-            si(r.completed as f64 / r.wall.as_secs_f64().max(1e-9)),
+            si(per_sec(r.completed as f64, r.wall)),
             s
         );
         let checked: Vec<String> = r
@@ -900,7 +900,7 @@ fn summarize(reports: &[ClientReport], t: &ClientTuning) -> bool {
         t.window,
         t.value_size,
         wall.as_secs_f64(),
-        si(completed as f64 / wall.as_secs_f64().max(1e-9)),
+        si(per_sec(completed as f64, wall)),
         all.summary()
     );
     ok

@@ -37,7 +37,7 @@ use clap::{Parser, ValueEnum};
 use examples::child::{announce_listening, ChildProc, Echo};
 use examples::cli::{open_device, CommonArgs};
 use examples::conn::{self, QpOpts};
-use examples::stats::{percentile, Latencies};
+use examples::stats::Latencies;
 use examples::wait::{check_wc, Waiter};
 use examples::{with_backend, Res};
 use serde::{Deserialize, Serialize};
@@ -934,16 +934,9 @@ fn bw_row<C: Context>(
         }
     }
     // Per-message time of each completion batch (ns), for the t_* fields.
-    let mut per: Vec<u64> = pts
-        .windows(2)
-        .filter(|w| w[1].1 > w[0].1)
-        .map(|w| ((w[1].0 - w[0].0) * 1e9 / (w[1].1 - w[0].1) as f64) as u64)
-        .collect();
-    per.sort_unstable();
-    let us = |v: u64| v as f64 / 1000.0;
     let mut lat = Latencies::default();
-    for &p in &per {
-        lat.record_ns(p);
+    for w in pts.windows(2).filter(|w| w[1].1 > w[0].1) {
+        lat.record_ns(((w[1].0 - w[0].0) * 1e9 / (w[1].1 - w[0].1) as f64) as u64);
     }
     let s = lat.summary();
     Row {
@@ -954,11 +947,11 @@ fn bw_row<C: Context>(
         iters,
         t_min_us: s.min_us,
         t_max_us: s.max_us,
-        t_typical_us: us(percentile(&per, 50.0)),
+        t_typical_us: s.p50_us,
         t_avg_us: secs * 1e6 / iters as f64,
         t_stdev_us: s.stdev_us,
-        t_p99_us: us(percentile(&per, 99.0)),
-        t_p999_us: us(percentile(&per, 99.9)),
+        t_p99_us: s.p99_us,
+        t_p999_us: s.p999_us,
         bw_peak_MBps: peak,
         bw_avg_MBps: avg,
         msg_rate_Mpps: iters as f64 / secs / 1e6,

@@ -58,6 +58,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context as _};
 use clap::{Parser, Subcommand};
 use examples::peers::Reference;
+use examples::stats::{median, Figures};
 use examples::streams;
 use examples::Res;
 
@@ -562,18 +563,10 @@ fn multi_qp_write_lat(qps: usize, iters: u64) -> Res<f64> {
             lat.push(t0.elapsed().as_secs_f64() * 1e6);
         }
     }
-    Ok(percentile(&mut lat, 50.0))
+    Ok(median(lat))
 }
 
 // ------------------------------------------------------------------------- the run
-
-fn percentile(v: &mut [f64], p: f64) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v[((v.len() - 1) as f64 * p / 100.0).round() as usize]
-}
 
 /// Two baseline runs around a sim run that differ by more than this factor (the larger
 /// over the smaller) mean the host changed speed meanwhile (this VM has slow phases in
@@ -660,10 +653,6 @@ fn bracketed<B: Baseline>(
         before = after;
         tries += 1;
     }
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    percentile(&mut v, 50.0)
 }
 
 #[derive(Serialize, Debug, Clone)]
@@ -882,8 +871,8 @@ fn run(cli: &Cli) -> Res<()> {
             for _ in 0..SHORT_RUNS {
                 rates.push(perf1(&["write_bw", "-s", "64", "-t", "16", "-n", "2000"])?.msg_rate_mpps);
             }
-            let slowest = rates.iter().copied().fold(f64::INFINITY, f64::min);
-            pair(SHORT_ROW, slowest, median(rates), 1);
+            let rates: Figures = rates.into_iter().collect();
+            pair(SHORT_ROW, rates.min(), rates.median(), 1);
         }
         if want(Group::Peers) {
             // Each of the sim's counterparts between two runs of the reference.
@@ -930,14 +919,14 @@ fn run(cli: &Cli) -> Res<()> {
     rep.tcp_busy_one_way_us = busy;
     rep.tcp_block_one_way_us = block;
     rep.tcp_stream_mbps = bw;
-    rep.tcp_stream_blocking_mbps = median(tcp_bw_modes.iter().map(|m| m.0).collect());
-    rep.tcp_stream_busy_mbps = median(tcp_bw_modes.iter().map(|m| m.1).collect());
+    rep.tcp_stream_blocking_mbps = median(tcp_bw_modes.iter().map(|m| m.0));
+    rep.tcp_stream_busy_mbps = median(tcp_bw_modes.iter().map(|m| m.1));
     rep.pairs = pairs.clone();
     let get = |k: &str| pairs.get(k).cloned().unwrap_or_default();
     // Median of the sim's figures, median of their baselines, median of the ratios.
-    let m = |k: &str| median(get(k).iter().map(|p| p.sim).collect());
-    let mb = |k: &str| median(get(k).iter().map(|p| p.base).collect());
-    let ratios = |k: &str| get(k).iter().map(|p| p.sim / p.base).collect::<Vec<f64>>();
+    let m = |k: &str| median(get(k).iter().map(|p| p.sim));
+    let mb = |k: &str| median(get(k).iter().map(|p| p.base));
+    let ratios = |k: &str| get(k).iter().map(|p| p.sim / p.base).collect::<Figures>();
     let mut push = |test: &str,
                     measured: f64,
                     unit: &str,
@@ -946,10 +935,8 @@ fn run(cli: &Cli) -> Res<()> {
                     max: Option<f64>,
                     min: Option<f64>| {
         let r = ratios(key);
-        let ratio = median(r.clone());
-        let spread = r.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| {
-            (lo.min(x), hi.max(x))
-        });
+        let ratio = r.median();
+        let spread = (r.min(), r.max());
         let (pass, target) = match (max, min) {
             (Some(x), _) => (ratio <= x, format!("<= {x} x")),
             (_, Some(x)) => (ratio >= x, format!(">= {x} x")),
@@ -1028,7 +1015,7 @@ fn run(cli: &Cli) -> Res<()> {
     }
     if want(Group::Cost) {
         let k = "cost";
-        let own = median(get(k).iter().map(|p| p.sim - p.base).collect());
+        let own = median(get(k).iter().map(|p| p.sim - p.base));
         push(
             "CPU per message, one thread (post + poll)",
             m(k),
@@ -1084,11 +1071,11 @@ fn run(cli: &Cli) -> Res<()> {
             .spawn()?;
         std::thread::sleep(Duration::from_millis(100));
         let loaded = perf1(&["send_lat", "-s", "8", "-n", &n]);
-        let mut tcp_loaded = tcp_pingpong(&peer, cli.lat_iters, true)?;
+        let tcp_loaded: Figures = tcp_pingpong(&peer, cli.lat_iters, true)?.into_iter().collect();
         let _ = spinner.kill();
         let _ = spinner.wait();
         let loaded = loaded?;
-        let tcp_p99 = percentile(&mut tcp_loaded, 99.0);
+        let tcp_p99 = tcp_loaded.percentile(99.0);
         rep.targets.push(Target {
             test: "send_lat p99 with a third spinning thread".into(),
             measured: format!("p99 {:.1} us (max {:.0} us)", loaded.t_p99_us, loaded.t_max_us),
