@@ -25,19 +25,25 @@
 //! perf-compare's references: UCX and libfabric runs ([`peers`]) and raw TCP with the
 //! QP rows' traffic ([`streams`]).
 
+pub mod backend;
 pub mod child;
 pub mod cli;
 pub mod conn;
+pub mod demo;
 pub mod kv;
+pub mod lists;
 pub mod logging;
 pub mod peers;
 pub mod pool;
+pub mod program;
+pub mod side_channel;
 pub mod stats;
 pub mod streams;
+pub mod threads;
 pub mod wait;
 
-pub use cli::report;
 pub use logging::init_tracing;
+pub use program::report;
 
 /// The examples' result: [`anyhow`]'s error, with the context each step adds on its way
 /// up (`anyhow::Context`), printed whole by [`report`].

@@ -129,6 +129,33 @@ pub fn poll_one_ok<C: CompletionQueue>(
     Ok(wc)
 }
 
+/// Collects what is left on `cq` (the flushed WRs of a QP in ERR, say) until nothing
+/// has come for `quiet`, for at most `limit`; `each` sees every completion.
+pub fn drain<C: CompletionQueue>(
+    cq: &C,
+    quiet: Duration,
+    limit: Duration,
+    mut each: impl FnMut(&WorkCompletion),
+) -> Res<()> {
+    let mut wcs = [WorkCompletion::default(); 32];
+    let mut w = Waiter::new(quiet);
+    let hard = Instant::now() + limit;
+    while Instant::now() < hard {
+        let n = cq.poll(&mut wcs)?;
+        if n == 0 {
+            if w.idle(&String::new).is_err() {
+                break;
+            }
+            continue;
+        }
+        w.progress();
+        for wc in &wcs[..n] {
+            each(wc);
+        }
+    }
+    Ok(())
+}
+
 /// Fails with the status (`ibv_wc_status_str` text and number) of an unsuccessful
 /// completion.
 pub fn check_wc(wc: &WorkCompletion, what: &dyn Fn() -> String) -> Res<()> {

@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::bail;
 use clap::{Parser, Subcommand};
-use examples::cli::{describe, open_device, CommonArgs};
+use examples::backend::open_device;
+use examples::cli::CommonArgs;
+use examples::program::describe;
 use examples::{with_backend, Res};
 use verbs_api::aio::AsyncCq;
 use verbs_api::cm::{connect_async, AsyncCmListener, AsyncIncoming, Offer};

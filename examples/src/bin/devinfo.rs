@@ -13,7 +13,8 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context as _};
 use clap::Parser;
-use examples::cli::{open_device, CommonArgs};
+use examples::backend::open_device;
+use examples::cli::CommonArgs;
 use examples::{with_backend, Res};
 use verbs_api::{AtomicCap, Backend, Capabilities, Context, LinkLayer, Mtu, PortState};
 

@@ -39,8 +39,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use examples::backend::open_device;
 use examples::child::{announce_listening, ChildProc, Echo};
-use examples::cli::{open_device, CommonArgs};
+use examples::cli::CommonArgs;
 use examples::conn::{self, QpOpts};
 use examples::stats::{per_sec, si, Latencies};
 use examples::wait::poll_one_ok;
@@ -225,7 +226,7 @@ fn server<B: Backend>(b: &B, common: &CommonArgs, a: &ServerArgs) -> Res<()> {
     }
     // Start everybody at once: maximum contention.
     for p in &mut peers {
-        conn::send_msg(&mut p.stream, b"go")?;
+        examples::side_channel::send_msg(&mut p.stream, b"go")?;
     }
     let start = Instant::now();
     println!("server: {} client QPs connected; started them", peers.len());
@@ -234,7 +235,7 @@ fn server<B: Backend>(b: &B, common: &CommonArgs, a: &ServerArgs) -> Res<()> {
     let mut w = examples::wait::Waiter::new(timeout.max(Duration::from_secs(60)));
     while !done.iter().all(|&d| d) {
         for (d, p) in done.iter_mut().zip(peers.iter_mut()) {
-            if !*d && conn::peer_done(&mut p.stream)? {
+            if !*d && examples::side_channel::peer_done(&mut p.stream)? {
                 *d = true;
                 w.progress();
             }
@@ -445,7 +446,7 @@ fn worker<B: Backend>(
     let token = ((std::process::id() as u64) << 16) | (id as u64 + 1);
     let mut rng = token.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     // Wait for the server's start signal (all clients connected).
-    let go = conn::recv_msg(&mut peer.stream, timeout.max(Duration::from_secs(60)))?;
+    let go = examples::side_channel::recv_msg(&mut peer.stream, timeout.max(Duration::from_secs(60)))?;
     if go != b"go" {
         bail!("unexpected start message {go:?}");
     }
@@ -524,7 +525,7 @@ fn worker<B: Backend>(
     }
     rep.elapsed = start.elapsed();
     rep.counter_after = w.read(COUNTER)?;
-    conn::send_msg(&mut peer.stream, b"done")?;
+    examples::side_channel::send_msg(&mut peer.stream, b"done")?;
     Ok(rep)
 }
 

@@ -29,8 +29,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 use clap::{Args, Parser, Subcommand};
+use examples::backend::open_device;
 use examples::child::{announce_listening, ChildProc, Echo};
-use examples::cli::{open_device, CommonArgs};
+use examples::cli::CommonArgs;
 use examples::conn::{self, QpOpts};
 use examples::kv::{self, Op, Status, MAX_REQ, MAX_RESP};
 use examples::stats::{per_sec, si, Latencies};
@@ -284,7 +285,7 @@ fn server<B: Backend>(b: &B, common: &CommonArgs, a: &ServerArgs) -> Res<()> {
             if now - last_peer_check >= Duration::from_millis(2) {
                 last_peer_check = now;
                 for sc in conns.iter_mut().filter(|c| !c.done) {
-                    sc.done = conn::peer_done(&mut sc.peer.stream)?;
+                    sc.done = examples::side_channel::peer_done(&mut sc.peer.stream)?;
                 }
                 if conns.iter().all(|c| c.done) {
                     break;
@@ -810,7 +811,7 @@ fn client_conn<B: Backend>(
         }
     }
     // Tell the server this connection is done (it exits when all are).
-    let _ = conn::send_msg(&mut peer.stream, b"done");
+    let _ = examples::side_channel::send_msg(&mut peer.stream, b"done");
     Ok(rep)
 }
 

@@ -29,8 +29,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 use clap::{Args, Parser, Subcommand};
+use examples::backend::open_device;
 use examples::child::{announce_listening, ChildProc, Echo};
-use examples::cli::{open_device, CommonArgs};
+use examples::cli::CommonArgs;
 use examples::conn::{self, QpOpts};
 use examples::pool::{self, SlotCheck};
 use examples::stats::si;
@@ -234,7 +235,7 @@ fn owner<B: Backend>(b: &B, common: &CommonArgs, a: &ServerArgs) -> Res<()> {
             let mut done = vec![false; peers.len()];
             while !done.iter().all(|&d| d) {
                 for (d, p) in done.iter_mut().zip(peers.iter_mut()) {
-                    if !*d && conn::peer_done(&mut p.stream)? {
+                    if !*d && examples::side_channel::peer_done(&mut p.stream)? {
                         *d = true;
                         w.progress();
                     }
@@ -462,7 +463,7 @@ fn reader<B: Backend>(
     }
     rep.elapsed = start.elapsed();
     for c in &mut conns {
-        let _ = conn::send_msg(&mut c.peer.stream, b"done");
+        let _ = examples::side_channel::send_msg(&mut c.peer.stream, b"done");
     }
     Ok(rep)
 }

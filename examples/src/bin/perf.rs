@@ -34,8 +34,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 use clap::{Parser, ValueEnum};
+use examples::backend::open_device;
 use examples::child::{announce_listening, ChildProc, Echo};
-use examples::cli::{open_device, CommonArgs};
+use examples::cli::CommonArgs;
 use examples::conn::{self, QpOpts};
 use examples::stats::Latencies;
 use examples::wait::{check_wc, Waiter};
@@ -368,11 +369,12 @@ fn post_recvs_on<Q: QueuePair, M: MemoryRegion>(qp: &Q, mr: &M, max: usize, n: u
 
 impl<B: Backend> Side<B> {
     fn send_json<T: Serialize>(&mut self, v: &T) -> Res<()> {
-        conn::send_msg(&mut self.stream, &serde_json::to_vec(v)?)
+        examples::side_channel::send_msg(&mut self.stream, &serde_json::to_vec(v)?)
     }
 
     fn recv_json<T: for<'de> Deserialize<'de>>(&mut self) -> Res<T> {
-        let m = conn::recv_msg(&mut self.stream, self.timeout.max(Duration::from_secs(30)))?;
+        let m =
+            examples::side_channel::recv_msg(&mut self.stream, self.timeout.max(Duration::from_secs(30)))?;
         serde_json::from_slice(&m)
             .with_context(|| format!("bad control message {:?}", String::from_utf8_lossy(&m)))
     }
@@ -500,7 +502,10 @@ fn server<B: Backend>(b: &B, cli: &Cli) -> Res<()> {
         Ok(c) => c,
         Err(e) => {
             let msg = format!("the client sent unreadable parameters: {e}");
-            let _ = conn::send_msg(&mut peer.stream, &serde_json::to_vec(&Ready::Err(msg.clone()))?);
+            let _ = examples::side_channel::send_msg(
+                &mut peer.stream,
+                &serde_json::to_vec(&Ready::Err(msg.clone()))?,
+            );
             bail!("{msg}");
         }
     };
@@ -510,7 +515,10 @@ fn server<B: Backend>(b: &B, cli: &Cli) -> Res<()> {
             cfg.test.name(),
             cli.test.name()
         );
-        let _ = conn::send_msg(&mut peer.stream, &serde_json::to_vec(&Ready::Err(msg.clone()))?);
+        let _ = examples::side_channel::send_msg(
+            &mut peer.stream,
+            &serde_json::to_vec(&Ready::Err(msg.clone()))?,
+        );
         bail!("{msg}");
     }
     let Some(&client_mr) = peer.mrs.first() else {
