@@ -32,6 +32,7 @@ pub mod conn;
 pub mod demo;
 pub mod kv;
 pub mod lists;
+pub mod lock;
 pub mod logging;
 pub mod peers;
 pub mod pool;
