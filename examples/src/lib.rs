@@ -35,6 +35,7 @@ pub mod lists;
 pub mod lock;
 pub mod logging;
 pub mod peers;
+pub mod perftest;
 pub mod pool;
 pub mod program;
 pub mod side_channel;

@@ -7,6 +7,8 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 use verbs_api::cm::Peer;
 
 use crate::wait::Waiter;
@@ -45,6 +47,18 @@ fn read_exact_by(stream: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> R
         std::io::ErrorKind::UnexpectedEof => anyhow::anyhow!("the peer closed the side channel"),
         _ => anyhow::anyhow!("side channel: {e}"),
     })
+}
+
+/// Writes `v` as a JSON message on the side channel.
+pub fn send_json<T: Serialize>(stream: &mut TcpStream, v: &T) -> Res<()> {
+    send_msg(stream, &serde_json::to_vec(v)?)
+}
+
+/// Reads a JSON message from the side channel, waiting at most `timeout`.
+pub fn recv_json<T: DeserializeOwned>(stream: &mut TcpStream, timeout: Duration) -> Res<T> {
+    let m = recv_msg(stream, timeout)?;
+    serde_json::from_slice(&m)
+        .with_context(|| format!("bad control message {:?}", String::from_utf8_lossy(&m)))
 }
 
 /// Whether the peer has closed the side channel (or sent anything: both mean "done"),
