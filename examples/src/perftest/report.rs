@@ -123,31 +123,40 @@ pub fn print_header<B: Backend>(
     Ok(())
 }
 
+impl Row {
+    /// A row whose times are the summary of `lat` (the rates left 0).
+    fn of<C: Context>(cli: &PerfCli, ctx: &C, size: u64, iters: u64, lat: &Latencies) -> Row {
+        let s = lat.summary();
+        Row {
+            test: cli.test.name(),
+            backend: cli.common.backend.as_str(),
+            device: ctx.name().to_string(),
+            size,
+            iters,
+            t_min_us: s.min_us,
+            t_max_us: s.max_us,
+            t_typical_us: s.p50_us,
+            t_avg_us: s.avg_us,
+            t_stdev_us: s.stdev_us,
+            t_p99_us: s.p99_us,
+            t_p999_us: s.p999_us,
+            bw_peak_MBps: 0.0,
+            bw_avg_MBps: 0.0,
+            msg_rate_Mpps: 0.0,
+        }
+    }
+}
+
 /// The row of a latency test: the summary of its samples.
 pub fn lat_row<C: Context>(cli: &PerfCli, ctx: &C, size: u64, iters: u64, lat: &Latencies) -> Row {
-    let s = lat.summary();
-    let bw = if s.avg_us > 0.0 {
-        size as f64 / (s.avg_us * 1e-6) / MB
-    } else {
-        0.0
-    };
-    Row {
-        test: cli.test.name(),
-        backend: cli.common.backend.as_str(),
-        device: ctx.name().to_string(),
-        size,
-        iters,
-        t_min_us: s.min_us,
-        t_max_us: s.max_us,
-        t_typical_us: s.p50_us,
-        t_avg_us: s.avg_us,
-        t_stdev_us: s.stdev_us,
-        t_p99_us: s.p99_us,
-        t_p999_us: s.p999_us,
-        bw_peak_MBps: bw,
-        bw_avg_MBps: bw,
-        msg_rate_Mpps: if s.avg_us > 0.0 { 1.0 / s.avg_us } else { 0.0 },
+    let mut row = Row::of(cli, ctx, size, iters, lat);
+    let avg = row.t_avg_us;
+    if avg > 0.0 {
+        row.bw_peak_MBps = size as f64 / (avg * 1e-6) / MB;
+        row.bw_avg_MBps = row.bw_peak_MBps;
+        row.msg_rate_Mpps = 1.0 / avg;
     }
+    row
 }
 
 /// The row of a bandwidth test from its run time and (time, messages completed)
@@ -183,23 +192,12 @@ pub fn bw_row<C: Context>(
     for w in pts.windows(2).filter(|w| w[1].1 > w[0].1) {
         lat.record_ns(((w[1].0 - w[0].0) * 1e9 / (w[1].1 - w[0].1) as f64) as u64);
     }
-    let s = lat.summary();
     Row {
-        test: cli.test.name(),
-        backend: cli.common.backend.as_str(),
-        device: ctx.name().to_string(),
-        size,
-        iters,
-        t_min_us: s.min_us,
-        t_max_us: s.max_us,
-        t_typical_us: s.p50_us,
         t_avg_us: secs * 1e6 / iters as f64,
-        t_stdev_us: s.stdev_us,
-        t_p99_us: s.p99_us,
-        t_p999_us: s.p999_us,
         bw_peak_MBps: peak,
         bw_avg_MBps: avg,
         msg_rate_Mpps: iters as f64 / secs / 1e6,
+        ..Row::of(cli, ctx, size, iters, &lat)
     }
 }
 
