@@ -30,6 +30,7 @@ pub mod child;
 pub mod cli;
 pub mod conn;
 pub mod demo;
+pub mod echo;
 pub mod ibv_names;
 pub mod kv;
 pub mod lists;
