@@ -22,7 +22,8 @@ for c in "${crates[@]}"; do
     echo "== $c: $(wc -l <<<"$list") files"
     for f in "${required[@]}"; do
         if ! grep -qx "$f" <<<"$list"; then
-            echo "   missing: $f"
+            # A license file reaches a package as a link to the top-level one.
+            echo "   missing: $f (for a license file: ln -s ../$f $c/$f)"
             missing=1
         fi
     done
