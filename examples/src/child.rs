@@ -14,7 +14,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::error::{Res, ResultExt};
+use anyhow::Context as _;
+
+use crate::Res;
 
 /// The line a server prints once it accepts connections: `listening on 127.0.0.1:40123`.
 pub const LISTENING: &str = "listening on ";
@@ -115,7 +117,7 @@ impl ChildProc {
                 Ok(line) if line.starts_with(prefix) => return Ok(line),
                 Ok(_) => {}
                 Err(RecvTimeoutError::Timeout) => {
-                    crate::bail!(
+                    anyhow::bail!(
                         "{} printed no line starting with {prefix:?} within {:.1} s",
                         self.name,
                         timeout.as_secs_f64()
@@ -123,7 +125,7 @@ impl ChildProc {
                 }
                 Err(RecvTimeoutError::Disconnected) => {
                     let st = self.wait(Duration::from_secs(5))?;
-                    crate::bail!(
+                    anyhow::bail!(
                         "{} exited ({st}) before printing a line starting with {prefix:?}",
                         self.name
                     )
@@ -163,7 +165,7 @@ impl ChildProc {
             if Instant::now() >= deadline {
                 let _ = self.child.kill();
                 let _ = self.child.wait();
-                crate::bail!(
+                anyhow::bail!(
                     "{} did not finish within {:.1} s; killed it",
                     self.name,
                     timeout.as_secs_f64()
@@ -179,7 +181,7 @@ impl ChildProc {
         if st.success() {
             Ok(())
         } else {
-            crate::bail!("{} failed ({st})", self.name)
+            anyhow::bail!("{} failed ({st})", self.name)
         }
     }
 

@@ -1,7 +1,7 @@
 //! Connected RC queue pairs on top of `verbs_api::cm`: create a CQ and a QP with the
-//! capacities an example needs, accept or connect with clear error messages, and use the
-//! TCP side channel that `cm` leaves open (`Peer::stream`) for small out-of-band messages:
-//! a start signal, "I am done", a final result.
+//! capacities an example needs, and accept or connect with clear error messages. What the
+//! peers say to each other afterwards goes over the TCP side channel `cm` leaves open
+//! ([`side_channel`](crate::side_channel)).
 //!
 //! A server accepts its clients through an [`Acceptor`]: a client that sends garbage or
 //! nothing is dropped with a warning naming its address, and the others go on. A server
@@ -9,8 +9,7 @@
 //! ([`verbs_api::modify_to_init`]) and posts them in the `prepare` step of
 //! [`Acceptor::accept`].
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
@@ -21,7 +20,9 @@ use verbs_api::{
     Backend, Context, ProtectionDomain, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QueuePair, RcParams,
 };
 
-use crate::error::{Res, ResultExt};
+use anyhow::Context as _;
+
+use crate::Res;
 
 /// Queue sizes of a QP.
 #[derive(Clone, Copy, Debug)]
@@ -155,10 +156,10 @@ impl Acceptor {
             let request = match self.requests.recv_timeout(left) {
                 Ok(r) => r,
                 Err(RecvTimeoutError::Timeout) => {
-                    crate::bail!("no client connected to {} within {timeout:?}", self.addr)
+                    anyhow::bail!("no client connected to {} within {timeout:?}", self.addr)
                 }
                 Err(RecvTimeoutError::Disconnected) => {
-                    crate::bail!("the thread accepting clients on {} stopped", self.addr)
+                    anyhow::bail!("the thread accepting clients on {} stopped", self.addr)
                 }
             };
             let from = request.peer_addr();
@@ -254,55 +255,5 @@ pub fn parse_addr(s: &str) -> Res<SocketAddr> {
     full.to_socket_addrs()
         .with_context(|| format!("resolving {s:?}"))?
         .next()
-        .ok_or_else(|| format!("{s:?} resolves to no address").into())
-}
-
-/// Writes a length-prefixed message on the side channel.
-pub fn send_msg(stream: &mut TcpStream, msg: &[u8]) -> Res<()> {
-    let mut b = (msg.len() as u32).to_be_bytes().to_vec();
-    b.extend_from_slice(msg);
-    stream.write_all(&b).context("writing to the side channel")
-}
-
-/// Reads a length-prefixed message from the side channel, waiting at most `timeout`.
-pub fn recv_msg(stream: &mut TcpStream, timeout: Duration) -> Res<Vec<u8>> {
-    let deadline = Instant::now() + timeout;
-    let mut len = [0u8; 4];
-    read_exact_by(stream, &mut len, deadline)?;
-    let len = u32::from_be_bytes(len) as usize;
-    if len > 1 << 20 {
-        crate::bail!("side channel: a {len}-byte message is not from this program");
-    }
-    let mut msg = vec![0u8; len];
-    read_exact_by(stream, &mut msg, deadline)?;
-    Ok(msg)
-}
-
-fn read_exact_by(stream: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> Res<()> {
-    let left = deadline
-        .saturating_duration_since(Instant::now())
-        .max(Duration::from_millis(1));
-    stream.set_read_timeout(Some(left)).context("setsockopt")?;
-    stream.read_exact(buf).map_err(|e| match e.kind() {
-        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
-            "timed out waiting for the peer on the side channel".into()
-        }
-        std::io::ErrorKind::UnexpectedEof => "the peer closed the side channel".into(),
-        _ => crate::Error::from(format!("side channel: {e}")),
-    })
-}
-
-/// Whether the peer has closed the side channel (or sent anything: both mean "done"),
-/// without blocking.
-pub fn peer_done(stream: &mut TcpStream) -> Res<bool> {
-    stream.set_nonblocking(true).context("fcntl")?;
-    let mut b = [0u8; 64];
-    let r = stream.read(&mut b);
-    stream.set_nonblocking(false).context("fcntl")?;
-    match r {
-        Ok(_) => Ok(true),
-        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(false),
-        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => Ok(true),
-        Err(e) => Err(format!("side channel: {e}").into()),
-    }
+        .ok_or_else(|| anyhow::anyhow!("{s:?} resolves to no address"))
 }

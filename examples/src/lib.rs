@@ -11,34 +11,57 @@
 //!   a seqlock-style version word plus a checksum keeps torn vectors from being used.
 //! - `dist-lock`: a CMP_AND_SWP spinlock and a FETCH_AND_ADD ticket lock guarding a shared
 //!   counter that proves mutual exclusion.
-//! - `perf`: perftest-style latency and bandwidth (`send_lat`, `write_bw`, ...).
+//! - `async-echo`: an echo service on tokio (`verbs_api::aio`, `cm::AsyncCmListener`).
+//! - `perf`: perftest-style latency and bandwidth (`send_lat`, `write_bw`, ...), and
+//!   `perf-compare`, its harness against raw TCP on the same machine.
 //! - `devinfo`: `ibv_devinfo -v` for any backend.
 //!
 //! Each of the first three runs as `server` and `client` subcommands (separate processes,
 //! possibly on separate hosts) and as `demo`, which starts the server as a child process,
 //! runs the clients, checks the example's invariant and exits non-zero if it fails.
 //!
-//! This library holds what they share: command-line options and backend dispatch
-//! ([`cli`], [`with_backend!`]), connected QPs and the side channel ([`conn`]), bounded
-//! waits ([`wait`]), latency statistics ([`stats`]), demo child processes ([`child`]),
-//! errors ([`error`]), logging ([`logging`]), the two small wire/memory formats ([`kv`], [`pool`]) and
-//! perf-compare's references: UCX and libfabric runs ([`peers`]) and raw TCP with the
-//! QP rows' traffic ([`streams`]).
+//! A binary holds its scenario: the verbs calls, the protocol and the invariant its demo
+//! checks. This library holds the rest, in modules of one job each:
+//!
+//! - what every binary shares: `main` ([`program`]), the common options ([`cli`]),
+//!   backend selection ([`backend`], [`with_backend!`]), logging ([`logging`]);
+//! - connections: connected QPs ([`conn`]), the side channel ([`side_channel`]), posting
+//!   many WRs at once ([`lists`]), bounded waits ([`wait`]), a thread per connection
+//!   ([`threads`]);
+//! - demos: child processes ([`child`]) and their command lines ([`demo`]);
+//! - statistics ([`stats`]) and the names of attribute values ([`ibv_names`]);
+//! - each scenario's formats, bookkeeping, reports and options: [`kv`], [`pool`],
+//!   [`lock`], [`echo`], [`perftest`];
+//! - perf-compare's references: UCX and libfabric runs ([`peers`]) and raw TCP with the
+//!   QP rows' traffic ([`streams`]).
 
+pub mod backend;
 pub mod child;
 pub mod cli;
 pub mod conn;
-pub mod error;
+pub mod demo;
+pub mod echo;
+pub mod ibv_names;
 pub mod kv;
+pub mod lists;
+pub mod lock;
 pub mod logging;
 pub mod peers;
+pub mod perftest;
 pub mod pool;
+pub mod program;
+pub mod side_channel;
 pub mod stats;
 pub mod streams;
+pub mod threads;
 pub mod wait;
 
-pub use error::{report, Error, Res, ResultExt};
 pub use logging::init_tracing;
+pub use program::report;
+
+/// The examples' result: [`anyhow`]'s error, with the context each step adds on its way
+/// up (`anyhow::Context`), printed whole by [`report`].
+pub type Res<T> = anyhow::Result<T>;
 
 #[cfg(feature = "ibverbs")]
 pub use backend_ibverbs::IbvBackend;

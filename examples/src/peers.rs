@@ -15,7 +15,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::child::{ChildProc, Echo};
-use crate::error::{Res, ResultExt};
+use anyhow::Context as _;
+
+use crate::Res;
 
 /// How long one reference run may take (100 000 round trips take 1-2 s here).
 const RUN_TIMEOUT: Duration = Duration::from_secs(120);
@@ -54,9 +56,8 @@ impl Reference {
     /// Runs it with `iters` iterations and returns its figure in microseconds (see the
     /// module documentation for what each figure is).
     pub fn measure(self, iters: u64) -> Res<f64> {
-        let prog = find_program(self.program()).ok_or_else(|| {
-            crate::error::Error::from(format!("{} is not installed ({INSTALL})", self.program()))
-        })?;
+        let prog = find_program(self.program())
+            .ok_or_else(|| anyhow::anyhow!("{} is not installed ({INSTALL})", self.program()))?;
         let port = free_port()?;
         let port_s = port.to_string();
         let iters_s = iters.to_string();
@@ -102,7 +103,7 @@ impl Reference {
         let deadline = Instant::now() + LISTEN_TIMEOUT;
         while !listening(port) {
             if Instant::now() >= deadline {
-                crate::bail!(
+                anyhow::bail!(
                     "{} server did not listen on port {port} within {:.0} s",
                     self.program(),
                     LISTEN_TIMEOUT.as_secs_f64()
@@ -123,12 +124,11 @@ impl Reference {
             Reference::FabricPingpong => parse_fabric(&out, 8),
         };
         figure.ok_or_else(|| {
-            format!(
+            anyhow::anyhow!(
                 "{} printed no result; its output:\n{}",
                 self.name(),
                 out.join("\n")
             )
-            .into()
         })
     }
 }

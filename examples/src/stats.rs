@@ -1,6 +1,15 @@
-//! Latency statistics: samples in nanoseconds, and the summary perftest prints (min,
-//! max, median ("typical"), mean, standard deviation, 99th and 99.9th percentiles).
-//! Percentiles use the nearest-rank method on the sorted samples.
+//! The examples' statistics, in one place:
+//!
+//! - [`Latencies`]: samples in nanoseconds and their [`Summary`], what perftest prints
+//!   (min, max, median ("typical"), mean, standard deviation, 99th and 99.9th
+//!   percentiles). Percentiles use the nearest-rank method on the sorted samples
+//!   ([`percentile`]), as perftest does, so that `perf`'s figures read like its.
+//! - [`Figures`]: a handful of figures in any unit (one per run or round, or per sample of
+//!   a baseline), for perf-compare: [`median`], percentiles, smallest and largest. A
+//!   percentile there is the value at the rounded index `(n - 1) p / 100` (for an even
+//!   count the median is the upper of the two middle values): the rule perf-compare's
+//!   reports have always used, kept so that they compare with the earlier ones.
+//! - [`per_sec`] for rates and [`si`] to print them.
 
 use std::time::Duration;
 
@@ -118,6 +127,56 @@ impl std::fmt::Display for Summary {
     }
 }
 
+/// Figures sorted once (NaN last), for their median, percentiles and range.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Figures {
+    sorted: Vec<f64>,
+}
+
+impl FromIterator<f64> for Figures {
+    fn from_iter<I: IntoIterator<Item = f64>>(values: I) -> Self {
+        let mut sorted: Vec<f64> = values.into_iter().collect();
+        sorted.sort_by(|a, b| a.total_cmp(b));
+        Figures { sorted }
+    }
+}
+
+impl Figures {
+    /// The value at the rounded index `(n - 1) p / 100` (`p` in 0..=100); NaN without
+    /// figures.
+    pub fn percentile(&self, p: f64) -> f64 {
+        if self.sorted.is_empty() {
+            return f64::NAN;
+        }
+        self.sorted[((self.sorted.len() - 1) as f64 * p / 100.0).round() as usize]
+    }
+
+    /// The 50th [`percentile`](Figures::percentile).
+    pub fn median(&self) -> f64 {
+        self.percentile(50.0)
+    }
+
+    /// The smallest (NaN left out; +inf without figures).
+    pub fn min(&self) -> f64 {
+        self.sorted.iter().copied().fold(f64::INFINITY, f64::min)
+    }
+
+    /// The largest (NaN left out; -inf without figures).
+    pub fn max(&self) -> f64 {
+        self.sorted.iter().copied().fold(f64::NEG_INFINITY, f64::max)
+    }
+}
+
+/// The median of `values` ([`Figures::median`]).
+pub fn median(values: impl IntoIterator<Item = f64>) -> f64 {
+    values.into_iter().collect::<Figures>().median()
+}
+
+/// `count` per second over `elapsed` (a zero duration counts as a nanosecond).
+pub fn per_sec(count: f64, elapsed: Duration) -> f64 {
+    count / elapsed.as_secs_f64().max(1e-9)
+}
+
 /// A rate with an SI suffix: `12.3 k`, `4.56 M`.
 pub fn si(v: f64) -> String {
     if v >= 1e9 {
@@ -144,6 +203,18 @@ mod tests {
         assert_eq!(percentile(&s, 100.0), 1000);
         assert_eq!(percentile(&s, 0.0), 1);
         assert_eq!(percentile(&[7], 99.9), 7);
+    }
+
+    #[test]
+    fn figures_take_the_rounded_index() {
+        let f: Figures = [4.0, 1.0, 3.0, 2.0].into_iter().collect();
+        assert_eq!(f.median(), 3.0, "the upper middle of an even count");
+        assert_eq!(median([5.0, 1.0, 3.0]), 3.0);
+        assert_eq!((f.percentile(0.0), f.percentile(100.0)), (1.0, 4.0));
+        assert_eq!((f.min(), f.max()), (1.0, 4.0));
+        assert!(median([]).is_nan());
+        let with_nan: Figures = [2.0, f64::NAN, 1.0].into_iter().collect();
+        assert_eq!((with_nan.min(), with_nan.max()), (1.0, 2.0));
     }
 
     #[test]

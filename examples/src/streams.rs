@@ -15,8 +15,10 @@ use std::io::{ErrorKind, IoSlice, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use crate::bail;
-use crate::error::{Res, ResultExt};
+use anyhow::bail;
+use anyhow::Context as _;
+
+use crate::Res;
 
 /// Bytes of a message's header (the sim's WRITE header).
 const HDR: usize = 48;

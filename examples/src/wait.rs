@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use verbs_api::{CompletionQueue, WorkCompletion};
 
-use crate::error::Res;
+use crate::Res;
 
 /// Polls before the first clock read.
 const SPINS: u32 = 64;
@@ -74,12 +74,11 @@ impl Waiter {
         let since = *self.since.get_or_insert(now);
         let waited = now - since;
         if waited >= self.timeout {
-            return Err(format!(
+            anyhow::bail!(
                 "timed out after {:.1} s waiting for {} (nothing arrived: a lost completion or a dead peer)",
                 self.timeout.as_secs_f64(),
                 what()
-            )
-            .into());
+            );
         }
         if waited < YIELD_FOR || !self.naps {
             std::thread::yield_now();
@@ -130,13 +129,40 @@ pub fn poll_one_ok<C: CompletionQueue>(
     Ok(wc)
 }
 
+/// Collects what is left on `cq` (the flushed WRs of a QP in ERR, say) until nothing
+/// has come for `quiet`, for at most `limit`; `each` sees every completion.
+pub fn drain<C: CompletionQueue>(
+    cq: &C,
+    quiet: Duration,
+    limit: Duration,
+    mut each: impl FnMut(&WorkCompletion),
+) -> Res<()> {
+    let mut wcs = [WorkCompletion::default(); 32];
+    let mut w = Waiter::new(quiet);
+    let hard = Instant::now() + limit;
+    while Instant::now() < hard {
+        let n = cq.poll(&mut wcs)?;
+        if n == 0 {
+            if w.idle(&String::new).is_err() {
+                break;
+            }
+            continue;
+        }
+        w.progress();
+        for wc in &wcs[..n] {
+            each(wc);
+        }
+    }
+    Ok(())
+}
+
 /// Fails with the status (`ibv_wc_status_str` text and number) of an unsuccessful
 /// completion.
 pub fn check_wc(wc: &WorkCompletion, what: &dyn Fn() -> String) -> Res<()> {
     if wc.is_ok() {
         Ok(())
     } else {
-        Err(format!(
+        anyhow::bail!(
             "{} completed with {} ({}, wr_id {:#x}, vendor_err {:#x})",
             what(),
             status_name(wc.status),
@@ -144,7 +170,6 @@ pub fn check_wc(wc: &WorkCompletion, what: &dyn Fn() -> String) -> Res<()> {
             wc.wr_id,
             wc.vendor_err
         )
-        .into())
     }
 }
 

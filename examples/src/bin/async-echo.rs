@@ -12,15 +12,21 @@
 //! async-echo server --listen 0.0.0.0:18520
 //! async-echo client --server HOST:18520 -n 1000
 //! ```
+//!
+//! The subcommands and their options are in `examples::echo`.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use clap::{Parser, Subcommand};
-use examples::cli::{open_device, CommonArgs};
-use examples::{bail, with_backend, Res};
+use anyhow::bail;
+use clap::Parser;
+use examples::backend::open_device;
+use examples::cli::CommonArgs;
+use examples::echo::Cmd;
+use examples::program::describe;
+use examples::{with_backend, Res};
 use verbs_api::aio::AsyncCq;
 use verbs_api::cm::{connect_async, AsyncCmListener, AsyncIncoming, Offer};
 use verbs_api::*;
@@ -33,34 +39,6 @@ struct Cli {
     common: CommonArgs,
     #[command(subcommand)]
     cmd: Cmd,
-}
-
-#[derive(Subcommand, Debug)]
-enum Cmd {
-    /// Serve clients until killed.
-    Server {
-        /// Side-channel address to listen on.
-        #[arg(long, default_value = "127.0.0.1:18520")]
-        listen: String,
-    },
-    /// Send `-n` messages and check every echo.
-    Client {
-        /// The server's side-channel address.
-        #[arg(long, default_value = "127.0.0.1:18520")]
-        server: String,
-        /// Messages to send.
-        #[arg(short = 'n', long, default_value_t = 1000)]
-        count: u64,
-    },
-    /// A server and `--clients` clients in one process (one device, a QP pair per client).
-    Demo {
-        /// Concurrent clients.
-        #[arg(long, default_value_t = 4)]
-        clients: usize,
-        /// Messages per client.
-        #[arg(short = 'n', long, default_value_t = 1000)]
-        count: u64,
-    },
 }
 
 /// Largest message.
@@ -211,16 +189,14 @@ async fn timed_client<B: Backend>(
     let start = Instant::now();
     tokio::time::timeout(limit, client::<B>(ctx, server, p, &msgs))
         .await
-        .map_err(|_| format!("the client did not finish within {limit:?}"))??;
+        .map_err(|_| anyhow::anyhow!("the client did not finish within {limit:?}"))??;
     Ok(start.elapsed())
 }
 
 // --- command line ---------------------------------------------------------------------
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    examples::init_tracing();
-    examples::report("async-echo", run(&cli))
+    examples::program::main("async-echo", |cli: Cli| run(&cli))
 }
 
 fn run(cli: &Cli) -> Res<()> {
@@ -245,42 +221,53 @@ async fn main_async<B: Backend>(b: &B, cli: &Cli) -> Res<()> {
             report_client(0, *count, t);
             Ok(())
         }
-        Cmd::Demo { clients, count } => {
-            let listener = AsyncCmListener::bind("127.0.0.1:0").await?;
-            let addr: SocketAddr = listener.local_addr()?;
-            let srv = tokio::spawn(server::<B>(ctx.clone(), listener, p, wait, Some(*clients)));
-            let runs = (0..*clients).map(|i| {
-                let (ctx, addr) = (&ctx, addr.to_string());
-                async move {
-                    let t = timed_client::<B>(ctx, &addr, &p, *count, wait).await?;
-                    report_client(i, *count, t);
-                    Res::Ok(())
-                }
-            });
-            let results = futures_util::future::join_all(runs).await;
-            let mut failed: Vec<String> = results
-                .into_iter()
-                .enumerate()
-                .filter_map(|(i, r)| r.err().map(|e| format!("client {i}: {e}")))
-                .collect();
-            if failed.is_empty() {
-                // Every client said goodbye: the server's tasks end on their own.
-                match tokio::time::timeout(wait, srv).await {
-                    Ok(Ok(Ok(()))) => {}
-                    Ok(Ok(Err(e))) => failed.push(format!("server: {e}")),
-                    Ok(Err(e)) => failed.push(format!("server task: {e}")),
-                    Err(_) => failed.push(format!("server: not done {wait:?} after the last client")),
-                }
-            }
-            if !failed.is_empty() {
-                bail!("{}", failed.join("; "));
-            }
-            println!("demo: OK: {clients} client(s) x {count} messages, every echo matched what was sent");
-            Ok(())
-        }
+        Cmd::Demo { clients, count } => demo::<B>(ctx, p, wait, *clients, *count).await,
     }
 }
 
+/// A server task and `clients` clients in this process; fails unless every echo matched
+/// and the server ended cleanly.
+async fn demo<B: Backend>(
+    ctx: Arc<B::Context>,
+    p: RcParams,
+    wait: Duration,
+    clients: usize,
+    count: u64,
+) -> Res<()> {
+    let listener = AsyncCmListener::bind("127.0.0.1:0").await?;
+    let addr: SocketAddr = listener.local_addr()?;
+    let srv = tokio::spawn(server::<B>(ctx.clone(), listener, p, wait, Some(clients)));
+    let runs = (0..clients).map(|i| {
+        let (ctx, addr) = (&ctx, addr.to_string());
+        async move {
+            let t = timed_client::<B>(ctx, &addr, &p, count, wait).await?;
+            report_client(i, count, t);
+            Res::Ok(())
+        }
+    });
+    let results = futures_util::future::join_all(runs).await;
+    let mut failed: Vec<String> = results
+        .into_iter()
+        .enumerate()
+        .filter_map(|(i, r)| r.err().map(|e| format!("client {i}: {}", describe(&e))))
+        .collect();
+    if failed.is_empty() {
+        // Every client said goodbye: the server's tasks end on their own.
+        match tokio::time::timeout(wait, srv).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => failed.push(format!("server: {}", describe(&e))),
+            Ok(Err(e)) => failed.push(format!("server task: {e}")),
+            Err(_) => failed.push(format!("server: not done {wait:?} after the last client")),
+        }
+    }
+    if !failed.is_empty() {
+        bail!("{}", failed.join("; "));
+    }
+    println!("demo: OK: {clients} client(s) x {count} messages, every echo matched what was sent");
+    Ok(())
+}
+
+/// A client's line: its echoes, run time and time per round trip.
 fn report_client(i: usize, count: u64, t: Duration) {
     let per = t.as_secs_f64() * 1e6 / (count.max(1) as f64);
     println!(

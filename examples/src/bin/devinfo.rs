@@ -8,13 +8,18 @@
 //! devinfo -l                     # names only (ibv_devinfo -l)
 //! devinfo --backend ibverbs      # needs --features ibverbs
 //! ```
+//!
+//! How each attribute value is named is in `examples::ibv_names`.
 
 use std::process::ExitCode;
 
+use anyhow::{bail, Context as _};
 use clap::Parser;
-use examples::cli::{open_device, CommonArgs};
-use examples::{bail, with_backend, Res, ResultExt};
-use verbs_api::{AtomicCap, Backend, Capabilities, Context, LinkLayer, Mtu, PortState};
+use examples::backend::open_device;
+use examples::cli::CommonArgs;
+use examples::ibv_names::{atomic_cap, guid, link_layer, mtu, phys_state, port_state, speed, width, yes};
+use examples::{with_backend, Res};
+use verbs_api::{Backend, Capabilities, Context};
 
 /// Print the devices of a verbs backend like `ibv_devinfo -v`.
 #[derive(Parser, Debug)]
@@ -38,9 +43,7 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    examples::init_tracing();
-    examples::report("devinfo", run(&cli))
+    examples::program::main("devinfo", |cli: Cli| run(&cli))
 }
 
 fn run(cli: &Cli) -> Res<()> {
@@ -90,97 +93,6 @@ fn devinfo<B: Backend>(b: &B, cli: &Cli) -> Res<()> {
         print_device(&ctx, &d.transport, cli.port)?;
     }
     Ok(())
-}
-
-fn guid(g: u64) -> String {
-    format!(
-        "{:04x}:{:04x}:{:04x}:{:04x}",
-        (g >> 48) & 0xffff,
-        (g >> 32) & 0xffff,
-        (g >> 16) & 0xffff,
-        g & 0xffff
-    )
-}
-
-fn atomic_cap(a: AtomicCap) -> String {
-    let name = match a {
-        AtomicCap::None => "ATOMIC_NONE",
-        AtomicCap::Hca => "ATOMIC_HCA",
-        AtomicCap::Glob => "ATOMIC_GLOB",
-    };
-    format!("{name} ({})", a as u32)
-}
-
-fn port_state(s: PortState) -> String {
-    let name = match s {
-        PortState::Nop => "PORT_NOP",
-        PortState::Down => "PORT_DOWN",
-        PortState::Init => "PORT_INIT",
-        PortState::Armed => "PORT_ARMED",
-        PortState::Active => "PORT_ACTIVE",
-        PortState::ActiveDefer => "PORT_ACTIVE_DEFER",
-    };
-    format!("{name} ({})", s as u32)
-}
-
-fn mtu(m: Mtu) -> String {
-    format!("{} ({})", m.bytes(), m as u32)
-}
-
-fn link_layer(l: LinkLayer) -> &'static str {
-    match l {
-        LinkLayer::Ethernet => "Ethernet",
-        LinkLayer::InfiniBand => "InfiniBand",
-        LinkLayer::Unspecified => "Unspecified",
-    }
-}
-
-fn width(w: u8) -> String {
-    let name = match w {
-        1 => "1X",
-        2 => "4X",
-        4 => "8X",
-        8 => "12X",
-        16 => "2X",
-        _ => "invalid width",
-    };
-    format!("{name} ({w})")
-}
-
-fn speed(s: u8) -> String {
-    let name = match s {
-        1 => "2.5 Gbps",
-        2 => "5.0 Gbps",
-        4 | 8 => "10.0 Gbps",
-        16 => "14.0 Gbps",
-        32 => "25.0 Gbps",
-        64 => "50.0 Gbps",
-        128 => "100.0 Gbps",
-        _ => "invalid speed",
-    };
-    format!("{name} ({s})")
-}
-
-fn phys_state(p: u8) -> String {
-    let name = match p {
-        1 => "SLEEP",
-        2 => "POLLING",
-        3 => "DISABLED",
-        4 => "PORT_CONFIGURATION TRAINNING",
-        5 => "LINK_UP",
-        6 => "LINK_ERROR_RECOVERY",
-        7 => "PHY TEST",
-        _ => "invalid physical state",
-    };
-    format!("{name} ({p})")
-}
-
-fn yes(b: bool) -> &'static str {
-    if b {
-        "yes"
-    } else {
-        "no"
-    }
 }
 
 fn print_device<C: Context>(ctx: &C, transport: &str, only_port: Option<u8>) -> Res<()> {

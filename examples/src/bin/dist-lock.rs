@@ -27,6 +27,9 @@
 //! Words are host-endian (atomics on the sim and on HCAs of the same architecture), so
 //! server and clients must share the byte order.
 //!
+//! This file holds the verbs calls, the two locks and the demo's invariant; the backoff,
+//! the reports and the options are in `examples::lock`.
+//!
 //! ```text
 //! dist-lock demo                          # both modes: server + 2 client processes x 2 threads
 //! dist-lock demo --mode ticket --procs 3 --threads 4 --iters 500
@@ -34,16 +37,23 @@
 //! dist-lock client --server 10.0.0.1:18517 --threads 2 --iters 200 --mode cas
 //! ```
 
+use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
-use examples::child::{announce_listening, ChildProc, Echo};
-use examples::cli::{open_device, CommonArgs};
+use anyhow::{bail, Context as _};
+use clap::{Parser, Subcommand};
+use examples::backend::open_device;
+use examples::child::announce_listening;
+use examples::cli::CommonArgs;
 use examples::conn::{self, QpOpts};
-use examples::stats::{si, Latencies};
+use examples::demo::{start_server, ChildArgs};
+use examples::lock::backoff::{backoff, xorshift};
+use examples::lock::opts::{ClientArgs, ClientTuning, DemoArgs, DemoMode, Mode, ServerArgs};
+use examples::lock::report::{self, ThreadReport, FINAL, READ_BACK};
+use examples::stats::Latencies;
 use examples::wait::poll_one_ok;
-use examples::{bail, with_backend, Res, ResultExt};
+use examples::{side_channel, threads, with_backend, Res};
 use verbs_api::cm::Offer;
 use verbs_api::{
     AccessFlags, Backend, Context, MemoryRegion, ProtectionDomain, QueuePair, RemoteMr, SendWr,
@@ -81,98 +91,11 @@ enum Cmd {
     Demo(DemoArgs),
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum Mode {
-    /// CMP_AND_SWP spinlock with exponential backoff.
-    Cas,
-    /// FETCH_AND_ADD ticket lock.
-    Ticket,
-}
-
-impl Mode {
-    fn as_str(self) -> &'static str {
-        match self {
-            Mode::Cas => "cas",
-            Mode::Ticket => "ticket",
-        }
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum DemoMode {
-    /// The CMP_AND_SWP spinlock.
-    Cas,
-    /// The FETCH_AND_ADD ticket lock.
-    Ticket,
-    /// One run of each.
-    Both,
-}
-
-#[derive(Args, Debug, Clone)]
-struct ServerArgs {
-    /// Address to listen on for connection setup (port 0: any free port; loopback by
-    /// default, 0.0.0.0:PORT accepts other hosts).
-    #[arg(long, default_value = "127.0.0.1:18517")]
-    listen: String,
-    /// Client QPs to accept (threads in all client processes) before starting them.
-    #[arg(long, default_value_t = 2)]
-    clients: u32,
-    /// Fail unless the final counter equals this.
-    #[arg(long)]
-    expect_counter: Option<u64>,
-}
-
-#[derive(Args, Debug, Clone)]
-struct ClientTuning {
-    /// Lock flavour.
-    #[arg(long, value_enum, default_value = "cas")]
-    mode: Mode,
-    /// Threads in this process, each with its own QP.
-    #[arg(long, default_value_t = 2)]
-    threads: u32,
-    /// Lock acquisitions (counter increments) per thread.
-    #[arg(long, default_value_t = 200)]
-    iters: u32,
-    /// Longest backoff between two attempts, in microseconds.
-    #[arg(long, default_value_t = 500)]
-    max_backoff_us: u64,
-}
-
-#[derive(Args, Debug, Clone)]
-struct ClientArgs {
-    /// The server's connection-setup address.
-    #[arg(long, default_value = "127.0.0.1:18517")]
-    server: String,
-    #[command(flatten)]
-    tuning: ClientTuning,
-}
-
-#[derive(Args, Debug, Clone)]
-struct DemoArgs {
-    /// Which lock(s) to run.
-    #[arg(long, value_enum, default_value = "both")]
-    mode: DemoMode,
-    /// Client processes.
-    #[arg(long, default_value_t = 2)]
-    procs: u32,
-    /// Threads per client process.
-    #[arg(long, default_value_t = 2)]
-    threads: u32,
-    /// Acquisitions per thread.
-    #[arg(long, default_value_t = 200)]
-    iters: u32,
-    /// Longest backoff between two attempts, in microseconds.
-    #[arg(long, default_value_t = 500)]
-    max_backoff_us: u64,
-}
-
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    examples::init_tracing();
-    examples::report("dist-lock", run(cli))
+    examples::program::main("dist-lock", |cli: Cli| run(&cli))
 }
 
-fn run(cli: Cli) -> Res<()> {
+fn run(cli: &Cli) -> Res<()> {
     let common = &cli.common;
     match &cli.cmd {
         Cmd::Server(a) => with_backend!(common.backend, |b| server(b, common, a)),
@@ -183,11 +106,6 @@ fn run(cli: Cli) -> Res<()> {
 
 // ---------------------------------------------------------------------------------------
 // server
-
-/// The line the server ends with; the demo parses it.
-const FINAL: &str = "final:";
-/// The client's read-back line; the demo parses it.
-const READ_BACK: &str = "client: counter read back with RDMA READ after this process's last release: ";
 
 fn server<B: Backend>(b: &B, common: &CommonArgs, a: &ServerArgs) -> Res<()> {
     let ctx = open_device(b, common.device.as_deref())?;
@@ -224,23 +142,13 @@ fn server<B: Backend>(b: &B, common: &CommonArgs, a: &ServerArgs) -> Res<()> {
     }
     // Start everybody at once: maximum contention.
     for p in &mut peers {
-        conn::send_msg(&mut p.stream, b"go")?;
+        side_channel::send_msg(&mut p.stream, b"go")?;
     }
     let start = Instant::now();
     println!("server: {} client QPs connected; started them", peers.len());
     // The lock needs no server CPU: wait until every client QP is done.
-    let mut done = vec![false; peers.len()];
-    let mut w = examples::wait::Waiter::new(timeout.max(Duration::from_secs(60)));
-    while !done.iter().all(|&d| d) {
-        for (d, p) in done.iter_mut().zip(peers.iter_mut()) {
-            if !*d && conn::peer_done(&mut p.stream)? {
-                *d = true;
-                w.progress();
-            }
-        }
-        std::thread::sleep(Duration::from_millis(1));
-        w.idle(&|| "the clients to finish".to_string())?;
-    }
+    let wait = timeout.max(Duration::from_secs(60));
+    side_channel::wait_all_done(&mut peers, Duration::from_millis(1), wait, "the clients")?;
     let el = start.elapsed();
     let word = |o: u64| mr.read_u64(o as usize);
     let (lock, next, serving, counter) = (
@@ -249,12 +157,7 @@ fn server<B: Backend>(b: &B, common: &CommonArgs, a: &ServerArgs) -> Res<()> {
         word(NOW_SERVING)?,
         word(COUNTER)?,
     );
-    println!(
-        "server: {counter} increments in {:.3} s: {}acquisitions/s across all clients",
-        el.as_secs_f64(),
-        si(counter as f64 / el.as_secs_f64().max(1e-9))
-    );
-    println!("{FINAL} counter={counter} lock={lock} next_ticket={next} now_serving={serving}");
+    report::print_server(el, lock, next, serving, counter);
     if lock != 0 {
         bail!("the lock word is {lock:#x} after every client finished (should be free: 0)");
     }
@@ -272,18 +175,6 @@ fn server<B: Backend>(b: &B, common: &CommonArgs, a: &ServerArgs) -> Res<()> {
 
 // ---------------------------------------------------------------------------------------
 // client
-
-/// One thread's result.
-#[derive(Debug, Default)]
-struct ThreadReport {
-    acquisitions: u64,
-    lat: Latencies,
-    /// CAS attempts that found the lock taken, or now-serving polls that were not my turn.
-    contended: u64,
-    elapsed: Duration,
-    /// The counter read back with RDMA READ after this thread's last release.
-    counter_after: u64,
-}
 
 /// One thread's connection: a QP and an 8-byte-word scratch region.
 struct Worker<B: Backend> {
@@ -342,71 +233,15 @@ impl<B: Backend> Worker<B> {
     }
 }
 
-/// Waits about `us` microseconds without hogging the CPU (yield below 50 us: on a
-/// 2-core machine spinning starves the lock holder).
-fn backoff(us: u64) {
-    if us >= 50 {
-        std::thread::sleep(Duration::from_micros(us));
-    } else {
-        let t = Instant::now();
-        while t.elapsed() < Duration::from_micros(us) {
-            std::thread::yield_now();
-        }
-    }
-}
-
-fn xorshift(s: &mut u64) -> u64 {
-    *s ^= *s << 13;
-    *s ^= *s >> 7;
-    *s ^= *s << 17;
-    *s
-}
-
 fn clients<B: Backend>(b: &B, common: &CommonArgs, a: &ClientArgs) -> Res<()> {
     let t = &a.tuning;
     let addr = conn::parse_addr(&a.server)?;
     let ctx = open_device(b, common.device.as_deref())?;
     let pd = ctx.alloc_pd()?;
-    let results: Vec<Res<ThreadReport>> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..t.threads.max(1))
-            .map(|i| {
-                let (ctx, pd) = (&ctx, &pd);
-                s.spawn(move || worker::<B>(ctx, pd, common, t, addr, i))
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err("client thread panicked".into())))
-            .collect()
-    });
-    let reps = results.into_iter().collect::<Res<Vec<_>>>()?;
-    let mut all = Latencies::default();
-    let (mut acq, mut contended) = (0u64, 0u64);
-    let mut busy = Duration::ZERO;
-    for r in &reps {
-        all.merge(&r.lat);
-        acq += r.acquisitions;
-        contended += r.contended;
-        busy = busy.max(r.elapsed);
-    }
-    let s = all.summary();
-    let seen = reps.iter().map(|r| r.counter_after).max().unwrap_or(0);
-    println!(
-        "client ({} lock, {} threads x {} iters): {acq} acquisitions in {:.3} s: {}acq/s; acquire latency p50 {:.1} us, p99 {:.1} us (max {:.1} us); {} {}",
-        t.mode.as_str(),
-        reps.len(),
-        t.iters,
-        busy.as_secs_f64(),
-        si(acq as f64 / busy.as_secs_f64().max(1e-9)),
-        s.p50_us,
-        s.p99_us,
-        s.max_us,
-        contended,
-        match t.mode {
-            Mode::Cas => "CAS attempts found the lock taken",
-            Mode::Ticket => "now-serving READs were not yet my turn",
-        }
-    );
-    println!("{READ_BACK}{seen} (this process added {acq}; other processes may add more)");
+    let reps = threads::on_threads(t.threads.max(1), "client", |i| {
+        worker::<B>(&ctx, &pd, common, t, addr, i)
+    })?;
+    report::print_clients(&reps, t);
     Ok(())
 }
 
@@ -415,7 +250,7 @@ fn worker<B: Backend>(
     pd: &B::Pd,
     common: &CommonArgs,
     t: &ClientTuning,
-    addr: std::net::SocketAddr,
+    addr: SocketAddr,
     id: u32,
 ) -> Res<ThreadReport> {
     let timeout = common.wait();
@@ -441,7 +276,7 @@ fn worker<B: Backend>(
     let token = ((std::process::id() as u64) << 16) | (id as u64 + 1);
     let mut rng = token.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     // Wait for the server's start signal (all clients connected).
-    let go = conn::recv_msg(&mut peer.stream, timeout.max(Duration::from_secs(60)))?;
+    let go = side_channel::recv_msg(&mut peer.stream, timeout.max(Duration::from_secs(60)))?;
     if go != b"go" {
         bail!("unexpected start message {go:?}");
     }
@@ -453,39 +288,9 @@ fn worker<B: Backend>(
     let mut hold_us = 20u64;
     for _ in 0..t.iters {
         let t0 = Instant::now();
-        // -- acquire
         let ticket = match t.mode {
-            Mode::Cas => {
-                let mut b = 1u64;
-                loop {
-                    let old = w.cas(LOCK, 0, token)?;
-                    if old == 0 {
-                        break;
-                    }
-                    rep.contended += 1;
-                    backoff(xorshift(&mut rng) % b + 1);
-                    b = (b * 2).min(t.max_backoff_us.max(1));
-                }
-                0
-            }
-            Mode::Ticket => {
-                let my = w.faa(NEXT_TICKET, 1)?;
-                loop {
-                    let serving = w.read(NOW_SERVING)?;
-                    if serving == my {
-                        break;
-                    }
-                    if serving > my {
-                        bail!("now_serving {serving} passed my ticket {my}: the ticket lock is broken");
-                    }
-                    rep.contended += 1;
-                    // Back off by my place in the queue times the typical hold time,
-                    // so each waiter polls about once per hand-over.
-                    let ahead = my - serving;
-                    backoff((ahead * hold_us / 2).clamp(1, t.max_backoff_us.max(1)));
-                }
-                my
-            }
+            Mode::Cas => acquire_cas(&w, t, token, &mut rng, &mut rep)?,
+            Mode::Ticket => acquire_ticket(&w, t, hold_us, &mut rep)?,
         };
         let acquired = Instant::now();
         rep.lat.record(acquired - t0);
@@ -520,8 +325,54 @@ fn worker<B: Backend>(
     }
     rep.elapsed = start.elapsed();
     rep.counter_after = w.read(COUNTER)?;
-    conn::send_msg(&mut peer.stream, b"done")?;
+    side_channel::send_msg(&mut peer.stream, b"done")?;
     Ok(rep)
+}
+
+/// The spinlock: CMP_AND_SWP(lock, 0 -> token) until it returns 0, with randomized
+/// exponential backoff. Returns 0 (no ticket).
+fn acquire_cas<B: Backend>(
+    w: &Worker<B>,
+    t: &ClientTuning,
+    token: u64,
+    rng: &mut u64,
+    rep: &mut ThreadReport,
+) -> Res<u64> {
+    let mut b = 1u64;
+    loop {
+        let old = w.cas(LOCK, 0, token)?;
+        if old == 0 {
+            return Ok(0);
+        }
+        rep.contended += 1;
+        backoff(xorshift(rng) % b + 1);
+        b = (b * 2).min(t.max_backoff_us.max(1));
+    }
+}
+
+/// The ticket lock: FETCH_AND_ADD(next ticket, 1) gives my ticket; READ now-serving until
+/// it is mine. Returns the ticket.
+fn acquire_ticket<B: Backend>(
+    w: &Worker<B>,
+    t: &ClientTuning,
+    hold_us: u64,
+    rep: &mut ThreadReport,
+) -> Res<u64> {
+    let my = w.faa(NEXT_TICKET, 1)?;
+    loop {
+        let serving = w.read(NOW_SERVING)?;
+        if serving == my {
+            return Ok(my);
+        }
+        if serving > my {
+            bail!("now_serving {serving} passed my ticket {my}: the ticket lock is broken");
+        }
+        rep.contended += 1;
+        // Back off by my place in the queue times the typical hold time, so each waiter
+        // polls about once per hand-over.
+        let ahead = my - serving;
+        backoff((ahead * hold_us / 2).clamp(1, t.max_backoff_us.max(1)));
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -547,41 +398,19 @@ fn demo_one(common: &CommonArgs, a: &DemoArgs, mode: Mode) -> Res<()> {
         mode.as_str(),
         a.iters
     );
-    let mut sargs = common.to_args();
-    sargs.extend(
-        [
-            "server",
-            "--listen",
-            "127.0.0.1:0",
-            "--clients",
-            &(procs * threads).to_string(),
-            "--expect-counter",
-            &expect.to_string(),
-        ]
-        .map(String::from),
-    );
-    let mut server = ChildProc::spawn("server", &sargs, Echo::Stdout)?;
-    let addr = server.listen_addr(Duration::from_secs(20))?;
+    let sargs = ChildArgs::server(common)
+        .opt("--clients", procs * threads)
+        .opt("--expect-counter", expect);
+    let (mut server, addr) = start_server("server", &sargs)?;
     let mut kids = Vec::new();
     for p in 0..procs {
-        let mut cargs = common.to_args();
-        cargs.extend(
-            [
-                "client",
-                "--server",
-                &addr.to_string(),
-                "--mode",
-                mode.as_str(),
-                "--threads",
-                &threads.to_string(),
-                "--iters",
-                &a.iters.to_string(),
-                "--max-backoff-us",
-                &a.max_backoff_us.to_string(),
-            ]
-            .map(String::from),
-        );
-        kids.push(ChildProc::spawn(&format!("client{p}"), &cargs, Echo::Stdout)?);
+        let cargs = ChildArgs::new(common, "client")
+            .opt("--server", addr)
+            .opt("--mode", mode.as_str())
+            .opt("--threads", threads)
+            .opt("--iters", a.iters)
+            .opt("--max-backoff-us", a.max_backoff_us);
+        kids.push(cargs.spawn(&format!("client{p}"))?);
     }
     let bound = common.wait() + Duration::from_secs(60);
     for k in &mut kids {
@@ -592,11 +421,8 @@ fn demo_one(common: &CommonArgs, a: &DemoArgs, mode: Mode) -> Res<()> {
     let Some(line) = server.last_line(FINAL) else {
         bail!("the server exited ({sres}) without its final line");
     };
-    let counter: u64 = line
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("counter="))
-        .and_then(|v| v.parse().ok())
-        .ok_or_else(|| format!("cannot parse the server's final line {line:?}"))?;
+    let counter = report::final_counter(&line)
+        .ok_or_else(|| anyhow::anyhow!("cannot parse the server's final line {line:?}"))?;
     if counter != expect {
         bail!(
             "{} lock: counter = {counter}, expected {expect}: mutual exclusion FAILED",
@@ -611,13 +437,7 @@ fn demo_one(common: &CommonArgs, a: &DemoArgs, mode: Mode) -> Res<()> {
     let read_back = kids
         .iter()
         .filter_map(|k| k.last_line(READ_BACK))
-        .filter_map(|l| {
-            l[READ_BACK.len()..]
-                .split_whitespace()
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
+        .filter_map(|l| report::read_back(&l))
         .max();
     if read_back != Some(expect) {
         bail!(

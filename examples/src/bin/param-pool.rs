@@ -15,6 +15,9 @@
 //! and checksum (the negative control): torn vectors then reach the application and the
 //! demo fails.
 //!
+//! This file holds the verbs calls, the readers' checks and the demo's invariant; the
+//! slot format, the reports and the options are in `examples::pool`.
+//!
 //! ```text
 //! param-pool demo                                   # 1 owner child, 2 reader threads, 2 s
 //! param-pool demo --owners 2 --readers 4 --dim 4096
@@ -27,16 +30,20 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use clap::{Args, Parser, Subcommand};
-use examples::child::{announce_listening, ChildProc, Echo};
-use examples::cli::{open_device, CommonArgs};
+use anyhow::{bail, Context as _};
+use clap::{Parser, Subcommand};
+use examples::backend::open_device;
+use examples::child::announce_listening;
+use examples::cli::CommonArgs;
 use examples::conn::{self, QpOpts};
-use examples::pool::{self, SlotCheck};
-use examples::stats::si;
+use examples::demo::{start_server, ChildArgs};
+use examples::pool::opts::{ClientArgs, DemoArgs, ReaderTuning, ServerArgs};
+use examples::pool::report::{print_readers, ReaderReport};
+use examples::pool::{self, PoolInfo, SlotCheck};
+use examples::stats::{per_sec, si};
 use examples::wait::{check_wc, Waiter};
-use examples::{bail, with_backend, Res, ResultExt};
-use serde::{Deserialize, Serialize};
-use verbs_api::cm::Offer;
+use examples::{side_channel, threads, with_backend, Res};
+use verbs_api::cm::{Offer, Peer};
 use verbs_api::{
     AccessFlags, Backend, CompletionQueue, Context, MemoryRegion, ProtectionDomain, QueuePair, RemoteMr,
     SendWr, WorkCompletion,
@@ -66,84 +73,11 @@ enum Cmd {
     Demo(DemoArgs),
 }
 
-#[derive(Args, Debug, Clone)]
-struct OwnerTuning {
-    /// Vectors per owner.
-    #[arg(long, default_value_t = 16)]
-    vectors: u32,
-    /// Parameters (f32) per vector.
-    #[arg(long, default_value_t = 1024)]
-    dim: u32,
-    /// Pause between two vector updates, in microseconds (0: rewrite continuously).
-    #[arg(long, default_value_t = 0)]
-    update_pause_us: u64,
-}
-
-#[derive(Args, Debug, Clone)]
-struct ServerArgs {
-    /// Address to listen on for connection setup (port 0: any free port; loopback by
-    /// default, 0.0.0.0:PORT accepts other hosts).
-    #[arg(long, default_value = "127.0.0.1:18516")]
-    listen: String,
-    /// Reader connections to accept (one per reader thread).
-    #[arg(long, default_value_t = 1)]
-    readers: u32,
-    #[command(flatten)]
-    tuning: OwnerTuning,
-}
-
-#[derive(Args, Debug, Clone)]
-struct ReaderTuning {
-    /// Reader threads (each with its own QP to every owner).
-    #[arg(long, default_value_t = 2)]
-    readers: u32,
-    /// How long to read, in milliseconds.
-    #[arg(long, default_value_t = 2000)]
-    duration_ms: u64,
-    /// RDMA READs in flight per reader.
-    #[arg(long, default_value_t = 4)]
-    depth: u32,
-    /// Use vectors without checking versions or checksum (negative control: torn vectors
-    /// get used).
-    #[arg(long)]
-    no_version_check: bool,
-}
-
-#[derive(Args, Debug, Clone)]
-struct ClientArgs {
-    /// An owner's connection-setup address (repeat for several owners).
-    #[arg(long, default_value = "127.0.0.1:18516")]
-    server: Vec<String>,
-    #[command(flatten)]
-    tuning: ReaderTuning,
-}
-
-#[derive(Args, Debug, Clone)]
-struct DemoArgs {
-    /// Owner processes.
-    #[arg(long, default_value_t = 1)]
-    owners: u32,
-    #[command(flatten)]
-    owner: OwnerTuning,
-    #[command(flatten)]
-    reader: ReaderTuning,
-}
-
-/// What an owner tells its readers besides the MR descriptor (the cm private data).
-#[derive(Serialize, Deserialize, Debug, Clone, Copy)]
-struct PoolInfo {
-    vectors: u32,
-    dim: u32,
-    slot_size: u64,
-}
-
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    examples::init_tracing();
-    examples::report("param-pool", run(cli))
+    examples::program::main("param-pool", |cli: Cli| run(&cli))
 }
 
-fn run(cli: Cli) -> Res<()> {
+fn run(cli: &Cli) -> Res<()> {
     let common = &cli.common;
     match &cli.cmd {
         Cmd::Server(a) => with_backend!(common.backend, |b| owner(b, common, a)),
@@ -229,29 +163,21 @@ fn owner<B: Backend>(b: &B, common: &CommonArgs, a: &ServerArgs) -> Res<()> {
             let u0 = updates.load(Ordering::Relaxed);
             // Nothing to do for the readers: RDMA READ needs no CPU here. Wait until
             // every reader says it is done (bounded by the timeout after the last news).
-            let mut w = Waiter::new(timeout.max(Duration::from_secs(60)));
-            let mut done = vec![false; peers.len()];
-            while !done.iter().all(|&d| d) {
-                for (d, p) in done.iter_mut().zip(peers.iter_mut()) {
-                    if !*d && conn::peer_done(&mut p.stream)? {
-                        *d = true;
-                        w.progress();
-                    }
-                }
-                std::thread::sleep(Duration::from_millis(2));
-                w.idle(&|| "the readers to finish".to_string())?;
-            }
-            let el = start.elapsed().as_secs_f64();
+            let wait = timeout.max(Duration::from_secs(60));
+            side_channel::wait_all_done(&mut peers, Duration::from_millis(2), wait, "the readers")?;
+            let el = start.elapsed();
             let n = updates.load(Ordering::Relaxed) - u0;
             println!(
                 "owner: rewrote vectors {n} times while readers were connected ({}updates/s, {}B/s of parameters)",
-                si(n as f64 / el),
-                si(n as f64 * (dim * 4) as f64 / el)
+                si(per_sec(n as f64, el)),
+                si(per_sec(n as f64 * (dim * 4) as f64, el))
             );
             Ok(())
         })();
         stop.store(true, Ordering::Relaxed);
-        let w = writer.join().map_err(|_| "the writer thread panicked")?;
+        let w = writer
+            .join()
+            .map_err(|_| anyhow::anyhow!("the writer thread panicked"))?;
         result.and(w)
     })
 }
@@ -259,28 +185,12 @@ fn owner<B: Backend>(b: &B, common: &CommonArgs, a: &ServerArgs) -> Res<()> {
 // ---------------------------------------------------------------------------------------
 // readers
 
-/// One reader thread's counts.
-#[derive(Debug, Default, Clone)]
-struct ReaderReport {
-    id: u32,
-    reads: u64,
-    bytes: u64,
-    torn_detected: u64,
-    /// Torn reads whose versions agreed but whose checksum did not.
-    torn_by_checksum: u64,
-    used: u64,
-    used_bad: u64,
-    bad_example: Option<String>,
-    /// Distinct versions seen per (owner, vector) summed: how many updates readers observed.
-    fresh: u64,
-    elapsed: Duration,
-}
-
+/// A reader's connection to one owner, and what the owner published.
 struct OwnerConn<B: Backend> {
     rc: conn::RcQp<B>,
     remote: RemoteMr,
     info: PoolInfo,
-    peer: verbs_api::cm::Peer,
+    peer: Peer,
 }
 
 fn readers<B: Backend>(
@@ -291,35 +201,24 @@ fn readers<B: Backend>(
 ) -> Res<Vec<ReaderReport>> {
     let ctx = open_device(b, common.device.as_deref())?;
     let pd = ctx.alloc_pd()?;
-    let results: Vec<Res<ReaderReport>> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..t.readers.max(1))
-            .map(|i| {
-                let (ctx, pd) = (&ctx, &pd);
-                s.spawn(move || reader::<B>(ctx, pd, common, t, owners, i))
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err("reader thread panicked".into())))
-            .collect()
-    });
-    results.into_iter().collect()
+    threads::on_threads(t.readers.max(1), "reader", |i| {
+        reader::<B>(&ctx, &pd, common, t, owners, i)
+    })
 }
 
-fn reader<B: Backend>(
+/// Connects to every owner and checks what it published.
+fn connect_owners<B: Backend>(
     ctx: &B::Context,
     pd: &B::Pd,
     common: &CommonArgs,
-    t: &ReaderTuning,
+    depth: usize,
     owners: &[SocketAddr],
-    id: u32,
-) -> Res<ReaderReport> {
-    let timeout = common.wait();
-    let depth = t.depth.clamp(1, 16) as usize;
+) -> Res<Vec<OwnerConn<B>>> {
     let params = common.rc_params();
-    let mut conns: Vec<OwnerConn<B>> = Vec::new();
+    let mut conns = Vec::new();
     for addr in owners {
         let rc = conn::create_rc::<B>(ctx, pd, &QpOpts::new(depth as u32, 1))?;
-        let peer = conn::connect(addr, ctx, &rc.qp, &params, Offer::new(), timeout)?;
+        let peer = conn::connect(addr, ctx, &rc.qp, &params, Offer::new(), common.wait())?;
         let Some(&remote) = peer.mrs.first() else {
             bail!("the owner at {addr} published no memory region")
         };
@@ -337,25 +236,41 @@ fn reader<B: Backend>(
             peer,
         });
     }
+    Ok(conns)
+}
+
+fn reader<B: Backend>(
+    ctx: &B::Context,
+    pd: &B::Pd,
+    common: &CommonArgs,
+    t: &ReaderTuning,
+    owners: &[SocketAddr],
+    id: u32,
+) -> Res<ReaderReport> {
+    let depth = t.depth.clamp(1, 16) as usize;
+    let mut conns = connect_owners::<B>(ctx, pd, common, depth, owners)?;
     let max_slot = conns.iter().map(|c| c.info.slot_size as usize).max().unwrap_or(0);
     let local = pd
         .reg_mr(depth * max_slot, AccessFlags::LOCAL_WRITE)
         .context("registering the read buffers")?;
-    let mut rep = ReaderReport {
-        id,
-        ..Default::default()
+    let mut check = Checker {
+        rep: ReaderReport {
+            id,
+            ..Default::default()
+        },
+        last_version: conns
+            .iter()
+            .map(|c| vec![0u64; c.info.vectors as usize])
+            .collect(),
+        bytes: vec![0u8; max_slot],
+        scratch: vec![0u8; max_slot],
+        use_torn: t.no_version_check,
     };
     // What each local buffer is reading: (owner, vector).
     let mut inflight: Vec<Option<(usize, u32)>> = vec![None; depth];
-    let mut last_version: Vec<Vec<u64>> = conns
-        .iter()
-        .map(|c| vec![0u64; c.info.vectors as usize])
-        .collect();
-    let mut bytes = vec![0u8; max_slot];
-    let mut scratch = vec![0u8; max_slot];
     let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ ((id as u64 + 1) << 32);
     let mut wcs = [WorkCompletion::default(); 16];
-    let mut waiter = Waiter::new(timeout);
+    let mut waiter = Waiter::new(common.wait());
     let start = Instant::now();
     let end = start + Duration::from_millis(t.duration_ms);
     let mut retry: Vec<(usize, u32)> = Vec::new();
@@ -378,8 +293,7 @@ fn reader<B: Backend>(
                 }
             };
             let c = &conns[o];
-            let len = c.info.slot_size as usize;
-            let sge = [local.sge(buf * max_slot, len)?];
+            let sge = [local.sge(buf * max_slot, c.info.slot_size as usize)?];
             let wr = SendWr::read(buf as u64, &sge, c.remote.at(v as u64 * c.info.slot_size)).signaled();
             c.rc.qp.post_send(&[wr]).context("posting an RDMA READ")?;
             *slot = Some((o, v));
@@ -397,54 +311,10 @@ fn reader<B: Backend>(
                 let Some((o, v)) = inflight.get_mut(buf).and_then(Option::take) else {
                     bail!("reader {id}: completion for an idle buffer {buf}")
                 };
-                let dim = conns[o].info.dim as usize;
-                let len = conns[o].info.slot_size as usize;
-                local.read(buf * max_slot, &mut bytes[..len])?;
-                rep.reads += 1;
-                rep.bytes += len as u64;
-                let version = match pool::check(&bytes[..len], dim) {
-                    SlotCheck::Stable { id: vid, version } if vid == v as u64 => version,
-                    SlotCheck::Stable { id: vid, .. } => {
-                        bail!("reader {id}: slot {v} of owner {o} holds vector {vid}")
-                    }
-                    torn => {
-                        rep.torn_detected += 1;
-                        let head = match torn {
-                            SlotCheck::BadChecksum { version } => {
-                                rep.torn_by_checksum += 1;
-                                version
-                            }
-                            SlotCheck::Torn { head, .. } => head,
-                            SlotCheck::Stable { version, .. } => version,
-                        };
-                        if !t.no_version_check {
-                            retry.push((o, v));
-                            continue;
-                        }
-                        // Negative control: use it anyway, as if head were right.
-                        head & !1
-                    }
-                };
-                // The vector is used: prove it is whole.
-                rep.used += 1;
-                if !pool::matches_generated(
-                    &bytes[..len],
-                    v as u64,
-                    version,
-                    dim,
-                    &mut scratch[..pool::payload_len(dim)],
-                ) {
-                    rep.used_bad += 1;
-                    if rep.bad_example.is_none() {
-                        rep.bad_example = Some(format!(
-                            "owner {o} vector {v} (head version {version}) is not that version's contents"
-                        ));
-                    }
-                }
-                let lv = &mut last_version[o][v as usize];
-                if version > *lv {
-                    rep.fresh += 1;
-                    *lv = version;
+                let info = &conns[o].info;
+                local.read(buf * max_slot, &mut check.bytes[..info.slot_size as usize])?;
+                if !check.read(o, v, info)? {
+                    retry.push((o, v));
                 }
             }
         }
@@ -454,56 +324,80 @@ fn reader<B: Backend>(
             waiter.progress();
         }
     }
-    rep.elapsed = start.elapsed();
+    check.rep.elapsed = start.elapsed();
     for c in &mut conns {
-        let _ = conn::send_msg(&mut c.peer.stream, b"done");
+        let _ = side_channel::send_msg(&mut c.peer.stream, b"done");
     }
-    Ok(rep)
+    Ok(check.rep)
 }
 
-/// Prints the reader reports; fails if any used vector was torn.
-fn verdict(reps: &[ReaderReport], t: &ReaderTuning) -> Res<()> {
-    let mut tot = ReaderReport::default();
-    for r in reps {
-        let el = r.elapsed.as_secs_f64().max(1e-9);
-        println!(
-            "reader {}: {} READs in {:.2} s ({}reads/s, {}B/s); torn detected{}: {} ({} by checksum); used: {}; used but torn: {}; updates observed: {}",
-            r.id,
-            r.reads,
-            el,
-            si(r.reads as f64 / el),
-            si(r.bytes as f64 / el),
-            if t.no_version_check { " (and used anyway)" } else { " and re-read" },
-            r.torn_detected,
-            r.torn_by_checksum,
-            r.used,
-            r.used_bad,
-            r.fresh
-        );
-        if let Some(e) = &r.bad_example {
-            println!("reader {}:   e.g. {e}", r.id);
+/// A reader's checks of the slots it fetched, and its counts.
+struct Checker {
+    rep: ReaderReport,
+    /// The newest version seen per (owner, vector).
+    last_version: Vec<Vec<u64>>,
+    /// The slot fetched, and room to regenerate its payload.
+    bytes: Vec<u8>,
+    scratch: Vec<u8>,
+    /// `--no-version-check`: use torn slots anyway (the negative control).
+    use_torn: bool,
+}
+
+impl Checker {
+    /// Checks the slot of vector `v` of owner `o` in `self.bytes`: a torn one is counted
+    /// and, unless torn slots are used anyway, not used (returns false: read it again).
+    /// A used vector is compared with its contents regenerated from id and version.
+    fn read(&mut self, o: usize, v: u32, info: &PoolInfo) -> Res<bool> {
+        let (dim, len) = (info.dim as usize, info.slot_size as usize);
+        let id = self.rep.id;
+        let rep = &mut self.rep;
+        rep.reads += 1;
+        rep.bytes += len as u64;
+        let version = match pool::check(&self.bytes[..len], dim) {
+            SlotCheck::Stable { id: vid, version } if vid == v as u64 => version,
+            SlotCheck::Stable { id: vid, .. } => {
+                bail!("reader {id}: slot {v} of owner {o} holds vector {vid}")
+            }
+            torn => {
+                rep.torn_detected += 1;
+                let head = match torn {
+                    SlotCheck::BadChecksum { version } => {
+                        rep.torn_by_checksum += 1;
+                        version
+                    }
+                    SlotCheck::Torn { head, .. } => head,
+                    SlotCheck::Stable { version, .. } => version,
+                };
+                if !self.use_torn {
+                    return Ok(false);
+                }
+                // Negative control: use it anyway, as if head were right.
+                head & !1
+            }
+        };
+        // The vector is used: prove it is whole.
+        rep.used += 1;
+        let scratch = &mut self.scratch[..pool::payload_len(dim)];
+        if !pool::matches_generated(&self.bytes[..len], v as u64, version, dim, scratch) {
+            rep.used_bad += 1;
+            if rep.bad_example.is_none() {
+                rep.bad_example = Some(format!(
+                    "owner {o} vector {v} (head version {version}) is not that version's contents"
+                ));
+            }
         }
-        tot.reads += r.reads;
-        tot.bytes += r.bytes;
-        tot.torn_detected += r.torn_detected;
-        tot.torn_by_checksum += r.torn_by_checksum;
-        tot.used += r.used;
-        tot.used_bad += r.used_bad;
-        tot.elapsed = tot.elapsed.max(r.elapsed);
+        let lv = &mut self.last_version[o][v as usize];
+        if version > *lv {
+            rep.fresh += 1;
+            *lv = version;
+        }
+        Ok(true)
     }
-    let el = tot.elapsed.as_secs_f64().max(1e-9);
-    println!(
-        "total: {} READs, {}reads/s, {}B/s; torn detected: {} ({:.2}% of reads, {} by checksum, {}); vectors used: {}; torn vectors used: {}",
-        tot.reads,
-        si(tot.reads as f64 / el),
-        si(tot.bytes as f64 / el),
-        tot.torn_detected,
-        100.0 * tot.torn_detected as f64 / tot.reads.max(1) as f64,
-        tot.torn_by_checksum,
-        if t.no_version_check { "used anyway" } else { "all re-read" },
-        tot.used,
-        tot.used_bad
-    );
+}
+
+/// Prints the reader reports; fails if any used vector was torn (the demo's invariant).
+fn verdict(reps: &[ReaderReport], t: &ReaderTuning) -> Res<()> {
+    let tot = print_readers(reps, t.no_version_check);
     if tot.used_bad > 0 {
         bail!(
             "{} torn vector(s) were used{}",
@@ -535,26 +429,14 @@ fn demo(common: &CommonArgs, a: &DemoArgs) -> Res<()> {
     let mut owners = Vec::new();
     let mut addrs = Vec::new();
     for o in 0..a.owners.max(1) {
-        let mut args = common.to_args();
-        args.extend(
-            [
-                "server",
-                "--listen",
-                "127.0.0.1:0",
-                "--readers",
-                &a.reader.readers.max(1).to_string(),
-                "--vectors",
-                &a.owner.vectors.to_string(),
-                "--dim",
-                &a.owner.dim.to_string(),
-                "--update-pause-us",
-                &a.owner.update_pause_us.to_string(),
-            ]
-            .map(String::from),
-        );
-        let mut child = ChildProc::spawn(&format!("owner{o}"), &args, Echo::Stdout)?;
-        addrs.push(child.listen_addr(Duration::from_secs(20))?);
+        let args = ChildArgs::server(common)
+            .opt("--readers", a.reader.readers.max(1))
+            .opt("--vectors", a.owner.vectors)
+            .opt("--dim", a.owner.dim)
+            .opt("--update-pause-us", a.owner.update_pause_us);
+        let (child, addr) = start_server(&format!("owner{o}"), &args)?;
         owners.push(child);
+        addrs.push(addr);
     }
     println!(
         "demo: {} owner(s) rewrite {} vectors of {} f32 each; {} reader thread(s) READ them for {} ms{}",

@@ -22,8 +22,9 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use examples::error::{Res, ResultExt};
+use anyhow::Context as _;
 use examples::wait::Waiter;
+use examples::Res;
 use verbs_api::*;
 
 /// Messages before the measured ones (connections, caches and branch predictors warm).
@@ -54,7 +55,7 @@ fn ns_per(n: u64, mut f: impl FnMut(u64) -> Res<()>) -> Res<f64> {
 fn read_nothing(s: &mut TcpStream, buf: &mut [u8]) -> Res<()> {
     match s.read(buf) {
         Err(e) if e.kind() == ErrorKind::WouldBlock => Ok(()),
-        other => examples::bail!("unexpected bytes on an idle socket: {other:?}"),
+        other => anyhow::bail!("unexpected bytes on an idle socket: {other:?}"),
     }
 }
 
@@ -97,7 +98,7 @@ pub fn sim_ns_per_message(messages: u64) -> Res<Cost> {
         loop {
             let n = cqs[to].poll(&mut wc)?;
             if let Some(bad) = wc[..n].iter().find(|w| !w.is_ok()) {
-                examples::bail!("one-thread ping-pong: {:?} failed: {:?}", bad.opcode, bad.status);
+                anyhow::bail!("one-thread ping-pong: {:?} failed: {:?}", bad.opcode, bad.status);
             }
             if wc[..n].iter().any(|c| c.opcode == WcOpcode::Recv) {
                 break;
@@ -115,7 +116,7 @@ pub fn sim_ns_per_message(messages: u64) -> Res<Cost> {
     let message = ns_per(messages, |i| hop((i % 2) as usize))?;
     let empty_look = ns_per(messages * LOOKS_PER_MESSAGE, |_| {
         if cqs[0].poll(&mut wc)? != 0 {
-            examples::bail!("a completion on an idle CQ");
+            anyhow::bail!("a completion on an idle CQ");
         }
         Ok(())
     })?;
@@ -139,7 +140,7 @@ pub fn tcp_ns_per_message(messages: u64) -> Res<Cost> {
         let mut got = 0;
         while got < frame.len() {
             match b.read(&mut buf) {
-                Ok(0) => examples::bail!("loopback peer closed"),
+                Ok(0) => anyhow::bail!("loopback peer closed"),
                 Ok(n) => got += n,
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {}
                 Err(e) => return Err(e.into()),

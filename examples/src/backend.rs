@@ -1,0 +1,62 @@
+//! Backend selection: [`with_backend!`](crate::with_backend), the one `match` that turns
+//! the run-time `--backend` choice into a call of a function generic over
+//! `B: verbs_api::Backend`, and opening the chosen device.
+
+use anyhow::Context as _;
+use verbs_api::Backend;
+
+use crate::Res;
+
+/// Opens `--device`, or the backend's first device.
+pub fn open_device<B: Backend>(backend: &B, device: Option<&str>) -> Res<B::Context> {
+    match device {
+        Some(name) => backend
+            .open(name)
+            .with_context(|| format!("opening device {name} of the {} backend", backend.name())),
+        None => backend
+            .open_first()
+            .with_context(|| format!("opening the first device of the {} backend", backend.name())),
+    }
+}
+
+/// The sim backend, configured from `RDMA_SIM_LISTEN` / `RDMA_SIM_DEVICES`.
+pub fn sim_backend() -> Res<backend_sim::SimBackend> {
+    backend_sim::SimBackend::from_env().context("configuring the sim backend")
+}
+
+/// The error for `--backend ibverbs` in a build without the `ibverbs` feature.
+pub fn no_ibverbs(bin: &str) -> anyhow::Error {
+    anyhow::anyhow!(
+        "this binary was built without the ibverbs backend; rebuild with \
+         `cargo run --release -p examples --features ibverbs --bin {bin} -- --backend ibverbs ...` \
+         (needs libibverbs-dev, librdmacm-dev, pkg-config and libclang-dev)"
+    )
+}
+
+/// Runs `$body` with `$b` bound to a `&B` of the backend `$kind` names; `$body` is
+/// usually a call of a function generic over `B: Backend`, and must evaluate to a
+/// [`Res`](crate::Res). The surrounding function must return a `Res` too.
+///
+/// ```text
+/// with_backend!(args.common.backend, |b| server(b, &args))
+/// ```
+#[macro_export]
+macro_rules! with_backend {
+    ($kind:expr, |$b:ident| $body:expr) => {
+        match $kind {
+            $crate::cli::BackendKind::Sim => {
+                let backend = $crate::backend::sim_backend()?;
+                let $b = &backend;
+                $body
+            }
+            #[cfg(feature = "ibverbs")]
+            $crate::cli::BackendKind::Ibverbs => {
+                let backend = $crate::IbvBackend;
+                let $b = &backend;
+                $body
+            }
+            #[cfg(not(feature = "ibverbs"))]
+            $crate::cli::BackendKind::Ibverbs => Err($crate::backend::no_ibverbs(env!("CARGO_BIN_NAME"))),
+        }
+    };
+}

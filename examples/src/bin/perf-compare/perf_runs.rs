@@ -1,0 +1,78 @@
+//! The sim's figures come from the `perf` tool, run as a separate process (two, with its
+//! loopback server), as a user would run it: [`perf`] runs it with `--json` and parses
+//! its rows.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use anyhow::{anyhow, bail, Context as _};
+use examples::Res;
+
+/// The figures perf-compare reads from one `perf --json` row.
+#[derive(Clone, Debug, Default, serde::Deserialize)]
+pub struct PerfRow {
+    /// Message size.
+    pub size: u64,
+    /// Median time per message.
+    #[serde(default)]
+    pub t_typical_us: f64,
+    /// Its 99th percentile.
+    #[serde(default)]
+    pub t_p99_us: f64,
+    /// The largest.
+    #[serde(default)]
+    pub t_max_us: f64,
+    /// Average bandwidth.
+    #[serde(default)]
+    #[serde(rename = "bw_avg_MBps")]
+    pub bw_avg_mbps: f64,
+    /// Message rate.
+    #[serde(default)]
+    #[serde(rename = "msg_rate_Mpps")]
+    pub msg_rate_mpps: f64,
+}
+
+/// The `perf` binary next to this one.
+fn perf_exe() -> Res<PathBuf> {
+    let p = std::env::current_exe()?.with_file_name("perf");
+    if !p.exists() {
+        bail!(
+            "{} not found: build it with `cargo build --release -p examples`",
+            p.display()
+        );
+    }
+    Ok(p)
+}
+
+/// Runs `perf ARGS --json` and returns its rows.
+pub fn perf(args: &[String]) -> Res<Vec<PerfRow>> {
+    let out = Command::new(perf_exe()?)
+        .args(args)
+        .arg("--json")
+        .output()
+        .context("running perf")?;
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let tail: Vec<&str> = stderr.lines().rev().take(10).collect();
+        bail!(
+            "perf {} failed ({}):\n{}",
+            args.join(" "),
+            out.status,
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        );
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.trim_start().starts_with('{'))
+        .map(|l| serde_json::from_str(l).map_err(|e| anyhow!("perf output {l:?}: {e}")))
+        .collect()
+}
+
+/// Runs `perf ARGS --json` for one row.
+pub fn perf1(args: &[&str]) -> Res<PerfRow> {
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    perf(&args)?
+        .into_iter()
+        .next()
+        .ok_or_else(|| anyhow!("perf printed no result"))
+}

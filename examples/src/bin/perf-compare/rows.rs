@@ -1,0 +1,47 @@
+//! The rows of the target table that are measured the same way several times over:
+//! their keys, their parameters and their targets, and how many runs of each go into a
+//! round.
+
+use examples::peers::Reference;
+
+use crate::multi_qp::Posting;
+
+/// The QP rows: key, WRITEs outstanding per QP (on both sides), posting, minimum ratio.
+/// The target compares at 16 per QP, one WR per call; 4 per QP, and 16 per QP posted as
+/// lists, are shown without one.
+pub const QP_ROWS: [(&str, usize, Posting, Option<f64>); 3] = [
+    ("qp64", 16, Posting::Single, Some(0.8)),
+    ("qp64_depth4", 4, Posting::Single, None),
+    ("qp64_lists", 16, Posting::List, None),
+];
+/// Key of the QP rows' raw TCP reference ([`streams`]: 64 connections against one, 16
+/// messages of 64 KiB outstanding on each, no target).
+pub const TCP_QP_ROW: &str = "tcp_conns64";
+
+/// Key of the short-runs row: `perf write_bw -s 64 -t 16 -n 2000`, the slowest of
+/// [`SHORT_RUNS`] runs against their median (no target). Such a run takes a few
+/// milliseconds; one in ten stalled at a twentieth of the median before the sim's progress
+/// thread learnt to leave a CPU it shared with its sender (`backend_sim::cpu_share`).
+pub const SHORT_ROW: &str = "write_bw_64_short";
+/// Runs of the short-runs row per round.
+pub const SHORT_RUNS: usize = 10;
+
+/// Messages of each one-thread cost measurement per latency iteration (200 000 by
+/// default: a second of each side).
+pub const COST_MESSAGES_PER_LAT_ITER: u64 = 10;
+
+/// The UCX and libfabric references and the sim's tests paired with each (8 B).
+pub const PEER_ROWS: [(Reference, &[&str]); 3] = [
+    (Reference::UcxTagLat, &["send_lat", "write_lat"]),
+    (Reference::FabricPingpong, &["send_lat"]),
+    (Reference::UcxFetchAdd, &["atomic_lat"]),
+];
+
+/// Iterations of each UCX and libfabric run per sim latency iteration (100 000 by
+/// default, as `bench/ucx-libfabric.sh`: they need more to settle).
+pub const PEER_ITERS_PER_LAT_ITER: u64 = 5;
+
+/// The key of a sim test paired with a reference in the report's pairs.
+pub fn peer_key(test: &str, peer: Reference) -> String {
+    format!("{test}/{}", peer.name())
+}

@@ -1,0 +1,149 @@
+//! perf's command line: perftest's flags ([`PerfCli`]) and its tests ([`Test`],
+//! [`AtomicType`]).
+
+use clap::{Parser, ValueEnum};
+use serde::{Deserialize, Serialize};
+
+use crate::cli::CommonArgs;
+
+/// perftest-style RDMA latency and bandwidth tests.
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "perf",
+    version,
+    after_help = "Examples:\n  perf write_bw -s 1048576          (starts its own server on loopback)\n  perf send_lat -a -n 200\n  perf read_lat --json\n  perf write_bw --server -p 18515   /   perf write_bw HOST -p 18515"
+)]
+pub struct PerfCli {
+    /// The test.
+    #[arg(value_enum)]
+    pub test: Test,
+    /// Server to connect to (host or host:port). Without it (and without --server), a
+    /// server is started as a child process on loopback.
+    pub address: Option<String>,
+    /// Run as the server: wait for one client on -p (perftest's role without an address).
+    #[arg(long)]
+    pub server: bool,
+    /// IP the server binds (with --server; loopback by default, 0.0.0.0 accepts other
+    /// hosts).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub bind: String,
+    /// Connection-setup TCP port.
+    #[arg(short = 'p', long, default_value_t = 18515)]
+    pub port: u16,
+    /// Message size in bytes (default: 2 for latency, 65536 for bandwidth; atomics: 8).
+    #[arg(short = 's', long)]
+    pub size: Option<u64>,
+    /// Iterations per size (default: 1000 latency / 5000 bandwidth, fewer for big sizes).
+    #[arg(short = 'n', long)]
+    pub iters: Option<u64>,
+    /// Run all sizes from 2 B to 8 MiB (powers of two).
+    #[arg(short = 'a', long)]
+    pub all: bool,
+    /// Send-queue depth: work requests outstanding (default 128 for bandwidth, 1 for latency).
+    #[arg(short = 't', long)]
+    pub tx_depth: Option<u32>,
+    /// Receive-queue depth for the send tests.
+    #[arg(short = 'r', long, default_value_t = 512)]
+    pub rx_depth: u32,
+    /// Largest message sent inline (default 220 for latency, 0 for bandwidth; capped by
+    /// the device).
+    #[arg(short = 'I', long)]
+    pub inline_size: Option<u32>,
+    /// Atomic operation of atomic_lat / atomic_bw.
+    #[arg(short = 'A', long, value_enum, default_value = "FETCH_AND_ADD")]
+    pub atomic_type: AtomicType,
+    /// Accepted for perftest compatibility and ignored (no CPU-frequency check needed:
+    /// times come from the monotonic clock).
+    #[arg(short = 'F', long)]
+    pub cpu_freq: bool,
+    /// One JSON object per size on stdout instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+/// A perftest test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum Test {
+    /// SEND ping-pong latency (ib_send_lat).
+    SendLat,
+    /// RDMA WRITE ping-pong latency (ib_write_lat).
+    WriteLat,
+    /// RDMA READ latency (ib_read_lat).
+    ReadLat,
+    /// Atomic latency (ib_atomic_lat).
+    AtomicLat,
+    /// SEND bandwidth (ib_send_bw).
+    SendBw,
+    /// RDMA WRITE bandwidth (ib_write_bw).
+    WriteBw,
+    /// RDMA READ bandwidth (ib_read_bw).
+    ReadBw,
+    /// Atomic bandwidth (ib_atomic_bw).
+    AtomicBw,
+}
+
+impl Test {
+    /// Its name on the command line (`send_lat`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            Test::SendLat => "send_lat",
+            Test::WriteLat => "write_lat",
+            Test::ReadLat => "read_lat",
+            Test::AtomicLat => "atomic_lat",
+            Test::SendBw => "send_bw",
+            Test::WriteBw => "write_bw",
+            Test::ReadBw => "read_bw",
+            Test::AtomicBw => "atomic_bw",
+        }
+    }
+    /// Whether it measures latency (else bandwidth).
+    pub fn is_lat(self) -> bool {
+        matches!(
+            self,
+            Test::SendLat | Test::WriteLat | Test::ReadLat | Test::AtomicLat
+        )
+    }
+    /// Whether it runs atomics.
+    pub fn is_atomic(self) -> bool {
+        matches!(self, Test::AtomicLat | Test::AtomicBw)
+    }
+    /// Whether it runs SENDs (and needs receives posted).
+    pub fn is_send(self) -> bool {
+        matches!(self, Test::SendLat | Test::SendBw)
+    }
+    /// The title of its table, as perftest prints it.
+    pub fn title(self, atomic: AtomicType) -> String {
+        let verb = match self {
+            Test::SendLat | Test::SendBw => "Send".to_string(),
+            Test::WriteLat | Test::WriteBw => "RDMA_Write".to_string(),
+            Test::ReadLat | Test::ReadBw => "RDMA_Read".to_string(),
+            Test::AtomicLat | Test::AtomicBw => format!("Atomic {}", atomic.name()),
+        };
+        format!("{verb} {} Test", if self.is_lat() { "Latency" } else { "BW" })
+    }
+}
+
+/// The atomic operation of the atomic tests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+pub enum AtomicType {
+    /// IBV_WR_ATOMIC_CMP_AND_SWP.
+    #[value(name = "CMP_AND_SWAP")]
+    CmpAndSwap,
+    /// IBV_WR_ATOMIC_FETCH_AND_ADD.
+    #[value(name = "FETCH_AND_ADD")]
+    FetchAndAdd,
+}
+
+impl AtomicType {
+    /// Its name on the command line and in the title.
+    pub fn name(self) -> &'static str {
+        match self {
+            AtomicType::CmpAndSwap => "CMP_AND_SWAP",
+            AtomicType::FetchAndAdd => "FETCH_AND_ADD",
+        }
+    }
+}
