@@ -20,20 +20,19 @@
 //! ([`progress`](crate::progress)). RDMA READ, WRITE and atomics complete without the
 //! target application doing anything.
 
-use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use parking_lot::Mutex;
-use verbs_api::{
-    AtomicCap, Capabilities, DeviceAttr, Error, Gid, LinkLayer, Mtu, PortAttr, PortState, Result,
-};
+use verbs_api::{AtomicCap, Capabilities, DeviceAttr, Error, LinkLayer, Mtu, PortAttr, PortState, Result};
 
+use crate::addressing::Addressing;
 use crate::memory::MrTable;
 use crate::progress::Progress;
-use crate::qp::QpShared;
+use crate::qp::{Conn, DataPath, QpDevice, QpInner, QpShared, QpTable};
+use crate::transport::Setup;
 
 /// Largest `max_inline_data` a QP may ask for.
 pub const MAX_INLINE: u32 = 256;
@@ -42,25 +41,19 @@ pub const MAX_INLINE: u32 = 256;
 pub struct DeviceShared {
     /// Device name (`sim0`, ...).
     pub name: String,
-    /// The address its listener is bound to.
-    pub listen: SocketAddr,
-    /// The address peers reach it at (the listen address, with a wildcard IP replaced).
-    pub advertise: SocketAddr,
-    /// Its GID table (entries 0 and 1: the advertised IP).
-    pub gids: Vec<Gid>,
-    /// The hellos its QPs are sending, which peers check with it.
-    pub claims: Arc<crate::verify::Claims>,
+    /// Where it is reached: listen and advertised address, GID table.
+    pub addr: Arc<Addressing>,
     /// Device attributes.
-    pub attr: DeviceAttr,
+    pub attr: Arc<DeviceAttr>,
     /// Registered memory.
-    pub mrs: MrTable,
+    pub mrs: Arc<MrTable>,
     /// QPs by number.
-    pub qps: Mutex<HashMap<u32, Weak<QpShared>>>,
+    pub qps: Arc<QpTable>,
     next_handle: AtomicU32,
-    /// The runtime of the connection-setup tasks.
-    pub rt: tokio::runtime::Handle,
     /// The data path: established connections, timers, transmit scheduling.
     pub progress: Arc<Progress>,
+    /// Connection setup: the listener's and the connectors' view of the device.
+    pub setup: Arc<Setup>,
     shutdown: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
     progress_thread: Mutex<Option<JoinHandle<()>>>,
@@ -150,25 +143,31 @@ impl DeviceShared {
             max_pkeys: 1,
             phys_port_cnt: 1,
         };
-        let (advertise, gids) = gid_table(bound, advertise);
+        let addr = Arc::new(Addressing::new(bound, advertise));
+        let qps: Arc<QpTable> = Arc::default();
+        let setup = Arc::new(Setup {
+            name: name.to_string(),
+            rt: handle,
+            addr: addr.clone(),
+            claims: Arc::default(),
+            qps: qps.clone(),
+            progress: progress.clone(),
+        });
         let dev = Arc::new(DeviceShared {
             name: name.to_string(),
-            listen: bound,
-            advertise,
-            gids,
-            claims: Arc::default(),
-            attr,
-            mrs: MrTable::default(),
-            qps: Mutex::new(HashMap::new()),
+            addr: addr.clone(),
+            attr: Arc::new(attr),
+            mrs: Arc::default(),
+            qps,
             next_handle: AtomicU32::new(1),
-            rt: handle,
             progress,
+            setup,
             shutdown: Mutex::new(Some(tx)),
             thread: Mutex::new(Some(thread)),
             progress_thread: Mutex::new(Some(progress_thread)),
         });
-        crate::transport::spawn_listener(&dev, std_listener)?;
-        tracing::debug!(device = name, %bound, %advertise, "sim device open");
+        crate::transport::spawn_listener(&dev.setup, std_listener)?;
+        tracing::debug!(device = name, %bound, advertise = %addr.advertise, "sim device open");
         Ok(dev)
     }
 
@@ -188,21 +187,16 @@ impl DeviceShared {
         }
     }
 
-    /// Its GID at table index 0.
-    pub fn gid(&self) -> Gid {
-        self.gids[0]
-    }
-
     /// `ibv_query_port`.
     pub fn port_attr(&self) -> PortAttr {
         PortAttr {
             state: PortState::Active,
             max_mtu: Mtu::Mtu4096,
             active_mtu: Mtu::Mtu4096,
-            gid_tbl_len: self.gids.len() as u32,
+            gid_tbl_len: self.addr.gids.len() as u32,
             max_msg_sz: crate::wire::MAX_MSG,
             pkey_tbl_len: 1,
-            lid: self.listen.port(),
+            lid: self.addr.lid(),
             sm_lid: 0,
             lmc: 0,
             active_width: 1,
@@ -235,24 +229,47 @@ impl DeviceShared {
     }
 }
 
-/// The advertised address and the GID table of a device bound to `bound`.
-fn gid_table(bound: SocketAddr, advertise: Option<IpAddr>) -> (SocketAddr, Vec<Gid>) {
-    let gid = |ip: IpAddr| match ip {
-        IpAddr::V4(v4) => Gid::from(v4),
-        IpAddr::V6(v6) => Gid::from(v6),
-    };
-    if !bound.ip().is_unspecified() {
-        return (bound, vec![gid(bound.ip()); 2]);
+impl DeviceShared {
+    /// What a QP of this device takes from it.
+    pub fn for_qp(self: &Arc<Self>) -> QpDevice {
+        QpDevice {
+            path: self.clone(),
+            mrs: self.mrs.clone(),
+            addr: self.addr.clone(),
+            attr: self.attr.clone(),
+        }
     }
-    let host = crate::host_addrs::host_addrs();
-    let ip = advertise.unwrap_or_else(|| crate::host_addrs::advertised(bound.ip(), &host));
-    let mut gids = vec![gid(ip); 2];
-    // A socket bound to 0.0.0.0 accepts IPv4 only; one bound to `::` both families.
-    let listed = host
-        .into_iter()
-        .filter(|a| *a != ip && !a.is_loopback() && (bound.is_ipv6() || a.is_ipv4()));
-    gids.extend(listed.map(gid));
-    (SocketAddr::new(ip, bound.port()), gids)
+}
+
+/// The device is its QPs' way to the data path and to connection setup.
+impl DataPath for DeviceShared {
+    fn close(&self, conn: &Conn) {
+        self.progress.close(conn);
+    }
+
+    fn flush_final(&self, conn: &Arc<Conn>) {
+        self.progress.flush_final(conn);
+    }
+
+    fn count_busy(&self, busy: bool) {
+        self.progress.count_busy(busy);
+    }
+
+    fn rearm(&self, qp: &Arc<QpShared>, g: &mut QpInner) {
+        self.progress.rearm(qp, g);
+    }
+
+    fn kick(&self, qp: &Arc<QpShared>, conn: &Arc<Conn>, idle: bool, wrs: usize) {
+        self.progress.kick(qp, conn, idle, wrs);
+    }
+
+    fn schedule(&self, qp: &Arc<QpShared>) {
+        self.progress.schedule(qp);
+    }
+
+    fn connect(&self, qp: Arc<QpShared>, epoch: u64) {
+        crate::transport::spawn_connector(&self.setup, qp, epoch);
+    }
 }
 
 impl Drop for DeviceShared {

@@ -10,51 +10,17 @@
 //! once); RNR is retried per `rnr_retry`. Other QPs are not affected, every wait is
 //! bounded, and every signaled WR gets exactly one completion.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use verbs_api::{Error, Result};
 
 use crate::device::DeviceShared;
+pub use crate::fault_state::BreakPoint;
+use crate::fault_state::QpFaults;
+use crate::progress::Progress;
 use crate::qp::QpShared;
-
-/// Where, in the next request a QP sends, its connection breaks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BreakPoint {
-    /// Before any byte of the request is written.
-    BeforeRequest,
-    /// After the request header and part of its payload were written.
-    MidRequest,
-    /// After the whole request was written, before its response arrives.
-    AfterRequest,
-}
-
-/// Faults armed on one QP (kept under its lock).
-#[derive(Clone, Debug, Default)]
-pub struct QpFaults {
-    /// Break the requester's connection at this point of the next request.
-    pub break_at: Option<BreakPoint>,
-    /// The responder processes nothing before this instant.
-    pub stall_until: Option<Instant>,
-    /// Every response waits this long before it is written.
-    pub delay: Duration,
-    /// Responses are held until this instant (set when a delayed response is queued).
-    pub hold_until: Option<Instant>,
-}
-
-/// How many faults fired.
-#[derive(Debug, Default)]
-pub struct FaultCounters {
-    /// Connections broken.
-    pub breaks: AtomicU64,
-    /// Responder stalls started.
-    pub stalls: AtomicU64,
-    /// Response batches held back.
-    pub delayed: AtomicU64,
-    /// RNR NAKs forced.
-    pub forced_rnr: AtomicU64,
-}
 
 /// A snapshot of [`FaultCounters`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -82,7 +48,8 @@ impl Faults {
         }
     }
 
-    fn qp(&self, qpn: u32) -> Result<Arc<QpShared>> {
+    /// QP `qpn` (now marked as having faults armed) and its device's data path.
+    fn qp(&self, qpn: u32) -> Result<(Arc<QpShared>, Arc<Progress>)> {
         let dev = self
             .dev
             .upgrade()
@@ -91,44 +58,44 @@ impl Faults {
         let qp =
             qp.ok_or_else(|| Error::invalid("faults", format!("no QP {qpn:#x} on device {}", dev.name)))?;
         qp.fault_armed.store(true, Ordering::Release);
-        Ok(qp)
+        Ok((qp, dev.progress.clone()))
     }
 
     /// Breaks the connection of QP `qpn`'s requester at `point` of its next request.
     pub fn break_connection(&self, qpn: u32, point: BreakPoint) -> Result<()> {
-        let qp = self.qp(qpn)?;
+        let (qp, progress) = self.qp(qpn)?;
         qp.inner.lock().faults.break_at = Some(point);
-        qp.dev.progress.schedule(&qp);
+        progress.schedule(&qp);
         Ok(())
     }
 
     /// Breaks every connection of QP `qpn` now (both directions).
     pub fn drop_connections(&self, qpn: u32) -> Result<()> {
-        let qp = self.qp(qpn)?;
+        let (qp, progress) = self.qp(qpn)?;
         let conns = {
             let g = qp.inner.lock();
             [g.conn.clone(), g.self_conn.clone()]
         };
         for c in conns.into_iter().flatten() {
-            qp.dev.progress.fault_break(&c);
+            progress.fault_break(&c);
         }
         Ok(())
     }
 
     /// QP `qpn`'s responder processes nothing for `d` (requests wait in the socket).
     pub fn stall_responder(&self, qpn: u32, d: Duration) -> Result<()> {
-        let qp = self.qp(qpn)?;
+        let (qp, progress) = self.qp(qpn)?;
         let until = Instant::now() + d;
         qp.inner.lock().faults.stall_until = Some(until);
-        qp.dev.progress.counters.stalls.fetch_add(1, Ordering::Relaxed);
-        qp.dev.progress.arm_timer(&qp, until);
+        progress.counters.stalls.fetch_add(1, Ordering::Relaxed);
+        progress.arm_timer(&qp, until);
         Ok(())
     }
 
     /// Every response of QP `qpn`'s responder is written `d` after it was produced
     /// (`Duration::ZERO` turns this off).
     pub fn delay_responses(&self, qpn: u32, d: Duration) -> Result<()> {
-        let qp = self.qp(qpn)?;
+        let (qp, _) = self.qp(qpn)?;
         let mut g = qp.inner.lock();
         g.faults.delay = d;
         if d.is_zero() {
@@ -140,10 +107,9 @@ impl Faults {
     /// QP `qpn`'s responder answers RNR to the next `n` SEND / RDMA_WRITE_WITH_IMM
     /// requests, whether or not receives are posted.
     pub fn force_rnr(&self, qpn: u32, n: u32) -> Result<()> {
-        let qp = self.qp(qpn)?;
+        let (qp, progress) = self.qp(qpn)?;
         qp.inner.lock().resp.force_rnr = n;
-        qp.dev
-            .progress
+        progress
             .counters
             .forced_rnr
             .fetch_add(n as u64, Ordering::Relaxed);
@@ -152,12 +118,12 @@ impl Faults {
 
     /// Disarms every fault of QP `qpn`.
     pub fn clear(&self, qpn: u32) -> Result<()> {
-        let qp = self.qp(qpn)?;
+        let (qp, progress) = self.qp(qpn)?;
         let mut g = qp.inner.lock();
         g.faults = QpFaults::default();
         g.resp.force_rnr = 0;
         drop(g);
-        qp.dev.progress.schedule(&qp);
+        progress.schedule(&qp);
         Ok(())
     }
 

@@ -38,12 +38,15 @@
 
 #![warn(missing_docs)]
 
+pub mod addressing;
 pub mod cpu_share;
 pub mod cq;
 pub mod device;
 pub mod epoll;
+pub mod fault_state;
 pub mod faults;
 pub mod host_addrs;
+pub mod link;
 pub mod listener;
 pub mod progress;
 pub mod qp;
@@ -51,7 +54,6 @@ pub mod sockopt;
 pub mod sys;
 pub mod transport;
 pub mod verify;
-
 
 pub use backend_sim_proto::NakReason;
 // The protocol core's modules under their old names, for the driver's own paths.
@@ -199,13 +201,13 @@ pub struct SimContext {
 impl SimContext {
     /// The TCP address this device listens on.
     pub fn listen_addr(&self) -> SocketAddr {
-        self.dev.listen
+        self.dev.addr.listen
     }
 
     /// The TCP address peers reach this device at: [`listen_addr`](Self::listen_addr),
     /// with a wildcard IP replaced by the advertised one (GID index 0).
     pub fn advertised_addr(&self) -> SocketAddr {
-        self.dev.advertise
+        self.dev.addr.advertise
     }
 
     /// Fault injection on this device (see [`faults`]).
@@ -222,7 +224,7 @@ impl Context for SimContext {
     }
 
     fn query_device(&self) -> Result<DeviceAttr> {
-        Ok(self.dev.attr.clone())
+        Ok(DeviceAttr::clone(&self.dev.attr))
     }
 
     fn query_port(&self, port_num: u8) -> Result<PortAttr> {
@@ -242,13 +244,13 @@ impl Context for SimContext {
                 format!("port {port_num} does not exist (ports: 1)"),
             ));
         }
-        match self.dev.gids.get(index as usize) {
+        match self.dev.addr.gids.get(index as usize) {
             Some(gid) => Ok(*gid),
             None => Err(Error::invalid(
                 "ibv_query_gid",
                 format!(
                     "index {index} is outside the GID table of {} entries",
-                    self.dev.gids.len()
+                    self.dev.addr.gids.len()
                 ),
             )),
         }
@@ -358,15 +360,18 @@ impl ProtectionDomain for SimPd {
         let qpn = dev.alloc_qpn();
         let qp = Arc::new(QpShared::new(
             qpn,
-            dev.clone(),
-            self.pd.clone(),
+            dev.for_qp(),
+            self.pd.handle,
             attr.send_cq.cq.clone(),
             attr.recv_cq.cq.clone(),
             granted,
             attr.sq_sig_all,
         ));
         dev.qps.lock().insert(qpn, Arc::downgrade(&qp));
-        Ok(SimQp { qp })
+        Ok(SimQp {
+            qp,
+            pd: self.pd.clone(),
+        })
     }
 }
 
@@ -484,6 +489,8 @@ impl CompletionChannel for SimChannel {
 /// A queue pair of the sim.
 pub struct SimQp {
     qp: Arc<QpShared>,
+    /// Keeps the PD (and through it the device) alive as long as the QP.
+    pd: Arc<PdShared>,
 }
 
 impl QueuePair for SimQp {
@@ -509,7 +516,7 @@ impl QueuePair for SimQp {
 
 impl Drop for SimQp {
     fn drop(&mut self) {
-        self.qp.dev.qps.lock().remove(&self.qp.qpn);
+        self.pd.dev.qps.lock().remove(&self.qp.qpn);
         self.qp.destroy();
     }
 }

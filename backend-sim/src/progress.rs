@@ -80,11 +80,15 @@ use verbs_api::QpState;
 use crate::cpu_share::{self, ShareWatch};
 use crate::engine::{drive, DriveState, Sides, Stop};
 use crate::epoll::{add_to, wait_on};
-use crate::faults::{BreakPoint, FaultCounters};
+use crate::fault_state::{BreakPoint, FaultCounters};
+use crate::link::{ConnIo, EpReg};
 use crate::qp::{QpInner, QpShared};
 use crate::rx::Reader;
 use crate::sys;
 use crate::tx::TxQueue;
+
+/// An established connection of one of this device's QPs.
+pub type Conn = crate::link::Conn<QpShared>;
 
 /// WQEs turned into frames per pass.
 const BUDGET: usize = 128;
@@ -141,69 +145,6 @@ enum Mode {
     User,
     /// An application thread that just posted: build and write frames, read nothing.
     Transmit,
-}
-
-struct ConnIo {
-    reader: Reader,
-    tx: TxQueue,
-    drive: DriveState,
-    /// The epoll interest last asked for (a copy of `EpReg::interest`, to skip its lock
-    /// when nothing changes).
-    interest: u32,
-}
-
-/// A connection's place in the device's epoll set. A socket in an epoll set costs every
-/// packet delivered to it a wake-up callback (two IRQ-safe locks in the sender's
-/// softirq), so a connection is only registered while the progress thread may block on
-/// the set; while threads spin over a few connections and read them directly, it is not.
-struct EpReg {
-    /// Whether the socket is in the epoll set now.
-    registered: bool,
-    /// The events wanted (`EPOLLIN`, and `EPOLLOUT` while bytes wait to be written).
-    interest: u32,
-}
-
-/// The established TCP connection of a QP pair.
-pub struct Conn {
-    token: u64,
-    qp: Arc<QpShared>,
-    epoch: u64,
-    sock: TcpStream,
-    io: Mutex<ConnIo>,
-    closed: AtomicBool,
-    /// Whether the connection owes an ACK left for later. Cleared when the ACK leaves
-    /// with other frames first (the next request of a ping-pong), so that
-    /// [`Progress::flush_acks`] skips it instead of servicing it for nothing. Every
-    /// change is a swap that also moves the device's count of owed ACKs
-    /// (`Progress::acks_owed`).
-    ack_owed: AtomicBool,
-    /// Whether the connection is in the device's delayed-ACK list. It stays there once
-    /// added, until it is closed: a ping-pong owes an ACK after every message it
-    /// receives, and adding and removing it each time cost a dozen locked instructions
-    /// per message.
-    ack_listed: AtomicBool,
-    /// Set by every thread that wants the connection serviced; the thread holding its
-    /// I/O lock goes around again if it finds it set after letting go (no work is lost
-    /// to a failed `try_lock`).
-    pending: AtomicBool,
-    /// Set once the connection is watched ([`Progress::activate`]): only then may an
-    /// application thread read it directly.
-    active: AtomicBool,
-    /// Its epoll registration (lock order: after the I/O lock).
-    ep: Mutex<EpReg>,
-    /// When bytes last left on this connection ([`Progress`] clock nanoseconds, 0 =
-    /// never): the requester's ACK timer counts from it.
-    last_tx: AtomicU64,
-    /// When bytes last arrived on it (the same clock): while a READ response's payload
-    /// arrives, the ACK timer counts from it too.
-    last_rx: AtomicU64,
-}
-
-impl Conn {
-    /// Whether the connection has been closed.
-    pub fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
-    }
 }
 
 struct TimerEntry {

@@ -9,7 +9,7 @@
 //! names the attribute. Moving to ERR flushes both queues; to RESET empties them without
 //! completions.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -23,10 +23,10 @@ use verbs_api::{
     WorkCompletion, PSN_MASK,
 };
 
+use crate::addressing::Addressing;
 use crate::cq::CqShared;
-use crate::device::{DeviceShared, PdShared};
-use crate::faults::QpFaults;
-use crate::progress::Conn;
+use crate::fault_state::QpFaults;
+use crate::memory::MrTable;
 use crate::requester::{PostCheck, ReqAttrs, Requester};
 use crate::responder::{RespAttrs, Responder};
 use crate::tx::TxQueue;
@@ -58,21 +58,59 @@ pub struct QpInner {
     /// Armed fault injection.
     pub faults: QpFaults,
     /// Whether the send queue holds WQEs and is counted in the device's
-    /// [`busy_send_queues`](crate::progress::Progress::busy_send_queues) (kept in step by
+    /// count of busy send queues (kept in step by
     /// [`QpShared::note_busy`]).
     pub busy: bool,
     send_wc: Vec<WorkCompletion>,
     recv_wc: Vec<(WorkCompletion, bool)>,
 }
 
+/// An established connection of a QP.
+pub type Conn = crate::link::Conn<QpShared>;
+
+/// The QPs of a device, by number.
+pub type QpTable = Mutex<std::collections::HashMap<u32, std::sync::Weak<QpShared>>>;
+
+/// What a QP asks of its device's data path and connection setup. The device implements
+/// it; the QP's state machine calls it, never the reverse, so this module knows neither.
+pub trait DataPath: Send + Sync {
+    /// Closes a connection: no thread services it afterwards.
+    fn close(&self, conn: &Conn);
+    /// Writes what a connection owes (ACKs left for later) before its QP resets or goes.
+    fn flush_final(&self, conn: &Arc<Conn>);
+    /// The QP's send queue became busy (`true`) or idle.
+    fn count_busy(&self, busy: bool);
+    /// Schedules the QP's next timer check (with its lock held).
+    fn rearm(&self, qp: &Arc<QpShared>, g: &mut QpInner);
+    /// WRs were posted to a connected QP in RTS: transmit them, now or soon.
+    fn kick(&self, qp: &Arc<QpShared>, conn: &Arc<Conn>, idle: bool, wrs: usize);
+    /// The QP has work for its connection: service it soon.
+    fn schedule(&self, qp: &Arc<QpShared>);
+    /// The QP (the active side of its pair) needs a connection for `epoch`.
+    fn connect(&self, qp: Arc<QpShared>, epoch: u64);
+}
+
+/// What a QP takes from its device.
+#[derive(Clone)]
+pub struct QpDevice {
+    /// The data path and connection setup.
+    pub path: Arc<dyn DataPath>,
+    /// Registered memory.
+    pub mrs: Arc<MrTable>,
+    /// The device's addresses.
+    pub addr: Arc<Addressing>,
+    /// Its attributes (the limits a QP's attributes are checked against).
+    pub attr: Arc<verbs_api::DeviceAttr>,
+}
+
 /// One QP, shared by the user's handle and the transport tasks.
 pub struct QpShared {
     /// QP number.
     pub qpn: u32,
-    /// The device.
-    pub dev: Arc<DeviceShared>,
-    /// The PD.
-    pub pd: Arc<PdShared>,
+    /// What it takes from its device.
+    pub dev: QpDevice,
+    /// Handle of its PD.
+    pub pd: u32,
     /// Send CQ.
     pub send_cq: Arc<CqShared>,
     /// Receive CQ.
@@ -98,8 +136,8 @@ impl QpShared {
     /// A new QP in RESET.
     pub fn new(
         qpn: u32,
-        dev: Arc<DeviceShared>,
-        pd: Arc<PdShared>,
+        dev: QpDevice,
+        pd: u32,
         send_cq: Arc<CqShared>,
         recv_cq: Arc<CqShared>,
         cap: QpCap,
@@ -114,8 +152,8 @@ impl QpShared {
             inner: Mutex::new(QpInner {
                 state: QpState::Reset,
                 attr,
-                req: Requester::new(qpn, pd.handle, &cap, sq_sig_all),
-                resp: Responder::new(qpn, pd.handle, cap.max_recv_wr, cap.max_recv_sge),
+                req: Requester::new(qpn, pd, &cap, sq_sig_all),
+                resp: Responder::new(qpn, pd, cap.max_recv_wr, cap.max_recv_sge),
                 epoch: 0,
                 conn_gen: 0,
                 active: false,
@@ -144,7 +182,7 @@ impl QpShared {
     /// Closes both connections (RESET, destroy).
     fn close_conns(&self, g: &mut QpInner) {
         for c in [g.conn.take(), g.self_conn.take()].into_iter().flatten() {
-            self.dev.progress.close(&c);
+            self.dev.path.close(&c);
         }
     }
 
@@ -202,7 +240,7 @@ impl QpShared {
         let busy = g.req.outstanding() > 0;
         if busy != g.busy {
             g.busy = busy;
-            self.dev.progress.count_busy(busy);
+            self.dev.path.count_busy(busy);
         }
     }
 
@@ -252,13 +290,13 @@ impl QpShared {
             if ah.port_num > 1 {
                 return bad("ah_attr.port_num", format!("port {} does not exist", ah.port_num));
             }
-            if ah.is_global && ah.grh.sgid_index as usize >= self.dev.gids.len() {
+            if ah.is_global && ah.grh.sgid_index as usize >= self.dev.addr.gids.len() {
                 return bad(
                     "ah_attr.grh.sgid_index",
                     format!(
                         "index {} is outside the GID table of {} entries",
                         ah.grh.sgid_index,
-                        self.dev.gids.len()
+                        self.dev.addr.gids.len()
                     ),
                 );
             }
@@ -310,47 +348,6 @@ impl QpShared {
             );
         }
         Ok(())
-    }
-
-    /// This QP's (GID, LID, QPN) as its hello names it, with address vector `a`: the GID
-    /// at the AV's `sgid_index` (the source GID of a RoCE packet), or without a GRH the
-    /// first entry.
-    pub fn local_id(&self, a: &QpAttr) -> ([u8; 16], u16, u32) {
-        let gid = match a.ah_attr.is_global {
-            true => self.dev.gids.get(a.ah_attr.grh.sgid_index as usize),
-            false => None,
-        };
-        (
-            gid.unwrap_or(&self.dev.gids[0]).0,
-            self.dev.listen.port(),
-            self.qpn,
-        )
-    }
-
-    /// The peer's (GID, LID, QPN) as the address vector and destination QPN name it.
-    pub fn remote_id(&self, a: &QpAttr) -> ([u8; 16], u16, u32) {
-        let gid = if a.ah_attr.is_global {
-            a.ah_attr.grh.dgid.0
-        } else {
-            self.dev.gid().0
-        };
-        (gid, a.ah_attr.dlid, a.dest_qp_num)
-    }
-
-    /// Where the peer device of address vector `ah` listens.
-    fn remote_addr(&self, attr: &QpAttr) -> SocketAddr {
-        let ah = &attr.ah_attr;
-        let ip = if ah.is_global {
-            let v6 = ah.grh.dgid.to_ipv6();
-            match v6.to_ipv4_mapped() {
-                Some(v4) => IpAddr::V4(v4),
-                None => IpAddr::V6(v6),
-            }
-        } else {
-            // Without a GRH the peer is on this "subnet": the same host address.
-            self.dev.advertise.ip()
-        };
-        SocketAddr::new(ip, ah.dlid)
     }
 
     /// `ibv_modify_qp`.
@@ -418,7 +415,7 @@ impl QpShared {
                 if let Some(c) = g.conn.clone() {
                     // As in `destroy`: what was executed is acknowledged first.
                     drop(g);
-                    self.dev.progress.flush_final(&c);
+                    self.dev.path.flush_final(&c);
                     g = self.inner.lock();
                 }
                 g.req.reset();
@@ -438,7 +435,7 @@ impl QpShared {
                 self.enter_error(&mut g);
             }
             QpState::Rtr if cur == QpState::Init => {
-                g.remote = Some(self.remote_addr(&a));
+                g.remote = Some(self.dev.addr.remote_addr(&a));
                 g.req.dest_qpn = a.dest_qp_num;
                 // Not connected yet (see `Requester::link_error`).
                 g.req.link_error = libc::ENOTCONN as u32;
@@ -448,10 +445,10 @@ impl QpShared {
                 });
                 // One connection per QP pair, set up by the side with the smaller
                 // (GID, LID, QPN), from RTR on (the responder needs it too).
-                g.active = self.local_id(&a) <= self.remote_id(&a);
+                g.active = self.dev.addr.local_id(self.qpn, &a) <= self.dev.addr.remote_id(&a);
                 if g.active {
                     let epoch = g.epoch;
-                    crate::transport::spawn_connector(self.clone(), epoch);
+                    self.dev.path.connect(self.clone(), epoch);
                 }
             }
             QpState::Rts if cur == QpState::Rtr => {
@@ -585,15 +582,15 @@ impl QpShared {
                 self.enter_error(&mut g);
             } else {
                 g.req.arm_timer(now);
-                self.dev.progress.rearm(self, &mut g);
+                self.dev.path.rearm(self, &mut g);
             }
         }
         drop(g);
         match (conn, posted) {
-            (Some(c), Some(wrs)) => self.dev.progress.kick(self, &c, idle, wrs),
+            (Some(c), Some(wrs)) => self.dev.path.kick(self, &c, idle, wrs),
             // Not a post (it must not count as one of a refill loop's, see
             // `Progress::kick`): queued for the driving thread or the progress thread.
-            (Some(_), None) => self.dev.progress.schedule(self),
+            (Some(_), None) => self.dev.path.schedule(self),
             (None, _) => self.req_wake.notify_one(),
         }
     }
@@ -655,7 +652,7 @@ impl QpShared {
         // destroy the QP: write ACKs still owed (delayed ACK) first.
         let conn = self.inner.lock().conn.clone();
         if let Some(c) = conn {
-            self.dev.progress.flush_final(&c);
+            self.dev.path.flush_final(&c);
         }
         self.destroyed.store(true, Ordering::Release);
         let mut g = self.inner.lock();

@@ -30,9 +30,10 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use verbs_api::{QpState, Result};
 
-use crate::device::DeviceShared;
+use crate::addressing::Addressing;
 use crate::listener::{fd_limit_hint, is_out_of_fds, HELLO_TIMEOUT};
-use crate::qp::{QpInner, QpShared};
+use crate::progress::Progress;
+use crate::qp::{QpInner, QpShared, QpTable};
 use crate::rx::Reader;
 use crate::verify;
 use crate::wire::{Frame, HelloReject, TOKEN_LEN, VERSION};
@@ -40,8 +41,24 @@ use crate::wire::{Frame, HelloReject, TOKEN_LEN, VERSION};
 /// Bound on connecting and on the hello exchange.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Starts accepting connections for `dev`.
-pub fn spawn_listener(dev: &Arc<DeviceShared>, listener: std::net::TcpListener) -> Result<()> {
+/// What connection setup needs of its device.
+pub struct Setup {
+    /// The device's name (for the log).
+    pub name: String,
+    /// The runtime of the setup tasks.
+    pub rt: tokio::runtime::Handle,
+    /// Where the device is reached.
+    pub addr: Arc<Addressing>,
+    /// The hellos its QPs are sending, which peers check with it.
+    pub claims: Arc<verify::Claims>,
+    /// Its QPs, by number.
+    pub qps: Arc<QpTable>,
+    /// Its data path, which takes over established connections.
+    pub progress: Arc<Progress>,
+}
+
+/// Starts accepting connections for the device of `dev`.
+pub fn spawn_listener(dev: &Arc<Setup>, listener: std::net::TcpListener) -> Result<()> {
     let _guard = dev.rt.enter();
     let listener = tokio::net::TcpListener::from_std(listener).map_err(|source| verbs_api::Error::Os {
         call: "register listener",
@@ -65,9 +82,8 @@ pub fn spawn_listener(dev: &Arc<DeviceShared>, listener: std::net::TcpListener) 
 }
 
 /// Starts the task that connects `qp` (the active side of its pair) for `epoch`.
-pub fn spawn_connector(qp: Arc<QpShared>, epoch: u64) {
-    let rt = qp.dev.rt.clone();
-    rt.spawn(connector_task(qp, epoch));
+pub fn spawn_connector(dev: &Arc<Setup>, qp: Arc<QpShared>, epoch: u64) {
+    dev.rt.spawn(connector_task(dev.clone(), qp, epoch));
 }
 
 /// For errors that mean the process ran out of file descriptors: what to do about it.
@@ -132,7 +148,7 @@ fn admissible(qp: &QpShared, g: &QpInner, c: &Claim) -> std::result::Result<Expe
     {
         return Err("the hello does not come from the QP's configured peer");
     }
-    let self_loop = g.active && (c.src_gid, c.src_lid, c.src_qpn) == qp.local_id(&g.attr);
+    let self_loop = g.active && (c.src_gid, c.src_lid, c.src_qpn) == qp.dev.addr.local_id(qp.qpn, &g.attr);
     if g.active && !self_loop {
         // This side sets the connection up; a peer that thinks otherwise names the pair
         // differently (e.g. another GID).
@@ -146,7 +162,7 @@ fn admissible(qp: &QpShared, g: &QpInner, c: &Claim) -> std::result::Result<Expe
     })
 }
 
-async fn serve_inbound(dev: Weak<DeviceShared>, mut stream: TcpStream) -> io::Result<()> {
+async fn serve_inbound(dev: Weak<Setup>, mut stream: TcpStream) -> io::Result<()> {
     let first = match tokio::time::timeout(HELLO_TIMEOUT, verify::read_one(&mut stream))
         .await
         .map_err(|_| proto("nothing said within the setup timeout"))?
@@ -213,7 +229,7 @@ async fn serve_inbound(dev: Weak<DeviceShared>, mut stream: TcpStream) -> io::Re
         Ok(expect) => {
             // The one check a stranger cannot pass: the device at the address the QP's
             // own address vector names confirms the token.
-            let confirmed = if expect.remote == dev.listen || expect.remote == dev.advertise {
+            let confirmed = if dev.addr.is_self(expect.remote) {
                 dev.claims.confirms(claim.src_qpn, claim.dst_qpn, &claim.token)
             } else {
                 verify::ask(expect.remote, claim.src_qpn, claim.dst_qpn, claim.token)
@@ -230,6 +246,7 @@ async fn serve_inbound(dev: Weak<DeviceShared>, mut stream: TcpStream) -> io::Re
         }
         Err(why) => Err(why),
     };
+    let progress = dev.progress.clone();
     drop(dev);
     let (qp, expect) = match (qp, verdict) {
         (Some(qp), Ok(expect)) => (qp, expect),
@@ -272,7 +289,6 @@ async fn serve_inbound(dev: Weak<DeviceShared>, mut stream: TcpStream) -> io::Re
     };
     send_frame(&mut stream, &Frame::HelloAck).await?;
     let sock = stream.into_std()?;
-    let progress = qp.dev.progress.clone();
     let conn = progress.register(&qp, expect.epoch, sock, Reader::new())?;
     let old = {
         let mut g = qp.inner.lock();
@@ -306,7 +322,7 @@ async fn serve_inbound(dev: Weak<DeviceShared>, mut stream: TcpStream) -> io::Re
 
 // ---------------------------------------------------------------- requester side
 
-async fn connector_task(qp: Arc<QpShared>, epoch: u64) {
+async fn connector_task(dev: Arc<Setup>, qp: Arc<QpShared>, epoch: u64) {
     let mut backoff = Duration::from_micros(100);
     loop {
         // Wait until the QP needs a connection it does not have.
@@ -328,10 +344,10 @@ async fn connector_task(qp: Arc<QpShared>, epoch: u64) {
             }
             notified.await;
         };
-        match connect(&qp, remote).await {
+        match connect(&dev, &qp, remote).await {
             Ok(stream) => {
                 backoff = Duration::from_micros(100);
-                let progress = qp.dev.progress.clone();
+                let progress = dev.progress.clone();
                 let gen = {
                     let mut g = qp.inner.lock();
                     g.conn_gen += 1;
@@ -369,7 +385,7 @@ async fn connector_task(qp: Arc<QpShared>, epoch: u64) {
                 let mut g = qp.inner.lock();
                 g.req.link_error = errno_of(&e);
                 g.req.arm_timer(QpShared::now());
-                qp.dev.progress.rearm(&qp, &mut g);
+                dev.progress.rearm(&qp, &mut g);
                 return;
             }
             Err(e) => {
@@ -384,7 +400,7 @@ async fn connector_task(qp: Arc<QpShared>, epoch: u64) {
                     let mut g = qp.inner.lock();
                     g.req.link_error = errno_of(&e);
                     g.req.arm_timer(QpShared::now());
-                    qp.dev.progress.rearm(&qp, &mut g);
+                    dev.progress.rearm(&qp, &mut g);
                 }
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_millis(10));
@@ -393,15 +409,15 @@ async fn connector_task(qp: Arc<QpShared>, epoch: u64) {
     }
 }
 
-async fn connect(qp: &QpShared, remote: SocketAddr) -> io::Result<TcpStream> {
+async fn connect(dev: &Setup, qp: &QpShared, remote: SocketAddr) -> io::Result<TcpStream> {
     let mut stream = tokio::time::timeout(SETUP_TIMEOUT, TcpStream::connect(remote))
         .await
         .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;
     crate::sockopt::tune(&stream)?;
-    let (src_gid, src_lid, _) = qp.local_id(&qp.inner.lock().attr);
+    let (src_gid, src_lid, _) = qp.dev.addr.local_id(qp.qpn, &qp.inner.lock().attr);
     let dst_qpn = qp.inner.lock().attr.dest_qp_num;
     // Held until the answer: the peer checks the token with this device meanwhile.
-    let claim = qp.dev.claims.begin(qp.qpn, dst_qpn);
+    let claim = dev.claims.begin(qp.qpn, dst_qpn);
     let hello = Frame::Hello {
         src_gid,
         src_lid,

@@ -14,8 +14,8 @@ mod common;
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
-use backend_sim_proto::wire::Frame;
 use backend_sim::SimBackend;
+use backend_sim_proto::wire::Frame;
 use common::{frame, impersonate};
 use verbs_api::*;
 

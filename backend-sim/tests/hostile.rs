@@ -8,8 +8,8 @@ use std::io::Write;
 use std::net::TcpStream;
 use std::time::Duration;
 
-use backend_sim_proto::wire::Frame;
 use backend_sim::SimBackend;
+use backend_sim_proto::wire::Frame;
 use common::{frame, hello, impersonate, read_answer, RAW_QPN};
 use verbs_api::*;
 

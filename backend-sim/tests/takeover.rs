@@ -26,8 +26,8 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use backend_sim_proto::wire::{Frame, HelloReject, MAX_HDR_LEN, TOKEN_LEN};
 use backend_sim::SimBackend;
+use backend_sim_proto::wire::{Frame, HelloReject, MAX_HDR_LEN, TOKEN_LEN};
 use verbs_api::*;
 
 struct Counting;

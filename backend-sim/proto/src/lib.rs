@@ -4,9 +4,11 @@
 //! I/O (in the manner of quinn-proto): the driver hands in bytes it read, the time and
 //! the work requests posted; the core hands back frames to send, the completions, and
 //! where payload bytes go and come from, so that the driver moves them straight between
-//! its sockets and registered memory. This crate makes no system call, reads no clock
-//! and draws no entropy of its own (time, randomness and the sockets are the driver's);
-//! its tests drive two QPs against each other in memory.
+//! its sockets and registered memory. This crate does no I/O, reads no clock and draws no
+//! entropy of its own (time, randomness and the sockets are the driver's); the one lock
+//! it holds, the MR table's (shared with the threads that register memory), may wait in
+//! the kernel under contention, as any lock does. Its tests drive two QPs against each
+//! other in memory.
 //!
 //! - [`wire`]: the frame format (IBA's BTH/RETH/AtomicETH/AETH at message granularity).
 //! - [`psn`]: 24-bit packet sequence number arithmetic.

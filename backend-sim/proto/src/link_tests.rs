@@ -94,7 +94,15 @@ impl Link {
     }
 
     fn mr(table: &MrTable, len: usize) -> Arc<MrShared> {
-        let m = Arc::new(MrShared::new_owned(PD, table.fresh_key(crate::memory::test_draw), len, AccessFlags::ALL).unwrap());
+        let m = Arc::new(
+            MrShared::new_owned(
+                PD,
+                table.fresh_key(crate::memory::test_draw),
+                len,
+                AccessFlags::ALL,
+            )
+            .unwrap(),
+        );
         table.insert(m.clone());
         m
     }

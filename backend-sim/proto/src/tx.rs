@@ -399,7 +399,7 @@ mod tests {
                 assert!(!q.push_seg(&seg));
             }
             let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
-        a.set_nonblocking(true).unwrap();
+            a.set_nonblocking(true).unwrap();
             for _ in 0..2 {
                 let e = q.write_to(&mut crate::io::ToWrite(&a)).unwrap_err();
                 assert_eq!(e.kind(), io::ErrorKind::Other, "{len}");

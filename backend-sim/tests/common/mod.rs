@@ -9,8 +9,8 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use backend_sim_proto::wire::{Frame, MAX_HDR_LEN};
 use backend_sim::SimContext;
+use backend_sim_proto::wire::{Frame, MAX_HDR_LEN};
 use verbs_api::*;
 
 /// How long one READ may take before the test calls it lost.

@@ -1,0 +1,107 @@
+//! Where a device is reached, and how a QP's address vector names its peer: the port's
+//! LID is the device's TCP port, its GID table holds the IP it advertises (entries 0 and
+//! 1, for programs written for InfiniBand and for RoCE v2), and a wildcard listen lists
+//! the host's other addresses after those ([`host_addrs`](crate::host_addrs)), as a RoCE
+//! port lists its netdev's (`man ibv_query_gid`, `man ibv_query_port`).
+
+use std::net::{IpAddr, SocketAddr};
+
+use verbs_api::{Gid, QpAttr};
+
+/// A QP's identity on the fabric: (GID, LID, QPN). The side of a pair with the smaller
+/// one sets the connection up.
+pub type FabricId = ([u8; 16], u16, u32);
+
+/// A device's addresses.
+#[derive(Clone, Debug)]
+pub struct Addressing {
+    /// The address its listener is bound to.
+    pub listen: SocketAddr,
+    /// The address peers reach it at (the listen address, with a wildcard IP replaced).
+    pub advertise: SocketAddr,
+    /// Its GID table.
+    pub gids: Vec<Gid>,
+}
+
+impl Addressing {
+    /// The addresses of a device bound to `bound`: a wildcard IP advertises `advertise`,
+    /// or else the host's first non-loopback address of its family.
+    pub fn new(bound: SocketAddr, advertise: Option<IpAddr>) -> Addressing {
+        let gid = |ip: IpAddr| match ip {
+            IpAddr::V4(v4) => Gid::from(v4),
+            IpAddr::V6(v6) => Gid::from(v6),
+        };
+        if !bound.ip().is_unspecified() {
+            return Addressing {
+                listen: bound,
+                advertise: bound,
+                gids: vec![gid(bound.ip()); 2],
+            };
+        }
+        let host = crate::host_addrs::host_addrs();
+        let ip = advertise.unwrap_or_else(|| crate::host_addrs::advertised(bound.ip(), &host));
+        let mut gids = vec![gid(ip); 2];
+        // A socket bound to 0.0.0.0 accepts IPv4 only; one bound to `::` both families.
+        let listed = host
+            .into_iter()
+            .filter(|a| *a != ip && !a.is_loopback() && (bound.is_ipv6() || a.is_ipv4()));
+        gids.extend(listed.map(gid));
+        Addressing {
+            listen: bound,
+            advertise: SocketAddr::new(ip, bound.port()),
+            gids,
+        }
+    }
+
+    /// The port's LID (the TCP port).
+    pub fn lid(&self) -> u16 {
+        self.listen.port()
+    }
+
+    /// The GID at table index 0.
+    pub fn gid(&self) -> Gid {
+        self.gids[0]
+    }
+
+    /// Whether `addr` is this device's own (an address vector that names it).
+    pub fn is_self(&self, addr: SocketAddr) -> bool {
+        addr == self.listen || addr == self.advertise
+    }
+
+    /// QP `qpn`'s identity as its hello names it, with address vector `a`: the GID at
+    /// the AV's `sgid_index` (the source GID of a RoCE packet), or without a GRH the
+    /// first entry.
+    pub fn local_id(&self, qpn: u32, a: &QpAttr) -> FabricId {
+        let gid = match a.ah_attr.is_global {
+            true => self.gids.get(a.ah_attr.grh.sgid_index as usize),
+            false => None,
+        };
+        (gid.unwrap_or(&self.gids[0]).0, self.lid(), qpn)
+    }
+
+    /// The peer's identity as the address vector and destination QPN name it.
+    pub fn remote_id(&self, a: &QpAttr) -> FabricId {
+        let gid = if a.ah_attr.is_global {
+            a.ah_attr.grh.dgid.0
+        } else {
+            self.gid().0
+        };
+        (gid, a.ah_attr.dlid, a.dest_qp_num)
+    }
+
+    /// Where the peer device of `attr`'s address vector listens.
+    pub fn remote_addr(&self, attr: &QpAttr) -> SocketAddr {
+        let ah = &attr.ah_attr;
+        let ip = if ah.is_global {
+            let v6 = ah.grh.dgid.to_ipv6();
+            match v6.to_ipv4_mapped() {
+                Some(v4) => IpAddr::V4(v4),
+                None => IpAddr::V6(v6),
+            }
+        } else {
+            // Without a GRH the peer is on this "subnet": the same host address.
+            self.advertise.ip()
+        };
+        SocketAddr::new(ip, ah.dlid)
+    }
+}

@@ -1,0 +1,43 @@
+//! What fault injection has armed and counted: the data the fault layer of the data path
+//! reads (a QP's armed faults, under its lock; the device's counters). The API that arms
+//! them is [`faults`](crate::faults).
+
+use std::sync::atomic::AtomicU64;
+use std::time::{Duration, Instant};
+
+/// Where, in the next request a QP sends, its connection breaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BreakPoint {
+    /// Before any byte of the request is written.
+    BeforeRequest,
+    /// After the request header and part of its payload were written.
+    MidRequest,
+    /// After the whole request was written, before its response arrives.
+    AfterRequest,
+}
+
+/// Faults armed on one QP (kept under its lock).
+#[derive(Clone, Debug, Default)]
+pub struct QpFaults {
+    /// Break the requester's connection at this point of the next request.
+    pub break_at: Option<BreakPoint>,
+    /// The responder processes nothing before this instant.
+    pub stall_until: Option<Instant>,
+    /// Every response waits this long before it is written.
+    pub delay: Duration,
+    /// Responses are held until this instant (set when a delayed response is queued).
+    pub hold_until: Option<Instant>,
+}
+
+/// How many faults fired.
+#[derive(Debug, Default)]
+pub struct FaultCounters {
+    /// Connections broken.
+    pub breaks: AtomicU64,
+    /// Responder stalls started.
+    pub stalls: AtomicU64,
+    /// Response batches held back.
+    pub delayed: AtomicU64,
+    /// RNR NAKs forced.
+    pub forced_rnr: AtomicU64,
+}
