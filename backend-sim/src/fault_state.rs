@@ -27,6 +27,9 @@ pub struct QpFaults {
     pub delay: Duration,
     /// Responses are held until this instant (set when a delayed response is queued).
     pub hold_until: Option<Instant>,
+    /// Answer RNR to this many more SEND / RDMA_WRITE_WITH_IMM requests, whether or not
+    /// receives are posted (the responder counts it down).
+    pub force_rnr: u32,
 }
 
 /// How many faults fired.

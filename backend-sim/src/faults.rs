@@ -108,7 +108,7 @@ impl Faults {
     /// requests, whether or not receives are posted.
     pub fn force_rnr(&self, qpn: u32, n: u32) -> Result<()> {
         let (qp, progress) = self.qp(qpn)?;
-        qp.inner.lock().resp.force_rnr = n;
+        qp.inner.lock().faults.force_rnr = n;
         progress
             .counters
             .forced_rnr
@@ -121,7 +121,6 @@ impl Faults {
         let (qp, progress) = self.qp(qpn)?;
         let mut g = qp.inner.lock();
         g.faults = QpFaults::default();
-        g.resp.force_rnr = 0;
         drop(g);
         progress.schedule(&qp);
         Ok(())

@@ -1134,11 +1134,14 @@ impl Progress {
                 };
                 let last_tx = g.conn.as_ref().and_then(|c| at(&c.last_tx));
                 let last_rx = g.conn.as_ref().and_then(|c| at(&c.last_rx));
-                let (req, _, swc, _) = QpShared::scratch(&mut g);
-                let fired = req.on_timer(now, last_tx, last_rx, swc).unwrap_or_else(|_| {
-                    qp.enter_error(&mut g);
-                    true
-                });
+                let parts = QpShared::scratch(&mut g);
+                let fired = parts
+                    .req
+                    .on_timer(now, last_tx, last_rx, parts.send_wc)
+                    .unwrap_or_else(|_| {
+                        qp.enter_error(&mut g);
+                        true
+                    });
                 qp.deliver(&mut g);
                 self.rearm(&qp, &mut g);
                 (fired, [g.conn.clone(), g.self_conn.clone()])
@@ -1468,13 +1471,14 @@ impl Progress {
         } else {
             loop {
                 let accepting = matches!(g.state, QpState::Rtr | QpState::Rts | QpState::Sqd);
-                let (req, resp, swc, rwc) = QpShared::scratch(&mut g);
+                let parts = QpShared::scratch(&mut g);
                 let mut sides = Sides {
-                    req: Some(req),
-                    resp: Some(resp),
+                    req: Some(parts.req),
+                    resp: Some(parts.resp),
                     accepting,
-                    send_wc: swc,
-                    recv_wc: rwc,
+                    send_wc: parts.send_wc,
+                    recv_wc: parts.recv_wc,
+                    force_rnr: parts.force_rnr,
                 };
                 match drive(
                     &mut sides,
@@ -1516,8 +1520,12 @@ impl Progress {
                 g.resp.flush_ack(tx);
             }
             let before = tx.pending();
-            let (req, _, swc, _) = QpShared::scratch(&mut g);
-            if req.poll_transmit(&qp.dev.mrs, now, tx, BUDGET, swc).is_err() {
+            let parts = QpShared::scratch(&mut g);
+            if parts
+                .req
+                .poll_transmit(&qp.dev.mrs, now, tx, BUDGET, parts.send_wc)
+                .is_err()
+            {
                 qp.enter_error(&mut g);
             }
             if armed && tx.pending() > before {

@@ -103,6 +103,20 @@ pub struct QpDevice {
     pub attr: Arc<verbs_api::DeviceAttr>,
 }
 
+/// The parts of a QP's state that one connection's frames move ([`QpShared::scratch`]).
+pub struct Parts<'a> {
+    /// The send side.
+    pub req: &'a mut Requester,
+    /// The receive side.
+    pub resp: &'a mut Responder,
+    /// Completions of the send side, to deliver.
+    pub send_wc: &'a mut Vec<WorkCompletion>,
+    /// Completions of the receive side (with the solicited bit), to deliver.
+    pub recv_wc: &'a mut Vec<(WorkCompletion, bool)>,
+    /// Requests still to be answered with a forced RNR NAK (fault injection).
+    pub force_rnr: &'a mut u32,
+}
+
 /// One QP, shared by the user's handle and the transport tasks.
 pub struct QpShared {
     /// QP number.
@@ -258,16 +272,16 @@ impl QpShared {
         self.req_wake.notify_one();
     }
 
-    /// Scratch vectors for completions (requester, responder), used by the transport.
-    pub fn scratch(
-        g: &mut QpInner,
-    ) -> (
-        &mut Requester,
-        &mut Responder,
-        &mut Vec<WorkCompletion>,
-        &mut Vec<(WorkCompletion, bool)>,
-    ) {
-        (&mut g.req, &mut g.resp, &mut g.send_wc, &mut g.recv_wc)
+    /// The protocol halves, their completions, and fault injection's count of forced RNR
+    /// NAKs: what the data path hands the protocol core for one connection's frames.
+    pub fn scratch(g: &mut QpInner) -> Parts<'_> {
+        Parts {
+            req: &mut g.req,
+            resp: &mut g.resp,
+            send_wc: &mut g.send_wc,
+            recv_wc: &mut g.recv_wc,
+            force_rnr: &mut g.faults.force_rnr,
+        }
     }
 
     fn check_values(&self, attr: &QpAttr, mask: M) -> Result<()> {
@@ -420,6 +434,7 @@ impl QpShared {
                 }
                 g.req.reset();
                 g.resp.reset();
+                g.faults.force_rnr = 0;
                 self.note_busy(&mut g);
                 g.epoch += 1;
                 g.remote = None;

@@ -73,6 +73,7 @@ impl Harness {
                 accepting: !self.err,
                 send_wc: &mut self.send_wc,
                 recv_wc: &mut self.recv_wc,
+                force_rnr: &mut 0,
             };
             let r = drive(
                 &mut sides,

@@ -53,6 +53,9 @@ pub struct Sides<'a> {
     pub send_wc: &'a mut Vec<WorkCompletion>,
     /// Completions of the responder (with the solicited bit).
     pub recv_wc: &'a mut Vec<(WorkCompletion, bool)>,
+    /// Fault injection's count of SEND / WRITE_WITH_IMM requests still to be answered
+    /// with RNR whatever the receive queue holds (see [`Responder::on_request_rnr`]).
+    pub force_rnr: &'a mut u32,
 }
 
 /// State of one connection's reader between calls.
@@ -95,7 +98,7 @@ pub fn drive(
                 };
                 let len = f.payload_len() as usize;
                 let (incoming, fatal) = if sides.accepting {
-                    match resp.on_request(&f, mrs, tx, sides.recv_wc) {
+                    match resp.on_request_rnr(&f, mrs, tx, sides.recv_wc, sides.force_rnr) {
                         Ok(i) => (i, None),
                         Err(fatal) => (Incoming::Discard, Some(fatal.0)),
                     }
@@ -232,6 +235,7 @@ mod tests {
                 accepting: true,
                 send_wc: &mut swc,
                 recv_wc: &mut rwc,
+                force_rnr: &mut 0,
             };
             let r = drive(
                 &mut sides,

@@ -41,6 +41,8 @@ struct Link {
     drop_responses: bool,
     /// Request bytes sent so far.
     sent_bytes: usize,
+    /// Requests B answers with RNR whatever its receive queue holds (fault injection).
+    force_rnr: u32,
 }
 
 fn cap() -> QpCap {
@@ -90,6 +92,7 @@ impl Link {
             drop_requests: false,
             drop_responses: false,
             sent_bytes: 0,
+            force_rnr: 0,
         }
     }
 
@@ -126,6 +129,7 @@ impl Link {
             accepting: !self.b_err,
             send_wc: &mut swc,
             recv_wc: &mut self.recv_wc,
+            force_rnr: &mut self.force_rnr,
         };
         drive(
             &mut sides,
@@ -148,6 +152,7 @@ impl Link {
             accepting: false,
             send_wc: &mut self.send_wc,
             recv_wc: &mut rwc,
+            force_rnr: &mut 0,
         };
         drive(
             &mut sides,
@@ -479,7 +484,7 @@ fn forced_rnr_answers_rnr_despite_posted_receives() {
     let src = Link::mr(&l.a_mrs, 64);
     let dst = Link::mr(&l.b_mrs, 64);
     l.resp.post(&RecvWr::new(9, &[sge(&dst, 0, 64)])).unwrap();
-    l.resp.force_rnr = 2;
+    l.force_rnr = 2;
     l.req
         .post(&SendWr::send(1, &[sge(&src, 0, 8)]).signaled(), &l.a_mrs)
         .unwrap();
@@ -863,7 +868,7 @@ proptest! {
             while off < bytes.len() {
                 off += rx.feed(&bytes[off..]);
                 let mut swc = Vec::new();
-                let mut sides = Sides { req: None, resp: Some(&mut resp), accepting, send_wc: &mut swc, recv_wc: &mut out };
+                let mut sides = Sides { req: None, resp: Some(&mut resp), accepting, send_wc: &mut swc, recv_wc: &mut out, force_rnr: &mut 0 };
                 match drive(&mut sides, &mut rx, &table, &mut tx, Instant::now(), &mut st, usize::MAX, 0) {
                     Ok(()) => {}
                     Err(Stop::Fatal(_)) => accepting = false,
@@ -915,7 +920,7 @@ proptest! {
             while off < bytes.len() {
                 off += rx.feed(&bytes[off..]);
                 let mut swc = Vec::new();
-                let mut sides = Sides { req: None, resp: Some(&mut resp), accepting, send_wc: &mut swc, recv_wc: &mut out };
+                let mut sides = Sides { req: None, resp: Some(&mut resp), accepting, send_wc: &mut swc, recv_wc: &mut out, force_rnr: &mut 0 };
                 match drive(&mut sides, &mut rx, &table, &mut tx, Instant::now(), &mut st, usize::MAX, 0) {
                     Ok(()) => {}
                     Err(Stop::Fatal(_)) => accepting = false,

@@ -106,8 +106,6 @@ pub struct Responder {
     payload_ack_req: bool,
     /// A request the owed ACK covers asked for it: send it at the end of this batch.
     ack_asked: bool,
-    /// Fault injection: answer RNR to this many more SEND / WRITE_WITH_IMM requests.
-    pub force_rnr: u32,
     scratch: Vec<Seg>,
 }
 
@@ -133,7 +131,6 @@ impl Responder {
             payload_psn: None,
             payload_ack_req: false,
             ack_asked: false,
-            force_rnr: 0,
             scratch: Vec::new(),
         }
     }
@@ -246,6 +243,20 @@ impl Responder {
         tx: &mut TxQueue,
         out: &mut Vec<(WorkCompletion, bool)>,
     ) -> Result<Incoming, Fatal> {
+        self.on_request_rnr(frame, mrs, tx, out, &mut 0)
+    }
+
+    /// [`Responder::on_request`], answering RNR to the next `force_rnr` SEND /
+    /// WRITE_WITH_IMM requests (counted down) whether or not receives are posted: the
+    /// driver's fault injection owns the count.
+    pub fn on_request_rnr(
+        &mut self,
+        frame: &Frame,
+        mrs: &MrTable,
+        tx: &mut TxQueue,
+        out: &mut Vec<(WorkCompletion, bool)>,
+        force_rnr: &mut u32,
+    ) -> Result<Incoming, Fatal> {
         let Some(psn) = frame.psn().filter(|_| frame.is_request()) else {
             return Ok(Incoming::Discard);
         };
@@ -266,8 +277,8 @@ impl Responder {
             Frame::Send {
                 len, imm, solicited, ..
             } => {
-                if self.force_rnr > 0 {
-                    self.force_rnr -= 1;
+                if *force_rnr > 0 {
+                    *force_rnr -= 1;
                     return self.rnr(psn, tx);
                 }
                 let Some(w) = self.take_recv() else {
@@ -323,8 +334,8 @@ impl Responder {
             } => {
                 // Resources (a receive for the immediate) are checked before the rkey, as
                 // the responder state machines of rxe and the IBA do.
-                if imm.is_some() && self.force_rnr > 0 {
-                    self.force_rnr -= 1;
+                if imm.is_some() && *force_rnr > 0 {
+                    *force_rnr -= 1;
                     return self.rnr(psn, tx);
                 }
                 if imm.is_some() && self.rq.is_empty() {
@@ -647,7 +658,6 @@ impl Responder {
     pub fn reset(&mut self) {
         self.in_progress = None;
         self.payload_psn = None;
-        self.force_rnr = 0;
         while let Some(w) = self.rq.pop_front() {
             self.spare.push(w);
         }
