@@ -57,7 +57,7 @@ pub mod verify;
 
 pub use backend_sim_proto::NakReason;
 // The protocol core's modules under their old names, for the driver's own paths.
-use backend_sim_proto::{engine, memory, requester, responder, rx, tx, wire};
+use backend_sim_proto::{memory, requester, responder, rx, tx, wire};
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::RawFd;

@@ -1,5 +1,5 @@
-//! An established connection of a QP pair: its socket, the protocol core's incoming and
-//! outgoing bytes ([`Reader`], [`TxQueue`]), and the flags by which the device's threads
+//! An established connection of a QP pair: its socket, the protocol core's view of it
+//! ([`Connection`]: incoming and outgoing bytes), and the flags by which the device's threads
 //! agree who services it. The data path ([`progress`](crate::progress)) gives it its
 //! behaviour; this module only holds it, so that a QP can name its connection without
 //! knowing the data path.
@@ -14,18 +14,12 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::engine::DriveState;
-use crate::rx::Reader;
-use crate::tx::TxQueue;
+use backend_sim_proto::connection::Connection;
 
 /// A connection's bytes: what only the thread holding its I/O lock touches.
 pub struct ConnIo {
-    /// Incoming bytes.
-    pub reader: Reader,
-    /// Outgoing bytes.
-    pub tx: TxQueue,
-    /// Whose payload the reader is filling.
-    pub drive: DriveState,
+    /// Its bytes, as the protocol core keeps them.
+    pub wire: Connection,
     /// The epoll interest last asked for (a copy of `EpReg::interest`, to skip its lock
     /// when nothing changes).
     pub interest: u32,

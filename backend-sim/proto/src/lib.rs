@@ -16,7 +16,9 @@
 //!   through (rkey, PD, access flags, bounds, alignment).
 //! - [`requester`] and [`responder`]: the two halves of an RC QP (IBA 9.7): ordering,
 //!   ACK/NAK, RNR and transport retries, duplicate detection, READ and atomic responses.
-//! - [`engine`]: one connection's frames through both halves.
+//! - [`engine`]: one connection's frames through both halves; [`connection`]: a
+//!   connection's bytes and the policy that composes the halves over them (when an owed
+//!   ACK leaves, how much one pass builds, how far a peer that does not read may push).
 //! - [`rx`] and [`tx`]: a connection's incoming and outgoing bytes, and [`io`] the two
 //!   traits through which the driver's sockets fill and drain them.
 //!
@@ -42,6 +44,7 @@
 
 #![warn(missing_docs)]
 
+pub mod connection;
 pub mod engine;
 pub mod io;
 pub mod memory;

@@ -1,0 +1,171 @@
+//! What application threads do to the data path: a post transmits (or queues) its WRs, a
+//! poll of an empty CQ drives receive progress, arming a CQ hands progress back to the
+//! progress thread; and the timer and transmit queues they feed.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::bell::BELL;
+use super::window::{POLLED, POLLED_AT, POSTS_SINCE_POLL};
+use super::{Mode, Progress};
+use crate::epoll::wait_on;
+use crate::qp::{Conn, QpInner, QpShared};
+
+impl Progress {
+    /// After `post_send` (of `wrs` work requests): transmit now on this thread if the
+    /// connection is idle (the latency path), else leave it to the driving thread's next
+    /// poll or the progress thread (which batch). A lone WR on an idle connection waits
+    /// too if this thread already posted since its last poll, an application thread
+    /// drives, and other QPs of the device have work outstanding: the poster is then in
+    /// a loop that refills many QPs one `post_send` at a time, and the WRs it posts to
+    /// this QP next leave with it in one `sendmsg` at its next poll instead of two (the
+    /// first alone). A thread that posts and then computes without polling has it sent
+    /// when the driving window and grace period end, as any WR queued behind others
+    /// while it drives. The first post after a poll never waits (a ping-pong, also one
+    /// between two QPs of this device, each of which looks busy while it owes the other
+    /// an ACK), nor does a list (the poster's own batch).
+    pub fn kick(&self, qp: &Arc<QpShared>, conn: &Arc<Conn>, idle: bool, wrs: usize) {
+        let now = self.clock.stamp();
+        let driving = self.window.posted(now.ns, &self.bell);
+        let burst = POSTS_SINCE_POLL.replace(POSTS_SINCE_POLL.get().saturating_add(1)) > 0;
+        let join = idle && wrs == 1 && burst && driving && self.busy_send_queues() > 1;
+        if join {
+            self.joined.fetch_add(1, Ordering::Relaxed);
+        }
+        if idle && !join && self.service_inner(conn, Mode::Transmit, false, Some(now)) {
+            self.flush_acks();
+            return;
+        }
+        self.schedule(qp);
+    }
+
+    /// Queues `qp` to transmit its send queue: for the next poll of an application
+    /// thread that drives progress, else for the progress thread (woken if asleep).
+    pub fn schedule(&self, qp: &Arc<QpShared>) {
+        // While an application thread drives, its next poll (within DRIVE_GAP) runs the
+        // queue; waking the progress thread too would only have two threads fight over
+        // the connections. If it stops polling without arming a CQ, the progress thread
+        // takes over when the window and grace period end.
+        if self.ready.push(qp) && self.bell.asleep() && !self.user_driving() {
+            self.bell.ring();
+        }
+    }
+
+    /// Whether an application thread drives progress now.
+    pub(super) fn user_driving(&self) -> bool {
+        self.window.driving(self.clock.now_ns())
+    }
+
+    /// Schedules a timer check of `qp` at `at`.
+    pub fn arm_timer(&self, qp: &Arc<QpShared>, at: Instant) {
+        if self.timers.push(qp, at, &self.clock) && self.bell.asleep() {
+            self.bell.ring();
+        }
+    }
+
+    /// Pushes the requester's next deadline to the timer heap if it is new.
+    pub fn rearm(&self, qp: &Arc<QpShared>, g: &mut QpInner) {
+        if let Some(at) = g.req.next_deadline() {
+            if g.timer_at.is_none_or(|t| at < t) {
+                g.timer_at = Some(at);
+                self.arm_timer(qp, at);
+            }
+        }
+    }
+
+    /// Writes the ACKs left for later (an application thread's next poll or post, or
+    /// the progress thread when no application drives). Returns whether any was owed.
+    #[inline]
+    pub fn flush_acks(&self) -> bool {
+        // A plain load, inlined in the callers: this runs on every poll and post, and
+        // usually finds nothing owed (a ping-pong's ACK leaves with its next request).
+        self.acks.any() && self.flush_owed_acks()
+    }
+
+    /// [`Progress::flush_acks`] when some connection owes an ACK: the connections that
+    /// owe one are serviced once the list's lock is released.
+    #[inline(never)]
+    fn flush_owed_acks(&self) -> bool {
+        let Some(owed) = self.acks.take_owed() else {
+            return false;
+        };
+        for c in &owed {
+            self.service_as(c, Mode::Transmit);
+        }
+        self.acks.give_back(owed);
+        true
+    }
+
+    /// Receive progress from an application thread whose CQ was empty: one
+    /// non-blocking look at the epoll set, plus due timers and queued transmits.
+    pub fn user_drive(self: &Arc<Self>) {
+        self.user_here();
+        // Only a thread that polls in a tight loop counts as driving (and lets the
+        // progress thread sleep); an occasional poll between naps does not.
+        let clock = self.clock.stamp();
+        let now = clock.ns;
+        self.window.active(now, &self.bell);
+        self.flush_acks();
+        if self.peek_few(Mode::User, Some(clock)).is_none() {
+            let mut events = [libc::epoll_event { events: 0, u64: 0 }; 16];
+            let n = wait_on(&self.poller.epfd, &mut events, Some(Duration::ZERO));
+            let mut given = Some(clock);
+            for ev in &events[..n] {
+                if ev.u64 != BELL {
+                    if let Some(c) = self.poller.get(ev.u64) {
+                        self.service_inner(&c, Mode::User, false, given.take());
+                    }
+                }
+            }
+        }
+        // A timer is checked against the clock read above: at most one poll late.
+        if self.timers.due(now) {
+            self.run_timers();
+        }
+        if self.ready.pending() {
+            self.run_ready();
+        }
+    }
+
+    /// An application thread's poll found completions: it counts towards driving as an
+    /// empty one does (a loop whose polls always find some still polls in a tight loop).
+    pub fn user_polled(self: &Arc<Self>) {
+        self.user_here();
+        self.window.active(self.clock.now_ns(), &self.bell);
+    }
+
+    /// An application thread polls a CQ of this device. If the last device it polled
+    /// was another one, it no longer drives that one: tell it now, as if the thread had
+    /// armed a CQ there ([`Progress::user_idle`]), so its progress thread takes over at
+    /// once instead of after the driving window and the grace period. A thread that
+    /// alternates between the CQs of two devices (a test with both ends in one
+    /// process) would otherwise leave each device's incoming requests waiting for that
+    /// grace period, about 2 ms, while it polls the other one. One thread-local
+    /// comparison per poll while it stays on one device.
+    pub(super) fn user_here(self: &Arc<Self>) {
+        POSTS_SINCE_POLL.set(0);
+        if std::ptr::eq(POLLED_AT.get(), Arc::as_ptr(self)) {
+            return;
+        }
+        POLLED_AT.set(Arc::as_ptr(self));
+        let left =
+            POLLED.with(|last| std::mem::replace(&mut *last.borrow_mut(), Arc::downgrade(self)).upgrade());
+        if let Some(other) = left {
+            other.user_idle();
+        }
+    }
+
+    /// An application thread is about to sleep on a completion channel (it armed a CQ):
+    /// it no longer drives progress, so the progress thread must take over at once
+    /// rather than after the grace period, and the thread's next poll does not start a
+    /// new driving window.
+    pub fn user_idle(&self) {
+        self.window.idle(&self.clock, &self.bell);
+    }
+
+    /// `conn` owes an ACK left for later.
+    pub(crate) fn owe_ack(&self, conn: &Arc<Conn>) {
+        self.acks.owe(conn);
+    }
+}

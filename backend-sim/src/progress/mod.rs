@@ -1,0 +1,362 @@
+//! The data path of a simulated device: established connections, timers and transmit
+//! scheduling, driven by one progress thread per device *and* by the application's own
+//! threads (`post_send` transmits in place, an empty `poll_cq` drives receive progress).
+//!
+//! Why not tokio here: connection setup runs on tokio ([`transport`](crate::transport)),
+//! but the data path must (a) spin briefly before blocking, because on these machines a
+//! thread wake-up costs about as much as a loopback round trip, and pure busy-polling
+//! collapses once a third thread runs; (b) let the calling thread transmit and receive
+//! without handing work to another thread; and (c) let one-sided operations complete
+//! without the target application doing anything (the UCX lesson). tokio's reactor is
+//! owned by its runtime thread and cannot be polled from other threads, so the data path
+//! uses one level-triggered `epoll` set per device, which any thread may poll.
+//!
+//! - **Progress thread**: `epoll_wait`s on every connection, the doorbell and the next
+//!   timer. After it did work it keeps polling without blocking for the spin window
+//!   (`RDMA_SIM_SPIN_US`, default 50 µs), unless an application thread is driving progress
+//!   itself (then one spinner per process is enough), and then blocks. An application
+//!   thread drives while its polls (empty or not) come less than `DRIVE_GAP` apart; the
+//!   time it spends reading or writing a connection on the way (up to a
+//!   [`WRITE_BUDGET`](crate::tx::WRITE_BUDGET) per write, a millisecond or more on
+//!   loopback) does not count as a pause. While it drives, the progress thread sleeps on
+//!   the doorbell alone and leaves queued transmits and ACKs to the driving thread; it
+//!   looks again when the driving window plus a grace period (`RDMA_SIM_GRACE_US`,
+//!   default 2 ms) are over, or at once when the thread arms a CQ or polls a CQ of
+//!   another device (it then drives that one: `Progress::user_here`). A driving thread
+//!   that stays inside one connection for longer than the grace period (its stream does
+//!   not drain) still drives, but the progress thread gives the device's other
+//!   connections a round every window plus grace period meanwhile (`Progress::long_stay`).
+//!   A progress thread that spun a whole window for nothing and was then woken by a
+//!   connection almost at once had been starving the sender on a shared CPU; it moves to
+//!   another CPU ([`cpu_share`](crate::cpu_share)).
+//! - **Application threads**: `post_send` on an idle connection builds and writes the
+//!   frames itself (one `sendmsg`); with requests already in flight it queues the QP for
+//!   the driving thread's next poll or the progress thread, which batch many WQEs per
+//!   `sendmsg`. So does a lone WR on an idle connection that is not the thread's first
+//!   post since its last poll, while a thread drives and other QPs of the device have
+//!   work outstanding (a loop refilling many QPs one WR per `post_send`: the WRs it
+//!   posts to the QP next leave with it; `Progress::kick`).
+//!   `poll_cq` on an empty CQ polls the epoll set once (`epoll_wait` with no timeout)
+//!   and services what is ready.
+//! - While spinning (an application in `poll_cq`, or the progress thread in its spin
+//!   window) over a device with at most `DIRECT_MAX` connections, the spinner reads each
+//!   socket directly instead of asking epoll first: the same number of syscalls per spin,
+//!   but one instead of two once bytes have arrived.
+//! - A socket in an epoll set makes every packet delivered to it run epoll's wake-up
+//!   callback in the sender's softirq. So the connections of such a device are in the
+//!   epoll set only while the progress thread may block on it: while it spins, or sleeps
+//!   on the doorbell alone because application threads drive, they are read directly
+//!   and left out (`Progress::settle`); before it blocks on the set they go back in
+//!   (level-triggered: bytes that came meanwhile wake it at once).
+//! - ACKs (IBA 9.7.5.1.2: a responder may coalesce them): the poll of an application
+//!   thread that drives progress leaves the ACK it owes for its next poll or post
+//!   (delayed ACK, so it leaves with the next request), or for the progress thread once
+//!   the driving window and grace period are over; a thread that polls now and then
+//!   sends it at once, as nothing says when it calls again. The progress thread, while
+//!   requests keep streaming in, sends one when
+//!   a request asked for it (the AckReq bit, which requesters set on one in every half of
+//!   their outstanding WQEs) or `ACK_EVERY` (1 MiB) of payload went unacknowledged, and
+//!   at once when the socket is drained.
+//! - A connection is serviced by whichever thread holds its I/O lock; others skip it, and
+//!   level-triggered readiness makes sure nothing is left behind.
+//! - Lock order: a connection's I/O lock, then its QP's lock or its epoll registration.
+//!   No lock is held while a thread sleeps; syscalls under the I/O lock never block
+//!   (non-blocking sockets), and one write sends at most a
+//!   [`WRITE_BUDGET`](crate::tx::WRITE_BUDGET), so ACKs are read in between.
+
+use std::io;
+use std::net::TcpStream;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use backend_sim_proto::connection::{AckPolicy, Connection};
+use parking_lot::Mutex;
+
+use crate::fault_state::FaultCounters;
+use crate::link::{ConnIo, EpReg};
+use crate::qp::{Conn, QpShared};
+use crate::rx::Reader;
+use crate::sys;
+
+mod acks;
+mod bell;
+mod clock;
+mod drive;
+mod fault_layer;
+mod poller;
+mod ready;
+mod service;
+mod thread;
+mod timers;
+mod window;
+
+#[cfg(test)]
+mod tests;
+
+use acks::DelayedAcks;
+use bell::Bell;
+use clock::Clock;
+use poller::{Poller, DIRECT_MAX};
+use ready::ReadyQueue;
+use timers::Timers;
+use window::{Window, USER_GRACE};
+
+/// A write this large can take long enough (up to a millisecond on loopback) that the
+/// clock is read again after it: the ACK timer counts from when bytes last left. A read
+/// this large makes a clock the caller read before it too old to use (see
+/// `Progress::service_locked`).
+const LARGE_IO: usize = 64 << 10;
+/// Shortest spin window.
+const DEFAULT_SPIN: Duration = Duration::from_micros(50);
+/// Longest spin window (the adaptive window never exceeds it).
+const MAX_SPIN: Duration = Duration::from_micros(200);
+
+/// Who services a connection, and for what.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// The progress thread: read, process, write until nothing moves.
+    Full,
+    /// An application thread polling for completions in a tight loop (it drives
+    /// progress): like `Full`, but ACKs alone are left for its next call (delayed ACK),
+    /// off the path to the completion it waits for.
+    User,
+    /// An application thread that just posted: build and write frames, read nothing.
+    Transmit,
+}
+
+impl Mode {
+    /// When the ACKs of a round in this mode leave.
+    fn ack_policy(self) -> AckPolicy {
+        match self {
+            Mode::Full => AckPolicy::Stream,
+            Mode::User => AckPolicy::Delay,
+            Mode::Transmit => AckPolicy::Post,
+        }
+    }
+}
+
+/// The progress engine of one device: its parts each keep their own state; the methods
+/// that compose them are in the submodules by who calls them (application threads in
+/// `drive`, the progress thread in `thread`, both in `service`).
+pub struct Progress {
+    clock: Clock,
+    bell: Bell,
+    poller: Poller,
+    window: Window,
+    timers: Timers,
+    acks: DelayedAcks,
+    ready: ReadyQueue,
+    stop: AtomicBool,
+    spin: Duration,
+    /// Faults that fired on this device.
+    pub counters: FaultCounters,
+    /// How many of the device's QPs have WQEs in their send queues ([`Progress::kick`]).
+    busy_sqs: AtomicUsize,
+    /// Lone WRs that waited for the ones posted after them ([`Progress::kick`]; read by
+    /// tests).
+    pub(crate) joined: AtomicU64,
+}
+
+fn os(call: &'static str) -> impl FnOnce(io::Error) -> verbs_api::Error {
+    move |source| verbs_api::Error::Os { call, source }
+}
+
+fn new_fd(r: libc::c_int, call: &'static str) -> verbs_api::Result<OwnedFd> {
+    if r < 0 {
+        return Err(os(call)(io::Error::last_os_error()));
+    }
+    // SAFETY: a fresh descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(r) })
+}
+
+impl Progress {
+    /// A new engine (no thread yet; see [`Progress::run`]).
+    pub fn new() -> verbs_api::Result<Progress> {
+        let poller = Poller::new()?;
+        let bell = Bell::new(&poller.epfd)?;
+        let micros = |var: &str, default: Duration| {
+            std::env::var(var)
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+                .map_or(default, Duration::from_micros)
+        };
+        let spin = micros("RDMA_SIM_SPIN_US", DEFAULT_SPIN);
+        let grace = micros("RDMA_SIM_GRACE_US", USER_GRACE);
+        Ok(Progress {
+            clock: Clock::new(),
+            bell,
+            poller,
+            window: Window::new(grace),
+            timers: Timers::new(),
+            acks: DelayedAcks::new(),
+            ready: ReadyQueue::new(),
+            stop: AtomicBool::new(false),
+            spin,
+            counters: FaultCounters::default(),
+            busy_sqs: AtomicUsize::new(0),
+            joined: AtomicU64::new(0),
+        })
+    }
+
+    /// Stops the progress thread.
+    pub fn shutdown(&self) {
+        self.stop.store(true, Ordering::Release);
+        self.bell.ring();
+    }
+
+    /// Takes over an established connection of `qp` (set up by the transport). It is not
+    /// serviced before [`Progress::activate`]: install it in the QP first.
+    pub fn register(
+        &self,
+        qp: &Arc<QpShared>,
+        epoch: u64,
+        sock: TcpStream,
+        reader: Reader,
+    ) -> io::Result<Arc<Conn>> {
+        sock.set_nonblocking(true)?;
+        let conn = Arc::new(Conn {
+            token: self.poller.next_token(),
+            qp: qp.clone(),
+            epoch,
+            sock,
+            io: Mutex::new(ConnIo {
+                wire: Connection::new(reader),
+                interest: libc::EPOLLIN as u32,
+            }),
+            closed: AtomicBool::new(false),
+            ack_owed: AtomicBool::new(false),
+            ack_listed: AtomicBool::new(false),
+            pending: AtomicBool::new(false),
+            last_tx: AtomicU64::new(0),
+            last_rx: AtomicU64::new(0),
+            active: AtomicBool::new(false),
+            ep: Mutex::new(EpReg {
+                registered: false,
+                interest: libc::EPOLLIN as u32,
+            }),
+        });
+        self.poller.insert(conn.clone());
+        Ok(conn)
+    }
+
+    /// Starts servicing a registered connection (now installed in its QP).
+    pub fn activate(&self, conn: &Arc<Conn>) {
+        // Registered at first, whatever the progress thread does; it takes the
+        // connection out of the set again if it reads connections directly.
+        if let Err(e) = self.poller.arm(conn) {
+            tracing::warn!(qpn = conn.qp.qpn, "cannot watch the connection: {e}");
+            self.lost(conn, "epoll_ctl failed");
+            return;
+        }
+        self.poller.generation.fetch_add(1, Ordering::SeqCst);
+        conn.active.store(true, Ordering::Release);
+        // One connection too many to read directly: application threads now look at the
+        // epoll set, where the others may be missing (the progress thread took them out
+        // while it slept on the doorbell). Wake it to put them back (`settle`).
+        if self.bell.asleep() && self.poller.len() > DIRECT_MAX {
+            self.bell.ring();
+        }
+        self.service(conn);
+    }
+
+    /// Writes what a connection owes (ACKs left for later) before its QP goes away.
+    /// Blocks briefly for the connection's I/O lock; the QP lock must not be held.
+    pub fn flush_final(&self, conn: &Arc<Conn>) {
+        let mut io = conn.io.lock();
+        if conn.is_closed() {
+            return;
+        }
+        conn.qp.inner.lock().resp.flush_ack(&mut io.wire.tx);
+        let mut sock = sys::Sock(conn.sock.as_raw_fd());
+        let deadline = Instant::now() + Duration::from_millis(100);
+        while !io.wire.tx.is_empty() && Instant::now() < deadline {
+            match io.wire.write_to(&mut sock) {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
+                Err(_) => break,
+            }
+        }
+    }
+
+    /// Closes a connection: no thread services it afterwards.
+    pub fn close(&self, conn: &Conn) {
+        // SeqCst: paired with the second look at `closed` after a round sets `ack_owed`.
+        if conn.closed.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        // `arm` checks `closed` under the same lock: the socket does not come back.
+        self.poller.disarm(conn);
+        let _ = conn.sock.shutdown(std::net::Shutdown::Both);
+        self.poller.remove(conn.token);
+        self.acks.forget(conn);
+        self.poller.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A QP's send queue became busy (`true`) or empty (`false`): see
+    /// [`QpShared::note_busy`](crate::qp::QpShared::note_busy).
+    pub fn count_busy(&self, busy: bool) {
+        if busy {
+            self.busy_sqs.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.busy_sqs.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// How many of the device's QPs have WQEs in their send queues.
+    pub fn busy_send_queues(&self) -> usize {
+        self.busy_sqs.load(Ordering::Relaxed)
+    }
+
+    /// How many connections the delayed-ACK list holds (tests).
+    #[cfg(test)]
+    pub fn acks_listed(&self) -> usize {
+        self.acks.listed()
+    }
+
+    /// How many connections owe an ACK (tests).
+    #[cfg(test)]
+    pub fn acks_owed(&self) -> usize {
+        self.acks.owed()
+    }
+
+    /// The connection lost (closed by the peer, an error, fault injection): the QP's
+    /// requests are resent over the next one, half-received ones forgotten.
+    fn lost(&self, conn: &Arc<Conn>, why: &str) {
+        self.close(conn);
+        let qp = &conn.qp;
+        let mut g = qp.inner.lock();
+        tracing::debug!(
+            qpn = qp.qpn,
+            dest_qpn = g.attr.dest_qp_num,
+            outstanding = g.req.outstanding(),
+            "connection lost: {why}"
+        );
+        if g.self_conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
+            g.self_conn = None;
+            g.resp.connection_lost();
+            return;
+        }
+        if g.conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
+            g.conn = None;
+            g.req.link_error = libc::ENOTCONN as u32;
+            // Whatever was in flight is gone: requests are resent, half-received ones
+            // are forgotten (see Responder::connection_lost).
+            g.resp.connection_lost();
+            g.req.on_connection_lost();
+            self.rearm(qp, &mut g);
+            drop(g);
+            qp.req_wake.notify_one();
+        }
+    }
+
+    /// Closes every connection (device shutdown).
+    pub fn close_all(&self) {
+        let mut all = Vec::new();
+        self.poller.all_into(&mut all);
+        for c in all {
+            self.close(&c);
+        }
+    }
+}

@@ -1,0 +1,301 @@
+//! Servicing one connection: whichever thread holds its I/O lock reads the socket, has
+//! the protocol core process the frames under the QP's lock, and writes what it built,
+//! until nothing moves. Fault injection is asked through the round's [`Gate`].
+
+use std::io;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use backend_sim_proto::connection::Connection;
+use backend_sim_proto::engine::{Sides, Stop};
+use verbs_api::QpState;
+
+use super::clock::Stamp;
+use super::fault_layer::{Armed, Gate, Open};
+use super::{Mode, Progress, LARGE_IO};
+use crate::fault_state::BreakPoint;
+use crate::link::ConnIo;
+use crate::qp::{Conn, QpShared};
+use crate::sys;
+
+/// What [`Progress::process`] did.
+enum Processed {
+    /// Go on; `ack_later`: an ACK is owed and left for later (delayed ACK).
+    Ok { ack_later: bool },
+    /// The connection was closed.
+    Closed,
+    /// Fault injection: break the connection at this point of the request just built.
+    Break(BreakPoint),
+}
+
+impl Progress {
+    /// Reads, processes and writes what a connection has, until it has nothing more.
+    /// Returns false if another thread is servicing it (or it is closed).
+    pub fn service(&self, conn: &Arc<Conn>) -> bool {
+        self.service_as(conn, Mode::Full)
+    }
+
+    pub(super) fn service_as(&self, conn: &Arc<Conn>, mode: Mode) -> bool {
+        self.service_inner(conn, mode, false, None)
+    }
+
+    /// `peek`: the caller does not know whether the socket has news; if it has none and
+    /// nothing waits to be decoded or written, return without processing. A peek asks
+    /// for nothing: it does not set `pending` (a busy connection is being serviced
+    /// anyway), and a request another thread left in `pending` makes its round a full
+    /// one, so no post waits behind a peek. `clock`: the time as the caller read it just
+    /// before (its first round uses it instead of reading the clock again: on a VM a
+    /// read costs ~40 ns, and a ping-pong's message would pay it twice more).
+    pub(super) fn service_inner(
+        &self,
+        conn: &Arc<Conn>,
+        mode: Mode,
+        mut peek: bool,
+        mut clock: Option<Stamp>,
+    ) -> bool {
+        if !peek {
+            conn.pending.store(true, Ordering::SeqCst);
+        }
+        let mut did = false;
+        loop {
+            let Some(io) = conn.io.try_lock() else {
+                // The holder sees `pending` after it lets go and goes around again.
+                return did;
+            };
+            // (A plain look first: a peek usually finds it clear, and a swap is a locked
+            // instruction. One set after the look is seen by the look after the round.)
+            if conn.pending.load(Ordering::Relaxed) && conn.pending.swap(false, Ordering::SeqCst) {
+                peek = false;
+            }
+            if conn.is_closed() {
+                return did;
+            }
+            let entered = self.window.entered();
+            // An application thread that does not drive progress (it polled once, not in
+            // a tight loop) may not poll or post again for a long time, and the progress
+            // thread may be asleep: an ACK left for its next call could wait for the
+            // requester's resend (forever with an infinite local ACK timeout). Its ACKs
+            // leave as the progress thread's do.
+            let mode = if mode == Mode::User && entered.is_none() {
+                Mode::Full
+            } else {
+                mode
+            };
+            let (done, closed, end) = if conn.qp.fault_armed.load(Ordering::Acquire) {
+                let mut gate = Armed { progress: self, conn };
+                self.service_locked(conn, io, mode, peek, clock.take(), &mut gate)
+            } else {
+                self.service_locked(conn, io, mode, peek, clock.take(), &mut Open)
+            };
+            self.window
+                .left(entered, done, || end.unwrap_or_else(|| self.clock.stamp()).ns);
+            did |= done;
+            if closed || !conn.pending.load(Ordering::SeqCst) {
+                return did;
+            }
+        }
+    }
+
+    /// One round of service with the I/O lock held (released on return). Returns (did
+    /// work, connection closed, the clock as of the end of its I/O if it read it: one
+    /// read per round, taken after the round's read; a large write, which can take a
+    /// millisecond, reads it again). `given`: the caller's clock, read just before; the
+    /// first round takes it as its own unless that round read a large payload (which
+    /// can take as long as a large write).
+    fn service_locked(
+        &self,
+        conn: &Arc<Conn>,
+        mut io: parking_lot::MutexGuard<'_, ConnIo>,
+        mode: Mode,
+        peek: bool,
+        mut given: Option<Stamp>,
+        gate: &mut impl Gate,
+    ) -> (bool, bool, Option<Stamp>) {
+        let fd = conn.sock.as_raw_fd();
+        let mut did = false;
+        let mut clock: Option<Stamp>;
+        loop {
+            let mut progressed = false;
+            let mut read_large = false;
+            let mut read_any = false;
+            let stalled = gate.stalled();
+            let reading = !stalled && mode != Mode::Transmit;
+            if reading {
+                match io.wire.fill(&mut sys::Sock(fd)) {
+                    Ok(0) => {
+                        drop(io);
+                        self.lost(conn, "peer closed the connection");
+                        return (true, true, None);
+                    }
+                    Ok(n) => {
+                        progressed = true;
+                        read_any = true;
+                        read_large = n >= LARGE_IO;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        // A thread looking for news found none: nothing to decode,
+                        // nothing to write, so nothing to do.
+                        if peek && !did && !io.wire.reader.has_buffered() && io.wire.tx.is_empty() {
+                            return (false, false, None);
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => progressed = true,
+                    Err(e) => {
+                        drop(io);
+                        self.lost(conn, &e.to_string());
+                        return (true, true, None);
+                    }
+                }
+            }
+            // The round's one clock read: the timers' `now`, and when its bytes left.
+            let now = match given.take() {
+                Some(t) if !read_large => t,
+                _ => self.clock.stamp(),
+            };
+            clock = Some(now);
+            if read_any {
+                conn.last_rx.store(now.ns.max(1), Ordering::Relaxed);
+            }
+            let ack_later = if stalled {
+                false
+            } else {
+                match self.process(conn, &mut io.wire, mode, self.clock.instant(now.ns), gate) {
+                    Processed::Closed => return (true, true, None),
+                    Processed::Break(p) => {
+                        self.break_now(conn, &mut io, p);
+                        return (true, true, None);
+                    }
+                    Processed::Ok { ack_later } => ack_later,
+                }
+            };
+            if ack_later {
+                self.owe_ack(conn);
+            } else if conn.ack_owed.load(Ordering::Relaxed) {
+                // Nothing owed (any ACK left with this round's frames). (A stale look
+                // that misses the flag costs a visit of `flush_acks`, nothing more.)
+                self.acks.disown(conn);
+            }
+            let hold = gate.hold(io.wire.tx.is_empty());
+            if !io.wire.tx.is_empty() && !hold {
+                match io.wire.write_to(&mut sys::Sock(fd)) {
+                    Ok(n) => {
+                        if n > 0 {
+                            progressed = true;
+                            let at = if n >= LARGE_IO {
+                                let t = self.clock.stamp();
+                                clock = Some(t);
+                                t
+                            } else {
+                                now
+                            };
+                            conn.last_tx.store(at.ns.max(1), Ordering::Relaxed);
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => {
+                        drop(io);
+                        self.lost(conn, &e.to_string());
+                        return (true, true, None);
+                    }
+                }
+            }
+            let want = (if stalled { 0 } else { libc::EPOLLIN as u32 })
+                | (if io.wire.tx.is_empty() || hold {
+                    0
+                } else {
+                    libc::EPOLLOUT as u32
+                });
+            if want != io.interest {
+                io.interest = want;
+                self.poller.set_interest(conn, want);
+            }
+            did |= progressed;
+            // One pass when transmitting after a post; otherwise go on while bytes move
+            // and the last read did not find the socket drained.
+            if !progressed || mode == Mode::Transmit || (io.wire.reader.drained() && io.wire.tx.is_empty()) {
+                break;
+            }
+        }
+        (did, false, clock)
+    }
+
+    /// Hands buffered frames to the QP's state machines and builds what to send: the
+    /// QP's lock held, its halves composed over the connection by the protocol core
+    /// ([`Connection`]), with the ACK policy of `mode`.
+    fn process(
+        &self,
+        conn: &Arc<Conn>,
+        wire: &mut Connection,
+        mode: Mode,
+        now: Instant,
+        gate: &mut impl Gate,
+    ) -> Processed {
+        let qp = &conn.qp;
+        let mut g = qp.inner.lock();
+        let current = g.conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn))
+            || g.self_conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn));
+        if qp.is_stale(&g, conn.epoch) || !current {
+            drop(g);
+            self.close(conn);
+            return Processed::Closed;
+        }
+        let policy = mode.ack_policy();
+        loop {
+            let accepting = matches!(g.state, QpState::Rtr | QpState::Rts | QpState::Sqd);
+            let parts = QpShared::scratch(&mut g);
+            let mut sides = Sides {
+                req: Some(parts.req),
+                resp: Some(parts.resp),
+                accepting,
+                send_wc: parts.send_wc,
+                recv_wc: parts.recv_wc,
+                force_rnr: parts.force_rnr,
+            };
+            match wire.receive(&mut sides, &qp.dev.mrs, now, policy) {
+                Ok(()) => break,
+                Err(Stop::Fatal(status)) => {
+                    tracing::debug!(qpn = qp.qpn, ?status, "QP to ERR");
+                    qp.enter_error(&mut g);
+                }
+                Err(Stop::Protocol(msg)) => {
+                    tracing::warn!(qpn = qp.qpn, "closing connection: {msg}");
+                    qp.enter_error(&mut g);
+                    if g.conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
+                        g.conn = None;
+                    }
+                    drop(g);
+                    self.close(conn);
+                    return Processed::Closed;
+                }
+            }
+        }
+        let has_unsent = g.req.has_unsent();
+        if gate.break_before(&mut g, has_unsent) {
+            qp.deliver(&mut g);
+            return Processed::Break(BreakPoint::BeforeRequest);
+        }
+        if g.state == QpState::Rts {
+            let before = wire.tx.pending();
+            let parts = QpShared::scratch(&mut g);
+            if wire
+                .transmit(parts.req, parts.resp, &qp.dev.mrs, now, parts.send_wc)
+                .is_err()
+            {
+                qp.enter_error(&mut g);
+            }
+            let built = wire.tx.pending() - before;
+            if let Some(p) = gate.break_after(&mut g, built) {
+                qp.deliver(&mut g);
+                return Processed::Break(p);
+            }
+        }
+        wire.end_round(&mut g.resp, policy);
+        qp.deliver(&mut g);
+        self.rearm(qp, &mut g);
+        Processed::Ok {
+            ack_later: g.resp.owes_ack(),
+        }
+    }
+}

@@ -1,0 +1,177 @@
+//! Unit tests of the driving window and the hand-over between application threads and
+//! the progress thread.
+
+use super::window::{DRIVE_GAP, USER_WINDOW};
+use super::*;
+
+/// A thread that polls in a tight loop and then spends a few milliseconds writing a
+/// large payload still drives progress afterwards (the progress thread stays off the
+/// connection); a thread that was not driving, or armed a CQ to sleep, does not
+/// start driving by writing.
+#[test]
+fn a_driving_thread_busy_in_a_connection_keeps_driving() {
+    let window = USER_WINDOW.as_nanos() as u64;
+    let until = |p: &Progress| p.window.until.load(Ordering::Relaxed);
+    let p = Progress::new().unwrap();
+    let t0 = p.clock.nanos(Instant::now()) + 1_000_000_000;
+    // One isolated poll, then a write: not driving.
+    p.window.active(t0, &p.bell);
+    let e = p.window.entered();
+    assert_eq!(e, None);
+    p.window.left(e, true, || t0 + 1_000);
+    assert_eq!(until(&p), 0);
+    // Polls 10 us apart: driving, and it stays so while in a connection, however
+    // long (the progress thread sees "driving" all along)...
+    p.window.active(t0 + 10_000, &p.bell);
+    assert_eq!(until(&p), t0 + 10_000 + window);
+    let e = p.window.entered();
+    assert_eq!(e, Some(t0 + 10_000 + window));
+    assert_eq!(until(&p), u64::MAX);
+    // ...a write that ends 3 ms later opens the window from there...
+    p.window.left(e, true, || t0 + 3_000_000);
+    assert_eq!(until(&p), t0 + 3_000_000 + window);
+    // ...and the next poll right after counts as a tight loop.
+    p.window.active(t0 + 3_010_000, &p.bell);
+    assert_eq!(until(&p), t0 + 3_010_000 + window);
+    // A visit that moved nothing leaves the window as it was (and reads no clock).
+    let e = p.window.entered();
+    p.window
+        .left(e, false, || unreachable!("no clock read for an empty visit"));
+    assert_eq!(until(&p), t0 + 3_010_000 + window);
+    // Armed a CQ to sleep on its channel while inside: that stands.
+    let e = p.window.entered();
+    p.user_idle();
+    p.window.left(e, true, || t0 + 3_020_000);
+    assert_eq!(until(&p), 0);
+    // ...and a write (a post) after that opens no window.
+    let e = p.window.entered();
+    assert_eq!(e, None);
+    p.window.left(e, true, || t0 + 3_030_000);
+    assert_eq!(until(&p), 0);
+}
+
+/// Posts from a driving thread keep its window open (a loop refilling many QPs between
+/// two polls), and the poll after them still counts as a tight loop; posts from a
+/// thread that does not drive open no window.
+#[test]
+fn posts_extend_a_driving_window_but_open_none() {
+    let window = USER_WINDOW.as_nanos() as u64;
+    let until = |p: &Progress| p.window.until.load(Ordering::Relaxed);
+    let p = Progress::new().unwrap();
+    let t0 = p.clock.nanos(Instant::now()) + 1_000_000_000;
+    // Posts alone, however close together: nobody drives.
+    for i in 0..4 {
+        assert!(!p.window.posted(t0 + i * 10_000, &p.bell));
+    }
+    assert_eq!(until(&p), 0);
+    // Two polls 10 us apart: driving. A refill loop of 300 us posts every 40 us; each
+    // post sees a driving thread and moves the window on.
+    p.window.active(t0 + 100_000, &p.bell);
+    p.window.active(t0 + 110_000, &p.bell);
+    for i in 1..=7 {
+        let t = t0 + 110_000 + i * 40_000;
+        assert!(p.window.posted(t, &p.bell), "post {i}");
+        assert_eq!(until(&p), t + window);
+    }
+    // The poll right after the loop (20 us after its last post) is a tight loop.
+    p.window.active(t0 + 410_000, &p.bell);
+    assert_eq!(until(&p), t0 + 410_000 + window);
+    // A driving thread inside a connection: its window stays its own.
+    let e = p.window.entered();
+    assert!(p.window.posted(t0 + 420_000, &p.bell));
+    assert_eq!(until(&p), u64::MAX);
+    p.window.left(e, true, || t0 + 430_000);
+    // A post after the window is over: not driving, and it does not start again.
+    assert!(!p.window.posted(t0 + 430_000 + window + 1, &p.bell));
+    assert!(!p.window.posted(t0 + 430_000 + window + 10_000, &p.bell));
+    assert_eq!(until(&p), t0 + 430_000 + window);
+}
+
+/// A driving thread inside one connection for the grace period or longer is a long
+/// stay (the progress thread then serves the other connections); a shorter one, a
+/// thread that left, or one that polls again in between are not.
+#[test]
+fn a_stay_longer_than_the_grace_period_is_a_long_stay() {
+    let p = Progress::new().unwrap();
+    let g = p.window.grace.as_nanos() as u64;
+    let t0 = p.clock.nanos(Instant::now()) + 1_000_000_000;
+    p.window.active(t0, &p.bell);
+    p.window.active(t0 + 10_000, &p.bell);
+    // Driving, not inside a connection: nothing to serve beside it.
+    assert!(!p.window.long_stay(t0 + 10_000 + 2 * g));
+    let e = p.window.entered();
+    assert!(e.is_some());
+    assert!(!p.window.long_stay(t0 + 10_000 + g / 2));
+    assert!(p.window.long_stay(t0 + 10_000 + g));
+    // It polls again from another thread meanwhile: that one visits the others.
+    p.window.active(t0 + 20_000 + g, &p.bell);
+    assert!(!p.window.long_stay(t0 + 30_000 + g));
+    // It leaves: no stay at all.
+    p.window.left(e, true, || t0 + 40_000 + g);
+    assert!(!p.window.long_stay(t0 + 40_000 + 3 * g));
+}
+
+/// A thread drives the first device (polls in a tight loop while its progress thread
+/// sleeps), then polls the second: the first is told at once, its window closed and
+/// its progress thread woken; staying on the second tells nobody anything.
+#[test]
+fn polling_another_device_hands_the_first_back() {
+    let (p0, p1) = (
+        Arc::new(Progress::new().unwrap()),
+        Arc::new(Progress::new().unwrap()),
+    );
+    p0.user_polled();
+    p0.user_polled();
+    assert!(p0.user_driving());
+    p0.bell.sleeping.store(true, Ordering::SeqCst);
+    p1.user_polled();
+    assert_eq!(p0.window.until.load(Ordering::Relaxed), 0);
+    assert_eq!(p0.window.last_poll.load(Ordering::Relaxed), 0);
+    assert_eq!(p0.bell.take_rings(), 1);
+    p1.bell.sleeping.store(true, Ordering::SeqCst);
+    for _ in 0..3 {
+        p1.user_polled();
+    }
+    assert!(p1.user_driving());
+    assert_eq!(p1.bell.take_rings(), 0);
+    assert_eq!(p0.bell.take_rings(), 0);
+    // Back to the first: the second is handed back the same way.
+    p0.user_polled();
+    assert_eq!(p1.window.until.load(Ordering::Relaxed), 0);
+    assert_eq!(p1.bell.take_rings(), 1);
+}
+
+#[test]
+fn arming_a_cq_hands_progress_to_the_progress_thread() {
+    let p = Arc::new(Progress::new().unwrap());
+    std::thread::sleep(DRIVE_GAP * 4);
+    // An application polls in a tight loop: it drives progress for a while.
+    let now = p.clock.nanos(Instant::now());
+    p.window.last_poll.store(now, Ordering::Relaxed);
+    p.window.until.store(now + 1_000_000_000, Ordering::Relaxed);
+    // It arms a CQ to sleep on the channel: the window ends at once...
+    p.user_idle();
+    assert_eq!(p.window.until.load(Ordering::Relaxed), 0);
+    assert_eq!(p.window.last_poll.load(Ordering::Relaxed), 0);
+    // ...and the poll that drains the CQ once more after arming opens no new one
+    // (a poll counts as driving only if the previous one was < DRIVE_GAP before).
+    p.user_drive();
+    assert_eq!(p.window.until.load(Ordering::Relaxed), 0);
+    // The progress thread sleeps on the doorbell for the grace period after a window
+    // ends: a CQ armed meanwhile wakes it; one armed after that has nobody to wake.
+    p.bell.sleeping.store(true, Ordering::SeqCst);
+    p.bell.take_rings();
+    // (The engine's clock starts at its creation: let it pass two grace periods.)
+    std::thread::sleep(p.window.grace * 3);
+    let now = p.clock.nanos(Instant::now());
+    p.window
+        .until
+        .store(now - p.window.grace.as_nanos() as u64 / 2, Ordering::Relaxed);
+    p.user_idle();
+    assert_eq!(p.bell.take_rings(), 1);
+    p.window
+        .until
+        .store(now - 2 * p.window.grace.as_nanos() as u64, Ordering::Relaxed);
+    p.user_idle();
+    assert_eq!(p.bell.take_rings(), 0);
+}

@@ -1,0 +1,295 @@
+//! The progress thread: its loop (spin after work, then block on the connections, the
+//! doorbell and the next timer), and what it runs each turn: ready connections, queued
+//! transmits, due timers, and keeping the epoll set in line with how it waits.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::bell::BELL;
+use super::clock::Stamp;
+use super::poller::DIRECT_MAX;
+use super::window::{ON_PROGRESS_THREAD, USER_WINDOW};
+use super::{Mode, Progress, MAX_SPIN};
+use crate::cpu_share::{self, ShareWatch};
+use crate::epoll::wait_on;
+use crate::qp::{Conn, QpShared};
+
+/// What [`Progress::settle`] last arranged (progress thread state).
+#[derive(Default)]
+pub(super) struct Settled {
+    direct: Option<bool>,
+    generation: u64,
+}
+
+impl Progress {
+    /// The progress thread's loop; returns when [`Progress::shutdown`] is called.
+    pub fn run(&self) {
+        ON_PROGRESS_THREAD.set(true);
+        let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 256];
+        let mut spin_until = Instant::now();
+        let mut last_work = Instant::now();
+        // Average gap between bursts of work: the spin window follows it (bounded), so a
+        // steady stream of requests never falls into "each one pays a wake-up".
+        let mut gap_ewma = self.spin;
+        let mut settled = Settled::default();
+        let mut scratch = Vec::new();
+        let mut share = ShareWatch::default();
+        // Whether the last turn was a spinning one (so a block now ends a spin window).
+        let mut spun_last = false;
+        while !self.stop.load(Ordering::Acquire) {
+            let now = Instant::now();
+            // (Converted once: the loop compares it with the driving window up to three
+            // times.)
+            let now_ns = self.clock.nanos(now);
+            let user_until = self.window.until.load(Ordering::Relaxed);
+            let user_driving = user_until > now_ns;
+            // Spin (poll without blocking) for a while after doing work, unless an
+            // application thread is driving progress itself: one spinner is enough.
+            let spinning = now < spin_until && !user_driving;
+            let timeout = if spinning {
+                Some(Duration::ZERO)
+            } else {
+                self.bell.bounded.store(user_driving, Ordering::Relaxed);
+                self.bell.sleeping.store(true, Ordering::SeqCst);
+                // An application thread that stopped driving (armed a CQ or moved to
+                // another device: `user_idle`) after `user_until` was read above found
+                // `sleeping` still false and did not ring: without this second look the
+                // thread would sleep through the window and grace period it computed
+                // from the stale value. (Both sides: a SeqCst write, then a SeqCst read
+                // of the other's flag, so at least one of them sees the other.)
+                // Likewise a thread that started driving meanwhile (`user_active`).
+                let until = self.window.until.load(Ordering::SeqCst);
+                let stopped = user_driving && until == 0;
+                let started = !user_driving && until > now_ns;
+                // Work queued between the last check and now must not wait for a bell,
+                // unless an application thread drives: its next poll runs it (posters
+                // do not ring while it does, see `schedule`).
+                if stopped || started || !user_driving && (self.ready.pending() || self.acks.any()) {
+                    Some(Duration::ZERO)
+                } else {
+                    let mut left = self.timers.left(now);
+                    if user_driving {
+                        // Take over when the application stops driving, plus a grace
+                        // period: checking more often would cost the driving threads a
+                        // core (a wake-up costs tens of µs on small VMs).
+                        // (At most one window ahead while a driving thread writes.)
+                        let ahead = Duration::from_nanos(user_until - now_ns);
+                        let window = ahead.min(USER_WINDOW) + self.window.grace;
+                        left = Some(left.map_or(window, |l| l.min(window)));
+                    }
+                    left
+                }
+            };
+            // While applications drive, sleep on the doorbell alone: waking for every
+            // packet they handle themselves would only take CPU from them.
+            let bell_only = user_driving && !spinning;
+            let mut work = false;
+            // Spinning, or asleep on the doorbell while applications drive: connections
+            // are read directly (see `peek_few`) and, if few enough, kept out of the
+            // epoll set; blocking on the set needs them all in it.
+            self.settle(spinning || bell_only, &mut settled, &mut scratch);
+            let peeked = if spinning {
+                self.peek_few(Mode::Full, None)
+            } else {
+                None
+            };
+            let n = match peeked {
+                Some(w) => {
+                    work = w;
+                    0
+                }
+                None => {
+                    let set = if bell_only {
+                        &self.bell.only
+                    } else {
+                        &self.poller.epfd
+                    };
+                    let m = wait_on(set, &mut events, timeout);
+                    // Blocked on the connections right after a spin window, and woken by one: see
+                    // `cpu_share`.
+                    if spun_last
+                        && !bell_only
+                        && timeout != Some(Duration::ZERO)
+                        && events[..m].iter().any(|e| e.u64 != BELL)
+                    {
+                        let woke = Instant::now();
+                        let idle = now.saturating_duration_since(last_work);
+                        let window = MAX_SPIN.max(self.spin);
+                        if share.after_wake(idle, window, woke.saturating_duration_since(now), woke) {
+                            cpu_share::move_off_this_cpu();
+                        }
+                    }
+                    m
+                }
+            };
+            self.bell.sleeping.store(false, Ordering::SeqCst);
+            for ev in &events[..n] {
+                if ev.u64 == BELL {
+                    self.bell.take_rings();
+                } else if let Some(c) = self.poller.get(ev.u64) {
+                    work |= self.service(&c);
+                }
+            }
+            // Woken from the doorbell while an application thread still drives (it polled
+            // again since this thread went to sleep): what it left is for its next poll,
+            // which comes within the window; taking it here would only make this a third
+            // busy thread beside the application's. Due timers still run. Unless it has
+            // been inside one connection since before the grace period: then the others
+            // get a round here (the one it is in is skipped, its I/O lock being held).
+            let still_driving =
+                bell_only && self.user_driving() && !self.window.long_stay(self.clock.now_ns());
+            if bell_only && !still_driving {
+                // Woken by the bell or the end of the window: connections may have data
+                // that no application thread picked up.
+                match self.peek_few(Mode::Full, None) {
+                    Some(w) => work |= w,
+                    None => {
+                        let m = wait_on(&self.poller.epfd, &mut events, Some(Duration::ZERO));
+                        for ev in &events[..m] {
+                            if ev.u64 != BELL {
+                                if let Some(c) = self.poller.get(ev.u64) {
+                                    work |= self.service(&c);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            if !still_driving {
+                work |= self.flush_acks();
+                work |= self.run_ready();
+            }
+            work |= self.run_timers();
+            if work {
+                let t = Instant::now();
+                let gap = t.saturating_duration_since(last_work);
+                last_work = t;
+                gap_ewma = (gap_ewma * 3 + gap) / 4;
+                spin_until = t + (gap_ewma * 2).clamp(self.spin, MAX_SPIN.max(self.spin));
+            } else if spinning && n == 0 {
+                std::hint::spin_loop();
+            }
+            spun_last = spinning;
+        }
+    }
+
+    pub(super) fn run_ready(&self) -> bool {
+        let mut work = false;
+        while let Some(qp) = self.ready.pop() {
+            let conn = qp.inner.lock().conn.clone();
+            match conn {
+                Some(c) => work |= self.service(&c),
+                None => qp.req_wake.notify_one(),
+            }
+        }
+        work
+    }
+
+    pub(super) fn run_timers(&self) -> bool {
+        let now = Instant::now();
+        if !self.timers.due(self.clock.nanos(now)) {
+            return false;
+        }
+        let mut work = false;
+        loop {
+            let Some((at, qp)) = self.timers.pop_due(now, &self.clock) else {
+                break;
+            };
+            let Some(qp) = qp.upgrade() else { continue };
+            work = true;
+            let (fired, conns) = {
+                let mut g = qp.inner.lock();
+                if g.timer_at == Some(at) {
+                    g.timer_at = None;
+                }
+                let at = |t: &AtomicU64| match t.load(Ordering::Relaxed) {
+                    0 => None,
+                    ns => Some(self.clock.instant(ns)),
+                };
+                let last_tx = g.conn.as_ref().and_then(|c| at(&c.last_tx));
+                let last_rx = g.conn.as_ref().and_then(|c| at(&c.last_rx));
+                let parts = QpShared::scratch(&mut g);
+                let fired = parts
+                    .req
+                    .on_timer(now, last_tx, last_rx, parts.send_wc)
+                    .unwrap_or_else(|_| {
+                        qp.enter_error(&mut g);
+                        true
+                    });
+                qp.deliver(&mut g);
+                self.rearm(&qp, &mut g);
+                (fired, [g.conn.clone(), g.self_conn.clone()])
+            };
+            if conns[0].is_none() {
+                qp.req_wake.notify_one();
+            }
+            // A resend, or the end of an RNR wait, may be due now; on a QP with faults
+            // armed, the end of a stall or of held responses too. An ACK deadline that
+            // only moved (the stream is flowing: it moves with every write) leaves
+            // nothing to do: servicing the connection here would only take its frames
+            // from the thread that drives it, on a third thread. With 64 QPs streaming,
+            // each QP's deadline comes due (and moves) once per timeout: about 950
+            // services a second at the default 67 ms, before this check.
+            if fired || qp.fault_armed.load(Ordering::Acquire) {
+                for c in conns.into_iter().flatten() {
+                    self.service(&c);
+                }
+            }
+        }
+        work
+    }
+
+    /// Brings every connection's registration in line with what the progress thread is
+    /// about to do: `direct` (spin over them, or sleep on the doorbell while application
+    /// threads drive) takes them out of the epoll set when there are at most
+    /// [`DIRECT_MAX`]; anything else (blocking on the set, or too many to read
+    /// directly) puts them in. Does nothing when neither the wish nor the set of
+    /// connections changed since the last call.
+    pub(super) fn settle(&self, direct: bool, st: &mut Settled, scratch: &mut Vec<Arc<Conn>>) {
+        // SeqCst: `activate` bumps it, then reads `sleeping`; this thread stored
+        // `sleeping` before, so one of the two sees the other.
+        let generation = self.poller.generation.load(Ordering::SeqCst);
+        if st.direct == Some(direct) && st.generation == generation {
+            return;
+        }
+        scratch.clear();
+        self.poller.all_into(scratch);
+        let armed = !direct || scratch.len() > DIRECT_MAX;
+        for c in scratch.iter() {
+            if armed {
+                if let Err(e) = self.poller.arm(c) {
+                    tracing::warn!(qpn = c.qp.qpn, "cannot watch the connection: {e}");
+                    self.lost(c, "epoll_ctl failed");
+                }
+            } else {
+                self.poller.disarm(c);
+            }
+        }
+        scratch.clear();
+        *st = Settled {
+            direct: Some(direct),
+            generation,
+        };
+    }
+
+    /// With at most [`DIRECT_MAX`] connections, reads each of them directly (and
+    /// services those that had news); `None` with more. Reading a socket is one syscall
+    /// per connection and spin, like asking epoll, but when bytes have arrived it saves
+    /// the second one (epoll, then read): a read that finds nothing returns at once.
+    /// `clock`: the caller's, read just before, for the first connection's round (the
+    /// others may follow a long write, and read their own).
+    pub(super) fn peek_few(&self, mode: Mode, mut clock: Option<Stamp>) -> Option<bool> {
+        let mut direct: [Option<Arc<Conn>>; DIRECT_MAX] = Default::default();
+        if !self.poller.few_into(&mut direct) {
+            return None;
+        }
+        let mut work = false;
+        for c in direct.iter().flatten() {
+            if c.active.load(Ordering::Acquire) {
+                work |= self.service_inner(c, mode, true, clock.take());
+            }
+        }
+        Some(work)
+    }
+}
