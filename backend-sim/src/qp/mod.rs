@@ -1,0 +1,284 @@
+//! The queue pair (`man ibv_create_qp`): its state, one [`Requester`] and one
+//! [`Responder`] behind a mutex that the data path takes briefly (never across I/O), and
+//! what it asks of its device ([`DataPath`]). Its verbs are in [`modify`] (state machine
+//! and attributes) and [`post`] (the post verbs).
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+use verbs_api::{QpAttr, QpCap, QpState, WorkCompletion};
+
+use crate::addressing::Addressing;
+use crate::cq::CqShared;
+use crate::fault_state::QpFaults;
+use crate::memory::MrTable;
+use crate::requester::Requester;
+use crate::responder::Responder;
+
+mod modify;
+mod post;
+#[cfg(test)]
+mod tests;
+
+/// Everything about a QP that changes, under one lock.
+pub struct QpInner {
+    /// Current state.
+    pub state: QpState,
+    /// Attributes as last set.
+    pub attr: QpAttr,
+    /// Send side.
+    pub req: Requester,
+    /// Receive side.
+    pub resp: Responder,
+    /// Bumped on RESET and destroy: transport tasks of an older epoch stop.
+    pub epoch: u64,
+    /// Bumped for every connection: only the newest one serves.
+    pub conn_gen: u64,
+    /// Whether this side sets the connection up (its (GID, LID, QPN) is the smaller).
+    pub active: bool,
+    /// Where the peer device listens (from the address vector).
+    pub remote: Option<SocketAddr>,
+    /// The established connection of the QP pair (both directions).
+    pub conn: Option<Arc<Conn>>,
+    /// For a QP connected to itself: the accepting end of its own connection.
+    pub self_conn: Option<Arc<Conn>>,
+    /// The deadline last pushed to the device's timer heap.
+    pub timer_at: Option<Instant>,
+    /// Armed fault injection.
+    pub faults: QpFaults,
+    /// Whether the send queue holds WQEs and is counted in the device's
+    /// count of busy send queues (kept in step by
+    /// [`QpShared::note_busy`]).
+    pub busy: bool,
+    send_wc: Vec<WorkCompletion>,
+    recv_wc: Vec<(WorkCompletion, bool)>,
+}
+
+/// An established connection of a QP.
+pub type Conn = crate::link::Conn<QpShared>;
+
+/// The QPs of a device, by number.
+pub type QpTable = Mutex<std::collections::HashMap<u32, std::sync::Weak<QpShared>>>;
+
+/// What a QP asks of its device's data path and connection setup. The device implements
+/// it; the QP's state machine calls it, never the reverse, so this module knows neither.
+pub trait DataPath: Send + Sync {
+    /// Closes a connection: no thread services it afterwards.
+    fn close(&self, conn: &Conn);
+    /// Writes what a connection owes (ACKs left for later) before its QP resets or goes.
+    fn flush_final(&self, conn: &Arc<Conn>);
+    /// The QP's send queue became busy (`true`) or idle.
+    fn count_busy(&self, busy: bool);
+    /// Schedules the QP's next timer check (with its lock held).
+    fn rearm(&self, qp: &Arc<QpShared>, g: &mut QpInner);
+    /// WRs were posted to a connected QP in RTS: transmit them, now or soon.
+    fn kick(&self, qp: &Arc<QpShared>, conn: &Arc<Conn>, idle: bool, wrs: usize);
+    /// The QP has work for its connection: service it soon.
+    fn schedule(&self, qp: &Arc<QpShared>);
+    /// The QP (the active side of its pair) needs a connection for `epoch`.
+    fn connect(&self, qp: Arc<QpShared>, epoch: u64);
+}
+
+/// What a QP takes from its device.
+#[derive(Clone)]
+pub struct QpDevice {
+    /// The data path and connection setup.
+    pub path: Arc<dyn DataPath>,
+    /// Registered memory.
+    pub mrs: Arc<MrTable>,
+    /// The device's addresses.
+    pub addr: Arc<Addressing>,
+    /// Its attributes (the limits a QP's attributes are checked against).
+    pub attr: Arc<verbs_api::DeviceAttr>,
+}
+
+/// The parts of a QP's state that one connection's frames move ([`QpShared::scratch`]).
+pub struct Parts<'a> {
+    /// The send side.
+    pub req: &'a mut Requester,
+    /// The receive side.
+    pub resp: &'a mut Responder,
+    /// Completions of the send side, to deliver.
+    pub send_wc: &'a mut Vec<WorkCompletion>,
+    /// Completions of the receive side (with the solicited bit), to deliver.
+    pub recv_wc: &'a mut Vec<(WorkCompletion, bool)>,
+    /// Requests still to be answered with a forced RNR NAK (fault injection).
+    pub force_rnr: &'a mut u32,
+}
+
+/// One QP, shared by the user's handle and the transport tasks.
+pub struct QpShared {
+    /// QP number.
+    pub qpn: u32,
+    /// What it takes from its device.
+    pub dev: QpDevice,
+    /// Handle of its PD.
+    pub pd: u32,
+    /// Send CQ.
+    pub send_cq: Arc<CqShared>,
+    /// Receive CQ.
+    pub recv_cq: Arc<CqShared>,
+    /// Granted capacities.
+    pub cap: QpCap,
+    /// `sq_sig_all`.
+    pub sq_sig_all: bool,
+    /// Mutable state.
+    pub inner: Mutex<QpInner>,
+    /// Wakes the requester's connection-setup task (work without a connection, a lost
+    /// connection, a state change).
+    pub req_wake: Notify,
+    /// Set when the user destroyed the QP.
+    pub destroyed: AtomicBool,
+    /// Set while the QP waits in the progress engine's transmit queue.
+    pub tx_queued: AtomicBool,
+    /// Set once any fault was armed on this QP (keeps the fault checks off the fast path).
+    pub fault_armed: AtomicBool,
+}
+
+impl QpShared {
+    /// A new QP in RESET.
+    pub fn new(
+        qpn: u32,
+        dev: QpDevice,
+        pd: u32,
+        send_cq: Arc<CqShared>,
+        recv_cq: Arc<CqShared>,
+        cap: QpCap,
+        sq_sig_all: bool,
+    ) -> Self {
+        let attr = QpAttr {
+            cap,
+            ..Default::default()
+        };
+        QpShared {
+            qpn,
+            inner: Mutex::new(QpInner {
+                state: QpState::Reset,
+                attr,
+                req: Requester::new(qpn, pd, &cap, sq_sig_all),
+                resp: Responder::new(qpn, pd, cap.max_recv_wr, cap.max_recv_sge),
+                epoch: 0,
+                conn_gen: 0,
+                active: false,
+                remote: None,
+                conn: None,
+                self_conn: None,
+                timer_at: None,
+                faults: QpFaults::default(),
+                busy: false,
+                send_wc: Vec::new(),
+                recv_wc: Vec::new(),
+            }),
+            dev,
+            pd,
+            send_cq,
+            recv_cq,
+            cap,
+            sq_sig_all,
+            req_wake: Notify::new(),
+            destroyed: AtomicBool::new(false),
+            tx_queued: AtomicBool::new(false),
+            fault_armed: AtomicBool::new(false),
+        }
+    }
+
+    /// Closes both connections (RESET, destroy).
+    fn close_conns(&self, g: &mut QpInner) {
+        for c in [g.conn.take(), g.self_conn.take()].into_iter().flatten() {
+            self.dev.path.close(&c);
+        }
+    }
+
+    /// Whether a task of `epoch` must stop.
+    pub fn is_stale(&self, g: &QpInner, epoch: u64) -> bool {
+        g.epoch != epoch || self.destroyed.load(Ordering::Acquire)
+    }
+
+    /// Moves the QP to ERR (with the lock held): flushes both queues.
+    pub fn enter_error(&self, g: &mut QpInner) {
+        if g.state == QpState::Err {
+            return;
+        }
+        tracing::debug!(qpn = self.qpn, from = ?g.state, "QP to ERR");
+        g.state = QpState::Err;
+        let QpInner {
+            req,
+            resp,
+            send_wc,
+            recv_wc,
+            ..
+        } = g;
+        req.flush(send_wc);
+        resp.flush(recv_wc);
+        self.deliver(g);
+        self.req_wake.notify_one();
+    }
+
+    /// Pushes the completions gathered in `g` to the CQs. A CQ overflow moves the QP to
+    /// ERR (its completions are lost; the CQ reports the overflow).
+    pub fn deliver(&self, g: &mut QpInner) {
+        // Counted before the completions become visible: a poller that sees the last one
+        // also sees the send queue empty.
+        self.note_busy(g);
+        loop {
+            let ok_s = g.send_wc.is_empty() || self.send_cq.push_all(g.send_wc.drain(..).map(|w| (w, false)));
+            let ok_r = g.recv_wc.is_empty() || self.recv_cq.push_all(g.recv_wc.drain(..));
+            if (ok_s && ok_r) || g.state == QpState::Err {
+                g.send_wc.clear();
+                g.recv_wc.clear();
+                // (Again: an overflow's flush may have emptied it.)
+                self.note_busy(g);
+                return;
+            }
+            tracing::warn!(qpn = self.qpn, "completion queue overflow: QP to ERR");
+            self.enter_error_inner(g);
+        }
+    }
+
+    /// Brings the device's count of busy send queues in line with this QP's (call after
+    /// the send queue changed: a post, completions, a flush, a reset). Every path that
+    /// completes or flushes WQEs ends in [`QpShared::deliver`], which calls it before it
+    /// pushes the completions.
+    pub fn note_busy(&self, g: &mut QpInner) {
+        let busy = g.req.outstanding() > 0;
+        if busy != g.busy {
+            g.busy = busy;
+            self.dev.path.count_busy(busy);
+        }
+    }
+
+    fn enter_error_inner(&self, g: &mut QpInner) {
+        g.state = QpState::Err;
+        let QpInner {
+            req,
+            resp,
+            send_wc,
+            recv_wc,
+            ..
+        } = g;
+        req.flush(send_wc);
+        resp.flush(recv_wc);
+        self.req_wake.notify_one();
+    }
+
+    /// The protocol halves, their completions, and fault injection's count of forced RNR
+    /// NAKs: what the data path hands the protocol core for one connection's frames.
+    pub fn scratch(g: &mut QpInner) -> Parts<'_> {
+        Parts {
+            req: &mut g.req,
+            resp: &mut g.resp,
+            send_wc: &mut g.send_wc,
+            recv_wc: &mut g.recv_wc,
+            force_rnr: &mut g.faults.force_rnr,
+        }
+    }
+
+    /// Current time, in one place so tests can see where time enters.
+    pub fn now() -> Instant {
+        Instant::now()
+    }
+}

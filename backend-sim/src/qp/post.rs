@@ -1,0 +1,190 @@
+//! `ibv_post_send` and `ibv_post_recv` (`man ibv_post_send`, `man ibv_post_recv`): each
+//! WR checked and queued, the first refused one named with its index, and the send queue
+//! started when the QP may send; and what destroying a QP stops.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use parking_lot::MutexGuard;
+use verbs_api::{Error, PostError, QpState, QueueKind, RecvWr, SendWr};
+
+use super::{QpInner, QpShared};
+use crate::requester::PostCheck;
+use crate::tx::TxQueue;
+
+impl QpShared {
+    /// `ibv_post_send`.
+    pub fn post_send(self: &Arc<Self>, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
+        let mut g = self.inner.lock();
+        let mut posted = false;
+        let mut result = Ok(());
+        for (index, wr) in wrs.iter().enumerate() {
+            let fail = |error: Error| PostError {
+                index,
+                wr_id: wr.wr_id,
+                error,
+            };
+            if matches!(g.state, QpState::Reset | QpState::Init | QpState::Rtr) {
+                result = Err(fail(Error::InvalidQpState {
+                    call: "ibv_post_send",
+                    qpn: self.qpn,
+                    state: g.state,
+                    reason: "send work requests need RTS (or SQD/ERR)",
+                }));
+                break;
+            }
+            if let Err(c) = g.req.post(wr, &self.dev.mrs) {
+                let error = match c {
+                    PostCheck::Full => Error::QueueFull {
+                        queue: QueueKind::Send,
+                        qpn: self.qpn,
+                        capacity: self.cap.max_send_wr,
+                    },
+                    PostCheck::TooManySge => Error::invalid(
+                        "ibv_post_send",
+                        format!(
+                            "{} SGEs exceed max_send_sge {}",
+                            wr.sg_list.len(),
+                            self.cap.max_send_sge
+                        ),
+                    ),
+                    PostCheck::InlineTooLong => Error::invalid(
+                        "ibv_post_send",
+                        format!(
+                            "{} bytes of inline data exceed max_inline_data {}",
+                            wr.total_len(),
+                            self.cap.max_inline_data
+                        ),
+                    ),
+                    PostCheck::InlineNotAllowed => Error::invalid(
+                        "ibv_post_send",
+                        "IBV_SEND_INLINE is only valid for SEND and RDMA WRITE",
+                    ),
+                    PostCheck::BadInlineSge => Error::invalid(
+                        "ibv_post_send",
+                        "an inline SGE is not inside a registered memory region of this QP's PD",
+                    ),
+                };
+                result = Err(fail(error));
+                break;
+            }
+            posted = true;
+        }
+        if posted {
+            self.note_busy(&mut g);
+            if g.state == QpState::Err {
+                let QpInner { req, send_wc, .. } = &mut *g;
+                req.flush(send_wc);
+                self.deliver(&mut g);
+            } else if g.state == QpState::Rts {
+                self.start_send_queue(g, Some(wrs.len()));
+            }
+        }
+        result
+    }
+
+    /// Starts sending what the send queue holds, now that it may: after `post_send` in
+    /// RTS (`posted`: the number of WRs of the call), and after SQD -> RTS (`None`), which
+    /// resumes the WQEs posted while the queue drained: nothing else starts them, and
+    /// without this they would wait for the next post. Releases the lock.
+    pub(super) fn start_send_queue(self: &Arc<Self>, mut g: MutexGuard<'_, QpInner>, posted: Option<usize>) {
+        let conn = g.conn.clone();
+        let idle = g.req.nothing_in_flight();
+        if conn.is_none() {
+            // No connection (not yet, or the peer is gone). An HCA processes the
+            // WQEs anyway, whether anything answers or not: build the frames (the
+            // local checks run, so a bad lkey is LOC_PROT_ERR now, not a transport
+            // error after the retries) and lose them on the way. They are resent
+            // once connected; until then the ACK timer runs.
+            let now = Self::now();
+            let QpInner { req, send_wc, .. } = &mut *g;
+            let mut void = TxQueue::new();
+            let built = req.poll_transmit(&self.dev.mrs, now, &mut void, usize::MAX, send_wc);
+            req.on_connection_lost();
+            if built.is_err() {
+                self.enter_error(&mut g);
+            } else {
+                g.req.arm_timer(now);
+                self.dev.path.rearm(self, &mut g);
+            }
+        }
+        drop(g);
+        match (conn, posted) {
+            (Some(c), Some(wrs)) => self.dev.path.kick(self, &c, idle, wrs),
+            // Not a post (it must not count as one of a refill loop's, see
+            // `Progress::kick`): queued for the driving thread or the progress thread.
+            (Some(_), None) => self.dev.path.schedule(self),
+            (None, _) => self.req_wake.notify_one(),
+        }
+    }
+
+    /// `ibv_post_recv`.
+    pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), PostError> {
+        let mut g = self.inner.lock();
+        let mut result = Ok(());
+        let mut posted = false;
+        for (index, wr) in wrs.iter().enumerate() {
+            let fail = |error: Error| PostError {
+                index,
+                wr_id: wr.wr_id,
+                error,
+            };
+            if g.state == QpState::Reset {
+                result = Err(fail(Error::InvalidQpState {
+                    call: "ibv_post_recv",
+                    qpn: self.qpn,
+                    state: g.state,
+                    reason: "receives can be posted from INIT on",
+                }));
+                break;
+            }
+            match g.resp.post(wr) {
+                Ok(()) => posted = true,
+                Err(full) => {
+                    result = Err(fail(if full {
+                        Error::QueueFull {
+                            queue: QueueKind::Recv,
+                            qpn: self.qpn,
+                            capacity: self.cap.max_recv_wr,
+                        }
+                    } else {
+                        Error::invalid(
+                            "ibv_post_recv",
+                            format!(
+                                "{} SGEs exceed max_recv_sge {}",
+                                wr.sg_list.len(),
+                                self.cap.max_recv_sge
+                            ),
+                        )
+                    }));
+                    break;
+                }
+            }
+        }
+        if posted && g.state == QpState::Err {
+            let QpInner { resp, recv_wc, .. } = &mut *g;
+            resp.flush(recv_wc);
+            self.deliver(&mut g);
+        }
+        result
+    }
+
+    /// The user destroyed the QP: stop its tasks, forget its queues.
+    pub fn destroy(&self) {
+        // An HCA acknowledged what it executed long before the application could
+        // destroy the QP: write ACKs still owed (delayed ACK) first.
+        let conn = self.inner.lock().conn.clone();
+        if let Some(c) = conn {
+            self.dev.path.flush_final(&c);
+        }
+        self.destroyed.store(true, Ordering::Release);
+        let mut g = self.inner.lock();
+        g.epoch += 1;
+        g.req.reset();
+        g.resp.reset();
+        self.note_busy(&mut g);
+        self.close_conns(&mut g);
+        drop(g);
+        self.req_wake.notify_one();
+    }
+}
