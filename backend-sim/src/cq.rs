@@ -111,6 +111,7 @@ impl CqShared {
     }
 
     /// Queues one completion; false if it was lost to overflow.
+    #[cfg(test)]
     pub fn push(&self, wc: WorkCompletion, solicited: bool) -> bool {
         self.push_all([(wc, solicited)])
     }
@@ -164,7 +165,8 @@ impl CqShared {
         self.channel.as_ref().map(|c| c.fd())
     }
 
-    /// Events delivered but not yet acknowledged.
+    /// Events delivered but not yet acknowledged (`ibv_ack_cq_events`).
+    #[cfg(test)]
     pub fn unacked_events(&self) -> u64 {
         self.events_delivered
             .load(Ordering::Relaxed)
@@ -172,13 +174,9 @@ impl CqShared {
     }
 
     /// Number of queued completions.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.state.lock().entries.len()
-    }
-
-    /// Whether no completion is queued.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 

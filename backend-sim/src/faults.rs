@@ -22,7 +22,7 @@ use crate::fault_state::QpFaults;
 use crate::progress::Progress;
 use crate::qp::QpShared;
 
-/// A snapshot of [`FaultCounters`].
+/// How many faults fired on a device (a snapshot of its counters).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FaultStats {
     /// Connections broken.

@@ -86,11 +86,13 @@ impl Claims {
     }
 
     /// How many attempts are recorded (for tests).
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.pending.lock().len()
     }
 
     /// Whether no attempt is recorded.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -15,7 +15,7 @@
 //! - no response within the local ACK `timeout` rewinds and resends, `retry_cnt` times,
 //!   then `IBV_WC_RETRY_EXC_ERR`;
 //! - any other NAK completes the WQE with the matching remote error, and the reason the
-//!   responder gave ([`NakReason`](crate::wire::NakReason)) in `vendor_err`.
+//!   responder gave ([`NakReason`]) in `vendor_err`.
 //!
 //! An error returns [`Fatal`]: the QP must move to ERR, which flushes the rest. WQEs
 //! complete strictly in order; only signaled ones (or errors) produce a completion.

@@ -116,16 +116,12 @@ pub struct QpShared {
     pub qpn: u32,
     /// What it takes from its device.
     pub dev: QpDevice,
-    /// Handle of its PD.
-    pub pd: u32,
     /// Send CQ.
     pub send_cq: Arc<CqShared>,
     /// Receive CQ.
     pub recv_cq: Arc<CqShared>,
     /// Granted capacities.
     pub cap: QpCap,
-    /// `sq_sig_all`.
-    pub sq_sig_all: bool,
     /// Mutable state.
     pub inner: Mutex<QpInner>,
     /// Wakes the requester's connection-setup task (work without a connection, a lost
@@ -174,11 +170,9 @@ impl QpShared {
                 recv_wc: Vec::new(),
             }),
             dev,
-            pd,
             send_cq,
             recv_cq,
             cap,
-            sq_sig_all,
             req_wake: Notify::new(),
             destroyed: AtomicBool::new(false),
             tx_queued: AtomicBool::new(false),

@@ -1,0 +1,116 @@
+//! An open device (`struct ibv_context`): its attributes (`ibv_query_device`,
+//! `ibv_query_port`, `ibv_query_gid`), and the objects made from it: PDs, completion
+//! channels and CQs.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use verbs_api::{Capabilities, Context, DeviceAttr, Error, Gid, PortAttr, Result};
+
+use super::backend::SimBackend;
+use super::cq::SimChannel;
+use super::cq::SimCq;
+use super::pd::SimPd;
+use crate::cq::{ChannelShared, CqShared};
+use crate::device::{DeviceShared, PdShared};
+use crate::faults;
+
+/// An open simulated device.
+pub struct SimContext {
+    pub(crate) dev: Arc<DeviceShared>,
+}
+
+impl SimContext {
+    /// The TCP address this device listens on.
+    pub fn listen_addr(&self) -> SocketAddr {
+        self.dev.addr.listen
+    }
+
+    /// The TCP address peers reach this device at: [`listen_addr`](Self::listen_addr),
+    /// with a wildcard IP replaced by the advertised one (GID index 0).
+    pub fn advertised_addr(&self) -> SocketAddr {
+        self.dev.addr.advertise
+    }
+
+    /// Fault injection on this device (see [`faults`]).
+    pub fn faults(&self) -> faults::Faults {
+        faults::Faults::new(&self.dev)
+    }
+}
+
+impl Context for SimContext {
+    type Backend = SimBackend;
+
+    fn name(&self) -> &str {
+        &self.dev.name
+    }
+
+    fn query_device(&self) -> Result<DeviceAttr> {
+        Ok(DeviceAttr::clone(&self.dev.attr))
+    }
+
+    fn query_port(&self, port_num: u8) -> Result<PortAttr> {
+        if port_num != 1 {
+            return Err(Error::invalid(
+                "ibv_query_port",
+                format!("port {port_num} does not exist (ports: 1)"),
+            ));
+        }
+        Ok(self.dev.port_attr())
+    }
+
+    fn query_gid(&self, port_num: u8, index: u32) -> Result<Gid> {
+        if port_num != 1 {
+            return Err(Error::invalid(
+                "ibv_query_gid",
+                format!("port {port_num} does not exist (ports: 1)"),
+            ));
+        }
+        match self.dev.addr.gids.get(index as usize) {
+            Some(gid) => Ok(*gid),
+            None => Err(Error::invalid(
+                "ibv_query_gid",
+                format!(
+                    "index {index} is outside the GID table of {} entries",
+                    self.dev.addr.gids.len()
+                ),
+            )),
+        }
+    }
+
+    fn capabilities(&self) -> Result<Capabilities> {
+        Ok(self.dev.capabilities())
+    }
+
+    fn alloc_pd(&self) -> Result<SimPd> {
+        Ok(SimPd {
+            pd: Arc::new(PdShared {
+                handle: self.dev.next_handle(),
+                dev: self.dev.clone(),
+            }),
+        })
+    }
+
+    fn create_comp_channel(&self) -> Result<SimChannel> {
+        Ok(SimChannel {
+            ch: Arc::new(ChannelShared::new()?),
+        })
+    }
+
+    fn create_cq(&self, cqe: u32, channel: Option<&SimChannel>) -> Result<SimCq> {
+        if cqe == 0 || cqe > self.dev.attr.max_cqe {
+            return Err(Error::invalid(
+                "ibv_create_cq",
+                format!("cqe {cqe} is outside 1..={}", self.dev.attr.max_cqe),
+            ));
+        }
+        Ok(SimCq {
+            cq: Arc::new(CqShared::new(
+                self.dev.next_handle(),
+                cqe,
+                channel.map(|c| c.ch.clone()),
+            )),
+            dev: self.dev.clone(),
+        })
+    }
+}

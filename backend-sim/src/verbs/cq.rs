@@ -1,0 +1,67 @@
+//! Completion queues and channels (`ibv_create_cq`, `ibv_poll_cq`, `ibv_req_notify_cq`,
+//! `ibv_create_comp_channel`): a poll that finds nothing drives the device's progress.
+
+use std::os::fd::RawFd;
+use std::sync::Arc;
+use std::time::Duration;
+
+use verbs_api::{CompletionChannel, CompletionQueue, Result, WorkCompletion};
+
+use crate::cq::{ChannelShared, CqShared};
+use crate::device::DeviceShared;
+
+/// A completion queue of the sim.
+pub struct SimCq {
+    pub(crate) cq: Arc<CqShared>,
+    pub(crate) dev: Arc<DeviceShared>,
+}
+
+impl CompletionQueue for SimCq {
+    fn poll(&self, wc: &mut [WorkCompletion]) -> Result<usize> {
+        // ACKs deferred by this thread's previous poll leave now (delayed ACK).
+        self.dev.progress.flush_acks();
+        let n = self.cq.poll(wc)?;
+        if n > 0 {
+            self.dev.progress.user_polled();
+            return Ok(n);
+        }
+        if wc.is_empty() {
+            return Ok(0);
+        }
+        // Empty: drive the device's receive progress on this thread, then look again.
+        self.dev.progress.user_drive();
+        self.cq.poll(wc)
+    }
+    fn req_notify(&self, solicited_only: bool) -> Result<()> {
+        self.cq.req_notify(solicited_only)?;
+        // The caller will wait on the channel, not poll: hand progress to the device.
+        self.dev.progress.user_idle();
+        Ok(())
+    }
+    fn ack_events(&self, n: u32) {
+        self.cq.ack_events(n)
+    }
+    fn capacity(&self) -> u32 {
+        self.cq.cap
+    }
+    fn handle(&self) -> u32 {
+        self.cq.handle
+    }
+    fn channel_fd(&self) -> Option<RawFd> {
+        self.cq.channel_fd()
+    }
+}
+
+/// A completion channel of the sim.
+pub struct SimChannel {
+    pub(crate) ch: Arc<ChannelShared>,
+}
+
+impl CompletionChannel for SimChannel {
+    fn get_cq_event(&self, timeout: Option<Duration>) -> Result<Option<u32>> {
+        self.ch.get_event(timeout)
+    }
+    fn fd(&self) -> RawFd {
+        self.ch.fd()
+    }
+}

@@ -1,0 +1,150 @@
+//! Protection domains and the objects made in one (`ibv_alloc_pd`): memory regions
+//! (`ibv_reg_mr`, owned or over caller memory) and QPs (`ibv_create_qp`).
+
+use std::sync::Arc;
+
+use verbs_api::{AccessFlags, Error, MemoryRegion, ProtectionDomain, QpCap, QpInitAttr, QpType, Result};
+
+use super::backend::SimBackend;
+use super::cq::SimCq;
+use super::qp::SimQp;
+use crate::device::{PdShared, MAX_INLINE};
+use crate::memory::MrShared;
+use crate::qp::QpShared;
+
+/// A protection domain of the sim.
+pub struct SimPd {
+    pub(crate) pd: Arc<PdShared>,
+}
+
+impl ProtectionDomain for SimPd {
+    type Backend = SimBackend;
+
+    fn reg_mr(&self, len: usize, access: AccessFlags) -> Result<SimMr> {
+        check_mr_access(access)?;
+        let dev = &self.pd.dev;
+        let key = dev.mrs.fresh_key(rand::random);
+        let mr = MrShared::new_owned(self.pd.handle, key, len, access).ok_or_else(|| Error::NoMemory {
+            call: "ibv_reg_mr",
+            reason: format!("cannot allocate {len} bytes"),
+        })?;
+        Ok(SimMr::register(self, mr))
+    }
+
+    unsafe fn reg_mr_raw(&self, addr: *mut u8, len: usize, access: AccessFlags) -> Result<SimMr> {
+        check_mr_access(access)?;
+        if addr.is_null() && len > 0 {
+            return Err(Error::invalid("ibv_reg_mr", "null address"));
+        }
+        let key = self.pd.dev.mrs.fresh_key(rand::random);
+        // SAFETY: the caller guarantees the memory stays valid until the MR is dropped,
+        // and `SimMr::drop` calls `kill` before returning.
+        let mr = unsafe { MrShared::new_borrowed(self.pd.handle, key, addr, len, access) };
+        Ok(SimMr::register(self, mr))
+    }
+
+    fn create_qp(&self, attr: &QpInitAttr<'_, SimCq>) -> Result<SimQp> {
+        let dev = &self.pd.dev;
+        if attr.qp_type != QpType::Rc {
+            return Err(Error::Unsupported {
+                backend: "sim",
+                what: format!("QP type {:?} (the sim implements RC)", attr.qp_type),
+            });
+        }
+        if !Arc::ptr_eq(&attr.send_cq.dev, dev) || !Arc::ptr_eq(&attr.recv_cq.dev, dev) {
+            return Err(Error::invalid("ibv_create_qp", "a CQ belongs to another device"));
+        }
+        let c = attr.cap;
+        let a = &dev.attr;
+        let checks = [
+            ("max_send_wr", c.max_send_wr, a.max_qp_wr),
+            ("max_recv_wr", c.max_recv_wr, a.max_qp_wr),
+            ("max_send_sge", c.max_send_sge, a.max_sge),
+            ("max_recv_sge", c.max_recv_sge, a.max_sge),
+            ("max_inline_data", c.max_inline_data, MAX_INLINE),
+        ];
+        for (name, asked, max) in checks {
+            if asked > max {
+                return Err(Error::InvalidAttr {
+                    name,
+                    reason: format!("{asked} exceeds the device limit {max}"),
+                });
+            }
+        }
+        let granted = QpCap {
+            max_send_sge: c.max_send_sge.max(1),
+            max_recv_sge: c.max_recv_sge.max(1),
+            ..c
+        };
+        let qpn = dev.alloc_qpn();
+        let qp = Arc::new(QpShared::new(
+            qpn,
+            dev.for_qp(),
+            self.pd.handle,
+            attr.send_cq.cq.clone(),
+            attr.recv_cq.cq.clone(),
+            granted,
+            attr.sq_sig_all,
+        ));
+        dev.qps.lock().insert(qpn, Arc::downgrade(&qp));
+        Ok(SimQp {
+            qp,
+            pd: self.pd.clone(),
+        })
+    }
+}
+
+fn check_mr_access(access: AccessFlags) -> Result<()> {
+    if !access.is_valid_for_mr() {
+        return Err(Error::invalid(
+            "ibv_reg_mr",
+            format!("{access:?}: remote write and remote atomic access require LOCAL_WRITE"),
+        ));
+    }
+    Ok(())
+}
+
+/// A registered memory region of the sim.
+pub struct SimMr {
+    pub(crate) mr: Arc<MrShared>,
+    pub(crate) _pd: Arc<PdShared>,
+}
+
+impl SimMr {
+    fn register(pd: &SimPd, mr: MrShared) -> SimMr {
+        let mr = Arc::new(mr);
+        pd.pd.dev.mrs.insert(mr.clone());
+        SimMr {
+            mr,
+            _pd: pd.pd.clone(),
+        }
+    }
+}
+
+impl Drop for SimMr {
+    fn drop(&mut self) {
+        self._pd.dev.mrs.remove(self.mr.key);
+        // Waits for copies in progress; later ones find the region dead.
+        self.mr.kill();
+    }
+}
+
+// SAFETY: `as_ptr()..as_ptr() + len()` is the region's memory, valid while the MR lives
+// (owned: freed only after the last Arc; caller memory: the caller's contract).
+unsafe impl MemoryRegion for SimMr {
+    fn as_ptr(&self) -> *mut u8 {
+        self.mr.base()
+    }
+    fn len(&self) -> usize {
+        self.mr.len()
+    }
+    fn lkey(&self) -> u32 {
+        self.mr.key
+    }
+    fn rkey(&self) -> u32 {
+        self.mr.key
+    }
+    fn access(&self) -> AccessFlags {
+        self.mr.access
+    }
+}
