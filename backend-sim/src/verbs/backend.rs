@@ -1,17 +1,8 @@
-//! The backend: its configuration (`SimConfig`, and the environment), the devices it
-//! lists (`ibv_get_device_list`) and opening one (`ibv_open_device`).
+//! The backend and its configuration (`SimConfig`, or the environment).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
-use verbs_api::{Backend, DeviceInfo, Error, Result};
-
-use super::context::SimContext;
-use super::cq::SimChannel;
-use super::cq::SimCq;
-use super::pd::SimMr;
-use super::pd::SimPd;
-use super::qp::SimQp;
-use crate::device::DeviceShared;
+use verbs_api::{Error, Result};
 
 /// Configuration of the simulated devices.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -86,47 +77,8 @@ impl SimBackend {
         &self.config
     }
 
-    fn index_of(&self, name: &str) -> Option<u32> {
+    pub(super) fn index_of(&self, name: &str) -> Option<u32> {
         let i: u32 = name.strip_prefix("sim")?.parse().ok()?;
         (i < self.config.devices).then_some(i)
-    }
-}
-
-impl Backend for SimBackend {
-    type Context = SimContext;
-    type Pd = SimPd;
-    type Mr = SimMr;
-    type Cq = SimCq;
-    type Channel = SimChannel;
-    type Qp = SimQp;
-
-    fn name(&self) -> &'static str {
-        "sim"
-    }
-
-    fn devices(&self) -> Result<Vec<DeviceInfo>> {
-        Ok((0..self.config.devices)
-            .map(|i| DeviceInfo {
-                name: format!("sim{i}"),
-                guid: 0x5349_4d00_0000_0000 | ((std::process::id() as u64) << 16) | i as u64,
-                transport: "simulated (TCP)".into(),
-            })
-            .collect())
-    }
-
-    fn open(&self, name: &str) -> Result<SimContext> {
-        let Some(index) = self.index_of(name) else {
-            return Err(Error::DeviceNotFound {
-                name: name.to_string(),
-                available: self.devices()?.into_iter().map(|d| d.name).collect(),
-            });
-        };
-        let mut listen = self.config.listen;
-        if listen.port() != 0 {
-            listen.set_port(listen.port() + index as u16);
-        }
-        Ok(SimContext {
-            dev: DeviceShared::open(name, index, listen, self.config.advertise)?,
-        })
     }
 }

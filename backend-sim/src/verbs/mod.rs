@@ -1,9 +1,59 @@
 //! The verbs handles: what an application holds (`SimBackend`, `SimContext`, `SimPd`,
 //! `SimMr`, `SimCq`, `SimChannel`, `SimQp`), each implementing its verbs-api trait over
-//! the device's shared objects.
+//! the device's shared objects. The [`Backend`] implementation, which names them all, is
+//! here: the devices the backend lists (`ibv_get_device_list`) and opening one
+//! (`ibv_open_device`).
+
+use verbs_api::{Backend, DeviceInfo, Error, Result};
+
+use crate::device::DeviceShared;
+use backend::SimBackend;
+use context::SimContext;
+use cq::{SimChannel, SimCq};
+use pd::{SimMr, SimPd};
+use qp::SimQp;
 
 pub mod backend;
 pub mod context;
 pub mod cq;
 pub mod pd;
 pub mod qp;
+
+impl Backend for SimBackend {
+    type Context = SimContext;
+    type Pd = SimPd;
+    type Mr = SimMr;
+    type Cq = SimCq;
+    type Channel = SimChannel;
+    type Qp = SimQp;
+
+    fn name(&self) -> &'static str {
+        "sim"
+    }
+
+    fn devices(&self) -> Result<Vec<DeviceInfo>> {
+        Ok((0..self.config.devices)
+            .map(|i| DeviceInfo {
+                name: format!("sim{i}"),
+                guid: 0x5349_4d00_0000_0000 | ((std::process::id() as u64) << 16) | i as u64,
+                transport: "simulated (TCP)".into(),
+            })
+            .collect())
+    }
+
+    fn open(&self, name: &str) -> Result<SimContext> {
+        let Some(index) = self.index_of(name) else {
+            return Err(Error::DeviceNotFound {
+                name: name.to_string(),
+                available: self.devices()?.into_iter().map(|d| d.name).collect(),
+            });
+        };
+        let mut listen = self.config.listen;
+        if listen.port() != 0 {
+            listen.set_port(listen.port() + index as u16);
+        }
+        Ok(SimContext {
+            dev: DeviceShared::open(name, index, listen, self.config.advertise)?,
+        })
+    }
+}
