@@ -23,6 +23,8 @@
 
 use std::time::{Duration, Instant};
 
+use rustix::thread::{sched_getaffinity, sched_getcpu, sched_setaffinity, CpuSet};
+
 /// A sleep shorter than this, after a whole spin window that found nothing, means the
 /// thread that woke the progress thread could not run while it spun.
 pub const SHORT_SLEEP: Duration = Duration::from_micros(25);
@@ -90,41 +92,21 @@ impl ShareWatch {
 /// (`man 2 sched_setaffinity`); the mask is then restored. Returns whether it moved
 /// (false when the mask holds one CPU, or a call failed).
 pub fn move_off_this_cpu() -> bool {
-    let size = std::mem::size_of::<libc::cpu_set_t>();
-    // SAFETY: `cpu_set_t` is plain bits; all-zero is the empty set.
-    let mut mask: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: writes one `cpu_set_t` of `size` bytes into a live local.
-    if unsafe { libc::sched_getaffinity(0, size, &mut mask) } != 0 {
-        return false;
-    }
-    // SAFETY: no arguments; returns the CPU or -1.
-    let cpu = unsafe { libc::sched_getcpu() };
-    let Ok(cpu) = usize::try_from(cpu) else {
+    let Ok(mask) = sched_getaffinity(None) else {
         return false;
     };
-    if cpu >= libc::CPU_SETSIZE as usize {
+    let cpu = sched_getcpu();
+    if cpu >= CpuSet::MAX_CPU || mask.count() < 2 || !mask.is_set(cpu) {
         return false;
     }
-    // SAFETY: the libc macros read and write a live `cpu_set_t`; `cpu` is below
-    // `CPU_SETSIZE` (checked above).
-    let others = unsafe {
-        if libc::CPU_COUNT(&mask) < 2 || !libc::CPU_ISSET(cpu, &mask) {
-            return false;
-        }
-        let mut others = mask;
-        libc::CPU_CLR(cpu, &mut others);
-        others
-    };
-    // SAFETY: reads `size` bytes of a live `cpu_set_t`.
-    let moved = unsafe { libc::sched_setaffinity(0, size, &others) } == 0;
-    // SAFETY: as above. The mask the thread had is a valid one: it ran under it.
-    if unsafe { libc::sched_setaffinity(0, size, &mask) } != 0 {
+    let mut others = mask;
+    others.unset(cpu);
+    let moved = sched_setaffinity(None, &others).is_ok();
+    // The mask the thread had is a valid one: it ran under it.
+    if let Err(e) = sched_setaffinity(None, &mask) {
         // Only if the allowed CPUs changed meanwhile (a cpuset): the thread keeps the
         // narrower mask, a subset of what it was allowed.
-        tracing::warn!(
-            "cannot restore the progress thread's CPU affinity: {}",
-            std::io::Error::last_os_error()
-        );
+        tracing::warn!("cannot restore the progress thread's CPU affinity: {e}");
     }
     tracing::debug!(from = cpu, moved, "progress thread moved off a shared CPU");
     moved
@@ -202,42 +184,20 @@ mod tests {
         assert_eq!(wait, MAX_BACKOFF);
     }
 
-    fn mask_of_this_thread() -> libc::cpu_set_t {
-        // SAFETY: as in `move_off_this_cpu`.
-        let mut mask: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-        let size = std::mem::size_of::<libc::cpu_set_t>();
-        // SAFETY: writes one `cpu_set_t` into a live local.
-        assert_eq!(unsafe { libc::sched_getaffinity(0, size, &mut mask) }, 0);
-        mask
-    }
-
     #[test]
     fn moving_keeps_the_mask_and_needs_a_second_cpu() {
         // In a thread of its own: the test changes its affinity.
         std::thread::spawn(|| {
-            let before = mask_of_this_thread();
-            // SAFETY: reads a live `cpu_set_t`.
-            let cpus = unsafe { libc::CPU_COUNT(&before) };
-            assert_eq!(move_off_this_cpu(), cpus >= 2);
-            // SAFETY: reads two live `cpu_set_t`s.
-            assert!(
-                unsafe { libc::CPU_EQUAL(&mask_of_this_thread(), &before) },
-                "the mask is restored"
-            );
+            let before = sched_getaffinity(None).unwrap();
+            assert_eq!(move_off_this_cpu(), before.count() >= 2);
+            assert!(sched_getaffinity(None).unwrap() == before, "the mask is restored");
 
             // Pinned to one CPU, the thread cannot move and stays pinned.
-            // SAFETY: no arguments.
-            let cpu = unsafe { libc::sched_getcpu() } as usize;
-            // SAFETY: as in `move_off_this_cpu`.
-            let mut one: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-            // SAFETY: `cpu` is a CPU the thread runs on, below `CPU_SETSIZE`.
-            unsafe { libc::CPU_SET(cpu, &mut one) };
-            let size = std::mem::size_of::<libc::cpu_set_t>();
-            // SAFETY: reads a live `cpu_set_t`.
-            assert_eq!(unsafe { libc::sched_setaffinity(0, size, &one) }, 0);
+            let mut one = CpuSet::new();
+            one.set(sched_getcpu());
+            sched_setaffinity(None, &one).unwrap();
             assert!(!move_off_this_cpu());
-            // SAFETY: reads two live `cpu_set_t`s.
-            assert!(unsafe { libc::CPU_EQUAL(&mask_of_this_thread(), &one) });
+            assert!(sched_getaffinity(None).unwrap() == one);
         })
         .join()
         .unwrap();

@@ -1,5 +1,9 @@
-//! The epoll calls of the data path (`man epoll_ctl`, `man epoll_wait`): registering a
-//! descriptor, and waiting with a timeout.
+//! The epoll calls of the data path (`man epoll_ctl`, `man epoll_wait`): creating a set
+//! and registering descriptors (through rustix), and waiting with a timeout.
+//!
+//! The wait is this module's own: rustix's `epoll::wait` either rounds its timeout to
+//! milliseconds (`epoll_pwait`) or, built for Linux 5.11, calls `epoll_pwait2` with no
+//! way back when the kernel (or valgrind, which the cost measurements run under) lacks it.
 //!
 //! A wait takes a nanosecond timeout (`epoll_pwait2`, Linux 5.11 and later): the progress
 //! thread sleeps until the next timer or the end of a driving window, which are
@@ -10,7 +14,9 @@
 //! no event at all, and the progress thread never serviced a connection.
 
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+
+use rustix::event::epoll::{self, EventFlags};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -82,27 +88,31 @@ fn millis_up(timeout: Option<Duration>) -> i32 {
     })
 }
 
+/// A new epoll set (close-on-exec).
+pub fn create() -> io::Result<OwnedFd> {
+    Ok(epoll::create(epoll::CreateFlags::CLOEXEC)?)
+}
+
 /// Adds `fd` to `ep` for `events`, reported with `token`.
-pub fn add_to(ep: &OwnedFd, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
-    let mut ev = libc::epoll_event { events, u64: token };
-    // SAFETY: `ev` is a valid epoll_event; both descriptors are open.
-    if unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+pub fn add_to(ep: &OwnedFd, fd: BorrowedFd<'_>, events: EventFlags, token: u64) -> io::Result<()> {
+    Ok(epoll::add(ep, fd, epoll::EventData::new_u64(token), events)?)
+}
+
+/// Changes the events `fd` is watched for in `ep`.
+pub fn modify(ep: &OwnedFd, fd: BorrowedFd<'_>, events: EventFlags, token: u64) -> io::Result<()> {
+    Ok(epoll::modify(ep, fd, epoll::EventData::new_u64(token), events)?)
+}
+
+/// Takes `fd` out of `ep`.
+pub fn delete(ep: &OwnedFd, fd: BorrowedFd<'_>) -> io::Result<()> {
+    Ok(epoll::delete(ep, fd)?)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::fd::FromRawFd;
+    use std::os::fd::AsFd;
     use std::time::Instant;
-
-    fn owned(fd: libc::c_int) -> OwnedFd {
-        assert!(fd >= 0, "{}", io::Error::last_os_error());
-        // SAFETY: a fresh descriptor that nothing else owns.
-        unsafe { OwnedFd::from_raw_fd(fd) }
-    }
 
     #[test]
     fn timeouts_round_up_to_milliseconds() {
@@ -122,10 +132,10 @@ mod tests {
         type Wait = fn(&OwnedFd, &mut [libc::epoll_event], Option<Duration>) -> io::Result<usize>;
         let waits: [(&str, Wait); 2] = [("epoll_pwait2", pwait2), ("epoll_wait", wait_millis)];
         for (name, wait) in waits {
-            // SAFETY (both): plain syscalls without pointers; results are checked.
-            let ep = owned(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) });
-            let efd = owned(unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) });
-            add_to(&ep, efd.as_raw_fd(), libc::EPOLLIN as u32, 77).unwrap();
+            let ep = create().unwrap();
+            let flags = rustix::event::EventfdFlags::NONBLOCK | rustix::event::EventfdFlags::CLOEXEC;
+            let efd = rustix::event::eventfd(0, flags).unwrap();
+            add_to(&ep, efd.as_fd(), EventFlags::IN, 77).unwrap();
             let mut events = [libc::epoll_event { events: 0, u64: 0 }; 4];
             let t0 = Instant::now();
             assert_eq!(
@@ -134,12 +144,7 @@ mod tests {
                 "{name}"
             );
             assert!(t0.elapsed() >= Duration::from_micros(2500), "{name} woke early");
-            let one: u64 = 1;
-            // SAFETY: writes 8 bytes from a live u64 to our own eventfd.
-            assert_eq!(
-                unsafe { libc::write(efd.as_raw_fd(), (&one as *const u64).cast(), 8) },
-                8
-            );
+            assert_eq!(rustix::io::write(&efd, &1u64.to_ne_bytes()).unwrap(), 8);
             assert_eq!(wait(&ep, &mut events, None).unwrap(), 1, "{name}");
             let token = events[0].u64;
             assert_eq!(token, 77, "{name}");

@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use rustix::process::{getrlimit, Resource};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::AbortHandle;
 
@@ -122,19 +123,13 @@ pub fn is_out_of_fds(e: &io::Error) -> bool {
 
 /// "the open-file limit is N (ulimit -n)": what to raise when descriptors run out.
 pub fn fd_limit_hint() -> String {
-    let mut r = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes one rlimit struct that lives on this stack frame.
-    let ok = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } == 0;
-    if ok && r.rlim_cur != libc::RLIM_INFINITY {
-        format!(
-            "the open-file limit is {} (hard limit {}): every connected QP holds a socket; raise it with `ulimit -n`",
-            r.rlim_cur, r.rlim_max
-        )
-    } else {
-        "every connected QP holds a socket: raise the open-file limit (`ulimit -n`)".to_string()
+    let r = getrlimit(Resource::Nofile);
+    match r.current {
+        Some(soft) => format!(
+            "the open-file limit is {soft} (hard limit {}): every connected QP holds a socket; raise it with `ulimit -n`",
+            r.maximum.map_or("unlimited".to_string(), |h| h.to_string())
+        ),
+        None => "every connected QP holds a socket: raise the open-file limit (`ulimit -n`)".to_string(),
     }
 }
 
@@ -146,13 +141,10 @@ mod tests {
     fn the_hint_names_the_limit() {
         let hint = fd_limit_hint();
         assert!(hint.contains("ulimit -n"), "{hint}");
-        let mut r = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        // SAFETY: as in fd_limit_hint.
-        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) }, 0);
-        assert!(hint.contains(&r.rlim_cur.to_string()), "{hint}");
+        let soft = getrlimit(Resource::Nofile)
+            .current
+            .expect("a finite open-file limit");
+        assert!(hint.contains(&soft.to_string()), "{hint}");
         assert!(is_out_of_fds(&io::Error::from_raw_os_error(libc::EMFILE)));
         assert!(is_out_of_fds(&io::Error::from_raw_os_error(libc::ENFILE)));
         assert!(!is_out_of_fds(&io::Error::from_raw_os_error(libc::ECONNABORTED)));

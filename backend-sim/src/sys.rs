@@ -1,6 +1,7 @@
 //! The system calls of the data path: the socket calls (`man 2 recv`, `man 2 send`,
 //! `man 2 sendmsg`), made with `syscall(2)` rather than through glibc's `recv`, `send`
-//! and `sendmsg`, and the clock (`man 2 clock_gettime`) read as nanoseconds.
+//! and `sendmsg`, and the clock (`man 2 clock_gettime`, through rustix's vDSO call) read
+//! as nanoseconds.
 //!
 //! glibc's wrappers of these calls are cancellation points (`man 7 pthreads`): in a
 //! process with more than one thread each call first switches the thread to
@@ -9,6 +10,12 @@
 //! and a spinning poller makes one of these calls per connection and turn, so it skips
 //! them: callgrind counts about 40 instructions and two locked instructions per call in
 //! the wrappers. Same arguments, same results and same `errno` as the wrappers.
+//!
+//! Why not rustix here, as for epoll, eventfd, the affinity mask and the clock: its
+//! socket calls take their buffers as Rust references (`&mut [u8]`, `IoSlice`), and
+//! these buffers are registered memory, which the application (or a peer's RDMA WRITE)
+//! may read or write while the call runs. A reference to such memory would be undefined
+//! behaviour; these wrappers take raw pointers, as the kernel does.
 
 use std::io;
 use std::os::fd::RawFd;
@@ -19,13 +26,7 @@ use backend_sim_proto::io::RawSlice;
 /// through the vDSO as `Instant::now` reads it, without the conversion of an `Instant`
 /// to a `Duration` (a checked subtraction of two `timespec`s and a normalization).
 pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: writes one `timespec` into a live local.
-    let r = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    debug_assert_eq!(r, 0, "CLOCK_MONOTONIC is always available on Linux");
+    let ts = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 

@@ -1,10 +1,13 @@
 //! The progress thread's doorbell (`man 2 eventfd`): rung by threads that leave it work
 //! while it sleeps, and whether it sleeps.
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::epoll::add_to;
+use rustix::event::epoll::EventFlags;
+use rustix::event::{eventfd, EventfdFlags};
+
+use crate::epoll::{add_to, create};
 
 /// Token of the doorbell in the epoll sets.
 pub(super) const BELL: u64 = u64::MAX;
@@ -27,17 +30,11 @@ impl Bell {
     /// A doorbell, also registered in `epfd` (the set of the device's connections).
     pub fn new(epfd: &OwnedFd) -> verbs_api::Result<Bell> {
         let os = |call: &'static str| move |source| verbs_api::Error::Os { call, source };
-        // SAFETY (both): plain syscalls without pointers; results are checked.
-        let only = super::new_fd(
-            unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) },
-            "epoll_create1",
-        )?;
-        let fd = super::new_fd(
-            unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) },
-            "eventfd",
-        )?;
-        add_to(epfd, fd.as_raw_fd(), libc::EPOLLIN as u32, BELL).map_err(os("epoll_ctl"))?;
-        add_to(&only, fd.as_raw_fd(), libc::EPOLLIN as u32, BELL).map_err(os("epoll_ctl"))?;
+        let only = create().map_err(os("epoll_create1"))?;
+        let fd = eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC)
+            .map_err(|e| os("eventfd")(e.into()))?;
+        add_to(epfd, fd.as_fd(), EventFlags::IN, BELL).map_err(os("epoll_ctl"))?;
+        add_to(&only, fd.as_fd(), EventFlags::IN, BELL).map_err(os("epoll_ctl"))?;
         Ok(Bell {
             fd,
             only,
@@ -53,19 +50,14 @@ impl Bell {
 
     /// Empties the doorbell: how often it was rung since it was last emptied.
     pub fn take_rings(&self) -> u64 {
-        let mut v: u64 = 0;
-        // SAFETY: reads 8 bytes into a live u64 from our own (non-blocking) eventfd.
-        let r = unsafe { libc::read(self.fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
-        if r == 8 {
-            v
-        } else {
-            0
+        let mut v = [0u8; 8];
+        match rustix::io::read(&self.fd, &mut v) {
+            Ok(8) => u64::from_ne_bytes(v),
+            _ => 0,
         }
     }
 
     pub fn ring(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a live u64 to our own eventfd.
-        let _ = unsafe { libc::write(self.fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        let _ = rustix::io::write(&self.fd, &1u64.to_ne_bytes());
     }
 }

@@ -66,7 +66,7 @@
 
 use std::io;
 use std::net::TcpStream;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -157,18 +157,6 @@ pub struct Progress {
     /// Lone WRs that waited for the ones posted after them ([`Progress::kick`]; read by
     /// tests).
     pub(crate) joined: AtomicU64,
-}
-
-fn os(call: &'static str) -> impl FnOnce(io::Error) -> verbs_api::Error {
-    move |source| verbs_api::Error::Os { call, source }
-}
-
-fn new_fd(r: libc::c_int, call: &'static str) -> verbs_api::Result<OwnedFd> {
-    if r < 0 {
-        return Err(os(call)(io::Error::last_os_error()));
-    }
-    // SAFETY: a fresh descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(r) })
 }
 
 impl Progress {

@@ -7,13 +7,16 @@
 //! connections and read them directly, it is not (see `Progress::settle`).
 
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
+use rustix::event::epoll::EventFlags;
+
+use crate::epoll;
 use crate::qp::Conn;
 
 /// Up to this many connections on a device, a spinning thread reads them directly
@@ -30,11 +33,10 @@ pub(super) struct Poller {
 
 impl Poller {
     pub fn new() -> verbs_api::Result<Poller> {
-        // SAFETY: a plain syscall without pointers; the result is checked.
-        let epfd = super::new_fd(
-            unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) },
-            "epoll_create1",
-        )?;
+        let epfd = epoll::create().map_err(|source| verbs_api::Error::Os {
+            call: "epoll_create1",
+            source,
+        })?;
         Ok(Poller {
             epfd,
             conns: Mutex::new(FxHashMap::default()),
@@ -81,25 +83,12 @@ impl Poller {
         true
     }
 
-    fn ctl(&self, op: libc::c_int, conn: &Conn, events: u32) -> io::Result<()> {
-        let mut ev = libc::epoll_event {
-            events,
-            u64: conn.token,
-        };
-        // SAFETY: `ev` is a valid epoll_event (ignored for DEL); both descriptors are open
-        // (the socket is owned by `conn`).
-        if unsafe { libc::epoll_ctl(self.epfd.as_raw_fd(), op, conn.sock.as_raw_fd(), &mut ev) } < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
-    }
-
     /// Records the events a connection wants, and tells epoll if it is registered.
     pub fn set_interest(&self, conn: &Conn, want: u32) {
         let mut ep = conn.ep.lock();
         ep.interest = want;
         if ep.registered {
-            let _ = self.ctl(libc::EPOLL_CTL_MOD, conn, want);
+            let _ = epoll::modify(&self.epfd, conn.sock.as_fd(), flags(want), conn.token);
         }
     }
 
@@ -107,7 +96,7 @@ impl Poller {
     pub fn arm(&self, conn: &Conn) -> io::Result<()> {
         let mut ep = conn.ep.lock();
         if !ep.registered && !conn.is_closed() {
-            self.ctl(libc::EPOLL_CTL_ADD, conn, ep.interest)?;
+            epoll::add_to(&self.epfd, conn.sock.as_fd(), flags(ep.interest), conn.token)?;
             ep.registered = true;
         }
         Ok(())
@@ -117,8 +106,13 @@ impl Poller {
     pub fn disarm(&self, conn: &Conn) {
         let mut ep = conn.ep.lock();
         if ep.registered {
-            let _ = self.ctl(libc::EPOLL_CTL_DEL, conn, 0);
+            let _ = epoll::delete(&self.epfd, conn.sock.as_fd());
             ep.registered = false;
         }
     }
+}
+
+/// The epoll flags of an interest kept as `EPOLLIN` / `EPOLLOUT` bits.
+fn flags(interest: u32) -> EventFlags {
+    EventFlags::from_bits_truncate(interest)
 }
