@@ -105,7 +105,7 @@ struct Cli {
     /// GiB moved by each run of the QP rows (1 and 64 QPs alike, and raw TCP's 1 and 64
     /// connections). 64 fresh connections carry their first few hundred MiB at a half to a
     /// third of their steady rate, raw TCP's as well as the sim's, so a short run measures
-    /// mostly that start (2 GiB did until 2026-11-30).
+    /// mostly that start.
     #[arg(long, default_value_t = 8)]
     qp_gib: u64,
     /// Measure only these groups of targets (comma-separated; default: all).
