@@ -5,10 +5,13 @@
 //! the backend converts types and calls libibverbs, and leaves every semantic decision
 //! (state machine, access checks, queue limits) to the provider library and the kernel.
 //!
-//! ```no_run
+//! ```
 //! use verbs_api::{Backend, Context};
-//! let ctx = backend_ibverbs::IbvBackend.open_first()?;
-//! println!("{}: {:?}", ctx.name(), ctx.capabilities()?);
+//! match backend_ibverbs::IbvBackend.open_first() {
+//!     Ok(ctx) => println!("{}: {:?}", ctx.name(), ctx.capabilities()?),
+//!     // No RDMA device on this machine: the error says how to get one.
+//!     Err(e) => println!("{e}"),
+//! }
 //! # Ok::<(), verbs_api::Error>(())
 //! ```
 //!

@@ -1,17 +1,13 @@
 //! Keeps the progress thread from sharing a CPU with the thread it waits for.
 //!
 //! A socket wake-up (`sock_def_readable`, a synchronous wake-up) lets the kernel place the
-//! woken thread on the waker's CPU. Traced on a 2-CPU VM (Linux 6.18, `sched_waking`
-//! events): a progress thread woken by a busy-polling application thread of another
-//! process (a requester posting small WRITEs with a shallow send queue) was placed on that
-//! thread's CPU, where it had last run too, window after window, while the other CPU
-//! idled. (Linux skips its search for an idle CPU when the cache domain looks busy,
-//! `SIS_UTIL`, and on two CPUs one spinning thread is half of it: the likely reason.)
-//! Then each spin window of the progress thread starves the very thread whose next
-//! request it waits for: the request comes only after the window is over and the thread
-//! has blocked, a few microseconds later, and every round trip costs a spin window (about
-//! 200 µs) instead of a few microseconds. `perf write_bw -s 64 -n 2000 -t 16` on that VM:
-//! one run in ten to one in three ran at 0.07-0.3 M messages/s instead of about 1.4 M.
+//! woken thread on the waker's CPU, and on a small machine it may keep doing so while
+//! another CPU idles (Linux skips its search for an idle CPU when the cache domain looks
+//! busy, `SIS_UTIL`, and on two CPUs one spinning thread is half of it). A progress
+//! thread woken by a busy-polling application thread then spins on that thread's CPU and
+//! starves the very thread whose next request it waits for: the request comes only after
+//! the spin window is over, and every round trip costs a window (up to 200 µs) instead of
+//! a few microseconds. `perf-compare`'s row of short small-WRITE runs shows such stalls.
 //!
 //! The sign is cheap to see from the progress thread alone: it spun a whole window (the
 //! longest, which a stalled stream's gaps make it use) without work, blocked, and was

@@ -2,12 +2,11 @@
 //! congestion control chosen for the sim rather than inherited from the host.
 //!
 //! The congestion control matters on loopback. With BBR (the default of some
-//! distributions, and of the machine these figures come from) the sending side paces at
-//! its own estimate of the path's bandwidth; the sim's traffic is application-limited in bursts
-//! (an application thread polls, posts, and is descheduled), and that estimate often
-//! settles far below what the host can copy: 1 MiB `perf send_bw` runs ran at 2-5.6 GB/s
-//! under BBR and 5.4-8.6 GB/s under CUBIC on the same machine, interleaved. So the sim
-//! asks for CUBIC (Linux's default), unless `RDMA_SIM_TCP_CC` names another algorithm
+//! distributions) the sending side paces at its own estimate of the path's bandwidth;
+//! the sim's traffic is application-limited in bursts (an application thread polls,
+//! posts, and is descheduled), and that estimate often settles far below what the host
+//! can copy (see docs/performance.md, "Congestion control"). So the sim asks for CUBIC
+//! (Linux's default), unless `RDMA_SIM_TCP_CC` names another algorithm
 //! (`reno`, `bbr`, ...) or says `system` to keep the host's choice. An algorithm the host
 //! does not offer or allow (`net.ipv4.tcp_allowed_congestion_control`) is not an error:
 //! the connection keeps the host's default, and the sim logs it at debug level.

@@ -14,6 +14,27 @@
 //! the enums keep libibverbs' numbering ([`WcStatus`], [`WcOpcode`], [`WrOpcode`],
 //! [`QpState`], ...). See the README for a table from libibverbs calls and constants to
 //! this API.
+//!
+//! ```
+//! use verbs_api::transitions::check_modify;
+//! use verbs_api::*;
+//!
+//! // A signaled SEND_WITH_IMM over one SGE: the fields of `struct ibv_send_wr`.
+//! let sge = [Sge::new(0x1000, 64, 0x1234)];
+//! let wr = SendWr::send_with_imm(7, &sge, 42).signaled();
+//! assert_eq!((wr.wr_id, wr.total_len()), (7, 64));
+//!
+//! // The state machine of `ibv_modify_qp`: RESET -> INIT needs the port, the P_Key index
+//! // and the access flags, and the error names what is missing.
+//! let attr = QpAttr { qp_state: QpState::Init, ..Default::default() };
+//! let mask = QpAttrMask::STATE | QpAttrMask::PORT;
+//! match check_modify(QpState::Reset, QpType::Rc, &attr, mask) {
+//!     Err(Error::InvalidAttrMask { missing, .. }) => {
+//!         assert_eq!(missing, QpAttrMask::PKEY_INDEX | QpAttrMask::ACCESS_FLAGS)
+//!     }
+//!     other => panic!("{other:?}"),
+//! }
+//! ```
 
 #![warn(missing_docs)]
 

@@ -1,8 +1,8 @@
 //! The sim's wire format: frame encode/decode only, no I/O.
 //!
-//! One RC connection direction is one TCP stream: the requester of a QP opens it to the
-//! peer device and sends requests; the peer's responder answers on the same stream. The
-//! frames mirror InfiniBand's headers at message granularity (TCP already segments and
+//! One TCP stream carries both directions of a QP pair, as the two halves of an IB RC
+//! connection share one path: each side's requests and the answers of its responder to
+//! the other side's requests (see docs/wire.md for the connection hello). The frames mirror InfiniBand's headers at message granularity (TCP already segments and
 //! retransmits): a 16-byte base header (like the BTH: opcode, flags, PSN, plus length and
 //! immediate), then an extension that depends on the opcode (RETH for RDMA, AtomicETH for
 //! atomics, AtomicAckETH for atomic responses, a hello block for connection setup), then

@@ -40,13 +40,13 @@
 //! CPU time of one message with both ends in one thread against raw TCP doing the same
 //! system calls ([`cost`]): a figure free of scheduling noise, for comparing changes.
 //!
-//! `--curves` adds latency and bandwidth against message size (8 B .. 4 MiB) and against
+//! `--curves` adds latency and bandwidth against message size (2 B .. 8 MiB) and against
 //! the number of QPs (1 .. 1024; 16 WRITEs outstanding per QP up to 64 QPs, then 1024 in
 //! all), written as CSV and, with `--plot FILE.svg`, as a plot.
 //!
 //! ```text
 //! cargo run --release -p examples --bin perf-compare                 # the target table
-//! cargo run --release -p examples --bin perf-compare -- --curves --plot docs/perf.svg
+//! cargo run --release -p examples --bin perf-compare -- --curves --plot docs/bench/perf.svg --json docs/bench/perf.json
 //! ```
 //!
 //! Its parts: the raw TCP baselines ([`tcp`]), the sim's runs of `perf` ([`perf_runs`])
