@@ -58,17 +58,28 @@ fn lower_fd_limit(headroom: u64) -> u64 {
     open + headroom
 }
 
-/// Opens `/dev/null` until the process is out of descriptors.
+/// Opens `/dev/null` until the process is out of descriptors. A descriptor another
+/// thread holds for a moment (an accept(2) that finds no client) would be free again
+/// after the first EMFILE, so the table counts as full only when two tries in a row, a
+/// little apart, fail.
 fn exhaust_fds() -> Vec<File> {
     let mut held = Vec::new();
-    loop {
+    let mut refused = 0;
+    while refused < 2 {
         match File::open("/dev/null") {
-            Ok(f) => held.push(f),
-            Err(e) if e.raw_os_error() == Some(libc::EMFILE) => return held,
+            Ok(f) => {
+                held.push(f);
+                refused = 0;
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EMFILE) => {
+                refused += 1;
+                std::thread::sleep(Duration::from_millis(5));
+            }
             Err(e) => panic!("opening /dev/null: {e}"),
         }
         assert!(held.len() < 100_000, "the descriptor limit did not take");
     }
+    held
 }
 
 /// The warnings logged through `tracing`, in order.
@@ -180,16 +191,19 @@ fn blocking_accept_waits_out_emfile_and_sets_the_client_up() {
         let addr = listener.local_addr().unwrap();
         let limit = lower_fd_limit(48);
         let (tx, rx) = mpsc::channel();
+        // The table is filled before the server starts: its accept(2) polls hold a
+        // descriptor for a moment, and filling the table while it polls could leave a
+        // second one free, with which the server would accept at once.
+        let mut held = exhaust_fds();
+        // One descriptor for the client's socket: its connection then waits in the
+        // listen backlog while the server's accept(2) fails with EMFILE.
+        held.pop();
         std::thread::scope(|s| {
             s.spawn(|| {
                 let offer = Offer::new().timeout(Duration::from_secs(20));
                 let r = listener.accept(&ctx, &qp_s, &RcParams::default(), &offer);
                 tx.send(r.map(|p| p.endpoint.qpn)).unwrap();
             });
-            let mut held = exhaust_fds();
-            // One descriptor for the client's socket: its connection then waits in the
-            // listen backlog while the server's accept(2) fails with EMFILE.
-            held.pop();
             let client = s.spawn(|| connect_retrying(addr, &ctx, &qp_c));
             hold_then_free(held, &rx, Duration::from_millis(400));
             let server_saw = rx.recv_timeout(Duration::from_secs(20)).unwrap().unwrap();
@@ -252,6 +266,9 @@ fn async_accept_waits_out_emfile_and_sets_the_client_up() {
         let addr: SocketAddr = listener.local_addr().unwrap();
         let limit = lower_fd_limit(48);
         let (tx, rx) = mpsc::channel();
+        // Filled before the server starts, as in the blocking test.
+        let mut held = exhaust_fds();
+        held.pop();
         std::thread::scope(|s| {
             let rt = &rt;
             s.spawn(|| {
@@ -259,8 +276,6 @@ fn async_accept_waits_out_emfile_and_sets_the_client_up() {
                 let r = rt.block_on(listener.accept(&ctx, &qp_s, &RcParams::default(), &offer));
                 tx.send(r.map(|p| p.endpoint.qpn)).unwrap();
             });
-            let mut held = exhaust_fds();
-            held.pop();
             let client = s.spawn(|| connect_retrying(addr, &ctx, &qp_c));
             hold_then_free(held, &rx, Duration::from_millis(400));
             let server_saw = rx.recv_timeout(Duration::from_secs(20)).unwrap().unwrap();

@@ -47,6 +47,17 @@ fn pair(timeout: u8, retry_cnt: u8, rnr_retry: u8) -> Pair {
     let eb = local_endpoint(&b_ctx, &b, &pb, 20).unwrap();
     connect_rc(&a, &pa, ea.psn, &eb).unwrap();
     connect_rc(&b, &pb, eb.psn, &ea).unwrap();
+    // One WRITE through before any fault is armed: the connection is up (its setup, a
+    // connect and the peer's check of the hello, is not what a test injects into), and
+    // a short retry budget counts the fault alone.
+    let src = pd_a.reg_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
+    let dst = pd_b
+        .reg_mr(8, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+        .unwrap();
+    a.post_send(&[SendWr::write(u64::MAX, &[src.sge_all()], dst.remote().at(0)).signaled()])
+        .unwrap();
+    let w = poll_n(&cq_a, 1, T).unwrap();
+    assert!(w[0].is_ok(), "the pair's first WRITE: {w:?}");
     Pair {
         a_ctx,
         b_ctx,
