@@ -20,6 +20,7 @@ use std::thread::JoinHandle;
 
 use parking_lot::{Mutex, RwLock};
 use rdma_sys::{ibv_ack_async_event, ibv_async_event, ibv_context, ibv_cq, ibv_get_async_event, ibv_qp};
+use rustc_hash::FxHashMap;
 use verbs_api::{Error, Result};
 
 use crate::errno::last_errno;
@@ -194,7 +195,7 @@ impl MrSpan {
 pub(crate) struct Registry {
     /// Registered regions by lkey (for the inline-SGE check). Writers (MR drop) take the
     /// write lock, so a region cannot be deregistered while an inline post reads it.
-    pub(crate) mrs: RwLock<HashMap<u32, MrSpan>>,
+    pub(crate) mrs: RwLock<FxHashMap<u32, MrSpan>>,
     /// Live CQs by handle.
     pub(crate) cqs: Mutex<HashMap<u32, Arc<CqState>>>,
     /// Live QPs by QP number.

@@ -46,7 +46,21 @@ use crate::errno::{last_errno, rc_errno};
 /// Completions fetched per `ibv_poll_cq` call.
 const POLL_BATCH: usize = 32;
 
+/// An all-zero `struct ibv_wc` (a valid value: integers and an integer union).
+// SAFETY: all-zero is a valid ibv_wc.
+const ZERO_WC: ibv_wc = unsafe { std::mem::zeroed() };
+
+thread_local! {
+    /// Where a batch poll lets the provider write. A provider fills only the fields valid
+    /// for each completion, so the entries it is handed must be initialized: they are
+    /// zeroed once here and each entry again after its completion is read, so that an
+    /// empty poll (the common case in a busy loop) zeroes nothing.
+    static SCRATCH: std::cell::UnsafeCell<[ibv_wc; POLL_BATCH]> =
+        const { std::cell::UnsafeCell::new([ZERO_WC; POLL_BATCH]) };
+}
+
 /// Maps one `struct ibv_wc` (see the module docs for unknown values).
+#[inline(always)]
 pub(crate) fn wc_from_raw(wc: &ibv_wc) -> WorkCompletion {
     let status = WcStatus::from_raw(wc.status);
     let vendor_err = match status {
@@ -299,6 +313,8 @@ impl IbvCq {
     }
 
     /// The overflow error, if the CQ overflowed.
+    #[cold]
+    #[inline(never)]
     fn overflow(&self) -> Option<Error> {
         match self.inner.state.overflows.load(Ordering::SeqCst) {
             0 => None,
@@ -310,37 +326,68 @@ impl IbvCq {
     }
 }
 
+impl IbvCq {
+    /// `ibv_poll_cq` for one entry: the commonest poll, without the batch loop.
+    #[inline(always)]
+    fn poll_one(&self, dst: &mut WorkCompletion) -> Result<usize> {
+        // Zeroed, so that every byte the provider does not write is initialized.
+        let mut raw = MaybeUninit::<ibv_wc>::zeroed();
+        // SAFETY: the CQ is live; `raw` has room for one entry.
+        let n = unsafe { ibv_poll_cq(self.inner.raw, 1, raw.as_mut_ptr()) };
+        if n <= 0 {
+            return if n == 0 { Ok(0) } else { Err(poll_failed(n)) };
+        }
+        // SAFETY: zeroed above (all-zero is a valid ibv_wc), then written by the provider.
+        *dst = wc_from_raw(unsafe { raw.assume_init_ref() });
+        Ok(1)
+    }
+}
+
+/// The error of a failed `ibv_poll_cq`.
+#[cold]
+#[inline(never)]
+fn poll_failed(rc: c_int) -> Error {
+    Error::from_errno("ibv_poll_cq", rc_errno(rc))
+}
+
 impl CompletionQueue for IbvCq {
+    #[inline]
     fn poll(&self, wc: &mut [WorkCompletion]) -> Result<usize> {
-        if let Some(e) = self.overflow() {
-            return Err(e);
+        if self.inner.state.overflows.load(Ordering::SeqCst) != 0 {
+            return Err(self.overflow().unwrap_or(Error::CqOverflow {
+                cq: self.inner.handle,
+                lost: 1,
+            }));
         }
-        let mut done = 0;
-        while done < wc.len() {
-            let want = (wc.len() - done).min(POLL_BATCH);
-            let mut raw: [MaybeUninit<ibv_wc>; POLL_BATCH] = [const { MaybeUninit::uninit() }; POLL_BATCH];
-            let base = raw.as_mut_ptr().cast::<ibv_wc>();
-            // Zero the entries handed to the provider, so that every byte it does not
-            // write (it fills only the fields valid for the completion) is initialized.
-            // SAFETY: `want` <= POLL_BATCH entries of `raw`; all-zero is a valid ibv_wc
-            // (integers and an integer union).
-            unsafe { std::ptr::write_bytes(base, 0, want) };
-            // SAFETY: the CQ is live; `base` has room for `want` entries.
-            let n = unsafe { ibv_poll_cq(self.inner.raw, want as c_int, base) };
-            if n < 0 {
-                return Err(Error::from_errno("ibv_poll_cq", rc_errno(n)));
-            }
-            let n = (n as usize).min(want);
-            for (i, dst) in wc[done..done + n].iter_mut().enumerate() {
-                // SAFETY: i < n <= want: zeroed above, then written by the provider.
-                *dst = wc_from_raw(unsafe { &*base.add(i) });
-            }
-            done += n;
-            if n < want {
-                break;
-            }
+        if let [one] = wc {
+            return self.poll_one(one);
         }
-        Ok(done)
+        SCRATCH.with(|scratch| {
+            // SAFETY: the buffer is this thread's and nothing else borrows it: poll does
+            // not call back into user code, so it cannot be re-entered on this thread.
+            let raw = unsafe { &mut *scratch.get() };
+            let base = raw.as_mut_ptr();
+            let mut done = 0;
+            while done < wc.len() {
+                let want = (wc.len() - done).min(POLL_BATCH);
+                // SAFETY: the CQ is live; `base` has room for `want` entries, all zeroed.
+                let n = unsafe { ibv_poll_cq(self.inner.raw, want as c_int, base) };
+                if n < 0 {
+                    return Err(poll_failed(n));
+                }
+                let n = (n as usize).min(want);
+                for (dst, src) in wc[done..done + n].iter_mut().zip(raw[..n].iter_mut()) {
+                    *dst = wc_from_raw(src);
+                    // Zeroed again for the next poll (see SCRATCH).
+                    *src = ZERO_WC;
+                }
+                done += n;
+                if n < want {
+                    break;
+                }
+            }
+            Ok(done)
+        })
     }
 
     fn req_notify(&self, solicited_only: bool) -> Result<()> {

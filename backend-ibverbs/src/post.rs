@@ -6,6 +6,11 @@
 //! [`STACK_SGES`] SGEs; longer lists use a heap buffer), so a post allocates nothing in
 //! the common case. libibverbs' `bad_wr` is mapped back to the index of the WR.
 //!
+//! The commonest post, one WR with a few SGEs, takes a path of its own that builds the
+//! one `ibv_send_wr` (or `ibv_recv_wr`) and its SGEs and calls the provider, nothing
+//! else: the data path's cost over a C program that calls libibverbs directly is this
+//! conversion (`examples/call_cost.rs` counts it).
+//!
 //! The one check done here: an `IBV_SEND_INLINE` WR has its gather list copied by the
 //! provider at post time, from `addr`, without any lkey check, so every inline SGE must
 //! lie inside the registered region its lkey names (the context's span table, read-locked
@@ -19,6 +24,8 @@ use std::ptr::null_mut;
 use rdma_sys::{atomic_t, imm_data_invalidated_rkey_union_t, rdma_t, wr_t};
 use rdma_sys::{ibv_post_recv, ibv_post_send, ibv_recv_wr, ibv_send_wr, ibv_sge};
 use verbs_api::{Error, PostError, QpState, QueueKind, QueuePair, RecvWr, SendFlags, SendWr, Sge, WrOp};
+
+use rustc_hash::FxHashMap;
 
 use crate::async_events::MrSpan;
 use crate::errno::rc_errno;
@@ -111,10 +118,7 @@ pub(crate) fn send_wr_to_raw(
 /// The first WR that must not reach the provider, and why: an inline SGE outside the
 /// region its lkey names (`spans` is `None` when no WR is inline), or a gather list
 /// longer than `int`.
-fn first_unpostable(
-    wrs: &[SendWr<'_>],
-    spans: Option<&std::collections::HashMap<u32, MrSpan>>,
-) -> Option<(usize, Error)> {
+fn first_unpostable(wrs: &[SendWr<'_>], spans: Option<&FxHashMap<u32, MrSpan>>) -> Option<(usize, Error)> {
     for (i, wr) in wrs.iter().enumerate() {
         if c_int::try_from(wr.sg_list.len()).is_err() {
             return Some((
@@ -129,26 +133,36 @@ fn first_unpostable(
             continue;
         }
         let Some(spans) = spans else { continue };
-        for (j, s) in wr.sg_list.iter().enumerate() {
-            let inside = spans
-                .get(&s.lkey)
-                .is_some_and(|span| span.contains(s.addr, s.length as u64));
-            if !inside {
-                return Some((
-                    i,
-                    Error::invalid(
-                        "ibv_post_send",
-                        format!(
-                            "inline SGE #{j} (addr {:#x}, length {}, lkey {:#x}) is not inside a memory \
-                             region of this context registered with that lkey",
-                            s.addr, s.length, s.lkey
-                        ),
-                    ),
-                ));
-            }
+        if let Some(e) = inline_outside(wr, spans) {
+            return Some((i, e));
         }
     }
     None
+}
+
+/// Why an inline WR must not reach the provider: one of its SGEs is not inside the
+/// region its lkey names.
+#[inline]
+fn inline_outside(wr: &SendWr<'_>, spans: &FxHashMap<u32, MrSpan>) -> Option<Error> {
+    let j = wr.sg_list.iter().position(|s| {
+        !spans
+            .get(&s.lkey)
+            .is_some_and(|span| span.contains(s.addr, s.length as u64))
+    })?;
+    Some(inline_error(j, &wr.sg_list[j]))
+}
+
+#[cold]
+#[inline(never)]
+fn inline_error(j: usize, s: &Sge) -> Error {
+    Error::invalid(
+        "ibv_post_send",
+        format!(
+            "inline SGE #{j} (addr {:#x}, length {}, lkey {:#x}) is not inside a memory region of this \
+             context registered with that lkey",
+            s.addr, s.length, s.lkey
+        ),
+    )
 }
 
 /// Index of `bad` in the array at `base` (0 if the provider left it NULL or foreign).
@@ -163,6 +177,8 @@ fn bad_index<T>(base: *const T, bad: *const T, len: usize) -> usize {
 
 /// Explains a failed post: ENOMEM is a full queue; EINVAL in a state that refuses the
 /// post names the state; anything else is passed on.
+#[cold]
+#[inline(never)]
 fn post_error(qp: &IbvQp, kind: QueueKind, errno: i32, index: usize, wr_id: u64) -> PostError {
     let call = match kind {
         QueueKind::Send => "ibv_post_send",
@@ -213,8 +229,66 @@ fn post_error(qp: &IbvQp, kind: QueueKind, errno: i32, index: usize, wr_id: u64)
     PostError { index, wr_id, error }
 }
 
+/// SGEs of a lone WR that the fast path takes.
+const ONE_WR_SGES: usize = 4;
+
 /// `ibv_post_send` for `wrs` (see the module docs).
+#[inline]
 pub(crate) fn post_send(qp: &IbvQp, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
+    // The common case, one WR with a few SGEs, skips the list's machinery.
+    if let [wr] = wrs {
+        if wr.sg_list.len() <= ONE_WR_SGES {
+            return post_one_send(qp, wr);
+        }
+    }
+    post_send_list(qp, wrs)
+}
+
+/// One WR of at most [`ONE_WR_SGES`] SGEs: checked if inline, built on the stack and
+/// posted.
+#[inline(always)]
+fn post_one_send(qp: &IbvQp, wr: &SendWr<'_>) -> Result<(), PostError> {
+    // Held until the provider has copied the inline data.
+    let spans = if wr.send_flags.contains(SendFlags::INLINE) {
+        let spans = qp.pd.ctx.registry.mrs.read();
+        if let Some(error) = inline_outside(wr, &spans) {
+            return Err(PostError {
+                index: 0,
+                wr_id: wr.wr_id,
+                error,
+            });
+        }
+        Some(spans)
+    } else {
+        None
+    };
+    let mut sges = [const { MaybeUninit::<ibv_sge>::uninit() }; ONE_WR_SGES];
+    for (d, s) in sges.iter_mut().zip(wr.sg_list) {
+        d.write(sge_to_raw(s));
+    }
+    let sg_list = if wr.sg_list.is_empty() {
+        null_mut()
+    } else {
+        sges.as_mut_ptr().cast::<ibv_sge>()
+    };
+    // fits: at most ONE_WR_SGES
+    let mut raw = send_wr_to_raw(wr, sg_list, wr.sg_list.len() as c_int, null_mut());
+    let mut bad: *mut ibv_send_wr = null_mut();
+    // SAFETY: the QP is live; `raw` is a fully initialized WR whose `num_sge` SGEs are
+    // initialized in `sges`; both outlive the call. SGE addresses are checked by the HCA
+    // through the lkey when the WR executes, except for inline ones, which were checked
+    // above against live regions that the held span lock keeps registered.
+    let rc = unsafe { ibv_post_send(qp.raw, &mut raw, &mut bad) };
+    drop(spans);
+    if rc == 0 {
+        return Ok(());
+    }
+    Err(post_error(qp, QueueKind::Send, rc_errno(rc), 0, wr.wr_id))
+}
+
+/// `ibv_post_send` for a list, or a WR that is inline or has many SGEs.
+#[inline(never)]
+fn post_send_list(qp: &IbvQp, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
     if wrs.is_empty() {
         return Ok(());
     }
@@ -291,7 +365,48 @@ fn post_send_checked(qp: &IbvQp, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
 }
 
 /// `ibv_post_recv` for `wrs`.
+#[inline]
 pub(crate) fn post_recv(qp: &IbvQp, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
+    if let [wr] = wrs {
+        if wr.sg_list.len() <= ONE_WR_SGES {
+            return post_one_recv(qp, wr);
+        }
+    }
+    post_recv_list(qp, wrs)
+}
+
+/// One receive WR of at most [`ONE_WR_SGES`] SGEs, built on the stack and posted.
+#[inline(always)]
+fn post_one_recv(qp: &IbvQp, wr: &RecvWr<'_>) -> Result<(), PostError> {
+    let mut sges = [const { MaybeUninit::<ibv_sge>::uninit() }; ONE_WR_SGES];
+    for (d, s) in sges.iter_mut().zip(wr.sg_list) {
+        d.write(sge_to_raw(s));
+    }
+    let mut raw = ibv_recv_wr {
+        wr_id: wr.wr_id,
+        next: null_mut(),
+        sg_list: if wr.sg_list.is_empty() {
+            null_mut()
+        } else {
+            sges.as_mut_ptr().cast::<ibv_sge>()
+        },
+        // fits: at most ONE_WR_SGES
+        num_sge: wr.sg_list.len() as c_int,
+    };
+    let mut bad: *mut ibv_recv_wr = null_mut();
+    // SAFETY: the QP is live; `raw` is a fully initialized WR whose `num_sge` SGEs are
+    // initialized in `sges`; both outlive the call. Receive buffers are written by the
+    // HCA only after it checked them through their lkey.
+    let rc = unsafe { ibv_post_recv(qp.raw, &mut raw, &mut bad) };
+    if rc == 0 {
+        return Ok(());
+    }
+    Err(post_error(qp, QueueKind::Recv, rc_errno(rc), 0, wr.wr_id))
+}
+
+/// `ibv_post_recv` for a list, or a WR with many SGEs.
+#[inline(never)]
+fn post_recv_list(qp: &IbvQp, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
     if wrs.is_empty() {
         return Ok(());
     }
@@ -301,7 +416,7 @@ pub(crate) fn post_recv(qp: &IbvQp, wrs: &[RecvWr<'_>]) -> Result<(), PostError>
         .find(|(_, w)| c_int::try_from(w.sg_list.len()).is_err())
     {
         if i > 0 {
-            post_recv(qp, &wrs[..i])?;
+            post_recv_list(qp, &wrs[..i])?;
         }
         return Err(PostError {
             index: i,
@@ -368,7 +483,6 @@ mod tests {
     use super::*;
     use rdma_sys::ibv_send_flags as F;
     use rdma_sys::ibv_wr_opcode as O;
-    use std::collections::HashMap;
     use verbs_api::{RemoteAddr, WrOpcode};
 
     #[test]
@@ -451,7 +565,7 @@ mod tests {
 
     #[test]
     fn inline_sges_must_lie_in_their_region() {
-        let mut spans = HashMap::new();
+        let mut spans = FxHashMap::default();
         spans.insert(
             5,
             MrSpan {

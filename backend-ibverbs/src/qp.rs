@@ -311,10 +311,12 @@ impl QueuePair for IbvQp {
         Ok(q)
     }
 
+    #[inline]
     fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
         crate::post::post_send(self, wrs)
     }
 
+    #[inline]
     fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
         crate::post::post_recv(self, wrs)
     }

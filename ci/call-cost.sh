@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# call-cost.sh - what backend-ibverbs costs over C, per call, on rxe0 in the Soft-RoCE VM
+# of ci/rxe-vm.sh: backend-ibverbs/bench/call_cost.c (libibverbs called directly) and
+# backend-ibverbs/examples/call_cost.rs (the same calls through backend-ibverbs) run
+# under `valgrind --tool=callgrind`, which counts the instructions of each measured
+# function (libibverbs and the provider included) without the noise of a clock. The
+# host's valgrind (Debian bookworm, as the guest) is copied into the shared directory.
+#
+#   ci/call-cost.sh [OUT_DIR] [ITERS]
+#
+# Prints, per call, the instructions of C, of Rust and the difference, and writes
+# OUT_DIR/call-cost.md and OUT_DIR/call-cost.json (OUT_DIR defaults to ci-out, ITERS to
+# 1000). Needs gcc, libibverbs-dev and valgrind on the host.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=${1:-$root/ci-out}
+iters=${2:-1000}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+target=${CARGO_TARGET_DIR:-$root/target}
+case $target in /*) ;; *) target=$root/$target ;; esac
+for t in gcc valgrind callgrind_annotate; do
+    command -v $t >/dev/null || { echo "call-cost.sh: $t is missing (apt-get install gcc valgrind)" >&2; exit 2; }
+done
+
+cargo build --release --manifest-path "$root/Cargo.toml" -p backend-ibverbs --example call_cost
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+cp "$target/release/examples/call_cost" "$dir/call_cost_rust"
+gcc -O2 -Wall -o "$dir/call_cost_c" "$root/backend-ibverbs/bench/call_cost.c" -libverbs
+mkdir "$dir/vg"
+cp /usr/bin/valgrind.bin "$dir/vg/valgrind"
+cp /usr/libexec/valgrind/callgrind-amd64-linux /usr/libexec/valgrind/vgpreload_core-amd64-linux.so \
+    /usr/libexec/valgrind/default.supp "$dir/vg/"
+
+cat >"$dir/run.sh" <<GUEST
+#!/bin/sh
+export VALGRIND_LIB=/mnt/host/vg
+rc=0
+for phase in send inline empty recv; do
+    for lang in c rust; do
+        ./vg/valgrind --tool=callgrind --callgrind-out-file=cg.\$lang.\$phase \\
+            --toggle-collect='*cc_*' ./call_cost_\$lang rxe0 1 $iters \$phase >log.\$lang.\$phase 2>&1 || {
+            cat log.\$lang.\$phase; rc=1; }
+    done
+done
+exit \$rc
+GUEST
+
+"$root/ci/rxe-vm.sh" run "$dir" sh run.sh
+
+# Inclusive instructions of each measured function, per call.
+count() { # file function (awk reads to the end: an early exit would fail the pipe)
+    callgrind_annotate --inclusive=yes "$1" |
+        awk -v f="$2" '!n && ($0 ~ ("[:]" f " ") || $0 ~ ("::" f " ")) { gsub(",", "", $1); n = $1 }
+            END { if (n) print n }'
+}
+{
+    echo "| call | C (instructions) | backend-ibverbs | overhead |"
+    echo "|---|---|---|---|"
+    json="{\"iterations\": $iters, \"calls\": ["
+    sep=""
+    for row in "post_send:send:cc_post_send" "post_send (8 B inline):inline:cc_post_send" \
+        "poll (one completion):send:cc_poll" \
+        "poll (empty CQ):empty:cc_poll" "post_recv:recv:cc_post_recv"; do
+        name=${row%%:*}; rest=${row#*:}; phase=${rest%%:*}; fn=${rest#*:}
+        c=$(count "$dir/cg.c.$phase" "$fn"); r=$(count "$dir/cg.rust.$phase" "$fn")
+        [ -n "$c" ] && [ -n "$r" ] || { echo "call-cost.sh: no count for $fn in $phase" >&2; exit 1; }
+        cp=$((c / iters)); rp=$((r / iters))
+        echo "| $name | $cp | $rp | +$((rp - cp)) |"
+        json="$json$sep{\"call\": \"$name\", \"c\": $cp, \"rust\": $rp}"
+        sep=", "
+    done
+    echo "$json]}" >"$out/call-cost.json"
+} | tee "$out/call-cost.md"
