@@ -14,7 +14,8 @@
 # The guest: rxe0 on a dummy netdev (rxenet0, 10.77.0.1/24), GID index 1 is the
 # IPv4-mapped ::ffff:10.77.0.1 (index 0 is the MAC-derived fe80:: one). Only one rxe
 # device: two QPs on rxe0 talk through rxe's loopback. The guest has no NIC.
-# Userspace: busybox, libibverbs + the rxe provider, librdmacm, ibverbs-utils, iproute2.
+# Userspace: busybox, libibverbs + the rxe provider, librdmacm, ibverbs-utils, perftest,
+# iproute2.
 # Host binaries must be built for bookworm's glibc (true when built on bookworm).
 #
 # Host needs: Debian bookworm, root (apt-get), the Debian mirror. The script installs
@@ -40,7 +41,7 @@ TIMEOUT=${RXEVM_TIMEOUT:-600}
 # Guest userspace, straight from the bookworm mirror (nothing is taken from the host).
 GUEST_DEBS="busybox-static libc6 libgcc-s1 zlib1g libmd0 libbsd0 libcap2 libelf1 libbpf1
   libmnl0 libnl-3-200 libnl-route-3-200 libibverbs1 ibverbs-providers librdmacm1
-  ibverbs-utils iproute2"
+  ibverbs-utils iproute2 perftest libpci3 libudev1 libibumad3"
 # Kernel modules to load (their dependencies are added in load order). crc32_generic is
 # not a declared dependency of rdma_rxe, but rxe asks the crypto API for "crc32".
 GUEST_MODS="crc32_generic crc32-pclmul rdma_rxe dummy virtio_pci 9pnet_virtio 9p"

@@ -75,6 +75,18 @@ pub fn create_qp_on<B: Backend>(
     cq: &B::Cq,
     opts: &QpOpts,
 ) -> Res<(B::Qp, QpCap)> {
+    create_qp_with::<B>(ctx, pd, cq, cq, opts)
+}
+
+/// Creates a QP whose send completions go to `send_cq` and receive completions to
+/// `recv_cq`, otherwise as [`create_qp_on`].
+pub fn create_qp_with<B: Backend>(
+    ctx: &B::Context,
+    pd: &B::Pd,
+    send_cq: &B::Cq,
+    recv_cq: &B::Cq,
+    opts: &QpOpts,
+) -> Res<(B::Qp, QpCap)> {
     let caps = ctx.capabilities().context("querying the device's capabilities")?;
     let cap = QpCap {
         max_send_wr: opts.send_wr.min(caps.max_qp_wr.max(1)),
@@ -84,7 +96,7 @@ pub fn create_qp_on<B: Backend>(
         max_inline_data: opts.inline.min(caps.max_inline_data),
     };
     let qp = pd
-        .create_qp(&QpInitAttr::rc(cq, cq, cap))
+        .create_qp(&QpInitAttr::rc(send_cq, recv_cq, cap))
         .with_context(|| format!("creating an RC QP ({cap:?})"))?;
     let granted = qp.query().context("querying the new QP")?.cap;
     Ok((qp, granted))
@@ -97,6 +109,19 @@ pub fn create_rc<B: Backend>(ctx: &B::Context, pd: &B::Pd, opts: &QpOpts) -> Res
         .with_context(|| format!("creating a CQ of {} entries", opts.cqe()))?;
     let (qp, cap) = create_qp_on::<B>(ctx, pd, &cq, opts)?;
     Ok(RcQp { cq, qp, cap })
+}
+
+/// Creates a QP with a CQ of its own for each queue, as perftest's send tests do: the
+/// [`RcQp`] (whose `cq` takes the send completions) and the receive CQ.
+pub fn create_rc_split<B: Backend>(ctx: &B::Context, pd: &B::Pd, opts: &QpOpts) -> Res<(RcQp<B>, B::Cq)> {
+    let cq = ctx
+        .create_cq(opts.send_wr, None)
+        .with_context(|| format!("creating a send CQ of {} entries", opts.send_wr))?;
+    let recv_cq = ctx
+        .create_cq(opts.recv_wr, None)
+        .with_context(|| format!("creating a receive CQ of {} entries", opts.recv_wr))?;
+    let (qp, cap) = create_qp_with::<B>(ctx, pd, &cq, &recv_cq, opts)?;
+    Ok((RcQp { cq, qp, cap }, recv_cq))
 }
 
 /// A server's clients, accepted so that no client can stop the server or hold up the

@@ -259,6 +259,60 @@ fn perf_json_rows_parse() {
     }
 }
 
+/// `perf --perftest`: perftest's loops and arithmetic run every kind of test (SEND with
+/// its own receive CQ on both ends, WRITE ping-pong, READ, atomics, bandwidth with CQ
+/// moderation) and give positive figures; the header says how it measured.
+#[test]
+fn perf_perftest_mode_runs_each_loop() {
+    for args in [
+        &["send_lat", "-n", "100"][..],
+        &["write_lat", "-n", "100"][..],
+        &["read_lat", "-n", "100"][..],
+        &["atomic_lat", "-n", "100"][..],
+        &["send_bw", "-n", "300", "-s", "64"][..],
+        &["write_bw", "-n", "300", "-s", "65536"][..],
+    ] {
+        let mut a = args.to_vec();
+        a.push("--perftest");
+        let o = ok(PERF, &a);
+        has(&o, "Measured as     : perftest (busy polling, cycle counter at");
+        let mut j = a.clone();
+        j.push("--json");
+        let o = ok(PERF, &j);
+        let r: serde_json::Value =
+            serde_json::from_str(o.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {o:?}"));
+        let k = if args[0].ends_with("_lat") {
+            "t_typical_us"
+        } else {
+            "bw_avg_MBps"
+        };
+        assert!(r[k].as_f64().is_some_and(|v| v > 0.0), "{k} in {r}");
+        assert_eq!(r["iters"], args[2].parse::<u64>().unwrap(), "{r}");
+    }
+}
+
+/// A server started with --perftest refuses a client that runs without it (both ends
+/// must measure alike), and says so to the client.
+#[test]
+fn perf_perftest_mode_must_match_on_both_ends() {
+    use examples::child::{ChildProc, Echo};
+    let args: Vec<String> = ["read_lat", "--server", "--perftest", "-p", "0"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let mut server =
+        ChildProc::spawn_program("perf-server", Command::new(PERF).args(&args), Echo::Quiet).unwrap();
+    let addr = server.listen_addr(Duration::from_secs(20)).unwrap();
+    let o = run(PERF, &["read_lat", &addr.to_string(), "-n", "10"]);
+    assert!(!o.ok, "{o:?}");
+    assert!(
+        o.stderr.contains("the server refused: the client runs without --perftest"),
+        "{o:?}"
+    );
+    let status = server.wait(Duration::from_secs(20)).unwrap();
+    assert!(!status.success(), "the server ends with the refusal too");
+}
+
 /// perf-compare's UCX and libfabric rows: each reference program runs, and every row
 /// pairs a positive figure of the sim with one of the reference. Needs `ucx-utils` and
 /// `libfabric-bin`, which a fresh machine lacks, so `cargo test` leaves it out; `.ci/run`

@@ -40,16 +40,19 @@ use examples::child::{announce_listening, ChildProc, Echo};
 use examples::conn::{self, QpOpts};
 use examples::demo::ChildArgs;
 use examples::perftest::opts::{AtomicType, PerfCli, Test};
-use examples::perftest::params::{signal_every, Cfg, Ready};
-use examples::perftest::report::{bw_row, lat_row, print_header, print_row, LINE};
+use examples::perftest::params::{perftest_inline, perftest_rc_params, Cfg, Ready};
+use examples::perftest::report::{
+    bw_row, bw_row_perftest, lat_row, lat_row_perftest, print_header, print_row, Row, LINE,
+};
 use examples::perftest::side::{post_recvs_on, Side};
+use examples::perftest::{clock, cycle_stats, loops};
 use examples::stats::Latencies;
 use examples::wait::{check_wc, Waiter};
 use examples::{side_channel, with_backend, Res};
 use verbs_api::cm::Offer;
 use verbs_api::{
     modify_to_init, AccessFlags, Backend, CompletionQueue, Context, MemoryRegion, ProtectionDomain,
-    QueuePair, RemoteMr, SendFlags, SendWr, WorkCompletion,
+    QueuePair, RcParams, RemoteMr, SendFlags, SendWr, WorkCompletion,
 };
 
 fn main() -> ExitCode {
@@ -79,6 +82,7 @@ fn run(cli: &PerfCli) -> Res<()> {
 fn loopback(cli: &PerfCli, cfg: &Cfg) -> Res<()> {
     let args = ChildArgs::new(&cli.common, cli.test.name())
         .flag("--server", true)
+        .flag("--perftest", cli.perftest)
         .opt("--bind", "127.0.0.1")
         .opt("-p", 0)
         .opt("-r", cfg.rx_depth);
@@ -108,7 +112,7 @@ fn server<B: Backend>(b: &B, cli: &PerfCli) -> Res<()> {
     let ctx = open_device(b, common.device.as_deref())?;
     let pd = ctx.alloc_pd()?;
     let rx = cli.rx_depth.max(2);
-    let rc = conn::create_rc::<B>(&ctx, &pd, &QpOpts::new(16, rx).inline(220))?;
+    let (rc, recv_cq) = create_qp::<B>(&ctx, &pd, &QpOpts::new(16, rx).inline(236), cli)?;
     let acceptor = conn::Acceptor::start(
         conn::listen(&format!("{}:{}", cli.bind, cli.port))?,
         common.wait(),
@@ -120,7 +124,7 @@ fn server<B: Backend>(b: &B, cli: &PerfCli) -> Res<()> {
         ctx.name(),
         b.name()
     );
-    let params = common.rc_params();
+    let params = rc_params::<B>(&ctx, cli)?;
     let mut peer = acceptor.accept(
         &ctx,
         &rc.qp,
@@ -145,10 +149,20 @@ fn server<B: Backend>(b: &B, cli: &PerfCli) -> Res<()> {
             cli.test.name()
         ));
     }
+    if cfg.perftest != cli.perftest {
+        return refuse(
+            if cfg.perftest {
+                "the client runs with --perftest but this server without it: start both alike"
+            } else {
+                "the client runs without --perftest but this server with it: start both alike"
+            }
+            .to_string(),
+        );
+    }
     let Some(&client_mr) = peer.mrs.first() else {
         bail!("the client published no memory region")
     };
-    let max = cfg.max_size() as usize;
+    let max = cfg.area_size();
     let mr = pd
         .reg_mr(2 * max, AccessFlags::ALL)
         .with_context(|| format!("registering {} bytes", 2 * max))?;
@@ -164,7 +178,13 @@ fn server<B: Backend>(b: &B, cli: &PerfCli) -> Res<()> {
         posted: 0,
         sends_out: 0,
         inline,
+        mhz: 0.0,
+        spin_limit: 0,
     };
+    if cfg.perftest {
+        side.mhz = clock::cpu_mhz();
+        side.spin_limit = (side.timeout.as_secs_f64() * 1e6 * side.mhz) as u64;
+    }
     if cfg.test.is_send() {
         let n = if cfg.test == Test::SendBw { rx } else { rx.min(16) };
         side.post_recvs(n)?;
@@ -182,12 +202,67 @@ fn server<B: Backend>(b: &B, cli: &PerfCli) -> Res<()> {
         }
         side.mr.fill(0);
         side.send_json(&"go")?;
-        serve_row(&mut side, size as usize, iters)?;
+        if cfg.perftest {
+            serve_row_perftest(&mut side, recv_cq.as_ref(), size as usize, iters)?;
+        } else {
+            serve_row(&mut side, size as usize, iters)?;
+        }
         // The client says when its row is done (one-sided tests need nothing from here).
         side.expect("done")?;
         side.send_json(&"ok")?;
     }
     println!("perf server: done ({} rows)", cfg.rows.len());
+    Ok(())
+}
+
+/// The connection's attributes: the common ones, or under `--perftest` perftest's.
+fn rc_params<B: Backend>(ctx: &B::Context, cli: &PerfCli) -> Res<RcParams> {
+    let base = cli.common.rc_params();
+    Ok(if cli.perftest {
+        perftest_rc_params(base, cli.test, &ctx.capabilities()?)
+    } else {
+        base
+    })
+}
+
+/// A QP with a CQ for both queues, or under `--perftest` for a SEND test (as perftest
+/// does) a send CQ and a receive CQ.
+fn create_qp<B: Backend>(
+    ctx: &B::Context,
+    pd: &B::Pd,
+    opts: &QpOpts,
+    cli: &PerfCli,
+) -> Res<(conn::RcQp<B>, Option<B::Cq>)> {
+    if cli.perftest && cli.test.is_send() {
+        let (rc, recv_cq) = conn::create_rc_split::<B>(ctx, pd, opts)?;
+        Ok((rc, Some(recv_cq)))
+    } else {
+        Ok((conn::create_rc::<B>(ctx, pd, opts)?, None))
+    }
+}
+
+/// The receive CQ of a `--perftest` SEND test.
+fn recv_cq_of<B: Backend>(recv_cq: Option<&B::Cq>) -> Res<&B::Cq> {
+    recv_cq.context("a --perftest SEND test has a receive CQ of its own")
+}
+
+/// The server's part of one `--perftest` row: perftest's loops.
+fn serve_row_perftest<B: Backend>(
+    side: &mut Side<B>,
+    recv_cq: Option<&B::Cq>,
+    size: usize,
+    iters: u64,
+) -> Res<()> {
+    match side.cfg.test {
+        Test::SendLat => {
+            loops::send_lat(side, recv_cq_of::<B>(recv_cq)?, size, iters, false)?;
+        }
+        Test::WriteLat => {
+            loops::write_lat(side, size, iters, false)?;
+        }
+        Test::SendBw => loops::send_bw_server(side, recv_cq_of::<B>(recv_cq)?, iters)?,
+        Test::ReadLat | Test::AtomicLat | Test::WriteBw | Test::ReadBw | Test::AtomicBw => {}
+    }
     Ok(())
 }
 
@@ -244,15 +319,20 @@ fn serve_row<B: Backend>(side: &mut Side<B>, size: usize, iters: u64) -> Res<()>
 fn client<B: Backend>(b: &B, cli: &PerfCli, cfg: &Cfg, addr: &str) -> Res<()> {
     let common = &cli.common;
     let ctx = open_device(b, common.device.as_deref())?;
+    let mut cfg = cfg.clone();
+    if cfg.perftest && cli.inline_size.is_none() {
+        cfg.inline = perftest_inline(cfg.test, ctx.query_device()?.vendor_id);
+    }
+    let cfg = &cfg;
     let pd = ctx.alloc_pd()?;
-    let max = cfg.max_size() as usize;
+    let max = cfg.area_size();
     let mr = pd
         .reg_mr(2 * max, AccessFlags::ALL)
         .with_context(|| format!("registering {} bytes", 2 * max))?;
     let test = cfg.test;
     let send_wr = if test.is_lat() { 16 } else { cfg.tx_depth };
     let recv_wr = if test.is_send() { 16 } else { 1 };
-    let rc = conn::create_rc::<B>(&ctx, &pd, &QpOpts::new(send_wr, recv_wr).inline(cfg.inline))?;
+    let (rc, recv_cq) = create_qp::<B>(&ctx, &pd, &QpOpts::new(send_wr, recv_wr).inline(cfg.inline), cli)?;
     if rc.cap.max_send_wr < cfg.tx_depth {
         bail!(
             "the device grants {} send WRs, less than -t {}",
@@ -260,7 +340,7 @@ fn client<B: Backend>(b: &B, cli: &PerfCli, cfg: &Cfg, addr: &str) -> Res<()> {
             cfg.tx_depth
         );
     }
-    let params = common.rc_params();
+    let params = rc_params::<B>(&ctx, cli)?;
     let mut posted = 0;
     if test == Test::SendLat {
         // Receives first: the server's first reply may come right after the connection.
@@ -291,7 +371,13 @@ fn client<B: Backend>(b: &B, cli: &PerfCli, cfg: &Cfg, addr: &str) -> Res<()> {
         posted,
         sends_out: 0,
         inline,
+        mhz: 0.0,
+        spin_limit: 0,
     };
+    if cfg.perftest {
+        side.mhz = clock::cpu_mhz();
+        side.spin_limit = (side.timeout.as_secs_f64() * 1e6 * side.mhz) as u64;
+    }
     match side.recv_json::<Ready>()? {
         Ready::Ok { addr, rkey, len } => side.remote = RemoteMr { addr, rkey, len },
         Ready::Err(e) => bail!("the server refused: {e}"),
@@ -303,7 +389,9 @@ fn client<B: Backend>(b: &B, cli: &PerfCli, cfg: &Cfg, addr: &str) -> Res<()> {
         side.mr.fill(0);
         side.send_json(&(size, iters))?;
         side.expect("go")?;
-        let row = if test.is_lat() {
+        let row = if cfg.perftest {
+            run_row_perftest(&mut side, recv_cq.as_ref(), cli, &ctx, size, iters)?
+        } else if test.is_lat() {
             let lat = run_lat(&mut side, size as usize, iters)?;
             lat_row(cli, &ctx, size, iters, &lat)
         } else {
@@ -318,6 +406,37 @@ fn client<B: Backend>(b: &B, cli: &PerfCli, cfg: &Cfg, addr: &str) -> Res<()> {
         println!("{LINE}");
     }
     Ok(())
+}
+
+/// One `--perftest` row of the client: perftest's loops and arithmetic.
+fn run_row_perftest<B: Backend>(
+    side: &mut Side<B>,
+    recv_cq: Option<&B::Cq>,
+    cli: &PerfCli,
+    ctx: &B::Context,
+    size: u64,
+    iters: u64,
+) -> Res<Row> {
+    let s = size as usize;
+    let test = side.cfg.test;
+    if test.is_lat() {
+        let stamps = match test {
+            Test::SendLat => loops::send_lat(side, recv_cq_of::<B>(recv_cq)?, s, iters, true)?,
+            Test::WriteLat => loops::write_lat(side, s, iters, true)?,
+            _ => loops::read_atomic_lat(side, s, iters)?,
+        };
+        let halve = matches!(test, Test::SendLat | Test::WriteLat);
+        let stats = cycle_stats::latency(&stamps, halve, side.mhz).with_context(|| {
+            format!("{iters} iterations are too few for perftest's statistics (at least 4)")
+        })?;
+        Ok(lat_row_perftest(cli, ctx, size, iters, &stats))
+    } else {
+        let (tposted, tcompleted) = loops::bw(side, s, iters)?;
+        let cq_mod = side.cfg.cq_mod_for(size) as usize;
+        let stats = cycle_stats::bandwidth(size, &tposted, &tcompleted, cq_mod, side.mhz)
+            .context("no bandwidth figures for an empty run")?;
+        Ok(bw_row_perftest(cli, ctx, size, iters, &stats))
+    }
 }
 
 /// One row of a latency test; samples in the units perftest reports.
@@ -383,7 +502,7 @@ fn run_lat<B: Backend>(side: &mut Side<B>, size: usize, iters: u64) -> Res<Laten
 fn run_bw<B: Backend>(side: &mut Side<B>, size: usize, iters: u64) -> Res<(Duration, Vec<(Duration, u64)>)> {
     let cfg = &side.cfg;
     let depth = cfg.tx_depth as u64;
-    let sig = signal_every(depth, size as u64);
+    let sig = cfg.cq_mod_for(size as u64) as u64;
     let sge = [side.mr.sge(side.max, size)?];
     let sge8 = [side.mr.sge(side.max, 8)?];
     let remote = side.remote.at(0);

@@ -52,10 +52,22 @@ pub struct PerfCli {
     /// Atomic operation of atomic_lat / atomic_bw.
     #[arg(short = 'A', long, value_enum, default_value = "FETCH_AND_ADD")]
     pub atomic_type: AtomicType,
-    /// Accepted for perftest compatibility and ignored (no CPU-frequency check needed:
-    /// times come from the monotonic clock).
+    /// Accepted for perftest compatibility and ignored (perf warns about no CPU
+    /// frequency: times come from the monotonic clock, or with --perftest from the cycle
+    /// counter at the rate perftest would use).
     #[arg(short = 'F', long)]
     pub cpu_freq: bool,
+    /// CQ moderation of the bandwidth tests: signal every Q-th WR (default: half the TX
+    /// depth; with --perftest, perftest's 100, or 1 above 8 KiB).
+    #[arg(short = 'Q', long)]
+    pub cq_mod: Option<u32>,
+    /// Measure exactly as perftest does, for side-by-side runs with `ib_*_lat` /
+    /// `ib_*_bw` on the same device: busy polling, one post per WR, stamps from the CPU's
+    /// cycle counter, perftest's statistics and its defaults (inline size, CQ
+    /// moderation, iterations). Both ends need it. Meant for devices that progress on
+    /// their own (an HCA, rxe); the default loops suit the sim on few CPUs better.
+    #[arg(long)]
+    pub perftest: bool,
     /// One JSON object per size on stdout instead of the table.
     #[arg(long)]
     pub json: bool,

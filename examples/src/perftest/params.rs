@@ -5,6 +5,8 @@
 use anyhow::bail;
 use serde::{Deserialize, Serialize};
 
+use verbs_api::{Capabilities, RcParams};
+
 use super::opts::{AtomicType, PerfCli, Test};
 use crate::Res;
 
@@ -23,6 +25,12 @@ pub struct Cfg {
     pub inline: u32,
     /// The atomic operation (`-A`).
     pub atomic: AtomicType,
+    /// Measure with perftest's loops, clock and defaults (`--perftest`).
+    #[serde(default)]
+    pub perftest: bool,
+    /// CQ moderation asked for (`-Q`): every how many WRs a bandwidth test signals.
+    #[serde(default)]
+    pub cq_mod: Option<u32>,
 }
 
 /// What the server answers on the side channel once it is ready.
@@ -47,6 +55,18 @@ impl Cfg {
         self.rows.iter().map(|r| r.0).max().unwrap_or(8).max(8)
     }
 
+    /// The size of each of a side's two areas (receive, send): the largest message, and
+    /// under `--perftest` at least a page, as perftest's buffers are (`cycle_buffer`), so
+    /// that the byte a peer writes and the byte this side writes are pages apart.
+    pub fn area_size(&self) -> usize {
+        let max = self.max_size() as usize;
+        if self.perftest {
+            max.next_multiple_of(4096)
+        } else {
+            max
+        }
+    }
+
     /// The run `cli` asks for: sizes and iterations, perftest's defaults.
     pub fn from_cli(cli: &PerfCli) -> Res<Cfg> {
         let t = cli.test;
@@ -66,12 +86,11 @@ impl Cfg {
         let rows = sizes
             .into_iter()
             .map(|s| {
+                let base = if t.is_lat() { 1000 } else { 5000 };
                 let n = match cli.iters {
-                    Some(n) => n.max(1),
-                    None => {
-                        let base = if t.is_lat() { 1000 } else { 5000 };
-                        base.min(((512u64 << 20) / s).max(16))
-                    }
+                    Some(n) => n.max(if cli.perftest { 5 } else { 1 }),
+                    None if cli.perftest => base,
+                    None => base.min(((512u64 << 20) / s).max(16)),
                 };
                 (s, n)
             })
@@ -84,7 +103,69 @@ impl Cfg {
             rx_depth: cli.rx_depth.max(2),
             inline: cli.inline_size.unwrap_or(if t.is_lat() { 220 } else { 0 }),
             atomic: cli.atomic_type,
+            perftest: cli.perftest,
+            cq_mod: cli.cq_mod,
         })
+    }
+
+    /// Every how many WRs a bandwidth row of `size`-byte messages signals. Under
+    /// `--perftest`, perftest's rule: `-Q` or 100, but every WR above 8 KiB when `-Q` is
+    /// not given and the run has one size, never more than the TX depth. Otherwise
+    /// [`signal_every`] (or `-Q`).
+    pub fn cq_mod_for(&self, size: u64) -> u32 {
+        let depth = self.tx_depth.max(1);
+        if !self.perftest {
+            return self
+                .cq_mod
+                .unwrap_or_else(|| signal_every(depth as u64, size) as u32)
+                .clamp(1, depth);
+        }
+        let m = match self.cq_mod {
+            Some(q) => q,
+            None if size > 8192 && self.rows.len() == 1 => 1,
+            None => 100,
+        };
+        m.clamp(1, depth)
+    }
+}
+
+/// The RC attributes perftest gives its QPs, on top of `base`: as many outstanding
+/// READs and atomics as the device allows for the READ and atomic tests (its
+/// `ctx_set_out_reads`), one for the others.
+pub fn perftest_rc_params(base: RcParams, test: Test, caps: &Capabilities) -> RcParams {
+    let reads = if matches!(
+        test,
+        Test::ReadLat | Test::ReadBw | Test::AtomicLat | Test::AtomicBw
+    ) {
+        caps.max_qp_rd_atom
+            .min(caps.max_qp_init_rd_atom)
+            .clamp(1, u8::MAX as u32) as u8
+    } else {
+        1
+    };
+    RcParams {
+        max_rd_atomic: reads,
+        max_dest_rd_atomic: reads,
+        ..base
+    }
+}
+
+/// perftest's default inline size for a latency test on a device of `vendor_id` (its
+/// `ctx_set_max_inline`): SEND 236 and WRITE 220 bytes on the devices it knows (Mellanox /
+/// NVIDIA, Intel), less on some (Broadcom 96, QLogic 128, Amazon EFA 32), and none on a
+/// device it does not recognise (rxe, the sim) or for any other test.
+pub fn perftest_inline(test: Test, vendor_id: u32) -> u32 {
+    let (send, write) = match vendor_id {
+        0x02c9 | 0x15b3 | 0x8086 => (236, 220),
+        0x14e4 => (96, 96),
+        0x1077 => (128, 128),
+        0x1d0f => (32, 32),
+        _ => (0, 0),
+    };
+    match test {
+        Test::SendLat => send,
+        Test::WriteLat => write,
+        _ => 0,
     }
 }
 

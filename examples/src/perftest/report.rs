@@ -8,8 +8,9 @@ use std::time::Duration;
 use serde::Serialize;
 use verbs_api::{Backend, Context, MemoryRegion, QueuePair};
 
+use super::cycle_stats::{BwStats, LatStats};
 use super::opts::{PerfCli, Test};
-use super::params::{signal_every, Cfg};
+use super::params::Cfg;
 use super::side::Side;
 use crate::stats::Latencies;
 use crate::Res;
@@ -84,7 +85,7 @@ pub fn print_header<B: Backend>(
         println!(" TX depth        : {}", cfg.tx_depth);
         println!(
             " CQ Moderation   : {}",
-            signal_every(cfg.tx_depth as u64, cfg.rows.first().map_or(8, |r| r.0))
+            cfg.cq_mod_for(cfg.rows.first().map_or(8, |r| r.0))
         );
     }
     match cfg.test {
@@ -96,6 +97,12 @@ pub fn print_header<B: Backend>(
     println!(" Link type       : {link}");
     if cfg.test.is_send() || matches!(cfg.test, Test::WriteLat | Test::WriteBw) {
         println!(" Max inline data : {}[B]", side.inline);
+    }
+    if cfg.perftest {
+        println!(
+            " Measured as     : perftest (busy polling, cycle counter at {:.2} MHz)",
+            side.mhz
+        );
     }
     println!(" rdma_cm QPs\t : OFF");
     println!(" Data ex. method : Ethernet");
@@ -198,6 +205,36 @@ pub fn bw_row<C: Context>(
         bw_avg_MBps: avg,
         msg_rate_Mpps: iters as f64 / secs / 1e6,
         ..Row::of(cli, ctx, size, iters, &lat)
+    }
+}
+
+/// The row of a `--perftest` latency run, from perftest's arithmetic.
+pub fn lat_row_perftest<C: Context>(cli: &PerfCli, ctx: &C, size: u64, iters: u64, s: &LatStats) -> Row {
+    let mut row = Row::of(cli, ctx, size, iters, &Latencies::default());
+    row.t_min_us = s.min;
+    row.t_max_us = s.max;
+    row.t_typical_us = s.typical;
+    row.t_avg_us = s.avg;
+    row.t_stdev_us = s.stdev;
+    row.t_p99_us = s.p99;
+    row.t_p999_us = s.p999;
+    if s.avg > 0.0 {
+        row.bw_peak_MBps = size as f64 / (s.avg * 1e-6) / MB;
+        row.bw_avg_MBps = row.bw_peak_MBps;
+        row.msg_rate_Mpps = 1.0 / s.avg;
+    }
+    row
+}
+
+/// The row of a `--perftest` bandwidth run, from perftest's arithmetic (the `t_*` fields
+/// hold only the mean time per message).
+pub fn bw_row_perftest<C: Context>(cli: &PerfCli, ctx: &C, size: u64, iters: u64, s: &BwStats) -> Row {
+    Row {
+        t_avg_us: s.elapsed_us / iters.max(1) as f64,
+        bw_peak_MBps: s.peak_mbps,
+        bw_avg_MBps: s.avg_mbps,
+        msg_rate_Mpps: s.msg_rate_mpps,
+        ..Row::of(cli, ctx, size, iters, &Latencies::default())
     }
 }
 

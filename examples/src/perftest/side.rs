@@ -39,6 +39,10 @@ pub struct Side<B: Backend> {
     pub sends_out: u32,
     /// Largest message sent inline (as the device granted).
     pub inline: u32,
+    /// Cycle-counter ticks per microsecond (`--perftest`'s clock).
+    pub mhz: f64,
+    /// `timeout` in cycle-counter ticks.
+    pub spin_limit: u64,
 }
 
 /// The `wr_id` of every receive.

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# perftest-vs-perf.sh - perftest's ib_* programs against `perf --perftest --backend
+# ibverbs` on the same device: rxe0 in the Soft-RoCE VM of ci/rxe-vm.sh, booted once.
+# Each row (test and size) runs PAIRS alternating pairs, the order inside a pair
+# swapped every time (perftest first, then perf first, ...), each tool as server and
+# client on rxe0. The host then prints, per row, the medians and the median of
+# perf / perftest over the pairs (target: within 5%); it does not fail on the figures
+# (benchmarks do not gate CI on noise), only when a perf run fails or the VM gives no
+# status.
+#
+#   ci/perftest-vs-perf.sh [OUT_DIR]
+#
+# Writes OUT_DIR/perftest-vs-perf/ (every run's output), OUT_DIR/perftest-vs-perf.md
+# and OUT_DIR/perftest-vs-perf.json. OUT_DIR defaults to ci-out.
+#
+# Environment: PAIRS (default 5); LAT_ITERS (default 1000; 64 KiB rows 200);
+# BW_ITERS (default 5000; 64 KiB rows 500): under emulation a 64 KiB message takes
+# about a millisecond, and perftest's defaults would make one pair take a minute.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=${1:-$root/ci-out}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+target=${CARGO_TARGET_DIR:-$root/target}
+case $target in /*) ;; *) target=$root/$target ;; esac
+pairs=${PAIRS:-5}
+lat_iters=${LAT_ITERS:-1000}
+bw_iters=${BW_ITERS:-5000}
+
+cargo build --release --manifest-path "$root/Cargo.toml" -p examples --features ibverbs \
+    --bin perf --bin perftest-vs-perf
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+cp "$target/release/perf" "$dir/"
+mkdir "$dir/runs"
+
+# The rows: test size iterations
+rows=""
+for t in send_lat write_lat read_lat; do
+    rows="$rows $t:8:$lat_iters $t:65536:$((lat_iters / 5))"
+done
+rows="$rows atomic_lat:8:$lat_iters"
+for t in send_bw write_bw read_bw; do
+    rows="$rows $t:8:$bw_iters $t:65536:$((bw_iters / 10))"
+done
+
+# The guest's script (busybox ash). perftest's server listens on a fresh port per run
+# and the client starts once it does; perf starts its own server child on loopback.
+cat >"$dir/bench.sh" <<GUEST
+#!/bin/sh
+pairs=$pairs
+rows="$rows"
+port=18600
+fail=0
+wait_listen() { # port
+    i=0
+    while [ \$i -lt 100 ]; do
+        netstat -ltn 2>/dev/null | grep -q ":\$1 " && return 0
+        usleep 50000
+        i=\$((i + 1))
+    done
+    return 1
+}
+perftest_once() { # test size iters out
+    port=\$((port + 1))
+    flags="-d rxe0 -x 1 -F -p \$port -s \$2 -n \$3"
+    [ "\${1%_lat}" = atomic ] && flags="-d rxe0 -x 1 -F -p \$port -n \$3"
+    ib_\$1 \$flags >"\$4.server" 2>&1 &
+    spid=\$!
+    wait_listen \$port || echo "perftest server did not listen on \$port" >>"\$4"
+    timeout 120 ib_\$1 \$flags 127.0.0.1 >>"\$4" 2>&1 || echo "exit status \$?" >>"\$4"
+    wait \$spid
+}
+# perftest prints inf or zeros when its sampling of the CPU frequency fails (a
+# correlation below 0.9, which happens under emulation): such a run is repeated once.
+has_figures() { # file: the row after the header, every figure a positive number
+    awk '/#bytes/ { getline; ok = NF >= 5; for (i = 3; i <= NF; i++) if (\$i !~ /^[0-9.]+\$/ || \$i + 0 <= 0) ok = 0 }
+        END { exit !ok }' "\$1"
+}
+perftest_run() { # test size iters out
+    : >"\$4"
+    perftest_once "\$@"
+    if ! has_figures "\$4"; then
+        mv "\$4" "\$4.failed"
+        perftest_once "\$@"
+    fi
+}
+perf_run() { # test size iters out
+    sz="-s \$2"
+    [ "\${1%_lat}" = atomic ] && sz=""
+    if ! timeout 120 ./perf \$1 --backend ibverbs -d rxe0 -x 1 \$sz -n \$3 --perftest --json >"\$4" 2>"\$4.err"; then
+        echo "perf \$1 -s \$2 failed:" >&2
+        cat "\$4.err" >&2
+        fail=1
+    fi
+}
+for r in \$rows; do
+    t=\${r%%:*}; rest=\${r#*:}; s=\${rest%%:*}; n=\${rest#*:}
+    p=1
+    while [ \$p -le \$pairs ]; do
+        base=runs/\${t}-\${s}__\${p}
+        if [ \$((p % 2)) -eq 1 ]; then
+            perftest_run \$t \$s \$n \${base}__perftest.txt
+            perf_run \$t \$s \$n \${base}__perf.json
+        else
+            perf_run \$t \$s \$n \${base}__perf.json
+            perftest_run \$t \$s \$n \${base}__perftest.txt
+        fi
+        p=\$((p + 1))
+    done
+    echo "\$t \$s: \$pairs pairs done"
+done
+exit \$fail
+GUEST
+
+set +e
+RXEVM_TIMEOUT=${RXEVM_TIMEOUT:-1800} "$root/ci/rxe-vm.sh" run "$dir" sh bench.sh
+rc=$?
+set -e
+rm -rf "$out/perftest-vs-perf"
+cp -r "$dir/runs" "$out/perftest-vs-perf"
+"$target/release/perftest-vs-perf" "$out/perftest-vs-perf" --json "$out/perftest-vs-perf.json" |
+    tee "$out/perftest-vs-perf.md"
+echo "perftest vs perf on rxe0: exit status $rc (the figures do not count)" >&2
+exit $rc
