@@ -30,6 +30,12 @@
 #                  advertises vmx/svm (a nested PVM "kvm" without them hangs a stock kernel)
 #   RXEVM_TIMEOUT  seconds before the VM is killed (default 600)
 #   RXEVM_APPEND   extra kernel command-line words
+#
+# The guest's clock source is the TSC (clocksource=tsc tsc=reliable): under TCG the
+# kernel would otherwise pick the HPET, which makes every clock_gettime a system call
+# that reads an emulated device (microseconds each), and makes perftest's sampling of
+# the CPU frequency fail or come out wrong (its latencies then read up to twice too
+# small, or inf).
 set -euo pipefail
 
 CACHE=${RXEVM_DIR:-/tmp/rxevm}
@@ -235,7 +241,7 @@ boot() { # boot MODE [SHARED_DIR]
     local qemu=(qemu-system-x86_64 -accel "$accel" -cpu "$cpu" -smp "$SMP" -m "$MEM"
         -nodefaults -no-user-config -nographic -monitor none -serial stdio -nic none -no-reboot
         -kernel "$IMG/vmlinuz" -initrd "$IMG/initrd.gz"
-        -append "console=ttyS0 quiet panic=-1 rxevm=$mode ${RXEVM_APPEND:-}")
+        -append "console=ttyS0 quiet panic=-1 clocksource=tsc tsc=reliable rxevm=$mode ${RXEVM_APPEND:-}")
     if [ -n "$share" ]; then
         qemu+=(-fsdev "local,id=hostdir,path=$share,security_model=none"
             -device "virtio-9p-pci,fsdev=hostdir,mount_tag=host")

@@ -83,6 +83,7 @@ fn loopback(cli: &PerfCli, cfg: &Cfg) -> Res<()> {
     let args = ChildArgs::new(&cli.common, cli.test.name())
         .flag("--server", true)
         .flag("--perftest", cli.perftest)
+        .opt("-u", cli.qp_timeout)
         .opt("--bind", "127.0.0.1")
         .opt("-p", 0)
         .opt("-r", cfg.rx_depth);
@@ -217,7 +218,10 @@ fn server<B: Backend>(b: &B, cli: &PerfCli) -> Res<()> {
 
 /// The connection's attributes: the common ones, or under `--perftest` perftest's.
 fn rc_params<B: Backend>(ctx: &B::Context, cli: &PerfCli) -> Res<RcParams> {
-    let base = cli.common.rc_params();
+    let base = RcParams {
+        timeout: cli.qp_timeout,
+        ..cli.common.rc_params()
+    };
     Ok(if cli.perftest {
         perftest_rc_params(base, cli.test, &ctx.capabilities()?)
     } else {

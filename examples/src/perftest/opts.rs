@@ -57,6 +57,10 @@ pub struct PerfCli {
     /// counter at the rate perftest would use).
     #[arg(short = 'F', long)]
     pub cpu_freq: bool,
+    /// Local ACK timeout of the QP (perftest's `-u`): 4.096 us x 2^u before a request
+    /// without an answer is resent (default 14, about 67 ms).
+    #[arg(short = 'u', long = "qp-timeout", default_value_t = 14, value_parser = clap::value_parser!(u8).range(0..=31))]
+    pub qp_timeout: u8,
     /// CQ moderation of the bandwidth tests: signal every Q-th WR (default: half the TX
     /// depth; with --perftest, perftest's 100, or 1 above 8 KiB).
     #[arg(short = 'Q', long)]
