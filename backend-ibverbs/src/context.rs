@@ -173,6 +173,7 @@ pub(crate) fn device_attr_from_raw(a: &ibv_device_attr) -> DeviceAttr {
         atomic_cap: AtomicCap::from_raw(a.atomic_cap),
         max_srq: n(a.max_srq),
         max_srq_wr: n(a.max_srq_wr),
+        max_srq_sge: n(a.max_srq_sge),
         max_pkeys: a.max_pkeys,
         phys_port_cnt: a.phys_port_cnt,
     }
@@ -198,6 +199,8 @@ pub(crate) fn port_attr_from_raw(a: &ibv_port_attr) -> PortAttr {
             2 => LinkLayer::Ethernet,
             _ => LinkLayer::Unspecified,
         },
+        qkey_viol_cntr: a.qkey_viol_cntr,
+        bad_pkey_cntr: a.bad_pkey_cntr,
     }
 }
 
@@ -309,6 +312,22 @@ impl Context for IbvContext {
     fn create_cq(&self, cqe: u32, channel: Option<&IbvChannel>) -> Result<IbvCq> {
         let handle = self.inner.registry.next_cq_handle.fetch_add(1, Ordering::Relaxed);
         IbvCq::create(self.inner.clone(), cqe, channel, handle)
+    }
+
+    fn get_async_event(
+        &self,
+        _timeout: Option<std::time::Duration>,
+    ) -> Result<Option<verbs_api::AsyncEvent>> {
+        Err(Error::Unsupported {
+            backend: "ibverbs",
+            what: "asynchronous events through verbs-api yet (take_async_events has them)".into(),
+        })
+    }
+
+    fn ack_async_event(&self, _event: verbs_api::AsyncEvent) {}
+
+    fn async_fd(&self) -> std::os::fd::RawFd {
+        -1
     }
 }
 

@@ -15,6 +15,7 @@ use crate::errno::last_errno;
 use crate::mr::IbvMr;
 use crate::pd::IbvPd;
 use crate::qp::IbvQp;
+use crate::srq::{IbvAh, IbvSrq};
 
 /// What [`Error::NoDevice`] says when libibverbs lists no device.
 pub(crate) const NO_DEVICE_HINT: &str = "libibverbs lists no RDMA device: load a driver (for Soft-RoCE: \
@@ -109,6 +110,8 @@ impl Backend for IbvBackend {
     type Cq = IbvCq;
     type Channel = IbvChannel;
     type Qp = IbvQp;
+    type Srq = IbvSrq;
+    type Ah = IbvAh;
 
     fn name(&self) -> &'static str {
         "ibverbs"

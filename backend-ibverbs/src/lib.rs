@@ -61,6 +61,7 @@ mod mr;
 mod pd;
 mod post;
 mod qp;
+mod srq;
 
 pub use async_events::{AsyncEvent, AsyncEventKind};
 pub use context::IbvContext;
@@ -69,6 +70,7 @@ pub use device::IbvBackend;
 pub use mr::IbvMr;
 pub use pd::IbvPd;
 pub use qp::IbvQp;
+pub use srq::{IbvAh, IbvSrq};
 
 /// The raw bindings this crate is built on, for callers that need a verb the
 /// [`verbs_api`] traits do not offer (see the `as_raw` methods).

@@ -13,6 +13,7 @@ use crate::device::IbvBackend;
 use crate::errno::last_errno;
 use crate::mr::IbvMr;
 use crate::qp::IbvQp;
+use crate::srq::{IbvAh, IbvSrq};
 
 /// The shared part of a PD; MRs and QPs hold an `Arc` of it.
 pub(crate) struct PdInner {
@@ -80,7 +81,21 @@ impl ProtectionDomain for IbvPd {
         unsafe { IbvMr::register_borrowed(self.inner.clone(), addr, len, access) }
     }
 
-    fn create_qp(&self, attr: &QpInitAttr<'_, IbvCq>) -> Result<IbvQp> {
+    fn create_qp(&self, attr: &QpInitAttr<'_, IbvCq, IbvSrq>) -> Result<IbvQp> {
         IbvQp::create(self.inner.clone(), attr)
+    }
+
+    fn create_srq(&self, _attr: &verbs_api::SrqAttr) -> Result<IbvSrq> {
+        Err(verbs_api::Error::Unsupported {
+            backend: "ibverbs",
+            what: "shared receive queues yet".into(),
+        })
+    }
+
+    fn create_ah(&self, _attr: &verbs_api::AhAttr) -> Result<IbvAh> {
+        Err(verbs_api::Error::Unsupported {
+            backend: "ibverbs",
+            what: "address handles yet".into(),
+        })
     }
 }

@@ -24,6 +24,7 @@ use crate::async_events::{AsyncEvent, QpState as QpEvents};
 use crate::cq::{CqInner, IbvCq};
 use crate::errno::{last_errno, rc_errno};
 use crate::pd::PdInner;
+use crate::srq::IbvSrq;
 
 /// Every `IBV_QP_*` attribute bit up to `IBV_QP_DEST_QPN`: what `query` asks for.
 const QUERY_ALL: QpAttrMask = QpAttrMask::all();
@@ -187,7 +188,7 @@ fn qp_type_from_raw(t: u32) -> QpType {
 
 impl IbvQp {
     /// `ibv_create_qp`; the granted capacities are kept for [`QueuePair::query`].
-    pub(crate) fn create(pd: Arc<PdInner>, attr: &QpInitAttr<'_, IbvCq>) -> Result<IbvQp> {
+    pub(crate) fn create(pd: Arc<PdInner>, attr: &QpInitAttr<'_, IbvCq, IbvSrq>) -> Result<IbvQp> {
         for cq in [attr.send_cq, attr.recv_cq] {
             // A CQ of another context would be handed to this context's provider, which
             // casts it to its own CQ structure.

@@ -28,6 +28,8 @@ use std::thread::JoinHandle;
 use parking_lot::Mutex;
 use verbs_api::{AtomicCap, Capabilities, DeviceAttr, Error, LinkLayer, Mtu, PortAttr, PortState, Result};
 
+use verbs_api::event_queue::EventQueue;
+
 use crate::addressing::Addressing;
 use crate::memory::MrTable;
 use crate::progress::Progress;
@@ -54,6 +56,8 @@ pub struct DeviceShared {
     pub progress: Arc<Progress>,
     /// Connection setup: the listener's and the connectors' view of the device.
     pub setup: Arc<Setup>,
+    /// Asynchronous events (`ibv_get_async_event`).
+    pub events: Arc<EventQueue>,
     shutdown: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
     progress_thread: Mutex<Option<JoinHandle<()>>>,
@@ -140,6 +144,7 @@ impl DeviceShared {
             atomic_cap: AtomicCap::Hca,
             max_srq: 0,
             max_srq_wr: 0,
+            max_srq_sge: 0,
             max_pkeys: 1,
             phys_port_cnt: 1,
         };
@@ -162,6 +167,7 @@ impl DeviceShared {
             next_handle: AtomicU32::new(1),
             progress,
             setup,
+            events: Arc::new(EventQueue::new()?),
             shutdown: Mutex::new(Some(tx)),
             thread: Mutex::new(Some(thread)),
             progress_thread: Mutex::new(Some(progress_thread)),
@@ -203,6 +209,8 @@ impl DeviceShared {
             active_speed: 1,
             phys_state: 5,
             link_layer: LinkLayer::InfiniBand,
+            qkey_viol_cntr: 0,
+            bad_pkey_cntr: 0,
         }
     }
 

@@ -81,6 +81,7 @@ pub use verbs::context::SimContext;
 pub use verbs::cq::{SimChannel, SimCq};
 pub use verbs::pd::{SimMr, SimPd};
 pub use verbs::qp::SimQp;
+pub use verbs::srq::{SimAh, SimSrq};
 
 // The protocol core's modules under their own names, for the driver's paths.
 use backend_sim_proto::{memory, requester, responder, rx, tx, wire};

@@ -1168,6 +1168,7 @@ fn build(setup: &Setup) -> Result<(Rig, Model), TestCaseError> {
             pds[dev_of(s)].create_qp(&QpInitAttr {
                 send_cq: &scq,
                 recv_cq: &rcq,
+                srq: None,
                 cap: CAP,
                 qp_type: QpType::Rc,
                 sq_sig_all: setup.sq_sig_all[s],
@@ -1639,6 +1640,7 @@ impl Run {
                         sg_list: &w.sges,
                         op: w.op,
                         send_flags: w.flags,
+                        ud: None,
                     })
                     .collect();
                 let got = self.rig.qp(s).post_send(&swrs);

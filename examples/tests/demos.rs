@@ -306,7 +306,8 @@ fn perf_perftest_mode_must_match_on_both_ends() {
     let o = run(PERF, &["read_lat", &addr.to_string(), "-n", "10"]);
     assert!(!o.ok, "{o:?}");
     assert!(
-        o.stderr.contains("the server refused: the client runs without --perftest"),
+        o.stderr
+            .contains("the server refused: the client runs without --perftest"),
         "{o:?}"
     );
     let status = server.wait(Duration::from_secs(20)).unwrap();

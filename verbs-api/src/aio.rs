@@ -13,6 +13,8 @@
 //! stream of the former, and [`AsyncCq::post_send`] / [`AsyncCq::post_recv`] post one WR
 //! and await its completion.
 //!
+//! [`AsyncEvents`] does the same for a device's asynchronous events (`async_fd`).
+//!
 //! # Cancellation
 //!
 //! Dropping one of these futures only stops the waiting. The work request stays posted
@@ -40,7 +42,8 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::Notify;
 
 use crate::error::{Error, Result};
-use crate::traits::{Backend, ChannelOf, CompletionChannel, CompletionQueue, CqOf, QueuePair};
+use crate::event::AsyncEvent;
+use crate::traits::{Backend, ChannelOf, CompletionChannel, CompletionQueue, Context, CqOf, QueuePair};
 use crate::wc::WorkCompletion;
 use crate::wr::{RecvWr, SendWr};
 
@@ -325,5 +328,60 @@ impl<B: Backend, T: Send + 'static> Drop for Park<'_, B, T> {
             st.parked.insert(self.wr_id, Box::new(v));
         }
         // else: the HCA has finished with the WR; `v` is dropped here.
+    }
+}
+
+/// A device's asynchronous events on tokio (`man ibv_get_async_event`): the context's
+/// `async_fd` as tokio readiness. [`AsyncEvents::next`] waits for the next event; the
+/// caller acknowledges it with [`Context::ack_async_event`] as with the blocking call.
+pub struct AsyncEvents<'a, C: Context> {
+    ctx: &'a C,
+    fd: AsyncFd<ChannelFd>,
+}
+
+impl<'a, C: Context> AsyncEvents<'a, C> {
+    /// Watches `ctx`'s events (needs a tokio runtime with I/O enabled).
+    pub fn new(ctx: &'a C) -> Result<Self> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(Error::invalid(
+                "AsyncEvents::new",
+                "must be called inside a tokio runtime",
+            ));
+        }
+        // SAFETY: the descriptor is the context's async fd, open for the context's whole
+        // life; the registration lives in `self`, which borrows the context, so it ends
+        // before the context (and the fd) can go.
+        let fd = unsafe {
+            AsyncFd::register_with_interest(ChannelFd(ctx.async_fd()), tokio::io::Interest::READABLE)
+        }
+        .map_err(|e| Error::Os {
+            call: "register the async fd with tokio",
+            source: std::io::Error::other(e.to_string()),
+        })?;
+        Ok(AsyncEvents { ctx, fd })
+    }
+
+    /// The next event.
+    pub async fn next(&self) -> Result<AsyncEvent> {
+        loop {
+            if let Some(ev) = self.ctx.get_async_event(Some(Duration::ZERO))? {
+                return Ok(ev);
+            }
+            let mut guard = self.fd.readable().await.map_err(|e| Error::Os {
+                call: "poll(async_fd)",
+                source: e,
+            })?;
+            // Readiness is cleared only when no event is left, so a wake-up between
+            // the check above and this one is not lost (the fd stays readable).
+            match self.ctx.get_async_event(Some(Duration::ZERO))? {
+                Some(ev) => return Ok(ev),
+                None => guard.clear_ready(),
+            }
+        }
+    }
+
+    /// The events as a stream.
+    pub fn stream(&self) -> impl Stream<Item = Result<AsyncEvent>> + '_ {
+        futures_util::stream::unfold(self, |s| async move { Some((s.next().await, s)) })
     }
 }

@@ -146,6 +146,8 @@ pub struct DeviceAttr {
     pub max_srq: u32,
     /// Maximum WRs per SRQ.
     pub max_srq_wr: u32,
+    /// Maximum SGEs per SRQ receive.
+    pub max_srq_sge: u32,
     /// Maximum number of partitions.
     pub max_pkeys: u16,
     /// Number of physical ports.
@@ -263,6 +265,10 @@ pub struct PortAttr {
     pub phys_state: u8,
     /// Link layer.
     pub link_layer: LinkLayer,
+    /// UD datagrams dropped for a wrong Q_Key (`qkey_viol_cntr`).
+    pub qkey_viol_cntr: u32,
+    /// Packets dropped for a wrong P_Key (`bad_pkey_cntr`).
+    pub bad_pkey_cntr: u32,
 }
 
 /// What a device can do, in one place: a summary of device and port attributes plus
@@ -280,8 +286,18 @@ pub struct Capabilities {
     pub imm_data: bool,
     /// Shared receive queues are supported.
     pub srq: bool,
+    /// Maximum SRQs.
+    pub max_srq: u32,
+    /// Maximum receives per SRQ.
+    pub max_srq_wr: u32,
+    /// Maximum SGEs per SRQ receive.
+    pub max_srq_sge: u32,
+    /// SRQs can be resized (`IBV_DEVICE_SRQ_RESIZE`: `modify` with `MAX_WR`).
+    pub srq_resize: bool,
     /// UD QPs are supported.
     pub ud: bool,
+    /// UC QPs are supported.
+    pub uc: bool,
     /// Largest `max_inline_data` a QP may be created with (0: inline not supported or
     /// not known).
     pub max_inline_data: u32,

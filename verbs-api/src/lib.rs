@@ -1,9 +1,10 @@
 //! # verbs-api
 //!
 //! One verbs API for Rust with libibverbs' semantics and names: protection domains,
-//! memory regions with access flags, completion queues with completion channels, RC queue
-//! pairs with their state machine, SEND/RECV (with immediate), RDMA WRITE (with
-//! immediate), RDMA READ and the atomics CMP_AND_SWP and FETCH_AND_ADD.
+//! memory regions with access flags, completion queues with completion channels, queue
+//! pairs (RC, UC, UD) with their state machine, shared receive queues, address handles,
+//! asynchronous events, SEND/RECV (with immediate), RDMA WRITE (with immediate), RDMA
+//! READ and the atomics CMP_AND_SWP and FETCH_AND_ADD.
 //!
 //! The crate is only vocabulary: traits ([`Backend`] and one trait per verbs object) and
 //! plain data types. Two backends implement it: `backend-sim`, a simulated HCA over TCP,
@@ -45,9 +46,12 @@ pub mod connect;
 pub mod device;
 pub mod endpoint;
 pub mod error;
+pub mod event;
+pub mod event_queue;
 pub mod flags;
 pub mod poll;
 pub mod qp;
+pub mod srq;
 pub mod timers;
 pub mod traits;
 pub mod transitions;
@@ -60,12 +64,14 @@ pub use connect::{
 pub use device::{AtomicCap, Capabilities, DeviceAttr, DeviceInfo, Gid, LinkLayer, Mtu, PortAttr, PortState};
 pub use endpoint::{Endpoint, RemoteMr};
 pub use error::{open_file_limit, Error, PostError, QueueKind, Result};
+pub use event::{AsyncElement, AsyncEvent, AsyncEventType, ElementKind};
 pub use flags::{AccessFlags, QpAttrMask, SendFlags, WcFlags};
 pub use poll::{poll_n, poll_quiet};
 pub use qp::{AhAttr, GlobalRoute, QpAttr, QpCap, QpInitAttr, QpState, QpType, PSN_MASK};
+pub use srq::{SrqAttr, SrqAttrMask};
 pub use traits::{
-    Backend, ChannelOf, CompletionChannel, CompletionQueue, Context, ContextOf, CqOf, MemoryRegion, MrOf,
-    PdOf, ProtectionDomain, QpOf, QueuePair,
+    AddressHandle, AhOf, Backend, ChannelOf, CompletionChannel, CompletionQueue, Context, ContextOf, CqOf,
+    MemoryRegion, MrOf, PdOf, ProtectionDomain, QpOf, QueuePair, SharedReceiveQueue, SrqOf,
 };
 pub use wc::{WcOpcode, WcStatus, WorkCompletion};
-pub use wr::{RecvWr, RemoteAddr, SendWr, Sge, WrOp, WrOpcode};
+pub use wr::{RecvWr, RemoteAddr, SendWr, Sge, UdDest, WrOp, WrOpcode};

@@ -99,30 +99,66 @@ impl QpCap {
 }
 
 /// `struct ibv_qp_init_attr` for [`ProtectionDomain::create_qp`](crate::ProtectionDomain::create_qp),
-/// generic over the backend's CQ type.
+/// generic over the backend's CQ and SRQ types.
 #[derive(Debug)]
-pub struct QpInitAttr<'a, Cq> {
+pub struct QpInitAttr<'a, Cq, Srq> {
     /// CQ for send completions.
     pub send_cq: &'a Cq,
     /// CQ for receive completions (may be the same CQ).
     pub recv_cq: &'a Cq,
-    /// Queue sizes.
+    /// The SRQ the QP takes its receives from (`None`: a receive queue of its own).
+    pub srq: Option<&'a Srq>,
+    /// Queue sizes (`max_recv_wr` and `max_recv_sge` are ignored with an SRQ).
     pub cap: QpCap,
-    /// Transport; this project implements [`QpType::Rc`].
+    /// Transport.
     pub qp_type: QpType,
     /// Every send WR generates a completion, as if `IBV_SEND_SIGNALED` were set.
     pub sq_sig_all: bool,
 }
 
-impl<'a, Cq> QpInitAttr<'a, Cq> {
-    /// An RC QP on the given CQs with the given capacities and selective signaling.
-    pub fn rc(send_cq: &'a Cq, recv_cq: &'a Cq, cap: QpCap) -> Self {
+impl<'a, Cq, Srq> QpInitAttr<'a, Cq, Srq> {
+    /// A QP of type `qp_type` on the given CQs with the given capacities and selective
+    /// signaling.
+    pub fn new(qp_type: QpType, send_cq: &'a Cq, recv_cq: &'a Cq, cap: QpCap) -> Self {
         QpInitAttr {
             send_cq,
             recv_cq,
+            srq: None,
             cap,
-            qp_type: QpType::Rc,
+            qp_type,
             sq_sig_all: false,
+        }
+    }
+
+    /// An RC QP (reliable connected).
+    pub fn rc(send_cq: &'a Cq, recv_cq: &'a Cq, cap: QpCap) -> Self {
+        Self::new(QpType::Rc, send_cq, recv_cq, cap)
+    }
+
+    /// A UC QP (unreliable connected: SEND and WRITE, no READ or atomics, no ACKs).
+    pub fn uc(send_cq: &'a Cq, recv_cq: &'a Cq, cap: QpCap) -> Self {
+        Self::new(QpType::Uc, send_cq, recv_cq, cap)
+    }
+
+    /// A UD QP (unreliable datagrams of at most one MTU, to any QP an address handle
+    /// reaches).
+    pub fn ud(send_cq: &'a Cq, recv_cq: &'a Cq, cap: QpCap) -> Self {
+        Self::new(QpType::Ud, send_cq, recv_cq, cap)
+    }
+
+    /// The same, taking its receives from `srq`.
+    pub fn with_srq(self, srq: &'a Srq) -> Self {
+        QpInitAttr {
+            srq: Some(srq),
+            ..self
+        }
+    }
+
+    /// The same with every send WR signaled (`sq_sig_all`).
+    pub fn sig_all(self) -> Self {
+        QpInitAttr {
+            sq_sig_all: true,
+            ..self
         }
     }
 }

@@ -29,8 +29,10 @@ use std::time::Duration;
 use crate::device::{Capabilities, DeviceAttr, DeviceInfo, Gid, PortAttr};
 use crate::endpoint::RemoteMr;
 use crate::error::{Error, PostError, Result};
+use crate::event::AsyncEvent;
 use crate::flags::{AccessFlags, QpAttrMask};
-use crate::qp::{QpAttr, QpInitAttr, QpState, QpType};
+use crate::qp::{AhAttr, QpAttr, QpInitAttr, QpState, QpType};
+use crate::srq::{SrqAttr, SrqAttrMask};
 use crate::wc::WorkCompletion;
 use crate::wr::{RecvWr, SendWr, Sge};
 
@@ -46,6 +48,10 @@ pub type CqOf<B> = <B as Backend>::Cq;
 pub type ChannelOf<B> = <B as Backend>::Channel;
 /// The queue-pair type of backend `B`.
 pub type QpOf<B> = <B as Backend>::Qp;
+/// The shared-receive-queue type of backend `B`.
+pub type SrqOf<B> = <B as Backend>::Srq;
+/// The address-handle type of backend `B`.
+pub type AhOf<B> = <B as Backend>::Ah;
 
 /// A family of RDMA devices: the simulated HCA or libibverbs.
 pub trait Backend: Send + Sync + Sized + 'static {
@@ -61,6 +67,10 @@ pub trait Backend: Send + Sync + Sized + 'static {
     type Channel: CompletionChannel;
     /// A queue pair (`struct ibv_qp`).
     type Qp: QueuePair;
+    /// A shared receive queue (`struct ibv_srq`).
+    type Srq: SharedReceiveQueue;
+    /// An address handle (`struct ibv_ah`), the destination of UD sends.
+    type Ah: AddressHandle;
 
     /// Short name: `sim`, `ibverbs`.
     fn name(&self) -> &'static str;
@@ -111,6 +121,20 @@ pub trait Context: Send + Sync + Sized {
 
     /// `ibv_create_cq` with at least `cqe` entries, optionally reporting to `channel`.
     fn create_cq(&self, cqe: u32, channel: Option<&ChannelOf<Self::Backend>>) -> Result<CqOf<Self::Backend>>;
+
+    /// `ibv_get_async_event`: waits up to `timeout` (forever with `None`) for the next
+    /// asynchronous event of this device and returns it, or `None` on timeout. Each event
+    /// must be acknowledged with [`Context::ack_async_event`]; see [`crate::event`].
+    fn get_async_event(&self, timeout: Option<Duration>) -> Result<Option<AsyncEvent>>;
+
+    /// `ibv_ack_async_event`: acknowledges an event taken with
+    /// [`Context::get_async_event`]. Destroying the QP, CQ or SRQ an event names waits
+    /// until every event taken for it is acknowledged.
+    fn ack_async_event(&self, event: AsyncEvent);
+
+    /// The context's `async_fd`: polls readable while an event is pending (for `poll(2)`,
+    /// epoll or tokio's `AsyncFd`); [`Context::get_async_event`] takes the event.
+    fn async_fd(&self) -> RawFd;
 }
 
 /// A protection domain (`struct ibv_pd`): MRs and QPs of one PD can reach each other,
@@ -139,8 +163,20 @@ pub trait ProtectionDomain: Send + Sync + Sized {
     ) -> Result<MrOf<Self::Backend>>;
 
     /// `ibv_create_qp`. The QP starts in RESET; the granted capacities (which may be
-    /// larger than asked) are in [`QueuePair::query`]'s `cap`.
-    fn create_qp(&self, attr: &QpInitAttr<'_, CqOf<Self::Backend>>) -> Result<QpOf<Self::Backend>>;
+    /// larger than asked) are in [`QueuePair::query`]'s `cap`. A QP created with an SRQ
+    /// takes its receives from it (`max_recv_wr` and `max_recv_sge` are ignored).
+    fn create_qp(
+        &self,
+        attr: &QpInitAttr<'_, CqOf<Self::Backend>, SrqOf<Self::Backend>>,
+    ) -> Result<QpOf<Self::Backend>>;
+
+    /// `ibv_create_srq`: a shared receive queue of at least `attr.max_wr` receives of
+    /// `attr.max_sge` SGEs (see [`crate::srq`] for the limit).
+    fn create_srq(&self, attr: &SrqAttr) -> Result<SrqOf<Self::Backend>>;
+
+    /// `ibv_create_ah`: an address handle for UD sends to the port `attr` describes. On
+    /// an Ethernet (RoCE) port the GRH is required (`is_global`), as libibverbs says.
+    fn create_ah(&self, attr: &AhAttr) -> Result<AhOf<Self::Backend>>;
 }
 
 /// A registered memory region (`struct ibv_mr`).
@@ -316,6 +352,34 @@ pub trait CompletionChannel: Send + Sync {
     fn fd(&self) -> RawFd;
 }
 
+/// A shared receive queue (`struct ibv_srq`, see [`crate::srq`]).
+pub trait SharedReceiveQueue: Send + Sync {
+    /// `ibv_post_srq_recv`: queues receive WRs. On failure the error names the first WR
+    /// not posted; those before it were posted. Past the SRQ's capacity it fails with
+    /// ENOMEM, with too many SGEs with EINVAL.
+    fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), PostError>;
+
+    /// `ibv_modify_srq`: arms or disarms the limit (`LIMIT`) or resizes the SRQ
+    /// (`MAX_WR`, where the device can). A value out of range is EINVAL, and then nothing
+    /// is modified.
+    fn modify(&self, attr: &SrqAttr, mask: SrqAttrMask) -> Result<()>;
+
+    /// `ibv_query_srq`: the granted size and the limit (0 when not armed).
+    fn query(&self) -> Result<SrqAttr>;
+
+    /// An identifier of this SRQ, unique within its context, as asynchronous events name
+    /// it ([`AsyncElement::Srq`](crate::AsyncElement::Srq)).
+    fn handle(&self) -> u32;
+}
+
+/// An address handle (`struct ibv_ah`): where a UD send goes. A send WR names it by
+/// reference ([`SendWr::ud`](crate::SendWr::ud)), so a backend recognises its own handles
+/// (the trait is `Any`) and refuses another backend's with EINVAL.
+pub trait AddressHandle: std::any::Any + Send + Sync {
+    /// The attributes it was created with.
+    fn attr(&self) -> AhAttr;
+}
+
 /// A queue pair (`struct ibv_qp`).
 pub trait QueuePair: Send + Sync {
     /// The QP number.
@@ -348,6 +412,7 @@ pub trait QueuePair: Send + Sync {
     fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostError>;
 
     /// `ibv_post_recv`: queues receive WRs (from INIT on). Past `max_recv_wr` outstanding
-    /// it fails with ENOMEM.
+    /// it fails with ENOMEM; on a QP created with an SRQ it fails with EINVAL (post to
+    /// the SRQ instead).
     fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), PostError>;
 }

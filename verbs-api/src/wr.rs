@@ -9,6 +9,7 @@
 
 use crate::endpoint::RemoteMr;
 use crate::flags::SendFlags;
+use crate::traits::AddressHandle;
 
 /// `struct ibv_sge`: a local buffer inside a registered memory region.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -200,7 +201,42 @@ pub struct SendWr<'a> {
     pub op: WrOp,
     /// `IBV_SEND_*` flags.
     pub send_flags: SendFlags,
+    /// `wr.ud`: where a UD send goes (`None` on connected QPs).
+    pub ud: Option<UdDest<'a>>,
 }
+
+/// `wr.ud` of `struct ibv_send_wr`: the destination of a send on a UD QP.
+#[derive(Clone, Copy)]
+pub struct UdDest<'a> {
+    /// The address handle of the destination port (`wr.ud.ah`).
+    pub ah: &'a dyn AddressHandle,
+    /// The destination QP number (`wr.ud.remote_qpn`).
+    pub remote_qpn: u32,
+    /// The destination's Q_Key (`wr.ud.remote_qkey`). A value with the high bit set means
+    /// the sending QP's own Q_Key (IBA 10.2.4.1, `man ibv_post_send`).
+    pub remote_qkey: u32,
+}
+
+impl std::fmt::Debug for UdDest<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UdDest")
+            .field("ah", &self.ah.attr())
+            .field("remote_qpn", &format_args!("{:#x}", self.remote_qpn))
+            .field("remote_qkey", &format_args!("{:#x}", self.remote_qkey))
+            .finish()
+    }
+}
+
+impl PartialEq for UdDest<'_> {
+    /// The same address handle (by identity), QP number and Q_Key.
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::addr_eq(self.ah, other.ah)
+            && self.remote_qpn == other.remote_qpn
+            && self.remote_qkey == other.remote_qkey
+    }
+}
+
+impl Eq for UdDest<'_> {}
 
 impl<'a> SendWr<'a> {
     /// A work request with no flags.
@@ -210,7 +246,19 @@ impl<'a> SendWr<'a> {
             sg_list,
             op,
             send_flags: SendFlags::empty(),
+            ud: None,
         }
+    }
+
+    /// The same, for a UD QP: to QP `remote_qpn` behind `ah`, with `remote_qkey` (see
+    /// [`UdDest`]).
+    pub fn ud(mut self, ah: &'a dyn AddressHandle, remote_qpn: u32, remote_qkey: u32) -> Self {
+        self.ud = Some(UdDest {
+            ah,
+            remote_qpn,
+            remote_qkey,
+        });
+        self
     }
 
     /// `IBV_WR_SEND`.

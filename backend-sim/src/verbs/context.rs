@@ -1,11 +1,13 @@
 //! An open device (`struct ibv_context`): its attributes (`ibv_query_device`,
-//! `ibv_query_port`, `ibv_query_gid`), and the objects made from it: PDs, completion
-//! channels and CQs.
+//! `ibv_query_port`, `ibv_query_gid`), the objects made from it (PDs, completion channels
+//! and CQs) and its asynchronous events (`ibv_get_async_event`, `ibv_ack_async_event`).
 
 use std::net::SocketAddr;
+use std::os::fd::RawFd;
 use std::sync::Arc;
+use std::time::Duration;
 
-use verbs_api::{Capabilities, Context, DeviceAttr, Error, Gid, PortAttr, Result};
+use verbs_api::{AsyncEvent, Capabilities, Context, DeviceAttr, Error, Gid, PortAttr, Result};
 
 use super::backend::SimBackend;
 use super::cq::SimChannel;
@@ -112,5 +114,17 @@ impl Context for SimContext {
             )),
             dev: self.dev.clone(),
         })
+    }
+
+    fn get_async_event(&self, timeout: Option<Duration>) -> Result<Option<AsyncEvent>> {
+        self.dev.events.get(timeout)
+    }
+
+    fn ack_async_event(&self, event: AsyncEvent) {
+        self.dev.events.ack(event)
+    }
+
+    fn async_fd(&self) -> RawFd {
+        self.dev.events.fd()
     }
 }

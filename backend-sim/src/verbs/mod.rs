@@ -1,5 +1,5 @@
 //! The verbs handles: what an application holds (`SimBackend`, `SimContext`, `SimPd`,
-//! `SimMr`, `SimCq`, `SimChannel`, `SimQp`), each implementing its verbs-api trait over
+//! `SimMr`, `SimCq`, `SimChannel`, `SimQp`, `SimSrq`, `SimAh`), each implementing its verbs-api trait over
 //! the device's shared objects. The [`Backend`] implementation, which names them all, is
 //! here: the devices the backend lists (`ibv_get_device_list`) and opening one
 //! (`ibv_open_device`).
@@ -12,12 +12,14 @@ use context::SimContext;
 use cq::{SimChannel, SimCq};
 use pd::{SimMr, SimPd};
 use qp::SimQp;
+use srq::{SimAh, SimSrq};
 
 pub mod backend;
 pub mod context;
 pub mod cq;
 pub mod pd;
 pub mod qp;
+pub mod srq;
 
 impl Backend for SimBackend {
     type Context = SimContext;
@@ -26,6 +28,8 @@ impl Backend for SimBackend {
     type Cq = SimCq;
     type Channel = SimChannel;
     type Qp = SimQp;
+    type Srq = SimSrq;
+    type Ah = SimAh;
 
     fn name(&self) -> &'static str {
         "sim"

@@ -3,11 +3,14 @@
 
 use std::sync::Arc;
 
-use verbs_api::{AccessFlags, Error, MemoryRegion, ProtectionDomain, QpCap, QpInitAttr, QpType, Result};
+use verbs_api::{
+    AccessFlags, AhAttr, Error, MemoryRegion, ProtectionDomain, QpCap, QpInitAttr, QpType, Result, SrqAttr,
+};
 
 use super::backend::SimBackend;
 use super::cq::SimCq;
 use super::qp::SimQp;
+use super::srq::{SimAh, SimSrq};
 use crate::device::{PdShared, MAX_INLINE};
 use crate::memory::MrShared;
 use crate::qp::QpShared;
@@ -43,7 +46,21 @@ impl ProtectionDomain for SimPd {
         Ok(SimMr::register(self, mr))
     }
 
-    fn create_qp(&self, attr: &QpInitAttr<'_, SimCq>) -> Result<SimQp> {
+    fn create_srq(&self, _attr: &SrqAttr) -> Result<SimSrq> {
+        Err(Error::Unsupported {
+            backend: "sim",
+            what: "shared receive queues".into(),
+        })
+    }
+
+    fn create_ah(&self, _attr: &AhAttr) -> Result<SimAh> {
+        Err(Error::Unsupported {
+            backend: "sim",
+            what: "address handles (UD)".into(),
+        })
+    }
+
+    fn create_qp(&self, attr: &QpInitAttr<'_, SimCq, SimSrq>) -> Result<SimQp> {
         let dev = &self.pd.dev;
         if attr.qp_type != QpType::Rc {
             return Err(Error::Unsupported {

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use verbs_api::{PostError, QpAttr, QpAttrMask, QpType, QueuePair, RecvWr, Result, SendWr};
+use verbs_api::{AsyncElement, PostError, QpAttr, QpAttrMask, QpType, QueuePair, RecvWr, Result, SendWr};
 
 use crate::device::PdShared;
 use crate::qp::QpShared;
@@ -40,5 +40,6 @@ impl Drop for SimQp {
     fn drop(&mut self) {
         self.pd.dev.qps.lock().remove(&self.qp.qpn);
         self.qp.destroy();
+        self.pd.dev.events.forget(AsyncElement::Qp(self.qp.qpn));
     }
 }
