@@ -10,8 +10,8 @@
 #
 #   ci/perftest-vs-perf.sh [OUT_DIR]
 #
-# Writes OUT_DIR/perftest-vs-perf/ (every run's output), OUT_DIR/perftest-vs-perf.md
-# and OUT_DIR/perftest-vs-perf.json. OUT_DIR defaults to ci-out.
+# Writes OUT_DIR/perftest-vs-perf.md and OUT_DIR/perftest-vs-perf.json (OUT_DIR defaults
+# to ci-out), and every run's output to RUNS (default OUT_DIR/perftest-vs-perf-runs).
 #
 # Both tools run with perftest's defaults but one: the QP's ACK timeout is -u 10 (4 ms)
 # instead of 14 (67 ms). rxe in this VM loses a few packets in every run of thousands of
@@ -123,9 +123,10 @@ set +e
 RXEVM_TIMEOUT=${RXEVM_TIMEOUT:-1800} "$root/ci/rxe-vm.sh" run "$dir" sh bench.sh
 rc=$?
 set -e
-rm -rf "$out/perftest-vs-perf"
-cp -r "$dir/runs" "$out/perftest-vs-perf"
-"$target/release/perftest-vs-perf" "$out/perftest-vs-perf" --json "$out/perftest-vs-perf.json" |
+runs=${RUNS:-$out/perftest-vs-perf-runs}
+rm -rf "$runs"
+cp -r "$dir/runs" "$runs"
+"$target/release/perftest-vs-perf" "$runs" --json "$out/perftest-vs-perf.json" |
     tee "$out/perftest-vs-perf.md"
 echo "perftest vs perf on rxe0: exit status $rc (the figures do not count)" >&2
 exit $rc

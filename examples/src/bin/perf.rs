@@ -27,6 +27,10 @@
 //! Without `-n`, iterations are perftest's defaults (1000 for latency, 5000 for
 //! bandwidth) reduced for large messages so that one size moves at most 512 MiB.
 //!
+//! `--perftest` (on both ends) swaps these loops for perftest's own
+//! (`examples::perftest::loops`), stamped with the cycle counter and reduced with
+//! perftest's arithmetic, for side-by-side runs with `ib_*` on one device.
+//!
 //! This file holds the connection setup and the measurement loops of both ends; the
 //! command line, the run's parameters, a side's ping-pong primitives and perftest's
 //! output are in `examples::perftest`.
