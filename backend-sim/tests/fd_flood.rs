@@ -95,7 +95,13 @@ fn pair(
     let b = pdb
         .create_qp(&QpInitAttr::rc(&cqb, &cqb, QpCap::new(16, 16)))
         .unwrap();
-    let p = RcParams::default();
+    // A generous ACK timeout (0.5 s, 8 tries): the pair set up during the flood must
+    // connect while the flooded device sheds connections, and on a loaded machine that
+    // can take longer than the default's half a second in all.
+    let p = RcParams {
+        timeout: 17,
+        ..RcParams::default()
+    };
     let ea = local_endpoint(ca, &a, &p, 1).unwrap();
     let eb = local_endpoint(cb, &b, &p, 2).unwrap();
     connect_rc(&a, &p, ea.psn, &eb).unwrap();
