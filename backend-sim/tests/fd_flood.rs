@@ -184,9 +184,18 @@ fn a_flood_of_connections_does_not_take_the_device_down() {
         logged.contains("accept failed") && logged.contains(&format!("the open-file limit is {limit}")),
         "no warning naming the limit: {logged}"
     );
-    assert_eq!(
-        logged.matches("accept failed").count(),
-        1,
-        "warned once, not per failed accept: {logged}"
+    // The flooded device warns once, not per failed accept. The open-file limit is the
+    // process's, so the other device may meet it too while the flood holds descriptors
+    // (accepting the hello of a pair set up meanwhile): once at most, likewise.
+    let warnings = |dev: &str| {
+        logged
+            .lines()
+            .filter(|l| l.contains("accept failed") && l.contains(&format!("device={dev}")))
+            .count()
+    };
+    assert_eq!(warnings("sim1"), 1, "the flooded device warned once: {logged}");
+    assert!(
+        warnings("sim0") <= 1,
+        "the other device warned at most once: {logged}"
     );
 }
