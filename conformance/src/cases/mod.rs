@@ -20,9 +20,13 @@ mod remote;
 mod rnr;
 mod send;
 
-/// Builds a [`Case`] from its metadata and a generic function.
+/// Builds a [`Case`] from its metadata and a generic function, optionally with the
+/// capabilities it requires (`requires [Lack::Srq, ..]`).
 macro_rules! case {
     ($id:literal, $name:literal, $source:literal, $f:ident) => {
+        case!($id, $name, $source, $f, requires [])
+    };
+    ($id:literal, $name:literal, $source:literal, $f:ident, requires [$($lack:ident),*]) => {
         $crate::Case {
             id: $id,
             group: match $id.split_once('.') {
@@ -31,6 +35,7 @@ macro_rules! case {
             },
             name: $name,
             source: $source,
+            requires: &[$($crate::report::Lack::$lack),*],
             run: $f::<B>,
         }
     };
