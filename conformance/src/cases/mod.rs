@@ -11,6 +11,7 @@ mod atomic;
 mod cq;
 mod device;
 mod errors;
+mod events;
 mod mr;
 mod order;
 mod post;
@@ -19,6 +20,9 @@ mod rdma;
 mod remote;
 mod rnr;
 mod send;
+mod srq;
+mod uc;
+mod ud;
 
 /// Builds a [`Case`] from its metadata and a generic function, optionally with the
 /// capabilities it requires (`requires [Lack::Srq, ..]`).
@@ -58,6 +62,10 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     v.extend(order::list::<B>());
     v.extend(errors::list::<B>());
     v.extend(aio::list::<B>());
+    v.extend(srq::list::<B>());
+    v.extend(uc::list::<B>());
+    v.extend(ud::list::<B>());
+    v.extend(events::list::<B>());
     v.extend(remote::list::<B>());
     v
 }
