@@ -306,14 +306,19 @@ fn post_error(qp: &IbvQp, kind: QueueKind, errno: i32, index: usize, wr_id: u64)
         QueueKind::Recv => "ibv_post_recv",
     };
     let error = match errno {
-        libc::ENOMEM => Error::QueueFull {
-            queue: kind,
-            qpn: qp.qp_num,
-            capacity: match kind {
-                QueueKind::Send => qp.cap.max_send_wr,
-                QueueKind::Recv => qp.cap.max_recv_wr,
-            },
-        },
+        libc::ENOMEM => {
+            // What the queue really holds: some providers write back only the sizes asked
+            // for at create time, and report the rounded-up ones in ibv_query_qp.
+            let cap = QueuePair::query(qp).map_or(qp.cap, |a| a.cap);
+            Error::QueueFull {
+                queue: kind,
+                qpn: qp.qp_num,
+                capacity: match kind {
+                    QueueKind::Send => cap.max_send_wr,
+                    QueueKind::Recv => cap.max_recv_wr,
+                },
+            }
+        }
         libc::EINVAL => {
             let state = qp.state().ok();
             match (kind, state) {
