@@ -78,11 +78,10 @@ fn sge_to_raw(s: &Sge) -> ibv_sge {
 }
 
 /// One `struct ibv_send_wr` for `wr`, pointing at `sg_list` (`num_sge` entries) and
-/// `next`, with `ah` (resolved by [`ud_ah`]) as `wr.ud.ah` when `wr` has a UD destination.
-/// Immediate data goes out in network byte order.
+/// `next`. Immediate data goes out in network byte order. A UD destination is added by
+/// [`set_ud`].
 pub(crate) fn send_wr_to_raw(
     wr: &SendWr<'_>,
-    ah: *mut ibv_ah,
     sg_list: *mut ibv_sge,
     num_sge: c_int,
     next: *mut ibv_send_wr,
@@ -135,8 +134,14 @@ pub(crate) fn send_wr_to_raw(
             };
         }
     }
-    // A UD QP reads `wr.ud` whatever the opcode (only SEND and SEND_WITH_IMM are valid on
-    // UD; the provider reports any other), so the destination takes the union.
+    r
+}
+
+/// Writes `wr`'s UD destination into `r.wr.ud`, with `ah` (resolved by [`ud_ah`]) as the
+/// address handle. A UD QP reads `wr.ud` whatever the opcode (only SEND and SEND_WITH_IMM
+/// are valid on UD; the provider reports any other), so the destination takes the union.
+#[inline]
+pub(crate) fn set_ud(r: &mut ibv_send_wr, wr: &SendWr<'_>, ah: *mut ibv_ah) {
     if let Some(ud) = wr.ud {
         r.wr = wr_t {
             ud: ud_t {
@@ -146,7 +151,6 @@ pub(crate) fn send_wr_to_raw(
             },
         };
     }
-    r
 }
 
 /// The address handle of a UD destination, if it is one of this backend's: the same test
@@ -163,7 +167,7 @@ fn as_ibv_ah(ah: &dyn AddressHandle) -> Option<&IbvAh> {
 }
 
 /// The `wr.ud.ah` to post `wr` on `qp` with (see [`ud_ah_for`]).
-#[inline(always)]
+#[inline]
 fn ud_ah(qp: &IbvQp, wr: &SendWr<'_>) -> Result<*mut ibv_ah, Error> {
     ud_ah_for(qp.qp_num, qp.qp_type, Arc::as_ptr(&qp.pd.ctx), wr)
 }
@@ -171,7 +175,7 @@ fn ud_ah(qp: &IbvQp, wr: &SendWr<'_>) -> Result<*mut ibv_ah, Error> {
 /// The `wr.ud.ah` to post `wr` with on QP `qp_num` of type `qp_type` of the context `ctx`:
 /// NULL for a connected QP's WR without a destination; the handle's pointer for a UD WR
 /// whose handle is this backend's and of that context; otherwise why not (EINVAL).
-#[inline(always)]
+#[inline]
 fn ud_ah_for(
     qp_num: u32,
     qp_type: QpType,
@@ -374,16 +378,30 @@ pub(crate) fn post_send(qp: &IbvQp, wrs: &[SendWr<'_>]) -> Result<(), PostError>
 /// posted.
 #[inline(always)]
 fn post_one_send(qp: &IbvQp, wr: &SendWr<'_>) -> Result<(), PostError> {
-    let ah = match ud_ah(qp, wr) {
-        Ok(ah) => ah,
-        Err(error) => {
-            return Err(PostError {
-                index: 0,
-                wr_id: wr.wr_id,
-                error,
-            })
-        }
-    };
+    // One test keeps connected QPs' WRs off the UD path (which checks the destination).
+    if wr.ud.is_some() || qp.qp_type == QpType::Ud {
+        return post_one_send_ud(qp, wr);
+    }
+    post_one_send_to(qp, wr, null_mut())
+}
+
+/// [`post_one_send`] of a WR that has a destination or is on a UD QP: the destination is
+/// checked ([`ud_ah`]) before the WR is built.
+#[inline(never)]
+fn post_one_send_ud(qp: &IbvQp, wr: &SendWr<'_>) -> Result<(), PostError> {
+    match ud_ah(qp, wr) {
+        Ok(ah) => post_one_send_to(qp, wr, ah),
+        Err(error) => Err(PostError {
+            index: 0,
+            wr_id: wr.wr_id,
+            error,
+        }),
+    }
+}
+
+/// Builds and posts one WR; `ah` is its checked address handle (NULL: not UD).
+#[inline(always)]
+fn post_one_send_to(qp: &IbvQp, wr: &SendWr<'_>, ah: *mut ibv_ah) -> Result<(), PostError> {
     // Held until the provider has copied the inline data.
     let spans = if wr.send_flags.contains(SendFlags::INLINE) {
         let spans = qp.pd.ctx.registry.mrs.read();
@@ -408,7 +426,10 @@ fn post_one_send(qp: &IbvQp, wr: &SendWr<'_>) -> Result<(), PostError> {
         sges.as_mut_ptr().cast::<ibv_sge>()
     };
     // fits: at most ONE_WR_SGES
-    let mut raw = send_wr_to_raw(wr, ah, sg_list, wr.sg_list.len() as c_int, null_mut());
+    let mut raw = send_wr_to_raw(wr, sg_list, wr.sg_list.len() as c_int, null_mut());
+    if !ah.is_null() {
+        set_ud(&mut raw, wr, ah);
+    }
     let mut bad: *mut ibv_send_wr = null_mut();
     // SAFETY: the QP is live; `raw` is a fully initialized WR whose `num_sge` SGEs are
     // initialized in `sges`; both outlive the call. SGE addresses are checked by the HCA
@@ -475,14 +496,13 @@ fn post_send_checked(qp: &IbvQp, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
                 };
                 // fits: checked by first_unpostable
                 let num_sge = wr.sg_list.len() as c_int;
-                // resolves: checked by first_unpostable
-                let ah = ud_ah(qp, wr).unwrap_or(null_mut());
+                let mut raw = send_wr_to_raw(wr, sg_list, num_sge, next);
+                if wr.ud.is_some() {
+                    // resolves: checked by first_unpostable
+                    set_ud(&mut raw, wr, ud_ah(qp, wr).unwrap_or(null_mut()));
+                }
                 // SAFETY: i < wrs.len(), the length of `raw_wrs`.
-                unsafe {
-                    wr_base
-                        .add(i)
-                        .write(send_wr_to_raw(wr, ah, sg_list, num_sge, next))
-                };
+                unsafe { wr_base.add(i).write(raw) };
                 off += wr.sg_list.len();
             }
             let mut bad: *mut ibv_send_wr = null_mut();
@@ -674,7 +694,7 @@ mod tests {
     fn send_with_imm_goes_out_big_endian() {
         let sge = [Sge::new(0x1000, 8, 5)];
         let wr = SendWr::send_with_imm(9, &sge, 0x0102_0304).signaled().solicited();
-        let r = send_wr_to_raw(&wr, null_mut(), null_mut(), 1, null_mut());
+        let r = send_wr_to_raw(&wr, null_mut(), 1, null_mut());
         assert_eq!(r.wr_id, 9);
         assert_eq!(r.opcode, O::IBV_WR_SEND_WITH_IMM);
         assert_eq!(r.send_flags, F::IBV_SEND_SIGNALED.0 | F::IBV_SEND_SOLICITED.0);
@@ -690,7 +710,6 @@ mod tests {
         let r = send_wr_to_raw(
             &SendWr::write_with_imm(1, &[], remote, 5),
             null_mut(),
-            null_mut(),
             0,
             null_mut(),
         );
@@ -699,20 +718,13 @@ mod tests {
         let (addr, rkey) = unsafe { (r.wr.rdma.remote_addr, r.wr.rdma.rkey) };
         assert_eq!((addr, rkey), (0xdead_0000, 0x77));
 
-        let r = send_wr_to_raw(
-            &SendWr::read(2, &[], remote),
-            null_mut(),
-            null_mut(),
-            0,
-            null_mut(),
-        );
+        let r = send_wr_to_raw(&SendWr::read(2, &[], remote), null_mut(), 0, null_mut());
         assert_eq!(r.opcode, O::IBV_WR_RDMA_READ);
         // SAFETY: as above.
         assert_eq!(unsafe { r.wr.rdma.remote_addr }, 0xdead_0000);
 
         let r = send_wr_to_raw(
             &SendWr::cmp_and_swp(3, &[], remote, 10, 20),
-            null_mut(),
             null_mut(),
             0,
             null_mut(),
@@ -727,7 +739,6 @@ mod tests {
 
         let r = send_wr_to_raw(
             &SendWr::fetch_and_add(4, &[], remote, 3),
-            null_mut(),
             null_mut(),
             0,
             null_mut(),
@@ -816,7 +827,8 @@ mod tests {
         let sge = [Sge::new(0x1000, 8, 5)];
         let wr = SendWr::send_with_imm(3, &sge, 9).ud(&other, 0x42, 0x1111_1111);
         let ah = std::ptr::NonNull::<ibv_ah>::dangling().as_ptr();
-        let r = send_wr_to_raw(&wr, ah, null_mut(), 1, null_mut());
+        let mut r = send_wr_to_raw(&wr, null_mut(), 1, null_mut());
+        set_ud(&mut r, &wr, ah);
         // SAFETY: reading the variant that was written.
         let ud = unsafe { r.wr.ud };
         assert_eq!((ud.ah, ud.remote_qpn, ud.remote_qkey), (ah, 0x42, 0x1111_1111));
