@@ -1,149 +1,43 @@
 //! Asynchronous events: `ibv_get_async_event` and `ibv_ack_async_event`
 //! (`man ibv_get_async_event`), read by one thread per open device.
 //!
-//! Some failures are reported only here: a CQ overflow (`IBV_EVENT_CQ_ERR`) and a QP
-//! that hit a fatal error outside of a work request (`IBV_EVENT_QP_FATAL`,
-//! `IBV_EVENT_QP_REQ_ERR`, `IBV_EVENT_QP_ACCESS_ERR`). The thread marks the CQ so that
-//! its next poll fails with [`verbs_api::Error::CqOverflow`], records QP errors on the QP,
-//! keeps the last events in a bounded log, and acknowledges every event at once (an
-//! unacknowledged event makes `ibv_destroy_cq` / `ibv_destroy_qp` wait forever).
+//! The thread reads every event libibverbs delivers, names its element the way
+//! [`verbs_api::AsyncElement`] does (a CQ or SRQ by its handle, kept in `cq_context` /
+//! `srq_context`; a QP by number; a port by number), queues it for the application in the
+//! context's [`EventQueue`] and acknowledges it to libibverbs at once. The application
+//! takes events from that queue ([`verbs_api::Context::get_async_event`]) and acknowledges
+//! them there; destroying a QP, CQ or SRQ first waits for those acknowledgements
+//! ([`EventQueue::forget`]), as `ibv_destroy_*` would, so the semantics of the man page hold
+//! while libibverbs itself never waits on the application.
+//!
+//! Two events also change what later calls return: a CQ overflow (`IBV_EVENT_CQ_ERR`)
+//! marks the CQ so that its next poll fails with [`verbs_api::Error::CqOverflow`], and a QP
+//! error outside of a work request (`IBV_EVENT_QP_FATAL`, `IBV_EVENT_QP_REQ_ERR`,
+//! `IBV_EVENT_QP_ACCESS_ERR`) is recorded on the QP.
+//!
+//! An event is queued only while its object is in the registry; a QP, CQ or SRQ leaves
+//! the registry before it waits for acknowledgements and is destroyed, so no event for an
+//! object that is going away is queued after its `forget`.
 //!
 //! The thread `poll(2)`s the context's `async_fd` (switched to O_NONBLOCK, as the man
 //! page's example does) together with an eventfd; writing the eventfd stops the thread,
 //! which the context does in `Drop` before `ibv_close_device`.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use parking_lot::{Mutex, RwLock};
-use rdma_sys::{ibv_ack_async_event, ibv_async_event, ibv_context, ibv_cq, ibv_get_async_event, ibv_qp};
+use rdma_sys::{
+    ibv_ack_async_event, ibv_async_event, ibv_context, ibv_cq, ibv_get_async_event, ibv_qp, ibv_srq,
+};
 use rustc_hash::FxHashMap;
-use verbs_api::{Error, Result};
+use verbs_api::event_queue::EventQueue;
+use verbs_api::{AsyncElement, AsyncEvent, AsyncEventType, ElementKind, Error, Result};
 
 use crate::errno::last_errno;
-
-/// How many events [`Registry::log`] keeps.
-const LOG_CAPACITY: usize = 256;
-
-/// `enum ibv_event_type`, with libibverbs' numbering.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum AsyncEventKind {
-    /// `IBV_EVENT_CQ_ERR`: the CQ overflowed; it is in error.
-    CqErr,
-    /// `IBV_EVENT_QP_FATAL`: the QP hit an error it cannot report in a completion.
-    QpFatal,
-    /// `IBV_EVENT_QP_REQ_ERR`: invalid request local work queue error.
-    QpReqErr,
-    /// `IBV_EVENT_QP_ACCESS_ERR`: local access violation error.
-    QpAccessErr,
-    /// `IBV_EVENT_COMM_EST`: communication established (first packet in RTR).
-    CommEst,
-    /// `IBV_EVENT_SQ_DRAINED`: the send queue of a QP in SQD is drained.
-    SqDrained,
-    /// `IBV_EVENT_PATH_MIG`: path migrated.
-    PathMig,
-    /// `IBV_EVENT_PATH_MIG_ERR`: path migration failed.
-    PathMigErr,
-    /// `IBV_EVENT_DEVICE_FATAL`: the device is unusable.
-    DeviceFatal,
-    /// `IBV_EVENT_PORT_ACTIVE`: a port became active.
-    PortActive,
-    /// `IBV_EVENT_PORT_ERR`: a port went down.
-    PortErr,
-    /// `IBV_EVENT_LID_CHANGE`
-    LidChange,
-    /// `IBV_EVENT_PKEY_CHANGE`
-    PkeyChange,
-    /// `IBV_EVENT_SM_CHANGE`
-    SmChange,
-    /// `IBV_EVENT_SRQ_ERR`
-    SrqErr,
-    /// `IBV_EVENT_SRQ_LIMIT_REACHED`
-    SrqLimitReached,
-    /// `IBV_EVENT_QP_LAST_WQE_REACHED`
-    QpLastWqeReached,
-    /// `IBV_EVENT_CLIENT_REREGISTER`
-    ClientReregister,
-    /// `IBV_EVENT_GID_CHANGE`
-    GidChange,
-    /// `IBV_EVENT_WQ_FATAL`
-    WqFatal,
-    /// A value this crate does not know.
-    Other(u32),
-}
-
-impl AsyncEventKind {
-    /// From the raw `ibv_event_type` value.
-    pub fn from_raw(v: u32) -> Self {
-        use AsyncEventKind::*;
-        match v {
-            0 => CqErr,
-            1 => QpFatal,
-            2 => QpReqErr,
-            3 => QpAccessErr,
-            4 => CommEst,
-            5 => SqDrained,
-            6 => PathMig,
-            7 => PathMigErr,
-            8 => DeviceFatal,
-            9 => PortActive,
-            10 => PortErr,
-            11 => LidChange,
-            12 => PkeyChange,
-            13 => SmChange,
-            14 => SrqErr,
-            15 => SrqLimitReached,
-            16 => QpLastWqeReached,
-            17 => ClientReregister,
-            18 => GidChange,
-            19 => WqFatal,
-            v => Other(v),
-        }
-    }
-
-    /// Whether the event is about a QP (its element is a `struct ibv_qp *`).
-    fn is_qp_event(self) -> bool {
-        use AsyncEventKind::*;
-        matches!(
-            self,
-            QpFatal | QpReqErr | QpAccessErr | CommEst | SqDrained | PathMig | PathMigErr | QpLastWqeReached
-        )
-    }
-
-    /// Whether the event means the QP is in error.
-    fn is_qp_error(self) -> bool {
-        matches!(
-            self,
-            AsyncEventKind::QpFatal | AsyncEventKind::QpReqErr | AsyncEventKind::QpAccessErr
-        )
-    }
-
-    /// Whether the element is a port number.
-    fn is_port_event(self) -> bool {
-        use AsyncEventKind::*;
-        matches!(
-            self,
-            PortActive | PortErr | LidChange | PkeyChange | SmChange | ClientReregister | GidChange
-        )
-    }
-}
-
-/// One asynchronous event, as the per-device thread saw it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct AsyncEvent {
-    /// The event type.
-    pub kind: AsyncEventKind,
-    /// The CQ's handle ([`verbs_api::CompletionQueue::handle`]) for `IBV_EVENT_CQ_ERR`.
-    pub cq: Option<u32>,
-    /// The QP number for QP events.
-    pub qp_num: Option<u32>,
-    /// The port number for port events.
-    pub port: Option<u8>,
-}
 
 /// `struct ibv_async_event` with the event type as a plain integer: rdma-sys declares
 /// it as a Rust enum, and a value this build does not know would be undefined behaviour
@@ -170,7 +64,7 @@ pub(crate) struct CqState {
 #[derive(Debug, Default)]
 pub(crate) struct QpState {
     /// The last QP error event.
-    pub(crate) fatal: Mutex<Option<AsyncEvent>>,
+    pub(crate) fatal: Mutex<Option<AsyncEventType>>,
 }
 
 /// A registered region: `[addr, addr + len)`.
@@ -191,7 +85,6 @@ impl MrSpan {
 }
 
 /// The per-context tables shared by the verbs objects and the async thread.
-#[derive(Debug, Default)]
 pub(crate) struct Registry {
     /// Registered regions by lkey (for the inline-SGE check). Writers (MR drop) take the
     /// write lock, so a region cannot be deregistered while an inline post reads it.
@@ -200,60 +93,102 @@ pub(crate) struct Registry {
     pub(crate) cqs: Mutex<HashMap<u32, Arc<CqState>>>,
     /// Live QPs by QP number.
     pub(crate) qps: Mutex<HashMap<u32, Arc<QpState>>>,
+    /// Live SRQs by handle.
+    pub(crate) srqs: Mutex<HashSet<u32>>,
     /// The next CQ handle.
     pub(crate) next_cq_handle: AtomicU32,
-    /// The last [`LOG_CAPACITY`] events.
-    pub(crate) log: Mutex<VecDeque<AsyncEvent>>,
+    /// The next SRQ handle.
+    pub(crate) next_srq_handle: AtomicU32,
+    /// The events the application reads (`ibv_get_async_event`).
+    pub(crate) events: EventQueue,
 }
 
 impl Registry {
-    /// Records one event: marks its CQ or QP and appends it to the log.
+    /// Empty tables and an empty event queue.
+    pub(crate) fn new() -> Result<Registry> {
+        Ok(Registry {
+            mrs: RwLock::default(),
+            cqs: Mutex::default(),
+            qps: Mutex::default(),
+            srqs: Mutex::default(),
+            next_cq_handle: AtomicU32::new(0),
+            next_srq_handle: AtomicU32::new(0),
+            events: EventQueue::new()?,
+        })
+    }
+
+    /// Records one event: marks its CQ or QP and queues it for the application, if the
+    /// object it names is still registered (see the module docs). Events of a type this
+    /// build does not know, and work-queue events (this crate creates no WQs), are only
+    /// acknowledged.
     ///
     /// # Safety
     ///
-    /// `raw` must come from `ibv_get_async_event` and not yet be acknowledged (so the CQ
-    /// or QP it names is still alive: libibverbs destroys neither while an event for it is
-    /// unacknowledged).
+    /// `raw` must come from `ibv_get_async_event` and not yet be acknowledged (so the CQ,
+    /// QP or SRQ it names is still alive: libibverbs destroys none while an event for it
+    /// is unacknowledged).
     unsafe fn record(&self, raw: &RawAsyncEvent) {
-        let kind = AsyncEventKind::from_raw(raw.event_type);
-        let mut ev = AsyncEvent {
-            kind,
-            cq: None,
-            qp_num: None,
-            port: None,
+        let Some(event_type) = AsyncEventType::from_raw(raw.event_type) else {
+            return;
         };
-        if kind == AsyncEventKind::CqErr {
-            let cq = raw.element as usize as *mut ibv_cq;
-            if !cq.is_null() {
+        let raise = |element| self.events.raise(AsyncEvent { event_type, element });
+        match event_type.element_kind() {
+            ElementKind::Cq => {
+                let cq = raw.element as usize as *mut ibv_cq;
+                if cq.is_null() {
+                    return;
+                }
                 // SAFETY: the event names a live CQ (caller contract); `cq_context` was set
                 // to the CQ's handle at creation and never changes.
                 let handle = unsafe { (*cq).cq_context } as usize as u32;
-                ev.cq = Some(handle);
-                if let Some(state) = self.cqs.lock().get(&handle) {
-                    state.overflows.fetch_add(1, Ordering::SeqCst);
+                let cqs = self.cqs.lock();
+                if let Some(state) = cqs.get(&handle) {
+                    if event_type == AsyncEventType::CqErr {
+                        state.overflows.fetch_add(1, Ordering::SeqCst);
+                    }
+                    raise(AsyncElement::Cq(handle));
                 }
             }
-        } else if kind.is_qp_event() {
-            let qp = raw.element as usize as *mut ibv_qp;
-            if !qp.is_null() {
+            ElementKind::Qp => {
+                let qp = raw.element as usize as *mut ibv_qp;
+                if qp.is_null() {
+                    return;
+                }
                 // SAFETY: the event names a live QP (caller contract).
                 let qpn = unsafe { (*qp).qp_num };
-                ev.qp_num = Some(qpn);
-                if kind.is_qp_error() {
-                    if let Some(state) = self.qps.lock().get(&qpn) {
-                        *state.fatal.lock() = Some(ev);
+                let qps = self.qps.lock();
+                if let Some(state) = qps.get(&qpn) {
+                    if matches!(
+                        event_type,
+                        AsyncEventType::QpFatal | AsyncEventType::QpReqErr | AsyncEventType::QpAccessErr
+                    ) {
+                        *state.fatal.lock() = Some(event_type);
                     }
+                    raise(AsyncElement::Qp(qpn));
                 }
             }
-        } else if kind.is_port_event() {
-            // The union's `int port_num` is its low 4 bytes (x86-64 is little-endian).
-            ev.port = u8::try_from(raw.element as u32).ok();
+            ElementKind::Srq => {
+                let srq = raw.element as usize as *mut ibv_srq;
+                if srq.is_null() {
+                    return;
+                }
+                // SAFETY: the event names a live SRQ (caller contract); `srq_context` was
+                // set to the SRQ's handle at creation and never changes.
+                let handle = unsafe { (*srq).srq_context } as usize as u32;
+                let srqs = self.srqs.lock();
+                if srqs.contains(&handle) {
+                    raise(AsyncElement::Srq(handle));
+                }
+            }
+            ElementKind::Port => {
+                // The union's `int port_num` is its low 4 bytes (x86-64 is little-endian).
+                if let Ok(port) = u8::try_from(raw.element as u32) {
+                    raise(AsyncElement::Port(port));
+                }
+            }
+            ElementKind::Device => raise(AsyncElement::Device),
+            ElementKind::Wq => {}
         }
-        let mut log = self.log.lock();
-        if log.len() == LOG_CAPACITY {
-            log.pop_front();
-        }
-        log.push_back(ev);
     }
 }
 
@@ -392,14 +327,18 @@ mod tests {
 
     #[test]
     fn event_numbering() {
-        assert_eq!(AsyncEventKind::from_raw(0), AsyncEventKind::CqErr);
-        assert_eq!(AsyncEventKind::from_raw(1), AsyncEventKind::QpFatal);
-        assert_eq!(AsyncEventKind::from_raw(19), AsyncEventKind::WqFatal);
-        assert_eq!(AsyncEventKind::from_raw(99), AsyncEventKind::Other(99));
         assert_eq!(
             rdma_sys::ibv_event_type::IBV_EVENT_GID_CHANGE as u32,
-            18,
+            AsyncEventType::GidChange as u32,
             "numbering follows verbs.h"
+        );
+        assert_eq!(
+            rdma_sys::ibv_event_type::IBV_EVENT_SRQ_LIMIT_REACHED as u32,
+            AsyncEventType::SrqLimitReached as u32
+        );
+        assert_eq!(
+            rdma_sys::ibv_event_type::IBV_EVENT_QP_LAST_WQE_REACHED as u32,
+            AsyncEventType::QpLastWqeReached as u32
         );
     }
 
@@ -418,16 +357,45 @@ mod tests {
     }
 
     #[test]
-    fn port_events_decode_the_port() {
-        let reg = Registry::default();
+    fn port_and_device_events_are_queued_and_unknown_ones_dropped() {
+        let reg = Registry::new().unwrap();
+        for (element, event_type) in [(1, 10), (0, 99), (0, 8)] {
+            let raw = RawAsyncEvent { element, event_type };
+            // SAFETY: port, device and unknown events dereference nothing.
+            unsafe { reg.record(&raw) };
+        }
+        let ev = reg.events.get(Some(std::time::Duration::ZERO)).unwrap().unwrap();
+        assert_eq!(
+            (ev.event_type, ev.element),
+            (AsyncEventType::PortErr, AsyncElement::Port(1))
+        );
+        reg.events.ack(ev);
+        let ev = reg.events.get(Some(std::time::Duration::ZERO)).unwrap().unwrap();
+        assert_eq!(
+            (ev.event_type, ev.element),
+            (AsyncEventType::DeviceFatal, AsyncElement::Device)
+        );
+        reg.events.ack(ev);
+        assert_eq!(reg.events.get(Some(std::time::Duration::ZERO)).unwrap(), None);
+    }
+
+    #[test]
+    fn events_of_unregistered_objects_are_not_queued() {
+        let reg = Registry::new().unwrap();
+        // SAFETY: all-zero is a valid ibv_srq for reading `srq_context` (NULL: handle 0).
+        let mut srq: ibv_srq = unsafe { std::mem::zeroed() };
         let raw = RawAsyncEvent {
-            element: 1,
-            event_type: 10,
+            element: &mut srq as *mut ibv_srq as u64,
+            event_type: AsyncEventType::SrqLimitReached as u32,
         };
-        // SAFETY: a port event dereferences nothing.
+        // SAFETY: `srq` is a live struct for the whole call.
         unsafe { reg.record(&raw) };
-        let log = reg.log.lock();
-        assert_eq!(log[0].kind, AsyncEventKind::PortErr);
-        assert_eq!(log[0].port, Some(1));
+        assert_eq!(reg.events.get(Some(std::time::Duration::ZERO)).unwrap(), None);
+        reg.srqs.lock().insert(0);
+        // SAFETY: as above.
+        unsafe { reg.record(&raw) };
+        let ev = reg.events.get(Some(std::time::Duration::ZERO)).unwrap().unwrap();
+        assert_eq!(ev.element, AsyncElement::Srq(0));
+        reg.events.ack(ev);
     }
 }

@@ -1,20 +1,22 @@
 //! An open device: `ibv_open_device` / `ibv_close_device`, `ibv_query_device`,
 //! `ibv_query_port`, `ibv_query_gid` (`man ibv_open_device`, `man ibv_query_device`,
-//! `man ibv_query_port`, `man ibv_query_gid`), the [`Capabilities`] summary, and the
-//! factories for PDs, completion channels and CQs.
+//! `man ibv_query_port`, `man ibv_query_gid`), the [`Capabilities`] summary, the
+//! factories for PDs, completion channels and CQs, and the asynchronous events
+//! (`man ibv_get_async_event`), which the context's thread in `async_events.rs` queues.
 
 use std::os::raw::c_int;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 
+use rdma_sys::ibv_device_cap_flags;
 use rdma_sys::{ibv_close_device, ibv_context, ibv_device, ibv_device_attr, ibv_gid, ibv_open_device};
 use rdma_sys::{ibv_port_attr, ibv_query_device, ibv_query_gid, ibv_transport_type};
 use verbs_api::{
-    AtomicCap, Capabilities, Context, DeviceAttr, Error, Gid, LinkLayer, Mtu, PortAttr, PortState,
-    ProtectionDomain, QpCap, QpInitAttr, Result,
+    AsyncEvent, AtomicCap, Capabilities, Context, DeviceAttr, Error, Gid, LinkLayer, Mtu, PortAttr,
+    PortState, ProtectionDomain, QpCap, QpInitAttr, Result,
 };
 
-use crate::async_events::{AsyncEvent, AsyncThread, Registry};
+use crate::async_events::{AsyncThread, Registry};
 use crate::cq::{IbvChannel, IbvCq};
 use crate::device::IbvBackend;
 use crate::errno::{last_errno, rc_errno};
@@ -71,7 +73,14 @@ impl IbvContext {
         if raw.is_null() {
             return Err(Error::from_errno("ibv_open_device", last_errno()));
         }
-        let registry = Arc::new(Registry::default());
+        let registry = match Registry::new() {
+            Ok(r) => Arc::new(r),
+            Err(e) => {
+                // SAFETY: nothing was created from the context yet.
+                unsafe { ibv_close_device(raw) };
+                return Err(e);
+            }
+        };
         // SAFETY: `raw` is open and is closed only after the thread is stopped (CtxInner::drop).
         let events = match unsafe { AsyncThread::start(raw, &name, registry.clone()) } {
             Ok(t) => t,
@@ -96,11 +105,6 @@ impl IbvContext {
     /// while this context (or any object created from it) lives.
     pub fn as_raw(&self) -> *mut ibv_context {
         self.inner.raw
-    }
-
-    /// Takes the asynchronous events seen so far (at most the last 256).
-    pub fn take_async_events(&self) -> Vec<AsyncEvent> {
-        self.inner.registry.log.lock().drain(..).collect()
     }
 
     /// Probes the largest `max_inline_data` an RC QP can be created with: tries 1024 and
@@ -211,7 +215,13 @@ pub(crate) fn capabilities_from(dev: &DeviceAttr, port: &PortAttr, transport_ib:
     // Immediate data is part of the IB transport (InfiniBand and RoCE); iWARP has none.
     c.imm_data = transport_ib;
     c.srq = dev.max_srq > 0;
+    c.max_srq = dev.max_srq;
+    c.max_srq_wr = dev.max_srq_wr;
+    c.max_srq_sge = dev.max_srq_sge;
+    c.srq_resize = c.srq && dev.device_cap_flags & ibv_device_cap_flags::IBV_DEVICE_SRQ_RESIZE.0 != 0;
+    // UD and UC are part of the IB transport (InfiniBand and RoCE); iWARP is RC only.
     c.ud = transport_ib;
+    c.uc = transport_ib;
     c.max_send_sge = dev.max_sge;
     c.max_recv_sge = dev.max_sge;
     c.max_sge_rd = dev.max_sge_rd;
@@ -314,20 +324,16 @@ impl Context for IbvContext {
         IbvCq::create(self.inner.clone(), cqe, channel, handle)
     }
 
-    fn get_async_event(
-        &self,
-        _timeout: Option<std::time::Duration>,
-    ) -> Result<Option<verbs_api::AsyncEvent>> {
-        Err(Error::Unsupported {
-            backend: "ibverbs",
-            what: "asynchronous events through verbs-api yet (take_async_events has them)".into(),
-        })
+    fn get_async_event(&self, timeout: Option<std::time::Duration>) -> Result<Option<AsyncEvent>> {
+        self.inner.registry.events.get(timeout)
     }
 
-    fn ack_async_event(&self, _event: verbs_api::AsyncEvent) {}
+    fn ack_async_event(&self, event: AsyncEvent) {
+        self.inner.registry.events.ack(event)
+    }
 
     fn async_fd(&self) -> std::os::fd::RawFd {
-        -1
+        self.inner.registry.events.fd()
     }
 }
 
@@ -374,10 +380,26 @@ mod tests {
             max_sge: 32,
             max_srq: 0,
             atomic_cap: AtomicCap::Hca,
+            device_cap_flags: ibv_device_cap_flags::IBV_DEVICE_SRQ_RESIZE.0,
             ..Default::default()
         };
         let c = capabilities_from(&dev, &port, true);
-        assert!(c.imm_data && c.ud && !c.srq);
+        assert!(c.imm_data && c.ud && c.uc && !c.srq && !c.srq_resize);
+        let with_srq = DeviceAttr {
+            max_srq: 1024,
+            max_srq_wr: 4096,
+            max_srq_sge: 27,
+            ..dev.clone()
+        };
+        let c = capabilities_from(&with_srq, &port, true);
+        assert!(c.srq && c.srq_resize);
+        assert_eq!((c.max_srq, c.max_srq_wr, c.max_srq_sge), (1024, 4096, 27));
+        let no_resize = DeviceAttr {
+            device_cap_flags: 0,
+            ..with_srq
+        };
+        assert!(!capabilities_from(&no_resize, &port, true).srq_resize);
+        assert!(!capabilities_from(&dev, &port, false).uc);
         assert_eq!(c.max_send_sge, 32);
         assert_eq!(c.max_msg_sz, 1 << 31);
         assert_eq!(c.link_layer, LinkLayer::Ethernet);

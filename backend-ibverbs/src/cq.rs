@@ -36,7 +36,8 @@ use rdma_sys::ibv_wc;
 use rdma_sys::{ibv_ack_cq_events, ibv_comp_channel, ibv_cq, ibv_create_comp_channel, ibv_create_cq};
 use rdma_sys::{ibv_destroy_comp_channel, ibv_destroy_cq, ibv_get_cq_event, ibv_poll_cq, ibv_req_notify_cq};
 use verbs_api::{
-    CompletionChannel, CompletionQueue, Error, Result, WcFlags, WcOpcode, WcStatus, WorkCompletion,
+    AsyncElement, CompletionChannel, CompletionQueue, Error, Result, WcFlags, WcOpcode, WcStatus,
+    WorkCompletion,
 };
 
 use crate::async_events::{set_nonblocking, CqState};
@@ -226,8 +227,10 @@ unsafe impl Sync for CqInner {}
 impl Drop for CqInner {
     fn drop(&mut self) {
         // Leave the table first: from now on get_cq_event acknowledges events for this
-        // CQ itself, so the count below is final.
+        // CQ itself, so the count below is final, and no asynchronous event for it is
+        // queued after `forget`, which waits for those the application took.
         self.ctx.registry.cqs.lock().remove(&self.handle);
+        self.ctx.registry.events.forget(AsyncElement::Cq(self.handle));
         let unacked = self.state.unacked.swap(0, Ordering::SeqCst);
         if unacked > 0 {
             // SAFETY: the CQ is live; these events were taken and never acknowledged.

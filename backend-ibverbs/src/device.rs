@@ -9,13 +9,14 @@ use rdma_sys::{ibv_device, ibv_free_device_list, ibv_get_device_guid, ibv_get_de
 use rdma_sys::{ibv_get_device_name, ibv_transport_type};
 use verbs_api::{Backend, DeviceInfo, Error, Result};
 
+use crate::ah::IbvAh;
 use crate::context::IbvContext;
 use crate::cq::{IbvChannel, IbvCq};
 use crate::errno::last_errno;
 use crate::mr::IbvMr;
 use crate::pd::IbvPd;
 use crate::qp::IbvQp;
-use crate::srq::{IbvAh, IbvSrq};
+use crate::srq::IbvSrq;
 
 /// What [`Error::NoDevice`] says when libibverbs lists no device.
 pub(crate) const NO_DEVICE_HINT: &str = "libibverbs lists no RDMA device: load a driver (for Soft-RoCE: \

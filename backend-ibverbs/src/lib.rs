@@ -24,18 +24,25 @@
 //!
 //! Only where soundness or an honest error needs it:
 //!
-//! - **Ownership.** Each object keeps its parents alive (MR and QP: their PD; PD: the
-//!   context; QP: its CQs; CQ: its channel and the context), so any drop order destroys
-//!   objects in the order libibverbs requires.
+//! - **Ownership.** Each object keeps its parents alive (MR, QP, SRQ and AH: their PD;
+//!   PD: the context; QP: its CQs and SRQ; CQ: its channel and the context), so any drop
+//!   order destroys objects in the order libibverbs requires.
 //! - **Inline sends.** Providers `memcpy` the gather list of an `IBV_SEND_INLINE` WR at
 //!   post time without looking at the lkey, so [`IbvQp`]'s `post_send` first checks that
 //!   every inline SGE lies inside the region its lkey names (a per-context table of
 //!   registered regions); otherwise the post fails with EINVAL.
-//! - **CQ overflow** arrives as an asynchronous event (`IBV_EVENT_CQ_ERR`), not through
-//!   `ibv_poll_cq`. A per-context thread reads the async events and marks the CQ, and
-//!   from then on [`verbs_api::CompletionQueue::poll`] returns
-//!   [`verbs_api::Error::CqOverflow`]. QP fatal events are recorded too
-//!   ([`IbvQp::fatal_event`], [`IbvContext::take_async_events`]).
+//! - **UD sends** must carry a destination and only UD sends may: a provider reads
+//!   `wr.ud.ah` of every WR of a UD QP as its own structure, so a WR without one, or with
+//!   an address handle of another backend or device context, fails with EINVAL before the
+//!   provider sees it. A QP on an SRQ refuses `post_recv` with EINVAL the same way.
+//! - **Asynchronous events.** A per-context thread reads every event
+//!   (`ibv_get_async_event`), acknowledges it to libibverbs at once and queues it for
+//!   [`verbs_api::Context::get_async_event`] in a [`verbs_api::event_queue::EventQueue`],
+//!   where the application acknowledges it; destroying a QP, CQ or SRQ waits for those
+//!   acknowledgements, as `ibv_destroy_*` do. A CQ overflow arrives only this way
+//!   (`IBV_EVENT_CQ_ERR`, not through `ibv_poll_cq`): the thread marks the CQ, and from
+//!   then on [`verbs_api::CompletionQueue::poll`] returns [`verbs_api::Error::CqOverflow`].
+//!   QP fatal events are recorded on the QP too ([`IbvQp::fatal_event`]).
 //! - **Completion events** are counted per CQ so that dropping a CQ acknowledges events
 //!   that were taken but not acknowledged (`ibv_destroy_cq` would otherwise wait forever).
 //! - **Errors.** An `EINVAL` from `ibv_modify_qp` is explained with
@@ -52,6 +59,7 @@
 
 #![warn(missing_docs)]
 
+mod ah;
 mod async_events;
 mod context;
 mod cq;
@@ -63,14 +71,14 @@ mod post;
 mod qp;
 mod srq;
 
-pub use async_events::{AsyncEvent, AsyncEventKind};
+pub use ah::IbvAh;
 pub use context::IbvContext;
 pub use cq::{IbvChannel, IbvCq};
 pub use device::IbvBackend;
 pub use mr::IbvMr;
 pub use pd::IbvPd;
 pub use qp::IbvQp;
-pub use srq::{IbvAh, IbvSrq};
+pub use srq::IbvSrq;
 
 /// The raw bindings this crate is built on, for callers that need a verb the
 /// [`verbs_api`] traits do not offer (see the `as_raw` methods).

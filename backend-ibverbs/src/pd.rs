@@ -1,35 +1,37 @@
 //! Protection domains: `ibv_alloc_pd` / `ibv_dealloc_pd` (`man ibv_alloc_pd`), and the
-//! factories for what belongs to a PD: memory regions (`man ibv_reg_mr`) and queue pairs
-//! (`man ibv_create_qp`).
+//! factories for what belongs to a PD: memory regions (`man ibv_reg_mr`), queue pairs
+//! (`man ibv_create_qp`), shared receive queues (`man ibv_create_srq`) and address handles
+//! (`man ibv_create_ah`).
 
 use std::sync::Arc;
 
 use rdma_sys::{ibv_alloc_pd, ibv_dealloc_pd, ibv_pd};
 use verbs_api::{AccessFlags, Error, ProtectionDomain, QpInitAttr, Result};
 
+use crate::ah::IbvAh;
 use crate::context::CtxInner;
 use crate::cq::IbvCq;
 use crate::device::IbvBackend;
 use crate::errno::last_errno;
 use crate::mr::IbvMr;
 use crate::qp::IbvQp;
-use crate::srq::{IbvAh, IbvSrq};
+use crate::srq::IbvSrq;
 
-/// The shared part of a PD; MRs and QPs hold an `Arc` of it.
+/// The shared part of a PD; MRs, QPs, SRQs and AHs hold an `Arc` of it.
 pub(crate) struct PdInner {
     pub(crate) raw: *mut ibv_pd,
     pub(crate) ctx: Arc<CtxInner>,
 }
 
 // SAFETY: `ibv_pd` is safe for multi-threaded access (crate docs); it is deallocated
-// only in Drop, when no MR or QP (which hold an Arc of it) is left.
+// only in Drop, when no MR, QP, SRQ or AH (which hold an Arc of it) is left.
 unsafe impl Send for PdInner {}
 // SAFETY: as above.
 unsafe impl Sync for PdInner {}
 
 impl Drop for PdInner {
     fn drop(&mut self) {
-        // SAFETY: no MR or QP of this PD is left (they hold an Arc of it), so the PD is
+        // SAFETY: no MR, QP, SRQ or AH of this PD is left (they hold an Arc of it), so the PD is
         // unused; deallocated once. A failure cannot be reported from Drop and leaves
         // nothing dangling on our side.
         unsafe { ibv_dealloc_pd(self.raw) };
@@ -85,17 +87,11 @@ impl ProtectionDomain for IbvPd {
         IbvQp::create(self.inner.clone(), attr)
     }
 
-    fn create_srq(&self, _attr: &verbs_api::SrqAttr) -> Result<IbvSrq> {
-        Err(verbs_api::Error::Unsupported {
-            backend: "ibverbs",
-            what: "shared receive queues yet".into(),
-        })
+    fn create_srq(&self, attr: &verbs_api::SrqAttr) -> Result<IbvSrq> {
+        IbvSrq::create(self.inner.clone(), attr)
     }
 
-    fn create_ah(&self, _attr: &verbs_api::AhAttr) -> Result<IbvAh> {
-        Err(verbs_api::Error::Unsupported {
-            backend: "ibverbs",
-            what: "address handles yet".into(),
-        })
+    fn create_ah(&self, attr: &verbs_api::AhAttr) -> Result<IbvAh> {
+        IbvAh::create(self.inner.clone(), attr)
     }
 }

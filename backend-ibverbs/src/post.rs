@@ -1,5 +1,5 @@
-//! Posting work requests: `ibv_post_send` and `ibv_post_recv` (`man ibv_post_send`,
-//! `man ibv_post_recv`).
+//! Posting work requests: `ibv_post_send`, `ibv_post_recv` and `ibv_post_srq_recv`
+//! (`man ibv_post_send`, `man ibv_post_recv`, `man ibv_post_srq_recv`).
 //!
 //! A slice of [`SendWr`] becomes a linked list of `struct ibv_send_wr` with their
 //! `struct ibv_sge` arrays, built in stack buffers (up to [`STACK_WRS`] WRs and
@@ -11,23 +11,44 @@
 //! else: the data path's cost over a C program that calls libibverbs directly is this
 //! conversion (`examples/call_cost.rs` counts it).
 //!
-//! The one check done here: an `IBV_SEND_INLINE` WR has its gather list copied by the
-//! provider at post time, from `addr`, without any lkey check, so every inline SGE must
-//! lie inside the registered region its lkey names (the context's span table, read-locked
-//! for the whole post so that no region is deregistered meanwhile). A WR that fails this
-//! check is not posted: the WRs before it are, and the post fails with EINVAL naming it.
+//! Receives go to a QP's receive queue or to an SRQ ([`RecvQueue`]): one code path, with
+//! the provider call and the error's wording as the only differences.
+//!
+//! The checks done here, each because the provider would otherwise read memory it must
+//! not:
+//!
+//! - An `IBV_SEND_INLINE` WR has its gather list copied by the provider at post time, from
+//!   `addr`, without any lkey check, so every inline SGE must lie inside the registered
+//!   region its lkey names (the context's span table, read-locked for the whole post so
+//!   that no region is deregistered meanwhile).
+//! - A send on a UD QP must name its destination (`wr.ud`), and only a UD QP may have one:
+//!   a provider reads `wr.ud.ah` of every UD WR as its own address-handle structure (a
+//!   missing one is a NULL dereference), and the `ud` of a connected QP's WR would be
+//!   silently ignored. The address handle must be this backend's ([`IbvAh`]) and of the
+//!   QP's device context.
+//!
+//! A WR that fails a check is not posted: the WRs before it are, and the post fails with
+//! EINVAL naming it.
 
 use std::mem::MaybeUninit;
 use std::os::raw::c_int;
 use std::ptr::null_mut;
 
-use rdma_sys::{atomic_t, imm_data_invalidated_rkey_union_t, rdma_t, wr_t};
-use rdma_sys::{ibv_post_recv, ibv_post_send, ibv_recv_wr, ibv_send_wr, ibv_sge};
-use verbs_api::{Error, PostError, QpState, QueueKind, QueuePair, RecvWr, SendFlags, SendWr, Sge, WrOp};
+use std::any::{Any, TypeId};
+use std::sync::Arc;
+
+use rdma_sys::{atomic_t, imm_data_invalidated_rkey_union_t, rdma_t, ud_t, wr_t};
+use rdma_sys::{ibv_ah, ibv_post_recv, ibv_post_send, ibv_recv_wr, ibv_send_wr, ibv_sge};
+use verbs_api::{
+    AddressHandle, Error, PostError, QpState, QpType, QueueKind, QueuePair, RecvWr, SendFlags, SendWr, Sge,
+    UdDest, WrOp,
+};
 
 use rustc_hash::FxHashMap;
 
+use crate::ah::IbvAh;
 use crate::async_events::MrSpan;
+use crate::context::CtxInner;
 use crate::errno::rc_errno;
 use crate::qp::IbvQp;
 
@@ -57,7 +78,8 @@ fn sge_to_raw(s: &Sge) -> ibv_sge {
 }
 
 /// One `struct ibv_send_wr` for `wr`, pointing at `sg_list` (`num_sge` entries) and
-/// `next`. Immediate data goes out in network byte order.
+/// `next`. Immediate data goes out in network byte order. A UD destination is added by
+/// [`set_ud`].
 pub(crate) fn send_wr_to_raw(
     wr: &SendWr<'_>,
     sg_list: *mut ibv_sge,
@@ -115,11 +137,114 @@ pub(crate) fn send_wr_to_raw(
     r
 }
 
-/// The first WR that must not reach the provider, and why: an inline SGE outside the
-/// region its lkey names (`spans` is `None` when no WR is inline), or a gather list
-/// longer than `int`.
-fn first_unpostable(wrs: &[SendWr<'_>], spans: Option<&FxHashMap<u32, MrSpan>>) -> Option<(usize, Error)> {
+/// Writes `wr`'s UD destination into `r.wr.ud`, with `ah` (resolved by [`ud_ah`]) as the
+/// address handle. A UD QP reads `wr.ud` whatever the opcode (only SEND and SEND_WITH_IMM
+/// are valid on UD; the provider reports any other), so the destination takes the union.
+#[inline]
+pub(crate) fn set_ud(r: &mut ibv_send_wr, wr: &SendWr<'_>, ah: *mut ibv_ah) {
+    if let Some(ud) = wr.ud {
+        r.wr = wr_t {
+            ud: ud_t {
+                ah,
+                remote_qpn: ud.remote_qpn,
+                remote_qkey: ud.remote_qkey,
+            },
+        };
+    }
+}
+
+/// The address handle of a UD destination, if it is one of this backend's: the same test
+/// as `<dyn Any>::downcast_ref`, spelled out for the `AddressHandle` object.
+#[inline]
+fn as_ibv_ah(ah: &dyn AddressHandle) -> Option<&IbvAh> {
+    if <dyn AddressHandle as Any>::type_id(ah) == TypeId::of::<IbvAh>() {
+        // SAFETY: the object's concrete type is IbvAh (checked just above), so the data
+        // pointer of the trait object points to a live IbvAh for as long as `ah` is borrowed.
+        Some(unsafe { &*(ah as *const dyn AddressHandle as *const IbvAh) })
+    } else {
+        None
+    }
+}
+
+/// The `wr.ud.ah` to post `wr` on `qp` with (see [`ud_ah_for`]).
+#[inline]
+fn ud_ah(qp: &IbvQp, wr: &SendWr<'_>) -> Result<*mut ibv_ah, Error> {
+    ud_ah_for(qp.qp_num, qp.qp_type, Arc::as_ptr(&qp.pd.ctx), wr)
+}
+
+/// The `wr.ud.ah` to post `wr` with on QP `qp_num` of type `qp_type` of the context `ctx`:
+/// NULL for a connected QP's WR without a destination; the handle's pointer for a UD WR
+/// whose handle is this backend's and of that context; otherwise why not (EINVAL).
+#[inline]
+fn ud_ah_for(
+    qp_num: u32,
+    qp_type: QpType,
+    ctx: *const CtxInner,
+    wr: &SendWr<'_>,
+) -> Result<*mut ibv_ah, Error> {
+    match (&wr.ud, qp_type == QpType::Ud) {
+        (None, false) => Ok(null_mut()),
+        (Some(ud), true) => match as_ibv_ah(ud.ah) {
+            Some(ah) if std::ptr::eq(Arc::as_ptr(&ah.pd.ctx), ctx) => Ok(ah.raw),
+            found => Err(foreign_ah(ud, found.is_some())),
+        },
+        (None, true) => Err(ud_missing(qp_num)),
+        (Some(_), false) => Err(ud_on_connected(qp_num, qp_type)),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn foreign_ah(ud: &UdDest<'_>, ibverbs: bool) -> Error {
+    Error::invalid(
+        "ibv_post_send",
+        if ibverbs {
+            format!(
+                "the address handle ({:?}) belongs to another device context than the QP",
+                ud.ah.attr()
+            )
+        } else {
+            "the address handle was not created by the ibverbs backend".into()
+        },
+    )
+}
+
+#[cold]
+#[inline(never)]
+fn ud_missing(qp_num: u32) -> Error {
+    Error::invalid(
+        "ibv_post_send",
+        format!(
+            "QP {qp_num:#x} is UD: a send needs its destination (SendWr::ud: address handle, remote QPN, \
+             Q_Key)"
+        ),
+    )
+}
+
+#[cold]
+#[inline(never)]
+fn ud_on_connected(qp_num: u32, qp_type: QpType) -> Error {
+    Error::invalid(
+        "ibv_post_send",
+        format!(
+            "QP {qp_num:#x} is {qp_type:?}: only UD sends take a destination (SendWr::ud); a connected QP \
+             sends to the peer it was connected to"
+        ),
+    )
+}
+
+/// The first WR that must not reach the provider, and why: a UD destination missing, out
+/// of place or not this backend's ([`ud_ah`]), an inline SGE outside the region its lkey
+/// names (`spans` is `None` when no WR is inline), or a gather list longer than `int`.
+fn first_unpostable(
+    wrs: &[SendWr<'_>],
+    spans: Option<&FxHashMap<u32, MrSpan>>,
+    ud_ah: impl Fn(&SendWr<'_>) -> Result<*mut ibv_ah, Error>,
+) -> Option<(usize, Error)> {
     for (i, wr) in wrs.iter().enumerate() {
+        if let Err(e) = ud_ah(wr) {
+            return Some((i, e));
+        }
         if c_int::try_from(wr.sg_list.len()).is_err() {
             return Some((
                 i,
@@ -185,14 +310,19 @@ fn post_error(qp: &IbvQp, kind: QueueKind, errno: i32, index: usize, wr_id: u64)
         QueueKind::Recv => "ibv_post_recv",
     };
     let error = match errno {
-        libc::ENOMEM => Error::QueueFull {
-            queue: kind,
-            qpn: qp.qp_num,
-            capacity: match kind {
-                QueueKind::Send => qp.cap.max_send_wr,
-                QueueKind::Recv => qp.cap.max_recv_wr,
-            },
-        },
+        libc::ENOMEM => {
+            // What the queue really holds: some providers write back only the sizes asked
+            // for at create time, and report the rounded-up ones in ibv_query_qp.
+            let cap = QueuePair::query(qp).map_or(qp.cap, |a| a.cap);
+            Error::QueueFull {
+                queue: kind,
+                qpn: qp.qp_num,
+                capacity: match kind {
+                    QueueKind::Send => cap.max_send_wr,
+                    QueueKind::Recv => cap.max_recv_wr,
+                },
+            }
+        }
         libc::EINVAL => {
             let state = qp.state().ok();
             match (kind, state) {
@@ -248,6 +378,30 @@ pub(crate) fn post_send(qp: &IbvQp, wrs: &[SendWr<'_>]) -> Result<(), PostError>
 /// posted.
 #[inline(always)]
 fn post_one_send(qp: &IbvQp, wr: &SendWr<'_>) -> Result<(), PostError> {
+    // One test keeps connected QPs' WRs off the UD path (which checks the destination).
+    if wr.ud.is_some() || qp.qp_type == QpType::Ud {
+        return post_one_send_ud(qp, wr);
+    }
+    post_one_send_to(qp, wr, null_mut())
+}
+
+/// [`post_one_send`] of a WR that has a destination or is on a UD QP: the destination is
+/// checked ([`ud_ah`]) before the WR is built.
+#[inline(never)]
+fn post_one_send_ud(qp: &IbvQp, wr: &SendWr<'_>) -> Result<(), PostError> {
+    match ud_ah(qp, wr) {
+        Ok(ah) => post_one_send_to(qp, wr, ah),
+        Err(error) => Err(PostError {
+            index: 0,
+            wr_id: wr.wr_id,
+            error,
+        }),
+    }
+}
+
+/// Builds and posts one WR; `ah` is its checked address handle (NULL: not UD).
+#[inline(always)]
+fn post_one_send_to(qp: &IbvQp, wr: &SendWr<'_>, ah: *mut ibv_ah) -> Result<(), PostError> {
     // Held until the provider has copied the inline data.
     let spans = if wr.send_flags.contains(SendFlags::INLINE) {
         let spans = qp.pd.ctx.registry.mrs.read();
@@ -273,11 +427,15 @@ fn post_one_send(qp: &IbvQp, wr: &SendWr<'_>) -> Result<(), PostError> {
     };
     // fits: at most ONE_WR_SGES
     let mut raw = send_wr_to_raw(wr, sg_list, wr.sg_list.len() as c_int, null_mut());
+    if !ah.is_null() {
+        set_ud(&mut raw, wr, ah);
+    }
     let mut bad: *mut ibv_send_wr = null_mut();
     // SAFETY: the QP is live; `raw` is a fully initialized WR whose `num_sge` SGEs are
     // initialized in `sges`; both outlive the call. SGE addresses are checked by the HCA
     // through the lkey when the WR executes, except for inline ones, which were checked
-    // above against live regions that the held span lock keeps registered.
+    // above against live regions that the held span lock keeps registered. A UD WR's
+    // address handle is a live one of this context (`ud_ah`; borrowed by `wr`).
     let rc = unsafe { ibv_post_send(qp.raw, &mut raw, &mut bad) };
     drop(spans);
     if rc == 0 {
@@ -295,7 +453,7 @@ fn post_send_list(qp: &IbvQp, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
     let any_inline = wrs.iter().any(|w| w.send_flags.contains(SendFlags::INLINE));
     // Held until the provider has copied the inline data.
     let spans = any_inline.then(|| qp.pd.ctx.registry.mrs.read());
-    let refused = first_unpostable(wrs, spans.as_deref());
+    let refused = first_unpostable(wrs, spans.as_deref(), |wr| ud_ah(qp, wr));
     let postable = refused.as_ref().map_or(wrs.len(), |(i, _)| *i);
     if postable > 0 {
         post_send_checked(qp, &wrs[..postable])?;
@@ -338,8 +496,13 @@ fn post_send_checked(qp: &IbvQp, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
                 };
                 // fits: checked by first_unpostable
                 let num_sge = wr.sg_list.len() as c_int;
+                let mut raw = send_wr_to_raw(wr, sg_list, num_sge, next);
+                if wr.ud.is_some() {
+                    // resolves: checked by first_unpostable
+                    set_ud(&mut raw, wr, ud_ah(qp, wr).unwrap_or(null_mut()));
+                }
                 // SAFETY: i < wrs.len(), the length of `raw_wrs`.
-                unsafe { wr_base.add(i).write(send_wr_to_raw(wr, sg_list, num_sge, next)) };
+                unsafe { wr_base.add(i).write(raw) };
                 off += wr.sg_list.len();
             }
             let mut bad: *mut ibv_send_wr = null_mut();
@@ -347,7 +510,8 @@ fn post_send_checked(qp: &IbvQp, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
             // initialized WRs whose SGE arrays live in `sges`, both outliving the call.
             // SGE addresses are checked by the HCA through the lkey when the WR executes,
             // except for inline ones, which `first_unpostable` checked against live
-            // regions that the held span lock keeps registered.
+            // regions that the held span lock keeps registered. UD WRs carry live address
+            // handles of this context (`first_unpostable`; borrowed by `wrs`).
             let rc = unsafe { ibv_post_send(qp.raw, wr_base, &mut bad) };
             if rc == 0 {
                 return Ok(());
@@ -364,20 +528,48 @@ fn post_send_checked(qp: &IbvQp, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
     })
 }
 
-/// `ibv_post_recv` for `wrs`.
+/// Where receive WRs go: a QP's receive queue (`ibv_post_recv`) or an SRQ
+/// (`ibv_post_srq_recv`).
+pub(crate) trait RecvQueue {
+    /// The provider's post call.
+    ///
+    /// # Safety
+    ///
+    /// `wr` heads a NULL-terminated list of fully initialized WRs whose SGE arrays stay
+    /// valid for the call; `bad` is writable.
+    unsafe fn post_raw(&self, wr: *mut ibv_recv_wr, bad: *mut *mut ibv_recv_wr) -> c_int;
+
+    /// The error of a post the provider refused with `errno` at WR `index`.
+    fn post_error(&self, errno: i32, index: usize, wr_id: u64) -> PostError;
+}
+
+impl RecvQueue for IbvQp {
+    #[inline(always)]
+    unsafe fn post_raw(&self, wr: *mut ibv_recv_wr, bad: *mut *mut ibv_recv_wr) -> c_int {
+        // SAFETY: the QP is live; the caller passes a valid WR list and out-pointer.
+        unsafe { ibv_post_recv(self.raw, wr, bad) }
+    }
+
+    #[inline(always)]
+    fn post_error(&self, errno: i32, index: usize, wr_id: u64) -> PostError {
+        post_error(self, QueueKind::Recv, errno, index, wr_id)
+    }
+}
+
+/// `ibv_post_recv` / `ibv_post_srq_recv` for `wrs`.
 #[inline]
-pub(crate) fn post_recv(qp: &IbvQp, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
+pub(crate) fn post_recv<Q: RecvQueue>(q: &Q, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
     if let [wr] = wrs {
         if wr.sg_list.len() <= ONE_WR_SGES {
-            return post_one_recv(qp, wr);
+            return post_one_recv(q, wr);
         }
     }
-    post_recv_list(qp, wrs)
+    post_recv_list(q, wrs)
 }
 
 /// One receive WR of at most [`ONE_WR_SGES`] SGEs, built on the stack and posted.
 #[inline(always)]
-fn post_one_recv(qp: &IbvQp, wr: &RecvWr<'_>) -> Result<(), PostError> {
+fn post_one_recv<Q: RecvQueue>(q: &Q, wr: &RecvWr<'_>) -> Result<(), PostError> {
     let mut sges = [const { MaybeUninit::<ibv_sge>::uninit() }; ONE_WR_SGES];
     for (d, s) in sges.iter_mut().zip(wr.sg_list) {
         d.write(sge_to_raw(s));
@@ -394,19 +586,19 @@ fn post_one_recv(qp: &IbvQp, wr: &RecvWr<'_>) -> Result<(), PostError> {
         num_sge: wr.sg_list.len() as c_int,
     };
     let mut bad: *mut ibv_recv_wr = null_mut();
-    // SAFETY: the QP is live; `raw` is a fully initialized WR whose `num_sge` SGEs are
-    // initialized in `sges`; both outlive the call. Receive buffers are written by the
-    // HCA only after it checked them through their lkey.
-    let rc = unsafe { ibv_post_recv(qp.raw, &mut raw, &mut bad) };
+    // SAFETY: `raw` is a fully initialized WR whose `num_sge` SGEs are initialized in
+    // `sges`; both outlive the call. Receive buffers are written by the HCA only after it
+    // checked them through their lkey.
+    let rc = unsafe { q.post_raw(&mut raw, &mut bad) };
     if rc == 0 {
         return Ok(());
     }
-    Err(post_error(qp, QueueKind::Recv, rc_errno(rc), 0, wr.wr_id))
+    Err(q.post_error(rc_errno(rc), 0, wr.wr_id))
 }
 
-/// `ibv_post_recv` for a list, or a WR with many SGEs.
+/// `ibv_post_recv` / `ibv_post_srq_recv` for a list, or a WR with many SGEs.
 #[inline(never)]
-fn post_recv_list(qp: &IbvQp, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
+fn post_recv_list<Q: RecvQueue>(q: &Q, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
     if wrs.is_empty() {
         return Ok(());
     }
@@ -416,7 +608,7 @@ fn post_recv_list(qp: &IbvQp, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
         .find(|(_, w)| c_int::try_from(w.sg_list.len()).is_err())
     {
         if i > 0 {
-            post_recv_list(qp, &wrs[..i])?;
+            post_recv_list(q, &wrs[..i])?;
         }
         return Err(PostError {
             index: i,
@@ -459,21 +651,15 @@ fn post_recv_list(qp: &IbvQp, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
                 off += wr.sg_list.len();
             }
             let mut bad: *mut ibv_recv_wr = null_mut();
-            // SAFETY: the QP is live; `wr_base` heads a NULL-terminated list of fully
-            // initialized WRs whose SGE arrays live in `sges`. Receive buffers are written
-            // by the HCA only after it checked them through their lkey.
-            let rc = unsafe { ibv_post_recv(qp.raw, wr_base, &mut bad) };
+            // SAFETY: `wr_base` heads a NULL-terminated list of fully initialized WRs
+            // whose SGE arrays live in `sges`. Receive buffers are written by the HCA only
+            // after it checked them through their lkey.
+            let rc = unsafe { q.post_raw(wr_base, &mut bad) };
             if rc == 0 {
                 return Ok(());
             }
             let index = bad_index(wr_base, bad, wrs.len());
-            Err(post_error(
-                qp,
-                QueueKind::Recv,
-                rc_errno(rc),
-                index,
-                wrs[index].wr_id,
-            ))
+            Err(q.post_error(rc_errno(rc), index, wrs[index].wr_id))
         })
     })
 }
@@ -581,7 +767,7 @@ mod tests {
             SendWr::send(1, &outside), // not inline: the HCA checks it
             SendWr::send(2, &wrong_key).inline(),
         ];
-        let (i, e) = first_unpostable(&wrs, Some(&spans)).unwrap();
+        let (i, e) = first_unpostable(&wrs, Some(&spans), |_| Ok(null_mut())).unwrap();
         assert_eq!(i, 2);
         assert!(e.to_string().contains("inline SGE #0"), "{e}");
         assert_eq!(e.errno(), libc::EINVAL);
@@ -589,8 +775,64 @@ mod tests {
             SendWr::send(0, &good).inline(),
             SendWr::send(1, &outside).inline(),
         ];
-        assert_eq!(first_unpostable(&wrs, Some(&spans)).unwrap().0, 1);
-        assert!(first_unpostable(&wrs[..1], Some(&spans)).is_none());
+        assert_eq!(
+            first_unpostable(&wrs, Some(&spans), |_| Ok(null_mut()))
+                .unwrap()
+                .0,
+            1
+        );
+        assert!(first_unpostable(&wrs[..1], Some(&spans), |_| Ok(null_mut())).is_none());
+    }
+
+    /// An address handle of another backend.
+    struct OtherAh;
+
+    impl AddressHandle for OtherAh {
+        fn attr(&self) -> verbs_api::AhAttr {
+            verbs_api::AhAttr::default()
+        }
+    }
+
+    #[test]
+    fn ud_destinations_go_with_ud_qps_only() {
+        // Never dereferenced: only compared with an IbvAh's context.
+        let ctx = std::ptr::NonNull::<CtxInner>::dangling().as_ptr().cast_const();
+        let sge = [Sge::new(0x1000, 8, 5)];
+        let plain = SendWr::send(1, &sge);
+        assert_eq!(ud_ah_for(7, QpType::Rc, ctx, &plain).unwrap(), null_mut());
+        assert_eq!(ud_ah_for(7, QpType::Uc, ctx, &plain).unwrap(), null_mut());
+        let e = ud_ah_for(7, QpType::Ud, ctx, &plain).unwrap_err();
+        assert_eq!(e.errno(), libc::EINVAL);
+        assert!(e.to_string().contains("needs its destination"), "{e}");
+        let other = OtherAh;
+        let to_other = SendWr::send(2, &sge).ud(&other, 0x42, 0x1111);
+        let e = ud_ah_for(7, QpType::Rc, ctx, &to_other).unwrap_err();
+        assert!(e.to_string().contains("only UD sends take a destination"), "{e}");
+        let e = ud_ah_for(7, QpType::Ud, ctx, &to_other).unwrap_err();
+        assert_eq!(e.errno(), libc::EINVAL);
+        assert!(
+            e.to_string().contains("not created by the ibverbs backend"),
+            "{e}"
+        );
+        assert!(as_ibv_ah(&other).is_none());
+        // A list stops at the first WR that breaks the rule.
+        let wrs = [plain, to_other, plain];
+        let (i, _) = first_unpostable(&wrs, None, |wr| ud_ah_for(7, QpType::Rc, ctx, wr)).unwrap();
+        assert_eq!(i, 1);
+    }
+
+    #[test]
+    fn the_ud_destination_fills_wr_ud() {
+        let other = OtherAh;
+        let sge = [Sge::new(0x1000, 8, 5)];
+        let wr = SendWr::send_with_imm(3, &sge, 9).ud(&other, 0x42, 0x1111_1111);
+        let ah = std::ptr::NonNull::<ibv_ah>::dangling().as_ptr();
+        let mut r = send_wr_to_raw(&wr, null_mut(), 1, null_mut());
+        set_ud(&mut r, &wr, ah);
+        // SAFETY: reading the variant that was written.
+        let ud = unsafe { r.wr.ud };
+        assert_eq!((ud.ah, ud.remote_qpn, ud.remote_qkey), (ah, 0x42, 0x1111_1111));
+        assert_eq!(r.opcode, O::IBV_WR_SEND_WITH_IMM);
     }
 
     #[test]

@@ -5,7 +5,10 @@
 //! The QP state machine is the provider's and the kernel's business; only when
 //! `ibv_modify_qp` fails with EINVAL does the backend ask
 //! [`verbs_api::transitions::check_modify`] to explain it (current and requested state,
-//! missing or extra attributes).
+//! missing or extra attributes). RC, UC and UD QPs are created alike; a QP created with an
+//! SRQ keeps the SRQ alive and refuses `post_recv` with EINVAL (its receives come from the
+//! SRQ), before the provider sees it. Destroying a QP first waits until the asynchronous
+//! events the application took for it are acknowledged (`man ibv_get_async_event`).
 
 use std::os::raw::c_int;
 use std::sync::Arc;
@@ -16,15 +19,15 @@ use rdma_sys::{
 use rdma_sys::{ibv_qp_attr, ibv_qp_cap, ibv_qp_init_attr, ibv_query_qp};
 use verbs_api::transitions::check_modify;
 use verbs_api::{
-    AccessFlags, AhAttr, Error, Gid, GlobalRoute, Mtu, PostError, QpAttr, QpAttrMask, QpCap, QpInitAttr,
-    QpState, QpType, QueuePair, RecvWr, Result, SendWr,
+    AccessFlags, AhAttr, AsyncElement, AsyncEventType, Error, Gid, GlobalRoute, Mtu, PostError, QpAttr,
+    QpAttrMask, QpCap, QpInitAttr, QpState, QpType, QueuePair, RecvWr, Result, SendWr,
 };
 
-use crate::async_events::{AsyncEvent, QpState as QpEvents};
+use crate::async_events::QpState as QpEvents;
 use crate::cq::{CqInner, IbvCq};
 use crate::errno::{last_errno, rc_errno};
 use crate::pd::PdInner;
-use crate::srq::IbvSrq;
+use crate::srq::{IbvSrq, SrqInner};
 
 /// Every `IBV_QP_*` attribute bit up to `IBV_QP_DEST_QPN`: what `query` asks for.
 const QUERY_ALL: QpAttrMask = QpAttrMask::all();
@@ -33,13 +36,15 @@ const QUERY_ALL: QpAttrMask = QpAttrMask::all();
 pub struct IbvQp {
     pub(crate) raw: *mut ibv_qp,
     pub(crate) qp_num: u32,
-    qp_type: QpType,
+    pub(crate) qp_type: QpType,
     /// The capacities `ibv_create_qp` granted.
     pub(crate) cap: QpCap,
     events: Arc<QpEvents>,
     pub(crate) pd: Arc<PdInner>,
     _send_cq: Arc<CqInner>,
     _recv_cq: Arc<CqInner>,
+    /// The SRQ the QP takes its receives from.
+    srq: Option<Arc<SrqInner>>,
 }
 
 // SAFETY: `ibv_qp` is safe for multi-threaded access (crate docs: providers lock their
@@ -54,15 +59,20 @@ impl std::fmt::Debug for IbvQp {
             .field("qp_num", &format_args!("{:#x}", self.qp_num))
             .field("qp_type", &self.qp_type)
             .field("cap", &self.cap)
+            .field("srq", &self.srq.is_some())
             .finish()
     }
 }
 
 impl Drop for IbvQp {
     fn drop(&mut self) {
-        self.pd.ctx.registry.qps.lock().remove(&self.qp_num);
-        // SAFETY: the QP is live and destroyed once; its CQs and PD outlive it (Arcs
-        // held in fields, dropped after this).
+        let registry = &self.pd.ctx.registry;
+        // Leave the table first, so that no event for this QP is queued after `forget`.
+        registry.qps.lock().remove(&self.qp_num);
+        registry.events.forget(AsyncElement::Qp(self.qp_num));
+        // SAFETY: the QP is live and destroyed once; its CQs, SRQ and PD outlive it (Arcs
+        // held in fields, dropped after this). The async thread acknowledged every
+        // libibverbs event for it, so the call does not wait.
         unsafe { ibv_destroy_qp(self.raw) };
     }
 }
@@ -87,7 +97,7 @@ fn cap_from_raw(c: &ibv_qp_cap) -> QpCap {
     }
 }
 
-fn ah_to_raw(a: &AhAttr) -> ibv_ah_attr {
+pub(crate) fn ah_to_raw(a: &AhAttr) -> ibv_ah_attr {
     ibv_ah_attr {
         grh: ibv_global_route {
             dgid: ibv_gid { raw: a.grh.dgid.0 },
@@ -199,6 +209,15 @@ impl IbvQp {
                 ));
             }
         }
+        if let Some(srq) = attr.srq {
+            // The same hazard: the provider would cast it to its own SRQ structure.
+            if !Arc::ptr_eq(&srq.inner.pd.ctx, &pd.ctx) {
+                return Err(Error::invalid(
+                    "ibv_create_qp",
+                    "the SRQ belongs to another device context than the PD",
+                ));
+            }
+        }
         // SAFETY: all-zero is a valid ibv_qp_init_attr (pointers may be NULL: no SRQ).
         let mut init: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
         init.send_cq = attr.send_cq.inner.raw;
@@ -206,8 +225,9 @@ impl IbvQp {
         init.cap = cap_to_raw(&attr.cap);
         init.qp_type = attr.qp_type as u32;
         init.sq_sig_all = attr.sq_sig_all as c_int;
-        // SAFETY: the PD and both CQs are live and of this context; `init` is valid and
-        // written back with the granted capacities.
+        init.srq = attr.srq.map_or(std::ptr::null_mut(), |s| s.inner.raw);
+        // SAFETY: the PD, both CQs and the SRQ (if any) are live and of this context;
+        // `init` is valid and written back with the granted capacities.
         let raw = unsafe { ibv_create_qp(pd.raw, &mut init) };
         if raw.is_null() {
             let e = last_errno();
@@ -215,9 +235,11 @@ impl IbvQp {
                 libc::EINVAL => Error::invalid(
                     "ibv_create_qp",
                     format!(
-                        "a {:?} QP with {:?} exceeds what the device allows \
+                        "a {:?} QP with {:?}{} exceeds what the device allows \
                          (max_qp_wr, max_sge, max_inline_data)",
-                        attr.qp_type, attr.cap
+                        attr.qp_type,
+                        attr.cap,
+                        if attr.srq.is_some() { " on an SRQ" } else { "" }
                     ),
                 ),
                 libc::ENOMEM => Error::NoMemory {
@@ -244,6 +266,7 @@ impl IbvQp {
             pd,
             _send_cq: attr.send_cq.inner.clone(),
             _recv_cq: attr.recv_cq.inner.clone(),
+            srq: attr.srq.map(|s| s.inner.clone()),
         })
     }
 
@@ -258,9 +281,28 @@ impl IbvQp {
     }
 
     /// The last QP error event (`IBV_EVENT_QP_FATAL`, `IBV_EVENT_QP_REQ_ERR`,
-    /// `IBV_EVENT_QP_ACCESS_ERR`) the device reported for this QP, if any.
-    pub fn fatal_event(&self) -> Option<AsyncEvent> {
+    /// `IBV_EVENT_QP_ACCESS_ERR`) the device reported for this QP, if any (the event is
+    /// also queued for [`verbs_api::Context::get_async_event`]).
+    pub fn fatal_event(&self) -> Option<AsyncEventType> {
         *self.events.fatal.lock()
+    }
+
+    /// The error of a `post_recv` on a QP that takes its receives from an SRQ.
+    #[cold]
+    #[inline(never)]
+    fn recv_on_srq_qp(&self, wrs: &[RecvWr<'_>]) -> PostError {
+        PostError {
+            index: 0,
+            wr_id: wrs[0].wr_id,
+            error: Error::invalid(
+                "ibv_post_recv",
+                format!(
+                    "QP {:#x} takes its receives from a shared receive queue: post them to the SRQ \
+                     (ibv_post_srq_recv)",
+                    self.qp_num
+                ),
+            ),
+        }
     }
 }
 
@@ -319,6 +361,12 @@ impl QueuePair for IbvQp {
 
     #[inline]
     fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
+        // Checked here, not left to the provider: the QP has no receive queue of its own,
+        // and what a provider does with the post is its own (rxe: EINVAL with bad_wr NULL,
+        // rdma-core providers/rxe/rxe.c rxe_post_recv).
+        if self.srq.is_some() && !wrs.is_empty() {
+            return Err(self.recv_on_srq_qp(wrs));
+        }
         crate::post::post_recv(self, wrs)
     }
 }

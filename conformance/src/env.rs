@@ -1,13 +1,14 @@
 //! What a case runs in: a fresh device context, the run's configuration, helpers that
-//! build connected RC pairs and wait for completions with a bound, and the record of the
-//! documented deviations a case accepted.
+//! build connected RC or UC pairs, bring UD QPs up and wait for completions with a bound,
+//! and the record of the documented deviations a case accepted.
 
 use std::cell::RefCell;
 use std::time::Duration;
 
 use verbs_api::{
-    connect_rc, local_endpoint, poll_n, poll_quiet, AccessFlags, Backend, Context, Endpoint, MemoryRegion,
-    ProtectionDomain, QpCap, QpInitAttr, RcParams, WcStatus, WorkCompletion,
+    ah_attr_for, connect_rc, local_endpoint, modify_to_init, poll_n, poll_quiet, AccessFlags, Backend,
+    Context, Endpoint, MemoryRegion, ProtectionDomain, QpAttr, QpAttrMask as M, QpCap, QpInitAttr, QpState,
+    QpType, QueuePair, RcParams, WcStatus, WorkCompletion, PSN_MASK,
 };
 
 use crate::Failure;
@@ -79,6 +80,8 @@ pub struct PairOpts {
     pub cqe: u32,
     /// Size of B's CQ (default: `cqe`).
     pub cqe_b: Option<u32>,
+    /// Transport of both QPs: RC (the default) or UC.
+    pub qp_type: QpType,
 }
 
 impl Default for PairOpts {
@@ -103,6 +106,7 @@ impl Default for PairOpts {
             channel: false,
             cqe: 512,
             cqe_b: None,
+            qp_type: QpType::Rc,
         }
     }
 }
@@ -192,10 +196,10 @@ impl<'a, B: Backend> Env<'a, B> {
         };
         let cq_a = self.ctx.create_cq(o.cqe, None)?;
         let cq_b = self.ctx.create_cq(o.cqe_b.unwrap_or(o.cqe), ch_b.as_ref())?;
-        let mut ia = QpInitAttr::rc(&cq_a, &cq_a, o.cap);
+        let mut ia = QpInitAttr::new(o.qp_type, &cq_a, &cq_a, o.cap);
         ia.sq_sig_all = o.sq_sig_all;
         let a = pd.create_qp(&ia)?;
-        let b = pd.create_qp(&QpInitAttr::rc(&cq_b, &cq_b, o.cap))?;
+        let b = pd.create_qp(&QpInitAttr::new(o.qp_type, &cq_b, &cq_b, o.cap))?;
         let ep_a = local_endpoint(&self.ctx, &a, &o.a, 0x1000)?;
         let ep_b = local_endpoint(&self.ctx, &b, &o.b, 0x2000)?;
         Ok(Pair {
@@ -213,8 +217,8 @@ impl<'a, B: Backend> Env<'a, B> {
     /// Two connected QPs (both in RTS).
     pub fn pair(&self, o: &PairOpts) -> Result<Pair<B>, Failure> {
         let p = self.pair_unconnected(o)?;
-        connect_rc(&p.a, &o.a, p.ep_a.psn, &p.ep_b)?;
-        connect_rc(&p.b, &o.b, p.ep_b.psn, &p.ep_a)?;
+        connect(&p.a, &o.a, p.ep_a.psn, &p.ep_b)?;
+        connect(&p.b, &o.b, p.ep_b.psn, &p.ep_a)?;
         Ok(p)
     }
 
@@ -265,6 +269,72 @@ impl<'a, B: Backend> Env<'a, B> {
         }
         Ok(())
     }
+}
+
+/// Connects an RC or UC QP (by its type) to `remote`: [`connect_rc`] or [`connect_uc`].
+pub fn connect(
+    qp: &impl QueuePair,
+    params: &RcParams,
+    local_psn: u32,
+    remote: &Endpoint,
+) -> verbs_api::Result<()> {
+    match qp.qp_type() {
+        QpType::Uc => connect_uc(qp, params, local_psn, remote),
+        _ => connect_rc(qp, params, local_psn, remote),
+    }
+}
+
+/// RESET → INIT → RTR → RTS of a UC QP towards `remote`, with the attributes
+/// `man ibv_modify_qp` lists for UC: INIT: PKEY_INDEX, PORT, ACCESS_FLAGS; RTR: AV,
+/// PATH_MTU, DEST_QPN, RQ_PSN; RTS: SQ_PSN. UC has no reads, atomics, ACKs or retries, so
+/// none of RC's MAX_DEST_RD_ATOMIC, MIN_RNR_TIMER, TIMEOUT, RETRY_CNT, RNR_RETRY or
+/// MAX_QP_RD_ATOMIC (the kernel refuses them with EINVAL).
+pub fn connect_uc(
+    qp: &impl QueuePair,
+    params: &RcParams,
+    local_psn: u32,
+    remote: &Endpoint,
+) -> verbs_api::Result<()> {
+    modify_to_init(qp, params)?;
+    let rtr = QpAttr {
+        qp_state: QpState::Rtr,
+        path_mtu: params.path_mtu,
+        dest_qp_num: remote.qpn,
+        rq_psn: remote.psn & PSN_MASK,
+        ah_attr: ah_attr_for(remote, params),
+        ..Default::default()
+    };
+    qp.modify(&rtr, M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN)?;
+    let rts = QpAttr {
+        qp_state: QpState::Rts,
+        sq_psn: local_psn & PSN_MASK,
+        ..Default::default()
+    };
+    qp.modify(&rts, M::STATE | M::SQ_PSN)
+}
+
+/// RESET → INIT → RTR → RTS of a UD QP, with the attributes `man ibv_modify_qp` lists for
+/// UD: INIT: PKEY_INDEX, PORT, QKEY; RTR: the state alone; RTS: SQ_PSN.
+pub fn ud_to_rts(qp: &impl QueuePair, params: &RcParams, qkey: u32, sq_psn: u32) -> verbs_api::Result<()> {
+    let init = QpAttr {
+        qp_state: QpState::Init,
+        pkey_index: params.pkey_index,
+        port_num: params.port_num,
+        qkey,
+        ..Default::default()
+    };
+    qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY)?;
+    let rtr = QpAttr {
+        qp_state: QpState::Rtr,
+        ..Default::default()
+    };
+    qp.modify(&rtr, M::STATE)?;
+    let rts = QpAttr {
+        qp_state: QpState::Rts,
+        sq_psn: sq_psn & PSN_MASK,
+        ..Default::default()
+    };
+    qp.modify(&rts, M::STATE | M::SQ_PSN)
 }
 
 /// A buffer with a recognisable pattern.

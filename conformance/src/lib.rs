@@ -101,6 +101,9 @@ pub struct Case<B: Backend> {
     pub name: &'static str,
     /// Where the behaviour is specified.
     pub source: &'static str,
+    /// Capabilities the case needs: on a device without one it is skipped, naming it,
+    /// before it runs.
+    pub requires: &'static [report::Lack],
     /// The check.
     pub run: fn(&Env<B>) -> CaseResult,
 }
@@ -131,6 +134,16 @@ pub fn run_case<B: Backend>(backend: &B, cfg: &Config, case: &Case<B>) -> CaseRe
     let start = Instant::now();
     let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
         let env = Env::new(backend, cfg)?;
+        if !case.requires.is_empty() {
+            let caps = verbs_api::Context::capabilities(&env.ctx)?;
+            if let Some((lack, why)) = case
+                .requires
+                .iter()
+                .find_map(|l| l.missing_in(&caps).map(|why| (*l, why)))
+            {
+                return Ok((Outcome::Skip(lack, why), Vec::new()));
+            }
+        }
         let r = (case.run)(&env)?;
         Ok::<_, Failure>((r, env.take_deviations()))
     }));

@@ -25,12 +25,50 @@ pub enum Lack {
     Atomics,
     /// `max_qp_init_rd_atom` is 255 or more, so no `u8` `max_rd_atomic` exceeds it.
     RdAtomLimitBelowU8,
+    /// No shared receive queues (`max_srq` is 0).
+    Srq,
+    /// SRQs cannot be resized (no `IBV_DEVICE_SRQ_RESIZE`).
+    SrqResize,
+    /// No UD QPs.
+    Ud,
+    /// No UC QPs.
+    Uc,
 }
 
 impl Lack {
+    /// Why a device with `caps` lacks this, or `None` when it has it. For the lacks a
+    /// case declares up front ([`Case::requires`](crate::Case::requires)); the others
+    /// need a device attribute a case checks itself.
+    pub fn missing_in(self, caps: &Capabilities) -> Option<String> {
+        match self {
+            Lack::Srq if !caps.srq => {
+                Some("the device has no shared receive queues (capabilities: srq false)".into())
+            }
+            Lack::SrqResize if !caps.srq_resize => Some(
+                "the device cannot resize an SRQ (capabilities: srq_resize false, no IBV_DEVICE_SRQ_RESIZE)"
+                    .into(),
+            ),
+            Lack::Ud if !caps.ud => Some("the device has no UD QPs (capabilities: ud false)".into()),
+            Lack::Uc if !caps.uc => Some("the device has no UC QPs (capabilities: uc false)".into()),
+            Lack::Atomics if caps.atomic_cap == AtomicCap::None => {
+                Some("the device reports IBV_ATOMIC_NONE".into())
+            }
+            _ => None,
+        }
+    }
+
     /// Whether `caps` confirm that the device lacks this; if not, why not.
     pub fn explained_by(self, caps: &DeviceCaps) -> Result<(), String> {
+        let has = |what: &str| Err(format!("its capabilities say {what} true"));
         match self {
+            Lack::Srq if !caps.srq => Ok(()),
+            Lack::Srq => has("srq"),
+            Lack::SrqResize if !caps.srq || !caps.srq_resize => Ok(()),
+            Lack::SrqResize => has("srq_resize"),
+            Lack::Ud if !caps.ud => Ok(()),
+            Lack::Ud => has("ud"),
+            Lack::Uc if !caps.uc => Ok(()),
+            Lack::Uc => has("uc"),
             Lack::Atomics if caps.atomic_cap == "none" => Ok(()),
             Lack::Atomics => Err(format!("its atomic_cap is {:?}, not \"none\"", caps.atomic_cap)),
             Lack::RdAtomLimitBelowU8 if caps.max_qp_init_rd_atom >= 255 => Ok(()),
@@ -56,8 +94,14 @@ pub struct DeviceCaps {
     pub imm_data: bool,
     /// Shared receive queues are supported.
     pub srq: bool,
+    /// SRQs can be resized (absent in reports of earlier versions: false).
+    #[serde(default)]
+    pub srq_resize: bool,
     /// UD QPs are supported.
     pub ud: bool,
+    /// UC QPs are supported (absent in reports of earlier versions: false).
+    #[serde(default)]
+    pub uc: bool,
     /// Largest `max_inline_data`.
     pub max_inline_data: u32,
     /// SGEs per send WR.
@@ -84,7 +128,9 @@ impl DeviceCaps {
             max_qp_rd_atom: attr.max_qp_rd_atom,
             imm_data: caps.imm_data,
             srq: caps.srq,
+            srq_resize: caps.srq_resize,
             ud: caps.ud,
+            uc: caps.uc,
             max_inline_data: caps.max_inline_data,
             max_send_sge: caps.max_send_sge,
             max_recv_sge: caps.max_recv_sge,
@@ -606,5 +652,41 @@ mod tests {
             (o.label("A"), o.capabilities, o.cases.len()),
             ("sim:sim0".to_string(), None, 1)
         );
+    }
+
+    #[test]
+    fn transport_lacks_are_explained_by_the_capabilities_and_missing_in_them() {
+        let none = DeviceCaps::default();
+        let all = DeviceCaps {
+            srq: true,
+            srq_resize: true,
+            ud: true,
+            uc: true,
+            ..DeviceCaps::default()
+        };
+        for lack in [Lack::Srq, Lack::SrqResize, Lack::Ud, Lack::Uc] {
+            assert_eq!(lack.explained_by(&none), Ok(()), "{lack:?}");
+            assert!(lack.explained_by(&all).is_err(), "{lack:?}");
+        }
+        // An SRQ-less device cannot resize one either.
+        let no_srq = DeviceCaps {
+            srq: false,
+            ..all.clone()
+        };
+        assert_eq!(Lack::SrqResize.explained_by(&no_srq), Ok(()));
+        let mut c = Capabilities::default();
+        assert!(Lack::Ud.missing_in(&c).unwrap().contains("ud false"));
+        c.srq = true;
+        c.ud = true;
+        c.uc = true;
+        assert_eq!(Lack::Srq.missing_in(&c), None);
+        assert_eq!(Lack::Ud.missing_in(&c), None);
+        assert_eq!(Lack::Uc.missing_in(&c), None);
+        assert!(Lack::SrqResize.missing_in(&c).is_some());
+        // Reports without the newer fields still load, as lacking them.
+        let old = r#"{"backend":"sim","device":"sim0","capabilities":{"atomic_cap":"hca","max_qp_init_rd_atom":16,"max_qp_rd_atom":16,"imm_data":true,"srq":false,"ud":false,"max_inline_data":0,"max_send_sge":4,"max_recv_sge":4,"max_qp_wr":1,"max_cqe":1},"cases":[]}"#;
+        let r = Report::parse(old).unwrap();
+        let caps = r.capabilities.unwrap();
+        assert!(!caps.uc && !caps.srq_resize);
     }
 }

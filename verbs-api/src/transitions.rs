@@ -87,7 +87,7 @@ pub fn transition_masks(cur: QpState, next: QpState, qp_type: QpType) -> Option<
             if connected {
                 (
                     none,
-                    M::PORT
+                    rc_only(M::PORT)
                         | M::AV
                         | M::ALT_PATH
                         | M::ACCESS_FLAGS
@@ -106,7 +106,9 @@ pub fn transition_masks(cur: QpState, next: QpState, qp_type: QpType) -> Option<
                 (none, M::PKEY_INDEX | M::QKEY)
             }
         }
-        (Sqe, Rts) if !rc => (none, M::CUR_STATE | M::ACCESS_FLAGS | M::QKEY),
+        // SQE exists on the unreliable transports only.
+        (Sqe, Rts) if qp_type == QpType::Uc => (none, M::CUR_STATE | M::ACCESS_FLAGS),
+        (Sqe, Rts) if qp_type == QpType::Ud => (none, M::CUR_STATE | M::QKEY),
         _ => return None,
     })
 }
@@ -190,6 +192,53 @@ mod tests {
             check_modify(QpState::Rtr, QpType::Rc, &attr(QpState::Rts), rts).unwrap(),
             QpState::Rts
         );
+    }
+
+    /// UD and UC follow the kernel's `qp_state_table` (drivers/infiniband/core/verbs.c),
+    /// which `ib_modify_qp_is_ok` enforces for every provider.
+    #[test]
+    fn ud_and_uc_masks_follow_the_kernel_table() {
+        use QpState::*;
+        let t = |c, n, ty| transition_masks(c, n, ty).unwrap();
+        assert_eq!(
+            t(Reset, Init, QpType::Ud),
+            (M::PKEY_INDEX | M::PORT | M::QKEY, M::empty())
+        );
+        assert_eq!(t(Init, Rtr, QpType::Ud), (M::empty(), M::PKEY_INDEX | M::QKEY));
+        assert_eq!(t(Rtr, Rts, QpType::Ud), (M::SQ_PSN, M::CUR_STATE | M::QKEY));
+        assert_eq!(t(Sqd, Sqd, QpType::Ud), (M::empty(), M::PKEY_INDEX | M::QKEY));
+        assert_eq!(t(Sqe, Rts, QpType::Ud), (M::empty(), M::CUR_STATE | M::QKEY));
+        assert_eq!(
+            t(Reset, Init, QpType::Uc),
+            (M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS, M::empty())
+        );
+        assert_eq!(
+            t(Init, Rtr, QpType::Uc),
+            (
+                M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN,
+                M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX
+            )
+        );
+        assert_eq!(
+            t(Rtr, Rts, QpType::Uc),
+            (
+                M::SQ_PSN,
+                M::CUR_STATE | M::ALT_PATH | M::ACCESS_FLAGS | M::PATH_MIG_STATE
+            )
+        );
+        assert_eq!(
+            t(Sqd, Sqd, QpType::Uc),
+            (
+                M::empty(),
+                M::AV | M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX | M::PATH_MIG_STATE
+            )
+        );
+        assert_eq!(
+            t(Sqe, Rts, QpType::Uc),
+            (M::empty(), M::CUR_STATE | M::ACCESS_FLAGS)
+        );
+        assert!(t(Sqd, Sqd, QpType::Rc).1.contains(M::PORT));
+        assert_eq!(transition_masks(Sqe, Rts, QpType::Rc), None);
     }
 
     #[test]

@@ -11,6 +11,7 @@ mod atomic;
 mod cq;
 mod device;
 mod errors;
+mod events;
 mod mr;
 mod order;
 mod post;
@@ -19,10 +20,17 @@ mod rdma;
 mod remote;
 mod rnr;
 mod send;
+mod srq;
+mod uc;
+mod ud;
 
-/// Builds a [`Case`] from its metadata and a generic function.
+/// Builds a [`Case`] from its metadata and a generic function, optionally with the
+/// capabilities it requires (`requires [Lack::Srq, ..]`).
 macro_rules! case {
     ($id:literal, $name:literal, $source:literal, $f:ident) => {
+        case!($id, $name, $source, $f, requires [])
+    };
+    ($id:literal, $name:literal, $source:literal, $f:ident, requires [$($lack:ident),*]) => {
         $crate::Case {
             id: $id,
             group: match $id.split_once('.') {
@@ -31,6 +39,7 @@ macro_rules! case {
             },
             name: $name,
             source: $source,
+            requires: &[$($crate::report::Lack::$lack),*],
             run: $f::<B>,
         }
     };
@@ -53,6 +62,10 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     v.extend(order::list::<B>());
     v.extend(errors::list::<B>());
     v.extend(aio::list::<B>());
+    v.extend(srq::list::<B>());
+    v.extend(uc::list::<B>());
+    v.extend(ud::list::<B>());
+    v.extend(events::list::<B>());
     v.extend(remote::list::<B>());
     v
 }

@@ -1,0 +1,608 @@
+//! Unreliable datagrams (`man ibv_create_ah`, `man ibv_post_send` (wr.ud), `man
+//! ibv_post_recv` (the 40-byte GRH), `man ibv_modify_qp` for IBV_QPT_UD; rdma-core
+//! tests/test_qp.py test_modify_ud_qp and the UD traffic of tests/utils.py): datagrams of
+//! at most one MTU to any QP an address handle reaches, checked by Q_Key, named by the
+//! sender's QP number, dropped silently when they cannot be delivered.
+//!
+//! The traffic cases send from UD QPs `s[i]` (one CQ) to one UD QP `r` (its own CQ) of the
+//! same device, through an address handle built from `r`'s endpoint.
+
+use std::time::Duration;
+
+use verbs_api::{
+    ah_attr_for, local_endpoint, AccessFlags as A, AddressHandle, Backend, Context, Endpoint, Gid, LinkLayer,
+    MemoryRegion, ProtectionDomain, QpAttr, QpAttrMask as M, QpInitAttr, QpState, QpType, QueuePair, RecvWr,
+    SendWr, SharedReceiveQueue, SrqAttr, WcFlags, WcOpcode, WcStatus,
+};
+
+use super::case;
+use crate::env::{pattern, read_back, ud_to_rts};
+use crate::{ensure, ensure_eq, CaseResult, Env, Failure, Outcome, Profile};
+
+pub fn list<B: Backend>() -> Vec<crate::Case<B>> {
+    vec![
+        case!(
+            "ud.send-recv",
+            "SEND and SEND_WITH_IMM through an address handle: payload after 40 bytes, byte_len with them, src_qp, GRH flag",
+            "man ibv_post_recv (GRH in the first 40 bytes); man ibv_poll_cq (src_qp, IBV_WC_GRH); rdma-core tests/utils.py (UD traffic)",
+            ud_send_recv,
+            requires [Ud]
+        ),
+        case!(
+            "ud.grh",
+            "the 40 bytes before a UD payload hold the GRH: RoCE over IPv4 20 zero bytes and the IPv4 header, else the IB/IPv6 header with both GIDs",
+            "man ibv_post_recv; IBA vol. 1 (GRH); RoCE v2 (Annex A17: IPv4 header in the last 20 of the 40 bytes)",
+            ud_grh,
+            requires [Ud]
+        ),
+        case!(
+            "ud.wrong-qkey",
+            "a datagram with the wrong Q_Key is dropped and counted in the port's qkey_viol_cntr",
+            "IBA vol. 1, Q_Key check of UD datagrams; man ibv_query_port (qkey_viol_cntr)",
+            ud_wrong_qkey,
+            requires [Ud]
+        ),
+        case!(
+            "ud.empty-rq",
+            "a datagram that finds no receive is dropped: the sender completes SUCCESS and nothing arrives",
+            "man ibv_post_recv; IBA vol. 1 (UD: no receive WQE, the datagram is silently dropped)",
+            ud_empty_rq,
+            requires [Ud]
+        ),
+        case!(
+            "ud.too-large",
+            "a UD send longer than the port's MTU completes SUCCESS and nothing arrives; one of exactly the MTU arrives",
+            "IBA C10-93.1.1 (no packet is emitted and no error is generated for a UD message above the MTU)",
+            ud_too_large,
+            requires [Ud]
+        ),
+        case!(
+            "ud.two-senders",
+            "one UD QP receiving from two senders tells them apart by src_qp",
+            "man ibv_poll_cq (src_qp: the remote QP number, UD only)",
+            ud_two_senders,
+            requires [Ud]
+        ),
+        case!(
+            "ud.modify-masks",
+            "UD modify_qp: INIT needs PKEY_INDEX, PORT and QKEY; RTR only the state; RTS SQ_PSN; RC's attributes refused",
+            "man ibv_modify_qp (UD); rdma-core tests/test_qp.py test_modify_ud_qp",
+            ud_modify_masks,
+            requires [Ud]
+        ),
+        case!(
+            "ud.opcode-write",
+            "an RDMA WRITE on a UD QP is refused (EINVAL): UD has SEND only",
+            "man ibv_post_send (opcode table: UD takes SEND and SEND_WITH_IMM)",
+            ud_opcode_write,
+            requires [Ud]
+        ),
+        case!(
+            "ud.destination",
+            "a send on a UD QP without a destination, or one with a destination on an RC QP, fails with EINVAL",
+            "man ibv_post_send (wr.ud: ah, remote_qpn, remote_qkey are for UD QPs)",
+            ud_destination,
+            requires [Ud]
+        ),
+        case!(
+            "ud.ah",
+            "create_ah keeps its attributes; on an Ethernet (RoCE) port an address handle without the GRH fails with EINVAL",
+            "man ibv_create_ah (is_global required where the port requires the GRH)",
+            ud_ah,
+            requires [Ud]
+        ),
+        case!(
+            "ud.srq",
+            "a UD QP on an SRQ receives datagrams into the SRQ's receives, naming itself and the sender",
+            "man ibv_create_srq (SRQs for RC and UD QPs); man ibv_poll_cq (qp_num, src_qp)",
+            ud_srq,
+            requires [Ud, Srq]
+        ),
+    ]
+}
+
+/// The Q_Key of every UD QP here (rdma-core tests/base.py's UD_QKEY).
+const QKEY: u32 = 0x1111_1111;
+/// Bytes of the GRH at the start of every UD receive buffer.
+const GRH: usize = 40;
+/// How long "nothing happens" is watched for.
+const QUIET: Duration = Duration::from_millis(300);
+
+/// UD senders `s[i]` and a receiver `r`, all in RTS with [`QKEY`], and an address handle
+/// that reaches `r`.
+struct UdSetup<B: Backend> {
+    pd: B::Pd,
+    cq_s: B::Cq,
+    cq_r: B::Cq,
+    s: Vec<B::Qp>,
+    r: B::Qp,
+    /// `r`'s endpoint (GID, LID, QPN).
+    ep_r: Endpoint,
+    ah: B::Ah,
+    /// Send buffers (16 KiB).
+    src: B::Mr,
+    /// Receive buffers (16 KiB).
+    dst: B::Mr,
+}
+
+impl<B: Backend> UdSetup<B> {
+    fn new(env: &Env<B>, senders: usize) -> Result<Self, Failure> {
+        let params = env.params();
+        let pd = env.ctx.alloc_pd()?;
+        let cq_s = env.ctx.create_cq(64, None)?;
+        let cq_r = env.ctx.create_cq(64, None)?;
+        let cap = env.opts().cap;
+        let mut s = Vec::new();
+        for i in 0..senders {
+            let q = pd.create_qp(&QpInitAttr::ud(&cq_s, &cq_s, cap))?;
+            ud_to_rts(&q, &params, QKEY, 0x10 + i as u32)?;
+            s.push(q);
+        }
+        let r = pd.create_qp(&QpInitAttr::ud(&cq_r, &cq_r, cap))?;
+        ensure_eq!(r.qp_type(), QpType::Ud, "qp_type");
+        ud_to_rts(&r, &params, QKEY, 0x20)?;
+        let ep_r = local_endpoint(&env.ctx, &r, &params, 0)?;
+        let ah = pd.create_ah(&ah_attr_for(&ep_r, &params))?;
+        let src = pd.reg_mr(16384, A::LOCAL_WRITE)?;
+        let dst = pd.reg_mr(16384, A::LOCAL_WRITE)?;
+        Ok(UdSetup {
+            pd,
+            cq_s,
+            cq_r,
+            s,
+            r,
+            ep_r,
+            ah,
+            src,
+            dst,
+        })
+    }
+
+    /// Posts receive `wr_id` of [`GRH`] + `len` bytes at `offset` of `dst`.
+    fn post(&self, wr_id: u64, offset: usize, len: usize) -> Result<(), Failure> {
+        self.r
+            .post_recv(&[RecvWr::new(wr_id, &[self.dst.sge(offset, GRH + len)?])])?;
+        Ok(())
+    }
+
+    /// Sends `len` bytes at `offset` of `src` from `s[i]` to `r` with `qkey`, and waits
+    /// for the sender's completion, which must be SUCCESS.
+    fn send(
+        &self,
+        env: &Env<B>,
+        i: usize,
+        wr_id: u64,
+        offset: usize,
+        len: usize,
+        qkey: u32,
+    ) -> Result<(), Failure> {
+        self.s[i].post_send(
+            &[SendWr::send(wr_id, &[self.src.sge(offset, len)?]).signaled().ud(
+                &self.ah,
+                self.r.qp_num(),
+                qkey,
+            )],
+        )?;
+        let wc = env.wait1(&self.cq_s)?;
+        ensure!(
+            wc.wr_id == wr_id && wc.status == WcStatus::Success && wc.opcode == WcOpcode::Send,
+            "the sender's completion of datagram {wr_id}: {wc:?}"
+        );
+        Ok(())
+    }
+}
+
+fn ud_send_recv<B: Backend>(env: &Env<B>) -> CaseResult {
+    let u = UdSetup::new(env, 1)?;
+    let data = pattern(256, 5);
+    u.src.write(0, &data)?;
+    u.post(1, 0, 256)?;
+    u.post(2, 4096, 64)?;
+    u.send(env, 0, 10, 0, 256, QKEY)?;
+    let wc = env.wait1(&u.cq_r)?;
+    ensure!(wc.is_ok(), "receive: {:?}", wc.status);
+    ensure_eq!(wc.wr_id, 1, "wr_id");
+    ensure_eq!(wc.opcode, WcOpcode::Recv, "opcode");
+    ensure_eq!(wc.byte_len as usize, GRH + 256, "byte_len (the GRH included)");
+    ensure_eq!(wc.qp_num, u.r.qp_num(), "qp_num");
+    ensure_eq!(wc.src_qp, u.s[0].qp_num(), "src_qp");
+    ensure!(
+        wc.wc_flags.contains(WcFlags::GRH),
+        "IBV_WC_GRH missing: {:?}",
+        wc.wc_flags
+    );
+    ensure!(
+        !wc.wc_flags.contains(WcFlags::WITH_IMM),
+        "flags {:?}",
+        wc.wc_flags
+    );
+    ensure_eq!(read_back(&u.dst, GRH, 256)?, data, "payload after the GRH");
+    if env.ctx.query_port(1)?.link_layer == LinkLayer::InfiniBand {
+        ensure_eq!(wc.slid, u.ep_r.lid, "slid (the sender's port LID)");
+    }
+    u.s[0].post_send(&[SendWr::send_with_imm(11, &[u.src.sge(0, 32)?], 0x0bad_cafe)
+        .signaled()
+        .ud(&u.ah, u.r.qp_num(), QKEY)])?;
+    ensure!(env.wait1(&u.cq_s)?.is_ok(), "SEND_WITH_IMM");
+    let wc = env.wait1(&u.cq_r)?;
+    ensure!(wc.is_ok() && wc.wr_id == 2, "receive of SEND_WITH_IMM: {wc:?}");
+    ensure_eq!(wc.byte_len as usize, GRH + 32, "byte_len");
+    ensure!(
+        wc.wc_flags.contains(WcFlags::WITH_IMM | WcFlags::GRH),
+        "flags {:?}",
+        wc.wc_flags
+    );
+    ensure_eq!(wc.imm(), Some(0x0bad_cafe), "immediate");
+    ensure_eq!(wc.src_qp, u.s[0].qp_num(), "src_qp");
+    Ok(Outcome::Pass)
+}
+
+fn ud_grh<B: Backend>(env: &Env<B>) -> CaseResult {
+    let u = UdSetup::new(env, 1)?;
+    u.dst.fill(0xee);
+    u.src.write(0, b"behind the GRH")?;
+    u.post(1, 0, 14)?;
+    u.send(env, 0, 1, 0, 14, QKEY)?;
+    let wc = env.wait1(&u.cq_r)?;
+    ensure!(
+        wc.is_ok() && wc.wc_flags.contains(WcFlags::GRH),
+        "receive: {wc:?}"
+    );
+    let grh = read_back(&u.dst, 0, GRH)?;
+    // Sender and receiver are on this device and port: both GIDs are the one at the
+    // configured index.
+    let gid: Gid = u.ep_r.gid;
+    let port = env.ctx.query_port(1)?;
+    match (port.link_layer, gid.to_ipv4_mapped()) {
+        (LinkLayer::Ethernet, Some(ip)) => {
+            ensure_eq!(
+                grh[..20].to_vec(),
+                vec![0u8; 20],
+                "the 20 bytes before the IPv4 header"
+            );
+            let ipv4 = &grh[20..];
+            ensure_eq!(ipv4[0], 0x45, "IPv4 version and header length");
+            ensure_eq!(ipv4[9], 17, "IPv4 protocol (UDP)");
+            ensure_eq!(ipv4[12..16].to_vec(), ip.octets().to_vec(), "IPv4 source address");
+            ensure_eq!(
+                ipv4[16..20].to_vec(),
+                ip.octets().to_vec(),
+                "IPv4 destination address"
+            );
+        }
+        _ => {
+            ensure_eq!(grh[0] >> 4, 6, "IP version of the GRH");
+            ensure_eq!(grh[8..24].to_vec(), gid.0.to_vec(), "source GID");
+            ensure_eq!(grh[24..40].to_vec(), gid.0.to_vec(), "destination GID");
+        }
+    }
+    ensure_eq!(read_back(&u.dst, GRH, 14)?, b"behind the GRH".to_vec(), "payload");
+    Ok(Outcome::Pass)
+}
+
+fn ud_wrong_qkey<B: Backend>(env: &Env<B>) -> CaseResult {
+    let u = UdSetup::new(env, 1)?;
+    u.src.write(0, b"wrong")?;
+    u.src.write(64, b"right")?;
+    u.post(1, 0, 64)?;
+    let before = env.ctx.query_port(1)?.qkey_viol_cntr;
+    // Bit 31 clear: a plain Q_Key, not "use the QP's own".
+    u.send(env, 0, 1, 0, 5, QKEY ^ 0x00ff_0000)?;
+    std::thread::sleep(QUIET);
+    env.expect_empty(&u.cq_r, "the receiver's CQ after a datagram with the wrong Q_Key")?;
+    let after = env.ctx.query_port(1)?.qkey_viol_cntr;
+    // The counter is 16 bits wide and saturates (IBA PortInfo Q_KeyViolations).
+    ensure!(
+        after > before || before >= 0xffff,
+        "qkey_viol_cntr {before} -> {after}: the violation was not counted"
+    );
+    u.send(env, 0, 2, 64, 5, QKEY)?;
+    let wc = env.wait1(&u.cq_r)?;
+    ensure!(
+        wc.is_ok() && wc.wr_id == 1,
+        "receive with the right Q_Key: {wc:?}"
+    );
+    ensure_eq!(
+        read_back(&u.dst, GRH, 5)?,
+        b"right".to_vec(),
+        "payload (not the dropped datagram)"
+    );
+    Ok(Outcome::Pass)
+}
+
+fn ud_empty_rq<B: Backend>(env: &Env<B>) -> CaseResult {
+    let u = UdSetup::new(env, 1)?;
+    u.src.write(0, b"dropped")?;
+    u.src.write(64, b"second")?;
+    u.send(env, 0, 1, 0, 7, QKEY)?;
+    std::thread::sleep(QUIET);
+    env.expect_empty(
+        &u.cq_r,
+        "the receiver's CQ after a datagram with no receive posted",
+    )?;
+    ensure_eq!(u.r.state()?, QpState::Rts, "the receiver's state");
+    u.post(2, 0, 64)?;
+    u.send(env, 0, 3, 64, 6, QKEY)?;
+    let wc = env.wait1(&u.cq_r)?;
+    ensure!(wc.is_ok() && wc.wr_id == 2, "receive: {wc:?}");
+    ensure_eq!(wc.byte_len as usize, GRH + 6, "byte_len (the second datagram)");
+    ensure_eq!(read_back(&u.dst, GRH, 6)?, b"second".to_vec(), "payload");
+    Ok(Outcome::Pass)
+}
+
+fn ud_too_large<B: Backend>(env: &Env<B>) -> CaseResult {
+    let u = UdSetup::new(env, 1)?;
+    let mtu = env.ctx.query_port(1)?.active_mtu.bytes() as usize;
+    ensure!(
+        GRH + mtu < u.dst.len(),
+        "an MTU of {mtu} does not fit the buffers"
+    );
+    let data = pattern(mtu + 1, 17);
+    u.src.write(0, &data)?;
+    u.post(1, 0, mtu + 1)?;
+    u.send(env, 0, 1, 0, mtu + 1, QKEY)?;
+    std::thread::sleep(QUIET);
+    env.expect_empty(
+        &u.cq_r,
+        &format!(
+            "the receiver's CQ after a datagram of {} bytes (MTU {mtu})",
+            mtu + 1
+        ),
+    )?;
+    u.send(env, 0, 2, 0, mtu, QKEY)?;
+    let wc = env.wait1(&u.cq_r)?;
+    ensure!(
+        wc.is_ok() && wc.wr_id == 1,
+        "receive of an MTU-sized datagram: {wc:?}"
+    );
+    ensure_eq!(wc.byte_len as usize, GRH + mtu, "byte_len");
+    ensure_eq!(read_back(&u.dst, GRH, mtu)?, data[..mtu].to_vec(), "payload");
+    Ok(Outcome::Pass)
+}
+
+fn ud_two_senders<B: Backend>(env: &Env<B>) -> CaseResult {
+    let u = UdSetup::new(env, 2)?;
+    u.src.write(0, b"from s0")?;
+    u.src.write(64, b"from s1")?;
+    u.post(1, 0, 64)?;
+    u.post(2, 1024, 64)?;
+    u.send(env, 0, 10, 0, 7, QKEY)?;
+    u.send(env, 1, 11, 64, 7, QKEY)?;
+    let wcs = env.wait(&u.cq_r, 2)?;
+    ensure!(wcs.iter().all(|w| w.is_ok()), "receives: {wcs:?}");
+    ensure!(
+        u.s[0].qp_num() != u.s[1].qp_num(),
+        "the two senders share a QP number"
+    );
+    for wc in &wcs {
+        let offset = if wc.wr_id == 1 { 0 } else { 1024 };
+        let payload = read_back(&u.dst, offset + GRH, 7)?;
+        let sender = match payload.as_slice() {
+            b"from s0" => 0,
+            b"from s1" => 1,
+            other => return Err(Failure(format!("receive {}: payload {other:?}", wc.wr_id))),
+        };
+        ensure_eq!(
+            wc.src_qp,
+            u.s[sender].qp_num(),
+            "src_qp of the datagram from s{sender}"
+        );
+    }
+    Ok(Outcome::Pass)
+}
+
+fn ud_modify_masks<B: Backend>(env: &Env<B>) -> CaseResult {
+    let pd = env.ctx.alloc_pd()?;
+    let cq = env.ctx.create_cq(16, None)?;
+    let qp = pd.create_qp(&QpInitAttr::ud(&cq, &cq, env.opts().cap))?;
+    ensure_eq!(qp.state()?, QpState::Reset, "a new UD QP's state");
+    let refuse = |what: &str, attr: &QpAttr, mask: M| -> Result<(), Failure> {
+        match qp.modify(attr, mask) {
+            Ok(()) => Err(Failure(format!("{what} accepted"))),
+            Err(e) => {
+                ensure_eq!(e.errno(), libc::EINVAL, "{what} ({e})");
+                Ok(())
+            }
+        }
+    };
+    let init = QpAttr {
+        qp_state: QpState::Init,
+        pkey_index: 0,
+        port_num: 1,
+        qkey: 0x123,
+        qp_access_flags: A::REMOTE_WRITE,
+        ..Default::default()
+    };
+    refuse(
+        "UD RESET -> INIT with RC's mask (ACCESS_FLAGS, no QKEY)",
+        &init,
+        M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS,
+    )?;
+    refuse(
+        "UD RESET -> INIT without QKEY",
+        &init,
+        M::STATE | M::PKEY_INDEX | M::PORT,
+    )?;
+    ensure_eq!(qp.state()?, QpState::Reset, "state after the refused modifies");
+    qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY)?;
+    let q = qp.query()?;
+    ensure_eq!(
+        (q.qp_state, q.qkey),
+        (QpState::Init, 0x123),
+        "state and Q_Key after INIT"
+    );
+    let rtr = QpAttr {
+        qp_state: QpState::Rtr,
+        dest_qp_num: 0x42,
+        path_mtu: verbs_api::Mtu::Mtu1024,
+        ..Default::default()
+    };
+    refuse("UD INIT -> RTR with DEST_QPN", &rtr, M::STATE | M::DEST_QPN)?;
+    refuse("UD INIT -> RTR with PATH_MTU", &rtr, M::STATE | M::PATH_MTU)?;
+    qp.modify(&rtr, M::STATE)?;
+    ensure_eq!(
+        qp.state()?,
+        QpState::Rtr,
+        "state after INIT -> RTR with the state alone"
+    );
+    let rts = QpAttr {
+        qp_state: QpState::Rts,
+        sq_psn: 0x45,
+        timeout: 14,
+        ..Default::default()
+    };
+    refuse("UD RTR -> RTS without SQ_PSN", &rts, M::STATE)?;
+    refuse(
+        "UD RTR -> RTS with TIMEOUT",
+        &rts,
+        M::STATE | M::SQ_PSN | M::TIMEOUT,
+    )?;
+    qp.modify(&rts, M::STATE | M::SQ_PSN)?;
+    let q = qp.query()?;
+    ensure_eq!(
+        (q.qp_state, q.sq_psn),
+        (QpState::Rts, 0x45),
+        "state and SQ PSN after RTS"
+    );
+    let reset = QpAttr {
+        qp_state: QpState::Reset,
+        ..Default::default()
+    };
+    qp.modify(&reset, M::STATE)?;
+    ensure_eq!(qp.state()?, QpState::Reset, "state after RTS -> RESET");
+    Ok(Outcome::Pass)
+}
+
+/// rxe accepts the post and fails the WR when it executes.
+const RXE_WRITE_ON_UD: &str = "RDMA WRITE on UD is accepted by post_send, then completes with LOC_QP_OP_ERR and \
+the QP goes to ERR: rdma-core providers/rxe/rxe.c validate_send_wr() does not check the opcode against the QP \
+type; the kernel's rxe_req.c next_opcode() accepts only SEND and SEND_WITH_IMM on UD (IB_WC_LOC_QP_OP_ERR) and \
+rxe_comp.c moves the QP to ERR (rxe_qp_error())";
+
+fn ud_opcode_write<B: Backend>(env: &Env<B>) -> CaseResult {
+    let u = UdSetup::new(env, 1)?;
+    let target = u.pd.reg_mr(64, A::LOCAL_WRITE | A::REMOTE_WRITE)?;
+    u.src.fill(0x11);
+    let sge = [u.src.sge(0, 8)?];
+    let wr = SendWr::write(1, &sge, target.remote().at(0))
+        .signaled()
+        .ud(&u.ah, u.r.qp_num(), QKEY);
+    match u.s[0].post_send(&[wr]) {
+        Err(e) => ensure_eq!(e.errno(), libc::EINVAL, "WRITE on UD ({e})"),
+        Ok(()) if env.profile == Profile::Rxe => {
+            let wc = env.wait1(&u.cq_s)?;
+            ensure_eq!(wc.status, WcStatus::LocQpOpErr, "WRITE on UD: the completion");
+            ensure_eq!(
+                u.s[0].state()?,
+                QpState::Err,
+                "WRITE on UD: the QP's state after it"
+            );
+            env.deviation(RXE_WRITE_ON_UD);
+        }
+        Ok(()) => {
+            let got = env.quiet(&u.cq_s, QUIET)?;
+            return Err(Failure(format!(
+                "WRITE on UD was accepted by post_send (completions: {got:?})"
+            )));
+        }
+    }
+    ensure!(
+        target.to_vec().iter().all(|&b| b == 0),
+        "WRITE on UD changed memory"
+    );
+    env.expect_empty(&u.cq_r, "the receiver's CQ")?;
+    Ok(Outcome::Pass)
+}
+
+fn ud_destination<B: Backend>(env: &Env<B>) -> CaseResult {
+    let u = UdSetup::new(env, 1)?;
+    let sge = [u.src.sge(0, 8)?];
+    match u.s[0].post_send(&[SendWr::send(1, &sge).signaled()]) {
+        Ok(()) => return Err(Failure("a UD send without a destination was posted".into())),
+        Err(e) => {
+            ensure_eq!(e.errno(), libc::EINVAL, "UD send without wr.ud ({e})");
+            ensure_eq!(e.index, 0, "index");
+        }
+    }
+    let p = env.pair(&env.opts())?;
+    let mr = env.mr(&p.pd, 64, A::LOCAL_WRITE)?;
+    let sge = [mr.sge(0, 8)?];
+    match p
+        .a
+        .post_send(&[SendWr::send(2, &sge).signaled().ud(&u.ah, u.r.qp_num(), QKEY)])
+    {
+        Ok(()) => return Err(Failure("an RC send with a UD destination was posted".into())),
+        Err(e) => ensure_eq!(e.errno(), libc::EINVAL, "RC send with wr.ud ({e})"),
+    }
+    env.expect_empty(&u.cq_s, "the UD sender's CQ")?;
+    env.expect_empty(&p.cq_a, "the RC sender's CQ")?;
+    // The queues still work.
+    u.post(3, 0, 64)?;
+    u.send(env, 0, 4, 0, 8, QKEY)?;
+    ensure!(env.wait1(&u.cq_r)?.is_ok(), "a UD send with its destination");
+    Ok(Outcome::Pass)
+}
+
+fn ud_ah<B: Backend>(env: &Env<B>) -> CaseResult {
+    let params = env.params();
+    let pd = env.ctx.alloc_pd()?;
+    let cq = env.ctx.create_cq(16, None)?;
+    let qp = pd.create_qp(&QpInitAttr::ud(&cq, &cq, env.opts().cap))?;
+    let ep = local_endpoint(&env.ctx, &qp, &params, 0)?;
+    let attr = ah_attr_for(&ep, &params);
+    let ah = pd.create_ah(&attr)?;
+    ensure_eq!(ah.attr(), attr, "attr() of the address handle");
+    let local = verbs_api::AhAttr {
+        is_global: false,
+        ..attr
+    };
+    let port = env.ctx.query_port(1)?;
+    match (port.link_layer, pd.create_ah(&local)) {
+        (LinkLayer::Ethernet, Ok(_)) => {
+            return Err(Failure(
+                "an address handle without the GRH was created on an Ethernet (RoCE) port".into(),
+            ))
+        }
+        (LinkLayer::Ethernet, Err(e)) => {
+            ensure_eq!(e.errno(), libc::EINVAL, "create_ah without the GRH on RoCE ({e})")
+        }
+        (_, Ok(ah)) => ensure_eq!(ah.attr(), local, "attr() of a local address handle"),
+        (_, Err(e)) => {
+            return Err(Failure(format!(
+                "create_ah without the GRH on {:?}: {e}",
+                port.link_layer
+            )))
+        }
+    }
+    Ok(Outcome::Pass)
+}
+
+fn ud_srq<B: Backend>(env: &Env<B>) -> CaseResult {
+    let params = env.params();
+    let pd = env.ctx.alloc_pd()?;
+    let srq = pd.create_srq(&SrqAttr::new(16, 1))?;
+    let cq_s = env.ctx.create_cq(16, None)?;
+    let cq_r = env.ctx.create_cq(16, None)?;
+    let cap = env.opts().cap;
+    let s = pd.create_qp(&QpInitAttr::ud(&cq_s, &cq_s, cap))?;
+    let r = pd.create_qp(&QpInitAttr::ud(&cq_r, &cq_r, cap).with_srq(&srq))?;
+    ud_to_rts(&s, &params, QKEY, 1)?;
+    ud_to_rts(&r, &params, QKEY, 2)?;
+    let ep = local_endpoint(&env.ctx, &r, &params, 0)?;
+    let ah = pd.create_ah(&ah_attr_for(&ep, &params))?;
+    let src = pd.reg_mr(4096, A::LOCAL_WRITE)?;
+    let dst = pd.reg_mr(4096, A::LOCAL_WRITE)?;
+    src.write(0, b"via the SRQ")?;
+    srq.post_recv(&[RecvWr::new(9, &[dst.sge(0, GRH + 64)?])])?;
+    s.post_send(&[SendWr::send(1, &[src.sge(0, 11)?])
+        .signaled()
+        .ud(&ah, r.qp_num(), QKEY)])?;
+    ensure!(env.wait1(&cq_s)?.is_ok(), "UD SEND");
+    let wc = env.wait1(&cq_r)?;
+    ensure!(wc.is_ok() && wc.wr_id == 9, "receive: {wc:?}");
+    ensure_eq!(wc.qp_num, r.qp_num(), "qp_num");
+    ensure_eq!(wc.src_qp, s.qp_num(), "src_qp");
+    ensure_eq!(wc.byte_len as usize, GRH + 11, "byte_len");
+    ensure_eq!(read_back(&dst, GRH, 11)?, b"via the SRQ".to_vec(), "payload");
+    Ok(Outcome::Pass)
+}
