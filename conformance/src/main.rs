@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use conformance::cli::BackendKind;
-use conformance::report::{check, compare, json_rows, table, DeviceCaps, Report};
+use conformance::report::{check_with, compare, json_rows, table, DeviceCaps, OneSided, Report};
 use conformance::{cases, run_case, CaseReport, Config};
 use verbs_api::{Backend, Context};
 
@@ -66,6 +66,11 @@ struct Args {
     /// recorded capabilities.
     #[arg(long, num_args = 2, value_names = ["A.json", "B.json"])]
     compare: Option<Vec<String>>,
+    /// With `--compare`: a case one device skips for a capability its recorded
+    /// capabilities confirm it lacks, and the other runs, is listed as a gap (a feature
+    /// one backend does not implement yet) instead of failing the comparison.
+    #[arg(long, requires = "compare")]
+    allow_gaps: bool,
 }
 
 fn main() -> ExitCode {
@@ -86,7 +91,21 @@ fn main() -> ExitCode {
         return match (load(&files[0]), load(&files[1])) {
             (Ok(a), Ok(b)) => {
                 print!("{}", compare(&a, &b));
-                let problems = check(&a, &b);
+                let one_sided = if args.allow_gaps {
+                    OneSided::Gap
+                } else {
+                    OneSided::Fail
+                };
+                let (problems, gaps) = check_with(&a, &b, one_sided);
+                if !gaps.is_empty() {
+                    println!(
+                        "\ncompare: {} case(s) run on one device only, for a capability the other lacks:",
+                        gaps.len()
+                    );
+                    for g in &gaps {
+                        println!("- {g}");
+                    }
+                }
                 if problems.is_empty() {
                     let devs = |r: &Report| {
                         r.cases
@@ -95,8 +114,9 @@ fn main() -> ExitCode {
                             .count()
                     };
                     println!(
-                        "\ncompare: the reports agree on all {} cases ({} with a documented deviation on {}, {} on {})",
-                        a.cases.len(),
+                        "\ncompare: the reports agree on all {} cases{} ({} with a documented deviation on {}, {} on {})",
+                        a.cases.len() - gaps.len(),
+                        if gaps.is_empty() { String::new() } else { format!(" run on both ({} gaps)", gaps.len()) },
                         devs(&a),
                         a.label("A"),
                         devs(&b),

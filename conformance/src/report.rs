@@ -346,11 +346,29 @@ pub fn compare(ra: &Report, rb: &Report) -> String {
     s
 }
 
+/// How [`check_with`] treats a case one device skips and the other runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OneSided {
+    /// A disagreement: the case was not compared.
+    Fail,
+    /// A gap, listed apart, when the skip names a capability that the skipping device's
+    /// recorded capabilities confirm it lacks (a backend that does not implement a
+    /// feature yet); any other one-sided skip is still a disagreement.
+    Gap,
+}
+
 /// Where two reports do not agree, one line per case (empty: they agree). A case must be
 /// in both reports and pass on both, a pass with a recorded deviation counting as a pass;
 /// a case skipped on one side only was not compared; a skip must name the capability the
 /// device lacks, and that device's recorded capabilities must confirm it.
 pub fn check(ra: &Report, rb: &Report) -> Vec<String> {
+    check_with(ra, rb, OneSided::Fail).0
+}
+
+/// [`check`], with one-sided skips treated as `one_sided` says: the disagreements, and
+/// the gaps (one line per case) that [`OneSided::Gap`] set apart.
+pub fn check_with(ra: &Report, rb: &Report, one_sided: OneSided) -> (Vec<String>, Vec<String>) {
+    let mut gaps = Vec::new();
     let sides = [(ra, ra.label("A")), (rb, rb.label("B"))];
     let mut problems = Vec::new();
     for (r, label) in &sides {
@@ -412,19 +430,26 @@ pub fn check(ra: &Report, rb: &Report) -> Vec<String> {
         if let [Some(x), Some(y)] = rows {
             if (x.status == "skip") != (y.status == "skip") {
                 let (skipped, ran) = if x.status == "skip" { (0, 1) } else { (1, 0) };
-                why.push(format!(
-                    "skipped on {} only ({}) but run on {}: the two were not compared",
-                    sides[skipped].1,
-                    rows[skipped].map_or("", |r| r.detail.as_str()),
-                    sides[ran].1
-                ));
+                let detail = rows[skipped].map_or("", |r| r.detail.as_str());
+                // A gap only if the skip itself was in order (nothing above objected).
+                if one_sided == OneSided::Gap && why.is_empty() {
+                    gaps.push(format!(
+                        "{id}: skipped on {} ({detail}), run on {}",
+                        sides[skipped].1, sides[ran].1
+                    ));
+                } else {
+                    why.push(format!(
+                        "skipped on {} only ({detail}) but run on {}: the two were not compared",
+                        sides[skipped].1, sides[ran].1
+                    ));
+                }
             }
         }
         if !why.is_empty() {
             problems.push(format!("{id}: {}", why.join("; ")));
         }
     }
-    problems
+    (problems, gaps)
 }
 
 #[cfg(test)]
@@ -578,6 +603,38 @@ mod tests {
                 && p[0].contains("not compared"),
             "{p:?}"
         );
+    }
+
+    /// With gaps allowed, a one-sided skip that the skipping device's capabilities
+    /// explain is a gap, not a disagreement; one they do not explain still is.
+    #[test]
+    fn gaps_allowed_set_explained_one_sided_skips_apart() {
+        let a = report(
+            "sim0",
+            Some(caps("none", 16)),
+            vec![row("atomic.fetch-add", "skip", NO_ATOMICS, Some(Lack::Atomics))],
+        );
+        let b = report(
+            "rxe0",
+            Some(caps("hca", 16)),
+            vec![row("atomic.fetch-add", "pass", "", None)],
+        );
+        let (p, g) = check_with(&a, &b, OneSided::Gap);
+        assert!(p.is_empty(), "{p:?}");
+        assert_eq!(g.len(), 1);
+        assert!(g[0].starts_with("atomic.fetch-add: skipped on sim:sim0"), "{g:?}");
+        assert_eq!(
+            check_with(&a, &b, OneSided::Fail).0.len(),
+            1,
+            "strict: a disagreement"
+        );
+        let unexplained = report(
+            "sim0",
+            Some(caps("hca", 16)),
+            vec![row("atomic.fetch-add", "skip", NO_ATOMICS, Some(Lack::Atomics))],
+        );
+        let (p, g) = check_with(&unexplained, &b, OneSided::Gap);
+        assert_eq!((p.len(), g.len()), (1, 0), "{p:?}");
     }
 
     #[test]
