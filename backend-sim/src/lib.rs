@@ -84,4 +84,4 @@ pub use verbs::qp::SimQp;
 pub use verbs::srq::{SimAh, SimSrq};
 
 // The protocol core's modules under their own names, for the driver's paths.
-use backend_sim_proto::{memory, requester, responder, rx, tx, wire};
+use backend_sim_proto::{memory, recv_queue, requester, responder, rx, tx, wire};

@@ -10,12 +10,14 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 use tokio::sync::Notify;
+use verbs_api::event_queue::EventQueue;
 use verbs_api::{QpAttr, QpCap, QpState, WorkCompletion};
 
 use crate::addressing::Addressing;
 use crate::cq::CqShared;
 use crate::fault_state::QpFaults;
 use crate::memory::MrTable;
+use crate::recv_queue::SharedRecvQueue;
 use crate::requester::Requester;
 use crate::responder::Responder;
 
@@ -94,6 +96,9 @@ pub struct QpDevice {
     pub addr: Arc<Addressing>,
     /// Its attributes (the limits a QP's attributes are checked against).
     pub attr: Arc<verbs_api::DeviceAttr>,
+    /// Its asynchronous events, which the QP raises for itself and for what its
+    /// responder found (`man ibv_get_async_event`).
+    pub events: Arc<EventQueue>,
 }
 
 /// The parts of a QP's state that one connection's frames move ([`QpShared::scratch`]).
@@ -136,13 +141,16 @@ pub struct QpShared {
 }
 
 impl QpShared {
-    /// A new QP in RESET.
+    /// A new QP in RESET, taking its receives from `srq` if given (and then holding it:
+    /// the SRQ lives as long as any QP that uses it).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         qpn: u32,
         dev: QpDevice,
         pd: u32,
         send_cq: Arc<CqShared>,
         recv_cq: Arc<CqShared>,
+        srq: Option<Arc<SharedRecvQueue>>,
         cap: QpCap,
         sq_sig_all: bool,
     ) -> Self {
@@ -150,13 +158,17 @@ impl QpShared {
             cap,
             ..Default::default()
         };
+        let resp = match srq {
+            Some(srq) => Responder::with_srq(qpn, pd, srq),
+            None => Responder::new(qpn, pd, cap.max_recv_wr, cap.max_recv_sge),
+        };
         QpShared {
             qpn,
             inner: Mutex::new(QpInner {
                 state: QpState::Reset,
                 attr,
                 req: Requester::new(qpn, pd, &cap, sq_sig_all),
-                resp: Responder::new(qpn, pd, cap.max_recv_wr, cap.max_recv_sge),
+                resp,
                 epoch: 0,
                 conn_gen: 0,
                 active: false,
@@ -226,10 +238,25 @@ impl QpShared {
                 g.recv_wc.clear();
                 // (Again: an overflow's flush may have emptied it.)
                 self.note_busy(g);
+                if g.resp.has_events() {
+                    self.raise_events(g);
+                }
                 return;
             }
             tracing::warn!(qpn = self.qpn, "completion queue overflow: QP to ERR");
             self.enter_error_inner(g);
+        }
+    }
+
+    /// Queues the asynchronous events the responder gave rise to on the device (none
+    /// once the QP is destroyed: its handle is gone, and the events with it).
+    #[cold]
+    fn raise_events(&self, g: &mut QpInner) {
+        let destroyed = self.destroyed.load(Ordering::Acquire);
+        for ev in g.resp.take_events() {
+            if !destroyed {
+                self.dev.events.raise(ev);
+            }
         }
     }
 

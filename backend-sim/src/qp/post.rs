@@ -9,6 +9,7 @@ use parking_lot::MutexGuard;
 use verbs_api::{Error, PostError, QpState, QueueKind, RecvWr, SendWr};
 
 use super::{QpInner, QpShared};
+use crate::recv_queue::PostRecvError;
 use crate::requester::PostCheck;
 use crate::tx::TxQueue;
 
@@ -140,22 +141,29 @@ impl QpShared {
             }
             match g.resp.post(wr) {
                 Ok(()) => posted = true,
-                Err(full) => {
-                    result = Err(fail(if full {
-                        Error::QueueFull {
+                Err(e) => {
+                    result = Err(fail(match e {
+                        PostRecvError::Full => Error::QueueFull {
                             queue: QueueKind::Recv,
                             qpn: self.qpn,
                             capacity: self.cap.max_recv_wr,
-                        }
-                    } else {
-                        Error::invalid(
+                        },
+                        PostRecvError::TooManySge => Error::invalid(
                             "ibv_post_recv",
                             format!(
                                 "{} SGEs exceed max_recv_sge {}",
                                 wr.sg_list.len(),
                                 self.cap.max_recv_sge
                             ),
-                        )
+                        ),
+                        PostRecvError::HasSrq => Error::invalid(
+                            "ibv_post_recv",
+                            format!(
+                                "QP {:#x} takes its receives from an SRQ and has no receive queue of \
+                                 its own: post them with ibv_post_srq_recv",
+                                self.qpn
+                            ),
+                        ),
                     }));
                     break;
                 }
