@@ -144,6 +144,10 @@ pub struct Requester {
     spare: Vec<Box<SendWqe>>,
     /// Index in `sq` of the first WQE not yet sent.
     next: usize,
+    /// Index in `sq` of the first WQE never sent: those before it were started, and a
+    /// rewind (RNR, a timeout, a lost connection) resends them even in SQD, which only
+    /// stops new ones from starting.
+    started: usize,
     psn: u32,
     attrs: ReqAttrs,
     rd_inflight: u32,
@@ -189,6 +193,7 @@ impl Requester {
             sq: VecDeque::with_capacity(cap.max_send_wr.min(4096) as usize),
             spare: Vec::new(),
             next: 0,
+            started: 0,
             psn: 0,
             attrs: ReqAttrs {
                 sq_psn: 0,
@@ -268,6 +273,12 @@ impl Requester {
         self.next < self.sq.len()
     }
 
+    /// Whether every WQE started has completed: in SQD, the send queue is drained
+    /// (WQEs posted but never started wait for the return to RTS).
+    pub fn drained(&self) -> bool {
+        self.started == 0
+    }
+
     /// Queues a WQE. Checks what `ibv_post_send` checks at post time: capacity (ENOMEM),
     /// SGE count and inline size (EINVAL). Inline data is copied now.
     pub fn post(&mut self, wr: &SendWr<'_>, mrs: &MrTable) -> Result<(), PostCheck> {
@@ -341,7 +352,7 @@ impl Requester {
         }
         let mut sent = 0;
         let max_rd = self.attrs.max_rd_atomic.max(1) as u32;
-        while self.next < self.sq.len() && sent < budget && !self.draining {
+        while self.next < self.sq.len() && sent < budget && !(self.draining && self.next >= self.started) {
             let idx = self.next;
             let (is_rd, fence) = {
                 let w = &self.sq[idx];
@@ -372,6 +383,7 @@ impl Requester {
                 self.rd_inflight += 1;
             }
             self.next += 1;
+            self.started = self.started.max(self.next);
             sent += 1;
             if self.ack_deadline.is_none() {
                 self.ack_deadline = self.attrs.timeout.map(|t| now + t);
@@ -577,6 +589,7 @@ impl Requester {
             w.local.clear();
             self.spare.push(w);
             self.next = self.next.saturating_sub(1);
+            self.started = self.started.saturating_sub(1);
         }
     }
 
@@ -873,6 +886,7 @@ impl Requester {
         self.next = self.sq.len();
         self.retire(out);
         self.next = 0;
+        self.started = 0;
         self.rnr_wait = None;
         self.end_rnr_run();
         self.ack_deadline = None;
@@ -886,6 +900,7 @@ impl Requester {
             self.spare.push(w);
         }
         self.next = 0;
+        self.started = 0;
         self.rd_inflight = 0;
         self.rnr_wait = None;
         self.end_rnr_run();
@@ -973,6 +988,53 @@ mod tests {
         req.post(&faa(3), &mrs).unwrap();
         req.post(&faa(4), &mrs).unwrap();
         assert_eq!(req.poll_transmit(&mrs, now, &mut tx, 16, &mut out), Ok(2));
+    }
+
+    /// SQD stops WQEs from starting, not from finishing: a SEND refused with RNR before
+    /// the move is resent after the RNR wait, a WQE posted in SQD is not sent, and the
+    /// queue counts as drained once the started one completes.
+    #[test]
+    fn sqd_resends_what_was_started_and_starts_nothing() {
+        let attrs = ReqAttrs {
+            sq_psn: 0,
+            timeout: None,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            max_rd_atomic: 1,
+        };
+        let (mrs, mr, mut req) = setup(4, attrs);
+        let sge = [Sge::new(mr.addr(), 8, 7)];
+        let now = Instant::now();
+        let (mut tx, mut out, mut sink) = (TxQueue::new(), Vec::new(), Vec::new());
+        req.post(&SendWr::send(1, &sge).signaled(), &mrs).unwrap();
+        assert_eq!(req.poll_transmit(&mrs, now, &mut tx, 16, &mut out), Ok(1));
+        req.draining = true;
+        req.post(&SendWr::send(2, &sge).signaled(), &mrs).unwrap();
+        let rnr = Frame::Nak {
+            psn: 0,
+            code: NakCode::Rnr { timer: 1 },
+            reason: None,
+        };
+        req.on_response(&rnr, now, &mut out).unwrap();
+        assert!(!req.drained());
+        let later = now + Duration::from_secs(1);
+        tx.drain_into(&mut sink);
+        assert_eq!(req.poll_transmit(&mrs, later, &mut tx, 16, &mut out), Ok(1));
+        sink.clear();
+        tx.drain_into(&mut sink);
+        assert_eq!(
+            crate::wire::tests::decode_all(&sink).len(),
+            1,
+            "the refused SEND alone"
+        );
+        req.on_response(&Frame::Ack { psn: 0 }, later, &mut out).unwrap();
+        assert_eq!(out.iter().map(|w| w.wr_id).collect::<Vec<_>>(), [1]);
+        assert!(req.drained(), "the WQE posted in SQD is not in flight");
+        assert!(req.has_unsent());
+        assert_eq!(req.poll_transmit(&mrs, later, &mut tx, 16, &mut out), Ok(0));
+        req.draining = false;
+        assert_eq!(req.poll_transmit(&mrs, later, &mut tx, 16, &mut out), Ok(1));
+        assert!(!req.drained());
     }
 
     /// The PSNs of the WRITEs in `bytes` (frames as sent) that ask for an ACK.

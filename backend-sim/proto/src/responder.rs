@@ -35,9 +35,11 @@
 //!
 //! Asynchronous events the responder gives rise to wait in [`Responder::take_events`] for
 //! the driver, which raises them on the device: `IBV_EVENT_SRQ_LIMIT_REACHED` when a take
-//! drains the SRQ below its limit, and `IBV_EVENT_QP_LAST_WQE_REACHED` when a QP on an SRQ
-//! is flushed (IBA 11.6.3.3: it will take no more receives from the SRQ; rxe 6.1 never
-//! raises it).
+//! drains the SRQ below its limit; `IBV_EVENT_QP_LAST_WQE_REACHED` when a QP on an SRQ is
+//! flushed (IBA 11.6.3.3: it will take no more receives from the SRQ; rxe 6.1 never
+//! raises it); and the affiliated errors of IBA 11.6.3.1 for a request refused without a
+//! completion here to say why, `IBV_EVENT_QP_ACCESS_ERR` (remote access error) and
+//! `IBV_EVENT_QP_REQ_ERR` (invalid request) (rxe 6.1 raises neither).
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -562,10 +564,26 @@ impl Responder {
             "remote {op} refused: {reason}; the QP goes to ERR"
         );
         self.nak(tx, psn, reason.code(), Some(reason));
-        Err(Fatal(match reason.code() {
-            NakCode::InvalidRequest => WcStatus::RemInvReqErr,
-            _ => WcStatus::RemAccessErr,
-        }))
+        Err(Fatal(self.affiliated_error(reason.code())))
+    }
+
+    /// The affiliated asynchronous error of a request refused with `code` (IBA
+    /// 11.6.3.1; rxe raises neither): the responder's QP goes to ERR with no completion
+    /// of its own that says why, so its application hears of it as
+    /// `IBV_EVENT_QP_ACCESS_ERR` (a remote access error) or `IBV_EVENT_QP_REQ_ERR` (an
+    /// invalid request). Returns the status the requester's WQE gets.
+    fn affiliated_error(&mut self, code: NakCode) -> WcStatus {
+        let qp = AsyncElement::Qp(self.qpn);
+        match code {
+            NakCode::InvalidRequest => {
+                self.event(AsyncEventType::QpReqErr, qp);
+                WcStatus::RemInvReqErr
+            }
+            _ => {
+                self.event(AsyncEventType::QpAccessErr, qp);
+                WcStatus::RemAccessErr
+            }
+        }
     }
 
     fn duplicate(&mut self, frame: &Frame, mrs: &MrTable, tx: &mut TxQueue) -> Incoming {
@@ -691,7 +709,7 @@ impl Responder {
                 }
                 let reason = NakReason::DeregisteredRkey;
                 self.nak(tx, psn, reason.code(), Some(reason));
-                Fatal(WcStatus::RemAccessErr)
+                Fatal(self.affiliated_error(reason.code()))
             }
         }
     }
@@ -932,5 +950,38 @@ mod tests {
         assert!(seg.copy_out(0, &mut now));
         assert_eq!(now, [7; 64], "the region changed");
         assert!(out.is_empty());
+        // Each refusal of a new request is an invalid request at this QP (IBA 11.6.3.1);
+        // the refused duplicate took the QP nowhere and raises nothing.
+        let evs: Vec<_> = resp.take_events().map(|e| (e.event_type, e.element)).collect();
+        let req_err = (AsyncEventType::QpReqErr, AsyncElement::Qp(2));
+        assert_eq!(evs, [req_err, req_err]);
+    }
+
+    /// A WRITE refused for its rkey raises QP_ACCESS_ERR on the responder's QP.
+    #[test]
+    fn a_refused_write_raises_an_access_error() {
+        let mrs = MrTable::default();
+        let mut resp = Responder::new(2, 1, 4, 1);
+        resp.connect(RespAttrs {
+            rq_psn: 0,
+            min_rnr_timer: 1,
+        });
+        resp.access = AccessFlags::REMOTE;
+        let (mut tx, mut out) = (TxQueue::new(), Vec::new());
+        let write = Frame::Write {
+            psn: 0,
+            len: 8,
+            addr: 0x1000,
+            rkey: 9,
+            imm: None,
+            solicited: false,
+            ack_req: false,
+        };
+        assert!(matches!(
+            resp.on_request(&write, &mrs, &mut tx, &mut out),
+            Err(Fatal(WcStatus::RemAccessErr))
+        ));
+        let evs: Vec<_> = resp.take_events().map(|e| (e.event_type, e.element)).collect();
+        assert_eq!(evs, [(AsyncEventType::QpAccessErr, AsyncElement::Qp(2))]);
     }
 }

@@ -251,13 +251,19 @@ fn err_flushes_only_the_taken_receive_and_raises_last_wqe() {
     f.a.flush(&mut out);
     let flushed: Vec<_> = out.iter().map(|(w, _)| (w.wr_id, w.qp_num, w.status)).collect();
     assert_eq!(flushed, [(0, 0xa, WcStatus::WrFlushErr)]);
+    let qp = AsyncElement::Qp(0xa);
+    let evs: Vec<_> = f
+        .events('a')
+        .into_iter()
+        .map(|e| (e.event_type, e.element))
+        .collect();
     assert_eq!(
-        f.events('a'),
-        [AsyncEvent {
-            event_type: AsyncEventType::QpLastWqeReached,
-            element: AsyncElement::Qp(0xa),
-        }],
-        "raised once"
+        evs,
+        [
+            (AsyncEventType::QpAccessErr, qp),
+            (AsyncEventType::QpLastWqeReached, qp)
+        ],
+        "the refusal's affiliated error, then LAST_WQE_REACHED once"
     );
     assert_eq!(f.srq.len(), 2);
     f.request('b', send(0, 4)).unwrap();

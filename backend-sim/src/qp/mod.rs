@@ -11,7 +11,7 @@ use std::time::Instant;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 use verbs_api::event_queue::EventQueue;
-use verbs_api::{QpAttr, QpCap, QpState, WorkCompletion};
+use verbs_api::{AsyncElement, AsyncEvent, AsyncEventType, QpAttr, QpCap, QpState, WorkCompletion};
 
 use crate::addressing::Addressing;
 use crate::cq::CqShared;
@@ -52,6 +52,9 @@ pub struct QpInner {
     pub timer_at: Option<Instant>,
     /// Armed fault injection.
     pub faults: QpFaults,
+    /// The QP moved to SQD asking for `IBV_EVENT_SQ_DRAINED` (`en_sqd_async_notify`),
+    /// and it is not raised yet.
+    pub sqd_event_due: bool,
     /// Whether the send queue holds WQEs and is counted in the device's
     /// count of busy send queues (kept in step by
     /// [`QpShared::note_busy`]).
@@ -177,6 +180,7 @@ impl QpShared {
                 self_conn: None,
                 timer_at: None,
                 faults: QpFaults::default(),
+                sqd_event_due: false,
                 busy: false,
                 send_wc: Vec::new(),
                 recv_wc: Vec::new(),
@@ -211,6 +215,7 @@ impl QpShared {
         }
         tracing::debug!(qpn = self.qpn, from = ?g.state, "QP to ERR");
         g.state = QpState::Err;
+        g.sqd_event_due = false;
         let QpInner {
             req,
             resp,
@@ -233,6 +238,9 @@ impl QpShared {
         loop {
             let ok_s = g.send_wc.is_empty() || self.send_cq.push_all(g.send_wc.drain(..).map(|w| (w, false)));
             let ok_r = g.recv_wc.is_empty() || self.recv_cq.push_all(g.recv_wc.drain(..));
+            if !(ok_s && ok_r) {
+                self.cq_overflowed();
+            }
             if (ok_s && ok_r) || g.state == QpState::Err {
                 g.send_wc.clear();
                 g.recv_wc.clear();
@@ -240,6 +248,9 @@ impl QpShared {
                 self.note_busy(g);
                 if g.resp.has_events() {
                     self.raise_events(g);
+                }
+                if g.sqd_event_due {
+                    self.check_drained(g);
                 }
                 return;
             }
@@ -260,6 +271,39 @@ impl QpShared {
         }
     }
 
+    /// Raises the affiliated event `t` on this QP (unless it is destroyed).
+    pub fn raise(&self, t: AsyncEventType) {
+        if !self.destroyed.load(Ordering::Acquire) {
+            self.dev.events.raise(AsyncEvent {
+                event_type: t,
+                element: AsyncElement::Qp(self.qpn),
+            });
+        }
+    }
+
+    /// A CQ of this QP lost a completion: `IBV_EVENT_CQ_ERR` for it, once per CQ.
+    #[cold]
+    fn cq_overflowed(&self) {
+        for cq in [&self.send_cq, &self.recv_cq] {
+            if cq.overflow_event_due() {
+                self.dev.events.raise(AsyncEvent {
+                    event_type: AsyncEventType::CqErr,
+                    element: AsyncElement::Cq(cq.handle),
+                });
+            }
+        }
+    }
+
+    /// In SQD with the drained event asked for: once no WQE sent is outstanding, raises
+    /// `IBV_EVENT_SQ_DRAINED`, once per move to SQD.
+    pub fn check_drained(&self, g: &mut QpInner) {
+        if g.sqd_event_due && g.state == QpState::Sqd && g.req.drained() {
+            g.sqd_event_due = false;
+            tracing::debug!(qpn = self.qpn, "send queue drained (SQD)");
+            self.raise(AsyncEventType::SqDrained);
+        }
+    }
+
     /// Brings the device's count of busy send queues in line with this QP's (call after
     /// the send queue changed: a post, completions, a flush, a reset). Every path that
     /// completes or flushes WQEs ends in [`QpShared::deliver`], which calls it before it
@@ -274,6 +318,7 @@ impl QpShared {
 
     fn enter_error_inner(&self, g: &mut QpInner) {
         g.state = QpState::Err;
+        g.sqd_event_due = false;
         let QpInner {
             req,
             resp,
