@@ -31,6 +31,7 @@ use verbs_api::{AtomicCap, Capabilities, DeviceAttr, Error, LinkLayer, Mtu, Port
 use verbs_api::event_queue::EventQueue;
 
 use crate::addressing::Addressing;
+use crate::counters::DeviceCounters;
 use crate::memory::MrTable;
 use crate::progress::Progress;
 use crate::qp::{Conn, DataPath, QpDevice, QpInner, QpShared, QpTable};
@@ -62,6 +63,8 @@ pub struct DeviceShared {
     pub setup: Arc<Setup>,
     /// Asynchronous events (`ibv_get_async_event`).
     pub events: Arc<EventQueue>,
+    /// What its responders dropped silently.
+    pub counters: Arc<DeviceCounters>,
     shutdown: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
     progress_thread: Mutex<Option<JoinHandle<()>>>,
@@ -173,6 +176,7 @@ impl DeviceShared {
             progress,
             setup,
             events: Arc::new(EventQueue::new()?),
+            counters: Arc::default(),
             shutdown: Mutex::new(Some(tx)),
             thread: Mutex::new(Some(thread)),
             progress_thread: Mutex::new(Some(progress_thread)),
@@ -231,6 +235,7 @@ impl DeviceShared {
         c.max_srq_sge = a.max_srq_sge;
         c.srq_resize = a.device_cap_flags & IBV_DEVICE_SRQ_RESIZE != 0;
         c.ud = false;
+        c.uc = true;
         c.max_inline_data = MAX_INLINE;
         c.max_send_sge = a.max_sge;
         c.max_recv_sge = a.max_sge;
@@ -255,6 +260,7 @@ impl DeviceShared {
             addr: self.addr.clone(),
             attr: self.attr.clone(),
             events: self.events.clone(),
+            counters: self.counters.clone(),
         }
     }
 }

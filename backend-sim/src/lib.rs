@@ -36,7 +36,8 @@
 //! is its driver, in layers that import only downwards:
 //!
 //! - the verbs handles ([`SimBackend`], [`SimContext`], [`SimPd`], [`SimMr`], [`SimCq`],
-//!   [`SimChannel`], [`SimQp`]) and the fault-injection API ([`faults`]);
+//!   [`SimChannel`], [`SimQp`], [`SimSrq`]), the fault-injection API ([`faults`]) and
+//!   the device's counters ([`counters`]);
 //! - the device (its attributes, tables, threads), which implements what a QP asks of it;
 //! - connection setup (tokio + socket2: the listener, the hello and its check);
 //! - the data path (one progress thread per device and the application's own threads:
@@ -58,6 +59,7 @@
 #![warn(missing_docs)]
 
 mod addressing;
+pub mod counters;
 mod cpu_share;
 mod cq;
 mod device;
@@ -76,6 +78,7 @@ mod verbs;
 mod verify;
 
 pub use backend_sim_proto::NakReason;
+pub use counters::Counters;
 pub use verbs::backend::{SimBackend, SimConfig};
 pub use verbs::context::SimContext;
 pub use verbs::cq::{SimChannel, SimCq};

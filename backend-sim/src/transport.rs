@@ -307,8 +307,7 @@ async fn serve_inbound(dev: Weak<Setup>, mut stream: TcpStream) -> io::Result<()
             // requests to a peer that has left it, and responses still buffered
             // on it would complete the resent WQEs out of order.
             tracing::debug!(qpn = qp.qpn, "connection from the peer accepted");
-            g.resp.connection_lost();
-            g.req.on_connection_lost();
+            qp.link_lost(&mut g);
             g.req.link_error = 0;
             g.conn.replace(conn.clone())
         }
@@ -385,6 +384,7 @@ async fn connector_task(dev: Arc<Setup>, qp: Arc<QpShared>, epoch: u64) {
                 let mut g = qp.inner.lock();
                 g.req.link_error = errno_of(&e);
                 g.req.arm_timer(QpShared::now());
+                g.req.wait_for_link(QpShared::now());
                 dev.progress.rearm(&qp, &mut g);
                 return;
             }
@@ -400,6 +400,7 @@ async fn connector_task(dev: Arc<Setup>, qp: Arc<QpShared>, epoch: u64) {
                     let mut g = qp.inner.lock();
                     g.req.link_error = errno_of(&e);
                     g.req.arm_timer(QpShared::now());
+                    g.req.wait_for_link(QpShared::now());
                     dev.progress.rearm(&qp, &mut g);
                 }
                 tokio::time::sleep(backoff).await;

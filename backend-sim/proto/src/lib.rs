@@ -65,5 +65,7 @@ pub mod trace_capture;
 mod link_tests;
 #[cfg(test)]
 mod srq_tests;
+#[cfg(test)]
+mod uc_tests;
 
 pub use wire::NakReason;

@@ -211,7 +211,7 @@ fn the_limit_event_comes_once_from_the_qp_that_took_below_it() {
     for (qp, psn) in [('a', 0), ('b', 0), ('a', 1)] {
         f.request(qp, send(psn, 4)).unwrap();
     }
-    assert!(!f.a.has_events() && !f.b.has_events());
+    assert!(!f.a.has_news() && !f.b.has_news());
     f.request('b', send(1, 4)).unwrap();
     assert_eq!(
         f.events('b'),
@@ -222,7 +222,7 @@ fn the_limit_event_comes_once_from_the_qp_that_took_below_it() {
     );
     assert_eq!(f.srq.query().srq_limit, 0);
     f.request('b', send(2, 4)).unwrap();
-    assert!(!f.a.has_events() && !f.b.has_events(), "once");
+    assert!(!f.a.has_news() && !f.b.has_news(), "once");
     assert_eq!(f.wcs().len(), 5);
 }
 

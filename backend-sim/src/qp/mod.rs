@@ -11,9 +11,10 @@ use std::time::Instant;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 use verbs_api::event_queue::EventQueue;
-use verbs_api::{AsyncElement, AsyncEvent, AsyncEventType, QpAttr, QpCap, QpState, WorkCompletion};
+use verbs_api::{AsyncElement, AsyncEvent, AsyncEventType, QpAttr, QpCap, QpState, QpType, WorkCompletion};
 
 use crate::addressing::Addressing;
+use crate::counters::DeviceCounters;
 use crate::cq::CqShared;
 use crate::fault_state::QpFaults;
 use crate::memory::MrTable;
@@ -102,6 +103,8 @@ pub struct QpDevice {
     /// Its asynchronous events, which the QP raises for itself and for what its
     /// responder found (`man ibv_get_async_event`).
     pub events: Arc<EventQueue>,
+    /// Its counters of what responders dropped.
+    pub counters: Arc<DeviceCounters>,
 }
 
 /// The parts of a QP's state that one connection's frames move ([`QpShared::scratch`]).
@@ -122,6 +125,8 @@ pub struct Parts<'a> {
 pub struct QpShared {
     /// QP number.
     pub qpn: u32,
+    /// Its transport: RC or UC.
+    pub qp_type: QpType,
     /// What it takes from its device.
     pub dev: QpDevice,
     /// Send CQ.
@@ -149,6 +154,7 @@ impl QpShared {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         qpn: u32,
+        qp_type: QpType,
         dev: QpDevice,
         pd: u32,
         send_cq: Arc<CqShared>,
@@ -161,16 +167,22 @@ impl QpShared {
             cap,
             ..Default::default()
         };
-        let resp = match srq {
+        let mut resp = match srq {
             Some(srq) => Responder::with_srq(qpn, pd, srq),
             None => Responder::new(qpn, pd, cap.max_recv_wr, cap.max_recv_sge),
         };
+        let mut req = Requester::new(qpn, pd, &cap, sq_sig_all);
+        if qp_type == QpType::Uc {
+            req = req.unreliable();
+            resp = resp.unreliable();
+        }
         QpShared {
             qpn,
+            qp_type,
             inner: Mutex::new(QpInner {
                 state: QpState::Reset,
                 attr,
-                req: Requester::new(qpn, pd, &cap, sq_sig_all),
+                req,
                 resp,
                 epoch: 0,
                 conn_gen: 0,
@@ -246,8 +258,8 @@ impl QpShared {
                 g.recv_wc.clear();
                 // (Again: an overflow's flush may have emptied it.)
                 self.note_busy(g);
-                if g.resp.has_events() {
-                    self.raise_events(g);
+                if g.resp.has_news() {
+                    self.take_news(g);
                 }
                 if g.sqd_event_due {
                     self.check_drained(g);
@@ -260,15 +272,29 @@ impl QpShared {
     }
 
     /// Queues the asynchronous events the responder gave rise to on the device (none
-    /// once the QP is destroyed: its handle is gone, and the events with it).
+    /// once the QP is destroyed: its handle is gone, and the events with it), and adds
+    /// what it dropped to the device's counters.
     #[cold]
-    fn raise_events(&self, g: &mut QpInner) {
+    fn take_news(&self, g: &mut QpInner) {
+        let (dropped, gaps) = g.resp.take_uc_counts();
+        self.dev.counters.add_uc(dropped, gaps);
         let destroyed = self.destroyed.load(Ordering::Acquire);
         for ev in g.resp.take_events() {
             if !destroyed {
                 self.dev.events.raise(ev);
             }
         }
+    }
+
+    /// The QP's connection is gone (broken, or replaced by a newer one): what was in
+    /// flight on it is resent (RC) or lost (UC, whose WRs then complete), and a request
+    /// half received is forgotten.
+    pub fn link_lost(&self, g: &mut QpInner) {
+        g.resp.connection_lost();
+        g.req.on_connection_lost();
+        let QpInner { req, send_wc, .. } = g;
+        req.take_done(send_wc);
+        self.deliver(g);
     }
 
     /// Raises the affiliated event `t` on this QP (unless it is destroyed).

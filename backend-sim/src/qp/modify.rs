@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use verbs_api::timers::local_ack_timeout;
 use verbs_api::transitions::check_modify;
-use verbs_api::{Error, QpAttr, QpAttrMask as M, QpState, QpType, Result, PSN_MASK};
+use verbs_api::{Error, QpAttr, QpAttrMask as M, QpState, Result, PSN_MASK};
 
 use super::QpShared;
 use crate::requester::ReqAttrs;
@@ -101,7 +101,7 @@ impl QpShared {
     pub fn modify(self: &Arc<Self>, attr: &QpAttr, mask: M) -> Result<()> {
         let mut g = self.inner.lock();
         let cur = g.state;
-        let next = check_modify(cur, QpType::Rc, attr, mask)?;
+        let next = check_modify(cur, self.qp_type, attr, mask)?;
         self.check_values(attr, mask)?;
         let a = &mut g.attr;
         if mask.contains(M::ACCESS_FLAGS) {

@@ -88,10 +88,10 @@ impl ProtectionDomain for SimPd {
 
     fn create_qp(&self, attr: &QpInitAttr<'_, SimCq, SimSrq>) -> Result<SimQp> {
         let dev = &self.pd.dev;
-        if attr.qp_type != QpType::Rc {
+        if attr.qp_type == QpType::Ud {
             return Err(Error::Unsupported {
                 backend: "sim",
-                what: format!("QP type {:?} (the sim implements RC)", attr.qp_type),
+                what: "UD QPs (the sim implements RC and UC)".into(),
             });
         }
         if !Arc::ptr_eq(&attr.send_cq.dev, dev) || !Arc::ptr_eq(&attr.recv_cq.dev, dev) {
@@ -141,6 +141,7 @@ impl ProtectionDomain for SimPd {
         let qpn = dev.alloc_qpn();
         let qp = Arc::new(QpShared::new(
             qpn,
+            attr.qp_type,
             dev.for_qp(),
             self.pd.handle,
             attr.send_cq.cq.clone(),

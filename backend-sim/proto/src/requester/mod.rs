@@ -1,6 +1,6 @@
-//! The requester half of an RC QP, as pure state: no I/O, time passed in
+//! The requester half of a QP, as pure state: no I/O, time passed in
 //! (`man ibv_post_send`; IBA 9.7 "Reliable service", 9.7.5.2.8 RNR NAK, 9.7.6 timers,
-//! 10.8.3.3 fences).
+//! 10.8.3.3 fences). This module is RC's; what a UC QP does instead is in [`uc`].
 //!
 //! It keeps the send queue in posting order, turns WQEs into request frames (checking the
 //! local gather/scatter lists: a bad lkey or range is `IBV_WC_LOC_PROT_ERR`), limits
@@ -30,6 +30,9 @@ use crate::memory::{MrTable, Seg};
 use crate::psn;
 use crate::tx::TxQueue;
 use crate::wire::{Frame, NakCode, NakReason, MAX_MSG};
+
+mod uc;
+pub use uc::LINK_WAIT;
 
 /// How long a requester meets nothing but RNR NAKs before it warns, once per such run: with
 /// `rnr_retry` 7 (retry for ever, the default) a SEND to a peer that never posts a
@@ -169,6 +172,10 @@ pub struct Requester {
     pub draining: bool,
     /// The peer QP's number (`dest_qp_num`), for what the requester logs.
     pub dest_qpn: u32,
+    /// A UC QP ([`uc`]).
+    uc: bool,
+    /// UC: until when WRs wait for a connection ([`Requester::wait_for_link`]).
+    link_wait: Option<Instant>,
     /// Why the QP has no connection to its peer, as an `errno`: that of the last failed
     /// attempt to connect (`ECONNREFUSED`, `EMFILE`, ...), `ENOTCONN` while none failed
     /// yet (still connecting, waiting for the peer to connect, or the link just broke),
@@ -214,6 +221,8 @@ impl Requester {
             receiving: None,
             draining: false,
             dest_qpn: 0,
+            uc: false,
+            link_wait: None,
             link_error: 0,
             scratch: Vec::new(),
         }
@@ -288,6 +297,9 @@ impl Requester {
         if wr.sg_list.len() > self.max_sge as usize {
             return Err(PostCheck::TooManySge);
         }
+        if self.uc && (matches!(wr.op, WrOp::RdmaRead { .. }) || wr.op.is_atomic()) {
+            return Err(PostCheck::NotUc);
+        }
         let inline = wr.send_flags.contains(SendFlags::INLINE);
         let mut w = self.spare.pop().unwrap_or_else(|| Box::new(SendWqe::blank()));
         w.inline_data.clear();
@@ -328,10 +340,10 @@ impl Requester {
 
     /// The earliest time at which [`Requester::on_timer`] has work.
     pub fn next_deadline(&self) -> Option<Instant> {
-        match (self.rnr_wait, self.ack_deadline) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [self.rnr_wait, self.ack_deadline, self.link_wait]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Builds request frames for as many WQEs as may go now, into `tx`. Local errors
@@ -367,6 +379,10 @@ impl Requester {
                 break;
             }
             let psn = self.psn;
+            if self.uc {
+                // (Called with a connection: nothing waits for one any more.)
+                self.link_wait = None;
+            }
             match self.build(idx, psn, mrs, tx) {
                 Ok(()) => {}
                 Err(status) => {
@@ -385,7 +401,7 @@ impl Requester {
             self.next += 1;
             self.started = self.started.max(self.next);
             sent += 1;
-            if self.ack_deadline.is_none() {
+            if self.ack_deadline.is_none() && !self.uc {
                 self.ack_deadline = self.attrs.timeout.map(|t| now + t);
             }
         }
@@ -792,6 +808,7 @@ impl Requester {
         last_rx: Option<Instant>,
         out: &mut Vec<WorkCompletion>,
     ) -> Result<bool, Fatal> {
+        self.link_wait_over(now, out);
         let mut fired = false;
         if self.rnr_wait.is_some_and(|t| now >= t) {
             self.end_rnr_wait();
@@ -852,8 +869,12 @@ impl Requester {
 
     /// The transport lost everything in flight (the connection broke): resend from the
     /// oldest unacknowledged WQE once reconnected. The ACK timer keeps running, so a peer
-    /// that stays away exhausts `retry_cnt`.
+    /// that stays away exhausts `retry_cnt`. (UC resends nothing: WRs whose frames were
+    /// not written complete successfully, see [`Requester::take_done`].)
     pub fn on_connection_lost(&mut self) {
+        if self.uc {
+            return self.uc_connection_lost();
+        }
         self.receiving = None;
         let deadline = self.ack_deadline;
         if let Some(i) = self
@@ -891,6 +912,7 @@ impl Requester {
         self.end_rnr_run();
         self.ack_deadline = None;
         self.receiving = None;
+        self.link_wait = None;
     }
 
     /// QP to RESET: the queue is emptied without completions.
@@ -907,6 +929,7 @@ impl Requester {
         self.ack_deadline = None;
         self.receiving = None;
         self.draining = false;
+        self.link_wait = None;
     }
 }
 
@@ -923,6 +946,8 @@ pub enum PostCheck {
     InlineNotAllowed,
     /// An inline SGE outside registered memory of this QP's PD (EINVAL).
     BadInlineSge,
+    /// A READ or atomic on a UC QP, which has neither (EINVAL).
+    NotUc,
 }
 
 #[cfg(test)]

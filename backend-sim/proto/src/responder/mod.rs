@@ -1,5 +1,6 @@
-//! The responder half of an RC QP, as pure state: no I/O (`man ibv_post_recv`; IBA 9.7.4
-//! "Responder", 9.7.5.2 NAK codes, 9.7.8 atomics, 10.7.2.2 receive errors).
+//! The responder half of a QP, as pure state: no I/O (`man ibv_post_recv`; IBA 9.7.4
+//! "Responder", 9.7.5.2 NAK codes, 9.7.8 atomics, 10.7.2.2 receive errors). This module
+//! is RC's; a UC QP's requests go to [`uc`], which shares the receive handling.
 //!
 //! For each incoming request, in PSN order:
 //!
@@ -57,6 +58,8 @@ use crate::requester::Fatal;
 use crate::tx::TxQueue;
 use crate::wire::{Frame, NakCode, NakReason};
 
+mod uc;
+
 /// How many atomic results are kept for duplicate requests.
 const ATOMIC_REPLAY: usize = 16;
 
@@ -108,6 +111,11 @@ pub struct Responder {
     events: Vec<AsyncEvent>,
     /// `IBV_EVENT_QP_LAST_WQE_REACHED` was raised since the last reset.
     last_wqe_raised: bool,
+    /// A UC QP: no ACKs, NAKs or RNR; errors drop the message ([`uc`]).
+    uc: bool,
+    /// UC messages dropped, and PSN gaps met, since [`Responder::take_uc_counts`].
+    uc_dropped: u64,
+    uc_gaps: u64,
     epsn: u32,
     /// Set after a NAK: requests are dropped until this PSN arrives.
     nak_psn: Option<u32>,
@@ -155,6 +163,9 @@ impl Responder {
             taken: None,
             events: Vec::new(),
             last_wqe_raised: false,
+            uc: false,
+            uc_dropped: 0,
+            uc_gaps: 0,
             epsn: 0,
             nak_psn: None,
             access: AccessFlags::empty(),
@@ -168,6 +179,17 @@ impl Responder {
             ack_asked: false,
             scratch: Vec::new(),
         }
+    }
+
+    /// The same as the responder of a UC QP ([`uc`]).
+    pub fn unreliable(mut self) -> Self {
+        self.uc = true;
+        self
+    }
+
+    /// Whether this is a UC QP's responder.
+    pub fn is_unreliable(&self) -> bool {
+        self.uc
     }
 
     /// Applies INIT → RTR attributes.
@@ -223,9 +245,10 @@ impl Responder {
         self.events.drain(..)
     }
 
-    /// Whether events wait for [`Responder::take_events`].
-    pub fn has_events(&self) -> bool {
-        !self.events.is_empty()
+    /// Whether events wait for [`Responder::take_events`], or counts for
+    /// [`Responder::take_uc_counts`].
+    pub fn has_news(&self) -> bool {
+        !self.events.is_empty() || self.uc_dropped > 0 || self.uc_gaps > 0
     }
 
     fn event(&mut self, event_type: AsyncEventType, element: AsyncElement) {
@@ -345,6 +368,9 @@ impl Responder {
         let Some(psn) = frame.psn().filter(|_| frame.is_request()) else {
             return Ok(Incoming::Discard);
         };
+        if self.uc {
+            return self.on_uc_request(frame, psn, mrs, out, force_rnr);
+        }
         let d = psn::diff(psn, self.epsn);
         if d < 0 {
             return Ok(self.duplicate(frame, mrs, tx));
@@ -655,6 +681,12 @@ impl Responder {
         sink.clear();
         self.scratch = sink;
         self.payload_psn = None;
+        self.complete_filled(out);
+        self.ack_owed = Some(psn::add(self.epsn, verbs_api::PSN_MASK));
+    }
+
+    /// Completes the receive a request whose payload is now in consumed, if any.
+    fn complete_filled(&mut self, out: &mut Vec<(WorkCompletion, bool)>) {
         if let Some(Taken::Filling {
             opcode,
             byte_len,
@@ -672,7 +704,6 @@ impl Responder {
             }
             out.push((wc, solicited));
         }
-        self.ack_owed = Some(psn::add(self.epsn, verbs_api::PSN_MASK));
     }
 
     /// The region the current request's payload was going to was deregistered while the
@@ -686,10 +717,13 @@ impl Responder {
         sink: Vec<Seg>,
         tx: &mut TxQueue,
         out: &mut Vec<(WorkCompletion, bool)>,
-    ) -> Fatal {
+    ) -> Option<Fatal> {
         let mut sink = sink;
         sink.clear();
         self.scratch = sink;
+        if self.uc {
+            return self.uc_payload_lost(out);
+        }
         let psn = self
             .payload_psn
             .take()
@@ -701,7 +735,7 @@ impl Responder {
             }) => {
                 self.fail_recv(WcStatus::LocProtErr, out);
                 self.nak(tx, psn, NakCode::RemoteOperational, None);
-                Fatal(WcStatus::LocProtErr)
+                Some(Fatal(WcStatus::LocProtErr))
             }
             _ => {
                 if self.taken.is_some() {
@@ -709,7 +743,7 @@ impl Responder {
                 }
                 let reason = NakReason::DeregisteredRkey;
                 self.nak(tx, psn, reason.code(), Some(reason));
-                Fatal(self.affiliated_error(reason.code()))
+                Some(Fatal(self.affiliated_error(reason.code())))
             }
         }
     }
@@ -718,6 +752,9 @@ impl Responder {
     /// saw the last packet, forget the request (the requester resends it): the expected
     /// PSN goes back, and a receive it consumed stays held for the resend.
     pub fn connection_lost(&mut self) {
+        if self.uc {
+            return self.uc_connection_lost();
+        }
         if let Some(psn) = self.payload_psn.take() {
             self.epsn = psn;
             if self.taken.is_some() {
@@ -750,7 +787,10 @@ impl Responder {
                 }
             }
         }
-        self.forget_ack();
+        if !self.uc {
+            // (A UC QP still owes the receipt of what it took in: see `uc`.)
+            self.forget_ack();
+        }
     }
 
     /// QP to RESET (or destroyed): its own receives are discarded without completions; a
@@ -783,7 +823,7 @@ fn flushed(qpn: u32, wr_id: u64) -> WorkCompletion {
 }
 
 /// The reason a refused remote access gives the requester.
-fn reason_of(e: RemoteAccessError) -> NakReason {
+pub(crate) fn reason_of(e: RemoteAccessError) -> NakReason {
     match e {
         RemoteAccessError::BadKey => NakReason::UnknownRkey,
         RemoteAccessError::Deregistered => NakReason::DeregisteredRkey,
@@ -796,7 +836,7 @@ fn reason_of(e: RemoteAccessError) -> NakReason {
 }
 
 /// Shortens a scatter list to its first `len` bytes.
-fn trim(segs: &mut Vec<Seg>, len: usize) {
+pub(crate) fn trim(segs: &mut Vec<Seg>, len: usize) {
     let mut left = len;
     let mut keep = 0;
     for s in segs.iter_mut() {
