@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
-use verbs_api::{QpState, Result};
+use verbs_api::{QpState, QpType, Result};
 
 use crate::addressing::Addressing;
 use crate::listener::{fd_limit_hint, is_out_of_fds, HELLO_TIMEOUT};
@@ -124,6 +124,7 @@ async fn send_frame(stream: &mut TcpStream, f: &Frame) -> io::Result<()> {
 struct Claim {
     src_gid: [u8; 16],
     src_lid: u16,
+    qp_type: QpType,
     src_qpn: u32,
     dst_qpn: u32,
     token: [u8; TOKEN_LEN],
@@ -142,6 +143,11 @@ struct Expect {
 fn admissible(qp: &QpShared, g: &QpInner, c: &Claim) -> std::result::Result<Expect, &'static str> {
     if !matches!(g.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
         return Err("the QP is not in RTR, RTS or SQD");
+    }
+    if c.qp_type != qp.qp_type {
+        // An HCA drops packets of another transport's opcodes (rxe's
+        // `check_type_state()`); the sim never connects the two.
+        return Err("the QP is of another transport type (RC and UC do not talk)");
     }
     let ah = g.attr.ah_attr;
     if g.attr.dest_qp_num != c.src_qpn || ah.dlid != c.src_lid || (ah.is_global && ah.grh.dgid.0 != c.src_gid)
@@ -187,12 +193,14 @@ async fn serve_inbound(dev: Weak<Setup>, mut stream: TcpStream) -> io::Result<()
         Frame::Hello {
             src_gid,
             src_lid,
+            qp_type,
             src_qpn,
             dst_qpn,
             token,
         } => Claim {
             src_gid,
             src_lid,
+            qp_type,
             src_qpn,
             dst_qpn,
             token,
@@ -422,6 +430,7 @@ async fn connect(dev: &Setup, qp: &QpShared, remote: SocketAddr) -> io::Result<T
     let hello = Frame::Hello {
         src_gid,
         src_lid,
+        qp_type: qp.qp_type,
         src_qpn: qp.qpn,
         dst_qpn,
         token: claim.token(),

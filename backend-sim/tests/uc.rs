@@ -405,3 +405,45 @@ fn modify_takes_uc_attributes_only() {
     let ud = pd.create_qp(&QpInitAttr::ud(&cq, &cq, QpCap::new(4, 4)));
     assert_eq!(ud.err().map(|e| e.errno()), Some(libc::EOPNOTSUPP));
 }
+
+/// An RC QP and a UC QP never connect (the hello names the type, and a QP takes only a
+/// peer of its own): the RC side's SEND ends in RETRY_EXC_ERR (no connection, as an RC
+/// requester whose packets a UC QP drops gets no answer), and nothing reaches the UC
+/// side.
+#[test]
+fn rc_and_uc_never_connect() {
+    let sim = SimBackend::default();
+    let (c0, c1) = (sim.open("sim0").unwrap(), sim.open("sim1").unwrap());
+    let (pd0, pd1) = (c0.alloc_pd().unwrap(), c1.alloc_pd().unwrap());
+    let (cq0, cq1) = (c0.create_cq(16, None).unwrap(), c1.create_cq(16, None).unwrap());
+    let rc = pd0
+        .create_qp(&QpInitAttr::rc(&cq0, &cq0, QpCap::new(4, 4)))
+        .unwrap();
+    let ucq = pd1
+        .create_qp(&QpInitAttr::uc(&cq1, &cq1, QpCap::new(4, 4)))
+        .unwrap();
+    let p = RcParams {
+        timeout: 12,
+        retry_cnt: 1,
+        ..RcParams::default()
+    };
+    let e_rc = local_endpoint(&c0, &rc, &p, 0).unwrap();
+    let e_uc = local_endpoint(&c1, &ucq, &p, 0).unwrap();
+    connect_rc(&rc, &p, 0, &e_uc).unwrap();
+    connect_uc(&ucq, &p, 0, &e_rc).unwrap();
+    let rmr = pd1.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    ucq.post_recv(&[RecvWr::new(1, &[rmr.sge(0, 64).unwrap()])])
+        .unwrap();
+    let mr = pd0.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    rc.post_send(&[SendWr::send(1, &[mr.sge(0, 8).unwrap()]).signaled()])
+        .unwrap();
+    let w = poll_n(&cq0, 1, WAIT).unwrap();
+    // ECONNREFUSED when the RC QP is the active side of the pair, ENOTCONN when it
+    // waited for a hello that the UC side could not make it accept.
+    assert_eq!(w[0].status, WcStatus::RetryExcErr, "{w:?}");
+    assert!(
+        [libc::ECONNREFUSED as u32, libc::ENOTCONN as u32].contains(&w[0].vendor_err),
+        "{w:?}"
+    );
+    assert!(poll_quiet(&cq1, Duration::from_millis(100)).unwrap().is_empty());
+}
