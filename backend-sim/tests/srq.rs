@@ -354,3 +354,42 @@ fn a_qp_keeps_its_srq() {
     assert_eq!(b, [0x55; 8]);
     drop(c1);
 }
+
+/// Destroying an SRQ waits until the event taken for it is acknowledged (bounded: the
+/// drop runs on its own thread, so a drop that never returns fails instead of hanging).
+#[test]
+fn destroying_the_srq_waits_for_the_acknowledgement() {
+    const HOLD: Duration = Duration::from_millis(300);
+    let r = rig(SrqAttr::new(16, 1).with_limit(2), &RcParams::default());
+    r.post(0..2);
+    r.send(0, 0, 1);
+    r.received(1);
+    let ev = r.event().expect("the limit event");
+    assert_eq!(ev.element, AsyncElement::Srq(r.srq.handle()));
+    let Rig {
+        c1, srq, s, r: recv, ..
+    } = r;
+    drop((s, recv));
+    let c1 = std::sync::Arc::new(c1);
+    let acker = {
+        let c1 = c1.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(HOLD);
+            c1.ack_async_event(ev);
+        })
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let t0 = std::time::Instant::now();
+        drop(srq);
+        let _ = tx.send(t0.elapsed());
+    });
+    let took = rx
+        .recv_timeout(HOLD + WAIT)
+        .expect("the SRQ's drop did not return");
+    acker.join().unwrap();
+    assert!(
+        took >= HOLD - Duration::from_millis(10),
+        "the SRQ went after {took:?}"
+    );
+}
