@@ -16,6 +16,7 @@
 //!   through (rkey, PD, access flags, bounds, alignment).
 //! - [`requester`] and [`responder`]: the two halves of an RC QP (IBA 9.7): ordering,
 //!   ACK/NAK, RNR and transport retries, duplicate detection, READ and atomic responses;
+//!   and of a UC QP (IBA 9.8.3) in their `uc` submodules: no retries, silent drops;
 //!   [`recv_queue`]: where a responder takes its receives from (its own receive queue or
 //!   a shared one, with its limit).
 //! - [`engine`]: one connection's frames through both halves; [`connection`]: a

@@ -31,7 +31,7 @@ use crate::psn;
 use crate::tx::TxQueue;
 use crate::wire::{Frame, NakCode, NakReason, MAX_MSG};
 
-mod uc;
+pub mod uc;
 pub use uc::LINK_WAIT;
 
 /// How long a requester meets nothing but RNR NAKs before it warns, once per such run: with

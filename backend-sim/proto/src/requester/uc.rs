@@ -10,11 +10,11 @@
 //!   has reached the peer's device, whatever the peer did with it: the UC responder
 //!   acknowledges every message it took in, executed or dropped, and never NAKs. These
 //!   ACKs are the sim's delivery receipts, not IBA's acknowledgements (nothing is resent
-//!   for want of one): an HCA completes a UC send when its last packet has left, which
-//!   the sim cannot tell apart from "still in its socket", and completing earlier would
-//!   let the application change a buffer still to be gathered, or read the target of a
-//!   WRITE before it landed, which on an HCA with the peer on the same host (rxe) it
-//!   effectively never sees.
+//!   for want of one). An HCA completes a UC send once its last packet has left; the sim
+//!   cannot tell "left" from "still queued in its socket", and completing at hand-off
+//!   would let the application change a buffer not yet gathered, or read the target of a
+//!   WRITE before it landed (on rxe with both ends on one host the data is in place by
+//!   the time the send completes, and programs come to rely on it).
 //! - A message that never reaches the peer is still a success: frames lost with a broken
 //!   connection complete when it breaks, and while the QP has no connection its WRs wait
 //!   up to [`LINK_WAIT`] for one (the first is still being set up, or the peer is

@@ -58,7 +58,7 @@ use crate::requester::Fatal;
 use crate::tx::TxQueue;
 use crate::wire::{Frame, NakCode, NakReason};
 
-mod uc;
+pub mod uc;
 
 /// How many atomic results are kept for duplicate requests.
 const ATOMIC_REPLAY: usize = 16;
