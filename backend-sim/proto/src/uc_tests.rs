@@ -317,3 +317,76 @@ fn a_nak_on_a_uc_connection_is_a_protocol_error() {
         "{r:?}"
     );
 }
+
+proptest::proptest! {
+    /// Arbitrary requests (mostly aimed at the region, some at its edges or anywhere) at
+    /// a UC responder, on its own receive queue or an SRQ, with payloads: never a panic,
+    /// never a byte written outside the registered region (which sits between guard
+    /// zones of a larger buffer), never a frame back but an ACK, and the QP never fails
+    /// for what the peer sent.
+    #[test]
+    fn hostile_requests_at_a_uc_responder(
+        frames in proptest::collection::vec((crate::wire::tests::arb_frame(), 0u8..4, proptest::prelude::any::<u16>()), 1..40),
+        srq in proptest::prelude::any::<bool>(),
+    ) {
+        use crate::recv_queue::SharedRecvQueue;
+        let mut backing = vec![0xeeu8; 3 * 4096];
+        let mrs = MrTable::default();
+        // SAFETY: `backing` outlives the region (killed below before the Vec drops).
+        let mr = Arc::new(unsafe {
+            MrShared::new_borrowed(PD, KEY, backing.as_mut_ptr().add(4096), 4096, AccessFlags::ALL)
+        });
+        mrs.insert(mr.clone());
+        let mut r = if srq {
+            let s = Arc::new(SharedRecvQueue::new(1, 8, 2, 3));
+            let sge = [Sge::new(mr.addr(), 1024, KEY)];
+            s.post_all(&[RecvWr::new(1, &sge), RecvWr::new(2, &sge)]).unwrap();
+            Responder::with_srq(2, PD, s).unreliable()
+        } else {
+            let mut r = Responder::new(2, PD, 8, 2).unreliable();
+            for id in 0..3 {
+                r.post(&RecvWr::new(id, &[Sge::new(mr.addr() + 1024 * id, 1024, KEY)])).unwrap();
+            }
+            r
+        };
+        r.connect(RespAttrs { rq_psn: 0, min_rnr_timer: 1 });
+        r.access = AccessFlags::REMOTE_WRITE;
+        let (mut rx, mut tx, mut st, mut out) = (Reader::new(), TxQueue::new(), DriveState::default(), Vec::new());
+        for (f, aim, off) in frames {
+            let f = match f {
+                Frame::Write { psn, len, addr, rkey, imm, solicited, ack_req } => Frame::Write {
+                    psn,
+                    len: len % 6000,
+                    addr: if aim > 0 { mr.addr().wrapping_add(off as u64 % 5000).wrapping_sub(500) } else { addr },
+                    rkey: if aim > 1 { KEY } else { rkey },
+                    imm,
+                    solicited,
+                    ack_req,
+                },
+                Frame::Send { psn, len, imm, solicited, ack_req } => Frame::Send { psn, len: len % 3000, imm, solicited, ack_req },
+                f if f.is_request() => f,
+                _ => continue,
+            };
+            let mut h = [0u8; crate::wire::MAX_HDR_LEN];
+            let n = f.encode(&mut h);
+            let mut bytes = h[..n].to_vec();
+            bytes.extend(std::iter::repeat_n(0x5a, f.payload_len() as usize));
+            let mut at = 0;
+            while at < bytes.len() {
+                at += rx.feed(&bytes[at..]);
+                let mut swc = Vec::new();
+                let mut sides = Sides { req: None, resp: Some(&mut r), accepting: true, send_wc: &mut swc, recv_wc: &mut out, force_rnr: &mut 0 };
+                let d = drive(&mut sides, &mut rx, &mrs, &mut tx, Instant::now(), &mut st, usize::MAX, 0);
+                proptest::prop_assert!(d.is_ok(), "{d:?}");
+            }
+            let mut back = Vec::new();
+            tx.drain_into(&mut back);
+            for f in crate::wire::tests::decode_all(&back) {
+                proptest::prop_assert!(matches!(f, Frame::Ack { .. }), "{f:?}");
+            }
+        }
+        mr.kill();
+        proptest::prop_assert!(backing[..4096].iter().all(|&b| b == 0xee), "written before the region");
+        proptest::prop_assert!(backing[8192..].iter().all(|&b| b == 0xee), "written after the region");
+    }
+}
