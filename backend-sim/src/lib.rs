@@ -36,13 +36,13 @@
 //! is its driver, in layers that import only downwards:
 //!
 //! - the verbs handles ([`SimBackend`], [`SimContext`], [`SimPd`], [`SimMr`], [`SimCq`],
-//!   [`SimChannel`], [`SimQp`], [`SimSrq`]), the fault-injection API ([`faults`]) and
-//!   the device's counters ([`counters`]);
+//!   [`SimChannel`], [`SimQp`], [`SimSrq`]) and the fault-injection API ([`faults`]);
 //! - the device (its attributes, tables, threads), which implements what a QP asks of it;
 //! - connection setup (tokio + socket2: the listener, the hello and its check);
 //! - the data path (one progress thread per device and the application's own threads:
 //!   epoll, timers, delayed ACKs, the driving window, a fault layer);
-//! - the QP (state machine, post verbs), the CQs, an established connection;
+//! - the QP (state machine, post verbs), the CQs, an established connection, the
+//!   device's counters of silent drops ([`counters`]);
 //! - system calls, socket options, addresses.
 //!
 //! ## Addressing and configuration
