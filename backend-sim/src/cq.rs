@@ -3,8 +3,9 @@
 //!
 //! - A CQ holds at most `cqe` completions. One more is an overflow: the completion is
 //!   lost, the CQ enters an error state that every later `poll` reports as
-//!   [`Error::CqOverflow`] (as a real CQ raises `IBV_EVENT_CQ_ERR` and becomes unusable),
-//!   and the QP that produced it goes to ERR. Overflow is never silent.
+//!   [`Error::CqOverflow`], the device raises `IBV_EVENT_CQ_ERR` for it once (as rxe's
+//!   `rxe_cq_post()` does; the QP raising it asks [`CqShared::overflow_event_due`]), and
+//!   the QP that produced it goes to ERR. Overflow is never silent.
 //! - `req_notify` arms the CQ once: the next completion (or, solicited-only, the next
 //!   solicited or unsuccessful one, IBA 11.4.2.2) puts one event on the channel and
 //!   disarms it.
@@ -48,6 +49,10 @@ pub struct CqShared {
     channel: Option<Arc<ChannelShared>>,
     events_delivered: AtomicU64,
     events_acked: AtomicU64,
+    /// The CQ overflowed and `IBV_EVENT_CQ_ERR` was not raised yet.
+    overflow_unreported: AtomicBool,
+    /// The CQ's handle is gone: nobody could take an event naming it.
+    closed: AtomicBool,
 }
 
 impl CqShared {
@@ -65,7 +70,20 @@ impl CqShared {
             channel,
             events_delivered: AtomicU64::new(0),
             events_acked: AtomicU64::new(0),
+            overflow_unreported: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
         }
+    }
+
+    /// Whether the caller should raise `IBV_EVENT_CQ_ERR` for this CQ now: true once,
+    /// after its first overflow, unless its handle is gone.
+    pub fn overflow_event_due(&self) -> bool {
+        self.overflow_unreported.swap(false, Ordering::AcqRel) && !self.closed.load(Ordering::Acquire)
+    }
+
+    /// The CQ's handle was dropped (`ibv_destroy_cq`): no event names it any more.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
     }
 
     /// Queues completions in order. Returns false if any was lost to overflow.
@@ -76,6 +94,9 @@ impl CqShared {
             let mut st = self.state.lock();
             for (wc, solicited) in wcs {
                 if st.lost > 0 || st.entries.len() >= self.cap as usize {
+                    if st.lost == 0 {
+                        self.overflow_unreported.store(true, Ordering::Release);
+                    }
                     st.lost += 1;
                     ok = false;
                     continue;
@@ -269,6 +290,15 @@ mod tests {
                 other => panic!("{other:?}"),
             }
         }
+        // The event is due once, whatever is lost after.
+        assert!(cq.overflow_event_due());
+        assert!(!cq.push(wc(4, WcStatus::Success), false));
+        assert!(!cq.overflow_event_due());
+        let closed = CqShared::new(2, 1, None);
+        closed.close();
+        closed.push(wc(1, WcStatus::Success), false);
+        closed.push(wc(2, WcStatus::Success), false);
+        assert!(!closed.overflow_event_due(), "no event names a destroyed CQ");
     }
 
     #[test]

@@ -31,6 +31,7 @@ use verbs_api::{AtomicCap, Capabilities, DeviceAttr, Error, LinkLayer, Mtu, Port
 use verbs_api::event_queue::EventQueue;
 
 use crate::addressing::Addressing;
+use crate::counters::DeviceCounters;
 use crate::memory::MrTable;
 use crate::progress::Progress;
 use crate::qp::{Conn, DataPath, QpDevice, QpInner, QpShared, QpTable};
@@ -38,6 +39,10 @@ use crate::transport::Setup;
 
 /// Largest `max_inline_data` a QP may ask for.
 pub const MAX_INLINE: u32 = 256;
+
+/// `IBV_DEVICE_SRQ_RESIZE` of `enum ibv_device_cap_flags`: `ibv_modify_srq` may change
+/// an SRQ's `max_wr`.
+const IBV_DEVICE_SRQ_RESIZE: u32 = 1 << 13;
 
 /// One simulated HCA.
 pub struct DeviceShared {
@@ -58,6 +63,8 @@ pub struct DeviceShared {
     pub setup: Arc<Setup>,
     /// Asynchronous events (`ibv_get_async_event`).
     pub events: Arc<EventQueue>,
+    /// What its responders dropped silently.
+    pub counters: Arc<DeviceCounters>,
     shutdown: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
     progress_thread: Mutex<Option<JoinHandle<()>>>,
@@ -132,7 +139,7 @@ impl DeviceShared {
             hw_ver: 1,
             max_qp: 1 << 16,
             max_qp_wr: 16384,
-            device_cap_flags: 0,
+            device_cap_flags: IBV_DEVICE_SRQ_RESIZE,
             max_sge: 32,
             max_sge_rd: 32,
             max_cq: 1 << 16,
@@ -142,9 +149,10 @@ impl DeviceShared {
             max_qp_rd_atom: 16,
             max_qp_init_rd_atom: 16,
             atomic_cap: AtomicCap::Hca,
-            max_srq: 0,
-            max_srq_wr: 0,
-            max_srq_sge: 0,
+            // As a ConnectX does: an SRQ as deep and as wide as a QP's receive queue.
+            max_srq: 1 << 16,
+            max_srq_wr: 16384,
+            max_srq_sge: 32,
             max_pkeys: 1,
             phys_port_cnt: 1,
         };
@@ -168,6 +176,7 @@ impl DeviceShared {
             progress,
             setup,
             events: Arc::new(EventQueue::new()?),
+            counters: Arc::default(),
             shutdown: Mutex::new(Some(tx)),
             thread: Mutex::new(Some(thread)),
             progress_thread: Mutex::new(Some(progress_thread)),
@@ -220,8 +229,13 @@ impl DeviceShared {
         let mut c = Capabilities::default();
         c.atomic_cap = a.atomic_cap;
         c.imm_data = true;
-        c.srq = false;
+        c.srq = true;
+        c.max_srq = a.max_srq;
+        c.max_srq_wr = a.max_srq_wr;
+        c.max_srq_sge = a.max_srq_sge;
+        c.srq_resize = a.device_cap_flags & IBV_DEVICE_SRQ_RESIZE != 0;
         c.ud = false;
+        c.uc = true;
         c.max_inline_data = MAX_INLINE;
         c.max_send_sge = a.max_sge;
         c.max_recv_sge = a.max_sge;
@@ -245,6 +259,8 @@ impl DeviceShared {
             mrs: self.mrs.clone(),
             addr: self.addr.clone(),
             attr: self.attr.clone(),
+            events: self.events.clone(),
+            counters: self.counters.clone(),
         }
     }
 }

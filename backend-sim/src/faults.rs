@@ -105,7 +105,8 @@ impl Faults {
     }
 
     /// QP `qpn`'s responder answers RNR to the next `n` SEND / RDMA_WRITE_WITH_IMM
-    /// requests, whether or not receives are posted.
+    /// requests, whether or not receives are posted (a UC QP, which has no RNR, drops
+    /// them as if no receive were posted; a QP on an SRQ takes nothing from it).
     pub fn force_rnr(&self, qpn: u32, n: u32) -> Result<()> {
         let (qp, progress) = self.qp(qpn)?;
         qp.inner.lock().faults.force_rnr = n;

@@ -36,12 +36,13 @@
 //! is its driver, in layers that import only downwards:
 //!
 //! - the verbs handles ([`SimBackend`], [`SimContext`], [`SimPd`], [`SimMr`], [`SimCq`],
-//!   [`SimChannel`], [`SimQp`]) and the fault-injection API ([`faults`]);
+//!   [`SimChannel`], [`SimQp`], [`SimSrq`]) and the fault-injection API ([`faults`]);
 //! - the device (its attributes, tables, threads), which implements what a QP asks of it;
 //! - connection setup (tokio + socket2: the listener, the hello and its check);
 //! - the data path (one progress thread per device and the application's own threads:
 //!   epoll, timers, delayed ACKs, the driving window, a fault layer);
-//! - the QP (state machine, post verbs), the CQs, an established connection;
+//! - the QP (state machine, post verbs), the CQs, an established connection, the
+//!   device's counters of silent drops ([`counters`]);
 //! - system calls, socket options, addresses.
 //!
 //! ## Addressing and configuration
@@ -58,6 +59,7 @@
 #![warn(missing_docs)]
 
 mod addressing;
+pub mod counters;
 mod cpu_share;
 mod cq;
 mod device;
@@ -76,6 +78,7 @@ mod verbs;
 mod verify;
 
 pub use backend_sim_proto::NakReason;
+pub use counters::Counters;
 pub use verbs::backend::{SimBackend, SimConfig};
 pub use verbs::context::SimContext;
 pub use verbs::cq::{SimChannel, SimCq};
@@ -84,4 +87,4 @@ pub use verbs::qp::SimQp;
 pub use verbs::srq::{SimAh, SimSrq};
 
 // The protocol core's modules under their own names, for the driver's paths.
-use backend_sim_proto::{memory, requester, responder, rx, tx, wire};
+use backend_sim_proto::{memory, recv_queue, requester, responder, rx, tx, wire};

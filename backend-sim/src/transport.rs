@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
-use verbs_api::{QpState, Result};
+use verbs_api::{QpState, QpType, Result};
 
 use crate::addressing::Addressing;
 use crate::listener::{fd_limit_hint, is_out_of_fds, HELLO_TIMEOUT};
@@ -124,6 +124,7 @@ async fn send_frame(stream: &mut TcpStream, f: &Frame) -> io::Result<()> {
 struct Claim {
     src_gid: [u8; 16],
     src_lid: u16,
+    qp_type: QpType,
     src_qpn: u32,
     dst_qpn: u32,
     token: [u8; TOKEN_LEN],
@@ -142,6 +143,11 @@ struct Expect {
 fn admissible(qp: &QpShared, g: &QpInner, c: &Claim) -> std::result::Result<Expect, &'static str> {
     if !matches!(g.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
         return Err("the QP is not in RTR, RTS or SQD");
+    }
+    if c.qp_type != qp.qp_type {
+        // An HCA drops packets of another transport's opcodes (rxe's
+        // `check_type_state()`); the sim never connects the two.
+        return Err("the QP is of another transport type (RC and UC do not talk)");
     }
     let ah = g.attr.ah_attr;
     if g.attr.dest_qp_num != c.src_qpn || ah.dlid != c.src_lid || (ah.is_global && ah.grh.dgid.0 != c.src_gid)
@@ -187,12 +193,14 @@ async fn serve_inbound(dev: Weak<Setup>, mut stream: TcpStream) -> io::Result<()
         Frame::Hello {
             src_gid,
             src_lid,
+            qp_type,
             src_qpn,
             dst_qpn,
             token,
         } => Claim {
             src_gid,
             src_lid,
+            qp_type,
             src_qpn,
             dst_qpn,
             token,
@@ -307,8 +315,7 @@ async fn serve_inbound(dev: Weak<Setup>, mut stream: TcpStream) -> io::Result<()
             // requests to a peer that has left it, and responses still buffered
             // on it would complete the resent WQEs out of order.
             tracing::debug!(qpn = qp.qpn, "connection from the peer accepted");
-            g.resp.connection_lost();
-            g.req.on_connection_lost();
+            qp.link_lost(&mut g);
             g.req.link_error = 0;
             g.conn.replace(conn.clone())
         }
@@ -385,6 +392,7 @@ async fn connector_task(dev: Arc<Setup>, qp: Arc<QpShared>, epoch: u64) {
                 let mut g = qp.inner.lock();
                 g.req.link_error = errno_of(&e);
                 g.req.arm_timer(QpShared::now());
+                g.req.wait_for_link(QpShared::now());
                 dev.progress.rearm(&qp, &mut g);
                 return;
             }
@@ -400,6 +408,7 @@ async fn connector_task(dev: Arc<Setup>, qp: Arc<QpShared>, epoch: u64) {
                     let mut g = qp.inner.lock();
                     g.req.link_error = errno_of(&e);
                     g.req.arm_timer(QpShared::now());
+                    g.req.wait_for_link(QpShared::now());
                     dev.progress.rearm(&qp, &mut g);
                 }
                 tokio::time::sleep(backoff).await;
@@ -421,6 +430,7 @@ async fn connect(dev: &Setup, qp: &QpShared, remote: SocketAddr) -> io::Result<T
     let hello = Frame::Hello {
         src_gid,
         src_lid,
+        qp_type: qp.qp_type,
         src_qpn: qp.qpn,
         dst_qpn,
         token: claim.token(),

@@ -189,6 +189,7 @@ fn attacker(spec: &str) {
         enc(Frame::Hello {
             src_gid: sp.gid.0,
             src_lid: lid,
+            qp_type: QpType::Rc,
             src_qpn,
             dst_qpn,
             token: rand::random::<[u8; TOKEN_LEN]>(),

@@ -303,6 +303,7 @@ impl Harness {
                 Frame::Hello {
                     src_gid,
                     src_lid,
+                    qp_type: verbs_api::QpType::Rc,
                     src_qpn: src_qpn & PSN_MASK,
                     dst_qpn: dst_qpn & PSN_MASK,
                     token: [0; backend_sim_proto::wire::TOKEN_LEN],

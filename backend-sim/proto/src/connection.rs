@@ -105,8 +105,8 @@ impl Connection {
         policy: AckPolicy,
     ) -> Result<(), Stop> {
         if !self.reader.has_buffered() && !self.reader.in_payload() {
-            if policy == AckPolicy::Stream && sides.accepting {
-                if let Some(resp) = sides.resp.as_deref_mut() {
+            if let Some(resp) = sides.resp.as_deref_mut() {
+                if policy == AckPolicy::Stream && (sides.accepting || resp.is_unreliable()) {
                     resp.flush_ack(&mut self.tx);
                 }
             }

@@ -16,6 +16,7 @@ use crate::requester::{ReadSink, Requester};
 use crate::responder::{Incoming, Responder};
 use crate::rx::{Event, Reader};
 use crate::tx::TxQueue;
+use crate::wire::Frame;
 
 /// Why driving stopped early.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -103,6 +104,9 @@ pub fn drive(
                         Err(fatal) => (Incoming::Discard, Some(fatal.0)),
                     }
                 } else {
+                    if resp.is_unreliable() {
+                        resp.uc_unaccepted(&f);
+                    }
                     (Incoming::Discard, None)
                 };
                 match incoming {
@@ -130,6 +134,11 @@ pub fn drive(
                 let Some(req) = sides.req.as_deref_mut() else {
                     return Err(Stop::Protocol(format!("unexpected response: {f}")));
                 };
+                if req.is_unreliable() && !matches!(f, Frame::Ack { .. }) {
+                    return Err(Stop::Protocol(format!(
+                        "{f} on a UC connection (a UC responder sends ACKs only)"
+                    )));
+                }
                 let len = f.payload_len() as usize;
                 match req.on_response(&f, now, sides.send_wc) {
                     Ok(ReadSink::Into { psn, segs }) if len > 0 => {
@@ -157,11 +166,12 @@ pub fn drive(
             Event::PayloadLost(segs) => payload_lost(sides, st, segs, tx)?,
         }
     }
-    if sides.accepting {
-        if let Some(resp) = sides.resp.as_deref_mut() {
-            if resp.owed_bytes() >= ack_after || (resp.ack_asked() && ack_after != usize::MAX) {
-                resp.flush_ack(tx);
-            }
+    if let Some(resp) = sides.resp.as_deref_mut() {
+        // (A UC responder acknowledges in every state: see `responder::uc`.)
+        if (sides.accepting || resp.is_unreliable())
+            && (resp.owed_bytes() >= ack_after || (resp.ack_asked() && ack_after != usize::MAX))
+        {
+            resp.flush_ack(tx);
         }
     }
     Ok(())
@@ -193,7 +203,7 @@ fn payload_lost(
 ) -> Result<(), Stop> {
     let fatal = match st.owner.take() {
         Some(PayloadOwner::Responder) => match (sides.accepting, sides.resp.as_deref_mut()) {
-            (true, Some(resp)) => Some(resp.payload_lost(segs, tx, sides.recv_wc)),
+            (true, Some(resp)) => resp.payload_lost(segs, tx, sides.recv_wc),
             _ => None,
         },
         Some(PayloadOwner::Requester(psn)) => sides

@@ -15,7 +15,10 @@
 //! - [`memory`]: registered regions and the one access check every remote request goes
 //!   through (rkey, PD, access flags, bounds, alignment).
 //! - [`requester`] and [`responder`]: the two halves of an RC QP (IBA 9.7): ordering,
-//!   ACK/NAK, RNR and transport retries, duplicate detection, READ and atomic responses.
+//!   ACK/NAK, RNR and transport retries, duplicate detection, READ and atomic responses;
+//!   and of a UC QP (IBA 9.8.3) in their `uc` submodules: no retries, silent drops;
+//!   [`recv_queue`]: where a responder takes its receives from (its own receive queue or
+//!   a shared one, with its limit).
 //! - [`engine`]: one connection's frames through both halves; [`connection`]: a
 //!   connection's bytes and the policy that composes the halves over them (when an owed
 //!   ACK leaves, how much one pass builds, how far a peer that does not read may push).
@@ -49,6 +52,7 @@ pub mod engine;
 pub mod io;
 pub mod memory;
 pub mod psn;
+pub mod recv_queue;
 pub mod requester;
 pub mod responder;
 pub mod rx;
@@ -60,5 +64,9 @@ pub mod trace_capture;
 
 #[cfg(test)]
 mod link_tests;
+#[cfg(test)]
+mod srq_tests;
+#[cfg(test)]
+mod uc_tests;
 
 pub use wire::NakReason;

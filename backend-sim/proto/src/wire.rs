@@ -15,6 +15,8 @@
 
 use std::fmt;
 
+use verbs_api::QpType;
+
 /// Bytes of the base header.
 pub const BASE_LEN: usize = 16;
 /// Longest header (base + largest extension: the hello's).
@@ -26,12 +28,13 @@ pub const MAX_DATA_HDR_LEN: usize = BASE_LEN + 28;
 pub const MAX_MSG: u32 = 1 << 31;
 /// Magic of the hello frame ("RSIM").
 pub const HELLO_MAGIC: u32 = 0x4d49_5352;
-/// Protocol version in the hello frame (3: hellos carry a token that the passive side
-/// checks with the claimed peer device ([`Frame::Verify`]), and a NAK may carry a
-/// [`NakReason`]; 2: SEND and WRITE may carry [`F_ACK_REQ`]). A device refuses a hello of
-/// another version ([`HelloReject::Version`]): both ends of a connection must run builds
-/// that speak the same frames.
-pub const VERSION: u16 = 3;
+/// Protocol version in the hello frame (4: hellos name the QP type, RC or UC, and a UC
+/// connection's responder acknowledges every message it took in; 3: hellos carry a
+/// token that the passive side checks with the claimed peer device ([`Frame::Verify`]),
+/// and a NAK may carry a [`NakReason`]; 2: SEND and WRITE may carry [`F_ACK_REQ`]). A
+/// device refuses a hello of another version ([`HelloReject::Version`]): both ends of a
+/// connection must run builds that speak the same frames.
+pub const VERSION: u16 = 4;
 /// Bytes of the token a hello carries.
 pub const TOKEN_LEN: usize = 16;
 
@@ -226,6 +229,9 @@ pub enum Frame {
         src_gid: [u8; 16],
         /// LID (TCP port) of the active QP's device.
         src_lid: u16,
+        /// The active QP's transport (RC or UC): a QP accepts only a peer of its own
+        /// type, as an HCA drops packets of another transport's opcodes.
+        qp_type: QpType,
         /// Active QP number.
         src_qpn: u32,
         /// Passive QP number.
@@ -533,13 +539,14 @@ impl Frame {
             Frame::Hello {
                 src_gid,
                 src_lid,
+                qp_type,
                 src_qpn,
                 dst_qpn,
                 token,
             } => {
                 e[0..4].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
                 e[4..6].copy_from_slice(&src_lid.to_le_bytes());
-                e[6..8].copy_from_slice(&0u16.to_le_bytes());
+                e[6..8].copy_from_slice(&(qp_type as u16).to_le_bytes());
                 e[8..12].copy_from_slice(&src_qpn.to_le_bytes());
                 e[12..16].copy_from_slice(&dst_qpn.to_le_bytes());
                 e[16..32].copy_from_slice(&src_gid);
@@ -631,9 +638,15 @@ impl Frame {
                 src_gid.copy_from_slice(&e[16..32]);
                 let mut token = [0u8; TOKEN_LEN];
                 token.copy_from_slice(&e[32..48]);
+                let qp_type = match u16_at(e, 6) {
+                    2 => QpType::Rc,
+                    3 => QpType::Uc,
+                    _ => return Err(WireError::BadField("QP type")),
+                };
                 Frame::Hello {
                     src_gid,
                     src_lid: u16_at(e, 4),
+                    qp_type,
                     src_qpn,
                     dst_qpn,
                     token,
@@ -733,9 +746,6 @@ impl Frame {
         {
             return Err(WireError::BadField("reserved field"));
         }
-        if opcode == op::HELLO && u16_at(e, 6) != 0 {
-            return Err(WireError::BadField("reserved field"));
-        }
         if opcode == op::FETCH_ADD && u64_at(e, 20) != 0 {
             return Err(WireError::BadField("reserved field"));
         }
@@ -793,17 +803,21 @@ pub(crate) mod tests {
             (
                 any::<[u8; 16]>(),
                 any::<u16>(),
+                prop_oneof![Just(QpType::Rc), Just(QpType::Uc)],
                 0u32..=0xff_ffff,
                 0u32..=0xff_ffff,
                 any::<[u8; TOKEN_LEN]>()
             )
-                .prop_map(|(src_gid, src_lid, src_qpn, dst_qpn, token)| Frame::Hello {
-                    src_gid,
-                    src_lid,
-                    src_qpn,
-                    dst_qpn,
-                    token
-                }),
+                .prop_map(
+                    |(src_gid, src_lid, qp_type, src_qpn, dst_qpn, token)| Frame::Hello {
+                        src_gid,
+                        src_lid,
+                        qp_type,
+                        src_qpn,
+                        dst_qpn,
+                        token
+                    }
+                ),
             (0u32..=0xff_ffff, 0u32..=0xff_ffff, any::<[u8; TOKEN_LEN]>()).prop_map(
                 |(src_qpn, dst_qpn, token)| Frame::Verify {
                     src_qpn,
@@ -1009,5 +1023,30 @@ pub(crate) mod tests {
         b[8..12].copy_from_slice(&4u32.to_le_bytes());
         b[4..8].copy_from_slice(&0x0100_0000u32.to_le_bytes());
         assert_eq!(Frame::decode(&b[..n]), Err(WireError::BadField("PSN")));
+    }
+
+    /// A hello names RC (2) or UC (3), `ibv_qp_type`'s numbers; anything else is refused.
+    #[test]
+    fn a_hello_names_rc_or_uc() {
+        let mut b = [0u8; MAX_HDR_LEN];
+        let hello = Frame::Hello {
+            src_gid: [1; 16],
+            src_lid: 7,
+            qp_type: QpType::Uc,
+            src_qpn: 2,
+            dst_qpn: 3,
+            token: [9; TOKEN_LEN],
+        };
+        let n = hello.encode(&mut b);
+        assert_eq!(u16_at(&b, BASE_LEN + 6), 3);
+        assert_eq!(Frame::decode(&b[..n]), Ok(Some((hello, n))));
+        for bad in [0u16, 1, 4, 0xffff] {
+            b[BASE_LEN + 6..BASE_LEN + 8].copy_from_slice(&bad.to_le_bytes());
+            assert_eq!(
+                Frame::decode(&b[..n]),
+                Err(WireError::BadField("QP type")),
+                "{bad}"
+            );
+        }
     }
 }

@@ -324,15 +324,16 @@ impl Progress {
         if g.self_conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
             g.self_conn = None;
             g.resp.connection_lost();
+            qp.deliver(&mut g);
             return;
         }
         if g.conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
             g.conn = None;
             g.req.link_error = libc::ENOTCONN as u32;
-            // Whatever was in flight is gone: requests are resent, half-received ones
-            // are forgotten (see Responder::connection_lost).
-            g.resp.connection_lost();
-            g.req.on_connection_lost();
+            // Whatever was in flight is gone: requests are resent (UC: lost),
+            // half-received ones are forgotten (see Responder::connection_lost).
+            qp.link_lost(&mut g);
+            g.req.wait_for_link(QpShared::now());
             self.rearm(qp, &mut g);
             drop(g);
             qp.req_wake.notify_one();

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use backend_sim_proto::connection::Connection;
 use backend_sim_proto::engine::{Sides, Stop};
-use verbs_api::QpState;
+use verbs_api::{AsyncEventType, QpState};
 
 use super::clock::Stamp;
 use super::fault_layer::{Armed, Gate, Open};
@@ -261,6 +261,11 @@ impl Progress {
                 }
                 Err(Stop::Protocol(msg)) => {
                     tracing::warn!(qpn = qp.qpn, "closing connection: {msg}");
+                    // The QP goes to ERR for what its peer sent, and no completion says
+                    // so: the affiliated error that IBA 11.6.3.1 defines for it.
+                    if g.state != QpState::Err {
+                        qp.raise(AsyncEventType::QpFatal);
+                    }
                     qp.enter_error(&mut g);
                     if g.conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
                         g.conn = None;
@@ -276,7 +281,9 @@ impl Progress {
             qp.deliver(&mut g);
             return Processed::Break(BreakPoint::BeforeRequest);
         }
-        if g.state == QpState::Rts {
+        // In SQD the requester starts nothing new, but WQEs already started are resent
+        // (after RNR, a timeout or a lost connection) until they complete: SQD drains.
+        if matches!(g.state, QpState::Rts | QpState::Sqd) {
             let before = wire.tx.pending();
             let parts = QpShared::scratch(&mut g);
             if wire

@@ -10,12 +10,15 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 use tokio::sync::Notify;
-use verbs_api::{QpAttr, QpCap, QpState, WorkCompletion};
+use verbs_api::event_queue::EventQueue;
+use verbs_api::{AsyncElement, AsyncEvent, AsyncEventType, QpAttr, QpCap, QpState, QpType, WorkCompletion};
 
 use crate::addressing::Addressing;
+use crate::counters::DeviceCounters;
 use crate::cq::CqShared;
 use crate::fault_state::QpFaults;
 use crate::memory::MrTable;
+use crate::recv_queue::SharedRecvQueue;
 use crate::requester::Requester;
 use crate::responder::Responder;
 
@@ -50,6 +53,9 @@ pub struct QpInner {
     pub timer_at: Option<Instant>,
     /// Armed fault injection.
     pub faults: QpFaults,
+    /// The QP moved to SQD asking for `IBV_EVENT_SQ_DRAINED` (`en_sqd_async_notify`),
+    /// and it is not raised yet.
+    pub sqd_event_due: bool,
     /// Whether the send queue holds WQEs and is counted in the device's
     /// count of busy send queues (kept in step by
     /// [`QpShared::note_busy`]).
@@ -94,6 +100,11 @@ pub struct QpDevice {
     pub addr: Arc<Addressing>,
     /// Its attributes (the limits a QP's attributes are checked against).
     pub attr: Arc<verbs_api::DeviceAttr>,
+    /// Its asynchronous events, which the QP raises for itself and for what its
+    /// responder found (`man ibv_get_async_event`).
+    pub events: Arc<EventQueue>,
+    /// Its counters of what responders dropped.
+    pub counters: Arc<DeviceCounters>,
 }
 
 /// The parts of a QP's state that one connection's frames move ([`QpShared::scratch`]).
@@ -114,6 +125,8 @@ pub struct Parts<'a> {
 pub struct QpShared {
     /// QP number.
     pub qpn: u32,
+    /// Its transport: RC or UC.
+    pub qp_type: QpType,
     /// What it takes from its device.
     pub dev: QpDevice,
     /// Send CQ.
@@ -136,13 +149,17 @@ pub struct QpShared {
 }
 
 impl QpShared {
-    /// A new QP in RESET.
+    /// A new QP in RESET, taking its receives from `srq` if given (and then holding it:
+    /// the SRQ lives as long as any QP that uses it).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         qpn: u32,
+        qp_type: QpType,
         dev: QpDevice,
         pd: u32,
         send_cq: Arc<CqShared>,
         recv_cq: Arc<CqShared>,
+        srq: Option<Arc<SharedRecvQueue>>,
         cap: QpCap,
         sq_sig_all: bool,
     ) -> Self {
@@ -150,13 +167,23 @@ impl QpShared {
             cap,
             ..Default::default()
         };
+        let mut resp = match srq {
+            Some(srq) => Responder::with_srq(qpn, pd, srq),
+            None => Responder::new(qpn, pd, cap.max_recv_wr, cap.max_recv_sge),
+        };
+        let mut req = Requester::new(qpn, pd, &cap, sq_sig_all);
+        if qp_type == QpType::Uc {
+            req = req.unreliable();
+            resp = resp.unreliable();
+        }
         QpShared {
             qpn,
+            qp_type,
             inner: Mutex::new(QpInner {
                 state: QpState::Reset,
                 attr,
-                req: Requester::new(qpn, pd, &cap, sq_sig_all),
-                resp: Responder::new(qpn, pd, cap.max_recv_wr, cap.max_recv_sge),
+                req,
+                resp,
                 epoch: 0,
                 conn_gen: 0,
                 active: false,
@@ -165,6 +192,7 @@ impl QpShared {
                 self_conn: None,
                 timer_at: None,
                 faults: QpFaults::default(),
+                sqd_event_due: false,
                 busy: false,
                 send_wc: Vec::new(),
                 recv_wc: Vec::new(),
@@ -199,6 +227,7 @@ impl QpShared {
         }
         tracing::debug!(qpn = self.qpn, from = ?g.state, "QP to ERR");
         g.state = QpState::Err;
+        g.sqd_event_due = false;
         let QpInner {
             req,
             resp,
@@ -221,15 +250,83 @@ impl QpShared {
         loop {
             let ok_s = g.send_wc.is_empty() || self.send_cq.push_all(g.send_wc.drain(..).map(|w| (w, false)));
             let ok_r = g.recv_wc.is_empty() || self.recv_cq.push_all(g.recv_wc.drain(..));
+            if !(ok_s && ok_r) {
+                self.cq_overflowed();
+            }
             if (ok_s && ok_r) || g.state == QpState::Err {
                 g.send_wc.clear();
                 g.recv_wc.clear();
                 // (Again: an overflow's flush may have emptied it.)
                 self.note_busy(g);
+                if g.resp.has_news() {
+                    self.take_news(g);
+                }
+                if g.sqd_event_due {
+                    self.check_drained(g);
+                }
                 return;
             }
             tracing::warn!(qpn = self.qpn, "completion queue overflow: QP to ERR");
             self.enter_error_inner(g);
+        }
+    }
+
+    /// Queues the asynchronous events the responder gave rise to on the device (none
+    /// once the QP is destroyed: its handle is gone, and the events with it), and adds
+    /// what it dropped to the device's counters.
+    #[cold]
+    fn take_news(&self, g: &mut QpInner) {
+        let (dropped, gaps) = g.resp.take_uc_counts();
+        self.dev.counters.add_uc(dropped, gaps);
+        let destroyed = self.destroyed.load(Ordering::Acquire);
+        for ev in g.resp.take_events() {
+            if !destroyed {
+                self.dev.events.raise(ev);
+            }
+        }
+    }
+
+    /// The QP's connection is gone (broken, or replaced by a newer one): what was in
+    /// flight on it is resent (RC) or lost (UC, whose WRs then complete), and a request
+    /// half received is forgotten.
+    pub fn link_lost(&self, g: &mut QpInner) {
+        g.resp.connection_lost();
+        g.req.on_connection_lost();
+        let QpInner { req, send_wc, .. } = g;
+        req.take_done(send_wc);
+        self.deliver(g);
+    }
+
+    /// Raises the affiliated event `t` on this QP (unless it is destroyed).
+    pub fn raise(&self, t: AsyncEventType) {
+        if !self.destroyed.load(Ordering::Acquire) {
+            self.dev.events.raise(AsyncEvent {
+                event_type: t,
+                element: AsyncElement::Qp(self.qpn),
+            });
+        }
+    }
+
+    /// A CQ of this QP lost a completion: `IBV_EVENT_CQ_ERR` for it, once per CQ.
+    #[cold]
+    fn cq_overflowed(&self) {
+        for cq in [&self.send_cq, &self.recv_cq] {
+            if cq.overflow_event_due() {
+                self.dev.events.raise(AsyncEvent {
+                    event_type: AsyncEventType::CqErr,
+                    element: AsyncElement::Cq(cq.handle),
+                });
+            }
+        }
+    }
+
+    /// In SQD with the drained event asked for: once no WQE sent is outstanding, raises
+    /// `IBV_EVENT_SQ_DRAINED`, once per move to SQD.
+    pub fn check_drained(&self, g: &mut QpInner) {
+        if g.sqd_event_due && g.state == QpState::Sqd && g.req.drained() {
+            g.sqd_event_due = false;
+            tracing::debug!(qpn = self.qpn, "send queue drained (SQD)");
+            self.raise(AsyncEventType::SqDrained);
         }
     }
 
@@ -247,6 +344,7 @@ impl QpShared {
 
     fn enter_error_inner(&self, g: &mut QpInner) {
         g.state = QpState::Err;
+        g.sqd_event_due = false;
         let QpInner {
             req,
             resp,

@@ -2,14 +2,15 @@
 //! [`verbs_api::transitions::check_modify`], each attribute value checked against the
 //! device as `ib_modify_qp` does (each failure an EINVAL that names it), and what each
 //! transition sets in motion: RTR starts the active side's connection setup, RTS arms the
-//! requester, SQD -> RTS resumes the send queue, RESET empties both queues without
-//! completions, ERR flushes them.
+//! requester, RTS -> SQD stops starting WQEs (and with `en_sqd_async_notify` raises
+//! `IBV_EVENT_SQ_DRAINED` once those in flight are complete), SQD -> RTS resumes the send
+//! queue, RESET empties both queues without completions, ERR flushes them.
 
 use std::sync::Arc;
 
 use verbs_api::timers::local_ack_timeout;
 use verbs_api::transitions::check_modify;
-use verbs_api::{Error, QpAttr, QpAttrMask as M, QpState, QpType, Result, PSN_MASK};
+use verbs_api::{Error, QpAttr, QpAttrMask as M, QpState, Result, PSN_MASK};
 
 use super::QpShared;
 use crate::requester::ReqAttrs;
@@ -100,7 +101,7 @@ impl QpShared {
     pub fn modify(self: &Arc<Self>, attr: &QpAttr, mask: M) -> Result<()> {
         let mut g = self.inner.lock();
         let cur = g.state;
-        let next = check_modify(cur, QpType::Rc, attr, mask)?;
+        let next = check_modify(cur, self.qp_type, attr, mask)?;
         self.check_values(attr, mask)?;
         let a = &mut g.attr;
         if mask.contains(M::ACCESS_FLAGS) {
@@ -214,11 +215,23 @@ impl QpShared {
             }
             QpState::Sqd => {
                 g.req.draining = true;
+                if cur == QpState::Rts {
+                    // IBA 11.6.3.1 and `man ibv_modify_qp`: the event only when asked
+                    // for with this transition (rxe raises it whatever the flag says).
+                    g.sqd_event_due = mask.contains(M::EN_SQD_ASYNC_NOTIFY) && attr.en_sqd_async_notify;
+                }
             }
             _ => {}
         }
+        if next != QpState::Sqd {
+            g.sqd_event_due = false;
+        }
         if next != QpState::Err {
             g.state = next;
+        }
+        if g.sqd_event_due {
+            // Nothing in flight: drained at once.
+            self.check_drained(&mut g);
         }
         if cur == QpState::Sqd && next == QpState::Rts && g.req.has_unsent() {
             self.start_send_queue(g, None);
@@ -233,7 +246,9 @@ impl QpShared {
         a.qp_state = g.state;
         a.cur_qp_state = g.state;
         a.cap = self.cap;
-        a.sq_draining = g.req.draining && g.req.outstanding() > 0;
+        // Draining: in SQD with WQEs sent and not yet complete (those posted in SQD wait
+        // to be started and are no part of it).
+        a.sq_draining = g.req.draining && !g.req.drained();
         a
     }
 }

@@ -9,6 +9,7 @@ use parking_lot::MutexGuard;
 use verbs_api::{Error, PostError, QpState, QueueKind, RecvWr, SendWr};
 
 use super::{QpInner, QpShared};
+use crate::recv_queue::PostRecvError;
 use crate::requester::PostCheck;
 use crate::tx::TxQueue;
 
@@ -64,6 +65,15 @@ impl QpShared {
                         "ibv_post_send",
                         "an inline SGE is not inside a registered memory region of this QP's PD",
                     ),
+                    PostCheck::NotUc => Error::invalid(
+                        "ibv_post_send",
+                        format!(
+                            "{:?} is not valid on UC QP {:#x}: UC has SEND and RDMA WRITE (with \
+                             immediate) only",
+                            wr.op.opcode(),
+                            self.qpn
+                        ),
+                    ),
                 };
                 result = Err(fail(error));
                 break;
@@ -90,7 +100,13 @@ impl QpShared {
     pub(super) fn start_send_queue(self: &Arc<Self>, mut g: MutexGuard<'_, QpInner>, posted: Option<usize>) {
         let conn = g.conn.clone();
         let idle = g.req.nothing_in_flight();
-        if conn.is_none() {
+        if conn.is_none() && g.req.is_unreliable() {
+            // UC without a connection: the WRs wait for one (a bounded time, see
+            // `requester::LINK_WAIT`) instead of being sent into it, as there is no
+            // resending them once it is up.
+            g.req.wait_for_link(Self::now());
+            self.dev.path.rearm(self, &mut g);
+        } else if conn.is_none() {
             // No connection (not yet, or the peer is gone). An HCA processes the
             // WQEs anyway, whether anything answers or not: build the frames (the
             // local checks run, so a bad lkey is LOC_PROT_ERR now, not a transport
@@ -140,22 +156,29 @@ impl QpShared {
             }
             match g.resp.post(wr) {
                 Ok(()) => posted = true,
-                Err(full) => {
-                    result = Err(fail(if full {
-                        Error::QueueFull {
+                Err(e) => {
+                    result = Err(fail(match e {
+                        PostRecvError::Full => Error::QueueFull {
                             queue: QueueKind::Recv,
                             qpn: self.qpn,
                             capacity: self.cap.max_recv_wr,
-                        }
-                    } else {
-                        Error::invalid(
+                        },
+                        PostRecvError::TooManySge => Error::invalid(
                             "ibv_post_recv",
                             format!(
                                 "{} SGEs exceed max_recv_sge {}",
                                 wr.sg_list.len(),
                                 self.cap.max_recv_sge
                             ),
-                        )
+                        ),
+                        PostRecvError::HasSrq => Error::invalid(
+                            "ibv_post_recv",
+                            format!(
+                                "QP {:#x} takes its receives from an SRQ and has no receive queue of \
+                                 its own: post them with ibv_post_srq_recv",
+                                self.qpn
+                            ),
+                        ),
                     }));
                     break;
                 }

@@ -38,6 +38,11 @@ impl SimContext {
     pub fn faults(&self) -> faults::Faults {
         faults::Faults::new(&self.dev)
     }
+
+    /// What this device's responders dropped silently so far (see [`crate::counters`]).
+    pub fn counters(&self) -> crate::Counters {
+        self.dev.counters.snapshot()
+    }
 }
 
 impl Context for SimContext {

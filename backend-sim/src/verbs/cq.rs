@@ -5,7 +5,7 @@ use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::Duration;
 
-use verbs_api::{CompletionChannel, CompletionQueue, Result, WorkCompletion};
+use verbs_api::{AsyncElement, CompletionChannel, CompletionQueue, Result, WorkCompletion};
 
 use crate::cq::{ChannelShared, CqShared};
 use crate::device::DeviceShared;
@@ -49,6 +49,15 @@ impl CompletionQueue for SimCq {
     }
     fn channel_fd(&self) -> Option<RawFd> {
         self.cq.channel_fd()
+    }
+}
+
+/// `ibv_destroy_cq`: the CQ raises no more events, and the drop waits until every event
+/// taken for it is acknowledged. (QPs that report to it keep its queue alive.)
+impl Drop for SimCq {
+    fn drop(&mut self) {
+        self.cq.close();
+        self.dev.events.forget(AsyncElement::Cq(self.cq.handle));
     }
 }
 

@@ -1,5 +1,6 @@
 //! Protection domains and the objects made in one (`ibv_alloc_pd`): memory regions
-//! (`ibv_reg_mr`, owned or over caller memory) and QPs (`ibv_create_qp`).
+//! (`ibv_reg_mr`, owned or over caller memory), shared receive queues (`ibv_create_srq`)
+//! and QPs (`ibv_create_qp`).
 
 use std::sync::Arc;
 
@@ -14,6 +15,7 @@ use super::srq::{SimAh, SimSrq};
 use crate::device::{PdShared, MAX_INLINE};
 use crate::memory::MrShared;
 use crate::qp::QpShared;
+use crate::recv_queue::SharedRecvQueue;
 
 /// A protection domain of the sim.
 pub struct SimPd {
@@ -46,10 +48,34 @@ impl ProtectionDomain for SimPd {
         Ok(SimMr::register(self, mr))
     }
 
-    fn create_srq(&self, _attr: &SrqAttr) -> Result<SimSrq> {
-        Err(Error::Unsupported {
-            backend: "sim",
-            what: "shared receive queues".into(),
+    fn create_srq(&self, attr: &SrqAttr) -> Result<SimSrq> {
+        let a = &self.pd.dev.attr;
+        if attr.max_wr == 0 || attr.max_wr > a.max_srq_wr {
+            return Err(Error::InvalidAttr {
+                name: "max_wr",
+                reason: format!("{} is outside 1..={} (max_srq_wr)", attr.max_wr, a.max_srq_wr),
+            });
+        }
+        if attr.max_sge > a.max_srq_sge {
+            return Err(Error::InvalidAttr {
+                name: "max_sge",
+                reason: format!(
+                    "{} exceeds the device limit {} (max_srq_sge)",
+                    attr.max_sge, a.max_srq_sge
+                ),
+            });
+        }
+        // As rxe: max_sge 0 is granted as 1, and a limit given here is armed (the man
+        // page calls it ignored at create time; see `recv_queue`).
+        let srq = SharedRecvQueue::new(
+            self.pd.dev.next_handle(),
+            attr.max_wr,
+            attr.max_sge.max(1),
+            attr.srq_limit,
+        );
+        Ok(SimSrq {
+            srq: Arc::new(srq),
+            pd: self.pd.clone(),
         })
     }
 
@@ -62,16 +88,31 @@ impl ProtectionDomain for SimPd {
 
     fn create_qp(&self, attr: &QpInitAttr<'_, SimCq, SimSrq>) -> Result<SimQp> {
         let dev = &self.pd.dev;
-        if attr.qp_type != QpType::Rc {
+        if attr.qp_type == QpType::Ud {
             return Err(Error::Unsupported {
                 backend: "sim",
-                what: format!("QP type {:?} (the sim implements RC)", attr.qp_type),
+                what: "UD QPs (the sim implements RC and UC)".into(),
             });
         }
         if !Arc::ptr_eq(&attr.send_cq.dev, dev) || !Arc::ptr_eq(&attr.recv_cq.dev, dev) {
             return Err(Error::invalid("ibv_create_qp", "a CQ belongs to another device"));
         }
-        let c = attr.cap;
+        if attr.srq.is_some_and(|s| !Arc::ptr_eq(&s.pd.dev, dev)) {
+            return Err(Error::invalid(
+                "ibv_create_qp",
+                "the SRQ belongs to another device",
+            ));
+        }
+        // With an SRQ the receive capacities are ignored (`man ibv_create_qp`), and
+        // granted as 0, as rxe reports them.
+        let c = match attr.srq {
+            Some(_) => QpCap {
+                max_recv_wr: 0,
+                max_recv_sge: 0,
+                ..attr.cap
+            },
+            None => attr.cap,
+        };
         let a = &dev.attr;
         let checks = [
             ("max_send_wr", c.max_send_wr, a.max_qp_wr),
@@ -90,16 +131,22 @@ impl ProtectionDomain for SimPd {
         }
         let granted = QpCap {
             max_send_sge: c.max_send_sge.max(1),
-            max_recv_sge: c.max_recv_sge.max(1),
+            max_recv_sge: if attr.srq.is_some() {
+                0
+            } else {
+                c.max_recv_sge.max(1)
+            },
             ..c
         };
         let qpn = dev.alloc_qpn();
         let qp = Arc::new(QpShared::new(
             qpn,
+            attr.qp_type,
             dev.for_qp(),
             self.pd.handle,
             attr.send_cq.cq.clone(),
             attr.recv_cq.cq.clone(),
+            attr.srq.map(|s| s.srq.clone()),
             granted,
             attr.sq_sig_all,
         ));

@@ -20,7 +20,7 @@ impl QueuePair for SimQp {
         self.qp.qpn
     }
     fn qp_type(&self) -> QpType {
-        QpType::Rc
+        self.qp.qp_type
     }
     fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
         self.qp.modify(attr, mask)

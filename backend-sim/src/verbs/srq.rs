@@ -1,27 +1,82 @@
-//! Shared receive queues (`ibv_create_srq`) and address handles (`ibv_create_ah`).
+//! Shared receive queues (`man ibv_create_srq`, `man ibv_post_srq_recv`,
+//! `man ibv_modify_srq`, `man ibv_query_srq`, `man ibv_destroy_srq`) and address handles
+//! (`ibv_create_ah`, not implemented: [`SimPd`](super::pd::SimPd) refuses it with
+//! EOPNOTSUPP, so [`SimAh`] is never made).
 //!
-//! The sim does not implement them yet: [`SimPd`](super::pd::SimPd) refuses both with
-//! EOPNOTSUPP, so these types are never made.
+//! The SRQ itself is the protocol core's
+//! [`SharedRecvQueue`](backend_sim_proto::recv_queue::SharedRecvQueue): its FIFO, its
+//! size and its limit, and the rules they follow (rxe's, which arm a limit given at
+//! create time). Each QP created with it holds it, so it lives as long as its last QP:
+//! `ibv_destroy_srq` of an SRQ that QPs still use fails with EBUSY on a real device
+//! (`ib_destroy_srq_user`), and with handles that own what they use that cannot happen
+//! here. Dropping a [`SimSrq`] disarms its limit (nobody could take the event) and, as
+//! `ibv_destroy_srq` does, waits until every asynchronous event taken for it is
+//! acknowledged.
 
-use verbs_api::{AddressHandle, AhAttr, PostError, RecvWr, Result, SharedReceiveQueue, SrqAttr, SrqAttrMask};
+use std::sync::Arc;
 
-/// A shared receive queue of the sim (not implemented: never created).
+use verbs_api::{
+    AddressHandle, AhAttr, AsyncElement, Error, PostError, RecvWr, Result, SharedReceiveQueue, SrqAttr,
+    SrqAttrMask,
+};
+
+use crate::device::PdShared;
+use crate::recv_queue::{PostRecvError, SharedRecvQueue};
+
+/// A shared receive queue of the sim.
 pub struct SimSrq {
-    _never: std::convert::Infallible,
+    pub(crate) srq: Arc<SharedRecvQueue>,
+    /// Keeps the PD (and through it the device) alive as long as the SRQ handle.
+    pub(crate) pd: Arc<PdShared>,
 }
 
 impl SharedReceiveQueue for SimSrq {
-    fn post_recv(&self, _wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
-        match self._never {}
+    fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
+        self.srq.post_all(wrs).map_err(|(index, e)| {
+            let error = match e {
+                PostRecvError::Full => Error::NoMemory {
+                    call: "ibv_post_srq_recv",
+                    reason: format!(
+                        "SRQ {} holds {} receives, its max_wr",
+                        self.srq.handle(),
+                        self.srq.query().max_wr
+                    ),
+                },
+                PostRecvError::TooManySge => Error::invalid(
+                    "ibv_post_srq_recv",
+                    format!(
+                        "{} SGEs exceed the SRQ's max_sge {}",
+                        wrs[index].sg_list.len(),
+                        self.srq.query().max_sge
+                    ),
+                ),
+                PostRecvError::HasSrq => unreachable!("an SRQ posts to itself"),
+            };
+            PostError {
+                index,
+                wr_id: wrs[index].wr_id,
+                error,
+            }
+        })
     }
-    fn modify(&self, _attr: &SrqAttr, _mask: SrqAttrMask) -> Result<()> {
-        match self._never {}
+
+    fn modify(&self, attr: &SrqAttr, mask: SrqAttrMask) -> Result<()> {
+        self.srq.modify(attr, mask, self.pd.dev.attr.max_srq_wr)
     }
+
     fn query(&self) -> Result<SrqAttr> {
-        match self._never {}
+        Ok(self.srq.query())
     }
+
     fn handle(&self) -> u32 {
-        match self._never {}
+        self.srq.handle()
+    }
+}
+
+impl Drop for SimSrq {
+    fn drop(&mut self) {
+        self.srq.disarm();
+        self.pd.dev.events.forget(AsyncElement::Srq(self.srq.handle()));
     }
 }
 

@@ -101,6 +101,7 @@ pub fn hello(ctx: &SimContext, src_qpn: u32, dst_qpn: u32) -> Vec<u8> {
     frame(Frame::Hello {
         src_gid: gid.0,
         src_lid: ctx.query_port(1).unwrap().lid,
+        qp_type: QpType::Rc,
         src_qpn,
         dst_qpn,
         token: [0x5a; backend_sim_proto::wire::TOKEN_LEN],

@@ -1,6 +1,6 @@
-//! The requester half of an RC QP, as pure state: no I/O, time passed in
+//! The requester half of a QP, as pure state: no I/O, time passed in
 //! (`man ibv_post_send`; IBA 9.7 "Reliable service", 9.7.5.2.8 RNR NAK, 9.7.6 timers,
-//! 10.8.3.3 fences).
+//! 10.8.3.3 fences). This module is RC's; what a UC QP does instead is in [`uc`].
 //!
 //! It keeps the send queue in posting order, turns WQEs into request frames (checking the
 //! local gather/scatter lists: a bad lkey or range is `IBV_WC_LOC_PROT_ERR`), limits
@@ -30,6 +30,9 @@ use crate::memory::{MrTable, Seg};
 use crate::psn;
 use crate::tx::TxQueue;
 use crate::wire::{Frame, NakCode, NakReason, MAX_MSG};
+
+pub mod uc;
+pub use uc::LINK_WAIT;
 
 /// How long a requester meets nothing but RNR NAKs before it warns, once per such run: with
 /// `rnr_retry` 7 (retry for ever, the default) a SEND to a peer that never posts a
@@ -144,6 +147,10 @@ pub struct Requester {
     spare: Vec<Box<SendWqe>>,
     /// Index in `sq` of the first WQE not yet sent.
     next: usize,
+    /// Index in `sq` of the first WQE never sent: those before it were started, and a
+    /// rewind (RNR, a timeout, a lost connection) resends them even in SQD, which only
+    /// stops new ones from starting.
+    started: usize,
     psn: u32,
     attrs: ReqAttrs,
     rd_inflight: u32,
@@ -165,6 +172,10 @@ pub struct Requester {
     pub draining: bool,
     /// The peer QP's number (`dest_qp_num`), for what the requester logs.
     pub dest_qpn: u32,
+    /// A UC QP ([`uc`]).
+    uc: bool,
+    /// UC: until when WRs wait for a connection ([`Requester::wait_for_link`]).
+    link_wait: Option<Instant>,
     /// Why the QP has no connection to its peer, as an `errno`: that of the last failed
     /// attempt to connect (`ECONNREFUSED`, `EMFILE`, ...), `ENOTCONN` while none failed
     /// yet (still connecting, waiting for the peer to connect, or the link just broke),
@@ -189,6 +200,7 @@ impl Requester {
             sq: VecDeque::with_capacity(cap.max_send_wr.min(4096) as usize),
             spare: Vec::new(),
             next: 0,
+            started: 0,
             psn: 0,
             attrs: ReqAttrs {
                 sq_psn: 0,
@@ -209,6 +221,8 @@ impl Requester {
             receiving: None,
             draining: false,
             dest_qpn: 0,
+            uc: false,
+            link_wait: None,
             link_error: 0,
             scratch: Vec::new(),
         }
@@ -268,6 +282,12 @@ impl Requester {
         self.next < self.sq.len()
     }
 
+    /// Whether every WQE started has completed: in SQD, the send queue is drained
+    /// (WQEs posted but never started wait for the return to RTS).
+    pub fn drained(&self) -> bool {
+        self.started == 0
+    }
+
     /// Queues a WQE. Checks what `ibv_post_send` checks at post time: capacity (ENOMEM),
     /// SGE count and inline size (EINVAL). Inline data is copied now.
     pub fn post(&mut self, wr: &SendWr<'_>, mrs: &MrTable) -> Result<(), PostCheck> {
@@ -276,6 +296,9 @@ impl Requester {
         }
         if wr.sg_list.len() > self.max_sge as usize {
             return Err(PostCheck::TooManySge);
+        }
+        if self.uc && (matches!(wr.op, WrOp::RdmaRead { .. }) || wr.op.is_atomic()) {
+            return Err(PostCheck::NotUc);
         }
         let inline = wr.send_flags.contains(SendFlags::INLINE);
         let mut w = self.spare.pop().unwrap_or_else(|| Box::new(SendWqe::blank()));
@@ -317,10 +340,10 @@ impl Requester {
 
     /// The earliest time at which [`Requester::on_timer`] has work.
     pub fn next_deadline(&self) -> Option<Instant> {
-        match (self.rnr_wait, self.ack_deadline) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [self.rnr_wait, self.ack_deadline, self.link_wait]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Builds request frames for as many WQEs as may go now, into `tx`. Local errors
@@ -341,7 +364,7 @@ impl Requester {
         }
         let mut sent = 0;
         let max_rd = self.attrs.max_rd_atomic.max(1) as u32;
-        while self.next < self.sq.len() && sent < budget && !self.draining {
+        while self.next < self.sq.len() && sent < budget && !(self.draining && self.next >= self.started) {
             let idx = self.next;
             let (is_rd, fence) = {
                 let w = &self.sq[idx];
@@ -356,6 +379,10 @@ impl Requester {
                 break;
             }
             let psn = self.psn;
+            if self.uc {
+                // (Called with a connection: nothing waits for one any more.)
+                self.link_wait = None;
+            }
             match self.build(idx, psn, mrs, tx) {
                 Ok(()) => {}
                 Err(status) => {
@@ -372,8 +399,9 @@ impl Requester {
                 self.rd_inflight += 1;
             }
             self.next += 1;
+            self.started = self.started.max(self.next);
             sent += 1;
-            if self.ack_deadline.is_none() {
+            if self.ack_deadline.is_none() && !self.uc {
                 self.ack_deadline = self.attrs.timeout.map(|t| now + t);
             }
         }
@@ -577,6 +605,7 @@ impl Requester {
             w.local.clear();
             self.spare.push(w);
             self.next = self.next.saturating_sub(1);
+            self.started = self.started.saturating_sub(1);
         }
     }
 
@@ -779,6 +808,7 @@ impl Requester {
         last_rx: Option<Instant>,
         out: &mut Vec<WorkCompletion>,
     ) -> Result<bool, Fatal> {
+        self.link_wait_over(now, out);
         let mut fired = false;
         if self.rnr_wait.is_some_and(|t| now >= t) {
             self.end_rnr_wait();
@@ -839,8 +869,12 @@ impl Requester {
 
     /// The transport lost everything in flight (the connection broke): resend from the
     /// oldest unacknowledged WQE once reconnected. The ACK timer keeps running, so a peer
-    /// that stays away exhausts `retry_cnt`.
+    /// that stays away exhausts `retry_cnt`. (UC resends nothing: WRs whose frames were
+    /// not written complete successfully, see [`Requester::take_done`].)
     pub fn on_connection_lost(&mut self) {
+        if self.uc {
+            return self.uc_connection_lost();
+        }
         self.receiving = None;
         let deadline = self.ack_deadline;
         if let Some(i) = self
@@ -873,10 +907,12 @@ impl Requester {
         self.next = self.sq.len();
         self.retire(out);
         self.next = 0;
+        self.started = 0;
         self.rnr_wait = None;
         self.end_rnr_run();
         self.ack_deadline = None;
         self.receiving = None;
+        self.link_wait = None;
     }
 
     /// QP to RESET: the queue is emptied without completions.
@@ -886,12 +922,14 @@ impl Requester {
             self.spare.push(w);
         }
         self.next = 0;
+        self.started = 0;
         self.rd_inflight = 0;
         self.rnr_wait = None;
         self.end_rnr_run();
         self.ack_deadline = None;
         self.receiving = None;
         self.draining = false;
+        self.link_wait = None;
     }
 }
 
@@ -908,6 +946,8 @@ pub enum PostCheck {
     InlineNotAllowed,
     /// An inline SGE outside registered memory of this QP's PD (EINVAL).
     BadInlineSge,
+    /// A READ or atomic on a UC QP, which has neither (EINVAL).
+    NotUc,
 }
 
 #[cfg(test)]
@@ -973,6 +1013,53 @@ mod tests {
         req.post(&faa(3), &mrs).unwrap();
         req.post(&faa(4), &mrs).unwrap();
         assert_eq!(req.poll_transmit(&mrs, now, &mut tx, 16, &mut out), Ok(2));
+    }
+
+    /// SQD stops WQEs from starting, not from finishing: a SEND refused with RNR before
+    /// the move is resent after the RNR wait, a WQE posted in SQD is not sent, and the
+    /// queue counts as drained once the started one completes.
+    #[test]
+    fn sqd_resends_what_was_started_and_starts_nothing() {
+        let attrs = ReqAttrs {
+            sq_psn: 0,
+            timeout: None,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            max_rd_atomic: 1,
+        };
+        let (mrs, mr, mut req) = setup(4, attrs);
+        let sge = [Sge::new(mr.addr(), 8, 7)];
+        let now = Instant::now();
+        let (mut tx, mut out, mut sink) = (TxQueue::new(), Vec::new(), Vec::new());
+        req.post(&SendWr::send(1, &sge).signaled(), &mrs).unwrap();
+        assert_eq!(req.poll_transmit(&mrs, now, &mut tx, 16, &mut out), Ok(1));
+        req.draining = true;
+        req.post(&SendWr::send(2, &sge).signaled(), &mrs).unwrap();
+        let rnr = Frame::Nak {
+            psn: 0,
+            code: NakCode::Rnr { timer: 1 },
+            reason: None,
+        };
+        req.on_response(&rnr, now, &mut out).unwrap();
+        assert!(!req.drained());
+        let later = now + Duration::from_secs(1);
+        tx.drain_into(&mut sink);
+        assert_eq!(req.poll_transmit(&mrs, later, &mut tx, 16, &mut out), Ok(1));
+        sink.clear();
+        tx.drain_into(&mut sink);
+        assert_eq!(
+            crate::wire::tests::decode_all(&sink).len(),
+            1,
+            "the refused SEND alone"
+        );
+        req.on_response(&Frame::Ack { psn: 0 }, later, &mut out).unwrap();
+        assert_eq!(out.iter().map(|w| w.wr_id).collect::<Vec<_>>(), [1]);
+        assert!(req.drained(), "the WQE posted in SQD is not in flight");
+        assert!(req.has_unsent());
+        assert_eq!(req.poll_transmit(&mrs, later, &mut tx, 16, &mut out), Ok(0));
+        req.draining = false;
+        assert_eq!(req.poll_transmit(&mrs, later, &mut tx, 16, &mut out), Ok(1));
+        assert!(!req.drained());
     }
 
     /// The PSNs of the WRITEs in `bytes` (frames as sent) that ask for an ACK.

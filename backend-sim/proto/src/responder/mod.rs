@@ -1,5 +1,6 @@
-//! The responder half of an RC QP, as pure state: no I/O (`man ibv_post_recv`; IBA 9.7.4
-//! "Responder", 9.7.5.2 NAK codes, 9.7.8 atomics, 10.7.2.2 receive errors).
+//! The responder half of a QP, as pure state: no I/O (`man ibv_post_recv`; IBA 9.7.4
+//! "Responder", 9.7.5.2 NAK codes, 9.7.8 atomics, 10.7.2.2 receive errors). This module
+//! is RC's; a UC QP's requests go to [`uc`], which shares the receive handling.
 //!
 //! For each incoming request, in PSN order:
 //!
@@ -8,9 +9,10 @@
 //!   return the saved result;
 //! - a PSN ahead of the expected one gets one PSN-sequence-error NAK, then everything is
 //!   dropped until the expected PSN arrives;
-//! - SEND, SEND_WITH_IMM and RDMA_WRITE_WITH_IMM consume the oldest posted receive; with
-//!   none posted the answer is an RNR NAK carrying this QP's `min_rnr_timer`, and requests
-//!   are dropped until the refused one is resent;
+//! - SEND, SEND_WITH_IMM and RDMA_WRITE_WITH_IMM consume the oldest posted receive, from
+//!   the QP's own receive queue or from its SRQ ([`RecvSource`]); with none posted the
+//!   answer is an RNR NAK carrying this QP's `min_rnr_timer`, and requests are dropped
+//!   until the refused one is resent (an empty SRQ is an empty receive queue);
 //! - a message longer than the receive's buffers completes the receive with
 //!   `IBV_WC_LOC_LEN_ERR` and NAKs the request as invalid (`IBV_WC_REM_INV_REQ_ERR` at
 //!   the requester); a receive SGE with a bad lkey is `IBV_WC_LOC_PROT_ERR` here and a
@@ -26,34 +28,57 @@
 //!
 //! Errors return [`Fatal`]: the QP goes to ERR (as an HCA does after a responder error on
 //! RC). ACKs are coalesced: one ACK covers every request executed before it is sent.
+//!
+//! A receive taken from the source belongs to this QP until it completes: a message that
+//! never arrived whole (the connection broke) leaves it held for the resend, and a QP
+//! going to ERR flushes it with `IBV_WC_WR_FLUSH_ERR`. With an SRQ that is the only
+//! receive flushed: the SRQ's own stay for its other QPs.
+//!
+//! Asynchronous events the responder gives rise to wait in [`Responder::take_events`] for
+//! the driver, which raises them on the device: `IBV_EVENT_SRQ_LIMIT_REACHED` when a take
+//! drains the SRQ below its limit; `IBV_EVENT_QP_LAST_WQE_REACHED` when a QP on an SRQ is
+//! flushed (IBA 11.6.3.3: it will take no more receives from the SRQ; rxe 6.1 never
+//! raises it); and the affiliated errors of IBA 11.6.3.1 for a request refused without a
+//! completion here to say why, `IBV_EVENT_QP_ACCESS_ERR` (remote access error) and
+//! `IBV_EVENT_QP_REQ_ERR` (invalid request) (rxe 6.1 raises neither).
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
-use verbs_api::{AccessFlags, RecvWr, Sge, WcFlags, WcOpcode, WcStatus, WorkCompletion};
+use verbs_api::{
+    AccessFlags, AsyncElement, AsyncEvent, AsyncEventType, RecvWr, WcFlags, WcOpcode, WcStatus,
+    WorkCompletion,
+};
 
 use crate::memory::{MrTable, RemoteAccessError, Seg};
 use crate::psn;
+use crate::recv_queue::{PostRecvError, RecvQueue, RecvSource, RecvWqe, SharedRecvQueue};
 use crate::requester::Fatal;
 use crate::tx::TxQueue;
 use crate::wire::{Frame, NakCode, NakReason};
 
+pub mod uc;
+
 /// How many atomic results are kept for duplicate requests.
 const ATOMIC_REPLAY: usize = 16;
 
-struct RecvWqe {
-    wr_id: u64,
-    sges: Vec<Sge>,
-}
+/// Asynchronous events kept for the driver at most.
+const MAX_EVENTS: usize = 64;
 
-/// A receive consumed by a request whose payload is still arriving.
-struct InProgress {
-    wr_id: u64,
-    sges: Vec<Sge>,
-    opcode: WcOpcode,
-    byte_len: u32,
-    imm: Option<u32>,
-    solicited: bool,
+/// The receive this QP took from its source and has not completed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Taken {
+    /// Taken for a request that did not execute (its message never arrived whole, or a
+    /// check after the take failed): the next request that needs one uses it.
+    Held,
+    /// Consumed by a request whose payload is arriving.
+    Filling {
+        opcode: WcOpcode,
+        byte_len: u32,
+        imm: Option<u32>,
+        solicited: bool,
+    },
 }
 
 /// What to do with the payload that follows a request header.
@@ -78,10 +103,19 @@ pub struct RespAttrs {
 pub struct Responder {
     qpn: u32,
     pd: u32,
-    cap: usize,
-    max_sge: u32,
-    rq: VecDeque<RecvWqe>,
-    spare: Vec<RecvWqe>,
+    source: RecvSource,
+    /// The receive taken from `source` (its buffers; valid while `taken` is set).
+    wqe: RecvWqe,
+    taken: Option<Taken>,
+    /// Asynchronous events for the driver to raise.
+    events: Vec<AsyncEvent>,
+    /// `IBV_EVENT_QP_LAST_WQE_REACHED` was raised since the last reset.
+    last_wqe_raised: bool,
+    /// A UC QP: no ACKs, NAKs or RNR; errors drop the message ([`uc`]).
+    uc: bool,
+    /// UC messages dropped, and PSN gaps met, since [`Responder::take_uc_counts`].
+    uc_dropped: u64,
+    uc_gaps: u64,
     epsn: u32,
     /// Set after a NAK: requests are dropped until this PSN arrives.
     nak_psn: Option<u32>,
@@ -99,7 +133,6 @@ pub struct Responder {
     /// Payload bytes of the requests the owed ACK covers.
     owed_bytes: usize,
     replay: VecDeque<(u32, u64)>,
-    in_progress: Option<InProgress>,
     /// PSN of the request whose payload is arriving (to roll back if it never does).
     payload_psn: Option<u32>,
     /// The request whose payload is arriving asked for an ACK.
@@ -110,15 +143,29 @@ pub struct Responder {
 }
 
 impl Responder {
-    /// An empty receive queue for QP `qpn` in PD `pd`.
+    /// QP `qpn` in PD `pd` with an empty receive queue of its own, of `cap` receives of
+    /// `max_sge` SGEs.
     pub fn new(qpn: u32, pd: u32, cap: u32, max_sge: u32) -> Self {
+        Self::with_source(qpn, pd, RecvSource::Own(RecvQueue::new(cap, max_sge)))
+    }
+
+    /// QP `qpn` in PD `pd` taking its receives from `srq`.
+    pub fn with_srq(qpn: u32, pd: u32, srq: Arc<SharedRecvQueue>) -> Self {
+        Self::with_source(qpn, pd, RecvSource::Shared(srq))
+    }
+
+    fn with_source(qpn: u32, pd: u32, source: RecvSource) -> Self {
         Responder {
             qpn,
             pd,
-            cap: cap as usize,
-            max_sge,
-            rq: VecDeque::with_capacity(cap.min(4096) as usize),
-            spare: Vec::new(),
+            source,
+            wqe: RecvWqe::default(),
+            taken: None,
+            events: Vec::new(),
+            last_wqe_raised: false,
+            uc: false,
+            uc_dropped: 0,
+            uc_gaps: 0,
             epsn: 0,
             nak_psn: None,
             access: AccessFlags::empty(),
@@ -127,12 +174,22 @@ impl Responder {
             ack_owed: None,
             owed_bytes: 0,
             replay: VecDeque::new(),
-            in_progress: None,
             payload_psn: None,
             payload_ack_req: false,
             ack_asked: false,
             scratch: Vec::new(),
         }
+    }
+
+    /// The same as the responder of a UC QP ([`uc`]).
+    pub fn unreliable(mut self) -> Self {
+        self.uc = true;
+        self
+    }
+
+    /// Whether this is a UC QP's responder.
+    pub fn is_unreliable(&self) -> bool {
+        self.uc
     }
 
     /// Applies INIT → RTR attributes.
@@ -149,29 +206,88 @@ impl Responder {
         self.epsn
     }
 
-    /// Receives posted and not yet consumed.
+    /// Receives posted to the QP's own receive queue and not yet consumed (0 with an
+    /// SRQ).
     pub fn posted(&self) -> usize {
-        self.rq.len()
+        match &self.source {
+            RecvSource::Own(q) => q.len(),
+            RecvSource::Shared(_) => 0,
+        }
     }
 
-    /// Queues a receive WQE; `Err(true)`: the queue is full (ENOMEM); `Err(false)`: too
-    /// many SGEs (EINVAL).
-    pub fn post(&mut self, wr: &RecvWr<'_>) -> Result<(), bool> {
-        if self.rq.len() >= self.cap {
-            return Err(true);
+    /// Receives the next message could take: the QP's own, or its SRQ's.
+    fn available(&self) -> usize {
+        match &self.source {
+            RecvSource::Own(q) => q.len(),
+            RecvSource::Shared(s) => s.len(),
         }
-        if wr.sg_list.len() > self.max_sge as usize {
-            return Err(false);
+    }
+
+    /// The SRQ the QP takes its receives from, if any.
+    pub fn srq(&self) -> Option<&Arc<SharedRecvQueue>> {
+        match &self.source {
+            RecvSource::Own(_) => None,
+            RecvSource::Shared(s) => Some(s),
         }
-        let mut w = self.spare.pop().unwrap_or(RecvWqe {
-            wr_id: 0,
-            sges: Vec::new(),
-        });
-        w.wr_id = wr.wr_id;
-        w.sges.clear();
-        w.sges.extend_from_slice(wr.sg_list);
-        self.rq.push_back(w);
-        Ok(())
+    }
+
+    /// Queues a receive WQE on the QP's own receive queue (`ibv_post_recv`).
+    pub fn post(&mut self, wr: &RecvWr<'_>) -> Result<(), PostRecvError> {
+        match &mut self.source {
+            RecvSource::Own(q) => q.post(wr),
+            RecvSource::Shared(_) => Err(PostRecvError::HasSrq),
+        }
+    }
+
+    /// The asynchronous events raised since the last call, oldest first, for the driver
+    /// to queue on the device.
+    pub fn take_events(&mut self) -> std::vec::Drain<'_, AsyncEvent> {
+        self.events.drain(..)
+    }
+
+    /// Whether events wait for [`Responder::take_events`], or counts for
+    /// [`Responder::take_uc_counts`].
+    pub fn has_news(&self) -> bool {
+        !self.events.is_empty() || self.uc_dropped > 0 || self.uc_gaps > 0
+    }
+
+    fn event(&mut self, event_type: AsyncEventType, element: AsyncElement) {
+        // Bounded for a driver that never takes them (the fuzz harness, tests); the
+        // sim's driver takes them after every batch of frames.
+        if self.events.len() < MAX_EVENTS {
+            self.events.push(AsyncEvent { event_type, element });
+        }
+    }
+
+    /// Takes the oldest receive (unless one is held already); false if there is none.
+    fn take_recv(&mut self) -> bool {
+        if self.taken.is_some() {
+            return true;
+        }
+        let got = match &mut self.source {
+            RecvSource::Own(q) => q.take_into(&mut self.wqe),
+            RecvSource::Shared(s) => match s.take_into(&mut self.wqe) {
+                None => false,
+                Some(reached) => {
+                    if reached {
+                        let h = s.handle();
+                        self.event(AsyncEventType::SrqLimitReached, AsyncElement::Srq(h));
+                    }
+                    true
+                }
+            },
+        };
+        if got {
+            self.taken = Some(Taken::Held);
+        }
+        got
+    }
+
+    /// Completes the receive taken with `status` (an error: only `wr_id`, `status` and
+    /// `qp_num` are valid, as `man ibv_poll_cq` says).
+    fn fail_recv(&mut self, status: WcStatus, out: &mut Vec<(WorkCompletion, bool)>) {
+        self.taken = None;
+        out.push((self.recv_completion(self.wqe.wr_id, status), false));
     }
 
     fn recv_completion(&self, wr_id: u64, status: WcStatus) -> WorkCompletion {
@@ -227,14 +343,6 @@ impl Responder {
         self.flush_ack(tx);
     }
 
-    fn take_recv(&mut self) -> Option<RecvWqe> {
-        self.rq.pop_front()
-    }
-
-    fn give_back(&mut self, w: RecvWqe) {
-        self.spare.push(w);
-    }
-
     /// Handles a request header. Responses go to `tx`, receive completions to `out`.
     pub fn on_request(
         &mut self,
@@ -260,6 +368,9 @@ impl Responder {
         let Some(psn) = frame.psn().filter(|_| frame.is_request()) else {
             return Ok(Incoming::Discard);
         };
+        if self.uc {
+            return self.on_uc_request(frame, psn, mrs, out, force_rnr);
+        }
         let d = psn::diff(psn, self.epsn);
         if d < 0 {
             return Ok(self.duplicate(frame, mrs, tx));
@@ -281,16 +392,15 @@ impl Responder {
                     *force_rnr -= 1;
                     return self.rnr(psn, tx);
                 }
-                let Some(w) = self.take_recv() else {
+                if !self.take_recv() {
                     return self.rnr(psn, tx);
-                };
+                }
                 let mut segs = std::mem::take(&mut self.scratch);
-                let resolved = mrs.resolve_local(self.pd, &w.sges, true, &mut segs);
+                let resolved = mrs.resolve_local(self.pd, &self.wqe.sges, true, &mut segs);
                 let total = match resolved {
                     Ok(t) => t,
                     Err(_) => {
-                        out.push((self.recv_completion(w.wr_id, WcStatus::LocProtErr), false));
-                        self.give_back(w);
+                        self.fail_recv(WcStatus::LocProtErr, out);
                         self.scratch = segs;
                         self.nak(tx, psn, NakCode::RemoteOperational, None);
                         return Err(Fatal(WcStatus::LocProtErr));
@@ -303,17 +413,14 @@ impl Responder {
                         room = total,
                         "SEND longer than the receive buffers: LOC_LEN_ERR here, the QP goes to ERR"
                     );
-                    out.push((self.recv_completion(w.wr_id, WcStatus::LocLenErr), false));
-                    self.give_back(w);
+                    self.fail_recv(WcStatus::LocLenErr, out);
                     self.scratch = segs;
                     let reason = NakReason::RecvTooShort;
                     self.nak(tx, psn, reason.code(), Some(reason));
                     return Err(Fatal(WcStatus::LocLenErr));
                 }
                 trim(&mut segs, len as usize);
-                self.in_progress = Some(InProgress {
-                    wr_id: w.wr_id,
-                    sges: w.sges,
+                self.taken = Some(Taken::Filling {
                     opcode: WcOpcode::Recv,
                     byte_len: len,
                     imm,
@@ -333,12 +440,15 @@ impl Responder {
                 ..
             } => {
                 // Resources (a receive for the immediate) are checked before the rkey, as
-                // the responder state machines of rxe and the IBA do.
+                // the responder state machines of rxe and the IBA do. The receive is taken
+                // now (an SRQ's last one could go to another QP between a look and a
+                // take); if the rkey check fails it stays held, and the QP's flush
+                // completes it.
                 if imm.is_some() && *force_rnr > 0 {
                     *force_rnr -= 1;
                     return self.rnr(psn, tx);
                 }
-                if imm.is_some() && self.rq.is_empty() {
+                if imm.is_some() && !self.take_recv() {
                     return self.rnr(psn, tx);
                 }
                 let seg = match mrs.resolve_remote(
@@ -353,10 +463,7 @@ impl Responder {
                     Err(e) => return self.refuse(psn, "WRITE", reason_of(e), rkey, addr, len as u64, tx),
                 };
                 if imm.is_some() {
-                    let w = self.take_recv().expect("checked above");
-                    self.in_progress = Some(InProgress {
-                        wr_id: w.wr_id,
-                        sges: w.sges,
+                    self.taken = Some(Taken::Filling {
                         opcode: WcOpcode::RecvRdmaWithImm,
                         byte_len: len,
                         imm,
@@ -447,7 +554,7 @@ impl Responder {
             qpn = self.qpn,
             psn,
             timer,
-            posted = self.rq.len(),
+            available = self.available(),
             "RNR NAK sent: no receive posted (or one forced by fault injection)"
         );
         self.nak(tx, psn, NakCode::Rnr { timer }, None);
@@ -483,10 +590,26 @@ impl Responder {
             "remote {op} refused: {reason}; the QP goes to ERR"
         );
         self.nak(tx, psn, reason.code(), Some(reason));
-        Err(Fatal(match reason.code() {
-            NakCode::InvalidRequest => WcStatus::RemInvReqErr,
-            _ => WcStatus::RemAccessErr,
-        }))
+        Err(Fatal(self.affiliated_error(reason.code())))
+    }
+
+    /// The affiliated asynchronous error of a request refused with `code` (IBA
+    /// 11.6.3.1; rxe raises neither): the responder's QP goes to ERR with no completion
+    /// of its own that says why, so its application hears of it as
+    /// `IBV_EVENT_QP_ACCESS_ERR` (a remote access error) or `IBV_EVENT_QP_REQ_ERR` (an
+    /// invalid request). Returns the status the requester's WQE gets.
+    fn affiliated_error(&mut self, code: NakCode) -> WcStatus {
+        let qp = AsyncElement::Qp(self.qpn);
+        match code {
+            NakCode::InvalidRequest => {
+                self.event(AsyncEventType::QpReqErr, qp);
+                WcStatus::RemInvReqErr
+            }
+            _ => {
+                self.event(AsyncEventType::QpAccessErr, qp);
+                WcStatus::RemAccessErr
+            }
+        }
     }
 
     fn duplicate(&mut self, frame: &Frame, mrs: &MrTable, tx: &mut TxQueue) -> Incoming {
@@ -558,17 +681,21 @@ impl Responder {
         sink.clear();
         self.scratch = sink;
         self.payload_psn = None;
-        if let Some(p) = self.in_progress.take() {
-            let InProgress {
-                wr_id,
-                sges,
-                opcode,
-                byte_len,
-                imm,
-                solicited,
-            } = p;
-            self.spare.push(RecvWqe { wr_id, sges });
-            let mut wc = self.recv_completion(wr_id, WcStatus::Success);
+        self.complete_filled(out);
+        self.ack_owed = Some(psn::add(self.epsn, verbs_api::PSN_MASK));
+    }
+
+    /// Completes the receive a request whose payload is now in consumed, if any.
+    fn complete_filled(&mut self, out: &mut Vec<(WorkCompletion, bool)>) {
+        if let Some(Taken::Filling {
+            opcode,
+            byte_len,
+            imm,
+            solicited,
+        }) = self.taken
+        {
+            self.taken = None;
+            let mut wc = self.recv_completion(self.wqe.wr_id, WcStatus::Success);
             wc.opcode = opcode;
             wc.byte_len = byte_len;
             if let Some(imm) = imm {
@@ -577,7 +704,6 @@ impl Responder {
             }
             out.push((wc, solicited));
         }
-        self.ack_owed = Some(psn::add(self.epsn, verbs_api::PSN_MASK));
     }
 
     /// The region the current request's payload was going to was deregistered while the
@@ -591,83 +717,113 @@ impl Responder {
         sink: Vec<Seg>,
         tx: &mut TxQueue,
         out: &mut Vec<(WorkCompletion, bool)>,
-    ) -> Fatal {
+    ) -> Option<Fatal> {
         let mut sink = sink;
         sink.clear();
         self.scratch = sink;
+        if self.uc {
+            return self.uc_payload_lost(out);
+        }
         let psn = self
             .payload_psn
             .take()
             .unwrap_or_else(|| psn::add(self.epsn, verbs_api::PSN_MASK));
-        match self.in_progress.take() {
-            Some(p) if p.opcode == WcOpcode::Recv => {
-                out.push((self.recv_completion(p.wr_id, WcStatus::LocProtErr), false));
-                self.give_back(RecvWqe {
-                    wr_id: p.wr_id,
-                    sges: p.sges,
-                });
+        match self.taken {
+            Some(Taken::Filling {
+                opcode: WcOpcode::Recv,
+                ..
+            }) => {
+                self.fail_recv(WcStatus::LocProtErr, out);
                 self.nak(tx, psn, NakCode::RemoteOperational, None);
-                Fatal(WcStatus::LocProtErr)
+                Some(Fatal(WcStatus::LocProtErr))
             }
-            p => {
-                if let Some(p) = p {
-                    self.rq.push_front(RecvWqe {
-                        wr_id: p.wr_id,
-                        sges: p.sges,
-                    });
+            _ => {
+                if self.taken.is_some() {
+                    self.taken = Some(Taken::Held);
                 }
                 let reason = NakReason::DeregisteredRkey;
                 self.nak(tx, psn, reason.code(), Some(reason));
-                Fatal(WcStatus::RemAccessErr)
+                Some(Fatal(self.affiliated_error(reason.code())))
             }
         }
     }
 
     /// The connection broke in the middle of a request's payload: as an HCA that never
     /// saw the last packet, forget the request (the requester resends it): the expected
-    /// PSN goes back and a receive it consumed returns to the head of the queue.
+    /// PSN goes back, and a receive it consumed stays held for the resend.
     pub fn connection_lost(&mut self) {
+        if self.uc {
+            return self.uc_connection_lost();
+        }
         if let Some(psn) = self.payload_psn.take() {
             self.epsn = psn;
-            if let Some(p) = self.in_progress.take() {
-                self.rq.push_front(RecvWqe {
-                    wr_id: p.wr_id,
-                    sges: p.sges,
-                });
+            if self.taken.is_some() {
+                self.taken = Some(Taken::Held);
             }
         }
         self.nak_psn = None;
         self.forget_ack();
     }
 
-    /// QP to ERR: every posted receive (and one consumed by a request still arriving)
-    /// completes with `IBV_WC_WR_FLUSH_ERR`, in order.
+    /// QP to ERR: the receive taken (held, or consumed by a request still arriving) and,
+    /// without an SRQ, every posted receive complete with `IBV_WC_WR_FLUSH_ERR`, in order.
+    /// An SRQ keeps its receives for its other QPs; the QP raises
+    /// `IBV_EVENT_QP_LAST_WQE_REACHED` (once until the next reset).
     pub fn flush(&mut self, out: &mut Vec<(WorkCompletion, bool)>) {
         self.payload_psn = None;
-        if let Some(p) = self.in_progress.take() {
-            out.push((self.recv_completion(p.wr_id, WcStatus::WrFlushErr), false));
+        if self.taken.is_some() {
+            self.fail_recv(WcStatus::WrFlushErr, out);
         }
-        while let Some(w) = self.rq.pop_front() {
-            out.push((self.recv_completion(w.wr_id, WcStatus::WrFlushErr), false));
-            self.spare.push(w);
+        match &mut self.source {
+            RecvSource::Own(q) => {
+                let qpn = self.qpn;
+                q.drain(|wr_id| out.push((flushed(qpn, wr_id), false)));
+            }
+            RecvSource::Shared(_) => {
+                if !self.last_wqe_raised {
+                    self.last_wqe_raised = true;
+                    let qpn = self.qpn;
+                    self.event(AsyncEventType::QpLastWqeReached, AsyncElement::Qp(qpn));
+                }
+            }
         }
-        self.forget_ack();
+        if !self.uc {
+            // (A UC QP still owes the receipt of what it took in: see `uc`.)
+            self.forget_ack();
+        }
     }
 
-    /// QP to RESET: receives are discarded without completions.
+    /// QP to RESET (or destroyed): its own receives are discarded without completions; a
+    /// receive held from an SRQ goes back to the SRQ's head, for its other QPs.
     pub fn reset(&mut self) {
-        self.in_progress = None;
+        if self.taken.take().is_some() {
+            if let RecvSource::Shared(s) = &self.source {
+                s.put_back(&mut self.wqe);
+            }
+        }
         self.payload_psn = None;
-        while let Some(w) = self.rq.pop_front() {
-            self.spare.push(w);
+        if let RecvSource::Own(q) = &mut self.source {
+            q.drain(|_| {});
         }
         self.forget_ack();
         self.nak_psn = None;
+        self.last_wqe_raised = false;
+    }
+}
+
+/// A receive flushed on QP `qpn`.
+fn flushed(qpn: u32, wr_id: u64) -> WorkCompletion {
+    WorkCompletion {
+        wr_id,
+        status: WcStatus::WrFlushErr,
+        opcode: WcOpcode::Recv,
+        qp_num: qpn,
+        ..Default::default()
     }
 }
 
 /// The reason a refused remote access gives the requester.
-fn reason_of(e: RemoteAccessError) -> NakReason {
+pub(crate) fn reason_of(e: RemoteAccessError) -> NakReason {
     match e {
         RemoteAccessError::BadKey => NakReason::UnknownRkey,
         RemoteAccessError::Deregistered => NakReason::DeregisteredRkey,
@@ -680,7 +836,7 @@ fn reason_of(e: RemoteAccessError) -> NakReason {
 }
 
 /// Shortens a scatter list to its first `len` bytes.
-fn trim(segs: &mut Vec<Seg>, len: usize) {
+pub(crate) fn trim(segs: &mut Vec<Seg>, len: usize) {
     let mut left = len;
     let mut keep = 0;
     for s in segs.iter_mut() {
@@ -834,5 +990,38 @@ mod tests {
         assert!(seg.copy_out(0, &mut now));
         assert_eq!(now, [7; 64], "the region changed");
         assert!(out.is_empty());
+        // Each refusal of a new request is an invalid request at this QP (IBA 11.6.3.1);
+        // the refused duplicate took the QP nowhere and raises nothing.
+        let evs: Vec<_> = resp.take_events().map(|e| (e.event_type, e.element)).collect();
+        let req_err = (AsyncEventType::QpReqErr, AsyncElement::Qp(2));
+        assert_eq!(evs, [req_err, req_err]);
+    }
+
+    /// A WRITE refused for its rkey raises QP_ACCESS_ERR on the responder's QP.
+    #[test]
+    fn a_refused_write_raises_an_access_error() {
+        let mrs = MrTable::default();
+        let mut resp = Responder::new(2, 1, 4, 1);
+        resp.connect(RespAttrs {
+            rq_psn: 0,
+            min_rnr_timer: 1,
+        });
+        resp.access = AccessFlags::REMOTE;
+        let (mut tx, mut out) = (TxQueue::new(), Vec::new());
+        let write = Frame::Write {
+            psn: 0,
+            len: 8,
+            addr: 0x1000,
+            rkey: 9,
+            imm: None,
+            solicited: false,
+            ack_req: false,
+        };
+        assert!(matches!(
+            resp.on_request(&write, &mrs, &mut tx, &mut out),
+            Err(Fatal(WcStatus::RemAccessErr))
+        ));
+        let evs: Vec<_> = resp.take_events().map(|e| (e.event_type, e.element)).collect();
+        assert_eq!(evs, [(AsyncEventType::QpAccessErr, AsyncElement::Qp(2))]);
     }
 }
