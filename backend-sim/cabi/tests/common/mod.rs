@@ -68,28 +68,49 @@ pub fn free_port() -> u16 {
     l.local_addr().expect("addr").port()
 }
 
-/// Runs a preloaded server and, once it listens on `port`, a preloaded client; both
-/// must exit 0 within `limit`. Their standard outputs.
-pub fn run_pair(
-    program: &str,
-    server: &[&str],
-    client: &[&str],
-    port: u16,
-    limit: Duration,
-) -> (String, String) {
-    let srv = preloaded(program, server).spawn().expect(program);
+/// Whether something listens on TCP `port` (read from /proc: a probe connection would be
+/// the one connection a server such as `ibv_rc_pingpong` accepts).
+pub fn listening(port: u16) -> bool {
+    let hex = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+        std::fs::read_to_string(f)
+            .unwrap_or_default()
+            .lines()
+            .skip(1)
+            .any(|l| {
+                let cols: Vec<&str> = l.split_whitespace().collect();
+                cols.len() > 3 && cols[3] == "0A" && cols[1].ends_with(&hex)
+            })
+    })
+}
+
+/// Waits until something listens on `port`, or `child` exits, or `limit` passes.
+pub fn wait_listening(port: u16, child: &mut Child, limit: Duration) {
     let deadline = Instant::now() + limit;
-    // The server's exchange socket accepts once it is up.
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+    while !listening(port) {
         assert!(
             Instant::now() < deadline,
-            "{program} server never listened on {port}"
+            "nothing listened on {port} within {limit:?}"
         );
+        if child.try_wait().expect("try_wait").is_some() {
+            return;
+        }
         std::thread::sleep(Duration::from_millis(20));
     }
-    // That probe connection was the server's one accept for some programs: they then
-    // fail, so the probe is only for programs that accept again (see the callers).
-    let cli = preloaded(program, client).spawn().expect(program);
+}
+
+/// Runs a preloaded server (its arguments plus `-p port`) and, once it listens, a
+/// preloaded client (its arguments plus `-p port 127.0.0.1`); both must exit 0 within
+/// `limit`. Their standard outputs.
+pub fn run_pair(program: &str, server: &[&str], client: &[&str], limit: Duration) -> (String, String) {
+    let port = free_port().to_string();
+    let mut srv_args: Vec<&str> = server.to_vec();
+    srv_args.extend(["-p", &port]);
+    let mut cli_args: Vec<&str> = client.to_vec();
+    cli_args.extend(["-p", &port, "127.0.0.1"]);
+    let mut srv = preloaded(program, &srv_args).spawn().expect(program);
+    wait_listening(port.parse().unwrap(), &mut srv, limit);
+    let cli = preloaded(program, &cli_args).spawn().expect(program);
     let c = wait(cli, limit);
     let s = wait(srv, limit);
     let text = |o: &Output| String::from_utf8_lossy(&o.stdout).into_owned();
