@@ -108,8 +108,13 @@ impl Peer {
         modify_to_rts(&self.qp, &p, 0x1234).unwrap();
     }
 
-    /// rc_pingpong's loop; `check` sees each message received.
+    /// rc_pingpong's loop for `ITERS` messages each way; `check` sees each message
+    /// received.
     fn pingpong(&self, client: bool, check: impl Fn(&[u8])) {
+        self.pingpong_n(client, ITERS, check)
+    }
+
+    fn pingpong_n(&self, client: bool, iters: u32, check: impl Fn(&[u8])) {
         let post_send = || {
             self.qp
                 .post_send(&[SendWr::send(SEND_WRID, &[self.send.sge_all()]).signaled()])
@@ -123,7 +128,7 @@ impl Peer {
         let (mut scnt, mut rcnt) = (0, 0);
         let deadline = Instant::now() + LIMIT;
         let mut wc = [WorkCompletion::default(); 2];
-        while rcnt < ITERS || scnt < ITERS {
+        while rcnt < iters || scnt < iters {
             assert!(
                 Instant::now() < deadline,
                 "ping-pong stalled at {scnt} sent, {rcnt} received"
@@ -144,7 +149,7 @@ impl Peer {
                     other => panic!("wr_id {other}"),
                 }
                 pending &= !w.wr_id;
-                if scnt < ITERS && pending == 0 {
+                if scnt < iters && pending == 0 {
                     post_send();
                     pending = RECV_WRID | SEND_WRID;
                 }
@@ -203,17 +208,14 @@ fn c_server_against_rust_client(gid: bool) {
     assert!(!stdout.contains("invalid data"), "{stdout}");
 }
 
-fn rust_server_against_c_client(gid: bool) {
+/// Connects a Rust server to a C `ibv_rc_pingpong` client started with `args` (the
+/// port and 127.0.0.1 are added); the client's process.
+fn rust_server_with_c_client(peer: &Peer, args: &[&str], gid: bool) -> std::process::Child {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port().to_string();
-    let mut args = vec!["-c", "-n", "200", "-s", "4096", "-p", &port];
-    if gid {
-        args.extend(["-g", "0"]);
-    }
-    args.push("127.0.0.1");
+    let mut args = args.to_vec();
+    args.extend(["-p", &port, "127.0.0.1"]);
     let client = common::preloaded("ibv_rc_pingpong", &args).spawn().unwrap();
-
-    let peer = Peer::new();
     let (mut s, _) = listener.accept().unwrap();
     let mut msg = [0u8; 52];
     s.read_exact(&mut msg).unwrap();
@@ -224,6 +226,16 @@ fn rust_server_against_c_client(gid: bool) {
     let mut done = [0u8; 5];
     s.read_exact(&mut done).unwrap();
     assert_eq!(&done, b"done\0");
+    client
+}
+
+fn rust_server_against_c_client(gid: bool) {
+    let peer = Peer::new();
+    let mut args = vec!["-c", "-n", "200", "-s", "4096"];
+    if gid {
+        args.extend(["-g", "0"]);
+    }
+    let client = rust_server_with_c_client(&peer, &args, gid);
     // The server's role: it answers with what arrived (rc_pingpong's server sends from
     // its receive buffer), so the C client's own data comes back to it.
     peer.pingpong(false, |got| {
@@ -255,4 +267,46 @@ fn c_server_rust_client_by_gid() {
 #[test]
 fn rust_server_c_client_by_lid() {
     rust_server_against_c_client(false);
+}
+
+#[test]
+fn rust_server_c_client_by_gid() {
+    rust_server_against_c_client(true);
+}
+
+/// A C program killed in the middle of a run (no cleanup, no goodbye) leaves its peer
+/// no QP to wait on for ever: the peer's next send fails with `IBV_WC_RETRY_EXC_ERR`
+/// (nobody accepts its reconnection: `vendor_err` ECONNREFUSED) within the QP's
+/// timeout and retries, and the peer's QP is destroyed at once.
+#[test]
+fn a_killed_c_peer_leaves_no_hung_peer() {
+    let peer = Peer::new();
+    let mut client = rust_server_with_c_client(&peer, &["-n", "1000000", "-s", "4096"], false);
+    peer.pingpong_n(false, 50, |_| {});
+    client.kill().unwrap();
+    client.wait().unwrap();
+    let start = Instant::now();
+    peer.qp
+        .post_send(&[SendWr::send(SEND_WRID, &[peer.send.sge_all()]).signaled()])
+        .unwrap();
+    let wc = loop {
+        let mut wc = [WorkCompletion::default(); 1];
+        if peer.cq.poll(&mut wc).unwrap() == 1 && wc[0].wr_id == SEND_WRID {
+            break wc[0];
+        }
+        assert!(start.elapsed() < LIMIT, "the send to a dead peer never completed");
+    };
+    assert_eq!(wc.status, WcStatus::RetryExcErr, "{wc:?}");
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        start.elapsed()
+    );
+    let t = Instant::now();
+    drop(peer);
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "destroy took {:?}",
+        t.elapsed()
+    );
 }
