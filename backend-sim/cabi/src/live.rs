@@ -123,3 +123,64 @@ pub fn forget<T: Object>(c: *const T::C) -> Result<*mut T, Errno> {
     live.remove(&(c as usize));
     Ok(T::from_c(c))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[repr(C)]
+    struct Thing {
+        c: u64,
+        drops: std::sync::Arc<std::sync::atomic::AtomicU32>,
+    }
+
+    // SAFETY: `#[repr(C)]` with `c` first.
+    unsafe impl Object for Thing {
+        const KIND: Kind = Kind::Ah;
+        type C = u64;
+    }
+
+    impl Drop for Thing {
+        fn drop(&mut self) {
+            self.drops.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    #[repr(C)]
+    struct Other(u64);
+
+    // SAFETY: `#[repr(C)]` with its only field first.
+    unsafe impl Object for Other {
+        const KIND: Kind = Kind::Srq;
+        type C = u64;
+    }
+
+    #[test]
+    fn lookups_refuse_null_foreign_mistyped_and_destroyed_objects() {
+        let drops = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let c = register(Box::new(Thing {
+            c: 42,
+            drops: drops.clone(),
+        }));
+        // SAFETY (every lookup here): the registry decides; nothing is destroyed while a
+        // reference is in use.
+        assert_eq!(unsafe { get::<Thing>(c) }.map(|t| t.c), Ok(42));
+        assert_eq!(
+            unsafe { get::<Thing>(std::ptr::null()) }.err(),
+            Some(libc::EINVAL)
+        );
+        let stack = 7u64;
+        assert_eq!(unsafe { get::<Thing>(&stack) }.err(), Some(libc::EINVAL));
+        assert!(unsafe { get::<Other>(c) }.is_err(), "another kind");
+        assert!(forget::<Other>(c).is_err(), "another kind is not forgotten");
+        drop(unsafe { unregister::<Thing>(c) }.unwrap());
+        assert_eq!(drops.load(std::sync::atomic::Ordering::Relaxed), 1);
+        assert_eq!(unsafe { get::<Thing>(c) }.err(), Some(libc::EINVAL));
+        assert_eq!(
+            unsafe { unregister::<Thing>(c) }.err(),
+            Some(libc::EINVAL),
+            "destroyed twice"
+        );
+        assert_eq!(drops.load(std::sync::atomic::Ordering::Relaxed), 1);
+    }
+}

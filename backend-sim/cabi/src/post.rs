@@ -354,3 +354,84 @@ pub(crate) unsafe extern "C" fn post_srq_recv(
         unsafe { report(r, bad) }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::abi::{ibv_send_wr_tail, ibv_send_wr_wr, ibv_wr_atomic, ibv_wr_rdma};
+
+    fn wr(opcode: u32, wr: ibv_send_wr_wr) -> ibv_send_wr {
+        ibv_send_wr {
+            wr_id: 1,
+            next: std::ptr::null_mut(),
+            sg_list: std::ptr::null_mut(),
+            num_sge: 0,
+            opcode,
+            send_flags: 0,
+            imm_data: 0x0102_0304u32.to_be(),
+            wr,
+            remote_srqn: 0,
+            tail: ibv_send_wr_tail {
+                mw: std::ptr::null_mut(),
+                rkey: 0,
+                bind_info: [0; 4],
+            },
+        }
+    }
+
+    #[test]
+    fn opcodes_and_their_union_members() {
+        let rdma = ibv_send_wr_wr {
+            rdma: ibv_wr_rdma {
+                remote_addr: 0x1000,
+                rkey: 9,
+            },
+        };
+        let at = RemoteAddr::new(0x1000, 9);
+        assert_eq!(send_op(&wr(0, rdma)), Ok(WrOp::RdmaWrite { remote: at }));
+        assert_eq!(
+            send_op(&wr(1, rdma)),
+            Ok(WrOp::RdmaWriteWithImm {
+                remote: at,
+                imm_data: 0x0102_0304
+            }),
+            "immediate data from network order"
+        );
+        assert_eq!(send_op(&wr(2, rdma)), Ok(WrOp::Send));
+        assert_eq!(send_op(&wr(4, rdma)), Ok(WrOp::RdmaRead { remote: at }));
+        let atomic = ibv_send_wr_wr {
+            atomic: ibv_wr_atomic {
+                remote_addr: 0x2000,
+                compare_add: 5,
+                swap: 6,
+                rkey: 11,
+            },
+        };
+        let at = RemoteAddr::new(0x2000, 11);
+        assert_eq!(
+            send_op(&wr(5, atomic)),
+            Ok(WrOp::AtomicCmpAndSwp {
+                remote: at,
+                compare: 5,
+                swap: 6
+            })
+        );
+        assert_eq!(
+            send_op(&wr(6, atomic)),
+            Ok(WrOp::AtomicFetchAndAdd { remote: at, add: 5 })
+        );
+        // LOCAL_INV, BIND_MW, SEND_WITH_INV, TSO, ATOMIC_WRITE.
+        for op in [7, 8, 9, 10, 15, 99] {
+            assert_eq!(send_op(&wr(op, rdma)), Err(libc::EINVAL), "opcode {op}");
+        }
+    }
+
+    #[test]
+    fn send_flags_ignore_ip_csum_and_refuse_unknown_bits() {
+        assert_eq!(
+            send_flags(0b1111 | IBV_SEND_IP_CSUM),
+            Ok(SendFlags::FENCE | SendFlags::SIGNALED | SendFlags::SOLICITED | SendFlags::INLINE)
+        );
+        assert_eq!(send_flags(1 << 7), Err(libc::EINVAL));
+    }
+}

@@ -111,3 +111,37 @@ pub(crate) unsafe extern "C" fn ibv_read_ibdev_sysfs_file() -> c_int {
     crate::ffi::set_errno(libc::EOPNOTSUPP);
     -1
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(dir: &CStr, file: &CStr, size: usize) -> (c_int, String) {
+        let mut buf = vec![0x55 as c_char; size];
+        // SAFETY: NUL-terminated strings and a buffer of `size` bytes.
+        let n = unsafe { ibv_read_sysfs_file(dir.as_ptr(), file.as_ptr(), buf.as_mut_ptr(), size) };
+        let text = buf
+            .iter()
+            .take_while(|c| **c != 0)
+            .map(|c| *c as u8 as char)
+            .collect();
+        (n, text)
+    }
+
+    #[test]
+    fn a_sim_device_directory_answers_for_its_files() {
+        let (n, text) = read(c"/sys/class/infiniband-sim/sim0", c"board_id", 64);
+        assert_eq!((n, text.as_str()), (12, "VERBS-RS-SIM"));
+        let (n, _) = read(c"/sys/class/infiniband-sim/sim0", c"no_such_file", 64);
+        assert_eq!(n, -1);
+        // Too small for the text and its NUL: libibverbs fails rather than truncate.
+        assert_eq!(read(c"/sys/class/infiniband-sim/sim0", c"board_id", 12).0, -1);
+    }
+
+    #[test]
+    fn other_paths_are_read_from_the_file_system() {
+        let (n, text) = read(c"/proc/sys/kernel", c"ostype", 64);
+        assert_eq!((n, text.as_str()), (5, "Linux"));
+        assert_eq!(read(c"/nonexistent", c"file", 64).0, -1);
+    }
+}

@@ -117,3 +117,34 @@ fn ib_atomic_lat() {
 fn ib_atomic_bw() {
     perftest("ib_atomic_bw", "BW average");
 }
+
+/// A bad setting fails the device list (NULL, errno EINVAL) with the sim's reason on
+/// stderr, and the program reports it as it would a machine without RDMA.
+#[test]
+fn a_bad_setting_is_named() {
+    let out = common::wait(
+        common::preloaded("ibv_devices", &[])
+            .env("RDMA_SIM_LISTEN", "not-an-address")
+            .spawn()
+            .unwrap(),
+        LIMIT,
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("RDMA_SIM_LISTEN"), "{err}");
+    assert!(err.contains("Failed to get IB devices list"), "{err}");
+}
+
+/// No devices: an empty list, as on a machine without RDMA hardware.
+#[test]
+fn no_devices() {
+    let out = common::wait(
+        common::preloaded("ibv_devinfo", &[])
+            .env("RDMA_SIM_DEVICES", "0")
+            .spawn()
+            .unwrap(),
+        LIMIT,
+    );
+    let text = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+    assert!(text.contains("No IB devices found"), "{text}");
+}
