@@ -58,11 +58,8 @@ unsafe impl Object for Context {
 impl Context {
     /// The C pointer programs hold.
     pub fn c_ptr(&self) -> *mut ibv_context {
-        Context::c_ptr_of(self)
-    }
-
-    fn c_ptr_of(this: &Context) -> *mut ibv_context {
-        <Context as Object>::c_ptr((this as *const Context).cast_mut())
+        // The `ibv_context` is inside the `UnsafeCell`, which programs may write.
+        <Context as Object>::c_ptr((self as *const Context).cast_mut())
     }
 
     /// Counts an object made from this context; it keeps the context's memory.
@@ -91,9 +88,12 @@ pub(crate) unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ib
     ptr_verb("ibv_open_device", || {
         let rt = runtime()?;
         let device = device(dev)?;
-        let sim = device
-            .open(&rt.backend)
-            .map_err(|e| crate::ffi::errno_of("ibv_open_device", &e))?;
+        // Unlike most refusals, this one is the environment's (a listen address taken
+        // or not this host's), which the program's own message does not name.
+        let sim = device.open(&rt.backend).map_err(|e| {
+            tracing::warn!(device = %device.name, error = %e, "ibv_open_device failed");
+            e.errno()
+        })?;
         let async_fd = sim.async_fd();
         crate::fd::make_blocking(async_fd);
         let ctx = Box::new(Context {
