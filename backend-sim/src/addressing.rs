@@ -1,5 +1,6 @@
 //! Where a device is reached, and how a QP's address vector names its peer: the port's
-//! LID is the device's TCP port, its GID table holds the IP it advertises (entries 0 and
+//! LID is the device's TCP port (a unicast LID, below 0xC000, unless a port is configured:
+//! [`lid_port`](crate::lid_port)), its GID table holds the IP it advertises (entries 0 and
 //! 1, for programs written for InfiniBand and for RoCE v2), and a wildcard listen lists
 //! the host's other addresses after those ([`host_addrs`](crate::host_addrs)), as a RoCE
 //! port lists its netdev's (`man ibv_query_gid`, `man ibv_query_port`).

@@ -89,15 +89,7 @@ impl DeviceShared {
         advertise: Option<IpAddr>,
     ) -> Result<Arc<DeviceShared>> {
         let os = |call: &'static str| move |source: std::io::Error| Error::Os { call, source };
-        let sock = socket2::Socket::new(
-            socket2::Domain::for_address(listen),
-            socket2::Type::STREAM,
-            Some(socket2::Protocol::TCP),
-        )
-        .map_err(os("socket"))?;
-        sock.set_reuse_address(true)
-            .map_err(os("setsockopt(SO_REUSEADDR)"))?;
-        sock.bind(&listen.into()).map_err(|source| Error::Os {
+        let sock = crate::lid_port::bind(listen).map_err(|source| Error::Os {
             call: "bind (sim device listener)",
             source,
         })?;

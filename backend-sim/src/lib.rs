@@ -67,6 +67,7 @@ mod epoll;
 mod fault_state;
 pub mod faults;
 mod host_addrs;
+mod lid_port;
 mod link;
 mod listener;
 mod progress;

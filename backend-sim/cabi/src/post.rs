@@ -1,0 +1,437 @@
+//! Posting work requests (`man ibv_post_send`, `man ibv_post_recv`,
+//! `man ibv_post_srq_recv`): the program's linked lists of `struct ibv_send_wr` and
+//! `struct ibv_recv_wr` as the sim's work requests, reached through `ibv_context::ops`
+//! by the header's inline functions.
+//!
+//! A list is posted in rounds of up to [`INLINE_BATCH`] WRs converted on the stack (no
+//! allocation per post). When a WR is refused, the ones before it stay posted, `*bad_wr`
+//! names it, and the error number is returned, as `man ibv_post_send` says. Inline data
+//! goes through the QP's bounce region ([`Inline`]).
+
+use std::ffi::c_int;
+use std::ops::Range;
+
+use arrayvec::ArrayVec;
+use verbs_api::{
+    AddressHandle, MemoryRegion, PostError, QueuePair, RecvWr, RemoteAddr, SendFlags, SendWr, Sge,
+    SharedReceiveQueue, UdDest, WrOp,
+};
+
+use crate::abi::{ibv_qp, ibv_recv_wr, ibv_send_wr, ibv_sge, ibv_srq, IBV_SEND_IP_CSUM};
+use crate::ah::Ah;
+use crate::ffi::{errno_of, value_verb, Errno};
+use crate::live;
+use crate::qp::{Inline, Qp, INLINE_BATCH};
+use crate::srq::Srq;
+
+/// SGEs converted per round: twice the most a sim WR may carry (32), so a round holds
+/// at least two WRs of any size.
+const ROUND_SGES: usize = 64;
+
+/// `IBV_QPT_UD`
+const IBV_QPT_UD: u32 = 4;
+
+/// The operation of a send WR, from its opcode and the union member that opcode uses.
+pub fn send_op(w: &ibv_send_wr) -> Result<WrOp, Errno> {
+    let imm_data = u32::from_be(w.imm_data);
+    // SAFETY: every member of the `wr` union is plain data, valid for any bits; the
+    // opcode says which one the program filled.
+    let (rdma, atomic) = unsafe { (w.wr.rdma, w.wr.atomic) };
+    let rdma = RemoteAddr::new(rdma.remote_addr, rdma.rkey);
+    let atomic_at = RemoteAddr::new(atomic.remote_addr, atomic.rkey);
+    Ok(match w.opcode {
+        0 => WrOp::RdmaWrite { remote: rdma },
+        1 => WrOp::RdmaWriteWithImm {
+            remote: rdma,
+            imm_data,
+        },
+        2 => WrOp::Send,
+        3 => WrOp::SendWithImm { imm_data },
+        4 => WrOp::RdmaRead { remote: rdma },
+        5 => WrOp::AtomicCmpAndSwp {
+            remote: atomic_at,
+            compare: atomic.compare_add,
+            swap: atomic.swap,
+        },
+        6 => WrOp::AtomicFetchAndAdd {
+            remote: atomic_at,
+            add: atomic.compare_add,
+        },
+        // LOCAL_INV, BIND_MW, SEND_WITH_INV, TSO, ATOMIC_WRITE and unknown opcodes: the
+        // sim has no memory windows, invalidation or segmentation offload.
+        _ => return Err(libc::EINVAL),
+    })
+}
+
+/// `IBV_SEND_*` flags the sim knows; `IBV_SEND_IP_CSUM` (an offload of raw Ethernet and
+/// UD checksums) has nothing to do.
+pub fn send_flags(flags: u32) -> Result<SendFlags, Errno> {
+    SendFlags::from_bits(flags & !IBV_SEND_IP_CSUM).ok_or(libc::EINVAL)
+}
+
+/// Copies inline data (`pieces`: address and length) into slot `slot` of the bounce
+/// region and returns the one SGE that names it there.
+///
+/// # Safety
+///
+/// Every piece must be readable memory of the program (its contract for inline data).
+pub unsafe fn bounce(
+    inline: &Inline,
+    slot: usize,
+    pieces: impl Iterator<Item = (u64, u32)>,
+) -> Result<Sge, Errno> {
+    let base = slot * inline.slot;
+    let mut len = 0usize;
+    for (addr, n) in pieces {
+        let n = n as usize;
+        if len + n > inline.slot {
+            // Longer than `max_inline_data`, as the sim would say.
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: the source is the program's (caller's contract); the destination is
+        // inside the bounce region (slot < INLINE_BATCH, len + n <= slot size), which
+        // nothing else writes while the caller holds its lock. No reference is made to
+        // either side.
+        unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, inline.mr.as_ptr().add(base + len), n) };
+        len += n;
+    }
+    Ok(Sge::new(
+        inline.mr.addr() + base as u64,
+        len as u32,
+        inline.mr.lkey(),
+    ))
+}
+
+/// A program's SGE list as a slice.
+///
+/// # Safety
+///
+/// `sg_list` must point to `num_sge` SGEs (or `num_sge` be 0).
+unsafe fn sges<'a>(sg_list: *const ibv_sge, num_sge: c_int) -> Result<&'a [ibv_sge], Errno> {
+    match usize::try_from(num_sge) {
+        Ok(0) => Ok(&[]),
+        Ok(n) if !sg_list.is_null() => {
+            // SAFETY: the caller's contract.
+            Ok(unsafe { std::slice::from_raw_parts(sg_list, n) })
+        }
+        _ => Err(libc::EINVAL),
+    }
+}
+
+/// One converted send WR of a round.
+struct Converted<'a> {
+    wr_id: u64,
+    op: WrOp,
+    flags: SendFlags,
+    sges: Range<usize>,
+    ud: Option<UdDest<'a>>,
+}
+
+/// Posts a list of send WRs; on failure, the WR that failed and why.
+///
+/// # Safety
+///
+/// `first` must be NULL or a valid list of the program's send WRs.
+unsafe fn post_send_list(q: &Qp, first: *mut ibv_send_wr) -> Result<(), (*mut ibv_send_wr, Errno)> {
+    let ud = q.qp_type == IBV_QPT_UD;
+    let mut cur = first;
+    while !cur.is_null() {
+        let mut sge_buf = [Sge::default(); ROUND_SGES];
+        let mut used = 0;
+        let mut ptrs: ArrayVec<*mut ibv_send_wr, INLINE_BATCH> = ArrayVec::new();
+        let mut round: ArrayVec<Converted<'_>, INLINE_BATCH> = ArrayVec::new();
+        let mut inline = None;
+        let mut refused = None;
+        while !cur.is_null() && !ptrs.is_full() {
+            // SAFETY: the caller's contract: `cur` is a valid WR of the list.
+            let w = unsafe { &*cur };
+            let converted = (|| -> Result<Option<Converted<'_>>, Errno> {
+                let op = send_op(w)?;
+                let flags = send_flags(w.send_flags)?;
+                // SAFETY: the program's WR names its SGE array.
+                let list = unsafe { sges(w.sg_list, w.num_sge) }?;
+                let ud = if ud {
+                    // SAFETY: every member of the `wr` union is plain data.
+                    let u = unsafe { w.wr.ud };
+                    // SAFETY: the program passes an address handle of this library.
+                    let ah: &Ah = unsafe { live::get_fast::<Ah>(u.ah) }?;
+                    Some(UdDest {
+                        ah: &ah.sim as &dyn AddressHandle,
+                        remote_qpn: u.remote_qpn,
+                        remote_qkey: u.remote_qkey,
+                    })
+                } else {
+                    None
+                };
+                let is_inline = flags.contains(SendFlags::INLINE) && q.inline.is_some();
+                let need = if is_inline { 1 } else { list.len() };
+                if need > ROUND_SGES {
+                    return Err(libc::EINVAL);
+                }
+                if used + need > ROUND_SGES {
+                    return Ok(None);
+                }
+                if is_inline {
+                    let g = inline.get_or_insert_with(|| q.inline.as_ref().map(|m| m.lock()));
+                    let g = g.as_ref().ok_or(libc::EINVAL)?;
+                    // SAFETY: inline data is the program's readable memory (its contract
+                    // for IBV_SEND_INLINE); the lock is held.
+                    sge_buf[used] =
+                        unsafe { bounce(g, ptrs.len(), list.iter().map(|s| (s.addr, s.length))) }?;
+                } else {
+                    for (d, s) in sge_buf[used..used + need].iter_mut().zip(list) {
+                        *d = Sge::new(s.addr, s.length, s.lkey);
+                    }
+                }
+                let sges = used..used + need;
+                used += need;
+                Ok(Some(Converted {
+                    wr_id: w.wr_id,
+                    op,
+                    flags,
+                    sges,
+                    ud,
+                }))
+            })();
+            match converted {
+                Ok(Some(c)) => {
+                    round.push(c);
+                    ptrs.push(cur);
+                    cur = w.next;
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    refused = Some((cur, e));
+                    break;
+                }
+            }
+        }
+        let wrs: ArrayVec<SendWr<'_>, INLINE_BATCH> = round
+            .iter()
+            .map(|c| SendWr {
+                wr_id: c.wr_id,
+                sg_list: &sge_buf[c.sges.clone()],
+                op: c.op,
+                send_flags: c.flags,
+                ud: c.ud,
+            })
+            .collect();
+        if !wrs.is_empty() {
+            q.sim.post_send(&wrs).map_err(|e| post_failed(&ptrs, e))?;
+        }
+        if let Some(r) = refused {
+            return Err(r);
+        }
+    }
+    Ok(())
+}
+
+fn post_failed<T: Copy>(ptrs: &[T], e: PostError) -> (T, Errno) {
+    (ptrs[e.index], errno_of("ibv_post_send", &e.error))
+}
+
+/// Posts a list of receive WRs through `post`; on failure, the WR that failed and why.
+///
+/// # Safety
+///
+/// `first` must be NULL or a valid list of the program's receive WRs.
+unsafe fn post_recv_list(
+    first: *mut ibv_recv_wr,
+    post: impl Fn(&[RecvWr<'_>]) -> Result<(), PostError>,
+) -> Result<(), (*mut ibv_recv_wr, Errno)> {
+    let mut cur = first;
+    while !cur.is_null() {
+        let mut sge_buf = [Sge::default(); ROUND_SGES];
+        let mut used = 0;
+        let mut ptrs: ArrayVec<*mut ibv_recv_wr, INLINE_BATCH> = ArrayVec::new();
+        let mut round: ArrayVec<(u64, Range<usize>), INLINE_BATCH> = ArrayVec::new();
+        let mut refused = None;
+        while !cur.is_null() && !ptrs.is_full() {
+            // SAFETY: the caller's contract: `cur` is a valid WR of the list.
+            let w = unsafe { &*cur };
+            // SAFETY: the program's WR names its SGE array.
+            let list = match unsafe { sges(w.sg_list, w.num_sge) } {
+                Ok(l) if l.len() <= ROUND_SGES => l,
+                Ok(_) | Err(_) => {
+                    refused = Some((cur, libc::EINVAL));
+                    break;
+                }
+            };
+            if used + list.len() > ROUND_SGES {
+                break;
+            }
+            for (d, s) in sge_buf[used..used + list.len()].iter_mut().zip(list) {
+                *d = Sge::new(s.addr, s.length, s.lkey);
+            }
+            round.push((w.wr_id, used..used + list.len()));
+            used += list.len();
+            ptrs.push(cur);
+            cur = w.next;
+        }
+        let wrs: ArrayVec<RecvWr<'_>, INLINE_BATCH> = round
+            .iter()
+            .map(|(id, r)| RecvWr::new(*id, &sge_buf[r.clone()]))
+            .collect();
+        if !wrs.is_empty() {
+            post(&wrs).map_err(|e| post_failed(&ptrs, e))?;
+        }
+        if let Some(r) = refused {
+            return Err(r);
+        }
+    }
+    Ok(())
+}
+
+/// Stores the failed WR in `*bad` (when the program gave a place) and returns the error
+/// number.
+///
+/// # Safety
+///
+/// `bad` must be NULL or valid for a write.
+unsafe fn report<T>(r: Result<(), (*mut T, Errno)>, bad: *mut *mut T) -> c_int {
+    match r {
+        Ok(()) => 0,
+        Err((wr, e)) => {
+            if !bad.is_null() {
+                // SAFETY: the caller's contract.
+                unsafe { *bad = wr };
+            }
+            e
+        }
+    }
+}
+
+/// `ops.post_send` (what the inline `ibv_post_send` calls).
+pub(crate) unsafe extern "C" fn post_send(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad: *mut *mut ibv_send_wr,
+) -> c_int {
+    value_verb("ibv_post_send", libc::EIO, || {
+        // SAFETY: the data path trusts the program's QP pointer, as libibverbs does.
+        let r = match unsafe { live::get_fast::<Qp>(qp.cast()) } {
+            // SAFETY: the program passes its WR list.
+            Ok(q) => unsafe { post_send_list(q, wr) },
+            Err(e) => Err((wr, e)),
+        };
+        // SAFETY: the program passes a `struct ibv_send_wr **` (or NULL).
+        unsafe { report(r, bad) }
+    })
+}
+
+/// `ops.post_recv` (what the inline `ibv_post_recv` calls).
+pub(crate) unsafe extern "C" fn post_recv(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_recv_wr,
+    bad: *mut *mut ibv_recv_wr,
+) -> c_int {
+    value_verb("ibv_post_recv", libc::EIO, || {
+        // SAFETY: the data path trusts the program's QP pointer, as libibverbs does.
+        let r = match unsafe { live::get_fast::<Qp>(qp.cast()) } {
+            // SAFETY: the program passes its WR list.
+            Ok(q) => unsafe { post_recv_list(wr, |w| q.sim.post_recv(w)) },
+            Err(e) => Err((wr, e)),
+        };
+        // SAFETY: the program passes a `struct ibv_recv_wr **` (or NULL).
+        unsafe { report(r, bad) }
+    })
+}
+
+/// `ops.post_srq_recv` (what the inline `ibv_post_srq_recv` calls).
+pub(crate) unsafe extern "C" fn post_srq_recv(
+    srq: *mut ibv_srq,
+    wr: *mut ibv_recv_wr,
+    bad: *mut *mut ibv_recv_wr,
+) -> c_int {
+    value_verb("ibv_post_srq_recv", libc::EIO, || {
+        // SAFETY: the data path trusts the program's SRQ pointer, as libibverbs does.
+        let r = match unsafe { live::get_fast::<Srq>(srq) } {
+            // SAFETY: the program passes its WR list.
+            Ok(s) => unsafe { post_recv_list(wr, |w| s.sim.post_recv(w)) },
+            Err(e) => Err((wr, e)),
+        };
+        // SAFETY: the program passes a `struct ibv_recv_wr **` (or NULL).
+        unsafe { report(r, bad) }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::abi::{ibv_send_wr_tail, ibv_send_wr_wr, ibv_wr_atomic, ibv_wr_rdma};
+
+    fn wr(opcode: u32, wr: ibv_send_wr_wr) -> ibv_send_wr {
+        ibv_send_wr {
+            wr_id: 1,
+            next: std::ptr::null_mut(),
+            sg_list: std::ptr::null_mut(),
+            num_sge: 0,
+            opcode,
+            send_flags: 0,
+            imm_data: 0x0102_0304u32.to_be(),
+            wr,
+            remote_srqn: 0,
+            tail: ibv_send_wr_tail {
+                mw: std::ptr::null_mut(),
+                rkey: 0,
+                bind_info: [0; 4],
+            },
+        }
+    }
+
+    #[test]
+    fn opcodes_and_their_union_members() {
+        let rdma = ibv_send_wr_wr {
+            rdma: ibv_wr_rdma {
+                remote_addr: 0x1000,
+                rkey: 9,
+            },
+        };
+        let at = RemoteAddr::new(0x1000, 9);
+        assert_eq!(send_op(&wr(0, rdma)), Ok(WrOp::RdmaWrite { remote: at }));
+        assert_eq!(
+            send_op(&wr(1, rdma)),
+            Ok(WrOp::RdmaWriteWithImm {
+                remote: at,
+                imm_data: 0x0102_0304
+            }),
+            "immediate data from network order"
+        );
+        assert_eq!(send_op(&wr(2, rdma)), Ok(WrOp::Send));
+        assert_eq!(send_op(&wr(4, rdma)), Ok(WrOp::RdmaRead { remote: at }));
+        let atomic = ibv_send_wr_wr {
+            atomic: ibv_wr_atomic {
+                remote_addr: 0x2000,
+                compare_add: 5,
+                swap: 6,
+                rkey: 11,
+            },
+        };
+        let at = RemoteAddr::new(0x2000, 11);
+        assert_eq!(
+            send_op(&wr(5, atomic)),
+            Ok(WrOp::AtomicCmpAndSwp {
+                remote: at,
+                compare: 5,
+                swap: 6
+            })
+        );
+        assert_eq!(
+            send_op(&wr(6, atomic)),
+            Ok(WrOp::AtomicFetchAndAdd { remote: at, add: 5 })
+        );
+        // LOCAL_INV, BIND_MW, SEND_WITH_INV, TSO, ATOMIC_WRITE.
+        for op in [7, 8, 9, 10, 15, 99] {
+            assert_eq!(send_op(&wr(op, rdma)), Err(libc::EINVAL), "opcode {op}");
+        }
+    }
+
+    #[test]
+    fn send_flags_ignore_ip_csum_and_refuse_unknown_bits() {
+        assert_eq!(
+            send_flags(0b1111 | IBV_SEND_IP_CSUM),
+            Ok(SendFlags::FENCE | SendFlags::SIGNALED | SendFlags::SOLICITED | SendFlags::INLINE)
+        );
+        assert_eq!(send_flags(1 << 7), Err(libc::EINVAL));
+    }
+}

@@ -1,0 +1,143 @@
+//! The process's sim: the backend configured from the environment (`RDMA_SIM_DEVICES`,
+//! `RDMA_SIM_LISTEN`, `RDMA_SIM_ADVERTISE`, as for every program on the sim), the
+//! devices it lists, and the log. Made by the first verb that needs it and kept for the
+//! life of the process, as libibverbs keeps its device list.
+//!
+//! An opened device is shared by every `ibv_open_device` of it in the process, as one
+//! HCA is: contexts of one device see the same port, LID and GID. It closes when the last
+//! context and the last object made from it are gone.
+
+use std::ffi::c_int;
+use std::sync::{Arc, OnceLock, Weak};
+
+use parking_lot::Mutex;
+use verbs_api::{Backend, ContextOf};
+
+use crate::abi::{ibv_device, IBV_NODE_CA, IBV_SYSFS_NAME_MAX, IBV_SYSFS_PATH_MAX, IBV_TRANSPORT_IB};
+use crate::ffi::{copy_c_str, Errno};
+
+/// The backend behind the C ABI. The rest of the crate reaches the sim only through the
+/// verbs-api traits, so what the sim learns (SRQs, address handles, UD) reaches C
+/// programs without changes here.
+pub type B = backend_sim::SimBackend;
+/// An open device of [`B`].
+pub type SimContext = ContextOf<B>;
+
+/// Where the sysfs-looking paths of the sim's devices point: nowhere real, so that no
+/// program reads a real device's files for a sim device (see `sysfs`).
+pub const SYSFS_ROOT: &str = "/sys/class/infiniband-sim";
+
+/// One listed device: the `ibv_device` programs hold, first, so that its address is the
+/// device's.
+#[repr(C)]
+pub struct Device {
+    /// What programs see.
+    pub c: ibv_device,
+    /// Position in the list (`ibv_get_device_index`).
+    pub index: u32,
+    /// The device name (`sim0`, ...).
+    pub name: String,
+    /// Node GUID, host order.
+    pub guid: u64,
+    /// The open device, while any context or object of it lives.
+    open: Mutex<Weak<SimContext>>,
+}
+
+impl Device {
+    /// The open device, opening it if no context holds it.
+    pub fn open(&self, backend: &B) -> Result<Arc<SimContext>, verbs_api::Error> {
+        let mut open = self.open.lock();
+        if let Some(ctx) = open.upgrade() {
+            return Ok(ctx);
+        }
+        let ctx = Arc::new(backend.open(&self.name)?);
+        *open = Arc::downgrade(&ctx);
+        Ok(ctx)
+    }
+}
+
+/// The process's sim.
+pub struct Runtime {
+    /// The backend, configured from the environment.
+    pub backend: B,
+    /// The devices it lists (never changed after it is made, so their addresses stay
+    /// put).
+    pub devices: Vec<Device>,
+}
+
+// SAFETY: `Device` holds raw pointers only inside `ibv_device::_ops`, which are NULL and
+// never used; everything else is `Send + Sync`.
+unsafe impl Send for Runtime {}
+// SAFETY: as above; the mutable state is behind a mutex.
+unsafe impl Sync for Runtime {}
+
+static RUNTIME: OnceLock<Result<Runtime, Errno>> = OnceLock::new();
+
+/// The process's sim, made on first use; a bad setting in the environment fails every
+/// call with EINVAL (and is logged once).
+pub fn runtime() -> Result<&'static Runtime, Errno> {
+    RUNTIME.get_or_init(init).as_ref().map_err(|e| *e)
+}
+
+/// The listed device at `dev`, if `dev` is one.
+pub fn device(dev: *const ibv_device) -> Result<&'static Device, Errno> {
+    let rt = runtime()?;
+    rt.devices
+        .iter()
+        .find(|d| std::ptr::eq(&d.c, dev))
+        .ok_or(libc::EINVAL)
+}
+
+fn init() -> Result<Runtime, Errno> {
+    init_log();
+    let backend = B::from_env().map_err(|e| {
+        tracing::error!(error = %e, "the sim's libibverbs cannot start");
+        e.errno()
+    })?;
+    let listed = backend.devices().map_err(|e| {
+        tracing::error!(error = %e, "the sim lists no devices");
+        e.errno()
+    })?;
+    let devices = listed
+        .into_iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let mut c = ibv_device {
+                _ops: [std::ptr::null_mut(); 2],
+                node_type: IBV_NODE_CA,
+                transport_type: IBV_TRANSPORT_IB,
+                name: [0; IBV_SYSFS_NAME_MAX],
+                dev_name: [0; IBV_SYSFS_NAME_MAX],
+                dev_path: [0; IBV_SYSFS_PATH_MAX],
+                ibdev_path: [0; IBV_SYSFS_PATH_MAX],
+            };
+            copy_c_str(&mut c.name, &d.name);
+            copy_c_str(&mut c.dev_name, &format!("uverbs-{}", d.name));
+            copy_c_str(&mut c.dev_path, &format!("{SYSFS_ROOT}_verbs/uverbs-{}", d.name));
+            copy_c_str(&mut c.ibdev_path, &format!("{SYSFS_ROOT}/{}", d.name));
+            Device {
+                c,
+                index: i as u32,
+                name: d.name,
+                guid: d.guid,
+                open: Mutex::new(Weak::new()),
+            }
+        })
+        .collect();
+    Ok(Runtime { backend, devices })
+}
+
+/// The sim's warnings go to stderr (a program that exits with "Couldn't modify QP" then
+/// shows why); `RUST_LOG` chooses more, e.g. `RUST_LOG=backend_sim=debug`.
+fn init_log() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}
+
+/// Number of completion vectors each context reports.
+pub const NUM_COMP_VECTORS: c_int = 1;

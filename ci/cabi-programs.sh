@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# cabi-programs.sh - unmodified libibverbs programs on the sim: Debian's ibverbs-utils
+# and perftest, each as server and client on loopback with libibverbs_sim.so preloaded
+# (backend-sim/cabi), every run bounded by a timeout. Prints one row per program
+# (command, result, the figure it reports) and exits non-zero if any program fails.
+#
+#   ci/cabi-programs.sh [OUT_DIR]
+#
+# Writes OUT_DIR/cabi-programs.md (OUT_DIR defaults to ci-out) and every run's output to
+# OUT_DIR/cabi-programs-runs/. Needs the packages ibverbs-utils and perftest.
+#
+# Environment: TIMEOUT per run in seconds (default 120).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=${1:-$root/ci-out}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+runs=$out/cabi-programs-runs
+rm -rf "$runs"
+mkdir -p "$runs"
+target=${CARGO_TARGET_DIR:-$root/target}
+case $target in /*) ;; *) target=$root/$target ;; esac
+limit=${TIMEOUT:-120}
+
+cargo build --release --manifest-path "$root/Cargo.toml" -p backend-sim-cabi
+lib=$target/release/libibverbs_sim.so
+test -f "$lib"
+
+# Every program sees one sim device; RDMA_SIM_LISTEN is left to its default (loopback,
+# a port below 0xC000, so that LIDs are unicast LIDs).
+run() { env LD_PRELOAD="$lib" RDMA_SIM_DEVICES=1 timeout "$limit" "$@"; }
+
+# Whether something listens on TCP port $1 (read from /proc: a probe connection would
+# be the one connection a server accepts).
+listening() {
+    local hex
+    hex=$(printf ':%04X' "$1")
+    awk -v p="$hex" '$4 == "0A" && substr($2, length($2) - 4) == p { found = 1 } END { exit !found }' \
+        /proc/net/tcp /proc/net/tcp6
+}
+
+port=18900
+failed=0
+table="| command | result | figure |
+|---|---|---|"
+
+row() { table="$table
+| \`$1\` | $2 | $3 |"; printf '%-58s %-6s %s\n' "$1" "$2" "$3"; }
+
+# single NAME FIGURE_CMD -- PROGRAM ARGS...: one run.
+single() {
+    local name=$1 figure=$2
+    shift 3
+    local log=$runs/$name.log status=ok
+    run "$@" >"$log" 2>&1 || status=FAIL
+    [ "$status" = ok ] || failed=$((failed + 1))
+    row "$*" "$status" "$(eval "$figure" <"$log" 2>/dev/null || true)"
+}
+
+# pair NAME FIGURE_CMD -- PROGRAM ARGS...: the program as server (with ARGS and -p PORT)
+# and as client (the same plus 127.0.0.1); the figure is taken from the client's output.
+pair() {
+    local name=$1 figure=$2
+    shift 3
+    port=$((port + 1))
+    local srv=$runs/$name.server.log cli=$runs/$name.client.log status=ok
+    run "$@" -p "$port" >"$srv" 2>&1 &
+    local pid=$!
+    local waited=0
+    until listening "$port"; do
+        sleep 0.1
+        waited=$((waited + 1))
+        if [ "$waited" -gt $((limit * 10)) ] || ! kill -0 "$pid" 2>/dev/null; then
+            break
+        fi
+    done
+    run "$@" -p "$port" 127.0.0.1 >"$cli" 2>&1 || status=FAIL
+    wait "$pid" || status=FAIL
+    [ "$status" = ok ] || failed=$((failed + 1))
+    row "$* -p $port [127.0.0.1]" "$status" "$(eval "$figure" <"$cli" 2>/dev/null || true)"
+}
+
+devices='awk "/^ *sim/ {n++} END {print n \" device(s)\"}"'
+devinfo='awk "/port_lid/ {print \"port_lid \" \$2}"'
+pingpong='grep "usec/iter" | sed "s/.*= //"'
+lat='awk "/#bytes/ {getline; print \$1 \" B: typical \" \$5 \" us, average \" \$6 \" us\"}"'
+bw='awk "/#bytes/ {getline; print \$1 \" B: average \" \$4 \" MB/s, \" \$5 \" Mpps\"}"'
+
+single ibv_devices "$devices" -- ibv_devices
+single ibv_devinfo "$devinfo" -- ibv_devinfo -v
+pair ibv_rc_pingpong "$pingpong" -- ibv_rc_pingpong -c
+pair ibv_rc_pingpong-gid "$pingpong" -- ibv_rc_pingpong -c -g 0
+pair ibv_rc_pingpong-events "$pingpong" -- ibv_rc_pingpong -c -e
+pair ibv_rc_pingpong-wr-api "$pingpong" -- ibv_rc_pingpong -c -N
+for t in send write read; do
+    pair "ib_${t}_lat" "$lat" -- "ib_${t}_lat"
+    pair "ib_${t}_bw" "$bw" -- "ib_${t}_bw"
+done
+pair ib_atomic_lat "$lat" -- ib_atomic_lat
+pair ib_atomic_bw "$bw" -- ib_atomic_bw
+
+printf '%s\n' "$table" >"$out/cabi-programs.md"
+echo "cabi-programs: $failed failed; table in $out/cabi-programs.md, logs in $runs"
+[ "$failed" -eq 0 ]
