@@ -92,6 +92,8 @@ pair ibv_rc_pingpong "$pingpong" -- ibv_rc_pingpong -c
 pair ibv_rc_pingpong-gid "$pingpong" -- ibv_rc_pingpong -c -g 0
 pair ibv_rc_pingpong-events "$pingpong" -- ibv_rc_pingpong -c -e
 pair ibv_rc_pingpong-wr-api "$pingpong" -- ibv_rc_pingpong -c -N
+pair ibv_uc_pingpong "$pingpong" -- ibv_uc_pingpong -c
+pair ibv_srq_pingpong "$pingpong" -- ibv_srq_pingpong -c
 for t in send write read; do
     pair "ib_${t}_lat" "$lat" -- "ib_${t}_lat"
     pair "ib_${t}_bw" "$bw" -- "ib_${t}_bw"

@@ -231,7 +231,12 @@ int main(void)
 	CHECK(ibv_post_recv(qp, &rwr, &bad_rwr) == EINVAL && bad_rwr == &rwr,
 	      "receive in RESET");
 	struct ibv_srq_init_attr sa = { .attr = { .max_wr = 16, .max_sge = 1 } };
-	REFUSED(ibv_create_srq(pd, &sa), EOPNOTSUPP);
+	struct ibv_srq *srq = ibv_create_srq(pd, &sa);
+	CHECK(srq != NULL && sa.attr.max_wr >= 16, "create_srq");
+	struct ibv_recv_wr *bad_srq_wr = NULL;
+	CHECK(srq && ibv_post_srq_recv(srq, &rwr, &bad_srq_wr) == 0, "post_srq_recv");
+	CHECK(srq && ibv_destroy_srq(srq) == 0 && ibv_destroy_srq(srq) == EINVAL,
+	      "destroy an SRQ, then again");
 	struct ibv_ah_attr aha = { .dlid = port.lid, .port_num = 1 };
 	REFUSED(ibv_create_ah(pd, &aha), EOPNOTSUPP);
 	CHECK(ibv_attach_mcast(qp, &gid, 0xc001) == EOPNOTSUPP, "multicast");
