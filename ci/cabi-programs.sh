@@ -100,6 +100,12 @@ for t in send write read; do
 done
 pair ib_atomic_lat "$lat" -- ib_atomic_lat
 pair ib_atomic_bw "$bw" -- ib_atomic_bw
+for t in send_lat send_bw write_lat write_bw; do
+    case $t in *_lat) f=$lat ;; *) f=$bw ;; esac
+    pair "ib_${t}-uc" "$f" -- "ib_$t" -c UC
+done
+pair ib_send_lat-srq "$lat" -- ib_send_lat --use-srq
+pair ib_send_bw-srq "$bw" -- ib_send_bw --use-srq
 
 printf '%s\n' "$table" >"$out/cabi-programs.md"
 echo "cabi-programs: $failed failed; table in $out/cabi-programs.md, logs in $runs"
