@@ -19,7 +19,8 @@
 # such stalls make up half of a bandwidth row: the row would measure how many packets
 # rxe lost, not the tools.
 #
-# Environment: PAIRS (default 5); LAT_ITERS (default 1000; 64 KiB rows 200);
+# Environment: PAIRS (default 5); SIZES (default "8 65536": which message sizes get rows;
+# atomics are 8 B whatever it says); LAT_ITERS (default 1000; 64 KiB rows 200);
 # BW_ITERS (default 5000; 64 KiB rows 500): under emulation a 64 KiB message takes
 # about a millisecond, and perftest's defaults would make one pair take a minute.
 set -euo pipefail
@@ -30,6 +31,7 @@ out=$(cd "$out" && pwd)
 target=${CARGO_TARGET_DIR:-$root/target}
 case $target in /*) ;; *) target=$root/$target ;; esac
 pairs=${PAIRS:-5}
+sizes=${SIZES:-8 65536}
 lat_iters=${LAT_ITERS:-1000}
 bw_iters=${BW_ITERS:-5000}
 
@@ -41,13 +43,17 @@ cp "$target/release/perf" "$dir/"
 mkdir "$dir/runs"
 
 # The rows: test size iterations
+# Large messages take about a millisecond each under emulation: fewer iterations.
+iters() { # base divisor size
+    if [ "$3" -ge 65536 ]; then echo $(($1 / $2)); else echo "$1"; fi
+}
 rows=""
 for t in send_lat write_lat read_lat; do
-    rows="$rows $t:8:$lat_iters $t:65536:$((lat_iters / 5))"
+    for s in $sizes; do rows="$rows $t:$s:$(iters "$lat_iters" 5 "$s")"; done
 done
 rows="$rows atomic_lat:8:$lat_iters"
 for t in send_bw write_bw read_bw; do
-    rows="$rows $t:8:$bw_iters $t:65536:$((bw_iters / 10))"
+    for s in $sizes; do rows="$rows $t:$s:$(iters "$bw_iters" 10 "$s")"; done
 done
 
 # The guest's script (busybox ash). perftest's server listens on a fresh port per run
