@@ -74,6 +74,28 @@ impl QpShared {
                             self.qpn
                         ),
                     ),
+                    PostCheck::NotUd => Error::invalid(
+                        "ibv_post_send",
+                        format!(
+                            "{:?} is not valid on UD QP {:#x}: UD has SEND and SEND_WITH_IMM only",
+                            wr.op.opcode(),
+                            self.qpn
+                        ),
+                    ),
+                    PostCheck::NoUdDestination => Error::invalid(
+                        "ibv_post_send",
+                        format!(
+                            "a send on UD QP {:#x} needs a destination (wr.ud: address handle, remote QPN, Q_Key)",
+                            self.qpn
+                        ),
+                    ),
+                    PostCheck::UdDestination => Error::invalid(
+                        "ibv_post_send",
+                        format!(
+                            "QP {:#x} is {:?}: wr.ud (a UD destination) is for UD QPs",
+                            self.qpn, self.qp_type
+                        ),
+                    ),
                 };
                 result = Err(fail(error));
                 break;
