@@ -27,14 +27,13 @@ use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
-use super::{Datagrams, QUEUE_MAX};
+use super::{queue_buf, Datagrams, QUEUE_MAX};
 use crate::link_rx::LinkReader;
 use crate::responder::DatagramSource;
 use crate::sys::Sock;
 use backend_sim_proto::io::{RawSlice, Transmit};
 
 /// What a writer holds: the bytes it took from the queue and how far it got.
-#[derive(Default)]
 struct Writer {
     buf: Vec<u8>,
     off: usize,
@@ -77,8 +76,11 @@ impl Link {
             peer,
             peer_addr,
             sock,
-            queue: Mutex::default(),
-            writer: Mutex::default(),
+            queue: Mutex::new(queue_buf()),
+            writer: Mutex::new(Writer {
+                buf: queue_buf(),
+                off: 0,
+            }),
             dirty: AtomicBool::new(false),
             wake: Notify::new(),
             closed: AtomicBool::new(false),
@@ -177,11 +179,13 @@ impl Link {
         }
     }
 
-    /// Whether bytes wait to be written (a writer busy elsewhere counts as yes).
+    /// Whether bytes wait for the task to write them. Not while another thread writes:
+    /// that one wakes the task if the socket blocks it, and goes around again for bytes
+    /// appended meanwhile.
     fn backlog(&self) -> bool {
         match self.writer.try_lock() {
             Some(w) => w.off < w.buf.len() || !self.queue.lock().is_empty(),
-            None => true,
+            None => false,
         }
     }
 }
@@ -236,10 +240,8 @@ async fn serve(dg: &Datagrams, link: &Link) -> String {
                     Flushed::Blocked => Err(io::ErrorKind::WouldBlock.into()),
                     other => Ok(other),
                 });
-                match flushed {
-                    Ok(Flushed::Broken) => return "write failed".into(),
-                    Ok(Flushed::Busy) => tokio::task::yield_now().await,
-                    _ => {}
+                if let Ok(Flushed::Broken) = flushed {
+                    return "write failed".into();
                 }
             }
             _ = link.wake.notified() => {}

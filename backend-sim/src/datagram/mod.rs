@@ -48,7 +48,7 @@ use crate::qp::{QpInner, QpShared, QpTable};
 use crate::requester::ud::Emitted;
 use crate::responder::DatagramSource;
 use crate::verify::Claims;
-use crate::wire::Frame;
+use crate::wire::{Frame, DATAGRAM_HDR_LEN, MAX_DATAGRAM};
 
 pub mod link;
 pub mod setup;
@@ -62,8 +62,16 @@ pub const FAILED_HOLD: Duration = Duration::from_millis(200);
 /// Most links a device keeps (each is a socket, a task and its buffers).
 pub const MAX_LINKS: usize = 1024;
 /// Bytes queued for one link (or the device's own queue) beyond which datagrams are
-/// lost: a peer that does not read cannot grow this side's memory.
-pub const QUEUE_MAX: usize = 256 << 10;
+/// lost: a peer that does not read cannot grow this side's memory. (The kernel's socket
+/// buffers hold far more; this queue only bridges a socket that is full for a moment.)
+pub const QUEUE_MAX: usize = 64 << 10;
+
+/// A queue of datagrams' bytes, allocated once at its largest: below [`QUEUE_MAX`] a
+/// whole datagram more always fits, so appending never grows it (and the writer's
+/// buffer, swapped with it, is allocated alike).
+pub fn queue_buf() -> Vec<u8> {
+    Vec::with_capacity(QUEUE_MAX + DATAGRAM_HDR_LEN + MAX_DATAGRAM as usize)
+}
 /// Links one call of [`Datagrams::transmit`] writes itself before it returns (more are
 /// left to their tasks).
 const WRITE_NOW: usize = 8;
@@ -100,7 +108,6 @@ enum Target {
 }
 
 /// The device's own queue of datagrams to its own QPs.
-#[derive(Default)]
 struct LocalQueue {
     /// Frames appended by senders.
     queue: Mutex<Vec<u8>>,
@@ -147,7 +154,11 @@ impl Datagrams {
             counters,
             progress,
             links: Mutex::default(),
-            local: LocalQueue::default(),
+            local: LocalQueue {
+                queue: Mutex::new(queue_buf()),
+                draining: Mutex::new(queue_buf()),
+                dirty: AtomicBool::new(false),
+            },
         }
     }
 
