@@ -316,7 +316,7 @@ impl Datagrams {
     /// The link to `peer` ended: it leaves the table (if it is the one there).
     fn forget(&self, link: &Arc<Link>) {
         let mut t = self.links.lock();
-        t.count -= 1;
+        t.count = t.count.saturating_sub(1);
         if let Some(Slot::Up(l)) = t.by_peer.get(&link.peer_addr) {
             if Arc::ptr_eq(l, link) {
                 t.by_peer.remove(&link.peer_addr);

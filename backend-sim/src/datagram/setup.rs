@@ -66,11 +66,12 @@ pub async fn open(dg: Arc<Datagrams>, peer: SocketAddr) {
             None
         }
     };
-    if let Some(l) = &link {
-        tracing::debug!(device = %dg.name, %peer, "UD link up (opened)");
-        dg.rt.spawn(link::run(dg.clone(), l.clone()));
-    }
+    // Counted in the table before its task can end and leave it.
     dg.settle(peer, link.as_ref());
+    if let Some(l) = link {
+        tracing::debug!(device = %dg.name, %peer, "UD link up (opened)");
+        dg.rt.spawn(link::run(dg.clone(), l));
+    }
 }
 
 async fn connect(dg: &Datagrams, peer: SocketAddr) -> io::Result<TcpStream> {
@@ -137,8 +138,8 @@ pub async fn serve(
     };
     let link = Link::new(stream, claimed, src);
     tracing::debug!(device = %dg.name, peer = %claimed, "UD link up (accepted)");
-    dg.rt.spawn(link::run(dg.clone(), link.clone()));
     dg.settle(claimed, Some(&link));
+    dg.rt.spawn(link::run(dg.clone(), link));
     Ok(())
 }
 
