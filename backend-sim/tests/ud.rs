@@ -7,8 +7,9 @@
 //! dropped and counted; nothing above the MTU leaves; two senders are told apart by
 //! `src_qp` and `slid`; an SRQ serves UD QPs; a receive too short is LOC_LEN_ERR with
 //! nothing written; fault injection loses datagrams and nothing else; what `post_send`
-//! refuses; one link per pair of devices, whichever sends first, reused both ways; a
-//! device nobody listens at loses the datagrams and completes the WRs.
+//! refuses; one link per pair of devices, whichever sends first, reused both ways; one
+//! post to many devices; a device nobody listens at loses the datagrams and completes the
+//! WRs.
 
 use std::time::{Duration, Instant};
 
@@ -585,4 +586,53 @@ fn one_link_per_pair_of_devices_carries_every_qp_both_ways() {
     // hello came and went).
     assert_eq!(connections(b.lid()), (1, 1));
     assert_eq!(connections(a.lid()), (0, 0));
+}
+
+/// One post of datagrams to twelve devices (more links than a post writes itself: the
+/// rest are written by their links' tasks): every datagram arrives, each named by its
+/// sender, and the links, set up while the WRs waited, complete them in posting order.
+#[test]
+fn one_post_reaches_many_devices() {
+    let sim = SimBackend::new(backend_sim::SimConfig {
+        devices: 13,
+        ..Default::default()
+    });
+    let a = Side::new(sim.open("sim0").unwrap());
+    let s = a.qp(QKEY);
+    let far: Vec<Side> = (1..13)
+        .map(|i| Side::new(sim.open(&format!("sim{i}")).unwrap()))
+        .collect();
+    let rs: Vec<SimQp> = far.iter().map(|d| d.qp(QKEY)).collect();
+    let ahs: Vec<SimAh> = far
+        .iter()
+        .zip(&rs)
+        .map(|(d, r)| a.ah_to(&d.ctx, r, true))
+        .collect();
+    for (d, r) in far.iter().zip(&rs) {
+        post_recv(d, r, 1, 0, 1024);
+    }
+    for round in 0..2u64 {
+        a.mr.write(0, &[round as u8; 8]).unwrap();
+        let sge = [a.mr.sge(0, 8).unwrap()];
+        let wrs: Vec<SendWr<'_>> = ahs
+            .iter()
+            .zip(&rs)
+            .enumerate()
+            .map(|(i, (ah, r))| SendWr::send(i as u64, &sge).signaled().ud(ah, r.qp_num(), QKEY))
+            .collect();
+        s.post_send(&wrs).unwrap();
+        let wc = poll_n(&a.cq, 12, WAIT).unwrap();
+        assert_eq!(
+            wc.iter().map(|w| w.wr_id).collect::<Vec<_>>(),
+            (0..12).collect::<Vec<_>>()
+        );
+        for (d, r) in far.iter().zip(&rs) {
+            let w = poll_n(&d.cq, 1, WAIT).unwrap();
+            assert_eq!((w[0].src_qp, w[0].slid), (s.qp_num(), a.lid()));
+            let mut p = [0u8; 8];
+            d.mr.read(GRH, &mut p).unwrap();
+            assert_eq!(p, [round as u8; 8]);
+            post_recv(d, r, 2, 0, 1024);
+        }
+    }
 }

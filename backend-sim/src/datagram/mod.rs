@@ -211,14 +211,17 @@ impl Datagrams {
                         (q.len() < QUEUE_MAX).then(|| req.ud_emit(idx, &qp.dev.mrs, &mut q))
                     }
                     Target::Link(link) => {
+                        let r = link.append(|q| req.ud_emit(idx, &qp.dev.mrs, q));
                         if !written.iter().any(|l| Arc::ptr_eq(l, link)) {
                             if written.is_full() {
+                                // (After the append: the task looks at the queue when it
+                                // wakes.)
                                 link.wake();
                             } else {
                                 written.push(link.clone());
                             }
                         }
-                        link.append(|q| req.ud_emit(idx, &qp.dev.mrs, q))
+                        r
                     }
                     Target::Wait => {
                         req.ud_wait(idx);
