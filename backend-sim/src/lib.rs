@@ -39,6 +39,8 @@
 //!   [`SimChannel`], [`SimQp`], [`SimSrq`], [`SimAh`]) and the fault-injection API
 //!   ([`faults`]);
 //! - the device (its attributes, tables, threads), which implements what a QP asks of it;
+//! - the links between devices that carry UD datagrams (set up and checked as a hello
+//!   is, served by tasks on the setup runtime);
 //! - connection setup (tokio + socket2: the listener, the hello and its check);
 //! - the data path (one progress thread per device and the application's own threads:
 //!   epoll, timers, delayed ACKs, the driving window, a fault layer);
