@@ -7,7 +7,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use verbs_api::{Gid, QpAttr};
+use verbs_api::{AhAttr, Gid, QpAttr};
 
 /// A QP's identity on the fabric: (GID, LID, QPN). The side of a pair with the smaller
 /// one sets the connection up.
@@ -92,17 +92,54 @@ impl Addressing {
 
     /// Where the peer device of `attr`'s address vector listens.
     pub fn remote_addr(&self, attr: &QpAttr) -> SocketAddr {
-        let ah = &attr.ah_attr;
-        let ip = if ah.is_global {
-            let v6 = ah.grh.dgid.to_ipv6();
-            match v6.to_ipv4_mapped() {
-                Some(v4) => IpAddr::V4(v4),
-                None => IpAddr::V6(v6),
-            }
+        self.av_addr(&attr.ah_attr)
+    }
+
+    /// Where the device an address vector (a QP's, or an address handle's) names
+    /// listens: the IP its GRH's DGID holds, or without a GRH this device's own, and the
+    /// port its DLID is.
+    pub fn av_addr(&self, ah: &AhAttr) -> SocketAddr {
+        if ah.is_global {
+            gid_addr(&ah.grh.dgid.0, ah.dlid)
         } else {
             // Without a GRH the peer is on this "subnet": the same host address.
-            self.advertise.ip()
-        };
-        SocketAddr::new(ip, ah.dlid)
+            SocketAddr::new(self.advertise.ip(), ah.dlid)
+        }
+    }
+
+    /// Whether `addr` reaches this device's listener: its own address, or with a
+    /// wildcard listen its port at a loopback address or one of the addresses its GID
+    /// table lists.
+    pub fn reaches_self(&self, addr: SocketAddr) -> bool {
+        let addr = canonical(addr);
+        if self.is_self(addr) {
+            return true;
+        }
+        addr.port() == self.listen.port()
+            && self.listen.ip().is_unspecified()
+            && (addr.ip().is_loopback() || self.gids.iter().any(|g| gid_addr(&g.0, 0).ip() == addr.ip()))
+    }
+}
+
+/// The listener a GID and a LID name: the GID's IP (an IPv4-mapped GID as IPv4) and the
+/// LID as the port.
+pub fn gid_addr(gid: &[u8; 16], lid: u16) -> SocketAddr {
+    let v6 = std::net::Ipv6Addr::from(*gid);
+    let ip = match v6.to_ipv4_mapped() {
+        Some(v4) => IpAddr::V4(v4),
+        None => IpAddr::V6(v6),
+    };
+    SocketAddr::new(ip, lid)
+}
+
+/// An address in one spelling: an IPv4-mapped IPv6 address as IPv4 (what a dual-stack
+/// socket reports for an IPv4 peer), so that the two ends of a link name it alike.
+pub fn canonical(a: SocketAddr) -> SocketAddr {
+    match a.ip() {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => SocketAddr::new(IpAddr::V4(v4), a.port()),
+            None => a,
+        },
+        IpAddr::V4(_) => a,
     }
 }

@@ -1,16 +1,24 @@
-//! A device's counters of what its responders dropped without a completion or a NAK to
-//! say so: messages an unreliable (UC) QP dropped, and the PSN gaps it met (IBA 9.8.3:
-//! a UC responder drops what it cannot execute and tells nobody). Like an HCA's hardware
-//! counters (rxe's `hw_counters`, `rdma statistic`), they are the one place such a loss
-//! shows; each drop is also a debug event naming the QP and why.
+//! A device's counters of what it dropped without a completion or a NAK to say so:
+//! messages an unreliable (UC) QP dropped, and the PSN gaps it met (IBA 9.8.3: a UC
+//! responder drops what it cannot execute and tells nobody); UD datagrams that arrived
+//! and were dropped, and those its UD QPs never sent (IBA 9.8.4: UD is unreliable). Like
+//! an HCA's hardware counters (rxe's `hw_counters`, `rdma statistic`), they are the one
+//! place such a loss shows; each drop is also a debug event naming the QP and why.
+//!
+//! Datagrams dropped for a wrong Q_Key are counted where IBA counts them, in the port's
+//! `qkey_viol_cntr` (`ibv_query_port`; PortInfo's 16-bit Q_KeyViolations, which
+//! saturates), as rxe's `check_keys()` does.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-/// The live counters, updated by the QPs.
+/// The live counters, updated by the QPs and the links.
 #[derive(Debug, Default)]
 pub struct DeviceCounters {
     uc_dropped: AtomicU64,
     uc_psn_gaps: AtomicU64,
+    ud_dropped: AtomicU64,
+    ud_unsent: AtomicU64,
+    qkey_violations: AtomicU32,
 }
 
 impl DeviceCounters {
@@ -24,11 +32,40 @@ impl DeviceCounters {
         }
     }
 
+    /// A datagram arrived and was dropped (no such UD QP, not in a state that receives,
+    /// no receive posted).
+    pub fn ud_dropped(&self) {
+        self.ud_dropped.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A UD QP's datagram was never sent (above the MTU, no link to its device, a full
+    /// link).
+    pub fn ud_unsent(&self) {
+        self.ud_unsent.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A datagram was dropped for its Q_Key (saturating at 0xffff, the width of IBA's
+    /// counter).
+    pub fn qkey_violation(&self) {
+        let _ = self
+            .qkey_violations
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                (v < 0xffff).then_some(v + 1)
+            });
+    }
+
+    /// The port's `qkey_viol_cntr`.
+    pub fn qkey_violations(&self) -> u32 {
+        self.qkey_violations.load(Ordering::Relaxed)
+    }
+
     /// A snapshot.
     pub fn snapshot(&self) -> Counters {
         Counters {
             uc_dropped: self.uc_dropped.load(Ordering::Relaxed),
             uc_psn_gaps: self.uc_psn_gaps.load(Ordering::Relaxed),
+            ud_dropped: self.ud_dropped.load(Ordering::Relaxed),
+            ud_unsent: self.ud_unsent.load(Ordering::Relaxed),
         }
     }
 }
@@ -46,4 +83,13 @@ pub struct Counters {
     /// Times a UC QP received a message whose PSN was not the one it expected: messages
     /// before it were lost on the way (the one that came is received).
     pub uc_psn_gaps: u64,
+    /// UD datagrams that arrived and were dropped: no UD QP of the number they name, the
+    /// QP not in RTR, RTS, SQD or SQE, or no receive posted (its own queue or its SRQ).
+    /// (Those with a wrong Q_Key are in the port's `qkey_viol_cntr` instead.)
+    pub ud_dropped: u64,
+    /// UD sends that completed without their datagram leaving: longer than the MTU
+    /// (IBA C10-93.1.1), no link to the destination device (it could not be reached or
+    /// refused), or the link's queue full (a peer that does not read). Fault injection's
+    /// drops are in [`FaultStats`](crate::faults::FaultStats) instead.
+    pub ud_unsent: u64,
 }

@@ -32,6 +32,7 @@ use verbs_api::event_queue::EventQueue;
 
 use crate::addressing::Addressing;
 use crate::counters::DeviceCounters;
+use crate::datagram::Datagrams;
 use crate::memory::MrTable;
 use crate::progress::Progress;
 use crate::qp::{Conn, DataPath, QpDevice, QpInner, QpShared, QpTable};
@@ -65,6 +66,8 @@ pub struct DeviceShared {
     pub events: Arc<EventQueue>,
     /// What its responders dropped silently.
     pub counters: Arc<DeviceCounters>,
+    /// Its UD side: links to other devices, datagrams to its own QPs.
+    pub datagrams: Arc<Datagrams>,
     shutdown: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
     progress_thread: Mutex<Option<JoinHandle<()>>>,
@@ -150,13 +153,25 @@ impl DeviceShared {
         };
         let addr = Arc::new(Addressing::new(bound, advertise));
         let qps: Arc<QpTable> = Arc::default();
+        let claims: Arc<crate::verify::Claims> = Arc::default();
+        let counters: Arc<DeviceCounters> = Arc::default();
+        let datagrams = Arc::new(Datagrams::new(
+            name,
+            handle.clone(),
+            addr.clone(),
+            claims.clone(),
+            qps.clone(),
+            counters.clone(),
+            progress.clone(),
+        ));
         let setup = Arc::new(Setup {
             name: name.to_string(),
             rt: handle,
             addr: addr.clone(),
-            claims: Arc::default(),
+            claims,
             qps: qps.clone(),
             progress: progress.clone(),
+            datagrams: datagrams.clone(),
         });
         let dev = Arc::new(DeviceShared {
             name: name.to_string(),
@@ -168,7 +183,8 @@ impl DeviceShared {
             progress,
             setup,
             events: Arc::new(EventQueue::new()?),
-            counters: Arc::default(),
+            counters,
+            datagrams,
             shutdown: Mutex::new(Some(tx)),
             thread: Mutex::new(Some(thread)),
             progress_thread: Mutex::new(Some(progress_thread)),
@@ -210,7 +226,7 @@ impl DeviceShared {
             active_speed: 1,
             phys_state: 5,
             link_layer: LinkLayer::InfiniBand,
-            qkey_viol_cntr: 0,
+            qkey_viol_cntr: self.counters.qkey_violations(),
             bad_pkey_cntr: 0,
         }
     }
@@ -226,7 +242,7 @@ impl DeviceShared {
         c.max_srq_wr = a.max_srq_wr;
         c.max_srq_sge = a.max_srq_sge;
         c.srq_resize = a.device_cap_flags & IBV_DEVICE_SRQ_RESIZE != 0;
-        c.ud = false;
+        c.ud = true;
         c.uc = true;
         c.max_inline_data = MAX_INLINE;
         c.max_send_sge = a.max_sge;
@@ -285,6 +301,10 @@ impl DataPath for DeviceShared {
 
     fn connect(&self, qp: Arc<QpShared>, epoch: u64) {
         crate::transport::spawn_connector(&self.setup, qp, epoch);
+    }
+
+    fn send_datagrams(&self, qp: &Arc<QpShared>) {
+        self.datagrams.transmit(qp);
     }
 }
 

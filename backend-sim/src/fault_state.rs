@@ -30,6 +30,9 @@ pub struct QpFaults {
     /// Answer RNR to this many more SEND / RDMA_WRITE_WITH_IMM requests, whether or not
     /// receives are posted (the responder counts it down).
     pub force_rnr: u32,
+    /// Lose this many more of the QP's UD datagrams on the way (each WR completes
+    /// successfully; nothing arrives).
+    pub drop_datagrams: u32,
 }
 
 /// How many faults fired.
@@ -43,4 +46,6 @@ pub struct FaultCounters {
     pub delayed: AtomicU64,
     /// RNR NAKs forced.
     pub forced_rnr: AtomicU64,
+    /// UD datagrams lost on purpose.
+    pub datagrams_dropped: AtomicU64,
 }

@@ -1,6 +1,6 @@
 //! Fault injection for tests (the sim's own, and users'): break a QP's connection at a
-//! chosen point of a transfer, stall a responder, delay its responses, or make it answer
-//! RNR although receives are posted. Get a handle with
+//! chosen point of a transfer, stall a responder, delay its responses, make it answer
+//! RNR although receives are posted, or lose a UD QP's datagrams. Get a handle with
 //! [`SimContext::faults`](crate::SimContext::faults) and name the QP by its number.
 //!
 //! The sim then behaves as an HCA does when the fabric misbehaves: lost requests and
@@ -8,7 +8,8 @@
 //! completes with `IBV_WC_RETRY_EXC_ERR`, the QP goes to ERR and the rest is flushed;
 //! resent requests are recognised as duplicates (a SEND is delivered once, an atomic runs
 //! once); RNR is retried per `rnr_retry`. Other QPs are not affected, every wait is
-//! bounded, and every signaled WR gets exactly one completion.
+//! bounded, and every signaled WR gets exactly one completion. A lost datagram is what
+//! UD allows: its WR completes successfully and nothing arrives.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
@@ -33,6 +34,8 @@ pub struct FaultStats {
     pub delayed: u64,
     /// RNR NAKs forced (armed).
     pub forced_rnr: u64,
+    /// UD datagrams lost.
+    pub datagrams_dropped: u64,
 }
 
 /// Fault injection on one simulated device.
@@ -117,6 +120,21 @@ impl Faults {
         Ok(())
     }
 
+    /// The next `n` datagrams UD QP `qpn` sends are lost on the way: each WR completes
+    /// successfully (as a UD send does, whether its datagram arrives or not) and nothing
+    /// reaches the destination.
+    pub fn drop_datagrams(&self, qpn: u32, n: u32) -> Result<()> {
+        let (qp, _) = self.qp(qpn)?;
+        if qp.qp_type != verbs_api::QpType::Ud {
+            return Err(Error::invalid(
+                "faults",
+                format!("QP {qpn:#x} is {:?}: only UD QPs send datagrams", qp.qp_type),
+            ));
+        }
+        qp.inner.lock().faults.drop_datagrams = n;
+        Ok(())
+    }
+
     /// Disarms every fault of QP `qpn`.
     pub fn clear(&self, qpn: u32) -> Result<()> {
         let (qp, progress) = self.qp(qpn)?;
@@ -138,6 +156,7 @@ impl Faults {
             stalls: c.stalls.load(Ordering::Relaxed),
             delayed: c.delayed.load(Ordering::Relaxed),
             forced_rnr: c.forced_rnr.load(Ordering::Relaxed),
+            datagrams_dropped: c.datagrams_dropped.load(Ordering::Relaxed),
         }
     }
 }

@@ -36,8 +36,11 @@
 //! is its driver, in layers that import only downwards:
 //!
 //! - the verbs handles ([`SimBackend`], [`SimContext`], [`SimPd`], [`SimMr`], [`SimCq`],
-//!   [`SimChannel`], [`SimQp`], [`SimSrq`]) and the fault-injection API ([`faults`]);
+//!   [`SimChannel`], [`SimQp`], [`SimSrq`], [`SimAh`]) and the fault-injection API
+//!   ([`faults`]);
 //! - the device (its attributes, tables, threads), which implements what a QP asks of it;
+//! - the links between devices that carry UD datagrams (set up and checked as a hello
+//!   is, served by tasks on the setup runtime);
 //! - connection setup (tokio + socket2: the listener, the hello and its check);
 //! - the data path (one progress thread per device and the application's own threads:
 //!   epoll, timers, delayed ACKs, the driving window, a fault layer);
@@ -62,6 +65,7 @@ mod addressing;
 pub mod counters;
 mod cpu_share;
 mod cq;
+mod datagram;
 mod device;
 mod epoll;
 mod fault_state;
@@ -80,12 +84,13 @@ mod verify;
 
 pub use backend_sim_proto::NakReason;
 pub use counters::Counters;
+pub use verbs::ah::SimAh;
 pub use verbs::backend::{SimBackend, SimConfig};
 pub use verbs::context::SimContext;
 pub use verbs::cq::{SimChannel, SimCq};
 pub use verbs::pd::{SimMr, SimPd};
 pub use verbs::qp::SimQp;
-pub use verbs::srq::{SimAh, SimSrq};
+pub use verbs::srq::SimSrq;
 
 // The protocol core's modules under their own names, for the driver's paths.
-use backend_sim_proto::{memory, recv_queue, requester, responder, rx, tx, wire};
+use backend_sim_proto::{link_rx, memory, recv_queue, requester, responder, rx, tx, wire};

@@ -1,5 +1,6 @@
 //! Connection setup for the sim (tokio + socket2): for every QP pair one TCP connection
-//! that carries both directions. Once the hello exchange is done, the socket is handed to
+//! that carries both directions (and, handed to [`datagram`](crate::datagram), the
+//! hellos of links for UD datagrams and their checks). Once the hello exchange is done, the socket is handed to
 //! the device's [`progress`](crate::progress) engine, which runs the data path; this
 //! module only sets connections up, and again when they break. The device's
 //! [`listener`](crate::listener) accepts the connections and bounds them.
@@ -26,16 +27,16 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use verbs_api::{QpState, QpType, Result};
 
-use crate::addressing::Addressing;
+use crate::addressing::{canonical, Addressing};
+use crate::datagram::Datagrams;
 use crate::listener::{fd_limit_hint, is_out_of_fds, HELLO_TIMEOUT};
 use crate::progress::Progress;
 use crate::qp::{QpInner, QpShared, QpTable};
 use crate::rx::Reader;
-use crate::verify;
+use crate::verify::{self, send_frame};
 use crate::wire::{Frame, HelloReject, TOKEN_LEN, VERSION};
 
 /// Bound on connecting and on the hello exchange.
@@ -55,6 +56,8 @@ pub struct Setup {
     pub qps: Arc<QpTable>,
     /// Its data path, which takes over established connections.
     pub progress: Arc<Progress>,
+    /// Its UD side, which takes over links to other devices.
+    pub datagrams: Arc<Datagrams>,
 }
 
 /// Starts accepting connections for the device of `dev`.
@@ -109,12 +112,6 @@ fn errno_of(e: &io::Error) -> u32 {
 
 fn proto(msg: impl Into<String>) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, msg.into())
-}
-
-async fn send_frame(stream: &mut TcpStream, f: &Frame) -> io::Result<()> {
-    let mut b = [0u8; crate::wire::MAX_HDR_LEN];
-    let n = f.encode(&mut b);
-    stream.write_all(&b[..n]).await
 }
 
 // ---------------------------------------------------------------- responder side
@@ -214,6 +211,33 @@ async fn serve_inbound(dev: Weak<Setup>, mut stream: TcpStream) -> io::Result<()
             let yes = dev
                 .upgrade()
                 .is_some_and(|d| d.claims.confirms(src_qpn, dst_qpn, &token));
+            let answer = if yes {
+                Frame::HelloAck
+            } else {
+                Frame::HelloNak {
+                    reason: HelloReject::Refused,
+                }
+            };
+            return send_frame(&mut stream, &answer).await;
+        }
+        Frame::LinkHello {
+            src_gid,
+            src_lid,
+            token,
+        } => {
+            let Some(dg) = dev.upgrade().map(|d| d.datagrams.clone()) else {
+                return Ok(());
+            };
+            return crate::datagram::setup::serve(dg, stream, src_gid, src_lid, token).await;
+        }
+        Frame::LinkVerify {
+            at_ip,
+            at_port,
+            token,
+        } => {
+            // A device checks a link that claims to come from this one.
+            let at = canonical(SocketAddr::new(std::net::Ipv6Addr::from(at_ip).into(), at_port));
+            let yes = dev.upgrade().is_some_and(|d| d.claims.confirms_link(at, &token));
             let answer = if yes {
                 Frame::HelloAck
             } else {

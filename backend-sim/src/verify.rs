@@ -21,10 +21,18 @@
 //! third process learns it only by reading another connection's bytes, which needs the
 //! privileges (root, `CAP_NET_RAW`) that the sim does not defend against, as plain RoCE
 //! does not defend against a tap on the wire.
+//!
+//! A link between two devices for UD datagrams ([`datagram`](crate::datagram)) is checked
+//! the same way, with what a link claims instead of a QP pair: the connecting device
+//! records `(token, the address it connected to)` and says [`Frame::LinkHello`] with its
+//! GID and LID; the accepting device asks the listener at the address that GID and LID
+//! name ([`ask_link`]): is your link, with this token, the one that arrived at my address
+//! `at`? The address it arrived at ties the token to the device it was sent to: a device
+//! that received a link hello cannot pass it on to a third device as its own.
 
 use std::collections::HashMap;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,15 +40,25 @@ use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use crate::addressing::canonical;
 use crate::wire::{setup_header_len, Frame, WireError, BASE_LEN, MAX_HDR_LEN, TOKEN_LEN};
 
 /// Bound on one check: connecting to the claimed device and reading its answer.
 pub const VERIFY_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// The hellos this device's QPs are sending right now, by token.
+/// What a hello claims.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Claimed {
+    /// QP `.0` of this device says hello to QP `.1` of its peer.
+    Qp(u32, u32),
+    /// This device opens a link to the device listening at this address.
+    Link(SocketAddr),
+}
+
+/// The hellos this device's QPs (and links) are sending right now, by token.
 #[derive(Default)]
 pub struct Claims {
-    pending: Mutex<HashMap<[u8; TOKEN_LEN], (u32, u32)>>,
+    pending: Mutex<HashMap<[u8; TOKEN_LEN], Claimed>>,
 }
 
 /// A recorded attempt; dropping it withdraws the claim.
@@ -66,6 +84,16 @@ impl Claims {
     /// Records that QP `src_qpn` of this device is saying hello to QP `dst_qpn` of its
     /// peer, under a fresh random token (128 bits from the thread's CSPRNG).
     pub fn begin(self: &Arc<Self>, src_qpn: u32, dst_qpn: u32) -> Claim {
+        self.record(Claimed::Qp(src_qpn, dst_qpn))
+    }
+
+    /// Records that this device opens a link to the device listening at `to`, under a
+    /// fresh random token.
+    pub fn begin_link(self: &Arc<Self>, to: SocketAddr) -> Claim {
+        self.record(Claimed::Link(canonical(to)))
+    }
+
+    fn record(self: &Arc<Self>, what: Claimed) -> Claim {
         let mut pending = self.pending.lock();
         let token = loop {
             let t: [u8; TOKEN_LEN] = rand::random();
@@ -73,7 +101,7 @@ impl Claims {
                 break t;
             }
         };
-        pending.insert(token, (src_qpn, dst_qpn));
+        pending.insert(token, what);
         Claim {
             claims: self.clone(),
             token,
@@ -82,7 +110,12 @@ impl Claims {
 
     /// Whether QP `src_qpn` of this device is saying hello to QP `dst_qpn` with `token`.
     pub fn confirms(&self, src_qpn: u32, dst_qpn: u32, token: &[u8; TOKEN_LEN]) -> bool {
-        self.pending.lock().get(token) == Some(&(src_qpn, dst_qpn))
+        self.pending.lock().get(token) == Some(&Claimed::Qp(src_qpn, dst_qpn))
+    }
+
+    /// Whether this device is opening, with `token`, a link that arrived at `at`.
+    pub fn confirms_link(&self, at: SocketAddr, token: &[u8; TOKEN_LEN]) -> bool {
+        self.pending.lock().get(token) == Some(&Claimed::Link(canonical(at)))
     }
 
     /// How many attempts are recorded (for tests).
@@ -117,6 +150,39 @@ pub async fn ask(at: SocketAddr, src_qpn: u32, dst_qpn: u32, token: [u8; TOKEN_L
     })
     .await
     .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no answer to the claim check"))?
+}
+
+/// Asks the device listening at `claimed` (the address a link hello's GID and LID name)
+/// whether it is opening, with `token`, the link that arrived at this device's address
+/// `at`. Any failure to get a yes is a no.
+pub async fn ask_link(claimed: SocketAddr, at: SocketAddr, token: [u8; TOKEN_LEN]) -> io::Result<bool> {
+    let at = canonical(at);
+    let at_ip = match at.ip() {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        IpAddr::V6(v6) => v6.octets(),
+    };
+    tokio::time::timeout(VERIFY_TIMEOUT, async {
+        let mut s = TcpStream::connect(claimed).await?;
+        s.set_nodelay(true)?;
+        let mut b = [0u8; MAX_HDR_LEN];
+        let n = Frame::LinkVerify {
+            at_ip,
+            at_port: at.port(),
+            token,
+        }
+        .encode(&mut b);
+        s.write_all(&b[..n]).await?;
+        Ok(matches!(read_one(&mut s).await?, Frame::HelloAck))
+    })
+    .await
+    .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no answer to the link check"))?
+}
+
+/// Writes one frame's header (a setup frame or its answer).
+pub async fn send_frame(stream: &mut TcpStream, f: &Frame) -> io::Result<()> {
+    let mut b = [0u8; MAX_HDR_LEN];
+    let n = f.encode(&mut b);
+    stream.write_all(&b[..n]).await
 }
 
 /// Reads exactly one setup frame (a hello, a check or an answer to either) into a buffer
@@ -166,5 +232,34 @@ mod tests {
         assert!(claims.confirms(0x10, 0x20, &c2.token()));
         drop(c2);
         assert!(claims.is_empty());
+    }
+
+    /// A link's claim confirms only its token and the address it was opened to (in
+    /// either spelling of an IPv4 address), never a QP pair's check, and ends with its
+    /// guard.
+    #[test]
+    fn a_link_claim_confirms_only_its_token_and_address() {
+        let claims = Arc::new(Claims::default());
+        let to: SocketAddr = "127.0.0.1:4000".parse().unwrap();
+        let c = claims.begin_link(to);
+        let t = c.token();
+        assert!(claims.confirms_link(to, &t));
+        assert!(claims.confirms_link("[::ffff:127.0.0.1]:4000".parse().unwrap(), &t));
+        assert!(
+            !claims.confirms_link("127.0.0.1:4001".parse().unwrap(), &t),
+            "another device"
+        );
+        assert!(
+            !claims.confirms_link("127.0.0.2:4000".parse().unwrap(), &t),
+            "another host"
+        );
+        let mut other = t;
+        other[15] ^= 1;
+        assert!(!claims.confirms_link(to, &other), "a guessed token");
+        assert!(!claims.confirms(0, 0, &t), "a link's token is no QP's");
+        let q = claims.begin(0x10, 0x20);
+        assert!(!claims.confirms_link(to, &q.token()), "a QP's token is no link's");
+        drop(c);
+        assert!(!claims.confirms_link(to, &t));
     }
 }

@@ -3,7 +3,9 @@
 //! transmitting, executing, answering and completing SEND/RECV (with immediate), RDMA
 //! WRITE (with immediate), RDMA READ and both atomics, alone and in batches, moves no
 //! byte through the heap on any thread of the process: not the application's, not the
-//! progress threads', not the runtime's.
+//! progress threads', not the runtime's. The same holds for UD datagrams once the link
+//! between the two devices is up: to the other device and back over the link (with and
+//! without immediate, in a batch) and to a QP of the same device.
 //!
 //! A counting global allocator (this test file is its own binary) records every
 //! allocation while the measured loop runs, and the backtrace of the first one, so a
@@ -204,6 +206,118 @@ fn round(
     wait(cq_b, 8, "batch of recvs");
 }
 
+/// UD QPs on both devices of a pair, their CQs and the address handles between them.
+struct Ud {
+    ua: backend_sim::SimQp,
+    ub: backend_sim::SimQp,
+    cq_ua: backend_sim::SimCq,
+    cq_ub: backend_sim::SimCq,
+    /// sim0 → `ub`, sim1 → `ua`, sim1 → `ub` (the same device).
+    ah_ab: backend_sim::SimAh,
+    ah_ba: backend_sim::SimAh,
+    ah_bb: backend_sim::SimAh,
+}
+
+const QKEY: u32 = 0x1111_1111;
+
+impl Ud {
+    fn new(p: &Pair) -> Ud {
+        let up = |qp: &backend_sim::SimQp| {
+            let m = QpAttrMask::STATE;
+            let init = QpAttr {
+                qp_state: QpState::Init,
+                port_num: 1,
+                qkey: QKEY,
+                ..Default::default()
+            };
+            qp.modify(
+                &init,
+                m | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY,
+            )
+            .unwrap();
+            let rtr = QpAttr {
+                qp_state: QpState::Rtr,
+                ..Default::default()
+            };
+            qp.modify(&rtr, m).unwrap();
+            let rts = QpAttr {
+                qp_state: QpState::Rts,
+                ..Default::default()
+            };
+            qp.modify(&rts, m | QpAttrMask::SQ_PSN).unwrap();
+        };
+        let (cq_ua, cq_ub) = (
+            p.c0.create_cq(64, None).unwrap(),
+            p.c1.create_cq(64, None).unwrap(),
+        );
+        let ua = p
+            .pd0
+            .create_qp(&QpInitAttr::ud(&cq_ua, &cq_ua, QpCap::new(32, 32)))
+            .unwrap();
+        let ub = p
+            .pd1
+            .create_qp(&QpInitAttr::ud(&cq_ub, &cq_ub, QpCap::new(32, 32)))
+            .unwrap();
+        up(&ua);
+        up(&ub);
+        let rp = RcParams::default();
+        let ea = local_endpoint(&p.c0, &ua, &rp, 0).unwrap();
+        let eb = local_endpoint(&p.c1, &ub, &rp, 0).unwrap();
+        Ud {
+            ah_ab: p.pd0.create_ah(&ah_attr_for(&eb, &rp)).unwrap(),
+            ah_ba: p.pd1.create_ah(&ah_attr_for(&ea, &rp)).unwrap(),
+            ah_bb: p.pd1.create_ah(&ah_attr_for(&eb, &rp)).unwrap(),
+            ua,
+            ub,
+            cq_ua,
+            cq_ub,
+        }
+    }
+
+    /// One round: a datagram sim0 → sim1, one with immediate back, one within sim1, and a
+    /// batch of 8 sim0 → sim1.
+    fn round(&self, i: u64, la: &impl MemoryRegion, lb: &impl MemoryRegion) {
+        let src_a = [la.sge(8192, 256).unwrap()];
+        let src_b = [lb.sge(8192, 64).unwrap()];
+        let rx_a = [la.sge(16384, 40 + 256).unwrap()];
+        let rx_b = [lb.sge(16384, 40 + 256).unwrap()];
+        let (ua, ub) = (self.ua.qp_num(), self.ub.qp_num());
+
+        self.ub.post_recv(&[RecvWr::new(i, &rx_b)]).unwrap();
+        self.ua
+            .post_send(&[SendWr::send(i, &src_a).signaled().ud(&self.ah_ab, ub, QKEY)])
+            .unwrap();
+        wait(&self.cq_ua, 1, "UD send");
+        wait(&self.cq_ub, 1, "UD recv");
+
+        self.ua.post_recv(&[RecvWr::new(i, &rx_a)]).unwrap();
+        self.ub
+            .post_send(&[SendWr::send_with_imm(i, &src_b, i as u32)
+                .signaled()
+                .ud(&self.ah_ba, ua, QKEY)])
+            .unwrap();
+        wait(&self.cq_ub, 1, "UD send with imm, back");
+        wait(&self.cq_ua, 1, "UD recv with imm");
+
+        self.ub.post_recv(&[RecvWr::new(i, &rx_b)]).unwrap();
+        self.ub
+            .post_send(&[SendWr::send(i, &src_b).signaled().ud(&self.ah_bb, ub, QKEY)])
+            .unwrap();
+        wait(&self.cq_ub, 2, "UD send and recv within a device");
+
+        let recvs: [RecvWr<'_>; 8] = std::array::from_fn(|k| RecvWr::new(k as u64, &rx_b));
+        self.ub.post_recv(&recvs).unwrap();
+        let sends: [SendWr<'_>; 8] = std::array::from_fn(|k| {
+            SendWr::send(k as u64, &src_a)
+                .signaled()
+                .ud(&self.ah_ab, ub, QKEY)
+        });
+        self.ua.post_send(&sends).unwrap();
+        wait(&self.cq_ua, 8, "batch of UD sends");
+        wait(&self.cq_ub, 8, "batch of UD recvs");
+    }
+}
+
 /// `parking_lot` allocates its table of parked threads the first time a thread parks
 /// on a lock, and grows it when more threads have parked than it has room for: once per
 /// process, not per operation, but whenever the first contention happens to come. Have
@@ -246,15 +360,19 @@ fn the_data_path_allocates_nothing_once_warm() {
         | AccessFlags::REMOTE_ATOMIC;
     let lb = p.pd1.reg_mr(2 * BIG, flags).unwrap();
     let remote = lb.remote();
+    let ud = Ud::new(&p);
 
-    // Warm up: connections set up, queues, scratch vectors and free lists at size.
+    // Warm up: connections and the link set up, queues, scratch vectors and free lists
+    // at size.
     for i in 0..200 {
         round(i, a, b, cq_a, cq_b, &la, &lb, remote);
+        ud.round(i, &la, &lb);
     }
     let rounds = 2000;
     COUNTING.store(true, Ordering::SeqCst);
     for i in 0..rounds {
         round(i, a, b, cq_a, cq_b, &la, &lb, remote);
+        ud.round(i, &la, &lb);
     }
     COUNTING.store(false, Ordering::SeqCst);
 
@@ -262,7 +380,7 @@ fn the_data_path_allocates_nothing_once_warm() {
     let first = FIRST.lock().unwrap().take().unwrap_or_default();
     assert_eq!(
         n, 0,
-        "{n} allocations in {rounds} rounds of 25 work requests each; the first:\n{first}"
+        "{n} allocations in {rounds} rounds of 36 work requests each; the first:\n{first}"
     );
     // The rounds really ran: the counters moved by exactly as many atomics.
     assert_eq!(lb.read_u64(4096).unwrap(), 200 + rounds);

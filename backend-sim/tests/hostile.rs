@@ -226,3 +226,310 @@ fn qp_numbers_are_spread_over_24_bits() {
         assert!(set > 4 && set < 60, "bit {bit:#x} set in {set} of 64: {n:x?}");
     }
 }
+
+// ---------------------------------------------------------------- UD links
+
+/// Reads exactly one frame header (a setup frame) from `s`: for the raw device below.
+fn read_setup(s: &mut TcpStream) -> Frame {
+    use std::io::Read;
+    let mut base = [0u8; backend_sim_proto::wire::BASE_LEN];
+    s.read_exact(&mut base).unwrap();
+    let n = backend_sim_proto::wire::setup_header_len(&base).unwrap();
+    let mut h = vec![0u8; n];
+    h[..base.len()].copy_from_slice(&base);
+    s.read_exact(&mut h[base.len()..]).unwrap();
+    Frame::decode(&h).unwrap().unwrap().0
+}
+
+/// Whether `s` is closed by the other end within 5 s (after what it sent, if anything).
+fn closed(s: &mut TcpStream) -> bool {
+    use std::io::Read;
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut b = [0u8; 256];
+    loop {
+        match s.read(&mut b) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e) => return e.kind() == std::io::ErrorKind::ConnectionReset,
+        }
+    }
+}
+
+/// A datagram frame for QP `dst_qpn` that claims to come from QP `src_qpn`, and its
+/// payload.
+fn datagram(dst_qpn: u32, src_qpn: u32, qkey: u32, payload: &[u8]) -> Vec<u8> {
+    let mut v = frame(Frame::Datagram {
+        psn: 0,
+        len: payload.len() as u32,
+        dst_qpn,
+        src_qpn,
+        qkey,
+        imm: None,
+        solicited: false,
+        grh: Some(backend_sim_proto::wire::Grh::default()),
+    });
+    v.extend_from_slice(payload);
+    v
+}
+
+fn ud_qp(pd: &backend_sim::SimPd, cq: &backend_sim::SimCq, qkey: u32) -> backend_sim::SimQp {
+    let qp = pd.create_qp(&QpInitAttr::ud(cq, cq, QpCap::new(64, 64))).unwrap();
+    let m = QpAttrMask::STATE;
+    qp.modify(
+        &QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            qkey,
+            ..Default::default()
+        },
+        m | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY,
+    )
+    .unwrap();
+    qp.modify(
+        &QpAttr {
+            qp_state: QpState::Rtr,
+            ..Default::default()
+        },
+        m,
+    )
+    .unwrap();
+    qp.modify(
+        &QpAttr {
+            qp_state: QpState::Rts,
+            ..Default::default()
+        },
+        m | QpAttrMask::SQ_PSN,
+    )
+    .unwrap();
+    qp
+}
+
+/// A UD datagram's source (the sending device's LID and GID) is the device its link
+/// proved, never what a frame or a stranger claims. Device X's QP `xq` and device R's QP
+/// `rq` exchange datagrams; a stranger who knows their GIDs, LIDs, QPNs and the Q_Key
+/// - claims to be X on R's listener (a link hello with X's GID and LID and a token of
+///   its own) and sends datagrams from `xq` after it: refused, the connection closed,
+///   nothing delivered; also while X's real link to R is up;
+/// - sends datagrams with no hello at all: closed;
+/// - gets X to open a link to it, and passes X's hello (X's real token) on to R as its
+///   own: R's check with X names the address the hello reached (R's, not the
+///   stranger's), so X denies it;
+/// - opens an honest link of its own (it answers R's check for its own token at its own
+///   address, 127.0.0.2): its datagrams that claim `xq` are delivered, named as from its
+///   device (its LID, its GID), never X's;
+/// - floods R on that link (no receive for them: dropped and counted, memory bounded),
+///   never reads what R sends it (R's sends complete, lost beyond the link's queue), and
+///   sends garbage (the link closes).
+///
+/// Throughout, X's datagrams reach `rq` named as X's, and nothing else reaches it.
+#[test]
+fn ud_datagrams_cannot_be_forged_from_another_device() {
+    use std::io::Read;
+    use std::net::TcpListener;
+    const QKEY: u32 = 0x1111_1111;
+    let sim = SimBackend::default();
+    let (cx, cr) = (sim.open("sim0").unwrap(), sim.open("sim1").unwrap());
+    let (pdx, pdr) = (cx.alloc_pd().unwrap(), cr.alloc_pd().unwrap());
+    let (cqx, cqr) = (
+        cx.create_cq(256, None).unwrap(),
+        cr.create_cq(4096, None).unwrap(),
+    );
+    let (xq, rq) = (ud_qp(&pdx, &cqx, QKEY), ud_qp(&pdr, &cqr, QKEY));
+    let mrx = pdx.reg_mr(1 << 16, AccessFlags::LOCAL_WRITE).unwrap();
+    let mrr = pdr.reg_mr(1 << 16, AccessFlags::LOCAL_WRITE).unwrap();
+    for i in 0..32u64 {
+        rq.post_recv(&[RecvWr::new(i, &[mrr.sge(1024 * i as usize, 1024).unwrap()])])
+            .unwrap();
+    }
+    let p = RcParams::default();
+    let (gx, lx) = (cx.query_gid(1, 0).unwrap(), cx.query_port(1).unwrap().lid);
+    let r_addr = cr.listen_addr();
+    let x_to_r = pdx
+        .create_ah(&ah_attr_for(&local_endpoint(&cr, &rq, &p, 0).unwrap(), &p))
+        .unwrap();
+    let x_send = |wr_id: u64| {
+        mrx.write(0, b"from X").unwrap();
+        xq.post_send(&[SendWr::send(wr_id, &[mrx.sge(0, 6).unwrap()]).signaled().ud(
+            &x_to_r,
+            rq.qp_num(),
+            QKEY,
+        )])
+        .unwrap();
+        assert!(poll_n(&cqx, 1, Duration::from_secs(5)).unwrap()[0].is_ok());
+    };
+    let claim_x = |token| {
+        frame(Frame::LinkHello {
+            src_gid: gx.0,
+            src_lid: lx,
+            token,
+        })
+    };
+    let forged = datagram(rq.qp_num(), xq.qp_num(), QKEY, b"forged");
+    let mut delivered = Vec::new();
+    let mut take = |n: usize| {
+        let wc = poll_n(&cqr, n, Duration::from_secs(5)).unwrap();
+        delivered.extend(wc.iter().map(|w| (w.src_qp, w.slid)));
+        wc
+    };
+
+    // A stranger claims X's identity, twice: before X's link exists and while it is up.
+    for round in 0..2 {
+        if round == 1 {
+            x_send(1);
+            assert_eq!(take(1)[0].slid, lx);
+        }
+        let mut s = TcpStream::connect(r_addr).unwrap();
+        let mut attack = claim_x([0x5a; 16]);
+        for _ in 0..3 {
+            attack.extend(&forged);
+        }
+        s.write_all(&attack).unwrap();
+        assert!(matches!(read_answer(&mut s), Some(Frame::HelloNak { .. })));
+        assert!(closed(&mut s));
+        // Datagrams with no hello.
+        let mut s = TcpStream::connect(r_addr).unwrap();
+        let _ = s.write_all(&forged);
+        assert!(closed(&mut s));
+    }
+
+    // The relay: X opens a link to the stranger's listener, which passes X's hello on.
+    let relay = TcpListener::bind((common::RAW_IP, 0)).unwrap();
+    let x_to_relay = pdx
+        .create_ah(&AhAttr {
+            grh: GlobalRoute {
+                dgid: Gid::from(common::RAW_IP),
+                ..Default::default()
+            },
+            dlid: relay.local_addr().unwrap().port(),
+            is_global: true,
+            port_num: 1,
+            ..Default::default()
+        })
+        .unwrap();
+    xq.post_send(&[SendWr::send(2, &[mrx.sge(0, 6).unwrap()])
+        .signaled()
+        .ud(&x_to_relay, 0x42, QKEY)])
+        .unwrap();
+    let (mut from_x, _) = relay.accept().unwrap();
+    let Frame::LinkHello {
+        src_gid,
+        src_lid,
+        token,
+    } = read_setup(&mut from_x)
+    else {
+        panic!("X did not say a link hello");
+    };
+    assert_eq!((src_gid, src_lid), (gx.0, lx));
+    let mut s = TcpStream::connect(r_addr).unwrap();
+    s.write_all(&claim_x(token)).unwrap();
+    s.write_all(&forged).unwrap();
+    assert!(matches!(read_answer(&mut s), Some(Frame::HelloNak { .. })));
+    assert!(closed(&mut s));
+    drop(from_x);
+    // X's WR completes all the same: its datagram is lost with the link that failed.
+    assert!(poll_n(&cqx, 1, Duration::from_secs(10)).unwrap()[0].is_ok());
+
+    // The stranger's honest link: its own listener answers R's check.
+    let own = TcpListener::bind((common::RAW_IP, 0)).unwrap();
+    let own_lid = own.local_addr().unwrap().port();
+    let token = [0x77; 16];
+    let checker = std::thread::spawn(move || {
+        let (mut c, _) = own.accept().unwrap();
+        let f = read_setup(&mut c);
+        let Frame::LinkVerify {
+            token: t, at_port, ..
+        } = f
+        else {
+            panic!("expected a link check, got {f}");
+        };
+        assert_eq!((t, at_port), (token, r_addr.port()));
+        c.write_all(&frame(Frame::HelloAck)).unwrap();
+        own
+    });
+    let mut link = TcpStream::connect(r_addr).unwrap();
+    link.write_all(&frame(Frame::LinkHello {
+        src_gid: Gid::from(common::RAW_IP).0,
+        src_lid: own_lid,
+        token,
+    }))
+    .unwrap();
+    assert_eq!(read_answer(&mut link), Some(Frame::HelloAck));
+    let _own = checker.join().unwrap();
+    link.write_all(&forged).unwrap();
+    let wc = take(1);
+    assert_eq!(
+        (wc[0].src_qp, wc[0].slid),
+        (xq.qp_num(), own_lid),
+        "named as from the stranger's device"
+    );
+    let mut h = [0u8; 40];
+    mrr.read(1024 * wc[0].wr_id as usize, &mut h).unwrap();
+    assert_eq!(
+        &h[8..24],
+        &Gid::from(common::RAW_IP).0,
+        "the GRH's source GID is the stranger's"
+    );
+    assert_ne!(own_lid, lx);
+
+    // A flood on it: for a QPN with no receive, then never reading R's datagrams.
+    let dropped = cr.counters().ud_dropped;
+    let rss_before = rss_kib();
+    let junk = datagram(rq.qp_num() ^ 1, xq.qp_num(), QKEY, &[0xaa; 4096]);
+    let mut batch = Vec::new();
+    for _ in 0..64 {
+        batch.extend(&junk);
+    }
+    for _ in 0..100 {
+        link.write_all(&batch).unwrap();
+    }
+    let r_to_own = pdr
+        .create_ah(&AhAttr {
+            grh: GlobalRoute {
+                dgid: Gid::from(common::RAW_IP),
+                ..Default::default()
+            },
+            dlid: own_lid,
+            is_global: true,
+            port_num: 1,
+            ..Default::default()
+        })
+        .unwrap();
+    let unsent = cr.counters().ud_unsent;
+    let big = [mrr.sge(32768, 4096).unwrap()];
+    // More than the kernel's socket buffers and the link's queue hold together.
+    for i in 0..4000u64 {
+        rq.post_send(&[SendWr::send(1000 + i, &big).signaled().ud(&r_to_own, 0x42, QKEY)])
+            .unwrap();
+        let wc = poll_n(&cqr, 1, Duration::from_secs(5)).unwrap();
+        assert_eq!((wc[0].wr_id, wc[0].status), (1000 + i, WcStatus::Success));
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while cr.counters().ud_dropped < dropped + 6400 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(cr.counters().ud_dropped, dropped + 6400);
+    assert!(
+        cr.counters().ud_unsent > unsent,
+        "R's sends into a link nobody reads were all queued"
+    );
+    let grew = rss_kib().saturating_sub(rss_before);
+    assert!(grew < 16 * 1024, "RSS grew by {grew} KiB");
+    // Garbage on the link ends it.
+    link.write_all(&[0xff; 64]).unwrap();
+    let mut rest = Vec::new();
+    link.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let _ = link.read_to_end(&mut rest);
+
+    // X's datagrams still reach rq as X's, and nothing else reached it.
+    x_send(3);
+    assert_eq!(take(1)[0].slid, lx);
+    std::thread::sleep(Duration::from_millis(100));
+    let mut wc = [WorkCompletion::default(); 8];
+    assert_eq!(cqr.poll(&mut wc).unwrap(), 0);
+    assert_eq!(
+        delivered,
+        [(xq.qp_num(), lx), (xq.qp_num(), own_lid), (xq.qp_num(), lx)],
+        "(src_qp, slid) of everything rq received"
+    );
+    assert_eq!(rq.state().unwrap(), QpState::Rts);
+}

@@ -5,7 +5,7 @@
 
 #![no_main]
 
-use backend_sim_proto::wire::{Frame, BASE_LEN, MAX_HDR_LEN, MAX_MSG};
+use backend_sim_proto::wire::{Frame, BASE_LEN, MAX_DATAGRAM, MAX_HDR_LEN, MAX_MSG};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -23,6 +23,9 @@ fuzz_target!(|data: &[u8]| {
         assert!((BASE_LEN..=MAX_HDR_LEN).contains(&n), "header length {n}");
         assert!(n <= buf.len());
         assert!(frame.payload_len() <= MAX_MSG);
+        if let Frame::Datagram { len, .. } = frame {
+            assert!(len <= MAX_DATAGRAM, "a datagram above the MTU decoded: {len}");
+        }
         assert!(
             !(frame.is_request() && frame.is_response()),
             "{frame} is both a request and a response"

@@ -1,11 +1,22 @@
 //! What the application does: post receives and send WRs (good ones, and ones with bad
 //! keys or SGEs), with every posted receive remembered for the completion checks.
 
-use verbs_api::{RecvWr, SendWr, Sge};
+use backend_sim_proto::requester::UdRoute;
+use backend_sim_proto::wire::Grh;
+use verbs_api::{AddressHandle, AhAttr, RecvWr, SendWr, Sge};
 
 use crate::harness::Harness;
 use crate::input::{KeySel, WrSpec};
 use crate::regions::{KEYS, LOCAL, REGION_LEN, TARGET};
+
+/// The address handle of the harness's UD sends (the requester takes their route).
+struct NoAh;
+
+impl AddressHandle for NoAh {
+    fn attr(&self) -> AhAttr {
+        AhAttr::default()
+    }
+}
 
 impl Harness {
     /// The application posts a receive (a `PostRecv` step), never into `TARGET`.
@@ -104,7 +115,26 @@ impl Harness {
                 SendWr::send(id, &sg)
             }
         };
-        if self.req.post(&wr.signaled(), &self.mrs).is_ok() {
+        let posted = if self.ud {
+            // Every WR through one address handle (whose route the harness makes up); the
+            // opcodes UD lacks are refused.
+            let ah = NoAh;
+            let route = UdRoute {
+                peer: std::net::SocketAddr::from(([127, 0, 0, 1], 9)),
+                grh: id.is_multiple_of(2).then_some(Grh::default()),
+                remote_qpn: 0x42,
+                remote_qkey: if id.is_multiple_of(3) {
+                    0x8000_0000
+                } else {
+                    crate::QKEY
+                },
+            };
+            let wr = wr.signaled().ud(&ah, route.remote_qpn, route.remote_qkey);
+            self.req.post_ud(&wr, route, &self.mrs)
+        } else {
+            self.req.post(&wr.signaled(), &self.mrs)
+        };
+        if posted.is_ok() {
             self.next_id += 1;
         }
     }

@@ -4,7 +4,7 @@
 //! cut short or corrupted ([`Harness::peer_sends`]).
 
 use backend_sim_proto::psn;
-use backend_sim_proto::wire::{Frame, HelloReject, NakCode, NakReason, MAX_HDR_LEN};
+use backend_sim_proto::wire::{Frame, Grh, HelloReject, NakCode, NakReason, MAX_HDR_LEN};
 use verbs_api::PSN_MASK;
 
 use crate::harness::Harness;
@@ -138,8 +138,47 @@ impl Harness {
             | FrameSpec::Reply { .. }
             | FrameSpec::ReadResp { .. }
             | FrameSpec::AtomicResp { .. } => self.response_frame(f),
-            FrameSpec::Hello { .. } | FrameSpec::HelloAck | FrameSpec::HelloNak { .. } => self.hello_frame(f),
+            FrameSpec::Hello { .. }
+            | FrameSpec::HelloAck
+            | FrameSpec::HelloNak { .. }
+            | FrameSpec::LinkHello { .. } => self.hello_frame(f),
+            FrameSpec::Datagram { .. } => self.datagram_frame(f),
         }
+    }
+
+    /// A datagram, to the QP under attack (QPN 2) or another, claiming any source.
+    fn datagram_frame(&self, f: &FrameSpec) -> (Frame, u8) {
+        let FrameSpec::Datagram {
+            psn,
+            to_us,
+            other_qpn,
+            src_qpn,
+            qkey,
+            len,
+            imm,
+            solicited,
+            grh,
+            fill,
+        } = *f
+        else {
+            unreachable!("{f:?} is not a datagram");
+        };
+        let frame = Frame::Datagram {
+            psn: self.req_psn(psn),
+            len: Self::len(len),
+            dst_qpn: if to_us { 2 } else { other_qpn & PSN_MASK },
+            src_qpn: src_qpn & PSN_MASK,
+            qkey: qkey.unwrap_or(crate::QKEY),
+            imm,
+            solicited,
+            grh: grh.map(|(flow_label, traffic_class, hop_limit)| Grh {
+                dgid: [0xfe; 16],
+                flow_label: flow_label & 0xf_ffff,
+                traffic_class,
+                hop_limit,
+            }),
+        };
+        (frame, fill)
     }
 
     /// A request: PSN relative to what the responder expects.
@@ -310,6 +349,30 @@ impl Harness {
                 },
                 0,
             ),
+            FrameSpec::LinkHello {
+                src_gid,
+                src_lid,
+                verify: false,
+            } => (
+                Frame::LinkHello {
+                    src_gid,
+                    src_lid,
+                    token: [0; backend_sim_proto::wire::TOKEN_LEN],
+                },
+                0,
+            ),
+            FrameSpec::LinkHello {
+                src_gid,
+                src_lid,
+                verify: true,
+            } => (
+                Frame::LinkVerify {
+                    at_ip: src_gid,
+                    at_port: src_lid,
+                    token: [0; backend_sim_proto::wire::TOKEN_LEN],
+                },
+                0,
+            ),
             FrameSpec::HelloAck => (Frame::HelloAck, 0),
             FrameSpec::HelloNak { reason } => (
                 Frame::HelloNak {
@@ -388,6 +451,25 @@ impl Harness {
             Frame::Nak { code, reason, .. } => Frame::Nak { psn, code, reason },
             Frame::ReadResp { len, .. } => Frame::ReadResp { psn, len },
             Frame::AtomicResp { orig, .. } => Frame::AtomicResp { psn, orig },
+            Frame::Datagram {
+                len,
+                dst_qpn,
+                src_qpn,
+                qkey,
+                imm,
+                solicited,
+                grh,
+                ..
+            } => Frame::Datagram {
+                psn,
+                len,
+                dst_qpn,
+                src_qpn,
+                qkey,
+                imm,
+                solicited,
+                grh,
+            },
             other => other,
         }
     }

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use backend_sim_proto::engine::DriveState;
+use backend_sim_proto::link_rx::LinkReader;
 use backend_sim_proto::memory::{MrShared, MrTable};
 use backend_sim_proto::requester::{ReqAttrs, Requester};
 use backend_sim_proto::responder::{RespAttrs, Responder};
@@ -58,6 +59,10 @@ pub struct Harness {
     pub(crate) chunk: usize,
     pub(crate) streamed: usize,
     pub(crate) out: Vec<u8>,
+    /// The QP is a UD QP, the peer a device on a link.
+    pub(crate) ud: bool,
+    /// The link's incoming bytes (UD).
+    pub(crate) link: LinkReader,
 }
 
 impl Drop for Harness {
@@ -89,6 +94,23 @@ fn cap() -> QpCap {
 /// responder (granting the remote rights `setup` does not refuse), the requester's first
 /// PSN and whether the peer may change `TARGET`.
 fn connected_qp(setup: &Setup) -> (Requester, Responder, u32, bool) {
+    if setup.ud {
+        // A UD QP in RTS: no peer, no remote rights; it sends to an address the
+        // harness never dials.
+        let mut resp = Responder::new(2, PD, cap().max_recv_wr, cap().max_recv_sge).datagram();
+        resp.qkey = crate::QKEY;
+        let mut req = Requester::new(1, PD, &cap(), false).datagram();
+        req.qkey = crate::QKEY;
+        let sq_psn = setup.sq_psn & PSN_MASK;
+        req.connect(ReqAttrs {
+            sq_psn,
+            timeout: None,
+            retry_cnt: 0,
+            rnr_retry: 0,
+            max_rd_atomic: 0,
+        });
+        return (req, resp, sq_psn, false);
+    }
     let mut qp_access = AccessFlags::REMOTE;
     if setup.qp_refuses & 1 != 0 {
         qp_access.remove(AccessFlags::REMOTE_WRITE);
@@ -193,6 +215,8 @@ impl Harness {
             chunk: usize::MAX,
             streamed: 0,
             out: Vec::new(),
+            ud: setup.ud,
+            link: LinkReader::new(),
         };
         for k in 0..(setup.recvs % 9) as usize {
             let sge = Sge::new(h.addr(LOCAL, k * 512), 512, KEYS[LOCAL]);
@@ -260,6 +284,12 @@ impl Harness {
                 if self.err {
                     // A QP in ERR refuses the new connection (HelloReject::Refused).
                     self.closed = true;
+                    return;
+                }
+                if self.ud {
+                    // A new link: the old one's bytes are gone with it.
+                    self.link = LinkReader::new();
+                    self.closed = false;
                     return;
                 }
                 // As `progress.rs` does when a connection is lost.

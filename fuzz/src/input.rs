@@ -39,6 +39,10 @@ pub struct Setup {
     pub recvs: u8,
     /// Send WRs posted (and transmitted) before the peer speaks.
     pub wrs: Vec<WrSpec>,
+    /// The QP is a UD QP with Q_Key [`QKEY`](crate::QKEY), and the peer a device at the
+    /// other end of a link: its bytes go through a link's reader, each datagram to the
+    /// QP's responder (the remote rights, PSNs and timers above do not apply).
+    pub ud: bool,
 }
 
 /// A PSN, usually near the one the other side expects.
@@ -194,6 +198,39 @@ pub enum FrameSpec {
         orig: u64,
         /// First payload byte.
         fill: u8,
+    },
+    /// A UD datagram with its payload (on a UD QP's link; a protocol error on a QP
+    /// pair's connection).
+    Datagram {
+        /// PSN (ignored by a UD responder).
+        psn: PsnSel,
+        /// To the QP under attack (else to `other_qpn`).
+        to_us: bool,
+        /// Another destination QPN.
+        other_qpn: u32,
+        /// The QPN it claims to come from.
+        src_qpn: u32,
+        /// The Q_Key: the QP's (`None`) or any.
+        qkey: Option<u32>,
+        /// Length (above the MTU the frame does not decode: the link closes).
+        len: LenSel,
+        /// Immediate.
+        imm: Option<u32>,
+        /// Solicited bit.
+        solicited: bool,
+        /// GRH fields: flow label, traffic class, hop limit.
+        grh: Option<(u32, u8, u8)>,
+        /// First payload byte.
+        fill: u8,
+    },
+    /// A link's setup frames (never valid once connected, nor on an established link).
+    LinkHello {
+        /// Source GID.
+        src_gid: [u8; 16],
+        /// Source LID.
+        src_lid: u16,
+        /// Or the check of one (with this port as the address it arrived at).
+        verify: bool,
     },
     /// Connection setup frames (never valid once connected).
     Hello {

@@ -31,6 +31,14 @@
 //!   completions come in order, each at most once, none after the flush;
 //! - whatever the QP sends is a sequence of well-formed frames with their payloads.
 //!
+//! With `Setup::ud` the QP under attack is a UD QP, and the peer a device at the other end
+//! of a link (docs/wire.md "Links"): its bytes go through a link's reader
+//! ([`backend_sim_proto::link_rx`]) and each datagram for the QP to its responder, as the
+//! sim's link task does; anything that is not a well-formed datagram closes the link (the
+//! QP stays up). The same invariants hold; `TARGET` never changes (UD has no remote
+//! writes), and whatever the QP sends is well-formed datagrams of at most the MTU. On an
+//! RC QP's connection a datagram or a link's setup frame is a protocol error.
+//!
 //! The parts: the input ([`input`]), the regions and the bounds ([`regions`], [`limits`]),
 //! the harness ([`harness`]) with what the peer sends ([`frames`]), what the application
 //! posts ([`app`]), the connection ([`link`]) and the invariants ([`checks`]).
@@ -50,3 +58,6 @@ pub use harness::Harness;
 pub use input::*;
 pub use limits::*;
 pub use regions::{DEAD, FOREIGN, LOCAL, MR_MAX, PD, READONLY, TARGET};
+
+/// The Q_Key of the QP under attack when it is a UD QP.
+pub const QKEY: u32 = 0x1111_1111;

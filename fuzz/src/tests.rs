@@ -18,6 +18,7 @@ fn setup(recvs: u8, wrs: Vec<WrSpec>) -> Setup {
         max_rd_atomic: 4,
         recvs,
         wrs,
+        ud: false,
     }
 }
 
@@ -195,5 +196,123 @@ fn a_changed_foreign_region_is_caught() {
     let mut h = Harness::new(&setup(0, vec![]));
     // SAFETY: a byte of our own buffer, inside FOREIGN.
     unsafe { *h.base.add(h.offs[FOREIGN]) ^= 1 };
+    h.check();
+}
+
+fn ud_setup(recvs: u8, wrs: Vec<WrSpec>) -> Setup {
+    Setup {
+        ud: true,
+        ..setup(recvs, wrs)
+    }
+}
+
+fn datagram(to_us: bool, qkey: Option<u32>, len: u16, grh: bool) -> FrameSpec {
+    FrameSpec::Datagram {
+        psn: PsnSel::Raw(3),
+        to_us,
+        other_qpn: 0x99,
+        src_qpn: 0x77,
+        qkey,
+        len: LenSel::Small(len),
+        imm: Some(5),
+        solicited: false,
+        grh: grh.then_some((1, 2, 3)),
+        fill: 0x30,
+    }
+}
+
+/// On a UD QP a datagram for it lands behind the 40 bytes of GRH in the first receive
+/// (512 bytes at LOCAL 0); one with another Q_Key, or for another QPN, takes nothing; one
+/// longer than the receive is LOC_LEN_ERR and writes nothing.
+#[test]
+fn datagrams_reach_a_ud_qps_receives() {
+    let mut h = Harness::new(&ud_setup(3, vec![]));
+    let before = region(&h, LOCAL);
+    h.step(&Step::Frame(datagram(true, Some(crate::QKEY ^ 1), 8, false)));
+    h.step(&Step::Frame(datagram(false, None, 8, false)));
+    h.check();
+    assert_eq!(h.recvs.len(), 3, "a receive was taken");
+    h.step(&Step::Frame(datagram(true, None, 16, true)));
+    h.check();
+    assert_eq!(h.recvs.len(), 2);
+    let now = region(&h, LOCAL);
+    assert_eq!(now[6], 0x1b, "the GRH's next header");
+    assert_eq!(&now[40..56], &(0x30..0x40).collect::<Vec<u8>>()[..]);
+    assert_eq!(now[56..], before[56..]);
+    h.step(&Step::Frame(datagram(true, None, 500, false)));
+    h.check();
+    assert_eq!(h.recvs.len(), 1, "the receive too short completed (LOC_LEN_ERR)");
+    assert_eq!(region(&h, LOCAL)[512..], before[512..], "nothing written into it");
+    assert!(!h.err && !h.closed);
+}
+
+/// Anything but well-formed datagrams on a link closes the link, not the QP; a new link
+/// works. A datagram above the MTU does not decode.
+#[test]
+fn garbage_on_a_link_closes_it_and_the_qp_stays_up() {
+    let mut h = Harness::new(&ud_setup(2, vec![]));
+    h.step(&Step::Frame(FrameSpec::Ack { psn: PsnSel::Raw(1) }));
+    assert!(h.closed && !h.err);
+    h.step(&Step::Reconnect);
+    let mut above = datagram(true, None, 0, false);
+    if let FrameSpec::Datagram { len, .. } = &mut above {
+        *len = LenSel::Raw(4097);
+    }
+    h.step(&Step::Frame(above));
+    assert!(h.closed && !h.err);
+    h.step(&Step::Reconnect);
+    h.step(&Step::Frame(datagram(true, None, 4, false)));
+    h.check();
+    assert_eq!(h.recvs.len(), 1);
+}
+
+/// A datagram, or a link's setup frame, on an RC QP's connection is a protocol error.
+#[test]
+fn datagrams_on_a_connection_are_protocol_errors() {
+    for f in [
+        datagram(true, None, 4, true),
+        FrameSpec::LinkHello {
+            src_gid: [1; 16],
+            src_lid: 2,
+            verify: false,
+        },
+    ] {
+        let mut h = Harness::new(&setup(1, vec![]));
+        h.step(&Step::Frame(f));
+        assert!(h.closed && h.err);
+        h.check();
+    }
+}
+
+/// A UD QP sends SENDs (with or without immediate, inline or not) as datagrams and
+/// refuses what UD has not; a bad lkey fails the QP.
+#[test]
+fn a_ud_qp_sends_datagrams_only() {
+    let send = WrSpec::Send {
+        len: 100,
+        imm: Some(1),
+        inline: false,
+    };
+    let write = WrSpec::Write {
+        len: 8,
+        addr: 0,
+        rkey: 0,
+    };
+    let mut h = Harness::new(&ud_setup(0, vec![send.clone(), write]));
+    assert_eq!(h.last_send_id, 1, "the SEND completed, the WRITE was refused");
+    h.step(&Step::PostSend(WrSpec::Send {
+        len: 8,
+        imm: None,
+        inline: true,
+    }));
+    h.step(&Step::PeerReads);
+    assert_eq!(h.last_send_id, 2);
+    h.step(&Step::PostSend(WrSpec::BadSge {
+        key: KeySel::Raw(1),
+        off: 0,
+        len: 8,
+    }));
+    h.step(&Step::PeerReads);
+    assert!(h.err, "a bad lkey fails the QP");
     h.check();
 }

@@ -17,6 +17,8 @@
 //! - [`requester`] and [`responder`]: the two halves of an RC QP (IBA 9.7): ordering,
 //!   ACK/NAK, RNR and transport retries, duplicate detection, READ and atomic responses;
 //!   and of a UC QP (IBA 9.8.3) in their `uc` submodules: no retries, silent drops;
+//!   and of a UD QP (IBA 9.8.4) in their `ud` submodules: datagrams, the Q_Key check,
+//!   the GRH in front of every receive; [`link_rx`]: a link's incoming datagrams;
 //!   [`recv_queue`]: where a responder takes its receives from (its own receive queue or
 //!   a shared one, with its limit).
 //! - [`engine`]: one connection's frames through both halves; [`connection`]: a
@@ -50,6 +52,7 @@
 pub mod connection;
 pub mod engine;
 pub mod io;
+pub mod link_rx;
 pub mod memory;
 pub mod psn;
 pub mod recv_queue;
@@ -68,5 +71,7 @@ mod link_tests;
 mod srq_tests;
 #[cfg(test)]
 mod uc_tests;
+#[cfg(test)]
+mod ud_tests;
 
 pub use wire::NakReason;

@@ -2,12 +2,19 @@
 //!
 //! One TCP stream carries both directions of a QP pair, as the two halves of an IB RC
 //! connection share one path: each side's requests and the answers of its responder to
-//! the other side's requests (see docs/wire.md for the connection hello). The frames mirror InfiniBand's headers at message granularity (TCP already segments and
+//! the other side's requests (see docs/wire.md for the connection hello). The frames
+//! mirror InfiniBand's headers at message granularity (TCP already segments and
 //! retransmits): a 16-byte base header (like the BTH: opcode, flags, PSN, plus length and
 //! immediate), then an extension that depends on the opcode (RETH for RDMA, AtomicETH for
-//! atomics, AtomicAckETH for atomic responses, a hello block for connection setup), then
-//! `len` payload bytes for SEND, WRITE and READ responses. A NAK, which has no immediate,
-//! carries the responder's [`NakReason`] in that field.
+//! atomics, AtomicAckETH for atomic responses, a hello block for connection setup, the
+//! DETH and the GRH's fields for a datagram), then `len` payload bytes for SEND, WRITE,
+//! READ responses and datagrams. A NAK, which has no immediate, carries the responder's
+//! [`NakReason`] in that field.
+//!
+//! UD datagrams travel on a different stream: one *link* per pair of devices, which
+//! carries the datagrams of every UD QP of both ([`Frame::Datagram`]), set up by a
+//! [`Frame::LinkHello`] that the accepting device checks with the claimed device
+//! ([`Frame::LinkVerify`]).
 //!
 //! All integers are little-endian. The decoder accepts any bytes: short input asks for
 //! more, anything malformed (unknown opcode, a length beyond the message limit, a PSN or
@@ -24,17 +31,28 @@ pub const MAX_HDR_LEN: usize = BASE_LEN + 48;
 /// Longest header of a frame that travels on an established connection (requests and
 /// responses; the setup frames are longer).
 pub const MAX_DATA_HDR_LEN: usize = BASE_LEN + 28;
+/// Bytes of a datagram's header (base and extension).
+pub const DATAGRAM_HDR_LEN: usize = BASE_LEN + 36;
+/// Largest datagram payload: the port's MTU (4096, `IBV_MTU_4096`, which the sim's port
+/// reports as its active MTU). A UD message longer than that is never sent (IBA
+/// C10-93.1.1), so a longer datagram on a link is malformed.
+pub const MAX_DATAGRAM: u32 = 4096;
+/// Bytes of the global route header (IBA 8.3) at the start of every UD receive buffer
+/// (`man ibv_post_recv`).
+pub const GRH_LEN: usize = 40;
 /// Largest message (2^31 bytes, as `ibv_port_attr::max_msg_sz` on most HCAs).
 pub const MAX_MSG: u32 = 1 << 31;
 /// Magic of the hello frame ("RSIM").
 pub const HELLO_MAGIC: u32 = 0x4d49_5352;
-/// Protocol version in the hello frame (4: hellos name the QP type, RC or UC, and a UC
-/// connection's responder acknowledges every message it took in; 3: hellos carry a
+/// Protocol version in the hello frame (5: links between devices carry UD datagrams
+/// ([`Frame::LinkHello`], [`Frame::LinkVerify`], [`Frame::Datagram`]); 4: hellos name the
+/// QP type, RC or UC, and a UC connection's responder acknowledges every message it took
+/// in; 3: hellos carry a
 /// token that the passive side checks with the claimed peer device ([`Frame::Verify`]),
 /// and a NAK may carry a [`NakReason`]; 2: SEND and WRITE may carry [`F_ACK_REQ`]). A
 /// device refuses a hello of another version ([`HelloReject::Version`]): both ends of a
 /// connection must run builds that speak the same frames.
-pub const VERSION: u16 = 4;
+pub const VERSION: u16 = 5;
 /// Bytes of the token a hello carries.
 pub const TOKEN_LEN: usize = 16;
 
@@ -46,6 +64,9 @@ pub const F_SOLICITED: u8 = 2;
 /// responder acknowledges the request once it is executed instead of coalescing the ACK
 /// with later ones (see `Requester::ack_req_due` for when requesters set it).
 pub const F_ACK_REQ: u8 = 4;
+/// Frame flag, on datagrams only: the sender's address handle had a GRH (`is_global`),
+/// whose fields the frame carries ([`Grh`]).
+pub const F_GRH: u8 = 8;
 
 /// Why a connection setup (or a [`Frame::Verify`]) was refused.
 ///
@@ -220,6 +241,22 @@ impl fmt::Display for NakReason {
     }
 }
 
+/// The fields of a datagram's global route header that its sender chooses (its address
+/// handle's `ibv_global_route`). The receiver builds the 40-byte GRH from them, the
+/// datagram's length and the source GID of the link it arrived on (never a GID the frame
+/// names: the sender's identity comes from the link's check).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Grh {
+    /// Destination GID.
+    pub dgid: [u8; 16],
+    /// Flow label (20 bits).
+    pub flow_label: u32,
+    /// Traffic class.
+    pub traffic_class: u8,
+    /// Hop limit.
+    pub hop_limit: u8,
+}
+
 /// One decoded frame (the header; payload bytes, if any, follow on the stream).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Frame {
@@ -258,6 +295,50 @@ pub enum Frame {
         dst_qpn: u32,
         /// The hello's token.
         token: [u8; TOKEN_LEN],
+    },
+    /// Link setup, connecting device → accepting device: "the device at (`src_gid`,
+    /// `src_lid`) opens a link for UD datagrams".
+    LinkHello {
+        /// GID of the connecting device (its GID table entry 0).
+        src_gid: [u8; 16],
+        /// LID (TCP port) of the connecting device.
+        src_lid: u16,
+        /// A random secret of this attempt, which the claimed device confirms to the
+        /// accepting one through [`Frame::LinkVerify`].
+        token: [u8; TOKEN_LEN],
+    },
+    /// The accepting device's check of a link hello, sent to the listener at the address
+    /// the hello's GID and LID name: "are you opening a link, with `token`, that arrived
+    /// at my address `at_ip`:`at_port`?" Answered with [`Frame::HelloAck`] or
+    /// [`Frame::HelloNak`], then the connection closes.
+    LinkVerify {
+        /// The address the link arrived at (the accepting socket's local address, as an
+        /// IPv6 or IPv4-mapped address).
+        at_ip: [u8; 16],
+        /// Its TCP port.
+        at_port: u16,
+        /// The link hello's token.
+        token: [u8; TOKEN_LEN],
+    },
+    /// A UD datagram (IBA's UD SEND ONLY with its DETH), followed by `len` payload bytes
+    /// (at most [`MAX_DATAGRAM`]). Travels on a link, never on a QP pair's connection.
+    Datagram {
+        /// The sending QP's packet sequence number.
+        psn: u32,
+        /// Payload length.
+        len: u32,
+        /// The destination QP (on the device at the other end of the link).
+        dst_qpn: u32,
+        /// The sending QP (on the device at this end of the link).
+        src_qpn: u32,
+        /// The Q_Key the datagram carries (the DETH's).
+        qkey: u32,
+        /// Immediate data (SEND_WITH_IMM).
+        imm: Option<u32>,
+        /// Solicited event.
+        solicited: bool,
+        /// The GRH fields, when the sender's address handle had a GRH ([`F_GRH`]).
+        grh: Option<Grh>,
     },
     /// SEND / SEND_WITH_IMM, followed by `len` payload bytes.
     Send {
@@ -378,6 +459,8 @@ mod op {
     pub const HELLO_ACK: u8 = 0x02;
     pub const HELLO_NAK: u8 = 0x03;
     pub const VERIFY: u8 = 0x04;
+    pub const LINK_HELLO: u8 = 0x05;
+    pub const LINK_VERIFY: u8 = 0x06;
     pub const SEND: u8 = 0x10;
     pub const WRITE: u8 = 0x11;
     pub const READ: u8 = 0x12;
@@ -387,12 +470,15 @@ mod op {
     pub const NAK: u8 = 0x21;
     pub const READ_RESP: u8 = 0x22;
     pub const ATOMIC_RESP: u8 = 0x23;
+    pub const DATAGRAM: u8 = 0x30;
 }
 
 fn ext_len(opcode: u8) -> Option<usize> {
     Some(match opcode {
         op::HELLO => 48,
         op::VERIFY => 32,
+        op::LINK_HELLO | op::LINK_VERIFY => 40,
+        op::DATAGRAM => 36,
         op::HELLO_ACK | op::HELLO_NAK | op::SEND | op::ACK | op::NAK | op::READ_RESP => 0,
         op::WRITE | op::READ => 12,
         op::CMP_SWAP | op::FETCH_ADD => 28,
@@ -408,15 +494,18 @@ pub fn header_len(opcode: u8) -> Option<usize> {
     ext_len(opcode).map(|e| BASE_LEN + e)
 }
 
-/// The header length of a connection-setup frame (hello, its check and their answers)
+/// The header length of a connection-setup frame (hello, link hello, their checks and
+/// their answers)
 /// from its base header alone, so that setup reads exactly one header and never a data
 /// frame's: any other opcode is an error, and so is a hello or check of another protocol
 /// version, before its extension (whose length may differ between versions) is read.
 pub fn setup_header_len(base: &[u8; BASE_LEN]) -> Result<usize, WireError> {
     let opcode = base[0];
     match opcode {
-        op::HELLO | op::VERIFY if u16_at(base, 2) != VERSION => Err(WireError::Version(u16_at(base, 2))),
-        op::HELLO | op::HELLO_ACK | op::HELLO_NAK | op::VERIFY => {
+        op::HELLO | op::VERIFY | op::LINK_HELLO | op::LINK_VERIFY if u16_at(base, 2) != VERSION => {
+            Err(WireError::Version(u16_at(base, 2)))
+        }
+        op::HELLO | op::HELLO_ACK | op::HELLO_NAK | op::VERIFY | op::LINK_HELLO | op::LINK_VERIFY => {
             Ok(header_len(opcode).expect("setup opcodes are known"))
         }
         _ => Err(WireError::UnknownOpcode(opcode)),
@@ -427,7 +516,10 @@ impl Frame {
     /// Payload bytes that follow this frame's header on the stream.
     pub fn payload_len(&self) -> u32 {
         match *self {
-            Frame::Send { len, .. } | Frame::Write { len, .. } | Frame::ReadResp { len, .. } => len,
+            Frame::Send { len, .. }
+            | Frame::Write { len, .. }
+            | Frame::ReadResp { len, .. }
+            | Frame::Datagram { len, .. } => len,
             _ => 0,
         }
     }
@@ -451,12 +543,19 @@ impl Frame {
             | Frame::Ack { psn }
             | Frame::Nak { psn, .. }
             | Frame::ReadResp { psn, .. }
-            | Frame::AtomicResp { psn, .. } => Some(psn),
-            Frame::Hello { .. } | Frame::HelloAck | Frame::HelloNak { .. } | Frame::Verify { .. } => None,
+            | Frame::AtomicResp { psn, .. }
+            | Frame::Datagram { psn, .. } => Some(psn),
+            Frame::Hello { .. }
+            | Frame::HelloAck
+            | Frame::HelloNak { .. }
+            | Frame::Verify { .. }
+            | Frame::LinkHello { .. }
+            | Frame::LinkVerify { .. } => None,
         }
     }
 
-    /// Whether this frame travels requester → responder.
+    /// Whether this frame travels requester → responder on a QP pair's connection (a
+    /// datagram, which travels on a link, is neither a request nor a response).
     pub fn is_request(&self) -> bool {
         matches!(
             self,
@@ -482,6 +581,23 @@ impl Frame {
         let (opcode, flags, aux, psn, len, imm) = match *self {
             Frame::Hello { .. } => (op::HELLO, 0, VERSION, 0, 0, 0),
             Frame::Verify { .. } => (op::VERIFY, 0, VERSION, 0, 0, 0),
+            Frame::LinkHello { .. } => (op::LINK_HELLO, 0, VERSION, 0, 0, 0),
+            Frame::LinkVerify { .. } => (op::LINK_VERIFY, 0, VERSION, 0, 0, 0),
+            Frame::Datagram {
+                psn,
+                len,
+                imm,
+                solicited,
+                grh,
+                ..
+            } => (
+                op::DATAGRAM,
+                flags_of(imm, solicited, false) | if grh.is_some() { F_GRH } else { 0 },
+                0,
+                psn,
+                len,
+                imm.unwrap_or(0),
+            ),
             Frame::HelloAck => (op::HELLO_ACK, 0, 0, 0, 0, 0),
             Frame::HelloNak { reason } => (op::HELLO_NAK, 0, reason as u16, 0, 0, 0),
             Frame::Send {
@@ -563,6 +679,45 @@ impl Frame {
                 e[12..16].copy_from_slice(&0u32.to_le_bytes());
                 e[16..32].copy_from_slice(&token);
             }
+            Frame::LinkHello {
+                src_gid,
+                src_lid,
+                token,
+            } => {
+                e[0..4].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
+                e[4..6].copy_from_slice(&src_lid.to_le_bytes());
+                e[6..8].copy_from_slice(&0u16.to_le_bytes());
+                e[8..24].copy_from_slice(&src_gid);
+                e[24..40].copy_from_slice(&token);
+            }
+            Frame::LinkVerify {
+                at_ip,
+                at_port,
+                token,
+            } => {
+                e[0..4].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
+                e[4..6].copy_from_slice(&at_port.to_le_bytes());
+                e[6..8].copy_from_slice(&0u16.to_le_bytes());
+                e[8..24].copy_from_slice(&at_ip);
+                e[24..40].copy_from_slice(&token);
+            }
+            Frame::Datagram {
+                dst_qpn,
+                src_qpn,
+                qkey,
+                grh,
+                ..
+            } => {
+                let g = grh.unwrap_or_default();
+                e[0..4].copy_from_slice(&dst_qpn.to_le_bytes());
+                e[4..8].copy_from_slice(&src_qpn.to_le_bytes());
+                e[8..12].copy_from_slice(&qkey.to_le_bytes());
+                e[12..16].copy_from_slice(&g.flow_label.to_le_bytes());
+                e[16] = g.traffic_class;
+                e[17] = g.hop_limit;
+                e[18..20].copy_from_slice(&0u16.to_le_bytes());
+                e[20..36].copy_from_slice(&g.dgid);
+            }
             Frame::Write { addr, rkey, .. } | Frame::Read { addr, rkey, .. } => {
                 e[0..8].copy_from_slice(&addr.to_le_bytes());
                 e[8..12].copy_from_slice(&rkey.to_le_bytes());
@@ -608,7 +763,12 @@ impl Frame {
         let psn = u32_at(buf, 4);
         let len = u32_at(buf, 8);
         let imm_raw = u32_at(buf, 12);
-        if flags & !(F_IMM | F_SOLICITED | F_ACK_REQ) != 0 {
+        let allowed = match opcode {
+            op::SEND | op::WRITE => F_IMM | F_SOLICITED | F_ACK_REQ,
+            op::DATAGRAM => F_IMM | F_SOLICITED | F_GRH,
+            _ => 0,
+        };
+        if flags & !allowed != 0 {
             return Err(WireError::BadField("flags"));
         }
         if psn > 0xff_ffff {
@@ -675,6 +835,72 @@ impl Frame {
                     token,
                 }
             }
+            op::LINK_HELLO | op::LINK_VERIFY => {
+                if u32_at(e, 0) != HELLO_MAGIC {
+                    return Err(WireError::BadField("link magic"));
+                }
+                if aux != VERSION {
+                    return Err(WireError::Version(aux));
+                }
+                if u16_at(e, 6) != 0 {
+                    return Err(WireError::BadField("reserved field"));
+                }
+                let mut addr = [0u8; 16];
+                addr.copy_from_slice(&e[8..24]);
+                let mut token = [0u8; TOKEN_LEN];
+                token.copy_from_slice(&e[24..40]);
+                if opcode == op::LINK_HELLO {
+                    Frame::LinkHello {
+                        src_gid: addr,
+                        src_lid: u16_at(e, 4),
+                        token,
+                    }
+                } else {
+                    Frame::LinkVerify {
+                        at_ip: addr,
+                        at_port: u16_at(e, 4),
+                        token,
+                    }
+                }
+            }
+            op::DATAGRAM => {
+                let dst_qpn = u32_at(e, 0);
+                let src_qpn = u32_at(e, 4);
+                if dst_qpn > 0xff_ffff || src_qpn > 0xff_ffff {
+                    return Err(WireError::BadField("QPN"));
+                }
+                if len > MAX_DATAGRAM {
+                    return Err(WireError::BadField("datagram length (above the MTU)"));
+                }
+                let mut dgid = [0u8; 16];
+                dgid.copy_from_slice(&e[20..36]);
+                let g = Grh {
+                    dgid,
+                    flow_label: u32_at(e, 12),
+                    traffic_class: e[16],
+                    hop_limit: e[17],
+                };
+                if g.flow_label > 0xf_ffff || u16_at(e, 18) != 0 {
+                    return Err(WireError::BadField("GRH fields"));
+                }
+                let grh = if flags & F_GRH != 0 {
+                    Some(g)
+                } else if g != Grh::default() {
+                    return Err(WireError::BadField("GRH fields without F_GRH"));
+                } else {
+                    None
+                };
+                Frame::Datagram {
+                    psn,
+                    len,
+                    dst_qpn,
+                    src_qpn,
+                    qkey: u32_at(e, 8),
+                    imm,
+                    solicited,
+                    grh,
+                }
+            }
             op::HELLO_ACK => Frame::HelloAck,
             op::HELLO_NAK => Frame::HelloNak {
                 reason: HelloReject::from_raw(aux)?,
@@ -735,14 +961,19 @@ impl Frame {
         };
         // Fields that the frame kind does not use must be zero, so that every frame has
         // exactly one encoding (the property tests rely on it).
-        let uses_len = matches!(opcode, op::SEND | op::WRITE | op::READ | op::READ_RESP);
-        let uses_aux = matches!(opcode, op::HELLO | op::VERIFY | op::HELLO_NAK | op::NAK);
-        let uses_psn = !matches!(opcode, op::HELLO | op::VERIFY | op::HELLO_ACK | op::HELLO_NAK);
+        let uses_len = matches!(
+            opcode,
+            op::SEND | op::WRITE | op::READ | op::READ_RESP | op::DATAGRAM
+        );
+        let setup = matches!(
+            opcode,
+            op::HELLO | op::VERIFY | op::HELLO_ACK | op::HELLO_NAK | op::LINK_HELLO | op::LINK_VERIFY
+        );
+        let uses_aux = (setup && opcode != op::HELLO_ACK) || opcode == op::NAK;
         if (!uses_len && len != 0)
             || (!uses_aux && aux != 0)
-            || (!uses_psn && psn != 0)
+            || (setup && psn != 0)
             || (imm.is_none() && imm_raw != 0 && opcode != op::NAK)
-            || (!matches!(opcode, op::SEND | op::WRITE) && flags != 0)
         {
             return Err(WireError::BadField("reserved field"));
         }
@@ -796,6 +1027,17 @@ pub(crate) mod tests {
         out
     }
 
+    fn arb_grh() -> impl Strategy<Value = Grh> {
+        (any::<[u8; 16]>(), 0u32..=0xf_ffff, any::<u8>(), any::<u8>()).prop_map(
+            |(dgid, flow_label, traffic_class, hop_limit)| Grh {
+                dgid,
+                flow_label,
+                traffic_class,
+                hop_limit,
+            },
+        )
+    }
+
     pub fn arb_frame() -> impl Strategy<Value = Frame> {
         let psn = 0u32..=0xff_ffff;
         let len = 0u32..=MAX_MSG;
@@ -825,6 +1067,40 @@ pub(crate) mod tests {
                     token
                 }
             ),
+            (any::<[u8; 16]>(), any::<u16>(), any::<[u8; TOKEN_LEN]>()).prop_map(
+                |(src_gid, src_lid, token)| Frame::LinkHello {
+                    src_gid,
+                    src_lid,
+                    token
+                }
+            ),
+            (any::<[u8; 16]>(), any::<u16>(), any::<[u8; TOKEN_LEN]>()).prop_map(
+                |(at_ip, at_port, token)| Frame::LinkVerify {
+                    at_ip,
+                    at_port,
+                    token
+                }
+            ),
+            (
+                psn.clone(),
+                0u32..=MAX_DATAGRAM,
+                (0u32..=0xff_ffff, 0u32..=0xff_ffff, any::<u32>()),
+                any::<Option<u32>>(),
+                any::<bool>(),
+                proptest::option::of(arb_grh())
+            )
+                .prop_map(|(psn, len, (dst_qpn, src_qpn, qkey), imm, solicited, grh)| {
+                    Frame::Datagram {
+                        psn,
+                        len,
+                        dst_qpn,
+                        src_qpn,
+                        qkey,
+                        imm,
+                        solicited,
+                        grh,
+                    }
+                }),
             Just(Frame::HelloAck),
             prop_oneof![Just(HelloReject::Refused), Just(HelloReject::Version)]
                 .prop_map(|reason| Frame::HelloNak { reason }),
@@ -990,7 +1266,7 @@ pub(crate) mod tests {
             b[2..4].copy_from_slice(&version.to_le_bytes());
             b
         };
-        for op in [op::HELLO, op::VERIFY] {
+        for op in [op::HELLO, op::VERIFY, op::LINK_HELLO, op::LINK_VERIFY] {
             assert_eq!(setup_header_len(&base(op, VERSION)).ok(), header_len(op));
             assert_eq!(
                 setup_header_len(&base(op, VERSION - 1)),
@@ -1000,7 +1276,15 @@ pub(crate) mod tests {
         for op in [op::HELLO_ACK, op::HELLO_NAK] {
             assert_eq!(setup_header_len(&base(op, 0)).ok(), header_len(op));
         }
-        for op in [op::SEND, op::WRITE, op::READ, op::ACK, op::NAK, 0x99] {
+        for op in [
+            op::SEND,
+            op::WRITE,
+            op::READ,
+            op::ACK,
+            op::NAK,
+            op::DATAGRAM,
+            0x99,
+        ] {
             assert_eq!(setup_header_len(&base(op, 0)), Err(WireError::UnknownOpcode(op)));
         }
     }
@@ -1048,5 +1332,84 @@ pub(crate) mod tests {
                 "{bad}"
             );
         }
+    }
+
+    fn datagram(grh: Option<Grh>) -> Frame {
+        Frame::Datagram {
+            psn: 5,
+            len: 100,
+            dst_qpn: 0x12_3456,
+            src_qpn: 0x65_4321,
+            qkey: 0x8000_0011,
+            imm: Some(7),
+            solicited: true,
+            grh,
+        }
+    }
+
+    /// A datagram is neither a request nor a response (it never travels on a QP pair's
+    /// connection), its payload follows it, and its header has one length.
+    #[test]
+    fn a_datagram_is_neither_request_nor_response() {
+        let mut b = [0u8; MAX_HDR_LEN];
+        for grh in [
+            None,
+            Some(Grh::default()),
+            Some(Grh {
+                dgid: [3; 16],
+                flow_label: 0xf_ffff,
+                traffic_class: 9,
+                hop_limit: 64,
+            }),
+        ] {
+            let f = datagram(grh);
+            assert!(!f.is_request() && !f.is_response());
+            assert_eq!(f.payload_len(), 100);
+            assert_eq!(f.encode(&mut b), DATAGRAM_HDR_LEN);
+            assert_eq!(
+                Frame::decode(&b[..DATAGRAM_HDR_LEN]),
+                Ok(Some((f, DATAGRAM_HDR_LEN)))
+            );
+        }
+    }
+
+    /// What a datagram may not carry: a payload above the MTU, AckReq (UD has no
+    /// acknowledgements), GRH fields without the GRH flag, a flow label wider than 20
+    /// bits, a QPN wider than 24.
+    #[test]
+    fn malformed_datagrams_are_refused() {
+        let mut b = [0u8; MAX_HDR_LEN];
+        let n = datagram(None).encode(&mut b);
+        let bad = |b: &[u8]| assert!(Frame::decode(b).is_err(), "{:?}", Frame::decode(b));
+        let mut c = b;
+        c[8..12].copy_from_slice(&(MAX_DATAGRAM + 1).to_le_bytes());
+        bad(&c[..n]);
+        let mut c = b;
+        c[1] |= F_ACK_REQ;
+        bad(&c[..n]);
+        let mut c = b;
+        c[BASE_LEN + 17] = 1;
+        bad(&c[..n]);
+        let mut c = b;
+        c[BASE_LEN + 3] = 1;
+        bad(&c[..n]);
+        let n = datagram(Some(Grh::default())).encode(&mut b);
+        let mut c = b;
+        c[BASE_LEN + 12..BASE_LEN + 16].copy_from_slice(&0x10_0000u32.to_le_bytes());
+        bad(&c[..n]);
+        let mut c = b;
+        c[BASE_LEN + 18] = 1;
+        bad(&c[..n]);
+        // The GRH flag is a datagram's only.
+        let n = Frame::Send {
+            psn: 1,
+            len: 0,
+            imm: None,
+            solicited: false,
+            ack_req: false,
+        }
+        .encode(&mut b);
+        b[1] = F_GRH;
+        bad(&b[..n]);
     }
 }

@@ -1,7 +1,7 @@
 //! The queue pair (`man ibv_create_qp`): its state, one [`Requester`] and one
 //! [`Responder`] behind a mutex that the data path takes briefly (never across I/O), and
 //! what it asks of its device ([`DataPath`]). Its verbs are in [`modify`] (state machine
-//! and attributes) and [`post`] (the post verbs).
+//! and attributes) and [`post`] (the post verbs); what a UD QP does otherwise, in [`ud`].
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,6 +26,7 @@ mod modify;
 mod post;
 #[cfg(test)]
 mod tests;
+pub mod ud;
 
 /// Everything about a QP that changes, under one lock.
 pub struct QpInner {
@@ -87,6 +88,9 @@ pub trait DataPath: Send + Sync {
     fn schedule(&self, qp: &Arc<QpShared>);
     /// The QP (the active side of its pair) needs a connection for `epoch`.
     fn connect(&self, qp: Arc<QpShared>, epoch: u64);
+    /// The UD QP has datagrams to send (it is in RTS or SQD): hand them to the links to
+    /// their devices (called without its lock).
+    fn send_datagrams(&self, qp: &Arc<QpShared>);
 }
 
 /// What a QP takes from its device.
@@ -125,7 +129,7 @@ pub struct Parts<'a> {
 pub struct QpShared {
     /// QP number.
     pub qpn: u32,
-    /// Its transport: RC or UC.
+    /// Its transport: RC, UC or UD.
     pub qp_type: QpType,
     /// What it takes from its device.
     pub dev: QpDevice,
@@ -172,9 +176,16 @@ impl QpShared {
             None => Responder::new(qpn, pd, cap.max_recv_wr, cap.max_recv_sge),
         };
         let mut req = Requester::new(qpn, pd, &cap, sq_sig_all);
-        if qp_type == QpType::Uc {
-            req = req.unreliable();
-            resp = resp.unreliable();
+        match qp_type {
+            QpType::Uc => {
+                req = req.unreliable();
+                resp = resp.unreliable();
+            }
+            QpType::Ud => {
+                req = req.datagram();
+                resp = resp.datagram();
+            }
+            QpType::Rc => {}
         }
         QpShared {
             qpn,

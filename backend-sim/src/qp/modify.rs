@@ -1,7 +1,8 @@
 //! `ibv_modify_qp` and `ibv_query_qp`: the transition checks of
 //! [`verbs_api::transitions::check_modify`], each attribute value checked against the
 //! device as `ib_modify_qp` does (each failure an EINVAL that names it), and what each
-//! transition sets in motion: RTR starts the active side's connection setup, RTS arms the
+//! transition sets in motion: RTR starts the active side's connection setup (a UD QP has
+//! none: it receives from RTR on, from anyone with its Q_Key), RTS arms the
 //! requester, RTS -> SQD stops starting WQEs (and with `en_sqd_async_notify` raises
 //! `IBV_EVENT_SQ_DRAINED` once those in flight are complete), SQD -> RTS resumes the send
 //! queue, RESET empties both queues without completions, ERR flushes them.
@@ -10,7 +11,7 @@ use std::sync::Arc;
 
 use verbs_api::timers::local_ack_timeout;
 use verbs_api::transitions::check_modify;
-use verbs_api::{Error, QpAttr, QpAttrMask as M, QpState, Result, PSN_MASK};
+use verbs_api::{Error, QpAttr, QpAttrMask as M, QpState, QpType, Result, PSN_MASK};
 
 use super::QpShared;
 use crate::requester::ReqAttrs;
@@ -149,6 +150,9 @@ impl QpShared {
         if mask.contains(M::EN_SQD_ASYNC_NOTIFY) {
             a.en_sqd_async_notify = attr.en_sqd_async_notify;
         }
+        if mask.contains(M::QKEY) {
+            a.qkey = attr.qkey;
+        }
         if next != QpState::Err && next != cur {
             // (ERR is logged by `enter_error`, which every path to it takes.)
             tracing::debug!(qpn = self.qpn, from = ?cur, to = ?next, "QP state change");
@@ -157,6 +161,8 @@ impl QpShared {
         g.resp.access = a.qp_access_flags;
         g.resp.max_dest_rd_atomic = a.max_dest_rd_atomic;
         g.resp.min_rnr_timer = a.min_rnr_timer;
+        g.resp.qkey = a.qkey;
+        g.req.qkey = a.qkey;
         match next {
             QpState::Reset => {
                 if let Some(c) = g.conn.clone() {
@@ -182,7 +188,8 @@ impl QpShared {
             QpState::Err => {
                 self.enter_error(&mut g);
             }
-            QpState::Rtr if cur == QpState::Init => {
+            // A UD QP has no peer: RTR only lets it receive.
+            QpState::Rtr if cur == QpState::Init && self.qp_type != QpType::Ud => {
                 g.remote = Some(self.dev.addr.remote_addr(&a));
                 g.req.dest_qpn = a.dest_qp_num;
                 // Not connected yet (see `Requester::link_error`).

@@ -6,16 +6,22 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use parking_lot::MutexGuard;
-use verbs_api::{Error, PostError, QpState, QueueKind, RecvWr, SendWr};
+use verbs_api::{AddressHandle, Error, PostError, QpState, QpType, QueueKind, RecvWr, SendWr};
 
+use super::ud::{AhRoute, UdPostError};
 use super::{QpInner, QpShared};
 use crate::recv_queue::PostRecvError;
 use crate::requester::PostCheck;
 use crate::tx::TxQueue;
 
 impl QpShared {
-    /// `ibv_post_send`.
-    pub fn post_send(self: &Arc<Self>, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
+    /// `ibv_post_send`. A UD send's address handle is resolved by `route_of` (`None`:
+    /// not an address handle of this device, EINVAL).
+    pub fn post_send(
+        self: &Arc<Self>,
+        wrs: &[SendWr<'_>],
+        route_of: &dyn Fn(&dyn AddressHandle) -> Option<AhRoute>,
+    ) -> std::result::Result<(), PostError> {
         let mut g = self.inner.lock();
         let mut posted = false;
         let mut result = Ok(());
@@ -34,7 +40,19 @@ impl QpShared {
                 }));
                 break;
             }
-            if let Err(c) = g.req.post(wr, &self.dev.mrs) {
+            let queued = if self.qp_type == QpType::Ud {
+                self.post_ud(&mut g, wr, route_of)
+            } else {
+                g.req.post(wr, &self.dev.mrs).map_err(UdPostError::Check)
+            };
+            if let Err(e) = queued {
+                let c = match e {
+                    UdPostError::Check(c) => c,
+                    UdPostError::ForeignAh => {
+                        result = Err(fail(self.foreign_ah()));
+                        break;
+                    }
+                };
                 let error = match c {
                     PostCheck::Full => Error::QueueFull {
                         queue: QueueKind::Send,
@@ -74,6 +92,28 @@ impl QpShared {
                             self.qpn
                         ),
                     ),
+                    PostCheck::NotUd => Error::invalid(
+                        "ibv_post_send",
+                        format!(
+                            "{:?} is not valid on UD QP {:#x}: UD has SEND and SEND_WITH_IMM only",
+                            wr.op.opcode(),
+                            self.qpn
+                        ),
+                    ),
+                    PostCheck::NoUdDestination => Error::invalid(
+                        "ibv_post_send",
+                        format!(
+                            "a send on UD QP {:#x} needs a destination (wr.ud: address handle, remote QPN, Q_Key)",
+                            self.qpn
+                        ),
+                    ),
+                    PostCheck::UdDestination => Error::invalid(
+                        "ibv_post_send",
+                        format!(
+                            "QP {:#x} is {:?}: wr.ud (a UD destination) is for UD QPs",
+                            self.qpn, self.qp_type
+                        ),
+                    ),
                 };
                 result = Err(fail(error));
                 break;
@@ -98,6 +138,11 @@ impl QpShared {
     /// resumes the WQEs posted while the queue drained: nothing else starts them, and
     /// without this they would wait for the next post. Releases the lock.
     pub(super) fn start_send_queue(self: &Arc<Self>, mut g: MutexGuard<'_, QpInner>, posted: Option<usize>) {
+        if self.qp_type == QpType::Ud {
+            // No connection: the device's links carry the datagrams.
+            drop(g);
+            return self.dev.path.send_datagrams(self);
+        }
         let conn = g.conn.clone();
         let idle = g.req.nothing_in_flight();
         if conn.is_none() && g.req.is_unreliable() {

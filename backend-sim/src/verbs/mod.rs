@@ -7,13 +7,15 @@
 use verbs_api::{Backend, DeviceInfo, Error, Result};
 
 use crate::device::DeviceShared;
+use ah::SimAh;
 use backend::SimBackend;
 use context::SimContext;
 use cq::{SimChannel, SimCq};
 use pd::{SimMr, SimPd};
 use qp::SimQp;
-use srq::{SimAh, SimSrq};
+use srq::SimSrq;
 
+pub mod ah;
 pub mod backend;
 pub mod context;
 pub mod cq;

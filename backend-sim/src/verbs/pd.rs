@@ -1,17 +1,18 @@
 //! Protection domains and the objects made in one (`ibv_alloc_pd`): memory regions
-//! (`ibv_reg_mr`, owned or over caller memory), shared receive queues (`ibv_create_srq`)
-//! and QPs (`ibv_create_qp`).
+//! (`ibv_reg_mr`, owned or over caller memory), shared receive queues (`ibv_create_srq`),
+//! address handles (`ibv_create_ah`) and QPs (`ibv_create_qp`: RC, UC and UD).
 
 use std::sync::Arc;
 
 use verbs_api::{
-    AccessFlags, AhAttr, Error, MemoryRegion, ProtectionDomain, QpCap, QpInitAttr, QpType, Result, SrqAttr,
+    AccessFlags, AhAttr, Error, MemoryRegion, ProtectionDomain, QpCap, QpInitAttr, Result, SrqAttr,
 };
 
+use super::ah::SimAh;
 use super::backend::SimBackend;
 use super::cq::SimCq;
 use super::qp::SimQp;
-use super::srq::{SimAh, SimSrq};
+use super::srq::SimSrq;
 use crate::device::{PdShared, MAX_INLINE};
 use crate::memory::MrShared;
 use crate::qp::QpShared;
@@ -79,21 +80,12 @@ impl ProtectionDomain for SimPd {
         })
     }
 
-    fn create_ah(&self, _attr: &AhAttr) -> Result<SimAh> {
-        Err(Error::Unsupported {
-            backend: "sim",
-            what: "address handles (UD)".into(),
-        })
+    fn create_ah(&self, attr: &AhAttr) -> Result<SimAh> {
+        SimAh::create(&self.pd, attr)
     }
 
     fn create_qp(&self, attr: &QpInitAttr<'_, SimCq, SimSrq>) -> Result<SimQp> {
         let dev = &self.pd.dev;
-        if attr.qp_type == QpType::Ud {
-            return Err(Error::Unsupported {
-                backend: "sim",
-                what: "UD QPs (the sim implements RC and UC)".into(),
-            });
-        }
         if !Arc::ptr_eq(&attr.send_cq.dev, dev) || !Arc::ptr_eq(&attr.recv_cq.dev, dev) {
             return Err(Error::invalid("ibv_create_qp", "a CQ belongs to another device"));
         }

@@ -29,7 +29,8 @@ impl QueuePair for SimQp {
         Ok(self.qp.query())
     }
     fn post_send(&self, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
-        self.qp.post_send(wrs)
+        self.qp
+            .post_send(wrs, &|ah| super::ah::route_of(ah, &self.pd.dev))
     }
     fn post_recv(&self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), PostError> {
         self.qp.post_recv(wrs)

@@ -1,7 +1,5 @@
 //! Shared receive queues (`man ibv_create_srq`, `man ibv_post_srq_recv`,
-//! `man ibv_modify_srq`, `man ibv_query_srq`, `man ibv_destroy_srq`) and address handles
-//! (`ibv_create_ah`, not implemented: [`SimPd`](super::pd::SimPd) refuses it with
-//! EOPNOTSUPP, so [`SimAh`] is never made).
+//! `man ibv_modify_srq`, `man ibv_query_srq`, `man ibv_destroy_srq`).
 //!
 //! The SRQ itself is the protocol core's
 //! [`SharedRecvQueue`](backend_sim_proto::recv_queue::SharedRecvQueue): its FIFO, its
@@ -15,10 +13,7 @@
 
 use std::sync::Arc;
 
-use verbs_api::{
-    AddressHandle, AhAttr, AsyncElement, Error, PostError, RecvWr, Result, SharedReceiveQueue, SrqAttr,
-    SrqAttrMask,
-};
+use verbs_api::{AsyncElement, Error, PostError, RecvWr, Result, SharedReceiveQueue, SrqAttr, SrqAttrMask};
 
 use crate::device::PdShared;
 use crate::recv_queue::{PostRecvError, SharedRecvQueue};
@@ -77,16 +72,5 @@ impl Drop for SimSrq {
     fn drop(&mut self) {
         self.srq.disarm();
         self.pd.dev.events.forget(AsyncElement::Srq(self.srq.handle()));
-    }
-}
-
-/// An address handle of the sim (not implemented: never created).
-pub struct SimAh {
-    _never: std::convert::Infallible,
-}
-
-impl AddressHandle for SimAh {
-    fn attr(&self) -> AhAttr {
-        match self._never {}
     }
 }

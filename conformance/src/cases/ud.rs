@@ -5,7 +5,10 @@
 //! sender's QP number, dropped silently when they cannot be delivered.
 //!
 //! The traffic cases send from UD QPs `s[i]` (one CQ) to one UD QP `r` (its own CQ) of the
-//! same device, through an address handle built from `r`'s endpoint.
+//! same device, through an address handle built from `r`'s endpoint (with the GRH: the
+//! GID is never zero). Where RoCE and InfiniBand differ (what the 40 bytes of GRH hold,
+//! whether a handle may lack the GRH), a case branches on the port's link layer: rxe is
+//! RoCE (Ethernet), the sim's port InfiniBand.
 
 use std::time::Duration;
 
@@ -30,8 +33,8 @@ pub fn list<B: Backend>() -> Vec<crate::Case<B>> {
         ),
         case!(
             "ud.grh",
-            "the 40 bytes before a UD payload hold the GRH: RoCE over IPv4 20 zero bytes and the IPv4 header, else the IB/IPv6 header with both GIDs",
-            "man ibv_post_recv; IBA vol. 1 (GRH); RoCE v2 (Annex A17: IPv4 header in the last 20 of the 40 bytes)",
+            "the 40 bytes before a UD payload hold the GRH: on RoCE over IPv4 20 zero bytes and the IPv4 header, over IPv6 the IPv6 header; on InfiniBand the IB GRH, only from a sender whose address handle has one",
+            "man ibv_post_recv; IBA vol. 1 8.3 (GRH: IPVer 6, NxtHdr 0x1B, a GRH only with one in the address vector); RoCE v2 (Annex A17: the IP header in the 40 bytes)",
             ud_grh,
             requires [Ud]
         ),
@@ -47,6 +50,13 @@ pub fn list<B: Backend>() -> Vec<crate::Case<B>> {
             "a datagram that finds no receive is dropped: the sender completes SUCCESS and nothing arrives",
             "man ibv_post_recv; IBA vol. 1 (UD: no receive WQE, the datagram is silently dropped)",
             ud_empty_rq,
+            requires [Ud]
+        ),
+        case!(
+            "ud.recv-too-small",
+            "a UD receive too short for the 40 bytes and the datagram completes with LOC_LEN_ERR and nothing is written past it; the sender completes SUCCESS",
+            "man ibv_poll_cq (IBV_WC_LOC_LEN_ERR); IBA vol. 1 10.7.2.2 (a message longer than the receive WQE is a local length error)",
+            ud_recv_too_small,
             requires [Ud]
         ),
         case!(
@@ -254,6 +264,7 @@ fn ud_grh<B: Backend>(env: &Env<B>) -> CaseResult {
     let gid: Gid = u.ep_r.gid;
     let port = env.ctx.query_port(1)?;
     match (port.link_layer, gid.to_ipv4_mapped()) {
+        // RoCE v2 over IPv4 (rxe's `execute()` copies the received IP header).
         (LinkLayer::Ethernet, Some(ip)) => {
             ensure_eq!(
                 grh[..20].to_vec(),
@@ -270,13 +281,60 @@ fn ud_grh<B: Backend>(env: &Env<B>) -> CaseResult {
                 "IPv4 destination address"
             );
         }
-        _ => {
-            ensure_eq!(grh[0] >> 4, 6, "IP version of the GRH");
+        // RoCE v2 over IPv6: the IPv6 header, which has the GRH's layout.
+        (LinkLayer::Ethernet, None) => {
+            ensure_eq!(grh[0] >> 4, 6, "IP version");
+            ensure_eq!(grh[6], 17, "next header (UDP)");
+            ensure_eq!(grh[8..24].to_vec(), gid.0.to_vec(), "source GID");
+            ensure_eq!(grh[24..40].to_vec(), gid.0.to_vec(), "destination GID");
+        }
+        // InfiniBand (the sim's port; "unspecified" is how older drivers report it): the
+        // IB GRH of IBA 8.3.1, with the address handle's hop limit, and IBA's payload
+        // length: BTH 12 + DETH 8 + the 14 bytes padded to 16 + ICRC 4.
+        (LinkLayer::InfiniBand | LinkLayer::Unspecified, _) => {
+            ensure_eq!(grh[0] >> 4, 6, "IPVer");
+            ensure_eq!(u16::from_be_bytes([grh[4], grh[5]]), 40, "PayLen");
+            ensure_eq!(grh[6], 0x1b, "NxtHdr (an IBA transport header)");
+            ensure_eq!(grh[7], u.ah.attr().grh.hop_limit, "HopLmt");
             ensure_eq!(grh[8..24].to_vec(), gid.0.to_vec(), "source GID");
             ensure_eq!(grh[24..40].to_vec(), gid.0.to_vec(), "destination GID");
         }
     }
     ensure_eq!(read_back(&u.dst, GRH, 14)?, b"behind the GRH".to_vec(), "payload");
+    if port.link_layer != LinkLayer::Ethernet {
+        // On InfiniBand a packet has a GRH only when its sender's address vector has one:
+        // through a handle without it the 40 bytes are not written and not flagged (on
+        // RoCE every handle has the GRH: see ud.ah).
+        let local = u.pd.create_ah(&verbs_api::AhAttr {
+            is_global: false,
+            ..u.ah.attr()
+        })?;
+        u.dst.fill(0xee);
+        u.post(2, 0, 14)?;
+        u.s[0].post_send(&[SendWr::send(2, &[u.src.sge(0, 14)?]).signaled().ud(
+            &local,
+            u.r.qp_num(),
+            QKEY,
+        )])?;
+        ensure!(
+            env.wait1(&u.cq_s)?.is_ok(),
+            "the send through a handle without the GRH"
+        );
+        let wc = env.wait1(&u.cq_r)?;
+        ensure!(wc.is_ok() && wc.wr_id == 2, "receive: {wc:?}");
+        ensure_eq!(wc.byte_len as usize, GRH + 14, "byte_len (the 40 bytes counted)");
+        ensure!(
+            !wc.wc_flags.contains(WcFlags::GRH),
+            "IBV_WC_GRH without a GRH: {:?}",
+            wc.wc_flags
+        );
+        ensure_eq!(
+            read_back(&u.dst, 0, GRH)?,
+            vec![0xee; GRH],
+            "the 40 bytes of a datagram without a GRH"
+        );
+        ensure_eq!(read_back(&u.dst, GRH, 14)?, b"behind the GRH".to_vec(), "payload");
+    }
     Ok(Outcome::Pass)
 }
 
@@ -327,6 +385,37 @@ fn ud_empty_rq<B: Backend>(env: &Env<B>) -> CaseResult {
     ensure!(wc.is_ok() && wc.wr_id == 2, "receive: {wc:?}");
     ensure_eq!(wc.byte_len as usize, GRH + 6, "byte_len (the second datagram)");
     ensure_eq!(read_back(&u.dst, GRH, 6)?, b"second".to_vec(), "payload");
+    Ok(Outcome::Pass)
+}
+
+/// rxe fails the receive as malformed and moves the QP to ERR.
+const RXE_UD_TOO_SMALL: &str = "rxe's copy_data() returns -EINVAL when the datagram and its 40 bytes of GRH exceed the \
+receive's SGEs (rxe_mr.c), send_data_in() reports RESPST_ERR_MALFORMED_WQE, completed as LOC_QP_OP_ERR, and the QP \
+goes to ERR (rxe_resp.c)";
+
+fn ud_recv_too_small<B: Backend>(env: &Env<B>) -> CaseResult {
+    let u = UdSetup::new(env, 1)?;
+    u.dst.fill(0xee);
+    u.src.write(0, &pattern(100, 3))?;
+    // Room for the GRH and 10 bytes, at 1024 of a buffer watched on both sides.
+    u.post(1, 1024, 10)?;
+    u.send(env, 0, 1, 0, 100, QKEY)?;
+    let wc = env.wait1(&u.cq_r)?;
+    ensure_eq!(wc.wr_id, 1, "wr_id");
+    env.expect_status(
+        "receive",
+        &wc,
+        WcStatus::LocLenErr,
+        &[(Profile::Rxe, WcStatus::LocQpOpErr, RXE_UD_TOO_SMALL)],
+    )?;
+    let all = u.dst.to_vec();
+    ensure!(
+        all[..1024]
+            .iter()
+            .chain(&all[1024 + GRH + 10..])
+            .all(|&b| b == 0xee),
+        "bytes outside the receive's buffer were written"
+    );
     Ok(Outcome::Pass)
 }
 

@@ -1,6 +1,7 @@
 //! The requester half of a QP, as pure state: no I/O, time passed in
 //! (`man ibv_post_send`; IBA 9.7 "Reliable service", 9.7.5.2.8 RNR NAK, 9.7.6 timers,
-//! 10.8.3.3 fences). This module is RC's; what a UC QP does instead is in [`uc`].
+//! 10.8.3.3 fences). This module is RC's; what a UC QP does instead is in [`uc`], and a
+//! UD QP's datagrams are in [`ud`].
 //!
 //! It keeps the send queue in posting order, turns WQEs into request frames (checking the
 //! local gather/scatter lists: a bad lkey or range is `IBV_WC_LOC_PROT_ERR`), limits
@@ -32,7 +33,9 @@ use crate::tx::TxQueue;
 use crate::wire::{Frame, NakCode, NakReason, MAX_MSG};
 
 pub mod uc;
+pub mod ud;
 pub use uc::LINK_WAIT;
+pub use ud::UdRoute;
 
 /// How long a requester meets nothing but RNR NAKs before it warns, once per such run: with
 /// `rnr_retry` 7 (retry for ever, the default) a SEND to a peer that never posts a
@@ -64,6 +67,8 @@ struct SendWqe {
     /// The completion's `vendor_err` when `status` is an error that carries one (the
     /// responder's [`NakReason`]).
     vendor_err: u32,
+    /// Where a UD send goes.
+    route: Option<UdRoute>,
 }
 
 impl SendWqe {
@@ -83,6 +88,7 @@ impl SendWqe {
             sent: false,
             status: None,
             vendor_err: 0,
+            route: None,
         }
     }
 
@@ -176,6 +182,10 @@ pub struct Requester {
     uc: bool,
     /// UC: until when WRs wait for a connection ([`Requester::wait_for_link`]).
     link_wait: Option<Instant>,
+    /// A UD QP ([`ud`]).
+    ud: bool,
+    /// The QP's Q_Key (UD: what a WR's `remote_qkey` with the high bit set stands for).
+    pub qkey: u32,
     /// Why the QP has no connection to its peer, as an `errno`: that of the last failed
     /// attempt to connect (`ECONNREFUSED`, `EMFILE`, ...), `ENOTCONN` while none failed
     /// yet (still connecting, waiting for the peer to connect, or the link just broke),
@@ -223,6 +233,8 @@ impl Requester {
             dest_qpn: 0,
             uc: false,
             link_wait: None,
+            ud: false,
+            qkey: 0,
             link_error: 0,
             scratch: Vec::new(),
         }
@@ -285,12 +297,27 @@ impl Requester {
     /// Whether every WQE started has completed: in SQD, the send queue is drained
     /// (WQEs posted but never started wait for the return to RTS).
     pub fn drained(&self) -> bool {
+        if self.ud {
+            return self.ud_drained();
+        }
         self.started == 0
     }
 
     /// Queues a WQE. Checks what `ibv_post_send` checks at post time: capacity (ENOMEM),
-    /// SGE count and inline size (EINVAL). Inline data is copied now.
+    /// SGE count and inline size (EINVAL). Inline data is copied now. A WR that names a
+    /// UD destination (`wr.ud`) is refused here ([`PostCheck::UdDestination`]): UD sends
+    /// go through [`Requester::post_ud`].
     pub fn post(&mut self, wr: &SendWr<'_>, mrs: &MrTable) -> Result<(), PostCheck> {
+        if self.ud {
+            return Err(PostCheck::NoUdDestination);
+        }
+        if wr.ud.is_some() {
+            return Err(PostCheck::UdDestination);
+        }
+        self.post_wqe(wr, mrs, None)
+    }
+
+    fn post_wqe(&mut self, wr: &SendWr<'_>, mrs: &MrTable, route: Option<UdRoute>) -> Result<(), PostCheck> {
         if self.sq.len() >= self.cap {
             return Err(PostCheck::Full);
         }
@@ -334,6 +361,7 @@ impl Requester {
         w.sent = false;
         w.status = None;
         w.vendor_err = 0;
+        w.route = route;
         self.sq.push_back(w);
         Ok(())
     }
@@ -948,6 +976,12 @@ pub enum PostCheck {
     BadInlineSge,
     /// A READ or atomic on a UC QP, which has neither (EINVAL).
     NotUc,
+    /// An opcode other than SEND and SEND_WITH_IMM on a UD QP (EINVAL).
+    NotUd,
+    /// A send on a UD QP without a destination (`wr.ud`) (EINVAL).
+    NoUdDestination,
+    /// A send on a connected QP that names a UD destination (`wr.ud`) (EINVAL).
+    UdDestination,
 }
 
 #[cfg(test)]

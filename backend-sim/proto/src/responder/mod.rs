@@ -1,6 +1,7 @@
 //! The responder half of a QP, as pure state: no I/O (`man ibv_post_recv`; IBA 9.7.4
 //! "Responder", 9.7.5.2 NAK codes, 9.7.8 atomics, 10.7.2.2 receive errors). This module
-//! is RC's; a UC QP's requests go to [`uc`], which shares the receive handling.
+//! is RC's; a UC QP's requests go to [`uc`], which shares the receive handling, and a UD
+//! QP's datagrams to [`ud`].
 //!
 //! For each incoming request, in PSN order:
 //!
@@ -59,6 +60,8 @@ use crate::tx::TxQueue;
 use crate::wire::{Frame, NakCode, NakReason};
 
 pub mod uc;
+pub mod ud;
+pub use ud::{DatagramSource, UdOutcome};
 
 /// How many atomic results are kept for duplicate requests.
 const ATOMIC_REPLAY: usize = 16;
@@ -113,6 +116,10 @@ pub struct Responder {
     last_wqe_raised: bool,
     /// A UC QP: no ACKs, NAKs or RNR; errors drop the message ([`uc`]).
     uc: bool,
+    /// A UD QP: datagrams, each taken whole or dropped ([`ud`]).
+    ud: bool,
+    /// The QP's Q_Key (UD: a datagram must carry it).
+    pub qkey: u32,
     /// UC messages dropped, and PSN gaps met, since [`Responder::take_uc_counts`].
     uc_dropped: u64,
     uc_gaps: u64,
@@ -164,6 +171,8 @@ impl Responder {
             events: Vec::new(),
             last_wqe_raised: false,
             uc: false,
+            ud: false,
+            qkey: 0,
             uc_dropped: 0,
             uc_gaps: 0,
             epsn: 0,

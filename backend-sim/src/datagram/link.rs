@@ -1,0 +1,250 @@
+//! One established link between two devices (docs/wire.md "Links"): its socket, the
+//! datagrams queued for it, and its task on the device's setup runtime, which reads the
+//! datagrams the other device sends and writes what the senders' threads could not.
+//!
+//! Senders append whole datagrams to the link's queue under its lock (bounded: past
+//! [`QUEUE_MAX`](super::QUEUE_MAX) a datagram is lost) and then write it themselves
+//! ([`Link::flush`]): the writer swaps the queue for its own buffer (so senders never
+//! wait for a system call) and writes without blocking; what the socket does not take,
+//! the task writes when the socket is writable again. One thread writes at a time; one
+//! that finds another writing leaves its bytes to it (the `dirty` flag sends that one
+//! around again).
+//!
+//! The task reads whatever arrives, hands each whole datagram to the QP it names
+//! ([`Datagrams::deliver`]) with the source the link's setup proved, and ends the link
+//! on the end of the stream, a socket error, or anything that is not a well-formed
+//! datagram (a protocol error, logged); the link then leaves the device's table, and the
+//! next datagram to that device opens a new one.
+
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tokio::io::Interest;
+use tokio::net::TcpStream;
+use tokio::sync::Notify;
+
+use super::{queue_buf, Datagrams, QUEUE_MAX};
+use crate::link_rx::LinkReader;
+use crate::responder::DatagramSource;
+use crate::sys::Sock;
+use backend_sim_proto::io::{RawSlice, Transmit};
+
+/// What a writer holds: the bytes it took from the queue and how far it got.
+struct Writer {
+    buf: Vec<u8>,
+    off: usize,
+}
+
+/// How a write went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Flushed {
+    /// Everything queued is written.
+    Done,
+    /// The socket takes no more now.
+    Blocked,
+    /// Another thread is writing.
+    Busy,
+    /// The socket failed: the link is closed.
+    Broken,
+}
+
+/// An established link.
+pub struct Link {
+    /// The device at the other end, as the link's setup proved it: the source of every
+    /// datagram that arrives on the link.
+    pub peer: DatagramSource,
+    /// Where that device listens (the link's key in the device's table).
+    pub peer_addr: SocketAddr,
+    sock: TcpStream,
+    queue: Mutex<Vec<u8>>,
+    writer: Mutex<Writer>,
+    dirty: AtomicBool,
+    /// Wakes the task: bytes wait for the socket.
+    wake: Notify,
+    closed: AtomicBool,
+}
+
+impl Link {
+    /// A link over `sock` (set up and checked) to the device `peer` listening at
+    /// `peer_addr`.
+    pub fn new(sock: TcpStream, peer_addr: SocketAddr, peer: DatagramSource) -> Arc<Link> {
+        Arc::new(Link {
+            peer,
+            peer_addr,
+            sock,
+            queue: Mutex::new(queue_buf()),
+            writer: Mutex::new(Writer {
+                buf: queue_buf(),
+                off: 0,
+            }),
+            dirty: AtomicBool::new(false),
+            wake: Notify::new(),
+            closed: AtomicBool::new(false),
+        })
+    }
+
+    /// Whether the link has ended.
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.wake.notify_one();
+    }
+
+    /// Appends a datagram with `f` (which writes its header and payload to the end of
+    /// the queue), unless the link is closed or its queue full (`None`: the datagram
+    /// is lost). Call [`Link::flush`] afterwards, without the QP's lock.
+    pub fn append<R>(&self, f: impl FnOnce(&mut Vec<u8>) -> R) -> Option<R> {
+        if self.is_closed() {
+            return None;
+        }
+        let mut q = self.queue.lock();
+        if q.len() >= QUEUE_MAX {
+            return None;
+        }
+        let r = f(&mut q);
+        drop(q);
+        self.dirty.store(true, Ordering::SeqCst);
+        Some(r)
+    }
+
+    /// Writes what is queued, without blocking; leaves what the socket does not take to
+    /// the task.
+    pub fn flush(&self) {
+        if self.write_out() == Flushed::Blocked {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Has the task look at the link (bytes were queued that nobody writes now).
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+
+    fn write_out(&self) -> Flushed {
+        loop {
+            let Some(mut w) = self.writer.try_lock() else {
+                return Flushed::Busy;
+            };
+            self.dirty.store(false, Ordering::SeqCst);
+            let r = self.write_locked(&mut w);
+            drop(w);
+            match r {
+                Ok(true) => {}
+                Ok(false) => return Flushed::Blocked,
+                Err(e) => {
+                    tracing::debug!(peer = %self.peer_addr, "UD link: write failed: {e}");
+                    self.close();
+                    return Flushed::Broken;
+                }
+            }
+            if !self.dirty.load(Ordering::SeqCst) {
+                return Flushed::Done;
+            }
+        }
+    }
+
+    /// Writes until the queue is empty (`true`) or the socket takes no more (`false`).
+    fn write_locked(&self, w: &mut Writer) -> io::Result<bool> {
+        loop {
+            if w.off == w.buf.len() {
+                w.buf.clear();
+                w.off = 0;
+                let mut q = self.queue.lock();
+                if q.is_empty() {
+                    return Ok(true);
+                }
+                std::mem::swap(&mut *q, &mut w.buf);
+            }
+            let rest = &w.buf[w.off..];
+            let run = [RawSlice {
+                base: rest.as_ptr(),
+                len: rest.len(),
+            }];
+            // SAFETY: `rest` is the writer's own buffer, alive and unchanged for the call.
+            // (A write straight to the socket, from any thread: tokio's record of its
+            // readiness is cleared by the task's own failed write, see `serve`.)
+            match unsafe { Sock(self.sock.as_raw_fd()).transmit(&run) } {
+                Ok(n) => w.off += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Whether bytes wait for the task to write them. Not while another thread writes:
+    /// that one wakes the task if the socket blocks it, and goes around again for bytes
+    /// appended meanwhile.
+    fn backlog(&self) -> bool {
+        match self.writer.try_lock() {
+            Some(w) => w.off < w.buf.len() || !self.queue.lock().is_empty(),
+            None => false,
+        }
+    }
+}
+
+/// The link's task: reads and delivers what arrives, writes what waits, until the link
+/// ends; then the link leaves the device's table.
+pub async fn run(dg: Arc<Datagrams>, link: Arc<Link>) {
+    let why = serve(&dg, &link).await;
+    tracing::debug!(device = %dg.name, peer = %link.peer_addr, "UD link closed: {why}");
+    link.close();
+    dg.forget(&link);
+}
+
+async fn serve(dg: &Datagrams, link: &Link) -> String {
+    let mut rx = LinkReader::new();
+    loop {
+        if link.is_closed() {
+            return "closed".into();
+        }
+        let want_write = link.backlog();
+        tokio::select! {
+            r = link.sock.readable() => {
+                if let Err(e) = r {
+                    return format!("socket error: {e}");
+                }
+                let fd = link.sock.as_raw_fd();
+                // `try_io` clears the socket's readiness when the read would block.
+                match link.sock.try_io(Interest::READABLE, || rx.fill(&mut Sock(fd))) {
+                    Ok(0) => return "the other device closed it".into(),
+                    Ok(_) => {}
+                    Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => {
+                        continue
+                    }
+                    Err(e) => return format!("read failed: {e}"),
+                }
+                loop {
+                    match rx.next_datagram() {
+                        Ok(Some((frame, payload))) => dg.deliver(&frame, payload, &link.peer),
+                        Ok(None) => break,
+                        Err(e) => {
+                            tracing::warn!(device = %dg.name, peer = %link.peer_addr, "UD link: protocol error: {e}; closing it");
+                            return format!("protocol error: {e}");
+                        }
+                    }
+                }
+            }
+            w = link.sock.writable(), if want_write => {
+                if let Err(e) = w {
+                    return format!("socket error: {e}");
+                }
+                let flushed = link.sock.try_io(Interest::WRITABLE, || match link.write_out() {
+                    Flushed::Blocked => Err(io::ErrorKind::WouldBlock.into()),
+                    other => Ok(other),
+                });
+                if let Ok(Flushed::Broken) = flushed {
+                    return "write failed".into();
+                }
+            }
+            _ = link.wake.notified() => {}
+        }
+    }
+}

@@ -1,0 +1,383 @@
+//! UD datagrams between devices (IBA 9.8.4 "Unreliable datagram service"; docs/wire.md
+//! "Links"): how a UD QP's sends leave its device and how a datagram finds the QP it
+//! names.
+//!
+//! UD QPs have no peer and no connection. A device keeps one *link* per device it
+//! exchanges datagrams with: a TCP connection, opened on demand by the first UD send to
+//! a device it has no link to, and used from then on by every UD QP of both devices, in
+//! both directions ([`link`]). Opening one is checked as a QP pair's hello is, so that
+//! the device at the accepting end knows which device is at the other: the source
+//! (GID, LID) of every datagram on a link is that device's, whatever the frame says,
+//! and a third process cannot make datagrams appear to come from another device's QPs
+//! ([`setup`]). Datagrams between the QPs of one device never leave it (an HCA loops
+//! them back too): they go through the device's own queue of bytes, in the same frames.
+//!
+//! - **Sending** ([`Datagrams::transmit`], on the thread that posted, or that saw the
+//!   link come up): under the QP's lock each datagram's header and payload are copied
+//!   into the queue of its link (a datagram is at most an MTU), and its WR completes:
+//!   the datagram is handed on. Then, without the QP's lock, the link's bytes are
+//!   written, without blocking; what the socket does not take, the link's task writes
+//!   when it can. A datagram to a device whose link is being set up waits (its WR with
+//!   it) for at most the setup's time; to a device that could not be reached (for
+//!   [`FAILED_HOLD`] after a failed attempt), or into a link whose queue is full (a peer
+//!   that does not read), it is lost, and its WR completes all the same, as UD's do.
+//! - **Receiving** ([`link`]'s task on the device's setup runtime, or the thread that
+//!   drains the device's own queue): each whole datagram goes to the UD QP its
+//!   destination QPN names, in the QP's lock ([`QpShared::receive_datagram`]); no such
+//!   QP, one of another type or a destroyed one, and the datagram is dropped and
+//!   counted.
+//!
+//! Lock order: a QP's lock, then the link table's, then a link's queue. A thread that
+//! writes a socket or delivers datagrams holds no QP lock but the one of the QP it
+//! delivers to; no lock is held while a thread waits.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use arrayvec::ArrayVec;
+use parking_lot::Mutex;
+use verbs_api::{QpState, QpType};
+
+use crate::addressing::Addressing;
+use crate::counters::DeviceCounters;
+use crate::progress::Progress;
+use crate::qp::{QpInner, QpShared, QpTable};
+use crate::requester::ud::Emitted;
+use crate::responder::DatagramSource;
+use crate::verify::Claims;
+use crate::wire::{Frame, DATAGRAM_HDR_LEN, MAX_DATAGRAM};
+
+pub mod link;
+pub mod setup;
+
+use link::Link;
+
+/// How long datagrams to a device that could not be reached are lost without a new
+/// attempt to reach it (so that a program sending to a device that is not there does not
+/// open a connection per datagram).
+pub const FAILED_HOLD: Duration = Duration::from_millis(200);
+/// Most links a device keeps (each is a socket, a task and its buffers).
+pub const MAX_LINKS: usize = 1024;
+/// Bytes queued for one link (or the device's own queue) beyond which datagrams are
+/// lost: a peer that does not read cannot grow this side's memory. (The kernel's socket
+/// buffers hold far more; this queue only bridges a socket that is full for a moment.)
+pub const QUEUE_MAX: usize = 64 << 10;
+
+/// A queue of datagrams' bytes, allocated once at its largest: below [`QUEUE_MAX`] a
+/// whole datagram more always fits, so appending never grows it (and the writer's
+/// buffer, swapped with it, is allocated alike).
+pub fn queue_buf() -> Vec<u8> {
+    Vec::with_capacity(QUEUE_MAX + DATAGRAM_HDR_LEN + MAX_DATAGRAM as usize)
+}
+/// Links one call of [`Datagrams::transmit`] writes itself before it returns (more are
+/// left to their tasks).
+const WRITE_NOW: usize = 8;
+
+/// The state of the link to one device.
+enum Slot {
+    /// Being set up; these QPs have datagrams waiting for it.
+    Pending(Vec<Weak<QpShared>>),
+    /// Established.
+    Up(Arc<Link>),
+    /// The last attempt failed: datagrams to it are lost until then.
+    Failed(Instant),
+}
+
+/// A device's links, by the address of the device at the other end.
+#[derive(Default)]
+struct LinkTable {
+    by_peer: HashMap<SocketAddr, Slot>,
+    /// Established links, also those not in `by_peer` (a second link to a device
+    /// whose first one is there: both devices opened one at the same moment).
+    count: usize,
+}
+
+/// Where a datagram goes.
+enum Target {
+    /// To a QP of this device.
+    Local,
+    /// Into this link.
+    Link(Arc<Link>),
+    /// Nowhere yet: the link is being set up.
+    Wait,
+    /// Nowhere: the device cannot be reached.
+    Lost,
+}
+
+/// The device's own queue of datagrams to its own QPs.
+struct LocalQueue {
+    /// Frames appended by senders.
+    queue: Mutex<Vec<u8>>,
+    /// Held by the thread delivering (its buffer: the frames it took from `queue`).
+    draining: Mutex<Vec<u8>>,
+    /// Set after an append: the thread delivering goes around again.
+    dirty: AtomicBool,
+}
+
+/// A device's UD side: its links and its own queue.
+pub struct Datagrams {
+    /// The device's name (for the log).
+    pub name: String,
+    /// The runtime of the links' tasks (the device's setup runtime).
+    pub rt: tokio::runtime::Handle,
+    /// Where the device is reached.
+    pub addr: Arc<Addressing>,
+    /// The hellos the device is sending (links' and QPs').
+    pub claims: Arc<Claims>,
+    qps: Arc<QpTable>,
+    counters: Arc<DeviceCounters>,
+    progress: Arc<Progress>,
+    links: Mutex<LinkTable>,
+    local: LocalQueue,
+}
+
+impl Datagrams {
+    /// The UD side of a device.
+    pub fn new(
+        name: &str,
+        rt: tokio::runtime::Handle,
+        addr: Arc<Addressing>,
+        claims: Arc<Claims>,
+        qps: Arc<QpTable>,
+        counters: Arc<DeviceCounters>,
+        progress: Arc<Progress>,
+    ) -> Self {
+        Datagrams {
+            name: name.to_string(),
+            rt,
+            addr,
+            claims,
+            qps,
+            counters,
+            progress,
+            links: Mutex::default(),
+            local: LocalQueue {
+                queue: Mutex::new(queue_buf()),
+                draining: Mutex::new(queue_buf()),
+                dirty: AtomicBool::new(false),
+            },
+        }
+    }
+
+    /// This device as the source of its own datagrams.
+    fn own_source(&self) -> DatagramSource {
+        DatagramSource {
+            gid: self.addr.gid().0,
+            lid: self.addr.lid(),
+        }
+    }
+
+    /// Hands the datagrams of UD QP `qp` on (see the module docs), and completes their
+    /// WRs.
+    pub fn transmit(self: &Arc<Self>, qp: &Arc<QpShared>) {
+        let mut written: ArrayVec<Arc<Link>, WRITE_NOW> = ArrayVec::new();
+        let mut local = false;
+        {
+            let mut g = qp.inner.lock();
+            if !matches!(g.state, QpState::Rts | QpState::Sqd) {
+                return;
+            }
+            let mut from = 0;
+            let mut fatal = false;
+            while let Some((idx, route)) = g.req.ud_next(from) {
+                from = idx + 1;
+                if g.faults.drop_datagrams > 0 {
+                    g.faults.drop_datagrams -= 1;
+                    self.progress
+                        .counters
+                        .datagrams_dropped
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(
+                        qpn = qp.qpn,
+                        dst_qpn = route.remote_qpn,
+                        "UD: datagram lost (fault injection)"
+                    );
+                    g.req.ud_lost(idx);
+                    continue;
+                }
+                let target = if self.addr.reaches_self(route.peer) {
+                    Target::Local
+                } else {
+                    self.link_to(route.peer, qp)
+                };
+                let QpInner { req, .. } = &mut *g;
+                let emitted = match &target {
+                    Target::Local => {
+                        local = true;
+                        let mut q = self.local.queue.lock();
+                        (q.len() < QUEUE_MAX).then(|| req.ud_emit(idx, &qp.dev.mrs, &mut q))
+                    }
+                    Target::Link(link) => {
+                        let r = link.append(|q| req.ud_emit(idx, &qp.dev.mrs, q));
+                        if !written.iter().any(|l| Arc::ptr_eq(l, link)) {
+                            if written.is_full() {
+                                // (After the append: the task looks at the queue when it
+                                // wakes.)
+                                link.wake();
+                            } else {
+                                written.push(link.clone());
+                            }
+                        }
+                        r
+                    }
+                    Target::Wait => {
+                        req.ud_wait(idx);
+                        continue;
+                    }
+                    Target::Lost => None,
+                };
+                match emitted {
+                    Some(Ok(Emitted::Sent)) => {}
+                    Some(Ok(Emitted::TooLong)) => self.counters.ud_unsent(),
+                    Some(Err(_)) => {
+                        fatal = true;
+                        break;
+                    }
+                    None => {
+                        tracing::debug!(
+                            qpn = qp.qpn,
+                            dst_qpn = route.remote_qpn,
+                            peer = %route.peer,
+                            "UD: datagram lost: no link to its device, or the link's queue is full"
+                        );
+                        self.counters.ud_unsent();
+                        req.ud_lost(idx);
+                    }
+                }
+            }
+            qp.complete_datagrams(&mut g, fatal);
+        }
+        for link in written {
+            link.flush();
+        }
+        if local {
+            self.local.dirty.store(true, Ordering::SeqCst);
+            self.drain_local();
+        }
+    }
+
+    /// Where a datagram to the device at `peer` goes now; sets a link up (and has `qp`
+    /// wait for it) if there is none.
+    fn link_to(self: &Arc<Self>, peer: SocketAddr, qp: &Arc<QpShared>) -> Target {
+        let mut t = self.links.lock();
+        match t.by_peer.get_mut(&peer) {
+            Some(Slot::Up(link)) if !link.is_closed() => return Target::Link(link.clone()),
+            Some(Slot::Pending(waiting)) => {
+                if !waiting.iter().any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(qp))) {
+                    waiting.push(Arc::downgrade(qp));
+                }
+                return Target::Wait;
+            }
+            Some(Slot::Failed(until)) if Instant::now() < *until => return Target::Lost,
+            _ => {}
+        }
+        if t.count >= MAX_LINKS {
+            tracing::warn!(device = %self.name, "{MAX_LINKS} links to other devices: datagrams to another are lost");
+            return Target::Lost;
+        }
+        t.by_peer.insert(peer, Slot::Pending(vec![Arc::downgrade(qp)]));
+        drop(t);
+        tracing::debug!(device = %self.name, %peer, "UD: opening a link");
+        self.rt.spawn(setup::open(self.clone(), peer));
+        Target::Wait
+    }
+
+    /// The link to `peer` is up (`Some`, which takes its place in the table unless a
+    /// live one is there already) or could not be set up (`None`): the QPs that waited
+    /// for it send (or lose) their datagrams.
+    fn settle(self: &Arc<Self>, peer: SocketAddr, link: Option<&Arc<Link>>) {
+        let waiting = {
+            let mut t = self.links.lock();
+            if link.is_some() {
+                t.count += 1;
+            }
+            let fresh = || match link {
+                Some(l) => Slot::Up(l.clone()),
+                None => Slot::Failed(Instant::now() + FAILED_HOLD),
+            };
+            let (slot, waiting) = match t.by_peer.remove(&peer) {
+                Some(Slot::Up(l)) if !l.is_closed() => (Slot::Up(l), Vec::new()),
+                Some(Slot::Pending(w)) => (fresh(), w),
+                _ => (fresh(), Vec::new()),
+            };
+            t.by_peer.insert(peer, slot);
+            waiting
+        };
+        for qp in waiting.iter().filter_map(Weak::upgrade) {
+            self.transmit(&qp);
+        }
+    }
+
+    /// Established links.
+    fn link_count(&self) -> usize {
+        self.links.lock().count
+    }
+
+    /// The link to `peer` ended: it leaves the table (if it is the one there).
+    fn forget(&self, link: &Arc<Link>) {
+        let mut t = self.links.lock();
+        t.count = t.count.saturating_sub(1);
+        if let Some(Slot::Up(l)) = t.by_peer.get(&link.peer_addr) {
+            if Arc::ptr_eq(l, link) {
+                t.by_peer.remove(&link.peer_addr);
+            }
+        }
+    }
+
+    /// Delivers the datagrams queued for this device's own QPs (any thread may; one
+    /// does at a time, and goes around again for what was queued meanwhile).
+    pub fn drain_local(&self) {
+        let src = self.own_source();
+        loop {
+            let Some(mut buf) = self.local.draining.try_lock() else {
+                return;
+            };
+            self.local.dirty.store(false, Ordering::SeqCst);
+            loop {
+                {
+                    let mut q = self.local.queue.lock();
+                    if q.is_empty() {
+                        break;
+                    }
+                    std::mem::swap(&mut *q, &mut *buf);
+                }
+                let mut at = 0;
+                // Frames this device encoded itself: they decode (a failure would end
+                // the batch, not the process).
+                while let Ok(Some((f, n))) = Frame::decode(&buf[at..]) {
+                    let len = f.payload_len() as usize;
+                    let Some(payload) = buf.get(at + n..at + n + len) else {
+                        break;
+                    };
+                    self.deliver(&f, payload, &src);
+                    at += n + len;
+                }
+                buf.clear();
+            }
+            drop(buf);
+            if !self.local.dirty.load(Ordering::SeqCst) {
+                return;
+            }
+        }
+    }
+
+    /// Datagram `frame` (with `payload`) from `src` to the QP it names.
+    pub fn deliver(&self, frame: &Frame, payload: &[u8], src: &DatagramSource) {
+        let Frame::Datagram { dst_qpn, .. } = *frame else {
+            return;
+        };
+        let qp = self.qps.lock().get(&dst_qpn).and_then(Weak::upgrade);
+        match qp {
+            Some(qp) if qp.qp_type == QpType::Ud && !qp.destroyed.load(Ordering::Acquire) => {
+                qp.receive_datagram(frame, payload, src)
+            }
+            _ => {
+                tracing::debug!(device = %self.name, dst_qpn, "UD: datagram dropped: no UD QP of that number");
+                self.counters.ud_dropped();
+            }
+        }
+    }
+}

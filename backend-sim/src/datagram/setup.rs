@@ -1,0 +1,174 @@
+//! Setting a link up (docs/wire.md "Links"), checked as a QP pair's hello is
+//! ([`verify`](crate::verify)), so that a device knows which device is at the other end
+//! of each of its links:
+//!
+//! 1. The device that needs a link connects to the address the address handle names
+//!    and says [`Frame::LinkHello`]: its GID (table entry 0), its LID, and a token drawn
+//!    for this attempt and recorded with the address it connected to.
+//! 2. The accepting device checks the claim with the device the claimed GID and LID
+//!    name, at the address they name (never at an address the connection came from):
+//!    [`Frame::LinkVerify`] with the token and the address the link arrived at. That
+//!    device says yes only for a link it is opening at that moment, with that token, to
+//!    that address. A claimed address that names no listener (unspecified, multicast,
+//!    port 0) or this device itself is refused without asking.
+//! 3. Only then does it answer [`Frame::HelloAck`] and take the link: every datagram on
+//!    it comes from the device the hello named. Any refusal is the same
+//!    [`HelloReject::Refused`] (a version mismatch excepted, as for QPs).
+//!
+//! The connecting device knows whom it reached: the device listening where it connected
+//! (its GID is that IP, its LID that port). Setting up takes at most
+//! [`LINK_SETUP_TIMEOUT`]; a failure is remembered for [`FAILED_HOLD`](super::FAILED_HOLD).
+//! A stranger's hello costs the accepting device one bounded check, to an address of
+//! the stranger's choosing, among the listener's bounded connections in setup.
+
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpStream;
+use verbs_api::Gid;
+
+use super::link::{self, Link};
+use super::Datagrams;
+use crate::addressing::{canonical, gid_addr};
+use crate::responder::DatagramSource;
+use crate::verify::{self, send_frame};
+use crate::wire::{Frame, HelloReject, TOKEN_LEN, VERSION};
+
+/// Bound on opening a link: connecting, the hello, and the other device's check of it.
+pub const LINK_SETUP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Opens the link to the device listening at `peer` for `dg`'s device, and settles its
+/// slot either way.
+pub async fn open(dg: Arc<Datagrams>, peer: SocketAddr) {
+    let link = match tokio::time::timeout(LINK_SETUP_TIMEOUT, connect(&dg, peer)).await {
+        Ok(Ok(stream)) => {
+            let src = DatagramSource {
+                gid: match peer.ip() {
+                    IpAddr::V4(v4) => Gid::from(v4).0,
+                    IpAddr::V6(v6) => Gid::from(v6).0,
+                },
+                lid: peer.port(),
+            };
+            Some(Link::new(stream, peer, src))
+        }
+        Ok(Err(e)) if e.kind() == io::ErrorKind::Unsupported => {
+            tracing::warn!(device = %dg.name, %peer, "UD link refused: {e}");
+            None
+        }
+        Ok(Err(e)) => {
+            tracing::debug!(device = %dg.name, %peer, "UD link not opened: {e}");
+            None
+        }
+        Err(_) => {
+            tracing::debug!(device = %dg.name, %peer, "UD link not opened within {LINK_SETUP_TIMEOUT:?}");
+            None
+        }
+    };
+    // Counted in the table before its task can end and leave it.
+    dg.settle(peer, link.as_ref());
+    if let Some(l) = link {
+        tracing::debug!(device = %dg.name, %peer, "UD link up (opened)");
+        dg.rt.spawn(link::run(dg.clone(), l));
+    }
+}
+
+async fn connect(dg: &Datagrams, peer: SocketAddr) -> io::Result<TcpStream> {
+    let mut stream = TcpStream::connect(peer).await?;
+    crate::sockopt::tune(&stream)?;
+    // Held until the answer: the other device checks the token with this one meanwhile.
+    let claim = dg.claims.begin_link(peer);
+    let hello = Frame::LinkHello {
+        src_gid: dg.addr.gid().0,
+        src_lid: dg.addr.lid(),
+        token: claim.token(),
+    };
+    send_frame(&mut stream, &hello).await?;
+    // Exactly the answer's header: what follows is the link's datagrams.
+    let answer = verify::read_one(&mut stream).await?;
+    drop(claim);
+    match answer {
+        Frame::HelloAck => Ok(stream),
+        Frame::HelloNak {
+            reason: HelloReject::Version,
+        } => Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("the device speaks another sim protocol version (this build: {VERSION})"),
+        )),
+        Frame::HelloNak { .. } => Err(io::Error::new(
+            io::ErrorKind::ConnectionRefused,
+            "the device refused the link",
+        )),
+        other => Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("expected a link hello's answer, got {other}"),
+        )),
+    }
+}
+
+/// Serves a [`Frame::LinkHello`] that arrived on `stream`: checks the claim, answers, and
+/// on success makes the link one of the device's.
+pub async fn serve(
+    dg: Arc<Datagrams>,
+    mut stream: TcpStream,
+    src_gid: [u8; 16],
+    src_lid: u16,
+    token: [u8; TOKEN_LEN],
+) -> io::Result<()> {
+    let claimed = gid_addr(&src_gid, src_lid);
+    if let Err(why) = check(&dg, &stream, claimed, token).await {
+        tracing::debug!(device = %dg.name, %claimed, "refused a UD link: {why}");
+        send_frame(
+            &mut stream,
+            &Frame::HelloNak {
+                reason: HelloReject::Refused,
+            },
+        )
+        .await?;
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("refused a UD link claiming {claimed}: {why}"),
+        ));
+    }
+    send_frame(&mut stream, &Frame::HelloAck).await?;
+    let src = DatagramSource {
+        gid: src_gid,
+        lid: src_lid,
+    };
+    let link = Link::new(stream, claimed, src);
+    tracing::debug!(device = %dg.name, peer = %claimed, "UD link up (accepted)");
+    dg.settle(claimed, Some(&link));
+    dg.rt.spawn(link::run(dg.clone(), link));
+    Ok(())
+}
+
+/// Whether the link hello on `stream` claiming the device at `claimed` holds; `Err`
+/// names why not (for the log only).
+async fn check(
+    dg: &Datagrams,
+    stream: &TcpStream,
+    claimed: SocketAddr,
+    token: [u8; TOKEN_LEN],
+) -> Result<(), &'static str> {
+    let ip = claimed.ip();
+    let names_no_listener = claimed.port() == 0
+        || ip.is_unspecified()
+        || ip.is_multicast()
+        || matches!(ip, IpAddr::V4(v4) if v4.is_broadcast());
+    if names_no_listener {
+        return Err("the GID and LID name no device's listener");
+    }
+    if dg.addr.reaches_self(claimed) {
+        return Err("it claims to come from this device");
+    }
+    if dg.link_count() >= super::MAX_LINKS {
+        return Err("the device has as many links as it keeps");
+    }
+    let at = canonical(stream.local_addr().map_err(|_| "no local address")?);
+    match verify::ask_link(claimed, at, token).await {
+        Ok(true) => Ok(()),
+        Ok(false) => Err("the claimed device did not confirm the link"),
+        Err(_) => Err("the claimed device could not be asked"),
+    }
+}

@@ -1,0 +1,105 @@
+//! What is particular to a UD QP (`man ibv_post_send`'s `wr.ud`, `man ibv_post_recv`,
+//! IBA 9.8.4): its sends name a destination through an address handle, resolved before
+//! they are queued ([`AhRoute`]), and leave through the device's links
+//! ([`DataPath::send_datagrams`](super::DataPath::send_datagrams)) instead of a
+//! connection of its own; a datagram for it arrives through a link, is handed to its
+//! responder whole ([`QpShared::receive_datagram`]) and counted where it is dropped.
+//!
+//! A UD QP receives in RTR, RTS, SQD and SQE: IBA's SQD and SQE stop the send queue only
+//! (rxe's responder likewise runs from RTR on). In any other state a datagram is dropped.
+
+use std::net::SocketAddr;
+
+use verbs_api::{AddressHandle, Error, QpState, SendWr};
+
+use super::{QpInner, QpShared};
+use crate::requester::{PostCheck, UdRoute};
+use crate::responder::{DatagramSource, UdOutcome};
+use crate::wire::{Frame, Grh};
+
+/// Where an address handle of this device leads (`ibv_create_ah` resolves it once).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AhRoute {
+    /// Where the destination device listens (GID → IP, LID → TCP port).
+    pub peer: SocketAddr,
+    /// The GRH fields of a global address handle.
+    pub grh: Option<Grh>,
+}
+
+/// Why a UD send was not queued.
+pub enum UdPostError {
+    /// A check of the requester's.
+    Check(PostCheck),
+    /// The address handle is not one of this device's.
+    ForeignAh,
+}
+
+impl QpShared {
+    /// Queues `wr` on this UD QP (with the lock held): its destination's address handle
+    /// resolved by `route_of` (`None`: not an address handle of this device).
+    pub(super) fn post_ud(
+        &self,
+        g: &mut QpInner,
+        wr: &SendWr<'_>,
+        route_of: &dyn Fn(&dyn AddressHandle) -> Option<AhRoute>,
+    ) -> Result<(), UdPostError> {
+        let Some(dest) = wr.ud else {
+            return g.req.post(wr, &self.dev.mrs).map_err(UdPostError::Check);
+        };
+        let ah = route_of(dest.ah).ok_or(UdPostError::ForeignAh)?;
+        let route = UdRoute {
+            peer: ah.peer,
+            grh: ah.grh,
+            remote_qpn: dest.remote_qpn,
+            remote_qkey: dest.remote_qkey,
+        };
+        g.req
+            .post_ud(wr, route, &self.dev.mrs)
+            .map_err(UdPostError::Check)
+    }
+
+    /// The error of an address handle that is not this device's.
+    pub(super) fn foreign_ah(&self) -> Error {
+        Error::invalid(
+            "ibv_post_send",
+            format!(
+                "wr.ud.ah of a send on UD QP {:#x} is not an address handle of this device",
+                self.qpn
+            ),
+        )
+    }
+
+    /// The WRs whose datagrams were handed on (or lost) complete, in posting order;
+    /// with `fatal` one failed locally and the QP goes to ERR (flushing the rest).
+    pub fn complete_datagrams(&self, g: &mut QpInner, fatal: bool) {
+        let QpInner { req, send_wc, .. } = g;
+        req.take_done(send_wc);
+        if fatal {
+            self.enter_error(g);
+        } else {
+            self.deliver(g);
+        }
+    }
+
+    /// Datagram `frame` with `payload` arrived from `src` for this QP: taken into a
+    /// receive, or dropped (and counted).
+    pub fn receive_datagram(&self, frame: &Frame, payload: &[u8], src: &DatagramSource) {
+        let mut g = self.inner.lock();
+        if !matches!(g.state, QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe) {
+            tracing::debug!(qpn = self.qpn, state = ?g.state, "UD: datagram dropped: the QP does not receive in this state");
+            self.dev.counters.ud_dropped();
+            return;
+        }
+        let QpInner { resp, recv_wc, .. } = &mut *g;
+        match resp.on_datagram(frame, payload, src, &self.dev.mrs, recv_wc) {
+            Ok(UdOutcome::Received | UdOutcome::TooLong) => self.deliver(&mut g),
+            Ok(UdOutcome::QkeyViolation) => self.dev.counters.qkey_violation(),
+            Ok(UdOutcome::NoReceive | UdOutcome::Malformed) => self.dev.counters.ud_dropped(),
+            Err(_) => self.enter_error(&mut g),
+        }
+        if g.resp.has_news() {
+            // An SRQ's limit event, raised by the take.
+            self.deliver(&mut g);
+        }
+    }
+}

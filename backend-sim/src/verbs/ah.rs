@@ -1,0 +1,108 @@
+//! Address handles (`man ibv_create_ah`, `man ibv_destroy_ah`): the destination of UD
+//! sends. An address handle resolves its address vector once, the way a QP's is resolved
+//! (GID → the peer device's IP, LID → its TCP port; without a GRH the device is on this
+//! host), and keeps its PD alive. The sim's port is an InfiniBand port, so the GRH is
+//! optional (`is_global`); with it the datagrams carry its fields, and the receiver finds
+//! a GRH in front of its buffer.
+//!
+//! A send WR names its address handle by reference ([`verbs_api::SendWr::ud`]);
+//! [`route_of`] recognises this backend's handles by type and refuses any other, or one
+//! of another device, with EINVAL, before the WR is queued.
+
+use std::any::{Any, TypeId};
+use std::sync::Arc;
+
+use verbs_api::{AddressHandle, AhAttr, Error, Result};
+
+use crate::device::{DeviceShared, PdShared};
+use crate::qp::ud::AhRoute;
+use crate::wire::Grh;
+
+/// An address handle of the sim.
+pub struct SimAh {
+    attr: AhAttr,
+    route: AhRoute,
+    /// Keeps the PD (and through it the device) alive as long as the handle.
+    pd: Arc<PdShared>,
+}
+
+impl SimAh {
+    /// `ibv_create_ah` in `pd`: `attr`'s port must be the device's port 1, its DLID a
+    /// port number (not 0) and, with a GRH, its source GID index inside the GID table
+    /// (EINVAL otherwise, as `ib_create_user_ah` and rxe's `rxe_av_chk_attr()` refuse a
+    /// bad port or GID index).
+    pub(crate) fn create(pd: &Arc<PdShared>, attr: &AhAttr) -> Result<SimAh> {
+        let bad = |name: &'static str, reason: String| Err(Error::InvalidAttr { name, reason });
+        let addr = &pd.dev.addr;
+        if attr.port_num != 1 {
+            return bad(
+                "ah_attr.port_num",
+                format!("port {} does not exist (the device has port 1)", attr.port_num),
+            );
+        }
+        if attr.dlid == 0 {
+            return bad(
+                "ah_attr.dlid",
+                "LID 0 is not a valid destination (on the sim the LID is the peer device's TCP port)".into(),
+            );
+        }
+        if attr.is_global && attr.grh.sgid_index as usize >= addr.gids.len() {
+            return bad(
+                "ah_attr.grh.sgid_index",
+                format!(
+                    "index {} is outside the GID table of {} entries",
+                    attr.grh.sgid_index,
+                    addr.gids.len()
+                ),
+            );
+        }
+        if attr.is_global && attr.grh.flow_label > 0xf_ffff {
+            return bad(
+                "ah_attr.grh.flow_label",
+                format!("{:#x} exceeds 20 bits", attr.grh.flow_label),
+            );
+        }
+        let grh = attr.is_global.then_some(Grh {
+            dgid: attr.grh.dgid.0,
+            flow_label: attr.grh.flow_label,
+            traffic_class: attr.grh.traffic_class,
+            hop_limit: attr.grh.hop_limit,
+        });
+        Ok(SimAh {
+            attr: *attr,
+            route: AhRoute {
+                peer: addr.av_addr(attr),
+                grh,
+            },
+            pd: pd.clone(),
+        })
+    }
+}
+
+impl AddressHandle for SimAh {
+    fn attr(&self) -> AhAttr {
+        self.attr
+    }
+}
+
+impl std::fmt::Debug for SimAh {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimAh")
+            .field("attr", &self.attr)
+            .field("peer", &self.route.peer)
+            .finish()
+    }
+}
+
+/// Where `ah` leads, if it is an address handle of the sim made on device `dev`.
+pub(crate) fn route_of(ah: &dyn AddressHandle, dev: &Arc<DeviceShared>) -> Option<AhRoute> {
+    // The same test as `<dyn Any>::downcast_ref`, spelled out for the `AddressHandle`
+    // object.
+    if <dyn AddressHandle as Any>::type_id(ah) != TypeId::of::<SimAh>() {
+        return None;
+    }
+    // SAFETY: the object's concrete type is SimAh (checked just above), so the data
+    // pointer of the trait object points to a live SimAh for as long as `ah` is borrowed.
+    let ah = unsafe { &*(ah as *const dyn AddressHandle as *const SimAh) };
+    Arc::ptr_eq(&ah.pd.dev, dev).then_some(ah.route)
+}
