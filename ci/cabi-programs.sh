@@ -94,6 +94,7 @@ pair ibv_rc_pingpong-events "$pingpong" -- ibv_rc_pingpong -c -e
 pair ibv_rc_pingpong-wr-api "$pingpong" -- ibv_rc_pingpong -c -N
 pair ibv_uc_pingpong "$pingpong" -- ibv_uc_pingpong -c
 pair ibv_srq_pingpong "$pingpong" -- ibv_srq_pingpong -c
+pair ibv_ud_pingpong "$pingpong" -- ibv_ud_pingpong -c
 for t in send write read; do
     pair "ib_${t}_lat" "$lat" -- "ib_${t}_lat"
     pair "ib_${t}_bw" "$bw" -- "ib_${t}_bw"
@@ -104,6 +105,7 @@ for t in send_lat send_bw write_lat write_bw; do
     case $t in *_lat) f=$lat ;; *) f=$bw ;; esac
     pair "ib_${t}-uc" "$f" -- "ib_$t" -c UC
 done
+pair ib_send_lat-ud "$lat" -- ib_send_lat -c UD
 pair ib_send_lat-srq "$lat" -- ib_send_lat --use-srq
 pair ib_send_bw-srq "$bw" -- ib_send_bw --use-srq
 

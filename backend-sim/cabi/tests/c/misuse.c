@@ -238,7 +238,12 @@ int main(void)
 	CHECK(srq && ibv_destroy_srq(srq) == 0 && ibv_destroy_srq(srq) == EINVAL,
 	      "destroy an SRQ, then again");
 	struct ibv_ah_attr aha = { .dlid = port.lid, .port_num = 1 };
-	REFUSED(ibv_create_ah(pd, &aha), EOPNOTSUPP);
+	struct ibv_ah *ah = ibv_create_ah(pd, &aha);
+	CHECK(ah != NULL, "create_ah");
+	CHECK(ah && ibv_destroy_ah(ah) == 0 && ibv_destroy_ah(ah) == EINVAL,
+	      "destroy an AH, then again");
+	struct ibv_ah_attr bad_port = { .dlid = port.lid, .port_num = 2 };
+	REFUSED(ibv_create_ah(pd, &bad_port), EINVAL);
 	CHECK(ibv_attach_mcast(qp, &gid, 0xc001) == EOPNOTSUPP, "multicast");
 
 	/* The data path through the inline ops: SEND, inline SEND from the stack with no
