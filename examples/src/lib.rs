@@ -25,9 +25,9 @@
 //!
 //! - what every binary shares: `main` ([`program`]), the common options ([`cli`]),
 //!   backend selection ([`backend`], [`with_backend!`]), logging ([`logging`]);
-//! - connections: connected QPs ([`conn`]), the side channel ([`side_channel`]), posting
-//!   many WRs at once ([`lists`]), bounded waits ([`wait`]), a thread per connection
-//!   ([`threads`]);
+//! - connections: connected QPs ([`conn`]), UC and UD QPs brought up alike
+//!   ([`transport`]), the side channel ([`side_channel`]), posting many WRs at once
+//!   ([`lists`]), bounded waits ([`wait`]), a thread per connection ([`threads`]);
 //! - demos: child processes ([`child`]) and their command lines ([`demo`]);
 //! - statistics ([`stats`]) and the names of attribute values ([`ibv_names`]);
 //! - each scenario's formats, bookkeeping, reports and options: [`kv`], [`pool`],
@@ -54,6 +54,7 @@ pub mod side_channel;
 pub mod stats;
 pub mod streams;
 pub mod threads;
+pub mod transport;
 pub mod wait;
 
 pub use logging::init_tracing;
