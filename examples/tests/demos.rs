@@ -142,6 +142,52 @@ fn kv_rpc_no_refill_with_retries_completes_slowly() {
     );
 }
 
+/// One SRQ for both clients' QPs: every answer right, the limit event fired (the server
+/// refilled on it), and with `--rnr-retry 0` any SEND that met an empty SRQ would have
+/// failed the run with RNR_RETRY_EXC_ERR.
+#[test]
+fn kv_rpc_srq_demo_refills_on_the_limit_event() {
+    let o = ok(
+        KV,
+        &[
+            "demo",
+            "--srq",
+            "--keys",
+            "200",
+            "--clients",
+            "2",
+            "--window",
+            "8",
+            "--rnr-retry",
+            "0",
+        ],
+    );
+    has(
+        &o,
+        "demo: OK: all 1400 answers checked over one shared receive queue",
+    );
+    has(&o, "no IBV_WC_RNR_RETRY_EXC_ERR");
+    has(&o, "wrong answers: 0");
+    let line = o
+        .stdout
+        .lines()
+        .find(|l| l.contains("server: SRQ limit event fired "))
+        .unwrap_or_else(|| panic!("no SRQ line:\n{o:?}"));
+    let number_after = |text: &str| -> u64 {
+        line.split(text)
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no number after {text:?} in {line}"))
+    };
+    assert!(number_after("fired ") >= 1, "{line}");
+    // 1400 requests through 128 receives: all but 128 of them were received into
+    // receives that a refill posted.
+    assert!(number_after("refills posted ") >= 1400 - 128, "{line}");
+    has(&o, "server: SRQ: fewest receives left");
+    has(&o, "ran dry 0 times");
+}
+
 #[test]
 fn param_pool_demo_uses_no_torn_vector() {
     let o = ok(
