@@ -458,6 +458,12 @@ fn devinfo_lists_sim_devices() {
     has(&o, "atomic_cap:\t\t\tATOMIC_HCA (1)");
     has(&o, "GID[  0]:");
     has(&o, "verbs-api capabilities:");
+    // The sim's SRQs and UC QPs, with the SRQ limits (UD is shown either way).
+    has(&o, "\t\tSRQ:\t\t\tyes");
+    has(&o, "\t\t  max_srq_wr:\t\t16384");
+    has(&o, "\t\tUC QPs:\t\t\tyes");
+    has(&o, "\t\tUD QPs:\t\t\t");
+    has(&o, "\tmax_srq_sge:\t\t\t32");
 }
 
 #[cfg(not(feature = "ibverbs"))]
