@@ -143,19 +143,6 @@ pub fn create_rc<B: Backend>(ctx: &B::Context, pd: &B::Pd, opts: &QpOpts) -> Res
     Ok(RcQp { cq, qp, cap })
 }
 
-/// Creates a QP with a CQ of its own for each queue, as perftest's send tests do: the
-/// [`RcQp`] (whose `cq` takes the send completions) and the receive CQ.
-pub fn create_rc_split<B: Backend>(ctx: &B::Context, pd: &B::Pd, opts: &QpOpts) -> Res<(RcQp<B>, B::Cq)> {
-    let cq = ctx
-        .create_cq(opts.send_wr, None)
-        .with_context(|| format!("creating a send CQ of {} entries", opts.send_wr))?;
-    let recv_cq = ctx
-        .create_cq(opts.recv_wr, None)
-        .with_context(|| format!("creating a receive CQ of {} entries", opts.recv_wr))?;
-    let (qp, cap) = create_qp_with::<B>(ctx, pd, &cq, &recv_cq, opts)?;
-    Ok((RcQp { cq, qp, cap }, recv_cq))
-}
-
 /// A server's clients, accepted so that no client can stop the server or hold up the
 /// others: a thread accepts connections on the listener, and each client's connection
 /// request is read on a thread of its own, within `setup`. A client that sends something

@@ -337,6 +337,72 @@ fn perf_perftest_mode_runs_each_loop() {
     }
 }
 
+/// `perf -c UC` and `--use_srq`, with perf's loops and perftest's: the header names the
+/// connection type and the SRQ; a SEND bandwidth row over UC is counted at the receiver,
+/// every message either received or dropped; a latency row over either has positive
+/// figures.
+#[test]
+fn perf_connection_types_and_srq() {
+    for (args, conn, srq) in [
+        (&["send_lat", "-n", "200", "-c", "UC"][..], "UC", "OFF"),
+        (&["write_lat", "-n", "200", "-c", "UC"][..], "UC", "OFF"),
+        (&["send_lat", "-n", "200", "--use_srq"][..], "RC", "ON"),
+        (
+            &["send_bw", "-n", "2000", "-s", "64", "--use_srq"][..],
+            "RC",
+            "ON",
+        ),
+        (
+            &["send_bw", "-n", "2000", "-s", "64", "-c", "UC"][..],
+            "UC",
+            "OFF",
+        ),
+    ] {
+        for perftest in [false, true] {
+            let mut a = args.to_vec();
+            if perftest {
+                a.push("--perftest");
+            }
+            let o = ok(PERF, &a);
+            has(
+                &o,
+                &format!(" Connection type : {conn}\t\tUsing SRQ      : {srq}"),
+            );
+            a.push("--json");
+            let o = ok(PERF, &a);
+            let r: serde_json::Value =
+                serde_json::from_str(o.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {o:?}"));
+            let k = if args[0].ends_with("_lat") {
+                "t_typical_us"
+            } else {
+                "msg_rate_Mpps"
+            };
+            assert!(r[k].as_f64().is_some_and(|v| v > 0.0), "{k} in {r}");
+            if conn == "UC" && args[0] == "send_bw" {
+                let (got, lost) = (r["received"].as_u64().unwrap(), r["dropped"].as_u64().unwrap());
+                assert!(got > 0 && got + lost == 2000, "{r}");
+            } else {
+                assert!(
+                    r.get("received").is_none(),
+                    "only unreliable SEND bandwidth rows: {r}"
+                );
+            }
+        }
+    }
+    let o = run(PERF, &["read_bw", "-c", "UC"]);
+    assert!(
+        !o.ok && o.stderr.contains("UC has no RDMA READ and no atomics"),
+        "{o:?}"
+    );
+    let o = run(PERF, &["write_bw", "-c", "UD"]);
+    assert!(!o.ok && o.stderr.contains("UD has SEND only"), "{o:?}");
+    let o = run(PERF, &["write_bw", "--use_srq"]);
+    assert!(
+        !o.ok && o.stderr.contains("--use_srq is for the SEND tests"),
+        "{o:?}"
+    );
+}
+
 /// A server started with --perftest refuses a client that runs without it (both ends
 /// must measure alike), and says so to the client.
 #[test]
