@@ -500,6 +500,18 @@ fn perf_compare_cost_row() {
     );
 }
 
+/// perf-compare's UD row on a device without UD: it says so instead of a figure, and is
+/// not counted as a target missed. (When the sim has UD this row measures: then assert
+/// its rate and its drops instead.)
+#[test]
+fn perf_compare_ud_row_says_not_measured_without_ud() {
+    let o = ok(COMPARE, &["--rounds", "1", "--only", "ud"]);
+    let (line, cols) = table_row(&o, "| UD send_bw 64 B");
+    assert_eq!(cols[2], "not measured: the device has no UD", "{line}");
+    assert_eq!(cols[7], "not measured", "{line}");
+    assert!(!o.stdout.contains("some targets are not met"), "{o:?}");
+}
+
 /// Without the reference programs, asking for their rows is a clear error.
 #[test]
 fn perf_compare_names_the_missing_reference_programs() {
