@@ -29,7 +29,7 @@
 //! ```
 
 use std::collections::{HashMap, VecDeque};
-use std::io::Write as _;
+use std::io::{ErrorKind, Write as _};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -121,6 +121,15 @@ fn read_hello(stream: &mut TcpStream, timeout: Duration) -> Res<(Endpoint, Vec<u
     match cm::decode_hello(stream) {
         Ok(Ok((endpoint, _, private))) => Ok((endpoint, private)),
         Ok(Err(msg)) => bail!("bad registration: {msg}"),
+        Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+            bail!(
+                "timed out after {:.1} s waiting for the registration",
+                timeout.as_secs_f64()
+            )
+        }
+        Err(e) if e.kind() == ErrorKind::UnexpectedEof => {
+            bail!("the peer closed the connection during registration")
+        }
         Err(e) => Err(e).context("reading the registration"),
     }
 }
@@ -224,8 +233,10 @@ fn server<B: Backend>(b: &B, common: &CommonArgs, a: &ServerArgs) -> Res<()> {
     })
 }
 
-/// Registers the clients: reads each one's hello, makes its address handle, hands it to
-/// the serving loop, answers; then waits until every client says it is done.
+/// Registers the clients: reads each one's hello on a thread of its own (within
+/// `setup`, so that a client that sends garbage or nothing holds up nobody and is
+/// dropped with a warning), makes its address handle, hands it to the serving loop,
+/// answers; then waits until every client says it is done.
 struct Registrar<'a, B: Backend> {
     listener: &'a TcpListener,
     pd: &'a B::Pd,
@@ -236,40 +247,16 @@ struct Registrar<'a, B: Backend> {
     setup: Duration,
 }
 
+/// A client's connection, where it comes from, and its hello (endpoint and number).
+type Hello = (TcpStream, SocketAddr, Res<(Endpoint, u32)>);
+
 impl<B: Backend> Registrar<'_, B> {
     fn run(&self, out: &Tx<Registration<B>>, done: &AtomicBool, stop: &AtomicBool) -> Res<()> {
-        let mut streams = Vec::new();
-        self.listener.set_nonblocking(true).context("fcntl")?;
-        let mut w = Waiter::new(self.setup.max(Duration::from_secs(30)));
-        while streams.len() < self.clients as usize && !stop.load(Ordering::Relaxed) {
-            let (mut stream, from) = match self.listener.accept() {
-                Ok(c) => c,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    std::thread::sleep(Duration::from_millis(2));
-                    w.idle(&|| format!("{} client(s) to register", self.clients))?;
-                    continue;
-                }
-                Err(e) => return Err(e).context("accepting a client"),
-            };
-            w.progress();
-            stream.set_nonblocking(false).context("fcntl")?;
-            let _ = stream.set_nodelay(true);
-            let (ep, private) =
-                read_hello(&mut stream, self.setup).with_context(|| format!("client at {from}"))?;
-            let id = private_u32(&private).with_context(|| format!("client at {from}"))?;
-            let ah = self
-                .pd
-                .create_ah(&ah_attr_for(&ep, self.params))
-                .with_context(|| format!("an address handle for client {id} ({ep:?})"))?;
-            // Handed over before the answer: the client sends only after it, so its
-            // first datagram finds the server knowing it.
-            if out.send(Registration { id, qpn: ep.qpn, ah }).is_err() {
-                return Ok(());
-            }
-            write_hello(&mut stream, self.me, &(self.mtu as u32).to_be_bytes())?;
-            println!("server: client {id} registered from {from} (QP {:#x})", ep.qpn);
-            streams.push(stream);
-        }
+        let (hello_tx, hello_rx) = channel::<Hello>();
+        let streams = std::thread::scope(|s| self.register(s, &hello_tx, &hello_rx, out, stop))?;
+        let Some(mut streams) = streams else {
+            return Ok(());
+        };
         // Done: each client says so on its registration connection (or closes it).
         let mut finished = vec![false; streams.len()];
         while !finished.iter().all(|&f| f) && !stop.load(Ordering::Relaxed) {
@@ -283,6 +270,81 @@ impl<B: Backend> Registrar<'_, B> {
         done.store(true, Ordering::Release);
         Ok(())
     }
+
+    /// Accepts until `clients` have registered; returns their connections (`None`: the
+    /// serving loop is gone).
+    fn register<'s>(
+        &'s self,
+        s: &'s std::thread::Scope<'s, '_>,
+        hello_tx: &Tx<Hello>,
+        hello_rx: &Receiver<Hello>,
+        out: &Tx<Registration<B>>,
+        stop: &AtomicBool,
+    ) -> Res<Option<Vec<TcpStream>>> {
+        let mut streams = Vec::new();
+        self.listener.set_nonblocking(true).context("fcntl")?;
+        let mut w = Waiter::new(self.setup.max(Duration::from_secs(30)));
+        while streams.len() < self.clients as usize {
+            if stop.load(Ordering::Relaxed) {
+                return Ok(None);
+            }
+            while let Ok((mut stream, from, hello)) = hello_rx.try_recv() {
+                w.progress();
+                match hello.and_then(|(ep, id)| self.admit(&mut stream, from, ep, id, out)) {
+                    Ok(true) => streams.push(stream),
+                    Ok(false) => return Ok(None),
+                    Err(e) => tracing::warn!("dropped the client at {from}: {e:#}"),
+                }
+            }
+            match self.listener.accept() {
+                Ok((mut stream, from)) => {
+                    w.progress();
+                    let (tx, setup) = (hello_tx.clone(), self.setup);
+                    s.spawn(move || {
+                        let hello = client_hello(&mut stream, setup);
+                        let _ = tx.send((stream, from, hello));
+                    });
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(2));
+                    w.idle(&|| format!("{} client(s) to register", self.clients))?;
+                }
+                Err(e) => return Err(e).context("accepting a client"),
+            }
+        }
+        Ok(Some(streams))
+    }
+
+    /// A client's address handle, handed to the serving loop before the answer (the
+    /// client sends only after it, so its first datagram finds the server knowing it);
+    /// `false` if the serving loop is gone.
+    fn admit(
+        &self,
+        stream: &mut TcpStream,
+        from: SocketAddr,
+        ep: Endpoint,
+        id: u32,
+        out: &Tx<Registration<B>>,
+    ) -> Res<bool> {
+        let ah = self
+            .pd
+            .create_ah(&ah_attr_for(&ep, self.params))
+            .with_context(|| format!("an address handle for client {id} ({ep:?})"))?;
+        if out.send(Registration { id, qpn: ep.qpn, ah }).is_err() {
+            return Ok(false);
+        }
+        write_hello(stream, self.me, &(self.mtu as u32).to_be_bytes())?;
+        println!("server: client {id} registered from {from} (QP {:#x})", ep.qpn);
+        Ok(true)
+    }
+}
+
+/// A client's hello, read within `setup`: its endpoint and number.
+fn client_hello(stream: &mut TcpStream, setup: Duration) -> Res<(Endpoint, u32)> {
+    stream.set_nonblocking(false).context("fcntl")?;
+    let _ = stream.set_nodelay(true);
+    let (ep, private) = read_hello(stream, setup)?;
+    Ok((ep, private_u32(&private)?))
 }
 
 /// When the server lets its receive queue run empty (`--starve-after`, `--starve-ms`).
