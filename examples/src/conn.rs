@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 
 use verbs_api::cm::{self, CmListener, ConnectRequest, Offer, Peer};
 use verbs_api::{
-    Backend, Context, ProtectionDomain, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QueuePair, RcParams,
+    Backend, Context, ProtectionDomain, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, QueuePair,
+    RcParams,
 };
 
 use anyhow::Context as _;
@@ -57,7 +58,8 @@ impl QpOpts {
     }
 }
 
-/// An RC QP and the CQ it reports to (send and receive completions on the same CQ).
+/// A QP (RC, or a UC or UD one from [`create_qp_of`]) and the CQ it reports to (send and
+/// receive completions on the same CQ).
 pub struct RcQp<B: Backend> {
     /// The CQ.
     pub cq: B::Cq,
@@ -87,7 +89,29 @@ pub fn create_qp_with<B: Backend>(
     recv_cq: &B::Cq,
     opts: &QpOpts,
 ) -> Res<(B::Qp, QpCap)> {
+    create_qp_of::<B>(ctx, pd, (send_cq, recv_cq), opts, QpType::Rc, None)
+}
+
+/// Creates a QP of `qp_type` (RC, UC or UD) on `(send_cq, recv_cq)`, taking its receives
+/// from `srq` if given, otherwise as [`create_qp_on`]. A UC or UD QP is brought up
+/// through [`Typed`](crate::transport::Typed).
+pub fn create_qp_of<B: Backend>(
+    ctx: &B::Context,
+    pd: &B::Pd,
+    (send_cq, recv_cq): (&B::Cq, &B::Cq),
+    opts: &QpOpts,
+    qp_type: QpType,
+    srq: Option<&B::Srq>,
+) -> Res<(B::Qp, QpCap)> {
     let caps = ctx.capabilities().context("querying the device's capabilities")?;
+    let lacks = match qp_type {
+        QpType::Rc => None,
+        QpType::Uc => (!caps.uc).then_some("UC QPs"),
+        QpType::Ud => (!caps.ud).then_some("UD QPs"),
+    };
+    if let Some(what) = lacks.or((srq.is_some() && !caps.srq).then_some("shared receive queues")) {
+        anyhow::bail!("device {} has no {what} (its capabilities say so)", ctx.name());
+    }
     let cap = QpCap {
         max_send_wr: opts.send_wr.min(caps.max_qp_wr.max(1)),
         max_recv_wr: opts.recv_wr.min(caps.max_qp_wr.max(1)),
@@ -95,9 +119,17 @@ pub fn create_qp_with<B: Backend>(
         max_recv_sge: 1,
         max_inline_data: opts.inline.min(caps.max_inline_data),
     };
-    let qp = pd
-        .create_qp(&QpInitAttr::rc(send_cq, recv_cq, cap))
-        .with_context(|| format!("creating an RC QP ({cap:?})"))?;
+    let mut init = QpInitAttr::new(qp_type, send_cq, recv_cq, cap);
+    if let Some(srq) = srq {
+        init = init.with_srq(srq);
+    }
+    let qp = pd.create_qp(&init).with_context(|| {
+        format!(
+            "creating a{} {} QP ({cap:?})",
+            if qp_type == QpType::Rc { "n" } else { "" },
+            crate::transport::type_name(qp_type),
+        )
+    })?;
     let granted = qp.query().context("querying the new QP")?.cap;
     Ok((qp, granted))
 }
@@ -109,19 +141,6 @@ pub fn create_rc<B: Backend>(ctx: &B::Context, pd: &B::Pd, opts: &QpOpts) -> Res
         .with_context(|| format!("creating a CQ of {} entries", opts.cqe()))?;
     let (qp, cap) = create_qp_on::<B>(ctx, pd, &cq, opts)?;
     Ok(RcQp { cq, qp, cap })
-}
-
-/// Creates a QP with a CQ of its own for each queue, as perftest's send tests do: the
-/// [`RcQp`] (whose `cq` takes the send completions) and the receive CQ.
-pub fn create_rc_split<B: Backend>(ctx: &B::Context, pd: &B::Pd, opts: &QpOpts) -> Res<(RcQp<B>, B::Cq)> {
-    let cq = ctx
-        .create_cq(opts.send_wr, None)
-        .with_context(|| format!("creating a send CQ of {} entries", opts.send_wr))?;
-    let recv_cq = ctx
-        .create_cq(opts.recv_wr, None)
-        .with_context(|| format!("creating a receive CQ of {} entries", opts.recv_wr))?;
-    let (qp, cap) = create_qp_with::<B>(ctx, pd, &cq, &recv_cq, opts)?;
-    Ok((RcQp { cq, qp, cap }, recv_cq))
 }
 
 /// A server's clients, accepted so that no client can stop the server or hold up the

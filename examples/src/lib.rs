@@ -12,6 +12,9 @@
 //! - `dist-lock`: a CMP_AND_SWP spinlock and a FETCH_AND_ADD ticket lock guarding a shared
 //!   counter that proves mutual exclusion.
 //! - `async-echo`: an echo service on tokio (`verbs_api::aio`, `cm::AsyncCmListener`).
+//! - `ud-echo`: one UD QP serving several clients, told apart by the source QP of their
+//!   datagrams; every datagram carries a sequence number and a checksum, and what the
+//!   server's empty receive queue dropped is counted.
 //! - `perf`: perftest-style latency and bandwidth (`send_lat`, `write_bw`, ...), and
 //!   `perf-compare`, its harness against raw TCP on the same machine.
 //! - `devinfo`: `ibv_devinfo -v` for any backend.
@@ -25,13 +28,13 @@
 //!
 //! - what every binary shares: `main` ([`program`]), the common options ([`cli`]),
 //!   backend selection ([`backend`], [`with_backend!`]), logging ([`logging`]);
-//! - connections: connected QPs ([`conn`]), the side channel ([`side_channel`]), posting
-//!   many WRs at once ([`lists`]), bounded waits ([`wait`]), a thread per connection
-//!   ([`threads`]);
+//! - connections: connected QPs ([`conn`]), UC and UD QPs brought up alike
+//!   ([`transport`]), the side channel ([`side_channel`]), posting many WRs at once
+//!   ([`lists`]), bounded waits ([`wait`]), a thread per connection ([`threads`]);
 //! - demos: child processes ([`child`]) and their command lines ([`demo`]);
 //! - statistics ([`stats`]) and the names of attribute values ([`ibv_names`]);
 //! - each scenario's formats, bookkeeping, reports and options: [`kv`], [`pool`],
-//!   [`lock`], [`echo`], [`perftest`];
+//!   [`lock`], [`echo`], [`datagram`], [`perftest`];
 //! - perf-compare's references: UCX and libfabric runs ([`peers`]) and raw TCP with the
 //!   QP rows' traffic ([`streams`]).
 
@@ -39,6 +42,7 @@ pub mod backend;
 pub mod child;
 pub mod cli;
 pub mod conn;
+pub mod datagram;
 pub mod demo;
 pub mod echo;
 pub mod ibv_names;
@@ -54,6 +58,7 @@ pub mod side_channel;
 pub mod stats;
 pub mod streams;
 pub mod threads;
+pub mod transport;
 pub mod wait;
 
 pub use logging::init_tracing;

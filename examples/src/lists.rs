@@ -1,8 +1,9 @@
 //! Posting many work requests in one call, as one doorbell does on an HCA: each WR with
 //! one scatter/gather entry into a registered region, given as (wr_id, offset, length).
-//! A refill of many receives or a batch of SENDs is one `post_recv` or `post_send`.
+//! A refill of many receives or a batch of SENDs is one `post_recv` (`post_srq_recv`) or
+//! `post_send`.
 
-use verbs_api::{MemoryRegion, QueuePair, RecvWr, SendWr, Sge};
+use verbs_api::{MemoryRegion, QueuePair, RecvWr, SendWr, Sge, SharedReceiveQueue};
 
 /// One single-SGE WR: its `wr_id` and the bytes `offset..offset + length` of the region.
 pub type Item = (u64, usize, usize);
@@ -23,6 +24,21 @@ pub fn post_recvs<Q: QueuePair, M: MemoryRegion>(qp: &Q, mr: &M, items: &[Item])
         .map(|(&(id, _, _), g)| RecvWr::new(id, g))
         .collect();
     Ok(qp.post_recv(&wrs)?)
+}
+
+/// Posts a receive for each item to a shared receive queue with one `post_srq_recv`.
+pub fn post_srq_recvs<S: SharedReceiveQueue, M: MemoryRegion>(
+    srq: &S,
+    mr: &M,
+    items: &[Item],
+) -> verbs_api::Result<()> {
+    let sges = sges(mr, items)?;
+    let wrs: Vec<RecvWr<'_>> = items
+        .iter()
+        .zip(&sges)
+        .map(|(&(id, _, _), g)| RecvWr::new(id, g))
+        .collect();
+    Ok(srq.post_recv(&wrs)?)
 }
 
 /// Posts a signaled SEND of each item with one `post_send`.

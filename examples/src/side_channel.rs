@@ -76,6 +76,20 @@ pub fn peer_done(stream: &mut TcpStream) -> Res<bool> {
     }
 }
 
+/// Whether a message (or the peer's hang-up) waits on the side channel, without reading
+/// it and without blocking.
+pub fn readable(stream: &TcpStream) -> Res<bool> {
+    stream.set_nonblocking(true).context("fcntl")?;
+    let r = stream.peek(&mut [0u8; 1]);
+    stream.set_nonblocking(false).context("fcntl")?;
+    match r {
+        Ok(_) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(false),
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => Ok(true),
+        Err(e) => Err(anyhow::anyhow!("side channel: {e}")),
+    }
+}
+
 /// Waits until every peer has said it is done ([`peer_done`]), looking every `nap`; fails
 /// once `timeout` passes without news from any of them. `what` names them in that error
 /// ("the clients").

@@ -142,6 +142,52 @@ fn kv_rpc_no_refill_with_retries_completes_slowly() {
     );
 }
 
+/// One SRQ for both clients' QPs: every answer right, the limit event fired (the server
+/// refilled on it), and with `--rnr-retry 0` any SEND that met an empty SRQ would have
+/// failed the run with RNR_RETRY_EXC_ERR.
+#[test]
+fn kv_rpc_srq_demo_refills_on_the_limit_event() {
+    let o = ok(
+        KV,
+        &[
+            "demo",
+            "--srq",
+            "--keys",
+            "200",
+            "--clients",
+            "2",
+            "--window",
+            "8",
+            "--rnr-retry",
+            "0",
+        ],
+    );
+    has(
+        &o,
+        "demo: OK: all 1400 answers checked over one shared receive queue",
+    );
+    has(&o, "no IBV_WC_RNR_RETRY_EXC_ERR");
+    has(&o, "wrong answers: 0");
+    let line = o
+        .stdout
+        .lines()
+        .find(|l| l.contains("server: SRQ limit event fired "))
+        .unwrap_or_else(|| panic!("no SRQ line:\n{o:?}"));
+    let number_after = |text: &str| -> u64 {
+        line.split(text)
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no number after {text:?} in {line}"))
+    };
+    assert!(number_after("fired ") >= 1, "{line}");
+    // 1400 requests through 128 receives: all but 128 of them were received into
+    // receives that a refill posted.
+    assert!(number_after("refills posted ") >= 1400 - 128, "{line}");
+    has(&o, "server: SRQ: fewest receives left");
+    has(&o, "ran dry 0 times");
+}
+
 #[test]
 fn param_pool_demo_uses_no_torn_vector() {
     let o = ok(
@@ -291,6 +337,72 @@ fn perf_perftest_mode_runs_each_loop() {
     }
 }
 
+/// `perf -c UC` and `--use_srq`, with perf's loops and perftest's: the header names the
+/// connection type and the SRQ; a SEND bandwidth row over UC is counted at the receiver,
+/// every message either received or dropped; a latency row over either has positive
+/// figures.
+#[test]
+fn perf_connection_types_and_srq() {
+    for (args, conn, srq) in [
+        (&["send_lat", "-n", "200", "-c", "UC"][..], "UC", "OFF"),
+        (&["write_lat", "-n", "200", "-c", "UC"][..], "UC", "OFF"),
+        (&["send_lat", "-n", "200", "--use_srq"][..], "RC", "ON"),
+        (
+            &["send_bw", "-n", "2000", "-s", "64", "--use_srq"][..],
+            "RC",
+            "ON",
+        ),
+        (
+            &["send_bw", "-n", "2000", "-s", "64", "-c", "UC"][..],
+            "UC",
+            "OFF",
+        ),
+    ] {
+        for perftest in [false, true] {
+            let mut a = args.to_vec();
+            if perftest {
+                a.push("--perftest");
+            }
+            let o = ok(PERF, &a);
+            has(
+                &o,
+                &format!(" Connection type : {conn}\t\tUsing SRQ      : {srq}"),
+            );
+            a.push("--json");
+            let o = ok(PERF, &a);
+            let r: serde_json::Value =
+                serde_json::from_str(o.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {o:?}"));
+            let k = if args[0].ends_with("_lat") {
+                "t_typical_us"
+            } else {
+                "msg_rate_Mpps"
+            };
+            assert!(r[k].as_f64().is_some_and(|v| v > 0.0), "{k} in {r}");
+            if conn == "UC" && args[0] == "send_bw" {
+                let (got, lost) = (r["received"].as_u64().unwrap(), r["dropped"].as_u64().unwrap());
+                assert!(got > 0 && got + lost == 2000, "{r}");
+            } else {
+                assert!(
+                    r.get("received").is_none(),
+                    "only unreliable SEND bandwidth rows: {r}"
+                );
+            }
+        }
+    }
+    let o = run(PERF, &["read_bw", "-c", "UC"]);
+    assert!(
+        !o.ok && o.stderr.contains("UC has no RDMA READ and no atomics"),
+        "{o:?}"
+    );
+    let o = run(PERF, &["write_bw", "-c", "UD"]);
+    assert!(!o.ok && o.stderr.contains("UD has SEND only"), "{o:?}");
+    let o = run(PERF, &["write_bw", "--use_srq"]);
+    assert!(
+        !o.ok && o.stderr.contains("--use_srq is for the SEND tests"),
+        "{o:?}"
+    );
+}
+
 /// A server started with --perftest refuses a client that runs without it (both ends
 /// must measure alike), and says so to the client.
 #[test]
@@ -388,6 +500,18 @@ fn perf_compare_cost_row() {
     );
 }
 
+/// perf-compare's UD row on a device without UD: it says so instead of a figure, and is
+/// not counted as a target missed. (When the sim has UD this row measures: then assert
+/// its rate and its drops instead.)
+#[test]
+fn perf_compare_ud_row_says_not_measured_without_ud() {
+    let o = ok(COMPARE, &["--rounds", "1", "--only", "ud"]);
+    let (line, cols) = table_row(&o, "| UD send_bw 64 B");
+    assert_eq!(cols[2], "not measured: the device has no UD", "{line}");
+    assert_eq!(cols[7], "not measured", "{line}");
+    assert!(!o.stdout.contains("some targets are not met"), "{o:?}");
+}
+
 /// Without the reference programs, asking for their rows is a clear error.
 #[test]
 fn perf_compare_names_the_missing_reference_programs() {
@@ -412,6 +536,12 @@ fn devinfo_lists_sim_devices() {
     has(&o, "atomic_cap:\t\t\tATOMIC_HCA (1)");
     has(&o, "GID[  0]:");
     has(&o, "verbs-api capabilities:");
+    // The sim's SRQs and UC QPs, with the SRQ limits (UD is shown either way).
+    has(&o, "\t\tSRQ:\t\t\tyes");
+    has(&o, "\t\t  max_srq_wr:\t\t16384");
+    has(&o, "\t\tUC QPs:\t\t\tyes");
+    has(&o, "\t\tUD QPs:\t\t\t");
+    has(&o, "\tmax_srq_sge:\t\t\t32");
 }
 
 #[cfg(not(feature = "ibverbs"))]

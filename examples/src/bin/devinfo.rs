@@ -1,6 +1,7 @@
 //! devinfo: the devices of a verbs backend with their device and port attributes,
 //! formatted like `ibv_devinfo -v`, followed by the verbs-api `Capabilities` summary that
-//! programs use to decide what to expect from a device.
+//! programs use to decide what to expect from a device (atomics, SRQs and their limits,
+//! UC and UD QPs and the largest datagram, ...).
 //!
 //! ```text
 //! devinfo                        # every sim device
@@ -122,6 +123,7 @@ fn print_device<C: Context>(ctx: &C, transport: &str, only_port: Option<u8>) -> 
     println!("\tatomic_cap:\t\t\t{}", atomic_cap(a.atomic_cap));
     println!("\tmax_srq:\t\t\t{}", a.max_srq);
     println!("\tmax_srq_wr:\t\t\t{}", a.max_srq_wr);
+    println!("\tmax_srq_sge:\t\t\t{}", a.max_srq_sge);
     println!("\tmax_pkeys:\t\t\t{}", a.max_pkeys);
     for port in 1..=a.phys_port_cnt {
         if only_port.is_some_and(|p| p != port) {
@@ -161,7 +163,22 @@ fn print_device<C: Context>(ctx: &C, transport: &str, only_port: Option<u8>) -> 
     println!("\t\tatomics:\t\t{}", atomic_cap(c.atomic_cap));
     println!("\t\timmediate data:\t\t{}", yes(c.imm_data));
     println!("\t\tSRQ:\t\t\t{}", yes(c.srq));
+    if c.srq {
+        println!("\t\t  max_srq:\t\t{}", c.max_srq);
+        println!("\t\t  max_srq_wr:\t\t{}", c.max_srq_wr);
+        println!("\t\t  max_srq_sge:\t\t{}", c.max_srq_sge);
+        println!("\t\t  resize (MAX_WR):\t{}", yes(c.srq_resize));
+    }
+    println!("\t\tUC QPs:\t\t\t{}", yes(c.uc));
     println!("\t\tUD QPs:\t\t\t{}", yes(c.ud));
+    if c.ud {
+        // A datagram is at most one packet: the port's active MTU.
+        let p = ctx.query_port(1).context("ibv_query_port(1)")?;
+        println!(
+            "\t\t  largest datagram:\t{} B (port 1's active MTU; a receive needs 40 more for the GRH)",
+            p.active_mtu.bytes()
+        );
+    }
     println!("\t\tmax_inline_data:\t{}", c.max_inline_data);
     println!("\t\tmax_send_sge:\t\t{}", c.max_send_sge);
     println!("\t\tmax_recv_sge:\t\t{}", c.max_recv_sge);

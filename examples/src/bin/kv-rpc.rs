@@ -14,6 +14,14 @@
 //! its queue was empty); with `--rnr-retry 0` the first RNR NAK completes the request with
 //! `IBV_WC_RNR_RETRY_EXC_ERR`, the QP goes to ERR and the rest is flushed.
 //!
+//! `--srq` gives the server one shared receive queue for all its client QPs instead of a
+//! receive queue per QP. A receive's `wr_id` names its slot in the shared pool, so the
+//! request is found whatever QP it arrived on, and the completion's `qp_num` names the
+//! QP, so the answer goes back on it. Consumed receives are not re-posted after each
+//! poll but in one batch when the SRQ's limit event (`IBV_EVENT_SRQ_LIMIT_REACHED`)
+//! fires, and the limit is armed again; the demo checks that it fired and that no SEND
+//! met an empty queue for good (`IBV_WC_RNR_RETRY_EXC_ERR`).
+//!
 //! This file holds the verbs calls, the protocol and the demo's invariant; the wire
 //! format, the store, the workload and its checks, the reports and the options are in
 //! `examples::kv`.
@@ -22,10 +30,12 @@
 //! kv-rpc demo                                  # server child + 2 client connections, checked
 //! kv-rpc demo --no-refill                      # RNR retries: same result, much slower
 //! kv-rpc demo --no-refill --rnr-retry 0        # RNR_RETRY_EXC_ERR, counted (exit 0 when seen)
+//! kv-rpc demo --srq                            # one SRQ for all clients, refilled on its limit event
 //! kv-rpc server --listen 0.0.0.0:18515 --clients 1
 //! kv-rpc client --server 10.0.0.1:18515
 //! ```
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -33,13 +43,16 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _};
 use clap::{Parser, Subcommand};
 use examples::backend::open_device;
-use examples::child::announce_listening;
+use examples::child::{announce_listening, ChildProc};
 use examples::cli::CommonArgs;
 use examples::conn::{self, QpOpts};
 use examples::demo::{start_server, ChildArgs};
 use examples::kv::opts::{ClientArgs, ClientTuning, DemoArgs, ServerArgs, ServerTuning};
-use examples::kv::report::{print_clients, print_server_start, ClientReport, ServerReport};
+use examples::kv::report::{
+    print_clients, print_server_start, print_srq, ClientReport, ServerReport, SRQ_EVENTS,
+};
 use examples::kv::slots::ConnSlots;
+use examples::kv::srq::SrqPool;
 use examples::kv::store::Store;
 use examples::kv::window::Window;
 use examples::kv::workload::Workload;
@@ -49,8 +62,9 @@ use examples::wait::{self, status_name, Waiter};
 use examples::{lists, side_channel, threads, with_backend, Res};
 use verbs_api::cm::{Offer, Peer};
 use verbs_api::{
-    modify_to_init, AccessFlags, Backend, CompletionQueue, Context, MemoryRegion, ProtectionDomain,
-    QueuePair, RecvWr, WcOpcode, WcStatus, WorkCompletion,
+    modify_to_init, AccessFlags, AsyncElement, AsyncEventType, Backend, CompletionQueue, Context,
+    MemoryRegion, ProtectionDomain, QpType, QueuePair, RecvWr, SharedReceiveQueue, SrqAttr, SrqAttrMask,
+    WcOpcode, WcStatus, WorkCompletion,
 };
 
 /// A key-value store over SEND/RECV with pre-posted, batch-refilled receives.
@@ -58,7 +72,7 @@ use verbs_api::{
 #[command(
     name = "kv-rpc",
     version,
-    after_help = "Examples:\n  kv-rpc demo\n  kv-rpc demo --no-refill\n  kv-rpc demo --no-refill --rnr-retry 0\n  kv-rpc server --listen 0.0.0.0:18515 --clients 2\n  kv-rpc client --server HOST:18515 --clients 2"
+    after_help = "Examples:\n  kv-rpc demo\n  kv-rpc demo --srq\n  kv-rpc demo --no-refill\n  kv-rpc demo --no-refill --rnr-retry 0\n  kv-rpc server --listen 0.0.0.0:18515 --clients 2\n  kv-rpc client --server HOST:18515 --clients 2"
 )]
 struct Cli {
     #[command(flatten)]
@@ -104,33 +118,47 @@ fn run(cli: &Cli) -> Res<()> {
 // ---------------------------------------------------------------------------------------
 // server
 
-/// wr_id layout: bit 63 set for receives, bits 32..63 the connection, low 32 bits the slot.
+/// wr_id layout: bit 63 set for receives, bit 62 for receives of the shared queue,
+/// bits 32..62 the connection (0 for the shared queue's: which QP takes a receive is
+/// known only from its completion), low 32 bits the slot.
 const RECV_BIT: u64 = 1 << 63;
+const SRQ_BIT: u64 = 1 << 62;
 
 fn wr_id(recv: bool, conn: usize, slot: u32) -> u64 {
     (if recv { RECV_BIT } else { 0 }) | ((conn as u64) << 32) | slot as u64
 }
 
-fn split_wr_id(id: u64) -> (bool, usize, u32) {
-    (id & RECV_BIT != 0, ((id & !RECV_BIT) >> 32) as usize, id as u32)
+fn srq_wr_id(slot: u32) -> u64 {
+    RECV_BIT | SRQ_BIT | slot as u64
 }
 
-/// The server's registered buffers: `depth` receive slots of [`MAX_REQ`] and
-/// `resp_slots` response slots of [`MAX_RESP`] bytes per connection.
+fn split_wr_id(id: u64) -> (bool, usize, u32) {
+    (
+        id & RECV_BIT != 0,
+        ((id & !(RECV_BIT | SRQ_BIT)) >> 32) as usize,
+        id as u32,
+    )
+}
+
+/// The server's registered buffers: `depth` receive slots of [`MAX_REQ`] per connection
+/// (with an SRQ: the SRQ's slots, shared), and `resp_slots` response slots of
+/// [`MAX_RESP`] bytes per connection.
 struct Buffers<B: Backend> {
     recv: B::Mr,
     resp: B::Mr,
     depth: u32,
     resp_slots: u32,
+    shared: bool,
 }
 
 impl<B: Backend> Buffers<B> {
-    fn register(pd: &B::Pd, nconn: usize, depth: u32) -> Res<Self> {
+    fn register(pd: &B::Pd, nconn: usize, depth: u32, srq_depth: Option<u32>) -> Res<Self> {
         // Responses in flight per connection: one per request being answered; twice the
         // receive depth is more than a client can have outstanding.
         let resp_slots = depth * 2;
+        let recv_slots = srq_depth.map_or(nconn * depth as usize, |d| d as usize);
         let recv = pd
-            .reg_mr(nconn * depth as usize * MAX_REQ, AccessFlags::LOCAL_WRITE)
+            .reg_mr(recv_slots * MAX_REQ, AccessFlags::LOCAL_WRITE)
             .context("registering the receive buffers")?;
         let resp = pd
             .reg_mr(nconn * resp_slots as usize * MAX_RESP, AccessFlags::LOCAL_WRITE)
@@ -140,11 +168,18 @@ impl<B: Backend> Buffers<B> {
             resp,
             depth,
             resp_slots,
+            shared: srq_depth.is_some(),
         })
     }
 
+    /// Where receive slot `s` of connection `c` is; with an SRQ, slot `s` of the pool,
+    /// whatever connection its request came from.
     fn recv_off(&self, c: usize, s: u32) -> usize {
-        (c * self.depth as usize + s as usize) * MAX_REQ
+        if self.shared {
+            s as usize * MAX_REQ
+        } else {
+            (c * self.depth as usize + s as usize) * MAX_REQ
+        }
     }
 
     fn resp_off(&self, c: usize, s: u32) -> usize {
@@ -158,6 +193,82 @@ impl<B: Backend> Buffers<B> {
             .map(|&s| (wr_id(true, c, s), self.recv_off(c, s), MAX_REQ))
             .collect();
         lists::post_recvs(qp, &self.recv, &items).context("posting receives")
+    }
+
+    /// Posts the pool's slots `slots` to the SRQ with one `post_srq_recv`.
+    fn post_srq(&self, srq: &B::Srq, slots: &[u32]) -> Res<()> {
+        let items: Vec<_> = slots
+            .iter()
+            .map(|&s| (srq_wr_id(s), self.recv_off(0, s), MAX_REQ))
+            .collect();
+        lists::post_srq_recvs(srq, &self.recv, &items).context("posting receives to the SRQ")
+    }
+}
+
+/// The shared receive queue of `--srq` and its bookkeeping.
+struct Shared<B: Backend> {
+    srq: B::Srq,
+    pool: SrqPool,
+}
+
+impl<B: Backend> Shared<B> {
+    /// Creates the SRQ, fills it (the limit is armed once clients are connected).
+    fn create(pd: &B::Pd, bufs: &Buffers<B>, depth: u32, limit: u32) -> Res<Self> {
+        let srq = pd
+            .create_srq(&SrqAttr::new(depth, 1))
+            .with_context(|| format!("creating a shared receive queue of {depth} receives"))?;
+        bufs.post_srq(&srq, &(0..depth).collect::<Vec<_>>())?;
+        Ok(Shared {
+            srq,
+            pool: SrqPool::new(depth, limit),
+        })
+    }
+
+    /// Arms the limit, unless the SRQ is empty (see [`SrqPool::can_arm`]).
+    fn arm(&mut self) -> Res<()> {
+        if !self.pool.can_arm() {
+            return Ok(());
+        }
+        let attr = SrqAttr::default().with_limit(self.pool.limit());
+        self.srq
+            .modify(&attr, SrqAttrMask::LIMIT)
+            .context("arming the SRQ limit")?;
+        self.pool.armed();
+        Ok(())
+    }
+
+    /// Posts every freed slot in one batch (`on_event`: because the limit event fired)
+    /// and arms the limit again.
+    fn refill(&mut self, bufs: &Buffers<B>, now: Instant, on_event: bool) -> Res<()> {
+        let batch = self.pool.take_batch();
+        if !batch.is_empty() {
+            bufs.post_srq(&self.srq, &batch)?;
+        }
+        self.pool.reposted(batch.len() as u32, now, on_event);
+        self.arm()
+    }
+
+    /// Takes the device's asynchronous events: on the SRQ's limit event, a refill. Other
+    /// events (a QP's fatal error, say) are logged. Each is acknowledged.
+    fn events(&mut self, ctx: &B::Context, bufs: &Buffers<B>, now: Instant) -> Res<()> {
+        while let Some(ev) = ctx.get_async_event(Some(Duration::ZERO))? {
+            let ours = ev.event_type == AsyncEventType::SrqLimitReached
+                && ev.element == AsyncElement::Srq(self.srq.handle());
+            if ours {
+                self.pool.event();
+                let r = self.refill(bufs, now, true);
+                ctx.ack_async_event(ev);
+                r?;
+            } else {
+                tracing::warn!("server: asynchronous event: {ev}");
+                ctx.ack_async_event(ev);
+            }
+        }
+        // An SRQ left empty and unarmed sends no event: what is free is posted now.
+        if self.pool.must_post_now() {
+            self.refill(bufs, now, false)?;
+        }
+        Ok(())
     }
 }
 
@@ -217,21 +328,32 @@ fn server<B: Backend>(b: &B, common: &CommonArgs, a: &ServerArgs) -> Res<()> {
     let t = &a.tuning;
     let depth = t.recv_depth.max(1);
     let nconn = a.clients.max(1) as usize;
+    let srq_size = t.srq_size(nconn as u32);
     let ctx = open_device(b, common.device.as_deref())?;
     let pd = ctx.alloc_pd()?;
-    let bufs = Buffers::<B>::register(&pd, nconn, depth)?;
-    let cqe = nconn as u32 * (depth + bufs.resp_slots);
+    let bufs = Buffers::<B>::register(&pd, nconn, depth, srq_size.map(|s| s.0))?;
+    let cqe = nconn as u32 * bufs.resp_slots + srq_size.map_or(nconn as u32 * depth, |s| s.0);
     let cq = ctx.create_cq(cqe, None).context("creating the CQ")?;
+    let mut shared = match srq_size {
+        Some((d, limit)) => Some(Shared::<B>::create(&pd, &bufs, d, limit)?),
+        None => None,
+    };
     let acceptor = conn::Acceptor::start(conn::listen(&a.listen)?, common.wait())?;
     announce_listening(acceptor.local_addr());
     print_server_start(ctx.name(), nconn, depth, t);
     let params = common.rc_params();
     let mut conns: Vec<ServerConn<B>> = Vec::with_capacity(nconn);
     for c in 0..nconn {
-        let (qp, _cap) = conn::create_qp_on::<B>(&ctx, &pd, &cq, &QpOpts::new(bufs.resp_slots, depth))?;
+        let opts = QpOpts::new(bufs.resp_slots, depth);
+        let srq = shared.as_ref().map(|s| &s.srq);
+        let (qp, _cap) = conn::create_qp_of::<B>(&ctx, &pd, (&cq, &cq), &opts, QpType::Rc, srq)?;
         // Receives first, then accept: the client may send as soon as it is connected.
+        // (The SRQ's are posted already.)
         let prepare = |qp: &B::Qp| -> Res<()> {
             modify_to_init(qp, &params)?;
+            if srq.is_some() {
+                return Ok(());
+            }
             bufs.post_recvs(qp, c, &(0..depth).collect::<Vec<_>>())
         };
         let peer = acceptor.accept(&ctx, &qp, prepare, &params, Offer::new(), accept_timeout(common))?;
@@ -247,9 +369,27 @@ fn server<B: Backend>(b: &B, common: &CommonArgs, a: &ServerArgs) -> Res<()> {
             done: false,
         });
     }
+    if let Some(sh) = shared.as_mut() {
+        sh.arm()?;
+    }
     let mut store = Store::default();
-    let rep = serve(&cq, &bufs, &mut conns, &mut store, t, common)?;
-    rep.print(&store, conns.iter_mut().map(|c| &mut c.slots.dry));
+    let rep = serve(
+        &ctx,
+        &cq,
+        &bufs,
+        &mut conns,
+        shared.as_mut(),
+        &mut store,
+        t,
+        common,
+    )?;
+    match shared.as_mut() {
+        Some(sh) => {
+            rep.print(&store, []);
+            print_srq(&mut sh.pool);
+        }
+        None => rep.print(&store, conns.iter_mut().map(|c| &mut c.slots.dry)),
+    }
     Ok(())
 }
 
@@ -257,15 +397,25 @@ fn accept_timeout(common: &CommonArgs) -> Duration {
     common.wait().max(Duration::from_secs(30))
 }
 
-/// Serves until every client has said it is done: poll, execute and answer, refill.
+/// Serves until every client has said it is done: poll, execute and answer, refill
+/// (with an SRQ: take its events first, and refill on its limit event).
+#[allow(clippy::too_many_arguments)]
 fn serve<B: Backend>(
+    ctx: &B::Context,
     cq: &B::Cq,
     bufs: &Buffers<B>,
     conns: &mut [ServerConn<B>],
+    mut shared: Option<&mut Shared<B>>,
     store: &mut Store,
     t: &ServerTuning,
     common: &CommonArgs,
 ) -> Res<ServerReport> {
+    // Completions name the QP; with an SRQ that is how a request finds its connection.
+    let by_qpn: HashMap<u32, usize> = conns
+        .iter()
+        .enumerate()
+        .map(|(c, sc)| (sc.qp.qp_num(), c))
+        .collect();
     let mut rep = ServerReport::default();
     let mut wcs = [WorkCompletion::default(); 32];
     let mut req = vec![0u8; MAX_REQ];
@@ -276,6 +426,9 @@ fn serve<B: Backend>(
     let mut last_peer_check = Instant::now();
     loop {
         let n = cq.poll(&mut wcs)?;
+        if let Some(sh) = shared.as_deref_mut() {
+            sh.events(ctx, bufs, Instant::now())?;
+        }
         if n == 0 {
             let now = Instant::now();
             if t.no_refill && t.tick_ms > 0 && now >= next_tick {
@@ -299,12 +452,21 @@ fn serve<B: Backend>(
         waiter.progress();
         let now = Instant::now();
         for wc in &wcs[..n] {
-            let (is_recv, c, slot) = split_wr_id(wc.wr_id);
+            let (is_recv, mut c, slot) = split_wr_id(wc.wr_id);
+            let from_srq = wc.wr_id & SRQ_BIT != 0;
+            if from_srq {
+                let Some(&by_qp) = by_qpn.get(&wc.qp_num) else {
+                    bail!("a receive of the SRQ completed on an unknown QP {:#x}", wc.qp_num)
+                };
+                c = by_qp;
+            }
             let Some(sc) = conns.get_mut(c) else {
                 bail!("completion with an unknown wr_id {:#x}", wc.wr_id)
             };
-            if is_recv {
-                sc.slots.receive_completed(now);
+            match (is_recv, shared.as_deref_mut()) {
+                (true, Some(sh)) if from_srq => sh.pool.taken(now),
+                (true, _) => sc.slots.receive_completed(now),
+                (false, _) => {}
             }
             if !wc.is_ok() {
                 rep.error(status_name(wc.status));
@@ -319,7 +481,10 @@ fn serve<B: Backend>(
         // Execute what arrived and answer, one post_send per connection.
         for (c, sc) in conns.iter_mut().enumerate() {
             sc.answer(c, bufs, store, (&mut req, &mut resp), &mut rep)?;
-            if !t.no_refill {
+            if let Some(sh) = shared.as_deref_mut() {
+                // Answered: the slots wait for the next refill.
+                sh.pool.freed(sc.slots.take_consumed());
+            } else if !t.no_refill {
                 rep.add_refill(sc.refill(c, bufs, now)?);
             }
         }
@@ -572,16 +737,24 @@ fn completion_name(wc: &WorkCompletion) -> &'static str {
 
 fn demo(common: &CommonArgs, a: &DemoArgs) -> Res<()> {
     let expect_rnr_error = a.server.no_refill && a.client.rnr_retry == 0;
-    let sargs = ChildArgs::server(common)
+    let mut sargs = ChildArgs::server(common)
         .opt("--clients", a.client.clients.max(1))
         .opt("--recv-depth", a.server.recv_depth)
         .opt("--tick-ms", a.server.tick_ms)
-        .flag("--no-refill", a.server.no_refill);
+        .flag("--no-refill", a.server.no_refill)
+        .flag("--srq", a.server.srq);
+    if let Some(d) = a.server.srq_depth {
+        sargs = sargs.opt("--srq-depth", d);
+    }
+    if let Some(l) = a.server.srq_limit {
+        sargs = sargs.opt("--srq-limit", l);
+    }
     println!(
         "demo: starting the kv-rpc server, then {} client connection(s) x {} keys{}",
         a.client.clients,
         a.client.keys,
         match (a.server.no_refill, a.client.rnr_retry) {
+            (false, _) if a.server.srq => " (one shared receive queue, refilled on its limit event)".into(),
             (false, _) => String::new(),
             (true, 0) => " (no refill, rnr_retry 0: expecting IBV_WC_RNR_RETRY_EXC_ERR)".into(),
             (true, r) => format!(" (no refill, rnr_retry {r}: expecting RNR retries to slow things down)"),
@@ -609,6 +782,8 @@ fn demo(common: &CommonArgs, a: &DemoArgs) -> Res<()> {
             a.server.recv_depth
         );
         Ok(())
+    } else if ok && a.server.srq {
+        srq_outcome(&reports, &server)
     } else if ok {
         let checks: u64 = reports.iter().flat_map(|r| r.checked.iter()).sum();
         println!(
@@ -618,4 +793,33 @@ fn demo(common: &CommonArgs, a: &DemoArgs) -> Res<()> {
     } else {
         bail!("invariant violated: wrong answers or failed requests (see above)")
     }
+}
+
+/// `demo --srq`: every answer was right (checked by the caller); the SRQ's limit event
+/// fired at least once (the server says how often) and no SEND failed for want of a
+/// receive (`IBV_WC_RNR_RETRY_EXC_ERR`).
+fn srq_outcome(reports: &[ClientReport], server: &ChildProc) -> Res<()> {
+    if let Some(r) = reports.iter().find(|r| r.saw(WcStatus::RnrRetryExcErr)) {
+        bail!(
+            "client {} got IBV_WC_RNR_RETRY_EXC_ERR: the shared receive queue ran dry",
+            r.id
+        )
+    }
+    let line = server
+        .last_line(SRQ_EVENTS)
+        .context("the server did not say how often the SRQ limit event fired")?;
+    let fired: u64 = line[SRQ_EVENTS.len()..]
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .with_context(|| format!("unreadable line from the server: {line:?}"))?;
+    if fired == 0 {
+        bail!("the SRQ limit event never fired, so the shared queue was never refilled on it")
+    }
+    let checks: u64 = reports.iter().flat_map(|r| r.checked.iter()).sum();
+    println!(
+        "demo: OK: all {checks} answers checked over one shared receive queue; its limit event fired {fired} \
+         times and each time a batch of receives was posted; no IBV_WC_RNR_RETRY_EXC_ERR"
+    );
+    Ok(())
 }

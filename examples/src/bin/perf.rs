@@ -27,6 +27,15 @@
 //! Without `-n`, iterations are perftest's defaults (1000 for latency, 5000 for
 //! bandwidth) reduced for large messages so that one size moves at most 512 MiB.
 //!
+//! `-c UC|UD` runs over another transport (perftest's connection types: UC for the
+//! SEND and WRITE tests, UD for the SEND tests, datagrams of at most the port's MTU, the
+//! 40-byte GRH in front of each receive), and `--use_srq` takes the SEND tests' receives
+//! from a shared receive queue; both ends need the same. UC and UD retransmit nothing,
+//! so a SEND bandwidth row over them is counted at the receiver: it takes what arrives
+//! until the sender says it is done, and the row's rates are the receiver's (from its
+//! first message to its last), with the messages sent and never received reported
+//! apart.
+//!
 //! `--perftest` (on both ends) swaps these loops for perftest's own
 //! (`examples::perftest::loops`), stamped with the cycle counter and reduced with
 //! perftest's arithmetic, for side-by-side runs with `ib_*` on one device.
@@ -36,6 +45,7 @@
 //! output are in `examples::perftest`.
 
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
@@ -43,20 +53,22 @@ use examples::backend::open_device;
 use examples::child::{announce_listening, ChildProc, Echo};
 use examples::conn::{self, QpOpts};
 use examples::demo::ChildArgs;
-use examples::perftest::opts::{AtomicType, PerfCli, Test};
+use examples::perftest::opts::{AtomicType, Connection, PerfCli, Test};
 use examples::perftest::params::{perftest_inline, perftest_rc_params, Cfg, Ready};
 use examples::perftest::report::{
-    bw_row, bw_row_perftest, lat_row, lat_row_perftest, print_header, print_row, Row, LINE,
+    bw_row, bw_row_perftest, bw_row_received, lat_row, lat_row_perftest, print_header, print_row, Received,
+    Row, LINE,
 };
-use examples::perftest::side::{post_recvs_on, Side};
+use examples::perftest::side::{post_recvs_on, to_peer, Side, UdPeer};
 use examples::perftest::{clock, cycle_stats, loops};
 use examples::stats::Latencies;
+use examples::transport::Typed;
 use examples::wait::{check_wc, Waiter};
 use examples::{side_channel, with_backend, Res};
 use verbs_api::cm::Offer;
 use verbs_api::{
-    modify_to_init, AccessFlags, Backend, CompletionQueue, Context, MemoryRegion, ProtectionDomain,
-    QueuePair, RcParams, RemoteMr, SendFlags, SendWr, WorkCompletion,
+    ah_attr_for, modify_to_init, AccessFlags, Backend, CompletionQueue, Context, MemoryRegion,
+    ProtectionDomain, QueuePair, RcParams, RemoteMr, SendFlags, SendWr, SrqAttr, WorkCompletion,
 };
 
 fn main() -> ExitCode {
@@ -87,6 +99,8 @@ fn loopback(cli: &PerfCli, cfg: &Cfg) -> Res<()> {
     let args = ChildArgs::new(&cli.common, cli.test.name())
         .flag("--server", true)
         .flag("--perftest", cli.perftest)
+        .opt("-c", cli.connection.name())
+        .flag("--use_srq", cli.use_srq)
         .opt("-u", cli.qp_timeout)
         .opt("--bind", "127.0.0.1")
         .opt("-p", 0)
@@ -117,7 +131,10 @@ fn server<B: Backend>(b: &B, cli: &PerfCli) -> Res<()> {
     let ctx = open_device(b, common.device.as_deref())?;
     let pd = ctx.alloc_pd()?;
     let rx = cli.rx_depth.max(2);
-    let (rc, recv_cq) = create_qp::<B>(&ctx, &pd, &QpOpts::new(16, rx).inline(236), cli)?;
+    if let Some(why) = cli.connection.refuses(cli.test) {
+        bail!("{why}");
+    }
+    let made = create_qp::<B>(&ctx, &pd, &QpOpts::new(16, rx).inline(236), cli)?;
     let acceptor = conn::Acceptor::start(
         conn::listen(&format!("{}:{}", cli.bind, cli.port))?,
         common.wait(),
@@ -132,7 +149,7 @@ fn server<B: Backend>(b: &B, cli: &PerfCli) -> Res<()> {
     let params = rc_params::<B>(&ctx, cli)?;
     let mut peer = acceptor.accept(
         &ctx,
-        &rc.qp,
+        &Typed::new(&made.rc.qp),
         |_| Ok(()),
         &params,
         Offer::new(),
@@ -154,6 +171,16 @@ fn server<B: Backend>(b: &B, cli: &PerfCli) -> Res<()> {
             cli.test.name()
         ));
     }
+    if (cfg.connection, cfg.use_srq) != (cli.connection, cli.use_srq) {
+        let srq = |on| if on { " --use_srq" } else { "" };
+        return refuse(format!(
+            "the client runs -c {}{} but this server -c {}{}: start both alike",
+            cfg.connection.name(),
+            srq(cfg.use_srq),
+            cli.connection.name(),
+            srq(cli.use_srq)
+        ));
+    }
     if cfg.perftest != cli.perftest {
         return refuse(
             if cfg.perftest {
@@ -171,6 +198,8 @@ fn server<B: Backend>(b: &B, cli: &PerfCli) -> Res<()> {
     let mr = pd
         .reg_mr(2 * max, AccessFlags::ALL)
         .with_context(|| format!("registering {} bytes", 2 * max))?;
+    let ud = ud_peer::<B>(&pd, cli, &params, &peer.endpoint)?;
+    let Made { rc, recv_cq, srq } = made;
     let inline = cfg.inline.min(rc.cap.max_inline_data);
     let mut side = Side::<B> {
         rc,
@@ -185,6 +214,8 @@ fn server<B: Backend>(b: &B, cli: &PerfCli) -> Res<()> {
         inline,
         mhz: 0.0,
         spin_limit: 0,
+        srq,
+        ud,
     };
     if cfg.perftest {
         side.mhz = clock::cpu_mhz();
@@ -207,6 +238,12 @@ fn server<B: Backend>(b: &B, cli: &PerfCli) -> Res<()> {
         }
         side.mr.fill(0);
         side.send_json(&"go")?;
+        if cfg.counts_at_receiver() {
+            // Nothing to wait for but the sender's word: what was dropped never comes.
+            let got = receive_counting(&mut side, recv_cq.as_ref())?;
+            side.send_json(&got)?;
+            continue;
+        }
         if cfg.perftest {
             serve_row_perftest(&mut side, recv_cq.as_ref(), size as usize, iters)?;
         } else {
@@ -233,20 +270,118 @@ fn rc_params<B: Backend>(ctx: &B::Context, cli: &PerfCli) -> Res<RcParams> {
     })
 }
 
-/// A QP with a CQ for both queues, or under `--perftest` for a SEND test (as perftest
-/// does) a send CQ and a receive CQ.
-fn create_qp<B: Backend>(
-    ctx: &B::Context,
-    pd: &B::Pd,
-    opts: &QpOpts,
-    cli: &PerfCli,
-) -> Res<(conn::RcQp<B>, Option<B::Cq>)> {
-    if cli.perftest && cli.test.is_send() {
-        let (rc, recv_cq) = conn::create_rc_split::<B>(ctx, pd, opts)?;
-        Ok((rc, Some(recv_cq)))
+/// A side's QP (of `-c`'s type), its CQ, its receive CQ where it has one, its SRQ.
+struct Made<B: Backend> {
+    rc: conn::RcQp<B>,
+    recv_cq: Option<B::Cq>,
+    srq: Option<B::Srq>,
+}
+
+/// A QP of `-c`'s type with a CQ for both queues, or under `--perftest` for a SEND test
+/// (as perftest does) a send CQ and a receive CQ; with `--use_srq`, on an SRQ of
+/// `opts.recv_wr` receives.
+fn create_qp<B: Backend>(ctx: &B::Context, pd: &B::Pd, opts: &QpOpts, cli: &PerfCli) -> Res<Made<B>> {
+    let srq = if cli.use_srq {
+        let attr = SrqAttr::new(opts.recv_wr, 1);
+        Some(
+            pd.create_srq(&attr)
+                .context("creating the shared receive queue")?,
+        )
     } else {
-        Ok((conn::create_rc::<B>(ctx, pd, opts)?, None))
+        None
+    };
+    let qp_type = cli.connection.qp_type();
+    let split = cli.perftest && cli.test.is_send();
+    let cqe = if split { opts.send_wr } else { opts.cqe() };
+    let cq = ctx
+        .create_cq(cqe, None)
+        .with_context(|| format!("creating a CQ of {cqe} entries"))?;
+    let recv_cq = if split {
+        Some(
+            ctx.create_cq(opts.recv_wr, None)
+                .with_context(|| format!("creating a receive CQ of {} entries", opts.recv_wr))?,
+        )
+    } else {
+        None
+    };
+    let cqs = (&cq, recv_cq.as_ref().unwrap_or(&cq));
+    let (qp, cap) = conn::create_qp_of::<B>(ctx, pd, cqs, opts, qp_type, srq.as_ref())?;
+    Ok(Made {
+        rc: conn::RcQp { cq, qp, cap },
+        recv_cq,
+        srq,
+    })
+}
+
+/// On UD, the peer's address: an address handle from its endpoint, and its QP.
+fn ud_peer<B: Backend>(
+    pd: &B::Pd,
+    cli: &PerfCli,
+    params: &RcParams,
+    peer: &verbs_api::Endpoint,
+) -> Res<Option<UdPeer<B>>> {
+    if cli.connection != Connection::Ud {
+        return Ok(None);
     }
+    let ah = pd
+        .create_ah(&ah_attr_for(peer, params))
+        .context("creating an address handle for the peer")?;
+    Ok(Some(UdPeer {
+        ah: Arc::new(ah),
+        qpn: peer.qpn,
+    }))
+}
+
+/// How long the receiver of a row over UC or UD goes on taking messages after the
+/// sender said it is done (those still on their way).
+const STRAGGLERS: Duration = Duration::from_millis(100);
+
+/// The receiver of a SEND bandwidth row over UC or UD: takes what arrives (from
+/// `recv_cq`, or the QP's one CQ), re-posting a receive for each, until the sender says
+/// it is done and nothing has come for [`STRAGGLERS`]; counts them, and times the first
+/// to the last (one clock reading per batch polled). The side channel is looked at only
+/// when a poll found nothing, at most once a millisecond.
+fn receive_counting<B: Backend>(side: &mut Side<B>, recv_cq: Option<&B::Cq>) -> Res<Received> {
+    let mut wcs = [WorkCompletion::default(); 64];
+    let (mut got, mut first, mut last) = (0u64, None::<Instant>, Instant::now());
+    let (mut done_at, mut looked) = (None::<Instant>, Instant::now());
+    let mut w = Waiter::new(side.timeout);
+    loop {
+        let cq = recv_cq.unwrap_or(&side.rc.cq);
+        let k = cq.poll(&mut wcs)?;
+        if k > 0 {
+            last = Instant::now();
+            first.get_or_insert(last);
+            for wc in &wcs[..k] {
+                check_wc(wc, &|| "a receive".to_string())?;
+            }
+            got += k as u64;
+            side.posted -= k as u32;
+            side.post_recvs(k as u32)?;
+            w.progress();
+            continue;
+        }
+        let now = Instant::now();
+        match done_at {
+            Some(t) if now - t >= STRAGGLERS => break,
+            Some(_) => {}
+            None if now - looked >= Duration::from_millis(1) => {
+                looked = now;
+                if side_channel::readable(&side.stream)? {
+                    side.expect("done")?;
+                    done_at = Some(now);
+                    w.progress();
+                }
+            }
+            None => {}
+        }
+        w.idle(&|| format!("SENDs ({got} received so far)"))?;
+    }
+    let span = first.map_or(Duration::ZERO, |f| last - f);
+    Ok(Received {
+        received: got,
+        span_ns: span.as_nanos() as u64,
+    })
 }
 
 /// The receive CQ of a `--perftest` SEND test.
@@ -331,6 +466,9 @@ fn client<B: Backend>(b: &B, cli: &PerfCli, cfg: &Cfg, addr: &str) -> Res<()> {
     if cfg.perftest && cli.inline_size.is_none() {
         cfg.inline = perftest_inline(cfg.test, ctx.query_device()?.vendor_id);
     }
+    if cfg.connection == Connection::Ud {
+        cfg.limit_to_mtu(ctx.query_port(1)?.active_mtu.bytes() as u64);
+    }
     let cfg = &cfg;
     let pd = ctx.alloc_pd()?;
     let max = cfg.area_size();
@@ -340,7 +478,8 @@ fn client<B: Backend>(b: &B, cli: &PerfCli, cfg: &Cfg, addr: &str) -> Res<()> {
     let test = cfg.test;
     let send_wr = if test.is_lat() { 16 } else { cfg.tx_depth };
     let recv_wr = if test.is_send() { 16 } else { 1 };
-    let (rc, recv_cq) = create_qp::<B>(&ctx, &pd, &QpOpts::new(send_wr, recv_wr).inline(cfg.inline), cli)?;
+    let Made { rc, recv_cq, srq } =
+        create_qp::<B>(&ctx, &pd, &QpOpts::new(send_wr, recv_wr).inline(cfg.inline), cli)?;
     if rc.cap.max_send_wr < cfg.tx_depth {
         bail!(
             "the device grants {} send WRs, less than -t {}",
@@ -352,8 +491,8 @@ fn client<B: Backend>(b: &B, cli: &PerfCli, cfg: &Cfg, addr: &str) -> Res<()> {
     let mut posted = 0;
     if test == Test::SendLat {
         // Receives first: the server's first reply may come right after the connection.
-        modify_to_init(&rc.qp, &params)?;
-        post_recvs_on(&rc.qp, &mr, max, 16)?;
+        modify_to_init(&Typed::new(&rc.qp), &params)?;
+        post_recvs_on(&rc.qp, srq.as_ref(), &mr, max, 16)?;
         posted = 16;
     }
     let offer = Offer::new()
@@ -362,12 +501,13 @@ fn client<B: Backend>(b: &B, cli: &PerfCli, cfg: &Cfg, addr: &str) -> Res<()> {
     let peer = conn::connect(
         addr,
         &ctx,
-        &rc.qp,
+        &Typed::new(&rc.qp),
         &params,
         offer,
         common.wait().max(Duration::from_secs(10)),
     )?;
     let inline = cfg.inline.min(rc.cap.max_inline_data);
+    let ud = ud_peer::<B>(&pd, cli, &params, &peer.endpoint)?;
     let mut side = Side::<B> {
         rc,
         mr,
@@ -381,6 +521,8 @@ fn client<B: Backend>(b: &B, cli: &PerfCli, cfg: &Cfg, addr: &str) -> Res<()> {
         inline,
         mhz: 0.0,
         spin_limit: 0,
+        srq,
+        ud,
     };
     if cfg.perftest {
         side.mhz = clock::cpu_mhz();
@@ -397,17 +539,30 @@ fn client<B: Backend>(b: &B, cli: &PerfCli, cfg: &Cfg, addr: &str) -> Res<()> {
         side.mr.fill(0);
         side.send_json(&(size, iters))?;
         side.expect("go")?;
-        let row = if cfg.perftest {
-            run_row_perftest(&mut side, recv_cq.as_ref(), cli, &ctx, size, iters)?
-        } else if test.is_lat() {
-            let lat = run_lat(&mut side, size as usize, iters)?;
-            lat_row(cli, &ctx, size, iters, &lat)
+        let row = if cfg.counts_at_receiver() {
+            // The sender's loop, whichever; the figures are the receiver's.
+            if cfg.perftest {
+                loops::bw(&mut side, size as usize, iters)?;
+            } else {
+                run_bw(&mut side, size as usize, iters)?;
+            }
+            side.send_json(&"done")?;
+            let got: Received = side.recv_json()?;
+            bw_row_received(cli, &ctx, size, iters, got)
         } else {
-            let (elapsed, samples) = run_bw(&mut side, size as usize, iters)?;
-            bw_row(cli, &ctx, size, iters, elapsed, &samples)
+            let row = if cfg.perftest {
+                run_row_perftest(&mut side, recv_cq.as_ref(), cli, &ctx, size, iters)?
+            } else if test.is_lat() {
+                let lat = run_lat(&mut side, size as usize, iters)?;
+                lat_row(cli, &ctx, size, iters, &lat)
+            } else {
+                let (elapsed, samples) = run_bw(&mut side, size as usize, iters)?;
+                bw_row(cli, &ctx, size, iters, elapsed, &samples)
+            };
+            side.send_json(&"done")?;
+            side.expect("ok")?;
+            row
         };
-        side.send_json(&"done")?;
-        side.expect("ok")?;
         print_row(cli, &row)?;
     }
     if !cli.json {
@@ -514,8 +669,9 @@ fn run_bw<B: Backend>(side: &mut Side<B>, size: usize, iters: u64) -> Res<(Durat
     let sge = [side.mr.sge(side.max, size)?];
     let sge8 = [side.mr.sge(side.max, 8)?];
     let remote = side.remote.at(0);
+    let ud = side.ud.clone();
     let mut template = match (cfg.test, cfg.atomic) {
-        (Test::SendBw, _) => SendWr::send(0, &sge),
+        (Test::SendBw, _) => to_peer(SendWr::send(0, &sge), ud.as_ref()),
         (Test::WriteBw, _) => SendWr::write(0, &sge, remote),
         (Test::ReadBw, _) => SendWr::read(0, &sge, remote),
         (_, AtomicType::FetchAndAdd) => SendWr::fetch_and_add(0, &sge8, remote, 1),

@@ -16,6 +16,30 @@ pub struct ServerTuning {
     /// (0: never).
     #[arg(long, default_value_t = 20)]
     pub tick_ms: u64,
+    /// One shared receive queue for all client QPs, refilled in a batch each time its
+    /// limit event (IBV_EVENT_SRQ_LIMIT_REACHED) fires.
+    #[arg(long, conflicts_with = "no_refill")]
+    pub srq: bool,
+    /// With --srq: receives in the shared queue (default: --recv-depth x the clients).
+    #[arg(long)]
+    pub srq_depth: Option<u32>,
+    /// With --srq: the limit armed; the event fires when fewer receives than this are
+    /// left (default: half the queue).
+    #[arg(long)]
+    pub srq_limit: Option<u32>,
+}
+
+impl ServerTuning {
+    /// With `--srq`, the shared queue's (depth, limit) for `clients` connections.
+    pub fn srq_size(&self, clients: u32) -> Option<(u32, u32)> {
+        self.srq.then(|| {
+            let depth = self
+                .srq_depth
+                .unwrap_or(self.recv_depth.max(1) * clients.max(1))
+                .max(1);
+            (depth, self.srq_limit.unwrap_or(depth / 2).clamp(1, depth))
+        })
+    }
 }
 
 /// `kv-rpc server`.

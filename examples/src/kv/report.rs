@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use verbs_api::WcStatus;
 
 use super::opts::ServerTuning;
+use super::srq::SrqPool;
 use super::store::Store;
 use super::wire::MAX_REQ;
 use super::workload::CHECK_LABELS;
@@ -136,6 +137,17 @@ impl DryQueue {
         }
     }
 
+    /// How many times the queue ran dry.
+    pub fn count(&self) -> u32 {
+        self.count
+    }
+
+    /// How long it was empty in all (an empty spell still going on counts once
+    /// [`DryQueue::finish`] ended it).
+    pub fn total(&self) -> Duration {
+        self.total
+    }
+
     /// Ends an empty spell that is still going on (at the end of the run).
     pub fn finish(&mut self) {
         if let Some(t0) = self.since.take() {
@@ -146,6 +158,13 @@ impl DryQueue {
 
 /// The server's first line: its device, clients and how it refills receive queues.
 pub fn print_server_start(device: &str, clients: usize, depth: u32, t: &ServerTuning) {
+    if let Some((d, l)) = t.srq_size(clients as u32) {
+        println!(
+            "server: device {device}, {clients} client(s), one shared receive queue of {d} receives of \
+             {MAX_REQ} B for all of them, refilled in a batch when fewer than {l} are left (SRQ limit event)"
+        );
+        return;
+    }
     println!(
         "server: device {device}, {clients} client(s), {depth} receives of {MAX_REQ} B pre-posted per QP, {}",
         if t.no_refill && t.tick_ms == 0 {
@@ -214,12 +233,14 @@ impl ServerReport {
             elapsed.as_secs_f64(),
             si(per_sec(s.total() as f64, elapsed))
         );
-        println!(
-            "server: re-posted {} receives in {} post_recv calls (avg {:.1} per refill)",
-            self.reposted,
-            self.refills,
-            self.reposted as f64 / self.refills.max(1) as f64
-        );
+        if self.refills > 0 {
+            println!(
+                "server: re-posted {} receives in {} post_recv calls (avg {:.1} per refill)",
+                self.reposted,
+                self.refills,
+                self.reposted as f64 / self.refills.max(1) as f64
+            );
+        }
         for (c, d) in dry.into_iter().enumerate() {
             d.finish();
             println!(
@@ -238,4 +259,35 @@ impl ServerReport {
         }
         println!("server: keys stored at exit: {}", store.len());
     }
+}
+
+/// The line that says how often the SRQ's limit event fired (the demo reads it).
+pub const SRQ_EVENTS: &str = "server: SRQ limit event fired ";
+
+/// Prints what the shared receive queue's refills did: the limit events, the batches,
+/// the fewest receives left, the empty spells.
+pub fn print_srq(pool: &mut SrqPool) {
+    pool.dry.finish();
+    println!(
+        "{SRQ_EVENTS}{} times (limit {} of {} receives); {} refills posted {} receives (avg {:.1} per \
+         post_srq_recv, {} without an event because the SRQ was empty)",
+        pool.events,
+        pool.limit(),
+        pool.depth(),
+        pool.refills,
+        pool.reposted,
+        pool.reposted as f64 / pool.refills.max(1) as f64,
+        pool.refills_unarmed
+    );
+    println!(
+        "server: SRQ: fewest receives left {}; ran dry {} times, empty for {:.0} ms in total{}",
+        pool.low_water,
+        pool.dry.count(),
+        pool.dry.total().as_secs_f64() * 1e3,
+        if pool.dry.count() > 0 {
+            " (SENDs arriving meanwhile got RNR NAKs)"
+        } else {
+            ""
+        }
+    );
 }

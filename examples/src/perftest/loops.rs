@@ -23,7 +23,7 @@ use verbs_api::{Backend, CompletionQueue, MemoryRegion, QueuePair, SendFlags, Se
 
 use super::clock::{self, Cycles};
 use super::opts::{AtomicType, Test};
-use super::side::Side;
+use super::side::{to_peer, Side};
 use crate::wait::check_wc;
 use crate::Res;
 
@@ -111,7 +111,8 @@ pub fn send_lat<B: Backend>(
     client: bool,
 ) -> Res<Vec<Cycles>> {
     let sge = [side.mr.sge(side.max, size)?];
-    let mut wr = SendWr::send(1, &sge).signaled();
+    let ud = side.ud.clone();
+    let mut wr = to_peer(SendWr::send(1, &sge), ud.as_ref()).signaled();
     if size as u32 <= side.inline {
         wr.send_flags |= SendFlags::INLINE;
     }
@@ -187,8 +188,9 @@ pub fn bw<B: Backend>(side: &mut Side<B>, size: usize, iters: u64) -> Res<(Vec<C
     let sge = [side.mr.sge(side.max, size)?];
     let sge8 = [side.mr.sge(side.max, 8)?];
     let remote = side.remote.at(0);
+    let ud = side.ud.clone();
     let mut template = match (cfg.test, cfg.atomic) {
-        (Test::SendBw, _) => SendWr::send(0, &sge),
+        (Test::SendBw, _) => to_peer(SendWr::send(0, &sge), ud.as_ref()),
         (Test::WriteBw, _) => SendWr::write(0, &sge, remote),
         (Test::ReadBw, _) => SendWr::read(0, &sge, remote),
         (_, AtomicType::FetchAndAdd) => SendWr::fetch_and_add(0, &sge8, remote, 1),

@@ -1,8 +1,10 @@
-//! perf's command line: perftest's flags ([`PerfCli`]) and its tests ([`Test`],
-//! [`AtomicType`]).
+//! perf's command line: perftest's flags ([`PerfCli`]), its tests ([`Test`],
+//! [`AtomicType`]) and connection types ([`Connection`]).
 
 use clap::{Parser, ValueEnum};
 use serde::{Deserialize, Serialize};
+
+use verbs_api::QpType;
 
 use crate::cli::CommonArgs;
 
@@ -11,7 +13,7 @@ use crate::cli::CommonArgs;
 #[command(
     name = "perf",
     version,
-    after_help = "Examples:\n  perf write_bw -s 1048576          (starts its own server on loopback)\n  perf send_lat -a -n 200\n  perf read_lat --json\n  perf write_bw --server -p 18515   /   perf write_bw HOST -p 18515"
+    after_help = "Examples:\n  perf write_bw -s 1048576          (starts its own server on loopback)\n  perf send_lat -a -n 200\n  perf send_bw -c UD -s 64\n  perf send_bw --use_srq\n  perf read_lat --json\n  perf write_bw --server -p 18515   /   perf write_bw HOST -p 18515"
 )]
 pub struct PerfCli {
     /// The test.
@@ -72,6 +74,15 @@ pub struct PerfCli {
     /// their own (an HCA, rxe); the default loops suit the sim on few CPUs better.
     #[arg(long)]
     pub perftest: bool,
+    /// Connection type (perftest's `-c`): RC, UC (SEND and WRITE tests; no
+    /// retransmission: a SEND that finds no receive is dropped) or UD (SEND tests;
+    /// datagrams of at most one MTU). Both ends need the same.
+    #[arg(short = 'c', long = "connection", value_enum, default_value = "RC")]
+    pub connection: Connection,
+    /// Receives from a shared receive queue (SEND tests; perftest's `--use_srq`). Both
+    /// ends need it.
+    #[arg(long = "use_srq")]
+    pub use_srq: bool,
     /// One JSON object per size on stdout instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -140,6 +151,61 @@ impl Test {
             Test::AtomicLat | Test::AtomicBw => format!("Atomic {}", atomic.name()),
         };
         format!("{verb} {} Test", if self.is_lat() { "Latency" } else { "BW" })
+    }
+}
+
+/// perftest's connection types (`-c`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+pub enum Connection {
+    /// Reliable connected.
+    #[default]
+    #[value(name = "RC")]
+    Rc,
+    /// Unreliable connected.
+    #[value(name = "UC")]
+    Uc,
+    /// Unreliable datagram.
+    #[value(name = "UD")]
+    Ud,
+}
+
+impl Connection {
+    /// The QP type.
+    pub fn qp_type(self) -> QpType {
+        match self {
+            Connection::Rc => QpType::Rc,
+            Connection::Uc => QpType::Uc,
+            Connection::Ud => QpType::Ud,
+        }
+    }
+
+    /// Its name on the command line and in the header.
+    pub fn name(self) -> &'static str {
+        crate::transport::type_name(self.qp_type())
+    }
+
+    /// Whether a message may be dropped (nothing is retransmitted).
+    pub fn unreliable(self) -> bool {
+        self != Connection::Rc
+    }
+
+    /// Why `test` cannot run over this connection type, if it cannot (perftest allows
+    /// UC for SEND and WRITE, UD for SEND).
+    pub fn refuses(self, test: Test) -> Option<String> {
+        match self {
+            Connection::Rc => None,
+            Connection::Uc if matches!(test, Test::ReadLat | Test::ReadBw) || test.is_atomic() => {
+                Some(format!(
+                    "{} over UC: UC has no RDMA READ and no atomics (SEND and WRITE tests only)",
+                    test.name()
+                ))
+            }
+            Connection::Ud if !test.is_send() => Some(format!(
+                "{} over UD: UD has SEND only (send_lat and send_bw)",
+                test.name()
+            )),
+            _ => None,
+        }
     }
 }
 

@@ -7,7 +7,8 @@ use serde::{Deserialize, Serialize};
 
 use verbs_api::{Capabilities, RcParams};
 
-use super::opts::{AtomicType, PerfCli, Test};
+use super::opts::{AtomicType, Connection, PerfCli, Test};
+use crate::transport::GRH;
 use crate::Res;
 
 /// The run's parameters, sent by the client to the server as connection private data.
@@ -31,6 +32,12 @@ pub struct Cfg {
     /// CQ moderation asked for (`-Q`): every how many WRs a bandwidth test signals.
     #[serde(default)]
     pub cq_mod: Option<u32>,
+    /// The connection type (`-c`).
+    #[serde(default)]
+    pub connection: Connection,
+    /// Receives from a shared receive queue (`--use_srq`).
+    #[serde(default)]
+    pub use_srq: bool,
 }
 
 /// What the server answers on the side channel once it is ready.
@@ -55,11 +62,13 @@ impl Cfg {
         self.rows.iter().map(|r| r.0).max().unwrap_or(8).max(8)
     }
 
-    /// The size of each of a side's two areas (receive, send): the largest message, and
-    /// under `--perftest` at least a page, as perftest's buffers are (`cycle_buffer`), so
-    /// that the byte a peer writes and the byte this side writes are pages apart.
+    /// The size of each of a side's two areas (receive, send): the largest message (on
+    /// UD with the 40-byte GRH in front of it), and under `--perftest` at least a page,
+    /// as perftest's buffers are (`cycle_buffer`), so that the byte a peer writes and the
+    /// byte this side writes are pages apart.
     pub fn area_size(&self) -> usize {
-        let max = self.max_size() as usize;
+        let grh = if self.connection == Connection::Ud { GRH } else { 0 };
+        let max = self.max_size() as usize + grh;
         if self.perftest {
             max.next_multiple_of(4096)
         } else {
@@ -95,6 +104,12 @@ impl Cfg {
                 (s, n)
             })
             .collect();
+        if let Some(why) = cli.connection.refuses(t) {
+            bail!("{why}");
+        }
+        if cli.use_srq && !t.is_send() {
+            bail!("--use_srq is for the SEND tests (send_lat, send_bw): the others post no receives");
+        }
         let tx_depth = cli.tx_depth.unwrap_or(if t.is_lat() { 1 } else { 128 }).max(1);
         Ok(Cfg {
             test: t,
@@ -105,7 +120,35 @@ impl Cfg {
             atomic: cli.atomic_type,
             perftest: cli.perftest,
             cq_mod: cli.cq_mod,
+            connection: cli.connection,
+            use_srq: cli.use_srq,
         })
+    }
+
+    /// On UD, no message is larger than `mtu` (a datagram is one packet): sizes above it
+    /// are left out of an `-a` run, and a single size is lowered to it, as perftest does
+    /// ("Max msg size in UD is MTU"); says so on stderr. Nothing changes on RC and UC.
+    pub fn limit_to_mtu(&mut self, mtu: u64) {
+        if self.connection != Connection::Ud || self.rows.iter().all(|r| r.0 <= mtu) {
+            return;
+        }
+        if self.rows.len() > 1 {
+            self.rows.retain(|r| r.0 <= mtu);
+            eprintln!("perf: UD messages are at most the MTU ({mtu} B): larger sizes are left out");
+        } else if let Some(r) = self.rows.first_mut() {
+            eprintln!(
+                "perf: UD messages are at most the MTU: -s {} lowered to {mtu}",
+                r.0
+            );
+            r.0 = mtu;
+        }
+    }
+
+    /// Whether this is a SEND bandwidth run over a transport that may drop messages: the
+    /// receiver counts what arrives until the sender says it is done, and the rate is
+    /// the receiver's.
+    pub fn counts_at_receiver(&self) -> bool {
+        self.test == Test::SendBw && self.connection.unreliable()
     }
 
     /// Every how many WRs a bandwidth row of `size`-byte messages signals. Under
@@ -174,4 +217,39 @@ pub fn perftest_inline(test: Test, vendor_id: u32) -> u32 {
 /// timeout.
 pub fn signal_every(depth: u64, size: u64) -> u64 {
     (depth / 2).min((16u64 << 20) / size.max(1)).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn cfg(args: &[&str]) -> Res<Cfg> {
+        let mut v = vec!["perf"];
+        v.extend_from_slice(args);
+        Cfg::from_cli(&PerfCli::parse_from(v))
+    }
+
+    #[test]
+    fn ud_sizes_stop_at_the_mtu_and_tests_a_transport_lacks_are_refused() {
+        let mut c = cfg(&["send_bw", "-c", "UD", "-a"]).unwrap();
+        c.limit_to_mtu(1024);
+        assert_eq!(c.rows.last().map(|r| r.0), Some(1024));
+        assert_eq!(c.rows.len(), 10, "2 B .. 1 KiB");
+        let mut c = cfg(&["send_bw", "-c", "UD", "-s", "4096"]).unwrap();
+        c.limit_to_mtu(1024);
+        assert_eq!(c.rows[0].0, 1024);
+        assert_eq!(c.area_size(), 1024 + GRH, "the GRH in front of each receive");
+        let mut c = cfg(&["send_bw", "-c", "UC", "-s", "4096"]).unwrap();
+        c.limit_to_mtu(1024);
+        assert_eq!(c.rows[0].0, 4096, "UC messages span packets");
+        assert!(c.counts_at_receiver());
+        assert!(!cfg(&["send_bw", "--use_srq"]).unwrap().counts_at_receiver());
+        assert!(cfg(&["read_lat", "-c", "UC"]).is_err());
+        assert!(cfg(&["atomic_bw", "-c", "UC"]).is_err());
+        assert!(cfg(&["write_lat", "-c", "UC"]).is_ok());
+        assert!(cfg(&["write_bw", "-c", "UD"]).is_err());
+        assert!(cfg(&["send_lat", "--use_srq"]).is_ok());
+        assert!(cfg(&["write_lat", "--use_srq"]).is_err());
+    }
 }

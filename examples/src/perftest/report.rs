@@ -1,5 +1,7 @@
 //! What perf prints, as perftest does: the header ([`print_header`]) and a row per size
-//! ([`Row`], [`print_row`]); with `--json` one JSON object per row instead. The format
+//! ([`Row`], [`print_row`]); with `--json` one JSON object per row instead. A SEND
+//! bandwidth row over UC or UD is the receiver's count ([`Received`],
+//! [`bw_row_received`]), with the messages dropped apart. The format
 //! is perftest's, column for column, so that the figures sit beside `ib_write_bw`'s.
 
 use std::io::Write as _;
@@ -9,7 +11,7 @@ use serde::Serialize;
 use verbs_api::{Backend, Context, MemoryRegion, QueuePair};
 
 use super::cycle_stats::{BwStats, LatStats};
-use super::opts::{PerfCli, Test};
+use super::opts::{Connection, PerfCli, Test};
 use super::params::Cfg;
 use super::side::Side;
 use crate::stats::Latencies;
@@ -49,6 +51,22 @@ pub struct Row {
     pub bw_avg_MBps: f64,
     /// Messages per microsecond.
     pub msg_rate_Mpps: f64,
+    /// SEND bandwidth over UC or UD: messages the receiver took (the rates are its).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub received: Option<u64>,
+    /// The same: messages sent and never received.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dropped: Option<u64>,
+}
+
+/// What the receiver of a SEND bandwidth row over UC or UD counted: the messages it took,
+/// and the time from the first to the last of them.
+#[derive(Serialize, serde::Deserialize, Debug, Clone, Copy, Default, PartialEq)]
+pub struct Received {
+    /// Receive completions.
+    pub received: u64,
+    /// Nanoseconds from the first to the last.
+    pub span_ns: u64,
 }
 
 /// perftest's MB: 2^20 bytes.
@@ -77,7 +95,11 @@ pub fn print_header<B: Backend>(
     println!("{:^87}", cfg.test.title(cfg.atomic));
     println!(" Dual-port       : OFF\t\tDevice         : {}", ctx.name());
     println!(" Number of qps   : 1\t\tTransport type : IB");
-    println!(" Connection type : RC\t\tUsing SRQ      : OFF");
+    println!(
+        " Connection type : {}\t\tUsing SRQ      : {}",
+        cfg.connection.name(),
+        if cfg.use_srq { "ON" } else { "OFF" }
+    );
     println!(" Backend         : {}", cli.common.backend.as_str());
     if cfg.test.is_lat() {
         println!(" TX depth        : 1");
@@ -93,7 +115,13 @@ pub fn print_header<B: Backend>(
         Test::SendBw => println!(" RX depth        : {}", cfg.rx_depth),
         _ => {}
     }
-    println!(" Mtu             : {}[B]", qa.path_mtu.bytes());
+    // A UD QP has no path: its datagrams are at most the port's MTU.
+    let mtu = if cfg.connection == Connection::Ud {
+        port.active_mtu
+    } else {
+        qa.path_mtu
+    };
+    println!(" Mtu             : {}[B]", mtu.bytes());
     println!(" Link type       : {link}");
     if cfg.test.is_send() || matches!(cfg.test, Test::WriteLat | Test::WriteBw) {
         println!(" Max inline data : {}[B]", side.inline);
@@ -150,6 +178,8 @@ impl Row {
             bw_peak_MBps: 0.0,
             bw_avg_MBps: 0.0,
             msg_rate_Mpps: 0.0,
+            received: None,
+            dropped: None,
         }
     }
 }
@@ -208,6 +238,24 @@ pub fn bw_row<C: Context>(
     }
 }
 
+/// The row of a SEND bandwidth run over UC or UD from what the receiver counted: its rate
+/// between its first and last message (`received - 1` gaps), and the messages sent and
+/// never received, apart.
+pub fn bw_row_received<C: Context>(cli: &PerfCli, ctx: &C, size: u64, iters: u64, got: Received) -> Row {
+    let secs = got.span_ns as f64 * 1e-9;
+    let gaps = got.received.saturating_sub(1);
+    let rate = if secs > 0.0 { gaps as f64 / secs } else { 0.0 };
+    Row {
+        t_avg_us: if gaps > 0 { secs * 1e6 / gaps as f64 } else { 0.0 },
+        bw_peak_MBps: rate * size as f64 / MB,
+        bw_avg_MBps: rate * size as f64 / MB,
+        msg_rate_Mpps: rate / 1e6,
+        received: Some(got.received),
+        dropped: Some(iters.saturating_sub(got.received)),
+        ..Row::of(cli, ctx, size, iters, &Latencies::default())
+    }
+}
+
 /// The row of a `--perftest` latency run, from perftest's arithmetic.
 pub fn lat_row_perftest<C: Context>(cli: &PerfCli, ctx: &C, size: u64, iters: u64, s: &LatStats) -> Row {
     let mut row = Row::of(cli, ctx, size, iters, &Latencies::default());
@@ -263,6 +311,13 @@ pub fn print_row(cli: &PerfCli, r: &Row) -> Res<()> {
             " {:<10} {:<14} {:<18.2} {:<20.2} {:.6}",
             r.size, r.iters, r.bw_peak_MBps, r.bw_avg_MBps, r.msg_rate_Mpps
         )?;
+        if let (Some(got), Some(lost)) = (r.received, r.dropped) {
+            writeln!(
+                out,
+                " (counted at the receiver: {got} of {} messages received, {lost} dropped; the rates are the receiver's)",
+                r.iters
+            )?;
+        }
     }
     out.flush()?;
     Ok(())

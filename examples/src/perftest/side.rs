@@ -1,19 +1,22 @@
-//! One side of a perf connection ([`Side`]): the QP, its [receive | send] region, the
-//! peer's region and side channel, and the primitives both ends' measurement loops are
-//! made of: post receives, post one ping-pong message, wait for the peer's message or
-//! the last byte of its RDMA WRITE, reap send completions.
+//! One side of a perf connection ([`Side`]): the QP (and its SRQ, with `--use_srq`), its
+//! [receive | send] region, the peer's region and side channel (and, on UD, its address:
+//! [`UdPeer`]), and the primitives both ends' measurement loops are made of: post
+//! receives, post one ping-pong message, wait for the peer's message or the last byte of
+//! its RDMA WRITE, reap send completions.
 
 use std::net::TcpStream;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context as _};
 use serde::{Deserialize, Serialize};
 use verbs_api::{
-    Backend, CompletionQueue, MemoryRegion, QueuePair, RecvWr, RemoteMr, SendFlags, SendWr, WcOpcode,
-    WorkCompletion,
+    Backend, CompletionQueue, MemoryRegion, PostError, QueuePair, RecvWr, RemoteMr, SendFlags, SendWr,
+    SharedReceiveQueue, WcOpcode, WorkCompletion,
 };
 
 use super::params::Cfg;
+use crate::transport::QKEY;
 use crate::wait::{check_wc, Waiter};
 use crate::{conn, side_channel, Res};
 
@@ -43,23 +46,64 @@ pub struct Side<B: Backend> {
     pub mhz: f64,
     /// `timeout` in cycle-counter ticks.
     pub spin_limit: u64,
+    /// The shared receive queue the QP takes its receives from (`--use_srq`).
+    pub srq: Option<B::Srq>,
+    /// On UD, where the sends go.
+    pub ud: Option<UdPeer<B>>,
+}
+
+/// The peer of a UD side: its address handle and QP number. Cheap to clone, so that a
+/// loop holds its own while it changes the [`Side`].
+pub struct UdPeer<B: Backend> {
+    /// The address handle of the peer's port.
+    pub ah: Arc<B::Ah>,
+    /// The peer's QP.
+    pub qpn: u32,
+}
+
+impl<B: Backend> Clone for UdPeer<B> {
+    fn clone(&self) -> Self {
+        UdPeer {
+            ah: self.ah.clone(),
+            qpn: self.qpn,
+        }
+    }
+}
+
+/// `wr` addressed to `peer` on UD (unchanged on a connected QP, `peer` `None`).
+pub fn to_peer<'a, B: Backend>(wr: SendWr<'a>, peer: Option<&'a UdPeer<B>>) -> SendWr<'a> {
+    match peer {
+        Some(p) => wr.ud(&*p.ah, p.qpn, QKEY),
+        None => wr,
+    }
 }
 
 /// The `wr_id` of every receive.
 const RECV_ID: u64 = u64::MAX;
 
 /// Posts `n` receives of `max` bytes, all into the start of `mr` (they may share it: the
-/// contents do not matter).
-pub fn post_recvs_on<Q: QueuePair, M: MemoryRegion>(qp: &Q, mr: &M, max: usize, n: u32) -> Res<()> {
+/// contents do not matter), to the QP's receive queue or to `srq`.
+pub fn post_recvs_on<Q: QueuePair, S: SharedReceiveQueue, M: MemoryRegion>(
+    qp: &Q,
+    srq: Option<&S>,
+    mr: &M,
+    max: usize,
+    n: u32,
+) -> Res<()> {
     if n == 0 {
         return Ok(());
     }
+    let post = |wrs: &[RecvWr<'_>]| -> Result<(), PostError> {
+        match srq {
+            Some(srq) => srq.post_recv(wrs),
+            None => qp.post_recv(wrs),
+        }
+    };
     let sge = [mr.sge(0, max)?];
     // The latency loop posts one per message, between a completion and the next send:
     // build no more than that (the tool's own time is measured along with the device).
     if n == 1 {
-        qp.post_recv(&[RecvWr::new(RECV_ID, &sge)])
-            .context("posting receives")?;
+        post(&[RecvWr::new(RECV_ID, &sge)]).context("posting receives")?;
         return Ok(());
     }
     // More in batches from a stack array (no heap allocation in a measured loop).
@@ -67,7 +111,7 @@ pub fn post_recvs_on<Q: QueuePair, M: MemoryRegion>(qp: &Q, mr: &M, max: usize, 
     let mut left = n as usize;
     while left > 0 {
         let k = left.min(batch.len());
-        qp.post_recv(&batch[..k]).context("posting receives")?;
+        post(&batch[..k]).context("posting receives")?;
         left -= k;
     }
     Ok(())
@@ -93,9 +137,9 @@ impl<B: Backend> Side<B> {
         Ok(())
     }
 
-    /// Posts `n` receives into the receive area.
+    /// Posts `n` receives into the receive area (of the SRQ, with one).
     pub fn post_recvs(&mut self, n: u32) -> Res<()> {
-        post_recvs_on(&self.rc.qp, &self.mr, self.max, n)?;
+        post_recvs_on(&self.rc.qp, self.srq.as_ref(), &self.mr, self.max, n)?;
         self.posted += n;
         Ok(())
     }
@@ -110,7 +154,7 @@ impl<B: Backend> Side<B> {
         let mut wr = if write {
             SendWr::write(1, &sge, self.remote.at(0))
         } else {
-            SendWr::send(1, &sge)
+            to_peer(SendWr::send(1, &sge), self.ud.as_ref())
         }
         .signaled();
         if size as u32 <= self.inline {

@@ -30,6 +30,10 @@ pub struct PerfRow {
     #[serde(default)]
     #[serde(rename = "msg_rate_Mpps")]
     pub msg_rate_mpps: f64,
+    /// A SEND bandwidth row over UC or UD: messages sent and never received (its rates
+    /// are the receiver's).
+    #[serde(default)]
+    pub dropped: Option<u64>,
 }
 
 /// The `perf` binary next to this one.

@@ -21,8 +21,11 @@ pub struct Target {
     pub pairs: String,
     /// The target (`<= 1.3 x`, ...; "" for a row without one).
     pub target: String,
-    /// Whether the target is met (true without one).
+    /// Whether the target is met (true without one; false when not measured).
     pub pass: bool,
+    /// Why the row was not measured (the device lacks what it needs), if it was not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub not_measured: Option<String>,
 }
 
 /// One sim figure and its baseline (measured right before it, or the mean of the ones
@@ -125,6 +128,13 @@ pub fn print_report(rep: &Report) {
     println!("| test | sim | baseline | ratio | pairs | target | met |");
     println!("|---|---|---|---|---|---|---|");
     for t in &rep.targets {
+        if let Some(why) = &t.not_measured {
+            println!(
+                "| {} | {why} | {} | - | - | {} | not measured |",
+                t.test, t.baseline, t.target
+            );
+            continue;
+        }
         println!(
             "| {} | {} | {} | {:.2} | {} | {} | {} |",
             t.test,

@@ -14,8 +14,8 @@ use crate::multi_qp::multi_qp_write_bw;
 use crate::perf_runs::perf1;
 use crate::report::Pair;
 use crate::rows::{
-    peer_key, COST_MESSAGES_PER_LAT_ITER, PEER_ITERS_PER_LAT_ITER, PEER_ROWS, QP_ROWS, SHORT_ROW, SHORT_RUNS,
-    TCP_QP_ROW,
+    peer_key, COST_MESSAGES_PER_LAT_ITER, PEER_ITERS_PER_LAT_ITER, PEER_ROWS, QP_ROWS, RATE_MSGS, SHORT_ROW,
+    SHORT_RUNS, SRQ_BW_ROW, SRQ_BW_TCP_ROW, SRQ_RATE_ROW, TCP_QP_ROW, UD_ROW,
 };
 use crate::tcp::{tcp_pingpong, tcp_stream, Peer};
 use crate::{cost, Cli, Group};
@@ -33,6 +33,10 @@ pub struct Rounds {
     pub tcp_bw_modes: Vec<(f64, f64)>,
     /// The pairs, by row key.
     pub pairs: BTreeMap<String, Vec<Pair>>,
+    /// Rows over a transport that drops: each run's (messages dropped, messages sent).
+    pub drops: BTreeMap<String, Vec<(u64, u64)>>,
+    /// Rows not measured, and why.
+    pub unmeasured: BTreeMap<String, String>,
 }
 
 /// Adds one (sim, baseline) pair to row `k`.
@@ -68,6 +72,12 @@ impl Rounds {
         if want(Group::Qps) {
             self.qps(cli)?;
         }
+        if want(Group::Srq) {
+            self.srq(peer)?;
+        }
+        if want(Group::Ud) {
+            self.ud()?;
+        }
         Ok(())
     }
 
@@ -102,6 +112,48 @@ impl Rounds {
         Ok(())
     }
 
+    /// SEND over a shared receive queue: 64 B messages and 1 MiB between two runs
+    /// without one, and 1 MiB between two TCP streams.
+    fn srq(&mut self, peer: &Peer) -> Res<()> {
+        let n = RATE_MSGS.to_string();
+        let send_bw = |size: &str, n: &str, srq: bool| {
+            let mut args = vec!["send_bw", "-s", size, "-t", "128", "-n", n];
+            if srq {
+                args.push("--use_srq");
+            }
+            perf1(&args)
+        };
+        let rate = |srq| Ok(send_bw("64", &n, srq)?.msg_rate_mpps);
+        let b = bracketed(rate(false)?, || rate(true), || rate(false))?;
+        pair(&mut self.pairs, SRQ_RATE_ROW, b.sim, b.base, b.tries);
+        let bw = |srq| Ok(send_bw("1048576", "8000", srq)?.bw_avg_mbps);
+        let b = bracketed(bw(false)?, || bw(true), || bw(false))?;
+        pair(&mut self.pairs, SRQ_BW_ROW, b.sim, b.base, b.tries);
+        let (tcp_bw, tcp_bw_modes) = (&mut self.tcp_bw, &mut self.tcp_bw_modes);
+        let mut stream = || stream_baseline(peer, tcp_bw, tcp_bw_modes);
+        let b = bracketed(stream()?, || bw(true), &mut stream)?;
+        pair(&mut self.pairs, SRQ_BW_TCP_ROW, b.sim, b.base, b.tries);
+        Ok(())
+    }
+
+    /// UD: 64-byte datagrams, the rate at which the receiver takes them, and the
+    /// datagrams dropped apart; not measured on a device without UD.
+    fn ud(&mut self) -> Res<()> {
+        if !sim_has_ud()? {
+            self.unmeasured
+                .insert(UD_ROW.into(), "not measured: the device has no UD".into());
+            return Ok(());
+        }
+        let n = RATE_MSGS.to_string();
+        let row = perf1(&["send_bw", "-c", "UD", "-s", "64", "-t", "128", "-n", &n])?;
+        pair(&mut self.pairs, UD_ROW, row.msg_rate_mpps, 1.0, 1);
+        self.drops
+            .entry(UD_ROW.into())
+            .or_default()
+            .push((row.dropped.unwrap_or(0), RATE_MSGS));
+        Ok(())
+    }
+
     /// The 1 MiB bandwidth tests, each between two TCP streams.
     fn bw(&mut self, peer: &Peer) -> Res<()> {
         // The stronger of the two polling modes is a stream's figure. Each sim test
@@ -112,15 +164,7 @@ impl Rounds {
         // busy half with busy half, the host changed speed meanwhile and the test runs
         // again (`bracketed`, `Stream`).
         let (tcp_bw, tcp_bw_modes) = (&mut self.tcp_bw, &mut self.tcp_bw_modes);
-        let mut stream = || -> Res<Stream> {
-            let s = Stream {
-                blocking: tcp_stream(peer, 1.5, false)?,
-                busy: tcp_stream(peer, 1.5, true)?,
-            };
-            tcp_bw_modes.push((s.blocking, s.busy));
-            tcp_bw.push(s.figure());
-            Ok(s)
-        };
+        let mut stream = || stream_baseline(peer, tcp_bw, tcp_bw_modes);
         let mut before = stream()?;
         for t in ["write_bw", "read_bw", "send_bw"] {
             let sim = || Ok(perf1(&[t, "-s", "1048576", "-n", "8000"])?.bw_avg_mbps);
@@ -184,6 +228,24 @@ impl Rounds {
         pair(&mut self.pairs, TCP_QP_ROW, b.sim, b.base, b.tries);
         Ok(())
     }
+}
+
+/// One TCP stream baseline (both halves), kept in the rounds' stream figures.
+fn stream_baseline(peer: &Peer, tcp_bw: &mut Vec<f64>, modes: &mut Vec<(f64, f64)>) -> Res<Stream> {
+    let s = Stream {
+        blocking: tcp_stream(peer, 1.5, false)?,
+        busy: tcp_stream(peer, 1.5, true)?,
+    };
+    modes.push((s.blocking, s.busy));
+    tcp_bw.push(s.figure());
+    Ok(s)
+}
+
+/// Whether the sim's devices (as `perf` opens them) have UD QPs.
+fn sim_has_ud() -> Res<bool> {
+    use verbs_api::{Backend as _, Context as _};
+    let sim = examples::backend::sim_backend()?;
+    Ok(sim.open_first()?.capabilities()?.ud)
 }
 
 /// The groups a run measures: those `--only` names (all without it), less the UCX and

@@ -26,6 +26,22 @@ pub const SHORT_ROW: &str = "write_bw_64_short";
 /// Runs of the short-runs row per round.
 pub const SHORT_RUNS: usize = 10;
 
+/// Messages of each 64-byte run of the SRQ and UD rows (`perf send_bw -s 64 -t 128`).
+pub const RATE_MSGS: u64 = 1_000_000;
+
+/// Key of the SRQ message-rate row: `perf send_bw -s 64 --use_srq` between two runs
+/// without an SRQ (target: at least 0.9 of them).
+pub const SRQ_RATE_ROW: &str = "srq_send_bw_64";
+/// Key of the SRQ bandwidth row: `perf send_bw -s 1048576 --use_srq` between two runs
+/// without an SRQ (target: at least 0.9 of them).
+pub const SRQ_BW_ROW: &str = "srq_send_bw";
+/// Key of the same against TCP: `perf send_bw -s 1048576 --use_srq` between two TCP
+/// streams (the target of send_bw 1 MiB).
+pub const SRQ_BW_TCP_ROW: &str = "srq_send_bw_tcp";
+/// Key of the UD row: `perf send_bw -c UD -s 64`, the messages received per second at the
+/// receiver against 1 M msgs/s; the datagrams dropped are kept apart.
+pub const UD_ROW: &str = "ud_send_bw_64";
+
 /// Messages of each one-thread cost measurement per latency iteration (200 000 by
 /// default: a second of each side).
 pub const COST_MESSAGES_PER_LAT_ITER: u64 = 10;

@@ -2,14 +2,16 @@
 //! sim's figures and of their baselines, the median and range of the ratios, and whether
 //! the target is met ([`add_targets`]).
 
-use std::collections::BTreeMap;
-
 use examples::peers::Reference;
 use examples::stats::{median, Figures};
 
 use crate::multi_qp::Posting;
 use crate::report::{Pair, Target};
-use crate::rows::{peer_key, PEER_ROWS, QP_ROWS, SHORT_ROW, SHORT_RUNS, TCP_QP_ROW};
+use crate::rounds::Rounds;
+use crate::rows::{
+    peer_key, PEER_ROWS, QP_ROWS, RATE_MSGS, SHORT_ROW, SHORT_RUNS, SRQ_BW_ROW, SRQ_BW_TCP_ROW, SRQ_RATE_ROW,
+    TCP_QP_ROW, UD_ROW,
+};
 use crate::Group;
 
 /// What a row's ratio must be.
@@ -21,15 +23,15 @@ enum Goal {
     None,
 }
 
-/// The table being built from the pairs.
+/// The table being built from the rounds.
 struct Table<'a> {
-    pairs: &'a BTreeMap<String, Vec<Pair>>,
+    rounds: &'a Rounds,
     targets: &'a mut Vec<Target>,
 }
 
 impl Table<'_> {
     fn get(&self, k: &str) -> &[Pair] {
-        self.pairs.get(k).map_or(&[], Vec::as_slice)
+        self.rounds.pairs.get(k).map_or(&[], Vec::as_slice)
     }
 
     /// The median of the sim's figures of row `k`.
@@ -65,17 +67,33 @@ impl Table<'_> {
             pairs,
             target,
             pass,
+            not_measured: None,
+        });
+    }
+
+    /// Adds row `test` as not measured, saying why, with its baseline and target.
+    fn not_measured(&mut self, test: &str, why: &str, baseline: &str, goal: Goal) {
+        let target = match goal {
+            Goal::AtMost(x) => format!("<= {x} x"),
+            Goal::AtLeast(x) => format!(">= {x} x"),
+            Goal::None => String::new(),
+        };
+        self.targets.push(Target {
+            test: test.into(),
+            measured: why.into(),
+            baseline: baseline.into(),
+            ratio: f64::NAN,
+            pairs: String::new(),
+            target,
+            pass: false,
+            not_measured: Some(why.into()),
         });
     }
 }
 
 /// Adds the rows of every group `want` selects to `targets`, in the table's order.
-pub fn add_targets(
-    targets: &mut Vec<Target>,
-    pairs: &BTreeMap<String, Vec<Pair>>,
-    want: &dyn Fn(Group) -> bool,
-) {
-    let mut t = Table { pairs, targets };
+pub fn add_targets(targets: &mut Vec<Target>, rounds: &Rounds, want: &dyn Fn(Group) -> bool) {
+    let mut t = Table { rounds, targets };
     if want(Group::Lat) {
         lat(&mut t);
     }
@@ -96,6 +114,65 @@ pub fn add_targets(
     }
     if want(Group::Qps) {
         qps(&mut t);
+    }
+    if want(Group::Srq) {
+        srq(&mut t);
+    }
+    if want(Group::Ud) {
+        ud(&mut t);
+    }
+}
+
+fn srq(t: &mut Table<'_>) {
+    let base = format!("no SRQ {:.2} M msgs/s", t.base(SRQ_RATE_ROW));
+    t.row(
+        "send_bw 64 B over an SRQ, tx depth 128",
+        SRQ_RATE_ROW,
+        "M msgs/s",
+        base,
+        Goal::AtLeast(0.9),
+    );
+    let base = format!("no SRQ {:.0} MB/s", t.base(SRQ_BW_ROW));
+    t.row(
+        "send_bw 1 MiB over an SRQ",
+        SRQ_BW_ROW,
+        "MB/s",
+        base,
+        Goal::AtLeast(0.9),
+    );
+    let base = format!("TCP stream {:.0} MB/s", t.base(SRQ_BW_TCP_ROW));
+    t.row(
+        "send_bw 1 MiB over an SRQ against TCP",
+        SRQ_BW_TCP_ROW,
+        "MB/s",
+        base,
+        Goal::AtLeast(0.8),
+    );
+}
+
+fn ud(t: &mut Table<'_>) {
+    let test = "UD send_bw 64 B, tx depth 128, received at the receiver";
+    let base = "1 M msgs/s";
+    if let Some(why) = t.rounds.unmeasured.get(UD_ROW) {
+        t.not_measured(test, why, base, Goal::AtLeast(1.0));
+        return;
+    }
+    t.row(test, UD_ROW, "M msgs/s received", base.into(), Goal::AtLeast(1.0));
+    // The drops beside the rate: what the receiver never saw, per run.
+    let runs = t.rounds.drops.get(UD_ROW).map_or(&[][..], Vec::as_slice);
+    let (least, most) = runs
+        .iter()
+        .fold((u64::MAX, 0), |(lo, hi), &(d, _)| (lo.min(d), hi.max(d)));
+    if let Some(row) = t.targets.last_mut() {
+        row.measured = format!(
+            "{}; dropped {} of {RATE_MSGS} per run",
+            row.measured,
+            if least == most {
+                least.to_string()
+            } else {
+                format!("{least}-{most}")
+            }
+        );
     }
 }
 
