@@ -17,6 +17,10 @@
 //! - A refused or failed connection is retried with backoff (100 µs doubling to 10 ms)
 //!   while the QP lives; meanwhile WRs wait as for lost packets: the requester's ACK timer
 //!   runs (in the progress engine), and `retry_cnt` expiries end in `IBV_WC_RETRY_EXC_ERR`.
+//!   An attempt still under way does not count (for up to a second, see
+//!   [`Requester::connecting`](backend_sim_proto::requester::Requester::connecting)): an
+//!   HCA has nothing to set up, and a loaded machine must not turn the sim's hello into
+//!   lost packets.
 //! - A hello of another protocol version ([`wire::VERSION`](crate::wire::VERSION): another
 //!   build of the sim) is refused as such (`HelloReject::Version`, and a warning on both
 //!   sides); that refusal is final: the connecting QP stops trying, and its WRs end in
@@ -375,7 +379,10 @@ async fn connector_task(dev: Arc<Setup>, qp: Arc<QpShared>, epoch: u64) {
             }
             notified.await;
         };
-        match connect(&dev, &qp, remote).await {
+        qp.inner.lock().req.connecting(Some(QpShared::now()));
+        let attempt = connect(&dev, &qp, remote).await;
+        qp.inner.lock().req.connecting(None);
+        match attempt {
             Ok(stream) => {
                 backoff = Duration::from_micros(100);
                 let progress = dev.progress.clone();

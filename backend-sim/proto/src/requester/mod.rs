@@ -43,6 +43,11 @@ pub use ud::UdRoute;
 /// resend is a debug event; a few seconds of them is no passing shortage any more.
 pub const RNR_WARN_AFTER: Duration = Duration::from_secs(3);
 
+/// The longest a connection attempt under way keeps ACK timeouts from counting
+/// ([`Requester::connecting`]): an attempt still unanswered after this (a peer that drops
+/// packets, a stalled machine) counts as lost packets from then on.
+pub const LINK_SETUP_GRACE: Duration = Duration::from_secs(1);
+
 /// The QP must go to ERR (a completion with the error has been produced).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Fatal(pub WcStatus);
@@ -193,6 +198,9 @@ pub struct Requester {
     /// (as an HCA puts a vendor syndrome there), so "the peer stopped answering" (0) and
     /// "the peer could not be reached" can be told apart. Kept by the transport.
     pub link_error: u32,
+    /// Until when a connection attempt under way (this side connects) keeps the ACK timer
+    /// from counting against `retry_cnt` ([`Requester::connecting`]).
+    link_setup: Option<Instant>,
     scratch: Vec<Seg>,
 }
 
@@ -236,6 +244,7 @@ impl Requester {
             ud: false,
             qkey: 0,
             link_error: 0,
+            link_setup: None,
             scratch: Vec::new(),
         }
     }
@@ -856,6 +865,15 @@ impl Requester {
                 // Re-armed by the next send, or by the next failed connection attempt.
                 self.ack_deadline = None;
                 if let Some(i) = self.sq.iter().position(|w| w.status.is_none()) {
+                    if self.link_setup.is_some_and(|t| now < t) {
+                        tracing::debug!(
+                            qpn = self.qpn,
+                            dest_qpn = self.dest_qpn,
+                            "local ACK timeout while the connection to the peer is set up: not counted"
+                        );
+                        self.ack_deadline = self.attrs.timeout.map(|t| now + t);
+                        return Ok(fired);
+                    }
                     if self.retry_left == 0 {
                         tracing::debug!(
                             qpn = self.qpn,
@@ -914,6 +932,17 @@ impl Requester {
             self.rewind(i);
         }
         self.ack_deadline = deadline;
+    }
+
+    /// The transport starts (`Some(now)`) or ends (`None`) an attempt to connect to the
+    /// peer. While one is under way, for at most [`LINK_SETUP_GRACE`], an ACK timeout
+    /// re-arms the timer without using a retry: an HCA has no connection to set up, and
+    /// the sim's hello and its check (a few milliseconds, far longer on a loaded machine)
+    /// must not use up a small `retry_cnt` that the same program would not exhaust on
+    /// the fabric. An attempt that fails ends the grace at once, so a peer that is gone
+    /// or refuses still costs exactly `retry_cnt` timeouts.
+    pub fn connecting(&mut self, now: Option<Instant>) {
+        self.link_setup = now.map(|t| t + LINK_SETUP_GRACE);
     }
 
     /// Arms the ACK timer if unset (a connection attempt is outstanding).
@@ -1188,6 +1217,40 @@ mod tests {
         );
         assert!(req.has_unsent(), "rewound: the WRITE goes again");
         assert!(out.is_empty(), "{out:?}");
+    }
+
+    /// A connection attempt under way does not use up `retry_cnt`: the lifetime test's
+    /// READ ended in `IBV_WC_RETRY_EXC_ERR` (`vendor_err` ENOTCONN) on a loaded CI machine,
+    /// its three 67 ms timeouts spent while the sim reconnected. A failed attempt, or
+    /// one that outlasts the grace, counts again.
+    #[test]
+    fn a_connection_being_set_up_uses_no_retries() {
+        let ms = Duration::from_millis;
+        let t0 = Instant::now();
+        let mut req = one_write_sent(ms(10), 0, t0);
+        let mut out = Vec::new();
+        req.connecting(Some(t0));
+        for k in 1..50 {
+            let now = t0 + ms(11 * k);
+            assert_eq!(req.on_timer(now, Some(t0), None, &mut out), Ok(false));
+            assert!(out.is_empty(), "timeout {k} counted: {out:?}");
+            assert_eq!(req.next_deadline(), Some(now + ms(10)));
+        }
+        // The attempt failed: the next timeout is the WR's last (retry_cnt 0).
+        req.connecting(None);
+        let now = t0 + ms(600);
+        assert_eq!(
+            req.on_timer(now, Some(t0), None, &mut out),
+            Err(Fatal(WcStatus::RetryExcErr))
+        );
+        // An attempt that outlasts the grace counts as lost packets.
+        let mut req = one_write_sent(ms(10), 0, t0);
+        req.connecting(Some(t0));
+        let late = t0 + LINK_SETUP_GRACE + ms(1);
+        assert_eq!(
+            req.on_timer(late, Some(t0), None, &mut out),
+            Err(Fatal(WcStatus::RetryExcErr))
+        );
     }
 
     /// perf-compare's `write_bw -a` failed with `IBV_WC_RETRY_EXC_ERR`: 128 WRITEs of
