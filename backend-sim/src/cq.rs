@@ -21,6 +21,8 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use verbs_api::{Error, Result, WcStatus, WorkCompletion};
 
+use crate::requester::SqSlots;
+
 /// Arming state of a CQ.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Arm {
@@ -29,8 +31,22 @@ enum Arm {
     Solicited,
 }
 
+/// A send completion's claim on its QP's send queue slots: polling it frees every slot
+/// up to `upto` (under `SlotRelease::AtPoll`, see [`SqSlots`]).
+pub struct SlotMark {
+    /// The QP's slots.
+    pub slots: Arc<SqSlots>,
+    /// The number of the last WQE the completion covers.
+    pub upto: u64,
+}
+
+struct Entry {
+    wc: WorkCompletion,
+    mark: Option<SlotMark>,
+}
+
 struct CqState {
-    entries: VecDeque<WorkCompletion>,
+    entries: VecDeque<Entry>,
     lost: u64,
     arm: Arm,
 }
@@ -86,13 +102,15 @@ impl CqShared {
         self.closed.store(true, Ordering::Release);
     }
 
-    /// Queues completions in order. Returns false if any was lost to overflow.
-    pub fn push_all(&self, wcs: impl IntoIterator<Item = (WorkCompletion, bool)>) -> bool {
+    /// Queues completions in order, each with its solicited bit and, for a send
+    /// completion that frees slots when polled, its [`SlotMark`]. Returns false if any
+    /// was lost to overflow.
+    pub fn push_all(&self, wcs: impl IntoIterator<Item = (WorkCompletion, bool, Option<SlotMark>)>) -> bool {
         let mut notify = false;
         let mut ok = true;
         {
             let mut st = self.state.lock();
-            for (wc, solicited) in wcs {
+            for (wc, solicited, mark) in wcs {
                 if st.lost > 0 || st.entries.len() >= self.cap as usize {
                     if st.lost == 0 {
                         self.overflow_unreported.store(true, Ordering::Release);
@@ -101,7 +119,7 @@ impl CqShared {
                     ok = false;
                     continue;
                 }
-                st.entries.push_back(wc);
+                st.entries.push_back(Entry { wc, mark });
                 let fire = match st.arm {
                     Arm::Off => false,
                     Arm::Next => true,
@@ -134,7 +152,19 @@ impl CqShared {
     /// Queues one completion; false if it was lost to overflow.
     #[cfg(test)]
     pub fn push(&self, wc: WorkCompletion, solicited: bool) -> bool {
-        self.push_all([(wc, solicited)])
+        self.push_all([(wc, solicited, None)])
+    }
+
+    /// Removes the completions of QP `qpn` (its RESET or destroy, on a device that cleans
+    /// CQs: `Switches::cq_clean_on_reset`). Returns how many there were.
+    pub fn clean(&self, qpn: u32) -> usize {
+        let mut st = self.state.lock();
+        let before = st.entries.len();
+        st.entries.retain(|e| e.wc.qp_num != qpn);
+        if st.entries.is_empty() && st.lost == 0 {
+            self.news.store(false, Ordering::Relaxed);
+        }
+        before - st.entries.len()
     }
 
     /// `ibv_poll_cq`.
@@ -150,8 +180,11 @@ impl CqShared {
             });
         }
         let n = out.len().min(st.entries.len());
-        for (slot, wc) in out.iter_mut().zip(st.entries.drain(..n)) {
-            *slot = wc;
+        for (slot, e) in out.iter_mut().zip(st.entries.drain(..n)) {
+            *slot = e.wc;
+            if let Some(m) = e.mark {
+                m.slots.release_through(m.upto);
+            }
         }
         if st.entries.is_empty() {
             self.news.store(false, Ordering::Relaxed);

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use parking_lot::Mutex;
-use verbs_api::{AtomicCap, Capabilities, DeviceAttr, Error, LinkLayer, Mtu, PortAttr, PortState, Result};
+use verbs_api::{Capabilities, DeviceAttr, Error, LinkLayer, PortAttr, PortState, Result};
 
 use verbs_api::event_queue::EventQueue;
 
@@ -34,16 +34,11 @@ use crate::addressing::Addressing;
 use crate::counters::DeviceCounters;
 use crate::datagram::Datagrams;
 use crate::memory::MrTable;
+use crate::profile::attrs::IBV_DEVICE_SRQ_RESIZE;
+use crate::profile::{Attrs, Profile};
 use crate::progress::Progress;
 use crate::qp::{Conn, DataPath, QpDevice, QpInner, QpShared, QpTable};
 use crate::transport::Setup;
-
-/// Largest `max_inline_data` a QP may ask for.
-pub const MAX_INLINE: u32 = 256;
-
-/// `IBV_DEVICE_SRQ_RESIZE` of `enum ibv_device_cap_flags`: `ibv_modify_srq` may change
-/// an SRQ's `max_wr`.
-const IBV_DEVICE_SRQ_RESIZE: u32 = 1 << 13;
 
 /// One simulated HCA.
 pub struct DeviceShared {
@@ -53,6 +48,10 @@ pub struct DeviceShared {
     pub addr: Arc<Addressing>,
     /// Device attributes.
     pub attr: Arc<DeviceAttr>,
+    /// The kind of HCA it plays.
+    pub profile: Profile,
+    /// That profile's attributes (what `attr` and the port report, and more).
+    pub limits: Attrs,
     /// Registered memory.
     pub mrs: Arc<MrTable>,
     /// QPs by number.
@@ -82,14 +81,15 @@ pub struct PdShared {
 }
 
 impl DeviceShared {
-    /// Opens a device: binds its listener on `listen` and starts its progress thread. A
-    /// wildcard `listen` advertises `advertise`, or else the host's first non-loopback
-    /// address of its family.
+    /// Opens a device playing `profile`: binds its listener on `listen` and starts its
+    /// progress thread. A wildcard `listen` advertises `advertise`, or else the host's
+    /// first non-loopback address of its family.
     pub fn open(
         name: &str,
         index: u32,
         listen: SocketAddr,
         advertise: Option<IpAddr>,
+        profile: Profile,
     ) -> Result<Arc<DeviceShared>> {
         let os = |call: &'static str| move |source: std::io::Error| Error::Os { call, source };
         let sock = crate::lid_port::bind(listen).map_err(|source| Error::Os {
@@ -123,31 +123,32 @@ impl DeviceShared {
             .spawn(move || p.run())
             .map_err(os("spawn progress thread"))?;
         let guid = 0x5349_4d00_0000_0000u64 | ((std::process::id() as u64) << 16) | index as u64;
+        let l = profile.attrs();
         let attr = DeviceAttr {
             fw_ver: concat!("sim-", env!("CARGO_PKG_VERSION")).to_string(),
             node_guid: guid,
             sys_image_guid: guid,
-            max_mr_size: u64::MAX,
-            page_size_cap: 0xffff_f000,
-            vendor_id: 0,
-            vendor_part_id: 0,
+            max_mr_size: l.max_mr_size,
+            page_size_cap: l.page_size_cap,
+            vendor_id: l.vendor_id,
+            vendor_part_id: l.vendor_part_id,
             hw_ver: 1,
-            max_qp: 1 << 16,
-            max_qp_wr: 16384,
+            max_qp: l.max_qp,
+            max_qp_wr: l.max_qp_wr,
             device_cap_flags: IBV_DEVICE_SRQ_RESIZE,
-            max_sge: 32,
-            max_sge_rd: 32,
-            max_cq: 1 << 16,
-            max_cqe: (1 << 22) - 1,
-            max_mr: 1 << 20,
-            max_pd: 1 << 16,
-            max_qp_rd_atom: 16,
-            max_qp_init_rd_atom: 16,
-            atomic_cap: AtomicCap::Hca,
-            // As a ConnectX does: an SRQ as deep and as wide as a QP's receive queue.
-            max_srq: 1 << 16,
-            max_srq_wr: 16384,
-            max_srq_sge: 32,
+            max_sge: l.max_sge,
+            max_sge_rd: l.max_sge_rd,
+            max_cq: l.max_cq,
+            max_cqe: l.max_cqe,
+            max_mr: l.max_mr,
+            max_pd: l.max_pd,
+            max_qp_rd_atom: l.max_qp_rd_atom,
+            max_qp_init_rd_atom: l.max_qp_init_rd_atom,
+            atomic_cap: l.atomic_cap,
+            max_srq: l.max_srq,
+            max_srq_wr: l.max_srq_wr,
+            max_srq_sge: l.max_srq_sge,
+            // One P_Key, the default (see `profile::attrs`).
             max_pkeys: 1,
             phys_port_cnt: 1,
         };
@@ -177,6 +178,8 @@ impl DeviceShared {
             name: name.to_string(),
             addr: addr.clone(),
             attr: Arc::new(attr),
+            profile,
+            limits: l,
             mrs: Arc::default(),
             qps,
             next_handle: AtomicU32::new(1),
@@ -190,7 +193,7 @@ impl DeviceShared {
             progress_thread: Mutex::new(Some(progress_thread)),
         });
         crate::transport::spawn_listener(&dev.setup, std_listener)?;
-        tracing::debug!(device = name, %bound, advertise = %addr.advertise, "sim device open");
+        tracing::debug!(device = name, %bound, advertise = %addr.advertise, %profile, "sim device open");
         Ok(dev)
     }
 
@@ -214,10 +217,10 @@ impl DeviceShared {
     pub fn port_attr(&self) -> PortAttr {
         PortAttr {
             state: PortState::Active,
-            max_mtu: Mtu::Mtu4096,
-            active_mtu: Mtu::Mtu4096,
+            max_mtu: self.limits.max_mtu,
+            active_mtu: self.limits.active_mtu,
             gid_tbl_len: self.addr.gids.len() as u32,
-            max_msg_sz: crate::wire::MAX_MSG,
+            max_msg_sz: self.limits.max_msg_sz,
             pkey_tbl_len: 1,
             lid: self.addr.lid(),
             sm_lid: 0,
@@ -244,7 +247,7 @@ impl DeviceShared {
         c.srq_resize = a.device_cap_flags & IBV_DEVICE_SRQ_RESIZE != 0;
         c.ud = true;
         c.uc = true;
-        c.max_inline_data = MAX_INLINE;
+        c.max_inline_data = self.limits.max_inline;
         c.max_send_sge = a.max_sge;
         c.max_recv_sge = a.max_sge;
         c.max_sge_rd = a.max_sge_rd;
@@ -252,7 +255,7 @@ impl DeviceShared {
         c.max_cqe = a.max_cqe;
         c.max_qp_init_rd_atom = a.max_qp_init_rd_atom;
         c.max_qp_rd_atom = a.max_qp_rd_atom;
-        c.max_msg_sz = crate::wire::MAX_MSG;
+        c.max_msg_sz = self.limits.max_msg_sz;
         c.max_mr_size = a.max_mr_size;
         c.link_layer = LinkLayer::InfiniBand;
         c
@@ -269,6 +272,7 @@ impl DeviceShared {
             attr: self.attr.clone(),
             events: self.events.clone(),
             counters: self.counters.clone(),
+            profile: self.profile,
         }
     }
 }

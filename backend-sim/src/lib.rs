@@ -55,7 +55,8 @@
 //! out-of-band exchange of (GID, LID, QPN, PSN) is all a peer needs, in the same process,
 //! another process or another host. [`SimConfig`] (or the environment, see
 //! [`SimBackend::from_env`]) chooses the listen address, the advertised address and the
-//! number of devices. The data connections use CUBIC congestion control whatever the
+//! number of devices, and [`Profile`] the kind of HCA they play (`portable`, `rxe`,
+//! `mlx5`; see [`profile`]). The data connections use CUBIC congestion control whatever the
 //! host's default (`RDMA_SIM_TCP_CC` chooses another, or `system`; see [`sockopt`] for
 //! why).
 
@@ -74,6 +75,7 @@ mod host_addrs;
 mod lid_port;
 mod link;
 mod listener;
+pub mod profile;
 mod progress;
 mod qp;
 pub mod sockopt;
@@ -84,6 +86,7 @@ mod verify;
 
 pub use backend_sim_proto::NakReason;
 pub use counters::Counters;
+pub use profile::Profile;
 pub use verbs::ah::SimAh;
 pub use verbs::backend::{SimBackend, SimConfig};
 pub use verbs::context::SimContext;

@@ -24,6 +24,7 @@
 //! - [`engine`]: one connection's frames through both halves; [`connection`]: a
 //!   connection's bytes and the policy that composes the halves over them (when an owed
 //!   ACK leaves, how much one pass builds, how far a peer that does not read may push).
+//! - [`switches`]: the behavioural switches of a device profile, where HCAs differ.
 //! - [`rx`] and [`tx`]: a connection's incoming and outgoing bytes, and [`io`] the two
 //!   traits through which the driver's sockets fill and drain them.
 //!
@@ -59,6 +60,7 @@ pub mod recv_queue;
 pub mod requester;
 pub mod responder;
 pub mod rx;
+pub mod switches;
 pub mod tx;
 pub mod wire;
 

@@ -15,9 +15,10 @@ use verbs_api::{AsyncElement, AsyncEvent, AsyncEventType, QpAttr, QpCap, QpState
 
 use crate::addressing::Addressing;
 use crate::counters::DeviceCounters;
-use crate::cq::CqShared;
+use crate::cq::{CqShared, SlotMark};
 use crate::fault_state::QpFaults;
 use crate::memory::MrTable;
+use crate::profile::warnings::QpWarnings;
 use crate::recv_queue::SharedRecvQueue;
 use crate::requester::Requester;
 use crate::responder::Responder;
@@ -63,6 +64,8 @@ pub struct QpInner {
     pub busy: bool,
     send_wc: Vec<WorkCompletion>,
     recv_wc: Vec<(WorkCompletion, bool)>,
+    /// Scratch for the marks of `send_wc` ([`Requester::take_marks`]).
+    marks: Vec<u64>,
 }
 
 /// An established connection of a QP.
@@ -109,6 +112,8 @@ pub struct QpDevice {
     pub events: Arc<EventQueue>,
     /// Its counters of what responders dropped.
     pub counters: Arc<DeviceCounters>,
+    /// The kind of HCA it plays: its switches decide what the QP does where HCAs differ.
+    pub profile: crate::profile::Profile,
 }
 
 /// The parts of a QP's state that one connection's frames move ([`QpShared::scratch`]).
@@ -150,6 +155,8 @@ pub struct QpShared {
     pub tx_queued: AtomicBool,
     /// Set once any fault was armed on this QP (keeps the fault checks off the fast path).
     pub fault_armed: AtomicBool,
+    /// The portability warnings it gave (`portable` profile).
+    pub warned: QpWarnings,
 }
 
 impl QpShared {
@@ -171,11 +178,18 @@ impl QpShared {
             cap,
             ..Default::default()
         };
+        let sw = dev.profile.switches();
+        let limits = dev.profile.attrs();
         let mut resp = match srq {
             Some(srq) => Responder::with_srq(qpn, pd, srq),
             None => Responder::new(qpn, pd, cap.max_recv_wr, cap.max_recv_sge),
-        };
-        let mut req = Requester::new(qpn, pd, &cap, sq_sig_all);
+        }
+        .with_switches(sw);
+        let mut req = Requester::new(qpn, pd, &cap, sq_sig_all).with_profile(
+            sw,
+            limits.max_msg_sz,
+            limits.active_mtu.bytes(),
+        );
         match qp_type {
             QpType::Uc => {
                 req = req.unreliable();
@@ -207,6 +221,7 @@ impl QpShared {
                 busy: false,
                 send_wc: Vec::new(),
                 recv_wc: Vec::new(),
+                marks: Vec::new(),
             }),
             dev,
             send_cq,
@@ -216,6 +231,23 @@ impl QpShared {
             destroyed: AtomicBool::new(false),
             tx_queued: AtomicBool::new(false),
             fault_armed: AtomicBool::new(false),
+            warned: QpWarnings::default(),
+        }
+    }
+
+    /// RESET or destroy (`what`): on a device that cleans CQs, the QP's completions leave
+    /// its CQs (and under `portable`, removing some the application never polled is
+    /// warned about, see `profile::warnings`).
+    fn clean_cqs(&self, what: &str) {
+        if !self.dev.profile.switches().cq_clean_on_reset {
+            return;
+        }
+        let mut n = self.send_cq.clean(self.qpn);
+        if !Arc::ptr_eq(&self.send_cq, &self.recv_cq) {
+            n += self.recv_cq.clean(self.qpn);
+        }
+        if n > 0 && self.dev.profile.warns() {
+            self.warned.cqes_removed(self.qpn, what, n);
         }
     }
 
@@ -259,8 +291,11 @@ impl QpShared {
         // also sees the send queue empty.
         self.note_busy(g);
         loop {
-            let ok_s = g.send_wc.is_empty() || self.send_cq.push_all(g.send_wc.drain(..).map(|w| (w, false)));
-            let ok_r = g.recv_wc.is_empty() || self.recv_cq.push_all(g.recv_wc.drain(..));
+            let ok_s = g.send_wc.is_empty() || self.push_send(g);
+            let ok_r = g.recv_wc.is_empty()
+                || self
+                    .recv_cq
+                    .push_all(g.recv_wc.drain(..).map(|(w, s)| (w, s, None)));
             if !(ok_s && ok_r) {
                 self.cq_overflowed();
             }
@@ -280,6 +315,32 @@ impl QpShared {
             tracing::warn!(qpn = self.qpn, "completion queue overflow: QP to ERR");
             self.enter_error_inner(g);
         }
+    }
+
+    /// Pushes the send completions to the send CQ, each with the mark that frees its
+    /// send queue slots when polled (under `SlotRelease::AtPoll`; see `SqSlots`).
+    fn push_send(&self, g: &mut QpInner) -> bool {
+        let QpInner {
+            req, send_wc, marks, ..
+        } = g;
+        marks.clear();
+        req.take_marks(marks);
+        if marks.is_empty() {
+            return self.send_cq.push_all(send_wc.drain(..).map(|w| (w, false, None)));
+        }
+        debug_assert_eq!(marks.len(), send_wc.len());
+        let slots = req.slots();
+        self.send_cq
+            .push_all(send_wc.drain(..).zip(marks.drain(..)).map(|(w, upto)| {
+                (
+                    w,
+                    false,
+                    Some(SlotMark {
+                        slots: slots.clone(),
+                        upto,
+                    }),
+                )
+            }))
     }
 
     /// Queues the asynchronous events the responder gave rise to on the device (none

@@ -173,6 +173,7 @@ impl QpShared {
                 }
                 g.req.reset();
                 g.resp.reset();
+                self.clean_cqs("RESET");
                 g.faults.force_rnr = 0;
                 self.note_busy(&mut g);
                 g.epoch += 1;
@@ -240,7 +241,12 @@ impl QpShared {
             // Nothing in flight: drained at once.
             self.check_drained(&mut g);
         }
-        if cur == QpState::Sqd && next == QpState::Rts && g.req.has_unsent() {
+        // (`Switches::sqd_rts_resumes` off, as on rxe: they wait for the next post.)
+        if cur == QpState::Sqd
+            && next == QpState::Rts
+            && g.req.has_unsent()
+            && g.req.switches().sqd_rts_resumes
+        {
             self.start_send_queue(g, None);
         }
         Ok(())

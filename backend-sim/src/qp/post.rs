@@ -59,6 +59,21 @@ impl QpShared {
                         qpn: self.qpn,
                         capacity: self.cap.max_send_wr,
                     },
+                    PostCheck::FullUnpolled => {
+                        if self.dev.profile.warns() {
+                            self.warned
+                                .sq_full_unpolled(self.qpn, self.cap.max_send_wr, g.req.held_unpolled());
+                        }
+                        Error::QueueFull {
+                            queue: QueueKind::Send,
+                            qpn: self.qpn,
+                            capacity: self.cap.max_send_wr,
+                        }
+                    }
+                    PostCheck::MisalignedAtomic => Error::invalid(
+                        "ibv_post_send",
+                        "the atomic's remote address is not 8-byte aligned",
+                    ),
                     PostCheck::TooManySge => Error::invalid(
                         "ibv_post_send",
                         format!(
@@ -229,7 +244,8 @@ impl QpShared {
                 }
             }
         }
-        if posted && g.state == QpState::Err {
+        // (`Switches::recv_in_err_flushed` off, as on rxe: they stay queued.)
+        if posted && g.state == QpState::Err && g.resp.switches().recv_in_err_flushed {
             let QpInner { resp, recv_wc, .. } = &mut *g;
             resp.flush(recv_wc);
             self.deliver(&mut g);
@@ -250,6 +266,7 @@ impl QpShared {
         g.epoch += 1;
         g.req.reset();
         g.resp.reset();
+        self.clean_cqs("destroy");
         self.note_busy(&mut g);
         self.close_conns(&mut g);
         drop(g);

@@ -4,6 +4,8 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use verbs_api::{Error, Result};
 
+use crate::profile::{Profile, UnknownProfile};
+
 /// Configuration of the simulated devices.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SimConfig {
@@ -16,6 +18,9 @@ pub struct SimConfig {
     /// GID, where peers connect. `None`: the host's first non-loopback address of the
     /// listen address's family. Ignored for a specific listen IP, which is advertised.
     pub advertise: Option<IpAddr>,
+    /// The kind of HCA every device plays ([`Profile`]): its limits and behaviour where
+    /// HCAs differ. Default: `portable`.
+    pub profile: Profile,
 }
 
 impl Default for SimConfig {
@@ -24,6 +29,7 @@ impl Default for SimConfig {
             listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0),
             devices: 2,
             advertise: None,
+            profile: Profile::default(),
         }
     }
 }
@@ -43,7 +49,8 @@ impl SimBackend {
     /// The default configuration, overridden by `RDMA_SIM_LISTEN` (an `ip` or `ip:port`
     /// to listen on, e.g. `0.0.0.0:18515` to accept other hosts), `RDMA_SIM_ADVERTISE`
     /// (with a wildcard listen: the IP to advertise) and `RDMA_SIM_DEVICES` (how many
-    /// devices to list).
+    /// devices to list) and `RDMA_SIM_PROFILE` (`portable`, `rxe` or `mlx5`: the kind of
+    /// HCA the devices play; any other value is an error).
     pub fn from_env() -> Result<Self> {
         let mut c = SimConfig::default();
         if let Ok(v) = std::env::var("RDMA_SIM_LISTEN") {
@@ -68,6 +75,11 @@ impl SimBackend {
             c.devices = v
                 .parse()
                 .map_err(|_| Error::invalid("RDMA_SIM_DEVICES", format!("{v:?} is not a number")))?;
+        }
+        if let Ok(v) = std::env::var("RDMA_SIM_PROFILE") {
+            c.profile = v
+                .parse()
+                .map_err(|e: UnknownProfile| Error::invalid("RDMA_SIM_PROFILE", e.to_string()))?;
         }
         Ok(SimBackend { config: c })
     }

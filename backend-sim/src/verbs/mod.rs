@@ -59,7 +59,7 @@ impl Backend for SimBackend {
             listen.set_port(listen.port() + index as u16);
         }
         Ok(SimContext {
-            dev: DeviceShared::open(name, index, listen, self.config.advertise)?,
+            dev: DeviceShared::open(name, index, listen, self.config.advertise, self.config.profile)?,
         })
     }
 }

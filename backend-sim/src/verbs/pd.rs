@@ -13,7 +13,7 @@ use super::backend::SimBackend;
 use super::cq::SimCq;
 use super::qp::SimQp;
 use super::srq::SimSrq;
-use crate::device::{PdShared, MAX_INLINE};
+use crate::device::PdShared;
 use crate::memory::MrShared;
 use crate::qp::QpShared;
 use crate::recv_queue::SharedRecvQueue;
@@ -111,7 +111,7 @@ impl ProtectionDomain for SimPd {
             ("max_recv_wr", c.max_recv_wr, a.max_qp_wr),
             ("max_send_sge", c.max_send_sge, a.max_sge),
             ("max_recv_sge", c.max_recv_sge, a.max_sge),
-            ("max_inline_data", c.max_inline_data, MAX_INLINE),
+            ("max_inline_data", c.max_inline_data, dev.limits.max_inline),
         ];
         for (name, asked, max) in checks {
             if asked > max {

@@ -22,6 +22,8 @@
 //! complete strictly in order; only signaled ones (or errors) produce a completion.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use verbs_api::timers::{rnr_timer, RNR_RETRY_INFINITE};
@@ -29,8 +31,9 @@ use verbs_api::{SendFlags, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion, WrOp
 
 use crate::memory::{MrTable, Seg};
 use crate::psn;
+use crate::switches::{SlotRelease, Switches};
 use crate::tx::TxQueue;
-use crate::wire::{Frame, NakCode, NakReason, MAX_MSG};
+use crate::wire::{Frame, NakCode, NakReason, MAX_DATAGRAM, MAX_MSG};
 
 pub mod uc;
 pub mod ud;
@@ -47,6 +50,27 @@ pub const RNR_WARN_AFTER: Duration = Duration::from_secs(3);
 /// ([`Requester::connecting`]): an attempt still unanswered after this (a peer that drops
 /// packets, a stalled machine) counts as lost packets from then on.
 pub const LINK_SETUP_GRACE: Duration = Duration::from_secs(1);
+
+/// The send queue slots that polling frees, under [`SlotRelease::AtPoll`]: WQEs are
+/// numbered in the order they complete, each send completion carries the number of the
+/// last WQE it covers ([`Requester::take_marks`]), and polling it frees every slot up to
+/// there. Shared between the requester (which counts what is held) and the CQ (which
+/// frees as the application polls).
+#[derive(Debug, Default)]
+pub struct SqSlots {
+    freed: AtomicU64,
+}
+
+impl SqSlots {
+    /// A completion marked `upto` was polled: the slots of every WQE up to it are free.
+    pub fn release_through(&self, upto: u64) {
+        self.freed.fetch_max(upto, Ordering::AcqRel);
+    }
+
+    fn freed(&self) -> u64 {
+        self.freed.load(Ordering::Acquire)
+    }
+}
 
 /// The QP must go to ERR (a completion with the error has been produced).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -202,6 +226,19 @@ pub struct Requester {
     /// from counting against `retry_cnt` ([`Requester::connecting`]).
     link_setup: Option<Instant>,
     scratch: Vec<Seg>,
+    /// The device profile's behavioural switches.
+    sw: Switches,
+    /// The longest message (the port's `max_msg_sz`).
+    max_msg: u64,
+    /// The longest UD datagram (the port's active MTU).
+    mtu: u32,
+    /// WQEs retired so far (completed, whether or not with a completion).
+    retired: u64,
+    /// Slots freed by polling ([`SlotRelease::AtPoll`]).
+    slots: Arc<SqSlots>,
+    /// For each completion `retire` produced and the driver has not taken: the number of
+    /// the last WQE it covers ([`SqSlots`]).
+    marks: Vec<u64>,
 }
 
 impl Requester {
@@ -246,7 +283,47 @@ impl Requester {
             link_error: 0,
             link_setup: None,
             scratch: Vec::new(),
+            sw: Switches::default(),
+            max_msg: MAX_MSG as u64,
+            mtu: MAX_DATAGRAM,
+            retired: 0,
+            slots: Arc::default(),
+            marks: Vec::new(),
         }
+    }
+
+    /// The same, on a device with the switches `sw` whose port takes messages of up to
+    /// `max_msg` bytes and datagrams of up to `mtu` (capped at the wire's limits).
+    pub fn with_profile(mut self, sw: Switches, max_msg: u32, mtu: u32) -> Self {
+        self.sw = sw;
+        self.max_msg = max_msg.min(MAX_MSG) as u64;
+        self.mtu = mtu.min(MAX_DATAGRAM);
+        self
+    }
+
+    /// The switches it follows.
+    pub fn switches(&self) -> &Switches {
+        &self.sw
+    }
+
+    /// The slots polling frees (for the CQ to release them as completions are polled).
+    pub fn slots(&self) -> &Arc<SqSlots> {
+        &self.slots
+    }
+
+    /// Slots held by WQEs that completed but whose completions (or a later one's) were
+    /// not polled yet: none under [`SlotRelease::AtCompletion`].
+    pub fn held_unpolled(&self) -> u64 {
+        match self.sw.sq_slot_release {
+            SlotRelease::AtCompletion => 0,
+            SlotRelease::AtPoll => self.retired.saturating_sub(self.slots.freed()),
+        }
+    }
+
+    /// Moves the marks of the completions produced since the last call into `out`, one
+    /// per completion in the same order (under [`SlotRelease::AtPoll`]; otherwise none).
+    pub fn take_marks(&mut self, out: &mut Vec<u64>) {
+        out.append(&mut self.marks);
     }
 
     /// Applies connection attributes (RTR → RTS, or RTS → RTS for `min_rnr_timer`-like
@@ -330,11 +407,22 @@ impl Requester {
         if self.sq.len() >= self.cap {
             return Err(PostCheck::Full);
         }
+        if self.sq.len() as u64 + self.held_unpolled() >= self.cap as u64 {
+            return Err(PostCheck::FullUnpolled);
+        }
         if wr.sg_list.len() > self.max_sge as usize {
             return Err(PostCheck::TooManySge);
         }
-        if self.uc && (matches!(wr.op, WrOp::RdmaRead { .. }) || wr.op.is_atomic()) {
+        if self.uc
+            && self.sw.opcode_checked_at_post
+            && (matches!(wr.op, WrOp::RdmaRead { .. }) || wr.op.is_atomic())
+        {
             return Err(PostCheck::NotUc);
+        }
+        if let WrOp::AtomicCmpAndSwp { remote, .. } | WrOp::AtomicFetchAndAdd { remote, .. } = wr.op {
+            if self.sw.misaligned_atomic_einval && remote.addr % 8 != 0 {
+                return Err(PostCheck::MisalignedAtomic);
+            }
         }
         let inline = wr.send_flags.contains(SendFlags::INLINE);
         let mut w = self.spare.pop().unwrap_or_else(|| Box::new(SendWqe::blank()));
@@ -449,8 +537,13 @@ impl Requester {
         let pd = self.pd;
         let ack_req = !self.sq[idx].op.is_read_or_atomic() && self.ack_req_due();
         let w = &mut self.sq[idx];
-        if w.len > MAX_MSG as u64 {
+        if w.len > self.max_msg {
             return Err(WcStatus::LocLenErr);
+        }
+        if self.uc && w.op.is_read_or_atomic() {
+            // Accepted at post (`Switches::opcode_checked_at_post` off, as on rxe): UC
+            // has no such operation, so it fails as it starts.
+            return Err(WcStatus::LocQpOpErr);
         }
         let len = w.len as u32;
         match w.op {
@@ -609,6 +702,14 @@ impl Requester {
         progressed
     }
 
+    /// One transport retry is used up, unless `retry_cnt` is 7 on a device that retries
+    /// those for ever ([`Switches::retry_cnt_7_infinite`]).
+    fn spend_retry(&mut self) {
+        if !(self.sw.retry_cnt_7_infinite && self.attrs.retry_cnt == 7) {
+            self.retry_left -= 1;
+        }
+    }
+
     fn progress(&mut self, now: Instant) {
         self.retry_left = self.attrs.retry_cnt;
         self.rnr_left = self.attrs.rnr_retry;
@@ -629,7 +730,11 @@ impl Requester {
     fn retire(&mut self, out: &mut Vec<WorkCompletion>) {
         while let Some(w) = self.sq.front() {
             let Some(status) = w.status else { break };
+            self.retired += 1;
             if w.signaled || status != WcStatus::Success {
+                if self.sw.sq_slot_release == SlotRelease::AtPoll {
+                    self.marks.push(self.retired);
+                }
                 let mut wc = w.completion(self.qpn, status);
                 wc.vendor_err = if status == WcStatus::RetryExcErr {
                     self.link_error
@@ -757,7 +862,7 @@ impl Requester {
                         if self.retry_left == 0 {
                             return self.fail(i, WcStatus::RetryExcErr, out);
                         }
-                        self.retry_left -= 1;
+                        self.spend_retry();
                         self.rewind(i);
                         tracing::debug!(
                             qpn = self.qpn,
@@ -882,7 +987,7 @@ impl Requester {
                         );
                         return self.fail(i, WcStatus::RetryExcErr, out).map(|_| true);
                     }
-                    self.retry_left -= 1;
+                    self.spend_retry();
                     if let Some(psn) = self.receiving {
                         tracing::debug!(
                             qpn = self.qpn,
@@ -972,8 +1077,11 @@ impl Requester {
         self.link_wait = None;
     }
 
-    /// QP to RESET: the queue is emptied without completions.
+    /// QP to RESET: the queue is emptied without completions, and every slot is free.
     pub fn reset(&mut self) {
+        self.retired += self.sq.len() as u64;
+        self.slots.release_through(self.retired);
+        self.marks.clear();
         while let Some(mut w) = self.sq.pop_front() {
             w.local.clear();
             self.spare.push(w);
@@ -995,6 +1103,12 @@ impl Requester {
 pub enum PostCheck {
     /// The queue holds `max_send_wr` WQEs (ENOMEM).
     Full,
+    /// The queue holds fewer, but with the WQEs complete and not yet polled it holds
+    /// `max_send_wr` (ENOMEM, under [`SlotRelease::AtPoll`]).
+    FullUnpolled,
+    /// An atomic whose remote address is not 8-byte aligned (EINVAL, with
+    /// [`Switches::misaligned_atomic_einval`]).
+    MisalignedAtomic,
     /// More SGEs than `max_send_sge` (EINVAL).
     TooManySge,
     /// Inline data longer than `max_inline_data` (EINVAL).
@@ -1162,6 +1276,8 @@ mod tests {
         assert_eq!(asking(&sent), [7, 15]);
         req.on_response(&Frame::Ack { psn: 15 }, now, &mut out).unwrap();
         assert_eq!(out.len(), 16);
+        // The application polls them: their slots are free again.
+        polled(&mut req);
 
         // One at a time, each acknowledged before the next: every one asks.
         for (id, psn) in (16..20).zip(16u32..) {
@@ -1172,6 +1288,117 @@ mod tests {
             tx.drain_into(&mut sent);
             assert_eq!(asking(&sent), [psn]);
             req.on_response(&Frame::Ack { psn }, now, &mut out).unwrap();
+        }
+    }
+
+    /// The application polled every completion produced so far (frees their slots under
+    /// `SlotRelease::AtPoll`, as the CQ does).
+    fn polled(req: &mut Requester) {
+        let mut marks = Vec::new();
+        req.take_marks(&mut marks);
+        if let Some(&upto) = marks.last() {
+            req.slots().release_through(upto);
+        }
+    }
+
+    /// Posts `n` WRITEs (`signaled(i)` says which), all acknowledged at once; returns
+    /// how many completions they produced.
+    fn complete_writes(
+        req: &mut Requester,
+        mrs: &MrTable,
+        sge: &[Sge],
+        first: u64,
+        n: u64,
+        signaled: impl Fn(u64) -> bool,
+    ) -> usize {
+        let now = Instant::now();
+        let (mut tx, mut out) = (TxQueue::new(), Vec::new());
+        for id in first..first + n {
+            let wr = SendWr::write(id, sge, (0x1000, 5));
+            req.post(&if signaled(id) { wr.signaled() } else { wr }, mrs).unwrap();
+        }
+        req.poll_transmit(mrs, now, &mut tx, 64, &mut out).unwrap();
+        let psn = req.next_psn().wrapping_sub(1) & verbs_api::PSN_MASK;
+        req.on_response(&Frame::Ack { psn }, now, &mut out).unwrap();
+        assert_eq!(req.outstanding(), 0, "all complete");
+        out.len()
+    }
+
+    /// `SlotRelease::AtPoll` (portable, mlx5): completed WRs hold their slots until a
+    /// completion that covers them is polled, so a queue of unsignaled WRs fills up;
+    /// `AtCompletion` (rxe) frees them as they complete.
+    #[test]
+    fn send_queue_slots_are_freed_at_poll_or_at_completion_by_profile() {
+        let attrs = ReqAttrs {
+            sq_psn: 0,
+            timeout: None,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            max_rd_atomic: 1,
+        };
+        // At poll: 4 unsignaled WRITEs complete, and their slots stay taken.
+        let (mrs, mr, req) = setup(4, attrs);
+        let mut req = req.with_profile(Switches::PORTABLE, MAX_MSG, MAX_DATAGRAM);
+        let sge = [Sge::new(mr.addr(), 8, 7)];
+        assert_eq!(complete_writes(&mut req, &mrs, &sge, 0, 4, |_| false), 0);
+        assert_eq!(req.held_unpolled(), 4);
+        let wr = SendWr::write(9, &sge, (0x1000, 5));
+        assert_eq!(req.post(&wr, &mrs), Err(PostCheck::FullUnpolled));
+        // The last of 4 signaled: polling its completion frees all four.
+        req.reset();
+        assert_eq!(req.held_unpolled(), 0);
+        assert_eq!(complete_writes(&mut req, &mrs, &sge, 0, 4, |id| id == 3), 1);
+        assert_eq!(req.held_unpolled(), 4);
+        polled(&mut req);
+        assert_eq!(req.held_unpolled(), 0);
+        req.post(&wr, &mrs).unwrap();
+
+        // At completion: the same unsignaled WRITEs leave the queue empty.
+        let (mrs, mr, req) = setup(4, attrs);
+        let mut req = req.with_profile(Switches::RXE, MAX_MSG, MAX_DATAGRAM);
+        let sge = [Sge::new(mr.addr(), 8, 7)];
+        assert_eq!(complete_writes(&mut req, &mrs, &sge, 0, 4, |_| false), 0);
+        assert_eq!(req.held_unpolled(), 0);
+        req.post(&SendWr::write(9, &sge, (0x1000, 5)), &mrs).unwrap();
+    }
+
+    /// `retry_cnt` 7 is seven retries (IBA, mlx5), or for ever (rxe): a peer that never
+    /// answers fails the WRITE after 7 resends, or never.
+    #[test]
+    fn retry_cnt_7_is_finite_or_infinite_by_profile() {
+        let step = Duration::from_millis(10);
+        let attrs = ReqAttrs {
+            sq_psn: 0,
+            timeout: Some(step),
+            retry_cnt: 7,
+            rnr_retry: 0,
+            max_rd_atomic: 1,
+        };
+        for (sw, infinite) in [(Switches::PORTABLE, false), (Switches::RXE, true)] {
+            let (mrs, mr, req) = setup(4, attrs);
+            let mut req = req.with_profile(sw, MAX_MSG, MAX_DATAGRAM);
+            let sge = [Sge::new(mr.addr(), 8, 7)];
+            req.post(&SendWr::write(1, &sge, (0x1000, 5)).signaled(), &mrs)
+                .unwrap();
+            let mut t = Instant::now();
+            let (mut tx, mut out) = (TxQueue::new(), Vec::new());
+            let mut sends = 0;
+            for _ in 0..50 {
+                sends += req.poll_transmit(&mrs, t, &mut tx, 16, &mut out).unwrap_or(0);
+                tx = TxQueue::new();
+                t += step * 2;
+                let _ = req.on_timer(t, None, None, &mut out);
+                if !out.is_empty() {
+                    break;
+                }
+            }
+            if infinite {
+                assert!(out.is_empty() && sends == 50, "{sw:?}: {out:?} after {sends} sends");
+            } else {
+                assert_eq!(out.len(), 1, "{sw:?}");
+                assert_eq!(out[0].status, WcStatus::RetryExcErr);
+                assert_eq!(sends, 8, "the first send and seven retries");
+            }
         }
     }
 

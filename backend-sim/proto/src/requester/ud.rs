@@ -9,7 +9,8 @@
 //!   `validate_send_wr()` does not check the opcode against the QP type and the kernel's
 //!   `next_opcode()` finds none.) A WR without a destination is EINVAL too
 //!   ([`PostCheck::NoUdDestination`]).
-//! - A message longer than the port's MTU ([`MAX_DATAGRAM`]) is not sent, and its WR
+//! - A message longer than the port's MTU (the profile's active MTU, at most
+//!   [`MAX_DATAGRAM`](crate::wire::MAX_DATAGRAM)) is not sent, and its WR
 //!   completes successfully: "the CI shall not emit any packets for this message.
 //!   Further, the CI shall not generate an error due to this condition" (C10-93.1.1, as
 //!   rxe's `rxe_requester()` quotes it and does).
@@ -33,7 +34,7 @@ use verbs_api::{SendWr, WcStatus, WrOp};
 
 use super::{Fatal, PostCheck, Requester};
 use crate::memory::MrTable;
-use crate::wire::{Frame, Grh, MAX_DATAGRAM, MAX_HDR_LEN};
+use crate::wire::{Frame, Grh, MAX_HDR_LEN};
 
 /// Where a UD send goes: the address handle's destination, resolved by the driver, and
 /// the WR's QP number and Q_Key.
@@ -79,7 +80,7 @@ impl Requester {
         if !self.ud {
             return Err(PostCheck::UdDestination);
         }
-        if !matches!(wr.op, WrOp::Send | WrOp::SendWithImm { .. }) {
+        if self.sw.opcode_checked_at_post && !matches!(wr.op, WrOp::Send | WrOp::SendWithImm { .. }) {
             return Err(PostCheck::NotUd);
         }
         self.post_wqe(wr, mrs, Some(route))
@@ -117,18 +118,24 @@ impl Requester {
     /// queue of bytes), and the WR is done. A bad gather list completes the WR with
     /// `IBV_WC_LOC_PROT_ERR` and returns [`Fatal`] (nothing is appended).
     pub fn ud_emit(&mut self, idx: usize, mrs: &MrTable, out: &mut Vec<u8>) -> Result<Emitted, Fatal> {
-        let (pd, qpn, own_qkey, psn) = (self.pd, self.qpn, self.qkey, self.psn);
+        let (pd, qpn, own_qkey, psn, mtu) = (self.pd, self.qpn, self.qkey, self.psn, self.mtu);
         let w = &mut self.sq[idx];
         let Some(route) = w.route else {
             w.status = Some(WcStatus::LocQpOpErr);
             return Err(Fatal(WcStatus::LocQpOpErr));
         };
+        if !matches!(w.op, WrOp::Send | WrOp::SendWithImm { .. }) {
+            // Accepted at post (`Switches::opcode_checked_at_post` off, as on rxe): UD
+            // sends nothing else, so it fails as it starts.
+            w.status = Some(WcStatus::LocQpOpErr);
+            return Err(Fatal(WcStatus::LocQpOpErr));
+        }
         w.sent = true;
-        if w.len > MAX_DATAGRAM as u64 {
+        if w.len > mtu as u64 {
             tracing::debug!(
                 qpn,
                 len = w.len,
-                mtu = MAX_DATAGRAM,
+                mtu,
                 "UD: a message longer than the MTU is not sent (C10-93.1.1)"
             );
             w.status = Some(WcStatus::Success);

@@ -56,6 +56,7 @@ use crate::memory::{MrTable, RemoteAccessError, Seg};
 use crate::psn;
 use crate::recv_queue::{PostRecvError, RecvQueue, RecvSource, RecvWqe, SharedRecvQueue};
 use crate::requester::Fatal;
+use crate::switches::{RecvError, Switches};
 use crate::tx::TxQueue;
 use crate::wire::{Frame, NakCode, NakReason};
 
@@ -147,6 +148,8 @@ pub struct Responder {
     /// A request the owed ACK covers asked for it: send it at the end of this batch.
     ack_asked: bool,
     scratch: Vec<Seg>,
+    /// The device profile's behavioural switches.
+    sw: Switches,
 }
 
 impl Responder {
@@ -187,6 +190,39 @@ impl Responder {
             payload_ack_req: false,
             ack_asked: false,
             scratch: Vec::new(),
+            sw: Switches::default(),
+        }
+    }
+
+    /// The same, on a device with the switches `sw`.
+    pub fn with_switches(mut self, sw: Switches) -> Self {
+        self.sw = sw;
+        self
+    }
+
+    /// The switches it follows.
+    pub fn switches(&self) -> &Switches {
+        &self.sw
+    }
+
+    /// The status of a receive the message could not be placed in: IBA's `iba`, or
+    /// `IBV_WC_LOC_QP_OP_ERR` where the profile treats it as a malformed WQE
+    /// ([`RecvError`]).
+    fn recv_error(choice: RecvError, iba: WcStatus) -> WcStatus {
+        match choice {
+            RecvError::Iba => iba,
+            RecvError::MalformedWqe => WcStatus::LocQpOpErr,
+        }
+    }
+
+    /// The NAK syndrome of a refusal for `reason` on this device: the reason's own, but
+    /// an invalid request for a `qp_access_flags` refusal where the profile says so
+    /// ([`Switches::qp_access_invalid_request`]).
+    fn code_of(&self, reason: NakReason) -> NakCode {
+        if reason == NakReason::QpAccess && self.sw.qp_access_invalid_request {
+            NakCode::InvalidRequest
+        } else {
+            reason.code()
         }
     }
 
@@ -409,12 +445,25 @@ impl Responder {
                 let total = match resolved {
                     Ok(t) => t,
                     Err(_) => {
-                        self.fail_recv(WcStatus::LocProtErr, out);
+                        let status = Self::recv_error(self.sw.recv_bad_lkey, WcStatus::LocProtErr);
+                        self.fail_recv(status, out);
                         self.scratch = segs;
                         self.nak(tx, psn, NakCode::RemoteOperational, None);
-                        return Err(Fatal(WcStatus::LocProtErr));
+                        return Err(Fatal(status));
                     }
                 };
+                if (len as u64) > total && self.sw.recv_too_small == RecvError::MalformedWqe {
+                    tracing::debug!(
+                        qpn = self.qpn,
+                        len,
+                        room = total,
+                        "SEND longer than the receive buffers: a malformed WQE (LOC_QP_OP_ERR) here, the QP goes to ERR"
+                    );
+                    self.fail_recv(WcStatus::LocQpOpErr, out);
+                    self.scratch = segs;
+                    self.nak(tx, psn, NakCode::RemoteOperational, None);
+                    return Err(Fatal(WcStatus::LocQpOpErr));
+                }
                 if (len as u64) > total {
                     tracing::debug!(
                         qpn = self.qpn,
@@ -598,8 +647,9 @@ impl Responder {
             reason = ?reason,
             "remote {op} refused: {reason}; the QP goes to ERR"
         );
-        self.nak(tx, psn, reason.code(), Some(reason));
-        Err(Fatal(self.affiliated_error(reason.code())))
+        let code = self.code_of(reason);
+        self.nak(tx, psn, code, Some(reason));
+        Err(Fatal(self.affiliated_error(code)))
     }
 
     /// The affiliated asynchronous error of a request refused with `code` (IBA
@@ -663,7 +713,7 @@ impl Responder {
                             reason = ?reason,
                             "repeated READ refused: {reason}"
                         );
-                        self.nak(tx, psn, reason.code(), Some(reason))
+                        self.nak(tx, psn, self.code_of(reason), Some(reason))
                     }
                 }
             }
@@ -789,7 +839,7 @@ impl Responder {
                 q.drain(|wr_id| out.push((flushed(qpn, wr_id), false)));
             }
             RecvSource::Shared(_) => {
-                if !self.last_wqe_raised {
+                if self.sw.last_wqe_reached && !self.last_wqe_raised {
                     self.last_wqe_raised = true;
                     let qpn = self.qpn;
                     self.event(AsyncEventType::QpLastWqeReached, AsyncElement::Qp(qpn));

@@ -39,6 +39,7 @@ use super::{reason_of, trim, Incoming, Responder, Taken};
 use crate::memory::MrTable;
 use crate::psn;
 use crate::requester::Fatal;
+use crate::switches::RecvError;
 use crate::wire::Frame;
 
 impl Responder {
@@ -109,11 +110,17 @@ impl Responder {
                 let total = match resolved {
                     Ok(t) => t,
                     Err(_) => {
-                        self.fail_recv(WcStatus::LocProtErr, out);
+                        let status = Self::recv_error(self.sw.recv_bad_lkey, WcStatus::LocProtErr);
+                        self.fail_recv(status, out);
                         self.scratch = segs;
-                        return Err(Fatal(WcStatus::LocProtErr));
+                        return Err(Fatal(status));
                     }
                 };
+                if (len as u64) > total && self.sw.recv_too_small == RecvError::MalformedWqe {
+                    self.fail_recv(WcStatus::LocQpOpErr, out);
+                    self.scratch = segs;
+                    return Err(Fatal(WcStatus::LocQpOpErr));
+                }
                 if (len as u64) > total {
                     self.fail_recv(WcStatus::LocLenErr, out);
                     self.scratch = segs;

@@ -30,6 +30,7 @@ use verbs_api::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
 use super::Responder;
 use crate::memory::{MrTable, Seg};
 use crate::requester::Fatal;
+use crate::switches::RecvError;
 use crate::wire::{Frame, Grh, GRH_LEN};
 
 /// Where a datagram came from, as the link it arrived on proved it (never as the frame
@@ -115,11 +116,18 @@ impl Responder {
             Ok(t) => t,
             Err(_) => {
                 self.scratch = segs;
-                self.fail_recv(WcStatus::LocProtErr, out);
-                return Err(Fatal(WcStatus::LocProtErr));
+                let status = Self::recv_error(self.sw.recv_bad_lkey, WcStatus::LocProtErr);
+                self.fail_recv(status, out);
+                return Err(Fatal(status));
             }
         };
         let byte_len = GRH_LEN + payload.len();
+        if total < byte_len as u64 && self.sw.recv_too_small == RecvError::MalformedWqe {
+            segs.clear();
+            self.scratch = segs;
+            self.fail_recv(WcStatus::LocQpOpErr, out);
+            return Err(Fatal(WcStatus::LocQpOpErr));
+        }
         if total < byte_len as u64 {
             tracing::debug!(
                 qpn = self.qpn,

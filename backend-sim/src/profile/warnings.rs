@@ -1,0 +1,59 @@
+//! The portability warnings of the `portable` profile: things an application does whose
+//! outcome differs between HCAs in a way no single choice of the sim covers, each
+//! logged once per QP as a `tracing` warning that says what happened and what to do.
+//!
+//! - **Posting past the send queue's depth counting WRs whose CQEs were not polled.**
+//!   Under `portable` (as on mlx5) a send queue slot is freed only when the WR's
+//!   completion, or a later one of the same queue, is polled; rxe frees it when the WR
+//!   completes. A post refused with ENOMEM although fewer than `max_send_wr` WRs are
+//!   outstanding would have succeeded on rxe, so the program works on one and not the
+//!   other: poll the send CQ, and signal at least one WR in every `max_send_wr`.
+//! - **Relying on CQEs of a QP it reset or destroyed.** Under `portable` (as on mlx5)
+//!   RESET and destroy remove the QP's completions from its CQs; rxe leaves them to be
+//!   polled. When RESET or destroy removes completions the application had not polled,
+//!   a program that polls them afterwards (or counts on them not being there) behaves
+//!   differently: poll a QP's CQEs before resetting or destroying it.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// The warnings one QP has given (each at most once).
+#[derive(Debug, Default)]
+pub struct QpWarnings {
+    sq_unpolled: AtomicBool,
+    cqes_removed: AtomicBool,
+}
+
+impl QpWarnings {
+    /// A post to QP `qpn` was refused with ENOMEM while `held` of its `depth` slots were
+    /// held by WRs complete but not polled.
+    pub fn sq_full_unpolled(&self, qpn: u32, depth: u32, held: u64) {
+        if !self.sq_unpolled.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                qpn = %format_args!("{qpn:#x}"),
+                depth,
+                held,
+                "portability: ibv_post_send refused (ENOMEM): {held} of the send queue's {depth} slots \
+                 belong to WRs that completed but whose completions were not polled. An mlx5 HCA \
+                 frees a slot only when the CQE of its WR (or of a later one) is polled, as this \
+                 profile does; rxe frees it at completion and would have taken the WR. Poll the send \
+                 CQ, and signal at least one WR in every max_send_wr"
+            );
+        }
+    }
+
+    /// RESET or destroy (`what`) of QP `qpn` removed `n` of its completions that the
+    /// application had not polled.
+    pub fn cqes_removed(&self, qpn: u32, what: &str, n: usize) {
+        if !self.cqes_removed.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                qpn = %format_args!("{qpn:#x}"),
+                removed = n,
+                "portability: {what} of the QP removed {n} of its completions that were never \
+                 polled. mlx5 removes a QP's CQEs on RESET and destroy, as this profile does; rxe \
+                 leaves them in the CQ to be polled. A program that polls them afterwards, or counts \
+                 on them being gone, behaves differently on the two: poll a QP's completions before \
+                 resetting or destroying it"
+            );
+        }
+    }
+}
