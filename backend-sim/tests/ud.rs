@@ -332,7 +332,10 @@ fn a_datagram_without_a_receive_is_dropped_and_counted() {
 fn nothing_above_the_mtu_leaves() {
     let (_sim, a, b) = two_devices();
     let mtu = a.ctx.query_port(1).unwrap().active_mtu.bytes() as usize;
-    assert_eq!(mtu as u32, backend_sim::Profile::Portable.attrs().active_mtu.bytes());
+    assert_eq!(
+        mtu as u32,
+        backend_sim::Profile::Portable.attrs().active_mtu.bytes()
+    );
     let s = a.qp(QKEY);
     let r = b.qp(QKEY);
     let ah = a.ah_to(&b.ctx, &r, true);

@@ -25,6 +25,8 @@ pub struct Config {
     /// Where the server halves of the `remote` cases run (a runner started with
     /// `--serve`); `None`: in this process, on a second context of the device.
     pub peer: Option<std::net::SocketAddr>,
+    /// The kind of device: what the cases expect where HCAs differ.
+    pub profile: Profile,
 }
 
 impl Config {
@@ -35,19 +37,31 @@ impl Config {
             gid_index: 0,
             timeout: Duration::from_secs(10),
             peer: None,
+            profile: Profile::Portable,
         }
     }
 }
 
-/// Which kind of device runs the case: deviations are documented per kind.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Profile {
-    /// The simulated HCA (holds real-HCA behaviour; never deviates).
-    Sim,
-    /// Soft-RoCE (`rdma_rxe`).
-    Rxe,
-    /// Anything else (a hardware HCA).
-    Hardware,
+/// Which kind of device runs the case, the same profiles the sim plays
+/// ([`backend_sim::Profile`]): deviations are documented per kind, and accepted only from
+/// the kind that has them. `portable` and `mlx5` expect IBA's choices; `rxe` accepts the
+/// recorded rxe deviations (and the sim, run with the rxe profile, reproduces them).
+pub use backend_sim::Profile;
+
+/// The profile to expect of `device` on a backend named `backend` when none is given:
+/// the sim's is its own (`RDMA_SIM_PROFILE`, default `portable`), an `rxe*` device is rxe,
+/// and any other HCA is taken for a ConnectX.
+pub fn default_profile(backend: &str, device: &str) -> Profile {
+    if backend == "sim" {
+        std::env::var("RDMA_SIM_PROFILE")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_default()
+    } else if device.starts_with("rxe") {
+        Profile::Rxe
+    } else {
+        Profile::Mlx5
+    }
 }
 
 /// A case's environment.
@@ -61,6 +75,7 @@ pub struct Env<'a, B: Backend> {
     /// The kind of device.
     pub profile: Profile,
     deviations: RefCell<Vec<String>>,
+    observed: RefCell<Vec<(String, String)>>,
 }
 
 /// Options for [`Env::pair`]: A is usually the requester, B the responder.
@@ -135,19 +150,13 @@ impl<'a, B: Backend> Env<'a, B> {
     /// Opens `cfg.device` for one case.
     pub fn new(backend: &'a B, cfg: &'a Config) -> Result<Self, Failure> {
         let ctx = backend.open(&cfg.device)?;
-        let profile = if backend.name() == "sim" {
-            Profile::Sim
-        } else if cfg.device.starts_with("rxe") {
-            Profile::Rxe
-        } else {
-            Profile::Hardware
-        };
         Ok(Env {
             backend,
             cfg,
             ctx,
-            profile,
+            profile: cfg.profile,
             deviations: RefCell::new(Vec::new()),
+            observed: RefCell::new(Vec::new()),
         })
     }
 
@@ -163,6 +172,34 @@ impl<'a, B: Backend> Env<'a, B> {
     /// The deviations recorded so far.
     pub fn take_deviations(&self) -> Vec<String> {
         std::mem::take(&mut self.deviations.borrow_mut())
+    }
+
+    /// Records what the device did at `what` (a status, an errno, an event): the report
+    /// keeps it per case, and `--compare` holds two devices to the same observations. A
+    /// second observation of `what` replaces the first.
+    pub fn observe(&self, what: impl Into<String>, value: impl std::fmt::Display) {
+        let what = what.into();
+        let mut o = self.observed.borrow_mut();
+        let value = value.to_string();
+        match o.iter_mut().find(|(w, _)| *w == what) {
+            Some(slot) => slot.1 = value,
+            None => o.push((what, value)),
+        }
+    }
+
+    /// Records a post's result (`accepted`, or the errno's name) as the observation
+    /// `what`.
+    pub fn observe_post(&self, what: &str, r: &std::result::Result<(), verbs_api::PostError>) {
+        self.observe(
+            what,
+            r.as_ref()
+                .map_or_else(|e| errno_name(e.errno()), |_| "accepted".into()),
+        );
+    }
+
+    /// The observations recorded so far.
+    pub fn take_observed(&self) -> Vec<(String, String)> {
+        std::mem::take(&mut self.observed.borrow_mut())
     }
 
     /// Connection attributes for this run (the configured GID index).
@@ -246,6 +283,7 @@ impl<'a, B: Backend> Env<'a, B> {
         want: WcStatus,
         alt: &[(Profile, WcStatus, &str)],
     ) -> Result<(), Failure> {
+        self.observe(what, format_args!("{:?}", wc.status));
         if wc.status == want {
             return Ok(());
         }
@@ -335,6 +373,20 @@ pub fn ud_to_rts(qp: &impl QueuePair, params: &RcParams, qkey: u32, sq_psn: u32)
         ..Default::default()
     };
     qp.modify(&rts, M::STATE | M::SQ_PSN)
+}
+
+/// An errno by its name (`EINVAL`), or its number when it has none here.
+pub fn errno_name(e: i32) -> String {
+    match e {
+        libc::EINVAL => "EINVAL".into(),
+        libc::ENOMEM => "ENOMEM".into(),
+        libc::EOPNOTSUPP => "EOPNOTSUPP".into(),
+        libc::EBUSY => "EBUSY".into(),
+        libc::EPERM => "EPERM".into(),
+        libc::EAGAIN => "EAGAIN".into(),
+        libc::ENOENT => "ENOENT".into(),
+        n => format!("errno {n}"),
+    }
 }
 
 /// A buffer with a recognisable pattern.

@@ -125,6 +125,9 @@ pub struct CaseReport {
     pub detail: String,
     /// For a skip: the capability the device lacks.
     pub lacks: Option<report::Lack>,
+    /// What the device did where the case observed it ([`Env::observe`]): statuses,
+    /// errnos, events, in the order first observed.
+    pub observed: Vec<(String, String)>,
     /// Wall time.
     pub time: Duration,
 }
@@ -141,19 +144,26 @@ pub fn run_case<B: Backend>(backend: &B, cfg: &Config, case: &Case<B>) -> CaseRe
                 .iter()
                 .find_map(|l| l.missing_in(&caps).map(|why| (*l, why)))
             {
-                return Ok((Outcome::Skip(lack, why), Vec::new()));
+                return Ok((Outcome::Skip(lack, why), Vec::new(), Vec::new()));
             }
         }
         let r = (case.run)(&env)?;
-        Ok::<_, Failure>((r, env.take_deviations()))
+        Ok::<_, Failure>((r, env.take_deviations(), env.take_observed()))
     }));
     let mut lacks = None;
+    let mut observed = Vec::new();
     let (status, detail) = match result {
-        Ok(Ok((Outcome::Pass, devs))) | Ok(Ok((Outcome::Deviation(devs), _))) if !devs.is_empty() => {
+        Ok(Ok((Outcome::Pass, devs, obs))) | Ok(Ok((Outcome::Deviation(devs), _, obs)))
+            if !devs.is_empty() =>
+        {
+            observed = obs;
             ("pass", format!("deviation: {}", devs.join("; ")))
         }
-        Ok(Ok((Outcome::Pass, _))) | Ok(Ok((Outcome::Deviation(_), _))) => ("pass", String::new()),
-        Ok(Ok((Outcome::Skip(lack, why), _))) => {
+        Ok(Ok((Outcome::Pass, _, obs))) | Ok(Ok((Outcome::Deviation(_), _, obs))) => {
+            observed = obs;
+            ("pass", String::new())
+        }
+        Ok(Ok((Outcome::Skip(lack, why), _, _))) => {
             lacks = Some(lack);
             ("skip", why)
         }
@@ -175,6 +185,7 @@ pub fn run_case<B: Backend>(backend: &B, cfg: &Config, case: &Case<B>) -> CaseRe
         status,
         detail,
         lacks,
+        observed,
         time: start.elapsed(),
     }
 }

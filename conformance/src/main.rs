@@ -5,7 +5,8 @@
 //! cargo run --release -p conformance -- --backend sim
 //! cargo run --release -p conformance -- --backend sim --json > sim.json
 //! cargo run --release -p conformance -- --filter rnr
-//! cargo run --release -p conformance -- --compare sim.json rxe.json
+//! cargo run --release -p conformance -- --backend sim --profile rxe --json > sim-rxe.json
+//! cargo run --release -p conformance -- --compare sim-rxe.json rxe.json
 //! cargo run --release -p conformance -- --serve 0.0.0.0:18600            # host A
 //! cargo run --release -p conformance -- --peer HOST_A:18600 -f remote    # host B
 //! cargo run --release -p conformance --features ibverbs -- --backend ibverbs -d rxe0 -x 1
@@ -56,6 +57,12 @@ struct Args {
     /// With `--serve`: exit after serving this many cases (default: serve until killed).
     #[arg(long, value_name = "N", requires = "serve")]
     serve_cases: Option<usize>,
+    /// The device profile: what the cases expect where HCAs differ (`rxe` accepts rxe's
+    /// recorded deviations) and, with `--backend sim`, the kind of HCA the sim plays.
+    /// Default: the sim's own (`RDMA_SIM_PROFILE`, else portable); for ibverbs, rxe on
+    /// an `rxe*` device and mlx5 on any other.
+    #[arg(long, value_name = "portable|rxe|mlx5")]
+    profile: Option<conformance::Profile>,
     /// Run the server halves of the `remote` cases in the runner at this address (started
     /// with `--serve`) instead of in this process.
     #[arg(long, value_name = "HOST:PORT", value_parser = conformance::peer::parse_peer)]
@@ -140,6 +147,10 @@ fn main() -> ExitCode {
             }
         };
     }
+    if let (Some(p), BackendKind::Sim) = (args.profile, args.backend) {
+        // Read by `SimBackend::from_env` below (before any other thread exists).
+        std::env::set_var("RDMA_SIM_PROFILE", p.name());
+    }
     conformance::with_backend!(
         args.backend,
         "cargo run --release -p conformance --features ibverbs -- --backend ibverbs",
@@ -181,11 +192,15 @@ fn run<B: Backend>(backend: &B, args: &Args) -> ExitCode {
             }
         },
     };
+    let profile = args
+        .profile
+        .unwrap_or_else(|| conformance::env::default_profile(backend.name(), &device));
     let cfg = Config {
         device: device.clone(),
         gid_index: args.gid_index,
         timeout: Duration::from_secs_f64(args.timeout),
         peer: args.peer,
+        profile,
     };
     if let Some(addr) = &args.serve {
         let halves = conformance::cases::remote_halves::<B>();
@@ -232,6 +247,7 @@ fn run<B: Backend>(backend: &B, args: &Args) -> ExitCode {
             backend: backend.name().into(),
             device: device.clone(),
             capabilities: device_caps(backend, &device),
+            profile: Some(profile.name().into()),
             cases: rows,
         };
         println!(
@@ -240,10 +256,11 @@ fn run<B: Backend>(backend: &B, args: &Args) -> ExitCode {
         );
     } else {
         println!(
-            "backend {} device {} gid-index {}\n",
+            "backend {} device {} gid-index {} profile {}\n",
             backend.name(),
             device,
-            args.gid_index
+            args.gid_index,
+            profile
         );
         print!("{}", table(&rows));
     }

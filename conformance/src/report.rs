@@ -150,6 +150,10 @@ pub struct Report {
     /// The device's capabilities (absent in reports of earlier versions).
     #[serde(default)]
     pub capabilities: Option<DeviceCaps>,
+    /// The profile the cases expected of the device (and the sim played): `portable`,
+    /// `rxe` or `mlx5` (absent in reports of earlier versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
     /// One row per case.
     pub cases: Vec<JsonRow>,
 }
@@ -169,15 +173,18 @@ impl Report {
                 backend: cases.first().map(|r| r.backend.clone()).unwrap_or_default(),
                 device: cases.first().map(|r| r.device.clone()).unwrap_or_default(),
                 capabilities: None,
+                profile: None,
                 cases,
             }),
         }
     }
 
-    /// `backend:device`, or `fallback` when the report names neither.
+    /// `backend:device (profile)`, or `fallback` when the report names neither.
     pub fn label(&self, fallback: &str) -> String {
         if self.backend.is_empty() && self.device.is_empty() {
             fallback.to_string()
+        } else if let Some(p) = &self.profile {
+            format!("{}:{} ({p})", self.backend, self.device)
         } else {
             format!("{}:{}", self.backend, self.device)
         }
@@ -212,6 +219,10 @@ pub struct JsonRow {
     /// For a skip: the capability the device lacks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lacks: Option<Lack>,
+    /// What the device did where the case observed it (a status, an errno, an event),
+    /// by what was observed: `--compare` holds two reports to the same values.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub observed: BTreeMap<String, String>,
 }
 
 /// JSON rows for a run.
@@ -229,6 +240,7 @@ pub fn json_rows(reports: &[CaseReport], backend: &str, device: &str) -> Vec<Jso
             backend: backend.into(),
             device: device.into(),
             lacks: r.lacks,
+            observed: r.observed.iter().cloned().collect(),
         })
         .collect()
 }
@@ -445,11 +457,34 @@ pub fn check_with(ra: &Report, rb: &Report, one_sided: OneSided) -> (Vec<String>
                 }
             }
         }
+        if let [Some(x), Some(y)] = rows {
+            why.extend(observed_differences(x, y, &sides[0].1, &sides[1].1));
+        }
         if !why.is_empty() {
             problems.push(format!("{id}: {}", why.join("; ")));
         }
     }
     (problems, gaps)
+}
+
+/// Where two runs of one case observed different things (`la`, `lb` name the reports):
+/// a value that differs, or one observed on one side only. Rows without observations
+/// (a report from before they were recorded, a case that records none) are not compared.
+fn observed_differences(x: &JsonRow, y: &JsonRow, la: &str, lb: &str) -> Vec<String> {
+    if x.observed.is_empty() || y.observed.is_empty() {
+        return Vec::new();
+    }
+    let mut why = Vec::new();
+    let keys: BTreeSet<&String> = x.observed.keys().chain(y.observed.keys()).collect();
+    for k in keys {
+        match (x.observed.get(k), y.observed.get(k)) {
+            (Some(a), Some(b)) if a != b => why.push(format!("observed {k}: {a} on {la}, {b} on {lb}")),
+            (Some(a), None) => why.push(format!("observed {k}: {a} on {la}, nothing on {lb}")),
+            (None, Some(b)) => why.push(format!("observed {k}: nothing on {la}, {b} on {lb}")),
+            _ => {}
+        }
+    }
+    why
 }
 
 #[cfg(test)]
@@ -468,6 +503,7 @@ mod tests {
             backend: String::new(),
             device: String::new(),
             lacks,
+            observed: BTreeMap::new(),
         }
     }
 
@@ -489,6 +525,7 @@ mod tests {
             .into(),
             device: device.into(),
             capabilities: caps,
+            profile: None,
             cases,
         }
     }
@@ -745,5 +782,52 @@ mod tests {
         let r = Report::parse(old).unwrap();
         let caps = r.capabilities.unwrap();
         assert!(!caps.uc && !caps.srq_resize);
+    }
+
+    /// Two reports whose cases pass on both but observed a different status in one
+    /// case do not agree, naming the case, the observation and both values; observations
+    /// on one side only disagree too; rows without observations are not compared.
+    #[test]
+    fn an_observed_status_that_differs_is_a_disagreement() {
+        let obs = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let with = |id: &str, o: BTreeMap<String, String>| JsonRow {
+            observed: o,
+            ..row(id, "pass", "", None)
+        };
+        let a = report(
+            "sim0",
+            None,
+            vec![
+                with(
+                    "errors.recv_too_small",
+                    obs(&[("responder", "LocLenErr"), ("requester", "RemInvReqErr")]),
+                ),
+                with("errors.bad_lkey", obs(&[("SEND with a bad lkey", "LocProtErr")])),
+                with("rdma.write", BTreeMap::new()),
+            ],
+        );
+        assert!(check(&a, &a).is_empty());
+        let mut b = a.clone();
+        b.device = "rxe0".into();
+        b.backend = "ibverbs".into();
+        b.cases[0]
+            .observed
+            .insert("responder".into(), "LocQpOpErr".into());
+        b.cases[1].observed.insert("post".into(), "EINVAL".into());
+        b.cases[2].observed.insert("whatever".into(), "x".into());
+        let p = check(&a, &b);
+        assert_eq!(
+            p,
+            [
+                "errors.recv_too_small: observed responder: LocLenErr on sim:sim0, LocQpOpErr on ibverbs:rxe0",
+                "errors.bad_lkey: observed post: nothing on sim:sim0, EINVAL on ibverbs:rxe0",
+            ],
+            "{p:#?}"
+        );
     }
 }

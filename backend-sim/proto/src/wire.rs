@@ -212,6 +212,14 @@ impl NakReason {
         NakReason::ALL.into_iter().find(|r| r.vendor_err() == code)
     }
 
+    /// Whether a NAK with syndrome `code` may give this reason: its own [`code`](Self::code),
+    /// or for [`NakReason::QpAccess`] also an invalid request, which a device whose
+    /// profile refuses those as invalid requests sends
+    /// (`switches::Switches::qp_access_invalid_request`, rxe's choice).
+    pub fn may_carry(self, code: NakCode) -> bool {
+        self.code() == code || (self == NakReason::QpAccess && code == NakCode::InvalidRequest)
+    }
+
     /// The syndrome a NAK with this reason carries.
     pub fn code(self) -> NakCode {
         match self {
@@ -946,7 +954,7 @@ impl Frame {
                 let reason = match imm_raw {
                     0 => None,
                     v => match NakReason::from_vendor_err(v) {
-                        Some(r) if r.code() == code => Some(r),
+                        Some(r) if r.may_carry(code) => Some(r),
                         _ => return Err(WireError::BadField("NAK reason")),
                     },
                 };

@@ -225,7 +225,9 @@ fn atomic_misaligned<B: Backend>(env: &Env<B>) -> CaseResult {
     let res = env.mr(&s.p.pd, 64, A::LOCAL_WRITE)?;
     let sge = [res.sge(0, 8)?];
     let wr = SendWr::fetch_and_add(1, &sge, dst.remote().at(4), 1).signaled();
-    match s.p.a.post_send(&[wr]) {
+    let posted = s.p.a.post_send(&[wr]);
+    env.observe_post("post", &posted);
+    match posted {
         Err(e) if env.profile == Profile::Rxe && e.errno() == libc::EINVAL => {
             env.deviation(
                 "misaligned atomic refused at post time with EINVAL: rxe's post_send checks \
@@ -235,6 +237,7 @@ fn atomic_misaligned<B: Backend>(env: &Env<B>) -> CaseResult {
         Err(e) => return Err(e.into()),
         Ok(()) => {
             let wc = env.wait1(&s.p.cq_a)?;
+            env.observe("completion", format_args!("{:?}", wc.status));
             ensure!(
                 matches!(wc.status, WcStatus::RemInvReqErr | WcStatus::RemAccessErr),
                 "misaligned FETCH_AND_ADD: expected REM_INV_REQ_ERR or REM_ACCESS_ERR, got {:?}",

@@ -121,6 +121,11 @@ fn flush_new_posts<B: Backend>(env: &Env<B>) -> CaseResult {
     p.a.post_recv(&[RecvWr::new(3, &[mr.sge(64, 64)?])])?;
     if env.profile == Profile::Rxe {
         let got = env.quiet(&p.cq_a, Duration::from_millis(200))?;
+        env.observe(
+            "receive posted in ERR",
+            got.first()
+                .map_or("never completes".to_string(), |w| format!("{:?}", w.status)),
+        );
         if got.is_empty() {
             env.deviation(
                 "a receive posted in ERR is never flushed: rdma-core's rxe_post_recv (providers/rxe/rxe.c) \
@@ -135,6 +140,7 @@ fn flush_new_posts<B: Backend>(env: &Env<B>) -> CaseResult {
         );
     } else {
         let w = env.wait1(&p.cq_a)?;
+        env.observe("receive posted in ERR", format_args!("{:?}", w.status));
         ensure!(
             w.wr_id == 3 && w.status == WcStatus::WrFlushErr,
             "receive posted in ERR: {w:?}"

@@ -203,7 +203,7 @@ fn qp_invalid_transition<B: Backend>(env: &Env<B>) -> CaseResult {
             ..Default::default()
         };
         let e = einval(&format!("RESET -> {target:?}"), p.a.modify(&attr, M::STATE))?;
-        if env.profile == crate::Profile::Sim {
+        if env.backend.name() == "sim" {
             let msg = e.to_string();
             ensure!(
                 msg.contains("Reset") && msg.contains(&format!("{target:?}")),
@@ -440,8 +440,12 @@ fn qp_sqd_resume<B: Backend>(env: &Env<B>) -> CaseResult {
     // No further post: the transition alone must start the held WRITE.
     let wc = if env.profile == Profile::Rxe {
         match env.quiet(&p.cq_a, std::time::Duration::from_secs(2))?.as_slice() {
-            [wc] => *wc,
+            [wc] => {
+                env.observe("SQD -> RTS", "resumes");
+                *wc
+            }
             [] => {
+                env.observe("SQD -> RTS", "waits for the next post");
                 env.deviation(RXE_SQD_RTS);
                 // The next post starts the held WRITE, and then itself.
                 p.a.post_send(&[SendWr::write(3, &[src.sge(0, 10)?], dst.remote().at(128)).signaled()])?;
@@ -456,6 +460,7 @@ fn qp_sqd_resume<B: Backend>(env: &Env<B>) -> CaseResult {
             more => return Err(Failure(format!("one completion expected, got {more:?}"))),
         }
     } else {
+        env.observe("SQD -> RTS", "resumes");
         env.wait1(&p.cq_a)?
     };
     ensure_eq!(

@@ -514,7 +514,13 @@ fn srq_last_wqe<B: Backend>(env: &Env<B>) -> CaseResult {
     } else {
         env.cfg.timeout
     };
-    match next_event(env, wait)? {
+    let ev = next_event(env, wait)?;
+    env.observe(
+        "event after B0 went to ERR",
+        ev.as_ref()
+            .map_or("none".to_string(), |e| format!("{:?}", e.event_type)),
+    );
+    match ev {
         Some(ev) => {
             let got = (ev.event_type, ev.element);
             env.ctx.ack_async_event(ev);

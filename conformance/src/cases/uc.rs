@@ -192,10 +192,13 @@ fn expect_refused<B: Backend>(
     op: &str,
     untouched: &[(&B::Mr, u8)],
 ) -> CaseResult {
-    match p.a.post_send(&[wr]) {
+    let posted = p.a.post_send(&[wr]);
+    env.observe_post(format!("{op}: post").as_str(), &posted);
+    match posted {
         Err(e) => ensure_eq!(e.errno(), libc::EINVAL, "{op} on UC ({e})"),
         Ok(()) if env.profile == Profile::Rxe => {
             let wc = env.wait1(&p.cq_a)?;
+            env.observe(format!("{op}: completion"), format_args!("{:?}", wc.status));
             ensure_eq!(wc.status, WcStatus::LocQpOpErr, "{op} on UC: the completion");
             ensure_eq!(p.a.state()?, QpState::Err, "{op} on UC: the QP's state after it");
             env.deviation(rxe_op_on_uc(op));

@@ -576,10 +576,13 @@ fn ud_opcode_write<B: Backend>(env: &Env<B>) -> CaseResult {
     let wr = SendWr::write(1, &sge, target.remote().at(0))
         .signaled()
         .ud(&u.ah, u.r.qp_num(), QKEY);
-    match u.s[0].post_send(&[wr]) {
+    let posted = u.s[0].post_send(&[wr]);
+    env.observe_post("post", &posted);
+    match posted {
         Err(e) => ensure_eq!(e.errno(), libc::EINVAL, "WRITE on UD ({e})"),
         Ok(()) if env.profile == Profile::Rxe => {
             let wc = env.wait1(&u.cq_s)?;
+            env.observe("completion", format_args!("{:?}", wc.status));
             ensure_eq!(wc.status, WcStatus::LocQpOpErr, "WRITE on UD: the completion");
             ensure_eq!(
                 u.s[0].state()?,

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use verbs_api::timers::{rnr_timer, RNR_RETRY_INFINITE};
 use verbs_api::{SendFlags, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion, WrOp};
 
-use crate::memory::{MrTable, Seg};
+use crate::memory::{LocalAccessError, MrTable, Seg};
 use crate::psn;
 use crate::switches::{SlotRelease, Switches};
 use crate::tx::TxQueue;
@@ -553,8 +553,14 @@ impl Requester {
             | WrOp::RdmaWriteWithImm { .. } => {
                 let segs = &mut self.scratch;
                 if !w.inline {
-                    mrs.resolve_local(pd, &w.sges, false, segs)
-                        .map_err(|_| WcStatus::LocProtErr)?;
+                    let bad_lkey = self.sw.send_bad_lkey;
+                    mrs.resolve_local(pd, &w.sges, false, segs).map_err(|e| match e {
+                        // A key that names no region: the profile's status
+                        // (`Switches::send_bad_lkey`); any other failure is a local
+                        // protection error everywhere.
+                        LocalAccessError::BadKey => bad_lkey,
+                        _ => WcStatus::LocProtErr,
+                    })?;
                 }
                 let frame = match w.op {
                     WrOp::Send | WrOp::SendWithImm { .. } => Frame::Send {
@@ -1315,7 +1321,8 @@ mod tests {
         let (mut tx, mut out) = (TxQueue::new(), Vec::new());
         for id in first..first + n {
             let wr = SendWr::write(id, sge, (0x1000, 5));
-            req.post(&if signaled(id) { wr.signaled() } else { wr }, mrs).unwrap();
+            req.post(&if signaled(id) { wr.signaled() } else { wr }, mrs)
+                .unwrap();
         }
         req.poll_transmit(mrs, now, &mut tx, 64, &mut out).unwrap();
         let psn = req.next_psn().wrapping_sub(1) & verbs_api::PSN_MASK;
@@ -1393,7 +1400,10 @@ mod tests {
                 }
             }
             if infinite {
-                assert!(out.is_empty() && sends == 50, "{sw:?}: {out:?} after {sends} sends");
+                assert!(
+                    out.is_empty() && sends == 50,
+                    "{sw:?}: {out:?} after {sends} sends"
+                );
             } else {
                 assert_eq!(out.len(), 1, "{sw:?}");
                 assert_eq!(out[0].status, WcStatus::RetryExcErr);
