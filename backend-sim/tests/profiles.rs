@@ -1,0 +1,211 @@
+//! Device profiles at the verbs level: the resource switches where rxe and a ConnectX
+//! differ (when a send queue slot is free again; whether RESET and destroy remove a QP's
+//! completions), and the portability warnings `portable` gives where no single choice
+//! covers both.
+
+use std::time::Duration;
+
+use backend_sim::{Profile, SimBackend, SimConfig, SimCq, SimQp};
+use backend_sim_proto::trace_capture::Capture;
+use tracing::Level;
+use verbs_api::*;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+/// A device playing `profile` with one RC QP of `depth` send slots connected to itself,
+/// its CQ (with a channel, so that a test can wait for a completion without polling it)
+/// and a region to WRITE within.
+struct Rig {
+    _ctx: backend_sim::SimContext,
+    ch: backend_sim::SimChannel,
+    cq: SimCq,
+    qp: SimQp,
+    mr: backend_sim::SimMr,
+}
+
+fn rig(profile: Profile, depth: u32) -> Rig {
+    let sim = SimBackend::new(SimConfig {
+        profile,
+        ..SimConfig::default()
+    });
+    let ctx = sim.open("sim0").unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let ch = ctx.create_comp_channel().unwrap();
+    let cq = ctx.create_cq(64, Some(&ch)).unwrap();
+    let qp = pd
+        .create_qp(&QpInitAttr::rc(&cq, &cq, QpCap::new(depth, 1)))
+        .unwrap();
+    let mr = pd
+        .reg_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+        .unwrap();
+    let p = RcParams::default();
+    let me = local_endpoint(&ctx, &qp, &p, 7).unwrap();
+    connect_rc(&qp, &p, me.psn, &me).unwrap();
+    Rig {
+        _ctx: ctx,
+        ch,
+        cq,
+        qp,
+        mr,
+    }
+}
+
+impl Rig {
+    fn write(&self, id: u64, signaled: bool) -> SendWr<'static> {
+        let sge: &'static [Sge] = Box::leak(Box::new([self.mr.sge(0, 8).unwrap()]));
+        let wr = SendWr::write(id, sge, self.mr.remote().at(1024));
+        if signaled {
+            wr.signaled()
+        } else {
+            wr
+        }
+    }
+
+    /// Posts `n` WRITEs, the last one signaled, and waits (without polling) until its
+    /// completion is in the CQ: every one of them has completed.
+    fn fill(&self, n: u64) {
+        self.cq.req_notify(false).unwrap();
+        let wrs: Vec<SendWr<'_>> = (0..n).map(|i| self.write(i, i + 1 == n)).collect();
+        self.qp.post_send(&wrs).unwrap();
+        assert!(
+            self.ch.get_cq_event(Some(WAIT)).unwrap().is_some(),
+            "no completion"
+        );
+        self.cq.ack_events(1);
+    }
+}
+
+fn warnings(log: &Capture, text: &str) -> usize {
+    log.find(Level::WARN, text).len()
+}
+
+/// `portable` and mlx5 free a slot only when a completion covering it is polled: with
+/// every WR of a full queue complete but its completion unpolled, the next post is
+/// ENOMEM (and `portable` warns, once per QP); polling frees the slots. rxe freed them at
+/// completion and takes the post.
+#[test]
+fn a_full_send_queue_of_unpolled_completions_refuses_posts_except_on_rxe() {
+    for profile in Profile::ALL {
+        let log = Capture::default();
+        log.run(|| {
+            let r = rig(profile, 4);
+            r.fill(4);
+            let more = r.qp.post_send(&[r.write(10, true)]);
+            if profile == Profile::Rxe {
+                more.unwrap();
+                assert_eq!(poll_n(&r.cq, 2, WAIT).unwrap().len(), 2);
+                return;
+            }
+            assert_eq!(more.unwrap_err().errno(), libc::ENOMEM, "{profile}");
+            // Refused again: still one warning.
+            assert!(r.qp.post_send(&[r.write(11, true)]).is_err());
+            let mut wc = [WorkCompletion::default(); 4];
+            assert_eq!(r.cq.poll(&mut wc).unwrap(), 1, "the one signaled WRITE");
+            r.qp.post_send(&[r.write(12, true)]).unwrap();
+            assert_eq!(poll_n(&r.cq, 1, WAIT).unwrap()[0].wr_id, 12);
+        });
+        let want = usize::from(profile.warns());
+        assert_eq!(warnings(&log, "belong to WRs that completed"), want, "{profile}");
+    }
+}
+
+/// The same pitfall as programs meet it: a loop of unsignaled WRs and one signaled WR
+/// per queue's worth, whose completion it polls, runs under every profile.
+#[test]
+fn signaling_one_wr_per_queue_depth_and_polling_it_runs_everywhere() {
+    for profile in Profile::ALL {
+        let r = rig(profile, 8);
+        for round in 0..20u64 {
+            let wrs: Vec<SendWr<'_>> = (0..8).map(|i| r.write(round * 8 + i, i == 7)).collect();
+            r.qp.post_send(&wrs).unwrap();
+            let wc = poll_n(&r.cq, 1, WAIT).unwrap();
+            assert_eq!((wc[0].wr_id, wc[0].status), (round * 8 + 7, WcStatus::Success));
+        }
+    }
+}
+
+/// `portable` and mlx5 remove a QP's completions from its CQ on RESET and on destroy;
+/// `portable` warns that it removed some the application never polled. rxe leaves them
+/// to be polled.
+#[test]
+fn reset_and_destroy_remove_unpolled_completions_except_on_rxe() {
+    for profile in Profile::ALL {
+        for destroy in [false, true] {
+            let log = Capture::default();
+            let left = log.run(|| {
+                let r = rig(profile, 4);
+                r.fill(2);
+                let Rig { cq, qp, _ctx, .. } = r;
+                if destroy {
+                    drop(qp);
+                } else {
+                    let reset = QpAttr {
+                        qp_state: QpState::Reset,
+                        ..Default::default()
+                    };
+                    qp.modify(&reset, QpAttrMask::STATE).unwrap();
+                }
+                let mut wc = [WorkCompletion::default(); 4];
+                cq.poll(&mut wc).unwrap()
+            });
+            let kept = profile == Profile::Rxe;
+            assert_eq!(left, usize::from(kept), "{profile}, destroy {destroy}");
+            let what = if destroy {
+                "destroy of the QP removed"
+            } else {
+                "RESET of the QP removed"
+            };
+            assert_eq!(
+                warnings(&log, what),
+                usize::from(profile.warns()),
+                "{profile}, destroy {destroy}"
+            );
+        }
+    }
+}
+
+/// Polling every completion before RESET leaves nothing to remove: no warning.
+#[test]
+fn reset_after_polling_everything_is_quiet() {
+    let log = Capture::default();
+    log.run(|| {
+        let r = rig(Profile::Portable, 4);
+        r.fill(2);
+        assert_eq!(poll_n(&r.cq, 1, WAIT).unwrap().len(), 1);
+        let reset = QpAttr {
+            qp_state: QpState::Reset,
+            ..Default::default()
+        };
+        r.qp.modify(&reset, QpAttrMask::STATE).unwrap();
+    });
+    assert_eq!(log.find(Level::WARN, "portability").len(), 0);
+}
+
+/// `RDMA_SIM_PROFILE` chooses the profile, and an unknown one is an error that names
+/// the known ones. (One test sets the variable: tests run in threads of one process.)
+#[test]
+fn the_environment_chooses_the_profile() {
+    std::env::set_var("RDMA_SIM_PROFILE", "mlx5");
+    let p = SimBackend::from_env().map(|b| b.config().profile);
+    std::env::set_var("RDMA_SIM_PROFILE", "cx9");
+    let bad = SimBackend::from_env().err().map(|e| e.to_string());
+    std::env::remove_var("RDMA_SIM_PROFILE");
+    assert_eq!(p.unwrap(), Profile::Mlx5);
+    let bad = bad.expect("an unknown profile is an error");
+    assert!(
+        bad.contains("cx9") && bad.contains("portable") && bad.contains("rxe"),
+        "{bad}"
+    );
+    let ctx = SimBackend::new(SimConfig {
+        profile: Profile::Rxe,
+        ..SimConfig::default()
+    })
+    .open("sim0")
+    .unwrap();
+    let d = ctx.query_device().unwrap();
+    assert_eq!(
+        (d.vendor_id, d.max_qp_rd_atom, d.max_srq_sge),
+        (0xff_ffff, 128, 27)
+    );
+    assert_eq!(ctx.query_port(1).unwrap().max_msg_sz, 0x80_0000);
+}
