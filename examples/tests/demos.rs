@@ -559,10 +559,20 @@ fn devinfo_lists_sim_devices() {
     has(&o, "verbs-api capabilities:");
     // The sim's SRQs and UC QPs, with the SRQ limits (UD is shown either way).
     has(&o, "\t\tSRQ:\t\t\tyes");
-    has(&o, "\t\t  max_srq_wr:\t\t16384");
+    // The limits of the default profile (portable: the smaller of rxe's and mlx5's).
+    let limits = backend_sim::Profile::Portable.attrs();
+    has(&o, &format!("\t\t  max_srq_wr:\t\t{}", limits.max_srq_wr));
     has(&o, "\t\tUC QPs:\t\t\tyes");
     has(&o, "\t\tUD QPs:\t\t\t");
-    has(&o, "\tmax_srq_sge:\t\t\t32");
+    has(&o, &format!("\tmax_srq_sge:\t\t\t{}", limits.max_srq_sge));
+    // The profile and its switches.
+    has(&o, "sim profile:\tportable");
+    for s in backend_sim::profile::switches::table() {
+        has(
+            &o,
+            &format!("\t\t{}:\t{}", s.name, s.value(backend_sim::Profile::Portable)),
+        );
+    }
 }
 
 #[cfg(not(feature = "ibverbs"))]

@@ -11,6 +11,10 @@
 //! ```
 //!
 //! How each attribute value is named is in `examples::ibv_names`.
+//!
+//! On the sim it ends with the device profile the devices play (`RDMA_SIM_PROFILE`:
+//! portable, rxe or mlx5; see docs/profiles.md) and the value of each of its behavioural
+//! switches, where HCAs differ.
 
 use std::process::ExitCode;
 
@@ -48,7 +52,25 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: &Cli) -> Res<()> {
-    with_backend!(cli.common.backend, |b| devinfo(b, cli))
+    with_backend!(cli.common.backend, |b| devinfo(b, cli))?;
+    if matches!(cli.common.backend, examples::cli::BackendKind::Sim) && !cli.list {
+        print_profile(examples::backend::sim_backend()?.config().profile);
+    }
+    Ok(())
+}
+
+/// The sim's profile and its switches (the table of docs/profiles.md).
+fn print_profile(p: backend_sim::Profile) {
+    println!();
+    println!("sim profile:	{p}	(RDMA_SIM_PROFILE=portable|rxe|mlx5; docs/profiles.md)");
+    println!("	switches:");
+    for s in backend_sim::profile::switches::table() {
+        println!("		{}:	{}", s.name, s.value(p));
+        println!("			({})", s.what);
+    }
+    if p.warns() {
+        println!("	portability warnings: on (a full send queue of unpolled completions; CQEs removed by RESET/destroy)");
+    }
 }
 
 fn devinfo<B: Backend>(b: &B, cli: &Cli) -> Res<()> {
