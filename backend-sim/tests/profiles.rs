@@ -21,6 +21,7 @@ struct Rig {
     cq: SimCq,
     qp: SimQp,
     mr: backend_sim::SimMr,
+    sge: [Sge; 1],
 }
 
 fn rig(profile: Profile, depth: u32) -> Rig {
@@ -41,19 +42,20 @@ fn rig(profile: Profile, depth: u32) -> Rig {
     let p = RcParams::default();
     let me = local_endpoint(&ctx, &qp, &p, 7).unwrap();
     connect_rc(&qp, &p, me.psn, &me).unwrap();
+    let sge = [mr.sge(0, 8).unwrap()];
     Rig {
         _ctx: ctx,
         ch,
         cq,
         qp,
         mr,
+        sge,
     }
 }
 
 impl Rig {
-    fn write(&self, id: u64, signaled: bool) -> SendWr<'static> {
-        let sge: &'static [Sge] = Box::leak(Box::new([self.mr.sge(0, 8).unwrap()]));
-        let wr = SendWr::write(id, sge, self.mr.remote().at(1024));
+    fn write(&self, id: u64, signaled: bool) -> SendWr<'_> {
+        let wr = SendWr::write(id, &self.sge, self.mr.remote().at(1024));
         if signaled {
             wr.signaled()
         } else {

@@ -15,6 +15,7 @@ mod events;
 mod mr;
 mod order;
 mod post;
+mod profile;
 mod qp;
 mod rdma;
 mod remote;
@@ -67,6 +68,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     v.extend(ud::list::<B>());
     v.extend(events::list::<B>());
     v.extend(remote::list::<B>());
+    v.extend(profile::list::<B>());
     v
 }
 
