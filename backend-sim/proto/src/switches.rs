@@ -53,8 +53,8 @@ pub struct Switches {
     /// When a send queue slot is freed ([`SlotRelease`]).
     pub sq_slot_release: SlotRelease,
     /// Whether moving a QP to RESET or destroying it removes its completions from its
-    /// CQs. mlx5 does (rdma-core providers/mlx5/verbs.c: `mlx5_destroy_qp()` and
-    /// `mlx5_modify_qp()` to RESET call `__mlx5_cq_clean()`); rxe does not (neither the
+    /// CQs. mlx5 does (rdma-core providers/mlx5/verbs.c: `mlx5_modify_qp()` to RESET
+    /// calls `mlx5_cq_clean()`, `mlx5_destroy_qp()` `__mlx5_cq_clean()`); rxe does not (neither the
     /// kernel's rxe_qp.c reset path nor rdma-core providers/rxe touch the CQ), so the
     /// application still polls them, naming a QP that may be gone.
     pub cq_clean_on_reset: bool,

@@ -59,8 +59,8 @@ pub fn table() -> &'static [SwitchDoc] {
         SwitchDoc {
             name: "cq_clean_on_reset",
             what: "a QP's CQEs on RESET and destroy",
-            source: "mlx5: rdma-core providers/mlx5/verbs.c __mlx5_cq_clean() from \
-                     mlx5_destroy_qp()/mlx5_modify_qp(RESET); rxe: neither rxe_qp.c nor \
+            source: "mlx5: rdma-core providers/mlx5/verbs.c mlx5_cq_clean() from \
+                     mlx5_modify_qp(RESET), __mlx5_cq_clean() from mlx5_destroy_qp(); rxe: neither rxe_qp.c nor \
                      providers/rxe touch the CQ",
             value: |s| yes_no(s.cq_clean_on_reset, "removed", "left in the CQ"),
         },

@@ -23,7 +23,7 @@ pub fn list<B: Backend>() -> Vec<Case<B>> {
         case!(
             "profile.cq-clean-on-reset",
             "RESET and destroy remove the QP's unpolled completions from its CQ (mlx5), or leave them (rxe)",
-            "rdma-core providers/mlx5/verbs.c __mlx5_cq_clean(); rxe_qp.c",
+            "rdma-core providers/mlx5/verbs.c mlx5_cq_clean() (RESET), __mlx5_cq_clean() (destroy); rxe_qp.c",
             cq_clean_on_reset
         ),
         case!(
