@@ -19,9 +19,22 @@ pub fn open_device<B: Backend>(backend: &B, device: Option<&str>) -> Res<B::Cont
     }
 }
 
-/// The sim backend, configured from `RDMA_SIM_LISTEN` / `RDMA_SIM_DEVICES`.
+/// The sim backend, configured from `RDMA_SIM_LISTEN` / `RDMA_SIM_DEVICES` /
+/// `RDMA_SIM_PROFILE`.
 pub fn sim_backend() -> Res<backend_sim::SimBackend> {
     backend_sim::SimBackend::from_env().context("configuring the sim backend")
+}
+
+/// [`sim_backend`], with the profile `--profile` names if it does.
+pub fn sim_backend_for(common: &crate::cli::CommonArgs) -> Res<backend_sim::SimBackend> {
+    let b = sim_backend()?;
+    Ok(match common.profile {
+        Some(profile) => backend_sim::SimBackend::new(backend_sim::SimConfig {
+            profile,
+            ..b.config().clone()
+        }),
+        None => b,
+    })
 }
 
 /// The error for `--backend ibverbs` in a build without the `ibverbs` feature.
@@ -33,19 +46,19 @@ pub fn no_ibverbs(bin: &str) -> anyhow::Error {
     )
 }
 
-/// Runs `$body` with `$b` bound to a `&B` of the backend `$kind` names; `$body` is
+/// Runs `$body` with `$b` bound to a `&B` of the backend the [`CommonArgs`](crate::cli::CommonArgs) `$common` name; `$body` is
 /// usually a call of a function generic over `B: Backend`, and must evaluate to a
 /// [`Res`](crate::Res). The surrounding function must return a `Res` too.
 ///
 /// ```text
-/// with_backend!(args.common.backend, |b| server(b, &args))
+/// with_backend!(args.common, |b| server(b, &args))
 /// ```
 #[macro_export]
 macro_rules! with_backend {
-    ($kind:expr, |$b:ident| $body:expr) => {
-        match $kind {
+    ($common:expr, |$b:ident| $body:expr) => {
+        match $common.backend {
             $crate::cli::BackendKind::Sim => {
-                let backend = $crate::backend::sim_backend()?;
+                let backend = $crate::backend::sim_backend_for(&$common)?;
                 let $b = &backend;
                 $body
             }

@@ -1,5 +1,5 @@
 //! What every example shares on its command line: `--backend`, `--device`,
-//! `--gid-index` and `--timeout` ([`CommonArgs`]), and passing them on to a child process
+//! `--gid-index`, `--timeout` and the sim's `--profile` ([`CommonArgs`]), and passing them on to a child process
 //! of a demo.
 
 use std::time::Duration;
@@ -42,6 +42,10 @@ pub struct CommonArgs {
     /// Bound on every wait (completions, connection setup), in seconds.
     #[arg(long, default_value_t = 10.0, global = true)]
     pub timeout: f64,
+    /// The kind of HCA the sim plays: portable, rxe or mlx5 (default: `RDMA_SIM_PROFILE`,
+    /// else portable; see docs/profiles.md). The sim only.
+    #[arg(long, global = true, value_name = "portable|rxe|mlx5")]
+    pub profile: Option<backend_sim::Profile>,
 }
 
 impl CommonArgs {
@@ -69,6 +73,10 @@ impl CommonArgs {
         v.push(self.gid_index.to_string());
         v.push("--timeout".into());
         v.push(self.timeout.to_string());
+        if let Some(p) = self.profile {
+            v.push("--profile".into());
+            v.push(p.name().into());
+        }
         v
     }
 }

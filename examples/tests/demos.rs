@@ -575,6 +575,27 @@ fn devinfo_lists_sim_devices() {
     }
 }
 
+/// `--profile` picks the kind of HCA the sim plays: devinfo shows its identity and
+/// switches, a demo passes it on to its server process and still checks its invariant,
+/// and an unknown profile is refused naming the known ones.
+#[test]
+fn the_examples_take_the_sim_profile() {
+    let o = ok(DEVINFO, &["--profile", "rxe", "-d", "sim0"]);
+    has(&o, "sim profile:\trxe");
+    has(&o, "\tvendor_id:\t\t\t0xffffff");
+    has(&o, "\t\tsq_slot_release:\tat completion");
+    let o = ok(
+        KV,
+        &["demo", "--profile", "mlx5", "--keys", "200", "--clients", "2"],
+    );
+    has(&o, "demo: OK");
+    let o = run(DEVINFO, &["--profile", "cx9"]);
+    assert!(
+        !o.ok && o.stderr.contains("portable") && o.stderr.contains("mlx5"),
+        "{o:?}"
+    );
+}
+
 #[cfg(not(feature = "ibverbs"))]
 #[test]
 fn ibverbs_without_the_feature_is_a_clear_error() {

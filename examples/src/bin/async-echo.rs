@@ -203,7 +203,7 @@ fn run(cli: &Cli) -> Res<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    with_backend!(cli.common.backend, |b| rt.block_on(main_async(b, cli)))
+    with_backend!(cli.common, |b| rt.block_on(main_async(b, cli)))
 }
 
 async fn main_async<B: Backend>(b: &B, cli: &Cli) -> Res<()> {

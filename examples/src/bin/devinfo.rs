@@ -52,9 +52,9 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: &Cli) -> Res<()> {
-    with_backend!(cli.common.backend, |b| devinfo(b, cli))?;
+    with_backend!(cli.common, |b| devinfo(b, cli))?;
     if matches!(cli.common.backend, examples::cli::BackendKind::Sim) && !cli.list {
-        print_profile(examples::backend::sim_backend()?.config().profile);
+        print_profile(examples::backend::sim_backend_for(&cli.common)?.config().profile);
     }
     Ok(())
 }

@@ -98,8 +98,8 @@ fn main() -> ExitCode {
 fn run(cli: &Cli) -> Res<()> {
     let common = &cli.common;
     match &cli.cmd {
-        Cmd::Server(a) => with_backend!(common.backend, |b| server(b, common, a)),
-        Cmd::Client(a) => with_backend!(common.backend, |b| clients(b, common, a)),
+        Cmd::Server(a) => with_backend!(common, |b| server(b, common, a)),
+        Cmd::Client(a) => with_backend!(common, |b| clients(b, common, a)),
         Cmd::Demo(a) => demo(common, a),
     }
 }

@@ -80,14 +80,14 @@ fn main() -> ExitCode {
 fn run(cli: &Cli) -> Res<()> {
     let common = &cli.common;
     match &cli.cmd {
-        Cmd::Server(a) => with_backend!(common.backend, |b| owner(b, common, a)),
+        Cmd::Server(a) => with_backend!(common, |b| owner(b, common, a)),
         Cmd::Client(a) => {
             let addrs = a
                 .server
                 .iter()
                 .map(|s| conn::parse_addr(s))
                 .collect::<Res<Vec<_>>>()?;
-            let reps = with_backend!(common.backend, |b| readers(b, common, &a.tuning, &addrs))?;
+            let reps = with_backend!(common, |b| readers(b, common, &a.tuning, &addrs))?;
             verdict(&reps, &a.tuning)
         }
         Cmd::Demo(a) => demo(common, a),
@@ -451,7 +451,7 @@ fn demo(common: &CommonArgs, a: &DemoArgs) -> Res<()> {
             ""
         }
     );
-    let reps = with_backend!(common.backend, |b| readers(b, common, &a.reader, &addrs))?;
+    let reps = with_backend!(common, |b| readers(b, common, &a.reader, &addrs))?;
     for o in &mut owners {
         o.wait_success(common.wait() + Duration::from_secs(10))
             .with_context(|| format!("owner process {}", o.name()))?;

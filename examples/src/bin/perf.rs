@@ -78,7 +78,7 @@ fn main() -> ExitCode {
 fn run(cli: &PerfCli) -> Res<()> {
     let common = &cli.common;
     if cli.server {
-        return with_backend!(common.backend, |b| server(b, cli));
+        return with_backend!(common, |b| server(b, cli));
     }
     let cfg = Cfg::from_cli(cli)?;
     match &cli.address {
@@ -88,7 +88,7 @@ fn run(cli: &PerfCli) -> Res<()> {
             } else {
                 format!("{a}:{}", cli.port)
             };
-            with_backend!(common.backend, |b| client(b, cli, &cfg, &addr))
+            with_backend!(common, |b| client(b, cli, &cfg, &addr))
         }
         None => loopback(cli, &cfg),
     }
@@ -108,7 +108,7 @@ fn loopback(cli: &PerfCli, cfg: &Cfg) -> Res<()> {
     let echo = if cli.json { Echo::Stderr } else { Echo::Quiet };
     let mut child = ChildProc::spawn("perf-server", args.as_slice(), echo)?;
     let addr = child.listen_addr(Duration::from_secs(20))?;
-    let r = with_backend!(cli.common.backend, |b| client(b, cli, cfg, &addr.to_string()));
+    let r = with_backend!(cli.common, |b| client(b, cli, cfg, &addr.to_string()));
     match r {
         Ok(()) => child
             .wait_success(cli.common.wait() + Duration::from_secs(10))

@@ -92,12 +92,10 @@ fn main() -> ExitCode {
 fn run(cli: &Cli) -> Res<()> {
     let common = &cli.common;
     match &cli.cmd {
-        Cmd::Server(a) => with_backend!(common.backend, |b| server(b, common, a)),
+        Cmd::Server(a) => with_backend!(common, |b| server(b, common, a)),
         Cmd::Client(a) => {
             let addr = conn::parse_addr(&a.server)?;
-            let reports = with_backend!(common.backend, |b| clients(
-                b, common, &a.tuning, addr, a.first_id
-            ))?;
+            let reports = with_backend!(common, |b| clients(b, common, &a.tuning, addr, a.first_id))?;
             if !print_clients(&reports) {
                 bail!("some datagrams are unaccounted for or came back wrong (see above)")
             }
@@ -781,7 +779,7 @@ fn demo(common: &CommonArgs, a: &DemoArgs) -> Res<()> {
         }
     );
     let (mut server, addr) = start_server("server", &sargs)?;
-    let reports = with_backend!(common.backend, |b| clients(b, common, &a.client, addr, 0))?;
+    let reports = with_backend!(common, |b| clients(b, common, &a.client, addr, 0))?;
     let consistent = print_clients(&reports);
     server
         .wait_success(common.wait() + Duration::from_secs(10))
