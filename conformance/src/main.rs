@@ -7,6 +7,7 @@
 //! cargo run --release -p conformance -- --filter rnr
 //! cargo run --release -p conformance -- --backend sim --profile rxe --json > sim-rxe.json
 //! cargo run --release -p conformance -- --compare sim-rxe.json rxe.json
+//! cargo run --release -p conformance -- --side-by-side sim.json sim-rxe.json rxe.json
 //! cargo run --release -p conformance -- --serve 0.0.0.0:18600            # host A
 //! cargo run --release -p conformance -- --peer HOST_A:18600 -f remote    # host B
 //! cargo run --release -p conformance --features ibverbs -- --backend ibverbs -d rxe0 -x 1
@@ -18,7 +19,9 @@ use std::time::Duration;
 
 use clap::Parser;
 use conformance::cli::BackendKind;
-use conformance::report::{check_with, compare, json_rows, table, DeviceCaps, OneSided, Report};
+use conformance::report::{
+    check_with, compare, json_rows, side_by_side, table, DeviceCaps, OneSided, Report,
+};
 use conformance::{cases, run_case, CaseReport, Config};
 use verbs_api::{Backend, Context};
 
@@ -73,6 +76,10 @@ struct Args {
     /// recorded capabilities.
     #[arg(long, num_args = 2, value_names = ["A.json", "B.json"])]
     compare: Option<Vec<String>>,
+    /// Print any number of JSON reports side by side (e.g. the sim under portable, the
+    /// sim under rxe, rxe0), with the observed values that differ, and exit.
+    #[arg(long, num_args = 2.., value_name = "REPORT.json", conflicts_with = "compare")]
+    side_by_side: Option<Vec<String>>,
     /// With `--compare`: a case one device skips for a capability its recorded
     /// capabilities confirm it lacks, and the other runs, is listed as a gap (a feature
     /// one backend does not implement yet) instead of failing the comparison.
@@ -86,6 +93,18 @@ fn main() -> ExitCode {
         return match load(file) {
             Ok(report) => {
                 print!("{}", table(&report.cases));
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
+    if let Some(files) = &args.side_by_side {
+        return match files.iter().map(|f| load(f)).collect::<Result<Vec<_>, _>>() {
+            Ok(reports) => {
+                print!("{}", side_by_side(&reports));
                 ExitCode::SUCCESS
             }
             Err(e) => {

@@ -358,6 +358,77 @@ pub fn compare(ra: &Report, rb: &Report) -> String {
     s
 }
 
+/// Any number of reports side by side (for example the sim under `portable`, the sim
+/// under `rxe`, and rxe0): one column per report with each case's result, then, for each
+/// case whose reports observed different values, one line per observation with every
+/// report's value (`-`: not observed). A view, not a check: [`check`] compares two.
+pub fn side_by_side(reports: &[Report]) -> String {
+    let labels: Vec<String> = reports
+        .iter()
+        .enumerate()
+        .map(|(i, r)| r.label(&format!("#{}", i + 1)))
+        .collect();
+    let maps: Vec<BTreeMap<&str, &JsonRow>> = reports
+        .iter()
+        .map(|r| r.cases.iter().map(|c| (c.id.as_str(), c)).collect())
+        .collect();
+    let mut ids: Vec<&str> = Vec::new();
+    for r in reports {
+        for c in &r.cases {
+            if !ids.contains(&c.id.as_str()) {
+                ids.push(&c.id);
+            }
+        }
+    }
+    let idw = ids.iter().map(|i| i.len()).max().unwrap_or(4).max(4);
+    let colw: Vec<usize> = labels.iter().map(|l| l.len().max(18)).collect();
+    let mut s = String::new();
+    let _ = write!(s, "| {:<idw$} |", "case");
+    for (l, w) in labels.iter().zip(&colw) {
+        let _ = write!(s, " {l:<w$} |");
+    }
+    let _ = write!(s, "\n|{}|", "-".repeat(idw + 2));
+    for w in &colw {
+        let _ = write!(s, "{}|", "-".repeat(w + 2));
+    }
+    s.push('\n');
+    let mut differing = Vec::new();
+    for id in &ids {
+        let _ = write!(s, "| {id:<idw$} |");
+        for (m, w) in maps.iter().zip(&colw) {
+            let cell = m
+                .get(id)
+                .map_or_else(|| "-".to_string(), |c| result_cell(&c.status, &c.detail));
+            let _ = write!(s, " {cell:<w$} |");
+        }
+        s.push('\n');
+        let keys: BTreeSet<&String> = maps
+            .iter()
+            .filter_map(|m| m.get(id))
+            .flat_map(|c| c.observed.keys())
+            .collect();
+        for k in keys {
+            let values: Vec<&str> = maps
+                .iter()
+                .map(|m| {
+                    m.get(id)
+                        .and_then(|c| c.observed.get(k))
+                        .map_or("-", |v| v.as_str())
+                })
+                .collect();
+            if values.iter().any(|v| *v != values[0]) {
+                differing.push(format!("- {id}: {k}: {}", values.join(" | ")));
+            }
+        }
+    }
+    if !differing.is_empty() {
+        let _ = writeln!(s, "\nobserved values that differ ({}):", labels.join(" | "));
+        s.push_str(&differing.join("\n"));
+        s.push('\n');
+    }
+    s
+}
+
 /// How [`check_with`] treats a case one device skips and the other runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OneSided {
@@ -828,6 +899,68 @@ mod tests {
                 "errors.bad_lkey: observed post: nothing on sim:sim0, EINVAL on ibverbs:rxe0",
             ],
             "{p:#?}"
+        );
+    }
+
+    /// Three reports side by side: a column each, and the observations that differ with
+    /// every report's value.
+    #[test]
+    fn three_reports_side_by_side_show_each_result_and_the_differing_observations() {
+        let with = |id: &str, status: &str, detail: &str, o: &[(&str, &str)]| JsonRow {
+            observed: o.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            ..row(id, status, detail, None)
+        };
+        let mut portable = report(
+            "sim0",
+            None,
+            vec![with(
+                "errors.recv-too-small",
+                "pass",
+                "",
+                &[("responder", "LocLenErr")],
+            )],
+        );
+        portable.profile = Some("portable".into());
+        let mut rxe = report(
+            "sim0",
+            None,
+            vec![with(
+                "errors.recv-too-small",
+                "pass",
+                "deviation: rxe",
+                &[("responder", "LocQpOpErr")],
+            )],
+        );
+        rxe.profile = Some("rxe".into());
+        let rxe0 = report(
+            "rxe0",
+            None,
+            vec![
+                with(
+                    "errors.recv-too-small",
+                    "pass",
+                    "deviation: rxe",
+                    &[("responder", "LocQpOpErr")],
+                ),
+                row("rdma.write", "pass", "", None),
+            ],
+        );
+        let t = side_by_side(&[portable, rxe, rxe0]);
+        assert!(t.contains("| case "), "{t}");
+        assert!(
+            t.contains("sim:sim0 (portable)") && t.contains("sim:sim0 (rxe)") && t.contains("ibverbs:rxe0"),
+            "{t}"
+        );
+        let line = t
+            .lines()
+            .find(|l| l.starts_with("| errors.recv-too-small"))
+            .unwrap();
+        assert_eq!(line.matches("pass (deviation)").count(), 2, "{t}");
+        let line = t.lines().find(|l| l.starts_with("| rdma.write")).unwrap();
+        assert_eq!(line.matches(" - ").count(), 2, "{t}");
+        assert!(
+            t.contains("- errors.recv-too-small: responder: LocLenErr | LocQpOpErr | LocQpOpErr"),
+            "{t}"
         );
     }
 }
