@@ -1081,3 +1081,95 @@ fn a_resend_after_the_ack_timeout_is_logged() {
     assert_eq!(e.field("psn"), Some("100"));
     assert_eq!(e.field("retries_left"), Some("2"));
 }
+
+impl Link {
+    /// The same link between two devices with the switches `sw`.
+    fn with_switches(mut self, sw: crate::switches::Switches) -> Link {
+        let req = std::mem::replace(&mut self.req, Requester::new(0, PD, &cap(), false));
+        self.req = req.with_profile(sw, crate::wire::MAX_MSG, crate::wire::MAX_DATAGRAM);
+        let resp = std::mem::replace(&mut self.resp, Responder::new(0, PD, 1, 1));
+        self.resp = resp.with_switches(sw);
+        self
+    }
+}
+
+/// The status switches at both ends of a link, under IBA's choices (`portable`) and rxe's:
+/// a SEND longer than the receive, a WRITE the responder QP's access flags forbid, a
+/// SEND with a bad lkey, a receive with a bad lkey.
+#[test]
+fn the_status_switches_give_iba_or_rxe_statuses_at_both_ends() {
+    use crate::switches::Switches;
+    use crate::wire::NakReason;
+    for (sw, rxe) in [(Switches::PORTABLE, false), (Switches::RXE, true)] {
+        // Too small: the responder's receive, and the requester's SEND.
+        let mut l = Link::new(7, 7, 10, 1).with_switches(sw);
+        let (src, dst) = (Link::mr(&l.a_mrs, 256), Link::mr(&l.b_mrs, 256));
+        l.resp.post(&RecvWr::new(9, &[sge(&dst, 0, 16)])).unwrap();
+        l.req
+            .post(&SendWr::send(1, &[sge(&src, 0, 100)]).signaled(), &l.a_mrs)
+            .unwrap();
+        l.pump();
+        let (r, s) = (l.take_recv(), l.take_send());
+        let want = if rxe {
+            (WcStatus::LocQpOpErr, WcStatus::RemOpErr)
+        } else {
+            (WcStatus::LocLenErr, WcStatus::RemInvReqErr)
+        };
+        assert_eq!((r[0].status, s[0].status), want, "{sw:?}");
+        assert!(l.a_err && l.b_err, "both QPs to ERR");
+
+        // The responder QP's access flags lack REMOTE_WRITE.
+        let mut l = Link::new(7, 7, 10, 1).with_switches(sw);
+        l.resp.access = AccessFlags::REMOTE_READ;
+        let (src, dst) = (Link::mr(&l.a_mrs, 64), Link::mr(&l.b_mrs, 64));
+        l.req
+            .post(
+                &SendWr::write(1, &[sge(&src, 0, 8)], (dst.addr(), dst.key)).signaled(),
+                &l.a_mrs,
+            )
+            .unwrap();
+        l.pump();
+        let s = l.take_send();
+        let want = if rxe {
+            WcStatus::RemInvReqErr
+        } else {
+            WcStatus::RemAccessErr
+        };
+        assert_eq!(s[0].status, want, "{sw:?}");
+        assert_eq!(
+            s[0].vendor_err,
+            NakReason::QpAccess.vendor_err(),
+            "the reason travels either way"
+        );
+
+        // A SEND whose lkey names no region.
+        let mut l = Link::new(7, 7, 10, 1).with_switches(sw);
+        let src = Link::mr(&l.a_mrs, 64);
+        let bad = Sge::new(src.addr(), 8, src.key ^ 0x0f0f_0000);
+        l.req.post(&SendWr::send(1, &[bad]).signaled(), &l.a_mrs).unwrap();
+        l.pump();
+        let want = if rxe {
+            WcStatus::LocQpOpErr
+        } else {
+            WcStatus::LocProtErr
+        };
+        assert_eq!(l.take_send()[0].status, want, "{sw:?}");
+
+        // A receive whose lkey names no region.
+        let mut l = Link::new(7, 7, 10, 1).with_switches(sw);
+        let (src, dst) = (Link::mr(&l.a_mrs, 64), Link::mr(&l.b_mrs, 64));
+        let bad = Sge::new(dst.addr(), 64, dst.key ^ 0x0f0f_0000);
+        l.resp.post(&RecvWr::new(9, &[bad])).unwrap();
+        l.req
+            .post(&SendWr::send(1, &[sge(&src, 0, 8)]).signaled(), &l.a_mrs)
+            .unwrap();
+        l.pump();
+        let want = if rxe {
+            WcStatus::LocQpOpErr
+        } else {
+            WcStatus::LocProtErr
+        };
+        assert_eq!(l.take_recv()[0].status, want, "{sw:?}");
+        assert_eq!(l.take_send()[0].status, WcStatus::RemOpErr, "{sw:?}");
+    }
+}
