@@ -4,6 +4,16 @@
 //! 1, for programs written for InfiniBand and for RoCE v2), and a wildcard listen lists
 //! the host's other addresses after those ([`host_addrs`](crate::host_addrs)), as a RoCE
 //! port lists its netdev's (`man ibv_query_gid`, `man ibv_query_port`).
+//!
+//! A device whose profile has an Ethernet port (rxe's: RoCE v2) has LID 0, as rxe0 does,
+//! and is reached by its GID alone: every such device listens on [`ROCE_PORT`] (RoCE
+//! v2's UDP port, here TCP) at an IP of its own, so the GID's IP names it. On loopback
+//! each device draws its own address in 127.0.0.0/8 (every address there reaches the
+//! host), so devices in one process and in many are told apart by IP; on another
+//! address, one device per IP. An address vector on such a port needs the GRH.
+
+/// The port every device of an Ethernet (RoCE) port listens on: RoCE v2's UDP port.
+pub const ROCE_PORT: u16 = 4791;
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -22,6 +32,8 @@ pub struct Addressing {
     pub advertise: SocketAddr,
     /// Its GID table.
     pub gids: Vec<Gid>,
+    /// An Ethernet (RoCE) port: LID 0, reached by GID alone.
+    pub roce: bool,
 }
 
 impl Addressing {
@@ -37,6 +49,7 @@ impl Addressing {
                 listen: bound,
                 advertise: bound,
                 gids: vec![gid(bound.ip()); 2],
+                roce: false,
             };
         }
         let host = crate::host_addrs::host_addrs();
@@ -51,12 +64,41 @@ impl Addressing {
             listen: bound,
             advertise: SocketAddr::new(ip, bound.port()),
             gids,
+            roce: false,
         }
     }
 
-    /// The port's LID (the TCP port).
+    /// The same, for an Ethernet (RoCE) port (bound at [`ROCE_PORT`]).
+    pub fn roce(self) -> Addressing {
+        Addressing { roce: true, ..self }
+    }
+
+    /// The port's LID: the TCP port, or 0 on an Ethernet port.
     pub fn lid(&self) -> u16 {
-        self.listen.port()
+        if self.roce {
+            0
+        } else {
+            self.listen.port()
+        }
+    }
+
+    /// Whether an address vector with (`is_global`, `dlid`) can name a peer: on
+    /// InfiniBand a LID, 0 being none; on Ethernet (RoCE) the GRH, whose DGID alone
+    /// names the peer. The error names the attribute and says why.
+    pub fn check_av(&self, is_global: bool, dlid: u16) -> Result<(), (&'static str, String)> {
+        if self.roce && !is_global {
+            return Err((
+                "ah_attr.is_global",
+                "an Ethernet (RoCE) port reaches its peers by GID: the address vector needs the GRH".into(),
+            ));
+        }
+        if !self.roce && dlid == 0 {
+            return Err((
+                "ah_attr.dlid",
+                "LID 0 is not a valid destination (on the sim the LID is the peer device's TCP port)".into(),
+            ));
+        }
+        Ok(())
     }
 
     /// The GID at table index 0.
@@ -122,14 +164,14 @@ impl Addressing {
 }
 
 /// The listener a GID and a LID name: the GID's IP (an IPv4-mapped GID as IPv4) and the
-/// LID as the port.
+/// LID as the port, or LID 0 (an Ethernet port's) [`ROCE_PORT`].
 pub fn gid_addr(gid: &[u8; 16], lid: u16) -> SocketAddr {
     let v6 = std::net::Ipv6Addr::from(*gid);
     let ip = match v6.to_ipv4_mapped() {
         Some(v4) => IpAddr::V4(v4),
         None => IpAddr::V6(v6),
     };
-    SocketAddr::new(ip, lid)
+    SocketAddr::new(ip, if lid == 0 { ROCE_PORT } else { lid })
 }
 
 /// An address in one spelling: an IPv4-mapped IPv6 address as IPv4 (what a dual-stack

@@ -92,10 +92,15 @@ impl DeviceShared {
         profile: Profile,
     ) -> Result<Arc<DeviceShared>> {
         let os = |call: &'static str| move |source: std::io::Error| Error::Os { call, source };
-        let sock = crate::lid_port::bind(listen).map_err(|source| Error::Os {
-            call: "bind (sim device listener)",
-            source,
-        })?;
+        let roce = profile.attrs().link_layer == LinkLayer::Ethernet;
+        let sock = if roce {
+            bind_roce(listen)?
+        } else {
+            crate::lid_port::bind(listen).map_err(|source| Error::Os {
+                call: "bind (sim device listener)",
+                source,
+            })?
+        };
         sock.listen(1024).map_err(os("listen"))?;
         sock.set_nonblocking(true).map_err(os("fcntl(O_NONBLOCK)"))?;
         let std_listener: std::net::TcpListener = sock.into();
@@ -152,7 +157,8 @@ impl DeviceShared {
             max_pkeys: 1,
             phys_port_cnt: 1,
         };
-        let addr = Arc::new(Addressing::new(bound, advertise));
+        let addr = Addressing::new(bound, advertise);
+        let addr = Arc::new(if roce { addr.roce() } else { addr });
         let qps: Arc<QpTable> = Arc::default();
         let claims: Arc<crate::verify::Claims> = Arc::default();
         let counters: Arc<DeviceCounters> = Arc::default();
@@ -228,7 +234,7 @@ impl DeviceShared {
             active_width: 1,
             active_speed: 1,
             phys_state: 5,
-            link_layer: LinkLayer::InfiniBand,
+            link_layer: self.limits.link_layer,
             qkey_viol_cntr: self.counters.qkey_violations(),
             bad_pkey_cntr: 0,
         }
@@ -257,9 +263,63 @@ impl DeviceShared {
         c.max_qp_rd_atom = a.max_qp_rd_atom;
         c.max_msg_sz = self.limits.max_msg_sz;
         c.max_mr_size = a.max_mr_size;
-        c.link_layer = LinkLayer::InfiniBand;
+        c.link_layer = self.limits.link_layer;
         c
     }
+}
+
+/// The listener of a device with an Ethernet (RoCE) port: at [`ROCE_PORT`] on an IP of
+/// its own (see [`addressing`](crate::addressing)): on loopback without a configured
+/// port, an address drawn in 127.0.0.0/8 that no other device holds; otherwise the
+/// listen IP, which one device alone may hold.
+fn bind_roce(listen: SocketAddr) -> Result<socket2::Socket> {
+    use crate::addressing::ROCE_PORT;
+    let os = |source| Error::Os {
+        call: "bind (sim device listener, RoCE)",
+        source,
+    };
+    if listen.port() != 0 && listen.port() != ROCE_PORT {
+        return Err(Error::invalid(
+            "RDMA_SIM_LISTEN",
+            format!(
+                "{listen}: a device with an Ethernet (RoCE) port is reached by its GID alone, at port \
+                 {ROCE_PORT}; give an IP without a port (or port {ROCE_PORT})"
+            ),
+        ));
+    }
+    if listen.ip().is_loopback() && listen.port() == 0 && listen.is_ipv4() {
+        let mut last = None;
+        for _ in 0..256 {
+            let ip = std::net::Ipv4Addr::new(
+                127,
+                rand::random_range(1..=254),
+                rand::random_range(0..=255),
+                rand::random_range(1..=254),
+            );
+            match crate::lid_port::bind(SocketAddr::new(ip.into(), ROCE_PORT)) {
+                Ok(s) => return Ok(s),
+                Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => last = Some(e),
+                Err(e) => return Err(os(e)),
+            }
+        }
+        return Err(os(
+            last.unwrap_or_else(|| std::io::Error::from(std::io::ErrorKind::AddrInUse))
+        ));
+    }
+    crate::lid_port::bind(SocketAddr::new(listen.ip(), ROCE_PORT)).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::AddrInUse {
+            Error::invalid(
+                "RDMA_SIM_LISTEN",
+                format!(
+                    "{}:{ROCE_PORT} is taken: with an Ethernet (RoCE) port each device needs an IP of \
+                     its own (one device per process here, or a loopback listen address)",
+                    listen.ip()
+                ),
+            )
+        } else {
+            os(e)
+        }
+    })
 }
 
 impl DeviceShared {

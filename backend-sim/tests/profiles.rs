@@ -211,3 +211,92 @@ fn the_environment_chooses_the_profile() {
     );
     assert_eq!(ctx.query_port(1).unwrap().max_msg_sz, 0x80_0000);
 }
+
+/// The rxe profile's port is Ethernet (RoCE v2), as rxe0's: LID 0, each device at an IP
+/// of its own, so that two devices (of one process here, of two in the examples' tests)
+/// find each other by GID alone; an address vector without the GRH is refused, as on
+/// RoCE; a listen port other than the RoCE port is a clear error.
+#[test]
+fn the_rxe_profile_is_an_ethernet_port_reached_by_gid_alone() {
+    let sim = SimBackend::new(SimConfig {
+        profile: Profile::Rxe,
+        ..SimConfig::default()
+    });
+    let (c0, c1) = (sim.open("sim0").unwrap(), sim.open("sim1").unwrap());
+    let (p0, p1) = (c0.query_port(1).unwrap(), c1.query_port(1).unwrap());
+    assert_eq!((p0.link_layer, p0.lid, p1.lid), (LinkLayer::Ethernet, 0, 0));
+    let (g0, g1) = (c0.query_gid(1, 1).unwrap(), c1.query_gid(1, 1).unwrap());
+    assert_ne!(g0, g1, "each device has an IP of its own");
+    assert!(g0.to_ipv4_mapped().unwrap().is_loopback(), "{g0}");
+
+    // An RC WRITE from sim0 to sim1, the endpoints exchanging (GID, LID 0, QPN, PSN).
+    let (pd0, pd1) = (c0.alloc_pd().unwrap(), c1.alloc_pd().unwrap());
+    let (cq0, cq1) = (c0.create_cq(16, None).unwrap(), c1.create_cq(16, None).unwrap());
+    let a = pd0
+        .create_qp(&QpInitAttr::rc(&cq0, &cq0, QpCap::new(4, 1)))
+        .unwrap();
+    let b = pd1
+        .create_qp(&QpInitAttr::rc(&cq1, &cq1, QpCap::new(4, 1)))
+        .unwrap();
+    let p = RcParams {
+        gid_index: 1,
+        ..RcParams::default()
+    };
+    let (ea, eb) = (
+        local_endpoint(&c0, &a, &p, 1).unwrap(),
+        local_endpoint(&c1, &b, &p, 2).unwrap(),
+    );
+    assert_eq!((ea.lid, eb.lid), (0, 0));
+    connect_rc(&a, &p, ea.psn, &eb).unwrap();
+    connect_rc(&b, &p, eb.psn, &ea).unwrap();
+    let src = pd0.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    let dst = pd1
+        .reg_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+        .unwrap();
+    src.write(0, b"by gid").unwrap();
+    a.post_send(&[SendWr::write(1, &[src.sge(0, 6).unwrap()], dst.remote().at(0)).signaled()])
+        .unwrap();
+    assert_eq!(poll_n(&cq0, 1, WAIT).unwrap()[0].status, WcStatus::Success);
+    let mut got = [0u8; 6];
+    dst.read(0, &mut got).unwrap();
+    assert_eq!(&got, b"by gid");
+
+    // No GRH: no way to name the peer on Ethernet.
+    let mut ah = ah_attr_for(&eb, &p);
+    ah.is_global = false;
+    assert_eq!(pd0.create_ah(&ah).err().map(|e| e.errno()), Some(libc::EINVAL));
+    let c = pd0
+        .create_qp(&QpInitAttr::rc(&cq0, &cq0, QpCap::new(4, 1)))
+        .unwrap();
+    modify_to_init(&c, &p).unwrap();
+    let rtr = QpAttr {
+        qp_state: QpState::Rtr,
+        path_mtu: p.path_mtu,
+        dest_qp_num: eb.qpn,
+        ah_attr: ah,
+        ..Default::default()
+    };
+    let e = c
+        .modify(
+            &rtr,
+            QpAttrMask::STATE
+                | QpAttrMask::AV
+                | QpAttrMask::PATH_MTU
+                | QpAttrMask::DEST_QPN
+                | QpAttrMask::RQ_PSN,
+        )
+        .unwrap_err();
+    assert_eq!(e.errno(), libc::EINVAL, "{e}");
+
+    let fixed = SimBackend::new(SimConfig {
+        profile: Profile::Rxe,
+        listen: "127.0.0.1:18999".parse().unwrap(),
+        ..SimConfig::default()
+    });
+    let e = fixed
+        .open("sim0")
+        .err()
+        .expect("a port other than RoCE's")
+        .to_string();
+    assert!(e.contains("4791"), "{e}");
+}

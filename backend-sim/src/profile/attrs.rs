@@ -14,13 +14,11 @@
 //! - portable: for each limit the smaller of the two, so that what fits here fits on both.
 //!
 //! What the sim cannot take from the profile stays the sim's own, the same under every
-//! profile: the link layer and LID (the sim addresses ports by LID, so even the rxe
-//! profile is an InfiniBand port whose LID is its TCP port; rxe0 is an Ethernet port with
-//! LID 0, reached by GID only) and the GID table's shape (the sim's two entries for the
-//! address it advertises, against rxe's 1024-entry table) and its P_Key table (one entry,
-//! the default P_Key, where rxe has 64 and a ConnectX 128).
+//! profile: the GID table's shape (the sim's two entries for the address it advertises,
+//! against rxe's 1024-entry table whose first entry is a `fe80::` link-local GID) and its
+//! P_Key table (one entry, the default P_Key, where rxe has 64 and a ConnectX 128).
 
-use verbs_api::{AtomicCap, Mtu};
+use verbs_api::{AtomicCap, LinkLayer, Mtu};
 
 /// `IBV_DEVICE_SRQ_RESIZE` of `enum ibv_device_cap_flags`: `ibv_modify_srq` may change
 /// an SRQ's `max_wr`. Every profile has it (rxe_param.h `RXE_DEVICE_CAP_FLAGS`, mlx5).
@@ -77,6 +75,10 @@ pub struct Attrs {
     pub active_mtu: Mtu,
     /// The port's `max_msg_sz`: the longest message.
     pub max_msg_sz: u32,
+    /// The port's link layer: InfiniBand (LID = the device's TCP port, an address vector
+    /// with or without the GRH) or Ethernet (RoCE v2: LID 0, peers reached by GID alone,
+    /// see [`addressing`](crate::addressing)).
+    pub link_layer: LinkLayer,
 }
 
 impl Attrs {
@@ -111,6 +113,7 @@ impl Attrs {
         // 1500 less RXE_MAX_HDR_LENGTH (80) rounds down to 1024.
         active_mtu: Mtu::Mtu1024,
         max_msg_sz: 0x80_0000,
+        link_layer: LinkLayer::Ethernet,
     };
 
     /// A ConnectX-5 (MT4119) on an InfiniBand port (see the module docs).
@@ -140,6 +143,7 @@ impl Attrs {
         max_mtu: Mtu::Mtu4096,
         active_mtu: Mtu::Mtu4096,
         max_msg_sz: 1 << 30,
+        link_layer: LinkLayer::InfiniBand,
     };
 
     /// The smaller of `a`'s and `b`'s value of every limit, and no vendor: what fits
@@ -171,6 +175,14 @@ impl Attrs {
             max_mtu: mtu(a.max_mtu, b.max_mtu),
             active_mtu: mtu(a.active_mtu, b.active_mtu),
             max_msg_sz: a.max_msg_sz.min(b.max_msg_sz),
+            // InfiniBand's addressing takes the address vectors of both (a LID, with or
+            // without the GRH), so programs written for either run; the GRH that RoCE
+            // requires is the one difference it lets through.
+            link_layer: if a.link_layer == LinkLayer::InfiniBand || b.link_layer == LinkLayer::InfiniBand {
+                LinkLayer::InfiniBand
+            } else {
+                a.link_layer
+            },
         }
     }
 }

@@ -185,6 +185,7 @@ impl QpShared {
             None => Responder::new(qpn, pd, cap.max_recv_wr, cap.max_recv_sge),
         }
         .with_switches(sw);
+        resp.roce = limits.link_layer == verbs_api::LinkLayer::Ethernet;
         let mut req = Requester::new(qpn, pd, &cap, sq_sig_all).with_profile(
             sw,
             limits.max_msg_sz,

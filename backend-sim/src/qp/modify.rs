@@ -48,12 +48,8 @@ impl QpShared {
                     ),
                 );
             }
-            if ah.dlid == 0 {
-                return bad(
-                    "ah_attr.dlid",
-                    "LID 0 is not a valid destination (on the sim the LID is the peer device's TCP port)"
-                        .into(),
-                );
+            if let Err((name, reason)) = self.dev.addr.check_av(ah.is_global, ah.dlid) {
+                return bad(name, reason);
             }
         }
         if mask.contains(M::TIMEOUT) && attr.timeout > 31 {

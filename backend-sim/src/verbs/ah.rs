@@ -40,11 +40,8 @@ impl SimAh {
                 format!("port {} does not exist (the device has port 1)", attr.port_num),
             );
         }
-        if attr.dlid == 0 {
-            return bad(
-                "ah_attr.dlid",
-                "LID 0 is not a valid destination (on the sim the LID is the peer device's TCP port)".into(),
-            );
+        if let Err((name, reason)) = addr.check_av(attr.is_global, attr.dlid) {
+            return bad(name, reason);
         }
         if attr.is_global && attr.grh.sgid_index as usize >= addr.gids.len() {
             return bad(

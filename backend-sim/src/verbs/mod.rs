@@ -55,7 +55,8 @@ impl Backend for SimBackend {
             });
         };
         let mut listen = self.config.listen;
-        if listen.port() != 0 {
+        // (On an Ethernet port every device listens on the RoCE port, at its own IP.)
+        if listen.port() != 0 && self.config.profile.attrs().link_layer != verbs_api::LinkLayer::Ethernet {
             listen.set_port(listen.port() + index as u16);
         }
         Ok(SimContext {

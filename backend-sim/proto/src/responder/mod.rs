@@ -121,6 +121,9 @@ pub struct Responder {
     ud: bool,
     /// The QP's Q_Key (UD: a datagram must carry it).
     pub qkey: u32,
+    /// The port is an Ethernet (RoCE v2) port: a UD receive's first 40 bytes take the
+    /// packet's IP header rather than an IB GRH ([`ud::roce_ip_header`]).
+    pub roce: bool,
     /// UC messages dropped, and PSN gaps met, since [`Responder::take_uc_counts`].
     uc_dropped: u64,
     uc_gaps: u64,
@@ -176,6 +179,7 @@ impl Responder {
             uc: false,
             ud: false,
             qkey: 0,
+            roce: false,
             uc_dropped: 0,
             uc_gaps: 0,
             epsn: 0,

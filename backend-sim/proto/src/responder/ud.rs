@@ -142,6 +142,7 @@ impl Responder {
             return Ok(UdOutcome::TooLong);
         }
         let mut written = match grh {
+            Some(g) if self.roce => scatter(&segs, 0, &roce_ip_header(&g, src, payload.len(), imm.is_some())),
             Some(g) => scatter(&segs, 0, &grh_bytes(&g, src, payload.len(), imm.is_some())),
             None => true,
         };
@@ -194,6 +195,46 @@ fn scatter(segs: &[Seg], at: usize, bytes: &[u8]) -> bool {
 /// Bytes of IBA's transport headers and trailer that the GRH's payload length counts
 /// around a UD SEND's payload: the BTH (12), the DETH (8) and the ICRC (4).
 const UD_TRANSPORT_BYTES: usize = 12 + 8 + 4;
+
+/// What a RoCE v2 device (rxe) writes in the receive's first 40 bytes instead of an IB
+/// GRH: the IP header of the packet. Between IPv4-mapped GIDs, 20 zero bytes and the
+/// IPv4 header (version 4, IHL 5, the total length of IP, UDP (8), the IB transport
+/// headers and the payload, the hop limit as TTL, protocol UDP (17), the source and
+/// destination addresses; rxe_recv.c/rxe_resp.c copy the received header there);
+/// otherwise the IPv6 header, which has the GRH's layout with next header UDP.
+pub fn roce_ip_header(g: &Grh, src: &DatagramSource, len: usize, imm: bool) -> [u8; GRH_LEN] {
+    let v4 = |gid: &[u8; 16]| std::net::Ipv6Addr::from(*gid).to_ipv4_mapped();
+    let transport = UD_TRANSPORT_BYTES + if imm { 4 } else { 0 } + len.next_multiple_of(4);
+    match (v4(&src.gid), v4(&g.dgid)) {
+        (Some(s), Some(d)) => {
+            let mut h = [0u8; GRH_LEN];
+            let ip = &mut h[20..];
+            ip[0] = 0x45;
+            ip[1] = g.traffic_class;
+            let total = (20 + 8 + transport) as u16;
+            ip[2..4].copy_from_slice(&total.to_be_bytes());
+            ip[8] = g.hop_limit;
+            ip[9] = 17;
+            ip[12..16].copy_from_slice(&s.octets());
+            ip[16..20].copy_from_slice(&d.octets());
+            let mut sum = 0u32;
+            for w in ip.chunks(2) {
+                sum += u16::from_be_bytes([w[0], w[1]]) as u32;
+            }
+            while sum > 0xffff {
+                sum = (sum & 0xffff) + (sum >> 16);
+            }
+            ip[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+            h
+        }
+        _ => {
+            let mut h = grh_bytes(g, src, len, imm);
+            h[4..6].copy_from_slice(&((8 + transport) as u16).to_be_bytes());
+            h[6] = 17;
+            h
+        }
+    }
+}
 
 /// The 40-byte GRH (IBA 8.3.1) of a datagram of `len` payload bytes with the fields of
 /// `g`, from `src`: IPVer 6, TClass, FlowLabel, PayLen (the bytes after the GRH up to the
