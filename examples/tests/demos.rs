@@ -576,7 +576,7 @@ fn devinfo_lists_sim_devices() {
 }
 
 /// `--profile` picks the kind of HCA the sim plays: devinfo shows its identity and
-/// switches, a demo passes it on to its server process and still checks its invariant,
+/// switches, demos pass it on to their server processes and still check their invariants,
 /// and an unknown profile is refused naming the known ones.
 #[test]
 fn the_examples_take_the_sim_profile() {
@@ -588,6 +588,15 @@ fn the_examples_take_the_sim_profile() {
         KV,
         &["demo", "--profile", "mlx5", "--keys", "200", "--clients", "2"],
     );
+    has(&o, "demo: OK");
+    // rxe's Ethernet port: the server and client processes find each other by GID alone
+    // (LID 0), over RC and over UD.
+    let o = ok(
+        KV,
+        &["demo", "--profile", "rxe", "--keys", "200", "--clients", "2"],
+    );
+    has(&o, "demo: OK");
+    let o = ok(UD_ECHO, &["demo", "--profile", "rxe"]);
     has(&o, "demo: OK");
     let o = run(DEVINFO, &["--profile", "cx9"]);
     assert!(

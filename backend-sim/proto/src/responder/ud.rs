@@ -200,7 +200,7 @@ const UD_TRANSPORT_BYTES: usize = 12 + 8 + 4;
 /// GRH: the IP header of the packet. Between IPv4-mapped GIDs, 20 zero bytes and the
 /// IPv4 header (version 4, IHL 5, the total length of IP, UDP (8), the IB transport
 /// headers and the payload, the hop limit as TTL, protocol UDP (17), the source and
-/// destination addresses; rxe_recv.c/rxe_resp.c copy the received header there);
+/// destination addresses; rxe_resp.c `execute()` copies the received header there);
 /// otherwise the IPv6 header, which has the GRH's layout with next header UDP.
 pub fn roce_ip_header(g: &Grh, src: &DatagramSource, len: usize, imm: bool) -> [u8; GRH_LEN] {
     let v4 = |gid: &[u8; 16]| std::net::Ipv6Addr::from(*gid).to_ipv4_mapped();
