@@ -32,7 +32,7 @@ use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
 use super::waiters::Waiters;
-use super::{queue_buf, Datagrams, Queued, QUEUE_MAX};
+use super::{queue_buf, Datagrams, Inbox, Queued, QUEUE_MAX};
 use crate::link_rx::LinkReader;
 use crate::qp::QpShared;
 use crate::responder::DatagramSource;
@@ -262,9 +262,10 @@ async fn serve(dg: &Arc<Datagrams>, link: &Link) -> String {
                     }
                     Err(e) => return format!("read failed: {e}"),
                 }
+                let mut inbox = Inbox::default();
                 loop {
                     match rx.next_datagram() {
-                        Ok(Some((frame, payload))) => dg.deliver(&frame, payload, &link.peer),
+                        Ok(Some((frame, payload))) => dg.deliver(&mut inbox, &frame, payload, &link.peer),
                         Ok(None) => break,
                         Err(e) => {
                             tracing::warn!(device = %dg.name, peer = %link.peer_addr, "UD link: protocol error: {e}; closing it");

@@ -403,6 +403,7 @@ impl Datagrams {
                     self.local.waiters.take_into(woken);
                 }
                 let mut at = 0;
+                let mut inbox = Inbox::default();
                 // Frames this device encoded itself: they decode (a failure would end
                 // the batch, not the process).
                 while let Ok(Some((f, n))) = Frame::decode(&buf[at..]) {
@@ -410,9 +411,10 @@ impl Datagrams {
                     let Some(payload) = buf.get(at + n..at + n + len) else {
                         break;
                     };
-                    self.deliver(&f, payload, &src);
+                    self.deliver(&mut inbox, &f, payload, &src);
                     at += n + len;
                 }
+                drop(inbox);
                 buf.clear();
             }
             drop(buf);
@@ -422,20 +424,52 @@ impl Datagrams {
         }
     }
 
-    /// Datagram `frame` (with `payload`) from `src` to the QP it names.
-    pub fn deliver(&self, frame: &Frame, payload: &[u8], src: &DatagramSource) {
+    /// Datagram `frame` (with `payload`) from `src` to the QP it names, in `inbox`'s run.
+    pub fn deliver(&self, inbox: &mut Inbox, frame: &Frame, payload: &[u8], src: &DatagramSource) {
         let Frame::Datagram { dst_qpn, .. } = *frame else {
             return;
         };
-        let qp = self.qps.lock().get(&dst_qpn).and_then(Weak::upgrade);
-        match qp {
-            Some(qp) if qp.qp_type == QpType::Ud && !qp.destroyed.load(Ordering::Acquire) => {
-                qp.receive_datagram(frame, payload, src)
-            }
-            _ => {
-                tracing::debug!(device = %self.name, dst_qpn, "UD: datagram dropped: no UD QP of that number");
-                self.counters.ud_dropped();
+        if inbox.last.as_ref().is_none_or(|(n, _)| *n != dst_qpn) {
+            inbox.finish();
+            match self.qps.lock().get(&dst_qpn).and_then(Weak::upgrade) {
+                Some(qp) if qp.qp_type == QpType::Ud => inbox.last = Some((dst_qpn, qp)),
+                _ => return self.no_such_qp(dst_qpn),
             }
         }
+        match &inbox.last {
+            Some((_, qp)) if !qp.destroyed.load(Ordering::Acquire) => {
+                qp.receive_datagram(frame, payload, src)
+            }
+            _ => self.no_such_qp(dst_qpn),
+        }
+    }
+
+    fn no_such_qp(&self, dst_qpn: u32) {
+        tracing::debug!(device = %self.name, dst_qpn, "UD: datagram dropped: no UD QP of that number");
+        self.counters.ud_dropped();
+    }
+}
+
+/// A run of datagrams handed to their QPs one after another (the datagrams of one read
+/// from a link, or of one drain of the device's own queue): the QP of consecutive
+/// datagrams is looked up once, and its completions become visible once, when the run
+/// moves to another QP or ends (dropped), as the progress engine delivers a
+/// connection's after each batch of frames.
+#[derive(Default)]
+pub struct Inbox {
+    last: Option<(u32, Arc<QpShared>)>,
+}
+
+impl Inbox {
+    fn finish(&mut self) {
+        if let Some((_, qp)) = self.last.take() {
+            qp.datagrams_done();
+        }
+    }
+}
+
+impl Drop for Inbox {
+    fn drop(&mut self) {
+        self.finish();
     }
 }
