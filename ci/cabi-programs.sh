@@ -106,6 +106,7 @@ for t in send_lat send_bw write_lat write_bw; do
     pair "ib_${t}-uc" "$f" -- "ib_$t" -c UC
 done
 pair ib_send_lat-ud "$lat" -- ib_send_lat -c UD
+pair ib_send_bw-ud "$bw" -- ib_send_bw -c UD
 pair ib_send_lat-srq "$lat" -- ib_send_lat --use-srq
 pair ib_send_bw-srq "$bw" -- ib_send_bw --use-srq
 

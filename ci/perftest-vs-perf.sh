@@ -56,73 +56,13 @@ for t in send_bw write_bw read_bw; do
     for s in $sizes; do rows="$rows $t:$s:$(iters "$bw_iters" 10 "$s")"; done
 done
 
-# The guest's script (busybox ash). perftest's server listens on a fresh port per run
-# and the client starts once it does; perf starts its own server child on loopback.
+# The guest runs the pairs (ci/perftest-pairs.sh, busybox ash) on rxe0; perf starts its
+# own server child on loopback.
+cp "$root/ci/perftest-pairs.sh" "$dir/"
 cat >"$dir/bench.sh" <<GUEST
 #!/bin/sh
-pairs=$pairs
-rows="$rows"
-port=18600
-fail=0
-wait_listen() { # port
-    i=0
-    while [ \$i -lt 100 ]; do
-        netstat -ltn 2>/dev/null | grep -q ":\$1 " && return 0
-        usleep 50000
-        i=\$((i + 1))
-    done
-    return 1
-}
-perftest_once() { # test size iters out
-    port=\$((port + 1))
-    flags="-d rxe0 -x 1 -F -u 10 -p \$port -s \$2 -n \$3"
-    [ "\${1%_lat}" = atomic ] && flags="-d rxe0 -x 1 -F -u 10 -p \$port -n \$3"
-    ib_\$1 \$flags >"\$4.server" 2>&1 &
-    spid=\$!
-    wait_listen \$port || echo "perftest server did not listen on \$port" >>"\$4"
-    timeout 120 ib_\$1 \$flags 127.0.0.1 >>"\$4" 2>&1 || echo "exit status \$?" >>"\$4"
-    wait \$spid
-}
-# perftest prints inf or zeros when its sampling of the CPU frequency fails (a
-# correlation below 0.9, which happens under emulation): such a run is repeated once.
-has_figures() { # file: the row after the header, every figure a positive number
-    awk '/#bytes/ { getline; ok = NF >= 5; for (i = 3; i <= NF; i++) if (\$i !~ /^[0-9.]+\$/ || \$i + 0 <= 0) ok = 0 }
-        END { exit !ok }' "\$1"
-}
-perftest_run() { # test size iters out
-    : >"\$4"
-    perftest_once "\$@"
-    if ! has_figures "\$4"; then
-        mv "\$4" "\$4.failed"
-        perftest_once "\$@"
-    fi
-}
-perf_run() { # test size iters out
-    sz="-s \$2"
-    [ "\${1%_lat}" = atomic ] && sz=""
-    if ! timeout 120 ./perf \$1 --backend ibverbs -d rxe0 -x 1 -u 10 \$sz -n \$3 --perftest --json >"\$4" 2>"\$4.err"; then
-        echo "perf \$1 -s \$2 failed:" >&2
-        cat "\$4.err" >&2
-        fail=1
-    fi
-}
-for r in \$rows; do
-    t=\${r%%:*}; rest=\${r#*:}; s=\${rest%%:*}; n=\${rest#*:}
-    p=1
-    while [ \$p -le \$pairs ]; do
-        base=runs/\${t}-\${s}__\${p}
-        if [ \$((p % 2)) -eq 1 ]; then
-            perftest_run \$t \$s \$n \${base}__perftest.txt
-            perf_run \$t \$s \$n \${base}__perf.json
-        else
-            perf_run \$t \$s \$n \${base}__perf.json
-            perftest_run \$t \$s \$n \${base}__perftest.txt
-        fi
-        p=\$((p + 1))
-    done
-    echo "\$t \$s: \$pairs pairs done"
-done
-exit \$fail
+ROWS="$rows" PAIRS=$pairs PERFTEST_ENV="" PERFTEST_FLAGS="-d rxe0 -x 1 -F -u 10" \
+    PERF=./perf PERF_FLAGS="--backend ibverbs -d rxe0 -x 1 -u 10" exec sh perftest-pairs.sh
 GUEST
 
 set +e

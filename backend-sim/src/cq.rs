@@ -268,6 +268,11 @@ impl ChannelShared {
         self.cv.notify_all();
     }
 
+    /// Whether an event waits (`ibv_get_cq_event` would not block).
+    pub fn has_event(&self) -> bool {
+        !self.events.lock().is_empty()
+    }
+
     /// `ibv_get_cq_event` with a timeout.
     pub fn get_event(&self, timeout: Option<Duration>) -> Result<Option<u32>> {
         let deadline = timeout.map(|t| Instant::now() + t);

@@ -318,8 +318,9 @@ fn ud_qp(pd: &backend_sim::SimPd, cq: &backend_sim::SimCq, qkey: u32) -> backend
 ///   address, 127.0.0.2): its datagrams that claim `xq` are delivered, named as from its
 ///   device (its LID, its GID), never X's;
 /// - floods R on that link (no receive for them: dropped and counted, memory bounded),
-///   never reads what R sends it (R's sends complete, lost beyond the link's queue), and
-///   sends garbage (the link closes).
+///   never reads what R sends it (R's send queue waits for the wire, nothing lost, memory
+///   bounded), and sends garbage (the link closes; R's waiting WRs complete, their
+///   datagrams lost with the stranger's device).
 ///
 /// Throughout, X's datagrams reach `rq` named as X's, and nothing else reaches it.
 #[test]
@@ -454,7 +455,7 @@ fn ud_datagrams_cannot_be_forged_from_another_device() {
     }))
     .unwrap();
     assert_eq!(read_answer(&mut link), Some(Frame::HelloAck));
-    let _own = checker.join().unwrap();
+    let own = checker.join().unwrap();
     link.write_all(&forged).unwrap();
     let wc = take(1);
     assert_eq!(
@@ -494,31 +495,75 @@ fn ud_datagrams_cannot_be_forged_from_another_device() {
             ..Default::default()
         })
         .unwrap();
+    // R sends into the link, which the stranger never reads: more than the kernel's
+    // socket buffers and the link's queue hold together. R's send queue waits for the
+    // wire as an HCA's does: WRs stay outstanding, none is lost, memory does not grow.
     let unsent = cr.counters().ud_unsent;
-    let big = [mrr.sge(32768, 4096).unwrap()];
-    // More than the kernel's socket buffers and the link's queue hold together.
-    for i in 0..4000u64 {
-        rq.post_send(&[SendWr::send(1000 + i, &big).signaled().ud(&r_to_own, 0x42, QKEY)])
-            .unwrap();
-        let wc = poll_n(&cqr, 1, Duration::from_secs(5)).unwrap();
-        assert_eq!((wc[0].wr_id, wc[0].status), (1000 + i, WcStatus::Success));
+    // Datagrams of the port's MTU (the profile's active MTU).
+    let mtu = cr.query_port(1).unwrap().active_mtu.bytes() as usize;
+    let big = [mrr.sge(32768, mtu).unwrap()];
+    let (mut posted, mut done) = (0u64, 0u64);
+    let mut wc = [WorkCompletion::default(); 64];
+    let mut reap = |done: &mut u64| {
+        let n = cqr.poll(&mut wc).unwrap();
+        for w in &wc[..n] {
+            assert_eq!((w.wr_id, w.status), (1000 + *done, WcStatus::Success), "{w:?}");
+            *done += 1;
+        }
+    };
+    // Well within the link's stall limit (5 s).
+    let until = std::time::Instant::now() + Duration::from_secs(2);
+    while std::time::Instant::now() < until {
+        while posted - done < 64 {
+            match rq.post_send(&[SendWr::send(1000 + posted, &big)
+                .signaled()
+                .ud(&r_to_own, 0x42, QKEY)])
+            {
+                Ok(()) => posted += 1,
+                Err(e) if e.errno() == libc::ENOMEM => break,
+                Err(e) => panic!("post_send: {e}"),
+            }
+        }
+        reap(&mut done);
+        std::thread::sleep(Duration::from_millis(1));
     }
+    assert!(
+        done < posted && posted > 1000,
+        "R's send queue waits for a link nobody reads ({done} of {posted} completed)"
+    );
+    assert_eq!(cr.counters().ud_unsent, unsent, "nothing is lost at R");
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while cr.counters().ud_dropped < dropped + 6400 && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(10));
     }
     assert_eq!(cr.counters().ud_dropped, dropped + 6400);
-    assert!(
-        cr.counters().ud_unsent > unsent,
-        "R's sends into a link nobody reads were all queued"
-    );
     let grew = rss_kib().saturating_sub(rss_before);
     assert!(grew < 16 * 1024, "RSS grew by {grew} KiB");
-    // Garbage on the link ends it.
+    // Garbage on the link ends it. The stranger's device now hangs up on every new
+    // link, so what R's send queue held is lost on the way, and completes.
+    own.set_nonblocking(true).unwrap();
+    let hang_up = std::thread::spawn(move || {
+        let end = std::time::Instant::now() + Duration::from_secs(10);
+        while std::time::Instant::now() < end {
+            match own.accept() {
+                Ok((c, _)) => drop(c),
+                Err(_) => std::thread::sleep(Duration::from_millis(1)),
+            }
+        }
+    });
     link.write_all(&[0xff; 64]).unwrap();
     let mut rest = Vec::new();
     link.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let _ = link.read_to_end(&mut rest);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while done < posted && std::time::Instant::now() < deadline {
+        reap(&mut done);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // (Each either went out as the stranger read the link to its end, or was lost with
+    // the link: which, depends on when R read the garbage.)
+    assert_eq!(done, posted, "R's waiting WRs complete once the link is gone");
+    drop(hang_up);
 
     // X's datagrams still reach rq as X's, and nothing else reached it.
     x_send(3);

@@ -640,3 +640,78 @@ fn one_post_reaches_many_devices() {
         }
     }
 }
+
+/// A sender faster than the link: 8 MiB of datagrams of the port's MTU (far more than the
+/// link's queue and the sockets' buffers hold) posted as fast as the send queue takes
+/// them. The send queue waits for the wire, as an HCA's does: every datagram arrives and
+/// none is counted as unsent. (Before, a full link queue lost datagrams, and a receiver
+/// counting messages, as `ib_send_bw -c UD` does, never finished.)
+#[test]
+fn a_sender_faster_than_the_link_waits_and_loses_nothing() {
+    let sim = SimBackend::default();
+    let a = Side::new(sim.open("sim0").unwrap());
+    let b = Side::new(sim.open("sim1").unwrap());
+    // Datagrams of the port's MTU (the profile's active MTU).
+    let mtu = a.ctx.query_port(1).unwrap().active_mtu.bytes() as usize;
+    // 8 MiB of them.
+    let total = (8u64 << 20) / mtu as u64;
+    let send_cq = a.ctx.create_cq(512, None).unwrap();
+    let recv_cq = b.ctx.create_cq(total as u32, None).unwrap();
+    let s =
+        a.pd.create_qp(&QpInitAttr::ud(&send_cq, &send_cq, QpCap::new(256, 1)))
+            .unwrap();
+    let r =
+        b.pd.create_qp(&QpInitAttr::ud(&recv_cq, &recv_cq, QpCap::new(1, total as u32)))
+            .unwrap();
+    ud_up(&s, QKEY);
+    ud_up(&r, QKEY);
+    // Every receive may share one buffer: only the count matters here.
+    let rmr = b.pd.reg_mr(GRH + mtu, AccessFlags::LOCAL_WRITE).unwrap();
+    let recvs: Vec<_> = (0..total)
+        .map(|i| (i, [rmr.sge(0, GRH + mtu).unwrap()]))
+        .collect();
+    let wrs: Vec<RecvWr<'_>> = recvs.iter().map(|(i, sge)| RecvWr::new(*i, sge)).collect();
+    r.post_recv(&wrs).unwrap();
+    let smr = a.pd.reg_mr(mtu, AccessFlags::LOCAL_WRITE).unwrap();
+    let ah = a.ah_to(&b.ctx, &r, false);
+    let (unsent, dropped) = (a.ctx.counters().ud_unsent, b.ctx.counters().ud_dropped);
+
+    let sge = [smr.sge(0, mtu).unwrap()];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (mut posted, mut sent, mut received) = (0u64, 0u64, 0u64);
+    let mut wc = [WorkCompletion::default(); 64];
+    while received < total {
+        assert!(
+            Instant::now() < deadline,
+            "posted {posted}, sent {sent}, received {received} of {total}"
+        );
+        while posted < total && posted - sent < 256 {
+            let wr = SendWr::send(posted, &sge).signaled().ud(&ah, r.qp_num(), QKEY);
+            match s.post_send(&[wr]) {
+                Ok(()) => posted += 1,
+                Err(e) if e.errno() == libc::ENOMEM => break,
+                Err(e) => panic!("post_send: {e}"),
+            }
+        }
+        let n = send_cq.poll(&mut wc).unwrap();
+        for w in &wc[..n] {
+            assert_eq!((w.wr_id, w.status), (sent, WcStatus::Success), "{w:?}");
+            sent += 1;
+        }
+        let n = recv_cq.poll(&mut wc).unwrap();
+        for w in &wc[..n] {
+            assert_eq!(
+                (w.status, w.byte_len),
+                (WcStatus::Success, (GRH + mtu) as u32),
+                "{w:?}"
+            );
+            received += 1;
+        }
+    }
+    assert_eq!(a.ctx.counters().ud_unsent, unsent, "datagrams lost at the sender");
+    assert_eq!(
+        b.ctx.counters().ud_dropped,
+        dropped,
+        "datagrams dropped at the receiver"
+    );
+}

@@ -3,7 +3,8 @@
 //! datagrams the other device sends and writes what the senders' threads could not.
 //!
 //! Senders append whole datagrams to the link's queue under its lock (bounded: past
-//! [`QUEUE_MAX`](super::QUEUE_MAX) a datagram is lost) and then write it themselves
+//! [`QUEUE_MAX`](super::QUEUE_MAX) the sending QP waits, see [`waiters`](super::waiters),
+//! and whoever makes room hands it back) and then write it themselves
 //! ([`Link::flush`]): the writer swaps the queue for its own buffer (so senders never
 //! wait for a system call) and writes without blocking; what the socket does not take,
 //! the task writes when the socket is writable again. One thread writes at a time; one
@@ -12,26 +13,35 @@
 //!
 //! The task reads whatever arrives, hands each whole datagram to the QP it names
 //! ([`Datagrams::deliver`]) with the source the link's setup proved, and ends the link
-//! on the end of the stream, a socket error, or anything that is not a well-formed
-//! datagram (a protocol error, logged); the link then leaves the device's table, and the
-//! next datagram to that device opens a new one.
+//! on the end of the stream, a socket error, anything that is not a well-formed
+//! datagram (a protocol error, logged), or a device that reads nothing for
+//! [`STALL_LIMIT`] while bytes wait for it (a stuck peer must not hold this device's
+//! UD QPs for ever); the link then leaves the device's table, the QPs waiting for it try
+//! again, and the next datagram to that device opens a new link.
 
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
-use super::{queue_buf, Datagrams, QUEUE_MAX};
+use super::waiters::Waiters;
+use super::{queue_buf, Datagrams, Inbox, Queued, QUEUE_MAX};
 use crate::link_rx::LinkReader;
+use crate::qp::QpShared;
 use crate::responder::DatagramSource;
 use crate::sys::Sock;
 use backend_sim_proto::io::{RawSlice, Transmit};
+
+/// How long a link may have bytes waiting that the other device does not read before it
+/// is closed.
+pub const STALL_LIMIT: Duration = Duration::from_secs(5);
 
 /// What a writer holds: the bytes it took from the queue and how far it got.
 struct Writer {
@@ -63,6 +73,10 @@ pub struct Link {
     queue: Mutex<Vec<u8>>,
     writer: Mutex<Writer>,
     dirty: AtomicBool,
+    /// QPs waiting for room in `queue`.
+    waiters: Waiters,
+    /// Bytes written so far (the task tells a stalled peer by it).
+    written: AtomicU64,
     /// Wakes the task: bytes wait for the socket.
     wake: Notify,
     closed: AtomicBool,
@@ -82,6 +96,8 @@ impl Link {
                 off: 0,
             }),
             dirty: AtomicBool::new(false),
+            waiters: Waiters::default(),
+            written: AtomicU64::new(0),
             wake: Notify::new(),
             closed: AtomicBool::new(false),
         })
@@ -98,27 +114,39 @@ impl Link {
     }
 
     /// Appends a datagram with `f` (which writes its header and payload to the end of
-    /// the queue), unless the link is closed or its queue full (`None`: the datagram
-    /// is lost). Call [`Link::flush`] afterwards, without the QP's lock.
-    pub fn append<R>(&self, f: impl FnOnce(&mut Vec<u8>) -> R) -> Option<R> {
+    /// the queue), unless the link is closed, or its queue is full: then `qp` waits for
+    /// room ([`Link::flush`] hands it back). Call [`Link::flush`] afterwards, without the
+    /// QP's lock.
+    pub fn append<R>(&self, qp: &Arc<QpShared>, f: impl FnOnce(&mut Vec<u8>) -> R) -> Queued<R> {
         if self.is_closed() {
-            return None;
+            return Queued::Closed;
         }
         let mut q = self.queue.lock();
         if q.len() >= QUEUE_MAX {
-            return None;
+            self.waiters.add(qp);
+            return Queued::Full;
         }
         let r = f(&mut q);
         drop(q);
         self.dirty.store(true, Ordering::SeqCst);
-        Some(r)
+        Queued::Appended(r)
     }
 
-    /// Writes what is queued, without blocking; leaves what the socket does not take to
-    /// the task.
-    pub fn flush(&self) {
+    /// Writes what is queued, without blocking, and leaves what the socket does not take
+    /// to the task; the QPs that waited for room, if there is some now (or the link is
+    /// closed: they find another), go to `woken`.
+    pub fn flush(&self, woken: &mut Vec<Weak<QpShared>>) {
         if self.write_out() == Flushed::Blocked {
             self.wake.notify_one();
+        }
+        self.wake_waiters(woken);
+    }
+
+    /// Moves the QPs waiting for room to `woken` if there is room (or the link is closed).
+    fn wake_waiters(&self, woken: &mut Vec<Weak<QpShared>>) {
+        let q = self.queue.lock();
+        if q.len() < QUEUE_MAX || self.is_closed() {
+            self.waiters.take_into(woken);
         }
     }
 
@@ -171,7 +199,10 @@ impl Link {
             // (A write straight to the socket, from any thread: tokio's record of its
             // readiness is cleared by the task's own failed write, see `serve`.)
             match unsafe { Sock(self.sock.as_raw_fd()).transmit(&run) } {
-                Ok(n) => w.off += n,
+                Ok(n) => {
+                    w.off += n;
+                    self.written.fetch_add(n as u64, Ordering::Relaxed);
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
@@ -191,21 +222,31 @@ impl Link {
 }
 
 /// The link's task: reads and delivers what arrives, writes what waits, until the link
-/// ends; then the link leaves the device's table.
+/// ends; then the link leaves the device's table, and the QPs waiting for it try again.
 pub async fn run(dg: Arc<Datagrams>, link: Arc<Link>) {
     let why = serve(&dg, &link).await;
     tracing::debug!(device = %dg.name, peer = %link.peer_addr, "UD link closed: {why}");
     link.close();
     dg.forget(&link);
+    let mut woken = Vec::new();
+    link.wake_waiters(&mut woken);
+    dg.transmit_woken(woken);
 }
 
-async fn serve(dg: &Datagrams, link: &Link) -> String {
+async fn serve(dg: &Arc<Datagrams>, link: &Link) -> String {
     let mut rx = LinkReader::new();
+    let mut woken = Vec::new();
+    // Bytes written as of when the stall clock last started.
+    let mut progress = (link.written.load(Ordering::Relaxed), tokio::time::Instant::now());
     loop {
         if link.is_closed() {
             return "closed".into();
         }
         let want_write = link.backlog();
+        let written = link.written.load(Ordering::Relaxed);
+        if !want_write || written != progress.0 {
+            progress = (written, tokio::time::Instant::now());
+        }
         tokio::select! {
             r = link.sock.readable() => {
                 if let Err(e) = r {
@@ -221,9 +262,10 @@ async fn serve(dg: &Datagrams, link: &Link) -> String {
                     }
                     Err(e) => return format!("read failed: {e}"),
                 }
+                let mut inbox = Inbox::default();
                 loop {
                     match rx.next_datagram() {
-                        Ok(Some((frame, payload))) => dg.deliver(&frame, payload, &link.peer),
+                        Ok(Some((frame, payload))) => dg.deliver(&mut inbox, &frame, payload, &link.peer),
                         Ok(None) => break,
                         Err(e) => {
                             tracing::warn!(device = %dg.name, peer = %link.peer_addr, "UD link: protocol error: {e}; closing it");
@@ -240,8 +282,20 @@ async fn serve(dg: &Datagrams, link: &Link) -> String {
                     Flushed::Blocked => Err(io::ErrorKind::WouldBlock.into()),
                     other => Ok(other),
                 });
+                link.wake_waiters(&mut woken);
+                dg.transmit_woken(std::mem::take(&mut woken));
                 if let Ok(Flushed::Broken) = flushed {
                     return "write failed".into();
+                }
+            }
+            _ = tokio::time::sleep_until(progress.1 + STALL_LIMIT), if want_write => {
+                if link.written.load(Ordering::Relaxed) == progress.0 {
+                    tracing::warn!(
+                        device = %dg.name,
+                        peer = %link.peer_addr,
+                        "UD link: the other device has read nothing for {STALL_LIMIT:?}; closing the link"
+                    );
+                    return "the other device stopped reading".into();
                 }
             }
             _ = link.wake.notified() => {}

@@ -19,8 +19,12 @@
 //!   written, without blocking; what the socket does not take, the link's task writes
 //!   when it can. A datagram to a device whose link is being set up waits (its WR with
 //!   it) for at most the setup's time; to a device that could not be reached (for
-//!   [`FAILED_HOLD`] after a failed attempt), or into a link whose queue is full (a peer
-//!   that does not read), it is lost, and its WR completes all the same, as UD's do.
+//!   [`FAILED_HOLD`] after a failed attempt) it is lost, and its WR completes all the
+//!   same, as UD's do. A queue that is full (the socket takes bytes slower than the QPs
+//!   post) holds the QP's send queue back, as the wire holds an HCA's: the WQE and those
+//!   behind it wait, uncompleted, until the writer that makes room hands the QP back
+//!   ([`waiters`]); a sender is never dropped for being fast. (A device that stops
+//!   reading altogether has its link closed, see [`link::STALL_LIMIT`].)
 //! - **Receiving** ([`link`]'s task on the device's setup runtime, or the thread that
 //!   drains the device's own queue): each whole datagram goes to the UD QP its
 //!   destination QPN names, in the QP's lock ([`QpShared::receive_datagram`]); no such
@@ -52,8 +56,10 @@ use crate::wire::{Frame, DATAGRAM_HDR_LEN, MAX_DATAGRAM};
 
 pub mod link;
 pub mod setup;
+pub mod waiters;
 
 use link::Link;
+use waiters::Waiters;
 
 /// How long datagrams to a device that could not be reached are lost without a new
 /// attempt to reach it (so that a program sending to a device that is not there does not
@@ -61,8 +67,8 @@ use link::Link;
 pub const FAILED_HOLD: Duration = Duration::from_millis(200);
 /// Most links a device keeps (each is a socket, a task and its buffers).
 pub const MAX_LINKS: usize = 1024;
-/// Bytes queued for one link (or the device's own queue) beyond which datagrams are
-/// lost: a peer that does not read cannot grow this side's memory. (The kernel's socket
+/// Bytes queued for one link (or the device's own queue) beyond which the sending QPs
+/// wait: a peer that does not read cannot grow this side's memory. (The kernel's socket
 /// buffers hold far more; this queue only bridges a socket that is full for a moment.)
 pub const QUEUE_MAX: usize = 64 << 10;
 
@@ -95,6 +101,16 @@ struct LinkTable {
     count: usize,
 }
 
+/// What became of a datagram offered to a queue of bytes.
+pub enum Queued<R> {
+    /// Appended (what the encoder returned).
+    Appended(R),
+    /// The queue is full: the QP waits for room.
+    Full,
+    /// Nowhere to go: the link is closed, or there is none.
+    Closed,
+}
+
 /// Where a datagram goes.
 enum Target {
     /// To a QP of this device.
@@ -115,6 +131,8 @@ struct LocalQueue {
     draining: Mutex<Vec<u8>>,
     /// Set after an append: the thread delivering goes around again.
     dirty: AtomicBool,
+    /// QPs waiting for room in `queue`.
+    waiters: Waiters,
 }
 
 /// A device's UD side: its links and its own queue.
@@ -158,6 +176,7 @@ impl Datagrams {
                 queue: Mutex::new(queue_buf()),
                 draining: Mutex::new(queue_buf()),
                 dirty: AtomicBool::new(false),
+                waiters: Waiters::default(),
             },
         }
     }
@@ -171,8 +190,30 @@ impl Datagrams {
     }
 
     /// Hands the datagrams of UD QP `qp` on (see the module docs), and completes their
-    /// WRs.
+    /// WRs; then those of the QPs that waited for the room this made.
     pub fn transmit(self: &Arc<Self>, qp: &Arc<QpShared>) {
+        let mut woken = Vec::new();
+        self.transmit_one(qp, &mut woken);
+        self.transmit_woken(woken);
+    }
+
+    /// Hands on the datagrams of the QPs in `woken` (they waited for room in a queue),
+    /// and of those their writes make room for in turn: a list worked through, not
+    /// recursion, as each write may wake more.
+    pub fn transmit_woken(self: &Arc<Self>, mut woken: Vec<Weak<QpShared>>) {
+        while let Some(w) = woken.pop() {
+            if let Some(qp) = w.upgrade() {
+                self.transmit_one(&qp, &mut woken);
+            }
+        }
+    }
+
+    /// One pass over `qp`'s send queue, in order: each datagram is appended to its
+    /// queue, waits for its link to be set up, or is lost; a full queue stops the pass
+    /// (the WQE and those behind it wait, as an HCA's send queue waits for the wire,
+    /// until the writer that makes room hands the QP back). Writes the queues it filled
+    /// and puts the QPs waiting for the room this made in `woken`.
+    fn transmit_one(self: &Arc<Self>, qp: &Arc<QpShared>, woken: &mut Vec<Weak<QpShared>>) {
         let mut written: ArrayVec<Arc<Link>, WRITE_NOW> = ArrayVec::new();
         let mut local = false;
         {
@@ -204,14 +245,19 @@ impl Datagrams {
                     self.link_to(route.peer, qp)
                 };
                 let QpInner { req, .. } = &mut *g;
-                let emitted = match &target {
+                let queued = match &target {
                     Target::Local => {
                         local = true;
                         let mut q = self.local.queue.lock();
-                        (q.len() < QUEUE_MAX).then(|| req.ud_emit(idx, &qp.dev.mrs, &mut q))
+                        if q.len() < QUEUE_MAX {
+                            Queued::Appended(req.ud_emit(idx, &qp.dev.mrs, &mut q))
+                        } else {
+                            self.local.waiters.add(qp);
+                            Queued::Full
+                        }
                     }
                     Target::Link(link) => {
-                        let r = link.append(|q| req.ud_emit(idx, &qp.dev.mrs, q));
+                        let r = link.append(qp, |q| req.ud_emit(idx, &qp.dev.mrs, q));
                         if !written.iter().any(|l| Arc::ptr_eq(l, link)) {
                             if written.is_full() {
                                 // (After the append: the task looks at the queue when it
@@ -227,21 +273,30 @@ impl Datagrams {
                         req.ud_wait(idx);
                         continue;
                     }
-                    Target::Lost => None,
+                    Target::Lost => Queued::Closed,
                 };
-                match emitted {
-                    Some(Ok(Emitted::Sent)) => {}
-                    Some(Ok(Emitted::TooLong)) => self.counters.ud_unsent(),
-                    Some(Err(_)) => {
+                match queued {
+                    Queued::Appended(Ok(Emitted::Sent)) => {}
+                    Queued::Appended(Ok(Emitted::TooLong)) => self.counters.ud_unsent(),
+                    Queued::Appended(Err(_)) => {
                         fatal = true;
                         break;
                     }
-                    None => {
+                    Queued::Full => {
+                        tracing::trace!(
+                            qpn = qp.qpn,
+                            peer = %route.peer,
+                            "UD: the queue to the destination device is full: the send queue waits"
+                        );
+                        req.ud_wait(idx);
+                        break;
+                    }
+                    Queued::Closed => {
                         tracing::debug!(
                             qpn = qp.qpn,
                             dst_qpn = route.remote_qpn,
                             peer = %route.peer,
-                            "UD: datagram lost: no link to its device, or the link's queue is full"
+                            "UD: datagram lost: no link to its device"
                         );
                         self.counters.ud_unsent();
                         req.ud_lost(idx);
@@ -251,11 +306,11 @@ impl Datagrams {
             qp.complete_datagrams(&mut g, fatal);
         }
         for link in written {
-            link.flush();
+            link.flush(woken);
         }
         if local {
             self.local.dirty.store(true, Ordering::SeqCst);
-            self.drain_local();
+            self.drain_local(woken);
         }
     }
 
@@ -328,8 +383,9 @@ impl Datagrams {
     }
 
     /// Delivers the datagrams queued for this device's own QPs (any thread may; one
-    /// does at a time, and goes around again for what was queued meanwhile).
-    pub fn drain_local(&self) {
+    /// does at a time, and goes around again for what was queued meanwhile); the QPs
+    /// that waited for room in the queue go to `woken`.
+    fn drain_local(&self, woken: &mut Vec<Weak<QpShared>>) {
         let src = self.own_source();
         loop {
             let Some(mut buf) = self.local.draining.try_lock() else {
@@ -340,11 +396,14 @@ impl Datagrams {
                 {
                     let mut q = self.local.queue.lock();
                     if q.is_empty() {
+                        self.local.waiters.take_into(woken);
                         break;
                     }
                     std::mem::swap(&mut *q, &mut *buf);
+                    self.local.waiters.take_into(woken);
                 }
                 let mut at = 0;
+                let mut inbox = Inbox::default();
                 // Frames this device encoded itself: they decode (a failure would end
                 // the batch, not the process).
                 while let Ok(Some((f, n))) = Frame::decode(&buf[at..]) {
@@ -352,9 +411,10 @@ impl Datagrams {
                     let Some(payload) = buf.get(at + n..at + n + len) else {
                         break;
                     };
-                    self.deliver(&f, payload, &src);
+                    self.deliver(&mut inbox, &f, payload, &src);
                     at += n + len;
                 }
+                drop(inbox);
                 buf.clear();
             }
             drop(buf);
@@ -364,20 +424,52 @@ impl Datagrams {
         }
     }
 
-    /// Datagram `frame` (with `payload`) from `src` to the QP it names.
-    pub fn deliver(&self, frame: &Frame, payload: &[u8], src: &DatagramSource) {
+    /// Datagram `frame` (with `payload`) from `src` to the QP it names, in `inbox`'s run.
+    pub fn deliver(&self, inbox: &mut Inbox, frame: &Frame, payload: &[u8], src: &DatagramSource) {
         let Frame::Datagram { dst_qpn, .. } = *frame else {
             return;
         };
-        let qp = self.qps.lock().get(&dst_qpn).and_then(Weak::upgrade);
-        match qp {
-            Some(qp) if qp.qp_type == QpType::Ud && !qp.destroyed.load(Ordering::Acquire) => {
-                qp.receive_datagram(frame, payload, src)
-            }
-            _ => {
-                tracing::debug!(device = %self.name, dst_qpn, "UD: datagram dropped: no UD QP of that number");
-                self.counters.ud_dropped();
+        if inbox.last.as_ref().is_none_or(|(n, _)| *n != dst_qpn) {
+            inbox.finish();
+            match self.qps.lock().get(&dst_qpn).and_then(Weak::upgrade) {
+                Some(qp) if qp.qp_type == QpType::Ud => inbox.last = Some((dst_qpn, qp)),
+                _ => return self.no_such_qp(dst_qpn),
             }
         }
+        match &inbox.last {
+            Some((_, qp)) if !qp.destroyed.load(Ordering::Acquire) => {
+                qp.receive_datagram(frame, payload, src)
+            }
+            _ => self.no_such_qp(dst_qpn),
+        }
+    }
+
+    fn no_such_qp(&self, dst_qpn: u32) {
+        tracing::debug!(device = %self.name, dst_qpn, "UD: datagram dropped: no UD QP of that number");
+        self.counters.ud_dropped();
+    }
+}
+
+/// A run of datagrams handed to their QPs one after another (the datagrams of one read
+/// from a link, or of one drain of the device's own queue): the QP of consecutive
+/// datagrams is looked up once, and its completions become visible once, when the run
+/// moves to another QP or ends (dropped), as the progress engine delivers a
+/// connection's after each batch of frames.
+#[derive(Default)]
+pub struct Inbox {
+    last: Option<(u32, Arc<QpShared>)>,
+}
+
+impl Inbox {
+    fn finish(&mut self) {
+        if let Some((_, qp)) = self.last.take() {
+            qp.datagrams_done();
+        }
+    }
+}
+
+impl Drop for Inbox {
+    fn drop(&mut self) {
+        self.finish();
     }
 }

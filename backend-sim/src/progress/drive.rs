@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::bell::BELL;
-use super::window::{POLLED, POLLED_AT, POSTS_SINCE_POLL};
+use super::window::{ON_PROGRESS_THREAD, POLLED, POLLED_AT, POSTS_SINCE_POLL};
 use super::{Mode, Progress};
 use crate::epoll::wait_on;
 use crate::qp::{Conn, QpInner, QpShared};
@@ -162,6 +162,21 @@ impl Progress {
     /// new driving window.
     pub fn user_idle(&self) {
         self.window.idle(&self.clock, &self.bell);
+    }
+
+    /// The calling application thread is about to block until a completion channel
+    /// has an event: the device it polled last must not count on it to drive progress.
+    /// A program that arms its receive CQ, then busy-polls its send CQ (perftest's
+    /// `-e` does), then blocks on the channel, would else leave the answer it waits for
+    /// unread for the driving window and the grace period after it (about 2 ms), since
+    /// those polls opened a window after the arming closed one.
+    pub fn thread_blocks() {
+        if ON_PROGRESS_THREAD.get() {
+            return;
+        }
+        if let Some(dev) = POLLED.with(|last| last.borrow().upgrade()) {
+            dev.user_idle();
+        }
     }
 
     /// `conn` owes an ACK left for later.

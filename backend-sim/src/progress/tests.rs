@@ -141,6 +141,33 @@ fn polling_another_device_hands_the_first_back() {
     assert_eq!(p1.bell.take_rings(), 1);
 }
 
+/// perftest's `-e`: arm the receive CQ, busy-poll the send CQ (a window opens again),
+/// then block on the channel. Blocking hands the device back at once (window closed,
+/// progress thread rung), else the answer waits out the window and the grace period
+/// (about 2 ms at the tail of `ib_send_lat -e` on the sim). A thread blocking on
+/// another thread's behalf (none polled here) touches nothing.
+#[test]
+fn blocking_on_a_channel_hands_progress_back() {
+    let p = Arc::new(Progress::new().unwrap());
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            Progress::thread_blocks();
+            assert_eq!(p.bell.take_rings(), 0);
+        });
+    });
+    p.user_polled();
+    p.user_polled();
+    assert!(p.user_driving());
+    p.bell.sleeping.store(true, Ordering::SeqCst);
+    Progress::thread_blocks();
+    assert!(!p.user_driving());
+    assert_eq!(p.window.until.load(Ordering::Relaxed), 0);
+    assert_eq!(p.bell.take_rings(), 1);
+    // The next single poll opens no window (it is no tight loop yet).
+    p.user_polled();
+    assert!(!p.user_driving());
+}
+
 #[test]
 fn arming_a_cq_hands_progress_to_the_progress_thread() {
     let p = Arc::new(Progress::new().unwrap());

@@ -82,7 +82,9 @@ impl QpShared {
     }
 
     /// Datagram `frame` with `payload` arrived from `src` for this QP: taken into a
-    /// receive, or dropped (and counted).
+    /// receive, or dropped (and counted). Its completion becomes visible at
+    /// [`QpShared::datagrams_done`], once for a run of datagrams (an error or an event
+    /// at once).
     pub fn receive_datagram(&self, frame: &Frame, payload: &[u8], src: &DatagramSource) {
         let mut g = self.inner.lock();
         if !matches!(g.state, QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe) {
@@ -92,13 +94,21 @@ impl QpShared {
         }
         let QpInner { resp, recv_wc, .. } = &mut *g;
         match resp.on_datagram(frame, payload, src, &self.dev.mrs, recv_wc) {
-            Ok(UdOutcome::Received | UdOutcome::TooLong) => self.deliver(&mut g),
+            Ok(UdOutcome::Received | UdOutcome::TooLong) => {}
             Ok(UdOutcome::QkeyViolation) => self.dev.counters.qkey_violation(),
             Ok(UdOutcome::NoReceive | UdOutcome::Malformed) => self.dev.counters.ud_dropped(),
             Err(_) => self.enter_error(&mut g),
         }
         if g.resp.has_news() {
             // An SRQ's limit event, raised by the take.
+            self.deliver(&mut g);
+        }
+    }
+
+    /// The completions of the datagrams received since the last call become visible.
+    pub fn datagrams_done(&self) {
+        let mut g = self.inner.lock();
+        if !g.recv_wc.is_empty() {
             self.deliver(&mut g);
         }
     }

@@ -68,6 +68,9 @@ pub struct SimChannel {
 
 impl CompletionChannel for SimChannel {
     fn get_cq_event(&self, timeout: Option<Duration>) -> Result<Option<u32>> {
+        if !self.ch.has_event() {
+            crate::progress::Progress::thread_blocks();
+        }
         self.ch.get_event(timeout)
     }
     fn fd(&self) -> RawFd {

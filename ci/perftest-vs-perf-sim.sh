@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# perftest-vs-perf-sim.sh - perftest's ib_* programs, unmodified, on the sim (through
+# backend-sim/cabi, LD_PRELOAD) against `perf --perftest --backend sim`, on the host:
+# the same tests, sizes, depths and inline settings (both tools' defaults), alternating
+# pairs (ci/perftest-pairs.sh). Prints per row the medians and the median of
+# perf / perftest over the pairs (target: within 10%); fails only when a perf run fails,
+# never on the figures.
+#
+#   ci/perftest-vs-perf-sim.sh [OUT_DIR]
+#
+# Writes OUT_DIR/perftest-vs-perf-sim.md and .json (OUT_DIR defaults to ci-out), and the
+# runs' output to OUT_DIR/perftest-vs-perf-sim-runs.
+#
+# Environment: PAIRS (default 5); SIZES (default "8 65536"); LAT_ITERS (default 1000);
+# BW_ITERS (default 5000): perftest's defaults.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=${1:-$root/ci-out}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+target=${CARGO_TARGET_DIR:-$root/target}
+case $target in /*) ;; *) target=$root/$target ;; esac
+for p in ib_send_lat ib_write_bw; do
+    command -v "$p" >/dev/null || { echo "perftest-vs-perf-sim: $p not found (apt-get install perftest)" >&2; exit 1; }
+done
+
+cargo build --release --manifest-path "$root/Cargo.toml" -p examples --bin perf --bin perftest-vs-perf
+cargo build --release --manifest-path "$root/Cargo.toml" -p backend-sim-cabi
+
+rows=""
+for t in send_lat write_lat read_lat; do
+    for s in ${SIZES:-8 65536}; do rows="$rows $t:$s:${LAT_ITERS:-1000}"; done
+done
+rows="$rows atomic_lat:8:${LAT_ITERS:-1000}"
+for t in send_bw write_bw read_bw; do
+    for s in ${SIZES:-8 65536}; do rows="$rows $t:$s:${BW_ITERS:-5000}"; done
+done
+
+runs=$out/perftest-vs-perf-sim-runs
+rm -rf "$runs"
+mkdir -p "$runs"
+set +e
+(
+    cd "$out/perftest-vs-perf-sim-runs/.." &&
+        mkdir -p runs.tmp && rm -rf runs.tmp/* &&
+        cd runs.tmp && mkdir runs &&
+        RDMA_SIM_DEVICES=1 ROWS="$rows" PAIRS=${PAIRS:-5} \
+            PERFTEST_ENV="env LD_PRELOAD=$target/release/libibverbs_sim.so" PERFTEST_FLAGS="-F" \
+            PERF="$target/release/perf" PERF_FLAGS="--backend sim" PORT=18800 \
+            sh "$root/ci/perftest-pairs.sh"
+)
+rc=$?
+set -e
+mv "$out/runs.tmp/runs/"* "$runs/" 2>/dev/null || true
+rm -rf "$out/runs.tmp"
+"$target/release/perftest-vs-perf" "$runs" --tolerance 0.10 --json "$out/perftest-vs-perf-sim.json" |
+    tee "$out/perftest-vs-perf-sim.md"
+echo "perftest vs perf on the sim: exit status $rc (the figures do not count)" >&2
+exit $rc
