@@ -6,11 +6,14 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-/// The library cargo built next to this test (`target/<profile>/libibverbs_sim.so`).
+/// The library cargo built for this test run: `target/<profile>/deps/libibverbs_sim.so`,
+/// beside the test executable (the crate's rlib makes the library a dependency of the
+/// tests, so cargo builds it first; `target/<profile>/libibverbs_sim.so` is only what the
+/// last `cargo build` left, possibly older).
 pub fn lib() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable");
-    let dir = exe.parent().and_then(|d| d.parent()).expect("target/<profile>");
-    let so = dir.join("libibverbs_sim.so");
+    let deps = exe.parent().expect("target/<profile>/deps");
+    let so = deps.join("libibverbs_sim.so");
     assert!(so.exists(), "{} was not built", so.display());
     so
 }
