@@ -109,6 +109,14 @@ pair ib_send_lat-ud "$lat" -- ib_send_lat -c UD
 pair ib_send_bw-ud "$bw" -- ib_send_bw -c UD
 pair ib_send_lat-srq "$lat" -- ib_send_lat --use-srq
 pair ib_send_bw-srq "$bw" -- ib_send_bw --use-srq
+# Under the mlx5 profile the device reports a ConnectX-5's vendor and part ids, and
+# perftest takes its ConnectX paths: the ibv_wr_* API and inline data.
+mlat='awk "/ibv_wr\* API/ {api=\$4} /#bytes/ {getline; fig=\$1 \" B: typical \" \$5 \" us\"} END {print fig \", ibv_wr* API \" api}"'
+mbw='awk "/ibv_wr\* API/ {api=\$4} /#bytes/ {getline; fig=\$1 \" B: average \" \$4 \" MB/s\"} END {print fig \", ibv_wr* API \" api}"'
+for t in send_lat send_bw write_lat write_bw read_lat read_bw atomic_lat atomic_bw; do
+    case $t in *_lat) f=$mlat ;; *) f=$mbw ;; esac
+    pair "ib_${t}-mlx5" "$f" -- env RDMA_SIM_PROFILE=mlx5 "ib_$t"
+done
 
 printf '%s\n' "$table" >"$out/cabi-programs.md"
 echo "cabi-programs: $failed failed; table in $out/cabi-programs.md, logs in $runs"
