@@ -927,6 +927,14 @@ impl Requester {
         out: &mut Vec<WorkCompletion>,
     ) -> Result<ReadSink, Fatal> {
         self.sq[idx].status = Some(status);
+        // WQEs behind it that an ACK already finished (a WRITE after a READ whose
+        // response is still due) are flushed, not completed: completions come in order,
+        // and after an error only flushes follow, whatever the responder executed.
+        for w in self.sq.iter_mut().skip(idx + 1) {
+            if w.status == Some(WcStatus::Success) {
+                w.status = Some(WcStatus::WrFlushErr);
+            }
+        }
         self.retire(out);
         Err(Fatal(status))
     }
@@ -1548,6 +1556,42 @@ mod tests {
             Ok(ReadSink::Into { psn: 0, segs }) => (req, segs),
             _ => panic!("the response is taken"),
         }
+    }
+
+    /// Found by tests/lifetime.rs in CI: a READ, then a WRITE the responder ACKed while
+    /// the READ's response was still due (its region was deregistered, the resent READ
+    /// met the dead rkey). The WRITE completed SUCCESS after the READ's error; after an
+    /// error only flushes may follow.
+    #[test]
+    fn a_wqe_acked_behind_a_failed_read_is_flushed() {
+        let attrs = ReqAttrs {
+            sq_psn: 0,
+            timeout: Some(Duration::from_millis(10)),
+            retry_cnt: 1,
+            rnr_retry: 0,
+            max_rd_atomic: 4,
+        };
+        let (mrs, mr, mut req) = setup(4, attrs);
+        let (mut tx, mut out) = (TxQueue::new(), Vec::new());
+        let t0 = Instant::now();
+        let sge = [Sge::new(mr.addr(), 8, 7)];
+        req.post(&SendWr::read(1, &sge, (0x1000, 5)).signaled(), &mrs)
+            .unwrap();
+        req.post(&SendWr::write(2, &sge, (0x2000, 5)).signaled(), &mrs)
+            .unwrap();
+        assert_eq!(req.poll_transmit(&mrs, t0, &mut tx, 16, &mut out), Ok(2));
+        req.on_response(&Frame::Ack { psn: 1 }, t0, &mut out).unwrap();
+        assert!(out.is_empty(), "the WRITE waits behind the READ: {out:?}");
+        let nak = Frame::Nak {
+            psn: 0,
+            code: NakCode::RemoteAccess,
+            reason: None,
+        };
+        assert!(req.on_response(&nak, t0, &mut out).is_err());
+        assert_eq!(
+            out.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+            [(1, WcStatus::RemAccessErr), (2, WcStatus::WrFlushErr)]
+        );
     }
 
     /// A READ whose response is arriving is not resent when the local ACK timeout passes:
