@@ -37,13 +37,12 @@ for t in send_bw write_bw read_bw; do
 done
 
 runs=$out/perftest-vs-perf-sim-runs
-rm -rf "$runs"
-mkdir -p "$runs"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mkdir "$work/runs"
 set +e
 (
-    cd "$out/perftest-vs-perf-sim-runs/.." &&
-        mkdir -p runs.tmp && rm -rf runs.tmp/* &&
-        cd runs.tmp && mkdir runs &&
+    cd "$work" &&
         RDMA_SIM_DEVICES=1 ROWS="$rows" PAIRS=${PAIRS:-5} \
             PERFTEST_ENV="env LD_PRELOAD=$target/release/libibverbs_sim.so" PERFTEST_FLAGS="-F" \
             PERF="$target/release/perf" PERF_FLAGS="--backend sim" PORT=18800 \
@@ -51,8 +50,8 @@ set +e
 )
 rc=$?
 set -e
-mv "$out/runs.tmp/runs/"* "$runs/" 2>/dev/null || true
-rm -rf "$out/runs.tmp"
+rm -rf "$runs"
+cp -r "$work/runs" "$runs"
 "$target/release/perftest-vs-perf" "$runs" --tolerance 0.10 --json "$out/perftest-vs-perf-sim.json" |
     tee "$out/perftest-vs-perf-sim.md"
 echo "perftest vs perf on the sim: exit status $rc (the figures do not count)" >&2
