@@ -128,6 +128,8 @@ fn polling_another_device_hands_the_first_back() {
     assert_eq!(p0.window.until.load(Ordering::Relaxed), 0);
     assert_eq!(p0.window.last_poll.load(Ordering::Relaxed), 0);
     assert_eq!(p0.bell.take_rings(), 1);
+    // A second poll opens p1's window (its progress thread awake: no ring).
+    p1.user_polled();
     p1.bell.sleeping.store(true, Ordering::SeqCst);
     for _ in 0..3 {
         p1.user_polled();

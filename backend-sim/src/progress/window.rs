@@ -75,7 +75,9 @@ impl Window {
         // polling at once may each see the other's time, which is as good as their own.
         let last = self.last_poll.load(Ordering::Relaxed);
         self.last_poll.store(now, Ordering::Relaxed);
-        if now.saturating_sub(last) < DRIVE_GAP.as_nanos() as u64 {
+        // (`last` 0: no poll since the window was closed, however soon after the clock's
+        // base this one comes.)
+        if last != 0 && now.saturating_sub(last) < DRIVE_GAP.as_nanos() as u64 {
             let until = now + USER_WINDOW.as_nanos() as u64;
             if self.until.load(Ordering::Relaxed) > now {
                 // A window is open (or a driving thread is inside a connection).
