@@ -118,6 +118,15 @@ for t in send_lat send_bw write_lat write_bw read_lat read_bw atomic_lat atomic_
     pair "ib_${t}-mlx5" "$f" -- env RDMA_SIM_PROFILE=mlx5 "ib_$t"
 done
 
+# Under the rxe profile the port is Ethernet (RoCE v2), LID 0, with rxe's GID table: GID 0
+# the link-local default GID, GID 1 the device's IPv4 address; peers are found by GID.
+gids='awk "/gid_tbl_len/ {n=\$2} /GID\[/ {g=g \" \" \$3} END {print \"gid_tbl_len \" n \",\" g}"'
+single ibv_devinfo-rxe "$gids" -- env RDMA_SIM_PROFILE=rxe ibv_devinfo -v
+for g in 0 1; do
+    pair "ibv_rc_pingpong-rxe-gid$g" "$pingpong" -- env RDMA_SIM_PROFILE=rxe ibv_rc_pingpong -c -g "$g"
+    pair "ibv_ud_pingpong-rxe-gid$g" "$pingpong" -- env RDMA_SIM_PROFILE=rxe ibv_ud_pingpong -c -g "$g"
+done
+
 printf '%s\n' "$table" >"$out/cabi-programs.md"
 echo "cabi-programs: $failed failed; table in $out/cabi-programs.md, logs in $runs"
 [ "$failed" -eq 0 ]

@@ -52,7 +52,7 @@ rc=$?
 set -e
 rm -rf "$runs"
 cp -r "$work/runs" "$runs"
-"$target/release/perftest-vs-perf" "$runs" --tolerance 0.10 --json "$out/perftest-vs-perf-sim.json" |
+"$target/release/perftest-vs-perf" "$runs" --tolerance 0.10 --target within --json "$out/perftest-vs-perf-sim.json" |
     tee "$out/perftest-vs-perf-sim.md"
 echo "perftest vs perf on the sim: exit status $rc (the figures do not count)" >&2
 exit $rc

@@ -1,27 +1,48 @@
 //! Where a device is reached, and how a QP's address vector names its peer: the port's
 //! LID is the device's TCP port (a unicast LID, below 0xC000, unless a port is configured:
-//! [`lid_port`](crate::lid_port)), its GID table holds the IP it advertises (entries 0 and
-//! 1, for programs written for InfiniBand and for RoCE v2), and a wildcard listen lists
-//! the host's other addresses after those ([`host_addrs`](crate::host_addrs)), as a RoCE
-//! port lists its netdev's (`man ibv_query_gid`, `man ibv_query_port`).
+//! [`lid_port`](crate::lid_port)), its GID table holds at index 0 the port's default GID
+//! (`fe80::/64` and an EUI-64 interface id, as every HCA's: an InfiniBand port's GUID, a
+//! RoCE port's MAC; the sim's is made from the device's IPv4 address, so that GID names
+//! the device too: [`gid_addr`]; a device at an IPv6 address has that address there
+//! instead), at index 1 the IP it advertises (`::ffff:a.b.c.d`, as RoCE v2 lists it), and
+//! a wildcard listen lists the host's other addresses after those
+//! ([`host_addrs`](crate::host_addrs)), as a RoCE port lists its netdev's (`man
+//! ibv_query_gid`, `man ibv_query_port`).
 //!
 //! A device whose profile has an Ethernet port (rxe's: RoCE v2) has LID 0, as rxe0 does,
 //! and is reached by its GID alone: every such device listens on [`ROCE_PORT`] (RoCE
 //! v2's UDP port, here TCP) at an IP of its own, so the GID's IP names it. On loopback
 //! each device draws its own address in 127.0.0.0/8 (every address there reaches the
 //! host), so devices in one process and in many are told apart by IP; on another
-//! address, one device per IP. An address vector on such a port needs the GRH.
+//! address, one device per IP. An address vector on such a port needs the GRH. Its GID
+//! table has rxe's length, [`ROCE_GID_TBL_LEN`] entries, the ones after the populated
+//! ones empty (all zeros, as `ibv_query_gid` reads an empty entry).
 
 /// The port every device of an Ethernet (RoCE) port listens on: RoCE v2's UDP port.
 pub const ROCE_PORT: u16 = 4791;
+
+/// The GID table length of an Ethernet (RoCE) port: rxe's `RXE_PORT_GID_TBL_LEN`
+/// (drivers/infiniband/sw/rxe/rxe_param.h).
+pub const ROCE_GID_TBL_LEN: u32 = 1024;
 
 use std::net::{IpAddr, SocketAddr};
 
 use verbs_api::{AhAttr, Gid, QpAttr};
 
-/// A QP's identity on the fabric: (GID, LID, QPN). The side of a pair with the smaller
-/// one sets the connection up.
+/// A QP's identity on the fabric: (GID, LID, QPN), the GID as [`fabric_gid`] spells it.
+/// The side of a pair with the smaller one sets the connection up.
 pub type FabricId = ([u8; 16], u16, u32);
+
+/// A device's GID in one spelling: its default GID (index 0) as the GID of its IP
+/// (`::ffff:a.b.c.d`), which names the same device; so a pair agrees on which side is
+/// the smaller, and a hello names its sender alike, whichever of the two each side's
+/// address vector uses.
+pub fn fabric_gid(gid: &[u8; 16]) -> [u8; 16] {
+    match backend_sim_proto::gid::default_ipv4(gid) {
+        Some(v4) => v4.to_ipv6_mapped().octets(),
+        None => *gid,
+    }
+}
 
 /// A device's addresses.
 #[derive(Clone, Debug)]
@@ -30,8 +51,10 @@ pub struct Addressing {
     pub listen: SocketAddr,
     /// The address peers reach it at (the listen address, with a wildcard IP replaced).
     pub advertise: SocketAddr,
-    /// Its GID table.
+    /// Its GID table's populated entries (from index 0).
     pub gids: Vec<Gid>,
+    /// Its GID table's length (`gid_tbl_len`): `gids`, then empty entries.
+    pub gid_tbl_len: u32,
     /// An Ethernet (RoCE) port: LID 0, reached by GID alone.
     pub roce: bool,
 }
@@ -48,13 +71,14 @@ impl Addressing {
             return Addressing {
                 listen: bound,
                 advertise: bound,
-                gids: vec![gid(bound.ip()); 2],
+                gids: vec![default_gid(bound.ip()), gid(bound.ip())],
+                gid_tbl_len: 2,
                 roce: false,
             };
         }
         let host = crate::host_addrs::host_addrs();
         let ip = advertise.unwrap_or_else(|| crate::host_addrs::advertised(bound.ip(), &host));
-        let mut gids = vec![gid(ip); 2];
+        let mut gids = vec![default_gid(ip), gid(ip)];
         // A socket bound to 0.0.0.0 accepts IPv4 only; one bound to `::` both families.
         let listed = host
             .into_iter()
@@ -63,14 +87,37 @@ impl Addressing {
         Addressing {
             listen: bound,
             advertise: SocketAddr::new(ip, bound.port()),
+            gid_tbl_len: gids.len() as u32,
             gids,
             roce: false,
         }
     }
 
-    /// The same, for an Ethernet (RoCE) port (bound at [`ROCE_PORT`]).
+    /// The same, for an Ethernet (RoCE) port (bound at [`ROCE_PORT`]), with rxe's GID
+    /// table length.
     pub fn roce(self) -> Addressing {
-        Addressing { roce: true, ..self }
+        Addressing {
+            roce: true,
+            gid_tbl_len: ROCE_GID_TBL_LEN.max(self.gids.len() as u32),
+            ..self
+        }
+    }
+
+    /// The GID at table `index`: a populated entry, the zero GID of an empty one, or
+    /// `None` past the table's length.
+    pub fn gid_at(&self, index: u32) -> Option<Gid> {
+        match self.gids.get(index as usize) {
+            Some(g) => Some(*g),
+            None if index < self.gid_tbl_len => Some(Gid::default()),
+            None => None,
+        }
+    }
+
+    /// The GID of the device's IP (`::ffff:a.b.c.d`, or the IPv6 address): what its UD
+    /// links name it by; a datagram's source GID is this one or the default GID made of
+    /// it (`backend_sim_proto::gid`), as the sender's address handle says.
+    pub fn ip_gid(&self) -> Gid {
+        self.gids[1]
     }
 
     /// The port's LID: the TCP port, or 0 on an Ethernet port.
@@ -101,6 +148,27 @@ impl Addressing {
         Ok(())
     }
 
+    /// Whether `index` names a populated GID entry (an address vector's `sgid_index`);
+    /// the error names the attribute and says why.
+    pub fn check_sgid_index(&self, index: u8) -> Result<(), (&'static str, String)> {
+        if (index as usize) < self.gids.len() {
+            return Ok(());
+        }
+        let why = if u32::from(index) < self.gid_tbl_len {
+            format!(
+                "GID index {index} is an empty entry (entries 0..{} of the {}-entry table are populated)",
+                self.gids.len(),
+                self.gid_tbl_len
+            )
+        } else {
+            format!(
+                "index {index} is outside the GID table of {} entries",
+                self.gid_tbl_len
+            )
+        };
+        Err(("ah_attr.grh.sgid_index", why))
+    }
+
     /// The GID at table index 0.
     pub fn gid(&self) -> Gid {
         self.gids[0]
@@ -119,7 +187,7 @@ impl Addressing {
             true => self.gids.get(a.ah_attr.grh.sgid_index as usize),
             false => None,
         };
-        (gid.unwrap_or(&self.gids[0]).0, self.lid(), qpn)
+        (fabric_gid(&gid.unwrap_or(&self.gids[0]).0), self.lid(), qpn)
     }
 
     /// The peer's identity as the address vector and destination QPN name it.
@@ -129,7 +197,7 @@ impl Addressing {
         } else {
             self.gid().0
         };
-        (gid, a.ah_attr.dlid, a.dest_qp_num)
+        (fabric_gid(&gid), a.ah_attr.dlid, a.dest_qp_num)
     }
 
     /// Where the peer device of `attr`'s address vector listens.
@@ -163,15 +231,26 @@ impl Addressing {
     }
 }
 
-/// The listener a GID and a LID name: the GID's IP (an IPv4-mapped GID as IPv4) and the
-/// LID as the port, or LID 0 (an Ethernet port's) [`ROCE_PORT`].
+/// The listener a GID and a LID name: the GID's IP (an IPv4-mapped GID as IPv4, a
+/// sim device's default GID as the IPv4 address its MAC holds) and the LID as the port,
+/// or LID 0 (an Ethernet port's) [`ROCE_PORT`].
 pub fn gid_addr(gid: &[u8; 16], lid: u16) -> SocketAddr {
     let v6 = std::net::Ipv6Addr::from(*gid);
-    let ip = match v6.to_ipv4_mapped() {
-        Some(v4) => IpAddr::V4(v4),
-        None => IpAddr::V6(v6),
+    let ip = match (v6.to_ipv4_mapped(), backend_sim_proto::gid::default_ipv4(gid)) {
+        (Some(v4), _) | (None, Some(v4)) => IpAddr::V4(v4),
+        (None, None) => IpAddr::V6(v6),
     };
     SocketAddr::new(ip, if lid == 0 { ROCE_PORT } else { lid })
+}
+
+/// A port's default GID (index 0, see the module docs): made of the device's IPv4
+/// address (`backend_sim_proto::gid::default_of`), or an IPv6 address's own GID.
+pub fn default_gid(ip: IpAddr) -> Gid {
+    let ip_gid = match ip {
+        IpAddr::V4(v4) => Gid::from(v4),
+        IpAddr::V6(v6) => Gid::from(v6),
+    };
+    Gid(backend_sim_proto::gid::default_of(&ip_gid.0))
 }
 
 /// An address in one spelling: an IPv4-mapped IPv6 address as IPv4 (what a dual-stack
@@ -183,5 +262,39 @@ pub fn canonical(a: SocketAddr) -> SocketAddr {
             None => a,
         },
         IpAddr::V4(_) => a,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_roce_default_gid_is_link_local_and_names_its_device() {
+        let ip: IpAddr = "127.3.4.5".parse().unwrap();
+        let g = default_gid(ip);
+        assert_eq!(
+            std::net::Ipv6Addr::from(g.0),
+            "fe80::7fff:fe03:405".parse::<std::net::Ipv6Addr>().unwrap()
+        );
+        assert_eq!(gid_addr(&g.0, 0), SocketAddr::new(ip, ROCE_PORT));
+        // An ordinary link-local GID is an IPv6 address.
+        let other: std::net::Ipv6Addr = "fe80::1:2ff:fe03:405".parse().unwrap();
+        assert_eq!(gid_addr(&other.octets(), 0).ip(), IpAddr::V6(other));
+    }
+
+    #[test]
+    fn a_roce_table_has_rxes_shape() {
+        let bound: SocketAddr = "127.9.8.7:4791".parse().unwrap();
+        let a = Addressing::new(bound, None).roce();
+        assert_eq!(a.gid_tbl_len, ROCE_GID_TBL_LEN);
+        assert_eq!(a.gid_at(0), Some(default_gid(bound.ip())));
+        assert_eq!(
+            a.gid_at(1),
+            Some(Gid::from("127.9.8.7".parse::<std::net::Ipv4Addr>().unwrap()))
+        );
+        assert_eq!(a.gid_at(2), Some(Gid::default()));
+        assert_eq!(a.gid_at(ROCE_GID_TBL_LEN), None);
+        assert_eq!(gid_addr(&a.gid().0, a.lid()), a.advertise);
     }
 }

@@ -225,7 +225,7 @@ impl DeviceShared {
             state: PortState::Active,
             max_mtu: self.limits.max_mtu,
             active_mtu: self.limits.active_mtu,
-            gid_tbl_len: self.addr.gids.len() as u32,
+            gid_tbl_len: self.addr.gid_tbl_len,
             max_msg_sz: self.limits.max_msg_sz,
             pkey_tbl_len: 1,
             lid: self.addr.lid(),

@@ -151,8 +151,8 @@ fn admissible(qp: &QpShared, g: &QpInner, c: &Claim) -> std::result::Result<Expe
         return Err("the QP is of another transport type (RC and UC do not talk)");
     }
     let ah = g.attr.ah_attr;
-    if g.attr.dest_qp_num != c.src_qpn || ah.dlid != c.src_lid || (ah.is_global && ah.grh.dgid.0 != c.src_gid)
-    {
+    let named = crate::addressing::fabric_gid(&ah.grh.dgid.0);
+    if g.attr.dest_qp_num != c.src_qpn || ah.dlid != c.src_lid || (ah.is_global && named != c.src_gid) {
         return Err("the hello does not come from the QP's configured peer");
     }
     let self_loop = g.active && (c.src_gid, c.src_lid, c.src_qpn) == qp.dev.addr.local_id(qp.qpn, &g.attr);

@@ -87,18 +87,21 @@ fn crafted_frames_never_touch_memory_outside_the_region() {
     attack.extend(frame(w(0, base, rkey ^ 1, 16)));
     attack.extend([0xaa; 16]);
     attack.extend(frame(Frame::Read {
+        inflight: 1,
         psn: 0,
         len: 64,
         addr: base + 4095,
         rkey,
     }));
     attack.extend(frame(Frame::FetchAdd {
+        inflight: 1,
         psn: 0,
         addr: base + 4,
         rkey,
         add: 1,
     }));
     attack.extend(frame(Frame::CmpSwap {
+        inflight: 1,
         psn: 0,
         addr: base + 4096,
         rkey,
@@ -171,6 +174,7 @@ fn a_peer_that_floods_without_reading_is_bounded() {
         let mut batch = Vec::with_capacity(1024 * 44);
         for k in 0..1024 {
             batch.extend(frame(Frame::Read {
+                inflight: 1,
                 psn: (sent + k) & 0xff_ffff,
                 len: 2048,
                 addr: mr.addr(),
@@ -343,7 +347,8 @@ fn ud_datagrams_cannot_be_forged_from_another_device() {
             .unwrap();
     }
     let p = RcParams::default();
-    let (gx, lx) = (cx.query_gid(1, 0).unwrap(), cx.query_port(1).unwrap().lid);
+    // A link names its device by the GID of its IP (GID 1).
+    let (gx, lx) = (cx.query_gid(1, 1).unwrap(), cx.query_port(1).unwrap().lid);
     let r_addr = cr.listen_addr();
     let x_to_r = pdx
         .create_ah(&ah_attr_for(&local_endpoint(&cr, &rq, &p, 0).unwrap(), &p))

@@ -77,6 +77,7 @@ fn a_flood_on_one_qp_does_not_hold_up_reads_on_another() {
         .reg_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)
         .unwrap();
     let mut dup = frame(Frame::Read {
+        inflight: 1,
         psn: 0xff_ffff,
         len: 512,
         addr: target.addr(),

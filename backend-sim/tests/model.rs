@@ -31,7 +31,9 @@
 //! - A remote access violation (rkey, PD, region or QP access flags, bounds) completes
 //!   with `REM_ACCESS_ERR`, a misaligned atomic with `REM_INV_REQ_ERR`; a receive too
 //!   small is `LOC_LEN_ERR` at the responder and `REM_INV_REQ_ERR` at the requester; a
-//!   receive with a bad SGE is `LOC_PROT_ERR` there and `REM_OP_ERR` here. In all these
+//!   receive with a bad SGE is `LOC_PROT_ERR` there and `REM_OP_ERR` here; the receive a
+//!   refused WRITE_WITH_IMM took is `LOC_ACCESS_ERR` there (unless the QP's access flags
+//!   refused it, before any receive was taken). In all these
 //!   cases *both* QPs go to ERR (IBA 9.9: a responder error is fatal to the responder QP
 //!   too) and nothing is written. A zero-length READ or WRITE checks no rkey (IBA 9.4.1.1).
 //! - A QP whose peer is in ERR (or destroyed) gets no answer: its WR completes with
@@ -843,6 +845,13 @@ impl Model {
                 }
                 match self.remote(y, remote.rkey, remote.addr, data.len() as u64, A::REMOTE_WRITE) {
                     Err(s) => {
+                        // The receive the immediate took completes LOC_ACCESS_ERR (IBA's
+                        // status, portable's `write_imm_bad_rkey`), unless the QP's
+                        // access flags refused the opcode before any receive was taken.
+                        if imm.is_some() && self.qps[y].access.contains(A::REMOTE_WRITE) {
+                            let r = self.qps[y].rq.pop_front().expect("checked above");
+                            self.err_wc(y, true, r.wr_id, WcStatus::LocAccessErr);
+                        }
                         self.enter_err(y);
                         Err(s)
                     }

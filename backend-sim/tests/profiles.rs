@@ -300,3 +300,28 @@ fn the_rxe_profile_is_an_ethernet_port_reached_by_gid_alone() {
         .to_string();
     assert!(e.contains("4791"), "{e}");
 }
+
+/// A `srq_limit` given to `ibv_create_srq` is armed on rxe only; `portable` ignores it,
+/// as mlx5 does, and warns that rxe would arm it.
+#[test]
+fn srq_limit_at_creation_is_armed_on_rxe_only_and_portable_warns() {
+    for profile in Profile::ALL {
+        let log = Capture::default();
+        let limit = log.run(|| {
+            let sim = SimBackend::new(SimConfig {
+                profile,
+                ..SimConfig::default()
+            });
+            let ctx = sim.open("sim0").unwrap();
+            let pd = ctx.alloc_pd().unwrap();
+            let srq = pd.create_srq(&SrqAttr::new(16, 1).with_limit(5)).unwrap();
+            // No limit, no warning.
+            pd.create_srq(&SrqAttr::new(16, 1)).unwrap();
+            srq.query().unwrap().srq_limit
+        });
+        let armed = profile == Profile::Rxe;
+        assert_eq!(limit, if armed { 5 } else { 0 }, "{profile}");
+        let want = usize::from(profile.warns());
+        assert_eq!(warnings(&log, "ignored srq_limit 5"), want, "{profile}");
+    }
+}

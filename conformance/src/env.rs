@@ -6,9 +6,9 @@ use std::cell::RefCell;
 use std::time::Duration;
 
 use verbs_api::{
-    ah_attr_for, connect_rc, local_endpoint, modify_to_init, poll_n, poll_quiet, AccessFlags, Backend,
-    Context, Endpoint, MemoryRegion, ProtectionDomain, QpAttr, QpAttrMask as M, QpCap, QpInitAttr, QpState,
-    QpType, QueuePair, RcParams, WcStatus, WorkCompletion, PSN_MASK,
+    ah_attr_for, connect_rc, local_endpoint, modify_to_init, poll_n, poll_quiet, AccessFlags, AsyncElement,
+    AsyncEventType, Backend, Context, Endpoint, MemoryRegion, ProtectionDomain, QpAttr, QpAttrMask as M,
+    QpCap, QpInitAttr, QpState, QpType, QueuePair, RcParams, WcStatus, WorkCompletion, PSN_MASK,
 };
 
 use crate::Failure;
@@ -197,6 +197,26 @@ impl<'a, B: Backend> Env<'a, B> {
         );
     }
 
+    /// Waits up to `within` for the next asynchronous event, acknowledges it, records its
+    /// type (or `none`) as the observation `what`, and returns its type and element.
+    pub fn take_event(
+        &self,
+        what: impl Into<String>,
+        within: Duration,
+    ) -> Result<Option<(AsyncEventType, AsyncElement)>, Failure> {
+        let ev = self.ctx.get_async_event(Some(within))?;
+        self.observe(
+            what,
+            ev.as_ref()
+                .map_or("none".to_string(), |e| format!("{:?}", e.event_type)),
+        );
+        Ok(ev.map(|ev| {
+            let got = (ev.event_type, ev.element);
+            self.ctx.ack_async_event(ev);
+            got
+        }))
+    }
+
     /// The observations recorded so far.
     pub fn take_observed(&self) -> Vec<(String, String)> {
         std::mem::take(&mut self.observed.borrow_mut())
@@ -296,6 +316,38 @@ impl<'a, B: Backend> Env<'a, B> {
         Err(Failure(format!(
             "{what}: expected status {want:?}, got {:?} (wr_id {:#x})",
             wc.status, wc.wr_id
+        )))
+    }
+
+    /// Checks a refused post's errno: `want` is what `man ibv_post_send` names; `alt` lists
+    /// what a given device answers instead, with the source that documents it. Records
+    /// the errno as the observation `what`.
+    pub fn expect_errno(
+        &self,
+        what: &str,
+        e: &verbs_api::PostError,
+        want: i32,
+        alt: &[(Profile, i32, &str)],
+    ) -> Result<(), Failure> {
+        let got = e.errno();
+        self.observe(what, errno_name(got));
+        if got == want {
+            return Ok(());
+        }
+        for (p, errno, why) in alt {
+            if *p == self.profile && got == *errno {
+                self.deviation(format!(
+                    "{what}: {} instead of {}; {why}",
+                    errno_name(got),
+                    errno_name(want)
+                ));
+                return Ok(());
+            }
+        }
+        Err(Failure(format!(
+            "{what}: expected {}, got {} ({e})",
+            errno_name(want),
+            errno_name(got)
         )))
     }
 

@@ -176,6 +176,8 @@ impl Harness {
                 flow_label: flow_label & 0xf_ffff,
                 traffic_class,
                 hop_limit,
+                // Either source: the receiver derives the default GID from its link's.
+                src_default: flow_label & 1 == 1,
             }),
         };
         (frame, fill)
@@ -224,6 +226,7 @@ impl Harness {
             ),
             FrameSpec::Read { psn, len, at, key } => (
                 Frame::Read {
+                    inflight: 1,
                     psn: self.req_psn(psn),
                     len: Self::len(len),
                     addr: self.at(at),
@@ -239,6 +242,7 @@ impl Harness {
                 swap,
             } => (
                 Frame::CmpSwap {
+                    inflight: 1,
                     psn: self.req_psn(psn),
                     addr: self.at(at),
                     rkey: self.key(key),
@@ -249,6 +253,7 @@ impl Harness {
             ),
             FrameSpec::FetchAdd { psn, at, key, add } => (
                 Frame::FetchAdd {
+                    inflight: 1,
                     psn: self.req_psn(psn),
                     addr: self.at(at),
                     rkey: self.key(key),
@@ -432,21 +437,47 @@ impl Harness {
                 solicited,
                 ack_req,
             },
-            Frame::Read { len, addr, rkey, .. } => Frame::Read { psn, len, addr, rkey },
+            Frame::Read {
+                len,
+                addr,
+                rkey,
+                inflight,
+                ..
+            } => Frame::Read {
+                psn,
+                len,
+                addr,
+                rkey,
+                inflight,
+            },
             Frame::CmpSwap {
                 addr,
                 rkey,
                 compare,
                 swap,
+                inflight,
                 ..
             } => Frame::CmpSwap {
+                inflight,
                 psn,
                 addr,
                 rkey,
                 compare,
                 swap,
             },
-            Frame::FetchAdd { addr, rkey, add, .. } => Frame::FetchAdd { psn, addr, rkey, add },
+            Frame::FetchAdd {
+                addr,
+                rkey,
+                add,
+                inflight,
+                ..
+            } => Frame::FetchAdd {
+                psn,
+                addr,
+                rkey,
+                add,
+                inflight,
+            },
             Frame::Ack { .. } => Frame::Ack { psn },
             Frame::Nak { code, reason, .. } => Frame::Nak { psn, code, reason },
             Frame::ReadResp { len, .. } => Frame::ReadResp { psn, len },

@@ -163,7 +163,13 @@ unsafe fn post_send_list(q: &Qp, first: *mut ibv_send_wr) -> Result<(), (*mut ib
                 } else {
                     None
                 };
-                let is_inline = flags.contains(SendFlags::INLINE) && q.inline.is_some();
+                // Inline data longer than `max_inline_data` is not bounced: the sim refuses
+                // the WR with its profile's errno (EINVAL, or mlx5's ENOMEM).
+                let is_inline = flags.contains(SendFlags::INLINE) && q.inline.is_some() && {
+                    let total: u64 = list.iter().map(|s| u64::from(s.length)).sum();
+                    let g = inline.get_or_insert_with(|| q.inline.as_ref().map(|m| m.lock()));
+                    g.as_ref().is_some_and(|g| total <= g.slot as u64)
+                };
                 let need = if is_inline { 1 } else { list.len() };
                 if need > ROUND_SGES {
                     return Err(libc::EINVAL);
@@ -172,8 +178,7 @@ unsafe fn post_send_list(q: &Qp, first: *mut ibv_send_wr) -> Result<(), (*mut ib
                     return Ok(None);
                 }
                 if is_inline {
-                    let g = inline.get_or_insert_with(|| q.inline.as_ref().map(|m| m.lock()));
-                    let g = g.as_ref().ok_or(libc::EINVAL)?;
+                    let g = inline.as_ref().and_then(|g| g.as_ref()).ok_or(libc::EINVAL)?;
                     // SAFETY: inline data is the program's readable memory (its contract
                     // for IBV_SEND_INLINE); the lock is held.
                     sge_buf[used] =

@@ -5,11 +5,12 @@
 
 use std::ffi::{c_int, c_uint};
 
-use verbs_api::{Context as _, DeviceAttr, PortAttr};
+use verbs_api::{Context as _, DeviceAttr, LinkLayer, PortAttr};
 
 use crate::abi::{
     ibv_context, ibv_device_attr, ibv_device_attr_ex, ibv_gid, ibv_gid_entry, ibv_port_attr,
-    ibv_query_device_ex_input, COMPAT_PORT_ATTR_SIZE, IBV_GID_TYPE_IB,
+    ibv_query_device_ex_input, COMPAT_PORT_ATTR_SIZE, IBV_GID_TYPE_IB, IBV_GID_TYPE_ROCE_V2,
+    IBV_GID_TYPE_SYSFS_IB_ROCE_V1, IBV_GID_TYPE_SYSFS_ROCE_V2,
 };
 use crate::context::{self, Context};
 use crate::ffi::{copy_c_str, errno_of, errno_verb, minus_one_verb, Errno};
@@ -253,14 +254,32 @@ pub(crate) unsafe extern "C" fn ibv_query_gid(
     })
 }
 
+/// Whether `port` is an Ethernet (RoCE v2) port, whose GIDs are RoCE v2 GIDs.
+fn roce_port(ctx: &Context, port: u8) -> Result<bool, Errno> {
+    let p = ctx
+        .sim
+        .query_port(port)
+        .map_err(|e| errno_of("ibv_query_port", &e))?;
+    Ok(p.link_layer == LinkLayer::Ethernet)
+}
+
+/// The entry at `index`: ENODATA for an empty one (the zero GID), as the kernel answers
+/// `ibv_query_gid_ex` for it.
 fn gid_entry(ctx: &Context, port: u32, index: u32) -> Result<ibv_gid_entry, Errno> {
     let port8 = u8::try_from(port).map_err(|_| libc::EINVAL)?;
+    let gid = gid(ctx, port8, index)?;
+    if gid.raw == [0; 16] {
+        return Err(libc::ENODATA);
+    }
     Ok(ibv_gid_entry {
-        gid: gid(ctx, port8, index)?,
+        gid,
         gid_index: index,
         port_num: port,
-        // An InfiniBand port: its GIDs are IB GIDs.
-        gid_type: IBV_GID_TYPE_IB,
+        gid_type: if roce_port(ctx, port8)? {
+            IBV_GID_TYPE_ROCE_V2
+        } else {
+            IBV_GID_TYPE_IB
+        },
         ndev_ifindex: 0,
     })
 }
@@ -317,7 +336,12 @@ pub(crate) unsafe extern "C" fn _ibv_query_gid_table(
                     if n == max_entries {
                         return Err(libc::EINVAL);
                     }
-                    let e = gid_entry(ctx, port as u32, index)?;
+                    let e = match gid_entry(ctx, port as u32, index) {
+                        Ok(e) => e,
+                        // Only the populated entries are listed.
+                        Err(libc::ENODATA) => continue,
+                        Err(e) => return Err(e),
+                    };
                     // SAFETY: the program's array holds `max_entries` entries of
                     // `entry_size` bytes; n < max_entries.
                     unsafe {
@@ -337,7 +361,8 @@ pub(crate) unsafe extern "C" fn _ibv_query_gid_table(
 }
 
 /// `ibv_query_gid_type` (libibverbs' private, used by `ibv_devinfo`): 0 with
-/// `IBV_GID_TYPE_SYSFS_IB_ROCE_V1` (the sysfs name of an IB GID), or -1.
+/// `IBV_GID_TYPE_SYSFS_IB_ROCE_V1` (the sysfs name of an IB GID) or, on an Ethernet
+/// port, `IBV_GID_TYPE_SYSFS_ROCE_V2`; or -1.
 pub(crate) unsafe extern "C" fn ibv_query_gid_type(
     ctx: *mut ibv_context,
     port: u8,
@@ -351,8 +376,13 @@ pub(crate) unsafe extern "C" fn ibv_query_gid_type(
         if ty.is_null() {
             return Err(libc::EINVAL);
         }
+        let sysfs_type = if roce_port(ctx, port)? {
+            IBV_GID_TYPE_SYSFS_ROCE_V2
+        } else {
+            IBV_GID_TYPE_SYSFS_IB_ROCE_V1
+        };
         // SAFETY: the program passes an `enum ibv_gid_type_sysfs *`.
-        unsafe { ty.write(0) };
+        unsafe { ty.write(sysfs_type) };
         Ok(0)
     })
 }

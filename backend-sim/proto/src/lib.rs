@@ -52,6 +52,7 @@
 
 pub mod connection;
 pub mod engine;
+pub mod gid;
 pub mod io;
 pub mod link_rx;
 pub mod memory;

@@ -103,6 +103,75 @@ pub struct Switches {
     /// the kernel flushes the receive queue only when its responder runs (rxe_resp.c
     /// `check_resource()`), which nothing triggers on a QP in ERR.
     pub recv_in_err_flushed: bool,
+    /// Whether `ibv_post_send` refuses a send WR posted before RTS, with more SGEs than
+    /// `max_send_sge` or with more inline data than `max_inline_data` with ENOMEM rather
+    /// than EINVAL. rdma-core's mlx5 provider answers ENOMEM to all three
+    /// (providers/mlx5/qp.c `_mlx5_post_send()`: `wr->num_sge > qp->sq.qp_state_max_gs`,
+    /// where `qp_state_max_gs` is -1 until the QP reaches RTS, and `set_data_inl_seg()`:
+    /// `inl > qp->max_inline_data`); rxe answers EINVAL (providers/rxe/rxe.c
+    /// `validate_send_wr()`; the kernel's `rxe_post_send()` for a QP before RTS), as
+    /// `man ibv_post_send` lists for an invalid WR.
+    pub post_send_enomem: bool,
+    /// Whether send WRs refused because the QP is in INIT or RTR are queued all the same
+    /// and sent once the QP is in RTS (at the next post). rxe's provider writes each WR
+    /// into the send queue it shares with the kernel, then rings the doorbell, which the
+    /// kernel refuses with EINVAL before RTS (rdma-core providers/rxe/rxe.c
+    /// `rxe_post_send()`: `post_one_send()` then `post_send_db()`; kernel rxe_verbs.c
+    /// `rxe_post_send()`: `qp->req.state < QP_STATE_READY`), leaving `bad_wr` NULL and the
+    /// WQEs in the queue; the next doorbell in RTS runs them. IBA (10.8.2: a send WR
+    /// needs RTS) and mlx5 queue nothing (`_mlx5_post_send()` refuses before writing).
+    pub pre_rts_send_kept: bool,
+    /// The status of the receive that an RC RDMA WRITE_WITH_IMM consumed when the
+    /// responder then finds its R_Key bad (the receive is taken before the R_Key check,
+    /// as IBA and rxe order them; the QP then goes to ERR and flushes the other
+    /// receives). IBA's completion status for "a protection error on a local data buffer
+    /// during the processing of an RDMA Write with Immediate Data operation sent from the
+    /// remote node" is `IBV_WC_LOC_ACCESS_ERR` (IBA 11.6.2; mlx5 maps its local access
+    /// syndrome to it, providers/mlx5/cq.c). rxe completes it with the status it NAKs with,
+    /// `IBV_WC_REM_ACCESS_ERR` (rxe_resp.c: `RESPST_ERR_RKEY_VIOLATION` ->
+    /// `do_class_ac_error(qp, AETH_NAK_REM_ACC_ERR, IB_WC_REM_ACCESS_ERR)` -> `do_complete()`).
+    pub write_imm_bad_rkey: WcStatus,
+    /// Whether an RC responder that refuses a request raises the affiliated asynchronous
+    /// error on its QP: `IBV_EVENT_QP_ACCESS_ERR` for a remote access error,
+    /// `IBV_EVENT_QP_REQ_ERR` for an invalid request (IBA 11.6.3.1, `man
+    /// ibv_get_async_event`; mlx5 maps its firmware's WQ access and invalid-request errors
+    /// to them, kernel hw/mlx5/qp.c `mlx5_ib_handle_qp_event()`). rxe raises neither: its
+    /// only events are SRQ_LIMIT_REACHED, CQ_ERR, SQ_DRAINED and the port events (no
+    /// other `IB_EVENT_` in drivers/infiniband/sw/rxe/).
+    pub responder_error_events: bool,
+    /// Whether a non-zero `srq_limit` given to `ibv_create_srq` arms the limit. `man
+    /// ibv_create_srq` calls it irrelevant there and mlx5 ignores it (kernel
+    /// hw/mlx5/srq.c `mlx5_ib_create_srq()` never sets the low watermark; only
+    /// `ibv_modify_srq` arms it); rxe arms it (rxe_srq.c `rxe_srq_from_init()`:
+    /// `srq->limit = init->attr.srq_limit`).
+    pub srq_limit_at_create: bool,
+    /// Whether a UD send WR whose `remote_qkey` has the high bit set sends the QP's own
+    /// Q_Key (IBA 10.2.5; mlx4, mthca, hfi1 and qib do it in software, a ConnectX in
+    /// hardware). rxe sends the WR's value as it is (rxe_req.c `init_req_packet()`:
+    /// `deth_set_qkey(pkt, ibwr->wr.ud.remote_qkey)`), so the receiver drops it unless its
+    /// Q_Key is that very value.
+    pub qkey_high_bit_own: bool,
+    /// Whether RTS -> SQD raises `IBV_EVENT_SQ_DRAINED` when the send queue has drained
+    /// even though `en_sqd_async_notify` was not set. IBA 11.6.3.1 and `man
+    /// ibv_modify_qp` raise it only when asked for (mlx5 passes the flag to its firmware);
+    /// rxe raises it whatever the flag says (rxe_req.c `req_next_wqe()` and rxe_comp.c
+    /// raise it on QP_STATE_DRAIN -> DRAINED; `en_sqd_async_notify` is only stored,
+    /// rxe_qp.c `rxe_qp_from_attr()`).
+    pub sq_drained_unasked: bool,
+    /// Whether a non-zero `max_rd_atomic` or `max_dest_rd_atomic` is rounded up to a power
+    /// of two (what the QP then allows, and what `ibv_query_qp` reports). rxe does
+    /// (rxe_qp.c `rxe_qp_from_attr()`: `roundup_pow_of_two()`), and so does mlx5 (kernel
+    /// hw/mlx5/qp.c stores `log_sra_max`/`log_rra_max` = `fls(n - 1)` and reports `1 <<`
+    /// them). IBA grants the value asked for; `portable` grants exactly that, never more.
+    pub rd_atomic_pow2: bool,
+    /// Whether an RC responder serves an RDMA READ or atomic that arrives while the
+    /// requester has more of them outstanding than the responder's non-zero
+    /// `max_dest_rd_atomic`. IBA makes it an invalid request (the requester's WQE
+    /// completes `IBV_WC_REM_INV_REQ_ERR`; a ConnectX NAKs it when its responder resources
+    /// run out); rxe serves it and recycles its oldest resource (rxe_resp.c
+    /// `check_resource()`: "it is the requesters job to not send too many read/atomic
+    /// ops, we just recycle the responder resource queue").
+    pub rd_atomic_over_limit_served: bool,
 }
 
 impl Switches {
@@ -121,6 +190,15 @@ impl Switches {
         last_wqe_reached: true,
         sqd_rts_resumes: true,
         recv_in_err_flushed: true,
+        post_send_enomem: false,
+        pre_rts_send_kept: false,
+        write_imm_bad_rkey: WcStatus::LocAccessErr,
+        responder_error_events: true,
+        srq_limit_at_create: false,
+        qkey_high_bit_own: true,
+        sq_drained_unasked: false,
+        rd_atomic_pow2: false,
+        rd_atomic_over_limit_served: false,
     };
 
     /// Soft-RoCE as Linux 6.1 and rdma-core v44 implement it.
@@ -137,6 +215,15 @@ impl Switches {
         last_wqe_reached: false,
         sqd_rts_resumes: false,
         recv_in_err_flushed: false,
+        post_send_enomem: false,
+        pre_rts_send_kept: true,
+        write_imm_bad_rkey: WcStatus::RemAccessErr,
+        responder_error_events: false,
+        srq_limit_at_create: true,
+        qkey_high_bit_own: false,
+        sq_drained_unasked: true,
+        rd_atomic_pow2: true,
+        rd_atomic_over_limit_served: true,
     };
 
     /// A ConnectX (mlx5) as rdma-core's mlx5 provider and the IBA it follows describe it.
@@ -153,6 +240,15 @@ impl Switches {
         last_wqe_reached: true,
         sqd_rts_resumes: true,
         recv_in_err_flushed: true,
+        post_send_enomem: true,
+        pre_rts_send_kept: false,
+        write_imm_bad_rkey: WcStatus::LocAccessErr,
+        responder_error_events: true,
+        srq_limit_at_create: false,
+        qkey_high_bit_own: true,
+        sq_drained_unasked: false,
+        rd_atomic_pow2: true,
+        rd_atomic_over_limit_served: false,
     };
 }
 

@@ -94,6 +94,7 @@ fn the_responder_drops_and_acknowledges() {
     };
     assert!(!take(&mut r, &mrs, write, &mut out));
     let read = Frame::Read {
+        inflight: 1,
         psn: 12,
         len: 8,
         addr: mr.addr(),
@@ -101,6 +102,7 @@ fn the_responder_drops_and_acknowledges() {
     };
     assert!(!take(&mut r, &mrs, read, &mut out));
     let faa = Frame::FetchAdd {
+        inflight: 1,
         psn: 13,
         addr: mr.addr(),
         rkey: KEY,

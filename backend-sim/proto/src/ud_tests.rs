@@ -145,6 +145,7 @@ fn datagrams_land_behind_the_grh_and_name_their_sender() {
         flow_label: 0xa_bcde,
         traffic_class: 0x5c,
         hop_limit: 64,
+        src_default: false,
     };
     let wr1 = [sge(&mr, 0, 15)];
     req.post_ud(&SendWr::send(10, &wr1).ud(&Ah, DST_QPN, QKEY), route(None), &mrs)

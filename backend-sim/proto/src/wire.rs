@@ -44,7 +44,9 @@ pub const GRH_LEN: usize = 40;
 pub const MAX_MSG: u32 = 1 << 31;
 /// Magic of the hello frame ("RSIM").
 pub const HELLO_MAGIC: u32 = 0x4d49_5352;
-/// Protocol version in the hello frame (5: links between devices carry UD datagrams
+/// Protocol version in the hello frame (6: a datagram's GRH says whether its source is
+/// the sender's default GID ([`Grh::src_default`]), and READs and atomics carry the
+/// requester's count of them outstanding ([`Frame::Read`]'s `inflight`); 5: links between devices carry UD datagrams
 /// ([`Frame::LinkHello`], [`Frame::LinkVerify`], [`Frame::Datagram`]); 4: hellos name the
 /// QP type, RC or UC, and a UC connection's responder acknowledges every message it took
 /// in; 3: hellos carry a
@@ -52,7 +54,7 @@ pub const HELLO_MAGIC: u32 = 0x4d49_5352;
 /// and a NAK may carry a [`NakReason`]; 2: SEND and WRITE may carry [`F_ACK_REQ`]). A
 /// device refuses a hello of another version ([`HelloReject::Version`]): both ends of a
 /// connection must run builds that speak the same frames.
-pub const VERSION: u16 = 5;
+pub const VERSION: u16 = 6;
 /// Bytes of the token a hello carries.
 pub const TOKEN_LEN: usize = 16;
 
@@ -154,6 +156,7 @@ impl NakCode {
 /// | `0x201` | `IBV_WC_REM_INV_REQ_ERR` | [`NakReason::MisalignedAtomic`] |
 /// | `0x202` | `IBV_WC_REM_INV_REQ_ERR` | [`NakReason::NoRdAtomicResources`] |
 /// | `0x203` | `IBV_WC_REM_INV_REQ_ERR` | [`NakReason::RecvTooShort`] |
+/// | `0x204` | `IBV_WC_REM_INV_REQ_ERR` | [`NakReason::RdAtomicOverLimit`] |
 ///
 /// `vendor_err` 0 with these statuses: the responder gave no reason. The codes do not
 /// overlap the `errno` values that `IBV_WC_RETRY_EXC_ERR` carries there.
@@ -185,11 +188,14 @@ pub enum NakReason {
     /// A SEND longer than the receive buffers posted for it (the responder's receive
     /// completes with `IBV_WC_LOC_LEN_ERR`).
     RecvTooShort = 0x203,
+    /// An RDMA READ or atomic sent while the requester had more of them outstanding than
+    /// the responder QP's `max_dest_rd_atomic` (its responder resources).
+    RdAtomicOverLimit = 0x204,
 }
 
 impl NakReason {
     /// Every reason, in code order.
-    pub const ALL: [NakReason; 9] = [
+    pub const ALL: [NakReason; 10] = [
         NakReason::UnknownRkey,
         NakReason::DeregisteredRkey,
         NakReason::WrongPd,
@@ -199,6 +205,7 @@ impl NakReason {
         NakReason::MisalignedAtomic,
         NakReason::NoRdAtomicResources,
         NakReason::RecvTooShort,
+        NakReason::RdAtomicOverLimit,
     ];
 
     /// The code, as a work completion's `vendor_err` carries it.
@@ -223,9 +230,10 @@ impl NakReason {
     /// The syndrome a NAK with this reason carries.
     pub fn code(self) -> NakCode {
         match self {
-            NakReason::MisalignedAtomic | NakReason::NoRdAtomicResources | NakReason::RecvTooShort => {
-                NakCode::InvalidRequest
-            }
+            NakReason::MisalignedAtomic
+            | NakReason::NoRdAtomicResources
+            | NakReason::RecvTooShort
+            | NakReason::RdAtomicOverLimit => NakCode::InvalidRequest,
             _ => NakCode::RemoteAccess,
         }
     }
@@ -245,6 +253,9 @@ impl fmt::Display for NakReason {
                 "the QP has no responder resources for RDMA READ and atomics (max_dest_rd_atomic 0)"
             }
             NakReason::RecvTooShort => "the message is longer than the receive buffers",
+            NakReason::RdAtomicOverLimit => {
+                "more RDMA READ and atomic requests outstanding than the QP's max_dest_rd_atomic"
+            }
         })
     }
 }
@@ -263,6 +274,9 @@ pub struct Grh {
     pub traffic_class: u8,
     /// Hop limit.
     pub hop_limit: u8,
+    /// The source GID is the sender's default GID (its GID 0,
+    /// [`gid::default_of`](crate::gid::default_of) its link's), not the GID of its IP.
+    pub src_default: bool,
 }
 
 /// One decoded frame (the header; payload bytes, if any, follow on the stream).
@@ -307,7 +321,7 @@ pub enum Frame {
     /// Link setup, connecting device → accepting device: "the device at (`src_gid`,
     /// `src_lid`) opens a link for UD datagrams".
     LinkHello {
-        /// GID of the connecting device (its GID table entry 0).
+        /// GID of the connecting device: the GID of its IP (its GID table entry 1).
         src_gid: [u8; 16],
         /// LID (TCP port) of the connecting device.
         src_lid: u16,
@@ -388,11 +402,17 @@ pub enum Frame {
         addr: u64,
         /// Remote key.
         rkey: u32,
+        /// RDMA READs and atomics the requester has outstanding, this one included (a
+        /// field of the sim's own: a responder learns from it that it is asked for more
+        /// than its `max_dest_rd_atomic`, as an HCA learns from its resources running out).
+        inflight: u16,
     },
     /// ATOMIC CMP_AND_SWP.
     CmpSwap {
         /// Packet sequence number.
         psn: u32,
+        /// As [`Frame::Read`]'s.
+        inflight: u16,
         /// Remote virtual address.
         addr: u64,
         /// Remote key.
@@ -406,6 +426,8 @@ pub enum Frame {
     FetchAdd {
         /// Packet sequence number.
         psn: u32,
+        /// As [`Frame::Read`]'s.
+        inflight: u16,
         /// Remote virtual address.
         addr: u64,
         /// Remote key.
@@ -637,9 +659,11 @@ impl Frame {
                 len,
                 imm.unwrap_or(0),
             ),
-            Frame::Read { psn, len, .. } => (op::READ, 0, 0, psn, len, 0),
-            Frame::CmpSwap { psn, .. } => (op::CMP_SWAP, 0, 0, psn, 0, 0),
-            Frame::FetchAdd { psn, .. } => (op::FETCH_ADD, 0, 0, psn, 0, 0),
+            Frame::Read {
+                psn, len, inflight, ..
+            } => (op::READ, 0, inflight, psn, len, 0),
+            Frame::CmpSwap { psn, inflight, .. } => (op::CMP_SWAP, 0, inflight, psn, 0, 0),
+            Frame::FetchAdd { psn, inflight, .. } => (op::FETCH_ADD, 0, inflight, psn, 0, 0),
             Frame::Ack { psn } => (op::ACK, 0, 0, psn, 0, 0),
             Frame::Nak { psn, code, reason } => (
                 op::NAK,
@@ -723,7 +747,8 @@ impl Frame {
                 e[12..16].copy_from_slice(&g.flow_label.to_le_bytes());
                 e[16] = g.traffic_class;
                 e[17] = g.hop_limit;
-                e[18..20].copy_from_slice(&0u16.to_le_bytes());
+                e[18] = g.src_default as u8;
+                e[19] = 0;
                 e[20..36].copy_from_slice(&g.dgid);
             }
             Frame::Write { addr, rkey, .. } | Frame::Read { addr, rkey, .. } => {
@@ -887,8 +912,9 @@ impl Frame {
                     flow_label: u32_at(e, 12),
                     traffic_class: e[16],
                     hop_limit: e[17],
+                    src_default: e[18] == 1,
                 };
-                if g.flow_label > 0xf_ffff || u16_at(e, 18) != 0 {
+                if g.flow_label > 0xf_ffff || e[18] > 1 || e[19] != 0 {
                     return Err(WireError::BadField("GRH fields"));
                 }
                 let grh = if flags & F_GRH != 0 {
@@ -934,9 +960,11 @@ impl Frame {
                 len,
                 addr: u64_at(e, 0),
                 rkey: u32_at(e, 8),
+                inflight: aux,
             },
             op::CMP_SWAP => Frame::CmpSwap {
                 psn,
+                inflight: aux,
                 addr: u64_at(e, 0),
                 rkey: u32_at(e, 8),
                 compare: u64_at(e, 12),
@@ -944,6 +972,7 @@ impl Frame {
             },
             op::FETCH_ADD => Frame::FetchAdd {
                 psn,
+                inflight: aux,
                 addr: u64_at(e, 0),
                 rkey: u32_at(e, 8),
                 add: u64_at(e, 12),
@@ -977,7 +1006,8 @@ impl Frame {
             opcode,
             op::HELLO | op::VERIFY | op::HELLO_ACK | op::HELLO_NAK | op::LINK_HELLO | op::LINK_VERIFY
         );
-        let uses_aux = (setup && opcode != op::HELLO_ACK) || opcode == op::NAK;
+        let uses_aux = (setup && opcode != op::HELLO_ACK)
+            || matches!(opcode, op::NAK | op::READ | op::CMP_SWAP | op::FETCH_ADD);
         if (!uses_len && len != 0)
             || (!uses_aux && aux != 0)
             || (setup && psn != 0)
@@ -1036,14 +1066,20 @@ pub(crate) mod tests {
     }
 
     fn arb_grh() -> impl Strategy<Value = Grh> {
-        (any::<[u8; 16]>(), 0u32..=0xf_ffff, any::<u8>(), any::<u8>()).prop_map(
-            |(dgid, flow_label, traffic_class, hop_limit)| Grh {
+        (
+            any::<[u8; 16]>(),
+            0u32..=0xf_ffff,
+            any::<u8>(),
+            any::<u8>(),
+            any::<bool>(),
+        )
+            .prop_map(|(dgid, flow_label, traffic_class, hop_limit, src_default)| Grh {
                 dgid,
                 flow_label,
                 traffic_class,
                 hop_limit,
-            },
-        )
+                src_default,
+            })
     }
 
     pub fn arb_frame() -> impl Strategy<Value = Frame> {
@@ -1144,24 +1180,45 @@ pub(crate) mod tests {
                     solicited,
                     ack_req
                 }),
-            (psn.clone(), len.clone(), any::<u64>(), any::<u32>())
-                .prop_map(|(psn, len, addr, rkey)| Frame::Read { psn, len, addr, rkey }),
+            (psn.clone(), len.clone(), any::<u64>(), any::<u32>(), any::<u16>()).prop_map(
+                |(psn, len, addr, rkey, inflight)| Frame::Read {
+                    psn,
+                    len,
+                    addr,
+                    rkey,
+                    inflight
+                }
+            ),
             (
                 psn.clone(),
+                any::<u16>(),
                 any::<u64>(),
                 any::<u32>(),
                 any::<u64>(),
                 any::<u64>()
             )
-                .prop_map(|(psn, addr, rkey, compare, swap)| Frame::CmpSwap {
+                .prop_map(|(psn, inflight, addr, rkey, compare, swap)| Frame::CmpSwap {
                     psn,
+                    inflight,
                     addr,
                     rkey,
                     compare,
                     swap
                 }),
-            (psn.clone(), any::<u64>(), any::<u32>(), any::<u64>())
-                .prop_map(|(psn, addr, rkey, add)| Frame::FetchAdd { psn, addr, rkey, add }),
+            (
+                psn.clone(),
+                any::<u16>(),
+                any::<u64>(),
+                any::<u32>(),
+                any::<u64>()
+            )
+                .prop_map(|(psn, inflight, addr, rkey, add)| Frame::FetchAdd {
+                    psn,
+                    inflight,
+                    addr,
+                    rkey,
+                    add
+                }),
             psn.clone().prop_map(|psn| Frame::Ack { psn }),
             (
                 psn.clone(),
@@ -1368,6 +1425,7 @@ pub(crate) mod tests {
                 flow_label: 0xf_ffff,
                 traffic_class: 9,
                 hop_limit: 64,
+                src_default: true,
             }),
         ] {
             let f = datagram(grh);
@@ -1406,7 +1464,10 @@ pub(crate) mod tests {
         c[BASE_LEN + 12..BASE_LEN + 16].copy_from_slice(&0x10_0000u32.to_le_bytes());
         bad(&c[..n]);
         let mut c = b;
-        c[BASE_LEN + 18] = 1;
+        c[BASE_LEN + 18] = 2;
+        bad(&c[..n]);
+        let mut c = b;
+        c[BASE_LEN + 19] = 1;
         bad(&c[..n]);
         // The GRH flag is a datagram's only.
         let n = Frame::Send {

@@ -184,7 +184,7 @@ impl Datagrams {
     /// This device as the source of its own datagrams.
     fn own_source(&self) -> DatagramSource {
         DatagramSource {
-            gid: self.addr.gid().0,
+            gid: self.addr.ip_gid().0,
             lid: self.addr.lid(),
         }
     }

@@ -80,7 +80,7 @@ async fn connect(dg: &Datagrams, peer: SocketAddr) -> io::Result<TcpStream> {
     // Held until the answer: the other device checks the token with this one meanwhile.
     let claim = dg.claims.begin_link(peer);
     let hello = Frame::LinkHello {
-        src_gid: dg.addr.gid().0,
+        src_gid: dg.addr.ip_gid().0,
         src_lid: dg.addr.lid(),
         token: claim.token(),
     };

@@ -15,6 +15,9 @@ pub struct SwitchDoc {
     pub what: &'static str,
     /// Where each choice comes from.
     pub source: &'static str,
+    /// The conformance cases that observe it (`conformance/tests/switches.rs` checks that
+    /// their observations tell the profiles apart where the switch does).
+    pub cases: &'static [&'static str],
     value: fn(&Switches) -> String,
 }
 
@@ -48,6 +51,7 @@ pub fn table() -> &'static [SwitchDoc] {
             what: "when a send queue slot is free for ibv_post_send again",
             source: "rxe: rxe_comp.c do_complete() advances the SQ at completion; mlx5: \
                      rdma-core providers/mlx5/cq.c moves the SQ tail in ibv_poll_cq",
+            cases: &["profile.sq-slot-release"],
             value: |s| {
                 match s.sq_slot_release {
                     SlotRelease::AtCompletion => "at completion",
@@ -62,6 +66,7 @@ pub fn table() -> &'static [SwitchDoc] {
             source: "mlx5: rdma-core providers/mlx5/verbs.c mlx5_cq_clean() from \
                      mlx5_modify_qp(RESET), __mlx5_cq_clean() from mlx5_destroy_qp(); rxe: neither rxe_qp.c nor \
                      providers/rxe touch the CQ",
+            cases: &["profile.cq-clean-on-reset"],
             value: |s| yes_no(s.cq_clean_on_reset, "removed", "left in the CQ"),
         },
         SwitchDoc {
@@ -69,6 +74,7 @@ pub fn table() -> &'static [SwitchDoc] {
             what: "retry_cnt 7",
             source: "IBA 9.7.5.2.8 (only rnr_retry 7 is infinite), mlx5; rxe: rxe_comp.c \
                      COMPST_ERROR_RETRY does not count down a retry_cnt of 7",
+            cases: &["profile.retry-cnt-7"],
             value: |s| yes_no(s.retry_cnt_7_infinite, "retry for ever", "seven retries"),
         },
         SwitchDoc {
@@ -76,6 +82,7 @@ pub fn table() -> &'static [SwitchDoc] {
             what: "requester status of a SEND/WRITE with a bad lkey",
             source: "IBA and mlx5: local protection error; rxe: rxe_req.c maps copy_data()'s \
                      -EINVAL to IB_WC_LOC_QP_OP_ERR",
+            cases: &["errors.bad-lkey"],
             value: |s| status(s.send_bad_lkey),
         },
         SwitchDoc {
@@ -83,6 +90,7 @@ pub fn table() -> &'static [SwitchDoc] {
             what: "a message longer than the receive (RC, UC, UD)",
             source: "IBA 9.7.5.2.3 and mlx5: LOC_LEN_ERR, RC peer REM_INV_REQ_ERR; rxe: \
                      copy_data() -EINVAL, RESPST_ERR_MALFORMED_WQE (rxe_resp.c)",
+            cases: &["errors.recv-too-small", "ud.recv-too-small"],
             value: |s| recv_error(s.recv_too_small, "LocLenErr (RC peer: RemInvReqErr)"),
         },
         SwitchDoc {
@@ -90,6 +98,7 @@ pub fn table() -> &'static [SwitchDoc] {
             what: "a receive whose SGE has a bad lkey",
             source: "IBA and mlx5: LOC_PROT_ERR, RC peer REM_OP_ERR; rxe: copy_data() \
                      -EINVAL, RESPST_ERR_MALFORMED_WQE (rxe_resp.c)",
+            cases: &["errors.recv-bad-lkey"],
             value: |s| recv_error(s.recv_bad_lkey, "LocProtErr (RC peer: RemOpErr)"),
         },
         SwitchDoc {
@@ -97,6 +106,7 @@ pub fn table() -> &'static [SwitchDoc] {
             what: "a request the responder QP's qp_access_flags forbid",
             source: "IBA 9.7.5.2.3 and mlx5: remote access error; rxe: rxe_resp.c \
                      check_op_valid() NAKs AETH_NAK_INVALID_REQ",
+            cases: &["access.write-qp-flags", "access.read-qp-flags"],
             value: |s| yes_no(s.qp_access_invalid_request, "RemInvReqErr", "RemAccessErr"),
         },
         SwitchDoc {
@@ -104,6 +114,7 @@ pub fn table() -> &'static [SwitchDoc] {
             what: "an atomic to an address not 8-byte aligned",
             source: "IBA 9.4.5 (the responder refuses it), mlx5 does not check at post; \
                      rxe: rdma-core providers/rxe/rxe.c validate_send_wr()",
+            cases: &["access.atomic-misaligned"],
             value: |s| {
                 yes_no(
                     s.misaligned_atomic_einval,
@@ -117,6 +128,7 @@ pub fn table() -> &'static [SwitchDoc] {
             what: "READ/atomic on UC, WRITE/READ/atomic on UD",
             source: "man ibv_post_send (EINVAL); rxe: validate_send_wr() ignores the QP type, \
                      rxe_req.c next_opcode() fails it, rxe_comp.c moves the QP to ERR",
+            cases: &["uc.read-refused", "uc.atomic-refused", "ud.opcode-write"],
             value: |s| {
                 yes_no(
                     s.opcode_checked_at_post,
@@ -129,6 +141,7 @@ pub fn table() -> &'static [SwitchDoc] {
             name: "last_wqe_reached",
             what: "IBV_EVENT_QP_LAST_WQE_REACHED when a QP on an SRQ goes to ERR",
             source: "IBA 11.6.3.1, man ibv_get_async_event, mlx5; rxe never raises it",
+            cases: &["srq.last-wqe"],
             value: |s| yes_no(s.last_wqe_reached, "raised", "never"),
         },
         SwitchDoc {
@@ -136,6 +149,7 @@ pub fn table() -> &'static [SwitchDoc] {
             what: "WRs posted in SQD after SQD -> RTS",
             source: "IBA 10.3.1, mlx5; rxe: rxe_qp.c rxe_qp_from_attr() does not schedule \
                      the requester",
+            cases: &["qp.sqd-resume"],
             value: |s| yes_no(s.sqd_rts_resumes, "start at once", "wait for the next post"),
         },
         SwitchDoc {
@@ -143,7 +157,107 @@ pub fn table() -> &'static [SwitchDoc] {
             what: "a receive posted to a QP in ERR",
             source: "IBA 10.8.3.1, mlx5; rxe: providers/rxe/rxe.c post_recv does not enter \
                      the kernel, which flushes only when its responder runs",
+            cases: &["errors.flush-new-posts"],
             value: |s| yes_no(s.recv_in_err_flushed, "flushed at once", "never completes"),
+        },
+        SwitchDoc {
+            name: "post_send_enomem",
+            what: "errno of ibv_post_send for a WR posted before RTS, with too many SGEs or too much inline data",
+            source: "man ibv_post_send (EINVAL: invalid value in wr); rxe: providers/rxe/rxe.c \
+                     validate_send_wr(), kernel rxe_verbs.c rxe_post_send() before RTS; mlx5: \
+                     providers/mlx5/qp.c _mlx5_post_send() (num_sge > sq.qp_state_max_gs, -1 \
+                     before RTS) and set_data_inl_seg()",
+            cases: &["post.send-before-rts", "post.too-many-sge", "post.inline-too-long"],
+            value: |s| yes_no(s.post_send_enomem, "ENOMEM", "EINVAL"),
+        },
+        SwitchDoc {
+            name: "pre_rts_send_kept",
+            what: "send WRs refused because the QP is in INIT or RTR",
+            source: "IBA 10.8.2, mlx5 (_mlx5_post_send() refuses before writing the WQE); rxe: \
+                     providers/rxe/rxe.c rxe_post_send() queues each WR, then the kernel refuses \
+                     the doorbell (rxe_verbs.c rxe_post_send(), req.state < QP_STATE_READY)",
+            cases: &["post.send-before-rts-kept"],
+            value: |s| {
+                yes_no(
+                    s.pre_rts_send_kept,
+                    "queued all the same, sent after RTS at the next post",
+                    "not queued",
+                )
+            },
+        },
+        SwitchDoc {
+            name: "write_imm_bad_rkey",
+            what: "the receive an RC WRITE_WITH_IMM consumed when its R_Key is bad",
+            source: "IBA 11.6.2 (local access error on a buffer of an RDMA Write with \
+                     Immediate), mlx5 maps its local access syndrome to it (providers/mlx5/cq.c); \
+                     rxe: rxe_resp.c RESPST_ERR_RKEY_VIOLATION -> do_class_ac_error(qp, \
+                     AETH_NAK_REM_ACC_ERR, IB_WC_REM_ACCESS_ERR) -> do_complete()",
+            cases: &["access.write-imm-bad-rkey"],
+            value: |s| format!("{}, QP to ERR", status(s.write_imm_bad_rkey)),
+        },
+        SwitchDoc {
+            name: "responder_error_events",
+            what: "IBV_EVENT_QP_ACCESS_ERR / IBV_EVENT_QP_REQ_ERR on an RC responder that refuses a request",
+            source: "IBA 11.6.3.1, man ibv_get_async_event, mlx5 (kernel hw/mlx5/qp.c \
+                     mlx5_ib_handle_qp_event()); rxe raises no QP event but SQ_DRAINED (no other \
+                     IB_EVENT_QP_* in drivers/infiniband/sw/rxe/)",
+            cases: &["events.responder-errors"],
+            value: |s| yes_no(s.responder_error_events, "raised", "never"),
+        },
+        SwitchDoc {
+            name: "srq_limit_at_create",
+            what: "a non-zero srq_limit given to ibv_create_srq",
+            source: "man ibv_create_srq (irrelevant at creation), mlx5 (kernel hw/mlx5/srq.c \
+                     mlx5_ib_create_srq() sets no low watermark); rxe: rxe_srq.c \
+                     rxe_srq_from_init() sets srq->limit",
+            cases: &["srq.limit-at-create"],
+            value: |s| yes_no(s.srq_limit_at_create, "armed", "ignored (portable: warns)"),
+        },
+        SwitchDoc {
+            name: "qkey_high_bit_own",
+            what: "a UD send WR whose remote_qkey has the high bit set",
+            source: "IBA 10.2.5, mlx4/mthca/hfi1/qib in software, a ConnectX in hardware; rxe: \
+                     rxe_req.c init_req_packet() sends wr.ud.remote_qkey as it is",
+            cases: &["ud.qkey-high-bit"],
+            value: |s| {
+                yes_no(
+                    s.qkey_high_bit_own,
+                    "the QP's own Q_Key is sent",
+                    "the WR's value is sent",
+                )
+            },
+        },
+        SwitchDoc {
+            name: "sq_drained_unasked",
+            what: "IBV_EVENT_SQ_DRAINED after RTS -> SQD without en_sqd_async_notify",
+            source: "IBA 11.6.3.1, man ibv_modify_qp (en_sqd_async_notify), mlx5; rxe: rxe_req.c \
+                     req_next_wqe() and rxe_comp.c raise it on every drain, the flag is only stored",
+            cases: &["qp.sqd-event-unasked"],
+            value: |s| yes_no(s.sq_drained_unasked, "raised", "not raised"),
+        },
+        SwitchDoc {
+            name: "rd_atomic_pow2",
+            what: "max_rd_atomic / max_dest_rd_atomic that are not a power of two",
+            source: "IBA (the value asked for); rxe: rxe_qp.c rxe_qp_from_attr() \
+                     roundup_pow_of_two(); mlx5: kernel hw/mlx5/qp.c log_sra_max/log_rra_max = \
+                     fls(n - 1), reported as 1 << them",
+            cases: &["qp.rd-atomic-rounding"],
+            value: |s| yes_no(s.rd_atomic_pow2, "rounded up to a power of two", "as asked"),
+        },
+        SwitchDoc {
+            name: "rd_atomic_over_limit_served",
+            what: "a READ/atomic sent while the requester has more outstanding than the responder's max_dest_rd_atomic",
+            source: "IBA 9.7.5.2.3 (an invalid request: the responder lacks the resources), \
+                     mlx5; rxe: rxe_resp.c check_resource() serves it and recycles its oldest \
+                     responder resource",
+            cases: &["errors.rd-atomic-over-limit"],
+            value: |s| {
+                yes_no(
+                    s.rd_atomic_over_limit_served,
+                    "served",
+                    "RemInvReqErr (an invalid request NAK), QP to ERR",
+                )
+            },
         },
     ];
     T
@@ -180,10 +294,16 @@ mod tests {
         }
     }
 
+    /// A switch is a place where HCAs differ: rxe or mlx5 chooses other than portable.
     #[test]
-    fn every_switch_is_one_where_rxe_differs_from_portable() {
+    fn every_switch_is_one_where_a_profile_differs_from_portable() {
         for d in table() {
-            assert_ne!(d.value(Profile::Rxe), d.value(Profile::Portable), "{}", d.name);
+            let portable = d.value(Profile::Portable);
+            assert!(
+                d.value(Profile::Rxe) != portable || d.value(Profile::Mlx5) != portable,
+                "{}",
+                d.name
+            );
         }
     }
 }

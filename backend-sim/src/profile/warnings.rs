@@ -13,6 +13,11 @@
 //!   polled. When RESET or destroy removes completions the application had not polled,
 //!   a program that polls them afterwards (or counts on them not being there) behaves
 //!   differently: poll a QP's CQEs before resetting or destroying it.
+//! - **Giving `srq_limit` to `ibv_create_srq`.** Under `portable` (as on mlx5, and as
+//!   `man ibv_create_srq` says) the limit given at creation is ignored; rxe arms it, so a
+//!   program that waits for `IBV_EVENT_SRQ_LIMIT_REACHED` without calling
+//!   `ibv_modify_srq` gets it on rxe only: arm the limit with `ibv_modify_srq`
+//!   (`IBV_SRQ_LIMIT`). Logged at each such creation (it is one call, not a data path).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -56,4 +61,15 @@ impl QpWarnings {
             );
         }
     }
+}
+
+/// `ibv_create_srq` was given `srq_limit` `limit`, which this profile ignores.
+pub fn srq_limit_at_create(limit: u32) {
+    tracing::warn!(
+        srq_limit = limit,
+        "portability: ibv_create_srq ignored srq_limit {limit}, as mlx5 does and as man \
+         ibv_create_srq says (the limit is irrelevant at creation); rxe arms it, and would raise \
+         IBV_EVENT_SRQ_LIMIT_REACHED without an ibv_modify_srq. Arm the limit with \
+         ibv_modify_srq(IBV_SRQ_LIMIT) after creating the SRQ"
+    );
 }

@@ -38,15 +38,10 @@ impl QpShared {
             if ah.port_num > 1 {
                 return bad("ah_attr.port_num", format!("port {} does not exist", ah.port_num));
             }
-            if ah.is_global && ah.grh.sgid_index as usize >= self.dev.addr.gids.len() {
-                return bad(
-                    "ah_attr.grh.sgid_index",
-                    format!(
-                        "index {} is outside the GID table of {} entries",
-                        ah.grh.sgid_index,
-                        self.dev.addr.gids.len()
-                    ),
-                );
+            if ah.is_global {
+                if let Err((name, reason)) = self.dev.addr.check_sgid_index(ah.grh.sgid_index) {
+                    return bad(name, reason);
+                }
             }
             if let Err((name, reason)) = self.dev.addr.check_av(ah.is_global, ah.dlid) {
                 return bad(name, reason);
@@ -137,11 +132,20 @@ impl QpShared {
         if mask.contains(M::MIN_RNR_TIMER) {
             a.min_rnr_timer = attr.min_rnr_timer;
         }
+        // rxe and mlx5 grant the next power of two (`Switches::rd_atomic_pow2`); 0 stays
+        // 0 (no resources).
+        let rd_atomic = |n: u8| {
+            if n > 0 && self.dev.profile.switches().rd_atomic_pow2 {
+                n.checked_next_power_of_two().unwrap_or(n)
+            } else {
+                n
+            }
+        };
         if mask.contains(M::MAX_QP_RD_ATOMIC) {
-            a.max_rd_atomic = attr.max_rd_atomic;
+            a.max_rd_atomic = rd_atomic(attr.max_rd_atomic);
         }
         if mask.contains(M::MAX_DEST_RD_ATOMIC) {
-            a.max_dest_rd_atomic = attr.max_dest_rd_atomic;
+            a.max_dest_rd_atomic = rd_atomic(attr.max_dest_rd_atomic);
         }
         if mask.contains(M::EN_SQD_ASYNC_NOTIFY) {
             a.en_sqd_async_notify = attr.en_sqd_async_notify;
@@ -221,8 +225,10 @@ impl QpShared {
                 g.req.draining = true;
                 if cur == QpState::Rts {
                     // IBA 11.6.3.1 and `man ibv_modify_qp`: the event only when asked
-                    // for with this transition (rxe raises it whatever the flag says).
-                    g.sqd_event_due = mask.contains(M::EN_SQD_ASYNC_NOTIFY) && attr.en_sqd_async_notify;
+                    // for with this transition; rxe raises it whatever the flag says
+                    // (`Switches::sq_drained_unasked`).
+                    g.sqd_event_due = (mask.contains(M::EN_SQD_ASYNC_NOTIFY) && attr.en_sqd_async_notify)
+                        || g.req.switches().sq_drained_unasked;
                 }
             }
             _ => {}

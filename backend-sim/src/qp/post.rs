@@ -22,7 +22,25 @@ impl QpShared {
         wrs: &[SendWr<'_>],
         route_of: &dyn Fn(&dyn AddressHandle) -> Option<AhRoute>,
     ) -> std::result::Result<(), PostError> {
+        // ENOMEM rather than EINVAL for the refusals the mlx5 provider answers so
+        // (`Switches::post_send_enomem`).
+        let enomem = self.dev.profile.switches().post_send_enomem;
+        let refuse = |reason: String| {
+            if enomem {
+                Error::NoMemory {
+                    call: "ibv_post_send",
+                    reason,
+                }
+            } else {
+                Error::invalid("ibv_post_send", reason)
+            }
+        };
         let mut g = self.inner.lock();
+        // Before RTS the post is refused; on rxe the WRs are queued all the same and sent
+        // once the QP is in RTS (`Switches::pre_rts_send_kept`).
+        let not_ready = matches!(g.state, QpState::Reset | QpState::Init | QpState::Rtr);
+        let keeps_queued =
+            not_ready && g.state != QpState::Reset && self.dev.profile.switches().pre_rts_send_kept;
         let mut posted = false;
         let mut result = Ok(());
         for (index, wr) in wrs.iter().enumerate() {
@@ -31,13 +49,8 @@ impl QpShared {
                 wr_id: wr.wr_id,
                 error,
             };
-            if matches!(g.state, QpState::Reset | QpState::Init | QpState::Rtr) {
-                result = Err(fail(Error::InvalidQpState {
-                    call: "ibv_post_send",
-                    qpn: self.qpn,
-                    state: g.state,
-                    reason: "send work requests need RTS (or SQD/ERR)",
-                }));
+            if not_ready && !keeps_queued {
+                result = Err(fail(self.not_ready(g.state, enomem, false)));
                 break;
             }
             let queued = if self.qp_type == QpType::Ud {
@@ -74,22 +87,16 @@ impl QpShared {
                         "ibv_post_send",
                         "the atomic's remote address is not 8-byte aligned",
                     ),
-                    PostCheck::TooManySge => Error::invalid(
-                        "ibv_post_send",
-                        format!(
-                            "{} SGEs exceed max_send_sge {}",
-                            wr.sg_list.len(),
-                            self.cap.max_send_sge
-                        ),
-                    ),
-                    PostCheck::InlineTooLong => Error::invalid(
-                        "ibv_post_send",
-                        format!(
-                            "{} bytes of inline data exceed max_inline_data {}",
-                            wr.total_len(),
-                            self.cap.max_inline_data
-                        ),
-                    ),
+                    PostCheck::TooManySge => refuse(format!(
+                        "{} SGEs exceed max_send_sge {}",
+                        wr.sg_list.len(),
+                        self.cap.max_send_sge
+                    )),
+                    PostCheck::InlineTooLong => refuse(format!(
+                        "{} bytes of inline data exceed max_inline_data {}",
+                        wr.total_len(),
+                        self.cap.max_inline_data
+                    )),
                     PostCheck::InlineNotAllowed => Error::invalid(
                         "ibv_post_send",
                         "IBV_SEND_INLINE is only valid for SEND and RDMA WRITE",
@@ -135,6 +142,15 @@ impl QpShared {
             }
             posted = true;
         }
+        if keeps_queued && result.is_ok() {
+            if let Some(first) = wrs.first() {
+                result = Err(PostError {
+                    index: 0,
+                    wr_id: first.wr_id,
+                    error: self.not_ready(g.state, enomem, true),
+                });
+            }
+        }
         if posted {
             self.note_busy(&mut g);
             if g.state == QpState::Err {
@@ -146,6 +162,30 @@ impl QpShared {
             }
         }
         result
+    }
+
+    /// The refusal of a send WR posted in `state` (before RTS): EINVAL, or ENOMEM as the
+    /// mlx5 provider answers (`enomem`); `kept`: the WRs were queued all the same.
+    fn not_ready(&self, state: QpState, enomem: bool, kept: bool) -> Error {
+        let reason = if kept {
+            "send work requests need RTS (or SQD/ERR); as on rxe, they are queued all the same \
+             and sent after RTS"
+        } else {
+            "send work requests need RTS (or SQD/ERR)"
+        };
+        if enomem {
+            Error::NoMemory {
+                call: "ibv_post_send",
+                reason: format!("QP {:#x} is in {state:?}: {reason}", self.qpn),
+            }
+        } else {
+            Error::InvalidQpState {
+                call: "ibv_post_send",
+                qpn: self.qpn,
+                state,
+                reason,
+            }
+        }
     }
 
     /// Starts sending what the send queue holds, now that it may: after `post_send` in

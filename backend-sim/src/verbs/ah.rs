@@ -43,15 +43,10 @@ impl SimAh {
         if let Err((name, reason)) = addr.check_av(attr.is_global, attr.dlid) {
             return bad(name, reason);
         }
-        if attr.is_global && attr.grh.sgid_index as usize >= addr.gids.len() {
-            return bad(
-                "ah_attr.grh.sgid_index",
-                format!(
-                    "index {} is outside the GID table of {} entries",
-                    attr.grh.sgid_index,
-                    addr.gids.len()
-                ),
-            );
+        if attr.is_global {
+            if let Err((name, reason)) = addr.check_sgid_index(attr.grh.sgid_index) {
+                return bad(name, reason);
+            }
         }
         if attr.is_global && attr.grh.flow_label > 0xf_ffff {
             return bad(
@@ -64,6 +59,8 @@ impl SimAh {
             flow_label: attr.grh.flow_label,
             traffic_class: attr.grh.traffic_class,
             hop_limit: attr.grh.hop_limit,
+            // GID 0, where it is the default GID rather than the IP's.
+            src_default: attr.grh.sgid_index == 0 && addr.gid() != addr.ip_gid(),
         });
         Ok(SimAh {
             attr: *attr,

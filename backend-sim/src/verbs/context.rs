@@ -73,16 +73,16 @@ impl Context for SimContext {
                 format!("port {port_num} does not exist (ports: 1)"),
             ));
         }
-        match self.dev.addr.gids.get(index as usize) {
-            Some(gid) => Ok(*gid),
-            None => Err(Error::invalid(
+        // An empty entry reads as the zero GID, as `ibv_query_gid` answers for one.
+        self.dev.addr.gid_at(index).ok_or_else(|| {
+            Error::invalid(
                 "ibv_query_gid",
                 format!(
                     "index {index} is outside the GID table of {} entries",
-                    self.dev.addr.gids.len()
+                    self.dev.addr.gid_tbl_len
                 ),
-            )),
-        }
+            )
+        })
     }
 
     fn capabilities(&self) -> Result<Capabilities> {

@@ -66,14 +66,19 @@ impl ProtectionDomain for SimPd {
                 ),
             });
         }
-        // As rxe: max_sge 0 is granted as 1, and a limit given here is armed (the man
-        // page calls it ignored at create time; see `recv_queue`).
-        let srq = SharedRecvQueue::new(
-            self.pd.dev.next_handle(),
-            attr.max_wr,
-            attr.max_sge.max(1),
-            attr.srq_limit,
-        );
+        // As rxe: max_sge 0 is granted as 1. A limit given here is armed only where the
+        // profile says so (`Switches::srq_limit_at_create`: rxe arms it, mlx5 and the man
+        // page ignore it).
+        let dev = &self.pd.dev;
+        let limit = if dev.profile.switches().srq_limit_at_create {
+            attr.srq_limit
+        } else {
+            if attr.srq_limit > 0 && dev.profile.warns() {
+                crate::profile::warnings::srq_limit_at_create(attr.srq_limit);
+            }
+            0
+        };
+        let srq = SharedRecvQueue::new(dev.next_handle(), attr.max_wr, attr.max_sge.max(1), limit);
         Ok(SimSrq {
             srq: Arc::new(srq),
             pd: self.pd.clone(),

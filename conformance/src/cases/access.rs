@@ -6,8 +6,8 @@
 //! requester QP to ERR, and leaves the target memory untouched.
 
 use verbs_api::{
-    AccessFlags as A, Backend, Context, MemoryRegion, ProtectionDomain, QpState, QueuePair, RemoteAddr,
-    SendWr, WcStatus,
+    AccessFlags as A, Backend, Context, MemoryRegion, ProtectionDomain, QpState, QueuePair, RecvWr,
+    RemoteAddr, SendWr, WcStatus,
 };
 
 use super::case;
@@ -19,6 +19,12 @@ pub fn list<B: Backend>() -> Vec<Case<B>> {
         case!("access.write-no-remote-write", "WRITE to a region without REMOTE_WRITE: REM_ACCESS_ERR", "man ibv_reg_mr (IBV_ACCESS_REMOTE_WRITE)", write_no_flag),
         case!("access.write-out-of-bounds", "WRITE that crosses the end of the region: REM_ACCESS_ERR, nothing written", "IBA 10.6.3.1 (bounds check)", write_oob),
         case!("access.write-other-pd", "WRITE to a region of another PD than the responder QP: REM_ACCESS_ERR", "IBA 10.6.3.1 (PD check); man ibv_alloc_pd", write_other_pd),
+        case!(
+            "access.write-imm-bad-rkey",
+            "WRITE_WITH_IMM with a bad rkey: REM_ACCESS_ERR; the receive it took completes LOC_ACCESS_ERR, the next is flushed",
+            "IBA 11.6.2 (Local Access Error: a protection error on a local buffer during an RDMA Write with Immediate); IBA 10.6.3.1",
+            write_imm_bad_rkey
+        ),
         case!("access.write-qp-flags", "WRITE to a QP whose qp_access_flags lack REMOTE_WRITE: REM_ACCESS_ERR", "man ibv_modify_qp (qp_access_flags)", write_qp_flags),
         case!("access.read-no-remote-read", "READ from a region without REMOTE_READ: REM_ACCESS_ERR", "man ibv_reg_mr (IBV_ACCESS_REMOTE_READ)", read_no_flag),
         case!("access.read-out-of-bounds", "READ past the end of the region: REM_ACCESS_ERR", "IBA 10.6.3.1 (bounds check)", read_oob),
@@ -80,6 +86,44 @@ fn write_bad_rkey<B: Backend>(env: &Env<B>) -> CaseResult {
         "WRITE with a bad rkey",
     )?;
     untouched(&dst, "WRITE with a bad rkey")?;
+    Ok(Outcome::Pass)
+}
+
+fn write_imm_bad_rkey<B: Backend>(env: &Env<B>) -> CaseResult {
+    let s = setup(env, &env.opts())?;
+    let dst = env.mr(&s.p.pd, 4096, A::LOCAL_WRITE | A::REMOTE_WRITE)?;
+    s.p.b.post_recv(&[
+        RecvWr::new(10, &[dst.sge(2048, 64)?]),
+        RecvWr::new(11, &[dst.sge(3072, 64)?]),
+    ])?;
+    let bad = RemoteAddr::new(dst.addr(), dst.rkey() ^ 0x5555_0000);
+    expect_rem_access(
+        env,
+        &s,
+        SendWr::write_with_imm(1, &[s.src.sge(0, 64)?], bad, 0x1234),
+        "WRITE_WITH_IMM with a bad rkey",
+    )?;
+    let wcs = env.wait(&s.p.cq_b, 2)?;
+    ensure_eq!(
+        (wcs[0].wr_id, wcs[1].wr_id),
+        (10, 11),
+        "the responder's receives, in order"
+    );
+    env.expect_status(
+        "the receive WRITE_WITH_IMM with a bad rkey took",
+        &wcs[0],
+        WcStatus::LocAccessErr,
+        &[(
+            Profile::Rxe,
+            WcStatus::RemAccessErr,
+            "rxe_resp.c completes the receive it took before check_rkey() with the status it NAKs \
+             with: RESPST_ERR_RKEY_VIOLATION -> do_class_ac_error(qp, AETH_NAK_REM_ACC_ERR, \
+             IB_WC_REM_ACCESS_ERR) -> do_complete()",
+        )],
+    )?;
+    env.expect_status("the receive after it", &wcs[1], WcStatus::WrFlushErr, &[])?;
+    ensure_eq!(s.p.b.state()?, QpState::Err, "responder state");
+    untouched(&dst, "WRITE_WITH_IMM with a bad rkey")?;
     Ok(Outcome::Pass)
 }
 

@@ -39,6 +39,12 @@ pub fn list<B: Backend>() -> Vec<Case<B>> {
             device_gid
         ),
         case!(
+            "device.gid-table",
+            "GID 0 is the port's link-local default GID (fe80::/64); the populated entries come first, the rest read as zero",
+            "man ibv_query_gid (an empty entry reads as zero); IBA 4.1.1 (the default GID: link-local prefix and the port's EUI-64)",
+            device_gid_table
+        ),
+        case!(
             "device.capabilities",
             "the capabilities summary agrees with the device attributes",
             "verbs-api Capabilities; man ibv_query_device",
@@ -127,6 +133,38 @@ fn device_gid<B: Backend>(env: &Env<B>) -> CaseResult {
     ensure!(
         env.ctx.query_gid(1, len).is_err(),
         "query_gid past the table ({len}) succeeded"
+    );
+    Ok(Outcome::Pass)
+}
+
+/// How a GID reads: `link-local` (fe80::/64), `ipv4-mapped` (::ffff:a.b.c.d), `zero`,
+/// or `other`.
+fn gid_kind(g: &verbs_api::Gid) -> &'static str {
+    let b = &g.0;
+    if g.is_zero() {
+        "zero"
+    } else if b[0] == 0xfe && b[1] == 0x80 && b[2..8].iter().all(|&x| x == 0) {
+        "link-local"
+    } else if b[..10].iter().all(|&x| x == 0) && b[10] == 0xff && b[11] == 0xff {
+        "ipv4-mapped"
+    } else {
+        "other"
+    }
+}
+
+fn device_gid_table<B: Backend>(env: &Env<B>) -> CaseResult {
+    let len = env.ctx.query_port(1)?.gid_tbl_len;
+    env.observe("gid_tbl_len", len);
+    let mut kinds = Vec::new();
+    for i in 0..len {
+        kinds.push(gid_kind(&env.ctx.query_gid(1, i)?));
+    }
+    let populated = kinds.iter().take_while(|k| **k != "zero").count();
+    env.observe("populated GIDs", kinds[..populated].join(", "));
+    ensure_eq!(kinds.first().copied(), Some("link-local"), "GID 0");
+    ensure!(
+        kinds[populated..].iter().all(|k| *k == "zero"),
+        "a populated entry after an empty one: {kinds:?}"
     );
     Ok(Outcome::Pass)
 }

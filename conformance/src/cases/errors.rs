@@ -13,7 +13,7 @@ use verbs_api::{
 };
 
 use super::case;
-use crate::{ensure, ensure_eq, Case, CaseResult, Env, Outcome, Profile};
+use crate::{ensure, ensure_eq, Case, CaseResult, Env, Failure, Outcome, Profile};
 
 pub fn list<B: Backend>() -> Vec<Case<B>> {
     vec![
@@ -71,6 +71,12 @@ pub fn list<B: Backend>() -> Vec<Case<B>> {
             "READ, CMP_AND_SWP and FETCH_AND_ADD to a QP with max_dest_rd_atomic 0: REM_INV_REQ_ERR, no byte read or changed",
             "man ibv_modify_qp (max_dest_rd_atomic: responder resources for RDMA READ and atomics); IBA 9.7.5.2.8 (NAK invalid request); rxe_resp.c check_resource()",
             no_responder_resources
+        ),
+        case!(
+            "errors.rd-atomic-over-limit",
+            "four READs in flight to a QP with max_dest_rd_atomic 1: one fails REM_INV_REQ_ERR, those behind it are flushed",
+            "IBA 9.7.5.2.3 (a request the responder has no resources for is an invalid request); man ibv_modify_qp (max_rd_atomic, max_dest_rd_atomic)",
+            rd_atomic_over_limit
         ),
     ]
 }
@@ -369,6 +375,65 @@ fn no_responder_resources<B: Backend>(env: &Env<B>) -> CaseResult {
             QpState::Err,
             "requester state after the refused {op}"
         );
+    }
+    Ok(Outcome::Pass)
+}
+
+fn rd_atomic_over_limit<B: Backend>(env: &Env<B>) -> CaseResult {
+    let mut o = env.opts();
+    o.a.max_rd_atomic = 4;
+    o.b.max_dest_rd_atomic = 1;
+    let p = env.pair(&o)?;
+    let remote = env.mr(&p.pd, 4096, A::LOCAL_WRITE | A::REMOTE_READ)?;
+    remote.write(0, &crate::env::pattern(4096, 3))?;
+    let local = env.mr(&p.pd, 4096, A::LOCAL_WRITE)?;
+    let sges: Vec<[Sge; 1]> = (0..4)
+        .map(|i| Ok([local.sge(i * 64, 64)?]))
+        .collect::<Result<_, Failure>>()?;
+    let wrs: Vec<SendWr<'_>> = sges
+        .iter()
+        .enumerate()
+        .map(|(i, sge)| SendWr::read(i as u64, sge, remote.remote().at(i as u64 * 64)).signaled())
+        .collect();
+    p.a.post_send(&wrs)?;
+    let wcs = env.wait(&p.cq_a, 4)?;
+    let first_error = wcs.iter().find(|w| w.status != WcStatus::Success);
+    env.observe(
+        "four READs, max_dest_rd_atomic 1",
+        first_error.map_or("all served".to_string(), |w| format!("{:?}", w.status)),
+    );
+    match first_error {
+        None if env.profile == Profile::Rxe => {
+            env.deviation(
+                "rxe serves every READ and atomic however many are outstanding: rxe_resp.c \
+                 check_resource() (\"it is the requesters job to not send too many read/atomic \
+                 ops, we just recycle the responder resource queue\")",
+            );
+            ensure_eq!(
+                crate::env::read_back(&local, 0, 256)?,
+                crate::env::read_back(&remote, 0, 256)?,
+                "the data read"
+            );
+        }
+        None => {
+            return Err(Failure(
+                "four READs served by a responder with one resource".into(),
+            ))
+        }
+        Some(bad) => {
+            ensure_eq!(
+                bad.status,
+                WcStatus::RemInvReqErr,
+                "the first failed READ ({:?})",
+                bad.wr_id
+            );
+            let after: Vec<_> = wcs.iter().filter(|w| w.wr_id > bad.wr_id).collect();
+            ensure!(
+                after.iter().all(|w| w.status == WcStatus::WrFlushErr),
+                "the READs behind the refused one: {after:?}"
+            );
+            ensure_eq!(p.a.state()?, QpState::Err, "requester state");
+        }
     }
     Ok(Outcome::Pass)
 }

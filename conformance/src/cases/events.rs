@@ -2,19 +2,21 @@
 //! context's fd polls readable exactly while an event waits, every event taken is
 //! acknowledged, and destroying the object an event names waits for that
 //! acknowledgement, then returns. The events are raised with an SRQ limit, the one
-//! affiliated event every SRQ-capable device raises on demand.
+//! affiliated event every SRQ-capable device raises on demand; and the affiliated errors
+//! of an RC responder that refuses a request (IBA 11.6.3.1), which rxe does not raise.
 
 use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 
 use verbs_api::aio::AsyncEvents;
 use verbs_api::{
-    AsyncElement, AsyncEvent, AsyncEventType, Backend, Context, SharedReceiveQueue, SrqAttr, SrqAttrMask,
+    AccessFlags as A, AsyncElement, AsyncEvent, AsyncEventType, Backend, Context, MemoryRegion, QueuePair,
+    RemoteAddr, SendWr, SharedReceiveQueue, SrqAttr, SrqAttrMask, WcStatus,
 };
 
 use super::case;
 use super::srq::SrqSetup;
-use crate::{ensure, ensure_eq, CaseResult, Env, Failure, Outcome};
+use crate::{ensure, ensure_eq, CaseResult, Env, Failure, Outcome, Profile};
 
 pub fn list<B: Backend>() -> Vec<crate::Case<B>> {
     vec![
@@ -45,7 +47,66 @@ pub fn list<B: Backend>() -> Vec<crate::Case<B>> {
             async_stream,
             requires [Srq]
         ),
+        case!(
+            "events.responder-errors",
+            "an RC responder refusing a request raises QP_ACCESS_ERR (bad rkey) or QP_REQ_ERR (no responder resources) on its QP",
+            "IBA 11.6.3.1 (affiliated asynchronous errors); man ibv_get_async_event",
+            responder_errors
+        ),
     ]
+}
+
+/// rxe's source for raising no affiliated error on the responder.
+const RXE_NO_QP_ERROR_EVENTS: &str = "rxe raises no IB_EVENT_QP_ACCESS_ERR or IB_EVENT_QP_REQ_ERR: its \
+     responder completes, NAKs and calls rxe_qp_error() (rxe_resp.c), and its only events are \
+     SRQ_LIMIT_REACHED, CQ_ERR, SQ_DRAINED and the port events";
+
+fn responder_errors<B: Backend>(env: &Env<B>) -> CaseResult {
+    let mut no_resources = env.opts();
+    no_resources.b.max_dest_rd_atomic = 0;
+    for (what, want, o) in [
+        ("WRITE with a bad rkey", AsyncEventType::QpAccessErr, env.opts()),
+        (
+            "READ without responder resources",
+            AsyncEventType::QpReqErr,
+            no_resources,
+        ),
+    ] {
+        let p = env.pair(&o)?;
+        let mr = env.mr(&p.pd, 4096, A::LOCAL_WRITE | A::REMOTE_WRITE | A::REMOTE_READ)?;
+        let sge = [mr.sge(0, 64)?];
+        let wr = if want == AsyncEventType::QpAccessErr {
+            SendWr::write(1, &sge, RemoteAddr::new(mr.addr(), mr.rkey() ^ 0x5555_0000))
+        } else {
+            SendWr::read(1, &sge, mr.remote().at(1024))
+        };
+        p.a.post_send(&[wr.signaled()])?;
+        let wc = env.wait1(&p.cq_a)?;
+        ensure!(
+            matches!(wc.status, WcStatus::RemAccessErr | WcStatus::RemInvReqErr),
+            "{what}: requester status {:?}",
+            wc.status
+        );
+        let wait = if env.profile == Profile::Rxe {
+            Duration::from_secs(1).min(env.cfg.timeout)
+        } else {
+            env.cfg.timeout
+        };
+        match env.take_event(format!("event after {what}"), wait)? {
+            Some(got) => ensure_eq!(
+                got,
+                (want, AsyncElement::Qp(p.b.qp_num())),
+                "the event after {what}"
+            ),
+            None if env.profile == Profile::Rxe => env.deviation(RXE_NO_QP_ERROR_EVENTS),
+            None => {
+                return Err(Failure(format!(
+                    "{what}: no {want:?} on the responder within {wait:?}"
+                )))
+            }
+        }
+    }
+    Ok(Outcome::Pass)
 }
 
 /// Whether `fd` polls readable within `ms` milliseconds.

@@ -2,8 +2,9 @@
 //! `man ibv_query_qp`; IBA 10.3).
 
 use verbs_api::{
-    connect_rc, modify_to_init, modify_to_rtr, AccessFlags as A, Backend, Context, Error, MemoryRegion,
-    ProtectionDomain, QpAttr, QpAttrMask as M, QpCap, QpInitAttr, QpState, QueuePair, RecvWr, SendWr,
+    connect_rc, modify_to_init, modify_to_rtr, AccessFlags as A, AsyncElement, AsyncEventType, Backend,
+    Context, Error, MemoryRegion, ProtectionDomain, QpAttr, QpAttrMask as M, QpCap, QpInitAttr, QpState,
+    QueuePair, RecvWr, SendWr,
 };
 
 use super::case;
@@ -95,7 +96,88 @@ pub fn list<B: Backend>() -> Vec<Case<B>> {
             "man ibv_modify_qp (IBV_QPS_SQD); IBA 10.3.1 (SQD -> RTS resumes the send queue)",
             qp_sqd_resume
         ),
+        case!(
+            "qp.rd-atomic-rounding",
+            "max_rd_atomic and max_dest_rd_atomic 3 are granted and reported as 3",
+            "man ibv_modify_qp (max_rd_atomic, max_dest_rd_atomic); man ibv_query_qp",
+            qp_rd_atomic_rounding
+        ),
+        case!(
+            "qp.sqd-event-unasked",
+            "RTS -> SQD without en_sqd_async_notify raises no SQ_DRAINED; with it, SQ_DRAINED comes",
+            "man ibv_modify_qp (en_sqd_async_notify); IBA 11.6.3.1 (Send Queue Drained)",
+            qp_sqd_event_unasked
+        ),
     ]
+}
+
+fn qp_rd_atomic_rounding<B: Backend>(env: &Env<B>) -> CaseResult {
+    let mut o = env.opts();
+    o.a.max_rd_atomic = 3;
+    o.a.max_dest_rd_atomic = 3;
+    let p = env.pair(&o)?;
+    let q = p.a.query()?;
+    let got = (q.max_rd_atomic, q.max_dest_rd_atomic);
+    env.observe(
+        "max_rd_atomic, max_dest_rd_atomic after 3, 3",
+        format!("{}, {}", got.0, got.1),
+    );
+    match got {
+        (3, 3) => Ok(Outcome::Pass),
+        (4, 4) if env.profile != Profile::Portable => {
+            env.deviation(
+                "3 is rounded up to 4: rxe_qp.c rxe_qp_from_attr() (roundup_pow_of_two()); mlx5 \
+                 stores log2 values (kernel hw/mlx5/qp.c fls(n - 1), reported as 1 << log)",
+            );
+            Ok(Outcome::Pass)
+        }
+        _ => Err(Failure(format!(
+            "max_rd_atomic, max_dest_rd_atomic after 3, 3: {}, {}",
+            got.0, got.1
+        ))),
+    }
+}
+
+fn qp_sqd_event_unasked<B: Backend>(env: &Env<B>) -> CaseResult {
+    let to = |state| QpAttr {
+        qp_state: state,
+        ..Default::default()
+    };
+    for asked in [false, true] {
+        let p = env.pair(&env.opts())?;
+        let what = if asked {
+            "event after RTS -> SQD with en_sqd_async_notify"
+        } else {
+            "event after RTS -> SQD without en_sqd_async_notify"
+        };
+        if asked {
+            let a = QpAttr {
+                en_sqd_async_notify: true,
+                ..to(QpState::Sqd)
+            };
+            p.a.modify(&a, M::STATE | M::EN_SQD_ASYNC_NOTIFY)?;
+        } else {
+            p.a.modify(&to(QpState::Sqd), M::STATE)?;
+        }
+        let wait = if asked {
+            env.cfg.timeout
+        } else {
+            std::time::Duration::from_millis(500)
+        };
+        let got = env.take_event(what, wait)?;
+        let drained = Some((AsyncEventType::SqDrained, AsyncElement::Qp(p.a.qp_num())));
+        match (asked, got) {
+            (true, g) => ensure_eq!(g, drained, "{what}"),
+            (false, None) => {}
+            (false, g) if g == drained && env.profile == Profile::Rxe => env.deviation(
+                "rxe raises SQ_DRAINED on every drain (rxe_req.c req_next_wqe(), rxe_comp.c); \
+                 en_sqd_async_notify is only stored (rxe_qp.c rxe_qp_from_attr())",
+            ),
+            (false, g) => return Err(Failure(format!("{what}: {g:?}, expected none"))),
+        }
+        p.a.modify(&to(QpState::Rts), M::STATE)?;
+    }
+    Ok(Outcome::Pass)
 }
 
 fn einval(what: &str, r: verbs_api::Result<()>) -> Result<Error, Failure> {

@@ -46,6 +46,13 @@ pub fn list<B: Backend>() -> Vec<crate::Case<B>> {
             requires [Ud]
         ),
         case!(
+            "ud.qkey-high-bit",
+            "a send WR whose remote_qkey has the high bit set sends the QP's own Q_Key",
+            "IBA 10.2.5 (a Q_Key with the high-order bit set in a send WR: the QP's Q_Key is used)",
+            ud_qkey_high_bit,
+            requires [Ud]
+        ),
+        case!(
             "ud.empty-rq",
             "a datagram that finds no receive is dropped: the sender completes SUCCESS and nothing arrives",
             "man ibv_post_recv; IBA vol. 1 (UD: no receive WQE, the datagram is silently dropped)",
@@ -335,6 +342,47 @@ fn ud_grh<B: Backend>(env: &Env<B>) -> CaseResult {
         );
         ensure_eq!(read_back(&u.dst, GRH, 14)?, b"behind the GRH".to_vec(), "payload");
     }
+    Ok(Outcome::Pass)
+}
+
+fn ud_qkey_high_bit<B: Backend>(env: &Env<B>) -> CaseResult {
+    let u = UdSetup::new(env, 1)?;
+    u.src.write(0, b"own")?;
+    u.src.write(64, b"next")?;
+    u.post(1, 0, 64)?;
+    u.post(2, 4096, 64)?;
+    // The sender's Q_Key is QKEY, the receiver's too: sent as "the QP's own", it matches.
+    u.send(env, 0, 1, 0, 3, 0x8000_0000)?;
+    let first = env.quiet(&u.cq_r, QUIET)?;
+    env.observe(
+        "datagram sent with remote_qkey 0x80000000",
+        if first.is_empty() { "dropped" } else { "delivered" },
+    );
+    match first.as_slice() {
+        [wc] => {
+            ensure!(wc.is_ok() && wc.wr_id == 1, "its receive: {wc:?}");
+            ensure_eq!(read_back(&u.dst, GRH, 3)?, b"own".to_vec(), "payload");
+        }
+        [] if env.profile == Profile::Rxe => env.deviation(
+            "rxe sends the WR's remote_qkey as it is (rxe_req.c init_req_packet(): \
+             deth_set_qkey(pkt, ibwr->wr.ud.remote_qkey)), so the receiver's Q_Key check drops it",
+        ),
+        [] => {
+            return Err(Failure(
+                "the datagram sent with remote_qkey 0x80000000 was dropped".into(),
+            ))
+        }
+        more => {
+            return Err(Failure(format!(
+                "{} completions for one datagram: {more:?}",
+                more.len()
+            )))
+        }
+    }
+    // The receiver still works with the plain Q_Key.
+    u.send(env, 0, 2, 64, 4, QKEY)?;
+    let wc = env.wait1(&u.cq_r)?;
+    ensure!(wc.is_ok(), "the datagram sent with QKEY: {wc:?}");
     Ok(Outcome::Pass)
 }
 

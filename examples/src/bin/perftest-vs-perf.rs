@@ -4,7 +4,7 @@
 //! (`examples::perftest::versus`).
 //!
 //! ```text
-//! perftest-vs-perf DIR [--json OUT] [--tolerance 0.05]
+//! perftest-vs-perf DIR [--json OUT] [--tolerance 0.05] [--target no-slower|within]
 //! ```
 
 use std::path::PathBuf;
@@ -27,6 +27,11 @@ struct Cli {
     /// The target: within this fraction of perftest.
     #[arg(long, default_value_t = 0.05)]
     tolerance: f64,
+    /// `no-slower`: perf no slower than perftest beyond the tolerance (perf against C on
+    /// one device); `within`: the two within the tolerance of each other either way
+    /// (perftest through the sim's C ABI against perf on the sim).
+    #[arg(long, value_enum, default_value_t = versus::Target::NoSlower)]
+    target: versus::Target,
 }
 
 fn main() -> ExitCode {
@@ -36,11 +41,12 @@ fn main() -> ExitCode {
 fn run(cli: &Cli) -> Res<()> {
     let lines = versus::collect(&cli.dir)?;
     anyhow::ensure!(!lines.is_empty(), "no runs in {}", cli.dir.display());
-    print!("{}", versus::markdown(&lines, cli.tolerance));
+    print!("{}", versus::markdown(&lines, cli.tolerance, cli.target));
     if let Some(out) = &cli.json {
         let doc = serde_json::json!({
             "what": "perftest against perf --perftest on the same device, alternating pairs; ratios are medians over the pairs of perf / perftest (latency: typical and minimum; bandwidth: average)",
             "tolerance": cli.tolerance,
+            "target": format!("{:?}", cli.target),
             "rows": lines,
         });
         std::fs::write(out, serde_json::to_string_pretty(&doc)? + "\n")

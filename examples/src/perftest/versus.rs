@@ -95,15 +95,15 @@ pub struct Line {
 }
 
 impl Line {
-    /// Whether the row meets the target: within `tol` (0.05 for 5%) of perftest, that is
-    /// latency ratios at most `1 + tol`, bandwidth at least `1 - tol`.
-    pub fn meets(&self, tol: f64) -> Option<bool> {
-        let ok = |r: f64| {
-            if self.latency {
-                r <= 1.0 + tol
-            } else {
-                r >= 1.0 - tol
-            }
+    /// Whether the row meets the target: within `tol` (0.05 for 5%) of perftest. One way
+    /// ([`Target::NoSlower`], perf against C on the same device): latency ratios at most
+    /// `1 + tol`, bandwidth at least `1 - tol`. Both ways ([`Target::Within`], two
+    /// programs that should cost the same): every ratio in `[1 - tol, 1 + tol]`.
+    pub fn meets(&self, tol: f64, target: Target) -> Option<bool> {
+        let ok = |r: f64| match target {
+            Target::Within => (1.0 - tol..=1.0 + tol).contains(&r),
+            Target::NoSlower if self.latency => r <= 1.0 + tol,
+            Target::NoSlower => r >= 1.0 - tol,
         };
         match (self.ratio_main, self.ratio_second) {
             (Some(a), Some(b)) if self.latency => Some(ok(a) && ok(b)),
@@ -111,6 +111,15 @@ impl Line {
             _ => None,
         }
     }
+}
+
+/// What a row's ratios must show.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Target {
+    /// perf is no slower than perftest by more than the tolerance (either may be faster).
+    NoSlower,
+    /// The two are within the tolerance of each other, whichever is faster.
+    Within,
 }
 
 /// The order of the tests in the table.
@@ -213,7 +222,7 @@ fn split_name(name: &str) -> Option<(&str, u32, Tool)> {
 }
 
 /// The table as Markdown: one line per row, medians of each tool and the median ratios.
-pub fn markdown(lines: &[Line], tol: f64) -> String {
+pub fn markdown(lines: &[Line], tol: f64, target: Target) -> String {
     let mut out = String::from(
         "| test | size | pairs | perftest | perf | perf / perftest | perftest min | perf min | perf / perftest (min) | within target |\n\
          |---|---|---|---|---|---|---|---|---|---|\n",
@@ -254,7 +263,7 @@ pub fn markdown(lines: &[Line], tol: f64) -> String {
             min_a,
             min_b,
             min_r,
-            match l.meets(tol) {
+            match l.meets(tol, target) {
                 Some(true) => "yes",
                 Some(false) => "no",
                 None => "-",
@@ -331,9 +340,16 @@ mod tests {
         assert_eq!((r.perf.len(), r.incomplete), (3, 1));
         assert!((r.ratio_main.unwrap() - 1.05).abs() < 1e-9);
         assert_eq!(r.ratio_second, Some(1.0));
-        assert_eq!(r.meets(0.05), Some(true));
-        assert_eq!(lines[0].meets(0.05), Some(false));
-        let md = markdown(&lines, 0.05);
+        assert_eq!(r.meets(0.05, Target::NoSlower), Some(true));
+        assert_eq!(lines[0].meets(0.05, Target::NoSlower), Some(false));
+        // perf 5% slower on the typical latency, as fast on the minimum: within 5%
+        // both ways; 20% faster is no miss one way, a miss both ways.
+        assert_eq!(r.meets(0.05, Target::Within), Some(true));
+        let mut fast = r.clone();
+        fast.ratio_main = Some(0.8);
+        assert_eq!(fast.meets(0.05, Target::NoSlower), Some(true));
+        assert_eq!(fast.meets(0.05, Target::Within), Some(false));
+        let md = markdown(&lines, 0.05, Target::NoSlower);
         assert!(
             md.contains("| read_lat | 8 | 3 (1 incomplete) | 10.00 us | 10.50 us | 1.050 |"),
             "{md}"

@@ -60,6 +60,12 @@ pub struct ibv_gid_entry {
 
 /// `IBV_GID_TYPE_IB`
 pub const IBV_GID_TYPE_IB: u32 = 0;
+/// `IBV_GID_TYPE_ROCE_V2`
+pub const IBV_GID_TYPE_ROCE_V2: u32 = 2;
+/// `IBV_GID_TYPE_SYSFS_IB_ROCE_V1` (`enum ibv_gid_type_sysfs`, libibverbs' driver.h)
+pub const IBV_GID_TYPE_SYSFS_IB_ROCE_V1: u32 = 0;
+/// `IBV_GID_TYPE_SYSFS_ROCE_V2`
+pub const IBV_GID_TYPE_SYSFS_ROCE_V2: u32 = 1;
 
 /// `struct ibv_device_attr`.
 #[repr(C)]

@@ -536,6 +536,8 @@ impl Requester {
     fn build(&mut self, idx: usize, psn: u32, mrs: &MrTable, tx: &mut TxQueue) -> Result<(), WcStatus> {
         let pd = self.pd;
         let ack_req = !self.sq[idx].op.is_read_or_atomic() && self.ack_req_due();
+        // This READ/atomic and those already outstanding (see `Frame::Read`).
+        let inflight = u16::try_from(self.rd_inflight + 1).unwrap_or(u16::MAX);
         let w = &mut self.sq[idx];
         if w.len > self.max_msg {
             return Err(WcStatus::LocLenErr);
@@ -601,6 +603,7 @@ impl Requester {
                     len,
                     addr: remote.addr,
                     rkey: remote.rkey,
+                    inflight,
                 });
             }
             WrOp::AtomicCmpAndSwp { remote, .. } | WrOp::AtomicFetchAndAdd { remote, .. } => {
@@ -613,6 +616,7 @@ impl Requester {
                 let frame = match w.op {
                     WrOp::AtomicCmpAndSwp { compare, swap, .. } => Frame::CmpSwap {
                         psn,
+                        inflight,
                         addr: remote.addr,
                         rkey: remote.rkey,
                         compare,
@@ -620,6 +624,7 @@ impl Requester {
                     },
                     WrOp::AtomicFetchAndAdd { add, .. } => Frame::FetchAdd {
                         psn,
+                        inflight,
                         addr: remote.addr,
                         rkey: remote.rkey,
                         add,

@@ -119,6 +119,7 @@ impl Requester {
     /// `IBV_WC_LOC_PROT_ERR` and returns [`Fatal`] (nothing is appended).
     pub fn ud_emit(&mut self, idx: usize, mrs: &MrTable, out: &mut Vec<u8>) -> Result<Emitted, Fatal> {
         let (pd, qpn, own_qkey, psn, mtu) = (self.pd, self.qpn, self.qkey, self.psn, self.mtu);
+        let substitutes = self.sw.qkey_high_bit_own;
         let w = &mut self.sq[idx];
         let Some(route) = w.route else {
             w.status = Some(WcStatus::LocQpOpErr);
@@ -147,7 +148,8 @@ impl Requester {
             w.status = Some(WcStatus::LocProtErr);
             return Err(Fatal(WcStatus::LocProtErr));
         }
-        let qkey = if route.remote_qkey & QKEY_OWN != 0 {
+        // (`Switches::qkey_high_bit_own` off, as on rxe: the WR's value goes out as it is.)
+        let qkey = if substitutes && route.remote_qkey & QKEY_OWN != 0 {
             own_qkey
         } else {
             route.remote_qkey

@@ -135,8 +135,9 @@ pub struct Responder {
     /// RDMA READs and atomics this QP may have outstanding as a responder
     /// (`max_dest_rd_atomic`). 0 leaves it no resources for them: each is refused as an
     /// invalid request, as rxe's `check_resource()` does (an HCA that allocated no
-    /// responder resources cannot execute one). A non-zero limit is not enforced: a
-    /// requester never has more outstanding than its `max_rd_atomic`.
+    /// responder resources cannot execute one). A request sent while its requester had
+    /// more outstanding than a non-zero limit is refused the same way, unless the
+    /// profile serves it as rxe does (`Switches::rd_atomic_over_limit_served`).
     pub max_dest_rd_atomic: u8,
     /// RNR NAK timer code.
     pub min_rnr_timer: u8,
@@ -504,8 +505,8 @@ impl Responder {
                 // Resources (a receive for the immediate) are checked before the rkey, as
                 // the responder state machines of rxe and the IBA do. The receive is taken
                 // now (an SRQ's last one could go to another QP between a look and a
-                // take); if the rkey check fails it stays held, and the QP's flush
-                // completes it.
+                // take); if the rkey check fails it completes in error
+                // (`Switches::write_imm_bad_rkey`).
                 if imm.is_some() && *force_rnr > 0 {
                     *force_rnr -= 1;
                     return self.rnr(psn, tx);
@@ -522,7 +523,17 @@ impl Responder {
                     AccessFlags::REMOTE_WRITE,
                 ) {
                     Ok(s) => s,
-                    Err(e) => return self.refuse(psn, "WRITE", reason_of(e), rkey, addr, len as u64, tx),
+                    Err(e) => {
+                        let reason = reason_of(e);
+                        // The receive the immediate took completes with the switch's
+                        // status; a QP whose access flags forbid WRITEs refuses the
+                        // opcode before taking any receive (rxe's `check_op_valid()`), so
+                        // there the receive is only flushed.
+                        if imm.is_some() && reason != NakReason::QpAccess {
+                            self.fail_recv(self.sw.write_imm_bad_rkey, out);
+                        }
+                        return self.refuse(psn, "WRITE", reason, rkey, addr, len as u64, tx);
+                    }
                 };
                 if imm.is_some() {
                     self.taken = Some(Taken::Filling {
@@ -540,11 +551,16 @@ impl Responder {
                 segs.extend(seg);
                 Ok(Incoming::Sink(segs))
             }
-            Frame::Read { len, addr, rkey, .. } => {
+            Frame::Read {
+                len,
+                addr,
+                rkey,
+                inflight,
+                ..
+            } => {
                 // Resources before the rkey, as the responder state machines of rxe
                 // (`check_resource()` before `check_rkey()`) and the IBA order them.
-                if self.max_dest_rd_atomic == 0 {
-                    let reason = NakReason::NoRdAtomicResources;
+                if let Some(reason) = self.rd_atomic_resources(inflight) {
                     return self.refuse(psn, "READ", reason, rkey, addr, len as u64, tx);
                 }
                 let seg = match mrs.resolve_remote(
@@ -566,13 +582,17 @@ impl Responder {
                 self.epsn = psn::add(psn, 1);
                 Ok(Incoming::Discard)
             }
-            Frame::CmpSwap { addr, rkey, .. } | Frame::FetchAdd { addr, rkey, .. } => {
+            Frame::CmpSwap {
+                addr, rkey, inflight, ..
+            }
+            | Frame::FetchAdd {
+                addr, rkey, inflight, ..
+            } => {
                 let op = match frame {
                     Frame::CmpSwap { .. } => "CMP_AND_SWP",
                     _ => "FETCH_AND_ADD",
                 };
-                if self.max_dest_rd_atomic == 0 {
-                    let reason = NakReason::NoRdAtomicResources;
+                if let Some(reason) = self.rd_atomic_resources(inflight) {
                     return self.refuse(psn, op, reason, rkey, addr, 8, tx);
                 }
                 let seg =
@@ -656,23 +676,36 @@ impl Responder {
         Err(Fatal(self.affiliated_error(code)))
     }
 
+    /// Why a new READ or atomic, sent while its requester had `inflight` of them
+    /// outstanding (itself included), finds no responder resources: none at all
+    /// (`max_dest_rd_atomic` 0, refused under every profile, as rxe refuses it), or fewer
+    /// than asked for (refused unless `Switches::rd_atomic_over_limit_served`, rxe's
+    /// choice).
+    fn rd_atomic_resources(&self, inflight: u16) -> Option<NakReason> {
+        if self.max_dest_rd_atomic == 0 {
+            Some(NakReason::NoRdAtomicResources)
+        } else if inflight > u16::from(self.max_dest_rd_atomic) && !self.sw.rd_atomic_over_limit_served {
+            Some(NakReason::RdAtomicOverLimit)
+        } else {
+            None
+        }
+    }
+
     /// The affiliated asynchronous error of a request refused with `code` (IBA
-    /// 11.6.3.1; rxe raises neither): the responder's QP goes to ERR with no completion
+    /// 11.6.3.1; rxe raises neither: `Switches::responder_error_events`): the responder's QP goes to ERR with no completion
     /// of its own that says why, so its application hears of it as
     /// `IBV_EVENT_QP_ACCESS_ERR` (a remote access error) or `IBV_EVENT_QP_REQ_ERR` (an
     /// invalid request). Returns the status the requester's WQE gets.
     fn affiliated_error(&mut self, code: NakCode) -> WcStatus {
         let qp = AsyncElement::Qp(self.qpn);
-        match code {
-            NakCode::InvalidRequest => {
-                self.event(AsyncEventType::QpReqErr, qp);
-                WcStatus::RemInvReqErr
-            }
-            _ => {
-                self.event(AsyncEventType::QpAccessErr, qp);
-                WcStatus::RemAccessErr
-            }
+        let (event, status) = match code {
+            NakCode::InvalidRequest => (AsyncEventType::QpReqErr, WcStatus::RemInvReqErr),
+            _ => (AsyncEventType::QpAccessErr, WcStatus::RemAccessErr),
+        };
+        if self.sw.responder_error_events {
+            self.event(event, qp);
         }
+        status
     }
 
     fn duplicate(&mut self, frame: &Frame, mrs: &MrTable, tx: &mut TxQueue) -> Incoming {
@@ -689,7 +722,9 @@ impl Responder {
                 let reason = NakReason::NoRdAtomicResources;
                 self.nak(tx, psn, reason.code(), Some(reason))
             }
-            Frame::Read { psn, len, addr, rkey } => {
+            Frame::Read {
+                psn, len, addr, rkey, ..
+            } => {
                 match mrs.resolve_remote(
                     self.pd,
                     self.access,
@@ -976,6 +1011,7 @@ mod tests {
         // A duplicate still answers at once when a READ response follows it.
         resp.on_request(&write, &mrs, &mut tx, &mut out).unwrap();
         let read = Frame::Read {
+            inflight: 1,
             psn: 8,
             len: 0,
             addr: 0,
@@ -1012,12 +1048,14 @@ mod tests {
         resp.access = AccessFlags::REMOTE;
         let (mut tx, mut out) = (TxQueue::new(), Vec::new());
         let read = |psn| Frame::Read {
+            inflight: 1,
             psn,
             len: 64,
             addr: mr.addr(),
             rkey: 9,
         };
         let faa = Frame::FetchAdd {
+            inflight: 1,
             psn: 20,
             addr: mr.addr(),
             rkey: 9,

@@ -37,7 +37,8 @@ use crate::wire::{Frame, Grh, GRH_LEN};
 /// says): the sending device's GID and LID.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DatagramSource {
-    /// The sending device's GID (the GRH's source GID).
+    /// The sending device's IP GID (the GRH's source GID, or what its default GID is
+    /// made of: [`Grh::src_default`]).
     pub gid: [u8; 16],
     /// The sending device's LID (the completion's `slid`).
     pub lid: u16,
@@ -205,7 +206,7 @@ const UD_TRANSPORT_BYTES: usize = 12 + 8 + 4;
 pub fn roce_ip_header(g: &Grh, src: &DatagramSource, len: usize, imm: bool) -> [u8; GRH_LEN] {
     let v4 = |gid: &[u8; 16]| std::net::Ipv6Addr::from(*gid).to_ipv4_mapped();
     let transport = UD_TRANSPORT_BYTES + if imm { 4 } else { 0 } + len.next_multiple_of(4);
-    match (v4(&src.gid), v4(&g.dgid)) {
+    match (v4(&source_gid(g, src)), v4(&g.dgid)) {
         (Some(s), Some(d)) => {
             let mut h = [0u8; GRH_LEN];
             let ip = &mut h[20..];
@@ -248,7 +249,17 @@ pub fn grh_bytes(g: &Grh, src: &DatagramSource, len: usize, imm: bool) -> [u8; G
     h[4..6].copy_from_slice(&(pay_len as u16).to_be_bytes());
     h[6] = 0x1b;
     h[7] = g.hop_limit;
-    h[8..24].copy_from_slice(&src.gid);
+    h[8..24].copy_from_slice(&source_gid(g, src));
     h[24..40].copy_from_slice(&g.dgid);
     h
+}
+
+/// The datagram's source GID: the sending device's default GID or the GID of its IP
+/// (its link's), as the sender's address handle chose ([`Grh::src_default`]).
+fn source_gid(g: &Grh, src: &DatagramSource) -> [u8; 16] {
+    if g.src_default {
+        crate::gid::default_of(&src.gid)
+    } else {
+        src.gid
+    }
 }
