@@ -35,8 +35,19 @@ pub fn wc_to_c(w: &WorkCompletion) -> ibv_wc {
     }
 }
 
+thread_local! {
+    /// The completions of a poll before they are written as `struct ibv_wc`: one buffer
+    /// per thread, not a fresh one per call, since a program spinning on an empty CQ
+    /// calls `ibv_poll_cq` millions of times and would clear the buffer every time.
+    static POLLED: std::cell::RefCell<[WorkCompletion; BATCH]> =
+        std::cell::RefCell::new([WorkCompletion::default(); BATCH]);
+}
+
 fn poll(q: &Cq, n: usize, out: *mut ibv_wc) -> Result<usize, Errno> {
-    let mut buf = [WorkCompletion::default(); BATCH];
+    POLLED.with_borrow_mut(|buf| poll_into(q, n, out, buf))
+}
+
+fn poll_into(q: &Cq, n: usize, out: *mut ibv_wc, buf: &mut [WorkCompletion; BATCH]) -> Result<usize, Errno> {
     let mut done = 0;
     while done < n {
         let want = (n - done).min(BATCH);

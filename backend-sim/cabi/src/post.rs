@@ -136,7 +136,9 @@ unsafe fn post_send_list(q: &Qp, first: *mut ibv_send_wr) -> Result<(), (*mut ib
     let ud = q.qp_type == IBV_QPT_UD;
     let mut cur = first;
     while !cur.is_null() {
-        let mut sge_buf = [Sge::default(); ROUND_SGES];
+        // Filled as WRs are converted (not cleared first: a post of one WR of one SGE
+        // touches one entry).
+        let mut sge_buf: ArrayVec<Sge, ROUND_SGES> = ArrayVec::new();
         let mut used = 0;
         let mut ptrs: ArrayVec<*mut ibv_send_wr, INLINE_BATCH> = ArrayVec::new();
         let mut round: ArrayVec<Converted<'_>, INLINE_BATCH> = ArrayVec::new();
@@ -181,12 +183,9 @@ unsafe fn post_send_list(q: &Qp, first: *mut ibv_send_wr) -> Result<(), (*mut ib
                     let g = inline.as_ref().and_then(|g| g.as_ref()).ok_or(libc::EINVAL)?;
                     // SAFETY: inline data is the program's readable memory (its contract
                     // for IBV_SEND_INLINE); the lock is held.
-                    sge_buf[used] =
-                        unsafe { bounce(g, ptrs.len(), list.iter().map(|s| (s.addr, s.length))) }?;
+                    sge_buf.push(unsafe { bounce(g, ptrs.len(), list.iter().map(|s| (s.addr, s.length))) }?);
                 } else {
-                    for (d, s) in sge_buf[used..used + need].iter_mut().zip(list) {
-                        *d = Sge::new(s.addr, s.length, s.lkey);
-                    }
+                    sge_buf.extend(list.iter().map(|s| Sge::new(s.addr, s.length, s.lkey)));
                 }
                 let sges = used..used + need;
                 used += need;
@@ -246,7 +245,7 @@ unsafe fn post_recv_list(
 ) -> Result<(), (*mut ibv_recv_wr, Errno)> {
     let mut cur = first;
     while !cur.is_null() {
-        let mut sge_buf = [Sge::default(); ROUND_SGES];
+        let mut sge_buf: ArrayVec<Sge, ROUND_SGES> = ArrayVec::new();
         let mut used = 0;
         let mut ptrs: ArrayVec<*mut ibv_recv_wr, INLINE_BATCH> = ArrayVec::new();
         let mut round: ArrayVec<(u64, Range<usize>), INLINE_BATCH> = ArrayVec::new();
@@ -265,9 +264,7 @@ unsafe fn post_recv_list(
             if used + list.len() > ROUND_SGES {
                 break;
             }
-            for (d, s) in sge_buf[used..used + list.len()].iter_mut().zip(list) {
-                *d = Sge::new(s.addr, s.length, s.lkey);
-            }
+            sge_buf.extend(list.iter().map(|s| Sge::new(s.addr, s.length, s.lkey)));
             round.push((w.wr_id, used..used + list.len()));
             used += list.len();
             ptrs.push(cur);

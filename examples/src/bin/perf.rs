@@ -533,6 +533,14 @@ fn client<B: Backend>(b: &B, cli: &PerfCli, cfg: &Cfg, addr: &str) -> Res<()> {
         Ready::Err(e) => bail!("the server refused: {e}"),
     }
     if !cli.json {
+        let long = cfg
+            .rows
+            .iter()
+            .any(|&(_, iters)| iters > cycle_stats::NO_PEAK_ABOVE);
+        if cfg.perftest && !cfg.test.is_lat() && long {
+            // perftest's words, before its header.
+            println!(" WARNING: BW peak won't be measured in this run.");
+        }
         print_header::<B>(cli, cfg, &ctx, &side, &peer.endpoint)?;
     }
     for &(size, iters) in &cfg.rows {
@@ -596,7 +604,7 @@ fn run_row_perftest<B: Backend>(
     } else {
         let (tposted, tcompleted) = loops::bw(side, s, iters)?;
         let cq_mod = side.cfg.cq_mod_for(size) as usize;
-        let stats = cycle_stats::bandwidth(size, &tposted, &tcompleted, cq_mod, side.mhz)
+        let stats = cycle_stats::bandwidth(size, iters, &tposted, &tcompleted, cq_mod, side.mhz)
             .context("no bandwidth figures for an empty run")?;
         Ok(bw_row_perftest(cli, ctx, size, iters, &stats))
     }

@@ -93,19 +93,37 @@ pub struct BwStats {
     pub elapsed_us: f64,
 }
 
-/// The bandwidth row of a run of `tposted.len()` messages of `size` bytes; `tcompleted`
-/// has the same length, with stamps at every `cq_mod`-th index and the last.
+/// perftest measures no peak in a bandwidth run of more iterations than this (its
+/// peak search visits every pair of stamps, quadratic in the run: perftest_parameters.c
+/// "BW peak won't be measured in this run"), and stamps only its start and end.
+pub const NO_PEAK_ABOVE: u64 = 20_000;
+
+/// The bandwidth row of a run of `iters` messages of `size` bytes. With a stamp per
+/// message (`tposted.len() == iters`), `tcompleted` has the same length with stamps at
+/// every `cq_mod`-th index and the last, and the peak is searched; with one stamp each
+/// (a run above [`NO_PEAK_ABOVE`]), they are the run's start and end, and the peak is 0,
+/// as perftest reports it.
 pub fn bandwidth(
     size: u64,
+    iters: u64,
     tposted: &[Cycles],
     tcompleted: &[Cycles],
     cq_mod: usize,
     mhz: f64,
 ) -> Option<BwStats> {
-    let n = tposted.len();
-    if n == 0 || tcompleted.len() != n || cq_mod == 0 {
+    if iters == 0 || tposted.is_empty() || tcompleted.len() != tposted.len() || cq_mod == 0 {
         return None;
     }
+    if tposted.len() as u64 != iters {
+        let total = tcompleted[0].wrapping_sub(tposted[0]) as f64;
+        return Some(BwStats {
+            peak_mbps: 0.0,
+            avg_mbps: size as f64 * iters as f64 * mhz * 1e6 / (total * 1048576.0),
+            msg_rate_mpps: iters as f64 * mhz / total,
+            elapsed_us: total / mhz,
+        });
+    }
+    let n = tposted.len();
     // perftest starts from tcompleted[0] - tposted[0], which is a real window only when
     // every WR is signaled (otherwise an unset stamp minus a post wraps to a huge value):
     // starting from the largest value and visiting only stamped indices is the same.
@@ -179,11 +197,16 @@ mod tests {
         // 50 cycles after its post; cq_mod 2: completions stamped at indices 1 and 3
         let tposted = [0, 100, 200, 300];
         let tcompleted = [0, 150, 0, 350];
-        let s = bandwidth(1 << 20, &tposted, &tcompleted, 2, 1.0).unwrap();
+        let s = bandwidth(1 << 20, 4, &tposted, &tcompleted, 2, 1.0).unwrap();
         assert!((s.elapsed_us - 350.0).abs() < 1e-9);
         assert!((s.avg_mbps - 4.0 * 1e6 / 350.0).abs() < 1e-6, "{}", s.avg_mbps);
         assert!((s.msg_rate_mpps - 4.0 / 350.0).abs() < 1e-12);
         // best window: post 3 -> completion 3: 50 cycles for 1 message
         assert!((s.peak_mbps - 1e6 / 50.0).abs() < 1e-6, "{}", s.peak_mbps);
+        // The same run stamped only at its start and end: the same average, no peak.
+        let s = bandwidth(1 << 20, 4, &[0], &[350], 2, 1.0).unwrap();
+        assert!((s.avg_mbps - 4.0 * 1e6 / 350.0).abs() < 1e-6, "{}", s.avg_mbps);
+        assert!((s.msg_rate_mpps - 4.0 / 350.0).abs() < 1e-12);
+        assert_eq!(s.peak_mbps, 0.0);
     }
 }

@@ -22,6 +22,7 @@ use anyhow::{bail, Context as _};
 use verbs_api::{Backend, CompletionQueue, MemoryRegion, QueuePair, SendFlags, SendWr, WorkCompletion};
 
 use super::clock::{self, Cycles};
+use super::cycle_stats::NO_PEAK_ABOVE;
 use super::opts::{AtomicType, Test};
 use super::side::{to_peer, Side};
 use crate::wait::check_wc;
@@ -181,7 +182,8 @@ pub fn write_lat<B: Backend>(side: &mut Side<B>, size: usize, iters: u64, client
 
 /// A bandwidth run (`run_iter_bw`): keep `tx_depth` WRs outstanding, one post per WR,
 /// every `cq_mod`-th (and the last) signaled; returns the stamps of every post and of
-/// the polled completions (see [`cycle_stats::bandwidth`](super::cycle_stats::bandwidth)).
+/// the polled completions, or above [`NO_PEAK_ABOVE`] iterations (perftest's rule) only
+/// the run's start and end (see [`cycle_stats::bandwidth`](super::cycle_stats::bandwidth)).
 pub fn bw<B: Backend>(side: &mut Side<B>, size: usize, iters: u64) -> Res<(Vec<Cycles>, Vec<Cycles>)> {
     let cfg = &side.cfg;
     let (depth, cq_mod) = (cfg.tx_depth as u64, cfg.cq_mod_for(size as u64) as u64);
@@ -199,12 +201,17 @@ pub fn bw<B: Backend>(side: &mut Side<B>, size: usize, iters: u64) -> Res<(Vec<C
     if size as u32 <= side.inline && matches!(cfg.test, Test::SendBw | Test::WriteBw) {
         template.send_flags |= SendFlags::INLINE;
     }
-    let n = iters as usize;
+    // perftest stamps every post and completion only when it will search the peak.
+    let peak = iters <= NO_PEAK_ABOVE;
+    let n = if peak { iters as usize } else { 1 };
     let (mut tposted, mut tcompleted) = (vec![0; n], vec![0; n]);
     let mut wcs = [WorkCompletion::default(); POLL_BATCH];
     let (mut scnt, mut ccnt) = (0u64, 0u64);
     let name = cfg.test.name();
     let mut spin = Spin::new(side);
+    if !peak {
+        tposted[0] = clock::now();
+    }
     while scnt < iters || ccnt < iters {
         while scnt < iters && scnt - ccnt < depth {
             let mut wr = template;
@@ -212,7 +219,9 @@ pub fn bw<B: Backend>(side: &mut Side<B>, size: usize, iters: u64) -> Res<(Vec<C
             if (scnt + 1) % cq_mod == 0 || scnt + 1 == iters {
                 wr.send_flags |= SendFlags::SIGNALED;
             }
-            tposted[scnt as usize] = clock::now();
+            if peak {
+                tposted[scnt as usize] = clock::now();
+            }
             side.rc.qp.post_send(&[wr]).context("posting")?;
             scnt += 1;
         }
@@ -226,10 +235,15 @@ pub fn bw<B: Backend>(side: &mut Side<B>, size: usize, iters: u64) -> Res<(Vec<C
             for wc in &wcs[..k] {
                 check_wc(wc, &|| format!("{name} message {}", wc.wr_id))?;
                 ccnt += cq_mod;
-                tcompleted[(ccnt.min(iters) - 1) as usize] = clock::now();
+                if peak {
+                    tcompleted[(ccnt.min(iters) - 1) as usize] = clock::now();
+                }
             }
             ccnt = ccnt.min(iters);
         }
+    }
+    if !peak {
+        tcompleted[0] = clock::now();
     }
     Ok((tposted, tcompleted))
 }
