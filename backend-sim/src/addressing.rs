@@ -235,10 +235,10 @@ impl Addressing {
 /// sim device's default GID as the IPv4 address its MAC holds) and the LID as the port,
 /// or LID 0 (an Ethernet port's) [`ROCE_PORT`].
 pub fn gid_addr(gid: &[u8; 16], lid: u16) -> SocketAddr {
-    let v6 = std::net::Ipv6Addr::from(*gid);
-    let ip = match (v6.to_ipv4_mapped(), backend_sim_proto::gid::default_ipv4(gid)) {
-        (Some(v4), _) | (None, Some(v4)) => IpAddr::V4(v4),
-        (None, None) => IpAddr::V6(v6),
+    let v6 = std::net::Ipv6Addr::from(fabric_gid(gid));
+    let ip = match v6.to_ipv4_mapped() {
+        Some(v4) => IpAddr::V4(v4),
+        None => IpAddr::V6(v6),
     };
     SocketAddr::new(ip, if lid == 0 { ROCE_PORT } else { lid })
 }

@@ -22,19 +22,6 @@ impl QpShared {
         wrs: &[SendWr<'_>],
         route_of: &dyn Fn(&dyn AddressHandle) -> Option<AhRoute>,
     ) -> std::result::Result<(), PostError> {
-        // ENOMEM rather than EINVAL for the refusals the mlx5 provider answers so
-        // (`Switches::post_send_enomem`).
-        let enomem = self.dev.profile.switches().post_send_enomem;
-        let refuse = |reason: String| {
-            if enomem {
-                Error::NoMemory {
-                    call: "ibv_post_send",
-                    reason,
-                }
-            } else {
-                Error::invalid("ibv_post_send", reason)
-            }
-        };
         let mut g = self.inner.lock();
         // Before RTS the post is refused; on rxe the WRs are queued all the same and sent
         // once the QP is in RTS (`Switches::pre_rts_send_kept`).
@@ -50,7 +37,7 @@ impl QpShared {
                 error,
             };
             if not_ready && !keeps_queued {
-                result = Err(fail(self.not_ready(g.state, enomem, false)));
+                result = Err(fail(self.not_ready(g.state, false)));
                 break;
             }
             let queued = if self.qp_type == QpType::Ud {
@@ -87,12 +74,12 @@ impl QpShared {
                         "ibv_post_send",
                         "the atomic's remote address is not 8-byte aligned",
                     ),
-                    PostCheck::TooManySge => refuse(format!(
+                    PostCheck::TooManySge => self.invalid_wr(format!(
                         "{} SGEs exceed max_send_sge {}",
                         wr.sg_list.len(),
                         self.cap.max_send_sge
                     )),
-                    PostCheck::InlineTooLong => refuse(format!(
+                    PostCheck::InlineTooLong => self.invalid_wr(format!(
                         "{} bytes of inline data exceed max_inline_data {}",
                         wr.total_len(),
                         self.cap.max_inline_data
@@ -147,7 +134,7 @@ impl QpShared {
                 result = Err(PostError {
                     index: 0,
                     wr_id: first.wr_id,
-                    error: self.not_ready(g.state, enomem, true),
+                    error: self.not_ready(g.state, true),
                 });
             }
         }
@@ -164,16 +151,32 @@ impl QpShared {
         result
     }
 
+    /// The refusal of a send WR that the QP's limits do not take (`reason`): EINVAL, or
+    /// ENOMEM as the mlx5 provider answers (`Switches::post_send_enomem`). Read on the
+    /// refusal only, not on every post.
+    #[cold]
+    fn invalid_wr(&self, reason: String) -> Error {
+        if self.dev.profile.switches().post_send_enomem {
+            Error::NoMemory {
+                call: "ibv_post_send",
+                reason,
+            }
+        } else {
+            Error::invalid("ibv_post_send", reason)
+        }
+    }
+
     /// The refusal of a send WR posted in `state` (before RTS): EINVAL, or ENOMEM as the
-    /// mlx5 provider answers (`enomem`); `kept`: the WRs were queued all the same.
-    fn not_ready(&self, state: QpState, enomem: bool, kept: bool) -> Error {
+    /// mlx5 provider answers; `kept`: the WRs were queued all the same.
+    #[cold]
+    fn not_ready(&self, state: QpState, kept: bool) -> Error {
         let reason = if kept {
             "send work requests need RTS (or SQD/ERR); as on rxe, they are queued all the same \
              and sent after RTS"
         } else {
             "send work requests need RTS (or SQD/ERR)"
         };
-        if enomem {
+        if self.dev.profile.switches().post_send_enomem {
             Error::NoMemory {
                 call: "ibv_post_send",
                 reason: format!("QP {:#x} is in {state:?}: {reason}", self.qpn),
