@@ -351,6 +351,10 @@ impl DataPath for DeviceShared {
         self.progress.count_busy(busy);
     }
 
+    fn count_awaiting_link(&self, awaits: bool) {
+        self.progress.count_awaiting_link(awaits);
+    }
+
     fn rearm(&self, qp: &Arc<QpShared>, g: &mut QpInner) {
         self.progress.rearm(qp, g);
     }

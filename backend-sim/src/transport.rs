@@ -345,7 +345,9 @@ async fn serve_inbound(dev: Weak<Setup>, mut stream: TcpStream) -> io::Result<()
             tracing::debug!(qpn = qp.qpn, "connection from the peer accepted");
             qp.link_lost(&mut g);
             g.req.link_error = 0;
-            g.conn.replace(conn.clone())
+            let old = g.conn.replace(conn.clone());
+            qp.note_link(&mut g);
+            old
         }
     };
     if let Some(old) = old {
@@ -413,6 +415,7 @@ async fn connector_task(dev: Arc<Setup>, qp: Arc<QpShared>, epoch: u64) {
                     }
                     g.conn = Some(conn.clone());
                     g.req.link_error = 0;
+                    qp.note_link(&mut g);
                 }
                 progress.activate(&conn);
             }

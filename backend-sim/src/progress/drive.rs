@@ -105,6 +105,10 @@ impl Progress {
         // progress thread sleep); an occasional poll between naps does not.
         let clock = self.clock.stamp();
         let now = clock.ns;
+        if self.links.should_yield(now) {
+            // The device's setup thread may need this CPU (see `setup_yield`).
+            std::thread::yield_now();
+        }
         self.window.active(now, &self.bell);
         self.flush_acks();
         if self.peek_few(Mode::User, Some(clock)).is_none() {

@@ -48,6 +48,11 @@
 //!   on the doorbell alone because application threads drive, they are read directly
 //!   and left out (`Progress::settle`); before it blocks on the set they go back in
 //!   (level-triggered: bytes that came meanwhile wake it at once).
+//! - While a QP of the device waits for its connection (RTR or later, the sim's TCP
+//!   connection and hello not done yet), an application thread's empty poll yields the
+//!   CPU once ([`setup_yield`]): a program that spins from RTS on would otherwise keep
+//!   the setup threads waiting for a core for milliseconds on a machine whose cores
+//!   all run spinners.
 //! - ACKs (IBA 9.7.5.1.2: a responder may coalesce them): the poll of an application
 //!   thread that drives progress leaves the ACK it owes for its next poll or post
 //!   (delayed ACK, so it leaves with the next request), or for the progress thread once
@@ -88,6 +93,7 @@ mod fault_layer;
 mod poller;
 mod ready;
 mod service;
+mod setup_yield;
 mod thread;
 mod timers;
 mod window;
@@ -154,6 +160,8 @@ pub struct Progress {
     pub counters: FaultCounters,
     /// How many of the device's QPs have WQEs in their send queues ([`Progress::kick`]).
     busy_sqs: AtomicUsize,
+    /// The QPs that wait for their connection ([`setup_yield`]).
+    links: setup_yield::AwaitedLinks,
     /// Lone WRs that waited for the ones posted after them ([`Progress::kick`]; read by
     /// tests).
     pub(crate) joined: AtomicU64,
@@ -184,6 +192,7 @@ impl Progress {
             spin,
             counters: FaultCounters::default(),
             busy_sqs: AtomicUsize::new(0),
+            links: setup_yield::AwaitedLinks::new(),
             joined: AtomicU64::new(0),
         })
     }
@@ -292,6 +301,18 @@ impl Progress {
         }
     }
 
+    /// A QP started (`true`) or stopped waiting for its connection: see
+    /// [`QpShared::note_link`](crate::qp::QpShared::note_link) and [`setup_yield`].
+    pub fn count_awaiting_link(&self, awaits: bool) {
+        self.links.note(awaits, self.clock.now_ns());
+    }
+
+    /// How many of the device's QPs wait for their connection (tests).
+    #[cfg(test)]
+    pub fn links_awaited(&self) -> usize {
+        self.links.count()
+    }
+
     /// How many of the device's QPs have WQEs in their send queues.
     pub fn busy_send_queues(&self) -> usize {
         self.busy_sqs.load(Ordering::Relaxed)
@@ -330,6 +351,7 @@ impl Progress {
         if g.conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
             g.conn = None;
             g.req.link_error = libc::ENOTCONN as u32;
+            qp.note_link(&mut g);
             // Whatever was in flight is gone: requests are resent (UC: lost),
             // half-received ones are forgotten (see Responder::connection_lost).
             qp.link_lost(&mut g);

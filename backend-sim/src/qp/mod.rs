@@ -62,6 +62,9 @@ pub struct QpInner {
     /// count of busy send queues (kept in step by
     /// [`QpShared::note_busy`]).
     pub busy: bool,
+    /// Whether the QP waits for its connection and is counted in the device's count of
+    /// links awaited (kept in step by [`QpShared::note_link`]).
+    pub awaits_link: bool,
     send_wc: Vec<WorkCompletion>,
     recv_wc: Vec<(WorkCompletion, bool)>,
     /// Scratch for the marks of `send_wc` ([`Requester::take_marks`]).
@@ -83,6 +86,8 @@ pub trait DataPath: Send + Sync {
     fn flush_final(&self, conn: &Arc<Conn>);
     /// The QP's send queue became busy (`true`) or idle.
     fn count_busy(&self, busy: bool);
+    /// The QP started (`true`) or stopped waiting for its connection.
+    fn count_awaiting_link(&self, awaits: bool);
     /// Schedules the QP's next timer check (with its lock held).
     fn rearm(&self, qp: &Arc<QpShared>, g: &mut QpInner);
     /// WRs were posted to a connected QP in RTS: transmit them, now or soon.
@@ -220,6 +225,7 @@ impl QpShared {
                 faults: QpFaults::default(),
                 sqd_event_due: false,
                 busy: false,
+                awaits_link: false,
                 send_wc: Vec::new(),
                 recv_wc: Vec::new(),
                 marks: Vec::new(),
@@ -272,6 +278,7 @@ impl QpShared {
         tracing::debug!(qpn = self.qpn, from = ?g.state, "QP to ERR");
         g.state = QpState::Err;
         g.sqd_event_due = false;
+        self.note_link(g);
         let QpInner {
             req,
             resp,
@@ -415,9 +422,25 @@ impl QpShared {
         }
     }
 
+    /// Brings the device's count of QPs waiting for their connection in line with this
+    /// QP's (call after its state or its connection changed): an RC or UC QP in RTR, RTS
+    /// or SQD without a connection waits for the sim's TCP connection and hello, which
+    /// an HCA does not have (see `Progress::count_awaiting_link`).
+    pub fn note_link(&self, g: &mut QpInner) {
+        let awaits = self.qp_type != QpType::Ud
+            && matches!(g.state, QpState::Rtr | QpState::Rts | QpState::Sqd)
+            && g.conn.is_none()
+            && !self.destroyed.load(Ordering::Acquire);
+        if awaits != g.awaits_link {
+            g.awaits_link = awaits;
+            self.dev.path.count_awaiting_link(awaits);
+        }
+    }
+
     fn enter_error_inner(&self, g: &mut QpInner) {
         g.state = QpState::Err;
         g.sqd_event_due = false;
+        self.note_link(g);
         let QpInner {
             req,
             resp,

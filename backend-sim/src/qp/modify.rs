@@ -239,6 +239,7 @@ impl QpShared {
         if next != QpState::Err {
             g.state = next;
         }
+        self.note_link(&mut g);
         if g.sqd_event_due {
             // Nothing in flight: drained at once.
             self.check_drained(&mut g);

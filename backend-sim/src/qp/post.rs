@@ -312,6 +312,7 @@ impl QpShared {
         self.clean_cqs("destroy");
         self.note_busy(&mut g);
         self.close_conns(&mut g);
+        self.note_link(&mut g);
         drop(g);
         self.req_wake.notify_one();
     }

@@ -507,3 +507,71 @@ fn state_changes_and_a_lost_connection_are_logged() {
         log.events()
     );
 }
+
+/// The device's count of QPs waiting for their connection (while it is above zero,
+/// empty polls yield the CPU to the setup threads, see `progress::setup_yield`) rises at
+/// RTR, on both sides of a pair, and falls once the pair is connected, at ERR, RESET
+/// and destroy. A count left too high would tax every poll for a second; too low, a
+/// spinning program would starve the setup threads again on a small machine.
+#[test]
+fn the_awaited_link_count_follows_rtr_connections_errors_resets_and_destroy() {
+    use verbs_api::{Backend, QpAttr, QpAttrMask};
+    let sim = SimBackend::default();
+    let ctx = sim.open("sim0").unwrap();
+    let peer = sim.open("sim1").unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let ppd = peer.alloc_pd().unwrap();
+    let cq = ctx.create_cq(16, None).unwrap();
+    let pcq = peer.create_cq(16, None).unwrap();
+    let cap = QpCap::new(4, 4);
+    let here = || ctx.dev.progress.links_awaited();
+    let there = || peer.dev.progress.links_awaited();
+    let p = RcParams::default();
+
+    // A pair: each side waits from RTR until the connection is set up.
+    let qa = pd.create_qp(&QpInitAttr::rc(&cq, &cq, cap)).unwrap();
+    let qb = ppd.create_qp(&QpInitAttr::rc(&pcq, &pcq, cap)).unwrap();
+    assert_eq!((here(), there()), (0, 0), "INIT waits for nothing");
+    let ea = local_endpoint(&ctx, &qa, &p, 1).unwrap();
+    let eb = local_endpoint(&peer, &qb, &p, 2).unwrap();
+    connect_rc(&qa, &p, 1, &eb).unwrap();
+    // (The peer is not in RTR yet: the hello is refused and retried meanwhile.)
+    assert_eq!(here(), 1);
+    connect_rc(&qb, &p, 2, &ea).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while (here(), there()) != (0, 0) {
+        assert!(
+            Instant::now() < deadline,
+            "still waiting: {} and {}",
+            here(),
+            there()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+
+    // QPs whose peer never comes wait until ERR, RESET or destroy.
+    let lonely = || {
+        let qp = pd.create_qp(&QpInitAttr::rc(&cq, &cq, cap)).unwrap();
+        let me = local_endpoint(&ctx, &qp, &p, 1).unwrap();
+        let nobody = Endpoint {
+            qpn: qp.qp_num() ^ 0x80_0000,
+            ..me
+        };
+        connect_rc(&qp, &p, me.psn, &nobody).unwrap();
+        qp
+    };
+    let (q1, q2, q3) = (lonely(), lonely(), lonely());
+    assert_eq!(here(), 3);
+    let to = |s| QpAttr {
+        qp_state: s,
+        ..QpAttr::default()
+    };
+    q1.modify(&to(QpState::Err), QpAttrMask::STATE).unwrap();
+    assert_eq!(here(), 2);
+    q2.modify(&to(QpState::Reset), QpAttrMask::STATE).unwrap();
+    assert_eq!(here(), 1);
+    drop(q3);
+    assert_eq!(here(), 0);
+    // The connected pair is still connected, and counted nowhere.
+    assert_eq!((qa.state().unwrap(), there()), (QpState::Rts, 0));
+}
