@@ -117,6 +117,11 @@ impl Reader {
         self.payload.is_some()
     }
 
+    /// How many bytes of the payload being received are still to come, if one is.
+    pub fn payload_left(&self) -> Option<usize> {
+        self.payload.as_ref().map(|p| p.left)
+    }
+
     /// The next event from buffered bytes, or `None` when more bytes are needed.
     #[inline]
     pub fn next_event(&mut self) -> Result<Option<Event>, WireError> {

@@ -20,9 +20,14 @@
 //!   [`WRITE_BUDGET`](crate::tx::WRITE_BUDGET) per write, a millisecond or more on
 //!   loopback) does not count as a pause. While it drives, the progress thread sleeps on
 //!   the doorbell alone and leaves queued transmits and ACKs to the driving thread; it
-//!   looks again when the driving window plus a grace period (`RDMA_SIM_GRACE_US`,
-//!   default 2 ms) are over, or at once when the thread arms a CQ or polls a CQ of
-//!   another device (it then drives that one: `Progress::user_here`). A driving thread
+//!   looks again when the driving window is over plus a nap that starts at zero and
+//!   doubles each time it finds the thread still driving, up to a grace period
+//!   (`RDMA_SIM_GRACE_US`, default 2 ms): a thread that drives for long costs a wake-up
+//!   only every grace period, one that stops polling to wait on memory has its
+//!   connections watched soon after its last poll. It looks at once when the thread arms
+//!   a CQ or polls a CQ of another device (it then drives that one:
+//!   `Progress::user_here`). A driving thread that read the head of a message finishes
+//!   it before it leaves the connection ([`rest_wait`]). A driving thread
 //!   that stays inside one connection for longer than the grace period (its stream does
 //!   not drain) still drives, but the progress thread gives the device's other
 //!   connections a round every window plus grace period meanwhile (`Progress::long_stay`).
@@ -92,6 +97,7 @@ mod drive;
 mod fault_layer;
 mod poller;
 mod ready;
+mod rest_wait;
 mod service;
 mod setup_yield;
 mod thread;

@@ -14,6 +14,7 @@ use verbs_api::{AsyncEventType, QpState};
 
 use super::clock::Stamp;
 use super::fault_layer::{Armed, Gate, Open};
+use super::rest_wait::{Rest, RestWait};
 use super::{Mode, Progress, LARGE_IO};
 use crate::fault_state::BreakPoint;
 use crate::link::ConnIo;
@@ -116,6 +117,7 @@ impl Progress {
         let fd = conn.sock.as_raw_fd();
         let mut did = false;
         let mut clock: Option<Stamp>;
+        let mut rest = RestWait::default();
         loop {
             let mut progressed = false;
             let mut read_large = false;
@@ -215,6 +217,21 @@ impl Progress {
             // One pass when transmitting after a post; otherwise go on while bytes move
             // and the last read did not find the socket drained.
             if !progressed || mode == Mode::Transmit || (io.wire.reader.drained() && io.wire.tx.is_empty()) {
+                // A driving thread finishes the message it started to receive (see
+                // `rest_wait`).
+                if mode == Mode::User && did && reading {
+                    match rest.next(io.wire.reader.payload_left(), progressed, || self.clock.now_ns()) {
+                        Rest::Stay => {
+                            std::hint::spin_loop();
+                            continue;
+                        }
+                        // The thread stops driving: the progress thread watches the
+                        // connection from now on; the thread's next polls open a new
+                        // window.
+                        Rest::GiveUp => self.window.idle(&self.clock, &self.bell),
+                        Rest::Leave => {}
+                    }
+                }
                 break;
             }
         }

@@ -204,3 +204,21 @@ fn arming_a_cq_hands_progress_to_the_progress_thread() {
     p.user_idle();
     assert_eq!(p.bell.take_rings(), 0);
 }
+
+/// The progress thread's doorbell sleeps past the end of the driving window start with
+/// no nap (it looks as soon as an application thread stops polling), double with every
+/// sleep that found the thread still driving, and stop growing at the grace period.
+#[test]
+fn the_nap_after_the_window_doubles_up_to_the_grace_period() {
+    let p = Progress::new().unwrap();
+    assert_eq!(p.nap(0), Duration::ZERO);
+    assert_eq!(p.nap(1), USER_WINDOW);
+    assert_eq!(p.nap(2), USER_WINDOW * 2);
+    assert_eq!(p.nap(3), USER_WINDOW * 4);
+    assert_eq!(p.nap(40), p.window.grace);
+    let mut naps = 0;
+    while p.nap(naps) < p.window.grace {
+        naps += 1;
+    }
+    assert!(naps < 10, "{naps} sleeps to reach the grace period");
+}

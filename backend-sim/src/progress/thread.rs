@@ -11,6 +11,10 @@ use super::clock::Stamp;
 use super::poller::DIRECT_MAX;
 use super::window::{ON_PROGRESS_THREAD, USER_WINDOW};
 use super::{Mode, Progress, MAX_SPIN};
+
+/// The count of doorbell sleeps in a row that [`Progress::nap`] doubles its nap for (a
+/// window times 2^15 is far beyond any grace period).
+const MAX_NAPS: u32 = 16;
 use crate::cpu_share::{self, ShareWatch};
 use crate::epoll::wait_on;
 use crate::qp::{Conn, QpShared};
@@ -37,6 +41,8 @@ impl Progress {
         let mut share = ShareWatch::default();
         // Whether the last turn was a spinning one (so a block now ends a spin window).
         let mut spun_last = false;
+        // Doorbell sleeps in a row that ended with an application thread still driving.
+        let mut naps = 0u32;
         while !self.stop.load(Ordering::Acquire) {
             let now = Instant::now();
             // (Converted once: the loop compares it with the driving window up to three
@@ -70,12 +76,16 @@ impl Progress {
                 } else {
                     let mut left = self.timers.left(now);
                     if user_driving {
-                        // Take over when the application stops driving, plus a grace
-                        // period: checking more often would cost the driving threads a
-                        // core (a wake-up costs tens of µs on small VMs).
+                        // Take over when the application stops driving, plus a nap
+                        // that doubles each time the thread wakes to find it still
+                        // driving, up to the grace period: a thread that drives for
+                        // long costs a wake-up (tens of µs on small VMs) only every
+                        // grace period, and one that drives in short bursts and then
+                        // waits elsewhere (spinning on memory for a peer's WRITE) has
+                        // its connections watched soon after its last poll.
                         // (At most one window ahead while a driving thread writes.)
                         let ahead = Duration::from_nanos(user_until - now_ns);
-                        let window = ahead.min(USER_WINDOW) + self.window.grace;
+                        let window = ahead.min(USER_WINDOW) + self.nap(naps);
                         left = Some(left.map_or(window, |l| l.min(window)));
                     }
                     left
@@ -139,6 +149,13 @@ impl Progress {
             // get a round here (the one it is in is skipped, its I/O lock being held).
             let still_driving =
                 bell_only && self.user_driving() && !self.window.long_stay(self.clock.now_ns());
+            if bell_only {
+                naps = if still_driving {
+                    (naps + 1).min(MAX_NAPS)
+                } else {
+                    0
+                };
+            }
             if bell_only && !still_driving {
                 // Woken by the bell or the end of the window: connections may have data
                 // that no application thread picked up.
@@ -171,6 +188,16 @@ impl Progress {
                 std::hint::spin_loop();
             }
             spun_last = spinning;
+        }
+    }
+
+    /// How long past the driving window's end a progress thread sleeps on the doorbell
+    /// after `naps` sleeps in a row found an application thread still driving: none at
+    /// first, then a window, doubling up to the grace period.
+    pub(super) fn nap(&self, naps: u32) -> Duration {
+        match naps {
+            0 => Duration::ZERO,
+            n => (USER_WINDOW * (1 << (n - 1).min(MAX_NAPS))).min(self.window.grace),
         }
     }
 
