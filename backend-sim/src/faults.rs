@@ -1,6 +1,7 @@
 //! Fault injection for tests (the sim's own, and users'): break a QP's connection at a
 //! chosen point of a transfer, stall a responder, delay its responses, make it answer
-//! RNR although receives are posted, or lose a UD QP's datagrams. Get a handle with
+//! RNR although receives are posted, lose a UD QP's datagrams, or stall the device's
+//! setup thread. Get a handle with
 //! [`SimContext::faults`](crate::SimContext::faults) and name the QP by its number.
 //!
 //! The sim then behaves as an HCA does when the fabric misbehaves: lost requests and
@@ -132,6 +133,19 @@ impl Faults {
             ));
         }
         qp.inner.lock().faults.drop_datagrams = n;
+        Ok(())
+    }
+
+    /// The device's setup thread (connection setup, UD links' tasks) runs nothing for
+    /// `d`, as on a machine whose cores are all taken: what only that thread does waits.
+    /// Returns at once.
+    pub fn stall_setup_thread(&self, d: Duration) -> Result<()> {
+        let dev = self
+            .dev
+            .upgrade()
+            .ok_or_else(|| Error::invalid("faults", "the device is closed"))?;
+        // A blocking sleep on the thread's one-thread runtime holds every task back.
+        dev.datagrams.rt.spawn(async move { std::thread::sleep(d) });
         Ok(())
     }
 

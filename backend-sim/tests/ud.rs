@@ -715,3 +715,38 @@ fn a_sender_faster_than_the_link_waits_and_loses_nothing() {
         "datagrams dropped at the receiver"
     );
 }
+
+/// A datagram reaches a thread that polls its CQ in a loop even while the receiving
+/// device's setup thread, whose task reads the link otherwise, gets no CPU (stalled here
+/// for 2 s, as on a machine whose cores all run pollers): the poll reads the device's
+/// links as it reads its connections. (The link's task alone took a thread wake-up per
+/// datagram, and up to a time slice on a busy machine.)
+#[test]
+fn a_polling_thread_receives_datagrams_without_the_setup_thread() {
+    let (_sim, a, b) = two_devices();
+    let s = a.qp(QKEY);
+    let r = b.qp(QKEY);
+    let ah = a.ah_to(&b.ctx, &r, false);
+    // The first datagram sets the link up.
+    post_recv(&b, &r, 0, 0, 512);
+    send(&a, &s, (&ah, r.qp_num(), QKEY), 0, 0, 8);
+    assert_eq!(poll_n(&b.cq, 1, WAIT).unwrap()[0].status, WcStatus::Success);
+
+    b.ctx.faults().stall_setup_thread(Duration::from_secs(2)).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    post_recv(&b, &r, 1, 1024, 512);
+    a.mr.write(64, &[7; 8]).unwrap();
+    send(&a, &s, (&ah, r.qp_num(), QKEY), 1, 64, 8);
+    let start = Instant::now();
+    let mut wc = [WorkCompletion::default(); 1];
+    while b.cq.poll(&mut wc).unwrap() == 0 {
+        assert!(
+            start.elapsed() < Duration::from_millis(500),
+            "the datagram waited for the stalled setup thread"
+        );
+    }
+    assert_eq!((wc[0].wr_id, wc[0].status), (1, WcStatus::Success), "{wc:?}");
+    let mut p = [0u8; 8];
+    b.mr.read(1024 + GRH, &mut p).unwrap();
+    assert_eq!(p, [7; 8]);
+}

@@ -11,7 +11,9 @@
 //! that finds another writing leaves its bytes to it (the `dirty` flag sends that one
 //! around again).
 //!
-//! The task reads whatever arrives, hands each whole datagram to the QP it names
+//! The task reads whatever arrives (so does an application thread's empty poll,
+//! [`Link::read_now`], whichever comes first: one reader at a time keeps the datagrams
+//! in order), hands each whole datagram to the QP it names
 //! ([`Datagrams::deliver`]) with the source the link's setup proved, and ends the link
 //! on the end of the stream, a socket error, anything that is not a well-formed
 //! datagram (a protocol error, logged), or a device that reads nothing for
@@ -80,6 +82,9 @@ pub struct Link {
     /// Wakes the task: bytes wait for the socket.
     wake: Notify,
     closed: AtomicBool,
+    /// The reader of what arrives: the task's, or that of an application thread that
+    /// polls a CQ ([`Link::read_now`]); one at a time, so datagrams keep their order.
+    rx: Mutex<LinkReader>,
 }
 
 impl Link {
@@ -100,7 +105,47 @@ impl Link {
             written: AtomicU64::new(0),
             wake: Notify::new(),
             closed: AtomicBool::new(false),
+            rx: Mutex::new(LinkReader::new()),
         })
+    }
+
+    /// Reads and delivers what has arrived, without blocking, unless another thread
+    /// reads the link now; whether datagrams arrived. The end of the stream or a
+    /// malformed datagram closes the link (its task then leaves the table).
+    pub fn read_now(&self, dg: &Datagrams) -> bool {
+        if self.is_closed() {
+            return false;
+        }
+        let Some(mut rx) = self.rx.try_lock() else {
+            return false;
+        };
+        match rx.fill(&mut Sock(self.sock.as_raw_fd())) {
+            Ok(0) => {
+                tracing::debug!(device = %dg.name, peer = %self.peer_addr, "UD link: the other device closed it");
+                self.close();
+                false
+            }
+            Ok(_) => {
+                if let Err(e) = self.deliver(dg, &mut rx) {
+                    tracing::warn!(device = %dg.name, peer = %self.peer_addr, "UD link: {e}; closing it");
+                    self.close();
+                }
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Hands each whole datagram read to the QP it names; a malformed one is an error.
+    fn deliver(&self, dg: &Datagrams, rx: &mut LinkReader) -> Result<(), String> {
+        let mut inbox = Inbox::default();
+        loop {
+            match rx.next_datagram() {
+                Ok(Some((frame, payload))) => dg.deliver(&mut inbox, &frame, payload, &self.peer),
+                Ok(None) => return Ok(()),
+                Err(e) => return Err(format!("protocol error: {e}")),
+            }
+        }
     }
 
     /// Whether the link has ended.
@@ -224,6 +269,7 @@ impl Link {
 /// The link's task: reads and delivers what arrives, writes what waits, until the link
 /// ends; then the link leaves the device's table, and the QPs waiting for it try again.
 pub async fn run(dg: Arc<Datagrams>, link: Arc<Link>) {
+    dg.read_by_pollers(&link);
     let why = serve(&dg, &link).await;
     tracing::debug!(device = %dg.name, peer = %link.peer_addr, "UD link closed: {why}");
     link.close();
@@ -234,7 +280,6 @@ pub async fn run(dg: Arc<Datagrams>, link: Arc<Link>) {
 }
 
 async fn serve(dg: &Arc<Datagrams>, link: &Link) -> String {
-    let mut rx = LinkReader::new();
     let mut woken = Vec::new();
     // Bytes written as of when the stall clock last started.
     let mut progress = (link.written.load(Ordering::Relaxed), tokio::time::Instant::now());
@@ -253,7 +298,11 @@ async fn serve(dg: &Arc<Datagrams>, link: &Link) -> String {
                     return format!("socket error: {e}");
                 }
                 let fd = link.sock.as_raw_fd();
-                // `try_io` clears the socket's readiness when the read would block.
+                // (No await while the reader is held: an application thread that finds
+                // it taken leaves the link to this task.)
+                let mut rx = link.rx.lock();
+                // `try_io` clears the socket's readiness when the read would block (also
+                // when a polling thread read the bytes that made it ready).
                 match link.sock.try_io(Interest::READABLE, || rx.fill(&mut Sock(fd))) {
                     Ok(0) => return "the other device closed it".into(),
                     Ok(_) => {}
@@ -262,16 +311,9 @@ async fn serve(dg: &Arc<Datagrams>, link: &Link) -> String {
                     }
                     Err(e) => return format!("read failed: {e}"),
                 }
-                let mut inbox = Inbox::default();
-                loop {
-                    match rx.next_datagram() {
-                        Ok(Some((frame, payload))) => dg.deliver(&mut inbox, &frame, payload, &link.peer),
-                        Ok(None) => break,
-                        Err(e) => {
-                            tracing::warn!(device = %dg.name, peer = %link.peer_addr, "UD link: protocol error: {e}; closing it");
-                            return format!("protocol error: {e}");
-                        }
-                    }
+                if let Err(e) = link.deliver(dg, &mut rx) {
+                    tracing::warn!(device = %dg.name, peer = %link.peer_addr, "UD link: {e}; closing it");
+                    return e;
                 }
             }
             w = link.sock.writable(), if want_write => {

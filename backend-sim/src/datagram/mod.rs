@@ -25,8 +25,11 @@
 //!   behind it wait, uncompleted, until the writer that makes room hands the QP back
 //!   ([`waiters`]); a sender is never dropped for being fast. (A device that stops
 //!   reading altogether has its link closed, see [`link::STALL_LIMIT`].)
-//! - **Receiving** ([`link`]'s task on the device's setup runtime, or the thread that
-//!   drains the device's own queue): each whole datagram goes to the UD QP its
+//! - **Receiving** ([`link`]'s task on the device's setup runtime, an application
+//!   thread whose empty poll reads the device's first [`POLLED_LINKS`] links as it reads
+//!   its connections ([`SidePaths`]: a datagram need not wait for the setup thread to
+//!   wake), or the thread that drains the device's own queue): each whole datagram goes
+//!   to the UD QP its
 //!   destination QPN names, in the QP's lock ([`QpShared::receive_datagram`]); no such
 //!   QP, one of another type or a destroyed one, and the datagram is dropped and
 //!   counted.
@@ -47,7 +50,7 @@ use verbs_api::{QpState, QpType};
 
 use crate::addressing::Addressing;
 use crate::counters::DeviceCounters;
-use crate::progress::Progress;
+use crate::progress::{Progress, SidePaths};
 use crate::qp::{QpInner, QpShared, QpTable};
 use crate::requester::ud::Emitted;
 use crate::responder::DatagramSource;
@@ -78,6 +81,10 @@ pub const QUEUE_MAX: usize = 64 << 10;
 pub fn queue_buf() -> Vec<u8> {
     Vec::with_capacity(QUEUE_MAX + DATAGRAM_HDR_LEN + MAX_DATAGRAM as usize)
 }
+/// Links an application thread's empty poll reads (a read per link and poll: beyond a
+/// few, a poll would cost more than the wake-up it saves).
+const POLLED_LINKS: usize = 4;
+
 /// Links one call of [`Datagrams::transmit`] writes itself before it returns (more are
 /// left to their tasks).
 const WRITE_NOW: usize = 8;
@@ -96,6 +103,9 @@ enum Slot {
 #[derive(Default)]
 struct LinkTable {
     by_peer: HashMap<SocketAddr, Slot>,
+    /// The links application threads' polls read ([`Datagrams::read_by_pollers`]): the
+    /// first [`POLLED_LINKS`] established.
+    polled: ArrayVec<Arc<Link>, POLLED_LINKS>,
     /// Established links, also those not in `by_peer` (a second link to a device
     /// whose first one is there: both devices opened one at the same moment).
     count: usize,
@@ -371,9 +381,21 @@ impl Datagrams {
         self.links.lock().count
     }
 
+    /// An established link is read by application threads' empty polls too, as QP
+    /// connections are (see [`SidePaths`]), while the device has at most
+    /// [`POLLED_LINKS`]; more are left to their tasks alone.
+    pub fn read_by_pollers(self: &Arc<Self>, link: &Arc<Link>) {
+        let mut t = self.links.lock();
+        if t.polled.try_push(link.clone()).is_ok() {
+            let side: Arc<dyn SidePaths> = self.clone();
+            self.progress.add_side_paths(Arc::downgrade(&side));
+        }
+    }
+
     /// The link to `peer` ended: it leaves the table (if it is the one there).
     fn forget(&self, link: &Arc<Link>) {
         let mut t = self.links.lock();
+        t.polled.retain(|l| !Arc::ptr_eq(l, link));
         t.count = t.count.saturating_sub(1);
         if let Some(Slot::Up(l)) = t.by_peer.get(&link.peer_addr) {
             if Arc::ptr_eq(l, link) {
@@ -471,5 +493,16 @@ impl Inbox {
 impl Drop for Inbox {
     fn drop(&mut self) {
         self.finish();
+    }
+}
+
+impl SidePaths for Datagrams {
+    fn read_now(&self) -> bool {
+        let polled: ArrayVec<Arc<Link>, POLLED_LINKS> = self.links.lock().polled.clone();
+        let mut any = false;
+        for link in &polled {
+            any |= link.read_now(self);
+        }
+        any
     }
 }

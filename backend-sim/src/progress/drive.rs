@@ -123,6 +123,9 @@ impl Progress {
                 }
             }
         }
+        if let Some(side) = self.side.get().and_then(std::sync::Weak::upgrade) {
+            side.read_now();
+        }
         // A timer is checked against the clock read above: at most one poll late.
         if self.timers.due(now) {
             self.run_timers();

@@ -171,6 +171,17 @@ pub struct Progress {
     /// Lone WRs that waited for the ones posted after them ([`Progress::kick`]; read by
     /// tests).
     pub(crate) joined: AtomicU64,
+    /// The device's receive paths beside its QPs' connections (its UD links), once it
+    /// has any: an application thread's empty poll reads them too.
+    side: std::sync::OnceLock<std::sync::Weak<dyn SidePaths>>,
+}
+
+/// Receive paths of a device that are not QP connections (its UD links, which tasks on
+/// the setup runtime otherwise read): a thread that polls a CQ in a loop reads them as
+/// it reads the connections, so that what arrives does not wait for a thread wake-up.
+pub trait SidePaths: Send + Sync {
+    /// Reads and delivers what has arrived, without blocking; whether anything had.
+    fn read_now(&self) -> bool;
 }
 
 impl Progress {
@@ -200,7 +211,13 @@ impl Progress {
             busy_sqs: AtomicUsize::new(0),
             links: setup_yield::AwaitedLinks::new(),
             joined: AtomicU64::new(0),
+            side: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Has application threads' polls read `side` too (the first call counts).
+    pub fn add_side_paths(&self, side: std::sync::Weak<dyn SidePaths>) {
+        let _ = self.side.set(side);
     }
 
     /// Stops the progress thread.
