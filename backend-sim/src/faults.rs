@@ -52,12 +52,16 @@ impl Faults {
         }
     }
 
+    /// The device, unless it is closed.
+    fn dev(&self) -> Result<Arc<DeviceShared>> {
+        self.dev
+            .upgrade()
+            .ok_or_else(|| Error::invalid("faults", "the device is closed"))
+    }
+
     /// QP `qpn` (now marked as having faults armed) and its device's data path.
     fn qp(&self, qpn: u32) -> Result<(Arc<QpShared>, Arc<Progress>)> {
-        let dev = self
-            .dev
-            .upgrade()
-            .ok_or_else(|| Error::invalid("faults", "the device is closed"))?;
+        let dev = self.dev()?;
         let qp = dev.qps.lock().get(&qpn).and_then(Weak::upgrade);
         let qp =
             qp.ok_or_else(|| Error::invalid("faults", format!("no QP {qpn:#x} on device {}", dev.name)))?;
@@ -140,10 +144,7 @@ impl Faults {
     /// `d`, as on a machine whose cores are all taken: what only that thread does waits.
     /// Returns at once.
     pub fn stall_setup_thread(&self, d: Duration) -> Result<()> {
-        let dev = self
-            .dev
-            .upgrade()
-            .ok_or_else(|| Error::invalid("faults", "the device is closed"))?;
+        let dev = self.dev()?;
         // A blocking sleep on the thread's one-thread runtime holds every task back.
         dev.datagrams.rt.spawn(async move { std::thread::sleep(d) });
         Ok(())

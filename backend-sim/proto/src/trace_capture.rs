@@ -85,7 +85,8 @@ impl Capture {
         f()
     }
 
-    fn record(&self, event: &Event<'_>) {
+    /// Adds `event` to the list.
+    fn push(&self, event: &Event<'_>) {
         let mut fields = Vec::new();
         event.record(&mut Fields(&mut fields));
         self.events.lock().unwrap().push(Captured {
@@ -122,7 +123,7 @@ impl Subscriber for Capture {
     fn record_follows_from(&self, _: &Id, _: &Id) {}
 
     fn event(&self, event: &Event<'_>) {
-        self.record(event);
+        self.push(event);
     }
 
     fn enter(&self, _: &Id) {}
@@ -174,7 +175,7 @@ impl Subscriber for Router {
 
     fn event(&self, event: &Event<'_>) {
         if let Some(c) = Self::current() {
-            c.record(event);
+            c.push(event);
         }
     }
 

@@ -132,6 +132,8 @@ impl Link {
                 }
                 true
             }
+            // Nothing there (a socket error is the task's to report: its next read
+            // meets it too).
             Err(_) => false,
         }
     }

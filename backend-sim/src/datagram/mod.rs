@@ -498,6 +498,8 @@ impl Drop for Inbox {
 
 impl SidePaths for Datagrams {
     fn read_now(&self) -> bool {
+        // Taken out of the table's lock: delivering takes QP locks, which come before
+        // the table's in the lock order.
         let polled: ArrayVec<Arc<Link>, POLLED_LINKS> = self.links.lock().polled.clone();
         let mut any = false;
         for link in &polled {

@@ -12,12 +12,13 @@ use super::poller::DIRECT_MAX;
 use super::window::{ON_PROGRESS_THREAD, USER_WINDOW};
 use super::{Mode, Progress, MAX_SPIN};
 
-/// The count of doorbell sleeps in a row that [`Progress::nap`] doubles its nap for (a
-/// window times 2^15 is far beyond any grace period).
-const MAX_NAPS: u32 = 16;
 use crate::cpu_share::{self, ShareWatch};
 use crate::epoll::wait_on;
 use crate::qp::{Conn, QpShared};
+
+/// The count of doorbell sleeps in a row that [`Progress::nap`] doubles its nap for (a
+/// window times 2^15 is far beyond any grace period).
+const MAX_NAPS: u32 = 16;
 
 /// What [`Progress::settle`] last arranged (progress thread state).
 #[derive(Default)]
