@@ -3,25 +3,27 @@
 //! `struct ibv_recv_wr` as the sim's work requests, reached through `ibv_context::ops`
 //! by the header's inline functions.
 //!
-//! A list is posted in rounds of up to [`INLINE_BATCH`] WRs converted on the stack (no
+//! A list is posted in rounds of up to [`POST_BATCH`] WRs converted on the stack (no
 //! allocation per post). When a WR is refused, the ones before it stay posted, `*bad_wr`
 //! names it, and the error number is returned, as `man ibv_post_send` says. Inline data
-//! goes through the QP's bounce region ([`Inline`]).
+//! is read in place, from whatever memory the program names, as an HCA reads it at post
+//! time: the sim is handed the bytes (`SimQp::post_send_with_inline`), not SGEs that would
+//! have to lie in registered memory.
 
 use std::ffi::c_int;
 use std::ops::Range;
 
 use arrayvec::ArrayVec;
 use verbs_api::{
-    AddressHandle, MemoryRegion, PostError, QueuePair, RecvWr, RemoteAddr, SendFlags, SendWr, Sge,
-    SharedReceiveQueue, UdDest, WrOp,
+    AddressHandle, PostError, QueuePair, RecvWr, RemoteAddr, SendFlags, SendWr, Sge, SharedReceiveQueue,
+    UdDest, WrOp,
 };
 
 use crate::abi::{ibv_qp, ibv_recv_wr, ibv_send_wr, ibv_sge, ibv_srq, IBV_SEND_IP_CSUM};
 use crate::ah::Ah;
 use crate::ffi::{errno_of, value_verb, Errno};
 use crate::live;
-use crate::qp::{Inline, Qp, INLINE_BATCH};
+use crate::qp::{Qp, POST_BATCH};
 use crate::srq::Srq;
 
 /// SGEs converted per round: twice the most a sim WR may carry (32), so a round holds
@@ -69,39 +71,6 @@ pub fn send_flags(flags: u32) -> Result<SendFlags, Errno> {
     SendFlags::from_bits(flags & !IBV_SEND_IP_CSUM).ok_or(libc::EINVAL)
 }
 
-/// Copies inline data (`pieces`: address and length) into slot `slot` of the bounce
-/// region and returns the one SGE that names it there.
-///
-/// # Safety
-///
-/// Every piece must be readable memory of the program (its contract for inline data).
-pub unsafe fn bounce(
-    inline: &Inline,
-    slot: usize,
-    pieces: impl Iterator<Item = (u64, u32)>,
-) -> Result<Sge, Errno> {
-    let base = slot * inline.slot;
-    let mut len = 0usize;
-    for (addr, n) in pieces {
-        let n = n as usize;
-        if len + n > inline.slot {
-            // Longer than `max_inline_data`, as the sim would say.
-            return Err(libc::EINVAL);
-        }
-        // SAFETY: the source is the program's (caller's contract); the destination is
-        // inside the bounce region (slot < INLINE_BATCH, len + n <= slot size), which
-        // nothing else writes while the caller holds its lock. No reference is made to
-        // either side.
-        unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, inline.mr.as_ptr().add(base + len), n) };
-        len += n;
-    }
-    Ok(Sge::new(
-        inline.mr.addr() + base as u64,
-        len as u32,
-        inline.mr.lkey(),
-    ))
-}
-
 /// A program's SGE list as a slice.
 ///
 /// # Safety
@@ -118,14 +87,126 @@ unsafe fn sges<'a>(sg_list: *const ibv_sge, num_sge: c_int) -> Result<&'a [ibv_s
     }
 }
 
-/// One converted send WR of a round.
+/// Appends the pieces of an inline WR's data, in place in the program's memory, to
+/// `out`; false (nothing appended) when the data is longer than the QP takes or a piece
+/// is at address 0: the sim is then given the SGEs and refuses the WR (with its
+/// profile's errno) without reading anything.
+///
+/// # Safety
+///
+/// Each SGE must name memory of the program readable for its length (its contract for
+/// `IBV_SEND_INLINE`, which the HCA copies at post time whatever the lkey), not written
+/// during the call.
+unsafe fn inline_pieces<const N: usize>(
+    list: &[ibv_sge],
+    max_inline: usize,
+    out: &mut ArrayVec<&[u8], N>,
+) -> bool {
+    let total: u64 = list.iter().map(|s| u64::from(s.length)).sum();
+    if total > max_inline as u64 || list.iter().any(|s| s.length > 0 && s.addr == 0) {
+        return false;
+    }
+    for s in list.iter().filter(|s| s.length > 0) {
+        // SAFETY: the caller's contract; the total is at most `max_inline_data`.
+        out.push(unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.length as usize) });
+    }
+    true
+}
+
+/// One converted send WR of a round: its SGEs, or with `inline` its data's pieces, are
+/// the range `data` of the round's SGE or piece buffer.
 struct Converted<'a> {
     wr_id: u64,
     op: WrOp,
     flags: SendFlags,
-    sges: Range<usize>,
+    data: Range<usize>,
+    inline: bool,
     ud: Option<UdDest<'a>>,
 }
+
+impl Converted<'_> {
+    /// The WR for the sim, and its inline data's pieces.
+    fn wr<'b>(&self, sges: &'b [Sge], pieces: &'b [&'b [u8]]) -> (SendWr<'b>, Option<&'b [&'b [u8]]>)
+    where
+        Self: 'b,
+    {
+        let (sg_list, pieces): (&[Sge], _) = if self.inline {
+            (&[], Some(&pieces[self.data.clone()]))
+        } else {
+            (&sges[self.data.clone()], None)
+        };
+        let wr = SendWr {
+            wr_id: self.wr_id,
+            sg_list,
+            op: self.op,
+            send_flags: self.flags,
+            ud: self.ud,
+        };
+        (wr, pieces)
+    }
+}
+
+/// Converts the program's WR `w`, appending its SGEs or inline pieces to the buffers;
+/// `Ok(None)` when they have no room left for them.
+///
+/// # Safety
+///
+/// `w` must be a valid WR of the program.
+unsafe fn convert<'a, const N: usize>(
+    q: &Qp,
+    w: &'a ibv_send_wr,
+    sge_buf: &mut ArrayVec<Sge, N>,
+    piece_buf: &mut ArrayVec<&'a [u8], N>,
+) -> Result<Option<Converted<'a>>, Errno> {
+    let op = send_op(w)?;
+    let flags = send_flags(w.send_flags)?;
+    // SAFETY: the program's WR names its SGE array.
+    let list = unsafe { sges(w.sg_list, w.num_sge) }?;
+    let ud = if q.qp_type == IBV_QPT_UD {
+        // SAFETY: every member of the `wr` union is plain data.
+        let u = unsafe { w.wr.ud };
+        // SAFETY: the program passes an address handle of this library.
+        let ah: &Ah = unsafe { live::get_fast::<Ah>(u.ah) }?;
+        Some(UdDest {
+            ah: &ah.sim as &dyn AddressHandle,
+            remote_qpn: u.remote_qpn,
+            remote_qkey: u.remote_qkey,
+        })
+    } else {
+        None
+    };
+    if list.len() > ROUND_SGES {
+        return Err(libc::EINVAL);
+    }
+    let inline = flags.contains(SendFlags::INLINE);
+    if list.len() > sge_buf.remaining_capacity() || inline && list.len() > piece_buf.remaining_capacity() {
+        return Ok(None);
+    }
+    let first_piece = piece_buf.len();
+    // SAFETY: inline data is the program's readable memory (its contract for
+    // IBV_SEND_INLINE).
+    let read = inline && unsafe { inline_pieces(list, q.max_inline, piece_buf) };
+    let data = if read {
+        first_piece..piece_buf.len()
+    } else {
+        // Not inline, or inline data longer than the QP takes: as SGEs, which the sim
+        // checks (and refuses in the second case).
+        let first = sge_buf.len();
+        sge_buf.extend(list.iter().map(|s| Sge::new(s.addr, s.length, s.lkey)));
+        first..sge_buf.len()
+    };
+    Ok(Some(Converted {
+        wr_id: w.wr_id,
+        op,
+        flags,
+        data,
+        inline: read,
+        ud,
+    }))
+}
+
+/// SGEs of a WR posted alone that [`post_send_list`] converts without setting up rounds.
+const FEW_SGES: usize = 4;
 
 /// Posts a list of send WRs; on failure, the WR that failed and why.
 ///
@@ -133,71 +214,42 @@ struct Converted<'a> {
 ///
 /// `first` must be NULL or a valid list of the program's send WRs.
 unsafe fn post_send_list(q: &Qp, first: *mut ibv_send_wr) -> Result<(), (*mut ibv_send_wr, Errno)> {
-    let ud = q.qp_type == IBV_QPT_UD;
+    // SAFETY: the caller's contract.
+    if let Some(w) = unsafe { first.as_ref() } {
+        if w.next.is_null() {
+            // A WR posted alone, as a bandwidth test posts each of millions (perftest's
+            // default): no rounds, two small buffers.
+            let mut sge_buf: ArrayVec<Sge, FEW_SGES> = ArrayVec::new();
+            let mut piece_buf: ArrayVec<&[u8], FEW_SGES> = ArrayVec::new();
+            // SAFETY: the caller's contract.
+            match unsafe { convert(q, w, &mut sge_buf, &mut piece_buf) } {
+                Ok(Some(c)) => {
+                    let (wr, pieces) = c.wr(&sge_buf, &piece_buf);
+                    return q
+                        .sim
+                        .post_send_with_inline(std::slice::from_ref(&wr), std::slice::from_ref(&pieces))
+                        .map_err(|e| (first, errno_of("ibv_post_send", &e.error)));
+                }
+                // More SGEs than the small buffers hold: in a round.
+                Ok(None) => {}
+                Err(e) => return Err((first, e)),
+            }
+        }
+    }
     let mut cur = first;
     while !cur.is_null() {
         // Filled as WRs are converted (not cleared first: a post of one WR of one SGE
         // touches one entry).
         let mut sge_buf: ArrayVec<Sge, ROUND_SGES> = ArrayVec::new();
-        let mut used = 0;
-        let mut ptrs: ArrayVec<*mut ibv_send_wr, INLINE_BATCH> = ArrayVec::new();
-        let mut round: ArrayVec<Converted<'_>, INLINE_BATCH> = ArrayVec::new();
-        let mut inline = None;
+        let mut piece_buf: ArrayVec<&[u8], ROUND_SGES> = ArrayVec::new();
+        let mut ptrs: ArrayVec<*mut ibv_send_wr, POST_BATCH> = ArrayVec::new();
+        let mut round: ArrayVec<Converted<'_>, POST_BATCH> = ArrayVec::new();
         let mut refused = None;
         while !cur.is_null() && !ptrs.is_full() {
             // SAFETY: the caller's contract: `cur` is a valid WR of the list.
             let w = unsafe { &*cur };
-            let converted = (|| -> Result<Option<Converted<'_>>, Errno> {
-                let op = send_op(w)?;
-                let flags = send_flags(w.send_flags)?;
-                // SAFETY: the program's WR names its SGE array.
-                let list = unsafe { sges(w.sg_list, w.num_sge) }?;
-                let ud = if ud {
-                    // SAFETY: every member of the `wr` union is plain data.
-                    let u = unsafe { w.wr.ud };
-                    // SAFETY: the program passes an address handle of this library.
-                    let ah: &Ah = unsafe { live::get_fast::<Ah>(u.ah) }?;
-                    Some(UdDest {
-                        ah: &ah.sim as &dyn AddressHandle,
-                        remote_qpn: u.remote_qpn,
-                        remote_qkey: u.remote_qkey,
-                    })
-                } else {
-                    None
-                };
-                // Inline data longer than `max_inline_data` is not bounced: the sim refuses
-                // the WR with its profile's errno (EINVAL, or mlx5's ENOMEM).
-                let is_inline = flags.contains(SendFlags::INLINE) && q.inline.is_some() && {
-                    let total: u64 = list.iter().map(|s| u64::from(s.length)).sum();
-                    let g = inline.get_or_insert_with(|| q.inline.as_ref().map(|m| m.lock()));
-                    g.as_ref().is_some_and(|g| total <= g.slot as u64)
-                };
-                let need = if is_inline { 1 } else { list.len() };
-                if need > ROUND_SGES {
-                    return Err(libc::EINVAL);
-                }
-                if used + need > ROUND_SGES {
-                    return Ok(None);
-                }
-                if is_inline {
-                    let g = inline.as_ref().and_then(|g| g.as_ref()).ok_or(libc::EINVAL)?;
-                    // SAFETY: inline data is the program's readable memory (its contract
-                    // for IBV_SEND_INLINE); the lock is held.
-                    sge_buf.push(unsafe { bounce(g, ptrs.len(), list.iter().map(|s| (s.addr, s.length))) }?);
-                } else {
-                    sge_buf.extend(list.iter().map(|s| Sge::new(s.addr, s.length, s.lkey)));
-                }
-                let sges = used..used + need;
-                used += need;
-                Ok(Some(Converted {
-                    wr_id: w.wr_id,
-                    op,
-                    flags,
-                    sges,
-                    ud,
-                }))
-            })();
-            match converted {
+            // SAFETY: as above.
+            match unsafe { convert(q, w, &mut sge_buf, &mut piece_buf) } {
                 Ok(Some(c)) => {
                     round.push(c);
                     ptrs.push(cur);
@@ -212,18 +264,17 @@ unsafe fn post_send_list(q: &Qp, first: *mut ibv_send_wr) -> Result<(), (*mut ib
         }
         // Pushed in place: `collect` builds the array elsewhere and moves all of it
         // (every slot, used or not), a copy of kilobytes per `ibv_post_send`.
-        let mut wrs: ArrayVec<SendWr<'_>, INLINE_BATCH> = ArrayVec::new();
+        let mut wrs: ArrayVec<SendWr<'_>, POST_BATCH> = ArrayVec::new();
+        let mut inline: ArrayVec<Option<&[&[u8]]>, POST_BATCH> = ArrayVec::new();
         for c in &round {
-            wrs.push(SendWr {
-                wr_id: c.wr_id,
-                sg_list: &sge_buf[c.sges.clone()],
-                op: c.op,
-                send_flags: c.flags,
-                ud: c.ud,
-            });
+            let (wr, pieces) = c.wr(&sge_buf, &piece_buf);
+            wrs.push(wr);
+            inline.push(pieces);
         }
         if !wrs.is_empty() {
-            q.sim.post_send(&wrs).map_err(|e| post_failed(&ptrs, e))?;
+            q.sim
+                .post_send_with_inline(&wrs, &inline)
+                .map_err(|e| post_failed(&ptrs, e))?;
         }
         if let Some(r) = refused {
             return Err(r);
@@ -249,8 +300,8 @@ unsafe fn post_recv_list(
     while !cur.is_null() {
         let mut sge_buf: ArrayVec<Sge, ROUND_SGES> = ArrayVec::new();
         let mut used = 0;
-        let mut ptrs: ArrayVec<*mut ibv_recv_wr, INLINE_BATCH> = ArrayVec::new();
-        let mut round: ArrayVec<(u64, Range<usize>), INLINE_BATCH> = ArrayVec::new();
+        let mut ptrs: ArrayVec<*mut ibv_recv_wr, POST_BATCH> = ArrayVec::new();
+        let mut round: ArrayVec<(u64, Range<usize>), POST_BATCH> = ArrayVec::new();
         let mut refused = None;
         while !cur.is_null() && !ptrs.is_full() {
             // SAFETY: the caller's contract: `cur` is a valid WR of the list.
@@ -273,7 +324,7 @@ unsafe fn post_recv_list(
             cur = w.next;
         }
         // Pushed in place, as in `post_send_list`.
-        let mut wrs: ArrayVec<RecvWr<'_>, INLINE_BATCH> = ArrayVec::new();
+        let mut wrs: ArrayVec<RecvWr<'_>, POST_BATCH> = ArrayVec::new();
         for (id, r) in &round {
             wrs.push(RecvWr::new(*id, &sge_buf[r.clone()]));
         }

@@ -28,21 +28,9 @@ use crate::pd::{next_handle, Pd};
 use crate::runtime::B;
 use crate::srq::Srq;
 
-/// WRs of one post call that the inline bounce buffer has room for (see [`Inline`]).
-pub const INLINE_BATCH: usize = 16;
-
-/// Where the data of `IBV_SEND_INLINE` WRs goes on its way to the sim.
-///
-/// A program may pass inline data from any memory (the HCA copies it at post time and
-/// ignores the lkey), while the sim takes inline data only from registered memory of the
-/// QP's PD. So the data is copied into this region, registered in that PD, and the WR
-/// points there; the sim copies it out again before the post returns.
-pub struct Inline {
-    /// The region, [`INLINE_BATCH`] slots of `slot` bytes.
-    pub mr: verbs_api::MrOf<B>,
-    /// The QP's `max_inline_data`.
-    pub slot: usize,
-}
+/// WRs converted on the stack per round of a post call (`ibv_post_send`,
+/// `ibv_wr_complete`, `ibv_post_recv`).
+pub const POST_BATCH: usize = 16;
 
 /// A queue pair.
 #[repr(C)]
@@ -60,8 +48,8 @@ pub struct Qp {
     pub qp_type: u32,
     /// Created for the `ibv_wr_*` interface, with these `IBV_QP_EX_WITH_*` operations.
     send_ops: Option<u64>,
-    /// The bounce buffer for inline data (QPs with `max_inline_data`).
-    pub inline: Option<Mutex<Inline>>,
+    /// The QP's `max_inline_data`, as granted.
+    pub max_inline: usize,
     /// The `ibv_wr_*` builder's pending WRs.
     pub builder: Mutex<crate::qp_ex::Builder>,
 }
@@ -182,16 +170,6 @@ fn create(init: Init) -> Result<*mut ibv_qp, Errno> {
         .create_qp(&attr)
         .map_err(|e| errno_of("ibv_create_qp", &e))?;
     let granted = sim.query().map_err(|e| errno_of("ibv_create_qp", &e))?.cap;
-    let inline = match granted.max_inline_data as usize {
-        0 => None,
-        slot => {
-            let mr = pd
-                .sim
-                .reg_mr(slot * INLINE_BATCH, AccessFlags::LOCAL_WRITE)
-                .map_err(|e| errno_of("ibv_create_qp", &e))?;
-            Some(Mutex::new(Inline { mr, slot }))
-        }
-    };
     // What the QP was given, as providers report it back.
     // SAFETY: as for the read above.
     unsafe {
@@ -235,7 +213,7 @@ fn create(init: Init) -> Result<*mut ibv_qp, Errno> {
         sq_sig_all: init.sq_sig_all != 0,
         qp_type: init.qp_type,
         send_ops: init.send_ops,
-        inline,
+        max_inline: granted.max_inline_data as usize,
         builder: Mutex::default(),
     });
     let p = live::register(qp);

@@ -12,14 +12,14 @@
 use std::ffi::{c_int, c_void};
 
 use arrayvec::ArrayVec;
-use verbs_api::{AddressHandle, QueuePair, RemoteAddr, SendFlags, SendWr, Sge, UdDest, WrOp};
+use verbs_api::{AddressHandle, RemoteAddr, SendFlags, SendWr, Sge, UdDest, WrOp};
 
 use crate::abi::{ibv_ah, ibv_data_buf, ibv_mw, ibv_qp, ibv_qp_ex, ibv_sge};
 use crate::ah::Ah;
 use crate::ffi::{errno_of, value_verb, void_verb, Errno};
 use crate::live;
-use crate::post::{bounce, send_flags};
-use crate::qp::{Qp, INLINE_BATCH};
+use crate::post::send_flags;
+use crate::qp::{Qp, POST_BATCH};
 
 /// `IBV_QP_EX_WITH_*` bit of each operation (`enum ibv_qp_create_send_ops_flags`).
 const WITH_RDMA_WRITE: u64 = 1 << 0;
@@ -312,22 +312,17 @@ fn complete(q: &Qp, b: Builder) -> Result<(), Errno> {
         return Err(e);
     }
     let ud = q.qp_type == 4;
-    for round in b.wrs.chunks(INLINE_BATCH) {
-        let mut inline_sges: ArrayVec<Sge, INLINE_BATCH> = ArrayVec::new();
-        let guard = q.inline.as_ref().map(|m| m.lock());
-        for (i, w) in round.iter().enumerate() {
-            let sge = match (&w.data, &guard) {
-                (Data::Inline(bytes), Some(g)) => {
-                    // SAFETY: `bytes` is our own buffer; the lock is held.
-                    unsafe { bounce(g, i, std::iter::once((bytes.as_ptr() as u64, bytes.len() as u32))) }?
-                }
-                // Inline data on a QP created without `max_inline_data`.
-                (Data::Inline(bytes), None) if !bytes.is_empty() => return Err(libc::EINVAL),
-                _ => Sge::default(),
-            };
-            inline_sges.push(sge);
+    for round in b.wrs.chunks(POST_BATCH) {
+        // Each inline WR's data as a list of one piece, for the sim to read.
+        let mut pieces: ArrayVec<[&[u8]; 1], POST_BATCH> = ArrayVec::new();
+        for w in round {
+            pieces.push(match &w.data {
+                Data::Inline(bytes) => [bytes.as_slice()],
+                Data::Sges(_) => [&[]],
+            });
         }
-        let mut wrs: ArrayVec<SendWr<'_>, INLINE_BATCH> = ArrayVec::new();
+        let mut wrs: ArrayVec<SendWr<'_>, POST_BATCH> = ArrayVec::new();
+        let mut inline: ArrayVec<Option<&[&[u8]]>, POST_BATCH> = ArrayVec::new();
         for (i, w) in round.iter().enumerate() {
             let mut flags = send_flags(w.flags)?;
             let sg_list: &[Sge] = match &w.data {
@@ -335,9 +330,10 @@ fn complete(q: &Qp, b: Builder) -> Result<(), Errno> {
                 Data::Inline(bytes) if bytes.is_empty() => &[],
                 Data::Inline(_) => {
                     flags |= SendFlags::INLINE;
-                    std::slice::from_ref(&inline_sges[i])
+                    &[]
                 }
             };
+            inline.push(flags.contains(SendFlags::INLINE).then_some(&pieces[i][..]));
             let dest = match (ud, w.ud) {
                 (true, Some((ah, remote_qpn, remote_qkey))) => {
                     // SAFETY: the program passes an address handle of this library.
@@ -360,7 +356,7 @@ fn complete(q: &Qp, b: Builder) -> Result<(), Errno> {
             });
         }
         q.sim
-            .post_send(&wrs)
+            .post_send_with_inline(&wrs, &inline)
             .map_err(|e| errno_of("ibv_wr_complete", &e.error))?;
     }
     Ok(())

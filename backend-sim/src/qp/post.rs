@@ -11,15 +11,18 @@ use verbs_api::{AddressHandle, Error, PostError, QpState, QpType, QueueKind, Rec
 use super::ud::{AhRoute, UdPostError};
 use super::{QpInner, QpShared};
 use crate::recv_queue::PostRecvError;
-use crate::requester::PostCheck;
+use crate::requester::{gather_shape, PostCheck};
 use crate::tx::TxQueue;
 
 impl QpShared {
     /// `ibv_post_send`. A UD send's address handle is resolved by `route_of` (`None`:
-    /// not an address handle of this device, EINVAL).
+    /// not an address handle of this device, EINVAL). `inline`: empty, or for each WR the
+    /// pieces of its inline data when the caller read them itself
+    /// ([`Requester::post_with`](crate::requester::Requester::post_with)).
     pub fn post_send(
         self: &Arc<Self>,
         wrs: &[SendWr<'_>],
+        inline: &[Option<&[&[u8]]>],
         route_of: &dyn Fn(&dyn AddressHandle) -> Option<AhRoute>,
     ) -> std::result::Result<(), PostError> {
         let mut g = self.inner.lock();
@@ -40,10 +43,13 @@ impl QpShared {
                 result = Err(fail(self.not_ready(g.state, false)));
                 break;
             }
+            let pieces = inline.get(index).copied().flatten();
             let queued = if self.qp_type == QpType::Ud {
-                self.post_ud(&mut g, wr, route_of)
+                self.post_ud(&mut g, wr, pieces, route_of)
             } else {
-                g.req.post(wr, &self.dev.mrs).map_err(UdPostError::Check)
+                g.req
+                    .post_with(wr, &self.dev.mrs, pieces)
+                    .map_err(UdPostError::Check)
             };
             if let Err(e) = queued {
                 let c = match e {
@@ -76,12 +82,12 @@ impl QpShared {
                     ),
                     PostCheck::TooManySge => self.invalid_wr(format!(
                         "{} SGEs exceed max_send_sge {}",
-                        wr.sg_list.len(),
+                        gather_shape(wr, pieces).0,
                         self.cap.max_send_sge
                     )),
                     PostCheck::InlineTooLong => self.invalid_wr(format!(
                         "{} bytes of inline data exceed max_inline_data {}",
-                        wr.total_len(),
+                        gather_shape(wr, pieces).1,
                         self.cap.max_inline_data
                     )),
                     PostCheck::InlineNotAllowed => Error::invalid(

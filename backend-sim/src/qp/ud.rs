@@ -36,15 +36,20 @@ pub enum UdPostError {
 
 impl QpShared {
     /// Queues `wr` on this UD QP (with the lock held): its destination's address handle
-    /// resolved by `route_of` (`None`: not an address handle of this device).
+    /// resolved by `route_of` (`None`: not an address handle of this device), its inline
+    /// data from `pieces` when given.
     pub(super) fn post_ud(
         &self,
         g: &mut QpInner,
         wr: &SendWr<'_>,
+        pieces: Option<&[&[u8]]>,
         route_of: &dyn Fn(&dyn AddressHandle) -> Option<AhRoute>,
     ) -> Result<(), UdPostError> {
         let Some(dest) = wr.ud else {
-            return g.req.post(wr, &self.dev.mrs).map_err(UdPostError::Check);
+            return g
+                .req
+                .post_with(wr, &self.dev.mrs, pieces)
+                .map_err(UdPostError::Check);
         };
         let ah = route_of(dest.ah).ok_or(UdPostError::ForeignAh)?;
         let route = UdRoute {
@@ -54,7 +59,7 @@ impl QpShared {
             remote_qkey: dest.remote_qkey,
         };
         g.req
-            .post_ud(wr, route, &self.dev.mrs)
+            .post_ud_with(wr, route, &self.dev.mrs, pieces)
             .map_err(UdPostError::Check)
     }
 

@@ -15,6 +15,23 @@ pub struct SimQp {
     pub(crate) pd: Arc<PdShared>,
 }
 
+impl SimQp {
+    /// `ibv_post_send` for a caller that reads inline data itself: `inline` is empty, or
+    /// holds for each WR the pieces of its inline data (used when the WR has
+    /// `SendFlags::INLINE`; its `sg_list` is then not read). A C program may pass inline
+    /// data from any memory, where [`QueuePair::post_send`] takes it only from registered
+    /// memory, named by the SGEs' lkeys. The checks are the same: the pieces count as
+    /// the WR's SGEs against `max_send_sge`, their length against `max_inline_data`.
+    pub fn post_send_with_inline(
+        &self,
+        wrs: &[SendWr<'_>],
+        inline: &[Option<&[&[u8]]>],
+    ) -> std::result::Result<(), PostError> {
+        self.qp
+            .post_send(wrs, inline, &|ah| super::ah::route_of(ah, &self.pd.dev))
+    }
+}
+
 impl QueuePair for SimQp {
     fn qp_num(&self) -> u32 {
         self.qp.qpn
@@ -29,8 +46,7 @@ impl QueuePair for SimQp {
         Ok(self.qp.query())
     }
     fn post_send(&self, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
-        self.qp
-            .post_send(wrs, &|ah| super::ah::route_of(ah, &self.pd.dev))
+        self.post_send_with_inline(wrs, &[])
     }
     fn post_recv(&self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), PostError> {
         self.qp.post_recv(wrs)

@@ -285,6 +285,35 @@ int main(void)
 		      be32toh(recv->imm_data) == 0xabcd && recv->byte_len == 8 &&
 		      memcmp(buf + 4096, "inline!", 8) == 0,
 	      "inline data and immediate arrived");
+	/* Inline data is read in place, in a list as alone; its pieces count as SGEs and
+	 * its length against max_inline_data, as rxe and mlx5 check them. */
+	char piece[6] = "piece";
+	struct ibv_sge psge = { .addr = (uintptr_t)piece, .length = 6, .lkey = 0 };
+	struct ibv_send_wr lw[2] = {
+		{ .wr_id = 30, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
+		  .wr.rdma = { .remote_addr = (uintptr_t)buf + 9000, .rkey = mr->rkey },
+		  .next = &lw[1] },
+		{ .wr_id = 31, .sg_list = &psge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
+		  .send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE,
+		  .wr.rdma = { .remote_addr = (uintptr_t)buf + 9100, .rkey = mr->rkey } },
+	};
+	CHECK(ibv_post_send(qp, lw, &bad_wr) == 0 && poll_n(cq, 1, &wc) == 0 && wc.wr_id == 31 &&
+		      memcmp(buf + 9000, "hello", 6) == 0 && memcmp(buf + 9100, "piece", 6) == 0,
+	      "an inline write from the stack after a write, in one list");
+	struct ibv_sge two[2] = { { .addr = (uintptr_t)piece, .length = 3 },
+				  { .addr = (uintptr_t)piece + 3, .length = 3 } };
+	lw[1].sg_list = two;
+	lw[1].num_sge = 2;
+	bad_wr = NULL;
+	CHECK(ibv_post_send(qp, &lw[1], &bad_wr) == EINVAL && bad_wr == &lw[1],
+	      "inline data in two pieces on a QP of max_send_sge 1");
+	static char big[4096];
+	struct ibv_sge bsge = { .addr = (uintptr_t)big, .length = qa.cap.max_inline_data + 1 };
+	lw[1].sg_list = &bsge;
+	lw[1].num_sge = 1;
+	bad_wr = NULL;
+	CHECK(ibv_post_send(qp, &lw[1], &bad_wr) == EINVAL && bad_wr == &lw[1],
+	      "inline data longer than max_inline_data (%u)", qa.cap.max_inline_data);
 	struct ibv_send_wr wwr = { .wr_id = 4, .sg_list = &sge, .num_sge = 1,
 		.opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED,
 		.wr.rdma = { .remote_addr = (uintptr_t)buf + 8192, .rkey = mr->rkey } };
@@ -347,6 +376,10 @@ int main(void)
 		ibv_wr_rdma_read(x, mr->rkey, (uintptr_t)buf);
 		ibv_wr_set_sge(x, mr->lkey, (uintptr_t)buf + 8192, 6);
 		CHECK(ibv_wr_complete(x) == EINVAL, "an operation the QP was not created for");
+		ibv_wr_start(x);
+		ibv_wr_rdma_write(x, mr->rkey, (uintptr_t)buf + 8192);
+		ibv_wr_set_inline_data(x, piece, 6);
+		CHECK(ibv_wr_complete(x) == EINVAL, "inline data on a QP of max_inline_data 0");
 	}
 
 	/* Destroying twice, and what close_device leaves. */

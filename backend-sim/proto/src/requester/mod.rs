@@ -76,6 +76,65 @@ impl SqSlots {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Fatal(pub WcStatus);
 
+/// Where a send WR's inline data comes from, as [`Requester::post_wqe`] reads it.
+trait InlineSource {
+    /// The WR's SGE count, as the post-time check counts it.
+    fn sges(&self, wr: &SendWr<'_>) -> usize;
+    /// The WR's data length.
+    fn len(&self, wr: &SendWr<'_>) -> u64;
+    /// Appends the data to `out`; false if the data cannot be read (a bad SGE).
+    fn gather(&self, pd: u32, wr: &SendWr<'_>, out: &mut Vec<u8>) -> bool;
+}
+
+/// Inline data named by the WR's SGEs, in registered memory (the verbs API's rule).
+struct FromSges<'m>(&'m MrTable);
+
+impl InlineSource for FromSges<'_> {
+    #[inline(always)]
+    fn sges(&self, wr: &SendWr<'_>) -> usize {
+        wr.sg_list.len()
+    }
+    #[inline(always)]
+    fn len(&self, wr: &SendWr<'_>) -> u64 {
+        wr.total_len()
+    }
+    #[inline(always)]
+    fn gather(&self, pd: u32, wr: &SendWr<'_>, out: &mut Vec<u8>) -> bool {
+        // Inline SGEs are read now, by the CPU; they must lie in registered memory of
+        // this device (the lkey names the region) so that no stray pointer is read.
+        // (`Ok(false)`: deregistered between the check and the copy.)
+        self.0.gather_local(pd, wr.sg_list, out) == Ok(true)
+    }
+}
+
+/// Inline data the caller read itself, in pieces (see [`Requester::post_with`]).
+struct Pieces<'p>(&'p [&'p [u8]]);
+
+impl InlineSource for Pieces<'_> {
+    fn sges(&self, _: &SendWr<'_>) -> usize {
+        self.0.len()
+    }
+    fn len(&self, _: &SendWr<'_>) -> u64 {
+        self.0.iter().map(|b| b.len() as u64).sum()
+    }
+    fn gather(&self, _: u32, _: &SendWr<'_>, out: &mut Vec<u8>) -> bool {
+        for p in self.0 {
+            out.extend_from_slice(p);
+        }
+        true
+    }
+}
+
+/// The SGE count and length of a send WR as the post-time checks count them: of
+/// `pieces` when its inline data comes as pieces (see [`Requester::post_with`]), else of
+/// its gather list.
+pub fn gather_shape(wr: &SendWr<'_>, pieces: Option<&[&[u8]]>) -> (usize, u64) {
+    match pieces {
+        Some(p) if wr.send_flags.contains(SendFlags::INLINE) => (Pieces(p).sges(wr), Pieces(p).len(wr)),
+        _ => (wr.sg_list.len(), wr.total_len()),
+    }
+}
+
 /// One send WQE.
 #[derive(Debug)]
 struct SendWqe {
@@ -394,23 +453,66 @@ impl Requester {
     /// UD destination (`wr.ud`) is refused here ([`PostCheck::UdDestination`]): UD sends
     /// go through [`Requester::post_ud`].
     pub fn post(&mut self, wr: &SendWr<'_>, mrs: &MrTable) -> Result<(), PostCheck> {
+        self.connected_dest(wr)?;
+        self.post_wqe(wr, None, FromSges(mrs))
+    }
+
+    /// A WR posted to an RC or UC QP has no UD destination, and a UD QP's needs one.
+    fn connected_dest(&self, wr: &SendWr<'_>) -> Result<(), PostCheck> {
         if self.ud {
             return Err(PostCheck::NoUdDestination);
         }
         if wr.ud.is_some() {
             return Err(PostCheck::UdDestination);
         }
-        self.post_wqe(wr, mrs, None)
+        Ok(())
     }
 
-    fn post_wqe(&mut self, wr: &SendWr<'_>, mrs: &MrTable, route: Option<UdRoute>) -> Result<(), PostCheck> {
+    /// [`Requester::post`], with an inline WR's data (`IBV_SEND_INLINE` set) given as
+    /// `pieces` the caller read itself instead of through `wr.sg_list` (which is then
+    /// ignored): a C program's inline data may lie in memory that is not registered.
+    /// `None` reads the SGEs, which must name registered memory.
+    #[inline]
+    pub fn post_with(
+        &mut self,
+        wr: &SendWr<'_>,
+        mrs: &MrTable,
+        pieces: Option<&[&[u8]]>,
+    ) -> Result<(), PostCheck> {
+        self.connected_dest(wr)?;
+        self.post_from(wr, mrs, None, pieces)
+    }
+
+    /// [`Requester::post_wqe`] with the inline data's source.
+    #[inline]
+    fn post_from(
+        &mut self,
+        wr: &SendWr<'_>,
+        mrs: &MrTable,
+        route: Option<UdRoute>,
+        pieces: Option<&[&[u8]]>,
+    ) -> Result<(), PostCheck> {
+        match pieces {
+            Some(p) if wr.send_flags.contains(SendFlags::INLINE) => self.post_wqe(wr, route, Pieces(p)),
+            _ => self.post_wqe(wr, route, FromSges(mrs)),
+        }
+    }
+
+    // One copy per source of inline data: the verbs API's path (`FromSges`) is as if the
+    // other did not exist.
+    fn post_wqe(
+        &mut self,
+        wr: &SendWr<'_>,
+        route: Option<UdRoute>,
+        data: impl InlineSource,
+    ) -> Result<(), PostCheck> {
         if self.sq.len() >= self.cap {
             return Err(PostCheck::Full);
         }
         if self.sq.len() as u64 + self.held_unpolled() >= self.cap as u64 {
             return Err(PostCheck::FullUnpolled);
         }
-        if wr.sg_list.len() > self.max_sge as usize {
+        if data.sges(wr) > self.max_sge as usize {
             return Err(PostCheck::TooManySge);
         }
         if self.uc
@@ -432,14 +534,11 @@ impl Requester {
                 self.spare.push(w);
                 return Err(PostCheck::InlineNotAllowed);
             }
-            if wr.total_len() > self.max_inline as u64 {
+            if data.len(wr) > self.max_inline as u64 {
                 self.spare.push(w);
                 return Err(PostCheck::InlineTooLong);
             }
-            // Inline SGEs are read now, by the CPU; they must lie in registered memory of
-            // this device (the lkey names the region) so that no stray pointer is read.
-            // (`Ok(false)`: deregistered between the check and the copy.)
-            if mrs.gather_local(self.pd, wr.sg_list, &mut w.inline_data) != Ok(true) {
+            if !data.gather(self.pd, wr, &mut w.inline_data) {
                 self.spare.push(w);
                 return Err(PostCheck::BadInlineSge);
             }
@@ -451,9 +550,12 @@ impl Requester {
         w.signaled = self.sig_all || wr.send_flags.contains(SendFlags::SIGNALED);
         w.inline = inline;
         w.sges.clear();
-        w.sges.extend_from_slice(wr.sg_list);
+        if !inline {
+            // (Inline data was copied above: its SGEs are not read again.)
+            w.sges.extend_from_slice(wr.sg_list);
+        }
         w.local.clear();
-        w.len = wr.total_len();
+        w.len = data.len(wr);
         w.psn = 0;
         w.sent = false;
         w.status = None;

@@ -77,13 +77,24 @@ impl Requester {
     /// Queues a UD send to `route` (`ibv_post_send` with `wr.ud`): the checks of
     /// [`Requester::post`], and the opcode must be SEND or SEND_WITH_IMM.
     pub fn post_ud(&mut self, wr: &SendWr<'_>, route: UdRoute, mrs: &MrTable) -> Result<(), PostCheck> {
+        self.post_ud_with(wr, route, mrs, None)
+    }
+
+    /// [`Requester::post_ud`] with inline data as pieces (see [`Requester::post_with`]).
+    pub fn post_ud_with(
+        &mut self,
+        wr: &SendWr<'_>,
+        route: UdRoute,
+        mrs: &MrTable,
+        pieces: Option<&[&[u8]]>,
+    ) -> Result<(), PostCheck> {
         if !self.ud {
             return Err(PostCheck::UdDestination);
         }
         if self.sw.opcode_checked_at_post && !matches!(wr.op, WrOp::Send | WrOp::SendWithImm { .. }) {
             return Err(PostCheck::NotUd);
         }
-        self.post_wqe(wr, mrs, Some(route))
+        self.post_from(wr, mrs, Some(route), pieces)
     }
 
     /// The first WQE at index `from` or later whose datagram may go now, with its route:
