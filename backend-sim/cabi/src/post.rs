@@ -228,7 +228,7 @@ unsafe fn post_send_list(q: &Qp, first: *mut ibv_send_wr) -> Result<(), (*mut ib
                     return q
                         .sim
                         .post_send_with_inline(std::slice::from_ref(&wr), std::slice::from_ref(&pieces))
-                        .map_err(|e| (first, errno_of("ibv_post_send", &e.error)));
+                        .map_err(|e| post_failed("ibv_post_send", &[first], e));
                 }
                 // More SGEs than the small buffers hold: in a round.
                 Ok(None) => {}
@@ -274,7 +274,7 @@ unsafe fn post_send_list(q: &Qp, first: *mut ibv_send_wr) -> Result<(), (*mut ib
         if !wrs.is_empty() {
             q.sim
                 .post_send_with_inline(&wrs, &inline)
-                .map_err(|e| post_failed(&ptrs, e))?;
+                .map_err(|e| post_failed("ibv_post_send", &ptrs, e))?;
         }
         if let Some(r) = refused {
             return Err(r);
@@ -283,19 +283,36 @@ unsafe fn post_send_list(q: &Qp, first: *mut ibv_send_wr) -> Result<(), (*mut ib
     Ok(())
 }
 
-fn post_failed<T: Copy>(ptrs: &[T], e: PostError) -> (T, Errno) {
-    (ptrs[e.index], errno_of("ibv_post_send", &e.error))
+/// The WR of `ptrs` that the sim refused, and the errno of its refusal by `call`.
+fn post_failed<T: Copy>(call: &'static str, ptrs: &[T], e: PostError) -> (T, Errno) {
+    (ptrs[e.index], errno_of(call, &e.error))
 }
 
-/// Posts a list of receive WRs through `post`; on failure, the WR that failed and why.
+/// Posts a list of receive WRs through `post` (for the verb `call`); on failure, the WR
+/// that failed and why.
 ///
 /// # Safety
 ///
 /// `first` must be NULL or a valid list of the program's receive WRs.
 unsafe fn post_recv_list(
+    call: &'static str,
     first: *mut ibv_recv_wr,
     post: impl Fn(&[RecvWr<'_>]) -> Result<(), PostError>,
 ) -> Result<(), (*mut ibv_recv_wr, Errno)> {
+    // SAFETY: the caller's contract.
+    if let Some(w) = unsafe { first.as_ref() } {
+        // SAFETY: the program's WR names its SGE array.
+        match unsafe { sges(w.sg_list, w.num_sge) } {
+            // A WR posted alone, as a receiver reposts one per completion: no rounds.
+            Ok(list) if w.next.is_null() && list.len() <= FEW_SGES => {
+                let mut buf: ArrayVec<Sge, FEW_SGES> = ArrayVec::new();
+                buf.extend(list.iter().map(|s| Sge::new(s.addr, s.length, s.lkey)));
+                return post(&[RecvWr::new(w.wr_id, &buf)]).map_err(|e| post_failed(call, &[first], e));
+            }
+            Ok(_) => {}
+            Err(e) => return Err((first, e)),
+        }
+    }
     let mut cur = first;
     while !cur.is_null() {
         let mut sge_buf: ArrayVec<Sge, ROUND_SGES> = ArrayVec::new();
@@ -329,7 +346,7 @@ unsafe fn post_recv_list(
             wrs.push(RecvWr::new(*id, &sge_buf[r.clone()]));
         }
         if !wrs.is_empty() {
-            post(&wrs).map_err(|e| post_failed(&ptrs, e))?;
+            post(&wrs).map_err(|e| post_failed(call, &ptrs, e))?;
         }
         if let Some(r) = refused {
             return Err(r);
@@ -385,7 +402,7 @@ pub(crate) unsafe extern "C" fn post_recv(
         // SAFETY: the data path trusts the program's QP pointer, as libibverbs does.
         let r = match unsafe { live::get_fast::<Qp>(qp.cast()) } {
             // SAFETY: the program passes its WR list.
-            Ok(q) => unsafe { post_recv_list(wr, |w| q.sim.post_recv(w)) },
+            Ok(q) => unsafe { post_recv_list("ibv_post_recv", wr, |w| q.sim.post_recv(w)) },
             Err(e) => Err((wr, e)),
         };
         // SAFETY: the program passes a `struct ibv_recv_wr **` (or NULL).
@@ -403,7 +420,7 @@ pub(crate) unsafe extern "C" fn post_srq_recv(
         // SAFETY: the data path trusts the program's SRQ pointer, as libibverbs does.
         let r = match unsafe { live::get_fast::<Srq>(srq) } {
             // SAFETY: the program passes its WR list.
-            Ok(s) => unsafe { post_recv_list(wr, |w| s.sim.post_recv(w)) },
+            Ok(s) => unsafe { post_recv_list("ibv_post_srq_recv", wr, |w| s.sim.post_recv(w)) },
             Err(e) => Err((wr, e)),
         };
         // SAFETY: the program passes a `struct ibv_recv_wr **` (or NULL).
