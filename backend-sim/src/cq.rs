@@ -167,8 +167,20 @@ impl CqShared {
         before - st.entries.len()
     }
 
-    /// `ibv_poll_cq`.
+    /// [`CqShared::poll_each`] into a slice, for the tests.
+    #[cfg(test)]
     pub fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize> {
+        let mut slots = out.iter_mut();
+        self.poll_each(slots.len(), |wc| {
+            if let Some(slot) = slots.next() {
+                *slot = *wc;
+            }
+        })
+    }
+
+    /// `ibv_poll_cq` for a caller that takes the completions one by one: hands up to
+    /// `max` of them to `take`, oldest first, and returns how many.
+    pub fn poll_each(&self, max: usize, mut take: impl FnMut(&WorkCompletion)) -> Result<usize> {
         if !self.news.load(Ordering::Acquire) {
             return Ok(0);
         }
@@ -179,9 +191,9 @@ impl CqShared {
                 lost: st.lost,
             });
         }
-        let n = out.len().min(st.entries.len());
-        for (slot, e) in out.iter_mut().zip(st.entries.drain(..n)) {
-            *slot = e.wc;
+        let n = max.min(st.entries.len());
+        for e in st.entries.drain(..n) {
+            take(&e.wc);
             if let Some(m) = e.mark {
                 m.slots.release_through(m.upto);
             }

@@ -13,9 +13,6 @@ use crate::cq::Cq;
 use crate::ffi::{errno_of, value_verb, Errno};
 use crate::live;
 
-/// Completions taken from the sim per round of a large poll.
-const BATCH: usize = 32;
-
 /// A sim completion as `struct ibv_wc` (immediate data in network byte order).
 pub fn wc_to_c(w: &WorkCompletion) -> ibv_wc {
     ibv_wc {
@@ -35,36 +32,22 @@ pub fn wc_to_c(w: &WorkCompletion) -> ibv_wc {
     }
 }
 
-thread_local! {
-    /// The completions of a poll before they are written as `struct ibv_wc`: one buffer
-    /// per thread, not a fresh one per call, since a program spinning on an empty CQ
-    /// calls `ibv_poll_cq` millions of times and would clear the buffer every time.
-    static POLLED: std::cell::RefCell<[WorkCompletion; BATCH]> =
-        std::cell::RefCell::new([WorkCompletion::default(); BATCH]);
-}
-
-fn poll(q: &Cq, n: usize, out: *mut ibv_wc) -> Result<usize, Errno> {
-    POLLED.with_borrow_mut(|buf| poll_into(q, n, out, buf))
-}
-
-fn poll_into(q: &Cq, n: usize, out: *mut ibv_wc, buf: &mut [WorkCompletion; BATCH]) -> Result<usize, Errno> {
+/// Polls up to `n` completions of `q` into the program's array `out`, each written as a
+/// `struct ibv_wc` as the sim hands it over (no buffer in between).
+///
+/// # Safety
+///
+/// `out` must have room for `n` entries.
+unsafe fn poll(q: &Cq, n: usize, out: *mut ibv_wc) -> Result<usize, Errno> {
     let mut done = 0;
-    while done < n {
-        let want = (n - done).min(BATCH);
-        let got = q
-            .sim
-            .poll(&mut buf[..want])
-            .map_err(|e| errno_of("ibv_poll_cq", &e))?;
-        for (i, w) in buf[..got].iter().enumerate() {
-            // SAFETY: the program's array holds `n` entries; done + i < n.
-            unsafe { out.add(done + i).write(wc_to_c(w)) };
-        }
-        done += got;
-        if got < want {
-            break;
-        }
-    }
-    Ok(done)
+    q.sim
+        .poll_each(n, |w| {
+            // SAFETY: the program's array holds `n` entries, and the sim hands over at
+            // most `n` completions: done < n.
+            unsafe { out.add(done).write(wc_to_c(w)) };
+            done += 1;
+        })
+        .map_err(|e| errno_of("ibv_poll_cq", &e))
 }
 
 /// `ops.poll_cq` (what the inline `ibv_poll_cq` calls): how many completions were
@@ -82,7 +65,9 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc:
         if n > 0 && wc.is_null() {
             return -libc::EINVAL;
         }
-        match poll(q, n, wc) {
+        // SAFETY: the program passes an array of `num_entries` entries (checked non-NULL
+        // when it asks for any).
+        match unsafe { poll(q, n, wc) } {
             Ok(got) => got as c_int,
             Err(e) => -e,
         }

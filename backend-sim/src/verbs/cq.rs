@@ -16,21 +16,35 @@ pub struct SimCq {
     pub(crate) dev: Arc<DeviceShared>,
 }
 
-impl CompletionQueue for SimCq {
-    fn poll(&self, wc: &mut [WorkCompletion]) -> Result<usize> {
+impl SimCq {
+    /// [`CompletionQueue::poll`] for a caller that takes the completions one by one
+    /// (the C ABI writes each as a `struct ibv_wc` into the program's array): hands up
+    /// to `max` of them to `take`, oldest first, and returns how many.
+    pub fn poll_each(&self, max: usize, mut take: impl FnMut(&WorkCompletion)) -> Result<usize> {
         // ACKs deferred by this thread's previous poll leave now (delayed ACK).
         self.dev.progress.flush_acks();
-        let n = self.cq.poll(wc)?;
+        let n = self.cq.poll_each(max, &mut take)?;
         if n > 0 {
             self.dev.progress.user_polled();
             return Ok(n);
         }
-        if wc.is_empty() {
+        if max == 0 {
             return Ok(0);
         }
         // Empty: drive the device's receive progress on this thread, then look again.
         self.dev.progress.user_drive();
-        self.cq.poll(wc)
+        self.cq.poll_each(max, take)
+    }
+}
+
+impl CompletionQueue for SimCq {
+    fn poll(&self, wc: &mut [WorkCompletion]) -> Result<usize> {
+        let mut slots = wc.iter_mut();
+        self.poll_each(slots.len(), |w| {
+            if let Some(slot) = slots.next() {
+                *slot = *w;
+            }
+        })
     }
     fn req_notify(&self, solicited_only: bool) -> Result<()> {
         self.cq.req_notify(solicited_only)?;
