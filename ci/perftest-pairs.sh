@@ -3,8 +3,8 @@
 # Soft-RoCE VM, busybox sh) and ci/perftest-vs-perf-sim.sh (the sim on the host, perftest
 # through backend-sim/cabi). POSIX sh; run from a directory holding `runs/`. For each
 # row, PAIRS pairs, the order inside a pair swapped every time (perftest first, then
-# perf first, ...), each tool as server and client on loopback. Writes
-# runs/TEST-SIZE__PAIR__perftest.txt and runs/TEST-SIZE__PAIR__perf.json; exits 1 if a
+# perf first, ...), the rows taken in turn, each tool as server and client on loopback.
+# Writes runs/TEST-SIZE__PAIR__perftest.txt and runs/TEST-SIZE__PAIR__perf.json; exits 1 if a
 # perf run failed (a perftest run without figures is repeated once and left as it is).
 #
 # Environment:
@@ -66,10 +66,13 @@ perf_run() { # test size iters out
         fail=1
     fi
 }
-for r in $ROWS; do
-    t=${r%%:*}; rest=${r#*:}; s=${rest%%:*}; n=${rest#*:}
-    p=1
-    while [ $p -le "$PAIRS" ]; do
+# Round-robin over the rows, one pair of each at a time: a change in the machine's load
+# during the sitting (other tenants of a VM host, a CPU frequency step) then falls on
+# every row alike instead of on the rows that happen to run at that moment.
+p=1
+while [ $p -le "$PAIRS" ]; do
+    for r in $ROWS; do
+        t=${r%%:*}; rest=${r#*:}; s=${rest%%:*}; n=${rest#*:}
         base=runs/${t}-${s}__${p}
         if [ $((p % 2)) -eq 1 ]; then
             perftest_run "$t" "$s" "$n" "${base}__perftest.txt"
@@ -78,8 +81,8 @@ for r in $ROWS; do
             perf_run "$t" "$s" "$n" "${base}__perf.json"
             perftest_run "$t" "$s" "$n" "${base}__perftest.txt"
         fi
-        p=$((p + 1))
     done
-    echo "$t $s: $PAIRS pairs done"
+    echo "pair $p of $PAIRS done (every row)"
+    p=$((p + 1))
 done
 exit $fail
