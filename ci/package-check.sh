@@ -13,6 +13,18 @@ required=(Cargo.toml README.md LICENSE-MIT LICENSE-APACHE)
 start=$(date +%s)
 args=()
 for c in "${crates[@]}"; do args+=(-p "$c"); done
+# Cargo unpacks each crate it packages into $CARGO_HOME/registry/src/<its local
+# registry>/<crate>-<version> to build the others against it, and a later run whose
+# version is unchanged reuses that folder as it is: the check would build the first
+# run's sources. So those folders go first (crates.io's own are left alone).
+home=${CARGO_HOME:-$HOME/.cargo}
+for c in "${crates[@]}"; do
+    v=$(cargo pkgid -p "$c" | sed 's/.*[#@]//')
+    for d in "$home"/registry/src/*/"$c-$v"; do
+        case $d in */index.crates.io-*) continue ;; esac
+        if [ -d "$d" ]; then rm -rf "$d"; fi
+    done
+done
 # --allow-dirty: the check is of the manifests and files, so that it also runs on a tree
 # with uncommitted changes.
 cargo package "${args[@]}" --allow-dirty "$@"
