@@ -1267,6 +1267,57 @@ mod tests {
         (mrs, mr, req)
     }
 
+    /// Inline data handed over as pieces (the C ABI's, from memory that need not be
+    /// registered) is what goes on the wire; the pieces count as the WR's SGEs and their
+    /// length against `max_inline_data`; the same WR without pieces must name registered
+    /// memory, as the verbs API requires.
+    #[test]
+    fn inline_pieces_are_sent_and_checked_as_sges() {
+        let mrs = MrTable::default();
+        let cap = QpCap {
+            max_send_wr: 8,
+            max_recv_wr: 1,
+            max_send_sge: 2,
+            max_recv_sge: 1,
+            max_inline_data: 16,
+        };
+        let mut req = Requester::new(1, 1, &cap, false);
+        req.connect(ReqAttrs {
+            sq_psn: 0,
+            timeout: None,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            max_rd_atomic: 1,
+        });
+        // An lkey no region has: only the pieces can be read.
+        let unregistered = [Sge::new(0x1000, 7, 99)];
+        let wr = SendWr::write(1, &unregistered, (0x2000, 5)).inline().signaled();
+        assert_eq!(req.post(&wr, &mrs), Err(PostCheck::BadInlineSge));
+        let three: [&[u8]; 3] = [b"ab", b"cd", b"e"];
+        assert_eq!(req.post_with(&wr, &mrs, Some(&three)), Err(PostCheck::TooManySge));
+        let long: [&[u8]; 2] = [&[1; 9], &[2; 8]];
+        assert_eq!(
+            req.post_with(&wr, &mrs, Some(&long)),
+            Err(PostCheck::InlineTooLong)
+        );
+        let two: [&[u8]; 2] = [b"abc", b"defg"];
+        req.post_with(&wr, &mrs, Some(&two)).unwrap();
+        let now = Instant::now();
+        let (mut tx, mut out, mut wire) = (TxQueue::new(), Vec::new(), Vec::new());
+        assert_eq!(req.poll_transmit(&mrs, now, &mut tx, 16, &mut out), Ok(1));
+        tx.drain_into(&mut wire);
+        let (frame, head) = Frame::decode(&wire).unwrap().unwrap();
+        assert!(matches!(frame, Frame::Write { len: 7, .. }), "{frame}");
+        assert_eq!(&wire[head..], b"abcdefg");
+        req.on_response(&Frame::Ack { psn: 0 }, now, &mut out).unwrap();
+        assert_eq!(
+            out.iter()
+                .map(|w| (w.wr_id, w.status, w.byte_len))
+                .collect::<Vec<_>>(),
+            [(1, WcStatus::Success, 7)]
+        );
+    }
+
     /// Found by the `responder` fuzz target: two FETCH_AND_ADDs in flight, the peer
     /// answers the second first, then the connection breaks. The rewind subtracted the
     /// answered one from the READ/atomic count a second time: a u32 underflow (a panic in
