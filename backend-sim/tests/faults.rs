@@ -19,6 +19,8 @@ struct Pair {
     cq_b: SimCq,
     a: SimQp,
     b: SimQp,
+    ea: Endpoint,
+    eb: Endpoint,
 }
 
 /// A on sim0 (requester), B on sim1 (responder).
@@ -67,6 +69,8 @@ fn pair(timeout: u8, retry_cnt: u8, rnr_retry: u8) -> Pair {
         cq_b,
         a,
         b,
+        ea,
+        eb,
     }
 }
 
@@ -119,6 +123,41 @@ fn connection_breaks_in_the_middle_of_a_send() {
 #[test]
 fn connection_breaks_after_a_send() {
     send_survives(BreakPoint::AfterRequest, 4096);
+}
+
+/// A WR that waits behind its connection (not written yet) when the connection breaks,
+/// on the QP that does not set connections up (the larger (GID, LID, QPN)), whose peer
+/// will not set it up again (its QP is in ERR): nothing will carry the WR, and it must
+/// still end as for lost packets (RETRY_EXC_ERR after the ACK timer's retries), not wait
+/// for ever, exactly as a WR posted after the break does.
+#[test]
+fn a_wr_caught_by_a_break_before_it_left_times_out_on_the_passive_side() {
+    let p = pair(10, 1, 7);
+    let a_connects = (p.ea.gid, p.ea.lid, p.ea.qpn) < (p.eb.gid, p.eb.lid, p.eb.qpn);
+    // The requester is the passive one (B's ACK timer has the defaults: 8 x ~67 ms).
+    let (req, req_ctx, req_pd, req_cq, resp, resp_pd) = match a_connects {
+        true => (&p.b, &p.b_ctx, &p.pd_b, &p.cq_b, &p.a, &p.pd_a),
+        false => (&p.a, &p.a_ctx, &p.pd_a, &p.cq_a, &p.b, &p.pd_b),
+    };
+    let src = req_pd.reg_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
+    let dst = resp_pd
+        .reg_mr(8, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+        .unwrap();
+    let err = QpAttr {
+        qp_state: QpState::Err,
+        ..Default::default()
+    };
+    resp.modify(&err, QpAttrMask::STATE).unwrap();
+    req_ctx
+        .faults()
+        .break_connection(req.qp_num(), BreakPoint::BeforeRequest)
+        .unwrap();
+    req.post_send(&[SendWr::write(7, &[src.sge_all()], dst.remote().at(0)).signaled()])
+        .unwrap();
+    let w = poll_n(req_cq, 1, T).expect("the WRITE completes");
+    assert_eq!((w[0].wr_id, w[0].status), (7, WcStatus::RetryExcErr), "{w:?}");
+    assert_eq!(req_ctx.faults().stats().breaks, 1);
+    assert_eq!(req.state().unwrap(), QpState::Err);
 }
 
 #[test]

@@ -89,6 +89,7 @@ use crate::link::{ConnIo, EpReg};
 use crate::qp::{Conn, QpShared};
 use crate::rx::Reader;
 use crate::sys;
+use verbs_api::QpState;
 
 mod acks;
 mod bell;
@@ -379,6 +380,15 @@ impl Progress {
             // half-received ones are forgotten (see Responder::connection_lost).
             qp.link_lost(&mut g);
             g.req.wait_for_link(QpShared::now());
+            if !g.req.is_unreliable() && g.req.has_unsent() && matches!(g.state, QpState::Rts | QpState::Sqd)
+            {
+                // WQEs that waited behind the connection (queued for a poll or the
+                // progress thread, not yet written) start as a post without one starts
+                // them; else, on the side that does not set connections up and with a
+                // peer that will not, nothing would carry them or run their timer.
+                qp.send_unconnected(&mut g);
+                qp.deliver(&mut g);
+            }
             self.rearm(qp, &mut g);
             drop(g);
             qp.req_wake.notify_one();

@@ -197,6 +197,26 @@ impl QpShared {
         }
     }
 
+    /// An RC send queue without a connection (not yet, or the peer is gone) starts its
+    /// WQEs anyway, as an HCA processes them whether anything answers or not: the frames
+    /// are built (the local checks run, so a bad lkey is LOC_PROT_ERR now, not a
+    /// transport error after the retries) and lost on the way. They are resent once
+    /// connected; until then the ACK timer runs, so a peer that stays away costs
+    /// `retry_cnt` timeouts and RETRY_EXC_ERR.
+    pub(crate) fn send_unconnected(self: &Arc<Self>, g: &mut QpInner) {
+        let now = Self::now();
+        let QpInner { req, send_wc, .. } = &mut *g;
+        let mut void = TxQueue::new();
+        let built = req.poll_transmit(&self.dev.mrs, now, &mut void, usize::MAX, send_wc);
+        req.on_connection_lost();
+        if built.is_err() {
+            self.enter_error(g);
+        } else {
+            g.req.arm_timer(now);
+            self.dev.path.rearm(self, g);
+        }
+    }
+
     /// Starts sending what the send queue holds, now that it may: after `post_send` in
     /// RTS (`posted`: the number of WRs of the call), and after SQD -> RTS (`None`), which
     /// resumes the WQEs posted while the queue drained: nothing else starts them, and
@@ -216,22 +236,7 @@ impl QpShared {
             g.req.wait_for_link(Self::now());
             self.dev.path.rearm(self, &mut g);
         } else if conn.is_none() {
-            // No connection (not yet, or the peer is gone). An HCA processes the
-            // WQEs anyway, whether anything answers or not: build the frames (the
-            // local checks run, so a bad lkey is LOC_PROT_ERR now, not a transport
-            // error after the retries) and lose them on the way. They are resent
-            // once connected; until then the ACK timer runs.
-            let now = Self::now();
-            let QpInner { req, send_wc, .. } = &mut *g;
-            let mut void = TxQueue::new();
-            let built = req.poll_transmit(&self.dev.mrs, now, &mut void, usize::MAX, send_wc);
-            req.on_connection_lost();
-            if built.is_err() {
-                self.enter_error(&mut g);
-            } else {
-                g.req.arm_timer(now);
-                self.dev.path.rearm(self, &mut g);
-            }
+            self.send_unconnected(&mut g);
         }
         drop(g);
         match (conn, posted) {
