@@ -37,13 +37,16 @@ impl DelayedAcks {
     /// request).
     #[inline]
     pub fn any(&self) -> bool {
-        self.owed.load(Ordering::Acquire) != 0
+        // SeqCst (a plain load on x86, as Acquire): the progress thread's look before it
+        // sleeps pairs with `Progress::owe_ack`'s count and look at its `sleeping`.
+        self.owed.load(Ordering::SeqCst) != 0
     }
 
-    /// `conn` owes an ACK left for later: counts it and lists it once.
-    pub fn owe(&self, conn: &Arc<Conn>) {
+    /// `conn` owes an ACK left for later: counts it and lists it once. Returns whether
+    /// it was newly counted.
+    pub fn owe(&self, conn: &Arc<Conn>) -> bool {
         if conn.ack_owed.load(Ordering::Relaxed) || conn.ack_owed.swap(true, Ordering::SeqCst) {
-            return;
+            return false;
         }
         self.owed.fetch_add(1, Ordering::SeqCst);
         if !conn.ack_listed.load(Ordering::Acquire) && !conn.ack_listed.swap(true, Ordering::SeqCst) {
@@ -57,6 +60,7 @@ impl DelayedAcks {
         if conn.closed.load(Ordering::SeqCst) {
             self.forget(conn);
         }
+        true
     }
 
     /// A closed `conn` leaves the count and the list.

@@ -48,6 +48,14 @@ impl Bell {
         self.sleeping.load(Ordering::SeqCst)
     }
 
+    /// Whether the progress thread sleeps (or is about to) without a bound: it saw no
+    /// application thread driving, and nothing but a ring, a connection's readiness or
+    /// its next timer wakes it.
+    pub fn asleep_unbounded(&self) -> bool {
+        // (`bounded` is written before `sleeping`, whose SeqCst load orders this one.)
+        self.sleeping.load(Ordering::SeqCst) && !self.bounded.load(Ordering::Relaxed)
+    }
+
     /// Empties the doorbell: how often it was rung since it was last emptied.
     pub fn take_rings(&self) -> u64 {
         let mut v = [0u8; 8];

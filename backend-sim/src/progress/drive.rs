@@ -47,8 +47,12 @@ impl Progress {
         // queue; waking the progress thread too would only have two threads fight over
         // the connections. If it stops polling without arming a CQ, the progress thread
         // takes over when the window and grace period end.
-        if self.ready.push(qp) && self.bell.asleep() && !self.user_driving() {
-            self.bell.ring();
+        if self.ready.push(qp) {
+            if !self.user_driving() && self.bell.asleep() {
+                self.bell.ring();
+            } else {
+                self.wake_for_left_work();
+            }
         }
     }
 
@@ -186,8 +190,30 @@ impl Progress {
         }
     }
 
-    /// `conn` owes an ACK left for later.
+    /// `conn` owes an ACK left for later: for this thread's next poll or post, else for
+    /// the progress thread once the driving window and grace period end. That hand-over
+    /// holds while the progress thread sleeps with a bound (it saw the window open); one
+    /// asleep without a bound is woken here (see [`Progress::wake_for_left_work`]).
     pub(crate) fn owe_ack(&self, conn: &Arc<Conn>) {
-        self.acks.owe(conn);
+        if self.acks.owe(conn) {
+            self.wake_for_left_work();
+        }
+    }
+
+    /// Work was left for later (an ACK owed, a transmit queued) by a thread that drives,
+    /// or believes it does: wakes the progress thread if it sleeps without a bound. A
+    /// driving thread extends the window without ringing when it finds it open, by the
+    /// clock it read at the start of its poll; preempted between that read and the
+    /// extension, it can find open a window that the progress thread, meanwhile, saw
+    /// closed before it went to sleep on the connections with no end to its sleep. The
+    /// driving thread's service then takes the connection's bytes (the packets' wake-up
+    /// finds nothing to read), and what it leaves would wait for the next packet or
+    /// timer, for ever if none comes (a last ACK owed to a peer that waits for it). The
+    /// work's SeqCst store, then this SeqCst look, pair with the progress thread's
+    /// `sleeping` store and its look at the work before it sleeps.
+    fn wake_for_left_work(&self) {
+        if self.bell.asleep_unbounded() {
+            self.bell.ring();
+        }
     }
 }

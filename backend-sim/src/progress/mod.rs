@@ -354,6 +354,29 @@ impl Progress {
         self.acks.owed()
     }
 
+    /// Whether QPs wait in the transmit queue (tests).
+    #[cfg(test)]
+    pub fn transmits_queued(&self) -> bool {
+        self.ready.pending()
+    }
+
+    /// Whether the progress thread sleeps without a bound (tests).
+    #[cfg(test)]
+    pub fn asleep_unbounded(&self) -> bool {
+        self.bell.asleep_unbounded()
+    }
+
+    /// Opens the driving window for `d` from now as a driving thread extends it when it
+    /// finds it open by a clock read earlier: without ringing (tests).
+    #[cfg(test)]
+    pub fn extend_window_unseen(&self, d: Duration) {
+        let now = self.clock.now_ns();
+        self.window.last_poll.store(now, Ordering::Relaxed);
+        self.window
+            .until
+            .store(now + d.as_nanos() as u64, Ordering::Relaxed);
+    }
+
     /// The connection lost (closed by the peer, an error, fault injection): the QP's
     /// requests are resent over the next one, half-received ones forgotten.
     fn lost(&self, conn: &Arc<Conn>, why: &str) {

@@ -32,7 +32,9 @@ impl ReadyQueue {
         }
         let mut r = self.queue.lock();
         r.push_back(qp.clone());
-        self.pending.store(true, Ordering::Release);
+        // SeqCst: paired with the progress thread's `sleeping` store and its look here
+        // before it sleeps (see `Progress::schedule`).
+        self.pending.store(true, Ordering::SeqCst);
         true
     }
 
@@ -54,6 +56,6 @@ impl ReadyQueue {
 
     /// Whether anything may be queued.
     pub fn pending(&self) -> bool {
-        self.pending.load(Ordering::Acquire)
+        self.pending.load(Ordering::SeqCst)
     }
 }

@@ -9,6 +9,35 @@ use verbs_api::{
 
 use crate::SimBackend;
 
+/// Two RC QPs of `ctx` connected to each other (default parameters) and, once it is
+/// up, the first one's connection.
+fn connected_pair(
+    ctx: &crate::SimContext,
+    pd: &crate::SimPd,
+    cq: &crate::SimCq,
+    cap: QpCap,
+) -> (crate::SimQp, crate::SimQp, std::sync::Arc<super::Conn>) {
+    let (qa, qb) = (
+        pd.create_qp(&QpInitAttr::rc(cq, cq, cap)).unwrap(),
+        pd.create_qp(&QpInitAttr::rc(cq, cq, cap)).unwrap(),
+    );
+    let p = RcParams::default();
+    let ea = local_endpoint(ctx, &qa, &p, 1).unwrap();
+    let eb = local_endpoint(ctx, &qb, &p, 2).unwrap();
+    connect_rc(&qa, &p, 1, &eb).unwrap();
+    connect_rc(&qb, &p, 2, &ea).unwrap();
+    // The connection comes up in the background.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let conn = qa.qp.inner.lock().conn.clone();
+        if let Some(c) = conn {
+            return (qa, qb, c);
+        }
+        assert!(Instant::now() < deadline, "no connection");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 /// An HCA processes a WQE whether or not anything answers at the other end, so a
 /// local protection error completes at once, also on a QP without a connection (its
 /// peer unreachable, not yet connected, or gone). Found by the verbs-level model
@@ -255,24 +284,7 @@ fn a_close_leaves_no_owed_ack_counted_whichever_comes_first() {
     let cap = QpCap::new(8, 8);
     let progress = &ctx.dev.progress;
     for close_first in [false, true] {
-        let (qa, qb) = (
-            pd.create_qp(&QpInitAttr::rc(&cq, &cq, cap)).unwrap(),
-            pd.create_qp(&QpInitAttr::rc(&cq, &cq, cap)).unwrap(),
-        );
-        let p = RcParams::default();
-        let ea = local_endpoint(&ctx, &qa, &p, 1).unwrap();
-        let eb = local_endpoint(&ctx, &qb, &p, 2).unwrap();
-        connect_rc(&qa, &p, 1, &eb).unwrap();
-        connect_rc(&qb, &p, 2, &ea).unwrap();
-        // The connection comes up in the background.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let conn = loop {
-            if let Some(c) = qa.qp.inner.lock().conn.clone() {
-                break c;
-            }
-            assert!(Instant::now() < deadline, "no connection");
-            std::thread::sleep(Duration::from_millis(1));
-        };
+        let (_qa, _qb, conn) = connected_pair(&ctx, &pd, &cq, cap);
         if close_first {
             progress.close(&conn);
             progress.owe_ack(&conn);
@@ -286,6 +298,47 @@ fn a_close_leaves_no_owed_ack_counted_whichever_comes_first() {
         assert_eq!(progress.acks_owed(), 0, "close_first: {close_first}");
         assert_eq!(progress.acks_listed(), 0, "close_first: {close_first}");
     }
+}
+
+/// Work a driving thread leaves for later (an ACK owed, a QP queued to transmit) while
+/// the progress thread sleeps without a bound: it went to sleep on the connections
+/// having seen the driving window closed, and the driving thread, its clock read before
+/// the window's end, extended the window without ringing. The progress thread must be
+/// woken to take the work over when the window and grace period end; before, it slept
+/// on until a packet or timer came (the last ACK of a UC ping-pong, whose peer waited
+/// for it, never went: `perf write_lat -c UC` timed out under load).
+#[test]
+fn work_left_while_the_progress_thread_sleeps_unbounded_is_taken_over() {
+    use verbs_api::Backend;
+    let sim = SimBackend::default();
+    let ctx = sim.open("sim0").unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(16, None).unwrap();
+    let cap = QpCap::new(8, 8);
+    let progress = &ctx.dev.progress;
+    let (qa, _qb, conn) = connected_pair(&ctx, &pd, &cq, cap);
+    let wait = |what: &str, done: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !done() {
+            assert!(Instant::now() < deadline, "{what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    // Nothing outstanding, no timer: the progress thread ends up asleep for good.
+    wait("the progress thread sleeps unbounded", &|| {
+        progress.asleep_unbounded()
+    });
+    progress.extend_window_unseen(Duration::from_millis(1));
+    progress.owe_ack(&conn);
+    wait("the owed ACK is taken over", &|| progress.acks_owed() == 0);
+    wait("the progress thread sleeps unbounded again", &|| {
+        progress.asleep_unbounded()
+    });
+    progress.extend_window_unseen(Duration::from_millis(1));
+    progress.schedule(&qa.qp);
+    wait("the queued transmit is taken over", &|| {
+        !progress.transmits_queued()
+    });
 }
 
 /// A lone WR posted to an idle QP while this thread drives progress, after another
