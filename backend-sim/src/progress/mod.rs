@@ -31,6 +31,9 @@
 //!   that stays inside one connection for longer than the grace period (its stream does
 //!   not drain) still drives, but the progress thread gives the device's other
 //!   connections a round every window plus grace period meanwhile (`Progress::long_stay`).
+//!   Work a driving thread leaves for later (an owed ACK, a queued transmit) wakes a
+//!   progress thread that sleeps without a bound (it saw no window open), so that the
+//!   hand-over at the window's end holds however the two threads' clock reads interleave.
 //!   A progress thread that spun a whole window for nothing and was then woken by a
 //!   connection almost at once had been starving the sender on a shared CPU; it moves to
 //!   another CPU ([`cpu_share`](crate::cpu_share)).
