@@ -77,7 +77,7 @@ pub struct Attrs {
     pub max_msg_sz: u32,
     /// The port's link layer: InfiniBand (LID = the device's TCP port, an address vector
     /// with or without the GRH) or Ethernet (RoCE v2: LID 0, peers reached by GID alone,
-    /// see [`addressing`](crate::addressing)).
+    /// see `addressing`).
     pub link_layer: LinkLayer,
 }
 

@@ -7,7 +7,7 @@
 //! - its attributes ([`attrs`]): the limits, vendor ids, atomic capability, inline size,
 //!   MTU, message size and link layer that `ibv_query_device`/`ibv_query_port` report,
 //!   which the sim also enforces (an Ethernet port is reached by GID alone:
-//!   [`addressing`](crate::addressing));
+//!   `addressing`);
 //! - its behavioural switches ([`Switches`], defined in the protocol crate, which reads
 //!   them): each choice where HCAs differ, one named field with its sources.
 //!   [`switches::table`] lists them with their values under every profile.
