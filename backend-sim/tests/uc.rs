@@ -342,7 +342,12 @@ fn a_message_lost_midway_is_dropped_whole() {
         poll_quiet(&u.cq1, Duration::from_millis(200)).unwrap().is_empty(),
         "resent"
     );
-    assert_eq!(u.dropped(), 1);
+    // Dropped by the responder if its head had been read when the connection went; if
+    // the new connection superseded the old one first (its hello is taken by the setup
+    // thread, the old bytes by the progress thread: no order between them), nothing of
+    // it arrived and the next message's PSN shows the gap. One or the other, once.
+    let c = u.c1.counters();
+    assert_eq!(c.uc_dropped + c.uc_psn_gaps, 1, "{c:?}");
     assert!(u.c0.faults().stats().breaks >= 1);
 }
 
