@@ -413,6 +413,11 @@ async fn connector_task(dev: Arc<Setup>, qp: Arc<QpShared>, epoch: u64) {
                         progress.close(&conn);
                         return;
                     }
+                    if !g.req.is_unreliable() {
+                        // What the requester started before this connection existed was
+                        // lost on the way (`QpShared::send_unconnected`): resent on it.
+                        g.req.on_connection_lost();
+                    }
                     g.conn = Some(conn.clone());
                     g.req.link_error = 0;
                     qp.note_link(&mut g);

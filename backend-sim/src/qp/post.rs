@@ -201,14 +201,17 @@ impl QpShared {
     /// WQEs anyway, as an HCA processes them whether anything answers or not: the frames
     /// are built (the local checks run, so a bad lkey is LOC_PROT_ERR now, not a
     /// transport error after the retries) and lost on the way. They are resent once
-    /// connected; until then the ACK timer runs, so a peer that stays away costs
-    /// `retry_cnt` timeouts and RETRY_EXC_ERR.
+    /// connected (the connection's start rewinds the send queue, see `transport`);
+    /// until then the ACK timer runs, so a peer that stays away costs `retry_cnt`
+    /// timeouts and RETRY_EXC_ERR. Only WQEs not yet started are built: a program that
+    /// posts right after RTS (perftest: a window of 128 WRITEs, one `ibv_post_send`
+    /// each) while the connection is being set up pays for each WQE once, not for every
+    /// earlier one again at each post.
     pub(crate) fn send_unconnected(self: &Arc<Self>, g: &mut QpInner) {
         let now = Self::now();
         let QpInner { req, send_wc, .. } = &mut *g;
         let mut void = TxQueue::new();
         let built = req.poll_transmit(&self.dev.mrs, now, &mut void, usize::MAX, send_wc);
-        req.on_connection_lost();
         if built.is_err() {
             self.enter_error(g);
         } else {
