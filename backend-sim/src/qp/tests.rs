@@ -9,32 +9,49 @@ use verbs_api::{
 
 use crate::SimBackend;
 
-/// Two RC QPs of `ctx` connected to each other (default parameters) and, once it is
-/// up, the first one's connection.
-fn connected_pair(
-    ctx: &crate::SimContext,
-    pd: &crate::SimPd,
-    cq: &crate::SimCq,
-    cap: QpCap,
-) -> (crate::SimQp, crate::SimQp, std::sync::Arc<super::Conn>) {
-    let (qa, qb) = (
-        pd.create_qp(&QpInitAttr::rc(cq, cq, cap)).unwrap(),
-        pd.create_qp(&QpInitAttr::rc(cq, cq, cap)).unwrap(),
-    );
-    let p = RcParams::default();
-    let ea = local_endpoint(ctx, &qa, &p, 1).unwrap();
-    let eb = local_endpoint(ctx, &qb, &p, 2).unwrap();
-    connect_rc(&qa, &p, 1, &eb).unwrap();
-    connect_rc(&qb, &p, 2, &ea).unwrap();
-    // The connection comes up in the background.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let conn = qa.qp.inner.lock().conn.clone();
-        if let Some(c) = conn {
-            return (qa, qb, c);
+/// One device (`sim0`) with a PD and a CQ, on which tests connect QPs to each other.
+struct OneDevice {
+    ctx: crate::SimContext,
+    pd: crate::SimPd,
+    cq: crate::SimCq,
+}
+
+impl OneDevice {
+    fn open() -> OneDevice {
+        use verbs_api::Backend;
+        let ctx = SimBackend::default().open("sim0").unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(16, None).unwrap();
+        OneDevice { ctx, pd, cq }
+    }
+
+    /// Two RC QPs connected to each other (default parameters) and, once it is up, the
+    /// first one's connection.
+    fn connected_pair(&self) -> (crate::SimQp, crate::SimQp, std::sync::Arc<super::Conn>) {
+        let cap = QpCap::new(8, 8);
+        let (qa, qb) = (
+            self.pd
+                .create_qp(&QpInitAttr::rc(&self.cq, &self.cq, cap))
+                .unwrap(),
+            self.pd
+                .create_qp(&QpInitAttr::rc(&self.cq, &self.cq, cap))
+                .unwrap(),
+        );
+        let p = RcParams::default();
+        let ea = local_endpoint(&self.ctx, &qa, &p, 1).unwrap();
+        let eb = local_endpoint(&self.ctx, &qb, &p, 2).unwrap();
+        connect_rc(&qa, &p, 1, &eb).unwrap();
+        connect_rc(&qb, &p, 2, &ea).unwrap();
+        // The connection comes up in the background.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let conn = qa.qp.inner.lock().conn.clone();
+            if let Some(c) = conn {
+                return (qa, qb, c);
+            }
+            assert!(Instant::now() < deadline, "no connection");
+            std::thread::sleep(Duration::from_millis(1));
         }
-        assert!(Instant::now() < deadline, "no connection");
-        std::thread::sleep(Duration::from_millis(1));
     }
 }
 
@@ -276,15 +293,10 @@ fn each_owed_ack_is_sent_and_the_delayed_ack_list_keeps_a_connection_once() {
 /// device lives; a closed connection kept in the list would keep its socket open.
 #[test]
 fn a_close_leaves_no_owed_ack_counted_whichever_comes_first() {
-    use verbs_api::Backend;
-    let sim = SimBackend::default();
-    let ctx = sim.open("sim0").unwrap();
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(16, None).unwrap();
-    let cap = QpCap::new(8, 8);
-    let progress = &ctx.dev.progress;
+    let dev = OneDevice::open();
+    let progress = &dev.ctx.dev.progress;
     for close_first in [false, true] {
-        let (_qa, _qb, conn) = connected_pair(&ctx, &pd, &cq, cap);
+        let (_qa, _qb, conn) = dev.connected_pair();
         if close_first {
             progress.close(&conn);
             progress.owe_ack(&conn);
@@ -309,14 +321,9 @@ fn a_close_leaves_no_owed_ack_counted_whichever_comes_first() {
 /// for it, never went: `perf write_lat -c UC` timed out under load).
 #[test]
 fn work_left_while_the_progress_thread_sleeps_unbounded_is_taken_over() {
-    use verbs_api::Backend;
-    let sim = SimBackend::default();
-    let ctx = sim.open("sim0").unwrap();
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(16, None).unwrap();
-    let cap = QpCap::new(8, 8);
-    let progress = &ctx.dev.progress;
-    let (qa, _qb, conn) = connected_pair(&ctx, &pd, &cq, cap);
+    let dev = OneDevice::open();
+    let progress = &dev.ctx.dev.progress;
+    let (qa, _qb, conn) = dev.connected_pair();
     let wait = |what: &str, done: &dyn Fn() -> bool| {
         let deadline = Instant::now() + Duration::from_secs(5);
         while !done() {
