@@ -105,6 +105,8 @@ mod rest_wait;
 mod service;
 mod setup_yield;
 mod thread;
+#[cfg(test)]
+pub(crate) use thread::HELD_NAP;
 mod timers;
 mod window;
 
@@ -178,6 +180,10 @@ pub struct Progress {
     /// The device's receive paths beside its QPs' connections (its UD links), once it
     /// has any: an application thread's empty poll reads them too.
     side: std::sync::OnceLock<std::sync::Weak<dyn SidePaths>>,
+    /// Times the progress thread found a connection with news held by another thread
+    /// (tests).
+    #[cfg(test)]
+    held_seen: AtomicU64,
 }
 
 /// Receive paths of a device that are not QP connections (its UD links, which tasks on
@@ -216,6 +222,8 @@ impl Progress {
             links: setup_yield::AwaitedLinks::new(),
             joined: AtomicU64::new(0),
             side: std::sync::OnceLock::new(),
+            #[cfg(test)]
+            held_seen: AtomicU64::new(0),
         })
     }
 
@@ -361,6 +369,13 @@ impl Progress {
     #[cfg(test)]
     pub fn transmits_queued(&self) -> bool {
         self.ready.pending()
+    }
+
+    /// How many times the progress thread found a connection held by another thread
+    /// (tests).
+    #[cfg(test)]
+    pub fn held_seen(&self) -> u64 {
+        self.held_seen.load(Ordering::Relaxed)
     }
 
     /// Whether the progress thread sleeps without a bound (tests).

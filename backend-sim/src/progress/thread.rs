@@ -20,6 +20,17 @@ use crate::qp::{Conn, QpShared};
 /// window times 2^15 is far beyond any grace period).
 const MAX_NAPS: u32 = 16;
 
+/// How long the progress thread sleeps on the doorbell alone when the connections that
+/// woke it were all held by another thread (an application thread servicing them). The
+/// epoll set reports a readable socket until it is read, so blocking on it again returns
+/// at once: the progress thread would spin on a lock it cannot take, and on a machine
+/// with no idle CPU it takes the CPU from the very thread that holds the lock (often one
+/// preempted inside the connection), which then finishes only when the scheduler
+/// preempts the spinner, milliseconds later. The holder sees the `pending` flag the
+/// failed attempt set and reads what arrived; a short sleep lets it run, and frees the
+/// CPU for the kernel to move it there.
+pub(crate) const HELD_NAP: Duration = super::window::DRIVE_GAP;
+
 /// What [`Progress::settle`] last arranged (progress thread state).
 #[derive(Default)]
 pub(super) struct Settled {
@@ -44,6 +55,9 @@ impl Progress {
         let mut spun_last = false;
         // Doorbell sleeps in a row that ended with an application thread still driving.
         let mut naps = 0u32;
+        // The last turn found connections with news held by another thread, and did
+        // nothing (see `HELD_NAP`).
+        let mut held = false;
         while !self.stop.load(Ordering::Acquire) {
             let now = Instant::now();
             // (Converted once: the loop compares it with the driving window up to three
@@ -95,6 +109,14 @@ impl Progress {
             // While applications drive, sleep on the doorbell alone: waking for every
             // packet they handle themselves would only take CPU from them.
             let bell_only = user_driving && !spinning;
+            // Likewise, for a while, when the connections with news were all held.
+            let held_nap = held && !spinning && !bell_only;
+            let timeout = if held_nap {
+                Some(timeout.map_or(HELD_NAP, |t| t.min(HELD_NAP)))
+            } else {
+                timeout
+            };
+            let mut held_now = false;
             let mut work = false;
             // Spinning, or asleep on the doorbell while applications drive: connections
             // are read directly (see `peek_few`) and, if few enough, kept out of the
@@ -111,7 +133,7 @@ impl Progress {
                     0
                 }
                 None => {
-                    let set = if bell_only {
+                    let set = if bell_only || held_nap {
                         &self.bell.only
                     } else {
                         &self.poller.epfd
@@ -139,7 +161,7 @@ impl Progress {
                 if ev.u64 == BELL {
                     self.bell.take_rings();
                 } else if let Some(c) = self.poller.get(ev.u64) {
-                    work |= self.service(&c);
+                    work |= self.service_noting_held(&c, &mut held_now);
                 }
             }
             // Woken from the doorbell while an application thread still drives (it polled
@@ -167,7 +189,7 @@ impl Progress {
                         for ev in &events[..m] {
                             if ev.u64 != BELL {
                                 if let Some(c) = self.poller.get(ev.u64) {
-                                    work |= self.service(&c);
+                                    work |= self.service_noting_held(&c, &mut held_now);
                                 }
                             }
                         }
@@ -189,7 +211,20 @@ impl Progress {
                 std::hint::spin_loop();
             }
             spun_last = spinning;
+            held = held_now && !work;
         }
+    }
+
+    /// [`Progress::service`] on the progress thread, noting in `held` a connection it
+    /// could not service because another thread held it.
+    fn service_noting_held(&self, conn: &Arc<Conn>, held: &mut bool) -> bool {
+        let did = self.service(conn);
+        if !did && conn.io.is_locked() {
+            *held = true;
+            #[cfg(test)]
+            self.held_seen.fetch_add(1, Ordering::Relaxed);
+        }
+        did
     }
 
     /// How long past the driving window's end a progress thread sleeps on the doorbell

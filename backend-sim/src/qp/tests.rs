@@ -635,3 +635,49 @@ fn the_awaited_link_count_follows_rtr_connections_errors_resets_and_destroy() {
     // The connected pair is still connected, and counted nowhere.
     assert_eq!((qa.state().unwrap(), there()), (QpState::Rts, 0));
 }
+
+/// A connection held by another thread (an application thread inside it, perhaps
+/// preempted there) while its socket has news: the progress thread, whose epoll set
+/// keeps reporting the socket readable, must not spin on the lock it cannot take (on a
+/// machine without an idle CPU that spinning delays the holder itself by milliseconds:
+/// perftest's bandwidth runs stalled so at their start). It naps between attempts
+/// (`HELD_NAP`), and what arrived is delivered once the holder lets go.
+#[test]
+fn a_connection_held_by_another_thread_is_not_spun_on() {
+    use crate::progress::HELD_NAP;
+    let dev = OneDevice::open();
+    let progress = &dev.ctx.dev.progress;
+    let (qa, qb, conn) = dev.connected_pair();
+    let dst = dev
+        .pd
+        .reg_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+        .unwrap();
+    let src = dev.pd.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    src.write_u64(0, 0x5eed).unwrap();
+    let hold = Duration::from_millis(60);
+    let (seen, taken) = {
+        // The test thread holds QP a's connection; b's WRITE arrives on its socket.
+        let io = conn.io.lock();
+        let before = progress.held_seen();
+        qb.post_send(&[SendWr::write(7, &[src.sge(0, 8).unwrap()], dst.remote().at(0)).signaled()])
+            .unwrap();
+        let start = Instant::now();
+        std::thread::sleep(hold);
+        let taken = start.elapsed();
+        let seen = progress.held_seen() - before;
+        drop(io);
+        (seen, taken)
+    };
+    assert!(seen > 0, "the progress thread never tried the held connection");
+    // One attempt per nap at most (a nap may last longer, never shorter), plus slack for
+    // the turns of the connection's other events.
+    let bound = (taken.as_nanos() / HELD_NAP.as_nanos()) as u64 + 20;
+    assert!(
+        seen <= bound,
+        "the progress thread tried the held connection {seen} times in {taken:?} (at most {bound})"
+    );
+    let wc = poll_n(&dev.cq, 1, Duration::from_secs(5)).unwrap();
+    assert_eq!((wc[0].wr_id, wc[0].status), (7, WcStatus::Success));
+    assert_eq!(dst.read_u64(0).unwrap(), 0x5eed);
+    drop(qa);
+}
