@@ -27,8 +27,9 @@ const MAX_NAPS: u32 = 16;
 /// with no idle CPU it takes the CPU from the very thread that holds the lock (often one
 /// preempted inside the connection), which then finishes only when the scheduler
 /// preempts the spinner, milliseconds later. The holder sees the `pending` flag the
-/// failed attempt set and reads what arrived; a short sleep lets it run, and frees the
-/// CPU for the kernel to move it there.
+/// failed attempt set and goes around again, reading what arrived (a post that only
+/// transmits leaves it for its thread's next poll, or for this thread after the nap); a
+/// short sleep lets it run, and frees the CPU for the kernel to move it there.
 pub(crate) const HELD_NAP: Duration = super::window::DRIVE_GAP;
 
 /// What [`Progress::settle`] last arranged (progress thread state).
