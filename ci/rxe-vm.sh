@@ -29,6 +29,9 @@
 #   RXEVM_ACCEL    kvm|tcg; default kvm only if /dev/kvm is read-write AND the CPU
 #                  advertises vmx/svm (a nested PVM "kvm" without them hangs a stock kernel)
 #   RXEVM_TIMEOUT  seconds before the VM is killed (default 600)
+#   RXEVM_BOOT_TIMEOUT  seconds the guest's init has to say it is up (default 180); a
+#                  VM that has not by then is killed and booted once more (under TCG a
+#                  boot now and then hangs before init, silently: the kernel is quiet)
 #   RXEVM_APPEND   extra kernel command-line words
 #
 # The guest's clock source is the TSC (clocksource=tsc tsc=reliable): under TCG the
@@ -43,6 +46,7 @@ IMG=$CACHE/image
 SMP=${RXEVM_SMP:-4}
 MEM=${RXEVM_MEM:-1G}
 TIMEOUT=${RXEVM_TIMEOUT:-600}
+BOOT_TIMEOUT=${RXEVM_BOOT_TIMEOUT:-180}
 
 # Guest userspace, straight from the bookworm mirror (nothing is taken from the host).
 GUEST_DEBS="busybox-static libc6 libgcc-s1 zlib1g libmd0 libbsd0 libcap2 libelf1 libbpf1
@@ -175,6 +179,7 @@ guest_init() {
 #!/bin/sh
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root
 mount -t proc none /proc
+echo "@@RXEVM-UP@@"
 mount -t sysfs none /sys
 mount -t devtmpfs none /dev
 mount -t tmpfs none /tmp
@@ -224,6 +229,31 @@ done_with $rc
 INIT
 }
 
+run_vm() { # run_vm LOG QEMU..: runs the VM, its console shown and kept in LOG; fails
+    # (having killed it) if the guest's init did not say it is up within BOOT_TIMEOUT
+    local log=$1 pid tailpid waited=0 up=0
+    shift
+    : >"$log"
+    timeout "$TIMEOUT" "$@" </dev/null >"$log" 2>&1 &
+    pid=$!
+    tail -f --pid="$pid" "$log" &
+    tailpid=$!
+    while kill -0 "$pid" 2>/dev/null; do
+        if [ "$up" = 0 ] && grep -aq '@@RXEVM-UP@@' "$log"; then
+            up=1
+        fi
+        if [ "$up" = 0 ] && [ "$waited" -ge "$BOOT_TIMEOUT" ]; then
+            kill "$pid" 2>/dev/null || true
+            break
+        fi
+        sleep 1
+        waited=$((waited + 1))
+    done
+    wait "$pid" 2>/dev/null || true
+    wait "$tailpid" 2>/dev/null || true
+    grep -aq '@@RXEVM-UP@@' "$log"
+}
+
 boot() { # boot MODE [SHARED_DIR]
     local mode=$1 share=${2:-} accel=${RXEVM_ACCEL:-} cpu
     if [ -z "$accel" ]; then
@@ -246,15 +276,16 @@ boot() { # boot MODE [SHARED_DIR]
         qemu+=(-fsdev "local,id=hostdir,path=$share,security_model=none"
             -device "virtio-9p-pci,fsdev=hostdir,mount_tag=host")
     fi
-    local log=$CACHE/console-$mode.log t0 ms status
-    say "booting: ${accel%%,*}, $SMP vCPUs, $MEM"
-    t0=$(date +%s%N)
-    set +e
-    timeout "$TIMEOUT" "${qemu[@]}" </dev/null | tee "$log"
-    set -e
+    local log=$CACHE/console-$mode.log t0 ms status attempt
+    for attempt in 1 2; do
+        say "booting: ${accel%%,*}, $SMP vCPUs, $MEM"
+        t0=$(date +%s%N)
+        run_vm "$log" "${qemu[@]}" && break
+        say "no sign of the guest's init after ${BOOT_TIMEOUT}s: the VM was killed"
+    done
     ms=$((($(date +%s%N) - t0) / 1000000))
     # The marker may follow console escape codes on its line: match it anywhere.
-    status=$(tr -d '\r' <"$log" | grep -ao '@@RXEVM-STATUS=[0-9]*@@' | tail -n1 | tr -dc '0-9')
+    status=$(tr -d '\r' <"$log" | { grep -ao '@@RXEVM-STATUS=[0-9]*@@' || true; } | tail -n1 | tr -dc '0-9')
     say "VM ran for $ms ms; console log: $log"
     if [ -z "$status" ]; then
         say "no exit status from the guest (crash or timeout after ${TIMEOUT}s)"
