@@ -30,8 +30,10 @@
 #                  advertises vmx/svm (a nested PVM "kvm" without them hangs a stock kernel)
 #   RXEVM_TIMEOUT  seconds before the VM is killed (default 600)
 #   RXEVM_BOOT_TIMEOUT  seconds the guest's init has to say it is up (default 180); a
-#                  VM that has not by then is killed and booted once more (under TCG a
-#                  boot now and then hangs before init, silently: the kernel is quiet)
+#                  VM that has not by then is killed and booted once more (the kernel is
+#                  quiet: without the init's word a boot that hangs and a workload that
+#                  hangs look alike on the console, and a hung boot would cost the whole
+#                  RXEVM_TIMEOUT)
 #   RXEVM_APPEND   extra kernel command-line words
 #
 # The guest's clock source is the TSC (clocksource=tsc tsc=reliable): under TCG the
@@ -281,7 +283,7 @@ boot() { # boot MODE [SHARED_DIR]
         say "booting: ${accel%%,*}, $SMP vCPUs, $MEM"
         t0=$(date +%s%N)
         run_vm "$log" "${qemu[@]}" && break
-        say "no sign of the guest's init after ${BOOT_TIMEOUT}s: the VM was killed"
+        say "no word from the guest's init (killed after ${BOOT_TIMEOUT}s, or the VM stopped before it)"
     done
     ms=$((($(date +%s%N) - t0) / 1000000))
     # The marker may follow console escape codes on its line: match it anywhere.
