@@ -12,6 +12,10 @@ use crate::flags::SendFlags;
 use crate::traits::AddressHandle;
 
 /// `struct ibv_sge`: a local buffer inside a registered memory region.
+///
+/// Laid out as the C structure (`uint64_t addr; uint32_t length; uint32_t lkey;`), so
+/// that a C program's SGE array can be read as a slice of these without a copy.
+#[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Sge {
     /// Start address (virtual address inside the MR).

@@ -71,6 +71,23 @@ pub fn send_flags(flags: u32) -> Result<SendFlags, Errno> {
     SendFlags::from_bits(flags & !IBV_SEND_IP_CSUM).ok_or(libc::EINVAL)
 }
 
+// `struct ibv_sge` and the sim's `Sge` have one layout (both `repr(C)`, the same fields
+// in the same order), which `as_sges` relies on.
+const _: () = {
+    assert!(std::mem::size_of::<ibv_sge>() == std::mem::size_of::<Sge>());
+    assert!(std::mem::align_of::<ibv_sge>() == std::mem::align_of::<Sge>());
+    assert!(std::mem::offset_of!(ibv_sge, addr) == std::mem::offset_of!(Sge, addr));
+    assert!(std::mem::offset_of!(ibv_sge, length) == std::mem::offset_of!(Sge, length));
+    assert!(std::mem::offset_of!(ibv_sge, lkey) == std::mem::offset_of!(Sge, lkey));
+};
+
+/// A program's SGEs as the sim's, in place.
+fn as_sges(list: &[ibv_sge]) -> &[Sge] {
+    // SAFETY: the two types have the same size, alignment and field offsets (checked
+    // above), and every bit pattern is valid for both (plain integers).
+    unsafe { std::slice::from_raw_parts(list.as_ptr().cast::<Sge>(), list.len()) }
+}
+
 /// A program's SGE list as a slice.
 ///
 /// # Safety
@@ -216,9 +233,31 @@ const FEW_SGES: usize = 4;
 unsafe fn post_send_list(q: &Qp, first: *mut ibv_send_wr) -> Result<(), (*mut ibv_send_wr, Errno)> {
     // SAFETY: the caller's contract.
     if let Some(w) = unsafe { first.as_ref() } {
-        if w.next.is_null() {
+        if w.next.is_null() && q.qp_type != IBV_QPT_UD && w.send_flags & SendFlags::INLINE.bits() == 0 {
             // A WR posted alone, as a bandwidth test posts each of millions (perftest's
-            // default): no rounds, two small buffers.
+            // default), without inline data or a UD destination: its SGEs are read in
+            // place, nothing is copied.
+            // SAFETY: the caller's contract.
+            return unsafe { post_lone(q, w) }.map_err(|e| (first, e));
+        }
+    }
+    // SAFETY: the caller's contract.
+    unsafe { post_send_rounds(q, first) }
+}
+
+/// [`post_send_list`] for any list: a WR alone with inline data or a UD destination, or
+/// in rounds of up to [`POST_BATCH`]. Out of line: its buffers make a stack frame of
+/// kilobytes, which a lone WR's post need not set up.
+///
+/// # Safety
+///
+/// `first` must be NULL or a valid list of the program's send WRs.
+#[inline(never)]
+unsafe fn post_send_rounds(q: &Qp, first: *mut ibv_send_wr) -> Result<(), (*mut ibv_send_wr, Errno)> {
+    // SAFETY: the caller's contract.
+    if let Some(w) = unsafe { first.as_ref() } {
+        if w.next.is_null() {
+            // Alone, with inline data or a UD destination: no rounds, two small buffers.
             let mut sge_buf: ArrayVec<Sge, FEW_SGES> = ArrayVec::new();
             let mut piece_buf: ArrayVec<&[u8], FEW_SGES> = ArrayVec::new();
             // SAFETY: the caller's contract.
@@ -281,6 +320,31 @@ unsafe fn post_send_list(q: &Qp, first: *mut ibv_send_wr) -> Result<(), (*mut ib
         }
     }
     Ok(())
+}
+
+/// Posts `w`, a WR alone without inline data or a UD destination, on `q`.
+///
+/// # Safety
+///
+/// `w` must be a valid WR of the program.
+unsafe fn post_lone(q: &Qp, w: &ibv_send_wr) -> Result<(), Errno> {
+    let op = send_op(w)?;
+    let send_flags = send_flags(w.send_flags)?;
+    // SAFETY: the program's WR names its SGE array.
+    let list = unsafe { sges(w.sg_list, w.num_sge) }?;
+    if list.len() > ROUND_SGES {
+        return Err(libc::EINVAL);
+    }
+    let wr = SendWr {
+        wr_id: w.wr_id,
+        sg_list: as_sges(list),
+        op,
+        send_flags,
+        ud: None,
+    };
+    q.sim
+        .post_send_with_inline(std::slice::from_ref(&wr), &[])
+        .map_err(|e| errno_of("ibv_post_send", &e.error))
 }
 
 /// The WR of `ptrs` that the sim refused, and the errno of its refusal by `call`.

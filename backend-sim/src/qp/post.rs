@@ -19,6 +19,12 @@ impl QpShared {
     /// not an address handle of this device, EINVAL). `inline`: empty, or for each WR the
     /// pieces of its inline data when the caller read them itself
     /// ([`Requester::post_with`](crate::requester::Requester::post_with)).
+    ///
+    /// Inlined into its few callers (`SimQp`'s posts, which the C library's
+    /// `ibv_post_send` reaches too): it is on the path of every WR, where a call's
+    /// set-up and the move of its result cost as much as the checks. The refusals'
+    /// wording is out of line ([`QpShared::refusal`]), which keeps it small.
+    #[inline(always)]
     pub fn post_send(
         self: &Arc<Self>,
         wrs: &[SendWr<'_>],
@@ -59,77 +65,7 @@ impl QpShared {
                         break;
                     }
                 };
-                let error = match c {
-                    PostCheck::Full => Error::QueueFull {
-                        queue: QueueKind::Send,
-                        qpn: self.qpn,
-                        capacity: self.cap.max_send_wr,
-                    },
-                    PostCheck::FullUnpolled => {
-                        if self.dev.profile.warns() {
-                            self.warned
-                                .sq_full_unpolled(self.qpn, self.cap.max_send_wr, g.req.held_unpolled());
-                        }
-                        Error::QueueFull {
-                            queue: QueueKind::Send,
-                            qpn: self.qpn,
-                            capacity: self.cap.max_send_wr,
-                        }
-                    }
-                    PostCheck::MisalignedAtomic => Error::invalid(
-                        "ibv_post_send",
-                        "the atomic's remote address is not 8-byte aligned",
-                    ),
-                    PostCheck::TooManySge => self.invalid_wr(format!(
-                        "{} SGEs exceed max_send_sge {}",
-                        gather_shape(wr, pieces).0,
-                        self.cap.max_send_sge
-                    )),
-                    PostCheck::InlineTooLong => self.invalid_wr(format!(
-                        "{} bytes of inline data exceed max_inline_data {}",
-                        gather_shape(wr, pieces).1,
-                        self.cap.max_inline_data
-                    )),
-                    PostCheck::InlineNotAllowed => Error::invalid(
-                        "ibv_post_send",
-                        "IBV_SEND_INLINE is only valid for SEND and RDMA WRITE",
-                    ),
-                    PostCheck::BadInlineSge => Error::invalid(
-                        "ibv_post_send",
-                        "an inline SGE is not inside a registered memory region of this QP's PD",
-                    ),
-                    PostCheck::NotUc => Error::invalid(
-                        "ibv_post_send",
-                        format!(
-                            "{:?} is not valid on UC QP {:#x}: UC has SEND and RDMA WRITE (with \
-                             immediate) only",
-                            wr.op.opcode(),
-                            self.qpn
-                        ),
-                    ),
-                    PostCheck::NotUd => Error::invalid(
-                        "ibv_post_send",
-                        format!(
-                            "{:?} is not valid on UD QP {:#x}: UD has SEND and SEND_WITH_IMM only",
-                            wr.op.opcode(),
-                            self.qpn
-                        ),
-                    ),
-                    PostCheck::NoUdDestination => Error::invalid(
-                        "ibv_post_send",
-                        format!(
-                            "a send on UD QP {:#x} needs a destination (wr.ud: address handle, remote QPN, Q_Key)",
-                            self.qpn
-                        ),
-                    ),
-                    PostCheck::UdDestination => Error::invalid(
-                        "ibv_post_send",
-                        format!(
-                            "QP {:#x} is {:?}: wr.ud (a UD destination) is for UD QPs",
-                            self.qpn, self.qp_type
-                        ),
-                    ),
-                };
+                let error = self.refusal(&g, c, wr, pieces);
                 result = Err(fail(error));
                 break;
             }
@@ -155,6 +91,84 @@ impl QpShared {
             }
         }
         result
+    }
+
+    /// Why a send WR was refused (`c`), in the words of the verbs. Out of line: the post
+    /// path's callers inline [`QpShared::post_send`], which stays small without it.
+    #[cold]
+    #[inline(never)]
+    fn refusal(&self, g: &QpInner, c: PostCheck, wr: &SendWr<'_>, pieces: Option<&[&[u8]]>) -> Error {
+        match c {
+            PostCheck::Full => Error::QueueFull {
+                queue: QueueKind::Send,
+                qpn: self.qpn,
+                capacity: self.cap.max_send_wr,
+            },
+            PostCheck::FullUnpolled => {
+                if self.dev.profile.warns() {
+                    self.warned
+                        .sq_full_unpolled(self.qpn, self.cap.max_send_wr, g.req.held_unpolled());
+                }
+                Error::QueueFull {
+                    queue: QueueKind::Send,
+                    qpn: self.qpn,
+                    capacity: self.cap.max_send_wr,
+                }
+            }
+            PostCheck::MisalignedAtomic => Error::invalid(
+                "ibv_post_send",
+                "the atomic's remote address is not 8-byte aligned",
+            ),
+            PostCheck::TooManySge => self.invalid_wr(format!(
+                "{} SGEs exceed max_send_sge {}",
+                gather_shape(wr, pieces).0,
+                self.cap.max_send_sge
+            )),
+            PostCheck::InlineTooLong => self.invalid_wr(format!(
+                "{} bytes of inline data exceed max_inline_data {}",
+                gather_shape(wr, pieces).1,
+                self.cap.max_inline_data
+            )),
+            PostCheck::InlineNotAllowed => Error::invalid(
+                "ibv_post_send",
+                "IBV_SEND_INLINE is only valid for SEND and RDMA WRITE",
+            ),
+            PostCheck::BadInlineSge => Error::invalid(
+                "ibv_post_send",
+                "an inline SGE is not inside a registered memory region of this QP's PD",
+            ),
+            PostCheck::NotUc => Error::invalid(
+                "ibv_post_send",
+                format!(
+                    "{:?} is not valid on UC QP {:#x}: UC has SEND and RDMA WRITE (with \
+                     immediate) only",
+                    wr.op.opcode(),
+                    self.qpn
+                ),
+            ),
+            PostCheck::NotUd => Error::invalid(
+                "ibv_post_send",
+                format!(
+                    "{:?} is not valid on UD QP {:#x}: UD has SEND and SEND_WITH_IMM only",
+                    wr.op.opcode(),
+                    self.qpn
+                ),
+            ),
+            PostCheck::NoUdDestination => Error::invalid(
+                "ibv_post_send",
+                format!(
+                    "a send on UD QP {:#x} needs a destination (wr.ud: address handle, remote QPN, Q_Key)",
+                    self.qpn
+                ),
+            ),
+            PostCheck::UdDestination => Error::invalid(
+                "ibv_post_send",
+                format!(
+                    "QP {:#x} is {:?}: wr.ud (a UD destination) is for UD QPs",
+                    self.qpn, self.qp_type
+                ),
+            ),
+        }
     }
 
     /// The refusal of a send WR that the QP's limits do not take (`reason`): EINVAL, or

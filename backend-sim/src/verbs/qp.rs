@@ -22,6 +22,7 @@ impl SimQp {
     /// data from any memory, where [`QueuePair::post_send`] takes it only from registered
     /// memory, named by the SGEs' lkeys. The checks are the same: the pieces count as
     /// the WR's SGEs against `max_send_sge`, their length against `max_inline_data`.
+    #[inline]
     pub fn post_send_with_inline(
         &self,
         wrs: &[SendWr<'_>],

@@ -333,6 +333,29 @@ int main(void)
 	CHECK(ibv_post_send(qp, &fwr, &bad_wr) == 0 && poll_n(cq, 1, &wc) == 0 &&
 		      *counter == 42 && *(uint64_t *)(buf + 12296) == 40,
 	      "fetch and add");
+	/* A WR posted alone is read in place, its SGEs too: refused as in a list. */
+	bad_wr = NULL;
+	CHECK(ibv_post_send(qp, &inv, &bad_wr) == EINVAL && bad_wr == &inv,
+	      "an opcode the sim lacks, alone");
+	struct ibv_sge two_keyed[2] = { sge, sge };
+	struct ibv_send_wr two_wr = { .wr_id = 8, .sg_list = two_keyed, .num_sge = 2,
+		.opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED,
+		.wr.rdma = { .remote_addr = (uintptr_t)buf + 8192, .rkey = mr->rkey } };
+	bad_wr = NULL;
+	CHECK(ibv_post_send(qp, &two_wr, &bad_wr) == EINVAL && bad_wr == &two_wr,
+	      "two SGEs alone on a QP of max_send_sge 1");
+	two_wr.num_sge = -1;
+	bad_wr = NULL;
+	CHECK(ibv_post_send(qp, &two_wr, &bad_wr) == EINVAL && bad_wr == &two_wr,
+	      "a negative num_sge");
+	two_wr.num_sge = 1;
+	two_wr.sg_list = &two_keyed[1];
+	memcpy(buf + 64, "alone", 6);
+	two_keyed[1].addr = (uintptr_t)buf + 64;
+	two_keyed[1].length = 6;
+	CHECK(ibv_post_send(qp, &two_wr, &bad_wr) == 0 && poll_n(cq, 1, &wc) == 0 &&
+		      wc.wr_id == 8 && memcmp(buf + 8192, "alone", 6) == 0,
+	      "a write alone, its SGE read in place");
 	struct ibv_sge bad_key = { .addr = (uintptr_t)buf, .length = 8, .lkey = mr->lkey + 1 };
 	struct ibv_send_wr rd = { .wr_id = 7, .sg_list = &bad_key, .num_sge = 1,
 		.opcode = IBV_WR_RDMA_READ, .send_flags = IBV_SEND_SIGNALED,
