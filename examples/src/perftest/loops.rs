@@ -9,6 +9,8 @@
 //!   counter, and a wait longer than the run's timeout fails naming what it waited for.
 //! - Stamps come from the cycle counter ([`clock`](super::clock)): one before each post.
 //!   The bandwidth loop also stamps each polled completion.
+//! - The bandwidth loop's WRs walk their local and remote addresses through a page a
+//!   cache line at a time, as perftest's do ([`walk`](super::walk)).
 //! - One WR per `post_send`; every `cq_mod`-th WR and the last are signaled
 //!   (latency tests: every WR). SEND tests take receive completions from a CQ of their
 //!   own, repost one receive per completion while more are to come, and wait for each
@@ -19,12 +21,13 @@
 //! sharing a few CPUs with the test needs.
 
 use anyhow::{bail, Context as _};
-use verbs_api::{Backend, CompletionQueue, MemoryRegion, QueuePair, SendFlags, SendWr, WorkCompletion};
+use verbs_api::{Backend, CompletionQueue, MemoryRegion, QueuePair, SendFlags, SendWr, Sge, WorkCompletion};
 
 use super::clock::{self, Cycles};
 use super::cycle_stats::NO_PEAK_ABOVE;
 use super::opts::{AtomicType, Test};
 use super::side::{to_peer, Side};
+use super::walk::{self, Walk};
 use crate::wait::check_wc;
 use crate::Res;
 
@@ -201,6 +204,8 @@ pub fn bw<B: Backend>(side: &mut Side<B>, size: usize, iters: u64) -> Res<(Vec<C
     if size as u32 <= side.inline && matches!(cfg.test, Test::SendBw | Test::WriteBw) {
         template.send_flags |= SendFlags::INLINE;
     }
+    let local = template.sg_list[0];
+    let mut walker = Walk::new(local.length as u64);
     // perftest stamps every post and completion only when it will search the peak.
     let peak = iters <= NO_PEAK_ABOVE;
     let n = if peak { iters as usize } else { 1 };
@@ -215,6 +220,13 @@ pub fn bw<B: Backend>(side: &mut Side<B>, size: usize, iters: u64) -> Res<(Vec<C
     while scnt < iters || ccnt < iters {
         while scnt < iters && scnt - ccnt < depth {
             let mut wr = template;
+            let walked;
+            if let Some(w) = walker.as_mut() {
+                let off = w.advance();
+                walked = [Sge::new(local.addr + off, local.length, local.lkey)];
+                wr.sg_list = &walked;
+                wr.op = walk::shifted(wr.op, off);
+            }
             wr.wr_id = scnt;
             if (scnt + 1) % cq_mod == 0 || scnt + 1 == iters {
                 wr.send_flags |= SendFlags::SIGNALED;

@@ -2,7 +2,7 @@
 //! the command line and the tests ([`opts`]), what a run measures ([`params`]), one side
 //! of a connection with its ping-pong primitives ([`side`]), perftest's output
 //! ([`report`]), and for `--perftest` perftest's own loops ([`loops`]), clock ([`clock`])
-//! and arithmetic ([`cycle_stats`]), and the reduction of a perftest-against-perf sitting
+//! and arithmetic ([`cycle_stats`]), its address walk ([`walk`]), and the reduction of a perftest-against-perf sitting
 //! ([`versus`]).
 
 pub mod clock;
@@ -13,3 +13,4 @@ pub mod params;
 pub mod report;
 pub mod side;
 pub mod versus;
+pub mod walk;
