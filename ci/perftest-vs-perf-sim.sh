@@ -13,9 +13,13 @@
 #
 # Environment: PAIRS (default 11: at 8 bytes the same tool's bandwidth differs by 20 % and
 # more from run to run on a small machine, which 5 pairs do not resolve to 10 %); SIZES (default "8 65536"); LAT_ITERS (default 1000,
-# perftest's default); BW_ITERS (default 50000: perftest's 5000 last 2-10 ms on the sim,
-# which measures the start of a run more than its steady state; above 20000 both tools
-# skip the peak and its per-message stamps, as perftest does).
+# perftest's default); BW_ITERS and BW_BYTES (a bandwidth row runs BW_ITERS iterations,
+# default 50000, or as many as move BW_BYTES, default 8 MiB, whichever is more: a
+# bandwidth figure is the steady state, and perftest's 5000 iterations last 2-10 ms on
+# the sim, 50000 of 8 bytes about 30 ms, in which one scheduling stall of a few
+# milliseconds on a small machine is a tenth of the run; 8 MiB of 8-byte messages, a
+# million of them, last about half a second; above 20000 iterations both tools skip the
+# peak and its per-message stamps, as perftest does).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-$root/ci-out}
@@ -36,7 +40,11 @@ for t in send_lat write_lat read_lat; do
 done
 rows="$rows atomic_lat:8:${LAT_ITERS:-1000}"
 for t in send_bw write_bw read_bw; do
-    for s in ${SIZES:-8 65536}; do rows="$rows $t:$s:${BW_ITERS:-50000}"; done
+    for s in ${SIZES:-8 65536}; do
+        n=$((${BW_BYTES:-8388608} / s))
+        [ "$n" -lt "${BW_ITERS:-50000}" ] && n=${BW_ITERS:-50000}
+        rows="$rows $t:$s:$n"
+    done
 done
 
 runs=$out/perftest-vs-perf-sim-runs
