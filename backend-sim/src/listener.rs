@@ -4,9 +4,14 @@
 //! Anyone who reaches the listener may connect, as often as they like, and then say
 //! nothing. So:
 //! - at most [`MAX_UNPROVEN`] connections may be in setup at once (reading a hello,
-//!   checking it, answering a check); a new one beyond that sheds the oldest. A connection
-//!   leaves setup within [`HELLO_TIMEOUT`] plus one check (see [`verify`](crate::verify)),
-//!   so a legitimate one is only shed under a flood, and then its QP retries;
+//!   checking it, answering a check); a new one beyond that sheds the oldest if that one
+//!   has been in setup for [`MIN_SHED_AGE`], and is refused (closed at once) if not. A
+//!   connection leaves setup within [`HELLO_TIMEOUT`] plus one check (see
+//!   [`verify`](crate::verify)), a legitimate one within milliseconds, so the silent
+//!   connections of a flood are shed once they have waited, and a burst of legitimate
+//!   ones (a thousand QPs connecting at once) is let in as fast as setups finish, the
+//!   refused retrying, instead of each newcomer shedding one that was about to finish
+//!   (which on a slow machine kept some QPs from ever connecting);
 //! - `accept(2)` failing for lack of descriptors (`EMFILE`, `ENFILE`: the connection
 //!   stays in the kernel's backlog) sheds the oldest half of the connections in setup,
 //!   warns (at most every 10 s) naming the open-file limit, and backs off (1 ms doubling to
@@ -18,7 +23,7 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use rustix::process::{getrlimit, Resource};
@@ -29,24 +34,35 @@ use tokio::task::AbortHandle;
 pub const MAX_UNPROVEN: usize = 256;
 /// How long a connection may take to send its first frame.
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a connection is in setup before a newcomer may shed it: far longer than a
+/// legitimate setup takes (a hello and a check on loopback or a LAN), far shorter than
+/// [`HELLO_TIMEOUT`], which a silent one would otherwise hold its place for.
+pub const MIN_SHED_AGE: Duration = Duration::from_millis(200);
 /// At most one warning about running out of descriptors per this long (a flood makes
 /// accept fail thousands of times).
 const WARN_EVERY: Duration = Duration::from_secs(10);
 
-/// The setup tasks of accepted connections, oldest first.
+/// The setup tasks of accepted connections (with when each was accepted), oldest first.
 #[derive(Default)]
 struct InSetup {
     next_id: u64,
-    tasks: VecDeque<(u64, AbortHandle)>,
+    tasks: VecDeque<(u64, Instant, AbortHandle)>,
 }
 
 impl InSetup {
     fn shed_oldest(&mut self, n: usize) -> usize {
         let n = n.min(self.tasks.len());
-        for (_, t) in self.tasks.drain(..n) {
+        for (_, _, t) in self.tasks.drain(..n) {
             t.abort();
         }
         n
+    }
+
+    /// How long the oldest connection has been in setup.
+    fn oldest_age(&self) -> Duration {
+        self.tasks
+            .front()
+            .map_or(Duration::ZERO, |(_, at, _)| at.elapsed())
     }
 }
 
@@ -65,12 +81,25 @@ where
         match listener.accept().await {
             Ok((stream, peer)) => {
                 backoff = Duration::from_millis(1);
-                let fut = serve(stream, peer);
                 let mut set = in_setup.lock();
                 if set.tasks.len() >= MAX_UNPROVEN {
+                    let age = set.oldest_age();
+                    if age < MIN_SHED_AGE {
+                        // Closed at once: a QP's connector retries.
+                        drop(stream);
+                        tracing::debug!(
+                            device = %name, %peer,
+                            "{MAX_UNPROVEN} connections in setup, the oldest for {age:?}: refused this one"
+                        );
+                        continue;
+                    }
                     set.shed_oldest(1);
-                    tracing::debug!(device = %name, "{MAX_UNPROVEN} connections in setup: shed the oldest");
+                    tracing::debug!(
+                        device = %name,
+                        "{MAX_UNPROVEN} connections in setup: shed the oldest (in setup for {age:?})"
+                    );
                 }
+                let fut = serve(stream, peer);
                 let id = set.next_id;
                 set.next_id += 1;
                 let mine = in_setup.clone();
@@ -78,9 +107,9 @@ where
                 // so it is listed before it can remove itself.
                 let task = tokio::spawn(async move {
                     fut.await;
-                    mine.lock().tasks.retain(|(i, _)| *i != id);
+                    mine.lock().tasks.retain(|(i, _, _)| *i != id);
                 });
-                set.tasks.push_back((id, task.abort_handle()));
+                set.tasks.push_back((id, Instant::now(), task.abort_handle()));
             }
             Err(e) if is_out_of_fds(&e) => {
                 let shed = {
@@ -150,33 +179,56 @@ mod tests {
         assert!(!is_out_of_fds(&io::Error::from_raw_os_error(libc::ECONNABORTED)));
     }
 
-    /// More silent connections than may be in setup: the oldest are shed, the listener
-    /// keeps accepting, and no more than the bound is ever held.
+    /// Counts the setup tasks alive and the most ever alive at once.
+    #[derive(Clone, Default)]
+    struct Live {
+        now: Arc<std::sync::atomic::AtomicUsize>,
+        peak: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    /// One setup task alive while it is held.
+    struct Alive(Live);
+
+    impl Live {
+        fn enter(&self) -> Alive {
+            use std::sync::atomic::Ordering::SeqCst;
+            let n = self.now.fetch_add(1, SeqCst) + 1;
+            self.peak.fetch_max(n, SeqCst);
+            Alive(self.clone())
+        }
+    }
+
+    impl Drop for Alive {
+        fn drop(&mut self) {
+            self.0.now.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    fn closed(s: &TcpStream) -> bool {
+        let mut b = [0u8; 1];
+        matches!(s.try_read(&mut b), Ok(0))
+            || matches!(s.try_read(&mut b), Err(ref e) if e.kind() != io::ErrorKind::WouldBlock)
+    }
+
+    /// More silent connections than may be in setup: while the oldest are young the
+    /// newcomers are refused; once the oldest has waited [`MIN_SHED_AGE`] a newcomer
+    /// sheds it; the listener keeps accepting, and never holds more than the bound.
     #[test]
-    fn silent_connections_beyond_the_bound_shed_the_oldest() {
+    fn silent_connections_beyond_the_bound_are_refused_then_shed() {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap();
         rt.block_on(async {
+            use std::sync::atomic::Ordering::SeqCst;
             let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
             let addr = l.local_addr().unwrap();
-            let live = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-            let peak = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-            let (l2, p2) = (live.clone(), peak.clone());
+            let live = Live::default();
+            let l2 = live.clone();
             tokio::spawn(accept_loop("t".into(), l, move |s, _| {
-                let (live, peak) = (l2.clone(), p2.clone());
+                let live = l2.clone();
                 async move {
-                    use std::sync::atomic::Ordering::SeqCst;
-                    struct Dec(Arc<std::sync::atomic::AtomicUsize>);
-                    impl Drop for Dec {
-                        fn drop(&mut self) {
-                            self.0.fetch_sub(1, SeqCst);
-                        }
-                    }
-                    let n = live.fetch_add(1, SeqCst) + 1;
-                    peak.fetch_max(n, SeqCst);
-                    let _d = Dec(live.clone());
+                    let _alive = live.enter();
                     let _s = s;
                     tokio::time::sleep(Duration::from_secs(30)).await;
                 }
@@ -187,30 +239,95 @@ mod tests {
             }
             // Let the loop accept everything.
             let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-            while tokio::time::Instant::now() < deadline {
+            while tokio::time::Instant::now() < deadline && held.iter().filter(|s| closed(s)).count() < 50 {
                 tokio::time::sleep(Duration::from_millis(10)).await;
-                let mut sheds = 0;
-                for s in &held {
-                    let mut b = [0u8; 1];
-                    if let Ok(0) = s.try_read(&mut b) {
-                        sheds += 1;
+            }
+            assert!(
+                live.peak.load(SeqCst) <= MAX_UNPROVEN,
+                "peak {}",
+                live.peak.load(SeqCst)
+            );
+            assert_eq!(live.now.load(SeqCst), MAX_UNPROVEN);
+            assert!(!closed(&held[0]), "the oldest is still in setup");
+            assert!(closed(held.last().unwrap()), "the newest was refused");
+            assert_eq!(held.iter().filter(|s| closed(s)).count(), 50);
+            // Once the oldest has waited, a newcomer takes its place.
+            tokio::time::sleep(MIN_SHED_AGE + Duration::from_millis(50)).await;
+            let late = TcpStream::connect(addr).await.unwrap();
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            while tokio::time::Instant::now() < deadline && !closed(&held[0]) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            assert!(closed(&held[0]), "the oldest was shed");
+            assert!(!closed(&late), "the newcomer is in setup");
+            assert!(
+                live.peak.load(SeqCst) <= MAX_UNPROVEN,
+                "peak {}",
+                live.peak.load(SeqCst)
+            );
+        });
+    }
+
+    /// Half again as many connections as may be in setup, each of which speaks at once
+    /// and whose setup takes 100 ms; a refused or shed one tries again 30-50 ms later, at
+    /// most 8 times in all, as a QP's connector would (retry_cnt 7): all of them get
+    /// through. When every newcomer shed the oldest, the retries kept arriving faster
+    /// than setups finished, none stayed long enough to finish, and all ran out of
+    /// attempts.
+    #[test]
+    fn a_burst_of_legitimate_connections_beyond_the_bound_gets_through() {
+        // The listener on a runtime of its own, as a device's is: on one thread with the
+        // clients, it would accept no faster than they connect, one budget at a time.
+        let lrt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = lrt.block_on(async { TcpListener::bind("127.0.0.1:0").await.unwrap() });
+        let addr = l.local_addr().unwrap();
+        lrt.spawn(accept_loop("t".into(), l, |mut s: TcpStream, _| async move {
+            let mut hello = [0u8; 1];
+            if s.read_exact(&mut hello).await.is_ok() {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let _ = s.write_all(&[2]).await;
+            }
+        }));
+        rt.block_on(async {
+            let clients = MAX_UNPROVEN + MAX_UNPROVEN / 2;
+            let mut tasks = Vec::new();
+            for n in 0..clients {
+                tasks.push(tokio::spawn(async move {
+                    for attempt in 0..8u64 {
+                        if let Ok(mut s) = TcpStream::connect(addr).await {
+                            let mut answer = [0u8; 1];
+                            let done = s.write_all(&[1]).await.is_ok()
+                                && matches!(
+                                    tokio::time::timeout(Duration::from_millis(500), s.read(&mut answer))
+                                        .await,
+                                    Ok(Ok(1))
+                                );
+                            if done {
+                                return Some(attempt);
+                            }
+                        }
+                        let jitter = 30 + (n as u64 * 7 + attempt * 3) % 21;
+                        tokio::time::sleep(Duration::from_millis(jitter)).await;
                     }
-                }
-                if sheds >= 50 {
-                    break;
+                    None
+                }));
+            }
+            let mut failed = 0;
+            for t in tasks {
+                if t.await.unwrap().is_none() {
+                    failed += 1;
                 }
             }
-            use std::sync::atomic::Ordering::SeqCst;
-            assert!(peak.load(SeqCst) <= MAX_UNPROVEN, "peak {}", peak.load(SeqCst));
-            assert_eq!(live.load(SeqCst), MAX_UNPROVEN);
-            // The oldest were closed.
-            let mut b = [0u8; 1];
-            assert!(matches!(held[0].try_read(&mut b), Ok(0)), "the oldest was shed");
-            let last = held.last().unwrap();
-            assert!(
-                matches!(last.try_read(&mut b), Err(ref e) if e.kind() == io::ErrorKind::WouldBlock),
-                "the newest is still open"
-            );
+            assert_eq!(failed, 0, "{failed} of {clients} connections never got through");
         });
     }
 }
