@@ -4,7 +4,8 @@
 //! by the header's inline functions.
 //!
 //! A list is posted in rounds of up to [`POST_BATCH`] WRs converted on the stack (no
-//! allocation per post). When a WR is refused, the ones before it stay posted, `*bad_wr`
+//! allocation per post); their SGE arrays are read in place (`struct ibv_sge` and the
+//! sim's `Sge` have one layout). When a WR is refused, the ones before it stay posted, `*bad_wr`
 //! names it, and the error number is returned, as `man ibv_post_send` says. Inline data
 //! is read in place, from whatever memory the program names, as an HCA reads it at post
 //! time: the sim is handed the bytes (`SimQp::post_send_with_inline`), not SGEs that would
@@ -26,8 +27,9 @@ use crate::live;
 use crate::qp::{Qp, POST_BATCH};
 use crate::srq::Srq;
 
-/// SGEs converted per round: twice the most a sim WR may carry (32), so a round holds
-/// at least two WRs of any size.
+/// The most SGEs a WR may name here (more is EINVAL whatever the QP: twice the most a sim
+/// WR may carry, 32, which the sim checks against `max_send_sge`), and the inline pieces
+/// a round holds, so that a round holds at least two WRs of any size.
 const ROUND_SGES: usize = 64;
 
 /// `IBV_QPT_UD`
@@ -130,27 +132,28 @@ unsafe fn inline_pieces<const N: usize>(
     true
 }
 
-/// One converted send WR of a round: its SGEs, or with `inline` its data's pieces, are
-/// the range `data` of the round's SGE or piece buffer.
+/// One converted send WR of a round: its SGEs (read in place), or with `inline` its
+/// data's pieces, the range `pieces` of the round's piece buffer.
 struct Converted<'a> {
     wr_id: u64,
     op: WrOp,
     flags: SendFlags,
-    data: Range<usize>,
+    sges: &'a [Sge],
+    pieces: Range<usize>,
     inline: bool,
     ud: Option<UdDest<'a>>,
 }
 
 impl Converted<'_> {
     /// The WR for the sim, and its inline data's pieces.
-    fn wr<'b>(&self, sges: &'b [Sge], pieces: &'b [&'b [u8]]) -> (SendWr<'b>, Option<&'b [&'b [u8]]>)
+    fn wr<'b>(&self, pieces: &'b [&'b [u8]]) -> (SendWr<'b>, Option<&'b [&'b [u8]]>)
     where
         Self: 'b,
     {
         let (sg_list, pieces): (&[Sge], _) = if self.inline {
-            (&[], Some(&pieces[self.data.clone()]))
+            (&[], Some(&pieces[self.pieces.clone()]))
         } else {
-            (&sges[self.data.clone()], None)
+            (self.sges, None)
         };
         let wr = SendWr {
             wr_id: self.wr_id,
@@ -163,8 +166,8 @@ impl Converted<'_> {
     }
 }
 
-/// Converts the program's WR `w`, appending its SGEs or inline pieces to the buffers;
-/// `Ok(None)` when they have no room left for them.
+/// Converts the program's WR `w`, appending its inline pieces to the buffer; `Ok(None)`
+/// when it has no room left for them.
 ///
 /// # Safety
 ///
@@ -172,7 +175,6 @@ impl Converted<'_> {
 unsafe fn convert<'a, const N: usize>(
     q: &Qp,
     w: &'a ibv_send_wr,
-    sge_buf: &mut ArrayVec<Sge, N>,
     piece_buf: &mut ArrayVec<&'a [u8], N>,
 ) -> Result<Option<Converted<'a>>, Errno> {
     let op = send_op(w)?;
@@ -196,34 +198,29 @@ unsafe fn convert<'a, const N: usize>(
         return Err(libc::EINVAL);
     }
     let inline = flags.contains(SendFlags::INLINE);
-    if list.len() > sge_buf.remaining_capacity() || inline && list.len() > piece_buf.remaining_capacity() {
+    if inline && list.len() > piece_buf.remaining_capacity() {
         return Ok(None);
     }
     let first_piece = piece_buf.len();
     // SAFETY: inline data is the program's readable memory (its contract for
     // IBV_SEND_INLINE).
     let read = inline && unsafe { inline_pieces(list, q.max_inline, piece_buf) };
-    let data = if read {
-        first_piece..piece_buf.len()
-    } else {
-        // Not inline, or inline data longer than the QP takes: as SGEs, which the sim
-        // checks (and refuses in the second case).
-        let first = sge_buf.len();
-        sge_buf.extend(list.iter().map(|s| Sge::new(s.addr, s.length, s.lkey)));
-        first..sge_buf.len()
-    };
+    // Not inline, or inline data longer than the QP takes: the SGEs, which the sim checks
+    // (and refuses in the second case).
     Ok(Some(Converted {
         wr_id: w.wr_id,
         op,
         flags,
-        data,
+        sges: as_sges(list),
+        pieces: first_piece..piece_buf.len(),
         inline: read,
         ud,
     }))
 }
 
-/// SGEs of a WR posted alone that [`post_send_list`] converts without setting up rounds.
-const FEW_SGES: usize = 4;
+/// Inline pieces of a WR posted alone that [`post_send_rounds`] converts without setting
+/// up rounds.
+const FEW_PIECES: usize = 4;
 
 /// Posts a list of send WRs; on failure, the WR that failed and why.
 ///
@@ -257,19 +254,18 @@ unsafe fn post_send_rounds(q: &Qp, first: *mut ibv_send_wr) -> Result<(), (*mut 
     // SAFETY: the caller's contract.
     if let Some(w) = unsafe { first.as_ref() } {
         if w.next.is_null() {
-            // Alone, with inline data or a UD destination: no rounds, two small buffers.
-            let mut sge_buf: ArrayVec<Sge, FEW_SGES> = ArrayVec::new();
-            let mut piece_buf: ArrayVec<&[u8], FEW_SGES> = ArrayVec::new();
+            // Alone, with inline data or a UD destination: no rounds, a small buffer.
+            let mut piece_buf: ArrayVec<&[u8], FEW_PIECES> = ArrayVec::new();
             // SAFETY: the caller's contract.
-            match unsafe { convert(q, w, &mut sge_buf, &mut piece_buf) } {
+            match unsafe { convert(q, w, &mut piece_buf) } {
                 Ok(Some(c)) => {
-                    let (wr, pieces) = c.wr(&sge_buf, &piece_buf);
+                    let (wr, pieces) = c.wr(&piece_buf);
                     return q
                         .sim
                         .post_send_with_inline(std::slice::from_ref(&wr), std::slice::from_ref(&pieces))
                         .map_err(|e| post_failed("ibv_post_send", &[first], e));
                 }
-                // More SGEs than the small buffers hold: in a round.
+                // More inline pieces than the small buffer holds: in a round.
                 Ok(None) => {}
                 Err(e) => return Err((first, e)),
             }
@@ -277,9 +273,7 @@ unsafe fn post_send_rounds(q: &Qp, first: *mut ibv_send_wr) -> Result<(), (*mut 
     }
     let mut cur = first;
     while !cur.is_null() {
-        // Filled as WRs are converted (not cleared first: a post of one WR of one SGE
-        // touches one entry).
-        let mut sge_buf: ArrayVec<Sge, ROUND_SGES> = ArrayVec::new();
+        // Filled as WRs are converted (not cleared first).
         let mut piece_buf: ArrayVec<&[u8], ROUND_SGES> = ArrayVec::new();
         let mut ptrs: ArrayVec<*mut ibv_send_wr, POST_BATCH> = ArrayVec::new();
         let mut round: ArrayVec<Converted<'_>, POST_BATCH> = ArrayVec::new();
@@ -288,7 +282,7 @@ unsafe fn post_send_rounds(q: &Qp, first: *mut ibv_send_wr) -> Result<(), (*mut 
             // SAFETY: the caller's contract: `cur` is a valid WR of the list.
             let w = unsafe { &*cur };
             // SAFETY: as above.
-            match unsafe { convert(q, w, &mut sge_buf, &mut piece_buf) } {
+            match unsafe { convert(q, w, &mut piece_buf) } {
                 Ok(Some(c)) => {
                     round.push(c);
                     ptrs.push(cur);
@@ -306,7 +300,7 @@ unsafe fn post_send_rounds(q: &Qp, first: *mut ibv_send_wr) -> Result<(), (*mut 
         let mut wrs: ArrayVec<SendWr<'_>, POST_BATCH> = ArrayVec::new();
         let mut inline: ArrayVec<Option<&[&[u8]]>, POST_BATCH> = ArrayVec::new();
         for c in &round {
-            let (wr, pieces) = c.wr(&sge_buf, &piece_buf);
+            let (wr, pieces) = c.wr(&piece_buf);
             wrs.push(wr);
             inline.push(pieces);
         }
@@ -368,10 +362,9 @@ unsafe fn post_recv_list(
         // SAFETY: the program's WR names its SGE array.
         match unsafe { sges(w.sg_list, w.num_sge) } {
             // A WR posted alone, as a receiver reposts one per completion: no rounds.
-            Ok(list) if w.next.is_null() && list.len() <= FEW_SGES => {
-                let mut buf: ArrayVec<Sge, FEW_SGES> = ArrayVec::new();
-                buf.extend(list.iter().map(|s| Sge::new(s.addr, s.length, s.lkey)));
-                return post(&[RecvWr::new(w.wr_id, &buf)]).map_err(|e| post_failed(call, &[first], e));
+            Ok(list) if w.next.is_null() && list.len() <= ROUND_SGES => {
+                return post(&[RecvWr::new(w.wr_id, as_sges(list))])
+                    .map_err(|e| post_failed(call, &[first], e));
             }
             Ok(_) => {}
             Err(e) => return Err((first, e)),
@@ -379,10 +372,8 @@ unsafe fn post_recv_list(
     }
     let mut cur = first;
     while !cur.is_null() {
-        let mut sge_buf: ArrayVec<Sge, ROUND_SGES> = ArrayVec::new();
-        let mut used = 0;
         let mut ptrs: ArrayVec<*mut ibv_recv_wr, POST_BATCH> = ArrayVec::new();
-        let mut round: ArrayVec<(u64, Range<usize>), POST_BATCH> = ArrayVec::new();
+        let mut wrs: ArrayVec<RecvWr<'_>, POST_BATCH> = ArrayVec::new();
         let mut refused = None;
         while !cur.is_null() && !ptrs.is_full() {
             // SAFETY: the caller's contract: `cur` is a valid WR of the list.
@@ -395,19 +386,9 @@ unsafe fn post_recv_list(
                     break;
                 }
             };
-            if used + list.len() > ROUND_SGES {
-                break;
-            }
-            sge_buf.extend(list.iter().map(|s| Sge::new(s.addr, s.length, s.lkey)));
-            round.push((w.wr_id, used..used + list.len()));
-            used += list.len();
+            wrs.push(RecvWr::new(w.wr_id, as_sges(list)));
             ptrs.push(cur);
             cur = w.next;
-        }
-        // Pushed in place, as in `post_send_list`.
-        let mut wrs: ArrayVec<RecvWr<'_>, POST_BATCH> = ArrayVec::new();
-        for (id, r) in &round {
-            wrs.push(RecvWr::new(*id, &sge_buf[r.clone()]));
         }
         if !wrs.is_empty() {
             post(&wrs).map_err(|e| post_failed(call, &ptrs, e))?;
