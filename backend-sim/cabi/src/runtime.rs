@@ -16,9 +16,11 @@ use verbs_api::{Backend, ContextOf};
 use crate::abi::{ibv_device, IBV_NODE_CA, IBV_SYSFS_NAME_MAX, IBV_SYSFS_PATH_MAX, IBV_TRANSPORT_IB};
 use crate::ffi::{copy_c_str, Errno};
 
-/// The backend behind the C ABI. The rest of the crate reaches the sim only through the
+/// The backend behind the C ABI. The rest of the crate reaches the sim through the
 /// verbs-api traits, so what the sim learns (SRQs, address handles, UD) reaches C
-/// programs without changes here.
+/// programs without changes here; the one exception is the event reads
+/// (`read_cq_event`, `read_async_event`), which are a `read(2)` of the descriptor in the
+/// calling thread as in libibverbs, something the traits' waits with a timeout are not.
 pub type B = backend_sim::SimBackend;
 /// An open device of [`B`].
 pub type SimContext = ContextOf<B>;

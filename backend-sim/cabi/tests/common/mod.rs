@@ -129,3 +129,37 @@ pub fn run_pair(program: &str, server: &[&str], client: &[&str], limit: Duration
     );
     (text(&s), text(&c))
 }
+
+/// Compiles tests/c/`name`.c against the installed `<infiniband/verbs.h>` and runs it with
+/// the library preloaded (and `env` set) to its end, at most `limit`: it must exit 0 and
+/// report no failed check ("0 failed"). Its standard output.
+pub fn run_c_check(name: &str, env: &[(&str, &str)], limit: Duration) -> String {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
+    let dir = std::env::temp_dir().join(format!("ibverbs-sim-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = dir.join(name);
+    let cc = Command::new("cc")
+        .args(["-std=gnu11", "-Wall", "-pthread", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .arg("-libverbs")
+        .output()
+        .expect("run cc");
+    assert!(
+        cc.status.success(),
+        "cc failed (needs libibverbs-dev): {}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let mut cmd = preloaded(exe.to_str().unwrap(), &[]);
+    cmd.envs(env.iter().copied());
+    let out = wait(cmd.spawn().unwrap(), limit);
+    let _ = std::fs::remove_dir_all(&dir);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success() && stdout.contains("\n0 failed"),
+        "{}\n{stdout}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
