@@ -10,7 +10,7 @@ use std::time::Duration;
 
 #[test]
 fn misuse_gets_libibverbs_answers() {
-    let stdout = common::run_c_check("misuse", &[], Duration::from_secs(60));
+    let stdout = common::run_c_check("misuse", &[], &[], Duration::from_secs(60)).0;
     assert!(
         stdout.lines().filter(|l| l.starts_with("ok")).count() > 60,
         "{stdout}"

@@ -10,5 +10,5 @@ use std::time::Duration;
 
 #[test]
 fn event_waits_meet_signals_as_a_read_does() {
-    common::run_c_check("signals", &[], Duration::from_secs(60));
+    common::run_c_check("signals", &[], &[], Duration::from_secs(60));
 }

@@ -29,13 +29,11 @@ static int to_init(struct ibv_qp *qp)
 				     IBV_QP_ACCESS_FLAGS);
 }
 
-/* Connects `qp` to itself (its own LID and QPN). */
-static int self_connect(struct ibv_context *ctx, struct ibv_qp *qp)
+/* Moves `qp` from INIT to RTS connected to itself (its own LID and QPN). */
+static int init_to_rts_self(struct ibv_context *ctx, struct ibv_qp *qp)
 {
 	struct ibv_port_attr port;
 	if (ibv_query_port(ctx, 1, &port))
-		return -1;
-	if (to_init(qp))
 		return -1;
 	struct ibv_qp_attr a = { .qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_1024,
 		.dest_qp_num = qp->qp_num, .rq_psn = 7, .max_dest_rd_atomic = 4,
@@ -51,3 +49,8 @@ static int self_connect(struct ibv_context *ctx, struct ibv_qp *qp)
 				     IBV_QP_MAX_QP_RD_ATOMIC);
 }
 
+/* Connects `qp` to itself (its own LID and QPN). */
+static int self_connect(struct ibv_context *ctx, struct ibv_qp *qp)
+{
+	return to_init(qp) ? -1 : init_to_rts_self(ctx, qp);
+}
