@@ -269,6 +269,7 @@ impl DeviceShared {
         c.max_msg_sz = self.limits.max_msg_sz;
         c.max_mr_size = a.max_mr_size;
         c.link_layer = self.limits.link_layer;
+        c.qp_create_flags = self.limits.qp_create_flags;
         c
     }
 }
