@@ -13,12 +13,13 @@
 //!   polls readable exactly while events are pending.
 
 use std::collections::VecDeque;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
+use verbs_api::event_fd;
 use verbs_api::{Error, Result, WcStatus, WorkCompletion};
 
 use crate::requester::SqSlots;
@@ -256,27 +257,16 @@ pub struct ChannelShared {
 impl ChannelShared {
     /// A channel with its eventfd.
     pub fn new() -> Result<Self> {
-        // SAFETY: eventfd has no memory-safety preconditions; the result is checked.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_SEMAPHORE | libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(Error::Os {
-                call: "eventfd",
-                source: std::io::Error::last_os_error(),
-            });
-        }
         Ok(ChannelShared {
             events: Mutex::new(VecDeque::new()),
             cv: Condvar::new(),
-            // SAFETY: `fd` is a fresh descriptor that nothing else owns.
-            efd: unsafe { OwnedFd::from_raw_fd(fd) },
+            efd: event_fd::new("eventfd (completion channel)")?,
         })
     }
 
     fn post(&self, cq: u32) {
         self.events.lock().push_back(cq);
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a live u64 to our own eventfd.
-        let _ = unsafe { libc::write(self.efd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        event_fd::signal(self.efd.as_fd());
         self.cv.notify_all();
     }
 
@@ -291,10 +281,7 @@ impl ChannelShared {
         let mut q = self.events.lock();
         loop {
             if let Some(cq) = q.pop_front() {
-                let mut v: u64 = 0;
-                // SAFETY: reads 8 bytes into a live u64 from our own eventfd; in semaphore
-                // mode this takes exactly one count, matching the one event taken.
-                let _ = unsafe { libc::read(self.efd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+                event_fd::take_nowait(self.efd.as_fd());
                 return Ok(Some(cq));
             }
             match deadline {
@@ -304,6 +291,21 @@ impl ChannelShared {
                         return Ok(None);
                     }
                 }
+            }
+        }
+    }
+
+    /// `ibv_get_cq_event` as libibverbs does it: a `read(2)` of [`fd`](Self::fd) in the
+    /// calling thread, then the event: it waits unless the descriptor is `O_NONBLOCK`
+    /// (EAGAIN), and a signal interrupts the wait (EINTR) unless its handler was installed
+    /// with `SA_RESTART` (see [`verbs_api::event_fd`]).
+    pub fn read_event(&self) -> Result<u32> {
+        loop {
+            event_fd::take(self.efd.as_fd(), "ibv_get_cq_event (read of the channel's fd)")?;
+            // The count taken stands for a queued event (one taken with a timeout
+            // meanwhile leaves this reader without one: it waits for the next).
+            if let Some(cq) = self.events.lock().pop_front() {
+                return Ok(cq);
             }
         }
     }

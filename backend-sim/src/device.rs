@@ -35,6 +35,7 @@ use crate::counters::DeviceCounters;
 use crate::datagram::Datagrams;
 use crate::memory::MrTable;
 use crate::profile::attrs::IBV_DEVICE_SRQ_RESIZE;
+use crate::profile::warnings::Advice;
 use crate::profile::{Attrs, Profile};
 use crate::progress::Progress;
 use crate::qp::{Conn, DataPath, QpDevice, QpInner, QpShared, QpTable};
@@ -52,6 +53,8 @@ pub struct DeviceShared {
     pub profile: Profile,
     /// That profile's attributes (what `attr` and the port report, and more).
     pub limits: Attrs,
+    /// The portability advice of its backend (`profile::warnings`).
+    pub advice: Arc<Advice>,
     /// Registered memory.
     pub mrs: Arc<MrTable>,
     /// QPs by number.
@@ -90,6 +93,7 @@ impl DeviceShared {
         listen: SocketAddr,
         advertise: Option<IpAddr>,
         profile: Profile,
+        advice: Arc<Advice>,
     ) -> Result<Arc<DeviceShared>> {
         let os = |call: &'static str| move |source: std::io::Error| Error::Os { call, source };
         let roce = profile.attrs().link_layer == LinkLayer::Ethernet;
@@ -186,6 +190,7 @@ impl DeviceShared {
             attr: Arc::new(attr),
             profile,
             limits: l,
+            advice,
             mrs: Arc::default(),
             qps,
             next_handle: AtomicU32::new(1),
@@ -264,6 +269,7 @@ impl DeviceShared {
         c.max_msg_sz = self.limits.max_msg_sz;
         c.max_mr_size = a.max_mr_size;
         c.link_layer = self.limits.link_layer;
+        c.qp_create_flags = self.limits.qp_create_flags;
         c
     }
 }
@@ -333,6 +339,7 @@ impl DeviceShared {
             events: self.events.clone(),
             counters: self.counters.clone(),
             profile: self.profile,
+            advice: self.advice.clone(),
         }
     }
 }

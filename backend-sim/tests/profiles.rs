@@ -29,6 +29,11 @@ fn rig(profile: Profile, depth: u32) -> Rig {
         profile,
         ..SimConfig::default()
     });
+    rig_on(&sim, depth)
+}
+
+/// [`rig`] on a device of `sim`.
+fn rig_on(sim: &SimBackend, depth: u32) -> Rig {
     let ctx = sim.open("sim0").unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let ch = ctx.create_comp_channel().unwrap();
@@ -166,6 +171,34 @@ fn reset_and_destroy_remove_unpolled_completions_except_on_rxe() {
     }
 }
 
+/// The advice about removed completions is said once per backend (every MPI_Finalize
+/// destroys QPs with completions nobody polls), at the level the configuration asks.
+#[test]
+fn removed_completions_are_advised_once_per_backend_at_its_level() {
+    use backend_sim::profile::warnings::Level as Advice;
+    for level in [Advice::Warn, Advice::Debug] {
+        let log = Capture::default();
+        log.run(|| {
+            let sim = SimBackend::new(SimConfig {
+                portability_warnings: level,
+                ..SimConfig::default()
+            });
+            for _ in 0..3 {
+                let r = rig_on(&sim, 4);
+                r.fill(2);
+                drop(r);
+            }
+        });
+        let what = "of its completions that were never polled";
+        let (warned, debug) = (
+            log.find(Level::WARN, what).len(),
+            log.find(Level::DEBUG, what).len(),
+        );
+        let want = if level == Advice::Warn { (1, 0) } else { (0, 1) };
+        assert_eq!((warned, debug), want, "{level}");
+    }
+}
+
 /// Polling every completion before RESET leaves nothing to remove: no warning.
 #[test]
 fn reset_after_polling_everything_is_quiet() {
@@ -191,7 +224,29 @@ fn the_environment_chooses_the_profile() {
     let p = SimBackend::from_env().map(|b| b.config().profile);
     std::env::set_var("RDMA_SIM_PROFILE", "cx9");
     let bad = SimBackend::from_env().err().map(|e| e.to_string());
-    std::env::remove_var("RDMA_SIM_PROFILE");
+    // Set empty, a variable counts as unset (a script's `RDMA_SIM_PROFILE=$P`).
+    std::env::set_var("RDMA_SIM_PROFILE", "");
+    std::env::set_var("RDMA_SIM_DEVICES", "");
+    std::env::set_var("RDMA_SIM_PORTABILITY_WARNINGS", "");
+    let empty = SimBackend::from_env().map(|b| b.config().clone());
+    std::env::set_var("RDMA_SIM_PORTABILITY_WARNINGS", "debug");
+    let debug = SimBackend::from_env().map(|b| b.config().portability_warnings);
+    std::env::set_var("RDMA_SIM_PORTABILITY_WARNINGS", "loud");
+    let bad_level = SimBackend::from_env().err().map(|e| e.to_string());
+    for v in [
+        "RDMA_SIM_PROFILE",
+        "RDMA_SIM_DEVICES",
+        "RDMA_SIM_PORTABILITY_WARNINGS",
+    ] {
+        std::env::remove_var(v);
+    }
+    assert_eq!(empty.unwrap(), SimConfig::default());
+    assert_eq!(debug.unwrap(), backend_sim::profile::warnings::Level::Debug);
+    let bad_level = bad_level.expect("an unknown level is an error");
+    assert!(
+        bad_level.contains("loud") && bad_level.contains("warn"),
+        "{bad_level}"
+    );
     assert_eq!(p.unwrap(), Profile::Mlx5);
     let bad = bad.expect("an unknown profile is an error");
     assert!(

@@ -321,6 +321,9 @@ pub struct Capabilities {
     pub max_mr_size: u64,
     /// Link layer of port 1.
     pub link_layer: LinkLayer,
+    /// The `create_flags` of `ibv_create_qp_ex` the device accepts (`IBV_QP_CREATE_*`,
+    /// libibverbs' bits; 0: none, or not known).
+    pub qp_create_flags: u32,
 }
 
 #[cfg(test)]

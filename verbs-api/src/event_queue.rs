@@ -6,7 +6,9 @@
 //! The device raises an event ([`EventQueue::raise`]) where the condition arises (an SRQ
 //! drained below its limit, a QP on an SRQ went to ERR, a CQ overflowed, ...). The fd is
 //! an eventfd in semaphore mode holding one count per queued event, so it polls readable
-//! exactly while an event is pending. An event taken ([`EventQueue::get`]) counts against
+//! exactly while an event is pending (see [`crate::event_fd`] for who takes the counts).
+//! An event taken ([`EventQueue::get`], or [`EventQueue::read`] as libibverbs reads the
+//! descriptor) counts against
 //! its element until it is acknowledged ([`EventQueue::ack`]); destroying a QP, CQ or SRQ
 //! first waits for those acknowledgements ([`EventQueue::forget`]), as libibverbs'
 //! `ibv_destroy_*` do, and drops the element's events nobody took. A wait that lasts warns
@@ -17,12 +19,12 @@
 //! the oldest (with a warning) instead of growing without end.
 
 use std::collections::{HashMap, VecDeque};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
 use std::sync::{Condvar, Mutex, MutexGuard};
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::event::{AsyncElement, AsyncEvent};
 
 /// Events kept for a reader at most.
@@ -56,35 +58,21 @@ pub struct EventQueue {
 impl EventQueue {
     /// An empty queue with its eventfd.
     pub fn new() -> Result<Self> {
-        // SAFETY: eventfd has no memory-safety preconditions; the result is checked.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_SEMAPHORE | libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(Error::Os {
-                call: "eventfd (async events)",
-                source: std::io::Error::last_os_error(),
-            });
-        }
         Ok(EventQueue {
             inner: Mutex::new(Inner::default()),
             cv: Condvar::new(),
-            // SAFETY: `fd` is a fresh descriptor that nothing else owns.
-            efd: unsafe { OwnedFd::from_raw_fd(fd) },
+            efd: crate::event_fd::new("eventfd (async events)")?,
         })
     }
 
     /// One count on the eventfd (an event is queued).
     fn signal(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a live u64 to our own eventfd.
-        let _ = unsafe { libc::write(self.efd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        crate::event_fd::signal(self.efd.as_fd());
     }
 
-    /// One count off the eventfd (an event left the queue).
+    /// One count off the eventfd (an event left the queue), unless a reader took it.
     fn unsignal(&self) {
-        let mut v: u64 = 0;
-        // SAFETY: reads 8 bytes into a live u64 from our own eventfd; in semaphore mode
-        // this takes exactly one count.
-        let _ = unsafe { libc::read(self.efd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+        crate::event_fd::take_nowait(self.efd.as_fd());
     }
 
     /// Queues `ev` for the application.
@@ -131,6 +119,24 @@ impl EventQueue {
                     self.cv.wait_timeout(g, left).unwrap_or_else(|p| p.into_inner()).0
                 }
             };
+        }
+    }
+
+    /// `ibv_get_async_event` as libibverbs does it: a `read(2)` of [`fd`](Self::fd) in
+    /// the calling thread, then the event. It waits unless the descriptor is
+    /// `O_NONBLOCK` (then the error is EAGAIN), and a signal interrupts the wait (EINTR)
+    /// unless its handler was installed with `SA_RESTART` (see [`crate::event_fd`]). The
+    /// event counts as taken until acknowledged.
+    pub fn read(&self) -> Result<AsyncEvent> {
+        loop {
+            crate::event_fd::take(self.efd.as_fd(), "ibv_get_async_event (read of async_fd)")?;
+            let mut g = lock(&self.inner);
+            // The count taken stands for an event in the queue, unless that event left
+            // it meanwhile (dropped with its object): then wait for the next.
+            if let Some(ev) = g.queue.pop_front() {
+                *g.unacked.entry(ev.element).or_default() += 1;
+                return Ok(ev);
+            }
         }
     }
 
@@ -246,6 +252,47 @@ mod tests {
             None,
             "the untaken event went with the QP"
         );
+        assert!(!readable(q.fd()));
+    }
+
+    fn set_blocking(fd: RawFd) {
+        // SAFETY: fcntl on a live descriptor touches no memory.
+        unsafe {
+            let flags = libc::fcntl(fd, libc::F_GETFL);
+            libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK);
+        }
+    }
+
+    #[test]
+    fn read_takes_events_in_order_and_answers_eagain_when_non_blocking() {
+        let q = EventQueue::new().unwrap();
+        assert_eq!(q.read().unwrap_err().errno(), libc::EAGAIN);
+        q.raise(ev(AsyncEventType::CqErr, AsyncElement::Cq(1)));
+        q.raise(ev(AsyncEventType::CqErr, AsyncElement::Cq(2)));
+        let a = q.read().unwrap();
+        assert_eq!(a.element, AsyncElement::Cq(1));
+        assert_eq!(q.get(None).unwrap().unwrap().element, AsyncElement::Cq(2));
+        assert!(!readable(q.fd()));
+        assert_eq!(q.read().unwrap_err().errno(), libc::EAGAIN);
+        q.ack(a);
+    }
+
+    #[test]
+    fn an_event_dropped_after_a_reader_took_its_count_blocks_nobody() {
+        // A libibverbs-style reader has taken the count of the QP's event (the first half
+        // of `read`) when the QP is destroyed: the destroy drops the event without waiting
+        // for a count on the blocking descriptor, and the next event is read as usual.
+        let q = EventQueue::new().unwrap();
+        set_blocking(q.fd());
+        let qp = AsyncElement::Qp(7);
+        q.raise(ev(AsyncEventType::QpFatal, qp));
+        // SAFETY: the queue's descriptor, open for the borrow.
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(q.fd()) };
+        crate::event_fd::take(fd, "read").unwrap();
+        q.forget(qp);
+        assert!(!readable(q.fd()));
+        q.raise(ev(AsyncEventType::PortActive, AsyncElement::Port(1)));
+        assert_eq!(q.read().unwrap().element, AsyncElement::Port(1));
         assert!(!readable(q.fd()));
     }
 

@@ -47,6 +47,7 @@ pub mod device;
 pub mod endpoint;
 pub mod error;
 pub mod event;
+pub mod event_fd;
 pub mod event_queue;
 pub mod flags;
 pub mod poll;

@@ -109,9 +109,11 @@ pub(crate) unsafe extern "C" fn ibv_destroy_comp_channel(ch: *mut ibv_comp_chann
     })
 }
 
-/// `ibv_get_cq_event`: waits for the next event (or, on a descriptor the program made
-/// non-blocking, fails at once with EAGAIN when there is none), and names its CQ and
-/// that CQ's `cq_context`. 0, or -1 with errno.
+/// `ibv_get_cq_event`: reads the channel's descriptor as libibverbs does, so it waits for
+/// the next event (or, on a descriptor the program made non-blocking, fails at once with
+/// EAGAIN when there is none) and a signal interrupts the wait (EINTR, unless the
+/// handler was installed with `SA_RESTART`); it names the event's CQ and that CQ's
+/// `cq_context`. 0, or -1 with errno.
 pub(crate) unsafe extern "C" fn ibv_get_cq_event(
     ch: *mut ibv_comp_channel,
     cq: *mut *mut ibv_cq,
@@ -124,13 +126,11 @@ pub(crate) unsafe extern "C" fn ibv_get_cq_event(
         if cq.is_null() || cq_context.is_null() {
             return Err(libc::EINVAL);
         }
-        let wait = crate::fd::wait_for(c.sim.fd());
         loop {
-            let handle = match c.sim.get_cq_event(wait) {
-                Ok(Some(h)) => h,
-                Ok(None) => return Err(libc::EAGAIN),
-                Err(e) => return Err(errno_of("ibv_get_cq_event", &e)),
-            };
+            let handle = c
+                .sim
+                .read_cq_event()
+                .map_err(|e| errno_of("ibv_get_cq_event", &e))?;
             // An event of a CQ destroyed since it was raised names nothing: skip it.
             let Some(&addr) = c.cqs.lock().get(&handle) else {
                 continue;

@@ -6,10 +6,19 @@
 //! (`cq->context->ops.poll_cq` is how `ibv_poll_cq` finds its code), and a program that
 //! closes the device first must not make them point at freed memory. The device's sim
 //! side closes with the last of them too.
+//!
+//! `cmd_fd` is a real descriptor, as libibverbs' (the uverbs device it sends commands
+//! on) always is: programs `dup` it (rdma-core's tests, before `ibv_import_device`) or
+//! `fstat` it. The sim has no command channel, so it is `/dev/null`, a character device
+//! like uverbs: nothing this library does goes through it, reads find nothing and writes
+//! go nowhere. It is close-on-exec, as libibverbs opens it, and closed with the
+//! context.
 
 use std::cell::UnsafeCell;
 use std::collections::HashMap;
 use std::ffi::c_int;
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -34,6 +43,8 @@ pub struct Context {
     refs: AtomicUsize,
     /// The objects asynchronous events name, by the number the sim gives them.
     pub elements: Mutex<Elements>,
+    /// What `cmd_fd` is (see the module docs).
+    _cmd: File,
 }
 
 /// The C objects of a context that asynchronous events can name, as addresses.
@@ -96,12 +107,22 @@ pub(crate) unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ib
         })?;
         let async_fd = sim.async_fd();
         crate::fd::make_blocking(async_fd);
+        // Rust opens files close-on-exec.
+        let cmd = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/null")
+            .map_err(|e| {
+                tracing::warn!(error = %e, "ibv_open_device: cannot open /dev/null for cmd_fd");
+                e.raw_os_error().unwrap_or(libc::EIO)
+            })?;
         let ctx = Box::new(Context {
-            vctx: UnsafeCell::new(crate::ops::verbs_context(dev, async_fd)),
+            vctx: UnsafeCell::new(crate::ops::verbs_context(dev, async_fd, cmd.as_raw_fd())),
             sim,
             device,
             refs: AtomicUsize::new(1),
             elements: Mutex::default(),
+            _cmd: cmd,
         });
         Ok(live::register(ctx))
     })

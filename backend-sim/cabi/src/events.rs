@@ -39,8 +39,10 @@ fn element_ptr(ctx: &Context, e: AsyncElement) -> Option<usize> {
     }
 }
 
-/// `ibv_get_async_event`: waits for the next event (or, on a descriptor the program made
-/// non-blocking, fails at once with EAGAIN when there is none). 0, or -1 with errno.
+/// `ibv_get_async_event`: reads the context's `async_fd` as libibverbs does, so it waits
+/// for the next event (or, on a descriptor the program made non-blocking, fails at once
+/// with EAGAIN when there is none) and a signal interrupts the wait (EINTR, unless the
+/// handler was installed with `SA_RESTART`). 0, or -1 with errno.
 pub(crate) unsafe extern "C" fn ibv_get_async_event(
     ctx: *mut ibv_context,
     event: *mut ibv_async_event,
@@ -51,13 +53,11 @@ pub(crate) unsafe extern "C" fn ibv_get_async_event(
         if event.is_null() {
             return Err(libc::EINVAL);
         }
-        let wait = crate::fd::wait_for(c.sim.async_fd());
         loop {
-            let ev = match c.sim.get_async_event(wait) {
-                Ok(Some(ev)) => ev,
-                Ok(None) => return Err(libc::EAGAIN),
-                Err(e) => return Err(errno_of("ibv_get_async_event", &e)),
-            };
+            let ev = c
+                .sim
+                .read_async_event()
+                .map_err(|e| errno_of("ibv_get_async_event", &e))?;
             let event_type = ev.event_type as u32;
             let element = match ev.element {
                 AsyncElement::Port(p) => {

@@ -55,7 +55,7 @@ unsafe extern "C" fn dealloc_mw(_mw: *mut ibv_mw) -> c_int {
 
 /// A context's C part: the `verbs_context` with every operation set and the
 /// `ibv_context` programs hold at its end.
-pub fn verbs_context(device: *mut ibv_device, async_fd: c_int) -> verbs_context {
+pub fn verbs_context(device: *mut ibv_device, async_fd: c_int, cmd_fd: c_int) -> verbs_context {
     let null = Some(unserved_null as unsafe extern "C" fn() -> *mut c_void);
     let err = Some(unserved_err as unsafe extern "C" fn() -> c_int);
     verbs_context {
@@ -135,8 +135,7 @@ pub fn verbs_context(device: *mut ibv_device, async_fd: c_int) -> verbs_context 
                 _compat_detach_mcast: None,
                 _compat_async_event: None,
             },
-            // No uverbs command channel: nothing reads or writes it.
-            cmd_fd: -1,
+            cmd_fd,
             async_fd,
             num_comp_vectors: NUM_COMP_VECTORS,
             mutex: libc::PTHREAD_MUTEX_INITIALIZER,

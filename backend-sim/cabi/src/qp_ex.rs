@@ -12,7 +12,7 @@
 use std::ffi::{c_int, c_void};
 
 use arrayvec::ArrayVec;
-use verbs_api::{AddressHandle, RemoteAddr, SendFlags, SendWr, Sge, UdDest, WrOp};
+use verbs_api::{AddressHandle, QpState, QueuePair as _, RemoteAddr, SendFlags, SendWr, Sge, UdDest, WrOp};
 
 use crate::abi::{ibv_ah, ibv_data_buf, ibv_mw, ibv_qp, ibv_qp_ex, ibv_sge};
 use crate::ah::Ah;
@@ -357,9 +357,23 @@ fn complete(q: &Qp, b: Builder) -> Result<(), Errno> {
         }
         q.sim
             .post_send_with_inline(&wrs, &inline)
-            .map_err(|e| errno_of("ibv_wr_complete", &e.error))?;
+            .map_err(|e| refusal(q, &e.error))?;
     }
     Ok(())
+}
+
+/// The errno of `ibv_wr_complete` when the sim refused its WRs: EINVAL while the QP has
+/// not reached RTS since its creation or last RESET, whatever the refusal, as providers
+/// answer (mlx5's `wr_complete` is a function that fails with EINVAL until the QP is in
+/// RTS, although its `ibv_post_send` answers ENOMEM; rxe's doorbell is refused with
+/// EINVAL; IBA C10-22, C10-25, C10-29: an immediate error); else the sim's.
+#[cold]
+fn refusal(q: &Qp, e: &verbs_api::Error) -> Errno {
+    let errno = errno_of("ibv_wr_complete", e);
+    match q.sim.state() {
+        Ok(QpState::Reset | QpState::Init | QpState::Rtr) => libc::EINVAL,
+        _ => errno,
+    }
 }
 
 unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {

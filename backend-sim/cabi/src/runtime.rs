@@ -1,7 +1,8 @@
 //! The process's sim: the backend configured from the environment (`RDMA_SIM_DEVICES`,
-//! `RDMA_SIM_LISTEN`, `RDMA_SIM_ADVERTISE`, as for every program on the sim), the
-//! devices it lists, and the log. Made by the first verb that needs it and kept for the
-//! life of the process, as libibverbs keeps its device list.
+//! `RDMA_SIM_LISTEN`, `RDMA_SIM_ADVERTISE`, ... as for every program on the sim, except
+//! that the portability advice is at debug level unless `RDMA_SIM_PORTABILITY_WARNINGS`
+//! says `warn`), the devices it lists, and the log. Made by the first verb that needs it
+//! and kept for the life of the process, as libibverbs keeps its device list.
 //!
 //! An opened device is shared by every `ibv_open_device` of it in the process, as one
 //! HCA is: contexts of one device see the same port, LID and GID. It closes when the last
@@ -16,9 +17,11 @@ use verbs_api::{Backend, ContextOf};
 use crate::abi::{ibv_device, IBV_NODE_CA, IBV_SYSFS_NAME_MAX, IBV_SYSFS_PATH_MAX, IBV_TRANSPORT_IB};
 use crate::ffi::{copy_c_str, Errno};
 
-/// The backend behind the C ABI. The rest of the crate reaches the sim only through the
+/// The backend behind the C ABI. The rest of the crate reaches the sim through the
 /// verbs-api traits, so what the sim learns (SRQs, address handles, UD) reaches C
-/// programs without changes here.
+/// programs without changes here; the one exception is the event reads
+/// (`read_cq_event`, `read_async_event`), which are a `read(2)` of the descriptor in the
+/// calling thread as in libibverbs, something the traits' waits with a timeout are not.
 pub type B = backend_sim::SimBackend;
 /// An open device of [`B`].
 pub type SimContext = ContextOf<B>;
@@ -90,7 +93,15 @@ pub fn device(dev: *const ibv_device) -> Result<&'static Device, Errno> {
 
 fn init() -> Result<Runtime, Errno> {
     init_log();
-    let backend = B::from_env().map_err(|e| {
+    // The portable profile's advice goes to the debug log unless the environment asks
+    // for warnings: the programs here did not choose the sim, and a destroy with
+    // completions nobody will poll (every MPI_Finalize) must not add a line to their
+    // output.
+    let quiet = backend_sim::SimConfig {
+        portability_warnings: backend_sim::profile::warnings::Level::Debug,
+        ..Default::default()
+    };
+    let backend = B::from_env_over(quiet).map_err(|e| {
         tracing::error!(error = %e, "the sim's libibverbs cannot start");
         e.errno()
     })?;

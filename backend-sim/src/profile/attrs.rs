@@ -24,13 +24,23 @@ use verbs_api::{AtomicCap, LinkLayer, Mtu};
 /// an SRQ's `max_wr`. Every profile has it (rxe_param.h `RXE_DEVICE_CAP_FLAGS`, mlx5).
 pub const IBV_DEVICE_SRQ_RESIZE: u32 = 1 << 13;
 
+/// `IBV_QP_CREATE_BLOCK_SELF_MCAST_LB` of `enum ibv_qp_create_flags`: the QP does not
+/// receive the multicast it sends itself. The sim has no multicast, so a device that
+/// accepts the flag has nothing to do for it.
+pub const IBV_QP_CREATE_BLOCK_SELF_MCAST_LB: u32 = 1 << 1;
+
+/// The `vendor_id` of a device without an IEEE OUI of its own: rxe_param.h
+/// `RXE_VENDOR_ID`. Software devices report it; no vendor table of a program (perftest's
+/// device list, UCX's, rdma-core's tests) gives it a path of its own.
+pub const NO_VENDOR: u32 = 0xff_ffff;
+
 /// `DEFAULT_MAX_VALUE` of rxe_param.h.
 const RXE_DEFAULT_MAX: u32 = 1 << 20;
 
 /// What a device of one kind reports, and the sim enforces.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Attrs {
-    /// `vendor_id` (IEEE OUI).
+    /// `vendor_id` (IEEE OUI, or [`NO_VENDOR`]).
     pub vendor_id: u32,
     /// `vendor_part_id`.
     pub vendor_part_id: u32,
@@ -79,13 +89,15 @@ pub struct Attrs {
     /// with or without the GRH) or Ethernet (RoCE v2: LID 0, peers reached by GID alone,
     /// see `addressing`).
     pub link_layer: LinkLayer,
+    /// The `create_flags` `ibv_create_qp_ex` accepts (`IBV_QP_CREATE_*`).
+    pub qp_create_flags: u32,
 }
 
 impl Attrs {
     /// Soft-RoCE of Linux 6.1 on a netdev of MTU 1500 (see the module docs).
     pub const RXE: Attrs = Attrs {
         // rxe_param.h RXE_VENDOR_ID (0XFFFFFF: "no vendor"), RXE_VENDOR_PART_ID 0.
-        vendor_id: 0xff_ffff,
+        vendor_id: NO_VENDOR,
         vendor_part_id: 0,
         page_size_cap: 0xffff_f000,
         max_mr_size: u64::MAX,
@@ -114,6 +126,8 @@ impl Attrs {
         active_mtu: Mtu::Mtu1024,
         max_msg_sz: 0x80_0000,
         link_layer: LinkLayer::Ethernet,
+        // The kernel's rxe_create_qp() refuses every create flag (EOPNOTSUPP).
+        qp_create_flags: 0,
     };
 
     /// A ConnectX-5 (MT4119) on an InfiniBand port (see the module docs).
@@ -144,15 +158,19 @@ impl Attrs {
         active_mtu: Mtu::Mtu4096,
         max_msg_sz: 1 << 30,
         link_layer: LinkLayer::InfiniBand,
+        // The kernel's mlx5 takes it on a device with the block_lb_mc capability (every
+        // ConnectX-4 and later); rdma-core's tests pass it to UD QPs of Mellanox devices.
+        qp_create_flags: IBV_QP_CREATE_BLOCK_SELF_MCAST_LB,
     };
 
-    /// The smaller of `a`'s and `b`'s value of every limit, and no vendor: what fits
-    /// there fits on both.
+    /// The smaller of `a`'s and `b`'s value of every limit, and no vendor
+    /// ([`NO_VENDOR`], as a software device; not 0, which programs take for a broken
+    /// device): what fits there fits on both.
     pub fn smaller(a: &Attrs, b: &Attrs) -> Attrs {
         let mtu = |x: Mtu, y: Mtu| if (x as u32) <= (y as u32) { x } else { y };
         let atomic = |x: AtomicCap, y: AtomicCap| if (x as u32) <= (y as u32) { x } else { y };
         Attrs {
-            vendor_id: 0,
+            vendor_id: NO_VENDOR,
             vendor_part_id: 0,
             // Page sizes both support.
             page_size_cap: a.page_size_cap & b.page_size_cap,
@@ -183,6 +201,8 @@ impl Attrs {
             } else {
                 a.link_layer
             },
+            // Flags both accept.
+            qp_create_flags: a.qp_create_flags & b.qp_create_flags,
         }
     }
 }

@@ -119,6 +119,8 @@ pub struct QpDevice {
     pub counters: Arc<DeviceCounters>,
     /// The kind of HCA it plays: its switches decide what the QP does where HCAs differ.
     pub profile: crate::profile::Profile,
+    /// The portability advice of its backend (`profile::warnings`).
+    pub advice: Arc<crate::profile::warnings::Advice>,
 }
 
 /// The parts of a QP's state that one connection's frames move ([`QpShared::scratch`]).
@@ -254,7 +256,7 @@ impl QpShared {
             n += self.recv_cq.clean(self.qpn);
         }
         if n > 0 && self.dev.profile.warns() {
-            self.warned.cqes_removed(self.qpn, what, n);
+            self.dev.advice.cqes_removed(self.qpn, what, n);
         }
     }
 

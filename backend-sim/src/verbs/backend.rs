@@ -1,9 +1,11 @@
 //! The backend and its configuration (`SimConfig`, or the environment).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
 
 use verbs_api::{Error, Result};
 
+use crate::profile::warnings::{Advice, Level};
 use crate::profile::{Profile, UnknownProfile};
 
 /// Configuration of the simulated devices.
@@ -21,6 +23,11 @@ pub struct SimConfig {
     /// The kind of HCA every device plays ([`Profile`]): its limits and behaviour where
     /// HCAs differ. Default: `portable`.
     pub profile: Profile,
+    /// How the `portable` profile's advice about calls that succeeded is logged (CQEs a
+    /// RESET or destroy removed unpolled, an `srq_limit` given at creation; see
+    /// [`crate::profile::warnings`]): each piece once per backend, as a warning
+    /// (default) or a debug event.
+    pub portability_warnings: Level,
 }
 
 impl Default for SimConfig {
@@ -30,6 +37,7 @@ impl Default for SimConfig {
             devices: 2,
             advertise: None,
             profile: Profile::default(),
+            portability_warnings: Level::default(),
         }
     }
 }
@@ -38,28 +46,46 @@ impl Default for SimConfig {
 #[derive(Clone, Debug, Default)]
 pub struct SimBackend {
     pub(crate) config: SimConfig,
+    /// The portability advice its devices give (shared by them, and by clones).
+    pub(crate) advice: Arc<Advice>,
+}
+
+/// The value of the setting `name`, if it is set and not empty: an empty assignment
+/// (`RDMA_SIM_PROFILE=`, or a script's `RDMA_SIM_PROFILE=$PROFILE` with nothing in
+/// `PROFILE`) means "unset", as it does for most programs' variables.
+fn setting(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
 }
 
 impl SimBackend {
     /// A backend with the given configuration.
     pub fn new(config: SimConfig) -> Self {
-        SimBackend { config }
+        SimBackend {
+            advice: Arc::new(Advice::new(config.portability_warnings)),
+            config,
+        }
     }
 
     /// The default configuration, overridden by `RDMA_SIM_LISTEN` (an `ip` or `ip:port`
     /// to listen on, e.g. `0.0.0.0:18515` to accept other hosts), `RDMA_SIM_ADVERTISE`
-    /// (with a wildcard listen: the IP to advertise) and `RDMA_SIM_DEVICES` (how many
-    /// devices to list) and `RDMA_SIM_PROFILE` (`portable`, `rxe` or `mlx5`: the kind of
-    /// HCA the devices play; any other value is an error).
+    /// (with a wildcard listen: the IP to advertise), `RDMA_SIM_DEVICES` (how many
+    /// devices to list), `RDMA_SIM_PROFILE` (`portable`, `rxe` or `mlx5`: the kind of
+    /// HCA the devices play; any other value is an error) and
+    /// `RDMA_SIM_PORTABILITY_WARNINGS` (`warn` or `debug`). A variable set empty counts
+    /// as unset.
     pub fn from_env() -> Result<Self> {
-        let mut c = SimConfig::default();
-        if let Ok(v) = std::env::var("RDMA_SIM_LISTEN") {
+        Self::from_env_over(SimConfig::default())
+    }
+
+    /// As [`from_env`](Self::from_env), with `c` where the environment says nothing.
+    pub fn from_env_over(mut c: SimConfig) -> Result<Self> {
+        if let Some(v) = setting("RDMA_SIM_LISTEN") {
             c.listen = v
                 .parse::<SocketAddr>()
                 .or_else(|_| v.parse::<IpAddr>().map(|ip| SocketAddr::new(ip, 0)))
                 .map_err(|_| Error::invalid("RDMA_SIM_LISTEN", format!("{v:?} is not an ip or ip:port")))?;
         }
-        if let Ok(v) = std::env::var("RDMA_SIM_ADVERTISE") {
+        if let Some(v) = setting("RDMA_SIM_ADVERTISE") {
             let ip = v
                 .parse::<IpAddr>()
                 .map_err(|_| Error::invalid("RDMA_SIM_ADVERTISE", format!("{v:?} is not an IP address")))?;
@@ -71,17 +97,22 @@ impl SimBackend {
             }
             c.advertise = Some(ip);
         }
-        if let Ok(v) = std::env::var("RDMA_SIM_DEVICES") {
+        if let Some(v) = setting("RDMA_SIM_DEVICES") {
             c.devices = v
                 .parse()
                 .map_err(|_| Error::invalid("RDMA_SIM_DEVICES", format!("{v:?} is not a number")))?;
         }
-        if let Ok(v) = std::env::var("RDMA_SIM_PROFILE") {
+        if let Some(v) = setting("RDMA_SIM_PROFILE") {
             c.profile = v
                 .parse()
                 .map_err(|e: UnknownProfile| Error::invalid("RDMA_SIM_PROFILE", e.to_string()))?;
         }
-        Ok(SimBackend { config: c })
+        if let Some(v) = setting("RDMA_SIM_PORTABILITY_WARNINGS") {
+            c.portability_warnings = v
+                .parse()
+                .map_err(|e: String| Error::invalid("RDMA_SIM_PORTABILITY_WARNINGS", e))?;
+        }
+        Ok(SimBackend::new(c))
     }
 
     /// The configuration.

@@ -45,6 +45,17 @@ impl SimContext {
     }
 }
 
+impl SimContext {
+    /// `ibv_get_async_event` as libibverbs does it, a `read(2)` of the context's
+    /// `async_fd` in the calling thread (see [`EventQueue::read`]): what a C program's
+    /// signals and `O_NONBLOCK` expect.
+    ///
+    /// [`EventQueue::read`]: verbs_api::event_queue::EventQueue::read
+    pub fn read_async_event(&self) -> Result<AsyncEvent> {
+        self.dev.events.read()
+    }
+}
+
 impl Context for SimContext {
     type Backend = SimBackend;
 

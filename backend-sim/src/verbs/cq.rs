@@ -80,6 +80,18 @@ pub struct SimChannel {
     pub(crate) ch: Arc<ChannelShared>,
 }
 
+impl SimChannel {
+    /// `ibv_get_cq_event` as libibverbs does it, a `read(2)` of the channel's descriptor
+    /// in the calling thread (see [`ChannelShared::read_event`]): what a C program's
+    /// signals and `O_NONBLOCK` expect. The handle of the CQ that raised the event.
+    pub fn read_cq_event(&self) -> Result<u32> {
+        if !self.ch.has_event() {
+            crate::progress::Progress::thread_blocks();
+        }
+        self.ch.read_event()
+    }
+}
+
 impl CompletionChannel for SimChannel {
     fn get_cq_event(&self, timeout: Option<Duration>) -> Result<Option<u32>> {
         if !self.ch.has_event() {

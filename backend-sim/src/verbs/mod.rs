@@ -60,7 +60,14 @@ impl Backend for SimBackend {
             listen.set_port(listen.port() + index as u16);
         }
         Ok(SimContext {
-            dev: DeviceShared::open(name, index, listen, self.config.advertise, self.config.profile)?,
+            dev: DeviceShared::open(
+                name,
+                index,
+                listen,
+                self.config.advertise,
+                self.config.profile,
+                self.advice.clone(),
+            )?,
         })
     }
 }

@@ -74,7 +74,7 @@ impl ProtectionDomain for SimPd {
             attr.srq_limit
         } else {
             if attr.srq_limit > 0 && dev.profile.warns() {
-                crate::profile::warnings::srq_limit_at_create(attr.srq_limit);
+                dev.advice.srq_limit_at_create(attr.srq_limit);
             }
             0
         };

@@ -129,3 +129,52 @@ pub fn run_pair(program: &str, server: &[&str], client: &[&str], limit: Duration
     );
     (text(&s), text(&c))
 }
+
+/// Compiles tests/c/`name`.c against the installed `<infiniband/verbs.h>` (once per test
+/// process and program) and runs it with the library preloaded, `env` set (an empty value
+/// sets the variable empty) and `args`, to its end, at most `limit`: it must exit 0 and
+/// report no failed check ("0 failed"). Its standard output and standard error.
+pub fn run_c_check(name: &str, env: &[(&str, &str)], args: &[&str], limit: Duration) -> (String, String) {
+    let exe = compile_c(name);
+    let mut cmd = preloaded(exe.to_str().unwrap(), args);
+    cmd.envs(env.iter().copied());
+    let out = wait(cmd.spawn().unwrap(), limit);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.success() && stdout.contains("\n0 failed"),
+        "{name} {env:?} {args:?}: {}\n{stdout}\nstderr:\n{stderr}",
+        out.status,
+    );
+    (stdout, stderr)
+}
+
+/// tests/c/`name`.c compiled (once per test process) beside the library.
+fn compile_c(name: &str) -> PathBuf {
+    static BUILT: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let deps = lib().parent().expect("deps").to_path_buf();
+    let exe = deps.join(format!("c-{name}"));
+    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+    if built.iter().any(|n| n == name) {
+        return exe;
+    }
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
+    // Built under a name of this process, then renamed: another test process building
+    // the same program meanwhile replaces it whole.
+    let tmp = deps.join(format!("c-{name}.{}", std::process::id()));
+    let cc = Command::new("cc")
+        .args(["-std=gnu11", "-Wall", "-pthread", "-o"])
+        .arg(&tmp)
+        .arg(&src)
+        .arg("-libverbs")
+        .output()
+        .expect("run cc");
+    assert!(
+        cc.status.success(),
+        "cc failed (needs libibverbs-dev): {}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    std::fs::rename(&tmp, &exe).expect("rename the compiled program");
+    built.push(name.to_string());
+    exe
+}

@@ -1,0 +1,71 @@
+//! C programs (tests/c/) run with this library preloaded, for answers that must be
+//! libibverbs' (and rxe's or mlx5's, per profile) to the letter, as rdma-core's pyverbs
+//! tests check them: a valid `cmd_fd`, a vendor id that is not 0, settings set empty
+//! counted as unset, the QP create flag and `ibv_wr_complete` errno of each profile, and
+//! the portability advice kept out of a C program's output unless asked for.
+
+mod common;
+
+use std::time::Duration;
+
+use common::run_c_check;
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+#[test]
+fn cmd_fd_is_a_descriptor() {
+    run_c_check("cmd_fd", &[], &[], LIMIT);
+}
+
+/// The first device's line `key value` of identity.c's output.
+fn line<'a>(out: &'a str, key: &str) -> &'a str {
+    out.lines()
+        .find_map(|l| l.strip_prefix(key).map(str::trim))
+        .unwrap_or_else(|| panic!("no {key} in\n{out}"))
+}
+
+#[test]
+fn the_vendor_id_is_never_zero() {
+    for (profile, vendor) in [("portable", "0xffffff"), ("rxe", "0xffffff"), ("mlx5", "0x2c9")] {
+        let (out, _) = run_c_check("identity", &[("RDMA_SIM_PROFILE", profile)], &[], LIMIT);
+        assert_eq!(line(&out, "vendor_id"), vendor, "{profile}");
+    }
+}
+
+/// `RDMA_SIM_PROFILE=` and `RDMA_SIM_DEVICES=` (as a script writes `VAR=$UNSET`) are the
+/// defaults: the portable profile, two devices.
+#[test]
+fn settings_set_empty_are_unset() {
+    let empty = [
+        ("RDMA_SIM_PROFILE", ""),
+        ("RDMA_SIM_DEVICES", ""),
+        ("RDMA_SIM_PORTABILITY_WARNINGS", ""),
+    ];
+    let (out, _) = run_c_check("identity", &empty, &[], LIMIT);
+    assert_eq!(line(&out, "devices"), "2");
+    assert_eq!(line(&out, "vendor_id"), "0xffffff");
+}
+
+/// (Not under rxe, whose Ethernet port the program's connection by LID does not reach.)
+#[test]
+fn qp_answers_follow_the_profile() {
+    for profile in ["portable", "mlx5"] {
+        run_c_check("profile_qp", &[("RDMA_SIM_PROFILE", profile)], &[], LIMIT);
+    }
+}
+
+/// Three QPs destroyed with a completion nobody polled: no advice under the C ABI by
+/// default, one line (not three) with `RDMA_SIM_PORTABILITY_WARNINGS=warn`.
+#[test]
+fn the_unpolled_completions_advice_is_quiet_and_said_once() {
+    let advice = "completions that were never polled";
+    let (_, quiet) = run_c_check("unpolled", &[], &[], LIMIT);
+    assert!(!quiet.contains(advice), "{quiet}");
+    let (_, asked) = run_c_check(
+        "unpolled",
+        &[("RDMA_SIM_PORTABILITY_WARNINGS", "warn")],
+        &[],
+        LIMIT,
+    );
+    assert_eq!(asked.matches(advice).count(), 1, "{asked}");
+}
