@@ -5,7 +5,9 @@
 //!   node (`ibv_open_device@@IBVERBS_1.1`), passed to the link of the cdylib only;
 //! - `exports.rs`, included by `src/exports.rs`: one `global_asm!` per symbol that
 //!   defines the C name as a jump to its Rust function (`.symver` for the older,
-//!   non-default versions).
+//!   non-default versions);
+//! - for the launcher `rdma-sim` of a release build, where the shared object will be
+//!   (`bundle`), so that the launcher carries it and works wherever it is installed.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -115,6 +117,44 @@ fn main() {
         "cargo:rustc-cdylib-link-arg=-Wl,--version-script={}",
         map_path.display()
     );
+    bundle(&out);
+}
+
+/// Tells the launcher (`src/bin/rdma-sim`) of a release build where this package's shared
+/// object is written, so that it carries a copy (`cargo install` installs binaries only,
+/// and a launcher must work without the library beside it). The launcher is built after
+/// the library, which writes the shared object into the `deps` folder beside this build
+/// script's output folder; the launcher's assembler reads it there (`.incbin`), so
+/// `cargo check` and clippy, which assemble nothing, never need it. Debug builds carry
+/// nothing: their launcher finds the library beside itself in the target folder. A
+/// target folder of another layout carries nothing either, and says so.
+fn bundle(out: &std::path::Path) {
+    println!("cargo:rustc-check-cfg=cfg(rdma_sim_bundle)");
+    println!("cargo:rerun-if-env-changed=RDMA_SIM_NO_BUNDLE");
+    if std::env::var("PROFILE").as_deref() != Ok("release")
+        || std::env::var_os("RDMA_SIM_NO_BUNDLE").is_some()
+    {
+        return;
+    }
+    let deps = out.join("../../../deps");
+    if !deps.is_dir() {
+        println!(
+            "cargo:warning=rdma-sim will not carry libibverbs_sim.so: no deps folder at {}",
+            deps.display()
+        );
+        return;
+    }
+    let lib = deps
+        .canonicalize()
+        .expect("deps folder")
+        .join("libibverbs_sim.so");
+    let lib = lib.to_str().expect("a UTF-8 target folder");
+    if lib.contains('"') || lib.contains('\\') {
+        println!("cargo:warning=rdma-sim will not carry libibverbs_sim.so: its path {lib:?} cannot be quoted for the assembler");
+        return;
+    }
+    println!("cargo:rustc-cfg=rdma_sim_bundle");
+    println!("cargo:rustc-env=RDMA_SIM_BUNDLE={lib}");
 }
 
 /// A function `label` that jumps to the Rust function `target`. (An alias made with

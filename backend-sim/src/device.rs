@@ -71,6 +71,8 @@ pub struct DeviceShared {
     /// Its UD side: links to other devices, datagrams to its own QPs.
     pub datagrams: Arc<Datagrams>,
     shutdown: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
+    /// Its control socket (`rdma-sim status`), removed with the device.
+    control: Mutex<Option<crate::control::Endpoint>>,
     thread: Mutex<Option<JoinHandle<()>>>,
     progress_thread: Mutex<Option<JoinHandle<()>>>,
 }
@@ -200,10 +202,13 @@ impl DeviceShared {
             counters,
             datagrams,
             shutdown: Mutex::new(Some(tx)),
+            control: Mutex::new(None),
             thread: Mutex::new(Some(thread)),
             progress_thread: Mutex::new(Some(progress_thread)),
         });
         crate::transport::spawn_listener(&dev.setup, std_listener)?;
+        let weak: std::sync::Weak<DeviceShared> = Arc::downgrade(&dev);
+        *dev.control.lock() = crate::control::open(name, &dev.setup.rt, weak);
         tracing::debug!(device = name, %bound, advertise = %addr.advertise, %profile, "sim device open");
         Ok(dev)
     }
@@ -340,6 +345,49 @@ impl DeviceShared {
             counters: self.counters.clone(),
             profile: self.profile,
             advice: self.advice.clone(),
+        }
+    }
+}
+
+/// What the device's control endpoint shows ([`control`](crate::control)).
+impl crate::control::Source for DeviceShared {
+    fn status(&self) -> crate::control::DeviceStatus {
+        // The table's lock is let go before any QP's is taken.
+        let live: Vec<_> = self.qps.lock().values().filter_map(|q| q.upgrade()).collect();
+        let mut qps: Vec<_> = live.iter().map(|q| q.status()).collect();
+        qps.sort_by_key(|q| q.qpn);
+        let c = self.counters.snapshot();
+        let counters = [
+            ("uc_dropped", c.uc_dropped),
+            ("uc_psn_gaps", c.uc_psn_gaps),
+            ("ud_dropped", c.ud_dropped),
+            ("ud_unsent", c.ud_unsent),
+            ("qkey_violations", u64::from(self.counters.qkey_violations())),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        let program = std::fs::read_to_string("/proc/self/comm")
+            .map(|s| s.trim_end().to_string())
+            .unwrap_or_default();
+        crate::control::DeviceStatus {
+            pid: std::process::id(),
+            program,
+            device: self.name.clone(),
+            profile: self.profile.name().to_string(),
+            node_guid: self.attr.node_guid,
+            link_layer: format!("{:?}", self.limits.link_layer),
+            lid: self.addr.lid(),
+            listen: self.addr.listen.to_string(),
+            gids: self
+                .addr
+                .gids
+                .iter()
+                .map(|g| std::net::Ipv6Addr::from(g.0).to_string())
+                .collect(),
+            mrs: self.mrs.len(),
+            counters,
+            qps,
         }
     }
 }

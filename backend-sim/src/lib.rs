@@ -63,6 +63,7 @@
 #![warn(missing_docs)]
 
 mod addressing;
+pub mod control;
 pub mod counters;
 mod cpu_share;
 mod cq;

@@ -167,6 +167,26 @@ pub struct QpShared {
 }
 
 impl QpShared {
+    /// What `rdma-sim status` shows of the QP ([`control`](crate::control)).
+    pub fn status(&self) -> crate::control::QpStatus {
+        let g = self.inner.lock();
+        let connected = self.qp_type != QpType::Ud && g.state >= QpState::Rtr;
+        let up = g.conn.as_ref().is_some_and(|c| !c.closed.load(Ordering::Relaxed));
+        crate::control::QpStatus {
+            qpn: self.qpn,
+            qp_type: format!("{:?}", self.qp_type).to_uppercase(),
+            state: format!("{:?}", g.state).to_uppercase(),
+            dest_qpn: connected.then_some(g.attr.dest_qp_num),
+            peer: connected.then(|| g.remote.map(|a| a.to_string())).flatten(),
+            connected: connected && up,
+            sq_psn: g.req.next_psn(),
+            rq_psn: g.resp.expected_psn(),
+            sq_outstanding: g.req.outstanding(),
+            rq_posted: g.resp.posted(),
+            srq: g.resp.srq().is_some(),
+        }
+    }
+
     /// A new QP in RESET, taking its receives from `srq` if given (and then holding it:
     /// the SRQ lives as long as any QP that uses it).
     #[allow(clippy::too_many_arguments)]

@@ -1,0 +1,19 @@
+//! Each open sim device's read-only control endpoint, and the client that reads them:
+//! what `rdma-sim status` shows of the sim devices live on this host (their QPs, states,
+//! peers and counters), as `rdma resource show qp` and `ibv_devinfo` show a real HCA's.
+//!
+//! A device serves a snapshot of its state ([`DeviceStatus`], one JSON line) to whoever
+//! connects to its unix socket, and reads nothing: there is no request to parse and
+//! nothing a client can change. The sockets live in one directory per user
+//! ([`dir::resolve`]: `RDMA_SIM_CONTROL`, else `$XDG_RUNTIME_DIR/rdma-sim`, else
+//! `/tmp/rdma-sim-<uid>`), which must be the user's own with no access for anyone else;
+//! a connection from another user is closed unanswered. The snapshot shows no memory
+//! contents and no keys. `RDMA_SIM_CONTROL=off` turns the endpoints off.
+
+mod dir;
+mod serve;
+mod status;
+
+pub use dir::resolve as directory;
+pub(crate) use serve::{open, Endpoint, Source};
+pub use status::{list, DeviceStatus, Found, QpStatus};
