@@ -326,6 +326,7 @@ async fn serve_inbound(dev: Weak<Setup>, mut stream: TcpStream) -> io::Result<()
     send_frame(&mut stream, &Frame::HelloAck).await?;
     let sock = stream.into_std()?;
     let conn = progress.register(&qp, expect.epoch, sock, Reader::new())?;
+    crate::faults::setup_pause(&qp).await;
     let old = {
         let mut g = qp.inner.lock();
         if qp.is_stale(&g, expect.epoch) || g.conn_gen != gen {
@@ -406,6 +407,7 @@ async fn connector_task(dev: Arc<Setup>, qp: Arc<QpShared>, epoch: u64) {
                         continue;
                     }
                 };
+                crate::faults::setup_pause(&qp).await;
                 {
                     let mut g = qp.inner.lock();
                     if qp.is_stale(&g, epoch) || g.state == QpState::Err || g.conn_gen != gen {
