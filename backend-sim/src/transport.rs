@@ -169,6 +169,15 @@ fn admissible(qp: &QpShared, g: &QpInner, c: &Claim) -> std::result::Result<Expe
     })
 }
 
+/// The count of setups of the connection slot an accepted hello fills: `self_conn` for
+/// a QP connected to itself, `conn` otherwise.
+fn accepted_gen(g: &mut QpInner, self_loop: bool) -> &mut u64 {
+    match self_loop {
+        true => &mut g.self_conn_gen,
+        false => &mut g.conn_gen,
+    }
+}
+
 async fn serve_inbound(dev: Weak<Setup>, mut stream: TcpStream) -> io::Result<()> {
     let first = match tokio::time::timeout(HELLO_TIMEOUT, verify::read_one(&mut stream))
         .await
@@ -307,8 +316,9 @@ async fn serve_inbound(dev: Weak<Setup>, mut stream: TcpStream) -> io::Result<()
     let gen = {
         let mut g = qp.inner.lock();
         if admissible(&qp, &g, &claim).ok() == Some(expect) && !qp.is_stale(&g, expect.epoch) {
-            g.conn_gen += 1;
-            Some(g.conn_gen)
+            let gen = accepted_gen(&mut g, expect.self_loop);
+            *gen += 1;
+            Some(*gen)
         } else {
             None
         }
@@ -329,7 +339,7 @@ async fn serve_inbound(dev: Weak<Setup>, mut stream: TcpStream) -> io::Result<()
     crate::faults::setup_pause(&qp).await;
     let old = {
         let mut g = qp.inner.lock();
-        if qp.is_stale(&g, expect.epoch) || g.conn_gen != gen {
+        if qp.is_stale(&g, expect.epoch) || *accepted_gen(&mut g, expect.self_loop) != gen {
             drop(g);
             progress.close(&conn);
             return Ok(());

@@ -242,3 +242,25 @@ fn a_connection_broken_with_work_outstanding_is_always_set_up_again() {
         faults.clear(qpn).unwrap();
     }
 }
+
+/// A QP connected to itself sets up its connection and accepts it itself, each end
+/// with its setup delayed: it connects every time, and its WRITEs complete. When the
+/// two ends counted their setups in one count, the accepting end found the count moved
+/// by the connecting end's setup of the same connection, took its own for a stale one
+/// and closed it, and the QP set up and closed connections until `retry_cnt` ran out.
+#[test]
+fn a_qp_connected_to_itself_connects_with_its_setups_delayed() {
+    let sim = SimBackend::default();
+    let a = Side::new(&sim, "sim0");
+    let p = params();
+    for round in 0..100 {
+        a.reset();
+        a.delay_setups(round, 0);
+        let me = a.endpoints(round, &p);
+        for (qp, e) in a.qps.iter().zip(&me) {
+            connect_rc(qp, &p, e.psn, e).unwrap();
+        }
+        a.post_writes(&a.dst);
+        a.completes(round % 2 == 0, &format!("round {round}"));
+    }
+}
