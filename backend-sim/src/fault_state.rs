@@ -33,6 +33,9 @@ pub struct QpFaults {
     /// Lose this many more of the QP's UD datagrams on the way (each WR completes
     /// successfully; nothing arrives).
     pub drop_datagrams: u32,
+    /// Every connection of the QP, once its hello is answered, waits this long before
+    /// it carries the QP's traffic.
+    pub setup_delay: Duration,
 }
 
 /// How many faults fired.

@@ -1,7 +1,7 @@
 //! Fault injection for tests (the sim's own, and users'): break a QP's connection at a
 //! chosen point of a transfer, stall a responder, delay its responses, make it answer
-//! RNR although receives are posted, lose a UD QP's datagrams, or stall the device's
-//! setup thread. Get a handle with
+//! RNR although receives are posted, lose a UD QP's datagrams, delay a QP's connection
+//! setups, or stall the device's setup thread. Get a handle with
 //! [`SimContext::faults`](crate::SimContext::faults) and name the QP by its number.
 //!
 //! The sim then behaves as an HCA does when the fabric misbehaves: lost requests and
@@ -23,6 +23,18 @@ pub use crate::fault_state::BreakPoint;
 use crate::fault_state::QpFaults;
 use crate::progress::Progress;
 use crate::qp::QpShared;
+
+/// Where connection setup takes a connection of `qp` over: waits as
+/// [`Faults::delay_setup`] asked.
+pub(crate) async fn setup_pause(qp: &QpShared) {
+    if !qp.fault_armed.load(Ordering::Acquire) {
+        return;
+    }
+    let d = qp.inner.lock().faults.setup_delay;
+    if !d.is_zero() {
+        tokio::time::sleep(d).await;
+    }
+}
 
 /// How many faults fired on a device (a snapshot of its counters).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -137,6 +149,16 @@ impl Faults {
             ));
         }
         qp.inner.lock().faults.drop_datagrams = n;
+        Ok(())
+    }
+
+    /// Every connection QP `qpn` sets up or accepts from now on waits `d` once the hello
+    /// is answered, before it carries the QP's traffic, as when a loaded machine preempts
+    /// the setup there: the peer's end of the same connection may already be sending
+    /// (`Duration::ZERO` turns this off; it outlasts RESET).
+    pub fn delay_setup(&self, qpn: u32, d: Duration) -> Result<()> {
+        let (qp, _) = self.qp(qpn)?;
+        qp.inner.lock().faults.setup_delay = d;
         Ok(())
     }
 

@@ -65,9 +65,6 @@ pub struct Conn<Q> {
     /// I/O lock goes around again if it finds it set after letting go (no work is lost
     /// to a failed `try_lock`).
     pub pending: AtomicBool,
-    /// Set once the connection is watched ([`Progress::activate`](crate::progress::Progress::activate)): only then may an
-    /// application thread read it directly.
-    pub active: AtomicBool,
     /// Its epoll registration (lock order: after the I/O lock).
     pub ep: Mutex<EpReg>,
     /// When bytes last left on this connection (the data path's clock, in nanoseconds, 0 =

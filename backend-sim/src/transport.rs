@@ -14,6 +14,10 @@
 //!   connection (a reconnect after a reset or a half-open socket); nothing else touches it.
 //! - Every refusal is the same bytes ([`HelloReject::Refused`]): a stranger learns
 //!   nothing about which QPs exist. The real reason is logged at debug level.
+//! - The active QP's connector runs from RTR until the QP is reset, destroyed or in ERR
+//!   (or the peer speaks another version, below), and sets a connection up whenever the
+//!   QP has none: at first, and whenever one is lost, whichever end lost it (the passive
+//!   end, which never connects, closes its side, and the active end reads the close).
 //! - A refused or failed connection is retried with backoff (100 µs doubling to 10 ms)
 //!   while the QP lives; meanwhile WRs wait as for lost packets: the requester's ACK timer
 //!   runs (in the progress engine), and `retry_cnt` expiries end in `IBV_WC_RETRY_EXC_ERR`.
@@ -169,6 +173,15 @@ fn admissible(qp: &QpShared, g: &QpInner, c: &Claim) -> std::result::Result<Expe
     })
 }
 
+/// The count of setups of the connection slot an accepted hello fills: `self_conn` for
+/// a QP connected to itself, `conn` otherwise.
+fn accepted_gen(g: &mut QpInner, self_loop: bool) -> &mut u64 {
+    match self_loop {
+        true => &mut g.self_conn_gen,
+        false => &mut g.conn_gen,
+    }
+}
+
 async fn serve_inbound(dev: Weak<Setup>, mut stream: TcpStream) -> io::Result<()> {
     let first = match tokio::time::timeout(HELLO_TIMEOUT, verify::read_one(&mut stream))
         .await
@@ -307,8 +320,9 @@ async fn serve_inbound(dev: Weak<Setup>, mut stream: TcpStream) -> io::Result<()
     let gen = {
         let mut g = qp.inner.lock();
         if admissible(&qp, &g, &claim).ok() == Some(expect) && !qp.is_stale(&g, expect.epoch) {
-            g.conn_gen += 1;
-            Some(g.conn_gen)
+            let gen = accepted_gen(&mut g, expect.self_loop);
+            *gen += 1;
+            Some(*gen)
         } else {
             None
         }
@@ -326,9 +340,10 @@ async fn serve_inbound(dev: Weak<Setup>, mut stream: TcpStream) -> io::Result<()
     send_frame(&mut stream, &Frame::HelloAck).await?;
     let sock = stream.into_std()?;
     let conn = progress.register(&qp, expect.epoch, sock, Reader::new())?;
+    crate::faults::setup_pause(&qp).await;
     let old = {
         let mut g = qp.inner.lock();
-        if qp.is_stale(&g, expect.epoch) || g.conn_gen != gen {
+        if qp.is_stale(&g, expect.epoch) || *accepted_gen(&mut g, expect.self_loop) != gen {
             drop(g);
             progress.close(&conn);
             return Ok(());
@@ -368,31 +383,52 @@ async fn connector_task(dev: Arc<Setup>, qp: Arc<QpShared>, epoch: u64) {
             tokio::pin!(notified);
             notified.as_mut().enable();
             {
-                let g = qp.inner.lock();
+                let mut g = qp.inner.lock();
                 if qp.is_stale(&g, epoch) || g.state == QpState::Err {
                     return;
                 }
                 if g.conn.is_none() && matches!(g.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
                     match g.remote {
-                        Some(r) => break r,
+                        Some(r) => {
+                            g.req.connecting(Some(QpShared::now()));
+                            break r;
+                        }
                         None => return,
                     }
                 }
             }
             notified.await;
         };
-        qp.inner.lock().req.connecting(Some(QpShared::now()));
         let attempt = connect(&dev, &qp, remote).await;
-        qp.inner.lock().req.connecting(None);
+        let gen = {
+            let mut g = qp.inner.lock();
+            if qp.is_stale(&g, epoch) {
+                // The QP was reset (or destroyed) meanwhile: its requester, its count of
+                // setups and its next connection are a newer connector's (a connection
+                // just set up closes here, and its peer sees it go).
+                return;
+            }
+            g.req.connecting(None);
+            match &attempt {
+                Ok(_) => {
+                    g.conn_gen += 1;
+                    g.conn_gen
+                }
+                Err(e) => {
+                    // Like a lost packet: the ACK timer runs (if there is work) and
+                    // counts.
+                    g.req.link_error = errno_of(e);
+                    g.req.arm_timer(QpShared::now());
+                    g.req.wait_for_link(QpShared::now());
+                    dev.progress.rearm(&qp, &mut g);
+                    0
+                }
+            }
+        };
         match attempt {
             Ok(stream) => {
                 backoff = Duration::from_micros(100);
                 let progress = dev.progress.clone();
-                let gen = {
-                    let mut g = qp.inner.lock();
-                    g.conn_gen += 1;
-                    g.conn_gen
-                };
                 let conn = match stream
                     .into_std()
                     .and_then(|s| progress.register(&qp, epoch, s, Reader::new()))
@@ -406,12 +442,20 @@ async fn connector_task(dev: Arc<Setup>, qp: Arc<QpShared>, epoch: u64) {
                         continue;
                     }
                 };
+                crate::faults::setup_pause(&qp).await;
                 {
                     let mut g = qp.inner.lock();
-                    if qp.is_stale(&g, epoch) || g.state == QpState::Err || g.conn_gen != gen {
+                    if qp.is_stale(&g, epoch) || g.state == QpState::Err {
                         drop(g);
                         progress.close(&conn);
                         return;
+                    }
+                    if g.conn_gen != gen || g.conn.is_some() {
+                        // Not this setup's to install: the QP keeps its connector, which
+                        // sets another up when the one it has goes.
+                        drop(g);
+                        progress.close(&conn);
+                        continue;
                     }
                     if !g.req.is_unreliable() {
                         // What the requester started before this connection existed was
@@ -428,11 +472,6 @@ async fn connector_task(dev: Arc<Setup>, qp: Arc<QpShared>, epoch: u64) {
                 // The peer will never accept: say so once, and let the WRs fail as for a
                 // lost link (the ACK timer runs out; `vendor_err` EPROTO).
                 tracing::warn!(qpn = qp.qpn, %remote, "cannot connect: {e}");
-                let mut g = qp.inner.lock();
-                g.req.link_error = errno_of(&e);
-                g.req.arm_timer(QpShared::now());
-                g.req.wait_for_link(QpShared::now());
-                dev.progress.rearm(&qp, &mut g);
                 return;
             }
             Err(e) => {
@@ -441,14 +480,6 @@ async fn connector_task(dev: Arc<Setup>, qp: Arc<QpShared>, epoch: u64) {
                         tracing::debug!(qpn = qp.qpn, %remote, "connection attempt failed: {e}")
                     }
                     hint => tracing::warn!(qpn = qp.qpn, %remote, "cannot connect: {e}{hint}"),
-                }
-                {
-                    // Like a lost packet: the ACK timer runs (if there is work) and counts.
-                    let mut g = qp.inner.lock();
-                    g.req.link_error = errno_of(&e);
-                    g.req.arm_timer(QpShared::now());
-                    g.req.wait_for_link(QpShared::now());
-                    dev.progress.rearm(&qp, &mut g);
                 }
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_millis(10));

@@ -239,7 +239,8 @@ impl Progress {
     }
 
     /// Takes over an established connection of `qp` (set up by the transport). It is not
-    /// serviced before [`Progress::activate`]: install it in the QP first.
+    /// among the device's connections, and no thread services it, before
+    /// [`Progress::activate`]: install it in the QP first.
     pub fn register(
         &self,
         qp: &Arc<QpShared>,
@@ -263,18 +264,28 @@ impl Progress {
             pending: AtomicBool::new(false),
             last_tx: AtomicU64::new(0),
             last_rx: AtomicU64::new(0),
-            active: AtomicBool::new(false),
             ep: Mutex::new(EpReg {
                 registered: false,
                 interest: libc::EPOLLIN as u32,
             }),
         });
-        self.poller.insert(conn.clone());
         Ok(conn)
     }
 
     /// Starts servicing a registered connection (now installed in its QP).
     pub fn activate(&self, conn: &Arc<Conn>) {
+        // Only now among the device's connections: a thread that services one it finds
+        // there before its QP holds it (`settle` puts every listed connection in the
+        // epoll set, and the peer may be sending already) would take it for one its QP
+        // left, and close it; the setup would then install a closed connection, which
+        // no thread reads and which nothing replaces.
+        self.poller.insert(conn.clone());
+        if conn.is_closed() {
+            // Closed since it was installed (its QP reset, say): `close` may have
+            // looked for it in the table before it was there.
+            self.poller.remove(conn.token);
+            return;
+        }
         // Registered at first, whatever the progress thread does; it takes the
         // connection out of the set again if it reads connections directly.
         if let Err(e) = self.poller.arm(conn) {
@@ -283,7 +294,6 @@ impl Progress {
             return;
         }
         self.poller.generation.fetch_add(1, Ordering::SeqCst);
-        conn.active.store(true, Ordering::Release);
         // One connection too many to read directly: application threads now look at the
         // epoll set, where the others may be missing (the progress thread took them out
         // while it slept on the doorbell). Wake it to put them back (`settle`).

@@ -350,9 +350,7 @@ impl Progress {
         }
         let mut work = false;
         for c in direct.iter().flatten() {
-            if c.active.load(Ordering::Acquire) {
-                work |= self.service_inner(c, mode, true, clock.take());
-            }
+            work |= self.service_inner(c, mode, true, clock.take());
         }
         Some(work)
     }

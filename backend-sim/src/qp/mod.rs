@@ -41,8 +41,12 @@ pub struct QpInner {
     pub resp: Responder,
     /// Bumped on RESET and destroy: transport tasks of an older epoch stop.
     pub epoch: u64,
-    /// Bumped for every connection: only the newest one serves.
+    /// Bumped for every connection set up for `conn`: only the newest one serves.
     pub conn_gen: u64,
+    /// The same for `self_conn`: a QP connected to itself sets a connection up and
+    /// accepts it, and each end counts its own (counted together, the end installed
+    /// last would take the other's setup for a newer one of its own, and close itself).
+    pub self_conn_gen: u64,
     /// Whether this side sets the connection up (its (GID, LID, QPN) is the smaller).
     pub active: bool,
     /// Where the peer device listens (from the address vector).
@@ -239,6 +243,7 @@ impl QpShared {
                 resp,
                 epoch: 0,
                 conn_gen: 0,
+                self_conn_gen: 0,
                 active: false,
                 remote: None,
                 conn: None,
