@@ -18,6 +18,11 @@
 //!   program that waits for `IBV_EVENT_SRQ_LIMIT_REACHED` without calling
 //!   `ibv_modify_srq` gets it on rxe only: arm the limit with `ibv_modify_srq`
 //!   (`IBV_SRQ_LIMIT`). Logged at each such creation (it is one call, not a data path).
+//! - **A UC or UD QP that goes to SQE after a send error.** Under `portable` (IBA 10.3.1,
+//!   as on mlx5) it goes to SQE: its receive queue keeps working and `ibv_modify_qp` to
+//!   RTS resumes sending. rxe moves it to ERR, flushing its receives, and refuses the
+//!   move to RTS: a program that recovers by SQE -> RTS must also recover from ERR
+//!   (RESET, then INIT, RTR, RTS again).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -26,6 +31,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 pub struct QpWarnings {
     sq_unpolled: AtomicBool,
     cqes_removed: AtomicBool,
+    send_error_sqe: AtomicBool,
 }
 
 impl QpWarnings {
@@ -58,6 +64,20 @@ impl QpWarnings {
                  leaves them in the CQ to be polled. A program that polls them afterwards, or counts \
                  on them being gone, behaves differently on the two: poll a QP's completions before \
                  resetting or destroying it"
+            );
+        }
+    }
+
+    /// UC or UD QP `qpn` (of type `qp_type`) went to SQE after a send error.
+    pub fn send_error_sqe(&self, qpn: u32, qp_type: verbs_api::QpType) {
+        if !self.send_error_sqe.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                qpn = %format_args!("{qpn:#x}"),
+                "portability: a send WR of {qp_type:?} QP {qpn:#x} completed in error and the QP went \
+                 to SQE, as IBA 10.3.1 and mlx5 have it: its receive queue keeps working, and \
+                 ibv_modify_qp to RTS resumes sending. rxe moves the QP to ERR instead, flushes its \
+                 receives and refuses the move to RTS. Recover from both: when ibv_query_qp reports \
+                 ERR, move the QP to RESET and bring it up again"
             );
         }
     }
