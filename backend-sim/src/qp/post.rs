@@ -136,7 +136,7 @@ impl QpShared {
             ),
             PostCheck::BadInlineSge => Error::invalid(
                 "ibv_post_send",
-                "an inline SGE is not inside a registered memory region of this QP's PD",
+                "an inline SGE is not inside the memory region of this device that its lkey names",
             ),
             PostCheck::NotUc => Error::invalid(
                 "ibv_post_send",

@@ -86,8 +86,9 @@ trait InlineSource {
     fn sges(&self, wr: &SendWr<'_>) -> usize;
     /// The WR's data length.
     fn len(&self, wr: &SendWr<'_>) -> u64;
-    /// Appends the data to `out`; false if the data cannot be read (a bad SGE).
-    fn gather(&self, pd: u32, wr: &SendWr<'_>, out: &mut Vec<u8>) -> bool;
+    /// Appends the data to `out`; false if the data cannot be read (an SGE outside the
+    /// region its lkey names).
+    fn gather(&self, wr: &SendWr<'_>, out: &mut Vec<u8>) -> bool;
 }
 
 /// Inline data named by the WR's SGEs, in registered memory (the verbs API's rule).
@@ -103,11 +104,12 @@ impl InlineSource for FromSges<'_> {
         wr.total_len()
     }
     #[inline(always)]
-    fn gather(&self, pd: u32, wr: &SendWr<'_>, out: &mut Vec<u8>) -> bool {
+    fn gather(&self, wr: &SendWr<'_>, out: &mut Vec<u8>) -> bool {
         // Inline SGEs are read now, by the CPU; they must lie in registered memory of
-        // this device (the lkey names the region) so that no stray pointer is read.
-        // (`Ok(false)`: deregistered between the check and the copy.)
-        self.0.gather_local(pd, wr.sg_list, out) == Ok(true)
+        // this device (the lkey names the region, of any PD: an HCA does not check an
+        // inline lkey) so that no stray pointer is read. (`Ok(false)`: deregistered
+        // between the check and the copy.)
+        self.0.gather_inline(wr.sg_list, out) == Ok(true)
     }
 }
 
@@ -121,7 +123,7 @@ impl InlineSource for Pieces<'_> {
     fn len(&self, _: &SendWr<'_>) -> u64 {
         self.0.iter().map(|b| b.len() as u64).sum()
     }
-    fn gather(&self, _: u32, _: &SendWr<'_>, out: &mut Vec<u8>) -> bool {
+    fn gather(&self, _: &SendWr<'_>, out: &mut Vec<u8>) -> bool {
         for p in self.0 {
             out.extend_from_slice(p);
         }
@@ -553,7 +555,7 @@ impl Requester {
                 self.spare.push(w);
                 return Err(PostCheck::InlineTooLong);
             }
-            if !data.gather(self.pd, wr, &mut w.inline_data) {
+            if !data.gather(wr, &mut w.inline_data) {
                 self.spare.push(w);
                 return Err(PostCheck::BadInlineSge);
             }
@@ -1246,7 +1248,7 @@ pub enum PostCheck {
     InlineTooLong,
     /// `IBV_SEND_INLINE` on a READ or atomic (EINVAL).
     InlineNotAllowed,
-    /// An inline SGE outside registered memory of this QP's PD (EINVAL).
+    /// An inline SGE outside the registered region its lkey names (EINVAL).
     BadInlineSge,
     /// A READ or atomic on a UC QP, which has neither (EINVAL).
     NotUc,
