@@ -146,8 +146,8 @@ struct Expect {
 /// Whether `qp` may take `c` as its peer's hello, and if so what the check of the claim
 /// needs; `Err` names why not (for the log only: the stranger is told nothing).
 fn admissible(qp: &QpShared, g: &QpInner, c: &Claim) -> std::result::Result<Expect, &'static str> {
-    if !matches!(g.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
-        return Err("the QP is not in RTR, RTS or SQD");
+    if !crate::qp::receives_in(g.state) {
+        return Err("the QP is not in RTR, RTS, SQD or SQE");
     }
     if c.qp_type != qp.qp_type {
         // An HCA drops packets of another transport's opcodes (rxe's
@@ -387,7 +387,7 @@ async fn connector_task(dev: Arc<Setup>, qp: Arc<QpShared>, epoch: u64) {
                 if qp.is_stale(&g, epoch) || g.state == QpState::Err {
                     return;
                 }
-                if g.conn.is_none() && matches!(g.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+                if g.conn.is_none() && crate::qp::receives_in(g.state) {
                     match g.remote {
                         Some(r) => {
                             g.req.connecting(Some(QpShared::now()));

@@ -380,3 +380,77 @@ fn srq_limit_at_creation_is_armed_on_rxe_only_and_portable_warns() {
         assert_eq!(warnings(&log, "ignored srq_limit 5"), want, "{profile}");
     }
 }
+
+/// A UD QP whose send fails (a bad lkey) goes to SQE under `portable` and mlx5 (IBA
+/// 10.3.1), where SQE -> RTS brings it back, and to ERR under rxe; `portable` warns, once
+/// per QP, that rxe would move it to ERR.
+#[test]
+fn a_send_error_moves_a_ud_qp_to_sqe_except_on_rxe_and_portable_warns() {
+    const QKEY: u32 = 0x1111_1111;
+    for profile in Profile::ALL {
+        let log = Capture::default();
+        let states = log.run(|| {
+            let sim = SimBackend::new(SimConfig {
+                profile,
+                ..SimConfig::default()
+            });
+            let ctx = sim.open("sim0").unwrap();
+            let pd = ctx.alloc_pd().unwrap();
+            let cq = ctx.create_cq(16, None).unwrap();
+            let qp = pd.create_qp(&QpInitAttr::ud(&cq, &cq, QpCap::new(4, 1))).unwrap();
+            let up = [
+                (
+                    QpState::Init,
+                    QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY,
+                ),
+                (QpState::Rtr, QpAttrMask::empty()),
+                (QpState::Rts, QpAttrMask::SQ_PSN),
+            ];
+            for (state, mask) in up {
+                let attr = QpAttr {
+                    qp_state: state,
+                    port_num: 1,
+                    qkey: QKEY,
+                    ..Default::default()
+                };
+                qp.modify(&attr, QpAttrMask::STATE | mask).unwrap();
+            }
+            let p = RcParams::default();
+            let me = local_endpoint(&ctx, &qp, &p, 0).unwrap();
+            let ah = pd.create_ah(&ah_attr_for(&me, &p)).unwrap();
+            let mr = pd.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+            let bad = [Sge::new(mr.addr(), 8, mr.lkey() ^ 0x0f0f_0000)];
+            let mut states = Vec::new();
+            for id in 0..2 {
+                qp.post_send(&[SendWr::send(id, &bad).signaled().ud(&ah, qp.qp_num(), QKEY)])
+                    .unwrap();
+                let mut wc = [WorkCompletion::default(); 1];
+                let end = std::time::Instant::now() + WAIT;
+                while cq.poll(&mut wc).unwrap() == 0 {
+                    assert!(std::time::Instant::now() < end, "{profile}: no completion");
+                    std::thread::yield_now();
+                }
+                assert!(!wc[0].is_ok(), "{profile}: {:?}", wc[0]);
+                let state = qp.state().unwrap();
+                states.push(state);
+                if state == QpState::Sqe {
+                    let rts = QpAttr {
+                        qp_state: QpState::Rts,
+                        ..Default::default()
+                    };
+                    qp.modify(&rts, QpAttrMask::STATE).unwrap();
+                    assert_eq!(qp.state().unwrap(), QpState::Rts, "{profile}: SQE -> RTS");
+                }
+            }
+            states
+        });
+        let want = if profile == Profile::Rxe {
+            QpState::Err
+        } else {
+            QpState::Sqe
+        };
+        assert_eq!(states, [want, want], "{profile}");
+        let warned = usize::from(profile.warns());
+        assert_eq!(warnings(&log, "went to SQE"), warned, "{profile}");
+    }
+}

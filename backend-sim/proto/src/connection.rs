@@ -127,7 +127,8 @@ impl Connection {
 
     /// Turns the send queue's WQEs into frames (at most [`BUDGET`] per pass, none while
     /// [`TX_HIGH`] bytes wait to be written), after the ACK still owed, which goes in the
-    /// same write. Call for a QP in RTS. A [`Fatal`] moves the QP to ERR.
+    /// same write. Call for a QP in RTS. A [`Fatal`] moves the QP to ERR (a UC QP to SQE
+    /// where the profile says so).
     pub fn transmit(
         &mut self,
         req: &mut Requester,

@@ -63,10 +63,15 @@ pub struct Switches {
     /// does not count down a `retry_cnt` of 7 (rxe_comp.c, `COMPST_ERROR_RETRY`: `if
     /// (qp->comp.retry_cnt != 7) qp->comp.retry_cnt--`), so a dead peer is retried for ever.
     pub retry_cnt_7_infinite: bool,
-    /// The requester's status for a SEND or WRITE whose local SGE has a bad lkey:
+    /// The requester's status for a SEND or WRITE (RC, UC or UD) whose local SGE's lkey
+    /// names no region, or a region of another PD than the QP's:
     /// `IBV_WC_LOC_PROT_ERR` (IBA, mlx5's local protection error syndrome) or rxe's
-    /// `IBV_WC_LOC_QP_OP_ERR` (rxe_req.c: `finish_packet()` fails with -EINVAL from
-    /// `copy_data()`, and every error but -EFAULT completes as LOC_QP_OP_ERR).
+    /// `IBV_WC_LOC_QP_OP_ERR` (rxe_mr.c: `lookup_mr()` refuses an unknown key and a PD
+    /// mismatch alike, `copy_data()` returns -EINVAL; rxe_req.c: `finish_packet()` passes
+    /// it on, and every error but -EFAULT completes as LOC_QP_OP_ERR). An SGE that leaves
+    /// its region is `IBV_WC_LOC_PROT_ERR` everywhere (rxe: `mr_check_range()` -EFAULT).
+    /// The local side of an RDMA READ or atomic is `IBV_WC_LOC_PROT_ERR` everywhere too
+    /// (rxe_comp.c `do_read()`, `do_atomic()`: any `copy_data()` failure).
     pub send_bad_lkey: WcStatus,
     /// A message longer than the receive's buffers ([`RecvError`]).
     pub recv_too_small: RecvError,
@@ -172,6 +177,18 @@ pub struct Switches {
     /// `check_resource()`: "it is the requesters job to not send too many read/atomic
     /// ops, we just recycle the responder resource queue").
     pub rd_atomic_over_limit_served: bool,
+    /// Whether a UC or UD QP whose send WR completes in error (a bad lkey, a message
+    /// longer than `max_msg_sz`) moves to SQE rather than ERR. IBA 10.3.1: on the
+    /// unreliable transports a send error takes the QP to the Send Queue Error state,
+    /// where the send queue's other WRs, and those posted later, complete with
+    /// `IBV_WC_WR_FLUSH_ERR` while the receive queue keeps working; the consumer moves
+    /// it back to RTS (SQE -> RTS). mlx5 does (kernel hw/mlx5/qp.c: `to_ib_qp_state()`
+    /// reports `MLX5_QP_STATE_SQER` as `IB_QPS_SQE`, SQER -> RTS is
+    /// `MLX5_CMD_OP_SQERR2RTS_QP`; IPoIB's `ipoib_qp_state_validate_work()`,
+    /// ulp/ipoib/ipoib_ib.c, moves its UD QP from SQE back to RTS after a failed send).
+    /// rxe moves any QP to ERR (rxe_req.c: the `err:` path sets `QP_STATE_ERROR`,
+    /// rxe_comp.c `COMPST_ERROR` calls `rxe_qp_error()`), flushing its receives too.
+    pub send_error_sqe: bool,
 }
 
 impl Switches {
@@ -199,6 +216,7 @@ impl Switches {
         sq_drained_unasked: false,
         rd_atomic_pow2: false,
         rd_atomic_over_limit_served: false,
+        send_error_sqe: true,
     };
 
     /// Soft-RoCE as Linux 6.1 and rdma-core v44 implement it.
@@ -224,6 +242,7 @@ impl Switches {
         sq_drained_unasked: true,
         rd_atomic_pow2: true,
         rd_atomic_over_limit_served: true,
+        send_error_sqe: false,
     };
 
     /// A ConnectX (mlx5) as rdma-core's mlx5 provider and the IBA it follows describe it.
@@ -249,6 +268,7 @@ impl Switches {
         sq_drained_unasked: false,
         rd_atomic_pow2: true,
         rd_atomic_over_limit_served: false,
+        send_error_sqe: true,
     };
 }
 

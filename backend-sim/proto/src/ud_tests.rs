@@ -20,6 +20,7 @@ use crate::requester::ud::Emitted;
 use crate::requester::{Fatal, PostCheck, Requester, UdRoute};
 use crate::responder::ud::grh_bytes;
 use crate::responder::{DatagramSource, Responder, UdOutcome};
+use crate::switches::Switches;
 use crate::wire::{Grh, MAX_DATAGRAM};
 
 const PD: u32 = 1;
@@ -385,8 +386,47 @@ fn post_checks_the_opcode_and_the_destination() {
     assert_eq!(req.outstanding() + rc.outstanding(), 0);
 }
 
+/// A UD send's lkey that names no region, or a region of another PD, takes the
+/// profile's status as RC's and UC's do (`Switches::send_bad_lkey`: rxe's `lookup_mr()`
+/// refuses both, LOC_QP_OP_ERR); an SGE past its region is LOC_PROT_ERR under every
+/// profile. Nothing goes on the link.
+#[test]
+fn a_bad_send_lkey_takes_the_profiles_status() {
+    let (mrs, mr) = region();
+    let other_pd = Arc::new(MrShared::new_owned(PD + 1, KEY + 2, 64, AccessFlags::LOCAL_WRITE).unwrap());
+    mrs.insert(other_pd.clone());
+    let no_region = Sge::new(mr.addr(), 8, KEY + 1);
+    let foreign = Sge::new(other_pd.addr(), 8, KEY + 2);
+    let past_end = Sge::new(mr.addr() + 16380, 8, KEY);
+    for (sw, bad_lkey) in [
+        (Switches::PORTABLE, WcStatus::LocProtErr),
+        (Switches::RXE, WcStatus::LocQpOpErr),
+        (Switches::MLX5, WcStatus::LocProtErr),
+    ] {
+        for (sge, want) in [
+            (no_region, bad_lkey),
+            (foreign, bad_lkey),
+            (past_end, WcStatus::LocProtErr),
+        ] {
+            let mut req = requester().with_profile(sw, 1 << 20, 4096);
+            req.post_ud(&SendWr::send(1, &[sge]).ud(&Ah, DST_QPN, QKEY), route(None), &mrs)
+                .unwrap();
+            let mut link = Vec::new();
+            assert_eq!(
+                req.ud_emit(0, &mrs, &mut link),
+                Err(Fatal(want)),
+                "{sge:?} under {sw:?}"
+            );
+            assert!(link.is_empty());
+            let mut wc = Vec::new();
+            req.take_done(&mut wc);
+            assert_eq!(wc[0].status, want);
+        }
+    }
+}
+
 /// A bad lkey in a send's gather list fails its WR with LOC_PROT_ERR (the QP goes to
-/// ERR) and puts nothing on the link; one in a receive's scatter list fails the
+/// SQE or ERR) and puts nothing on the link; one in a receive's scatter list fails the
 /// receive the same way.
 #[test]
 fn bad_lkeys_are_local_protection_errors() {

@@ -79,10 +79,16 @@ pub fn table() -> &'static [SwitchDoc] {
         },
         SwitchDoc {
             name: "send_bad_lkey",
-            what: "requester status of a SEND/WRITE with a bad lkey",
-            source: "IBA and mlx5: local protection error; rxe: rxe_req.c maps copy_data()'s \
-                     -EINVAL to IB_WC_LOC_QP_OP_ERR",
-            cases: &["errors.bad-lkey"],
+            what: "requester status of a SEND/WRITE (RC, UC, UD) whose lkey names no region, or \
+                   one of another PD",
+            source: "IBA and mlx5: local protection error; rxe: rxe_mr.c lookup_mr() refuses both, \
+                     copy_data() -EINVAL, which rxe_req.c completes as IB_WC_LOC_QP_OP_ERR",
+            cases: &[
+                "errors.bad-lkey",
+                "errors.lkey-other-pd",
+                "uc.send-error",
+                "ud.send-error",
+            ],
             value: |s| status(s.send_bad_lkey),
         },
         SwitchDoc {
@@ -256,6 +262,22 @@ pub fn table() -> &'static [SwitchDoc] {
                     s.rd_atomic_over_limit_served,
                     "served",
                     "RemInvReqErr (an invalid request NAK), QP to ERR",
+                )
+            },
+        },
+        SwitchDoc {
+            name: "send_error_sqe",
+            what: "a UC or UD QP whose send WR completes in error",
+            source: "IBA 10.3.1 (SQE: the receive queue works on, SQE -> RTS resumes); mlx5: \
+                     kernel hw/mlx5/qp.c reports MLX5_QP_STATE_SQER as IB_QPS_SQE, \
+                     MLX5_CMD_OP_SQERR2RTS_QP, IPoIB's ipoib_qp_state_validate_work() moves SQE -> RTS; \
+                     rxe: rxe_req.c sets QP_STATE_ERROR, rxe_comp.c rxe_qp_error()",
+            cases: &["uc.send-error", "ud.send-error"],
+            value: |s| {
+                yes_no(
+                    s.send_error_sqe,
+                    "to SQE (sends flushed, receives go on)",
+                    "to ERR (receives flushed)",
                 )
             },
         },

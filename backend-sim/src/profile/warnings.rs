@@ -27,6 +27,11 @@
 //!   program that waits for `IBV_EVENT_SRQ_LIMIT_REACHED` without calling
 //!   `ibv_modify_srq` gets it on rxe only: arm the limit with `ibv_modify_srq`
 //!   (`IBV_SRQ_LIMIT`). (Advice, once.)
+//! - **A UC or UD QP that goes to SQE after a send error.** Under `portable` (IBA 10.3.1,
+//!   as on mlx5) it goes to SQE: its receive queue keeps working and `ibv_modify_qp` to
+//!   RTS resumes sending. rxe moves it to ERR, flushing its receives, and refuses the
+//!   move to RTS: a program that recovers by SQE -> RTS must also recover from ERR
+//!   (RESET, then INIT, RTR, RTS again). (A warning, once per QP: it follows a failure.)
 
 use std::fmt;
 use std::str::FromStr;
@@ -126,6 +131,7 @@ impl Advice {
 #[derive(Debug, Default)]
 pub struct QpWarnings {
     sq_unpolled: AtomicBool,
+    send_error_sqe: AtomicBool,
 }
 
 impl QpWarnings {
@@ -142,6 +148,20 @@ impl QpWarnings {
                  frees a slot only when the CQE of its WR (or of a later one) is polled, as this \
                  profile does; rxe frees it at completion and would have taken the WR. Poll the send \
                  CQ, and signal at least one WR in every max_send_wr"
+            );
+        }
+    }
+
+    /// UC or UD QP `qpn` (of type `qp_type`) went to SQE after a send error.
+    pub fn send_error_sqe(&self, qpn: u32, qp_type: verbs_api::QpType) {
+        if !self.send_error_sqe.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                qpn = %format_args!("{qpn:#x}"),
+                "portability: a send WR of {qp_type:?} QP {qpn:#x} completed in error and the QP went \
+                 to SQE, as IBA 10.3.1 and mlx5 have it: its receive queue keeps working, and \
+                 ibv_modify_qp to RTS resumes sending. rxe moves the QP to ERR instead, flushes its \
+                 receives and refuses the move to RTS. Recover from both: when ibv_query_qp reports \
+                 ERR, move the QP to RESET and bring it up again"
             );
         }
     }

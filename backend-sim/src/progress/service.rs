@@ -260,7 +260,7 @@ impl Progress {
         }
         let policy = mode.ack_policy();
         loop {
-            let accepting = matches!(g.state, QpState::Rtr | QpState::Rts | QpState::Sqd);
+            let accepting = crate::qp::receives_in(g.state);
             let parts = QpShared::scratch(&mut g);
             let mut sides = Sides {
                 req: Some(parts.req),
@@ -307,7 +307,7 @@ impl Progress {
                 .transmit(parts.req, parts.resp, &qp.dev.mrs, now, parts.send_wc)
                 .is_err()
             {
-                qp.enter_error(&mut g);
+                qp.send_failed(&mut g);
             }
             let built = wire.tx.pending() - before;
             if let Some(p) = gate.break_after(&mut g, built) {

@@ -75,6 +75,12 @@ pub struct QpInner {
     marks: Vec<u64>,
 }
 
+/// Whether a QP in `state` takes what arrives for it: its receive queue works in RTR,
+/// RTS, SQD and SQE (IBA 10.3.1: SQD and SQE stop the send queue only).
+pub fn receives_in(state: QpState) -> bool {
+    matches!(state, QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe)
+}
+
 /// An established connection of a QP.
 pub type Conn = crate::link::Conn<QpShared>;
 
@@ -297,6 +303,28 @@ impl QpShared {
         g.epoch != epoch || self.destroyed.load(Ordering::Acquire)
     }
 
+    /// A send WR completed in error (the requester's `Fatal`, with the lock held): a UC or
+    /// UD QP moves to SQE where the profile says so (`Switches::send_error_sqe`, IBA
+    /// 10.3.1), its send queue flushed and its receive queue still at work until the
+    /// application moves it back to RTS; any other QP moves to ERR.
+    pub fn send_failed(&self, g: &mut QpInner) {
+        let sqe = self.qp_type != QpType::Rc
+            && self.dev.profile.switches().send_error_sqe
+            && matches!(g.state, QpState::Rts | QpState::Sqd);
+        if !sqe {
+            return self.enter_error(g);
+        }
+        tracing::debug!(qpn = self.qpn, from = ?g.state, "send error: QP to SQE");
+        g.state = QpState::Sqe;
+        g.sqd_event_due = false;
+        let QpInner { req, send_wc, .. } = g;
+        req.flush(send_wc);
+        if self.dev.profile.warns() {
+            self.warned.send_error_sqe(self.qpn, self.qp_type);
+        }
+        self.deliver(g);
+    }
+
     /// Moves the QP to ERR (with the lock held): flushes both queues.
     pub fn enter_error(&self, g: &mut QpInner) {
         if g.state == QpState::Err {
@@ -452,10 +480,11 @@ impl QpShared {
     /// Brings the device's count of QPs waiting for their connection in line with this
     /// QP's (call after its state or its connection changed): an RC or UC QP in RTR, RTS
     /// or SQD without a connection waits for the sim's TCP connection and hello, which
-    /// an HCA does not have (see `Progress::count_awaiting_link`).
+    /// an HCA does not have (see `Progress::count_awaiting_link`); so does a UC QP in SQE,
+    /// whose receive side works on.
     pub fn note_link(&self, g: &mut QpInner) {
         let awaits = self.qp_type != QpType::Ud
-            && matches!(g.state, QpState::Rtr | QpState::Rts | QpState::Sqd)
+            && receives_in(g.state)
             && g.conn.is_none()
             && !self.destroyed.load(Ordering::Acquire);
         if awaits != g.awaits_link {

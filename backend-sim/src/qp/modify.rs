@@ -5,7 +5,9 @@
 //! none: it receives from RTR on, from anyone with its Q_Key), RTS arms the
 //! requester, RTS -> SQD stops starting WQEs (and with `en_sqd_async_notify` raises
 //! `IBV_EVENT_SQ_DRAINED` once those in flight are complete), SQD -> RTS resumes the send
-//! queue, RESET empties both queues without completions, ERR flushes them.
+//! queue, SQE -> RTS (a UC or UD QP after a send error, IBA 10.3.1) lets it send again,
+//! RESET empties both queues without completions, ERR flushes them. No modify leads to
+//! SQE: only a send error does ([`QpShared::send_failed`]).
 
 use std::sync::Arc;
 

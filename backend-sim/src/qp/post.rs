@@ -82,7 +82,8 @@ impl QpShared {
         }
         if posted {
             self.note_busy(&mut g);
-            if g.state == QpState::Err {
+            // In ERR, and in SQE (IBA 10.3.1), WRs posted are flushed.
+            if matches!(g.state, QpState::Err | QpState::Sqe) {
                 let QpInner { req, send_wc, .. } = &mut *g;
                 req.flush(send_wc);
                 self.deliver(&mut g);
@@ -135,7 +136,7 @@ impl QpShared {
             ),
             PostCheck::BadInlineSge => Error::invalid(
                 "ibv_post_send",
-                "an inline SGE is not inside a registered memory region of this QP's PD",
+                "an inline SGE is not inside the memory region of this device that its lkey names",
             ),
             PostCheck::NotUc => Error::invalid(
                 "ibv_post_send",

@@ -10,7 +10,7 @@
 
 use std::net::SocketAddr;
 
-use verbs_api::{AddressHandle, Error, QpState, SendWr};
+use verbs_api::{AddressHandle, Error, SendWr};
 
 use super::{QpInner, QpShared};
 use crate::requester::{PostCheck, UdRoute};
@@ -75,12 +75,13 @@ impl QpShared {
     }
 
     /// The WRs whose datagrams were handed on (or lost) complete, in posting order;
-    /// with `fatal` one failed locally and the QP goes to ERR (flushing the rest).
+    /// with `fatal` one failed locally and the QP goes to SQE or ERR (flushing the rest of
+    /// the send queue, see [`QpShared::send_failed`]).
     pub fn complete_datagrams(&self, g: &mut QpInner, fatal: bool) {
         let QpInner { req, send_wc, .. } = g;
         req.take_done(send_wc);
         if fatal {
-            self.enter_error(g);
+            self.send_failed(g);
         } else {
             self.deliver(g);
         }
@@ -92,7 +93,7 @@ impl QpShared {
     /// at once).
     pub fn receive_datagram(&self, frame: &Frame, payload: &[u8], src: &DatagramSource) {
         let mut g = self.inner.lock();
-        if !matches!(g.state, QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe) {
+        if !super::receives_in(g.state) {
             tracing::debug!(qpn = self.qpn, state = ?g.state, "UD: datagram dropped: the QP does not receive in this state");
             self.dev.counters.ud_dropped();
             return;

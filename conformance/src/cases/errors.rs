@@ -8,8 +8,8 @@
 use std::time::Duration;
 
 use verbs_api::{
-    AccessFlags as A, Backend, MemoryRegion, QpAttr, QpAttrMask as M, QpState, QueuePair, RecvWr, SendWr,
-    Sge, WcStatus,
+    AccessFlags as A, Backend, Context, MemoryRegion, QpAttr, QpAttrMask as M, QpState, QueuePair, RecvWr,
+    SendWr, Sge, WcStatus,
 };
 
 use super::case;
@@ -41,7 +41,19 @@ pub fn list<B: Backend>() -> Vec<Case<B>> {
             "IBA 9.9.3 / 10.8.3.1 (requester errors move the QP to ERR)",
             flush_after_remote_error
         ),
-        case!("errors.bad-lkey", "a SEND with an lkey that names no region completes with LOC_PROT_ERR", "man ibv_poll_cq (IBV_WC_LOC_PROT_ERR)", bad_lkey),
+        case!("errors.bad-lkey", "a SEND, and a WRITE, with an lkey that names no region complete with LOC_PROT_ERR", "man ibv_poll_cq (IBV_WC_LOC_PROT_ERR)", bad_lkey),
+        case!(
+            "errors.lkey-other-pd",
+            "a SEND, and a WRITE, whose lkey names a region of another PD complete with LOC_PROT_ERR",
+            "man ibv_poll_cq (IBV_WC_LOC_PROT_ERR); IBA 10.6.3.1 (a region is used through QPs of its own PD)",
+            lkey_other_pd
+        ),
+        case!(
+            "errors.local-side-lkeys",
+            "an RDMA READ, and a FETCH_AND_ADD, whose local SGE has an lkey of no region or of another PD's region complete with LOC_PROT_ERR, remote memory unchanged",
+            "man ibv_poll_cq (IBV_WC_LOC_PROT_ERR); IBA 10.6.3.1",
+            local_side_lkeys
+        ),
         case!(
             "errors.lkey-out-of-bounds",
             "a SEND whose SGE runs past its region completes with LOC_PROT_ERR",
@@ -220,23 +232,97 @@ fn flush_after_remote_error<B: Backend>(env: &Env<B>) -> CaseResult {
 
 fn bad_lkey<B: Backend>(env: &Env<B>) -> CaseResult {
     let p = env.pair(&env.opts())?;
-    let mr = env.mr(&p.pd, 4096, A::LOCAL_WRITE)?;
-    p.b.post_recv(&[RecvWr::new(1, &[mr.sge(1024, 64)?])])?;
+    let mr = env.mr(&p.pd, 4096, A::LOCAL_WRITE | A::REMOTE_WRITE)?;
     let bad = Sge::new(mr.addr(), 16, mr.lkey() ^ 0x0f0f_0000);
-    p.a.post_send(&[SendWr::send(2, &[bad]).signaled()])?;
+    send_and_write_fail(env, &p, &mr, bad, "with a bad lkey")?;
+    Ok(Outcome::Pass)
+}
+
+/// A SEND from `sge` on pair `p`, and a WRITE from it on a second pair, each fail with
+/// the status of a bad lkey (rxe's for an lkey `lookup_mr()` refuses), `how` naming the
+/// SGE in the observations; both QPs go to ERR, and `target` (the receive's and the
+/// WRITE's, registered with `REMOTE_WRITE`) is untouched.
+fn send_and_write_fail<B: Backend>(
+    env: &Env<B>,
+    p: &crate::Pair<B>,
+    target: &B::Mr,
+    sge: Sge,
+    how: &str,
+) -> Result<(), Failure> {
+    p.b.post_recv(&[RecvWr::new(1, &[target.sge(1024, 64)?])])?;
+    p.a.post_send(&[SendWr::send(2, &[sge]).signaled()])?;
     let wc = env.wait1(&p.cq_a)?;
-    env.expect_status(
-        "SEND with a bad lkey",
-        &wc,
-        WcStatus::LocProtErr,
-        &[(
-            Profile::Rxe,
-            WcStatus::LocQpOpErr,
-            "rxe's copy_data() returns -EINVAL when the lkey names no region (rxe_mr.c), and \
-             finish_packet()'s caller maps every error but -EFAULT to IB_WC_LOC_QP_OP_ERR (rxe_req.c)",
-        )],
-    )?;
-    ensure_eq!(p.a.state()?, QpState::Err, "requester state");
+    let rxe = [(
+        Profile::Rxe,
+        WcStatus::LocQpOpErr,
+        super::send_error::RXE_BAD_LKEY,
+    )];
+    env.expect_status(&format!("SEND {how}"), &wc, WcStatus::LocProtErr, &rxe)?;
+    ensure_eq!(p.a.state()?, QpState::Err, "requester state after the SEND");
+    let q = env.pair(&env.opts())?;
+    let dst = env.mr(&q.pd, 4096, A::LOCAL_WRITE | A::REMOTE_WRITE)?;
+    q.a.post_send(&[SendWr::write(3, &[sge], dst.remote().at(0)).signaled()])?;
+    let wc = env.wait1(&q.cq_a)?;
+    env.expect_status(&format!("WRITE {how}"), &wc, WcStatus::LocProtErr, &rxe)?;
+    ensure_eq!(q.a.state()?, QpState::Err, "requester state after the WRITE");
+    ensure!(
+        dst.to_vec().iter().all(|&b| b == 0) && target.to_vec().iter().all(|&b| b == 0),
+        "a failed SEND or WRITE changed memory"
+    );
+    Ok(())
+}
+
+/// The SGE names a region that exists, on the same device, but belongs to another PD than
+/// the QP's: rxe's `lookup_mr()` refuses the PD mismatch as it refuses an unknown key.
+fn lkey_other_pd<B: Backend>(env: &Env<B>) -> CaseResult {
+    let p = env.pair(&env.opts())?;
+    let target = env.mr(&p.pd, 4096, A::LOCAL_WRITE | A::REMOTE_WRITE)?;
+    let other = env.ctx.alloc_pd()?;
+    let theirs = env.mr(&other, 4096, A::LOCAL_WRITE)?;
+    theirs.fill(0x5a);
+    let sge = theirs.sge(0, 16)?;
+    send_and_write_fail(env, &p, &target, sge, "from another PD's region")?;
+    Ok(Outcome::Pass)
+}
+
+/// The local side of a READ and of an atomic is where the response lands: rxe checks it
+/// when the response arrives (rxe_comp.c `do_read()`, `do_atomic()`), and any failure of
+/// `copy_data()` there is LOC_PROT_ERR, an unknown key and another PD's region alike.
+fn local_side_lkeys<B: Backend>(env: &Env<B>) -> CaseResult {
+    let other = env.ctx.alloc_pd()?;
+    let theirs = env.mr(&other, 64, A::LOCAL_WRITE)?;
+    for (how, foreign) in [("with a bad lkey", false), ("into another PD's region", true)] {
+        for atomic in [false, true] {
+            let p = env.pair(&env.opts())?;
+            let remote = env.mr(&p.pd, 64, A::LOCAL_WRITE | A::REMOTE_READ | A::REMOTE_ATOMIC)?;
+            remote.fill(0x33);
+            let mine = env.mr(&p.pd, 64, A::LOCAL_WRITE)?;
+            let sge = if foreign {
+                theirs.sge(0, 8)?
+            } else {
+                Sge::new(mine.addr(), 8, mine.lkey() ^ 0x0f0f_0000)
+            };
+            let (op, wr) = if atomic {
+                (
+                    "FETCH_AND_ADD",
+                    SendWr::fetch_and_add(1, std::slice::from_ref(&sge), remote.remote().at(0), 1),
+                )
+            } else {
+                (
+                    "READ",
+                    SendWr::read(1, std::slice::from_ref(&sge), remote.remote().at(0)),
+                )
+            };
+            p.a.post_send(&[wr.signaled()])?;
+            let wc = env.wait1(&p.cq_a)?;
+            env.expect_status(&format!("{op} {how}"), &wc, WcStatus::LocProtErr, &[])?;
+            ensure_eq!(p.a.state()?, QpState::Err, "requester state after the {op} {how}");
+            ensure!(
+                mine.to_vec().iter().all(|&b| b == 0) && theirs.to_vec().iter().all(|&b| b == 0),
+                "the {op} {how} wrote a local region"
+            );
+        }
+    }
     Ok(Outcome::Pass)
 }
 

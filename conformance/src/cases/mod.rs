@@ -21,6 +21,7 @@ mod rdma;
 mod remote;
 mod rnr;
 mod send;
+mod send_error;
 mod srq;
 mod uc;
 mod ud;

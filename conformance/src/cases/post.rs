@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use verbs_api::{
-    modify_to_init, modify_to_rtr, modify_to_rts, AccessFlags as A, Backend, MemoryRegion, QpState,
+    modify_to_init, modify_to_rtr, modify_to_rts, AccessFlags as A, Backend, Context, MemoryRegion, QpState,
     QueuePair, RecvWr, SendWr, Sge, WcStatus,
 };
 
@@ -64,6 +64,12 @@ pub fn list<B: Backend>() -> Vec<Case<B>> {
             "inline data beyond max_inline_data is refused with EINVAL",
             "man ibv_post_send (IBV_SEND_INLINE)",
             post_inline_too_long
+        ),
+        case!(
+            "post.inline-other-pd",
+            "an inline SEND and an inline WRITE from a region of another PD are taken and deliver their bytes: an inline SGE's lkey is not checked",
+            "man ibv_post_send (IBV_SEND_INLINE: the L_Key will not be checked)",
+            post_inline_other_pd
         ),
         case!(
             "post.partial-list",
@@ -244,6 +250,38 @@ fn post_inline_too_long<B: Backend>(env: &Env<B>) -> CaseResult {
             Ok(Outcome::Pass)
         }
     }
+}
+
+/// The CPU copies inline data at post time: rdma-core's providers/rxe `init_send_wqe()`
+/// and providers/mlx5 `set_data_inl_seg()` copy from the SGE's address and never look at
+/// its lkey, so a region of another PD serves (the verbs API still wants the region the
+/// lkey names to hold the bytes, so that no stray pointer is read).
+fn post_inline_other_pd<B: Backend>(env: &Env<B>) -> CaseResult {
+    let p = env.pair(&env.opts())?;
+    let other = env.ctx.alloc_pd()?;
+    let theirs = env.mr(&other, 64, A::LOCAL_WRITE)?;
+    let data = crate::env::pattern(32, 4);
+    theirs.write(0, &data)?;
+    let dst = env.mr(&p.pd, 4096, A::LOCAL_WRITE | A::REMOTE_WRITE)?;
+    p.b.post_recv(&[RecvWr::new(1, &[dst.sge(0, 64)?])])?;
+    let foreign = [theirs.sge(0, 32)?];
+    let posted = p.a.post_send(&[
+        SendWr::send(2, &foreign).inline().signaled(),
+        SendWr::write(3, &foreign, dst.remote().at(1024))
+            .inline()
+            .signaled(),
+    ]);
+    env.observe_post("post of inline WRs from another PD's region", &posted);
+    posted?;
+    for (id, wc) in (2..).zip(env.wait(&p.cq_a, 2)?) {
+        env.observe(format!("inline WR {id}"), format_args!("{:?}", wc.status));
+        ensure!(wc.wr_id == id && wc.is_ok(), "inline WR {id}: {wc:?}");
+    }
+    let r = env.wait1(&p.cq_b)?;
+    ensure!(r.is_ok() && r.byte_len == 32, "the receive: {r:?}");
+    ensure_eq!(crate::env::read_back(&dst, 0, 32)?, data, "the SEND's bytes");
+    ensure_eq!(crate::env::read_back(&dst, 1024, 32)?, data, "the WRITE's bytes");
+    Ok(Outcome::Pass)
 }
 
 fn post_partial_list<B: Backend>(env: &Env<B>) -> CaseResult {

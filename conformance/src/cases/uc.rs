@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use verbs_api::{
     ah_attr_for, modify_to_init, AccessFlags as A, Backend, MemoryRegion, QpAttr, QpAttrMask as M, QpState,
-    QpType, QueuePair, RecvWr, SendWr, WcFlags, WcOpcode, WcStatus,
+    QpType, QueuePair, RecvWr, SendWr, Sge, WcFlags, WcOpcode, WcStatus,
 };
 
-use super::case;
+use super::{case, send_error};
 use crate::env::{connect_uc, pattern, read_back};
 use crate::{ensure, ensure_eq, CaseResult, Env, Failure, Outcome, Pair, PairOpts, Profile};
 
@@ -63,6 +63,13 @@ pub fn list<B: Backend>() -> Vec<crate::Case<B>> {
             "a UC WRITE with a bad rkey is dropped: the sender completes SUCCESS, memory untouched, the QP stays RTS",
             "IBA 10.6.3.1 (R_Key check); IBA vol. 1, UC responder errors (class E: dropped, no NAK)",
             uc_bad_rkey,
+            requires [Uc]
+        ),
+        case!(
+            "uc.send-error",
+            "a UC SEND with a bad lkey fails (LOC_PROT_ERR), the QP goes to SQE: the SEND behind it and those posted later are flushed, receives go on, SQE -> RTS sends again",
+            "IBA 10.3.1 (SQE: send queue error of UC and UD QPs); man ibv_modify_qp (IBV_QPS_SQE -> IBV_QPS_RTS)",
+            uc_send_error,
             requires [Uc]
         ),
         case!(
@@ -295,6 +302,36 @@ fn uc_bad_rkey<B: Backend>(env: &Env<B>) -> CaseResult {
     ensure!(wc.is_ok(), "WRITE with the right rkey: {:?}", wc.status);
     ensure_eq!(read_back(&dst, 0, 64)?, vec![0x42u8; 64], "written bytes");
     Ok(Outcome::Pass)
+}
+
+fn uc_send_error<B: Backend>(env: &Env<B>) -> CaseResult {
+    let p = uc_pair(env)?;
+    let src = env.mr(&p.pd, 4096, A::LOCAL_WRITE)?;
+    let dst = env.mr(&p.pd, 4096, A::LOCAL_WRITE)?;
+    src.write(0, &pattern(64, 9))?;
+    let good = [src.sge(0, 64)?];
+    let bad = [Sge::new(src.addr(), 16, src.lkey() ^ 0x0f0f_0000)];
+    let into = [dst.sge(0, 64)?];
+    let peer_send = || -> Result<(), Failure> {
+        p.b.post_send(&[SendWr::send(50, &good).signaled()])?;
+        let wc = env.wait1(&p.cq_b)?;
+        ensure!(wc.is_ok(), "the peer's SEND: {wc:?}");
+        Ok(())
+    };
+    send_error::run(
+        env,
+        "UC",
+        send_error::Rig {
+            qp: &p.a,
+            cq: &p.cq_a,
+            recv: RecvWr::new(100, &into),
+            bad: SendWr::send(1, &bad).signaled(),
+            behind: SendWr::send(2, &good).signaled(),
+            later: SendWr::send(3, &good).signaled(),
+            after: SendWr::write(4, &good, dst.remote().at(1024)).signaled(),
+            peer_send: &peer_send,
+        },
+    )
 }
 
 fn uc_modify_masks<B: Backend>(env: &Env<B>) -> CaseResult {

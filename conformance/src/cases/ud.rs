@@ -15,10 +15,10 @@ use std::time::Duration;
 use verbs_api::{
     ah_attr_for, local_endpoint, AccessFlags as A, AddressHandle, Backend, Context, Endpoint, Gid, LinkLayer,
     MemoryRegion, ProtectionDomain, QpAttr, QpAttrMask as M, QpInitAttr, QpState, QpType, QueuePair, RecvWr,
-    SendWr, SharedReceiveQueue, SrqAttr, WcFlags, WcOpcode, WcStatus,
+    SendWr, Sge, SharedReceiveQueue, SrqAttr, WcFlags, WcOpcode, WcStatus,
 };
 
-use super::case;
+use super::{case, send_error};
 use crate::env::{pattern, read_back, ud_to_rts};
 use crate::{ensure, ensure_eq, CaseResult, Env, Failure, Outcome, Profile};
 
@@ -106,6 +106,13 @@ pub fn list<B: Backend>() -> Vec<crate::Case<B>> {
             "create_ah keeps its attributes; on an Ethernet (RoCE) port an address handle without the GRH fails with EINVAL",
             "man ibv_create_ah (is_global required where the port requires the GRH)",
             ud_ah,
+            requires [Ud]
+        ),
+        case!(
+            "ud.send-error",
+            "a UD SEND with a bad lkey fails (LOC_PROT_ERR), the QP goes to SQE: the SEND behind it and those posted later are flushed, datagrams are still received, SQE -> RTS sends again",
+            "IBA 10.3.1 (SQE: send queue error of UC and UD QPs); man ibv_modify_qp (IBV_QPS_SQE -> IBV_QPS_RTS); Linux ipoib_ib.c ipoib_qp_state_validate_work()",
+            ud_send_error,
             requires [Ud]
         ),
         case!(
@@ -652,6 +659,38 @@ fn ud_opcode_write<B: Backend>(env: &Env<B>) -> CaseResult {
     );
     env.expect_empty(&u.cq_r, "the receiver's CQ")?;
     Ok(Outcome::Pass)
+}
+
+/// The QP under test is `r`; it sends to `s[0]` (which posts no receive: what reached it
+/// would be dropped), and `s[0]` sends it the datagram its receive waits for.
+fn ud_send_error<B: Backend>(env: &Env<B>) -> CaseResult {
+    let u = UdSetup::new(env, 1)?;
+    let params = env.params();
+    let ep_s = local_endpoint(&env.ctx, &u.s[0], &params, 0)?;
+    let ah_s = u.pd.create_ah(&ah_attr_for(&ep_s, &params))?;
+    let qpn_s = u.s[0].qp_num();
+    fn to<'a>(wr: SendWr<'a>, ah: &'a dyn AddressHandle, qpn: u32) -> SendWr<'a> {
+        wr.signaled().ud(ah, qpn, QKEY)
+    }
+    u.src.write(0, &pattern(64, 9))?;
+    let good = [u.src.sge(0, 64)?];
+    let bad = [Sge::new(u.src.addr(), 16, u.src.lkey() ^ 0x0f0f_0000)];
+    let into = [u.dst.sge(0, GRH + 64)?];
+    let peer_send = || u.send(env, 0, 50, 0, 64, QKEY);
+    send_error::run(
+        env,
+        "UD",
+        send_error::Rig {
+            qp: &u.r,
+            cq: &u.cq_r,
+            recv: RecvWr::new(100, &into),
+            bad: to(SendWr::send(1, &bad), &ah_s, qpn_s),
+            behind: to(SendWr::send(2, &good), &ah_s, qpn_s),
+            later: to(SendWr::send(3, &good), &ah_s, qpn_s),
+            after: to(SendWr::send(4, &good), &ah_s, qpn_s),
+            peer_send: &peer_send,
+        },
+    )
 }
 
 fn ud_destination<B: Backend>(env: &Env<B>) -> CaseResult {

@@ -4,7 +4,8 @@
 //! UD QP's datagrams are in [`ud`].
 //!
 //! It keeps the send queue in posting order, turns WQEs into request frames (checking the
-//! local gather/scatter lists: a bad lkey or range is `IBV_WC_LOC_PROT_ERR`), limits
+//! local gather/scatter lists: a bad lkey or range is `IBV_WC_LOC_PROT_ERR`, or for a
+//! SEND's or WRITE's lkey the profile's status, see [`gather_status`]), limits
 //! outstanding READ/atomic requests to `max_rd_atomic`, holds back a fenced WQE until the
 //! READs and atomics before it have completed, and matches responses:
 //!
@@ -18,8 +19,10 @@
 //! - any other NAK completes the WQE with the matching remote error, and the reason the
 //!   responder gave ([`NakReason`]) in `vendor_err`.
 //!
-//! An error returns [`Fatal`]: the QP must move to ERR, which flushes the rest. WQEs
-//! complete strictly in order; only signaled ones (or errors) produce a completion.
+//! An error returns [`Fatal`]: the QP must move to ERR, which flushes the rest (a UC or
+//! UD QP to SQE where the profile says so, `Switches::send_error_sqe`: [`Requester::flush`]
+//! flushes the send queue alone). WQEs complete strictly in order; only signaled ones (or
+//! errors) produce a completion.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -72,7 +75,8 @@ impl SqSlots {
     }
 }
 
-/// The QP must go to ERR (a completion with the error has been produced).
+/// The QP must go to ERR, or a UC or UD QP to SQE (a completion with the error has been
+/// produced).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Fatal(pub WcStatus);
 
@@ -82,8 +86,9 @@ trait InlineSource {
     fn sges(&self, wr: &SendWr<'_>) -> usize;
     /// The WR's data length.
     fn len(&self, wr: &SendWr<'_>) -> u64;
-    /// Appends the data to `out`; false if the data cannot be read (a bad SGE).
-    fn gather(&self, pd: u32, wr: &SendWr<'_>, out: &mut Vec<u8>) -> bool;
+    /// Appends the data to `out`; false if the data cannot be read (an SGE outside the
+    /// region its lkey names).
+    fn gather(&self, wr: &SendWr<'_>, out: &mut Vec<u8>) -> bool;
 }
 
 /// Inline data named by the WR's SGEs, in registered memory (the verbs API's rule).
@@ -99,11 +104,12 @@ impl InlineSource for FromSges<'_> {
         wr.total_len()
     }
     #[inline(always)]
-    fn gather(&self, pd: u32, wr: &SendWr<'_>, out: &mut Vec<u8>) -> bool {
+    fn gather(&self, wr: &SendWr<'_>, out: &mut Vec<u8>) -> bool {
         // Inline SGEs are read now, by the CPU; they must lie in registered memory of
-        // this device (the lkey names the region) so that no stray pointer is read.
-        // (`Ok(false)`: deregistered between the check and the copy.)
-        self.0.gather_local(pd, wr.sg_list, out) == Ok(true)
+        // this device (the lkey names the region, of any PD: an HCA does not check an
+        // inline lkey) so that no stray pointer is read. (`Ok(false)`: deregistered
+        // between the check and the copy.)
+        self.0.gather_inline(wr.sg_list, out) == Ok(true)
     }
 }
 
@@ -117,7 +123,7 @@ impl InlineSource for Pieces<'_> {
     fn len(&self, _: &SendWr<'_>) -> u64 {
         self.0.iter().map(|b| b.len() as u64).sum()
     }
-    fn gather(&self, _: u32, _: &SendWr<'_>, out: &mut Vec<u8>) -> bool {
+    fn gather(&self, _: &SendWr<'_>, out: &mut Vec<u8>) -> bool {
         for p in self.0 {
             out.extend_from_slice(p);
         }
@@ -132,6 +138,17 @@ pub fn gather_shape(wr: &SendWr<'_>, pieces: Option<&[&[u8]]>) -> (usize, u64) {
     match pieces {
         Some(p) if wr.send_flags.contains(SendFlags::INLINE) => (Pieces(p).sges(wr), Pieces(p).len(wr)),
         _ => (wr.sg_list.len(), wr.total_len()),
+    }
+}
+
+/// The status of a SEND or WRITE (any transport) whose gather list was refused for `e`:
+/// a key that names no region of the QP's PD (none at all, or another PD's) takes the
+/// profile's status (`Switches::send_bad_lkey`: rxe's `lookup_mr()` refuses both alike);
+/// an SGE that leaves its region is a local protection error everywhere.
+pub(crate) fn gather_status(sw: &Switches, e: LocalAccessError) -> WcStatus {
+    match e {
+        LocalAccessError::BadKey | LocalAccessError::WrongPd => sw.send_bad_lkey,
+        LocalAccessError::NoLocalWrite | LocalAccessError::OutOfBounds => WcStatus::LocProtErr,
     }
 }
 
@@ -538,7 +555,7 @@ impl Requester {
                 self.spare.push(w);
                 return Err(PostCheck::InlineTooLong);
             }
-            if !data.gather(self.pd, wr, &mut w.inline_data) {
+            if !data.gather(wr, &mut w.inline_data) {
                 self.spare.push(w);
                 return Err(PostCheck::BadInlineSge);
             }
@@ -657,14 +674,9 @@ impl Requester {
             | WrOp::RdmaWriteWithImm { .. } => {
                 let segs = &mut self.scratch;
                 if !w.inline {
-                    let bad_lkey = self.sw.send_bad_lkey;
-                    mrs.resolve_local(pd, &w.sges, false, segs).map_err(|e| match e {
-                        // A key that names no region: the profile's status
-                        // (`Switches::send_bad_lkey`); any other failure is a local
-                        // protection error everywhere.
-                        LocalAccessError::BadKey => bad_lkey,
-                        _ => WcStatus::LocProtErr,
-                    })?;
+                    let sw = &self.sw;
+                    mrs.resolve_local(pd, &w.sges, false, segs)
+                        .map_err(|e| gather_status(sw, e))?;
                 }
                 let frame = match w.op {
                     WrOp::Send | WrOp::SendWithImm { .. } => Frame::Send {
@@ -1178,8 +1190,8 @@ impl Requester {
         }
     }
 
-    /// QP to ERR: every WQE not yet finished completes with `IBV_WC_WR_FLUSH_ERR` (those
-    /// already finished keep their status), in order.
+    /// QP to ERR, or to SQE: every WQE not yet finished completes with
+    /// `IBV_WC_WR_FLUSH_ERR` (those already finished keep their status), in order.
     pub fn flush(&mut self, out: &mut Vec<WorkCompletion>) {
         for w in self.sq.iter_mut() {
             if w.status.is_none() {
@@ -1236,7 +1248,7 @@ pub enum PostCheck {
     InlineTooLong,
     /// `IBV_SEND_INLINE` on a READ or atomic (EINVAL).
     InlineNotAllowed,
-    /// An inline SGE outside registered memory of this QP's PD (EINVAL).
+    /// An inline SGE outside the registered region its lkey names (EINVAL).
     BadInlineSge,
     /// A READ or atomic on a UC QP, which has neither (EINVAL).
     NotUc,
@@ -1316,6 +1328,79 @@ mod tests {
                 .collect::<Vec<_>>(),
             [(1, WcStatus::Success, 7)]
         );
+    }
+
+    /// Every local-key path of the requester, under each profile's switches: a SEND's or
+    /// WRITE's lkey that names no region, or a region of another PD, takes the profile's
+    /// status (rxe's `lookup_mr()` refuses both, LOC_QP_OP_ERR); an SGE past its region
+    /// is LOC_PROT_ERR everywhere, and so is any bad local SGE of a READ or an atomic
+    /// (rxe_comp.c `do_read()`, `do_atomic()`).
+    #[test]
+    fn local_key_errors_take_the_profiles_status_per_path() {
+        let mrs = MrTable::default();
+        let mine = Arc::new(MrShared::new_owned(1, 7, 64, AccessFlags::LOCAL_WRITE).unwrap());
+        let other_pd = Arc::new(MrShared::new_owned(2, 9, 64, AccessFlags::LOCAL_WRITE).unwrap());
+        mrs.insert(mine.clone());
+        mrs.insert(other_pd.clone());
+        let no_region = Sge::new(mine.addr(), 8, 0x77);
+        let foreign = Sge::new(other_pd.addr(), 8, 9);
+        let past_end = Sge::new(mine.addr() + 60, 8, 7);
+        let remote = (0x1000, 5);
+        for (sw, bad_lkey) in [
+            (Switches::PORTABLE, WcStatus::LocProtErr),
+            (Switches::RXE, WcStatus::LocQpOpErr),
+            (Switches::MLX5, WcStatus::LocProtErr),
+        ] {
+            let cases: [(SendWr<'_>, WcStatus); 10] = [
+                (SendWr::send(1, std::slice::from_ref(&no_region)), bad_lkey),
+                (SendWr::send(1, std::slice::from_ref(&foreign)), bad_lkey),
+                (
+                    SendWr::send(1, std::slice::from_ref(&past_end)),
+                    WcStatus::LocProtErr,
+                ),
+                (
+                    SendWr::write(1, std::slice::from_ref(&no_region), remote),
+                    bad_lkey,
+                ),
+                (SendWr::write(1, std::slice::from_ref(&foreign), remote), bad_lkey),
+                (
+                    SendWr::write(1, std::slice::from_ref(&past_end), remote),
+                    WcStatus::LocProtErr,
+                ),
+                (
+                    SendWr::read(1, std::slice::from_ref(&no_region), remote),
+                    WcStatus::LocProtErr,
+                ),
+                (
+                    SendWr::read(1, std::slice::from_ref(&foreign), remote),
+                    WcStatus::LocProtErr,
+                ),
+                (
+                    SendWr::fetch_and_add(1, std::slice::from_ref(&no_region), remote, 1),
+                    WcStatus::LocProtErr,
+                ),
+                (
+                    SendWr::fetch_and_add(1, std::slice::from_ref(&foreign), remote, 1),
+                    WcStatus::LocProtErr,
+                ),
+            ];
+            for (wr, want) in cases {
+                let mut req = Requester::new(1, 1, &QpCap::new(4, 1), false).with_profile(sw, MAX_MSG, 1024);
+                req.connect(ReqAttrs {
+                    sq_psn: 0,
+                    timeout: None,
+                    retry_cnt: 7,
+                    rnr_retry: 7,
+                    max_rd_atomic: 1,
+                });
+                req.post(&wr, &mrs).unwrap();
+                let (mut tx, mut out) = (TxQueue::new(), Vec::new());
+                let got = req.poll_transmit(&mrs, Instant::now(), &mut tx, 4, &mut out);
+                assert_eq!(got, Err(Fatal(want)), "{:?} under {sw:?}", wr.op);
+                assert_eq!(out[0].status, want);
+                assert_eq!(tx.pending(), 0, "nothing is sent");
+            }
+        }
     }
 
     /// Found by the `responder` fuzz target: two FETCH_AND_ADDs in flight, the peer

@@ -19,8 +19,9 @@
 //! - A WR completes (successfully) once its datagram is handed on to the link to its
 //!   destination device, or is lost: no link could be set up, the link's queue is full,
 //!   or fault injection dropped it. Nothing tells the sender whether it arrived. Only a
-//!   local error (a bad lkey in the gather list: `IBV_WC_LOC_PROT_ERR`) fails a WR, and
-//!   moves the QP to ERR.
+//!   local error fails a WR: a bad gather list (as on RC, see
+//!   [`gather_status`](super::gather_status)) or, on rxe, an opcode UD lacks. The QP
+//!   then goes to SQE or ERR, as the profile says (`Switches::send_error_sqe`).
 //!
 //! Which link a datagram takes is the driver's business: [`Requester::ud_next`] names
 //! the next WQE and its [`UdRoute`], and the driver answers with [`Requester::ud_emit`]
@@ -32,7 +33,7 @@ use std::net::SocketAddr;
 
 use verbs_api::{SendWr, WcStatus, WrOp};
 
-use super::{Fatal, PostCheck, Requester};
+use super::{gather_status, Fatal, PostCheck, Requester};
 use crate::memory::MrTable;
 use crate::wire::{Frame, Grh, MAX_HDR_LEN};
 
@@ -126,8 +127,8 @@ impl Requester {
     }
 
     /// Hands WQE `idx`'s datagram on: appends its header and payload to `out` (a link's
-    /// queue of bytes), and the WR is done. A bad gather list completes the WR with
-    /// `IBV_WC_LOC_PROT_ERR` and returns [`Fatal`] (nothing is appended).
+    /// queue of bytes), and the WR is done. A bad gather list completes the WR with its
+    /// error and returns [`Fatal`] (nothing is appended).
     pub fn ud_emit(&mut self, idx: usize, mrs: &MrTable, out: &mut Vec<u8>) -> Result<Emitted, Fatal> {
         let (pd, qpn, own_qkey, psn, mtu) = (self.pd, self.qpn, self.qkey, self.psn, self.mtu);
         let substitutes = self.sw.qkey_high_bit_own;
@@ -155,9 +156,12 @@ impl Requester {
         }
         let segs = &mut self.scratch;
         segs.clear();
-        if !w.inline && mrs.resolve_local(pd, &w.sges, false, segs).is_err() {
-            w.status = Some(WcStatus::LocProtErr);
-            return Err(Fatal(WcStatus::LocProtErr));
+        if !w.inline {
+            if let Err(e) = mrs.resolve_local(pd, &w.sges, false, segs) {
+                let status = gather_status(&self.sw, e);
+                w.status = Some(status);
+                return Err(Fatal(status));
+            }
         }
         // (`Switches::qkey_high_bit_own` off, as on rxe: the WR's value goes out as it is.)
         let qkey = if substitutes && route.remote_qkey & QKEY_OWN != 0 {
