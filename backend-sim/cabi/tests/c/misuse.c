@@ -12,19 +12,7 @@
 #include <unistd.h>
 #include <infiniband/verbs.h>
 
-static int failures;
-
-#define CHECK(cond, ...)                                                       \
-	do {                                                                   \
-		if (cond) {                                                    \
-			printf("ok   %s\n", #cond);                            \
-		} else {                                                       \
-			printf("FAIL %s (errno %d): ", #cond, errno);          \
-			printf(__VA_ARGS__);                                   \
-			printf("\n");                                          \
-			failures++;                                            \
-		}                                                              \
-	} while (0)
+#include "check.h"
 
 /* Calls a pointer-returning verb, expecting NULL with errno `want`. */
 #define REFUSED(call, want)                                                    \
