@@ -29,6 +29,10 @@ fn mpirun(mca: &[&str], env: &[(&str, &str)]) {
         "RDMA_SIM_DEVICES=1".to_string(),
     ];
     exported.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
+    // The sim's log level reaches the ranks (`RUST_LOG=backend_sim=debug cargo test`).
+    if let Ok(level) = std::env::var("RUST_LOG") {
+        exported.push(format!("RUST_LOG={level}"));
+    }
     for e in &exported {
         args.extend(["-x".into(), e.clone()]);
     }

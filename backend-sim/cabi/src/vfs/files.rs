@@ -144,26 +144,6 @@ fn port(tree: &Tree, d: &Device, ctx: &SimContext) -> io::Result<()> {
     Ok(())
 }
 
-/// A GUID as sysfs spells it (`node_guid`): four groups of four hex digits.
-fn guid(g: u64) -> String {
-    format!(
-        "{:04x}:{:04x}:{:04x}:{:04x}",
-        (g >> 48) & 0xffff,
-        (g >> 32) & 0xffff,
-        (g >> 16) & 0xffff,
-        g & 0xffff
-    )
-}
-
-/// A GID as sysfs spells it (`gids/<i>`): eight groups of four hex digits.
-fn gid_text(g: &Gid) -> String {
-    let w: Vec<String> =
-        g.0.chunks(2)
-            .map(|c| format!("{:02x}{:02x}", c[0], c[1]))
-            .collect();
-    w.join(":")
-}
-
 /// The address a GID holds: IPv4 for an IPv4-mapped GID, else the IPv6 address.
 fn gid_ip(g: &Gid) -> Option<IpAddr> {
     if g.is_zero() {

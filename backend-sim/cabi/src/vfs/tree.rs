@@ -8,7 +8,8 @@
 //! normally (`atexit`; a child forked from it leaves it to its parent). A process killed
 //! by a signal cannot remove its tree, so each tree holds a lock (`flock` on its `lock`
 //! file, held by the process while it lives, released by the kernel when it dies), and
-//! a new tree removes the trees of the same user whose lock it can take. The lock,
+//! a new tree removes the trees of the same user whose lock it can take (a tree is
+//! renamed to its own name only once it holds its lock). The lock,
 //! rather than a process ID, tells a dead owner from a live one also across PID
 //! namespaces that share the temporary directory. The files are ordinary files, so every libc call a
 //! program makes on them (`stat`, `opendir`, `readdir`, `read`, ...) behaves as libc's
@@ -48,38 +49,30 @@ pub fn existing() -> Option<&'static Tree> {
 }
 
 fn make() -> Result<Tree, Errno> {
-    let template = std::env::temp_dir().join(format!("{PREFIX}{}-XXXXXX", std::process::id()));
-    let mut buf = template.into_os_string().into_vec();
-    buf.push(0);
-    // SAFETY: `buf` is a NUL-terminated template ending in XXXXXX, which mkdtemp
-    // rewrites in place.
-    let made = unsafe { libc::mkdtemp(buf.as_mut_ptr().cast::<c_char>()) };
-    if made.is_null() {
-        let e = io::Error::last_os_error();
+    let fail = |e: io::Error| {
         tracing::error!(error = %e, "cannot make the directory that answers for the sim's /sys and /dev files");
-        return Err(e.raw_os_error().unwrap_or(libc::EIO));
-    }
-    buf.pop();
-    let root = PathBuf::from(OsString::from_vec(buf));
-    // The lock is held as long as the descriptor is open: for the life of the process
-    // (close-on-exec: a program the process executes has a tree of its own).
-    let lock = std::fs::File::create(root.join(LOCK)).and_then(|f| {
-        // SAFETY: flock on an open descriptor has no other precondition.
-        match unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } {
-            0 => Ok(f),
-            _ => Err(io::Error::last_os_error()),
-        }
-    });
-    match lock {
-        Ok(f) => std::mem::forget(f),
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot lock the sim's /sys and /dev directory: a later process may remove it")
-        }
+        e.raw_os_error().unwrap_or(libc::EIO)
+    };
+    let pid = std::process::id();
+    let tmp = std::env::temp_dir();
+    // Made under a staging name and renamed once locked, so that a tree under its own
+    // name always has its lock (the sweep takes a tree without one for a dead
+    // process's).
+    let staging = mkdtemp(&tmp.join(format!("{STAGING}{pid}-XXXXXX"))).map_err(fail)?;
+    lock(&staging);
+    let suffix = staging
+        .file_name()
+        .map(|n| n.as_bytes()[STAGING.len()..].to_vec())
+        .unwrap_or_default();
+    let root = tmp.join(OsString::from_vec([PREFIX.as_bytes(), &suffix].concat()));
+    if let Err(e) = std::fs::rename(&staging, &root) {
+        let _ = std::fs::remove_dir_all(&staging);
+        return Err(fail(e));
     }
     sweep(&root);
     let tree = Tree {
         root,
-        pid: std::process::id(),
+        pid,
         writing: Mutex::new(()),
     };
     if let Err(e) = super::files::fill(&tree) {
@@ -92,10 +85,46 @@ fn make() -> Result<Tree, Errno> {
     Ok(tree)
 }
 
+/// A new directory named by `template` (ending in XXXXXX), mode 0700.
+fn mkdtemp(template: &std::path::Path) -> io::Result<PathBuf> {
+    let mut buf = template.as_os_str().as_bytes().to_vec();
+    buf.push(0);
+    // SAFETY: `buf` is a NUL-terminated template ending in XXXXXX, which mkdtemp
+    // rewrites in place.
+    if unsafe { libc::mkdtemp(buf.as_mut_ptr().cast::<c_char>()) }.is_null() {
+        return Err(io::Error::last_os_error());
+    }
+    buf.pop();
+    Ok(PathBuf::from(OsString::from_vec(buf)))
+}
+
+/// Takes the tree's lock and holds it as long as its descriptor is open: for the life of
+/// the process (close-on-exec: a program the process executes has a tree of its own).
+/// Without the lock the tree has no lock file either, so no sweep removes it.
+fn lock(dir: &std::path::Path) {
+    let path = dir.join(LOCK);
+    let locked = std::fs::File::create(&path).and_then(|f| {
+        // SAFETY: flock on an open descriptor has no other precondition.
+        match unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } {
+            0 => Ok(f),
+            _ => Err(io::Error::last_os_error()),
+        }
+    });
+    match locked {
+        Ok(f) => std::mem::forget(f),
+        Err(e) => {
+            let _ = std::fs::remove_file(&path);
+            tracing::warn!(error = %e, "cannot lock the sim's /sys and /dev directory: if the process is killed it stays");
+        }
+    }
+}
+
 /// The file whose lock says the tree's process lives.
 const LOCK: &str = "lock";
 /// The start of every tree's name.
 const PREFIX: &str = "verbs-sim-sys-";
+/// The start of a tree's name while it is being made (before it holds its lock).
+const STAGING: &str = "verbs-sim-new-";
 
 /// Removes the trees beside `mine` left by processes that died without removing them:
 /// those whose lock can be taken (trees of other users cannot be opened, and are left).
