@@ -36,14 +36,24 @@ fn run(mut cmd: Command, env: &[(&str, &str)], tmp: &Path) -> String {
 }
 
 /// A fresh temporary directory for one test's trees, readable and writable by every
-/// user (as /tmp is).
-fn tmpdir(name: &str) -> std::path::PathBuf {
-    use std::os::unix::fs::PermissionsExt;
-    let d = std::env::temp_dir().join(format!("ibverbs-sim-tmp-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o1777)).unwrap();
-    d
+/// user (as /tmp is), removed with it (a failing test's too).
+struct TmpDir(std::path::PathBuf);
+
+impl TmpDir {
+    fn new(name: &str) -> TmpDir {
+        use std::os::unix::fs::PermissionsExt;
+        let d = std::env::temp_dir().join(format!("ibverbs-sim-tmp-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        TmpDir(d)
+    }
+}
+
+impl Drop for TmpDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 fn trees(tmp: &Path) -> Vec<String> {
@@ -57,10 +67,9 @@ fn trees(tmp: &Path) -> Vec<String> {
 
 fn check(name: &str, env: &[(&str, &str)]) {
     let prog = common::compile("cc", "sysfs", &["-libverbs"]);
-    let tmp = tmpdir(name);
-    run(Command::new(&prog.exe), env, &tmp);
-    assert_eq!(trees(&tmp), Vec::<String>::new(), "the tree is removed at exit");
-    let _ = std::fs::remove_dir_all(&tmp);
+    let tmp = TmpDir::new(name);
+    run(Command::new(&prog.exe), env, &tmp.0);
+    assert_eq!(trees(&tmp.0), Vec::<String>::new(), "the tree is removed at exit");
 }
 
 #[test]
@@ -84,48 +93,53 @@ fn sysfs_path_is_honoured() {
 #[test]
 fn a_user_without_root() {
     let prog = common::compile("cc", "sysfs", &["-libverbs"]);
-    let tmp = tmpdir("user");
-    run(common::unprivileged(prog.exe.to_str().unwrap(), &[]), &[], &tmp);
-    assert_eq!(trees(&tmp), Vec::<String>::new(), "the tree is removed at exit");
-    let _ = std::fs::remove_dir_all(&tmp);
+    let tmp = TmpDir::new("user");
+    run(common::unprivileged(prog.exe.to_str().unwrap(), &[]), &[], &tmp.0);
+    assert_eq!(trees(&tmp.0), Vec::<String>::new(), "the tree is removed at exit");
+}
+
+/// A child process killed when the test is done with it, or fails.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A pingpong server that opens its device (making its tree) and waits for a client.
+fn server(tmp: &Path) -> Killed {
+    let port = common::free_port().to_string();
+    Killed(
+        common::preloaded("ibv_rc_pingpong", &["-p", &port])
+            .env("TMPDIR", tmp)
+            .spawn()
+            .unwrap(),
+    )
 }
 
 /// A process killed before it could remove its tree leaves it; the next process that
 /// makes a tree removes it (its lock is free), and leaves a live process's alone.
 #[test]
 fn a_killed_process_tree_is_removed_by_the_next() {
-    let tmp = tmpdir("killed");
-    let port = common::free_port().to_string();
-    // A pingpong server opens its device (making its tree) and waits for a client.
-    let mut victim = common::preloaded("ibv_rc_pingpong", &["-p", &port])
-        .env("TMPDIR", &tmp)
-        .spawn()
-        .unwrap();
-    let mut live = common::preloaded("ibv_rc_pingpong", &["-p", &common::free_port().to_string()])
-        .env("TMPDIR", &tmp)
-        .spawn()
-        .unwrap();
+    let dir = TmpDir::new("killed");
+    let tmp = dir.0.as_path();
+    let victim = server(tmp);
+    let live = server(tmp);
     let deadline = std::time::Instant::now() + LIMIT;
-    while trees(&tmp).len() < 2 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no trees: {:?}",
-            trees(&tmp)
-        );
+    while trees(tmp).len() < 2 {
+        assert!(std::time::Instant::now() < deadline, "no trees: {:?}", trees(tmp));
         std::thread::sleep(Duration::from_millis(20));
     }
-    victim.kill().unwrap();
-    victim.wait().unwrap();
-    assert_eq!(trees(&tmp).len(), 2, "a killed process cannot remove its tree");
+    drop(victim);
+    assert_eq!(trees(tmp).len(), 2, "a killed process cannot remove its tree");
     let prog = common::compile("cc", "sysfs", &["-libverbs"]);
-    run(Command::new(&prog.exe), &[], &tmp);
-    let left = trees(&tmp);
-    let _ = live.kill();
-    let _ = live.wait();
-    let live_prefix = format!("verbs-sim-sys-{}-", live.id());
+    run(Command::new(&prog.exe), &[], tmp);
+    let left = trees(tmp);
+    let live_prefix = format!("verbs-sim-sys-{}-", live.0.id());
     assert!(
         left.len() == 1 && left[0].starts_with(&live_prefix),
         "left {left:?}: only the live process's tree"
     );
-    let _ = std::fs::remove_dir_all(&tmp);
 }
