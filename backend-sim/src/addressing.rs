@@ -190,6 +190,17 @@ impl Addressing {
         (fabric_gid(&gid.unwrap_or(&self.gids[0]).0), self.lid(), qpn)
     }
 
+    /// The LID an address vector names: its DLID on InfiniBand, none (0, an Ethernet
+    /// port's LID) on an Ethernet (RoCE) port, where the GID alone names the peer and the
+    /// DLID is ignored, as rxe and mlx5 ignore it.
+    pub fn av_lid(&self, ah: &AhAttr) -> u16 {
+        if self.roce {
+            0
+        } else {
+            ah.dlid
+        }
+    }
+
     /// The peer's identity as the address vector and destination QPN name it.
     pub fn remote_id(&self, a: &QpAttr) -> FabricId {
         let gid = if a.ah_attr.is_global {
@@ -197,7 +208,7 @@ impl Addressing {
         } else {
             self.gid().0
         };
-        (fabric_gid(&gid), a.ah_attr.dlid, a.dest_qp_num)
+        (fabric_gid(&gid), self.av_lid(&a.ah_attr), a.dest_qp_num)
     }
 
     /// Where the peer device of `attr`'s address vector listens.
@@ -207,10 +218,10 @@ impl Addressing {
 
     /// Where the device an address vector (a QP's, or an address handle's) names
     /// listens: the IP its GRH's DGID holds, or without a GRH this device's own, and the
-    /// port its DLID is.
+    /// port its DLID is ([`ROCE_PORT`] on an Ethernet port: [`av_lid`](Self::av_lid)).
     pub fn av_addr(&self, ah: &AhAttr) -> SocketAddr {
         if ah.is_global {
-            gid_addr(&ah.grh.dgid.0, ah.dlid)
+            gid_addr(&ah.grh.dgid.0, self.av_lid(ah))
         } else {
             // Without a GRH the peer is on this "subnet": the same host address.
             SocketAddr::new(self.advertise.ip(), ah.dlid)

@@ -156,7 +156,10 @@ fn admissible(qp: &QpShared, g: &QpInner, c: &Claim) -> std::result::Result<Expe
     }
     let ah = g.attr.ah_attr;
     let named = crate::addressing::fabric_gid(&ah.grh.dgid.0);
-    if g.attr.dest_qp_num != c.src_qpn || ah.dlid != c.src_lid || (ah.is_global && named != c.src_gid) {
+    if g.attr.dest_qp_num != c.src_qpn
+        || qp.dev.addr.av_lid(&ah) != c.src_lid
+        || (ah.is_global && named != c.src_gid)
+    {
         return Err("the hello does not come from the QP's configured peer");
     }
     let self_loop = g.active && (c.src_gid, c.src_lid, c.src_qpn) == qp.dev.addr.local_id(qp.qpn, &g.attr);

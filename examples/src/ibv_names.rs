@@ -4,17 +4,6 @@
 
 use verbs_api::{AtomicCap, LinkLayer, Mtu, PortState};
 
-/// A GUID as `ibv_devinfo` prints it: four groups of four hex digits.
-pub fn guid(g: u64) -> String {
-    format!(
-        "{:04x}:{:04x}:{:04x}:{:04x}",
-        (g >> 48) & 0xffff,
-        (g >> 32) & 0xffff,
-        (g >> 16) & 0xffff,
-        g & 0xffff
-    )
-}
-
 /// An atomic capability: its libibverbs name and number.
 pub fn atomic_cap(a: AtomicCap) -> String {
     let name = match a {

@@ -31,6 +31,18 @@ impl Gid {
     }
 }
 
+/// A GUID (host order) as `ibv_devinfo` prints it and sysfs spells it (`node_guid`):
+/// four groups of four hex digits.
+pub fn guid_text(g: u64) -> String {
+    format!(
+        "{:04x}:{:04x}:{:04x}:{:04x}",
+        (g >> 48) & 0xffff,
+        (g >> 32) & 0xffff,
+        (g >> 16) & 0xffff,
+        g & 0xffff
+    )
+}
+
 impl From<Ipv6Addr> for Gid {
     fn from(a: Ipv6Addr) -> Self {
         Gid(a.octets())

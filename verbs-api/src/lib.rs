@@ -62,7 +62,9 @@ pub mod wr;
 pub use connect::{
     ah_attr_for, connect_rc, local_endpoint, modify_to_init, modify_to_rtr, modify_to_rts, RcParams,
 };
-pub use device::{AtomicCap, Capabilities, DeviceAttr, DeviceInfo, Gid, LinkLayer, Mtu, PortAttr, PortState};
+pub use device::{
+    guid_text, AtomicCap, Capabilities, DeviceAttr, DeviceInfo, Gid, LinkLayer, Mtu, PortAttr, PortState,
+};
 pub use endpoint::{Endpoint, RemoteMr};
 pub use error::{open_file_limit, Error, PostError, QueueKind, Result};
 pub use event::{AsyncElement, AsyncEvent, AsyncEventType, ElementKind};

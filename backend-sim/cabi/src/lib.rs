@@ -26,6 +26,11 @@
 //! symbols up on a handle of its own (`dlopen("libibverbs.so.1")` then `dlsym`, as NCCL
 //! does) bypasses `LD_PRELOAD` and is not served.
 //!
+//! Programs that also look at a device's files (`/dev/infiniband/uverbsN`, its sysfs
+//! directories: UCX, Open MPI) find the sim's devices there: the library answers libc's
+//! look-ups of those places from a tree of its own (modules `vfs` and `interpose`) and passes
+//! every other path to libc.
+//!
 //! One module per verb family, each naming the man pages it implements.
 
 #![cfg(target_os = "linux")]
@@ -42,6 +47,8 @@ mod exports;
 mod fd;
 mod ffi;
 mod fork;
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+mod interpose;
 mod kern;
 mod live;
 mod mr;
@@ -58,3 +65,4 @@ mod srq;
 mod strings;
 mod sysfs;
 mod unserved;
+mod vfs;

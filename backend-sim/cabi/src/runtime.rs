@@ -26,10 +26,6 @@ pub type B = backend_sim::SimBackend;
 /// An open device of [`B`].
 pub type SimContext = ContextOf<B>;
 
-/// Where the sysfs-looking paths of the sim's devices point: nowhere real, so that no
-/// program reads a real device's files for a sim device (see `sysfs`).
-pub const SYSFS_ROOT: &str = "/sys/class/infiniband-sim";
-
 /// One listed device: the `ibv_device` programs hold, first, so that its address is the
 /// device's.
 #[repr(C)]
@@ -55,7 +51,16 @@ impl Device {
         }
         let ctx = Arc::new(backend.open(&self.name)?);
         *open = Arc::downgrade(&ctx);
+        drop(open);
+        // The port's LID and GIDs exist from now on: its sysfs files too (written with
+        // the device unlocked: making the tree reads which devices are open).
+        crate::vfs::files::opened(self, &ctx);
         Ok(ctx)
+    }
+
+    /// The open device, if a context or object holds it.
+    pub fn opened(&self) -> Option<Arc<SimContext>> {
+        self.open.lock().upgrade()
     }
 }
 
@@ -109,6 +114,7 @@ fn init() -> Result<Runtime, Errno> {
         tracing::error!(error = %e, "the sim lists no devices");
         e.errno()
     })?;
+    let sysfs = crate::vfs::sysfs_root().to_string_lossy();
     let devices = listed
         .into_iter()
         .enumerate()
@@ -122,10 +128,16 @@ fn init() -> Result<Runtime, Errno> {
                 dev_path: [0; IBV_SYSFS_PATH_MAX],
                 ibdev_path: [0; IBV_SYSFS_PATH_MAX],
             };
+            // As libibverbs names a device's directories: under its sysfs path
+            // (`ibv_get_sysfs_path()`), which the library answers for (`vfs`).
+            let uverbs = crate::vfs::files::uverbs_name(i as u32);
             copy_c_str(&mut c.name, &d.name);
-            copy_c_str(&mut c.dev_name, &format!("uverbs-{}", d.name));
-            copy_c_str(&mut c.dev_path, &format!("{SYSFS_ROOT}_verbs/uverbs-{}", d.name));
-            copy_c_str(&mut c.ibdev_path, &format!("{SYSFS_ROOT}/{}", d.name));
+            copy_c_str(&mut c.dev_name, &uverbs);
+            copy_c_str(
+                &mut c.dev_path,
+                &format!("{sysfs}/class/infiniband_verbs/{uverbs}"),
+            );
+            copy_c_str(&mut c.ibdev_path, &format!("{sysfs}/class/infiniband/{}", d.name));
             Device {
                 c,
                 index: i as u32,

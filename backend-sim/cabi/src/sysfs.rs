@@ -1,61 +1,22 @@
 //! libibverbs' sysfs helpers (`ibv_get_sysfs_path`, `ibv_read_sysfs_file`, and the
 //! private `ibv_read_ibdev_sysfs_file`).
 //!
-//! Programs read a device's attributes from the directory its `ibv_device` names
-//! (`ibv_devinfo` reads `board_id` from `ibdev_path`). The sim's devices name directories
-//! under [`SYSFS_ROOT`](crate::runtime::SYSFS_ROOT), which do not exist, and this module
-//! answers for the files a device directory would have; every other path is read from the
-//! file system, as libibverbs does.
+//! Programs read a device's attributes from the directories its `ibv_device` names
+//! (`ibv_devinfo` reads `board_id` from `ibdev_path`), under the sysfs path libibverbs
+//! uses (`SYSFS_PATH`, else `/sys`). A sim device's directories are answered from the
+//! process's tree ([`crate::vfs`]), as a program's own `open` of them is; every other
+//! path is read from the file system, as libibverbs does.
 
 use std::ffi::{c_char, c_int, CStr};
+use std::os::unix::ffi::OsStrExt;
 
-use crate::ffi::{minus_one_verb, Errno};
-use crate::runtime::{runtime, Device, SYSFS_ROOT};
+use crate::ffi::minus_one_verb;
+use crate::vfs::{lookup, sysfs_root, Lookup};
 
-/// `ibv_get_sysfs_path`.
+/// `ibv_get_sysfs_path`: `SYSFS_PATH` (trailing slashes removed) or `/sys`, as
+/// libibverbs answers ([`sysfs_root`]).
 pub(crate) unsafe extern "C" fn ibv_get_sysfs_path() -> *const c_char {
-    c"/sys".as_ptr()
-}
-
-/// The contents of `file` in the sim device's directory `dir`, if it is one.
-fn virtual_file(dir: &str, file: &str) -> Option<Result<String, Errno>> {
-    let rest = dir.strip_prefix(SYSFS_ROOT)?;
-    let rt = match runtime() {
-        Ok(rt) => rt,
-        Err(e) => return Some(Err(e)),
-    };
-    let guid = |d: &Device| {
-        let g = d.guid;
-        format!(
-            "{:04x}:{:04x}:{:04x}:{:04x}",
-            (g >> 48) & 0xffff,
-            (g >> 32) & 0xffff,
-            (g >> 16) & 0xffff,
-            g & 0xffff
-        )
-    };
-    let file = file.trim_matches('/');
-    for d in &rt.devices {
-        if rest == format!("/{}", d.name) {
-            return Some(match file {
-                "board_id" => Ok("VERBS-RS-SIM".into()),
-                "hca_type" => Ok("sim".into()),
-                "node_type" => Ok("1: CA".into()),
-                "node_desc" => Ok(format!("{} (verbs-rs simulated HCA)", d.name)),
-                "node_guid" | "sys_image_guid" => Ok(guid(d)),
-                "fw_ver" => Ok(concat!("sim-", env!("CARGO_PKG_VERSION")).into()),
-                _ => Err(libc::ENOENT),
-            });
-        }
-        if rest == format!("_verbs/uverbs-{}", d.name) {
-            return Some(match file {
-                "ibdev" => Ok(d.name.clone()),
-                "abi_version" => Ok("1".into()),
-                _ => Err(libc::ENOENT),
-            });
-        }
-    }
-    Some(Err(libc::ENOENT))
+    sysfs_root().as_ptr()
 }
 
 /// `ibv_read_sysfs_file`: reads `dir/file` into `buf` (at most `size` bytes, NUL
@@ -72,17 +33,18 @@ pub(crate) unsafe extern "C" fn ibv_read_sysfs_file(
         }
         // SAFETY: the program passes NUL-terminated strings.
         let (dir, file) = unsafe { (CStr::from_ptr(dir), CStr::from_ptr(file)) };
-        let (dir, file) = (dir.to_string_lossy(), file.to_string_lossy());
-        let mut data = match virtual_file(&dir, &file) {
-            Some(content) => {
-                let mut v = content?.into_bytes();
-                v.push(b'\n');
-                v
-            }
-            None => {
-                std::fs::read(format!("{dir}/{file}")).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?
-            }
+        let mut path = dir.to_bytes().to_vec();
+        path.push(b'/');
+        path.extend_from_slice(file.to_bytes());
+        let path = std::ffi::CString::new(path).map_err(|_| libc::EINVAL)?;
+        // SAFETY: a NUL-terminated string.
+        let path = match unsafe { lookup(path.as_ptr()) } {
+            Lookup::Outside => path,
+            Lookup::Inside(p) => p,
+            Lookup::Unavailable(e) => return Err(e),
         };
+        let path = std::path::Path::new(std::ffi::OsStr::from_bytes(path.to_bytes()));
+        let mut data = std::fs::read(path).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
         data.truncate(size);
         let mut len = data.len();
         if len > 0 {
@@ -130,12 +92,12 @@ mod tests {
 
     #[test]
     fn a_sim_device_directory_answers_for_its_files() {
-        let (n, text) = read(c"/sys/class/infiniband-sim/sim0", c"board_id", 64);
+        let (n, text) = read(c"/sys/class/infiniband/sim0", c"board_id", 64);
         assert_eq!((n, text.as_str()), (12, "VERBS-RS-SIM"));
-        let (n, _) = read(c"/sys/class/infiniband-sim/sim0", c"no_such_file", 64);
+        let (n, _) = read(c"/sys/class/infiniband/sim0", c"no_such_file", 64);
         assert_eq!(n, -1);
         // Too small for the text and its NUL: libibverbs fails rather than truncate.
-        assert_eq!(read(c"/sys/class/infiniband-sim/sim0", c"board_id", 12).0, -1);
+        assert_eq!(read(c"/sys/class/infiniband/sim0", c"board_id", 12).0, -1);
     }
 
     #[test]

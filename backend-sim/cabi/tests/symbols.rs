@@ -1,6 +1,8 @@
 //! The library defines exactly the dynamic symbols of Debian bookworm's libibverbs, with
 //! their versions (`nm -D --defined-only`, version nodes included): a program's every
-//! reference to libibverbs binds to it under `LD_PRELOAD`.
+//! reference to libibverbs binds to it under `LD_PRELOAD`; and besides them only the libc
+//! calls it interposes (src/interpose.rs), unversioned, so that they take the place of
+//! libc's versioned ones (`stat@GLIBC_2.33`).
 
 mod common;
 
@@ -27,6 +29,26 @@ fn defined(path: &std::path::Path) -> Vec<String> {
     v
 }
 
+/// The libc functions the library interposes (src/interpose.rs).
+const INTERPOSED: [&str; 16] = [
+    "stat",
+    "stat64",
+    "lstat",
+    "lstat64",
+    "fstatat",
+    "fstatat64",
+    "statx",
+    "access",
+    "faccessat",
+    "open",
+    "open64",
+    "openat",
+    "openat64",
+    "fopen",
+    "fopen64",
+    "opendir",
+];
+
 #[test]
 fn same_symbols_and_versions_as_libibverbs() {
     let real = std::path::Path::new("/usr/lib/x86_64-linux-gnu/libibverbs.so.1");
@@ -34,12 +56,21 @@ fn same_symbols_and_versions_as_libibverbs() {
     let theirs = defined(real);
     let ours = defined(&common::lib());
     let missing: Vec<_> = theirs.iter().filter(|s| !ours.contains(s)).collect();
-    let extra: Vec<_> = ours.iter().filter(|s| !theirs.contains(s)).collect();
+    let extra: Vec<_> = ours
+        .iter()
+        .filter(|s| !theirs.contains(s) && !INTERPOSED.iter().any(|i| s.as_str() == format!("T {i}")))
+        .collect();
+    for i in INTERPOSED {
+        assert!(
+            ours.contains(&format!("T {i}")),
+            "{i} is not defined, unversioned"
+        );
+    }
     assert!(
         missing.is_empty() && extra.is_empty(),
         "missing: {missing:#?}\nextra: {extra:#?}"
     );
-    assert!(ours.len() >= 193, "{} symbols", ours.len());
+    assert!(ours.len() >= 193 + INTERPOSED.len(), "{} symbols", ours.len());
     assert!(ours.contains(&"T ibv_get_device_list@@IBVERBS_1.1".to_string()));
     assert!(ours.contains(&"T ibv_get_device_list@IBVERBS_1.0".to_string()));
     assert!(ours.contains(&"A IBVERBS_PRIVATE_34".to_string()));

@@ -1,9 +1,9 @@
 //! Address handles (`man ibv_create_ah`, `man ibv_destroy_ah`): the destination of UD
 //! sends. An address handle resolves its address vector once, the way a QP's is resolved
 //! (GID → the peer device's IP, LID → its TCP port; without a GRH the device is on this
-//! host), and keeps its PD alive. The sim's port is an InfiniBand port, so the GRH is
-//! optional (`is_global`); with it the datagrams carry its fields, and the receiver finds
-//! a GRH in front of its buffer.
+//! host; on an Ethernet port the GID alone), and keeps its PD alive. On an InfiniBand
+//! port the GRH is optional (`is_global`), on an Ethernet (RoCE) port required; with it
+//! the datagrams carry its fields, and the receiver finds a GRH in front of its buffer.
 //!
 //! A send WR names its address handle by reference ([`verbs_api::SendWr::ud`]);
 //! [`route_of`] recognises this backend's handles by type and refuses any other, or one
@@ -18,6 +18,9 @@ use crate::device::{DeviceShared, PdShared};
 use crate::qp::ud::AhRoute;
 use crate::wire::Grh;
 
+/// The bits of a GRH's flow label (IBA 8.3.1, `IB_GRH_FLOWLABEL_MASK`).
+const FLOW_LABEL_MASK: u32 = 0xf_ffff;
+
 /// An address handle of the sim.
 pub struct SimAh {
     attr: AhAttr,
@@ -27,10 +30,11 @@ pub struct SimAh {
 }
 
 impl SimAh {
-    /// `ibv_create_ah` in `pd`: `attr`'s port must be the device's port 1, its DLID a
-    /// port number (not 0) and, with a GRH, its source GID index inside the GID table
-    /// (EINVAL otherwise, as `ib_create_user_ah` and rxe's `rxe_av_chk_attr()` refuse a
-    /// bad port or GID index).
+    /// `ibv_create_ah` in `pd`: `attr`'s port must be the device's port 1, on InfiniBand
+    /// its DLID a port number (not 0), on Ethernet (RoCE) the GRH there (its DLID
+    /// ignored), and with a GRH its source GID index inside the GID table (EINVAL
+    /// otherwise, as `ib_create_user_ah` and rxe's `rxe_av_chk_attr()` refuse a bad port
+    /// or GID index); of the flow label only the low 20 bits count.
     pub(crate) fn create(pd: &Arc<PdShared>, attr: &AhAttr) -> Result<SimAh> {
         let bad = |name: &'static str, reason: String| Err(Error::InvalidAttr { name, reason });
         let addr = &pd.dev.addr;
@@ -48,15 +52,12 @@ impl SimAh {
                 return bad(name, reason);
             }
         }
-        if attr.is_global && attr.grh.flow_label > 0xf_ffff {
-            return bad(
-                "ah_attr.grh.flow_label",
-                format!("{:#x} exceeds 20 bits", attr.grh.flow_label),
-            );
-        }
         let grh = attr.is_global.then_some(Grh {
             dgid: attr.grh.dgid.0,
-            flow_label: attr.grh.flow_label,
+            // The GRH's field has 20 bits: mlx5 takes the low 20 (`mlx5_create_ah()`,
+            // `IB_GRH_FLOWLABEL_MASK`) and rxe refuses no value, so neither does the sim.
+            // UCX sets all 32 on purpose (rdma-core's flow-label-to-UDP-port conversion).
+            flow_label: attr.grh.flow_label & FLOW_LABEL_MASK,
             traffic_class: attr.grh.traffic_class,
             hop_limit: attr.grh.hop_limit,
             // GID 0, where it is the default GID rather than the IP's.

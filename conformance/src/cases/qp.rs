@@ -2,9 +2,10 @@
 //! `man ibv_query_qp`; IBA 10.3).
 
 use verbs_api::{
-    connect_rc, modify_to_init, modify_to_rtr, AccessFlags as A, AsyncElement, AsyncEventType, Backend,
-    Context, Error, MemoryRegion, ProtectionDomain, QpAttr, QpAttrMask as M, QpCap, QpInitAttr, QpState,
-    QueuePair, RecvWr, SendWr,
+    ah_attr_for, connect_rc, modify_to_init, modify_to_rtr, modify_to_rts, AccessFlags as A, AhAttr,
+    AsyncElement, AsyncEventType, Backend, Context, Endpoint, Error, LinkLayer, MemoryRegion,
+    ProtectionDomain, QpAttr, QpAttrMask as M, QpCap, QpInitAttr, QpState, QueuePair, RcParams, RecvWr,
+    SendWr,
 };
 
 use super::case;
@@ -107,6 +108,12 @@ pub fn list<B: Backend>() -> Vec<Case<B>> {
             "RTS -> SQD without en_sqd_async_notify raises no SQ_DRAINED; with it, SQ_DRAINED comes",
             "man ibv_modify_qp (en_sqd_async_notify); IBA 11.6.3.1 (Send Queue Drained)",
             qp_sqd_event_unasked
+        ),
+        case!(
+            "qp.av-udp-hint",
+            "an RC pair whose address vectors carry UCX's RoCE hints connects: a flow label of all 32 bits set (the GRH holds its low 20) and, on an Ethernet (RoCE) port, a DLID of 0xC000 (ignored: the GID names the peer)",
+            "IBA 8.3.1 (FlowLabel: 20 bits); rdma-core providers/mlx5 mlx5_create_ah (IB_GRH_FLOWLABEL_MASK); the kernel's rdma_ah_set_dlid (no DLID in a RoCE address); UCX uct_ib_iface_fill_ah_attr_from_gid_lid",
+            qp_av_udp_hint
         ),
     ]
 }
@@ -554,6 +561,82 @@ fn qp_sqd_resume<B: Backend>(env: &Env<B>) -> CaseResult {
         crate::env::read_back(&dst, 64, 11)?,
         b"held in SQD".to_vec(),
         "target of the WRITE held in SQD"
+    );
+    Ok(Outcome::Pass)
+}
+
+/// The address vector UCX 1.13 gives a QP or an address handle towards `remote`
+/// (`uct_ib_iface_fill_ah_attr_from_gid_lid()`): on an Ethernet (RoCE) port a DLID of
+/// `0xC000 | path` (its UDP source-port hint) and a flow label of `~path` (all 32 bits set
+/// for path 0, for rdma-core's flow-label-to-UDP-port conversion); on InfiniBand the
+/// peer's LID, and the same flow label. Always with the GRH.
+pub(crate) fn ucx_ah_attr(remote: &Endpoint, params: &RcParams, link_layer: LinkLayer) -> AhAttr {
+    let mut ah = ah_attr_for(remote, params);
+    ah.is_global = true;
+    ah.grh.flow_label = !0;
+    if link_layer == LinkLayer::Ethernet {
+        ah.dlid = 0xc000;
+    }
+    ah
+}
+
+fn qp_av_udp_hint<B: Backend>(env: &Env<B>) -> CaseResult {
+    let o = env.opts();
+    let p = env.pair_unconnected(&o)?;
+    let link_layer = env.ctx.query_port(1)?.link_layer;
+    for (qp, params, psn, remote) in [
+        (&p.a, &o.a, p.ep_a.psn, &p.ep_b),
+        (&p.b, &o.b, p.ep_b.psn, &p.ep_a),
+    ] {
+        modify_to_init(qp, params)?;
+        let rtr = QpAttr {
+            qp_state: QpState::Rtr,
+            path_mtu: params.path_mtu,
+            dest_qp_num: remote.qpn,
+            rq_psn: remote.psn,
+            max_dest_rd_atomic: params.max_dest_rd_atomic,
+            min_rnr_timer: params.min_rnr_timer,
+            ah_attr: ucx_ah_attr(remote, params, link_layer),
+            ..Default::default()
+        };
+        qp.modify(
+            &rtr,
+            M::STATE
+                | M::AV
+                | M::PATH_MTU
+                | M::DEST_QPN
+                | M::RQ_PSN
+                | M::MAX_DEST_RD_ATOMIC
+                | M::MIN_RNR_TIMER,
+        )?;
+        modify_to_rts(qp, params, psn)?;
+    }
+    // Both directions: each side's address vector must name the other.
+    let mr = env.mr(&p.pd, 4096, A::LOCAL_WRITE | A::REMOTE_WRITE)?;
+    mr.write(0, b"hinted write")?;
+    p.a.post_send(&[SendWr::write(1, &[mr.sge(0, 12)?], mr.remote().at(1024)).signaled()])?;
+    let wa = env.wait1(&p.cq_a)?;
+    ensure!(wa.is_ok(), "WRITE from A: {:?}", wa.status);
+    ensure_eq!(
+        crate::env::read_back(&mr, 1024, 12)?,
+        b"hinted write".to_vec(),
+        "written data"
+    );
+    mr.write(0, b"hinted send")?;
+    p.a.post_recv(&[RecvWr::new(2, &[mr.sge(2048, 64)?])])?;
+    p.b.post_send(&[SendWr::send(3, &[mr.sge(0, 11)?]).signaled()])?;
+    let wb = env.wait1(&p.cq_b)?;
+    let wa = env.wait1(&p.cq_a)?;
+    ensure!(
+        wa.is_ok() && wb.is_ok(),
+        "SEND from B: {:?} / receive at A: {:?}",
+        wb.status,
+        wa.status
+    );
+    ensure_eq!(
+        crate::env::read_back(&mr, 2048, 11)?,
+        b"hinted send".to_vec(),
+        "received data"
     );
     Ok(Outcome::Pass)
 }

@@ -122,6 +122,13 @@ pub fn list<B: Backend>() -> Vec<crate::Case<B>> {
             ud_srq,
             requires [Ud, Srq]
         ),
+        case!(
+            "ud.ah-udp-hint",
+            "an address handle with UCX's RoCE hints reaches its QP: a flow label of all 32 bits set (the GRH holds its low 20) and, on an Ethernet (RoCE) port, a DLID of 0xC000 (ignored: the GID names the peer)",
+            "IBA 8.3.1 (FlowLabel: 20 bits); rdma-core providers/mlx5 mlx5_create_ah (IB_GRH_FLOWLABEL_MASK); the kernel's rdma_ah_set_dlid (no DLID in a RoCE address); UCX uct_ib_iface_fill_ah_attr_from_gid_lid",
+            ud_ah_udp_hint,
+            requires [Ud]
+        ),
     ]
 }
 
@@ -783,5 +790,32 @@ fn ud_srq<B: Backend>(env: &Env<B>) -> CaseResult {
     ensure_eq!(wc.src_qp, s.qp_num(), "src_qp");
     ensure_eq!(wc.byte_len as usize, GRH + 11, "byte_len");
     ensure_eq!(read_back(&dst, GRH, 11)?, b"via the SRQ".to_vec(), "payload");
+    Ok(Outcome::Pass)
+}
+
+fn ud_ah_udp_hint<B: Backend>(env: &Env<B>) -> CaseResult {
+    let u = UdSetup::new(env, 1)?;
+    let link_layer = env.ctx.query_port(1)?.link_layer;
+    let ah =
+        u.pd.create_ah(&super::qp::ucx_ah_attr(&u.ep_r, &env.params(), link_layer))?;
+    u.src.write(0, b"hinted datagram")?;
+    u.post(1, 0, 15)?;
+    u.s[0].post_send(&[SendWr::send(2, &[u.src.sge(0, 15)?])
+        .signaled()
+        .ud(&ah, u.r.qp_num(), QKEY)])?;
+    ensure!(env.wait1(&u.cq_s)?.is_ok(), "the send through the hinted handle");
+    let wc = env.wait1(&u.cq_r)?;
+    ensure!(wc.is_ok() && wc.wr_id == 1, "receive: {wc:?}");
+    ensure_eq!(
+        read_back(&u.dst, GRH, 15)?,
+        b"hinted datagram".to_vec(),
+        "payload"
+    );
+    if link_layer != LinkLayer::Ethernet {
+        // The IB GRH's first word: IPVer 6, TClass, and the flow label's low 20 bits.
+        let grh = read_back(&u.dst, 0, 4)?;
+        let word = u32::from_be_bytes([grh[0], grh[1], grh[2], grh[3]]);
+        ensure_eq!(word & 0xf_ffff, 0xf_ffff, "the GRH's flow label");
+    }
     Ok(Outcome::Pass)
 }

@@ -22,9 +22,9 @@ use anyhow::{bail, Context as _};
 use clap::Parser;
 use examples::backend::open_device;
 use examples::cli::CommonArgs;
-use examples::ibv_names::{atomic_cap, guid, link_layer, mtu, phys_state, port_state, speed, width, yes};
+use examples::ibv_names::{atomic_cap, link_layer, mtu, phys_state, port_state, speed, width, yes};
 use examples::{with_backend, Res};
-use verbs_api::{Backend, Capabilities, Context};
+use verbs_api::{guid_text, Backend, Capabilities, Context};
 
 /// Print the devices of a verbs backend like `ibv_devinfo -v`.
 #[derive(Parser, Debug)]
@@ -123,8 +123,8 @@ fn print_device<C: Context>(ctx: &C, transport: &str, only_port: Option<u8>) -> 
     println!("hca_id:\t{}", ctx.name());
     println!("\ttransport:\t\t\t{transport}");
     println!("\tfw_ver:\t\t\t\t{}", a.fw_ver);
-    println!("\tnode_guid:\t\t\t{}", guid(a.node_guid));
-    println!("\tsys_image_guid:\t\t\t{}", guid(a.sys_image_guid));
+    println!("\tnode_guid:\t\t\t{}", guid_text(a.node_guid));
+    println!("\tsys_image_guid:\t\t\t{}", guid_text(a.sys_image_guid));
     println!("\tvendor_id:\t\t\t{:#06x}", a.vendor_id);
     println!("\tvendor_part_id:\t\t\t{}", a.vendor_part_id);
     println!("\thw_ver:\t\t\t\t{:#x}", a.hw_ver);

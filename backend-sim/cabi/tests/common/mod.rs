@@ -18,6 +18,71 @@ pub fn lib() -> PathBuf {
     so
 }
 
+/// A C program of tests/c compiled for one test, in a directory of its own that is
+/// removed with it.
+pub struct CProgram {
+    dir: PathBuf,
+    /// The executable.
+    pub exe: PathBuf,
+}
+
+impl Drop for CProgram {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Compiles tests/c/`name`.c with `compiler` (`cc`, `mpicc`) and `libs`, asserting that
+/// it compiles. The directory is readable by every user (a test runs the program as
+/// another user too).
+pub fn compile(compiler: &str, name: &str, libs: &[&str]) -> CProgram {
+    use std::os::unix::fs::PermissionsExt;
+    let src = format!("{}/tests/c/{name}.c", env!("CARGO_MANIFEST_DIR"));
+    static SERIAL: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("ibverbs-sim-{name}-{}-{n}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let exe = dir.join(name);
+    let out = Command::new(compiler)
+        .args(["-std=gnu11", "-Wall", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .args(libs)
+        .output()
+        .unwrap_or_else(|e| panic!("run {compiler}: {e}"));
+    let program = CProgram { dir, exe };
+    assert!(
+        out.status.success(),
+        "{compiler} {src} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    program
+}
+
+/// Whether this process runs as root (whose tests drop to another user to check what a
+/// user without root gets).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// `program args...` run as a user without root: as `nobody` through `setpriv` when this
+/// process is root, else as this process's own user.
+pub fn unprivileged(program: &str, args: &[&str]) -> Command {
+    if !is_root() {
+        let mut c = Command::new(program);
+        c.args(args);
+        return c;
+    }
+    let mut c = Command::new("setpriv");
+    c.args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
+        .arg(program)
+        .args(args)
+        .env("HOME", "/tmp");
+    c
+}
+
 /// `program args...` with the library preloaded and the sim's settings.
 pub fn preloaded(program: &str, args: &[&str]) -> Command {
     let mut c = Command::new(program);
@@ -106,14 +171,31 @@ pub fn wait_listening(port: u16, child: &mut Child, limit: Duration) {
 /// preloaded client (its arguments plus `-p port 127.0.0.1`); both must exit 0 within
 /// `limit`. Their standard outputs.
 pub fn run_pair(program: &str, server: &[&str], client: &[&str], limit: Duration) -> (String, String) {
+    run_pair_with(program, server, client, &[], limit)
+}
+
+/// [`run_pair`] with more environment variables for both programs.
+pub fn run_pair_with(
+    program: &str,
+    server: &[&str],
+    client: &[&str],
+    env: &[(&str, &str)],
+    limit: Duration,
+) -> (String, String) {
     let port = free_port().to_string();
     let mut srv_args: Vec<&str> = server.to_vec();
     srv_args.extend(["-p", &port]);
     let mut cli_args: Vec<&str> = client.to_vec();
     cli_args.extend(["-p", &port, "127.0.0.1"]);
-    let mut srv = preloaded(program, &srv_args).spawn().expect(program);
+    let mut srv = preloaded(program, &srv_args)
+        .envs(env.iter().copied())
+        .spawn()
+        .expect(program);
     wait_listening(port.parse().unwrap(), &mut srv, limit);
-    let cli = preloaded(program, &cli_args).spawn().expect(program);
+    let cli = preloaded(program, &cli_args)
+        .envs(env.iter().copied())
+        .spawn()
+        .expect(program);
     let c = wait(cli, limit);
     let s = wait(srv, limit);
     let text = |o: &Output| String::from_utf8_lossy(&o.stdout).into_owned();
