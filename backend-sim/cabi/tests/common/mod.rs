@@ -2,7 +2,7 @@
 
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -44,20 +44,27 @@ pub fn compile(compiler: &str, name: &str, libs: &[&str]) -> CProgram {
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     let exe = dir.join(name);
+    let program = CProgram { dir, exe };
+    build(compiler, Path::new(&src), &program.exe, libs);
+    program
+}
+
+/// Runs `compiler` on `src` into `exe` with `libs`, warnings as errors, asserting that it
+/// compiles.
+fn build(compiler: &str, src: &Path, exe: &Path, libs: &[&str]) {
     let out = Command::new(compiler)
-        .args(["-std=gnu11", "-Wall", "-Werror", "-o"])
-        .arg(&exe)
-        .arg(&src)
+        .args(["-std=gnu11", "-Wall", "-Werror", "-pthread", "-o"])
+        .arg(exe)
+        .arg(src)
         .args(libs)
         .output()
         .unwrap_or_else(|e| panic!("run {compiler}: {e}"));
-    let program = CProgram { dir, exe };
     assert!(
         out.status.success(),
-        "{compiler} {src} failed: {}",
+        "{compiler} {} failed (needs libibverbs-dev): {}",
+        src.display(),
         String::from_utf8_lossy(&out.stderr)
     );
-    program
 }
 
 /// Whether this process runs as root (whose tests drop to another user to check what a
@@ -244,18 +251,7 @@ fn compile_c(name: &str) -> PathBuf {
     // Built under a name of this process, then renamed: another test process building
     // the same program meanwhile replaces it whole.
     let tmp = deps.join(format!("c-{name}.{}", std::process::id()));
-    let cc = Command::new("cc")
-        .args(["-std=gnu11", "-Wall", "-pthread", "-o"])
-        .arg(&tmp)
-        .arg(&src)
-        .arg("-libverbs")
-        .output()
-        .expect("run cc");
-    assert!(
-        cc.status.success(),
-        "cc failed (needs libibverbs-dev): {}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
+    build("cc", &src, &tmp, &["-libverbs"]);
     std::fs::rename(&tmp, &exe).expect("rename the compiled program");
     built.push(name.to_string());
     exe
