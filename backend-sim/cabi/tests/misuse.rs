@@ -6,32 +6,15 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::Duration;
 
 #[test]
 fn misuse_gets_libibverbs_answers() {
-    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/misuse.c");
-    let dir = std::env::temp_dir().join(format!("ibverbs-sim-misuse-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let exe = dir.join("misuse");
-    let cc = Command::new("cc")
-        .args(["-std=gnu11", "-Wall", "-o"])
-        .arg(&exe)
-        .arg(src)
-        .arg("-libverbs")
-        .output()
-        .expect("run cc");
-    assert!(
-        cc.status.success(),
-        "cc failed (needs libibverbs-dev): {}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
+    let prog = common::CProgram::compile("misuse");
     let out = common::wait(
-        common::preloaded(exe.to_str().unwrap(), &[]).spawn().unwrap(),
+        common::preloaded(&prog.exe, &[]).spawn().unwrap(),
         Duration::from_secs(60),
     );
-    let _ = std::fs::remove_dir_all(&dir);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),

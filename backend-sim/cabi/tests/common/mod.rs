@@ -129,3 +129,43 @@ pub fn run_pair(program: &str, server: &[&str], client: &[&str], limit: Duration
     );
     (text(&s), text(&c))
 }
+
+/// A C program of tests/c compiled against the installed `<infiniband/verbs.h>` (needs
+/// libibverbs-dev), in a directory of its own that goes with it.
+pub struct CProgram {
+    dir: PathBuf,
+    /// The executable.
+    pub exe: String,
+}
+
+impl CProgram {
+    /// Compiles tests/c/`name`.c.
+    pub fn compile(name: &str) -> CProgram {
+        let src = format!("{}/tests/c/{name}.c", env!("CARGO_MANIFEST_DIR"));
+        let dir = std::env::temp_dir().join(format!("ibverbs-sim-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let exe = dir.join(name);
+        let cc = Command::new("cc")
+            .args(["-std=gnu11", "-Wall", "-o"])
+            .arg(&exe)
+            .arg(&src)
+            .arg("-libverbs")
+            .output()
+            .expect("run cc");
+        assert!(
+            cc.status.success(),
+            "cc failed (needs libibverbs-dev): {}",
+            String::from_utf8_lossy(&cc.stderr)
+        );
+        CProgram {
+            exe: exe.to_str().expect("a UTF-8 path").to_string(),
+            dir,
+        }
+    }
+}
+
+impl Drop for CProgram {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
