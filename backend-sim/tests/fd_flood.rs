@@ -168,7 +168,7 @@ fn a_flood_of_connections_does_not_take_the_device_down() {
     let warnings = |dev: &str| {
         logged
             .lines()
-            .filter(|l| l.contains("accept failed") && l.contains(&format!("device={dev}")))
+            .filter(|l| l.contains("accept failed") && l.contains(&format!("listener={dev}")))
             .count()
     };
     assert_eq!(warnings("sim1"), 1, "the flooded device warned once: {logged}");
