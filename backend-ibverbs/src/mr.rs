@@ -119,6 +119,13 @@ impl IbvMr {
                     "ibv_reg_mr",
                     format!("the device refused {reg_len} bytes at {addr:p} with access {access:?}"),
                 ),
+                libc::EFAULT => Error::BadAddress {
+                    call: "ibv_reg_mr",
+                    reason: format!(
+                        "the kernel could not pin {reg_len} bytes at {addr:p} with access {access:?} \
+                         (a page not mapped, or not writable where writes are asked)"
+                    ),
+                },
                 libc::ENOMEM => Error::NoMemory {
                     call: "ibv_reg_mr",
                     reason: format!("cannot pin or register {reg_len} bytes"),

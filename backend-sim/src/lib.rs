@@ -76,6 +76,7 @@ mod host_addrs;
 mod lid_port;
 mod link;
 mod listener;
+pub mod mapping;
 pub mod profile;
 mod progress;
 mod qp;

@@ -18,17 +18,17 @@
 //!   100 ms) instead of spinning; established QPs keep their sockets and keep running;
 //! - nothing per connection is allocated before its hello is proven but its setup task
 //!   and a header-sized buffer on that task's stack.
+//!
+//! The bound is [`verbs_api::admission`]'s, which the `cm` listeners share.
 
-use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use parking_lot::Mutex;
 use rustix::process::{getrlimit, Resource};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::task::AbortHandle;
+use verbs_api::admission::{self, Bound};
 
 /// Most connections in setup at once.
 pub const MAX_UNPROVEN: usize = 256;
@@ -38,111 +38,24 @@ pub const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
 /// legitimate setup takes (a hello and a check on loopback or a LAN), far shorter than
 /// [`HELLO_TIMEOUT`], which a silent one would otherwise hold its place for.
 pub const MIN_SHED_AGE: Duration = Duration::from_millis(200);
-/// At most one warning about running out of descriptors per this long (a flood makes
-/// accept fail thousands of times).
-const WARN_EVERY: Duration = Duration::from_secs(10);
-
-/// The setup tasks of accepted connections (with when each was accepted), oldest first.
-#[derive(Default)]
-struct InSetup {
-    next_id: u64,
-    tasks: VecDeque<(u64, Instant, AbortHandle)>,
-}
-
-impl InSetup {
-    fn shed_oldest(&mut self, n: usize) -> usize {
-        let n = n.min(self.tasks.len());
-        for (_, _, t) in self.tasks.drain(..n) {
-            t.abort();
-        }
-        n
-    }
-
-    /// How long the oldest connection has been in setup.
-    fn oldest_age(&self) -> Duration {
-        self.tasks
-            .front()
-            .map_or(Duration::ZERO, |(_, at, _)| at.elapsed())
-    }
-}
+/// The bound on the listener's connections in setup (no descriptors are kept in reserve:
+/// its connections are the QPs' own).
+const BOUND: Bound = Bound {
+    max: MAX_UNPROVEN,
+    min_shed_age: MIN_SHED_AGE,
+    fd_reserve: 0,
+};
 
 /// Accepts connections on `listener` forever, running `serve` for each on the current
-/// runtime. Returns only if the listener itself fails for good.
+/// runtime, bounded as the module docs say ([`verbs_api::admission::accept_loop`]).
+/// Returns only if the listener itself fails for good.
 pub async fn accept_loop<F, Fut>(name: String, listener: TcpListener, serve: F)
 where
     F: Fn(TcpStream, std::net::SocketAddr) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
-    let in_setup = Arc::new(Mutex::new(InSetup::default()));
-    let mut backoff = Duration::from_millis(1);
-    let mut warned: Option<tokio::time::Instant> = None;
-    let mut unwarned = 0u64;
-    loop {
-        match listener.accept().await {
-            Ok((stream, peer)) => {
-                backoff = Duration::from_millis(1);
-                let mut set = in_setup.lock();
-                if set.tasks.len() >= MAX_UNPROVEN {
-                    let age = set.oldest_age();
-                    if age < MIN_SHED_AGE {
-                        // Closed at once: a QP's connector retries.
-                        drop(stream);
-                        tracing::debug!(
-                            device = %name, %peer,
-                            "{MAX_UNPROVEN} connections in setup, the oldest for {age:?}: refused this one"
-                        );
-                        continue;
-                    }
-                    set.shed_oldest(1);
-                    tracing::debug!(
-                        device = %name,
-                        "{MAX_UNPROVEN} connections in setup: shed the oldest (in setup for {age:?})"
-                    );
-                }
-                let fut = serve(stream, peer);
-                let id = set.next_id;
-                set.next_id += 1;
-                let mine = in_setup.clone();
-                // The task cannot run before the lock is released (it takes it to leave),
-                // so it is listed before it can remove itself.
-                let task = tokio::spawn(async move {
-                    fut.await;
-                    mine.lock().tasks.retain(|(i, _, _)| *i != id);
-                });
-                set.tasks.push_back((id, Instant::now(), task.abort_handle()));
-            }
-            Err(e) if is_out_of_fds(&e) => {
-                let shed = {
-                    let mut set = in_setup.lock();
-                    let half = set.tasks.len().div_ceil(2);
-                    set.shed_oldest(half)
-                };
-                if warned.is_none_or(|t| t.elapsed() >= WARN_EVERY) {
-                    let more = match unwarned {
-                        0 => String::new(),
-                        n => format!(" ({n} more times since the last warning)"),
-                    };
-                    tracing::warn!(
-                        device = %name,
-                        "accept failed: {e}{more}: {}; shed {shed} connection(s) still in setup, \
-                         established QPs keep running; retrying",
-                        fd_limit_hint()
-                    );
-                    warned = Some(tokio::time::Instant::now());
-                    unwarned = 0;
-                } else {
-                    unwarned += 1;
-                }
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_millis(100));
-            }
-            Err(e) => {
-                // ECONNABORTED and the like: one connection failed, not the listener.
-                tracing::debug!(device = %name, "accept failed: {e}");
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-        }
-    }
+    let serve = move |stream, peer, _spoke| serve(stream, peer);
+    admission::accept_loop(name, Arc::new(listener), BOUND, false, fd_limit_hint, serve).await
 }
 
 /// Whether `e` means the process or the system ran out of file descriptors.

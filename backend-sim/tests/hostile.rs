@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use backend_sim::SimBackend;
 use backend_sim_proto::wire::Frame;
-use common::{frame, hello, impersonate, read_answer, RAW_QPN};
+use common::{frame, hello, impersonate, read_answer, read_setup, ud_qp, RAW_QPN};
 use verbs_api::*;
 
 #[test]
@@ -233,18 +233,6 @@ fn qp_numbers_are_spread_over_24_bits() {
 
 // ---------------------------------------------------------------- UD links
 
-/// Reads exactly one frame header (a setup frame) from `s`: for the raw device below.
-fn read_setup(s: &mut TcpStream) -> Frame {
-    use std::io::Read;
-    let mut base = [0u8; backend_sim_proto::wire::BASE_LEN];
-    s.read_exact(&mut base).unwrap();
-    let n = backend_sim_proto::wire::setup_header_len(&base).unwrap();
-    let mut h = vec![0u8; n];
-    h[..base.len()].copy_from_slice(&base);
-    s.read_exact(&mut h[base.len()..]).unwrap();
-    Frame::decode(&h).unwrap().unwrap().0
-}
-
 /// Whether `s` is closed by the other end within 5 s (after what it sent, if anything).
 fn closed(s: &mut TcpStream) -> bool {
     use std::io::Read;
@@ -274,38 +262,6 @@ fn datagram(dst_qpn: u32, src_qpn: u32, qkey: u32, payload: &[u8]) -> Vec<u8> {
     });
     v.extend_from_slice(payload);
     v
-}
-
-fn ud_qp(pd: &backend_sim::SimPd, cq: &backend_sim::SimCq, qkey: u32) -> backend_sim::SimQp {
-    let qp = pd.create_qp(&QpInitAttr::ud(cq, cq, QpCap::new(64, 64))).unwrap();
-    let m = QpAttrMask::STATE;
-    qp.modify(
-        &QpAttr {
-            qp_state: QpState::Init,
-            port_num: 1,
-            qkey,
-            ..Default::default()
-        },
-        m | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY,
-    )
-    .unwrap();
-    qp.modify(
-        &QpAttr {
-            qp_state: QpState::Rtr,
-            ..Default::default()
-        },
-        m,
-    )
-    .unwrap();
-    qp.modify(
-        &QpAttr {
-            qp_state: QpState::Rts,
-            ..Default::default()
-        },
-        m | QpAttrMask::SQ_PSN,
-    )
-    .unwrap();
-    qp
 }
 
 /// A UD datagram's source (the sending device's LID and GID) is the device its link

@@ -11,7 +11,7 @@
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -144,10 +144,14 @@ pub fn create_rc<B: Backend>(ctx: &B::Context, pd: &B::Pd, opts: &QpOpts) -> Res
 }
 
 /// A server's clients, accepted so that no client can stop the server or hold up the
-/// others: a thread accepts connections on the listener, and each client's connection
-/// request is read on a thread of its own, within `setup`. A client that sends something
-/// else, hangs up or says nothing for `setup` is dropped with a warning that names its
-/// address and what was wrong; the others go on. Dropping the `Acceptor` stops it.
+/// others: one thread reads the connection requests of every client connecting at once
+/// ([`CmListener::request`]), each within `setup` (at most [`cm::REQUEST_TIMEOUT`]), with
+/// the connections in setup bounded ([`cm::SETUP_BOUND`]) and descriptors kept in reserve
+/// for the clients being served, so that a flood of connections that say nothing holds
+/// neither threads nor descriptors. A client that sends something else, hangs up or says
+/// nothing in time is dropped with a warning that names its address and what was wrong;
+/// the others go on. At most [`QUEUED`] requests wait for [`Acceptor::accept`] (more are
+/// dropped). Dropping the `Acceptor` stops it.
 pub struct Acceptor {
     requests: Receiver<ConnectRequest>,
     stop: Arc<AtomicBool>,
@@ -159,12 +163,13 @@ impl Acceptor {
     /// Starts accepting on `listener`.
     pub fn start(listener: CmListener, setup: Duration) -> Res<Acceptor> {
         let addr = listener.local_addr()?;
-        let (tx, requests) = channel();
+        let listener = listener.with_request_timeout(setup.min(cm::REQUEST_TIMEOUT));
+        let (tx, requests) = sync_channel(QUEUED);
         let stop = Arc::new(AtomicBool::new(false));
         let stopped = stop.clone();
         std::thread::Builder::new()
             .name("acceptor".into())
-            .spawn(move || accept_loop(&listener, &tx, &stopped, setup))
+            .spawn(move || accept_loop(&listener, &tx, &stopped))
             .context("starting the thread that accepts clients")?;
         Ok(Acceptor {
             requests,
@@ -232,29 +237,26 @@ impl Drop for Acceptor {
     }
 }
 
-fn accept_loop(listener: &CmListener, tx: &Sender<ConnectRequest>, stop: &AtomicBool, setup: Duration) {
+/// Connection requests that may wait for [`Acceptor::accept`].
+pub const QUEUED: usize = 16;
+
+fn accept_loop(listener: &CmListener, tx: &SyncSender<ConnectRequest>, stop: &AtomicBool) {
     let addr = listener.local_addr().ok();
     while !stop.load(Ordering::Relaxed) {
-        match listener.incoming(Duration::from_millis(100)) {
-            Ok(incoming) => {
-                let tx = tx.clone();
-                let from = incoming.peer_addr();
-                // A client that sends nothing keeps only this thread waiting, for `setup`.
-                let spawned = std::thread::Builder::new()
-                    .name("client setup".into())
-                    .spawn(move || match incoming.request(setup) {
-                        Ok(request) => {
-                            // An error means the server has all its clients: the request
-                            // is dropped, which closes its connection.
-                            let _ = tx.send(request);
-                        }
-                        Err(e) => tracing::warn!("dropped the client at {from}: {e}"),
-                    });
-                if let Err(e) = spawned {
-                    tracing::warn!("dropped the client at {from}: no thread to read its request: {e}");
+        match listener.request(Duration::from_millis(100)) {
+            Ok(request) => {
+                let from = request.peer_addr();
+                match tx.try_send(request) {
+                    Ok(()) => {}
+                    Err(TrySendError::Full(_)) => {
+                        tracing::warn!("dropped the client at {from}: {QUEUED} clients wait to be served")
+                    }
+                    // The server has all its clients: the request is dropped, which
+                    // closes its connection.
+                    Err(TrySendError::Disconnected(_)) => {}
                 }
             }
-            // No client yet; or out of descriptors, which the listener has warned about
+            // No request yet; or out of descriptors, which the listener has warned about
             // once and waits out.
             Err(verbs_api::Error::Timeout { .. } | verbs_api::Error::OutOfFiles { .. }) => {}
             Err(e) => {

@@ -21,12 +21,19 @@
 //! With the `tokio` feature, [`AsyncCmListener`] and [`connect_async`] do the same on
 //! tokio; the two forms interoperate.
 //!
-//! `accept` fails when its client sends garbage or nothing. A server that keeps serving
-//! other clients takes the steps one by one: [`CmListener::incoming`] (a TCP connection;
-//! its [`Incoming::peer_addr`] names the client), [`Incoming::request`] (the client's
-//! hello, read within a bound of its own and checked, before any QP takes part) and
-//! [`ConnectRequest::accept`] (this side's hello, RTS, the ready bytes); the async forms
-//! let every client's setup run on its own task.
+//! A server's port is open to anyone, who may connect as often as they like and say
+//! nothing. [`CmListener::request`] (and `AsyncCmListener::request`) takes the next
+//! client whose hello arrives whole and checked, reading every connecting client at once
+//! (no thread per connection), each within a request timeout ([`REQUEST_TIMEOUT`]), with
+//! the connections in setup bounded and descriptors kept in reserve for the clients being
+//! served ([`SETUP_BOUND`], [`crate::admission`]); a client that sends garbage or nothing
+//! is dropped with a warning naming its address. [`ConnectRequest::accept`] then answers
+//! (this side's hello, RTS, the ready bytes). `accept` is the two in one call.
+//! [`CmListener::incoming`] and [`Incoming::request`] take the steps for one raw
+//! connection at a time, without those bounds. A client whose connection the server
+//! closes without answering (shed or refused for lack of room) connects again within its
+//! timeout; its QP is untouched until the server answers. [`exchange`] is the client's
+//! half without a QP.
 //!
 //! Out of file descriptors, errors say so and name the limit ([`Error::OutOfFiles`]:
 //! "out of file descriptors (EMFILE): the open-file limit is 1024 (ulimit -n)"). The
@@ -42,6 +49,7 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::connect::{local_endpoint, modify_to_init, modify_to_rtr, modify_to_rts, RcParams};
@@ -49,6 +57,17 @@ use crate::endpoint::{Endpoint, RemoteMr};
 use crate::error::{open_file_limit, Error, Result};
 use crate::qp::{QpState, PSN_MASK};
 use crate::traits::{Context, QueuePair};
+
+mod client;
+mod requests;
+#[cfg(feature = "tokio")]
+mod requests_async;
+
+pub use client::exchange;
+
+#[cfg(feature = "tokio")]
+use requests::WARNINGS;
+pub use requests::{REQUEST_TIMEOUT, SETUP_BOUND};
 
 const MAGIC: &[u8; 4] = b"VAPI";
 const VERSION: u16 = 1;
@@ -117,6 +136,8 @@ pub struct Peer<S = TcpStream> {
 pub struct CmListener {
     listener: TcpListener,
     fds: FdEpisode,
+    /// The connections of [`CmListener::request`] in setup.
+    pending: Mutex<requests::Pending>,
 }
 
 impl CmListener {
@@ -126,6 +147,7 @@ impl CmListener {
         Ok(CmListener {
             listener,
             fds: FdEpisode::default(),
+            pending: Mutex::default(),
         })
     }
 
@@ -137,13 +159,11 @@ impl CmListener {
         })
     }
 
-    /// Waits for one client, exchanges endpoints and offers, and brings `qp` to RTS
-    /// towards it. The offer's timeout bounds the wait for a client, and again the
-    /// exchange with it.
-    ///
-    /// A client that sends garbage or nothing makes this call fail; a server that must
-    /// keep serving others uses [`CmListener::incoming`], [`Incoming::request`] and
-    /// [`ConnectRequest::accept`] instead, which also name the client's address.
+    /// Waits for one client whose connection request arrives ([`CmListener::request`]:
+    /// clients that send garbage or nothing are dropped meanwhile, with a warning),
+    /// exchanges endpoints and offers, and brings `qp` to RTS towards it. The offer's
+    /// timeout bounds the wait for a request, and again the exchange with its client,
+    /// which fails this call if it goes wrong.
     pub fn accept<C: Context, Q: QueuePair>(
         &self,
         ctx: &C,
@@ -152,11 +172,8 @@ impl CmListener {
         offer: &Offer,
     ) -> Result<Peer> {
         let timeout = offer.timeout.unwrap_or(DEFAULT_TIMEOUT);
-        let incoming = self.incoming(timeout)?;
-        let deadline = deadline_after(timeout);
-        incoming
-            .request_by(deadline)?
-            .accept_by(deadline, ctx, qp, params, offer)
+        let request = self.request(timeout)?;
+        request.accept_by(deadline_after(timeout), ctx, qp, params, offer)
     }
 
     /// Waits up to `timeout` for a client to connect; the setup exchange has not started
@@ -211,7 +228,8 @@ impl Incoming<TcpStream> {
 
 /// A client's connection request, read and checked: its QP endpoint, memory descriptors
 /// and private data. [`ConnectRequest::accept`] it with a QP, or drop it to refuse (the
-/// client's setup then fails: the server closed the connection).
+/// server closed the connection unanswered: the client connects again until its timeout,
+/// then fails).
 #[derive(Debug)]
 pub struct ConnectRequest<S = TcpStream> {
     stream: S,
@@ -240,6 +258,12 @@ impl<S> ConnectRequest<S> {
     /// The client's private data.
     pub fn private_data(&self) -> &[u8] {
         &self.private_data
+    }
+
+    /// The connection, to answer in a protocol of the server's own (e.g. a UD server
+    /// that answers with its endpoint and brings no QP up towards the client).
+    pub fn into_stream(self) -> S {
+        self.stream
     }
 }
 
@@ -274,7 +298,9 @@ impl ConnectRequest<TcpStream> {
 }
 
 /// Connects to a [`CmListener`] at `addr`, exchanges endpoints and offers, and brings
-/// `qp` to RTS towards the server's QP.
+/// `qp` to RTS towards the server's QP. A server that closes the connection without
+/// answering (one under a flood sheds connections that have said nothing yet) is
+/// connected to again within the offer's timeout; `qp` is untouched until it answers.
 pub fn connect<C: Context, Q: QueuePair>(
     addr: impl ToSocketAddrs,
     ctx: &C,
@@ -282,30 +308,20 @@ pub fn connect<C: Context, Q: QueuePair>(
     params: &RcParams,
     offer: &Offer,
 ) -> Result<Peer> {
-    let timeout = offer.timeout.unwrap_or(DEFAULT_TIMEOUT);
-    let deadline = deadline_after(timeout);
-    let addrs: Vec<SocketAddr> = addr
-        .to_socket_addrs()
-        .map_err(|source| Error::Os {
-            call: "resolve",
-            source,
-        })?
-        .collect();
-    let mut last = None;
-    for a in &addrs {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            break;
-        }
-        match TcpStream::connect_timeout(a, left) {
-            Ok(s) => return setup_client(s, deadline, ctx, qp, params, offer),
-            Err(e) => last = Some(e),
-        }
-    }
-    Err(match last {
-        Some(source) => Error::from_io("connect", source),
-        None => Error::invalid("cm::connect", "the address resolved to nothing"),
-    })
+    let deadline = deadline_after(offer.timeout.unwrap_or(DEFAULT_TIMEOUT));
+    check_offer(offer)?;
+    let me = local_endpoint(ctx, qp, params, rand_psn())?;
+    // The client speaks first; the server answers after reading, so a stray connection
+    // that sends nothing learns nothing.
+    let p = client::exchange_by(addr, &me, offer, deadline)?;
+    finish(
+        p.stream,
+        deadline,
+        qp,
+        params,
+        me,
+        (p.endpoint, p.mrs, p.private_data),
+    )
 }
 
 /// `now + timeout`, or a time decades away for a timeout too large to add.
@@ -426,24 +442,6 @@ fn accept_within(cl: &CmListener, timeout: Duration) -> Result<(TcpStream, Socke
     let (s, a) = r?;
     s.set_nonblocking(false).map_err(os("fcntl"))?;
     Ok((s, a))
-}
-
-fn setup_client<C: Context, Q: QueuePair>(
-    mut stream: TcpStream,
-    deadline: Instant,
-    ctx: &C,
-    qp: &Q,
-    params: &RcParams,
-    offer: &Offer,
-) -> Result<Peer> {
-    check_offer(offer)?;
-    let _ = stream.set_nodelay(true);
-    let me = local_endpoint(ctx, qp, params, rand_psn())?;
-    // The client speaks first; the server answers after reading, so a stray connection
-    // that sends nothing learns nothing.
-    write_all(&mut stream, &encode_hello(&me, offer), deadline)?;
-    let peer = read_hello(&mut stream, deadline)?;
-    finish(stream, deadline, qp, params, me, peer)
 }
 
 /// Both sides, once the hellos are exchanged: RTS towards the peer, then the ready bytes.
@@ -683,8 +681,11 @@ mod nonblocking {
     /// A server waiting for [`connect_async`]s (or blocking [`connect`]s).
     #[derive(Debug)]
     pub struct AsyncCmListener {
-        listener: TokioListener,
+        listener: std::sync::Arc<TokioListener>,
         fds: FdEpisode,
+        /// The task of [`AsyncCmListener::request`], once started, and its requests.
+        requests: tokio::sync::Mutex<Option<requests_async::Requests>>,
+        request_timeout: Duration,
     }
 
     impl AsyncCmListener {
@@ -694,9 +695,38 @@ mod nonblocking {
                 .await
                 .map_err(|e| Error::from_io("bind", e))?;
             Ok(AsyncCmListener {
-                listener,
+                listener: std::sync::Arc::new(listener),
                 fds: FdEpisode::default(),
+                requests: tokio::sync::Mutex::new(None),
+                request_timeout: REQUEST_TIMEOUT,
             })
+        }
+
+        /// The same listener, giving each client `timeout` to send its whole connection
+        /// request ([`AsyncCmListener::request`]; [`REQUEST_TIMEOUT`] by default).
+        pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
+            self.request_timeout = timeout;
+            self
+        }
+
+        /// Waits up to `timeout` for the next client whose connection request (its hello)
+        /// arrives whole and well-formed, as [`CmListener::request`] does: a task of the
+        /// current runtime accepts clients and reads each one's request on a task of its
+        /// own, within the request timeout, with a flood of connections bounded
+        /// ([`SETUP_BOUND`]; a client that sends garbage or nothing in time is dropped
+        /// with a warning naming its address). Answer the request with
+        /// [`ConnectRequest::<TokioStream>::accept`], on a task of its own to serve
+        /// clients side by side. Use this or [`AsyncCmListener::incoming`] on a listener,
+        /// not both.
+        pub async fn request(&self, timeout: Duration) -> Result<AsyncConnectRequest> {
+            let mut r = self.requests.lock().await;
+            let r =
+                r.get_or_insert_with(|| requests_async::start(self.listener.clone(), self.request_timeout));
+            match tokio::time::timeout(timeout, r.arrived.recv()).await {
+                Ok(Some(request)) => Ok(request),
+                Ok(None) => Err(Error::Transport("the listener's accepting task ended".into())),
+                Err(_) => Err(Error::timeout(timeout, "no client sent a connection request")),
+            }
         }
 
         /// The address it listens on.
@@ -707,13 +737,11 @@ mod nonblocking {
             })
         }
 
-        /// Waits for one client and brings `qp` to RTS towards it (bounded by the offer's
-        /// timeout, which includes the wait for the client).
-        ///
-        /// A client that sends garbage or nothing makes this call fail; a server that
-        /// must keep serving others uses [`AsyncCmListener::incoming`] and sets each
-        /// client up on its own task ([`Incoming::<TokioStream>::request`],
-        /// [`ConnectRequest::<TokioStream>::accept`]).
+        /// Waits for one client whose connection request arrives
+        /// ([`AsyncCmListener::request`]: clients that send garbage or nothing are dropped
+        /// meanwhile, with a warning) and brings `qp` to RTS towards it. The offer's
+        /// timeout bounds the wait for a request, and again the exchange with its client,
+        /// which fails this call if it goes wrong.
         pub async fn accept<C: Context, Q: QueuePair>(
             &self,
             ctx: &C,
@@ -722,23 +750,7 @@ mod nonblocking {
             offer: &Offer,
         ) -> Result<AsyncPeer> {
             let timeout = offer.timeout.unwrap_or(DEFAULT_TIMEOUT);
-            let mut starved = None;
-            let r = tokio::time::timeout(timeout, async {
-                let incoming = self.accept_tcp(&mut starved).await?;
-                incoming
-                    .read_request()
-                    .await?
-                    .answer(ctx, qp, params, offer)
-                    .await
-            })
-            .await;
-            r.unwrap_or_else(|_| {
-                Err(timed_out(
-                    timeout,
-                    starved,
-                    "no client completed the connection setup",
-                ))
-            })
+            self.request(timeout).await?.accept(ctx, qp, params, offer).await
         }
 
         /// Waits up to `timeout` for a client to connect; the setup exchange has not
@@ -797,7 +809,7 @@ mod nonblocking {
                 .map_err(|_| Error::timeout(timeout, "the client sent no connection request"))?
         }
 
-        async fn read_request(mut self) -> Result<AsyncConnectRequest> {
+        pub(super) async fn read_request(mut self) -> Result<AsyncConnectRequest> {
             let _ = self.stream.set_nodelay(true);
             let (endpoint, mrs, private_data) = read_hello_async(&mut self.stream).await?;
             Ok(ConnectRequest {
@@ -854,18 +866,10 @@ mod nonblocking {
     ) -> Result<AsyncPeer> {
         let timeout = offer.timeout.unwrap_or(DEFAULT_TIMEOUT);
         tokio::time::timeout(timeout, async {
-            let mut stream = TokioStream::connect(addr)
-                .await
-                .map_err(|e| Error::from_io("connect", e))?;
             check_offer(offer)?;
-            let _ = stream.set_nodelay(true);
             let me = local_endpoint(ctx, qp, params, rand_psn())?;
-            stream
-                .write_all(&encode_hello(&me, offer))
-                .await
-                .map_err(aio_err)?;
-            let peer = read_hello_async(&mut stream).await?;
-            finish_async(stream, qp, params, me, peer).await
+            let p = super::client::exchange_async(addr, &me, offer).await?;
+            finish_async(p.stream, qp, params, me, (p.endpoint, p.mrs, p.private_data)).await
         })
         .await
         .map_err(|_| Error::timeout(timeout, "the connection setup with the server did not finish"))?
@@ -876,7 +880,7 @@ mod nonblocking {
         setup_io_err(e, |source| Error::from_io("connection setup", source))
     }
 
-    async fn read_hello_async(s: &mut TokioStream) -> Result<Hello> {
+    pub(super) async fn read_hello_async(s: &mut TokioStream) -> Result<Hello> {
         let mut buf = Vec::new();
         loop {
             match parse_hello(&buf) {

@@ -101,6 +101,17 @@ pub enum Error {
         len: usize,
     },
 
+    /// Memory the call was given is not the caller's to give: a range that is not mapped,
+    /// not readable, or not writable where write access is asked (EFAULT, as the kernel
+    /// answers when it cannot pin the pages of a region).
+    #[error("{call}: bad address: {reason} (EFAULT)")]
+    BadAddress {
+        /// The verb, e.g. `ibv_reg_mr`.
+        call: &'static str,
+        /// Which part of the range, and what is wrong with it.
+        reason: String,
+    },
+
     // ---- resources (ENOMEM) ----
     /// Posting past the capacity of a queue (ENOMEM).
     #[error("{queue} of QP {qpn:#x} is full: {capacity} work requests outstanding (ENOMEM)")]
@@ -213,6 +224,7 @@ impl Error {
             | Error::InvalidArgument { .. }
             | Error::InvalidQpState { .. }
             | Error::OutOfBounds { .. } => libc::EINVAL,
+            Error::BadAddress { .. } => libc::EFAULT,
             Error::QueueFull { .. } | Error::NoMemory { .. } => libc::ENOMEM,
             Error::CqOverflow { .. } => libc::EOVERFLOW,
             Error::Unsupported { .. } => libc::EOPNOTSUPP,

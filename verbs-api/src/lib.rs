@@ -39,6 +39,7 @@
 
 #![warn(missing_docs)]
 
+pub mod admission;
 #[cfg(feature = "tokio")]
 pub mod aio;
 pub mod cm;

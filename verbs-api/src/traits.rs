@@ -147,7 +147,10 @@ pub trait ProtectionDomain: Send + Sync + Sized {
     /// (`ibv_reg_mr`). `REMOTE_WRITE` or `REMOTE_ATOMIC` without `LOCAL_WRITE` is EINVAL.
     fn reg_mr(&self, len: usize, access: AccessFlags) -> Result<MrOf<Self::Backend>>;
 
-    /// Registers caller memory (`ibv_reg_mr` on an existing buffer).
+    /// Registers caller memory (`ibv_reg_mr` on an existing buffer). Both backends refuse
+    /// a range the kernel would not pin: EFAULT for a page that is not mapped, not
+    /// readable, or not writable where the access asks for writes; EINVAL for a range
+    /// that wraps past the top of the address space.
     ///
     /// # Safety
     ///

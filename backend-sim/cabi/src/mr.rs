@@ -8,6 +8,11 @@
 //! paging (`IBV_ACCESS_ON_DEMAND`) are refused with EOPNOTSUPP. The optional access
 //! bits (`IBV_ACCESS_RELAXED_ORDERING` and the rest of `IBV_ACCESS_OPTIONAL_RANGE`) are
 //! ignored, as libibverbs ignores them where the kernel lacks them.
+//!
+//! The memory is checked as the kernel checks the pages it pins
+//! ([`backend_sim::mapping`]): a range that wraps or spans more than 2^32 pages is
+//! EINVAL, one that is not all mapped, readable, and writable where the access asks for
+//! writes (`MW_BIND` included) is EFAULT.
 
 use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_uint, c_void};
@@ -77,6 +82,12 @@ fn reg(
         return Err(libc::EOPNOTSUPP);
     }
     let flags = AccessFlags::from_bits_truncate(access & !(MW_BIND | HUGETLB));
+    if access & MW_BIND != 0 {
+        // The kernel pins the pages writable for MW_BIND too (a window bound to the region
+        // may grant writes); the sim's own check looks at `flags` only.
+        backend_sim::mapping::check_range(addr as usize, length, true)
+            .map_err(|e| errno_of("ibv_reg_mr", &e))?;
+    }
     // SAFETY: `man ibv_reg_mr`: the program keeps `addr..addr + length` valid while it is
     // registered, and deregisters it (which waits for the sim's copies to end) before
     // giving the memory up. Registered memory is shared with the HCA by contract, and

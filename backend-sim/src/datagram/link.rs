@@ -38,7 +38,7 @@ use super::{queue_buf, Datagrams, Inbox, Queued, QUEUE_MAX};
 use crate::link_rx::LinkReader;
 use crate::qp::QpShared;
 use crate::responder::DatagramSource;
-use crate::sys::Sock;
+use crate::sys::{monotonic_ns, Sock};
 use backend_sim_proto::io::{RawSlice, Transmit};
 
 /// How long a link may have bytes waiting that the other device does not read before it
@@ -79,6 +79,9 @@ pub struct Link {
     waiters: Waiters,
     /// Bytes written so far (the task tells a stalled peer by it).
     written: AtomicU64,
+    /// When datagrams last went either way (monotonic nanoseconds): the table closes the
+    /// link idle longest to make room.
+    active_ns: AtomicU64,
     /// Wakes the task: bytes wait for the socket.
     wake: Notify,
     closed: AtomicBool,
@@ -103,6 +106,7 @@ impl Link {
             dirty: AtomicBool::new(false),
             waiters: Waiters::default(),
             written: AtomicU64::new(0),
+            active_ns: AtomicU64::new(monotonic_ns()),
             wake: Notify::new(),
             closed: AtomicBool::new(false),
             rx: Mutex::new(LinkReader::new()),
@@ -138,8 +142,19 @@ impl Link {
         }
     }
 
+    /// When datagrams last went either way (monotonic nanoseconds).
+    pub fn last_active(&self) -> u64 {
+        self.active_ns.load(Ordering::Relaxed)
+    }
+
+    /// How long the link has carried nothing.
+    pub fn idle_for(&self) -> Duration {
+        Duration::from_nanos(monotonic_ns().saturating_sub(self.last_active()))
+    }
+
     /// Hands each whole datagram read to the QP it names; a malformed one is an error.
     fn deliver(&self, dg: &Datagrams, rx: &mut LinkReader) -> Result<(), String> {
+        self.active_ns.store(monotonic_ns(), Ordering::Relaxed);
         let mut inbox = Inbox::default();
         loop {
             match rx.next_datagram() {
@@ -155,7 +170,8 @@ impl Link {
         self.closed.load(Ordering::Acquire)
     }
 
-    fn close(&self) {
+    /// Ends the link: its task leaves the table and closes the socket.
+    pub fn close(&self) {
         self.closed.store(true, Ordering::Release);
         self.wake.notify_one();
     }
@@ -249,6 +265,7 @@ impl Link {
                 Ok(n) => {
                     w.off += n;
                     self.written.fetch_add(n as u64, Ordering::Relaxed);
+                    self.active_ns.store(monotonic_ns(), Ordering::Relaxed);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}

@@ -38,7 +38,6 @@
 //! writes a socket or delivers datagrams holds no QP lock but the one of the QP it
 //! delivers to; no lock is held while a thread waits.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
@@ -59,17 +58,17 @@ use crate::wire::{Frame, DATAGRAM_HDR_LEN, MAX_DATAGRAM};
 
 pub mod link;
 pub mod setup;
+pub mod table;
 pub mod waiters;
 
 use link::Link;
+use table::{LinkTable, Slot};
 use waiters::Waiters;
 
 /// How long datagrams to a device that could not be reached are lost without a new
 /// attempt to reach it (so that a program sending to a device that is not there does not
 /// open a connection per datagram).
 pub const FAILED_HOLD: Duration = Duration::from_millis(200);
-/// Most links a device keeps (each is a socket, a task and its buffers).
-pub const MAX_LINKS: usize = 1024;
 /// Bytes queued for one link (or the device's own queue) beyond which the sending QPs
 /// wait: a peer that does not read cannot grow this side's memory. (The kernel's socket
 /// buffers hold far more; this queue only bridges a socket that is full for a moment.)
@@ -83,33 +82,11 @@ pub fn queue_buf() -> Vec<u8> {
 }
 /// Links an application thread's empty poll reads (a read per link and poll: beyond a
 /// few, a poll would cost more than the wake-up it saves).
-const POLLED_LINKS: usize = 4;
+pub const POLLED_LINKS: usize = 4;
 
 /// Links one call of [`Datagrams::transmit`] writes itself before it returns (more are
 /// left to their tasks).
 const WRITE_NOW: usize = 8;
-
-/// The state of the link to one device.
-enum Slot {
-    /// Being set up; these QPs have datagrams waiting for it.
-    Pending(Vec<Weak<QpShared>>),
-    /// Established.
-    Up(Arc<Link>),
-    /// The last attempt failed: datagrams to it are lost until then.
-    Failed(Instant),
-}
-
-/// A device's links, by the address of the device at the other end.
-#[derive(Default)]
-struct LinkTable {
-    by_peer: HashMap<SocketAddr, Slot>,
-    /// The links application threads' polls read ([`Datagrams::read_by_pollers`]): the
-    /// first [`POLLED_LINKS`] established.
-    polled: ArrayVec<Arc<Link>, POLLED_LINKS>,
-    /// Established links, also those not in `by_peer` (a second link to a device
-    /// whose first one is there: both devices opened one at the same moment).
-    count: usize,
-}
 
 /// What became of a datagram offered to a queue of bytes.
 pub enum Queued<R> {
@@ -159,6 +136,8 @@ pub struct Datagrams {
     counters: Arc<DeviceCounters>,
     progress: Arc<Progress>,
     links: Mutex<LinkTable>,
+    /// Most links the device holds ([`table::link_bound`]).
+    bound: usize,
     local: LocalQueue,
 }
 
@@ -182,6 +161,7 @@ impl Datagrams {
             counters,
             progress,
             links: Mutex::default(),
+            bound: table::link_bound(),
             local: LocalQueue {
                 queue: Mutex::new(queue_buf()),
                 draining: Mutex::new(queue_buf()),
@@ -339,8 +319,12 @@ impl Datagrams {
             Some(Slot::Failed(until)) if Instant::now() < *until => return Target::Lost,
             _ => {}
         }
-        if t.count >= MAX_LINKS {
-            tracing::warn!(device = %self.name, "{MAX_LINKS} links to other devices: datagrams to another are lost");
+        if !t.reserve(None, self.bound) {
+            tracing::warn!(
+                device = %self.name, %peer,
+                "{} links to other devices, all in use: datagrams to another are lost",
+                self.bound
+            );
             return Target::Lost;
         }
         t.by_peer.insert(peer, Slot::Pending(vec![Arc::downgrade(qp)]));
@@ -350,14 +334,25 @@ impl Datagrams {
         Target::Wait
     }
 
-    /// The link to `peer` is up (`Some`, which takes its place in the table unless a
-    /// live one is there already) or could not be set up (`None`): the QPs that waited
-    /// for it send (or lose) their datagrams.
+    /// The link to `peer` this device opened is up (`Some`, which takes its place in the
+    /// table unless a live one is there already) or could not be set up (`None`): the
+    /// QPs that waited for it send (or lose) their datagrams.
     fn settle(self: &Arc<Self>, peer: SocketAddr, link: Option<&Arc<Link>>) {
+        self.take_place(peer, link, false);
+    }
+
+    /// The link from the device at `peer` is accepted (set up and checked, on a place
+    /// [`Datagrams::reserve_for`] took): it replaces the last one from that device.
+    fn adopt(self: &Arc<Self>, peer: SocketAddr, link: &Arc<Link>) {
+        self.take_place(peer, Some(link), true);
+    }
+
+    fn take_place(self: &Arc<Self>, peer: SocketAddr, link: Option<&Arc<Link>>, accepted: bool) {
         let waiting = {
             let mut t = self.links.lock();
-            if link.is_some() {
-                t.count += 1;
+            t.release();
+            if let Some(l) = link {
+                t.adopt(l, accepted);
             }
             let fresh = || match link {
                 Some(l) => Slot::Up(l.clone()),
@@ -376,9 +371,22 @@ impl Datagrams {
         }
     }
 
-    /// Established links.
-    fn link_count(&self) -> usize {
-        self.links.lock().count
+    /// Whether a link from the device at `peer` could take a place now (a look before a
+    /// stranger's hello costs a check).
+    fn has_room_for(&self, peer: SocketAddr) -> bool {
+        self.links.lock().has_room(Some(peer), self.bound)
+    }
+
+    /// Takes a place for a link from the device at `peer`, checked and about to be
+    /// accepted; `false`: none (see [`table`]). [`Datagrams::adopt`] or
+    /// [`Datagrams::unreserve`] gives it back.
+    fn reserve_for(&self, peer: SocketAddr) -> bool {
+        self.links.lock().reserve(Some(peer), self.bound)
+    }
+
+    /// Gives back a place taken for a link that did not come up.
+    fn unreserve(&self) {
+        self.links.lock().release();
     }
 
     /// An established link is read by application threads' empty polls too, as QP
@@ -392,16 +400,9 @@ impl Datagrams {
         }
     }
 
-    /// The link to `peer` ended: it leaves the table (if it is the one there).
+    /// The link ended: it leaves the table.
     fn forget(&self, link: &Arc<Link>) {
-        let mut t = self.links.lock();
-        t.polled.retain(|l| !Arc::ptr_eq(l, link));
-        t.count = t.count.saturating_sub(1);
-        if let Some(Slot::Up(l)) = t.by_peer.get(&link.peer_addr) {
-            if Arc::ptr_eq(l, link) {
-                t.by_peer.remove(&link.peer_addr);
-            }
-        }
+        self.links.lock().remove(link);
     }
 
     /// Delivers the datagrams queued for this device's own QPs (any thread may; one

@@ -19,7 +19,9 @@
 //! (its GID is that IP, its LID that port). Setting up takes at most
 //! [`LINK_SETUP_TIMEOUT`]; a failure is remembered for [`FAILED_HOLD`](super::FAILED_HOLD).
 //! A stranger's hello costs the accepting device one bounded check, to an address of
-//! the stranger's choosing, among the listener's bounded connections in setup.
+//! the stranger's choosing, among the listener's bounded connections in setup; the links
+//! it may hold are bounded as [`table`](super::table) says (one per device it proves
+//! to be).
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -131,20 +133,24 @@ pub async fn serve(
             format!("refused a UD link claiming {claimed}: {why}"),
         ));
     }
-    send_frame(&mut stream, &Frame::HelloAck).await?;
+    if let Err(e) = send_frame(&mut stream, &Frame::HelloAck).await {
+        dg.unreserve();
+        return Err(e);
+    }
     let src = DatagramSource {
         gid: src_gid,
         lid: src_lid,
     };
     let link = Link::new(stream, claimed, src);
     tracing::debug!(device = %dg.name, peer = %claimed, "UD link up (accepted)");
-    dg.settle(claimed, Some(&link));
+    dg.adopt(claimed, &link);
     dg.rt.spawn(link::run(dg.clone(), link));
     Ok(())
 }
 
-/// Whether the link hello on `stream` claiming the device at `claimed` holds; `Err`
-/// names why not (for the log only).
+/// Whether the link hello on `stream` claiming the device at `claimed` holds and the
+/// link has a place in the device's table (taken for it: `Ok`); `Err` names why not (for
+/// the log only).
 async fn check(
     dg: &Datagrams,
     stream: &TcpStream,
@@ -162,12 +168,13 @@ async fn check(
     if dg.addr.reaches_self(claimed) {
         return Err("it claims to come from this device");
     }
-    if dg.link_count() >= super::MAX_LINKS {
-        return Err("the device has as many links as it keeps");
+    if !dg.has_room_for(claimed) {
+        return Err("the device holds as many links as it may, all in use");
     }
     let at = canonical(stream.local_addr().map_err(|_| "no local address")?);
     match verify::ask_link(claimed, at, token).await {
-        Ok(true) => Ok(()),
+        Ok(true) if dg.reserve_for(claimed) => Ok(()),
+        Ok(true) => Err("the device holds as many links as it may, all in use"),
         Ok(false) => Err("the claimed device did not confirm the link"),
         Err(_) => Err("the claimed device could not be asked"),
     }

@@ -42,6 +42,9 @@ impl ProtectionDomain for SimPd {
         if addr.is_null() && len > 0 {
             return Err(Error::invalid("ibv_reg_mr", "null address"));
         }
+        // The caller's contract says the memory is valid; a caller's bug still gets the
+        // kernel's EFAULT rather than a region over memory it does not own.
+        crate::mapping::check(addr as usize, len, access)?;
         let key = self.pd.dev.mrs.fresh_key(rand::random);
         // SAFETY: the caller guarantees the memory stays valid until the MR is dropped,
         // and `SimMr::drop` calls `kill` before returning.

@@ -160,3 +160,69 @@ pub fn read_answer(s: &mut TcpStream) -> Option<Frame> {
         }
     }
 }
+
+/// Reads exactly one frame header (a setup frame) from `s` (a raw device's side of a link).
+pub fn read_setup(s: &mut TcpStream) -> Frame {
+    let mut base = [0u8; backend_sim_proto::wire::BASE_LEN];
+    s.read_exact(&mut base).unwrap();
+    let n = backend_sim_proto::wire::setup_header_len(&base).unwrap();
+    let mut h = vec![0u8; n];
+    h[..base.len()].copy_from_slice(&base);
+    s.read_exact(&mut h[base.len()..]).unwrap();
+    Frame::decode(&h).unwrap().unwrap().0
+}
+
+/// A UD QP on `cq` (64 sends and receives) in RTS with Q_Key `qkey`.
+pub fn ud_qp(pd: &backend_sim::SimPd, cq: &backend_sim::SimCq, qkey: u32) -> backend_sim::SimQp {
+    let qp = pd.create_qp(&QpInitAttr::ud(cq, cq, QpCap::new(64, 64))).unwrap();
+    let m = QpAttrMask::STATE;
+    qp.modify(
+        &QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            qkey,
+            ..Default::default()
+        },
+        m | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY,
+    )
+    .unwrap();
+    qp.modify(
+        &QpAttr {
+            qp_state: QpState::Rtr,
+            ..Default::default()
+        },
+        m,
+    )
+    .unwrap();
+    qp.modify(
+        &QpAttr {
+            qp_state: QpState::Rts,
+            ..Default::default()
+        },
+        m | QpAttrMask::SQ_PSN,
+    )
+    .unwrap();
+    qp
+}
+
+// ---------------------------------------------------------------- the process's descriptors
+
+/// Sets this process's soft open-file limit to `soft` (the hard limit if `soft` is above
+/// it).
+pub fn set_nofile(soft: u64) {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit read and write one rlimit struct on this stack frame.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut r), 0);
+        r.rlim_cur = soft.min(r.rlim_max);
+        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &r), 0);
+    }
+}
+
+/// How many descriptors this process has open.
+pub fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}

@@ -34,6 +34,12 @@ pub fn list<B: Backend>() -> Vec<Case<B>> {
             "man ibv_reg_mr (addr, length)",
             mr_caller_memory
         ),
+        case!(
+            "mr.caller-memory-not-owned",
+            "reg_mr_raw refuses memory that is not mapped, or read-only for a writable region (EFAULT), and a range that wraps (EINVAL)",
+            "drivers/infiniband/core/umem.c ib_umem_get (pin_user_pages, FOLL_WRITE for writable access)",
+            mr_caller_memory_not_owned
+        ),
         case!("pd.many", "several PDs can be allocated and hold regions", "man ibv_alloc_pd", pd_many),
     ]
 }
@@ -132,6 +138,48 @@ fn mr_caller_memory<B: Backend>(env: &Env<B>) -> CaseResult {
     ensure!(wc.is_ok(), "WRITE into caller memory: {:?}", wc.status);
     drop(target);
     ensure_eq!(&backing[1000..5096], &data[..], "bytes in the caller's buffer");
+    Ok(Outcome::Pass)
+}
+
+fn mr_caller_memory_not_owned<B: Backend>(env: &Env<B>) -> CaseResult {
+    let pd = env.ctx.alloc_pd()?;
+    // SAFETY: sysconf reads a constant of the system.
+    let pg = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+    let anon = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+    // SAFETY: a fresh anonymous mapping of three pages; nothing else uses it.
+    let base = unsafe { libc::mmap(std::ptr::null_mut(), 3 * pg, libc::PROT_READ, anon, -1, 0) };
+    ensure!(base != libc::MAP_FAILED, "mmap failed");
+    let base = base.cast::<u8>();
+    // SAFETY: the middle page is part of that mapping: a hole in it.
+    unsafe { libc::munmap(base.add(pg).cast(), pg) };
+    let top = (usize::MAX - pg + 1) as *mut u8;
+    let rw = A::LOCAL_WRITE | A::REMOTE_WRITE | A::REMOTE_READ;
+    let attempts = [
+        ("across a hole", base, 3 * pg, A::REMOTE_READ, libc::EFAULT),
+        ("read-only, LOCAL_WRITE", base, pg, rw, libc::EFAULT),
+        ("wrapping past the top", top, 2 * pg, A::REMOTE_READ, libc::EINVAL),
+    ];
+    let mut verdict = Ok(());
+    for (what, addr, len, access, want) in attempts {
+        // SAFETY: each registration is refused (or dropped at once), and nothing reaches
+        // the memory through references.
+        let got = match unsafe { pd.reg_mr_raw(addr, len, access) } {
+            Ok(_) => 0,
+            Err(e) => e.errno(),
+        };
+        if got != want && verdict.is_ok() {
+            verdict = Err(crate::Failure(format!("{what}: errno {got}, expected {want}")));
+        }
+    }
+    // SAFETY: a read-only page of this mapping, registered for remote reads only, and
+    // dropped before the mapping goes.
+    let ro = unsafe { pd.reg_mr_raw(base, pg, A::REMOTE_READ) };
+    let ro_ok = ro.is_ok();
+    drop(ro);
+    // SAFETY: unmaps what this case mapped (the hole is fine to unmap again).
+    unsafe { libc::munmap(base.cast(), 3 * pg) };
+    verdict?;
+    ensure!(ro_ok, "read-only memory registered for REMOTE_READ was refused");
     Ok(Outcome::Pass)
 }
 

@@ -28,7 +28,7 @@ use examples::echo::Cmd;
 use examples::program::describe;
 use examples::{with_backend, Res};
 use verbs_api::aio::AsyncCq;
-use verbs_api::cm::{connect_async, AsyncCmListener, AsyncIncoming, Offer};
+use verbs_api::cm::{connect_async, AsyncCmListener, AsyncConnectRequest, Offer};
 use verbs_api::*;
 
 /// An echo service over SEND/RECV on tokio (verbs_api::aio and cm).
@@ -81,8 +81,9 @@ fn ok(wc: WorkCompletion) -> Res<WorkCompletion> {
 // --- the server: accept, then echo each connection on its own task -----------------
 
 // README:begin: the README shows these regions verbatim (tests/readme.rs checks it)
-// Server: each client is set up and served on a task of its own, so one that sends
-// garbage or nothing (for `setup`) holds up nobody. With `clients`, it stops after that many.
+// Server: the listener reads every connecting client's request at once (one that sends
+// garbage or nothing within `setup` is dropped, a flood is bounded); each client is then
+// set up and served on a task of its own. With `clients`, it stops after that many.
 async fn server<B: Backend>(
     ctx: Arc<B::Context>,
     listener: AsyncCmListener,
@@ -90,13 +91,14 @@ async fn server<B: Backend>(
     setup: Duration,
     clients: Option<usize>,
 ) -> Res<()> {
+    let listener = listener.with_request_timeout(setup);
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..clients.unwrap_or(usize::MAX) {
-        let incoming = listener.incoming(Duration::MAX).await?; // a TCP connection, no setup yet
+        let request = listener.request(Duration::MAX).await?; // the client's hello, checked
         let ctx = ctx.clone();
         tasks.spawn(async move {
-            let from = incoming.peer_addr();
-            match serve::<B>(&ctx, incoming, &p, setup).await {
+            let from = request.peer_addr();
+            match serve::<B>(&ctx, request, &p).await {
                 Ok(n) => println!("server: echoed {n} messages to {from}"),
                 Err(e) => tracing::warn!("dropped the client at {from}: {e}"),
             }
@@ -111,13 +113,7 @@ async fn server<B: Backend>(
     Ok(())
 }
 
-async fn serve<B: Backend>(
-    ctx: &B::Context,
-    incoming: AsyncIncoming,
-    p: &RcParams,
-    setup: Duration,
-) -> Res<u64> {
-    let request = incoming.request(setup).await?; // the client's hello, checked
+async fn serve<B: Backend>(ctx: &B::Context, request: AsyncConnectRequest, p: &RcParams) -> Res<u64> {
     let c = conn::<B>(ctx)?; // QP + AsyncCq + rx/tx MRs
     modify_to_init(&c.qp, p)?; // INIT: receives may be posted
     c.qp.post_recv(&[RecvWr::new(RECV, &[c.rx.sge_all()])])?;

@@ -29,8 +29,8 @@
 //! ```
 
 use std::collections::{HashMap, VecDeque};
-use std::io::{ErrorKind, Write as _};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::io::Write as _;
+use std::net::{SocketAddr, TcpStream};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender as Tx};
@@ -106,30 +106,13 @@ fn run(cli: &Cli) -> Res<()> {
 }
 
 // ---------------------------------------------------------------------------------------
-// registration: each side's endpoint in a verbs-api connection hello (`cm`'s format),
-// over a TCP connection that then stays open until the client is done.
+// registration: each side's endpoint in a verbs-api connection hello (`cm`'s format: the
+// client's through `cm::exchange`, the server's answer below), over a TCP connection that
+// then stays open until the client is done.
 
 fn write_hello(stream: &mut TcpStream, me: &Endpoint, private: &[u8]) -> Res<()> {
     let hello = cm::encode_hello(me, &Offer::new().private_data(private.to_vec()));
     stream.write_all(&hello).context("sending the registration")
-}
-
-fn read_hello(stream: &mut TcpStream, timeout: Duration) -> Res<(Endpoint, Vec<u8>)> {
-    stream.set_read_timeout(Some(timeout)).context("setsockopt")?;
-    match cm::decode_hello(stream) {
-        Ok(Ok((endpoint, _, private))) => Ok((endpoint, private)),
-        Ok(Err(msg)) => bail!("bad registration: {msg}"),
-        Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-            bail!(
-                "timed out after {:.1} s waiting for the registration",
-                timeout.as_secs_f64()
-            )
-        }
-        Err(e) if e.kind() == ErrorKind::UnexpectedEof => {
-            bail!("the peer closed the connection during registration")
-        }
-        Err(e) => Err(e).context("reading the registration"),
-    }
 }
 
 /// The 4-byte big-endian number in a hello's private data.
@@ -170,12 +153,7 @@ fn server<B: Backend>(b: &B, common: &CommonArgs, a: &ServerArgs) -> Res<()> {
     let tx = pd.reg_mr(depth as usize * mtu, AccessFlags::LOCAL_WRITE)?;
     post_recvs(&qp, &rx, slot, &(0..depth).collect::<Vec<_>>())?;
     let me = local_endpoint(&ctx, &qp, &params, 0)?;
-    let listener = TcpListener::bind(&a.listen).with_context(|| {
-        format!(
-            "listening on {} (another server running? use --listen 127.0.0.1:0)",
-            a.listen
-        )
-    })?;
+    let listener = conn::listen(&a.listen)?.with_request_timeout(common.wait().min(cm::REQUEST_TIMEOUT));
     announce_listening(listener.local_addr()?);
     println!(
         "server: device {}, one UD QP {:#x} for {} client(s), {depth} receives of {GRH} B GRH + {mtu} B (the MTU){}",
@@ -231,12 +209,13 @@ fn server<B: Backend>(b: &B, common: &CommonArgs, a: &ServerArgs) -> Res<()> {
     })
 }
 
-/// Registers the clients: reads each one's hello on a thread of its own (within
-/// `setup`, so that a client that sends garbage or nothing holds up nobody and is
-/// dropped with a warning), makes its address handle, hands it to the serving loop,
-/// answers; then waits until every client says it is done.
+/// Registers the clients: reads their hellos as they arrive, every client connecting at
+/// once on this thread ([`cm::CmListener::request`]: each within `setup`, a flood of
+/// connections bounded, so that a client that sends garbage or nothing holds up nobody
+/// and is dropped with a warning), makes each one's address handle, hands it to the
+/// serving loop, answers; then waits until every client says it is done.
 struct Registrar<'a, B: Backend> {
-    listener: &'a TcpListener,
+    listener: &'a cm::CmListener,
     pd: &'a B::Pd,
     params: &'a RcParams,
     me: &'a Endpoint,
@@ -245,14 +224,9 @@ struct Registrar<'a, B: Backend> {
     setup: Duration,
 }
 
-/// A client's connection, where it comes from, and its hello (endpoint and number).
-type Hello = (TcpStream, SocketAddr, Res<(Endpoint, u32)>);
-
 impl<B: Backend> Registrar<'_, B> {
     fn run(&self, out: &Tx<Registration<B>>, done: &AtomicBool, stop: &AtomicBool) -> Res<()> {
-        let (hello_tx, hello_rx) = channel::<Hello>();
-        let streams = std::thread::scope(|s| self.register(s, &hello_tx, &hello_rx, out, stop))?;
-        let Some(mut streams) = streams else {
+        let Some(mut streams) = self.register(out, stop)? else {
             return Ok(());
         };
         // Done: each client says so on its registration connection (or closes it).
@@ -271,43 +245,36 @@ impl<B: Backend> Registrar<'_, B> {
 
     /// Accepts until `clients` have registered; returns their connections (`None`: the
     /// serving loop is gone).
-    fn register<'s>(
-        &'s self,
-        s: &'s std::thread::Scope<'s, '_>,
-        hello_tx: &Tx<Hello>,
-        hello_rx: &Receiver<Hello>,
-        out: &Tx<Registration<B>>,
-        stop: &AtomicBool,
-    ) -> Res<Option<Vec<TcpStream>>> {
+    fn register(&self, out: &Tx<Registration<B>>, stop: &AtomicBool) -> Res<Option<Vec<TcpStream>>> {
         let mut streams = Vec::new();
-        self.listener.set_nonblocking(true).context("fcntl")?;
-        let mut w = Waiter::new(self.setup.max(Duration::from_secs(30)));
+        let wait = self.setup.max(Duration::from_secs(30));
+        let mut since = Instant::now();
         while streams.len() < self.clients as usize {
             if stop.load(Ordering::Relaxed) {
                 return Ok(None);
             }
-            while let Ok((mut stream, from, hello)) = hello_rx.try_recv() {
-                w.progress();
-                match hello.and_then(|(ep, id)| self.admit(&mut stream, from, ep, id, out)) {
-                    Ok(true) => streams.push(stream),
-                    Ok(false) => return Ok(None),
-                    Err(e) => tracing::warn!("dropped the client at {from}: {e:#}"),
-                }
-            }
-            match self.listener.accept() {
-                Ok((mut stream, from)) => {
-                    w.progress();
-                    let (tx, setup) = (hello_tx.clone(), self.setup);
-                    s.spawn(move || {
-                        let hello = client_hello(&mut stream, setup);
-                        let _ = tx.send((stream, from, hello));
-                    });
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    std::thread::sleep(Duration::from_millis(2));
-                    w.idle(&|| format!("{} client(s) to register", self.clients))?;
+            let request = match self.listener.request(Duration::from_millis(50)) {
+                Ok(r) => r,
+                Err(verbs_api::Error::Timeout { .. } | verbs_api::Error::OutOfFiles { .. }) => {
+                    if since.elapsed() > wait {
+                        bail!(
+                            "timed out after {:.1} s waiting for {} client(s) to register",
+                            wait.as_secs_f64(),
+                            self.clients - streams.len() as u32
+                        );
+                    }
+                    continue;
                 }
                 Err(e) => return Err(e).context("accepting a client"),
+            };
+            since = Instant::now();
+            let (from, ep) = (request.peer_addr(), *request.endpoint());
+            let id = private_u32(request.private_data());
+            let mut stream = request.into_stream();
+            match id.and_then(|id| self.admit(&mut stream, from, ep, id, out)) {
+                Ok(true) => streams.push(stream),
+                Ok(false) => return Ok(None),
+                Err(e) => tracing::warn!("dropped the client at {from}: {e:#}"),
             }
         }
         Ok(Some(streams))
@@ -335,14 +302,6 @@ impl<B: Backend> Registrar<'_, B> {
         println!("server: client {id} registered from {from} (QP {:#x})", ep.qpn);
         Ok(true)
     }
-}
-
-/// A client's hello, read within `setup`: its endpoint and number.
-fn client_hello(stream: &mut TcpStream, setup: Duration) -> Res<(Endpoint, u32)> {
-    stream.set_nonblocking(false).context("fcntl")?;
-    let _ = stream.set_nodelay(true);
-    let (ep, private) = read_hello(stream, setup)?;
-    Ok((ep, private_u32(&private)?))
 }
 
 /// When the server lets its receive queue run empty (`--starve-after`, `--starve-ms`).
@@ -644,11 +603,14 @@ fn client<B: Backend>(
     let (qp, _) = conn::create_qp_of::<B>(ctx, pd, (&cq, &cq), &opts, QpType::Ud, None)?;
     ud_to_rts(&qp, &params, QKEY, 0).context("bringing the UD QP to RTS")?;
     let me = local_endpoint(ctx, &qp, &params, 0)?;
-    let mut stream = TcpStream::connect_timeout(&addr, common.wait())
+    let offer = Offer::new().private_data(id.to_be_bytes()).timeout(common.wait());
+    let cm::Peer {
+        endpoint: server,
+        private_data: private,
+        mut stream,
+        ..
+    } = cm::exchange(addr, &me, &offer)
         .with_context(|| format!("registering with the server at {addr} (is it running?)"))?;
-    let _ = stream.set_nodelay(true);
-    write_hello(&mut stream, &me, &id.to_be_bytes())?;
-    let (server, private) = read_hello(&mut stream, common.wait())?;
     let largest = (private_u32(&private)? as usize).min(mtu);
     if !(HEADER..=largest).contains(&t.size) {
         bail!(
