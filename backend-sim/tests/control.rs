@@ -78,7 +78,10 @@ fn a_device_shows_its_qps_and_is_gone_with_its_context() {
     // after the application let go (a task finishing its turn).
     let deadline = std::time::Instant::now() + WAIT;
     while !ours().is_empty() {
-        assert!(std::time::Instant::now() < deadline, "closed devices leave no socket behind");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "closed devices leave no socket behind"
+        );
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }
