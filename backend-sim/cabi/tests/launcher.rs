@@ -66,6 +66,11 @@ fn a_program_runs_on_the_sim_and_its_exit_status_is_its_own() {
         text(&out.stdout)
     );
 
+    // env with arguments is env(1), as any program; alone it prints the settings.
+    let out = run(&mut rdma_sim(&["env", "RDMA_SIM_PROFILE=mlx5", "ibv_devinfo"]));
+    assert!(out.status.success(), "{out:?}");
+    assert!(text(&out.stdout).contains("0x02c9"), "{}", text(&out.stdout));
+
     let out = run(&mut rdma_sim(&["--", "sh", "-c", "exit 7"]));
     assert_eq!(out.status.code(), Some(7));
     let out = run(&mut rdma_sim(&["sh", "-c", "echo $LD_PRELOAD"]));

@@ -76,8 +76,12 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Print the settings as `export` lines: `eval "$(rdma-sim env)"` puts this shell's
-    /// programs on the sim.
-    Env,
+    /// programs on the sim. With arguments it runs env(1), as any program:
+    /// `rdma-sim env UCX_TLS=rc_v ucx_perftest`.
+    Env {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+        args: Vec<OsString>,
+    },
     /// List the sim devices live on this host (every program of this user), with their
     /// QPs, states, peers and counters, as `rdma resource show qp` does.
     Status {
@@ -170,7 +174,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
     let then = match cli.cmd {
         Some(Cmd::Status { json }) => return status::print(json),
-        Some(Cmd::Env) => Then::PrintEnv,
+        Some(Cmd::Env { args }) if args.is_empty() => Then::PrintEnv,
+        Some(Cmd::Env { args }) => Then::Exec(std::iter::once("env".into()).chain(args).collect()),
         Some(Cmd::Lib) => Then::PrintLib,
         None if !cli.program.is_empty() => Then::Exec(cli.program),
         None => {
