@@ -454,3 +454,34 @@ fn a_send_error_moves_a_ud_qp_to_sqe_except_on_rxe_and_portable_warns() {
         assert_eq!(warnings(&log, "went to SQE"), warned, "{profile}");
     }
 }
+
+/// An SRQ of `max_wr` 0: mlx5 makes one that holds no receive (every post ENOMEM), rxe
+/// refuses it (EINVAL), and so does `portable`, the stricter of the two.
+#[test]
+fn an_srq_of_no_receives_is_made_on_mlx5_only() {
+    for profile in [Profile::Portable, Profile::Rxe, Profile::Mlx5] {
+        let sim = SimBackend::new(SimConfig {
+            profile,
+            ..SimConfig::default()
+        });
+        let ctx = sim.open("sim0").unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let attr = SrqAttr {
+            max_wr: 0,
+            max_sge: 1,
+            srq_limit: 0,
+        };
+        match (profile, pd.create_srq(&attr)) {
+            (Profile::Mlx5, Ok(srq)) => {
+                let mr = pd.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+                let e = srq
+                    .post_recv(&[RecvWr::new(1, &[mr.sge(0, 64).unwrap()])])
+                    .unwrap_err();
+                assert_eq!(e.errno(), libc::ENOMEM, "{e}");
+            }
+            (Profile::Mlx5, Err(e)) => panic!("mlx5 refused an SRQ of max_wr 0: {e}"),
+            (p, Ok(_)) => panic!("{p} made an SRQ of max_wr 0"),
+            (_, Err(e)) => assert_eq!(e.errno(), libc::EINVAL, "{e}"),
+        }
+    }
+}

@@ -76,6 +76,11 @@ pub struct Attrs {
     pub max_srq_wr: u32,
     /// `max_srq_sge`.
     pub max_srq_sge: u32,
+    /// The smallest `max_wr` `ibv_create_srq` takes: rxe refuses 0 (`rxe_srq_chk_init()`:
+    /// `max_wr <= 0` is EINVAL); mlx5 takes 0 and makes an SRQ that holds no receive
+    /// (`mlx5_alloc_srq_buf()` sizes it for `max_wr + 1` and keeps one WQE free, so every
+    /// post is ENOMEM).
+    pub min_srq_wr: u32,
     /// The largest `max_inline_data` a QP may be created with (not in
     /// `ibv_query_device`; the provider's limit at `ibv_create_qp`).
     pub max_inline: u32,
@@ -119,6 +124,7 @@ impl Attrs {
         max_srq: RXE_DEFAULT_MAX - 0x2_0001,
         max_srq_wr: RXE_DEFAULT_MAX,
         max_srq_sge: 27,
+        min_srq_wr: 1,
         // RXE_MAX_INLINE_DATA: RXE_MAX_SGE (32) SGEs of 16 bytes.
         max_inline: 32 * 16,
         max_mtu: Mtu::Mtu4096,
@@ -151,6 +157,7 @@ impl Attrs {
         max_srq: 1 << 23,
         max_srq_wr: (1 << 15) - 1,
         max_srq_sge: 31,
+        min_srq_wr: 0,
         // What fits in every ConnectX-4 and later's largest send WQE with room for the
         // headers (the provider grants up to its `max_sq_desc_sz`).
         max_inline: 256,
@@ -189,6 +196,7 @@ impl Attrs {
             max_srq: a.max_srq.min(b.max_srq),
             max_srq_wr: a.max_srq_wr.min(b.max_srq_wr),
             max_srq_sge: a.max_srq_sge.min(b.max_srq_sge),
+            min_srq_wr: a.min_srq_wr.max(b.min_srq_wr),
             max_inline: a.max_inline.min(b.max_inline),
             max_mtu: mtu(a.max_mtu, b.max_mtu),
             active_mtu: mtu(a.active_mtu, b.active_mtu),

@@ -54,10 +54,11 @@ impl ProtectionDomain for SimPd {
 
     fn create_srq(&self, attr: &SrqAttr) -> Result<SimSrq> {
         let a = &self.pd.dev.attr;
-        if attr.max_wr == 0 || attr.max_wr > a.max_srq_wr {
+        let min = self.pd.dev.limits.min_srq_wr;
+        if attr.max_wr < min || attr.max_wr > a.max_srq_wr {
             return Err(Error::InvalidAttr {
                 name: "max_wr",
-                reason: format!("{} is outside 1..={} (max_srq_wr)", attr.max_wr, a.max_srq_wr),
+                reason: format!("{} is outside {min}..={} (max_srq_wr)", attr.max_wr, a.max_srq_wr),
             });
         }
         if attr.max_sge > a.max_srq_sge {
