@@ -1,7 +1,7 @@
 //! Debian's ibverbs-utils and perftest, unmodified, on the sim: each program with this
 //! library preloaded, as server and client on loopback, must exit 0 and report its
-//! figures. (ci/cabi-programs.sh runs the same list with perftest's default iteration
-//! counts on the release build.)
+//! figures. (ci/real-programs.sh runs them, and more, through the launcher on the release
+//! build, with perftest's default iteration counts.)
 
 mod common;
 
