@@ -235,7 +235,12 @@ for mode in events polling; do
     opt=()
     [ "$mode" = events ] || opt=(-cp1)
     for t in rc_lat rc_bw rc_rdma_read_bw rc_rdma_write_lat rc_compare_swap_mr ver_rc_compare_swap uc_lat ud_lat ud_bw; do
-        pair "qperf-$t-$mode" portable "$qperf" -- qperf -lp @PORT@ ::: qperf -lp @PORT@ 127.0.0.1 -t 1 "${opt[@]}" "$t"
+        # ud_bw's default message (2 KiB) is above the port's active MTU (1024, as on an
+        # rxe on Ethernet): the HCA sends nothing and completes the send (IBA
+        # C10-93.1.1, rxe_req.c), so nothing would be received. One MTU's worth is.
+        size=()
+        [ "$t" != ud_bw ] || size=(-m 1024)
+        pair "qperf-$t-$mode" portable "$qperf" -- qperf -lp @PORT@ ::: qperf -lp @PORT@ 127.0.0.1 -t 1 "${opt[@]}" "${size[@]}" "$t"
     done
 done
 
