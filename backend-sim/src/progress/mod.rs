@@ -75,7 +75,10 @@
 //! - Lock order: a connection's I/O lock, then its QP's lock or its epoll registration.
 //!   No lock is held while a thread sleeps; syscalls under the I/O lock never block
 //!   (non-blocking sockets), and one write sends at most a
-//!   [`WRITE_BUDGET`](crate::tx::WRITE_BUDGET), so ACKs are read in between.
+//!   [`WRITE_BUDGET`](crate::tx::WRITE_BUDGET), so ACKs are read in between; while the
+//!   peer's bytes keep coming, as much of them is read between two writes
+//!   (`Connection::write_due`), so that neither side's unread bytes pile up in the
+//!   kernel ahead of the ACKs.
 
 use std::io;
 use std::net::TcpStream;
