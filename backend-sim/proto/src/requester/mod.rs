@@ -285,6 +285,9 @@ pub struct Requester {
     /// Until when a connection attempt under way (this side connects) keeps the ACK timer
     /// from counting against `retry_cnt` ([`Requester::connecting`]).
     link_setup: Option<Instant>,
+    /// Local ACK timeouts counted against `retry_cnt` since
+    /// [`Requester::take_ack_timeouts`].
+    ack_timeouts: u64,
     scratch: Vec<Seg>,
     /// The device profile's behavioural switches.
     sw: Switches,
@@ -342,6 +345,7 @@ impl Requester {
             qkey: 0,
             link_error: 0,
             link_setup: None,
+            ack_timeouts: 0,
             scratch: Vec::new(),
             sw: Switches::default(),
             max_msg: MAX_MSG as u64,
@@ -1047,6 +1051,12 @@ impl Requester {
         Err(Fatal(status))
     }
 
+    /// Whether the local ACK timer's deadline has passed at `now` ([`Requester::on_timer`]
+    /// has a timeout to look at).
+    pub fn ack_deadline_passed(&self, now: Instant) -> bool {
+        self.ack_deadline.is_some_and(|d| now >= d)
+    }
+
     /// Timers: the RNR wait ends (sending resumes in `poll_transmit`), or the ACK timeout
     /// fires (rewind and resend, or `IBV_WC_RETRY_EXC_ERR` when retries are used up).
     /// Returns whether either happened, i.e. whether there is something to send now; a
@@ -1102,6 +1112,7 @@ impl Requester {
                         self.ack_deadline = self.attrs.timeout.map(|t| now + t);
                         return Ok(fired);
                     }
+                    self.ack_timeouts += 1;
                     if self.retry_left == 0 {
                         tracing::debug!(
                             qpn = self.qpn,
@@ -1139,6 +1150,13 @@ impl Requester {
             }
         }
         Ok(fired)
+    }
+
+    /// The local ACK timeouts counted against `retry_cnt` since the last call (each
+    /// spent a retry or ended in `IBV_WC_RETRY_EXC_ERR`): the device counts them, as an
+    /// HCA's `local_ack_timeout_err`.
+    pub fn take_ack_timeouts(&mut self) -> u64 {
+        std::mem::take(&mut self.ack_timeouts)
     }
 
     /// The transport lost everything in flight (the connection broke): resend from the
@@ -1714,11 +1732,13 @@ mod tests {
         let now = t0 + ms(30);
         assert_eq!(req.on_timer(now, Some(t0), Some(now), &mut out), Ok(false));
         assert_eq!(req.next_deadline(), Some(now + ms(10)));
+        assert_eq!(req.take_ack_timeouts(), 0);
         // A whole timeout of silence both ways: the retries are used up.
         assert_eq!(
             req.on_timer(now + ms(11), Some(t0), Some(now), &mut out),
             Err(Fatal(WcStatus::RetryExcErr))
         );
+        assert_eq!(req.take_ack_timeouts(), 1);
     }
 
     /// A requester with a 10 ms timeout and `retry_cnt` 1 that sent a 64-byte READ at
