@@ -36,9 +36,12 @@ pub const MAX_UNSENT_READS: usize = 1024;
 /// for executed requests leaves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AckPolicy {
-    /// An application thread polling in a tight loop: the ACK is left for its next poll
-    /// or post (delayed ACK), so that it leaves with the next request, off the path to
-    /// the completion the thread waits for.
+    /// An application thread polling in a tight loop: once the stream is drained, the
+    /// ACK is left for its next poll or post (delayed ACK), so that it leaves with the
+    /// next request, off the path to the completion the thread waits for. While
+    /// requests keep streaming in, as by `Stream`: the thread stays in the connection
+    /// until the stream pauses, which with a peer's send queue of large WRITEs takes
+    /// seconds, and the peer's requester must not wait for its ACKs until then.
     Delay,
     /// The progress thread: at once when the stream is drained; while requests keep
     /// streaming in (the last read got all it asked for), when one asks for it (AckReq)
@@ -55,7 +58,7 @@ impl AckPolicy {
     /// The `ack_after` of [`drive`] for a reader that is (or is not) `drained`.
     pub fn ack_after(self, drained: bool) -> usize {
         match self {
-            AckPolicy::Delay => usize::MAX,
+            AckPolicy::Delay if drained => usize::MAX,
             _ if drained => 0,
             _ => ACK_EVERY,
         }

@@ -72,6 +72,8 @@ struct Side {
     recv_wc: Vec<(WorkCompletion, bool)>,
     /// Bytes read from the stream so far.
     read: usize,
+    /// Who services this end (the progress thread unless a test says otherwise).
+    policy: AckPolicy,
 }
 
 impl Side {
@@ -106,6 +108,7 @@ impl Side {
             send_wc: Vec::new(),
             recv_wc: Vec::new(),
             read: 0,
+            policy: AckPolicy::Stream,
         }
     }
 
@@ -138,12 +141,17 @@ impl Side {
             force_rnr: &mut 0,
         };
         self.wire
-            .receive(&mut sides, &self.mrs, now, AckPolicy::Stream)
+            .receive(&mut sides, &self.mrs, now, self.policy)
             .unwrap();
         self.wire
             .transmit(&mut self.req, &mut self.resp, &self.mrs, now, &mut self.send_wc)
             .unwrap();
-        self.wire.end_round(&mut self.resp, AckPolicy::Stream);
+        self.wire.end_round(&mut self.resp, self.policy);
+        if self.policy == AckPolicy::Delay && !read {
+            // An application thread leaves the connection once it finds nothing more,
+            // and its next poll sends the ACK it left for later.
+            self.resp.flush_ack(&mut self.wire.tx);
+        }
         if self.wire.write_due(read) {
             if let Err(e) = self.wire.write_to(outbound) {
                 assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
@@ -152,15 +160,22 @@ impl Side {
     }
 }
 
-/// Both QPs post `wrs` WRITEs of `len` bytes to each other and the two streams (each
-/// holding at most `cap` bytes) run until all complete. Returns, for each side, how many
-/// of the peer's bytes it had read when its first WRITE completed.
-fn writes_both_ways(len: usize, wrs: u64, cap: usize) -> [usize; 2] {
+/// A posts `a_wrs` and B `b_wrs` WRITEs of `len` bytes to each other, A's end
+/// serviced as `a_policy` says, and the two streams (each holding at most `cap` bytes)
+/// run until all complete. Returns, for each side that sent any, how many bytes each
+/// side had read (A's, B's) when its first WRITE completed.
+fn exchange(
+    len: usize,
+    [a_wrs, b_wrs]: [u64; 2],
+    cap: usize,
+    a_policy: AckPolicy,
+) -> [Option<[usize; 2]>; 2] {
     let mut a = Side::new(1, 2);
     let mut b = Side::new(2, 1);
+    a.policy = a_policy;
     let (a_src, a_dst) = (a.mr(len), a.mr(len));
     let (b_src, b_dst) = (b.mr(len), b.mr(len));
-    for (me, src, dst) in [(&mut a, &a_src, &b_dst), (&mut b, &b_src, &a_dst)] {
+    for (me, src, dst, wrs) in [(&mut a, &a_src, &b_dst, a_wrs), (&mut b, &b_src, &a_dst, b_wrs)] {
         for id in 0..wrs {
             let sge = [Sge::new(src.addr(), len as u32, src.key)];
             let wr = SendWr::write(id, &sge, (dst.addr(), dst.key));
@@ -184,25 +199,29 @@ fn writes_both_ways(len: usize, wrs: u64, cap: usize) -> [usize; 2] {
     a.round(&mut nothing, &mut a2b, now);
     b.round(&mut nothing, &mut b2a, now);
     let mut first_done = [None, None];
+    let all = (a_wrs + b_wrs) as usize;
     for _ in 0..100_000 {
         a.round(&mut b2a, &mut a2b, now);
         b.round(&mut a2b, &mut b2a, now);
         for (i, s) in [&a, &b].into_iter().enumerate() {
             if first_done[i].is_none() && !s.send_wc.is_empty() {
-                first_done[i] = Some(s.read);
+                first_done[i] = Some([a.read, b.read]);
             }
         }
-        if a.send_wc.len() + b.send_wc.len() == 2 * wrs as usize {
+        if a.send_wc.len() + b.send_wc.len() == all {
             break;
         }
     }
-    assert_eq!(
-        a.send_wc.len() + b.send_wc.len(),
-        2 * wrs as usize,
-        "not all WRITEs completed"
-    );
+    assert_eq!(a.send_wc.len() + b.send_wc.len(), all, "not all WRITEs completed");
     assert!(a.send_wc.iter().chain(&b.send_wc).all(|w| w.is_ok()));
-    first_done.map(Option::unwrap)
+    first_done
+}
+
+/// [`exchange`] with `wrs` WRITEs each way, both ends serviced by the progress thread:
+/// how many of the peer's bytes each side had read when its first WRITE completed.
+fn writes_both_ways(len: usize, wrs: u64, cap: usize) -> [usize; 2] {
+    let [a, b] = exchange(len, [wrs, wrs], cap, AckPolicy::Stream).map(Option::unwrap);
+    [a[0], b[1]]
 }
 
 /// An ACK does not wait behind the other direction's data: with both QPs' send queues
@@ -242,4 +261,22 @@ fn a_side_reads_a_write_budget_between_its_writes() {
             "{side} read {read} bytes of the peer's WRITEs before its first WRITE completed"
         );
     }
+}
+
+/// An application thread that drives progress and stays in its connection while the
+/// peer's WRITEs keep coming acknowledges them as they come, not only once the stream
+/// pauses: with the peer's whole send queue on its way, its first WRITE completes once a
+/// write budget's worth has been read, not after all of it (the delayed ACK, meant for a
+/// ping-pong, left a streaming peer's requester without an ACK for seconds, and its
+/// local ACK timer fired whenever its socket was full for 67 ms).
+#[test]
+fn a_driving_thread_in_a_stream_acknowledges_as_it_goes() {
+    const LEN: usize = 1 << 20;
+    const WRS: u64 = 32;
+    let [_, b_first] = exchange(LEN, [0, WRS], 64 << 20, AckPolicy::Delay);
+    let [read, _] = b_first.unwrap();
+    assert!(
+        read <= WRITE_BUDGET + 2 * LEN,
+        "the driving thread had read {read} bytes when the peer's first WRITE completed"
+    );
 }
