@@ -36,12 +36,13 @@ pub const MAX_UNSENT_READS: usize = 1024;
 /// for executed requests leaves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AckPolicy {
-    /// An application thread polling in a tight loop: once the stream is drained, the
-    /// ACK is left for its next poll or post (delayed ACK), so that it leaves with the
-    /// next request, off the path to the completion the thread waits for. While
-    /// requests keep streaming in, as by `Stream`: the thread stays in the connection
-    /// until the stream pauses, which with a peer's send queue of large WRITEs takes
-    /// seconds, and the peer's requester must not wait for its ACKs until then.
+    /// An application thread polling in a tight loop: the ACK is left for its next poll
+    /// or post (delayed ACK), so that it leaves with the next request, off the path to
+    /// the completion the thread waits for. Once it covers more than one request (the
+    /// peer streams rather than waits for each answer), as by `Stream` while requests
+    /// keep coming: the thread stays in the connection until the stream pauses, which
+    /// with a peer's send queue of large WRITEs takes seconds, and the peer's requester
+    /// must not wait for its ACKs until then.
     Delay,
     /// The progress thread: at once when the stream is drained; while requests keep
     /// streaming in (the last read got all it asked for), when one asks for it (AckReq)
@@ -58,7 +59,7 @@ impl AckPolicy {
     /// The `ack_after` of [`drive`] for a reader that is (or is not) `drained`.
     pub fn ack_after(self, drained: bool) -> usize {
         match self {
-            AckPolicy::Delay if drained => usize::MAX,
+            AckPolicy::Delay => usize::MAX,
             _ if drained => 0,
             _ => ACK_EVERY,
         }
@@ -136,7 +137,7 @@ impl Connection {
             }
             return Ok(());
         }
-        let ack_after = policy.ack_after(self.reader.drained());
+        let drained = self.reader.drained();
         drive(
             sides,
             &mut self.reader,
@@ -145,8 +146,15 @@ impl Connection {
             now,
             &mut self.drive,
             MAX_UNSENT_READS,
-            ack_after,
-        )
+            policy.ack_after(drained),
+        )?;
+        if let (AckPolicy::Delay, false, Some(resp)) = (policy, drained, sides.resp.as_deref_mut()) {
+            let due = resp.owed_bytes() >= ACK_EVERY || resp.ack_asked();
+            if resp.owed_requests() > 1 && due && (sides.accepting || resp.is_unreliable()) {
+                resp.flush_ack(&mut self.tx);
+            }
+        }
+        Ok(())
     }
 
     /// Turns the send queue's WQEs into frames (at most [`BUDGET`] per pass, none while

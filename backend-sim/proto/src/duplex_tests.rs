@@ -280,3 +280,48 @@ fn a_driving_thread_in_a_stream_acknowledges_as_it_goes() {
         "the driving thread had read {read} bytes when the peer's first WRITE completed"
     );
 }
+
+/// A ping-pong's ACK still waits for the driving thread's next post, to leave with its
+/// next request: one WRITE of 64 KiB that asks for an ACK, whose last read (straight
+/// into the region) got all it asked for, so that the reader cannot tell the stream is
+/// drained, leaves the ACK owed and nothing written. (Sent alone, the ACK reached the
+/// peer before the answer and let it stop polling: each iteration of
+/// `ib_write_lat -s 32768` then waited for the peer's progress thread, 90 us instead of
+/// 10.)
+#[test]
+fn a_driving_threads_ack_for_a_single_request_waits_for_its_next_post() {
+    const LEN: usize = 64 << 10;
+    let mut a = Side::new(1, 2);
+    let mut b = Side::new(2, 1);
+    let dst = a.mr(LEN);
+    let src = b.mr(LEN);
+    let sge = [Sge::new(src.addr(), LEN as u32, src.key)];
+    b.req
+        .post(&SendWr::write(1, &sge, (dst.addr(), dst.key)).signaled(), &b.mrs)
+        .unwrap();
+    let mut b2a = Pipe {
+        bytes: VecDeque::new(),
+        cap: 1 << 20,
+    };
+    let mut a2b = Pipe {
+        bytes: VecDeque::new(),
+        cap: 1 << 20,
+    };
+    let now = Instant::now();
+    b.round(&mut a2b, &mut b2a, now);
+    while !b2a.bytes.is_empty() {
+        a.wire.fill(&mut b2a).unwrap();
+        let mut sides = Sides {
+            req: Some(&mut a.req),
+            resp: Some(&mut a.resp),
+            accepting: true,
+            send_wc: &mut a.send_wc,
+            recv_wc: &mut a.recv_wc,
+            force_rnr: &mut 0,
+        };
+        a.wire.receive(&mut sides, &a.mrs, now, AckPolicy::Delay).unwrap();
+    }
+    assert!(!a.wire.reader.drained(), "the last read was not a short one");
+    assert!(a.resp.owes_ack() && a.resp.ack_asked());
+    assert!(a.wire.tx.is_empty(), "the ACK left before the next post");
+}
