@@ -80,4 +80,12 @@ impl<Q> Conn<Q> {
     pub fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
     }
+
+    /// Whether bytes from the peer wait on this side, not yet taken in: unread in the
+    /// socket (`FIONREAD`, `man 7 tcp`), or in the hands of a thread that holds the I/O
+    /// lock, which on a busy machine may have been preempted in the middle of its round
+    /// for tens of milliseconds.
+    pub fn peer_bytes_waiting(&self) -> bool {
+        self.io.is_locked() || rustix::io::ioctl_fionread(&self.sock).is_ok_and(|n| n > 0)
+    }
 }

@@ -62,8 +62,9 @@
 //!   the setup threads waiting for a core for milliseconds on a machine whose cores
 //!   all run spinners.
 //! - ACKs (IBA 9.7.5.1.2: a responder may coalesce them): the poll of an application
-//!   thread that drives progress leaves the ACK it owes for its next poll or post
-//!   (delayed ACK, so it leaves with the next request), or for the progress thread once
+//!   thread that drives progress leaves the ACK it owes, once its stream is drained, for
+//!   its next poll or post (delayed ACK, so it leaves with the next request; while
+//!   requests keep streaming in, it acknowledges as the progress thread does), or for the progress thread once
 //!   the driving window and grace period are over; a thread that polls now and then
 //!   sends it at once, as nothing says when it calls again. The progress thread, while
 //!   requests keep streaming in, sends one when
@@ -75,7 +76,10 @@
 //! - Lock order: a connection's I/O lock, then its QP's lock or its epoll registration.
 //!   No lock is held while a thread sleeps; syscalls under the I/O lock never block
 //!   (non-blocking sockets), and one write sends at most a
-//!   [`WRITE_BUDGET`](crate::tx::WRITE_BUDGET), so ACKs are read in between.
+//!   [`WRITE_BUDGET`](crate::tx::WRITE_BUDGET), so ACKs are read in between; while the
+//!   peer's bytes keep coming, as much of them is read between two writes
+//!   (`Connection::write_due`), so that neither side's unread bytes pile up in the
+//!   kernel ahead of the ACKs.
 
 use std::io;
 use std::net::TcpStream;

@@ -180,7 +180,9 @@ impl Progress {
                 self.acks.disown(conn);
             }
             let hold = gate.hold(io.wire.tx.is_empty());
-            if !io.wire.tx.is_empty() && !hold {
+            // (While the peer's bytes keep coming, a budget's worth of them is read
+            // between two writes: `Connection::write_due`.)
+            if !io.wire.tx.is_empty() && !hold && io.wire.write_due(read_any) {
                 match io.wire.write_to(&mut sys::Sock(fd)) {
                     Ok(n) => {
                         if n > 0 {

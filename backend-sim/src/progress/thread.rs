@@ -272,7 +272,14 @@ impl Progress {
                     ns => Some(self.clock.instant(ns)),
                 };
                 let last_tx = g.conn.as_ref().and_then(|c| at(&c.last_tx));
-                let last_rx = g.conn.as_ref().and_then(|c| at(&c.last_rx));
+                // The peer's bytes that wait on this side may hold the answer: an HCA
+                // takes packets in as they arrive, so for the ACK timer they arrive now.
+                // (Looked at only when a timeout is due: a system call.)
+                let last_rx = match g.conn.as_ref() {
+                    Some(c) if g.req.ack_deadline_passed(now) && c.peer_bytes_waiting() => Some(now),
+                    Some(c) => at(&c.last_rx),
+                    None => None,
+                };
                 let parts = QpShared::scratch(&mut g);
                 let fired = parts
                     .req
@@ -281,6 +288,7 @@ impl Progress {
                         qp.enter_error(&mut g);
                         true
                     });
+                qp.dev.counters.add_ack_timeouts(g.req.take_ack_timeouts());
                 qp.deliver(&mut g);
                 self.rearm(&qp, &mut g);
                 (fired, [g.conn.clone(), g.self_conn.clone()])
