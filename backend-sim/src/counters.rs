@@ -111,3 +111,16 @@ pub struct Counters {
     /// connection that keeps moving data counts none.
     pub local_ack_timeout_err: u64,
 }
+
+impl Counters {
+    /// Every counter with its name, in the order above (what `rdma-sim status` lists).
+    pub fn named(&self) -> [(&'static str, u64); 5] {
+        [
+            ("uc_dropped", self.uc_dropped),
+            ("uc_psn_gaps", self.uc_psn_gaps),
+            ("ud_dropped", self.ud_dropped),
+            ("ud_unsent", self.ud_unsent),
+            ("local_ack_timeout_err", self.local_ack_timeout_err),
+        ]
+    }
+}
