@@ -144,7 +144,7 @@ impl CqShared {
         if notify {
             if let Some(ch) = &self.channel {
                 self.events_delivered.fetch_add(1, Ordering::Relaxed);
-                ch.post(self.handle);
+                crate::channel_signal::signal(ch, self.handle);
             }
         }
         ok
@@ -252,6 +252,9 @@ pub struct ChannelShared {
     events: Mutex<VecDeque<u32>>,
     cv: Condvar,
     efd: OwnedFd,
+    /// Runs on the signalling thread as each event is posted (tests).
+    #[cfg(test)]
+    pub on_post: Mutex<Option<Box<dyn Fn() + Send>>>,
 }
 
 impl ChannelShared {
@@ -261,10 +264,18 @@ impl ChannelShared {
             events: Mutex::new(VecDeque::new()),
             cv: Condvar::new(),
             efd: event_fd::new("eventfd (completion channel)")?,
+            #[cfg(test)]
+            on_post: Mutex::new(None),
         })
     }
 
-    fn post(&self, cq: u32) {
+    /// Queues an event of CQ `cq` and wakes the channel's waiters (callers go through
+    /// [`crate::channel_signal::signal`], which decides when).
+    pub(crate) fn post(&self, cq: u32) {
+        #[cfg(test)]
+        if let Some(f) = &*self.on_post.lock() {
+            f();
+        }
         self.events.lock().push_back(cq);
         event_fd::signal(self.efd.as_fd());
         self.cv.notify_all();

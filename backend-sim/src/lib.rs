@@ -63,12 +63,15 @@
 #![warn(missing_docs)]
 
 mod addressing;
+mod channel_signal;
 pub mod counters;
 mod cpu_share;
 mod cq;
 mod datagram;
 mod device;
 mod epoll;
+#[cfg(test)]
+mod event_tests;
 mod fault_state;
 pub mod faults;
 mod host_addrs;

@@ -14,7 +14,9 @@
 //! - **Progress thread**: `epoll_wait`s on every connection, the doorbell and the next
 //!   timer. After it did work it keeps polling without blocking for the spin window
 //!   (`RDMA_SIM_SPIN_US`, default 50 µs), unless an application thread is driving progress
-//!   itself (then one spinner per process is enough), and then blocks. An application
+//!   itself (then one spinner per process is enough), and then blocks; at once after a
+//!   turn that woke a thread waiting on a completion channel, which needs a CPU to run
+//!   (see `thread.rs`). An application
 //!   thread drives while its polls (empty or not) come less than `DRIVE_GAP` apart; the
 //!   time it spends reading or writing a connection on the way (up to a
 //!   [`WRITE_BUDGET`](crate::tx::WRITE_BUDGET) per write, a millisecond or more on
@@ -184,6 +186,10 @@ pub struct Progress {
     /// (tests).
     #[cfg(test)]
     held_seen: AtomicU64,
+    /// Turns the progress thread spun right after a turn that signalled a completion
+    /// channel (tests).
+    #[cfg(test)]
+    spun_after_signal: AtomicU64,
 }
 
 /// Receive paths of a device that are not QP connections (its UD links, which tasks on
@@ -224,6 +230,8 @@ impl Progress {
             side: std::sync::OnceLock::new(),
             #[cfg(test)]
             held_seen: AtomicU64::new(0),
+            #[cfg(test)]
+            spun_after_signal: AtomicU64::new(0),
         })
     }
 
@@ -376,6 +384,13 @@ impl Progress {
     #[cfg(test)]
     pub fn held_seen(&self) -> u64 {
         self.held_seen.load(Ordering::Relaxed)
+    }
+
+    /// How many turns the progress thread spun right after one that signalled a
+    /// completion channel (tests).
+    #[cfg(test)]
+    pub fn spun_after_signal(&self) -> u64 {
+        self.spun_after_signal.load(Ordering::Relaxed)
     }
 
     /// Whether the progress thread sleeps without a bound (tests).

@@ -16,6 +16,7 @@ use super::clock::Stamp;
 use super::fault_layer::{Armed, Gate, Open};
 use super::rest_wait::{Rest, RestWait};
 use super::{Mode, Progress, LARGE_IO};
+use crate::channel_signal::Deferral;
 use crate::fault_state::BreakPoint;
 use crate::link::ConnIo;
 use crate::qp::{Conn, QpShared};
@@ -59,6 +60,9 @@ impl Progress {
         if !peek {
             conn.pending.store(true, Ordering::SeqCst);
         }
+        // The round's completion events are signalled once it has let go of the
+        // connection (see `channel_signal`).
+        let _signals = Deferral::begin();
         let mut did = false;
         loop {
             let Some(io) = conn.io.try_lock() else {

@@ -59,6 +59,10 @@ impl Progress {
         // The last turn found connections with news held by another thread, and did
         // nothing (see `HELD_NAP`).
         let mut held = false;
+        // The last turn signalled a completion channel (see below; tests count the spins
+        // after one).
+        #[cfg(test)]
+        let mut signalled_last = false;
         while !self.stop.load(Ordering::Acquire) {
             let now = Instant::now();
             // (Converted once: the loop compares it with the driving window up to three
@@ -69,6 +73,10 @@ impl Progress {
             // Spin (poll without blocking) for a while after doing work, unless an
             // application thread is driving progress itself: one spinner is enough.
             let spinning = now < spin_until && !user_driving;
+            #[cfg(test)]
+            if spinning && signalled_last {
+                self.spun_after_signal.fetch_add(1, Ordering::Relaxed);
+            }
             let timeout = if spinning {
                 Some(Duration::ZERO)
             } else {
@@ -210,6 +218,22 @@ impl Progress {
                 spin_until = t + (gap_ewma * 2).clamp(self.spin, MAX_SPIN.max(self.spin));
             } else if spinning && n == 0 {
                 std::hint::spin_loop();
+            }
+            // The turn woke a thread waiting on a completion channel (it blocks in
+            // `ibv_get_cq_event`, or polls the descriptor): block now instead of
+            // spinning. That thread needs a CPU to take the event and post what comes
+            // next, and on a host without an idle one a spinning progress thread holds
+            // the CPU it would run on (the scheduler places a woken thread beside its
+            // waker) until the spin window ends: each event then costs a spin window
+            // where a blocking wake-up costs microseconds. What the woken thread causes
+            // (the peer's answer) wakes this thread through the epoll set.
+            let signalled = crate::channel_signal::take_signalled();
+            if signalled {
+                spin_until = now;
+            }
+            #[cfg(test)]
+            {
+                signalled_last = signalled;
             }
             spun_last = spinning;
             held = held_now && !work;
