@@ -27,11 +27,14 @@ thread_local! {
     static DEFERRED: RefCell<Vec<(Arc<ChannelShared>, u32)>> = const { RefCell::new(Vec::new()) };
     /// Whether this thread signalled a channel since it last asked ([`take_signalled`]).
     static SIGNALLED: Cell<bool> = const { Cell::new(false) };
+    /// How many signals this thread raised, deferred or not ([`raised`]).
+    static RAISED: Cell<u64> = const { Cell::new(0) };
 }
 
 /// Signals `ch` that CQ `cq` has an event: now, or when the calling thread's open
 /// [`Deferral`]s close.
 pub(crate) fn signal(ch: &Arc<ChannelShared>, cq: u32) {
+    RAISED.set(RAISED.get().wrapping_add(1));
     if DEPTH.get() > 0 {
         PENDING.set(true);
         DEFERRED.with_borrow_mut(|d| d.push((ch.clone(), cq)));
@@ -39,6 +42,12 @@ pub(crate) fn signal(ch: &Arc<ChannelShared>, cq: u32) {
         ch.post(cq);
         SIGNALLED.set(true);
     }
+}
+
+/// How many signals the calling thread raised so far, deferred or not: a round compares
+/// the count before and after it delivers to learn whether it woke anyone.
+pub(crate) fn raised() -> u64 {
+    RAISED.get()
 }
 
 /// Whether the calling thread signalled a completion channel (woke whatever waits on

@@ -63,6 +63,9 @@ pub struct CqShared {
     /// read without it): a poll of an empty CQ, which a spinning poller makes several
     /// times per turn, returns without taking the lock.
     news: AtomicBool,
+    /// Whether the CQ is armed (a copy of the arming state written under the `state`
+    /// lock, read without it: [`CqShared::armed`]).
+    armed: AtomicBool,
     channel: Option<Arc<ChannelShared>>,
     events_delivered: AtomicU64,
     events_acked: AtomicU64,
@@ -84,6 +87,7 @@ impl CqShared {
                 arm: Arm::Off,
             }),
             news: AtomicBool::new(false),
+            armed: AtomicBool::new(false),
             channel,
             events_delivered: AtomicU64::new(0),
             events_acked: AtomicU64::new(0),
@@ -131,6 +135,9 @@ impl CqShared {
                     notify = true;
                 }
             }
+            if notify {
+                self.armed.store(false, Ordering::Relaxed);
+            }
             if !st.entries.is_empty() || st.lost > 0 {
                 // Release: a poll that sees it also sees what was pushed.
                 self.news.store(true, Ordering::Release);
@@ -138,6 +145,7 @@ impl CqShared {
             if !ok && st.arm != Arm::Off {
                 // An overflowed CQ raises its error through the channel as well.
                 st.arm = Arm::Off;
+                self.armed.store(false, Ordering::Relaxed);
                 notify = true;
             }
         }
@@ -219,7 +227,14 @@ impl CqShared {
             (Arm::Next, _) | (_, false) => Arm::Next,
             _ => Arm::Solicited,
         };
+        self.armed.store(true, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Whether the CQ is armed: a completion (a solicited one, if so armed) will signal
+    /// its channel and wake whoever waits there. A hint, read without the lock.
+    pub fn armed(&self) -> bool {
+        self.armed.load(Ordering::Relaxed)
     }
 
     /// `ibv_ack_cq_events`.

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use verbs_api::{
-    connect_rc, local_endpoint, poll_n, AccessFlags, Backend, CompletionQueue, Context, MemoryRegion,
-    ProtectionDomain, QpCap, QpInitAttr, QueuePair, RcParams, RecvWr, SendWr, WcOpcode,
+    connect_rc, local_endpoint, poll_n, AccessFlags, Backend, CompletionChannel, CompletionQueue, Context,
+    MemoryRegion, ProtectionDomain, QpCap, QpInitAttr, QueuePair, RcParams, RecvWr, SendWr, WcOpcode,
 };
 
 use crate::qp::Conn;
@@ -50,7 +50,12 @@ impl Ends {
         let cap = QpCap::new(16, 16);
         let a = pd0.create_qp(&QpInitAttr::rc(&cq0, &cq0, cap)).unwrap();
         let b = pd1.create_qp(&QpInitAttr::rc(&cq1, &cq1, cap)).unwrap();
-        let p = RcParams::default();
+        // No ACK timeout: an ACK that never left would otherwise be answered by a resend
+        // (a duplicate is acknowledged again), and a test would not see it missing.
+        let p = RcParams {
+            timeout: 0,
+            ..RcParams::default()
+        };
         let ea = local_endpoint(&ctx0, &a, &p, 1).unwrap();
         let eb = local_endpoint(&ctx1, &b, &p, 2).unwrap();
         connect_rc(&a, &p, 1, &eb).unwrap();
@@ -165,4 +170,152 @@ fn a_completion_event_is_signalled_after_its_round_lets_go() {
     assert!(!qp_locked, "the event was signalled with the QP locked");
     assert!(!io_locked, "the event was signalled with the connection locked");
     assert!(acked, "the event was signalled before the round's ACK left");
+}
+
+/// What the thread sleeping on `b`'s channel does with a request, in the tests of ACKs
+/// held for an answer.
+#[derive(Clone, Copy, PartialEq)]
+enum Then {
+    /// Answers it with a SEND of its own.
+    Answer,
+    /// Sleeps on the channel again without answering.
+    BlockAgain,
+    /// Goes off until the requester has its SEND's completion, neither answering nor
+    /// blocking on the channel.
+    Compute,
+}
+
+impl Ends {
+    /// One request of `a`, served by a thread sleeping on `b`'s channel that then does
+    /// `then`. Returns how many completions `a`'s first poll that found any returned
+    /// (its SEND's, and with an answer the answer's receive).
+    fn request(&self, i: u64, then: Then) -> usize {
+        std::thread::scope(|s| {
+            let (ready, go) = mpsc::channel();
+            let (done, computed) = mpsc::channel::<()>();
+            let waiter = s.spawn(move || {
+                self.b
+                    .post_recv(&[RecvWr::new(i, &[self.mr1.sge(0, 8).unwrap()])])
+                    .unwrap();
+                self.cq1.req_notify(false).unwrap();
+                ready.send(()).unwrap();
+                assert_eq!(self.ch1.read_cq_event().unwrap(), self.cq1.handle());
+                self.cq1.ack_events(1);
+                // (Not armed again: the answer's completion, on the same CQ, would
+                // leave an event for the next request's waiter to find.)
+                let w = poll_n(&self.cq1, 1, WAIT).unwrap();
+                assert!(w[0].is_ok() && w[0].opcode == WcOpcode::Recv, "{w:?}");
+                match then {
+                    Then::Answer => {
+                        self.b
+                            .post_send(&[SendWr::send(i, &[self.mr1.sge(8, 8).unwrap()]).signaled()])
+                            .unwrap();
+                        let w = poll_n(&self.cq1, 1, WAIT).unwrap();
+                        assert!(w[0].is_ok() && w[0].opcode == WcOpcode::Send, "{w:?}");
+                    }
+                    Then::BlockAgain => {
+                        // Nothing more comes; the test ends the wait with a request.
+                        let _ = self.ch1.get_cq_event(Some(Duration::from_millis(500)));
+                    }
+                    Then::Compute => computed
+                        .recv_timeout(WAIT)
+                        .expect("the requester's SEND never completed"),
+                }
+            });
+            go.recv().unwrap();
+            if then == Then::Answer {
+                self.a
+                    .post_recv(&[RecvWr::new(i, &[self.mr0.sge(8, 8).unwrap()])])
+                    .unwrap();
+            }
+            self.a
+                .post_send(&[SendWr::send(i, &[self.mr0.sge(0, 8).unwrap()]).signaled()])
+                .unwrap();
+            let mut wc = [verbs_api::WorkCompletion::default(); 4];
+            let deadline = Instant::now() + WAIT;
+            let first = loop {
+                let n = self.cq0.poll(&mut wc).unwrap();
+                if n > 0 {
+                    break n;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "request {i}: no completion at the requester"
+                );
+            };
+            assert!(
+                wc[0].is_ok() && wc[0].opcode == WcOpcode::Send,
+                "{:?}",
+                &wc[..first]
+            );
+            if then == Then::Answer && first == 1 {
+                let w = poll_n(&self.cq0, 1, WAIT).unwrap();
+                assert!(w[0].is_ok() && w[0].opcode == WcOpcode::Recv, "{w:?}");
+            }
+            let _ = done.send(());
+            waiter.join().unwrap();
+            first
+        })
+    }
+}
+
+/// The ACK of a request whose completion wakes a thread that answers leaves with the
+/// answer: the requester gets its SEND's completion and the answer together, in one
+/// read (one wake-up of a thread sleeping there, where the ACK alone and then the answer
+/// cost two). The first request is acknowledged at once: the application has not
+/// answered anything yet.
+#[test]
+fn an_ack_owed_to_a_thread_that_answers_leaves_with_the_answer() {
+    let e = Ends::new();
+    let progress = &e.ctx1.dev.progress;
+    // Long enough for any answer on a loaded host: only the answer ends the wait here.
+    progress.set_answer_wait(Duration::from_secs(60));
+    e.request(0, Then::Answer);
+    for i in 1..20 {
+        assert_eq!(
+            e.request(i, Then::Answer),
+            2,
+            "request {i}: its ACK came before the answer"
+        );
+    }
+    assert_eq!(progress.acks_held(), 19);
+}
+
+/// An ACK held for an answer leaves without one when the woken thread sleeps on the
+/// channel again (it will not answer), long before the wait would end.
+#[test]
+fn a_held_ack_leaves_when_the_thread_blocks_again() {
+    let e = Ends::new();
+    let progress = &e.ctx1.dev.progress;
+    progress.set_answer_wait(Duration::from_secs(60));
+    e.request(0, Then::Answer);
+    e.request(1, Then::Answer);
+    let held = progress.acks_held();
+    // (`request` waits WAIT, 10 s, for the SEND's completion.)
+    assert_eq!(e.request(2, Then::BlockAgain), 1);
+    assert_eq!(progress.acks_held(), held + 1);
+    assert!(e
+        .conn(&e.b)
+        .unwrap()
+        .answers
+        .load(std::sync::atomic::Ordering::Relaxed));
+}
+
+/// An ACK held for an answer leaves on its own when the wait ends, the woken thread
+/// busy elsewhere; that application is not waited for again until it answers again.
+#[test]
+fn a_held_ack_leaves_when_the_wait_ends() {
+    use std::sync::atomic::Ordering;
+    let e = Ends::new();
+    let progress = &e.ctx1.dev.progress;
+    progress.set_answer_wait(Duration::from_millis(20));
+    e.request(0, Then::Answer);
+    let conn_b = e.conn(&e.b).unwrap();
+    assert!(conn_b.answers.load(Ordering::Relaxed));
+    let held = progress.acks_held();
+    // The waiter computes until the SEND's completion arrives, which the ACK's wait
+    // ending brings.
+    assert_eq!(e.request(1, Then::Compute), 1);
+    assert_eq!(progress.acks_held(), held + 1);
+    assert!(!conn_b.answers.load(Ordering::Relaxed));
 }

@@ -67,7 +67,9 @@
 //!   thread that drives progress leaves the ACK it owes for its next poll or post
 //!   (delayed ACK, so it leaves with the next request), or for the progress thread once
 //!   the driving window and grace period are over; a thread that polls now and then
-//!   sends it at once, as nothing says when it calls again. The progress thread, while
+//!   sends it at once, as nothing says when it calls again. A round of the progress
+//!   thread that wakes a thread sleeping on a completion channel holds its ACK for
+//!   that thread's answer ([`answer`]). The progress thread, while
 //!   requests keep streaming in, sends one when
 //!   a request asked for it (the AckReq bit, which requesters set on one in every half of
 //!   their outstanding WQEs) or `ACK_EVERY` (1 MiB) of payload went unacknowledged, and
@@ -97,6 +99,7 @@ use crate::sys;
 use verbs_api::QpState;
 
 mod acks;
+mod answer;
 mod bell;
 mod clock;
 mod drive;
@@ -116,6 +119,7 @@ mod window;
 mod tests;
 
 use acks::DelayedAcks;
+use answer::HeldAcks;
 use bell::Bell;
 use clock::Clock;
 use poller::{Poller, DIRECT_MAX};
@@ -167,6 +171,8 @@ pub struct Progress {
     window: Window,
     timers: Timers,
     acks: DelayedAcks,
+    /// ACKs that wait for the answer of the thread their round woke.
+    held: HeldAcks,
     ready: ReadyQueue,
     stop: AtomicBool,
     spin: Duration,
@@ -220,6 +226,7 @@ impl Progress {
             window: Window::new(grace),
             timers: Timers::new(),
             acks: DelayedAcks::new(),
+            held: HeldAcks::new(),
             ready: ReadyQueue::new(),
             stop: AtomicBool::new(false),
             spin,
@@ -272,6 +279,8 @@ impl Progress {
             last_tx: AtomicU64::new(0),
             last_rx: AtomicU64::new(0),
             active: AtomicBool::new(false),
+            answers: AtomicBool::new(false),
+            ack_held_until: AtomicU64::new(0),
             ep: Mutex::new(EpReg {
                 registered: false,
                 interest: libc::EPOLLIN as u32,
@@ -391,6 +400,18 @@ impl Progress {
     #[cfg(test)]
     pub fn spun_after_signal(&self) -> u64 {
         self.spun_after_signal.load(Ordering::Relaxed)
+    }
+
+    /// How many ACKs waited for an answer so far (tests).
+    #[cfg(test)]
+    pub fn acks_held(&self) -> u64 {
+        self.held.held.load(Ordering::Relaxed)
+    }
+
+    /// Makes an ACK wait up to `d` for an answer (tests).
+    #[cfg(test)]
+    pub fn set_answer_wait(&self, d: Duration) {
+        self.held.set_wait(d);
     }
 
     /// Whether the progress thread sleeps without a bound (tests).

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use backend_sim_proto::connection::Connection;
+use backend_sim_proto::connection::{AckPolicy, Connection};
 use backend_sim_proto::engine::{Sides, Stop};
 use verbs_api::{AsyncEventType, QpState};
 
@@ -24,8 +24,9 @@ use crate::sys;
 
 /// What [`Progress::process`] did.
 enum Processed {
-    /// Go on; `ack_later`: an ACK is owed and left for later (delayed ACK).
-    Ok { ack_later: bool },
+    /// Go on; `ack_later`: an ACK is owed and left for later (delayed ACK); `held`: it
+    /// waits for the answer of the thread the round woke (see `answer`).
+    Ok { ack_later: bool, held: bool },
     /// The connection was closed.
     Closed,
     /// Fault injection: break the connection at this point of the request just built.
@@ -164,8 +165,8 @@ impl Progress {
             if read_any {
                 conn.last_rx.store(now.ns.max(1), Ordering::Relaxed);
             }
-            let ack_later = if stalled {
-                false
+            let (ack_later, held) = if stalled {
+                (false, false)
             } else {
                 match self.process(conn, &mut io.wire, mode, self.clock.instant(now.ns), gate) {
                     Processed::Closed => return (true, true, None),
@@ -173,15 +174,20 @@ impl Progress {
                         self.break_now(conn, &mut io, p);
                         return (true, true, None);
                     }
-                    Processed::Ok { ack_later } => ack_later,
+                    Processed::Ok { ack_later, held } => (ack_later, held),
                 }
             };
-            if ack_later {
-                self.owe_ack(conn);
-            } else if conn.ack_owed.load(Ordering::Relaxed) {
-                // Nothing owed (any ACK left with this round's frames). (A stale look
-                // that misses the flag costs a visit of `flush_acks`, nothing more.)
-                self.acks.disown(conn);
+            if held {
+                self.hold_ack(conn, now.ns);
+            } else {
+                self.held.left(conn);
+                if ack_later {
+                    self.owe_ack(conn);
+                } else if conn.ack_owed.load(Ordering::Relaxed) {
+                    // Nothing owed (any ACK left with this round's frames). (A stale look
+                    // that misses the flag costs a visit of `flush_acks`, nothing more.)
+                    self.acks.disown(conn);
+                }
             }
             let hold = gate.hold(io.wire.tx.is_empty());
             if !io.wire.tx.is_empty() && !hold {
@@ -262,7 +268,12 @@ impl Progress {
             self.close(conn);
             return Processed::Closed;
         }
-        let policy = mode.ack_policy();
+        // A round of the progress thread that may wake a thread sleeping on the receive
+        // CQ's channel, of an application that answers: its ACK may wait for the answer
+        // (see `answer`). Built at the end of the round if nobody was woken.
+        let hold = mode == Mode::Full && conn.answers.load(Ordering::Relaxed) && qp.recv_cq.armed();
+        let policy = if hold { AckPolicy::Delay } else { mode.ack_policy() };
+        let raised = crate::channel_signal::raised();
         loop {
             let accepting = matches!(g.state, QpState::Rtr | QpState::Rts | QpState::Sqd);
             let parts = QpShared::scratch(&mut g);
@@ -322,8 +333,26 @@ impl Progress {
         wire.end_round(&mut g.resp, policy);
         qp.deliver(&mut g);
         self.rearm(qp, &mut g);
+        let mut held = false;
+        if hold && g.resp.owes_ack() {
+            if crate::channel_signal::raised() != raised {
+                held = true;
+            } else if wire.reader.drained() && matches!(g.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+                // Nobody woken: the ACK leaves as the progress thread's always does.
+                g.resp.flush_ack(&mut wire.tx);
+            }
+        }
         Processed::Ok {
             ack_later: g.resp.owes_ack(),
+            held,
+        }
+    }
+
+    /// `conn`'s ACK waits for the answer of the thread its round woke (see `answer`);
+    /// a progress thread asleep is woken to heed the deadline.
+    fn hold_ack(&self, conn: &Arc<Conn>, now_ns: u64) {
+        if self.held.hold(conn, now_ns) && self.bell.asleep() {
+            self.bell.ring();
         }
     }
 }

@@ -51,6 +51,7 @@ impl Progress {
         let mut gap_ewma = self.spin;
         let mut settled = Settled::default();
         let mut scratch = Vec::new();
+        let mut due = Vec::new();
         let mut share = ShareWatch::default();
         // Whether the last turn was a spinning one (so a block now ends a spin window).
         let mut spun_last = false;
@@ -99,6 +100,9 @@ impl Progress {
                     Some(Duration::ZERO)
                 } else {
                     let mut left = self.timers.left(now);
+                    if let Some(h) = self.held.due_in(now_ns) {
+                        left = Some(left.map_or(h, |l| l.min(h)));
+                    }
                     if user_driving {
                         // Take over when the application stops driving, plus a nap
                         // that doubles each time the thread wakes to find it still
@@ -210,6 +214,7 @@ impl Progress {
                 work |= self.run_ready();
             }
             work |= self.run_timers();
+            work |= self.release_held(now_ns, &mut due);
             if work {
                 let t = Instant::now();
                 let gap = t.saturating_duration_since(last_work);
@@ -250,6 +255,18 @@ impl Progress {
             self.held_seen.fetch_add(1, Ordering::Relaxed);
         }
         did
+    }
+
+    /// Sends the ACKs whose wait for an answer ended (see `answer`); whether there were
+    /// any. `now_ns`: the turn's clock (a hold that ends during the turn ends at the
+    /// next); `due`: an empty list to use.
+    fn release_held(&self, now_ns: u64, due: &mut Vec<Arc<Conn>>) -> bool {
+        self.held.take_due(now_ns, due);
+        let any = !due.is_empty();
+        for c in due.drain(..) {
+            self.service(&c);
+        }
+        any
     }
 
     /// How long past the driving window's end a progress thread sleeps on the doorbell
