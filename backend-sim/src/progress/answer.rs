@@ -16,10 +16,17 @@
 //! application that did not answer in time is not waited for again until it posts
 //! again: a receiver that never sends costs its peers nothing.
 //!
-//! A connection holds at most one ACK; its deadline (`Conn::ack_held_until`) tells a
-//! current hold from an entry left behind by one whose ACK already left. Such entries
-//! stay until their deadline: removing each when its ACK leaves would take the list's
-//! lock once per message.
+//! A hold starts in two steps (`Conn::ack_held_until`): the round marks the ACK
+//! ([`HeldAcks::mark`], with the connection locked), and once it has let go of the
+//! connection and signalled its channels, the wait starts ([`HeldAcks::hold`]). So a
+//! thread about to block on a channel that finds a hold (and no event to take) has taken
+//! that hold's event already: the answer is not coming (`Progress::waiter_blocks`). An
+//! ACK that left between the two steps (the woken thread was quick) is not held; one
+//! whose thread blocked again between them (it preempted the round's thread right after
+//! the signal) waits out [`ANSWER_WAIT`]. A
+//! connection holds at most one ACK; its deadline tells a current hold from an entry
+//! left behind by one whose ACK already left. Such entries stay until their deadline:
+//! removing each when its ACK leaves would take the list's lock once per message.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -37,6 +44,9 @@ use crate::qp::Conn;
 /// spin window: a host on which a woken thread waits longer than that for a CPU
 /// answers late, and then the ACK goes alone, as before.
 pub(super) const ANSWER_WAIT: Duration = super::MAX_SPIN;
+
+/// `Conn::ack_held_until` of an ACK marked for an answer whose wait has not started.
+const MARKED: u64 = 1;
 
 /// The connections whose ACK waits for an answer, with their deadlines.
 pub(super) struct HeldAcks {
@@ -69,18 +79,41 @@ impl HeldAcks {
         }
     }
 
-    /// `conn`'s ACK waits for an answer from `now_ns` on (its I/O lock held); returns
-    /// whether its deadline is now the earliest (a sleeping progress thread must then be
-    /// woken to heed it).
+    /// A round of `conn` (its I/O lock held) leaves its ACK for an answer: marks it,
+    /// unless a hold runs already (the ACK covers the requests of both).
+    pub fn mark(conn: &Conn) {
+        let _ = conn
+            .ack_held_until
+            .compare_exchange(0, MARKED, Ordering::AcqRel, Ordering::Relaxed);
+    }
+
+    /// Whether `conn`'s ACK waits for an answer (its hold started; tests).
+    #[cfg(test)]
+    pub fn waits(conn: &Conn) -> bool {
+        conn.ack_held_until.load(Ordering::Acquire) > MARKED
+    }
+
+    /// Whether `conn`'s ACK is marked and waits for [`HeldAcks::hold`].
+    #[inline]
+    pub fn marked(conn: &Conn) -> bool {
+        conn.ack_held_until.load(Ordering::Acquire) == MARKED
+    }
+
+    /// `conn`'s marked ACK waits for an answer from `now_ns` on, unless it left
+    /// meanwhile; returns whether its deadline is now the earliest (a sleeping progress
+    /// thread must then be woken to heed it).
     pub fn hold(&self, conn: &Arc<Conn>, now_ns: u64) -> bool {
-        if conn.ack_held_until.load(Ordering::Relaxed) != 0 {
-            // Held already: this round's ACK covers the earlier one's requests too.
-            return false;
-        }
         let until = now_ns + self.wait_ns.load(Ordering::Relaxed);
         // Counted first: whoever clears the hold uncounts it.
         self.current.fetch_add(1, Ordering::AcqRel);
-        conn.ack_held_until.store(until, Ordering::Release);
+        if conn
+            .ack_held_until
+            .compare_exchange(MARKED, until, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            self.current.fetch_sub(1, Ordering::AcqRel);
+            return false;
+        }
         #[cfg(test)]
         self.held.fetch_add(1, Ordering::Relaxed);
         self.list.lock().push((conn.clone(), until));
@@ -92,7 +125,7 @@ impl HeldAcks {
     #[inline]
     pub fn left(&self, conn: &Conn) {
         if conn.ack_held_until.load(Ordering::Relaxed) != 0
-            && conn.ack_held_until.swap(0, Ordering::AcqRel) != 0
+            && conn.ack_held_until.swap(0, Ordering::AcqRel) > MARKED
         {
             self.current.fetch_sub(1, Ordering::AcqRel);
         }

@@ -195,11 +195,13 @@ impl Progress {
         }
     }
 
-    /// A thread is about to block on a completion channel of this device: the ACKs
-    /// held for an answer (see `answer`) leave now, each on its own: whichever thread
+    /// A thread is about to block on a completion channel of this device, which has no
+    /// event for it (`has_event`, asked after a hold was seen): the ACKs held for an
+    /// answer (see `answer`) leave now, each on its own. Their events were signalled
+    /// before their holds started, and taken, by this thread or another: whichever
     /// would have answered sleeps instead, or has answered elsewhere.
-    pub fn waiter_blocks(&self) {
-        if !self.held.any() {
+    pub fn waiter_blocks(&self, has_event: impl FnOnce() -> bool) {
+        if !self.held.any() || has_event() {
             return;
         }
         let due = self.held.take_all();

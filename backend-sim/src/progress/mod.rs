@@ -408,6 +408,12 @@ impl Progress {
         self.held.held.load(Ordering::Relaxed)
     }
 
+    /// Whether `conn`'s ACK waits for an answer (tests).
+    #[cfg(test)]
+    pub fn ack_waits(&self, conn: &Conn) -> bool {
+        HeldAcks::waits(conn)
+    }
+
     /// Makes an ACK wait up to `d` for an answer (tests).
     #[cfg(test)]
     pub fn set_answer_wait(&self, d: Duration) {

@@ -12,6 +12,7 @@ use backend_sim_proto::connection::{AckPolicy, Connection};
 use backend_sim_proto::engine::{Sides, Stop};
 use verbs_api::{AsyncEventType, QpState};
 
+use super::answer::HeldAcks;
 use super::clock::Stamp;
 use super::fault_layer::{Armed, Gate, Open};
 use super::rest_wait::{Rest, RestWait};
@@ -55,15 +56,29 @@ impl Progress {
         &self,
         conn: &Arc<Conn>,
         mode: Mode,
-        mut peek: bool,
-        mut clock: Option<Stamp>,
+        peek: bool,
+        clock: Option<Stamp>,
     ) -> bool {
         if !peek {
             conn.pending.store(true, Ordering::SeqCst);
         }
-        // The round's completion events are signalled once it has let go of the
-        // connection (see `channel_signal`).
-        let _signals = Deferral::begin();
+        // The rounds' completion events are signalled once they have let go of the
+        // connection (see `channel_signal`)...
+        let signals = Deferral::begin();
+        let did = self.service_rounds(conn, mode, peek, clock);
+        drop(signals);
+        // ...and an ACK they left for the answer of a thread they woke waits from then
+        // on (see `answer`: a thread that blocks on a channel after that has taken its
+        // event, or has another one to take).
+        if HeldAcks::marked(conn) {
+            self.hold_ack(conn);
+        }
+        did
+    }
+
+    /// The rounds of [`Progress::service_inner`], until nothing moves or another thread
+    /// holds the connection.
+    fn service_rounds(&self, conn: &Arc<Conn>, mode: Mode, mut peek: bool, mut clock: Option<Stamp>) -> bool {
         let mut did = false;
         loop {
             let Some(io) = conn.io.try_lock() else {
@@ -178,7 +193,7 @@ impl Progress {
                 }
             };
             if held {
-                self.hold_ack(conn, now.ns);
+                HeldAcks::mark(conn);
             } else {
                 self.held.left(conn);
                 if ack_later {
@@ -348,10 +363,10 @@ impl Progress {
         }
     }
 
-    /// `conn`'s ACK waits for the answer of the thread its round woke (see `answer`);
-    /// a progress thread asleep is woken to heed the deadline.
-    fn hold_ack(&self, conn: &Arc<Conn>, now_ns: u64) {
-        if self.held.hold(conn, now_ns) && self.bell.asleep() {
+    /// `conn`'s ACK, marked in a round that woke a thread, waits for that thread's answer
+    /// from now on (see `answer`); a progress thread asleep is woken to heed the deadline.
+    fn hold_ack(&self, conn: &Arc<Conn>) {
+        if self.held.hold(conn, self.clock.now_ns()) && self.bell.asleep() {
             self.bell.ring();
         }
     }

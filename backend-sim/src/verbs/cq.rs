@@ -97,7 +97,7 @@ impl SimChannel {
         if !self.ch.has_event() {
             crate::progress::Progress::thread_blocks();
             if let Some(p) = self.progress.upgrade() {
-                p.waiter_blocks();
+                p.waiter_blocks(|| self.ch.has_event());
             }
         }
     }
