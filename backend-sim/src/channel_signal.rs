@@ -18,10 +18,9 @@ use std::sync::Arc;
 use crate::cq::ChannelShared;
 
 thread_local! {
-    /// How many [`Deferral`]s of this thread are open.
-    static DEPTH: Cell<u32> = const { Cell::new(0) };
-    /// Whether [`DEFERRED`] holds anything (a plain look on the way out of a round).
-    static PENDING: Cell<bool> = const { Cell::new(false) };
+    /// Twice the number of this thread's open [`Deferral`]s, plus one while [`DEFERRED`]
+    /// holds anything: one word read and written on the way into and out of every round.
+    static STATE: Cell<u32> = const { Cell::new(0) };
     /// The signals deferred, oldest first: the channel and the CQ's handle. Kept
     /// allocated: the steady state allocates nothing.
     static DEFERRED: RefCell<Vec<(Arc<ChannelShared>, u32)>> = const { RefCell::new(Vec::new()) };
@@ -35,8 +34,9 @@ thread_local! {
 /// [`Deferral`]s close.
 pub(crate) fn signal(ch: &Arc<ChannelShared>, cq: u32) {
     RAISED.set(RAISED.get().wrapping_add(1));
-    if DEPTH.get() > 0 {
-        PENDING.set(true);
+    let state = STATE.get();
+    if state >= 2 {
+        STATE.set(state | 1);
         DEFERRED.with_borrow_mut(|d| d.push((ch.clone(), cq)));
     } else {
         ch.post(cq);
@@ -62,32 +62,42 @@ pub(crate) fn take_signalled() -> bool {
 pub(crate) struct Deferral(());
 
 impl Deferral {
+    #[inline]
     pub(crate) fn begin() -> Deferral {
-        DEPTH.set(DEPTH.get() + 1);
+        STATE.set(STATE.get() + 2);
         Deferral(())
     }
 }
 
 impl Drop for Deferral {
+    #[inline]
     fn drop(&mut self) {
-        let depth = DEPTH.get() - 1;
-        DEPTH.set(depth);
-        if depth > 0 || !PENDING.replace(false) {
-            return;
+        let state = STATE.get() - 2;
+        if state == 1 {
+            // The outermost one, with signals deferred.
+            STATE.set(0);
+            send_deferred();
+        } else {
+            STATE.set(state);
         }
-        let mut due = DEFERRED.with_borrow_mut(std::mem::take);
-        for (ch, cq) in due.drain(..) {
-            ch.post(cq);
-        }
-        SIGNALLED.set(true);
-        // Hand the (empty) list back for reuse, unless a signal raised meanwhile (none
-        // can be: the depth is zero) left one there.
-        DEFERRED.with_borrow_mut(|d| {
-            if d.is_empty() {
-                *d = due;
-            }
-        });
     }
+}
+
+/// Sends the signals deferred (no [`Deferral`] open any more).
+#[cold]
+fn send_deferred() {
+    let mut due = DEFERRED.with_borrow_mut(std::mem::take);
+    for (ch, cq) in due.drain(..) {
+        ch.post(cq);
+    }
+    SIGNALLED.set(true);
+    // Hand the (empty) list back for reuse, unless a signal raised meanwhile (none can
+    // be: no deferral is open) left one there.
+    DEFERRED.with_borrow_mut(|d| {
+        if d.is_empty() {
+            *d = due;
+        }
+    });
 }
 
 #[cfg(test)]

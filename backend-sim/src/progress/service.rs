@@ -78,6 +78,7 @@ impl Progress {
 
     /// The rounds of [`Progress::service_inner`], until nothing moves or another thread
     /// holds the connection.
+    #[inline(always)]
     fn service_rounds(&self, conn: &Arc<Conn>, mode: Mode, mut peek: bool, mut clock: Option<Stamp>) -> bool {
         let mut did = false;
         loop {
@@ -288,7 +289,7 @@ impl Progress {
         // (see `answer`). Built at the end of the round if nobody was woken.
         let hold = mode == Mode::Full && conn.answers.load(Ordering::Relaxed) && qp.recv_cq.armed();
         let policy = if hold { AckPolicy::Delay } else { mode.ack_policy() };
-        let raised = crate::channel_signal::raised();
+        let raised = if hold { crate::channel_signal::raised() } else { 0 };
         loop {
             let accepting = matches!(g.state, QpState::Rtr | QpState::Rts | QpState::Sqd);
             let parts = QpShared::scratch(&mut g);
