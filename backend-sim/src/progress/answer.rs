@@ -100,12 +100,12 @@ impl HeldAcks {
     }
 
     /// `conn`'s marked ACK waits for an answer from `now_ns` on, unless it left
-    /// meanwhile; returns whether its deadline is now the earliest (a sleeping progress
-    /// thread must then be woken to heed it).
+    /// meanwhile; returns whether a sleeping progress thread must be woken to heed its
+    /// deadline (none was held, see [`HeldAcks::due_in`], or it is the earliest).
     pub fn hold(&self, conn: &Arc<Conn>, now_ns: u64) -> bool {
         let until = now_ns + self.wait_ns.load(Ordering::Relaxed);
         // Counted first: whoever clears the hold uncounts it.
-        self.current.fetch_add(1, Ordering::AcqRel);
+        let before = self.current.fetch_add(1, Ordering::AcqRel);
         if conn
             .ack_held_until
             .compare_exchange(MARKED, until, Ordering::AcqRel, Ordering::Relaxed)
@@ -117,7 +117,7 @@ impl HeldAcks {
         #[cfg(test)]
         self.held.fetch_add(1, Ordering::Relaxed);
         self.list.lock().push((conn.clone(), until));
-        self.next.fetch_min(until, Ordering::AcqRel) > until
+        self.next.fetch_min(until, Ordering::AcqRel) > until || before == 0
     }
 
     /// No ACK of `conn` waits any more (it left with the round's frames, or is left for
@@ -137,12 +137,23 @@ impl HeldAcks {
         self.current.load(Ordering::Acquire) != 0
     }
 
-    /// How long until the earliest deadline, from `now_ns`; `None` with nothing held.
+    /// How long until the earliest deadline, from `now_ns`; `None` with no ACK held now
+    /// (the entries left behind by ACKs that left do not end a sleep: in a ping-pong
+    /// slower than [`ANSWER_WAIT`] each would cost the progress thread a wake-up).
     pub fn due_in(&self, now_ns: u64) -> Option<Duration> {
+        if !self.any() {
+            return None;
+        }
         match self.next.load(Ordering::Acquire) {
             u64::MAX => None,
             at => Some(Duration::from_nanos(at.saturating_sub(now_ns))),
         }
+    }
+
+    /// The earliest deadline in the list, `u64::MAX` if it is empty.
+    #[inline]
+    pub fn next(&self) -> u64 {
+        self.next.load(Ordering::Acquire)
     }
 
     /// Moves the connections whose hold ended by `now_ns` into `due`, their holds

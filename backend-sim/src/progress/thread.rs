@@ -214,7 +214,7 @@ impl Progress {
                 work |= self.run_ready();
             }
             work |= self.run_timers();
-            work |= self.release_held(now_ns, &mut due);
+            work |= self.release_held(&mut due);
             if work {
                 let t = Instant::now();
                 let gap = t.saturating_duration_since(last_work);
@@ -257,11 +257,15 @@ impl Progress {
         did
     }
 
-    /// Sends the ACKs whose wait for an answer ended (see `answer`); whether there were
-    /// any. `now_ns`: the turn's clock (a hold that ends during the turn ends at the
-    /// next); `due`: an empty list to use.
-    fn release_held(&self, now_ns: u64, due: &mut Vec<Arc<Conn>>) -> bool {
-        self.held.take_due(now_ns, due);
+    /// Sends the ACKs whose wait for an answer ended (see `answer`), and forgets the
+    /// entries of those that left; whether any was sent. `due`: an empty list to use.
+    fn release_held(&self, due: &mut Vec<Arc<Conn>>) -> bool {
+        if self.held.next() == u64::MAX {
+            return false;
+        }
+        // (A clock of its own: the turn's was read before its sleep, which a deadline
+        // may have ended.)
+        self.held.take_due(self.clock.now_ns(), due);
         let any = !due.is_empty();
         for c in due.drain(..) {
             self.service(&c);
