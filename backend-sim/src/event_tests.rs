@@ -273,7 +273,8 @@ impl Ends {
 /// answer: the requester gets its SEND's completion and the answer together, in one
 /// read (one wake-up of a thread sleeping there, where the ACK alone and then the answer
 /// cost two). The first request is acknowledged at once: the application has not
-/// answered anything yet.
+/// answered anything yet. Once the ACK has left, its wait does not end the progress
+/// thread's sleep (it would wake it once per message for nothing).
 #[test]
 fn an_ack_owed_to_a_thread_that_answers_leaves_with_the_answer() {
     let e = Ends::new();
@@ -286,6 +287,11 @@ fn an_ack_owed_to_a_thread_that_answers_leaves_with_the_answer() {
             e.request(i, Then::Answer),
             2,
             "request {i}: its ACK came before the answer"
+        );
+        assert_eq!(
+            progress.answer_deadline(),
+            None,
+            "request {i}: the progress thread waits for an ACK that left"
         );
     }
 }

@@ -414,6 +414,13 @@ impl Progress {
         HeldAcks::waits(conn)
     }
 
+    /// How long until the progress thread must wake for an ACK held for an answer
+    /// (tests).
+    #[cfg(test)]
+    pub fn answer_deadline(&self) -> Option<Duration> {
+        self.held.due_in(self.clock.now_ns())
+    }
+
     /// Makes an ACK wait up to `d` for an answer (tests).
     #[cfg(test)]
     pub fn set_answer_wait(&self, d: Duration) {
