@@ -25,6 +25,7 @@
 //!   connection's bytes and the policy that composes the halves over them (when an owed
 //!   ACK leaves, how much one pass builds, how far a peer that does not read may push).
 //! - [`switches`]: the behavioural switches of a device profile, where HCAs differ.
+//! - [`capture`]: the traffic as RoCE v2 packets in pcapng blocks, for Wireshark.
 //! - [`rx`] and [`tx`]: a connection's incoming and outgoing bytes, and [`io`] the two
 //!   traits through which the driver's sockets fill and drain them.
 //!
@@ -50,6 +51,7 @@
 
 #![warn(missing_docs)]
 
+pub mod capture;
 pub mod connection;
 pub mod engine;
 pub mod gid;

@@ -1,0 +1,337 @@
+//! A message as the packets an HCA sends for it (IBA 9.2.1, 9.7.1): a SEND or WRITE of
+//! more than one path MTU as First, Middle... and Last packets of one PSN each, the
+//! RETH on the first and the immediate data, solicited event and AckReq on the last; a
+//! READ response as as many response packets, numbered from the request's PSN, the
+//! AETH on the first and last; everything else one packet.
+
+use std::ops::Range;
+
+use super::headers::{ack_syndrome, nak_syndrome, Aeth, AtomicEth, Headers, Reth};
+use super::opcode::{op, Transport};
+use crate::psn;
+use crate::wire::Frame;
+
+/// One packet of a message: its headers and the part of the message's payload it
+/// carries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Segment {
+    /// The transport headers.
+    pub headers: Headers,
+    /// The payload bytes of the message it carries.
+    pub payload: Range<u32>,
+}
+
+/// What the packets of a frame need beside the frame: the transport and the
+/// destination QP (a connection's frames do not name it), the path MTU, and the
+/// responder's message sequence number for the AETH of responses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Context {
+    /// RC, UC or UD.
+    pub transport: Transport,
+    /// The QP the packets go to.
+    pub dst_qpn: u32,
+    /// Path MTU in bytes (256-4096).
+    pub mtu: u32,
+    /// The responder's MSN, for ACKs, NAKs and responses.
+    pub msn: u32,
+}
+
+/// Splits `len` bytes into packets of at most `mtu` (one packet for 0 bytes).
+fn pieces(len: u32, mtu: u32) -> impl Iterator<Item = Range<u32>> {
+    let mtu = mtu.max(1);
+    let n = len.div_ceil(mtu).max(1);
+    (0..n).map(move |i| i * mtu..((i + 1) * mtu).min(len))
+}
+
+/// The opcode of packet `i` of `n` of an operation whose First, Middle, Last and Only
+/// opcodes are given.
+fn position(i: u32, n: u32, [first, middle, last, only]: [u8; 4]) -> u8 {
+    match (i, n) {
+        (_, 1) => only,
+        (0, _) => first,
+        (i, n) if i + 1 == n => last,
+        _ => middle,
+    }
+}
+
+/// The packets of `frame`, or none for frames that are not RoCE traffic (setup, link
+/// and verification frames of the sim's own).
+pub fn segments(frame: &Frame, cx: &Context) -> Vec<Segment> {
+    let base = cx.transport.base();
+    let new = |opcode: u8, psn: u32| Headers::new(base | opcode, cx.dst_qpn, psn);
+    let aeth = |syndrome| {
+        Some(Aeth {
+            syndrome,
+            msn: cx.msn,
+        })
+    };
+    match *frame {
+        Frame::Send {
+            psn,
+            len,
+            imm,
+            solicited,
+            ack_req,
+        } => {
+            let ops = match imm {
+                Some(_) => [
+                    op::SEND_FIRST,
+                    op::SEND_MIDDLE,
+                    op::SEND_LAST_IMM,
+                    op::SEND_ONLY_IMM,
+                ],
+                None => [op::SEND_FIRST, op::SEND_MIDDLE, op::SEND_LAST, op::SEND_ONLY],
+            };
+            let last = Last {
+                imm,
+                solicited,
+                ack_req,
+            };
+            data(cx, psn, len, ops, None, last)
+        }
+        Frame::Write {
+            psn,
+            len,
+            addr,
+            rkey,
+            imm,
+            solicited,
+            ack_req,
+        } => {
+            let ops = match imm {
+                Some(_) => [
+                    op::WRITE_FIRST,
+                    op::WRITE_MIDDLE,
+                    op::WRITE_LAST_IMM,
+                    op::WRITE_ONLY_IMM,
+                ],
+                None => [op::WRITE_FIRST, op::WRITE_MIDDLE, op::WRITE_LAST, op::WRITE_ONLY],
+            };
+            let last = Last {
+                imm,
+                solicited,
+                ack_req,
+            };
+            data(cx, psn, len, ops, Some(Reth { addr, rkey, len }), last)
+        }
+        Frame::Read {
+            psn, len, addr, rkey, ..
+        } => {
+            let mut h = new(op::READ_REQUEST, psn);
+            h.reth = Some(Reth { addr, rkey, len });
+            h.bth.ack_req = true;
+            vec![Segment {
+                headers: h,
+                payload: 0..0,
+            }]
+        }
+        Frame::ReadResp { psn, len } => {
+            let ops = [
+                op::READ_RESPONSE_FIRST,
+                op::READ_RESPONSE_MIDDLE,
+                op::READ_RESPONSE_LAST,
+                op::READ_RESPONSE_ONLY,
+            ];
+            message(len, cx.mtu, |i, n| {
+                let mut h = new(position(i, n, ops), psn::add(psn, i));
+                if i == 0 || i + 1 == n {
+                    h.aeth = aeth(ack_syndrome());
+                }
+                h
+            })
+        }
+        Frame::CmpSwap {
+            psn,
+            addr,
+            rkey,
+            compare,
+            swap,
+            ..
+        } => one(new(op::COMPARE_SWAP, psn), |h| {
+            h.atomic_eth = Some(AtomicEth {
+                addr,
+                rkey,
+                swap_add: swap,
+                compare,
+            });
+            h.bth.ack_req = true;
+        }),
+        Frame::FetchAdd {
+            psn, addr, rkey, add, ..
+        } => one(new(op::FETCH_ADD, psn), |h| {
+            h.atomic_eth = Some(AtomicEth {
+                addr,
+                rkey,
+                swap_add: add,
+                compare: 0,
+            });
+            h.bth.ack_req = true;
+        }),
+        Frame::Ack { psn } => one(new(op::ACKNOWLEDGE, psn), |h| h.aeth = aeth(ack_syndrome())),
+        Frame::Nak { psn, code, .. } => one(new(op::ACKNOWLEDGE, psn), |h| h.aeth = aeth(nak_syndrome(code))),
+        Frame::AtomicResp { psn, orig } => one(new(op::ATOMIC_ACKNOWLEDGE, psn), |h| {
+            h.aeth = aeth(ack_syndrome());
+            h.atomic_ack = Some(orig);
+        }),
+        Frame::Datagram {
+            psn,
+            len,
+            dst_qpn,
+            src_qpn,
+            qkey,
+            imm,
+            solicited,
+            ..
+        } => {
+            let opcode = if imm.is_some() {
+                op::SEND_ONLY_IMM
+            } else {
+                op::SEND_ONLY
+            };
+            let mut h = Headers::new(Transport::Ud.base() | opcode, dst_qpn, psn);
+            h.deth = Some((qkey, src_qpn));
+            h.imm = imm;
+            h.bth.solicited = solicited;
+            vec![Segment {
+                headers: h,
+                payload: 0..len,
+            }]
+        }
+        Frame::Hello { .. }
+        | Frame::HelloAck
+        | Frame::HelloNak { .. }
+        | Frame::Verify { .. }
+        | Frame::LinkHello { .. }
+        | Frame::LinkVerify { .. } => Vec::new(),
+    }
+}
+
+/// What the last packet of a SEND or WRITE carries.
+struct Last {
+    imm: Option<u32>,
+    solicited: bool,
+    ack_req: bool,
+}
+
+/// The packets of a SEND or WRITE: the RETH (WRITE) on the first, [`Last`] on the last.
+fn data(cx: &Context, psn: u32, len: u32, ops: [u8; 4], reth: Option<Reth>, last: Last) -> Vec<Segment> {
+    message(len, cx.mtu, |i, n| {
+        let opcode = cx.transport.base() | position(i, n, ops);
+        let mut h = Headers::new(opcode, cx.dst_qpn, psn::add(psn, i));
+        if i == 0 {
+            h.reth = reth;
+        }
+        if i + 1 == n {
+            h.imm = last.imm;
+            h.bth.solicited = last.solicited;
+            h.bth.ack_req = last.ack_req;
+        }
+        h
+    })
+}
+
+fn message(len: u32, mtu: u32, mut make: impl FnMut(u32, u32) -> Headers) -> Vec<Segment> {
+    let parts: Vec<Range<u32>> = pieces(len, mtu).collect();
+    let n = parts.len() as u32;
+    parts
+        .into_iter()
+        .enumerate()
+        .map(|(i, payload)| Segment {
+            headers: make(i as u32, n),
+            payload,
+        })
+        .collect()
+}
+
+fn one(mut h: Headers, set: impl FnOnce(&mut Headers)) -> Vec<Segment> {
+    set(&mut h);
+    vec![Segment {
+        headers: h,
+        payload: 0..0,
+    }]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capture::opcode::extensions;
+    use crate::wire::NakCode;
+    use proptest::prelude::*;
+
+    fn rc(mtu: u32) -> Context {
+        Context {
+            transport: Transport::Rc,
+            dst_qpn: 0x12,
+            mtu,
+            msn: 7,
+        }
+    }
+
+    #[test]
+    fn a_send_of_two_and_a_half_mtus() {
+        let f = Frame::Send {
+            psn: 0xff_fffe,
+            len: 2560,
+            imm: Some(9),
+            solicited: true,
+            ack_req: true,
+        };
+        let s = segments(&f, &rc(1024));
+        let ops: Vec<u8> = s.iter().map(|s| s.headers.bth.opcode).collect();
+        assert_eq!(ops, vec![op::SEND_FIRST, op::SEND_MIDDLE, op::SEND_LAST_IMM]);
+        let psns: Vec<u32> = s.iter().map(|s| s.headers.bth.psn).collect();
+        assert_eq!(
+            psns,
+            vec![0xff_fffe, 0xff_ffff, 0],
+            "PSNs wrap at 2^24 within the message"
+        );
+        assert_eq!(s[2].payload, 2048..2560);
+        assert!(s[2].headers.bth.ack_req && s[2].headers.bth.solicited && s[2].headers.imm == Some(9));
+        assert!(!s[0].headers.bth.ack_req && s[0].headers.imm.is_none());
+    }
+
+    #[test]
+    fn a_nak_carries_its_syndrome_and_the_msn() {
+        let f = Frame::Nak {
+            psn: 4,
+            code: NakCode::Rnr { timer: 14 },
+            reason: None,
+        };
+        let s = segments(&f, &rc(4096));
+        assert_eq!(
+            s[0].headers.aeth,
+            Some(Aeth {
+                syndrome: 0x2e,
+                msn: 7
+            })
+        );
+    }
+
+    proptest! {
+        /// Every packet of every message has its opcode's headers, payload within the
+        /// MTU, the payload covered exactly once, and consecutive PSNs.
+        #[test]
+        fn packets_fit_their_opcodes(len in 0u32..20_000, mtu_log in 8u32..=12, psn0 in 0u32..(1 << 24), kind in 0u8..4, uc: bool) {
+            let mtu = 1 << mtu_log;
+            let cx = Context { transport: if uc && kind < 2 { Transport::Uc } else { Transport::Rc }, ..rc(mtu) };
+            let f = match kind {
+                0 => Frame::Send { psn: psn0, len, imm: None, solicited: false, ack_req: true },
+                1 => Frame::Write { psn: psn0, len, addr: 0x1000, rkey: 5, imm: Some(1), solicited: false, ack_req: true },
+                _ => Frame::ReadResp { psn: psn0, len },
+            };
+            let s = segments(&f, &cx);
+            let mut next = 0;
+            for (i, seg) in s.iter().enumerate() {
+                prop_assert_eq!(seg.headers.bth.psn, psn::add(psn0, i as u32));
+                prop_assert_eq!(seg.payload.start, next);
+                prop_assert!(seg.payload.len() as u32 <= mtu);
+                next = seg.payload.end;
+                let mut out = Vec::new();
+                prop_assert!(seg.headers.write(seg.payload.len(), &mut out).is_ok());
+                prop_assert!(extensions(seg.headers.bth.opcode).is_some());
+            }
+            prop_assert_eq!(next, len);
+            prop_assert_eq!(s.len() as u32, len.div_ceil(mtu).max(1));
+        }
+    }
+}
