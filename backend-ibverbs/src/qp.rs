@@ -465,10 +465,8 @@ mod tests {
         assert_eq!(r.qp_access_flags, 0b1110);
         assert_eq!(r.cap.max_recv_sge, 3);
         // SAFETY: reading a byte-array union variant.
-        assert_eq!(
-            unsafe { r.ah_attr.grh.dgid.raw }[10..],
-            [0xff, 0xff, 10, 77, 0, 1]
-        );
+        let dgid = unsafe { r.ah_attr.grh.dgid.raw };
+        assert_eq!(dgid[10..], [0xff, 0xff, 10, 77, 0, 1]);
         assert_eq!(r.ah_attr.grh.flow_label, 0x12345);
         assert_eq!(r.ah_attr.grh.sgid_index, 1);
         assert_eq!(r.ah_attr.grh.hop_limit, 64);

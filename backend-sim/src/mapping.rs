@@ -281,10 +281,8 @@ mod tests {
         /// Changes the protection of page `page`.
         fn protect(&self, page: usize, prot: libc::c_int) {
             // SAFETY: the page is part of this mapping, which nothing else uses.
-            assert_eq!(
-                unsafe { libc::mprotect(self.addr(page) as *mut _, page_size(), prot) },
-                0
-            );
+            let r = unsafe { libc::mprotect(self.addr(page) as *mut _, page_size(), prot) };
+            assert_eq!(r, 0);
         }
 
         /// Unmaps page `page` (a hole in the mapping).

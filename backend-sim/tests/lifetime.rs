@@ -344,6 +344,7 @@ impl Bench {
         // below, or by the chaos thread, always before the buffers), and while registered
         // they are accessed only through raw pointers.
         let rmr: SimMr = unsafe { pd_b.reg_mr_raw(remote.ptr(), REMOTE, all) }.unwrap();
+        // SAFETY: as `remote`'s.
         let smr: SimMr = unsafe { pd_a.reg_mr_raw(sink.ptr(), SINK, AccessFlags::LOCAL_WRITE) }.unwrap();
         let src = pd_a.reg_mr(SRC, AccessFlags::LOCAL_WRITE).unwrap();
         src.write(0, &self.src_data).unwrap();

@@ -60,7 +60,7 @@ fn memory_the_caller_does_not_own_is_refused() {
     let rw = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
     let mut small = vec![0u8; 8192];
     let p = small.as_mut_ptr();
-    // SAFETY (each call below): every registration is refused, or dropped at once, before
+    // SAFETY: each call below: every registration is refused, or dropped at once, before
     // the memory it names goes; none is accessed through references meanwhile.
     unsafe {
         let e = error(pd.reg_mr_raw(p, 1 << 40, rw));

@@ -162,25 +162,24 @@ mod tests {
             c: 42,
             drops: drops.clone(),
         }));
-        // SAFETY (every lookup here): the registry decides; nothing is destroyed while a
+        // SAFETY: every lookup here: the registry decides; nothing is destroyed while a
         // reference is in use.
-        assert_eq!(unsafe { get::<Thing>(c) }.map(|t| t.c), Ok(42));
-        assert_eq!(
-            unsafe { get::<Thing>(std::ptr::null()) }.err(),
-            Some(libc::EINVAL)
-        );
-        let stack = 7u64;
-        assert_eq!(unsafe { get::<Thing>(&stack) }.err(), Some(libc::EINVAL));
-        assert!(unsafe { get::<Other>(c) }.is_err(), "another kind");
-        assert!(forget::<Other>(c).is_err(), "another kind is not forgotten");
-        drop(unsafe { unregister::<Thing>(c) }.unwrap());
-        assert_eq!(drops.load(std::sync::atomic::Ordering::Relaxed), 1);
-        assert_eq!(unsafe { get::<Thing>(c) }.err(), Some(libc::EINVAL));
-        assert_eq!(
-            unsafe { unregister::<Thing>(c) }.err(),
-            Some(libc::EINVAL),
-            "destroyed twice"
-        );
+        unsafe {
+            assert_eq!(get::<Thing>(c).map(|t| t.c), Ok(42));
+            assert_eq!(get::<Thing>(std::ptr::null()).err(), Some(libc::EINVAL));
+            let stack = 7u64;
+            assert_eq!(get::<Thing>(&stack).err(), Some(libc::EINVAL));
+            assert!(get::<Other>(c).is_err(), "another kind");
+            assert!(forget::<Other>(c).is_err(), "another kind is not forgotten");
+            drop(unregister::<Thing>(c).unwrap());
+            assert_eq!(drops.load(std::sync::atomic::Ordering::Relaxed), 1);
+            assert_eq!(get::<Thing>(c).err(), Some(libc::EINVAL));
+            assert_eq!(
+                unregister::<Thing>(c).err(),
+                Some(libc::EINVAL),
+                "destroyed twice"
+            );
+        }
         assert_eq!(drops.load(std::sync::atomic::Ordering::Relaxed), 1);
     }
 }

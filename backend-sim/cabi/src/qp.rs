@@ -130,9 +130,11 @@ fn qp_type(t: u32) -> Result<QpType, Errno> {
 }
 
 fn create(init: Init) -> Result<*mut ibv_qp, Errno> {
-    // SAFETY (all three lookups): used within this call; the QP then holds counts.
+    // SAFETY: used within this call; the QP then holds counts (so for the CQs below).
     let pd = unsafe { live::get::<Pd>(init.pd) }?;
+    // SAFETY: as the PD's.
     let send_cq = unsafe { Cq::get(init.send_cq) }?;
+    // SAFETY: as the PD's.
     let recv_cq = unsafe { Cq::get(init.recv_cq) }?;
     let srq = if init.srq.is_null() {
         None

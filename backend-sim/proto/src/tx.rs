@@ -419,7 +419,7 @@ impl TxQueue {
                     pinned.push((l, i));
                     let len = (seg.len - skip).min(room);
                     iov.push(RawSlice {
-                        // SAFETY (pointer arithmetic): offset + skip < offset + len <=
+                        // SAFETY: pointer arithmetic within the region: offset + skip < offset + len <=
                         // region length, an invariant of `Seg`.
                         base: unsafe { seg.mr.base().add(seg.offset + skip) },
                         len,

@@ -106,7 +106,7 @@ unsafe fn ends_or_slash(p: *const u8, at: usize) -> bool {
 ///
 /// `p` points to a NUL-terminated string.
 unsafe fn place(p: *const u8) -> Option<(&'static str, usize)> {
-    // SAFETY (all blocks below): `p` is NUL-terminated and each index read is at most
+    // SAFETY: (all reads below) `p` is NUL-terminated and each index read is at most
     // the length of a prefix that matched.
     unsafe {
         if *p != b'/' {
