@@ -1,6 +1,7 @@
 //! The launcher, `rdma-sim`: it runs unmodified programs on the sim and passes their exit
 //! status through, prints settings a shell can `eval`, finds the library wherever it is
-//! installed, and `rdma-sim status` lists the devices of running programs.
+//! installed, `rdma-sim status` lists the devices of running programs, and `rdma-sim trace`
+//! shows a capture as ladders.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -195,4 +196,120 @@ fn tempdir(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
+}
+
+/// `rdma-sim trace` as a user runs it on a capture file: a RoCE v2 conversation with a
+/// remote access NAK (pcapng, as the sim writes) and the same packets in a classic pcap
+/// (as `tcpdump -w` writes), both shown as one connection's ladder, and an SVG drawn.
+#[test]
+fn trace_shows_a_capture_as_a_ladder() {
+    use backend_sim_proto::capture::opcode::Transport;
+    use backend_sim_proto::capture::packet::{self, udp_source_port, Route};
+    use backend_sim_proto::capture::pcapng;
+    use backend_sim_proto::capture::segment::{segments, Context};
+    use backend_sim_proto::wire::{Frame, NakCode};
+
+    let gid = |last: u8| {
+        let mut g = [0u8; 16];
+        g[10..].copy_from_slice(&[0xff, 0xff, 192, 168, 7, last]);
+        g
+    };
+    let there = Route {
+        src_gid: gid(1),
+        dst_gid: gid(2),
+        src_port: udp_source_port(0, 0x20, 0x21),
+        traffic_class: 0,
+        hop_limit: 64,
+        flow_label: 0,
+    };
+    let back = Route {
+        src_gid: gid(2),
+        dst_gid: gid(1),
+        ..there
+    };
+    let frames = [
+        (
+            there,
+            0x21,
+            Frame::Read {
+                psn: 5,
+                len: 64,
+                addr: 0x7000,
+                rkey: 0xbad,
+                inflight: 1,
+            },
+        ),
+        (
+            back,
+            0x20,
+            Frame::Nak {
+                psn: 5,
+                code: NakCode::RemoteAccess,
+                reason: None,
+            },
+        ),
+    ];
+    let mut packets = Vec::new();
+    for (route, dst_qpn, f) in frames {
+        let cx = Context {
+            transport: Transport::Rc,
+            dst_qpn,
+            mtu: 1024,
+            msn: 0,
+        };
+        for s in segments(&f, &cx) {
+            let mut p = Vec::new();
+            packet::write(&route, &s.headers, &[], &mut p).unwrap();
+            packets.push(p);
+        }
+    }
+    let dir = tempdir("trace");
+    let mut ng = Vec::new();
+    pcapng::header(&mut ng, "test", "sim0", 0);
+    // Classic pcap, little-endian, microseconds, Ethernet.
+    let mut classic = Vec::new();
+    for v in [0xa1b2_c3d4u32, 0x0004_0002, 0, 0, 65535, 1] {
+        classic.extend_from_slice(&v.to_le_bytes());
+    }
+    for (i, p) in packets.iter().enumerate() {
+        pcapng::packet(&mut ng, 1_000_000_000 + i as u64 * 1000, p, p.len(), None);
+        for v in [1u32, i as u32, p.len() as u32, p.len() as u32] {
+            classic.extend_from_slice(&v.to_le_bytes());
+        }
+        classic.extend_from_slice(p);
+    }
+    for (name, bytes) in [("sim.pcapng", ng), ("tcpdump.pcap", classic)] {
+        let file = dir.join(name);
+        std::fs::write(&file, bytes).unwrap();
+        let svg = dir.join(format!("{name}.svg"));
+        let out = run(&mut rdma_sim(&[
+            "trace",
+            file.to_str().unwrap(),
+            "--svg",
+            svg.to_str().unwrap(),
+        ]));
+        let stdout = text(&out.stdout);
+        assert!(out.status.success(), "{name}: {out:?}");
+        assert!(
+            stdout.contains("RC connection 192.168.7.1 QP 0x000020 <-> 192.168.7.2 QP 0x000021: 2 packets"),
+            "{stdout}"
+        );
+        assert!(
+            stdout.contains("RDMA_READ_REQUEST psn 5 va 0x7000 rkey 0xbad len 64"),
+            "{stdout}"
+        );
+        assert!(stdout.contains("NAK remote access error psn 5"), "{stdout}");
+        assert!(stdout.contains("1 NAK remote access error"), "{stdout}");
+        assert!(std::fs::read_to_string(&svg).unwrap().starts_with("<svg"));
+    }
+    // Not a capture: a clear error, not a panic.
+    let bogus = dir.join("bogus");
+    std::fs::write(&bogus, b"hello").unwrap();
+    let out = run(&mut rdma_sim(&["trace", bogus.to_str().unwrap()]));
+    assert_eq!(out.status.code(), Some(125));
+    assert!(
+        text(&out.stderr).contains("not a capture this can read"),
+        "{out:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -108,6 +108,9 @@ pub enum HeaderError {
     /// The extensions given are not the opcode's (IBA table 39).
     #[error("opcode {0:#04x} carries other extended headers than those given")]
     Extensions(u8),
+    /// The bytes end before the headers their opcode carries.
+    #[error("{0} bytes are too short for the headers of opcode {1:#04x}")]
+    Short(usize, u8),
 }
 
 impl Headers {
@@ -202,6 +205,79 @@ impl Headers {
     }
 }
 
+fn be32(b: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+fn be64(b: &[u8], at: usize) -> u64 {
+    ((be32(b, at) as u64) << 32) | be32(b, at + 4) as u64
+}
+
+impl Headers {
+    /// Reads the headers at the start of `b`: the BTH, then the extensions its opcode
+    /// carries. Returns them, their length and the BTH's pad count.
+    pub fn read(b: &[u8]) -> Result<(Headers, usize, usize), HeaderError> {
+        let opcode = *b.first().ok_or(HeaderError::Short(0, 0))?;
+        let ext = extensions(opcode).ok_or(HeaderError::Opcode(opcode))?;
+        let len = BTH_LEN + ext.len();
+        if b.len() < len {
+            return Err(HeaderError::Short(b.len(), opcode));
+        }
+        let mut h = Headers::new(opcode, be32(b, 4) & 0x00ff_ffff, be32(b, 8) & 0x00ff_ffff);
+        h.bth.solicited = b[1] & 0x80 != 0;
+        h.bth.mig_req = b[1] & 0x40 != 0;
+        h.bth.pkey = u16::from_be_bytes([b[2], b[3]]);
+        h.bth.ack_req = b[8] & 0x80 != 0;
+        let pad = ((b[1] >> 4) & 3) as usize;
+        let mut at = BTH_LEN;
+        let mut take = |n: usize| {
+            at += n;
+            at - n
+        };
+        if ext.deth {
+            let i = take(8);
+            h.deth = Some((be32(b, i), be32(b, i + 4) & 0x00ff_ffff));
+        }
+        if ext.reth {
+            let i = take(16);
+            h.reth = Some(Reth {
+                addr: be64(b, i),
+                rkey: be32(b, i + 8),
+                len: be32(b, i + 12),
+            });
+        }
+        if ext.atomic_eth {
+            let i = take(28);
+            h.atomic_eth = Some(AtomicEth {
+                addr: be64(b, i),
+                rkey: be32(b, i + 8),
+                swap_add: be64(b, i + 12),
+                compare: be64(b, i + 20),
+            });
+        }
+        if ext.aeth {
+            let i = take(4);
+            h.aeth = Some(Aeth {
+                syndrome: b[i],
+                msn: be32(b, i) & 0x00ff_ffff,
+            });
+        }
+        if ext.atomic_ack_eth {
+            let i = take(8);
+            h.atomic_ack = Some(be64(b, i));
+        }
+        if ext.imm {
+            let i = take(4);
+            h.imm = Some(be32(b, i));
+        }
+        if ext.ieth {
+            let i = take(4);
+            h.ieth = Some(be32(b, i));
+        }
+        Ok((h, len, pad))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -255,6 +331,26 @@ mod tests {
             Headers::new(0x18, 1, 0).write(0, &mut Vec::new()),
             Err(HeaderError::Opcode(0x18))
         );
+    }
+
+    #[test]
+    fn headers_read_back_as_written() {
+        let mut h = Headers::new(op::COMPARE_SWAP, 7, 9);
+        h.atomic_eth = Some(AtomicEth {
+            addr: 0x1000,
+            rkey: 3,
+            swap_add: 5,
+            compare: 6,
+        });
+        h.bth.ack_req = true;
+        let mut out = Vec::new();
+        h.write(0, &mut out).unwrap();
+        assert_eq!(Headers::read(&out), Ok((h, out.len(), 0)));
+        assert_eq!(
+            Headers::read(&out[..20]),
+            Err(HeaderError::Short(20, op::COMPARE_SWAP))
+        );
+        assert_eq!(Headers::read(&[]), Err(HeaderError::Short(0, 0)));
     }
 
     #[test]

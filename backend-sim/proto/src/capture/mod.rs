@@ -10,10 +10,14 @@
 //!   fields an HCA derives (UDP source port, MACs) derived as rxe does.
 //! - [`segment`]: a message as its packets of one path MTU each.
 //! - [`pcapng`]: the file's blocks.
+//! - [`read`] and [`parse`]: the way back, from a capture file (the sim's, or
+//!   `tcpdump`'s of a real RoCE port) to packets and their headers.
 
 pub mod headers;
 pub mod icrc;
 pub mod opcode;
 pub mod packet;
+pub mod parse;
 pub mod pcapng;
+pub mod read;
 pub mod segment;

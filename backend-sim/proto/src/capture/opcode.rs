@@ -169,6 +169,53 @@ pub fn extensions(opcode: u8) -> Option<Extensions> {
     })
 }
 
+/// The operation's name as IBA's table 38 gives it, in capitals (`SEND_FIRST`,
+/// `RDMA_READ_RESPONSE_ONLY`, `ACKNOWLEDGE`), or `None` for an opcode the sim never sends.
+pub fn name(opcode: u8) -> Option<&'static str> {
+    extensions(opcode)?;
+    Some(match opcode & 0x1f {
+        op::SEND_FIRST => "SEND_FIRST",
+        op::SEND_MIDDLE => "SEND_MIDDLE",
+        op::SEND_LAST => "SEND_LAST",
+        op::SEND_LAST_IMM => "SEND_LAST_WITH_IMMEDIATE",
+        op::SEND_ONLY => "SEND_ONLY",
+        op::SEND_ONLY_IMM => "SEND_ONLY_WITH_IMMEDIATE",
+        op::WRITE_FIRST => "RDMA_WRITE_FIRST",
+        op::WRITE_MIDDLE => "RDMA_WRITE_MIDDLE",
+        op::WRITE_LAST => "RDMA_WRITE_LAST",
+        op::WRITE_LAST_IMM => "RDMA_WRITE_LAST_WITH_IMMEDIATE",
+        op::WRITE_ONLY => "RDMA_WRITE_ONLY",
+        op::WRITE_ONLY_IMM => "RDMA_WRITE_ONLY_WITH_IMMEDIATE",
+        op::READ_REQUEST => "RDMA_READ_REQUEST",
+        op::READ_RESPONSE_FIRST => "RDMA_READ_RESPONSE_FIRST",
+        op::READ_RESPONSE_MIDDLE => "RDMA_READ_RESPONSE_MIDDLE",
+        op::READ_RESPONSE_LAST => "RDMA_READ_RESPONSE_LAST",
+        op::READ_RESPONSE_ONLY => "RDMA_READ_RESPONSE_ONLY",
+        op::ACKNOWLEDGE => "ACKNOWLEDGE",
+        op::ATOMIC_ACKNOWLEDGE => "ATOMIC_ACKNOWLEDGE",
+        op::COMPARE_SWAP => "COMPARE_SWAP",
+        op::FETCH_ADD => "FETCH_ADD",
+        op::SEND_LAST_INV => "SEND_LAST_WITH_INVALIDATE",
+        _ => "SEND_ONLY_WITH_INVALIDATE",
+    })
+}
+
+/// The transport of an opcode the sim sends.
+pub fn transport(opcode: u8) -> Option<Transport> {
+    extensions(opcode)?;
+    Some(match opcode >> 5 {
+        0 => Transport::Rc,
+        1 => Transport::Uc,
+        _ => Transport::Ud,
+    })
+}
+
+/// Whether the opcode is a responder's (an acknowledgement or a READ response) rather
+/// than a request.
+pub fn is_response(opcode: u8) -> bool {
+    (op::READ_RESPONSE_FIRST..=op::ATOMIC_ACKNOWLEDGE).contains(&(opcode & 0x1f)) && opcode >> 5 == 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -186,5 +233,15 @@ mod tests {
         assert!(extensions(0x60).is_none()); // UD has no SEND First
         assert!(extensions(0x40).is_none()); // RD is not served
         assert!(extensions(0x18).is_none()); // reserved
+    }
+
+    #[test]
+    fn names_and_kinds() {
+        assert_eq!(name(0x0a), Some("RDMA_WRITE_ONLY"));
+        assert_eq!(name(0x2a), Some("RDMA_WRITE_ONLY"));
+        assert_eq!(name(0x17), Some("SEND_ONLY_WITH_INVALIDATE"));
+        assert_eq!(name(0x2c), None);
+        assert_eq!(transport(0x64), Some(Transport::Ud));
+        assert!(is_response(0x11) && is_response(0x10) && !is_response(0x0c) && !is_response(0x24));
     }
 }

@@ -328,6 +328,8 @@ mod tests {
                 next = seg.payload.end;
                 let mut out = Vec::new();
                 prop_assert!(seg.headers.write(seg.payload.len(), &mut out).is_ok());
+                let pad = (4 - seg.payload.len() % 4) % 4;
+                prop_assert_eq!(Headers::read(&out), Ok((seg.headers, out.len(), pad)));
                 prop_assert!(extensions(seg.headers.bth.opcode).is_some());
             }
             prop_assert_eq!(next, len);

@@ -3,7 +3,7 @@
 //! (`libibverbs_sim.so`) first in the program's `LD_PRELOAD`, sets the sim's settings from
 //! its options, and `exec`s the program, so the program's exit status and signals are its
 //! own. `rdma-sim env` prints the same settings for a shell; `rdma-sim status` lists the
-//! sim devices live on this host.
+//! sim devices live on this host; `rdma-sim trace` shows a RoCE v2 capture as ladders.
 
 use std::ffi::OsString;
 use std::net::IpAddr;
@@ -15,6 +15,7 @@ use clap::{Args, Parser, Subcommand};
 mod library;
 mod program;
 mod status;
+mod trace;
 
 const ABOUT: &str = "Run RDMA (libibverbs) programs on a simulated HCA: no RDMA hardware, no kernel module";
 
@@ -46,7 +47,8 @@ Examples:
   rdma-sim --profile rxe -- ucx_perftest -t tag_lat &  rdma-sim --profile rxe -- ucx_perftest 127.0.0.1 -t tag_lat
   rdma-sim --log backend_sim=debug -- ./my_program                  why a verb failed
   eval \"$(rdma-sim env)\"; ib_send_lat                               this shell's programs on the sim
-  rdma-sim status                                                   devices and QPs of running programs";
+  rdma-sim status                                                   devices and QPs of running programs
+  rdma-sim trace roce.pcap --svg roce.svg                           a RoCE v2 capture as ladders";
 
 /// The command line.
 #[derive(Parser, Debug)]
@@ -56,7 +58,7 @@ Examples:
     about = ABOUT,
     long_about = LONG_ABOUT,
     after_help = EXAMPLES,
-    override_usage = "rdma-sim [OPTIONS] [--] PROGRAM [ARGS]...\n       rdma-sim [OPTIONS] env\n       rdma-sim status [--json]\n       rdma-sim lib"
+    override_usage = "rdma-sim [OPTIONS] [--] PROGRAM [ARGS]...\n       rdma-sim [OPTIONS] env\n       rdma-sim status [--json]\n       rdma-sim trace FILE [--svg OUT]\n       rdma-sim lib"
 )]
 struct Cli {
     #[command(flatten)]
@@ -91,6 +93,10 @@ enum Cmd {
     },
     /// Print the path of the libibverbs_sim.so that rdma-sim preloads.
     Lib,
+    /// Show a capture of RoCE v2 traffic (pcapng or pcap, e.g. `tcpdump -i eth0 -w
+    /// FILE udp port 4791` on a Soft-RoCE or RoCE host) as a ladder per connection:
+    /// requests, ACKs, NAKs with their kind and RNR timer, resent PSNs, ICRC mismatches.
+    Trace(trace::TraceArgs),
 }
 
 /// The sim's settings, as options.
@@ -174,6 +180,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
     let then = match cli.cmd {
         Some(Cmd::Status { json }) => return status::print(json),
+        Some(Cmd::Trace(args)) => return trace::run(&args).map(|()| ExitCode::SUCCESS),
         Some(Cmd::Env { args }) if args.is_empty() => Then::PrintEnv,
         Some(Cmd::Env { args }) => Then::Exec(std::iter::once("env".into()).chain(args).collect()),
         Some(Cmd::Lib) => Then::PrintLib,
