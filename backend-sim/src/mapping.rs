@@ -18,7 +18,7 @@
 //! hole), not their protection.
 //!
 //! This is a check at registration, not a pin: memory unmapped or made read-only while
-//! registered is the program's error, as freeing it would be (the README's limits).
+//! registered is the program's error, as freeing it would be (docs/cabi.md's limits).
 
 use std::fs::File;
 use std::io::{self, Read};

@@ -13,7 +13,7 @@
 //!
 //! A reader who knows `man ibv_post_send` finds every field under its libibverbs name;
 //! the enums keep libibverbs' numbering ([`WcStatus`], [`WcOpcode`], [`WrOpcode`],
-//! [`QpState`], ...). See the README for a table from libibverbs calls and constants to
+//! [`QpState`], ...). See docs/api.md for a table from libibverbs calls and constants to
 //! this API.
 //!
 //! ```

@@ -80,7 +80,7 @@ fn ok(wc: WorkCompletion) -> Res<WorkCompletion> {
 
 // --- the server: accept, then echo each connection on its own task -----------------
 
-// README:begin: the README shows these regions verbatim (tests/readme.rs checks it)
+// README:begin: docs/api.md shows these regions verbatim (tests/readme.rs checks it)
 // Server: the listener reads every connecting client's request at once (one that sends
 // garbage or nothing within `setup` is dropped, a flood is bounded); each client is then
 // set up and served on a task of its own. With `clients`, it stops after that many.
