@@ -187,6 +187,9 @@ impl WcOpcode {
             W::RdmaRead => WcOpcode::RdmaRead,
             W::AtomicCmpAndSwp => WcOpcode::CompSwap,
             W::AtomicFetchAndAdd => WcOpcode::FetchAdd,
+            W::LocalInv => WcOpcode::LocalInv,
+            W::BindMw => WcOpcode::BindMw,
+            W::SendWithInv => WcOpcode::Send,
         }
     }
 }
@@ -205,7 +208,9 @@ pub struct WorkCompletion {
     pub vendor_err: u32,
     /// Bytes transferred (receives, READ, atomics).
     pub byte_len: u32,
-    /// Immediate data in host byte order; valid when `wc_flags` has `WITH_IMM`.
+    /// Immediate data in host byte order, valid when `wc_flags` has `WITH_IMM`; or, as
+    /// `ibv_wc`'s union has it, the rkey a SEND_WITH_INV invalidated (`invalidated_rkey`),
+    /// valid when `wc_flags` has `WITH_INV`.
     pub imm_data: u32,
     /// Local QP number.
     pub qp_num: u32,
@@ -227,6 +232,12 @@ impl WorkCompletion {
     /// The immediate data, if the completion carries one.
     pub fn imm(&self) -> Option<u32> {
         self.wc_flags.contains(WcFlags::WITH_IMM).then_some(self.imm_data)
+    }
+
+    /// The rkey the peer's SEND_WITH_INV invalidated (`invalidated_rkey`), if the
+    /// completion carries one (`IBV_WC_WITH_INV`).
+    pub fn invalidated_rkey(&self) -> Option<u32> {
+        self.wc_flags.contains(WcFlags::WITH_INV).then_some(self.imm_data)
     }
 
     /// Whether `status` is `Success`.

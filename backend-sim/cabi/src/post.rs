@@ -161,6 +161,7 @@ impl Converted<'_> {
             op: self.op,
             send_flags: self.flags,
             ud: self.ud,
+            bind: None,
         };
         (wr, pieces)
     }
@@ -335,6 +336,7 @@ unsafe fn post_lone(q: &Qp, w: &ibv_send_wr) -> Result<(), Errno> {
         op,
         send_flags,
         ud: None,
+        bind: None,
     };
     q.sim
         .post_send_with_inline(std::slice::from_ref(&wr), &[])

@@ -353,6 +353,7 @@ fn complete(q: &Qp, b: Builder) -> Result<(), Errno> {
                 op: w.op,
                 send_flags: flags,
                 ud: dest,
+                bind: None,
             });
         }
         q.sim
