@@ -197,6 +197,15 @@ fn param_pool_demo_uses_no_torn_vector() {
     has(&o, "torn vectors used: 0");
     has(&o, "OK: every one of the");
     has(&o, "reads/s");
+    // Each reader reads through its own window; the owner revokes the last one by
+    // invalidating it, and only that reader's READs are then refused.
+    has(&o, "one READ-only window per reader");
+    has(&o, "owner: revoked reader 1: invalidated its window");
+    has(
+        &o,
+        "reader 1: owner 0 revoked my window (RDMA READ: REM_ACCESS_ERR)",
+    );
+    has(&o, "revoked: 1 reader window(s) invalidated");
 }
 
 #[test]
