@@ -377,3 +377,29 @@ fn rereg_mr_changes_access_and_pd_where_the_profile_has_it() {
         Some(NakReason::WrongPd)
     );
 }
+
+/// A bind and the invalidation of the window it bound, in one post, the invalidation
+/// alone signaled: its completion comes (the unsignaled bind completes silently before it).
+#[test]
+fn a_signaled_invalidation_after_an_unsignaled_bind_completes() {
+    let p = pair(Profile::Portable);
+    let (target, _local) = regions(&p);
+    let windows: Vec<_> = (0..4).map(|_| p.pd1.alloc_mw(MwType::Type2).unwrap()).collect();
+    let info = MwBindInfo::whole(&target, AccessFlags::REMOTE_READ);
+    for round in 0..3 {
+        let mut wrs = Vec::new();
+        for w in &windows {
+            let k = inc_rkey(w.rkey());
+            wrs.push(SendWr::bind_mw(round, w, k, info));
+            wrs.push(SendWr::local_inv(round, k));
+        }
+        let last = wrs.pop().unwrap();
+        wrs.push(last.signaled());
+        p.b.post_send(&wrs).unwrap();
+        let wc = one(&p.cq1);
+        assert_eq!(
+            (wc.wr_id, wc.status, wc.opcode),
+            (round, WcStatus::Success, WcOpcode::LocalInv)
+        );
+    }
+}

@@ -280,6 +280,24 @@ fn perf_write_bw() {
     assert!(cols[3] > 0.0 && cols[2] >= cols[3], "peak >= average > 0: {row}");
 }
 
+/// `--mw`: the one-sided rows go through the server's (and, for write_lat, the client's)
+/// type 2 window, and the client reports its bind rate; a test without remote memory
+/// refuses the flag.
+#[test]
+fn perf_through_memory_windows() {
+    for test in ["write_lat", "read_bw", "atomic_lat"] {
+        let o = ok(PERF, &[test, "--mw", "-n", "200"]);
+        has(&o, "binds of a type 2 window through the send queue");
+        has(&o, "binds/s");
+    }
+    let o = run(PERF, &["send_bw", "--mw", "-n", "200"]);
+    assert!(!o.ok, "{o:?}");
+    assert!(
+        o.stderr.contains("--mw is for the READ, WRITE and atomic tests"),
+        "{o:?}"
+    );
+}
+
 #[test]
 fn perf_json_rows_parse() {
     for (args, test, size) in [
