@@ -74,11 +74,11 @@ pub(crate) fn wc_from_raw(wc: &ibv_wc) -> WorkCompletion {
         // SAFETY: both union variants are u32; the buffer was zeroed before polling, so
         // the bytes are initialized whatever the provider wrote.
         u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data })
-    } else if wc_flags.contains(WcFlags::WITH_INV) {
-        // SAFETY: as above; the invalidated rkey is in host order.
-        unsafe { wc.imm_data_invalidated_rkey_union.invalidated_rkey }
     } else {
-        0
+        // SAFETY: as above; the invalidated rkey is in host order. rxe marks it with the
+        // kernel's IB_WC_WITH_INVALIDATE bit, which reads as IBV_WC_IP_CSUM_OK, rather
+        // than IBV_WC_WITH_INV; without either, rxe and mlx5 leave the union 0.
+        unsafe { wc.imm_data_invalidated_rkey_union.invalidated_rkey }
     };
     WorkCompletion {
         wr_id: wc.wr_id,

@@ -70,6 +70,11 @@ bitflags! {
         const GRH = 1;
         /// `IBV_WC_WITH_IMM`: `imm_data` is valid.
         const WITH_IMM = 1 << 1;
+        /// `IBV_WC_IP_CSUM_OK`: an offloaded IP checksum was verified. rxe sets this bit
+        /// instead of `WITH_INV` on the receive of a SEND_WITH_INV (it writes the kernel's
+        /// `IB_WC_WITH_INVALIDATE`, 1 << 2, into the user's CQE), with the invalidated
+        /// rkey in `imm_data` all the same.
+        const IP_CSUM_OK = 1 << 2;
         /// `IBV_WC_WITH_INV`: a SEND_WITH_INV invalidated the rkey in `imm_data`
         /// (`ibv_wc`'s `invalidated_rkey`, which shares the union with `imm_data`).
         const WITH_INV = 1 << 3;

@@ -36,8 +36,11 @@ const ON_DEMAND: u32 = 1 << 6;
 const HUGETLB: u32 = 1 << 7;
 /// `IBV_ACCESS_OPTIONAL_RANGE` (bits 20..=29).
 const OPTIONAL_RANGE: u32 = 0x3ff0_0000;
-/// `IBV_REREG_MR_ERR_INPUT`: the old region is still valid.
+/// `IBV_REREG_MR_ERR_INPUT`: refused before the provider; the old region is still valid.
 const IBV_REREG_MR_ERR_INPUT: c_int = -1;
+/// `IBV_REREG_MR_ERR_CMD`: the provider (or the kernel) refused; the region stays as it
+/// was.
+const IBV_REREG_MR_ERR_CMD: c_int = -4;
 
 /// A registered memory region.
 #[repr(C)]
@@ -169,12 +172,13 @@ const CHANGE_PD: c_int = 1 << 1;
 /// `IBV_REREG_MR_CHANGE_ACCESS`
 const CHANGE_ACCESS: c_int = 1 << 2;
 
-/// `ibv_rereg_mr`: 0, or `IBV_REREG_MR_ERR_INPUT` with errno set and the region as it
-/// was: EINVAL for what libibverbs' `ibv_rereg_mr()` refuses before the provider (unknown
-/// flags, a new translation without address or length, access bits without
-/// `CHANGE_ACCESS`) and for a pointer that is not a region, EOPNOTSUPP where the profile's
-/// device has no `rereg_mr` (rxe's provider has none, so libibverbs' default answers),
-/// and the sim's refusal else (mlx5 serves all three changes, keeping the keys).
+/// `ibv_rereg_mr`: 0, or an `IBV_REREG_MR_ERR_*` with errno set and the region as it was,
+/// as libibverbs' `ibv_rereg_mr()` answers: `IBV_REREG_MR_ERR_INPUT` and EINVAL for what
+/// it refuses before the provider (unknown flags, a new translation without address or
+/// length, access bits without `CHANGE_ACCESS`; here also a pointer that is not a
+/// region); `IBV_REREG_MR_ERR_CMD` for the provider's refusal: EOPNOTSUPP where the
+/// profile's device has no `rereg_mr` (rxe's provider sets none, so libibverbs' dummy
+/// answers), else the sim's (mlx5 serves all three changes, keeping the keys).
 pub(crate) unsafe extern "C" fn ibv_rereg_mr(
     mr: *mut ibv_mr,
     flags: c_int,
@@ -183,16 +187,28 @@ pub(crate) unsafe extern "C" fn ibv_rereg_mr(
     length: usize,
     access: c_int,
 ) -> c_int {
+    let mut code = IBV_REREG_MR_ERR_INPUT;
     let r = errno_verb("ibv_rereg_mr", || {
         // SAFETY: used within this call only.
         let m = unsafe { live::get::<Mr>(mr) }?;
+        if !rereg_input_ok(flags, addr, length, access) {
+            return Err(libc::EINVAL);
+        }
+        code = IBV_REREG_MR_ERR_CMD;
         // SAFETY: as above.
         unsafe { rereg(m, flags, pd, addr, length, access) }
     });
     match r {
         0 => 0,
-        _ => IBV_REREG_MR_ERR_INPUT,
+        _ => code,
     }
+}
+
+/// libibverbs' checks of `ibv_rereg_mr()`'s arguments before the provider's.
+fn rereg_input_ok(flags: c_int, addr: *mut c_void, length: usize, access: c_int) -> bool {
+    flags & !(CHANGE_TRANSLATION | CHANGE_PD | CHANGE_ACCESS) == 0
+        && (flags & CHANGE_TRANSLATION == 0 || (!addr.is_null() && length != 0))
+        && (access == 0 || flags & CHANGE_ACCESS != 0)
 }
 
 /// [`ibv_rereg_mr`] of the live region `m`.
@@ -209,12 +225,6 @@ unsafe fn rereg(
     length: usize,
     access: c_int,
 ) -> Result<(), Errno> {
-    if flags & !(CHANGE_TRANSLATION | CHANGE_PD | CHANGE_ACCESS) != 0
-        || (flags & CHANGE_TRANSLATION != 0 && (addr.is_null() || length == 0))
-        || (access != 0 && flags & CHANGE_ACCESS == 0)
-    {
-        return Err(libc::EINVAL);
-    }
     let old_pd = m.pd.load(Ordering::Acquire);
     let new_pd: &Pd = if flags & CHANGE_PD != 0 {
         // SAFETY: used within this call; the region then holds a count on it.

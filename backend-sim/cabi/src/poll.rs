@@ -14,13 +14,15 @@ use crate::ffi::{errno_of, value_verb, Errno};
 use crate::live;
 
 /// The union of `imm_data` and `invalidated_rkey` as `struct ibv_wc` holds it: immediate
-/// data in network byte order, the rkey a SEND_WITH_INV invalidated (`IBV_WC_WITH_INV`)
-/// in host order (`ibv_wc_read_invalidated_rkey` returns `read_imm_data` as it is).
+/// data (`IBV_WC_WITH_IMM`) in network byte order, else the rkey a SEND_WITH_INV
+/// invalidated in host order (`ibv_wc_read_invalidated_rkey` returns `read_imm_data` as
+/// it is), whichever flag the profile's device marks it with (`IBV_WC_WITH_INV`, or
+/// rxe's `IBV_WC_IP_CSUM_OK`), and 0 for neither.
 fn imm_or_rkey(w: &WorkCompletion) -> u32 {
-    if w.wc_flags.contains(WcFlags::WITH_INV) {
-        w.imm_data
-    } else {
+    if w.wc_flags.contains(WcFlags::WITH_IMM) {
         w.imm_data.to_be()
+    } else {
+        w.imm_data
     }
 }
 

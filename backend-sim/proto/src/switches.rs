@@ -206,6 +206,14 @@ pub struct Switches {
     /// at the state and the type alone), so any QP of the device may invalidate any
     /// type 2 window.
     pub mw_owner_checks: bool,
+    /// Whether the receive of a SEND_WITH_INV carries the kernel's
+    /// `IB_WC_WITH_INVALIDATE` bit (1 << 2, which libibverbs reads as
+    /// `IBV_WC_IP_CSUM_OK`) instead of `IBV_WC_WITH_INV` (1 << 3), the invalidated rkey
+    /// in `invalidated_rkey` all the same. rxe writes the kernel's `enum ib_wc_flags`
+    /// into the user's CQE (rxe_resp.c `do_complete()`: `uwc->wc_flags |=
+    /// IB_WC_WITH_INVALIDATE`), and the provider copies it as it is (rdma-core
+    /// providers/rxe/rxe.c `rxe_poll_cq()`); mlx5's provider sets `IBV_WC_WITH_INV`.
+    pub inv_flag_kernel_bit: bool,
 }
 
 impl Switches {
@@ -236,6 +244,7 @@ impl Switches {
         send_error_sqe: true,
         mw_region_bounds: false,
         mw_owner_checks: true,
+        inv_flag_kernel_bit: false,
     };
 
     /// Soft-RoCE as Linux 6.1 and rdma-core v44 implement it.
@@ -264,6 +273,7 @@ impl Switches {
         send_error_sqe: false,
         mw_region_bounds: true,
         mw_owner_checks: false,
+        inv_flag_kernel_bit: true,
     };
 
     /// A ConnectX (mlx5) as rdma-core's mlx5 provider and the IBA it follows describe it.
@@ -292,6 +302,7 @@ impl Switches {
         send_error_sqe: true,
         mw_region_bounds: false,
         mw_owner_checks: true,
+        inv_flag_kernel_bit: false,
     };
 }
 

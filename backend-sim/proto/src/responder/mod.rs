@@ -895,7 +895,10 @@ impl Responder {
             }
             if let Some(rkey) = inv {
                 wc.imm_data = rkey;
-                wc.wc_flags |= WcFlags::WITH_INV;
+                wc.wc_flags |= match self.sw.inv_flag_kernel_bit {
+                    true => WcFlags::IP_CSUM_OK,
+                    false => WcFlags::WITH_INV,
+                };
             }
             out.push((wc, solicited));
         }
