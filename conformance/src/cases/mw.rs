@@ -14,7 +14,7 @@ use verbs_api::{
 };
 
 use super::case;
-use crate::{ensure, ensure_eq, Case, CaseResult, Env, Outcome, Pair, Profile};
+use crate::{ensure_eq, Case, CaseResult, Env, Outcome, Pair, Profile};
 
 pub fn list<B: Backend>() -> Vec<Case<B>> {
     vec![
