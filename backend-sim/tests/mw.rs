@@ -343,7 +343,7 @@ fn rereg_mr_changes_access_and_pd_where_the_profile_has_it() {
     assert_eq!(target.access(), AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND);
 
     let p = pair(Profile::Mlx5);
-    let (mut target, local) = regions(&p);
+    let (target, local) = regions(&p);
     target.write_u64(0, 5).unwrap();
     assert_eq!(
         write(&p, &local, target.rkey(), target.addr(), 1).status,
