@@ -42,32 +42,10 @@ static struct ibv_wc one(struct ibv_cq *cq)
 	return wc;
 }
 
-/* Connects `qp` to the QP `dest` of this device: by LID, or by GID GID_INDEX where the
- * port has no LID (RoCE). */
+/* Connects `qp` to the QP `dest` of this device. */
 static int connect_to(struct ibv_qp *qp, uint32_t dest)
 {
-	struct ibv_port_attr port;
-	union ibv_gid gid;
-	if (to_init(qp) || ibv_query_port(ctx, 1, &port) || ibv_query_gid(ctx, 1, GID_INDEX, &gid))
-		return -1;
-	struct ibv_qp_attr a = { .qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_1024,
-		.dest_qp_num = dest, .rq_psn = 7, .max_dest_rd_atomic = 4,
-		.min_rnr_timer = 12, .ah_attr = { .dlid = port.lid, .port_num = 1 } };
-	if (port.lid == 0) {
-		a.ah_attr.is_global = 1;
-		a.ah_attr.grh.dgid = gid;
-		a.ah_attr.grh.hop_limit = 1;
-		a.ah_attr.grh.sgid_index = GID_INDEX;
-	}
-	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
-				      IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-				      IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-		return -1;
-	struct ibv_qp_attr r = { .qp_state = IBV_QPS_RTS, .sq_psn = 7, .timeout = 14,
-		.retry_cnt = 7, .rnr_retry = 7, .max_rd_atomic = 4 };
-	return ibv_modify_qp(qp, &r, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT |
-				     IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-				     IBV_QP_MAX_QP_RD_ATOMIC);
+	return to_init(qp) ? -1 : init_to_rts(ctx, qp, dest, GID_INDEX);
 }
 
 /* An RC QP on `cq`, created with `ops` for the ibv_wr_* API. */
