@@ -337,8 +337,10 @@ fi
 # ---------------------------------------------------------------- pyverbs
 # rdma-core's own tests (python3-pyverbs ships them, some gzipped). A row fails if a test
 # fails or errors, or if fewer of the generic tests (not test_mlx5_*, test_efa*) pass
-# than the floor of its profile; the floors only rise.
-declare -A floor=([portable]=70 [rxe]=73 [mlx5]=72)
+# than the floor of its profile; the floors only rise. The sim logs at level error only
+# here: a refusal's warning, written to the same stream as unittest's verdict, would split
+# a "... ok" line and hide that test from the count.
+declare -A floor=([portable]=83 [rxe]=85 [mlx5]=89)
 pyv=$out/install/pyverbs-tests
 rm -rf "$pyv"
 cp -r /usr/share/doc/rdma-core/tests "$pyv"
@@ -348,7 +350,7 @@ for profile in portable rxe mlx5; do
     wanted "$name" || continue
     log=$runs/$name.log
     status=ok
-    (cd "$pyv" && timeout $((limit * 5)) "$launcher" --profile "$profile" -- /usr/bin/python3 run_tests.py -v >"$log" 2>&1) || status=FAIL
+    (cd "$pyv" && RUST_LOG=error timeout $((limit * 5)) "$launcher" --profile "$profile" -- /usr/bin/python3 run_tests.py -v >"$log" 2>&1) || status=FAIL
     generic=$(grep -E ' \.\.\. ok$' "$log" | grep -vcE 'tests\.test_(mlx5|efa)' || true)
     bad=$(grep -cE ' \.\.\. (FAIL|ERROR)$' "$log" || true)
     [ "$generic" -ge "${floor[$profile]}" ] || status=FAIL

@@ -171,6 +171,7 @@ pub(crate) fn device_attr_from_raw(a: &ibv_device_attr) -> DeviceAttr {
         max_cq: n(a.max_cq),
         max_cqe: n(a.max_cqe),
         max_mr: n(a.max_mr),
+        max_mw: n(a.max_mw),
         max_pd: n(a.max_pd),
         max_qp_rd_atom: n(a.max_qp_rd_atom),
         max_qp_init_rd_atom: n(a.max_qp_init_rd_atom),
@@ -219,6 +220,10 @@ pub(crate) fn capabilities_from(dev: &DeviceAttr, port: &PortAttr, transport_ib:
     c.max_srq_wr = dev.max_srq_wr;
     c.max_srq_sge = dev.max_srq_sge;
     c.srq_resize = c.srq && dev.device_cap_flags & ibv_device_cap_flags::IBV_DEVICE_SRQ_RESIZE.0 != 0;
+    let mw = |f: ibv_device_cap_flags| dev.max_mw > 0 && dev.device_cap_flags & f.0 != 0;
+    c.mw_type1 = mw(ibv_device_cap_flags::IBV_DEVICE_MEM_WINDOW);
+    c.mw_type2 = mw(ibv_device_cap_flags::IBV_DEVICE_MEM_WINDOW_TYPE_2A)
+        || mw(ibv_device_cap_flags::IBV_DEVICE_MEM_WINDOW_TYPE_2B);
     // UD and UC are part of the IB transport (InfiniBand and RoCE); iWARP is RC only.
     c.ud = transport_ib;
     c.uc = transport_ib;

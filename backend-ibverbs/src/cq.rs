@@ -32,6 +32,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use rdma_sys::ibv_resize_cq;
 use rdma_sys::ibv_wc;
 use rdma_sys::{ibv_ack_cq_events, ibv_comp_channel, ibv_cq, ibv_create_comp_channel, ibv_create_cq};
 use rdma_sys::{ibv_destroy_comp_channel, ibv_destroy_cq, ibv_get_cq_event, ibv_poll_cq, ibv_req_notify_cq};
@@ -74,7 +75,10 @@ pub(crate) fn wc_from_raw(wc: &ibv_wc) -> WorkCompletion {
         // the bytes are initialized whatever the provider wrote.
         u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data })
     } else {
-        0
+        // SAFETY: as above; the invalidated rkey is in host order. rxe marks it with the
+        // kernel's IB_WC_WITH_INVALIDATE bit, which reads as IBV_WC_IP_CSUM_OK, rather
+        // than IBV_WC_WITH_INV; without either, rxe and mlx5 leave the union 0.
+        unsafe { wc.imm_data_invalidated_rkey_union.invalidated_rkey }
     };
     WorkCompletion {
         wr_id: wc.wr_id,
@@ -211,7 +215,7 @@ impl CompletionChannel for IbvChannel {
 pub(crate) struct CqInner {
     pub(crate) raw: *mut ibv_cq,
     handle: u32,
-    capacity: u32,
+    capacity: std::sync::atomic::AtomicU32,
     state: Arc<CqState>,
     pub(crate) ctx: Arc<CtxInner>,
     /// Dropped after the CQ is destroyed (field drop order follows `Drop::drop`).
@@ -251,7 +255,7 @@ impl std::fmt::Debug for IbvCq {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IbvCq")
             .field("handle", &self.inner.handle)
-            .field("capacity", &self.inner.capacity)
+            .field("capacity", &self.inner.capacity.load(Ordering::Relaxed))
             .finish()
     }
 }
@@ -302,7 +306,7 @@ impl IbvCq {
             inner: Arc::new(CqInner {
                 raw,
                 handle,
-                capacity,
+                capacity: capacity.into(),
                 state,
                 ctx,
                 _channel: channel.map(|c| c.inner.clone()),
@@ -419,7 +423,23 @@ impl CompletionQueue for IbvCq {
     }
 
     fn capacity(&self) -> u32 {
-        self.inner.capacity
+        self.inner.capacity.load(Ordering::Relaxed)
+    }
+
+    fn resize(&self, cqe: u32) -> Result<()> {
+        let n = c_int::try_from(cqe)
+            .map_err(|_| Error::invalid("ibv_resize_cq", format!("cqe {cqe} exceeds INT_MAX")))?;
+        // SAFETY: the CQ is live; the provider resizes it under its own lock.
+        let rc = unsafe { ibv_resize_cq(self.inner.raw, n) };
+        if rc != 0 {
+            return Err(Error::from_errno("ibv_resize_cq", rc_errno(rc)));
+        }
+        // SAFETY: the CQ is live; `cqe` is a plain field the call just updated.
+        let granted = unsafe { (*self.inner.raw).cqe };
+        self.inner
+            .capacity
+            .store(u32::try_from(granted).unwrap_or(0), Ordering::Relaxed);
+        Ok(())
     }
 
     fn handle(&self) -> u32 {

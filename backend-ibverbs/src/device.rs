@@ -113,6 +113,7 @@ impl Backend for IbvBackend {
     type Qp = IbvQp;
     type Srq = IbvSrq;
     type Ah = IbvAh;
+    type Mw = crate::mw::IbvMw;
 
     fn name(&self) -> &'static str {
         "ibverbs"

@@ -9,7 +9,7 @@
 use std::alloc::Layout;
 use std::sync::Arc;
 
-use rdma_sys::{ibv_dereg_mr, ibv_mr, ibv_reg_mr};
+use rdma_sys::{ibv_dereg_mr, ibv_mr, ibv_reg_mr, ibv_rereg_mr, ibv_rereg_mr_flags};
 use verbs_api::{AccessFlags, Error, MemoryRegion, Result};
 
 use crate::async_events::MrSpan;
@@ -29,7 +29,7 @@ pub struct IbvMr {
     access: AccessFlags,
     /// The layout of the buffer this MR owns (from `reg_mr`), `None` for `reg_mr_raw`.
     owned: Option<Layout>,
-    pd: Arc<PdInner>,
+    pub(crate) pd: Arc<PdInner>,
 }
 
 // SAFETY: `ibv_mr` is safe for multi-threaded access (crate docs). The buffer is only
@@ -157,6 +157,92 @@ impl IbvMr {
     /// The `struct ibv_mr *`, valid while this MR lives.
     pub fn as_raw(&self) -> *mut ibv_mr {
         self.raw
+    }
+
+    /// `ibv_rereg_mr`: moves the region to `pd` (if it is another), to `translation`
+    /// (if given) and to `access` (if given). On success the keys are what the provider
+    /// says now, and a buffer the region owned and no longer covers is freed; on failure
+    /// the region is as it was (`IBV_REREG_MR_ERR_INPUT`: the provider refused before
+    /// changing anything).
+    ///
+    /// # Safety
+    ///
+    /// A `translation` must stay valid as [`ProtectionDomain::reg_mr_raw`] requires.
+    ///
+    /// [`ProtectionDomain::reg_mr_raw`]: verbs_api::ProtectionDomain::reg_mr_raw
+    pub(crate) unsafe fn rereg(
+        &mut self,
+        pd: &Arc<PdInner>,
+        translation: Option<(*mut u8, usize)>,
+        access: Option<AccessFlags>,
+    ) -> Result<()> {
+        let mut flags = 0;
+        if !Arc::ptr_eq(pd, &self.pd) {
+            flags |= ibv_rereg_mr_flags::IBV_REREG_MR_CHANGE_PD.0;
+        }
+        if translation.is_some() {
+            flags |= ibv_rereg_mr_flags::IBV_REREG_MR_CHANGE_TRANSLATION.0;
+        }
+        if access.is_some() {
+            flags |= ibv_rereg_mr_flags::IBV_REREG_MR_CHANGE_ACCESS.0;
+        }
+        if flags == 0 {
+            return Ok(());
+        }
+        if !Arc::ptr_eq(&pd.ctx, &self.pd.ctx) {
+            return Err(Error::invalid(
+                "ibv_rereg_mr",
+                "the PD belongs to another device context than the region",
+            ));
+        }
+        let (addr, len) = translation.unwrap_or((std::ptr::null_mut(), 0));
+        let acc = access.unwrap_or(self.access);
+        // Out of the span table while it changes, as for a deregistration.
+        let ctx = self.pd.ctx.clone();
+        let mut spans = ctx.registry.mrs.write();
+        let old = spans.remove(&self.lkey);
+        // SAFETY: the MR and the PD are live; a new translation is valid (caller
+        // contract); the old memory stays allocated until the call has returned.
+        let rc = unsafe {
+            ibv_rereg_mr(
+                self.raw,
+                flags as i32,
+                pd.raw,
+                addr.cast(),
+                len,
+                acc.bits() as i32,
+            )
+        };
+        if rc != 0 {
+            let e = last_errno();
+            if let Some(span) = old {
+                spans.insert(self.lkey, span);
+            }
+            return Err(Error::from_errno("ibv_rereg_mr", e));
+        }
+        // SAFETY: `raw` is a live MR the call updated; plain fields.
+        let (lkey, rkey) = unsafe { ((*self.raw).lkey, (*self.raw).rkey) };
+        if let Some((a, l)) = translation {
+            if let Some(layout) = self.owned.take() {
+                // SAFETY: the buffer came from `alloc_zeroed(layout)` and the region no
+                // longer covers it.
+                unsafe { std::alloc::dealloc(self.addr, layout) };
+            }
+            self.addr = a;
+            self.len = l;
+        }
+        self.lkey = lkey;
+        self.rkey = rkey;
+        self.access = acc;
+        self.pd = pd.clone();
+        spans.insert(
+            lkey,
+            MrSpan {
+                addr: self.addr as u64,
+                len: self.len as u64,
+            },
+        );
+        Ok(())
     }
 }
 

@@ -1,12 +1,13 @@
 //! Protection domains: `ibv_alloc_pd` / `ibv_dealloc_pd` (`man ibv_alloc_pd`), and the
-//! factories for what belongs to a PD: memory regions (`man ibv_reg_mr`), queue pairs
+//! factories for what belongs to a PD: memory regions (`man ibv_reg_mr`, `man
+//! ibv_rereg_mr`), memory windows (`man ibv_alloc_mw`), queue pairs
 //! (`man ibv_create_qp`), shared receive queues (`man ibv_create_srq`) and address handles
 //! (`man ibv_create_ah`).
 
 use std::sync::Arc;
 
 use rdma_sys::{ibv_alloc_pd, ibv_dealloc_pd, ibv_pd};
-use verbs_api::{AccessFlags, Error, ProtectionDomain, QpInitAttr, Result};
+use verbs_api::{AccessFlags, Error, MwType, ProtectionDomain, QpInitAttr, Result};
 
 use crate::ah::IbvAh;
 use crate::context::CtxInner;
@@ -14,6 +15,7 @@ use crate::cq::IbvCq;
 use crate::device::IbvBackend;
 use crate::errno::last_errno;
 use crate::mr::IbvMr;
+use crate::mw::IbvMw;
 use crate::qp::IbvQp;
 use crate::srq::IbvSrq;
 
@@ -93,5 +95,25 @@ impl ProtectionDomain for IbvPd {
 
     fn create_ah(&self, attr: &verbs_api::AhAttr) -> Result<IbvAh> {
         IbvAh::create(self.inner.clone(), attr)
+    }
+
+    fn alloc_mw(&self, mw_type: MwType) -> Result<IbvMw> {
+        IbvMw::alloc(self.inner.clone(), mw_type)
+    }
+
+    fn rereg_mr(&self, mr: &mut IbvMr, access: Option<AccessFlags>) -> Result<()> {
+        // SAFETY: no new translation: the region keeps the memory it was registered over.
+        unsafe { mr.rereg(&self.inner, None, access) }
+    }
+
+    unsafe fn rereg_mr_raw(
+        &self,
+        mr: &mut IbvMr,
+        addr: *mut u8,
+        len: usize,
+        access: Option<AccessFlags>,
+    ) -> Result<()> {
+        // SAFETY: forwarded caller contract for the new memory.
+        unsafe { mr.rereg(&self.inner, Some((addr, len)), access) }
     }
 }

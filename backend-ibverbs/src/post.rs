@@ -27,6 +27,12 @@
 //!   silently ignored. The address handle must be this backend's ([`IbvAh`]) and of the
 //!   QP's device context.
 //!
+//! - A BIND_MW names its window and region by reference (`wr.bind_mw`); both must be
+//!   this backend's ([`IbvMw`], [`IbvMr`]) and of the QP's device context, since the
+//!   provider dereferences them. The windows a post binds are locked for the post (their
+//!   `struct ibv_mw::rkey`, which the provider reads, takes the new rkey once it is
+//!   posted: see [`crate::mw`]).
+//!
 //! A WR that fails a check is not posted: the WRs before it are, and the post fails with
 //! EINVAL naming it.
 
@@ -37,11 +43,13 @@ use std::ptr::null_mut;
 use std::any::{Any, TypeId};
 use std::sync::Arc;
 
-use rdma_sys::{atomic_t, imm_data_invalidated_rkey_union_t, rdma_t, ud_t, wr_t};
-use rdma_sys::{ibv_ah, ibv_post_recv, ibv_post_send, ibv_recv_wr, ibv_send_wr, ibv_sge};
+use rdma_sys::{atomic_t, bind_mw_t, imm_data_invalidated_rkey_union_t, rdma_t, ud_t, wr_t};
+use rdma_sys::{
+    ibv_ah, ibv_mr, ibv_mw_bind_info, ibv_post_recv, ibv_post_send, ibv_recv_wr, ibv_send_wr, ibv_sge,
+};
 use verbs_api::{
-    AddressHandle, Error, PostError, QpState, QpType, QueueKind, QueuePair, RecvWr, SendFlags, SendWr, Sge,
-    UdDest, WrOp,
+    AddressHandle, BindMw, Error, PostError, QpState, QpType, QueueKind, QueuePair, RecvWr, SendFlags,
+    SendWr, Sge, UdDest, WrOp,
 };
 
 use rustc_hash::FxHashMap;
@@ -50,6 +58,8 @@ use crate::ah::IbvAh;
 use crate::async_events::MrSpan;
 use crate::context::CtxInner;
 use crate::errno::rc_errno;
+use crate::mr::IbvMr;
+use crate::mw::IbvMw;
 use crate::qp::IbvQp;
 
 /// WRs per post built on the stack.
@@ -99,8 +109,17 @@ pub(crate) fn send_wr_to_raw(
             imm_data: imm.to_be(),
         };
     }
+    if let Some(rkey) = wr.op.invalidate_rkey() {
+        r.imm_data_invalidated_rkey_union = imm_data_invalidated_rkey_union_t {
+            invalidated_rkey: rkey,
+        };
+    }
     match wr.op {
-        WrOp::Send | WrOp::SendWithImm { .. } => {}
+        WrOp::Send
+        | WrOp::SendWithImm { .. }
+        | WrOp::SendWithInv { .. }
+        | WrOp::LocalInv { .. }
+        | WrOp::BindMw => {}
         WrOp::RdmaWrite { remote } | WrOp::RdmaWriteWithImm { remote, .. } | WrOp::RdmaRead { remote } => {
             r.wr = wr_t {
                 rdma: rdma_t {
@@ -148,6 +167,50 @@ pub(crate) fn set_ud(r: &mut ibv_send_wr, wr: &SendWr<'_>, ah: *mut ibv_ah) {
                 ah,
                 remote_qpn: ud.remote_qpn,
                 remote_qkey: ud.remote_qkey,
+            },
+        };
+    }
+}
+
+/// The window and region of a BIND_MW, checked (see the module docs): both this
+/// backend's and of the context `ctx`.
+fn bind_objects<'a>(b: &BindMw<'a>, ctx: *const CtxInner) -> Result<(&'a IbvMw, *mut ibv_mr), Error> {
+    let mw =
+        b.mw.downcast_ref::<IbvMw>()
+            .filter(|m| std::ptr::eq(Arc::as_ptr(&m.pd.ctx), ctx))
+            .ok_or_else(|| {
+                Error::invalid(
+                    "ibv_post_send",
+                    "wr.bind_mw.mw is not a memory window of this context",
+                )
+            })?;
+    let mr = match b.bind_info.mr {
+        None => null_mut(),
+        Some(m) => m
+            .downcast_ref::<IbvMr>()
+            .filter(|m| std::ptr::eq(Arc::as_ptr(&m.pd.ctx), ctx))
+            .ok_or_else(|| {
+                Error::invalid(
+                    "ibv_post_send",
+                    "wr.bind_mw.bind_info.mr is not a memory region of this context",
+                )
+            })?
+            .as_raw(),
+    };
+    Ok((mw, mr))
+}
+
+/// Writes a BIND_MW's window and binding into `r.bind_mw` (checked by [`bind_objects`]).
+fn set_bind(r: &mut ibv_send_wr, b: &BindMw<'_>, ctx: *const CtxInner) {
+    if let Ok((mw, mr)) = bind_objects(b, ctx) {
+        r.bind_mw_tso_union.bind_mw = bind_mw_t {
+            mw: mw.as_raw(),
+            rkey: b.rkey,
+            bind_info: ibv_mw_bind_info {
+                mr,
+                addr: b.bind_info.addr,
+                length: b.bind_info.length,
+                mw_access_flags: b.bind_info.mw_access_flags.bits(),
             },
         };
     }
@@ -239,11 +302,29 @@ fn ud_on_connected(qp_num: u32, qp_type: QpType) -> Error {
 fn first_unpostable(
     wrs: &[SendWr<'_>],
     spans: Option<&FxHashMap<u32, MrSpan>>,
+    ctx: *const CtxInner,
     ud_ah: impl Fn(&SendWr<'_>) -> Result<*mut ibv_ah, Error>,
 ) -> Option<(usize, Error)> {
     for (i, wr) in wrs.iter().enumerate() {
         if let Err(e) = ud_ah(wr) {
             return Some((i, e));
+        }
+        match (wr.op, &wr.bind) {
+            (WrOp::BindMw, Some(b)) => {
+                if let Err(e) = bind_objects(b, ctx) {
+                    return Some((i, e));
+                }
+            }
+            (WrOp::BindMw, None) | (_, Some(_)) => {
+                return Some((
+                    i,
+                    Error::invalid(
+                        "ibv_post_send",
+                        "IBV_WR_BIND_MW needs its window and binding (wr.bind_mw), and only it",
+                    ),
+                ))
+            }
+            _ => {}
         }
         if c_int::try_from(wr.sg_list.len()).is_err() {
             return Some((
@@ -367,7 +448,7 @@ const ONE_WR_SGES: usize = 4;
 pub(crate) fn post_send(qp: &IbvQp, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
     // The common case, one WR with a few SGEs, skips the list's machinery.
     if let [wr] = wrs {
-        if wr.sg_list.len() <= ONE_WR_SGES {
+        if wr.sg_list.len() <= ONE_WR_SGES && wr.bind.is_none() && wr.op != WrOp::BindMw {
             return post_one_send(qp, wr);
         }
     }
@@ -453,10 +534,30 @@ fn post_send_list(qp: &IbvQp, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
     let any_inline = wrs.iter().any(|w| w.send_flags.contains(SendFlags::INLINE));
     // Held until the provider has copied the inline data.
     let spans = any_inline.then(|| qp.pd.ctx.registry.mrs.read());
-    let refused = first_unpostable(wrs, spans.as_deref(), |wr| ud_ah(qp, wr));
+    let ctx = Arc::as_ptr(&qp.pd.ctx);
+    let refused = first_unpostable(wrs, spans.as_deref(), ctx, |wr| ud_ah(qp, wr));
     let postable = refused.as_ref().map_or(wrs.len(), |(i, _)| *i);
     if postable > 0 {
-        post_send_checked(qp, &wrs[..postable])?;
+        // The windows bound, each locked once, in address order, for the post and the
+        // update of their rkeys.
+        let mut windows: Vec<&IbvMw> = wrs[..postable]
+            .iter()
+            .filter_map(|w| w.bind.as_ref())
+            .filter_map(|b| bind_objects(b, ctx).ok())
+            .map(|(mw, _)| mw)
+            .collect();
+        windows.sort_by_key(|m| *m as *const IbvMw);
+        windows.dedup_by_key(|m| *m as *const IbvMw);
+        let guards: Vec<_> = windows.iter().map(|m| m.lock()).collect();
+        let posted = post_send_checked(qp, &wrs[..postable]);
+        let done = posted.as_ref().err().map_or(postable, |e| e.index);
+        for b in wrs[..done].iter().filter_map(|w| w.bind.as_ref()) {
+            if let Ok((mw, _)) = bind_objects(b, ctx) {
+                mw.bound(b);
+            }
+        }
+        drop(guards);
+        posted?;
     }
     drop(spans);
     match refused {
@@ -500,6 +601,10 @@ fn post_send_checked(qp: &IbvQp, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
                 if wr.ud.is_some() {
                     // resolves: checked by first_unpostable
                     set_ud(&mut raw, wr, ud_ah(qp, wr).unwrap_or(null_mut()));
+                }
+                if let Some(b) = &wr.bind {
+                    // resolves: checked by first_unpostable
+                    set_bind(&mut raw, b, Arc::as_ptr(&qp.pd.ctx));
                 }
                 // SAFETY: i < wrs.len(), the length of `raw_wrs`.
                 unsafe { wr_base.add(i).write(raw) };
@@ -767,7 +872,7 @@ mod tests {
             SendWr::send(1, &outside), // not inline: the HCA checks it
             SendWr::send(2, &wrong_key).inline(),
         ];
-        let (i, e) = first_unpostable(&wrs, Some(&spans), |_| Ok(null_mut())).unwrap();
+        let (i, e) = first_unpostable(&wrs, Some(&spans), null_mut(), |_| Ok(null_mut())).unwrap();
         assert_eq!(i, 2);
         assert!(e.to_string().contains("inline SGE #0"), "{e}");
         assert_eq!(e.errno(), libc::EINVAL);
@@ -776,12 +881,12 @@ mod tests {
             SendWr::send(1, &outside).inline(),
         ];
         assert_eq!(
-            first_unpostable(&wrs, Some(&spans), |_| Ok(null_mut()))
+            first_unpostable(&wrs, Some(&spans), null_mut(), |_| Ok(null_mut()))
                 .unwrap()
                 .0,
             1
         );
-        assert!(first_unpostable(&wrs[..1], Some(&spans), |_| Ok(null_mut())).is_none());
+        assert!(first_unpostable(&wrs[..1], Some(&spans), null_mut(), |_| Ok(null_mut())).is_none());
     }
 
     /// An address handle of another backend.
@@ -817,7 +922,8 @@ mod tests {
         assert!(as_ibv_ah(&other).is_none());
         // A list stops at the first WR that breaks the rule.
         let wrs = [plain, to_other, plain];
-        let (i, _) = first_unpostable(&wrs, None, |wr| ud_ah_for(7, QpType::Rc, ctx, wr)).unwrap();
+        let (i, _) =
+            first_unpostable(&wrs, None, null_mut(), |wr| ud_ah_for(7, QpType::Rc, ctx, wr)).unwrap();
         assert_eq!(i, 1);
     }
 

@@ -14,7 +14,7 @@
 
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -56,8 +56,9 @@ struct CqState {
 pub struct CqShared {
     /// Handle, unique per device.
     pub handle: u32,
-    /// Capacity (`cqe`).
-    pub cap: u32,
+    /// Capacity (`cqe`): written under the `state` lock (`resize`), read under it by
+    /// `push_all`.
+    cap: AtomicU32,
     state: Mutex<CqState>,
     /// Whether the CQ may hold completions or a loss (written under the `state` lock,
     /// read without it): a poll of an empty CQ, which a spinning poller makes several
@@ -80,7 +81,7 @@ impl CqShared {
     pub fn new(handle: u32, cap: u32, channel: Option<Arc<ChannelShared>>) -> Self {
         CqShared {
             handle,
-            cap,
+            cap: AtomicU32::new(cap),
             state: Mutex::new(CqState {
                 entries: VecDeque::with_capacity(cap.min(4096) as usize),
                 lost: 0,
@@ -94,6 +95,29 @@ impl CqShared {
             overflow_unreported: AtomicBool::new(false),
             closed: AtomicBool::new(false),
         }
+    }
+
+    /// The number of completions it holds at most (`ibv_cq::cqe`).
+    pub fn capacity(&self) -> u32 {
+        self.cap.load(Ordering::Relaxed)
+    }
+
+    /// `ibv_resize_cq` (`man ibv_resize_cq`): the CQ holds `cqe` completions from now on,
+    /// and those it holds stay, in order. Fewer than it holds is EINVAL, as rxe's
+    /// `rxe_cq_chk_attr()` refuses (`cqe < count`) and mlx5 does.
+    pub fn resize(&self, cqe: u32) -> Result<()> {
+        let st = self.state.lock();
+        if (cqe as usize) < st.entries.len() {
+            return Err(Error::invalid(
+                "ibv_resize_cq",
+                format!(
+                    "cqe {cqe} is fewer than the {} completions the CQ holds",
+                    st.entries.len()
+                ),
+            ));
+        }
+        self.cap.store(cqe, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Whether the caller should raise `IBV_EVENT_CQ_ERR` for this CQ now: true once,
@@ -115,8 +139,9 @@ impl CqShared {
         let mut ok = true;
         {
             let mut st = self.state.lock();
+            let cap = self.cap.load(Ordering::Relaxed) as usize;
             for (wc, solicited, mark) in wcs {
-                if st.lost > 0 || st.entries.len() >= self.cap as usize {
+                if st.lost > 0 || st.entries.len() >= cap {
                     if st.lost == 0 {
                         self.overflow_unreported.store(true, Ordering::Release);
                     }

@@ -34,7 +34,7 @@ use crate::addressing::Addressing;
 use crate::counters::DeviceCounters;
 use crate::datagram::Datagrams;
 use crate::memory::MrTable;
-use crate::profile::attrs::IBV_DEVICE_SRQ_RESIZE;
+use crate::profile::attrs::{IBV_DEVICE_MEM_WINDOW, IBV_DEVICE_MEM_WINDOW_TYPE_2B, IBV_DEVICE_SRQ_RESIZE};
 use crate::profile::warnings::Advice;
 use crate::profile::{Attrs, Profile};
 use crate::progress::Progress;
@@ -146,12 +146,13 @@ impl DeviceShared {
             hw_ver: 1,
             max_qp: l.max_qp,
             max_qp_wr: l.max_qp_wr,
-            device_cap_flags: IBV_DEVICE_SRQ_RESIZE,
+            device_cap_flags: IBV_DEVICE_SRQ_RESIZE | l.mw_flags,
             max_sge: l.max_sge,
             max_sge_rd: l.max_sge_rd,
             max_cq: l.max_cq,
             max_cqe: l.max_cqe,
             max_mr: l.max_mr,
+            max_mw: l.max_mw,
             max_pd: l.max_pd,
             max_qp_rd_atom: l.max_qp_rd_atom,
             max_qp_init_rd_atom: l.max_qp_init_rd_atom,
@@ -261,6 +262,8 @@ impl DeviceShared {
         c.max_srq_wr = a.max_srq_wr;
         c.max_srq_sge = a.max_srq_sge;
         c.srq_resize = a.device_cap_flags & IBV_DEVICE_SRQ_RESIZE != 0;
+        c.mw_type1 = a.max_mw > 0 && a.device_cap_flags & IBV_DEVICE_MEM_WINDOW != 0;
+        c.mw_type2 = a.max_mw > 0 && a.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2B != 0;
         c.ud = true;
         c.uc = true;
         c.max_inline_data = self.limits.max_inline;

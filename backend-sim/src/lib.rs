@@ -35,8 +35,8 @@
 //! and its access check, requester, responder, the connection's ACK policy); this crate
 //! is its driver, in layers that import only downwards:
 //!
-//! - the verbs handles ([`SimBackend`], [`SimContext`], [`SimPd`], [`SimMr`], [`SimCq`],
-//!   [`SimChannel`], [`SimQp`], [`SimSrq`], [`SimAh`]) and the fault-injection API
+//! - the verbs handles ([`SimBackend`], [`SimContext`], [`SimPd`], [`SimMr`], [`SimMw`],
+//!   [`SimCq`], [`SimChannel`], [`SimQp`], [`SimSrq`], [`SimAh`]) and the fault-injection API
 //!   ([`faults`]);
 //! - the device (its attributes, tables, threads), which implements what a QP asks of it;
 //! - the links between devices that carry UD datagrams (set up and checked as a hello
@@ -96,9 +96,10 @@ pub use verbs::ah::SimAh;
 pub use verbs::backend::{SimBackend, SimConfig};
 pub use verbs::context::SimContext;
 pub use verbs::cq::{SimChannel, SimCq};
+pub use verbs::mw::SimMw;
 pub use verbs::pd::{SimMr, SimPd};
 pub use verbs::qp::SimQp;
 pub use verbs::srq::SimSrq;
 
 // The protocol core's modules under their own names, for the driver's paths.
-use backend_sim_proto::{link_rx, memory, recv_queue, requester, responder, rx, tx, wire};
+use backend_sim_proto::{link_rx, memory, recv_queue, requester, responder, rx, tx, window, wire};

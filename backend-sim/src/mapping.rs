@@ -31,8 +31,13 @@ const CALL: &str = "ibv_reg_mr";
 /// Checks that `len` bytes at `addr` may be registered with `access` (see the module
 /// docs); an empty range reaches nothing and passes.
 pub fn check(addr: usize, len: usize, access: AccessFlags) -> Result<()> {
-    let write =
-        access.intersects(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC);
+    // The kernel's `ib_access_writable()`: a window bound to the region may grant writes.
+    let write = access.intersects(
+        AccessFlags::LOCAL_WRITE
+            | AccessFlags::REMOTE_WRITE
+            | AccessFlags::REMOTE_ATOMIC
+            | AccessFlags::MW_BIND,
+    );
     check_range(addr, len, write)
 }
 

@@ -90,6 +90,7 @@ fn a_flood_on_one_qp_does_not_hold_up_reads_on_another() {
             imm: None,
             solicited: false,
             ack_req: false,
+            inv: None,
         }));
     }
     let flood: Vec<u8> = dup.iter().copied().cycle().take(dup.len() * 8192).collect();

@@ -907,6 +907,9 @@ impl Model {
                     }
                 }
             }
+            WrOp::LocalInv { .. } | WrOp::BindMw | WrOp::SendWithInv { .. } => {
+                unreachable!("the model posts no memory-window operations")
+            }
         }
     }
 
@@ -1007,6 +1010,9 @@ impl Model {
                             add(L, d, true);
                         }
                     }
+                }
+                WrOp::LocalInv { .. } | WrOp::BindMw | WrOp::SendWithInv { .. } => {
+                    unreachable!("the model posts no memory-window operations")
                 }
             }
             let racy = mine.iter().enumerate().any(|(k, b)| {
@@ -1650,6 +1656,7 @@ impl Run {
                         op: w.op,
                         send_flags: w.flags,
                         ud: None,
+                        bind: None,
                     })
                     .collect();
                 let got = self.rig.qp(s).post_send(&swrs);

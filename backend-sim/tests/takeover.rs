@@ -203,6 +203,7 @@ fn attacker(spec: &str) {
         imm: None,
         solicited: false,
         ack_req: true,
+        inv: None,
     });
     payload.extend([0xee; MSG]);
     payload.extend(enc(Frame::Write {

@@ -33,6 +33,9 @@ pub enum Lack {
     Ud,
     /// No UC QPs.
     Uc,
+    /// No memory windows of type 1 and type 2 (`IBV_DEVICE_MEM_WINDOW` and a
+    /// `IBV_DEVICE_MEM_WINDOW_TYPE_2*`).
+    Mw,
 }
 
 impl Lack {
@@ -50,6 +53,9 @@ impl Lack {
             ),
             Lack::Ud if !caps.ud => Some("the device has no UD QPs (capabilities: ud false)".into()),
             Lack::Uc if !caps.uc => Some("the device has no UC QPs (capabilities: uc false)".into()),
+            Lack::Mw if !(caps.mw_type1 && caps.mw_type2) => Some(
+                "the device lacks type 1 or type 2 memory windows (capabilities: mw_type1, mw_type2)".into(),
+            ),
             Lack::Atomics if caps.atomic_cap == AtomicCap::None => {
                 Some("the device reports IBV_ATOMIC_NONE".into())
             }
@@ -69,6 +75,8 @@ impl Lack {
             Lack::Ud => has("ud"),
             Lack::Uc if !caps.uc => Ok(()),
             Lack::Uc => has("uc"),
+            Lack::Mw if !caps.mw => Ok(()),
+            Lack::Mw => has("mw"),
             Lack::Atomics if caps.atomic_cap == "none" => Ok(()),
             Lack::Atomics => Err(format!("its atomic_cap is {:?}, not \"none\"", caps.atomic_cap)),
             Lack::RdAtomLimitBelowU8 if caps.max_qp_init_rd_atom >= 255 => Ok(()),
@@ -102,6 +110,9 @@ pub struct DeviceCaps {
     /// UC QPs are supported (absent in reports of earlier versions: false).
     #[serde(default)]
     pub uc: bool,
+    /// Memory windows of type 1 and 2 (absent in reports of earlier versions: false).
+    #[serde(default)]
+    pub mw: bool,
     /// Largest `max_inline_data`.
     pub max_inline_data: u32,
     /// SGEs per send WR.
@@ -131,6 +142,7 @@ impl DeviceCaps {
             srq_resize: caps.srq_resize,
             ud: caps.ud,
             uc: caps.uc,
+            mw: caps.mw_type1 && caps.mw_type2,
             max_inline_data: caps.max_inline_data,
             max_send_sge: caps.max_send_sge,
             max_recv_sge: caps.max_recv_sge,
@@ -827,9 +839,10 @@ mod tests {
             srq_resize: true,
             ud: true,
             uc: true,
+            mw: true,
             ..DeviceCaps::default()
         };
-        for lack in [Lack::Srq, Lack::SrqResize, Lack::Ud, Lack::Uc] {
+        for lack in [Lack::Srq, Lack::SrqResize, Lack::Ud, Lack::Uc, Lack::Mw] {
             assert_eq!(lack.explained_by(&none), Ok(()), "{lack:?}");
             assert!(lack.explained_by(&all).is_err(), "{lack:?}");
         }
@@ -848,11 +861,15 @@ mod tests {
         assert_eq!(Lack::Ud.missing_in(&c), None);
         assert_eq!(Lack::Uc.missing_in(&c), None);
         assert!(Lack::SrqResize.missing_in(&c).is_some());
+        assert!(Lack::Mw.missing_in(&c).is_some());
+        c.mw_type1 = true;
+        c.mw_type2 = true;
+        assert_eq!(Lack::Mw.missing_in(&c), None);
         // Reports without the newer fields still load, as lacking them.
         let old = r#"{"backend":"sim","device":"sim0","capabilities":{"atomic_cap":"hca","max_qp_init_rd_atom":16,"max_qp_rd_atom":16,"imm_data":true,"srq":false,"ud":false,"max_inline_data":0,"max_send_sge":4,"max_recv_sge":4,"max_qp_wr":1,"max_cqe":1},"cases":[]}"#;
         let r = Report::parse(old).unwrap();
         let caps = r.capabilities.unwrap();
-        assert!(!caps.uc && !caps.srq_resize);
+        assert!(!caps.uc && !caps.srq_resize && !caps.mw);
     }
 
     /// Two reports whose cases pass on both but observed a different status in one

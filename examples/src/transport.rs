@@ -98,6 +98,14 @@ impl<Q: QueuePair> QueuePair for Typed<'_, Q> {
     fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
         self.qp.post_recv(wrs)
     }
+
+    fn bind_mw(
+        &self,
+        mw: &dyn verbs_api::MemoryWindow,
+        bind: &verbs_api::MwBind<'_>,
+    ) -> verbs_api::Result<u32> {
+        self.qp.bind_mw(mw, bind)
+    }
 }
 
 /// RESET → INIT → RTR → RTS of a UD QP with `qkey`, sending from `sq_psn`: INIT takes

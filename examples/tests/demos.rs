@@ -197,6 +197,15 @@ fn param_pool_demo_uses_no_torn_vector() {
     has(&o, "torn vectors used: 0");
     has(&o, "OK: every one of the");
     has(&o, "reads/s");
+    // Each reader reads through its own window; the owner revokes the last one by
+    // invalidating it, and only that reader's READs are then refused.
+    has(&o, "one READ-only window per reader");
+    has(&o, "owner: revoked reader 1: invalidated its window");
+    has(
+        &o,
+        "reader 1: owner 0 revoked my window (RDMA READ: REM_ACCESS_ERR)",
+    );
+    has(&o, "revoked: 1 reader window(s) invalidated");
 }
 
 #[test]
@@ -269,6 +278,24 @@ fn perf_write_bw() {
     let cols: Vec<f64> = row.split_whitespace().map(|c| c.parse().unwrap()).collect();
     assert_eq!(cols[1], 200.0);
     assert!(cols[3] > 0.0 && cols[2] >= cols[3], "peak >= average > 0: {row}");
+}
+
+/// `--mw`: the one-sided rows go through the server's (and, for write_lat, the client's)
+/// type 2 window, and the client reports its bind rate; a test without remote memory
+/// refuses the flag.
+#[test]
+fn perf_through_memory_windows() {
+    for test in ["write_lat", "read_bw", "atomic_lat"] {
+        let o = ok(PERF, &[test, "--mw", "-n", "200"]);
+        has(&o, "binds of a type 2 window through the send queue");
+        has(&o, "binds/s");
+    }
+    let o = run(PERF, &["send_bw", "--mw", "-n", "200"]);
+    assert!(!o.ok, "{o:?}");
+    assert!(
+        o.stderr.contains("--mw is for the READ, WRITE and atomic tests"),
+        "{o:?}"
+    );
 }
 
 #[test]

@@ -200,6 +200,7 @@ impl Harness {
                     imm,
                     solicited,
                     ack_req,
+                    inv: None,
                 },
                 fill,
             ),
@@ -419,6 +420,7 @@ impl Harness {
                 imm,
                 solicited,
                 ack_req,
+                inv: None,
             },
             Frame::Write {
                 len,

@@ -146,6 +146,8 @@ pub struct DeviceAttr {
     pub max_cqe: u32,
     /// Maximum number of MRs.
     pub max_mr: u32,
+    /// Maximum number of memory windows (0: none).
+    pub max_mw: u32,
     /// Maximum number of PDs.
     pub max_pd: u32,
     /// Maximum outstanding RDMA READ/atomic requests a QP may receive (responder side).
@@ -306,6 +308,10 @@ pub struct Capabilities {
     pub max_srq_sge: u32,
     /// SRQs can be resized (`IBV_DEVICE_SRQ_RESIZE`: `modify` with `MAX_WR`).
     pub srq_resize: bool,
+    /// Type 1 memory windows (`IBV_DEVICE_MEM_WINDOW`).
+    pub mw_type1: bool,
+    /// Type 2 memory windows (`IBV_DEVICE_MEM_WINDOW_TYPE_2A` or `_2B`).
+    pub mw_type2: bool,
     /// UD QPs are supported.
     pub ud: bool,
     /// UC QPs are supported.

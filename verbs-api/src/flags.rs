@@ -20,12 +20,19 @@ bitflags! {
         const REMOTE_READ = 1 << 2;
         /// `IBV_ACCESS_REMOTE_ATOMIC`: peers may run atomics on 8-byte words of the region.
         const REMOTE_ATOMIC = 1 << 3;
+        /// `IBV_ACCESS_MW_BIND`: memory windows may be bound to the region (`man
+        /// ibv_alloc_mw`; IBA C10-73). A window that grants remote writes or atomics also
+        /// needs `LOCAL_WRITE` here (C10-74).
+        const MW_BIND = 1 << 4;
     }
 }
 
 impl AccessFlags {
-    /// All four access rights.
-    pub const ALL: AccessFlags = AccessFlags::all();
+    /// All four access rights (local write and the three remote ones; not `MW_BIND`).
+    pub const ALL: AccessFlags = AccessFlags::LOCAL_WRITE
+        .union(AccessFlags::REMOTE_WRITE)
+        .union(AccessFlags::REMOTE_READ)
+        .union(AccessFlags::REMOTE_ATOMIC);
     /// The rights that only make sense for remote peers.
     pub const REMOTE: AccessFlags = AccessFlags::REMOTE_WRITE
         .union(AccessFlags::REMOTE_READ)
@@ -63,6 +70,14 @@ bitflags! {
         const GRH = 1;
         /// `IBV_WC_WITH_IMM`: `imm_data` is valid.
         const WITH_IMM = 1 << 1;
+        /// `IBV_WC_IP_CSUM_OK`: an offloaded IP checksum was verified. rxe sets this bit
+        /// instead of `WITH_INV` on the receive of a SEND_WITH_INV (it writes the kernel's
+        /// `IB_WC_WITH_INVALIDATE`, 1 << 2, into the user's CQE), with the invalidated
+        /// rkey in `imm_data` all the same.
+        const IP_CSUM_OK = 1 << 2;
+        /// `IBV_WC_WITH_INV`: a SEND_WITH_INV invalidated the rkey in `imm_data`
+        /// (`ibv_wc`'s `invalidated_rkey`, which shares the union with `imm_data`).
+        const WITH_INV = 1 << 3;
     }
 }
 
@@ -127,6 +142,9 @@ mod tests {
         assert_eq!(QpAttrMask::DEST_QPN.bits(), 1 << 20);
         assert_eq!(QpAttrMask::MIN_RNR_TIMER.bits(), 32768);
         assert_eq!(WcFlags::WITH_IMM.bits(), 2);
+        assert_eq!(WcFlags::WITH_INV.bits(), 8);
+        assert_eq!(AccessFlags::MW_BIND.bits(), 16);
+        assert_eq!(AccessFlags::ALL.bits(), 15);
     }
 
     #[test]

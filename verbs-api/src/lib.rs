@@ -51,6 +51,7 @@ pub mod event;
 pub mod event_fd;
 pub mod event_queue;
 pub mod flags;
+pub mod mw;
 pub mod poll;
 pub mod qp;
 pub mod srq;
@@ -70,12 +71,14 @@ pub use endpoint::{Endpoint, RemoteMr};
 pub use error::{open_file_limit, Error, PostError, QueueKind, Result};
 pub use event::{AsyncElement, AsyncEvent, AsyncEventType, ElementKind};
 pub use flags::{AccessFlags, QpAttrMask, SendFlags, WcFlags};
+pub use mw::{inc_rkey, BindMw, MwBind, MwBindInfo, MwType};
 pub use poll::{poll_n, poll_quiet};
 pub use qp::{AhAttr, GlobalRoute, QpAttr, QpCap, QpInitAttr, QpState, QpType, PSN_MASK};
 pub use srq::{SrqAttr, SrqAttrMask};
 pub use traits::{
     AddressHandle, AhOf, Backend, ChannelOf, CompletionChannel, CompletionQueue, Context, ContextOf, CqOf,
-    MemoryRegion, MrOf, PdOf, ProtectionDomain, QpOf, QueuePair, SharedReceiveQueue, SrqOf,
+    MemoryRegion, MemoryWindow, MrOf, MwOf, PdOf, ProtectionDomain, QpOf, QueuePair, SharedReceiveQueue,
+    SrqOf,
 };
 pub use wc::{WcOpcode, WcStatus, WorkCompletion};
 pub use wr::{RecvWr, RemoteAddr, SendWr, Sge, UdDest, WrOp, WrOpcode};

@@ -31,6 +31,7 @@ use crate::endpoint::RemoteMr;
 use crate::error::{Error, PostError, Result};
 use crate::event::AsyncEvent;
 use crate::flags::{AccessFlags, QpAttrMask};
+use crate::mw::{MwBind, MwType};
 use crate::qp::{AhAttr, QpAttr, QpInitAttr, QpState, QpType};
 use crate::srq::{SrqAttr, SrqAttrMask};
 use crate::wc::WorkCompletion;
@@ -52,6 +53,8 @@ pub type QpOf<B> = <B as Backend>::Qp;
 pub type SrqOf<B> = <B as Backend>::Srq;
 /// The address-handle type of backend `B`.
 pub type AhOf<B> = <B as Backend>::Ah;
+/// The memory-window type of backend `B`.
+pub type MwOf<B> = <B as Backend>::Mw;
 
 /// A family of RDMA devices: the simulated HCA or libibverbs.
 pub trait Backend: Send + Sync + Sized + 'static {
@@ -71,6 +74,8 @@ pub trait Backend: Send + Sync + Sized + 'static {
     type Srq: SharedReceiveQueue;
     /// An address handle (`struct ibv_ah`), the destination of UD sends.
     type Ah: AddressHandle;
+    /// A memory window (`struct ibv_mw`).
+    type Mw: MemoryWindow;
 
     /// Short name: `sim`, `ibverbs`.
     fn name(&self) -> &'static str;
@@ -180,6 +185,33 @@ pub trait ProtectionDomain: Send + Sync + Sized {
     /// `ibv_create_ah`: an address handle for UD sends to the port `attr` describes. On
     /// an Ethernet (RoCE) port the GRH is required (`is_global`), as libibverbs says.
     fn create_ah(&self, attr: &AhAttr) -> Result<AhOf<Self::Backend>>;
+
+    /// `ibv_alloc_mw`: a memory window of this PD (see [`crate::mw`]), not bound to
+    /// anything yet. A device without windows of that type refuses with EOPNOTSUPP.
+    /// Dropping it is `ibv_dealloc_mw`, bound or not: its rkey stops working.
+    fn alloc_mw(&self, mw_type: MwType) -> Result<MwOf<Self::Backend>>;
+
+    /// `ibv_rereg_mr` with `IBV_REREG_MR_CHANGE_PD` when `mr` belongs to another PD than
+    /// this one (it moves here) and `IBV_REREG_MR_CHANGE_ACCESS` with `access`; the
+    /// region's memory stays. A device without `ibv_rereg_mr` (rxe) refuses with
+    /// EOPNOTSUPP and the region stays as it was.
+    fn rereg_mr(&self, mr: &mut MrOf<Self::Backend>, access: Option<AccessFlags>) -> Result<()>;
+
+    /// [`ProtectionDomain::rereg_mr`] with `IBV_REREG_MR_CHANGE_TRANSLATION` too: the
+    /// region covers `addr..addr + len` from now on (its keys may stay).
+    ///
+    /// # Safety
+    ///
+    /// As for [`ProtectionDomain::reg_mr_raw`]: the new memory must stay valid until the
+    /// region is dropped (or re-registered again) and be accessed through raw pointers
+    /// only while registered.
+    unsafe fn rereg_mr_raw(
+        &self,
+        mr: &mut MrOf<Self::Backend>,
+        addr: *mut u8,
+        len: usize,
+        access: Option<AccessFlags>,
+    ) -> Result<()>;
 }
 
 /// A registered memory region (`struct ibv_mr`).
@@ -188,7 +220,7 @@ pub trait ProtectionDomain: Send + Sync + Sized {
 ///
 /// Implementors guarantee that `as_ptr()..as_ptr() + len()` is valid for reads and writes
 /// for as long as the region exists (the default accessors rely on it).
-pub unsafe trait MemoryRegion: Send + Sync {
+pub unsafe trait MemoryRegion: std::any::Any + Send + Sync {
     /// Start of the region.
     fn as_ptr(&self) -> *mut u8;
     /// Length in bytes.
@@ -305,6 +337,49 @@ pub unsafe trait MemoryRegion: Send + Sync {
     }
 }
 
+impl dyn MemoryRegion {
+    /// The region as its backend's type `T`, if it is one (`<dyn Any>::downcast_ref` for
+    /// the `MemoryRegion` object): how a backend recognises its own regions in a
+    /// window's bind.
+    pub fn downcast_ref<T: MemoryRegion>(&self) -> Option<&T> {
+        if <dyn MemoryRegion as std::any::Any>::type_id(self) == std::any::TypeId::of::<T>() {
+            // SAFETY: the object's concrete type is T (checked just above), so the data
+            // pointer of the trait object points to a live T for as long as `self` is
+            // borrowed.
+            Some(unsafe { &*(self as *const dyn MemoryRegion as *const T) })
+        } else {
+            None
+        }
+    }
+}
+
+/// A memory window (`struct ibv_mw`, see [`crate::mw`]). A work request names it by
+/// reference ([`crate::BindMw`]), so a backend recognises its own windows (the trait is
+/// `Any`) and refuses another backend's with EINVAL.
+pub trait MemoryWindow: std::any::Any + Send + Sync {
+    /// The window's rkey as the application holds it (`ibv_mw::rkey`): the one it was
+    /// allocated with, then the rkey of the last bind posted for it (as rxe's and mlx5's
+    /// `ibv_bind_mw` update it for a type 1 window; this API does the same for a type 2
+    /// window bound through [`SendWr::bind_mw`](crate::SendWr::bind_mw)). A bind that
+    /// fails in the send queue leaves the window's real rkey as it was.
+    fn rkey(&self) -> u32;
+
+    /// Its type.
+    fn mw_type(&self) -> MwType;
+}
+
+impl dyn MemoryWindow {
+    /// The window as its backend's type `T`, if it is one.
+    pub fn downcast_ref<T: MemoryWindow>(&self) -> Option<&T> {
+        if <dyn MemoryWindow as std::any::Any>::type_id(self) == std::any::TypeId::of::<T>() {
+            // SAFETY: as in `<dyn MemoryRegion>::downcast_ref`.
+            Some(unsafe { &*(self as *const dyn MemoryWindow as *const T) })
+        } else {
+            None
+        }
+    }
+}
+
 fn check_range(offset: usize, len: usize, region: usize) -> Result<()> {
     match offset.checked_add(len) {
         Some(end) if end <= region => Ok(()),
@@ -340,6 +415,12 @@ pub trait CompletionQueue: Send + Sync {
     /// The file descriptor ([`CompletionChannel::fd`]) of the completion channel the CQ
     /// was created with, or `None` for a CQ created without one (`ibv_cq::channel`).
     fn channel_fd(&self) -> Option<RawFd>;
+
+    /// `ibv_resize_cq`: the CQ holds at least `cqe` entries from now on
+    /// ([`capacity`](CompletionQueue::capacity) says how many); the completions it
+    /// holds stay, in order. Fewer entries than it holds now, 0, or more than the
+    /// device's `max_cqe` is EINVAL, and the CQ stays as it was.
+    fn resize(&self, cqe: u32) -> Result<()>;
 }
 
 /// A completion channel (`struct ibv_comp_channel`).
@@ -418,4 +499,16 @@ pub trait QueuePair: Send + Sync {
     /// it fails with ENOMEM; on a QP created with an SRQ it fails with EINVAL (post to
     /// the SRQ instead).
     fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), PostError>;
+
+    /// `ibv_bind_mw`: binds the type 1 window `mw` to `bind.bind_info` (or unbinds it, with
+    /// no region) through this QP's send queue, as an `IBV_WR_BIND_MW` with the rkey
+    /// [`inc_rkey`](crate::mw::inc_rkey)`(mw.rkey())`, which the window's handle takes
+    /// and the call returns. The bind completes as `IBV_WC_BIND_MW` (if signaled), or as
+    /// `IBV_WC_MW_BIND_ERR` when the region, range or rights do not allow it. A type 2
+    /// window is EINVAL (bind it with [`SendWr::bind_mw`](crate::SendWr::bind_mw)), a
+    /// region of another PD than the window's EPERM (the backends check it; this
+    /// default, for QPs that wrap another, posts the bind without that check).
+    fn bind_mw(&self, mw: &dyn MemoryWindow, bind: &MwBind<'_>) -> Result<u32> {
+        crate::mw::post_type1_bind(self, mw, bind)
+    }
 }

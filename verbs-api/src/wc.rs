@@ -187,6 +187,9 @@ impl WcOpcode {
             W::RdmaRead => WcOpcode::RdmaRead,
             W::AtomicCmpAndSwp => WcOpcode::CompSwap,
             W::AtomicFetchAndAdd => WcOpcode::FetchAdd,
+            W::LocalInv => WcOpcode::LocalInv,
+            W::BindMw => WcOpcode::BindMw,
+            W::SendWithInv => WcOpcode::Send,
         }
     }
 }
@@ -205,7 +208,9 @@ pub struct WorkCompletion {
     pub vendor_err: u32,
     /// Bytes transferred (receives, READ, atomics).
     pub byte_len: u32,
-    /// Immediate data in host byte order; valid when `wc_flags` has `WITH_IMM`.
+    /// Immediate data in host byte order, valid when `wc_flags` has `WITH_IMM`; or, as
+    /// `ibv_wc`'s union has it, the rkey a SEND_WITH_INV invalidated (`invalidated_rkey`),
+    /// valid when `wc_flags` has `WITH_INV`.
     pub imm_data: u32,
     /// Local QP number.
     pub qp_num: u32,
@@ -229,6 +234,19 @@ impl WorkCompletion {
         self.wc_flags.contains(WcFlags::WITH_IMM).then_some(self.imm_data)
     }
 
+    /// The rkey the peer's SEND_WITH_INV invalidated (`invalidated_rkey`), if the
+    /// completion carries one: marked `IBV_WC_WITH_INV`, or, as rxe marks it (the kernel's
+    /// `IB_WC_WITH_INVALIDATE` bit, which libibverbs names `IBV_WC_IP_CSUM_OK`), a receive
+    /// without immediate data with `IP_CSUM_OK` and a nonzero key (no rkey is 0, and a
+    /// checksum-offload receive leaves the union 0).
+    pub fn invalidated_rkey(&self) -> Option<u32> {
+        let rxe_mark = self.opcode == WcOpcode::Recv
+            && self.wc_flags.contains(WcFlags::IP_CSUM_OK)
+            && !self.wc_flags.contains(WcFlags::WITH_IMM)
+            && self.imm_data != 0;
+        (self.wc_flags.contains(WcFlags::WITH_INV) || rxe_mark).then_some(self.imm_data)
+    }
+
     /// Whether `status` is `Success`.
     pub fn is_ok(&self) -> bool {
         self.status == WcStatus::Success
@@ -238,6 +256,27 @@ impl WorkCompletion {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_invalidated_rkey_is_found_under_either_mark() {
+        let recv = |flags: WcFlags, imm_data: u32| WorkCompletion {
+            opcode: WcOpcode::Recv,
+            wc_flags: flags,
+            imm_data,
+            ..WorkCompletion::default()
+        };
+        assert_eq!(
+            recv(WcFlags::WITH_INV, 0x1234_5601).invalidated_rkey(),
+            Some(0x1234_5601)
+        );
+        // rxe's mark: the kernel's IB_WC_WITH_INVALIDATE, read as IBV_WC_IP_CSUM_OK.
+        let rxe = WcFlags::GRH | WcFlags::IP_CSUM_OK;
+        assert_eq!(recv(rxe, 0x1234_5601).invalidated_rkey(), Some(0x1234_5601));
+        // A checksum-offload receive (no rkey), immediate data, or no mark at all.
+        assert_eq!(recv(rxe, 0).invalidated_rkey(), None);
+        assert_eq!(recv(rxe | WcFlags::WITH_IMM, 7).invalidated_rkey(), None);
+        assert_eq!(recv(WcFlags::GRH, 7).invalidated_rkey(), None);
+    }
 
     #[test]
     fn numbering_matches_verbs_h() {

@@ -9,7 +9,8 @@
 
 use crate::endpoint::RemoteMr;
 use crate::flags::SendFlags;
-use crate::traits::AddressHandle;
+use crate::mw::{BindMw, MwBindInfo};
+use crate::traits::{AddressHandle, MemoryWindow};
 
 /// `struct ibv_sge`: a local buffer inside a registered memory region.
 ///
@@ -83,6 +84,12 @@ pub enum WrOpcode {
     AtomicCmpAndSwp = 5,
     /// `IBV_WR_ATOMIC_FETCH_AND_ADD`
     AtomicFetchAndAdd = 6,
+    /// `IBV_WR_LOCAL_INV`
+    LocalInv = 7,
+    /// `IBV_WR_BIND_MW`
+    BindMw = 8,
+    /// `IBV_WR_SEND_WITH_INV`
+    SendWithInv = 9,
 }
 
 /// The operation of a send WR, with the fields its opcode uses.
@@ -134,6 +141,21 @@ pub enum WrOp {
         /// `wr.atomic.compare_add`.
         add: u64,
     },
+    /// `IBV_WR_LOCAL_INV`: invalidate the type 2 memory window with this rkey (a local
+    /// operation of the send queue: nothing goes to the peer).
+    LocalInv {
+        /// `invalidate_rkey`.
+        rkey: u32,
+    },
+    /// `IBV_WR_BIND_MW`: bind a memory window; the window and the binding are the WR's
+    /// [`SendWr::bind`] (`wr.bind_mw`). A local operation of the send queue.
+    BindMw,
+    /// `IBV_WR_SEND_WITH_INV`: SEND, and the peer invalidates the memory window with this
+    /// rkey before completing the receive (`IBV_WC_WITH_INV`).
+    SendWithInv {
+        /// `invalidate_rkey`.
+        rkey: u32,
+    },
 }
 
 impl WrOp {
@@ -147,7 +169,24 @@ impl WrOp {
             WrOp::RdmaRead { .. } => WrOpcode::RdmaRead,
             WrOp::AtomicCmpAndSwp { .. } => WrOpcode::AtomicCmpAndSwp,
             WrOp::AtomicFetchAndAdd { .. } => WrOpcode::AtomicFetchAndAdd,
+            WrOp::LocalInv { .. } => WrOpcode::LocalInv,
+            WrOp::BindMw => WrOpcode::BindMw,
+            WrOp::SendWithInv { .. } => WrOpcode::SendWithInv,
         }
+    }
+
+    /// The rkey a LOCAL_INV or SEND_WITH_INV invalidates (`invalidate_rkey`).
+    pub fn invalidate_rkey(&self) -> Option<u32> {
+        match *self {
+            WrOp::LocalInv { rkey } | WrOp::SendWithInv { rkey } => Some(rkey),
+            _ => None,
+        }
+    }
+
+    /// Whether the send queue executes it without the peer (BIND_MW, LOCAL_INV): no
+    /// message, no PSN, completed in order with the rest.
+    pub fn is_local(&self) -> bool {
+        matches!(self, WrOp::LocalInv { .. } | WrOp::BindMw)
     }
 
     /// The immediate data, if the opcode carries one.
@@ -166,16 +205,20 @@ impl WrOp {
             | WrOp::RdmaRead { remote }
             | WrOp::AtomicCmpAndSwp { remote, .. }
             | WrOp::AtomicFetchAndAdd { remote, .. } => Some(remote),
-            WrOp::Send | WrOp::SendWithImm { .. } => None,
+            WrOp::Send
+            | WrOp::SendWithImm { .. }
+            | WrOp::SendWithInv { .. }
+            | WrOp::LocalInv { .. }
+            | WrOp::BindMw => None,
         }
     }
 
     /// Whether the responder must have a receive posted (SEND, SEND_WITH_IMM,
-    /// RDMA_WRITE_WITH_IMM).
+    /// SEND_WITH_INV, RDMA_WRITE_WITH_IMM).
     pub fn consumes_recv(&self) -> bool {
         matches!(
             self,
-            WrOp::Send | WrOp::SendWithImm { .. } | WrOp::RdmaWriteWithImm { .. }
+            WrOp::Send | WrOp::SendWithImm { .. } | WrOp::SendWithInv { .. } | WrOp::RdmaWriteWithImm { .. }
         )
     }
 
@@ -207,6 +250,9 @@ pub struct SendWr<'a> {
     pub send_flags: SendFlags,
     /// `wr.ud`: where a UD send goes (`None` on connected QPs).
     pub ud: Option<UdDest<'a>>,
+    /// `wr.bind_mw`: the window an [`WrOp::BindMw`] binds and to what (`None` for every
+    /// other opcode).
+    pub bind: Option<BindMw<'a>>,
 }
 
 /// `wr.ud` of `struct ibv_send_wr`: the destination of a send on a UD QP.
@@ -251,6 +297,7 @@ impl<'a> SendWr<'a> {
             op,
             send_flags: SendFlags::empty(),
             ud: None,
+            bind: None,
         }
     }
 
@@ -343,6 +390,24 @@ impl<'a> SendWr<'a> {
             },
             sg_list,
         )
+    }
+
+    /// `IBV_WR_SEND_WITH_INV`: a SEND that has the peer invalidate the window `rkey`.
+    pub fn send_with_inv(wr_id: u64, sg_list: &'a [Sge], rkey: u32) -> Self {
+        Self::new(wr_id, WrOp::SendWithInv { rkey }, sg_list)
+    }
+
+    /// `IBV_WR_LOCAL_INV`: invalidates the type 2 window `rkey`.
+    pub fn local_inv(wr_id: u64, rkey: u32) -> Self {
+        Self::new(wr_id, WrOp::LocalInv { rkey }, &[])
+    }
+
+    /// `IBV_WR_BIND_MW`: binds the window `mw` to `bind_info` with the new `rkey` (a type
+    /// 2 window: see [`crate::mw`]; `ibv_wr_bind_mw`).
+    pub fn bind_mw(wr_id: u64, mw: &'a dyn MemoryWindow, rkey: u32, bind_info: MwBindInfo<'a>) -> Self {
+        let mut wr = Self::new(wr_id, WrOp::BindMw, &[]);
+        wr.bind = Some(BindMw { mw, rkey, bind_info });
+        wr
     }
 
     /// Adds `IBV_SEND_SIGNALED`.

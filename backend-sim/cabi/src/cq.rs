@@ -192,12 +192,19 @@ pub(crate) unsafe extern "C" fn create_cq_ex_op(
     })
 }
 
-/// `ibv_resize_cq`: EOPNOTSUPP (the sim's CQs keep their size), or EINVAL.
-pub(crate) unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, _cqe: c_int) -> c_int {
+/// `ibv_resize_cq`: 0 with `cq->cqe` the new size (the completions the CQ holds stay, in
+/// order), or EINVAL for a size outside `1..=max_cqe`, fewer than the CQ holds (as rxe's
+/// `rxe_cq_chk_attr()` and mlx5 refuse), or a pointer that is not a CQ.
+pub(crate) unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
     errno_verb("ibv_resize_cq", || {
-        // SAFETY: only looked up.
-        unsafe { Cq::get(cq) }?;
-        Err(libc::EOPNOTSUPP)
+        // SAFETY: used within this call only.
+        let q = unsafe { Cq::get(cq) }?;
+        let cqe = u32::try_from(cqe).map_err(|_| libc::EINVAL)?;
+        q.sim.resize(cqe).map_err(|e| errno_of("ibv_resize_cq", &e))?;
+        // SAFETY: the C part is ours to write; libibverbs' providers update `cqe` the
+        // same way, and the program does not read it during this call.
+        unsafe { (*q.c.get()).cq.cqe = q.sim.capacity().min(c_int::MAX as u32) as c_int };
+        Ok(())
     })
 }
 

@@ -52,6 +52,7 @@ mod interpose;
 mod kern;
 mod live;
 mod mr;
+mod mw;
 mod ops;
 mod pd;
 mod poll;

@@ -22,6 +22,7 @@ pub enum Kind {
     Context,
     Pd,
     Mr,
+    Mw,
     Channel,
     Cq,
     Qp,

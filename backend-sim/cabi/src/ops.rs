@@ -9,9 +9,7 @@
 
 use std::ffi::{c_int, c_void};
 
-use crate::abi::{
-    ibv_context, ibv_context_ops, ibv_device, ibv_mw, ibv_pd, ibv_qp, verbs_context, VERBS_ABI_IS_EXTENDED,
-};
+use crate::abi::{ibv_context, ibv_context_ops, ibv_device, verbs_context, VERBS_ABI_IS_EXTENDED};
 use crate::ffi::set_errno;
 use crate::runtime::NUM_COMP_VECTORS;
 
@@ -34,22 +32,6 @@ unsafe extern "C" fn post_srq_ops(
         // SAFETY: the program passes a valid `struct ibv_ops_wr **` (or NULL).
         unsafe { *bad = op };
     }
-    libc::EOPNOTSUPP
-}
-
-/// `ibv_alloc_mw`: the sim has no memory windows.
-unsafe extern "C" fn alloc_mw(_pd: *mut ibv_pd, _type: u32) -> *mut ibv_mw {
-    set_errno(libc::EOPNOTSUPP);
-    std::ptr::null_mut()
-}
-
-/// `ibv_bind_mw`.
-unsafe extern "C" fn bind_mw(_qp: *mut ibv_qp, _mw: *mut ibv_mw, _bind: *mut c_void) -> c_int {
-    libc::EOPNOTSUPP
-}
-
-/// `ibv_dealloc_mw`.
-unsafe extern "C" fn dealloc_mw(_mw: *mut ibv_mw) -> c_int {
     libc::EOPNOTSUPP
 }
 
@@ -109,9 +91,9 @@ pub fn verbs_context(device: *mut ibv_device, async_fd: c_int, cmd_fd: c_int) ->
                 _compat_reg_mr: None,
                 _compat_rereg_mr: None,
                 _compat_dereg_mr: None,
-                alloc_mw: Some(alloc_mw),
-                bind_mw: Some(bind_mw),
-                dealloc_mw: Some(dealloc_mw),
+                alloc_mw: Some(crate::mw::alloc_mw),
+                bind_mw: Some(crate::mw::bind_mw),
+                dealloc_mw: Some(crate::mw::dealloc_mw),
                 _compat_create_cq: None,
                 poll_cq: Some(crate::poll::poll_cq),
                 req_notify_cq: Some(crate::cq::req_notify_cq),

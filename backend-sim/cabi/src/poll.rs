@@ -6,14 +6,27 @@
 
 use std::ffi::c_int;
 
-use verbs_api::{CompletionQueue, WorkCompletion};
+use verbs_api::{CompletionQueue, WcFlags, WorkCompletion};
 
 use crate::abi::{ibv_cq, ibv_cq_ex, ibv_poll_cq_attr, ibv_wc, ibv_wc_tm_info};
 use crate::cq::Cq;
 use crate::ffi::{errno_of, value_verb, Errno};
 use crate::live;
 
-/// A sim completion as `struct ibv_wc` (immediate data in network byte order).
+/// The union of `imm_data` and `invalidated_rkey` as `struct ibv_wc` holds it: immediate
+/// data (`IBV_WC_WITH_IMM`) in network byte order, else the rkey a SEND_WITH_INV
+/// invalidated in host order (`ibv_wc_read_invalidated_rkey` returns `read_imm_data` as
+/// it is), whichever flag the profile's device marks it with (`IBV_WC_WITH_INV`, or
+/// rxe's `IBV_WC_IP_CSUM_OK`), and 0 for neither.
+fn imm_or_rkey(w: &WorkCompletion) -> u32 {
+    if w.wc_flags.contains(WcFlags::WITH_IMM) {
+        w.imm_data.to_be()
+    } else {
+        w.imm_data
+    }
+}
+
+/// A sim completion as `struct ibv_wc`.
 pub fn wc_to_c(w: &WorkCompletion) -> ibv_wc {
     ibv_wc {
         wr_id: w.wr_id,
@@ -21,7 +34,7 @@ pub fn wc_to_c(w: &WorkCompletion) -> ibv_wc {
         opcode: w.opcode as u32,
         vendor_err: w.vendor_err,
         byte_len: w.byte_len,
-        imm_data: w.imm_data.to_be(),
+        imm_data: imm_or_rkey(w),
         qp_num: w.qp_num,
         src_qp: w.src_qp,
         wc_flags: w.wc_flags.bits(),
@@ -163,7 +176,7 @@ unsafe extern "C" fn read_byte_len(cq: *mut ibv_cq_ex) -> u32 {
 }
 unsafe extern "C" fn read_imm_data(cq: *mut ibv_cq_ex) -> u32 {
     // SAFETY: the program passes its CQ.
-    unsafe { read(cq, |w| w.imm_data.to_be()) }
+    unsafe { read(cq, imm_or_rkey) }
 }
 unsafe extern "C" fn read_qp_num(cq: *mut ibv_cq_ex) -> u32 {
     // SAFETY: the program passes its CQ.

@@ -16,8 +16,8 @@ use std::ops::Range;
 
 use arrayvec::ArrayVec;
 use verbs_api::{
-    AddressHandle, PostError, QueuePair, RecvWr, RemoteAddr, SendFlags, SendWr, Sge, SharedReceiveQueue,
-    UdDest, WrOp,
+    AddressHandle, BindMw, PostError, QueuePair, RecvWr, RemoteAddr, SendFlags, SendWr, Sge,
+    SharedReceiveQueue, UdDest, WrOp,
 };
 
 use crate::abi::{ibv_qp, ibv_recv_wr, ibv_send_wr, ibv_sge, ibv_srq, IBV_SEND_IP_CSUM};
@@ -61,10 +61,31 @@ pub fn send_op(w: &ibv_send_wr) -> Result<WrOp, Errno> {
             remote: atomic_at,
             add: atomic.compare_add,
         },
-        // LOCAL_INV, BIND_MW, SEND_WITH_INV, TSO, ATOMIC_WRITE and unknown opcodes: the
-        // sim has no memory windows, invalidation or segmentation offload.
+        // `invalidate_rkey` shares the union with `imm_data`, in host order.
+        7 => WrOp::LocalInv { rkey: w.imm_data },
+        8 => WrOp::BindMw,
+        9 => WrOp::SendWithInv { rkey: w.imm_data },
+        // TSO, ATOMIC_WRITE and unknown opcodes: the sim has no segmentation offload or
+        // atomic write.
         _ => return Err(libc::EINVAL),
     })
+}
+
+/// `IBV_WR_BIND_MW`
+const IBV_WR_BIND_MW: u32 = 8;
+
+/// The window and binding of a BIND_MW WR (`wr.bind_mw`), `None` for another opcode.
+///
+/// # Safety
+///
+/// `w` must be a valid WR of the program, whose window and region (for a BIND_MW)
+/// outlive the result.
+unsafe fn bind_of<'a>(w: &'a ibv_send_wr) -> Result<Option<BindMw<'a>>, Errno> {
+    if w.opcode != IBV_WR_BIND_MW {
+        return Ok(None);
+    }
+    // SAFETY: the caller's contract.
+    unsafe { crate::mw::bind_wr(w.tail.mw, w.tail.rkey, &w.tail.bind_info) }.map(Some)
 }
 
 /// `IBV_SEND_*` flags the sim knows; `IBV_SEND_IP_CSUM` (an offload of raw Ethernet and
@@ -142,6 +163,7 @@ struct Converted<'a> {
     pieces: Range<usize>,
     inline: bool,
     ud: Option<UdDest<'a>>,
+    bind: Option<BindMw<'a>>,
 }
 
 impl Converted<'_> {
@@ -161,6 +183,7 @@ impl Converted<'_> {
             op: self.op,
             send_flags: self.flags,
             ud: self.ud,
+            bind: self.bind,
         };
         (wr, pieces)
     }
@@ -181,6 +204,8 @@ unsafe fn convert<'a, const N: usize>(
     let flags = send_flags(w.send_flags)?;
     // SAFETY: the program's WR names its SGE array.
     let list = unsafe { sges(w.sg_list, w.num_sge) }?;
+    // SAFETY: the program's WR names its window and region.
+    let bind = unsafe { bind_of(w) }?;
     let ud = if q.qp_type == IBV_QPT_UD {
         // SAFETY: every member of the `wr` union is plain data.
         let u = unsafe { w.wr.ud };
@@ -215,6 +240,7 @@ unsafe fn convert<'a, const N: usize>(
         pieces: first_piece..piece_buf.len(),
         inline: read,
         ud,
+        bind,
     }))
 }
 
@@ -230,10 +256,14 @@ const FEW_PIECES: usize = 4;
 unsafe fn post_send_list(q: &Qp, first: *mut ibv_send_wr) -> Result<(), (*mut ibv_send_wr, Errno)> {
     // SAFETY: the caller's contract.
     if let Some(w) = unsafe { first.as_ref() } {
-        if w.next.is_null() && q.qp_type != IBV_QPT_UD && w.send_flags & SendFlags::INLINE.bits() == 0 {
+        if w.next.is_null()
+            && q.qp_type != IBV_QPT_UD
+            && w.send_flags & SendFlags::INLINE.bits() == 0
+            && w.opcode != IBV_WR_BIND_MW
+        {
             // A WR posted alone, as a bandwidth test posts each of millions (perftest's
-            // default), without inline data or a UD destination: its SGEs are read in
-            // place, nothing is copied.
+            // default), without inline data, a UD destination or a window to bind: its
+            // SGEs are read in place, nothing is copied.
             // SAFETY: the caller's contract.
             return unsafe { post_lone(q, w) }.map_err(|e| (first, e));
         }
@@ -335,6 +365,7 @@ unsafe fn post_lone(q: &Qp, w: &ibv_send_wr) -> Result<(), Errno> {
         op,
         send_flags,
         ud: None,
+        bind: None,
     };
     q.sim
         .post_send_with_inline(std::slice::from_ref(&wr), &[])
@@ -476,7 +507,7 @@ pub(crate) unsafe extern "C" fn post_srq_recv(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::abi::{ibv_send_wr_tail, ibv_send_wr_wr, ibv_wr_atomic, ibv_wr_rdma};
+    use crate::abi::{ibv_mw_bind_info, ibv_send_wr_tail, ibv_send_wr_wr, ibv_wr_atomic, ibv_wr_rdma};
 
     fn wr(opcode: u32, wr: ibv_send_wr_wr) -> ibv_send_wr {
         ibv_send_wr {
@@ -492,7 +523,12 @@ mod tests {
             tail: ibv_send_wr_tail {
                 mw: std::ptr::null_mut(),
                 rkey: 0,
-                bind_info: [0; 4],
+                bind_info: ibv_mw_bind_info {
+                    mr: std::ptr::null_mut(),
+                    addr: 0,
+                    length: 0,
+                    mw_access_flags: 0,
+                },
             },
         }
     }
@@ -538,8 +574,15 @@ mod tests {
             send_op(&wr(6, atomic)),
             Ok(WrOp::AtomicFetchAndAdd { remote: at, add: 5 })
         );
-        // LOCAL_INV, BIND_MW, SEND_WITH_INV, TSO, ATOMIC_WRITE.
-        for op in [7, 8, 9, 10, 15, 99] {
+        // LOCAL_INV and SEND_WITH_INV take `invalidate_rkey` as it is (host order).
+        let mut inv = wr(7, rdma);
+        inv.imm_data = 0xabcd_ef01;
+        assert_eq!(send_op(&inv), Ok(WrOp::LocalInv { rkey: 0xabcd_ef01 }));
+        inv.opcode = 9;
+        assert_eq!(send_op(&inv), Ok(WrOp::SendWithInv { rkey: 0xabcd_ef01 }));
+        assert_eq!(send_op(&wr(8, rdma)), Ok(WrOp::BindMw));
+        // TSO, ATOMIC_WRITE, unknown.
+        for op in [10, 15, 99] {
             assert_eq!(send_op(&wr(op, rdma)), Err(libc::EINVAL), "opcode {op}");
         }
     }

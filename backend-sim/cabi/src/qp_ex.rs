@@ -6,7 +6,7 @@
 //!
 //! These calls return nothing; as in libibverbs' providers, the first error (an
 //! operation the QP was not created for, data without a WR, an operation the sim does
-//! not have) is kept and returned by `ibv_wr_complete`, which then posts nothing.
+//! not have: TSO, atomic write, XRC) is kept and returned by `ibv_wr_complete`, which then posts nothing.
 //! Inline data is copied at the call, as the man page allows the buffer's reuse at once.
 
 use std::ffi::{c_int, c_void};
@@ -14,7 +14,7 @@ use std::ffi::{c_int, c_void};
 use arrayvec::ArrayVec;
 use verbs_api::{AddressHandle, QpState, QueuePair as _, RemoteAddr, SendFlags, SendWr, Sge, UdDest, WrOp};
 
-use crate::abi::{ibv_ah, ibv_data_buf, ibv_mw, ibv_qp, ibv_qp_ex, ibv_sge};
+use crate::abi::{ibv_ah, ibv_data_buf, ibv_mw, ibv_mw_bind_info, ibv_qp, ibv_qp_ex, ibv_sge};
 use crate::ah::Ah;
 use crate::ffi::{errno_of, value_verb, void_verb, Errno};
 use crate::live;
@@ -29,6 +29,9 @@ const WITH_SEND_WITH_IMM: u64 = 1 << 3;
 const WITH_RDMA_READ: u64 = 1 << 4;
 const WITH_ATOMIC_CMP_AND_SWP: u64 = 1 << 5;
 const WITH_ATOMIC_FETCH_AND_ADD: u64 = 1 << 6;
+const WITH_LOCAL_INV: u64 = 1 << 7;
+const WITH_BIND_MW: u64 = 1 << 8;
+const WITH_SEND_WITH_INV: u64 = 1 << 9;
 
 /// A WR's data.
 enum Data {
@@ -43,6 +46,8 @@ struct Pending {
     op: WrOp,
     data: Data,
     ud: Option<(*mut ibv_ah, u32, u32)>,
+    /// A BIND_MW's window, new rkey and binding (`ibv_wr_bind_mw`'s arguments).
+    bind: Option<(*mut ibv_mw, u32, ibv_mw_bind_info)>,
 }
 
 /// The WRs of one `ibv_wr_start` .. `ibv_wr_complete`.
@@ -103,6 +108,7 @@ unsafe fn add(call: &'static str, qp: *mut ibv_qp_ex, with: u64, op: Result<WrOp
             op,
             data: Data::Sges(Vec::new()),
             ud: None,
+            bind: None,
         });
     };
     // SAFETY: forwarded contract.
@@ -186,16 +192,55 @@ unsafe extern "C" fn wr_atomic_fetch_add(qp: *mut ibv_qp_ex, rkey: u32, addr: u6
     unsafe { add("ibv_wr_atomic_fetch_add", qp, WITH_ATOMIC_FETCH_AND_ADD, Ok(op)) }
 }
 
-/// The operations the sim does not have (memory windows, invalidation, TSO, atomic
-/// write, XRC): `ibv_wr_complete` fails with EOPNOTSUPP.
+unsafe extern "C" fn wr_local_inv(qp: *mut ibv_qp_ex, invalidate_rkey: u32) {
+    let op = WrOp::LocalInv {
+        rkey: invalidate_rkey,
+    };
+    // SAFETY: the program passes its QP.
+    unsafe { add("ibv_wr_local_inv", qp, WITH_LOCAL_INV, Ok(op)) }
+}
+
+unsafe extern "C" fn wr_send_inv(qp: *mut ibv_qp_ex, invalidate_rkey: u32) {
+    let op = WrOp::SendWithInv {
+        rkey: invalidate_rkey,
+    };
+    // SAFETY: the program passes its QP.
+    unsafe { add("ibv_wr_send_inv", qp, WITH_SEND_WITH_INV, Ok(op)) }
+}
+
+/// `ibv_wr_bind_mw`: binds the type 2 window `mw` with the new `rkey` as `info` says,
+/// in the send queue's order (the window and region are looked up at `ibv_wr_complete`,
+/// as providers read them when they build the WQE).
+unsafe extern "C" fn wr_bind_mw(
+    qp: *mut ibv_qp_ex,
+    mw: *mut ibv_mw,
+    rkey: u32,
+    info: *const ibv_mw_bind_info,
+) {
+    let info = if info.is_null() {
+        Err(libc::EINVAL)
+    } else {
+        // SAFETY: the program passes its `struct ibv_mw_bind_info`, copied now.
+        Ok(unsafe { *info })
+    };
+    // SAFETY: the program passes its QP.
+    unsafe { add("ibv_wr_bind_mw", qp, WITH_BIND_MW, info.map(|_| WrOp::BindMw)) };
+    if let Ok(info) = info {
+        let f = |_: &Qp, b: &mut Builder| {
+            if let Some(w) = b.wrs.last_mut().filter(|w| w.op == WrOp::BindMw) {
+                w.bind = Some((mw, rkey, info));
+            }
+        };
+        // SAFETY: the program passes its QP.
+        unsafe { with_builder("ibv_wr_bind_mw", qp, f) }
+    }
+}
+
+/// The operations the sim does not have (TSO, atomic write, XRC): `ibv_wr_complete`
+/// fails with EOPNOTSUPP.
 unsafe extern "C" fn wr_unserved(qp: *mut ibv_qp_ex) {
     // SAFETY: the program passes its QP.
     unsafe { with_builder("ibv_wr_*", qp, |_, b| b.fail(libc::EOPNOTSUPP)) }
-}
-
-unsafe extern "C" fn wr_bind_mw(qp: *mut ibv_qp_ex, _mw: *mut ibv_mw, _rkey: u32, _info: *const c_void) {
-    // SAFETY: the program passes its QP.
-    unsafe { wr_unserved(qp) }
 }
 
 unsafe extern "C" fn wr_u32_unserved(qp: *mut ibv_qp_ex, _v: u32) {
@@ -347,12 +392,19 @@ fn complete(q: &Qp, b: Builder) -> Result<(), Errno> {
                 (true, None) => return Err(libc::EINVAL),
                 (false, _) => None,
             };
+            let bind = match &w.bind {
+                // SAFETY: the program's window and region live until the post returns
+                // (its `ibv_wr_bind_mw` contract).
+                Some((mw, rkey, info)) => Some(unsafe { crate::mw::bind_wr(*mw, *rkey, info) }?),
+                None => None,
+            };
             wrs.push(SendWr {
                 wr_id: w.wr_id,
                 sg_list,
                 op: w.op,
                 send_flags: flags,
                 ud: dest,
+                bind,
             });
         }
         q.sim
@@ -400,13 +452,13 @@ pub fn qp_ex(base: ibv_qp) -> ibv_qp_ex {
         wr_atomic_cmp_swp: Some(wr_atomic_cmp_swp),
         wr_atomic_fetch_add: Some(wr_atomic_fetch_add),
         wr_bind_mw: Some(wr_bind_mw),
-        wr_local_inv: Some(wr_u32_unserved),
+        wr_local_inv: Some(wr_local_inv),
         wr_rdma_read: Some(wr_rdma_read),
         wr_rdma_write: Some(wr_rdma_write),
         wr_rdma_write_imm: Some(wr_rdma_write_imm),
         wr_send: Some(wr_send),
         wr_send_imm: Some(wr_send_imm),
-        wr_send_inv: Some(wr_u32_unserved),
+        wr_send_inv: Some(wr_send_inv),
         wr_send_tso: Some(wr_send_tso),
         wr_set_ud_addr: Some(wr_set_ud_addr),
         wr_set_xrc_srqn: Some(wr_u32_unserved),

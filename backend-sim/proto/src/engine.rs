@@ -115,7 +115,7 @@ pub fn drive(
                         reader.expect_payload(len, Some(segs));
                         st.owner = Some(PayloadOwner::Responder);
                     }
-                    Incoming::Sink(segs) => resp.payload_done(segs, sides.recv_wc),
+                    Incoming::Sink(segs) => resp.payload_done(segs, mrs, sides.recv_wc),
                     Incoming::Discard if len > 0 => {
                         reader.expect_payload(len, None);
                         st.owner = Some(PayloadOwner::Nobody);
@@ -163,7 +163,7 @@ pub fn drive(
                 }
             }
             Event::Frame(f) => return Err(Stop::Protocol(format!("unexpected frame: {f}"))),
-            Event::PayloadDone(segs) => payload_done(sides, st, segs, now),
+            Event::PayloadDone(segs) => payload_done(sides, st, segs, mrs, now),
             Event::PayloadLost(segs) => payload_lost(sides, st, segs, tx)?,
         }
     }
@@ -178,11 +178,11 @@ pub fn drive(
     Ok(())
 }
 
-fn payload_done(sides: &mut Sides<'_>, st: &mut DriveState, segs: Vec<Seg>, now: Instant) {
+fn payload_done(sides: &mut Sides<'_>, st: &mut DriveState, segs: Vec<Seg>, mrs: &MrTable, now: Instant) {
     match st.owner.take() {
         Some(PayloadOwner::Responder) => {
             if let (true, Some(resp)) = (sides.accepting, sides.resp.as_deref_mut()) {
-                resp.payload_done(segs, sides.recv_wc);
+                resp.payload_done(segs, mrs, sides.recv_wc);
             }
         }
         Some(PayloadOwner::Requester(psn)) => {
@@ -287,6 +287,7 @@ mod tests {
             imm: None,
             solicited: false,
             ack_req: false,
+            inv: None,
         };
         let (r, mut tx) = flood(&mut resp, dup, 64 * 1024);
         assert_eq!(r, Ok(()));
@@ -309,6 +310,7 @@ mod tests {
             imm: None,
             solicited: false,
             ack_req: false,
+            inv: None,
         };
         let (r, tx) = flood(&mut resp, send, 64 * 1024);
         assert!(

@@ -13,7 +13,8 @@
 //! - [`wire`]: the frame format (IBA's BTH/RETH/AtomicETH/AETH at message granularity).
 //! - [`psn`]: 24-bit packet sequence number arithmetic.
 //! - [`memory`]: registered regions and the one access check every remote request goes
-//!   through (rkey, PD, access flags, bounds, alignment).
+//!   through (rkey, PD, access flags, bounds, alignment); [`window`]: memory windows,
+//!   their binds and invalidations, which that check follows for a window's rkey.
 //! - [`requester`] and [`responder`]: the two halves of an RC QP (IBA 9.7): ordering,
 //!   ACK/NAK, RNR and transport retries, duplicate detection, READ and atomic responses;
 //!   and of a UC QP (IBA 9.8.3) in their `uc` submodules: no retries, silent drops;
@@ -31,7 +32,7 @@
 //!
 //! ```
 //! use std::sync::Arc;
-//! use backend_sim_proto::memory::{MrShared, MrTable, RemoteAccessError};
+//! use backend_sim_proto::memory::{MrShared, MrTable, RemoteAccessError, Target};
 //! use verbs_api::AccessFlags;
 //!
 //! // A region of PD 1 that peers may read but not write.
@@ -41,11 +42,14 @@
 //! let mr = Arc::new(MrShared::new_owned(1, key, 4096, access).unwrap());
 //! table.insert(mr.clone());
 //! let all = AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
+//! // QP 7 of PD 1, and of PD 2, accepting reads and writes.
+//! let qp = Target { pd: 1, qpn: 7, access: all, region_bounds: false };
+//! let other = Target { pd: 2, ..qp };
 //! // The one access check every incoming READ, WRITE and atomic goes through.
-//! assert!(table.resolve_remote(1, all, key, mr.addr(), 64, AccessFlags::REMOTE_READ).is_ok());
-//! let write = table.resolve_remote(1, all, key, mr.addr(), 64, AccessFlags::REMOTE_WRITE);
+//! assert!(table.resolve_remote(&qp, key, mr.addr(), 64, AccessFlags::REMOTE_READ).is_ok());
+//! let write = table.resolve_remote(&qp, key, mr.addr(), 64, AccessFlags::REMOTE_WRITE);
 //! assert_eq!(write.unwrap_err(), RemoteAccessError::MrAccess);
-//! let other_pd = table.resolve_remote(2, all, key, mr.addr(), 64, AccessFlags::REMOTE_READ);
+//! let other_pd = table.resolve_remote(&other, key, mr.addr(), 64, AccessFlags::REMOTE_READ);
 //! assert_eq!(other_pd.unwrap_err(), RemoteAccessError::WrongPd);
 //! ```
 
@@ -65,6 +69,7 @@ pub mod responder;
 pub mod rx;
 pub mod switches;
 pub mod tx;
+pub mod window;
 pub mod wire;
 
 #[cfg(any(test, feature = "test-util"))]

@@ -907,7 +907,7 @@ proptest! {
             // Aim some frames at the region so the accept paths run too.
             let f = match f {
                 crate::wire::Frame::Write { psn, imm, solicited, ack_req, .. } => crate::wire::Frame::Write { psn, len: payload as u32, addr: mr.addr() + (psn as u64 % 5000), rkey: key, imm, solicited, ack_req },
-                crate::wire::Frame::Send { psn, imm, solicited, ack_req, .. } => crate::wire::Frame::Send { psn, len: payload as u32, imm, solicited, ack_req },
+                crate::wire::Frame::Send { psn, imm, solicited, ack_req, .. } => crate::wire::Frame::Send { psn, len: payload as u32, imm, solicited, ack_req, inv: None },
                 crate::wire::Frame::ReadResp { .. } => continue,
                 other => other,
             };

@@ -13,7 +13,15 @@
 //!   the region, `LOCAL_WRITE` when the HCA writes): a failure is `IBV_WC_LOC_PROT_ERR`.
 //! - [`MrTable::resolve_remote`] is the one remote access check: rkey exists, same PD as
 //!   the responder QP, the QP's and the region's access flags allow the operation, the
-//!   range lies inside the region, and atomics are 8 bytes and 8-byte aligned.
+//!   range lies inside the region, and atomics are 8 bytes and 8-byte aligned. An rkey
+//!   that names a memory window ([`crate::window`]) is checked against the window
+//!   instead: bound, of the QP's PD, for a type 2 window bound to that QP, its rights,
+//!   and the range inside the window (inside its region, on a device that checks that
+//!   only: rxe).
+//! - The table keeps the device's windows too, by the upper 24 bits of their rkeys, and
+//!   binds and invalidates them ([`MrTable::bind_window`], [`MrTable::invalidate`]).
+//!   Region keys and window indexes never overlap: a region's key never has a window's
+//!   index as its upper 24 bits, so an rkey names one or the other.
 //!
 //! No `&[u8]` into registered memory is ever created: copies use raw pointers while the
 //! region is pinned, and atomics use `AtomicU64::from_ptr` on aligned words.
@@ -24,7 +32,9 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 use rustc_hash::FxHashMap;
-use verbs_api::{AccessFlags, Sge};
+use verbs_api::{AccessFlags, MwType, Sge};
+
+use crate::window::{self, BindError, BindReq, InvalidateError, Invalidator, MwShared, OnQp};
 
 const DEAD: u32 = 1 << 31;
 
@@ -284,11 +294,23 @@ impl Seg {
 /// `Misaligned`, which is an invalid request).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RemoteAccessError {
-    /// No region with this rkey, and none had it among the last [`RETIRED_KEYS`]
-    /// deregistered.
+    /// No region or window with this rkey, and none had it among the last
+    /// [`RETIRED_KEYS`] deregistered.
     BadKey,
-    /// The rkey named a region that has been deregistered.
+    /// The rkey named a region that has been deregistered (or a window deallocated).
     Deregistered,
+    /// The rkey names a memory window that is not bound (never bound, unbound, or
+    /// invalidated).
+    UnboundWindow,
+    /// The rkey names a memory window whose rkey has another tag now (it was bound
+    /// again since).
+    StaleWindowKey,
+    /// The rkey names a type 2 memory window bound to another QP.
+    WindowOfOtherQp,
+    /// The memory window does not grant the operation.
+    WindowAccess,
+    /// The range leaves the memory window.
+    OutsideWindow,
     /// The region belongs to another PD than the responder QP.
     WrongPd,
     /// The QP's `qp_access_flags` do not allow the operation.
@@ -347,6 +369,31 @@ impl Retired {
 struct Keys {
     map: FxHashMap<u32, Arc<MrShared>>,
     retired: Retired,
+    /// Memory windows, by the upper 24 bits of their rkeys.
+    windows: FxHashMap<u32, Arc<MwShared>>,
+}
+
+impl Keys {
+    /// Whether a region key or a retired key has `index` as its upper 24 bits (which a
+    /// new window's index must not have).
+    fn index_of_a_region(&self, index: u32) -> bool {
+        (0..=0xffu32).any(|tag| self.map.contains_key(&(index << 8 | tag)))
+            || self.retired.keys.iter().any(|k| k >> 8 == index)
+    }
+}
+
+/// The responder QP a remote request arrived on, as the access check sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Target {
+    /// Its PD.
+    pub pd: u32,
+    /// Its number (a type 2 window serves the QP it is bound to only).
+    pub qpn: u32,
+    /// Its `qp_access_flags`.
+    pub access: AccessFlags,
+    /// Check an access through a window against the bounds of the window's region
+    /// rather than the window's own (`Switches::mw_region_bounds`, rxe's).
+    pub region_bounds: bool,
 }
 
 /// The regions of one device, by key. Keys are random, so the map uses the fast
@@ -365,10 +412,73 @@ impl MrTable {
         let keys = self.keys.read();
         loop {
             let k: u32 = draw();
-            if k != 0 && !keys.map.contains_key(&k) && !keys.retired.contains(k) {
+            if k != 0
+                && !keys.map.contains_key(&k)
+                && !keys.retired.contains(k)
+                && !keys.windows.contains_key(&(k >> 8))
+            {
                 return k;
             }
         }
+    }
+
+    /// `ibv_alloc_mw`: a new window of PD `pd`, not bound, with an rkey whose index
+    /// (upper 24 bits) is drawn from `draw` (as [`MrTable::fresh_key`]'s keys) and is
+    /// neither a window's nor the upper bits of a region's key, and whose tag is drawn too.
+    pub fn alloc_window(&self, pd: u32, mw_type: MwType, mut draw: impl FnMut() -> u32) -> Arc<MwShared> {
+        let mut keys = self.keys.write();
+        loop {
+            let r = draw();
+            let index = r >> 8;
+            if index == 0 || keys.windows.contains_key(&index) || keys.index_of_a_region(index) {
+                continue;
+            }
+            let mw = Arc::new(MwShared::new(pd, mw_type, r));
+            keys.windows.insert(index, mw.clone());
+            return mw;
+        }
+    }
+
+    /// `ibv_dealloc_mw`: the window leaves the table, bound or not; its rkey is refused
+    /// from now on (as deallocated, while it is among the last [`RETIRED_KEYS`]).
+    pub fn dealloc_window(&self, mw: &Arc<MwShared>) {
+        let mut keys = self.keys.write();
+        let rkey = mw.rkey();
+        if keys.windows.get(&(rkey >> 8)).is_some_and(|w| Arc::ptr_eq(w, mw)) {
+            keys.windows.remove(&(rkey >> 8));
+            keys.retired.add(rkey);
+        }
+        mw.kill();
+    }
+
+    /// How many windows are bound to the region with key `key`.
+    pub fn windows_bound_to(&self, key: u32) -> usize {
+        let keys = self.keys.read();
+        keys.windows
+            .values()
+            .filter(|w| w.bound_mr() == Some(key))
+            .count()
+    }
+
+    /// Executes a bind of the send queue of QP `on` (`IBV_WR_BIND_MW`, see
+    /// [`crate::window`]); `owner_checks`: `Switches::mw_owner_checks`.
+    pub fn bind_window(&self, req: &BindReq, on: OnQp, owner_checks: bool) -> Result<(), BindError> {
+        let mr = req.mr_key.and_then(|k| self.get(k));
+        window::bind(req, mr, on, owner_checks)
+    }
+
+    /// Invalidates the window `rkey` names for `who` (`IBV_WR_LOCAL_INV`, or a peer's
+    /// SEND_WITH_INV), or with `apply` false checks only that it may.
+    pub fn invalidate(
+        &self,
+        rkey: u32,
+        who: Invalidator,
+        owner_checks: bool,
+        apply: bool,
+    ) -> Result<(), InvalidateError> {
+        let keys = self.keys.read();
+        let mw = keys.windows.get(&(rkey >> 8)).ok_or(InvalidateError::NotWindow)?;
+        window::invalidate(mw, rkey, who, owner_checks, apply)
     }
 
     /// Adds a region.
@@ -485,20 +595,20 @@ impl MrTable {
         Ok(total)
     }
 
-    /// The remote access check. `need` is the one right the operation needs
-    /// (`REMOTE_WRITE`, `REMOTE_READ` or `REMOTE_ATOMIC`). Returns `Ok(None)` for a
-    /// zero-length READ or WRITE, which touches no memory and checks no key (IBA 9.4.1.1).
+    /// The remote access check of a request arriving on QP `at`. `need` is the one right
+    /// the operation needs (`REMOTE_WRITE`, `REMOTE_READ` or `REMOTE_ATOMIC`). Returns
+    /// `Ok(None)` for a zero-length READ or WRITE, which touches no memory and checks no
+    /// key (IBA 9.4.1.1).
     pub fn resolve_remote(
         &self,
-        pd: u32,
-        qp_access: AccessFlags,
+        at: &Target,
         rkey: u32,
         addr: u64,
         len: u64,
         need: AccessFlags,
     ) -> Result<Option<Seg>, RemoteAccessError> {
         let atomic = need == AccessFlags::REMOTE_ATOMIC;
-        if !qp_access.contains(need) {
+        if !at.access.contains(need) {
             return Err(RemoteAccessError::QpAccess);
         }
         if len == 0 && !atomic {
@@ -507,14 +617,18 @@ impl MrTable {
         if atomic && addr % 8 != 0 {
             return Err(RemoteAccessError::Misaligned);
         }
-        let Some(mr) = self.get(rkey) else {
-            return Err(if self.was_deregistered(rkey) {
+        let keys = self.keys.read();
+        let Some(mr) = keys.map.get(&rkey) else {
+            if let Some(mw) = keys.windows.get(&(rkey >> 8)) {
+                return through_window(mw, at, rkey, addr, len, need).map(Some);
+            }
+            return Err(if keys.retired.contains(rkey) {
                 RemoteAccessError::Deregistered
             } else {
                 RemoteAccessError::BadKey
             });
         };
-        if mr.pd != pd {
+        if mr.pd != at.pd {
             return Err(RemoteAccessError::WrongPd);
         }
         if !mr.access.contains(need) {
@@ -522,11 +636,56 @@ impl MrTable {
         }
         let offset = mr.offset_of(addr, len).ok_or(RemoteAccessError::OutOfBounds)?;
         Ok(Some(Seg {
-            mr,
+            mr: mr.clone(),
             offset,
             len: len as usize,
         }))
     }
+}
+
+/// The remote access check of an rkey that names window `mw` (IBA 10.6.7.2: the
+/// window's rkey, bound, its PD, its QP for type 2, its rights, its range), after the
+/// QP's checks.
+fn through_window(
+    mw: &MwShared,
+    at: &Target,
+    rkey: u32,
+    addr: u64,
+    len: u64,
+    need: AccessFlags,
+) -> Result<Seg, RemoteAccessError> {
+    let st = mw.state.lock();
+    if st.rkey != rkey {
+        return Err(RemoteAccessError::StaleWindowKey);
+    }
+    let Some(b) = &st.bound else {
+        return Err(RemoteAccessError::UnboundWindow);
+    };
+    if mw.pd != at.pd {
+        return Err(RemoteAccessError::WrongPd);
+    }
+    if b.qpn.is_some_and(|q| q != at.qpn) {
+        return Err(RemoteAccessError::WindowOfOtherQp);
+    }
+    if !b.access.contains(need) {
+        return Err(RemoteAccessError::WindowAccess);
+    }
+    let inside_window = addr
+        .checked_sub(b.addr)
+        .and_then(|off| off.checked_add(len))
+        .is_some_and(|end| end <= b.len);
+    if !inside_window && !at.region_bounds {
+        return Err(RemoteAccessError::OutsideWindow);
+    }
+    if b.mr.is_dead() {
+        return Err(RemoteAccessError::Deregistered);
+    }
+    let offset = b.mr.offset_of(addr, len).ok_or(RemoteAccessError::OutOfBounds)?;
+    Ok(Seg {
+        mr: b.mr.clone(),
+        offset,
+        len: len as usize,
+    })
 }
 
 /// Keys for tests: a xorshift sequence (predictable; a device draws from a CSPRNG).
@@ -549,6 +708,16 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// QP 0x10 of PD `pd` accepting `access`, checking windows against their own bounds.
+    fn tgt(pd: u32, access: AccessFlags) -> Target {
+        Target {
+            pd,
+            qpn: 0x10,
+            access,
+            region_bounds: false,
+        }
+    }
+
     fn table_with(len: usize, access: AccessFlags) -> (MrTable, Arc<MrShared>) {
         let t = MrTable::default();
         let key = t.fresh_key(test_draw);
@@ -563,28 +732,27 @@ mod tests {
         let (t, mr) = table_with(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE);
         let a = mr.addr();
         assert!(t
-            .resolve_remote(1, all, mr.key, a, 64, AccessFlags::REMOTE_WRITE)
+            .resolve_remote(&tgt(1, all), mr.key, a, 64, AccessFlags::REMOTE_WRITE)
             .unwrap()
             .is_some());
         assert_eq!(
-            t.resolve_remote(1, all, mr.key ^ 1, a, 8, AccessFlags::REMOTE_WRITE)
+            t.resolve_remote(&tgt(1, all), mr.key ^ 1, a, 8, AccessFlags::REMOTE_WRITE)
                 .unwrap_err(),
             RemoteAccessError::BadKey
         );
         assert_eq!(
-            t.resolve_remote(2, all, mr.key, a, 8, AccessFlags::REMOTE_WRITE)
+            t.resolve_remote(&tgt(2, all), mr.key, a, 8, AccessFlags::REMOTE_WRITE)
                 .unwrap_err(),
             RemoteAccessError::WrongPd
         );
         assert_eq!(
-            t.resolve_remote(1, all, mr.key, a, 8, AccessFlags::REMOTE_READ)
+            t.resolve_remote(&tgt(1, all), mr.key, a, 8, AccessFlags::REMOTE_READ)
                 .unwrap_err(),
             RemoteAccessError::MrAccess
         );
         assert_eq!(
             t.resolve_remote(
-                1,
-                AccessFlags::REMOTE_READ,
+                &tgt(1, AccessFlags::REMOTE_READ),
                 mr.key,
                 a,
                 8,
@@ -594,18 +762,18 @@ mod tests {
             RemoteAccessError::QpAccess
         );
         assert_eq!(
-            t.resolve_remote(1, all, mr.key, a + 1, 64, AccessFlags::REMOTE_WRITE)
+            t.resolve_remote(&tgt(1, all), mr.key, a + 1, 64, AccessFlags::REMOTE_WRITE)
                 .unwrap_err(),
             RemoteAccessError::OutOfBounds
         );
         assert_eq!(
-            t.resolve_remote(1, all, mr.key, a - 1, 2, AccessFlags::REMOTE_WRITE)
+            t.resolve_remote(&tgt(1, all), mr.key, a - 1, 2, AccessFlags::REMOTE_WRITE)
                 .unwrap_err(),
             RemoteAccessError::OutOfBounds
         );
         // zero-length write checks no key
         assert!(t
-            .resolve_remote(1, all, 0xdead, 0, 0, AccessFlags::REMOTE_WRITE)
+            .resolve_remote(&tgt(1, all), 0xdead, 0, 0, AccessFlags::REMOTE_WRITE)
             .unwrap()
             .is_none());
     }
@@ -615,11 +783,23 @@ mod tests {
         let (t, mr) = table_with(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC);
         let a = mr.addr();
         assert!(t
-            .resolve_remote(1, AccessFlags::ALL, mr.key, a + 8, 8, AccessFlags::REMOTE_ATOMIC)
+            .resolve_remote(
+                &tgt(1, AccessFlags::ALL),
+                mr.key,
+                a + 8,
+                8,
+                AccessFlags::REMOTE_ATOMIC
+            )
             .is_ok());
         assert_eq!(
-            t.resolve_remote(1, AccessFlags::ALL, mr.key, a + 4, 8, AccessFlags::REMOTE_ATOMIC)
-                .unwrap_err(),
+            t.resolve_remote(
+                &tgt(1, AccessFlags::ALL),
+                mr.key,
+                a + 4,
+                8,
+                AccessFlags::REMOTE_ATOMIC
+            )
+            .unwrap_err(),
             RemoteAccessError::Misaligned
         );
     }
@@ -629,8 +809,7 @@ mod tests {
         let (t, mr) = table_with(16, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE);
         let seg = t
             .resolve_remote(
-                1,
-                AccessFlags::ALL,
+                &tgt(1, AccessFlags::ALL),
                 mr.key,
                 mr.addr(),
                 16,
@@ -644,8 +823,7 @@ mod tests {
         assert!(!seg.copy_in(0, b"hello"));
         assert_eq!(
             t.resolve_remote(
-                1,
-                AccessFlags::ALL,
+                &tgt(1, AccessFlags::ALL),
                 mr.key,
                 mr.addr(),
                 16,
@@ -755,7 +933,7 @@ mod tests {
         fn granted_ranges_stay_inside(delta in any::<i64>(), len in any::<u64>()) {
             let (t, mr) = table_with(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE);
             let addr = mr.addr().wrapping_add(delta as u64);
-            if let Ok(Some(seg)) = t.resolve_remote(1, AccessFlags::ALL, mr.key, addr, len, AccessFlags::REMOTE_WRITE) {
+            if let Ok(Some(seg)) = t.resolve_remote(&tgt(1, AccessFlags::ALL), mr.key, addr, len, AccessFlags::REMOTE_WRITE) {
                 prop_assert!(seg.offset + seg.len <= mr.len());
             }
         }

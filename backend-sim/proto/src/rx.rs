@@ -264,6 +264,7 @@ mod tests {
             imm: None,
             solicited: false,
             ack_req: false,
+            inv: None,
         };
         let n = f.encode(&mut h);
         bytes.extend_from_slice(&h[..n]);
@@ -326,6 +327,7 @@ mod tests {
                 imm: None,
                 solicited: false,
                 ack_req: false,
+                inv: None,
             };
             let n = f.encode(&mut h);
             bytes.extend_from_slice(&h[..n]);

@@ -89,7 +89,7 @@ impl Fixture {
             for s in &segs {
                 assert!(s.copy_in(0, &vec![0x5a; s.len]));
             }
-            r.payload_done(segs, out);
+            r.payload_done(segs, mrs, out);
             return Ok(Incoming::Discard);
         }
         Ok(i)
@@ -121,6 +121,7 @@ fn send(psn: u32, len: u32) -> Frame {
         imm: None,
         solicited: false,
         ack_req: false,
+        inv: None,
     }
 }
 

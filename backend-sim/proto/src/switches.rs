@@ -189,6 +189,31 @@ pub struct Switches {
     /// rxe moves any QP to ERR (rxe_req.c: the `err:` path sets `QP_STATE_ERROR`,
     /// rxe_comp.c `COMPST_ERROR` calls `rxe_qp_error()`), flushing its receives too.
     pub send_error_sqe: bool,
+    /// Whether a remote access through a memory window is checked against the bounds of
+    /// the window's region rather than the window's own. IBA (10.6.7.2, C9-?) and mlx5
+    /// check the window's: an access outside it is a remote access error. rxe checks the
+    /// region's (rxe_resp.c `check_rkey()`: after `rxe_lookup_mw()` it calls
+    /// `mr_check_range(mr, va + qp->resp.offset, resid)` on the window's region), so a
+    /// peer reaches the whole region through any window on it.
+    pub mw_region_bounds: bool,
+    /// Whether binding and invalidating a memory window check whose it is: a bind's
+    /// region must be of the window's PD (and a type 1 window's QP too), a local
+    /// invalidation's window of the QP's PD, and a peer's SEND_WITH_INV must arrive on the
+    /// QP a type 2 window is bound to (IBA 10.6.7; mlx5's windows are created with the
+    /// QP check on, kernel hw/mlx5/mr.c `mlx5_ib_alloc_mw()` `en_rinval` and
+    /// providers/mlx5/qp.c `MLX5_WQE_UMR_CTRL_FLAG_CHECK_QPN`). rxe checks only the type
+    /// 2 bind's QP PD (rxe_mw.c `rxe_check_bind_mw()`; `rxe_check_invalidate_mw()` looks
+    /// at the state and the type alone), so any QP of the device may invalidate any
+    /// type 2 window.
+    pub mw_owner_checks: bool,
+    /// Whether the receive of a SEND_WITH_INV carries the kernel's
+    /// `IB_WC_WITH_INVALIDATE` bit (1 << 2, which libibverbs reads as
+    /// `IBV_WC_IP_CSUM_OK`) instead of `IBV_WC_WITH_INV` (1 << 3), the invalidated rkey
+    /// in `invalidated_rkey` all the same. rxe writes the kernel's `enum ib_wc_flags`
+    /// into the user's CQE (rxe_resp.c `do_complete()`: `uwc->wc_flags |=
+    /// IB_WC_WITH_INVALIDATE`), and the provider copies it as it is (rdma-core
+    /// providers/rxe/rxe.c `rxe_poll_cq()`); mlx5's provider sets `IBV_WC_WITH_INV`.
+    pub inv_flag_kernel_bit: bool,
 }
 
 impl Switches {
@@ -217,6 +242,9 @@ impl Switches {
         rd_atomic_pow2: false,
         rd_atomic_over_limit_served: false,
         send_error_sqe: true,
+        mw_region_bounds: false,
+        mw_owner_checks: true,
+        inv_flag_kernel_bit: false,
     };
 
     /// Soft-RoCE as Linux 6.1 and rdma-core v44 implement it.
@@ -243,6 +271,9 @@ impl Switches {
         rd_atomic_pow2: true,
         rd_atomic_over_limit_served: true,
         send_error_sqe: false,
+        mw_region_bounds: true,
+        mw_owner_checks: false,
+        inv_flag_kernel_bit: true,
     };
 
     /// A ConnectX (mlx5) as rdma-core's mlx5 provider and the IBA it follows describe it.
@@ -269,6 +300,9 @@ impl Switches {
         rd_atomic_pow2: true,
         rd_atomic_over_limit_served: false,
         send_error_sqe: true,
+        mw_region_bounds: false,
+        mw_owner_checks: true,
+        inv_flag_kernel_bit: false,
     };
 }
 

@@ -51,6 +51,7 @@ fn send(psn: u32, len: u32) -> Frame {
         imm: None,
         solicited: false,
         ack_req: false,
+        inv: None,
     }
 }
 
@@ -65,7 +66,7 @@ fn take(r: &mut Responder, mrs: &MrTable, f: Frame, out: &mut Vec<(WorkCompletio
             for s in &segs {
                 assert!(s.copy_in(0, &vec![0x77; s.len]));
             }
-            r.payload_done(segs, out);
+            r.payload_done(segs, mrs, out);
             true
         }
         Incoming::Discard => {
@@ -365,7 +366,7 @@ proptest::proptest! {
                     solicited,
                     ack_req,
                 },
-                Frame::Send { psn, len, imm, solicited, ack_req } => Frame::Send { psn, len: len % 3000, imm, solicited, ack_req },
+                Frame::Send { psn, len, imm, solicited, ack_req, inv } => Frame::Send { psn, len: len % 3000, imm, solicited, ack_req, inv },
                 f if f.is_request() => f,
                 _ => continue,
             };

@@ -44,7 +44,8 @@ pub const GRH_LEN: usize = 40;
 pub const MAX_MSG: u32 = 1 << 31;
 /// Magic of the hello frame ("RSIM").
 pub const HELLO_MAGIC: u32 = 0x4d49_5352;
-/// Protocol version in the hello frame (6: a datagram's GRH says whether its source is
+/// Protocol version in the hello frame (7: SEND_WITH_INV ([`F_INV`]), and NAK reasons
+/// for memory windows; 6: a datagram's GRH says whether its source is
 /// the sender's default GID ([`Grh::src_default`]), and READs and atomics carry the
 /// requester's count of them outstanding ([`Frame::Read`]'s `inflight`); 5: links between devices carry UD datagrams
 /// ([`Frame::LinkHello`], [`Frame::LinkVerify`], [`Frame::Datagram`]); 4: hellos name the
@@ -54,7 +55,7 @@ pub const HELLO_MAGIC: u32 = 0x4d49_5352;
 /// and a NAK may carry a [`NakReason`]; 2: SEND and WRITE may carry [`F_ACK_REQ`]). A
 /// device refuses a hello of another version ([`HelloReject::Version`]): both ends of a
 /// connection must run builds that speak the same frames.
-pub const VERSION: u16 = 6;
+pub const VERSION: u16 = 7;
 /// Bytes of the token a hello carries.
 pub const TOKEN_LEN: usize = 16;
 
@@ -69,6 +70,9 @@ pub const F_ACK_REQ: u8 = 4;
 /// Frame flag, on datagrams only: the sender's address handle had a GRH (`is_global`),
 /// whose fields the frame carries ([`Grh`]).
 pub const F_GRH: u8 = 8;
+/// Frame flag, on SEND only: SEND_WITH_INV (IBA's IETH), the rkey to invalidate in the
+/// base header's immediate field (a SEND with invalidate carries no immediate).
+pub const F_INV: u8 = 16;
 
 /// Why a connection setup (or a [`Frame::Verify`]) was refused.
 ///
@@ -153,6 +157,11 @@ impl NakCode {
 /// | `0x104` | `IBV_WC_REM_ACCESS_ERR` | [`NakReason::QpAccess`] |
 /// | `0x105` | `IBV_WC_REM_ACCESS_ERR` | [`NakReason::MrAccess`] |
 /// | `0x106` | `IBV_WC_REM_ACCESS_ERR` | [`NakReason::OutOfBounds`] |
+/// | `0x107` | `IBV_WC_REM_ACCESS_ERR` | [`NakReason::UnboundWindow`] |
+/// | `0x108` | `IBV_WC_REM_ACCESS_ERR` | [`NakReason::StaleWindowKey`] |
+/// | `0x109` | `IBV_WC_REM_ACCESS_ERR` | [`NakReason::WindowOfOtherQp`] |
+/// | `0x10a` | `IBV_WC_REM_ACCESS_ERR` | [`NakReason::WindowAccess`] |
+/// | `0x10b` | `IBV_WC_REM_ACCESS_ERR` | [`NakReason::OutsideWindow`] |
 /// | `0x201` | `IBV_WC_REM_INV_REQ_ERR` | [`NakReason::MisalignedAtomic`] |
 /// | `0x202` | `IBV_WC_REM_INV_REQ_ERR` | [`NakReason::NoRdAtomicResources`] |
 /// | `0x203` | `IBV_WC_REM_INV_REQ_ERR` | [`NakReason::RecvTooShort`] |
@@ -166,8 +175,9 @@ pub enum NakReason {
     /// The rkey names no memory region of the responder's device (nor one deregistered
     /// recently).
     UnknownRkey = 0x101,
-    /// The rkey named a memory region that has been deregistered (`ibv_dereg_mr`): the
-    /// device remembers the keys of its last 1024 deregistered regions.
+    /// The rkey named a memory region that has been deregistered (`ibv_dereg_mr`), or a
+    /// memory window deallocated (`ibv_dealloc_mw`): the device remembers the last 1024
+    /// such keys.
     DeregisteredRkey = 0x102,
     /// The memory region belongs to another protection domain than the responder QP.
     WrongPd = 0x103,
@@ -180,6 +190,19 @@ pub enum NakReason {
     MrAccess = 0x105,
     /// The address range leaves the memory region.
     OutOfBounds = 0x106,
+    /// The rkey names a memory window that is not bound (never bound, unbound, or
+    /// invalidated).
+    UnboundWindow = 0x107,
+    /// The rkey names a memory window whose rkey has another tag now: it was bound again
+    /// since the rkey was handed out (`ibv_inc_rkey`).
+    StaleWindowKey = 0x108,
+    /// The rkey names a type 2 memory window bound to another QP than the one the
+    /// request arrived on.
+    WindowOfOtherQp = 0x109,
+    /// The memory window does not grant the operation (its `mw_access_flags`).
+    WindowAccess = 0x10a,
+    /// The address range leaves the memory window.
+    OutsideWindow = 0x10b,
     /// An atomic on an address that is not 8-byte aligned.
     MisalignedAtomic = 0x201,
     /// An RDMA READ or atomic to a QP with no responder resources for them
@@ -195,13 +218,18 @@ pub enum NakReason {
 
 impl NakReason {
     /// Every reason, in code order.
-    pub const ALL: [NakReason; 10] = [
+    pub const ALL: [NakReason; 15] = [
         NakReason::UnknownRkey,
         NakReason::DeregisteredRkey,
         NakReason::WrongPd,
         NakReason::QpAccess,
         NakReason::MrAccess,
         NakReason::OutOfBounds,
+        NakReason::UnboundWindow,
+        NakReason::StaleWindowKey,
+        NakReason::WindowOfOtherQp,
+        NakReason::WindowAccess,
+        NakReason::OutsideWindow,
         NakReason::MisalignedAtomic,
         NakReason::NoRdAtomicResources,
         NakReason::RecvTooShort,
@@ -243,11 +271,20 @@ impl fmt::Display for NakReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             NakReason::UnknownRkey => "the rkey names no memory region",
-            NakReason::DeregisteredRkey => "the rkey names a deregistered memory region",
+            NakReason::DeregisteredRkey => {
+                "the rkey names a deregistered memory region (or a deallocated memory window)"
+            }
             NakReason::WrongPd => "the memory region belongs to another protection domain than the QP",
             NakReason::QpAccess => "the QP's qp_access_flags do not allow the operation",
             NakReason::MrAccess => "the memory region's access flags do not allow the operation",
             NakReason::OutOfBounds => "the address range leaves the memory region",
+            NakReason::UnboundWindow => "the rkey names a memory window that is not bound",
+            NakReason::StaleWindowKey => {
+                "the rkey names a memory window that was bound again since (its tag changed)"
+            }
+            NakReason::WindowOfOtherQp => "the rkey names a type 2 memory window bound to another QP",
+            NakReason::WindowAccess => "the memory window does not grant the operation",
+            NakReason::OutsideWindow => "the address range leaves the memory window",
             NakReason::MisalignedAtomic => "the atomic's address is not 8-byte aligned",
             NakReason::NoRdAtomicResources => {
                 "the QP has no responder resources for RDMA READ and atomics (max_dest_rd_atomic 0)"
@@ -362,7 +399,7 @@ pub enum Frame {
         /// The GRH fields, when the sender's address handle had a GRH ([`F_GRH`]).
         grh: Option<Grh>,
     },
-    /// SEND / SEND_WITH_IMM, followed by `len` payload bytes.
+    /// SEND / SEND_WITH_IMM / SEND_WITH_INV, followed by `len` payload bytes.
     Send {
         /// Packet sequence number.
         psn: u32,
@@ -374,6 +411,9 @@ pub enum Frame {
         solicited: bool,
         /// The requester asks for an ACK ([`F_ACK_REQ`]).
         ack_req: bool,
+        /// SEND_WITH_INV: the rkey of the memory window the responder invalidates
+        /// ([`F_INV`]; never with `imm`).
+        inv: Option<u32>,
     },
     /// RDMA WRITE / WRITE_WITH_IMM, followed by `len` payload bytes.
     Write {
@@ -636,13 +676,14 @@ impl Frame {
                 imm,
                 solicited,
                 ack_req,
+                inv,
             } => (
                 op::SEND,
-                flags_of(imm, solicited, ack_req),
+                flags_of(imm, solicited, ack_req) | if inv.is_some() { F_INV } else { 0 },
                 0,
                 psn,
                 len,
-                imm.unwrap_or(0),
+                imm.or(inv).unwrap_or(0),
             ),
             Frame::Write {
                 psn,
@@ -797,11 +838,12 @@ impl Frame {
         let len = u32_at(buf, 8);
         let imm_raw = u32_at(buf, 12);
         let allowed = match opcode {
-            op::SEND | op::WRITE => F_IMM | F_SOLICITED | F_ACK_REQ,
+            op::SEND => F_IMM | F_SOLICITED | F_ACK_REQ | F_INV,
+            op::WRITE => F_IMM | F_SOLICITED | F_ACK_REQ,
             op::DATAGRAM => F_IMM | F_SOLICITED | F_GRH,
             _ => 0,
         };
-        if flags & !allowed != 0 {
+        if flags & !allowed != 0 || flags & (F_IMM | F_INV) == F_IMM | F_INV {
             return Err(WireError::BadField("flags"));
         }
         if psn > 0xff_ffff {
@@ -945,6 +987,7 @@ impl Frame {
                 imm,
                 solicited,
                 ack_req,
+                inv: (flags & F_INV != 0).then_some(imm_raw),
             },
             op::WRITE => Frame::Write {
                 psn,
@@ -1011,7 +1054,7 @@ impl Frame {
         if (!uses_len && len != 0)
             || (!uses_aux && aux != 0)
             || (setup && psn != 0)
-            || (imm.is_none() && imm_raw != 0 && opcode != op::NAK)
+            || (imm.is_none() && imm_raw != 0 && opcode != op::NAK && flags & F_INV == 0)
         {
             return Err(WireError::BadField("reserved field"));
         }
@@ -1153,14 +1196,17 @@ pub(crate) mod tests {
                 len.clone(),
                 any::<Option<u32>>(),
                 any::<bool>(),
-                any::<bool>()
+                any::<bool>(),
+                any::<Option<u32>>(),
             )
-                .prop_map(|(psn, len, imm, solicited, ack_req)| Frame::Send {
+                .prop_map(|(psn, len, imm, solicited, ack_req, inv)| Frame::Send {
                     psn,
                     len,
-                    imm,
+                    // A SEND carries an immediate or an rkey to invalidate, not both.
+                    imm: imm.filter(|_| inv.is_none()),
                     solicited,
-                    ack_req
+                    ack_req,
+                    inv,
                 }),
             (
                 psn.clone(),
@@ -1297,7 +1343,7 @@ pub(crate) mod tests {
         for bad in [
             1,
             0x100,
-            0x107,
+            0x10c,
             NakReason::MisalignedAtomic.vendor_err(),
             u32::MAX,
         ] {
@@ -1365,6 +1411,7 @@ pub(crate) mod tests {
             imm: None,
             solicited: false,
             ack_req: false,
+            inv: None,
         }
         .encode(&mut b);
         b[8..12].copy_from_slice(&(MAX_MSG + 1).to_le_bytes());
@@ -1476,6 +1523,7 @@ pub(crate) mod tests {
             imm: None,
             solicited: false,
             ack_req: false,
+            inv: None,
         }
         .encode(&mut b);
         b[1] = F_GRH;

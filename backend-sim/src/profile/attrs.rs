@@ -24,6 +24,12 @@ use verbs_api::{AtomicCap, LinkLayer, Mtu};
 /// an SRQ's `max_wr`. Every profile has it (rxe_param.h `RXE_DEVICE_CAP_FLAGS`, mlx5).
 pub const IBV_DEVICE_SRQ_RESIZE: u32 = 1 << 13;
 
+/// `IBV_DEVICE_MEM_WINDOW`: type 1 memory windows.
+pub const IBV_DEVICE_MEM_WINDOW: u32 = 1 << 17;
+/// `IBV_DEVICE_MEM_WINDOW_TYPE_2B`: type 2 memory windows associated with a QP and its
+/// PD (IBA's 2B).
+pub const IBV_DEVICE_MEM_WINDOW_TYPE_2B: u32 = 1 << 24;
+
 /// `IBV_QP_CREATE_BLOCK_SELF_MCAST_LB` of `enum ibv_qp_create_flags`: the QP does not
 /// receive the multicast it sends itself. The sim has no multicast, so a device that
 /// accepts the flag has nothing to do for it.
@@ -64,6 +70,15 @@ pub struct Attrs {
     pub max_mr: u32,
     /// `max_pd`.
     pub max_pd: u32,
+    /// `max_mw`: memory windows (0: none).
+    pub max_mw: u32,
+    /// The memory-window bits of `device_cap_flags` (`IBV_DEVICE_MEM_WINDOW`,
+    /// `IBV_DEVICE_MEM_WINDOW_TYPE_2B`): which window types `ibv_alloc_mw` makes.
+    pub mw_flags: u32,
+    /// Whether `ibv_rereg_mr` is served (translation, PD and access changes). rxe has
+    /// no `rereg_user_mr` (the kernel's rxe_verbs.c sets none, so uverbs answers
+    /// EOPNOTSUPP); mlx5 has it (kernel hw/mlx5/mr.c `mlx5_ib_rereg_user_mr()`).
+    pub rereg_mr: bool,
     /// `max_qp_rd_atom`: READs/atomics a QP may have outstanding as a responder.
     pub max_qp_rd_atom: u32,
     /// `max_qp_init_rd_atom`: READs/atomics a QP may have outstanding as a requester.
@@ -117,6 +132,11 @@ impl Attrs {
         // RXE_MAX_MR_INDEX (DEFAULT_MAX_VALUE >> 1) - RXE_MIN_MR_INDEX (1).
         max_mr: (RXE_DEFAULT_MAX >> 1) - 1,
         max_pd: RXE_DEFAULT_MAX,
+        // RXE_MAX_MW_INDEX (DEFAULT_MAX_VALUE) - RXE_MIN_MW_INDEX (RXE_MAX_MR_INDEX + 1);
+        // RXE_DEVICE_CAP_FLAGS has IB_DEVICE_MEM_WINDOW and _TYPE_2B.
+        max_mw: RXE_DEFAULT_MAX - (RXE_DEFAULT_MAX >> 1) - 1,
+        mw_flags: IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B,
+        rereg_mr: false,
         max_qp_rd_atom: 128,
         max_qp_init_rd_atom: 128,
         atomic_cap: AtomicCap::Hca,
@@ -151,6 +171,10 @@ impl Attrs {
         max_cqe: (1 << 22) - 1,
         max_mr: 1 << 24,
         max_pd: 1 << 24,
+        // Kernel hw/mlx5/main.c sets IB_DEVICE_MEM_WINDOW and _TYPE_2B.
+        max_mw: 1 << 24,
+        mw_flags: IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B,
+        rereg_mr: true,
         max_qp_rd_atom: 16,
         max_qp_init_rd_atom: 16,
         atomic_cap: AtomicCap::Hca,
@@ -190,6 +214,9 @@ impl Attrs {
             max_cqe: a.max_cqe.min(b.max_cqe),
             max_mr: a.max_mr.min(b.max_mr),
             max_pd: a.max_pd.min(b.max_pd),
+            max_mw: a.max_mw.min(b.max_mw),
+            mw_flags: a.mw_flags & b.mw_flags,
+            rereg_mr: a.rereg_mr && b.rereg_mr,
             max_qp_rd_atom: a.max_qp_rd_atom.min(b.max_qp_rd_atom),
             max_qp_init_rd_atom: a.max_qp_init_rd_atom.min(b.max_qp_init_rd_atom),
             atomic_cap: atomic(a.atomic_cap, b.atomic_cap),

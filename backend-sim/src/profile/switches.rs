@@ -281,6 +281,31 @@ pub fn table() -> &'static [SwitchDoc] {
                 )
             },
         },
+        SwitchDoc {
+            name: "mw_region_bounds",
+            what: "a remote access through a memory window past the window's end, inside its region",
+            source: "IBA 10.6.7.2, mlx5: the window's bounds; rxe: rxe_resp.c check_rkey() checks \
+                     the window's region's range after rxe_lookup_mw()",
+            cases: &["mw.bounds"],
+            value: |s| yes_no(s.mw_region_bounds, "served", "RemAccessErr"),
+        },
+        SwitchDoc {
+            name: "mw_owner_checks",
+            what: "a SEND_WITH_INV naming a type 2 window bound to another QP (and the PD checks of binds)",
+            source: "IBA 10.6.7.3, mlx5: kernel hw/mlx5/mr.c mlx5_ib_alloc_mw() en_rinval; rxe: \
+                     rxe_mw.c rxe_check_invalidate_mw() checks the type and state only",
+            cases: &["mw.inv-other-qp"],
+            value: |s| yes_no(s.mw_owner_checks, "RemInvReqErr, QP to ERR", "invalidated"),
+        },
+        SwitchDoc {
+            name: "inv_flag_kernel_bit",
+            what: "the wc_flags bit of the receive of a SEND_WITH_INV",
+            source: "IBA, mlx5: IBV_WC_WITH_INV; rxe: rxe_resp.c do_complete() writes the \
+                     kernel's IB_WC_WITH_INVALIDATE (1 << 2, libibverbs' IBV_WC_IP_CSUM_OK) into \
+                     the user's CQE",
+            cases: &["mw.send-with-inv"],
+            value: |s| yes_no(s.inv_flag_kernel_bit, "IP_CSUM_OK (1 << 2)", "WITH_INV"),
+        },
     ];
     T
 }

@@ -6,17 +6,19 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use parking_lot::MutexGuard;
-use verbs_api::{AddressHandle, Error, PostError, QpState, QpType, QueueKind, RecvWr, SendWr};
+use verbs_api::{AddressHandle, BindMw, Error, PostError, QpState, QpType, QueueKind, RecvWr, SendWr, WrOp};
 
 use super::ud::{AhRoute, UdPostError};
 use super::{QpInner, QpShared};
 use crate::recv_queue::PostRecvError;
 use crate::requester::{gather_shape, PostCheck};
 use crate::tx::TxQueue;
+use crate::window::BindReq;
 
 impl QpShared {
     /// `ibv_post_send`. A UD send's address handle is resolved by `route_of` (`None`:
-    /// not an address handle of this device, EINVAL). `inline`: empty, or for each WR the
+    /// not an address handle of this device, EINVAL), a BIND_MW's window by `bind_of`
+    /// (an error refuses the WR). `inline`: empty, or for each WR the
     /// pieces of its inline data when the caller read them itself
     /// ([`Requester::post_with`](crate::requester::Requester::post_with)).
     ///
@@ -30,6 +32,7 @@ impl QpShared {
         wrs: &[SendWr<'_>],
         inline: &[Option<&[&[u8]]>],
         route_of: &dyn Fn(&dyn AddressHandle) -> Option<AhRoute>,
+        bind_of: &dyn Fn(&BindMw<'_>) -> verbs_api::Result<BindReq>,
     ) -> std::result::Result<(), PostError> {
         let mut g = self.inner.lock();
         // Before RTS the post is refused; on rxe the WRs are queued all the same and sent
@@ -52,6 +55,14 @@ impl QpShared {
             let pieces = inline.get(index).copied().flatten();
             let queued = if self.qp_type == QpType::Ud {
                 self.post_ud(&mut g, wr, pieces, route_of)
+            } else if let (WrOp::BindMw, Some(b)) = (wr.op, &wr.bind) {
+                match bind_of(b) {
+                    Ok(req) => g.req.post_bind(wr, req).map_err(UdPostError::Check),
+                    Err(e) => {
+                        result = Err(fail(e));
+                        break;
+                    }
+                }
             } else {
                 g.req
                     .post_with(wr, &self.dev.mrs, pieces)
@@ -168,6 +179,10 @@ impl QpShared {
                     "QP {:#x} is {:?}: wr.ud (a UD destination) is for UD QPs",
                     self.qpn, self.qp_type
                 ),
+            ),
+            PostCheck::BadBind => Error::invalid(
+                "ibv_post_send",
+                "IBV_WR_BIND_MW needs its window and binding (wr.bind_mw) and no gather list",
             ),
         }
     }

@@ -56,7 +56,17 @@ impl CompletionQueue for SimCq {
         self.cq.ack_events(n)
     }
     fn capacity(&self) -> u32 {
-        self.cq.cap
+        self.cq.capacity()
+    }
+    fn resize(&self, cqe: u32) -> Result<()> {
+        let max = self.dev.attr.max_cqe;
+        if cqe == 0 || cqe > max {
+            return Err(verbs_api::Error::invalid(
+                "ibv_resize_cq",
+                format!("cqe {cqe} is outside 1..={max}"),
+            ));
+        }
+        self.cq.resize(cqe)
     }
     fn handle(&self) -> u32 {
         self.cq.handle

@@ -1,5 +1,5 @@
 //! The verbs handles: what an application holds (`SimBackend`, `SimContext`, `SimPd`,
-//! `SimMr`, `SimCq`, `SimChannel`, `SimQp`, `SimSrq`, `SimAh`), each implementing its verbs-api trait over
+//! `SimMr`, `SimMw`, `SimCq`, `SimChannel`, `SimQp`, `SimSrq`, `SimAh`), each implementing its verbs-api trait over
 //! the device's shared objects. The [`Backend`] implementation, which names them all, is
 //! here: the devices the backend lists (`ibv_get_device_list`) and opening one
 //! (`ibv_open_device`).
@@ -11,6 +11,7 @@ use ah::SimAh;
 use backend::SimBackend;
 use context::SimContext;
 use cq::{SimChannel, SimCq};
+use mw::SimMw;
 use pd::{SimMr, SimPd};
 use qp::SimQp;
 use srq::SimSrq;
@@ -19,6 +20,7 @@ pub mod ah;
 pub mod backend;
 pub mod context;
 pub mod cq;
+pub mod mw;
 pub mod pd;
 pub mod qp;
 pub mod srq;
@@ -32,6 +34,7 @@ impl Backend for SimBackend {
     type Qp = SimQp;
     type Srq = SimSrq;
     type Ah = SimAh;
+    type Mw = SimMw;
 
     fn name(&self) -> &'static str {
         "sim"

@@ -1,16 +1,18 @@
 //! Protection domains and the objects made in one (`ibv_alloc_pd`): memory regions
-//! (`ibv_reg_mr`, owned or over caller memory), shared receive queues (`ibv_create_srq`),
+//! (`ibv_reg_mr`, owned or over caller memory, and `ibv_rereg_mr` where the profile has
+//! it), memory windows (`ibv_alloc_mw`), shared receive queues (`ibv_create_srq`),
 //! address handles (`ibv_create_ah`) and QPs (`ibv_create_qp`: RC, UC and UD).
 
 use std::sync::Arc;
 
 use verbs_api::{
-    AccessFlags, AhAttr, Error, MemoryRegion, ProtectionDomain, QpCap, QpInitAttr, Result, SrqAttr,
+    AccessFlags, AhAttr, Error, MemoryRegion, MwType, ProtectionDomain, QpCap, QpInitAttr, Result, SrqAttr,
 };
 
 use super::ah::SimAh;
 use super::backend::SimBackend;
 use super::cq::SimCq;
+use super::mw::SimMw;
 use super::qp::SimQp;
 use super::srq::SimSrq;
 use crate::device::PdShared;
@@ -93,6 +95,40 @@ impl ProtectionDomain for SimPd {
         SimAh::create(&self.pd, attr)
     }
 
+    fn alloc_mw(&self, mw_type: MwType) -> Result<SimMw> {
+        let dev = &self.pd.dev;
+        let caps = dev.capabilities();
+        let served = match mw_type {
+            MwType::Type1 => caps.mw_type1,
+            MwType::Type2 => caps.mw_type2,
+        };
+        if !served {
+            return Err(Error::Unsupported {
+                backend: "sim",
+                what: format!("ibv_alloc_mw of a {mw_type:?} window on a {} device", dev.profile),
+            });
+        }
+        let mw = dev.mrs.alloc_window(self.pd.handle, mw_type, rand::random);
+        Ok(SimMw::new(mw, self.pd.clone()))
+    }
+
+    fn rereg_mr(&self, mr: &mut SimMr, access: Option<AccessFlags>) -> Result<()> {
+        // SAFETY: the region keeps its memory, which it keeps valid (owned: its backing;
+        // caller memory: the contract it was registered under).
+        unsafe { self.rereg(mr, None, access) }
+    }
+
+    unsafe fn rereg_mr_raw(
+        &self,
+        mr: &mut SimMr,
+        addr: *mut u8,
+        len: usize,
+        access: Option<AccessFlags>,
+    ) -> Result<()> {
+        // SAFETY: the caller's contract (as `reg_mr_raw`'s) covers the new memory.
+        unsafe { self.rereg(mr, Some((addr, len)), access) }
+    }
+
     fn create_qp(&self, attr: &QpInitAttr<'_, SimCq, SimSrq>) -> Result<SimQp> {
         let dev = &self.pd.dev;
         if !Arc::ptr_eq(&attr.send_cq.dev, dev) || !Arc::ptr_eq(&attr.recv_cq.dev, dev) {
@@ -159,6 +195,61 @@ impl ProtectionDomain for SimPd {
     }
 }
 
+impl SimPd {
+    /// `ibv_rereg_mr` on a device whose profile has it: `mr` moves to this PD, covers
+    /// `translation` (or its memory as it was) with `access` (or its access as it was),
+    /// and keeps its keys. The region that was is fenced (`MrShared::kill`) before this
+    /// returns; memory windows bound to it stay bound to it, and refuse accesses.
+    ///
+    /// # Safety
+    ///
+    /// A `translation` must stay valid as `reg_mr_raw` requires.
+    unsafe fn rereg(
+        &self,
+        mr: &mut SimMr,
+        translation: Option<(*mut u8, usize)>,
+        access: Option<AccessFlags>,
+    ) -> Result<()> {
+        let dev = &self.pd.dev;
+        if !dev.limits.rereg_mr {
+            return Err(Error::Unsupported {
+                backend: "sim",
+                what: format!(
+                    "ibv_rereg_mr on a {} device (rxe has no rereg_user_mr)",
+                    dev.profile
+                ),
+            });
+        }
+        if !Arc::ptr_eq(&mr._pd.dev, dev) {
+            return Err(Error::invalid(
+                "ibv_rereg_mr",
+                "the PD belongs to another device than the region",
+            ));
+        }
+        let access = access.unwrap_or(mr.mr.access);
+        check_mr_access(access)?;
+        let (base, len) = translation.unwrap_or((mr.mr.base(), mr.mr.len()));
+        if base.is_null() && len > 0 {
+            return Err(Error::invalid("ibv_rereg_mr", "null address"));
+        }
+        crate::mapping::check(base as usize, len, access)?;
+        // SAFETY: the memory is the region's own (kept by `backing` below) or the
+        // caller's new memory, valid by the contract of this function.
+        let new = unsafe { MrShared::new_borrowed(self.pd.handle, mr.mr.key, base, len, access) };
+        let old = std::mem::replace(&mut mr.mr, Arc::new(new));
+        dev.mrs.insert(mr.mr.clone());
+        old.kill();
+        if translation.is_none() {
+            // The region's memory, if it owns it, lives as long as the region.
+            mr.backing.get_or_insert(old);
+        } else {
+            mr.backing = None;
+        }
+        mr._pd = self.pd.clone();
+        Ok(())
+    }
+}
+
 fn check_mr_access(access: AccessFlags) -> Result<()> {
     if !access.is_valid_for_mr() {
         return Err(Error::invalid(
@@ -173,6 +264,9 @@ fn check_mr_access(access: AccessFlags) -> Result<()> {
 pub struct SimMr {
     pub(crate) mr: Arc<MrShared>,
     pub(crate) _pd: Arc<PdShared>,
+    /// After `ibv_rereg_mr` without a new translation: the region it was registered as
+    /// first, which owns the memory (an owned buffer) the region now borrows.
+    backing: Option<Arc<MrShared>>,
 }
 
 impl SimMr {
@@ -182,7 +276,19 @@ impl SimMr {
         SimMr {
             mr,
             _pd: pd.pd.clone(),
+            backing: None,
         }
+    }
+
+    /// How many memory windows are bound to the region (`ibv_dereg_mr` of a region with
+    /// windows bound is EINVAL, IBA 10.6.7.2.6, as rxe's `rxe_dereg_mr()` refuses it).
+    pub fn windows_bound(&self) -> usize {
+        self._pd.dev.mrs.windows_bound_to(self.mr.key)
+    }
+
+    /// The handle of the PD the region belongs to now.
+    pub fn pd_handle(&self) -> u32 {
+        self._pd.handle
     }
 }
 

@@ -3,7 +3,10 @@
 
 use std::sync::Arc;
 
-use verbs_api::{AsyncElement, PostError, QpAttr, QpAttrMask, QpType, QueuePair, RecvWr, Result, SendWr};
+use verbs_api::{
+    AsyncElement, Error, MemoryWindow, MwBind, PostError, QpAttr, QpAttrMask, QpType, QueuePair, RecvWr,
+    Result, SendWr,
+};
 
 use crate::device::PdShared;
 use crate::qp::QpShared;
@@ -28,8 +31,18 @@ impl SimQp {
         wrs: &[SendWr<'_>],
         inline: &[Option<&[&[u8]]>],
     ) -> std::result::Result<(), PostError> {
-        self.qp
-            .post_send(wrs, inline, &|ah| super::ah::route_of(ah, &self.pd.dev))
+        let dev = &self.pd.dev;
+        let r = self
+            .qp
+            .post_send(wrs, inline, &|ah| super::ah::route_of(ah, dev), &|b| {
+                super::mw::bind_req(b, dev)
+            });
+        // The windows of the binds posted hold their new rkeys.
+        let posted = r.as_ref().err().map_or(wrs.len(), |e| e.index);
+        for b in wrs[..posted].iter().filter_map(|w| w.bind.as_ref()) {
+            super::mw::bound(b);
+        }
+        r
     }
 }
 
@@ -51,6 +64,24 @@ impl QueuePair for SimQp {
     }
     fn post_recv(&self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), PostError> {
         self.qp.post_recv(wrs)
+    }
+    fn bind_mw(&self, mw: &dyn MemoryWindow, bind: &MwBind<'_>) -> Result<u32> {
+        // libibverbs' inline `ibv_bind_mw()` refuses a region of another PD than the
+        // window's with EPERM; the rest is the trait's.
+        let sim_mw = mw.downcast_ref::<super::mw::SimMw>();
+        let mr = bind
+            .bind_info
+            .mr
+            .and_then(|m| m.downcast_ref::<super::pd::SimMr>());
+        if let (Some(w), Some(m)) = (sim_mw, mr) {
+            if w.pd_handle() != m.pd_handle() {
+                return Err(Error::Os {
+                    call: "ibv_bind_mw",
+                    source: std::io::Error::from_raw_os_error(libc::EPERM),
+                });
+            }
+        }
+        verbs_api::mw::post_type1_bind(self, mw, bind)
     }
 }
 

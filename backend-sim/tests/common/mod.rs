@@ -61,7 +61,15 @@ pub struct Pair {
 impl Pair {
     /// Both QPs with `cap`, connected with `p` (CQs of 64 entries).
     pub fn new(p: &RcParams, cap: QpCap) -> Pair {
-        let sim = backend_sim::SimBackend::default();
+        Self::on(backend_sim::Profile::default(), p, cap)
+    }
+
+    /// [`Pair::new`] on devices that play `profile`.
+    pub fn on(profile: backend_sim::Profile, p: &RcParams, cap: QpCap) -> Pair {
+        let sim = backend_sim::SimBackend::new(backend_sim::SimConfig {
+            profile,
+            ..Default::default()
+        });
         let (c0, c1) = (sim.open("sim0").unwrap(), sim.open("sim1").unwrap());
         let (pd0, pd1) = (c0.alloc_pd().unwrap(), c1.alloc_pd().unwrap());
         let (cq0, cq1) = (c0.create_cq(64, None).unwrap(), c1.create_cq(64, None).unwrap());

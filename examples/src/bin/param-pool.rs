@@ -1,9 +1,14 @@
 //! param-pool: a shared parameter pool read with RDMA READ (the one-sided pattern of the
 //! RDMA communication model).
 //!
-//! An owner (`server`) registers its parameter vectors with REMOTE_READ, publishes
-//! (addr, rkey, len) through the connection setup, and keeps rewriting the vectors with
-//! its CPU. Readers (`client`) pull whole vectors with RDMA READ, without the owner's CPU
+//! An owner (`server`) registers its parameter vectors with MW_BIND (no remote right of
+//! their own), hands each reader a type 2 memory window of its own over them, bound to
+//! that reader's QP with REMOTE_READ only, publishes (addr, window rkey, len) through the
+//! connection setup, and keeps rewriting the vectors with its CPU. A reader's rkey works
+//! on its own connection only, and the owner revokes a reader by invalidating its window
+//! (`IBV_WR_LOCAL_INV`, `--revoke`): that reader's next READ fails with
+//! REM_ACCESS_ERR, the others read on (the way a real server limits what each client may
+//! read, and takes it back). Readers (`client`) pull whole vectors with RDMA READ, without the owner's CPU
 //! taking part. Each slot carries a version at both ends (a seqlock: odd while being
 //! written) and a checksum (see `examples::pool`): a reader that fetched a slot mid-update
 //! sees the versions disagree (or, when the READ did not copy front to back, the
@@ -19,7 +24,8 @@
 //! slot format, the reports and the options are in `examples::pool`.
 //!
 //! ```text
-//! param-pool demo                                   # 1 owner child, 2 reader threads, 2 s
+//! param-pool demo                                   # 1 owner child, 2 reader threads, 2 s,
+//!                                                   # the last reader revoked after 0.5 s
 //! param-pool demo --owners 2 --readers 4 --dim 4096
 //! param-pool server --listen 0.0.0.0:18516 --readers 1
 //! param-pool client --server 10.0.0.1:18516 --server 10.0.0.2:18516
@@ -41,12 +47,12 @@ use examples::pool::opts::{ClientArgs, DemoArgs, ReaderTuning, ServerArgs};
 use examples::pool::report::{print_readers, ReaderReport};
 use examples::pool::{self, PoolInfo, SlotCheck};
 use examples::stats::{per_sec, si};
-use examples::wait::{check_wc, Waiter};
+use examples::wait::{check_wc, poll_one_ok, Waiter};
 use examples::{side_channel, threads, with_backend, Res};
 use verbs_api::cm::{Offer, Peer};
 use verbs_api::{
-    AccessFlags, Backend, CompletionQueue, Context, MemoryRegion, ProtectionDomain, QueuePair, RemoteMr,
-    SendWr, WorkCompletion,
+    inc_rkey, AccessFlags, Backend, CompletionQueue, Context, MemoryRegion, MemoryWindow, MwBindInfo, MwType,
+    ProtectionDomain, QueuePair, RemoteMr, SendWr, WcStatus, WorkCompletion,
 };
 
 /// Parameter vectors pulled with RDMA READ while their owner rewrites them.
@@ -88,7 +94,7 @@ fn run(cli: &Cli) -> Res<()> {
                 .map(|s| conn::parse_addr(s))
                 .collect::<Res<Vec<_>>>()?;
             let reps = with_backend!(common, |b| readers(b, common, &a.tuning, &addrs))?;
-            verdict(&reps, &a.tuning)
+            verdict(&reps, &a.tuning, None)
         }
         Cmd::Demo(a) => demo(common, a),
     }
@@ -103,8 +109,9 @@ fn owner<B: Backend>(b: &B, common: &CommonArgs, a: &ServerArgs) -> Res<()> {
     let slot = pool::slot_size(dim);
     let ctx = open_device(b, common.device.as_deref())?;
     let pd = ctx.alloc_pd()?;
+    // No remote right on the region itself: every reader reads through its own window.
     let mr = pd
-        .reg_mr(nvec * slot, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)
+        .reg_mr(nvec * slot, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND)
         .context("registering the parameter pool")?;
     for v in 0..nvec {
         pool::init_slot(&mr, v * slot, v as u64, dim)?;
@@ -113,11 +120,10 @@ fn owner<B: Backend>(b: &B, common: &CommonArgs, a: &ServerArgs) -> Res<()> {
     let acceptor = conn::Acceptor::start(conn::listen(&a.listen)?, common.wait())?;
     announce_listening(acceptor.local_addr());
     println!(
-        "owner: device {}, {nvec} vectors x {dim} f32 ({slot} B slots, {} KiB) registered with REMOTE_READ at {:#x} rkey {:#x}",
+        "owner: device {}, {nvec} vectors x {dim} f32 ({slot} B slots, {} KiB) registered with MW_BIND at {:#x}; one READ-only window per reader",
         ctx.name(),
         nvec * slot / 1024,
         mr.addr(),
-        mr.rkey()
     );
     let info = PoolInfo {
         vectors: nvec as u32,
@@ -150,17 +156,44 @@ fn owner<B: Backend>(b: &B, common: &CommonArgs, a: &ServerArgs) -> Res<()> {
         });
         let result = (|| -> Res<()> {
             let mut peers = Vec::new();
-            let mut qps = Vec::new();
+            let mut grants = Vec::new();
             for r in 0..a.readers.max(1) {
                 let (qp, _) = conn::create_qp_on::<B>(&ctx, &pd, &cq, &QpOpts::new(1, 1))?;
-                let offer = Offer::new().mr(mr.remote()).private_data(private.clone());
-                let peer = acceptor.accept(&ctx, &qp, |_| Ok(()), &params, offer, timeout)?;
-                println!("owner: reader {r} connected (QP {:#x})", qp.qp_num());
+                let mw = pd
+                    .alloc_mw(MwType::Type2)
+                    .context("allocating a reader's window")?;
+                // The rkey the bind will give the window, published before it is bound: a
+                // type 2 window is bound through the QP it serves, once that is connected.
+                let rkey = inc_rkey(mw.rkey());
+                let offer = Offer::new()
+                    .mr(RemoteMr { rkey, ..mr.remote() })
+                    .private_data(private.clone());
+                let mut peer = acceptor.accept(&ctx, &qp, |_| Ok(()), &params, offer, timeout)?;
+                let grant = Grant::<B>::bind(&cq, qp, mw, rkey, &mr, timeout)?;
+                // The reader waits for this before its first READ.
+                side_channel::send_msg(&mut peer.stream, b"bound")?;
+                println!(
+                    "owner: reader {r} connected (QP {:#x}), window rkey {rkey:#x}",
+                    grant.qp.qp_num()
+                );
                 peers.push(peer);
-                qps.push(qp);
+                grants.push(grant);
             }
             let start = Instant::now();
             let u0 = updates.load(Ordering::Relaxed);
+            if a.revoke.revoke > 0 {
+                std::thread::sleep(Duration::from_millis(a.revoke.revoke_after_ms));
+                // The last readers to connect: their reading began when the timer did.
+                let n = grants.len();
+                let first = n.saturating_sub(a.revoke.revoke as usize);
+                for (r, g) in grants.iter().enumerate().skip(first) {
+                    g.revoke(&cq, timeout)?;
+                    println!(
+                        "owner: revoked reader {r}: invalidated its window (rkey {:#x})",
+                        g.rkey
+                    );
+                }
+            }
             // Nothing to do for the readers: RDMA READ needs no CPU here. Wait until
             // every reader says it is done (bounded by the timeout after the last news).
             let wait = timeout.max(Duration::from_secs(60));
@@ -182,6 +215,34 @@ fn owner<B: Backend>(b: &B, common: &CommonArgs, a: &ServerArgs) -> Res<()> {
     })
 }
 
+/// What one reader was granted: its QP and the type 2 window bound to it.
+struct Grant<B: Backend> {
+    qp: B::Qp,
+    _mw: B::Mw,
+    rkey: u32,
+}
+
+impl<B: Backend> Grant<B> {
+    /// Binds `mw` over the whole of `mr`, READ-only, to the connected `qp` with `rkey`
+    /// (`IBV_WR_BIND_MW`), and waits for the bind on `cq`.
+    fn bind(cq: &B::Cq, qp: B::Qp, mw: B::Mw, rkey: u32, mr: &B::Mr, timeout: Duration) -> Res<Self> {
+        let info = MwBindInfo::whole(mr, AccessFlags::REMOTE_READ);
+        qp.post_send(&[SendWr::bind_mw(1, &mw, rkey, info).signaled()])
+            .context("posting a reader's window bind")?;
+        poll_one_ok(cq, timeout, &|| "the window bind".to_string())?;
+        Ok(Grant { qp, _mw: mw, rkey })
+    }
+
+    /// Invalidates the reader's window (`IBV_WR_LOCAL_INV`): its rkey stops working.
+    fn revoke(&self, cq: &B::Cq, timeout: Duration) -> Res<()> {
+        self.qp
+            .post_send(&[SendWr::local_inv(2, self.rkey).signaled()])
+            .context("posting a window invalidation")?;
+        poll_one_ok(cq, timeout, &|| "the window invalidation".to_string())?;
+        Ok(())
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // readers
 
@@ -191,6 +252,8 @@ struct OwnerConn<B: Backend> {
     remote: RemoteMr,
     info: PoolInfo,
     peer: Peer,
+    /// The owner invalidated this reader's window: a READ came back REM_ACCESS_ERR.
+    revoked: bool,
 }
 
 fn readers<B: Backend>(
@@ -218,7 +281,15 @@ fn connect_owners<B: Backend>(
     let mut conns = Vec::new();
     for addr in owners {
         let rc = conn::create_rc::<B>(ctx, pd, &QpOpts::new(depth as u32, 1))?;
-        let peer = conn::connect(addr, ctx, &rc.qp, &params, Offer::new(), common.wait())?;
+        let mut peer = conn::connect(addr, ctx, &rc.qp, &params, Offer::new(), common.wait())?;
+        // The owner binds this reader's window once the QPs are connected.
+        let msg = side_channel::recv_msg(&mut peer.stream, common.wait().max(Duration::from_secs(30)))?;
+        if msg != b"bound" {
+            bail!(
+                "the owner at {addr} sent {:?} instead of \"bound\"",
+                String::from_utf8_lossy(&msg)
+            );
+        }
         let Some(&remote) = peer.mrs.first() else {
             bail!("the owner at {addr} published no memory region")
         };
@@ -234,6 +305,7 @@ fn connect_owners<B: Backend>(
             remote,
             info,
             peer,
+            revoked: false,
         });
     }
     Ok(conns)
@@ -276,7 +348,9 @@ fn reader<B: Backend>(
     let mut retry: Vec<(usize, u32)> = Vec::new();
     let mut pick = 0usize;
     loop {
-        let running = Instant::now() < end;
+        // Torn reads of an owner that revoked this reader are not read again.
+        retry.retain(|&(o, _)| !conns[o].revoked);
+        let running = Instant::now() < end && conns.iter().any(|c| !c.revoked);
         // Keep `depth` READs in flight: torn ones first (re-read), then random vectors.
         for (buf, slot) in inflight.iter_mut().enumerate() {
             if slot.is_some() || (!running && retry.is_empty()) {
@@ -289,6 +363,9 @@ fn reader<B: Backend>(
                     rng ^= rng >> 7;
                     rng ^= rng << 17;
                     pick = (pick + 1) % conns.len();
+                    while conns[pick].revoked {
+                        pick = (pick + 1) % conns.len();
+                    }
                     (pick, (rng % conns[pick].info.vectors as u64) as u32)
                 }
             };
@@ -302,15 +379,18 @@ fn reader<B: Backend>(
             break;
         }
         let mut got = 0;
-        for c in &conns {
-            let n = c.rc.cq.poll(&mut wcs)?;
+        for ci in 0..conns.len() {
+            let n = conns[ci].rc.cq.poll(&mut wcs)?;
             got += n;
             for wc in &wcs[..n] {
-                check_wc(wc, &|| format!("reader {id}: RDMA READ"))?;
                 let buf = wc.wr_id as usize;
                 let Some((o, v)) = inflight.get_mut(buf).and_then(Option::take) else {
                     bail!("reader {id}: completion for an idle buffer {buf}")
                 };
+                if revoked(&mut conns[o], wc, id, o, &mut check.rep) {
+                    continue;
+                }
+                check_wc(wc, &|| format!("reader {id}: RDMA READ"))?;
                 let info = &conns[o].info;
                 local.read(buf * max_slot, &mut check.bytes[..info.slot_size as usize])?;
                 if !check.read(o, v, info)? {
@@ -329,6 +409,30 @@ fn reader<B: Backend>(
         let _ = side_channel::send_msg(&mut c.peer.stream, b"done");
     }
     Ok(check.rep)
+}
+
+/// Whether `wc` is the end of reading from an owner that revoked this reader: the first
+/// READ through the invalidated window fails with REM_ACCESS_ERR (counted, and the
+/// connection marked revoked), the ones behind it are flushed.
+fn revoked<B: Backend>(
+    c: &mut OwnerConn<B>,
+    wc: &WorkCompletion,
+    id: u32,
+    o: usize,
+    rep: &mut ReaderReport,
+) -> bool {
+    match wc.status {
+        WcStatus::RemAccessErr if !c.revoked => {
+            c.revoked = true;
+            rep.revoked += 1;
+            println!(
+                "reader {id}: owner {o} revoked my window (RDMA READ: REM_ACCESS_ERR); no more reads from it"
+            );
+            true
+        }
+        WcStatus::WrFlushErr => c.revoked,
+        _ => false,
+    }
 }
 
 /// A reader's checks of the slots it fetched, and its counts.
@@ -395,9 +499,19 @@ impl Checker {
     }
 }
 
-/// Prints the reader reports; fails if any used vector was torn (the demo's invariant).
-fn verdict(reps: &[ReaderReport], t: &ReaderTuning) -> Res<()> {
+/// Prints the reader reports; fails if any used vector was torn (the demo's invariant), or
+/// if not exactly `revocations` (owner, reader) windows were found revoked, when given.
+fn verdict(reps: &[ReaderReport], t: &ReaderTuning, revocations: Option<u64>) -> Res<()> {
     let tot = print_readers(reps, t.no_version_check);
+    if let Some(want) = revocations {
+        if tot.revoked != want {
+            bail!(
+                "{} reader window(s) were found revoked, {want} were revoked by the owners",
+                tot.revoked
+            );
+        }
+        println!("revoked: {want} reader window(s) invalidated; each revoked reader's next READ failed with REM_ACCESS_ERR");
+    }
     if tot.used_bad > 0 {
         bail!(
             "{} torn vector(s) were used{}",
@@ -429,8 +543,11 @@ fn demo(common: &CommonArgs, a: &DemoArgs) -> Res<()> {
     let mut owners = Vec::new();
     let mut addrs = Vec::new();
     for o in 0..a.owners.max(1) {
+        // A quarter into the reading: the revoked readers have read, and will read again.
         let args = ChildArgs::server(common)
             .opt("--readers", a.reader.readers.max(1))
+            .opt("--revoke", a.revoke.min(a.reader.readers.max(1)))
+            .opt("--revoke-after-ms", a.reader.duration_ms / 4)
             .opt("--vectors", a.owner.vectors)
             .opt("--dim", a.owner.dim)
             .opt("--update-pause-us", a.owner.update_pause_us);
@@ -456,5 +573,6 @@ fn demo(common: &CommonArgs, a: &DemoArgs) -> Res<()> {
         o.wait_success(common.wait() + Duration::from_secs(10))
             .with_context(|| format!("owner process {}", o.name()))?;
     }
-    verdict(&reps, &a.reader)
+    let revoked = a.owners.max(1) as u64 * a.revoke.min(a.reader.readers.max(1)) as u64;
+    verdict(&reps, &a.reader, Some(revoked))
 }

@@ -36,6 +36,11 @@
 //! first message to its last), with the messages sent and never received reported
 //! apart.
 //!
+//! `--mw` (on both ends; READ, WRITE and atomic tests over RC) reaches each side's memory
+//! through a type 2 memory window bound over it instead of its region's rkey, and then
+//! reports how fast the client binds (and invalidates) a type 2 window through its send
+//! queue (`examples::perftest::mw`).
+//!
 //! `--perftest` (on both ends) swaps these loops for perftest's own
 //! (`examples::perftest::loops`), stamped with the cycle counter and reduced with
 //! perftest's arithmetic, for side-by-side runs with `ib_*` on one device.
@@ -60,15 +65,16 @@ use examples::perftest::report::{
     Row, LINE,
 };
 use examples::perftest::side::{post_recvs_on, to_peer, Side, UdPeer};
-use examples::perftest::{clock, cycle_stats, loops};
+use examples::perftest::{clock, cycle_stats, loops, mw};
 use examples::stats::Latencies;
+use examples::stats::{per_sec, si};
 use examples::transport::Typed;
 use examples::wait::{check_wc, Waiter};
 use examples::{side_channel, with_backend, Res};
 use verbs_api::cm::Offer;
 use verbs_api::{
-    ah_attr_for, modify_to_init, AccessFlags, Backend, CompletionQueue, Context, MemoryRegion,
-    ProtectionDomain, QueuePair, RcParams, RemoteMr, SendFlags, SendWr, SrqAttr, WorkCompletion,
+    ah_attr_for, modify_to_init, Backend, CompletionQueue, Context, MemoryRegion, ProtectionDomain,
+    QueuePair, RcParams, RemoteMr, SendFlags, SendWr, SrqAttr, WorkCompletion,
 };
 
 fn main() -> ExitCode {
@@ -101,6 +107,7 @@ fn loopback(cli: &PerfCli, cfg: &Cfg) -> Res<()> {
         .flag("--perftest", cli.perftest)
         .opt("-c", cli.connection.name())
         .flag("--use_srq", cli.use_srq)
+        .flag("--mw", cli.mw)
         .opt("-u", cli.qp_timeout)
         .opt("--bind", "127.0.0.1")
         .opt("-p", 0)
@@ -194,9 +201,12 @@ fn server<B: Backend>(b: &B, cli: &PerfCli) -> Res<()> {
     let Some(&client_mr) = peer.mrs.first() else {
         bail!("the client published no memory region")
     };
+    if cfg.mw != cli.mw {
+        return refuse("one side runs with --mw and the other without: start both alike".to_string());
+    }
     let max = cfg.area_size();
     let mr = pd
-        .reg_mr(2 * max, AccessFlags::ALL)
+        .reg_mr(2 * max, mw::region_access(cfg.mw))
         .with_context(|| format!("registering {} bytes", 2 * max))?;
     let ud = ud_peer::<B>(&pd, cli, &params, &peer.endpoint)?;
     let Made { rc, recv_cq, srq } = made;
@@ -225,7 +235,18 @@ fn server<B: Backend>(b: &B, cli: &PerfCli) -> Res<()> {
         let n = if cfg.test == Test::SendBw { rx } else { rx.min(16) };
         side.post_recvs(n)?;
     }
-    let r = side.mr.remote();
+    let window = match cfg.mw {
+        true => {
+            let w = mw::Window::<B>::alloc(&pd)?;
+            w.bind(&side.rc.qp, &side.rc.cq, &side.mr, side.timeout)?;
+            Some(w)
+        }
+        false => None,
+    };
+    let r = match &window {
+        Some(w) => w.remote(side.mr.remote()),
+        None => side.mr.remote(),
+    };
     side.send_json(&Ready::Ok {
         addr: r.addr,
         rkey: r.rkey,
@@ -459,6 +480,9 @@ fn serve_row<B: Backend>(side: &mut Side<B>, size: usize, iters: u64) -> Res<()>
 // ---------------------------------------------------------------------------------------
 // client
 
+/// The binds `--mw` times.
+const MW_BINDS: u64 = 100_000;
+
 fn client<B: Backend>(b: &B, cli: &PerfCli, cfg: &Cfg, addr: &str) -> Res<()> {
     let common = &cli.common;
     let ctx = open_device(b, common.device.as_deref())?;
@@ -473,8 +497,9 @@ fn client<B: Backend>(b: &B, cli: &PerfCli, cfg: &Cfg, addr: &str) -> Res<()> {
     let pd = ctx.alloc_pd()?;
     let max = cfg.area_size();
     let mr = pd
-        .reg_mr(2 * max, AccessFlags::ALL)
+        .reg_mr(2 * max, mw::region_access(cfg.mw))
         .with_context(|| format!("registering {} bytes", 2 * max))?;
+    let window = cfg.mw.then(|| mw::Window::<B>::alloc(&pd)).transpose()?;
     let test = cfg.test;
     let send_wr = if test.is_lat() { 16 } else { cfg.tx_depth };
     let recv_wr = if test.is_send() { 16 } else { 1 };
@@ -495,9 +520,11 @@ fn client<B: Backend>(b: &B, cli: &PerfCli, cfg: &Cfg, addr: &str) -> Res<()> {
         post_recvs_on(&rc.qp, srq.as_ref(), &mr, max, 16)?;
         posted = 16;
     }
-    let offer = Offer::new()
-        .mr(mr.remote())
-        .private_data(serde_json::to_vec(cfg)?);
+    let published = match &window {
+        Some(w) => w.remote(mr.remote()),
+        None => mr.remote(),
+    };
+    let offer = Offer::new().mr(published).private_data(serde_json::to_vec(cfg)?);
     let peer = conn::connect(
         addr,
         &ctx,
@@ -528,10 +555,28 @@ fn client<B: Backend>(b: &B, cli: &PerfCli, cfg: &Cfg, addr: &str) -> Res<()> {
         side.mhz = clock::cpu_mhz();
         side.spin_limit = (side.timeout.as_secs_f64() * 1e6 * side.mhz) as u64;
     }
+    if let Some(w) = &window {
+        // Before the first message: the server writes here only after it.
+        w.bind(&side.rc.qp, &side.rc.cq, &side.mr, side.timeout)?;
+    }
     match side.recv_json::<Ready>()? {
         Ready::Ok { addr, rkey, len } => side.remote = RemoteMr { addr, rkey, len },
         Ready::Err(e) => bail!("the server refused: {e}"),
     }
+    // Before the rows, while nothing else is in the send queue (a LOCAL_INV waits for the
+    // WRs before it) and the server waits for the first row.
+    let bind_time = match cfg.mw {
+        true => Some(mw::bind_rate::<B>(
+            &pd,
+            &side.rc.qp,
+            &side.rc.cq,
+            &side.mr,
+            MW_BINDS,
+            side.rc.cap.max_send_wr,
+            side.timeout,
+        )?),
+        false => None,
+    };
     if !cli.json {
         let long = cfg
             .rows
@@ -575,6 +620,18 @@ fn client<B: Backend>(b: &B, cli: &PerfCli, cfg: &Cfg, addr: &str) -> Res<()> {
     }
     if !cli.json {
         println!("{LINE}");
+    }
+    if let Some(el) = bind_time {
+        let line = format!(
+            "mw: {MW_BINDS} binds of a type 2 window through the send queue (each followed by a LOCAL_INV) in {:.3} s: {}binds/s",
+            el.as_secs_f64(),
+            si(per_sec(MW_BINDS as f64, el))
+        );
+        if cli.json {
+            eprintln!("{line}");
+        } else {
+            println!("{line}");
+        }
     }
     Ok(())
 }

@@ -83,6 +83,11 @@ pub struct PerfCli {
     /// ends need it.
     #[arg(long = "use_srq")]
     pub use_srq: bool,
+    /// Reach the peer's memory through a type 2 memory window instead of its region's
+    /// rkey (READ, WRITE and atomic tests over RC), and after the rows report how fast
+    /// the client binds a type 2 window through its send queue. Both ends need it.
+    #[arg(long)]
+    pub mw: bool,
     /// One JSON object per size on stdout instead of the table.
     #[arg(long)]
     pub json: bool,

@@ -38,6 +38,9 @@ pub struct Cfg {
     /// Receives from a shared receive queue (`--use_srq`).
     #[serde(default)]
     pub use_srq: bool,
+    /// The one-sided tests go through memory windows (`--mw`).
+    #[serde(default)]
+    pub mw: bool,
 }
 
 /// What the server answers on the side channel once it is ready.
@@ -107,6 +110,9 @@ impl Cfg {
         if let Some(why) = cli.connection.refuses(t) {
             bail!("{why}");
         }
+        if cli.mw && (t.is_send() || cli.connection != Connection::Rc) {
+            bail!("--mw is for the READ, WRITE and atomic tests over RC: the others reach no remote memory");
+        }
         if cli.use_srq && !t.is_send() {
             bail!("--use_srq is for the SEND tests (send_lat, send_bw): the others post no receives");
         }
@@ -122,6 +128,7 @@ impl Cfg {
             cq_mod: cli.cq_mod,
             connection: cli.connection,
             use_srq: cli.use_srq,
+            mw: cli.mw,
         })
     }
 

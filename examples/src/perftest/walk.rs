@@ -53,7 +53,11 @@ impl Walk {
 pub fn shifted(op: WrOp, off: u64) -> WrOp {
     let at = |r: RemoteAddr| RemoteAddr::new(r.addr + off, r.rkey);
     match op {
-        WrOp::Send | WrOp::SendWithImm { .. } => op,
+        WrOp::Send
+        | WrOp::SendWithImm { .. }
+        | WrOp::SendWithInv { .. }
+        | WrOp::LocalInv { .. }
+        | WrOp::BindMw => op,
         WrOp::RdmaWrite { remote } => WrOp::RdmaWrite { remote: at(remote) },
         WrOp::RdmaWriteWithImm { remote, imm_data } => WrOp::RdmaWriteWithImm {
             remote: at(remote),

@@ -27,7 +27,20 @@ pub struct ServerArgs {
     #[arg(long, default_value_t = 1)]
     pub readers: u32,
     #[command(flatten)]
+    pub revoke: Revoke,
+    #[command(flatten)]
     pub tuning: OwnerTuning,
+}
+
+/// Which readers an owner revokes, and when (`server` and `demo`).
+#[derive(Args, Debug, Clone)]
+pub struct Revoke {
+    /// Readers to revoke (the last ones to connect) by invalidating their windows.
+    #[arg(long, default_value_t = 0)]
+    pub revoke: u32,
+    /// When to revoke them, in milliseconds after the last reader connected.
+    #[arg(long, default_value_t = 500)]
+    pub revoke_after_ms: u64,
 }
 
 /// What the readers do (`client` and `demo`).
@@ -68,4 +81,7 @@ pub struct DemoArgs {
     pub owner: OwnerTuning,
     #[command(flatten)]
     pub reader: ReaderTuning,
+    /// Readers each owner revokes (the last to connect), a quarter into the reading.
+    #[arg(long, default_value_t = 1)]
+    pub revoke: u32,
 }

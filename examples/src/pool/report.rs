@@ -28,6 +28,9 @@ pub struct ReaderReport {
     pub fresh: u64,
     /// How long the reader read.
     pub elapsed: Duration,
+    /// Owners that revoked this reader's window (a READ through it failed with
+    /// REM_ACCESS_ERR).
+    pub revoked: u64,
 }
 
 /// Prints every reader's counts and the total (`used_anyway`: torn reads were used, as
@@ -50,6 +53,9 @@ pub fn print_readers(reps: &[ReaderReport], used_anyway: bool) -> ReaderReport {
             r.used_bad,
             r.fresh
         );
+        if r.revoked > 0 {
+            println!("reader {}:   revoked by {} owner(s)", r.id, r.revoked);
+        }
         if let Some(e) = &r.bad_example {
             println!("reader {}:   e.g. {e}", r.id);
         }
@@ -59,6 +65,7 @@ pub fn print_readers(reps: &[ReaderReport], used_anyway: bool) -> ReaderReport {
         tot.torn_by_checksum += r.torn_by_checksum;
         tot.used += r.used;
         tot.used_bad += r.used_bad;
+        tot.revoked += r.revoked;
         tot.elapsed = tot.elapsed.max(r.elapsed);
     }
     println!(

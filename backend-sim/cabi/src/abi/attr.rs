@@ -71,8 +71,9 @@ pub const IBV_QP_INIT_ATTR_CREATE_FLAGS: u32 = 1 << 2;
 pub const IBV_QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 1 << 6;
 
 /// `IBV_QP_EX_WITH_*`: the `ibv_wr_*` operations the sim serves (RDMA WRITE with and
-/// without immediate, SEND with and without immediate, RDMA READ, the two atomics).
-pub const SUPPORTED_SEND_OPS: u64 = 0x7f;
+/// without immediate, SEND with and without immediate, RDMA READ, the two atomics,
+/// LOCAL_INV, BIND_MW and SEND_WITH_INV).
+pub const SUPPORTED_SEND_OPS: u64 = 0x3ff;
 
 /// `struct ibv_global_route`.
 #[repr(C)]

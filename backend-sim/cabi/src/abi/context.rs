@@ -39,7 +39,7 @@ pub type PostSrqRecvFn = unsafe extern "C" fn(*mut ibv_srq, *mut ibv_recv_wr, *m
 /// `ops.alloc_mw`
 pub type AllocMwFn = unsafe extern "C" fn(*mut ibv_pd, u32) -> *mut ibv_mw;
 /// `ops.bind_mw`
-pub type BindMwFn = unsafe extern "C" fn(*mut ibv_qp, *mut ibv_mw, *mut c_void) -> c_int;
+pub type BindMwFn = unsafe extern "C" fn(*mut ibv_qp, *mut ibv_mw, *mut super::wr::ibv_mw_bind) -> c_int;
 /// `ops.dealloc_mw`
 pub type DeallocMwFn = unsafe extern "C" fn(*mut ibv_mw) -> c_int;
 

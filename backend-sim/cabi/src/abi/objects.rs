@@ -28,7 +28,7 @@ pub struct ibv_mr {
     pub rkey: u32,
 }
 
-/// `struct ibv_mw` (never created: the sim has no memory windows).
+/// `struct ibv_mw`.
 #[repr(C)]
 pub struct ibv_mw {
     pub context: *mut ibv_context,
@@ -158,7 +158,8 @@ pub struct ibv_qp_ex {
     pub wr_flags: u32,
     pub wr_atomic_cmp_swp: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, u64, u64)>,
     pub wr_atomic_fetch_add: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, u64)>,
-    pub wr_bind_mw: Option<unsafe extern "C" fn(*mut ibv_qp_ex, *mut ibv_mw, u32, *const c_void)>,
+    pub wr_bind_mw:
+        Option<unsafe extern "C" fn(*mut ibv_qp_ex, *mut ibv_mw, u32, *const super::wr::ibv_mw_bind_info)>,
     pub wr_local_inv: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32)>,
     pub wr_rdma_read: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64)>,
     pub wr_rdma_write: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64)>,

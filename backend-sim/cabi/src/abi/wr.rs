@@ -2,7 +2,7 @@
 //! `struct ibv_recv_wr` and `struct ibv_wc` (`man ibv_post_send`, `man ibv_post_recv`,
 //! `man ibv_poll_cq`).
 
-use std::ffi::{c_int, c_void};
+use std::ffi::c_int;
 
 use super::objects::ibv_ah;
 
@@ -51,14 +51,34 @@ pub union ibv_send_wr_wr {
     pub ud: ibv_wr_ud,
 }
 
+/// `struct ibv_mw_bind_info`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_mw_bind_info {
+    pub mr: *mut super::ibv_mr,
+    pub addr: u64,
+    pub length: u64,
+    /// `enum ibv_access_flags`
+    pub mw_access_flags: u32,
+}
+
+/// `struct ibv_mw_bind`: the arguments of `ibv_bind_mw`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_mw_bind {
+    pub wr_id: u64,
+    pub send_flags: u32,
+    pub bind_info: ibv_mw_bind_info,
+}
+
 /// The anonymous union of `bind_mw` and `tso` at the end of `struct ibv_send_wr`:
 /// `bind_mw` is the larger (an `ibv_mw *`, an rkey, and `struct ibv_mw_bind_info`).
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct ibv_send_wr_tail {
-    pub mw: *mut c_void,
+    pub mw: *mut super::ibv_mw,
     pub rkey: u32,
-    pub bind_info: [u64; 4],
+    pub bind_info: ibv_mw_bind_info,
 }
 
 /// `struct ibv_send_wr`.

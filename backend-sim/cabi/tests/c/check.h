@@ -2,6 +2,7 @@
  * each program from tests/c/): CHECK, which prints one line per check and counts the
  * failed ones, and a QP connected to itself. */
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <infiniband/verbs.h>
 
@@ -29,15 +30,24 @@ static __attribute__((unused)) int to_init(struct ibv_qp *qp)
 				     IBV_QP_ACCESS_FLAGS);
 }
 
-/* Moves `qp` from INIT to RTS connected to itself (its own LID and QPN). */
-static __attribute__((unused)) int init_to_rts_self(struct ibv_context *ctx, struct ibv_qp *qp)
+/* Moves `qp` from INIT to RTS connected to the QP `dest` of this device: by LID, or by
+ * GID `gid_index` where the port has no LID (RoCE). */
+static __attribute__((unused)) int init_to_rts(struct ibv_context *ctx, struct ibv_qp *qp,
+					      uint32_t dest, int gid_index)
 {
 	struct ibv_port_attr port;
-	if (ibv_query_port(ctx, 1, &port))
+	union ibv_gid gid;
+	if (ibv_query_port(ctx, 1, &port) || ibv_query_gid(ctx, 1, gid_index, &gid))
 		return -1;
 	struct ibv_qp_attr a = { .qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_1024,
-		.dest_qp_num = qp->qp_num, .rq_psn = 7, .max_dest_rd_atomic = 4,
+		.dest_qp_num = dest, .rq_psn = 7, .max_dest_rd_atomic = 4,
 		.min_rnr_timer = 12, .ah_attr = { .dlid = port.lid, .port_num = 1 } };
+	if (port.lid == 0) {
+		a.ah_attr.is_global = 1;
+		a.ah_attr.grh.dgid = gid;
+		a.ah_attr.grh.hop_limit = 1;
+		a.ah_attr.grh.sgid_index = gid_index;
+	}
 	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
 				      IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
 				      IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
@@ -47,6 +57,12 @@ static __attribute__((unused)) int init_to_rts_self(struct ibv_context *ctx, str
 	return ibv_modify_qp(qp, &r, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT |
 				     IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
 				     IBV_QP_MAX_QP_RD_ATOMIC);
+}
+
+/* Moves `qp` from INIT to RTS connected to itself (its own LID, or GID 0, and QPN). */
+static __attribute__((unused)) int init_to_rts_self(struct ibv_context *ctx, struct ibv_qp *qp)
+{
+	return init_to_rts(ctx, qp, qp->qp_num, 0);
 }
 
 /* Connects `qp` to itself (its own LID and QPN). */

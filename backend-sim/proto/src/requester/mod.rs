@@ -20,6 +20,14 @@
 //! - any other NAK completes the WQE with the matching remote error, and the reason the
 //!   responder gave ([`NakReason`]) in `vendor_err`.
 //!
+//! Binds of memory windows (`IBV_WR_BIND_MW`) and local invalidations (`IBV_WR_LOCAL_INV`)
+//! are local operations: the send queue executes them in their turn, with no frame and
+//! no PSN ([`crate::window`]), and they complete in order with the rest (a failed bind as
+//! `IBV_WC_MW_BIND_ERR`, a failed invalidation as `IBV_WC_LOC_QP_OP_ERR`, rxe_req.c
+//! `rxe_do_local_ops()`). A LOCAL_INV waits until every WQE before it has completed, the
+//! local invalidate fence of IBA 10.6.5.1 that rxe makes mandatory
+//! (`rxe_wqe_is_fenced()`).
+//!
 //! An error returns [`Fatal`]: the QP must move to ERR, which flushes the rest (a UC or
 //! UD QP to SQE where the profile says so, `Switches::send_error_sqe`: [`Requester::flush`]
 //! flushes the send queue alone). WQEs complete strictly in order; only signaled ones (or
@@ -37,6 +45,7 @@ use crate::memory::{LocalAccessError, MrTable, Seg};
 use crate::psn;
 use crate::switches::{SlotRelease, Switches};
 use crate::tx::TxQueue;
+use crate::window::{BindReq, Invalidator, OnQp};
 use crate::wire::{Frame, NakCode, NakReason, MAX_DATAGRAM, MAX_MSG};
 
 pub mod uc;
@@ -175,6 +184,8 @@ struct SendWqe {
     vendor_err: u32,
     /// Where a UD send goes.
     route: Option<UdRoute>,
+    /// What a BIND_MW binds (resolved by the driver at post time).
+    bind: Option<BindReq>,
 }
 
 impl SendWqe {
@@ -195,6 +206,7 @@ impl SendWqe {
             status: None,
             vendor_err: 0,
             route: None,
+            bind: None,
         }
     }
 
@@ -479,6 +491,15 @@ impl Requester {
         self.post_wqe(wr, None, FromSges(mrs))
     }
 
+    /// Queues an `IBV_WR_BIND_MW` whose window and region the driver resolved into
+    /// `bind` (the checks of [`Requester::post`]; the bind itself runs in its turn).
+    pub fn post_bind(&mut self, wr: &SendWr<'_>, bind: BindReq) -> Result<(), PostCheck> {
+        self.connected_dest(wr)?;
+        self.post_wqe(wr, None, Pieces(&[]))?;
+        self.sq.back_mut().expect("just queued").bind = Some(bind);
+        Ok(())
+    }
+
     /// A WR posted to an RC or UC QP has no UD destination, and a UD QP's needs one.
     fn connected_dest(&self, wr: &SendWr<'_>) -> Result<(), PostCheck> {
         if self.ud {
@@ -548,11 +569,15 @@ impl Requester {
                 return Err(PostCheck::MisalignedAtomic);
             }
         }
+        if wr.op == WrOp::BindMw && (wr.bind.is_none() || !wr.sg_list.is_empty()) {
+            return Err(PostCheck::BadBind);
+        }
         let inline = wr.send_flags.contains(SendFlags::INLINE);
         let mut w = self.spare.pop().unwrap_or_else(|| Box::new(SendWqe::blank()));
         w.inline_data.clear();
+        w.bind = None;
         if inline {
-            if matches!(wr.op, WrOp::RdmaRead { .. }) || wr.op.is_atomic() {
+            if matches!(wr.op, WrOp::RdmaRead { .. }) || wr.op.is_atomic() || wr.op.is_local() {
                 self.spare.push(w);
                 return Err(PostCheck::InlineNotAllowed);
             }
@@ -615,6 +640,27 @@ impl Requester {
         let max_rd = self.attrs.max_rd_atomic.max(1) as u32;
         while self.next < self.sq.len() && sent < budget && !(self.draining && self.next >= self.started) {
             let idx = self.next;
+            if self.sq[idx].op.is_local() {
+                if matches!(self.sq[idx].op, WrOp::LocalInv { .. }) && idx > 0 {
+                    // The local invalidate fence: every WQE before it completes first.
+                    break;
+                }
+                if self.sq[idx].status.is_none() {
+                    if let Err(status) = self.execute_local(idx, mrs) {
+                        self.sq[idx].status = Some(status);
+                        self.retire(out);
+                        return Err(Fatal(status));
+                    }
+                }
+                // (Executed once: a rewind passes over it.)
+                let w = &mut self.sq[idx];
+                w.sent = true;
+                w.psn = self.psn;
+                self.next += 1;
+                self.started = self.started.max(self.next);
+                self.retire(out);
+                continue;
+            }
             let (is_rd, fence) = {
                 let w = &self.sq[idx];
                 // A READ/atomic already answered (out of order, before a rewind) is resent
@@ -657,6 +703,49 @@ impl Requester {
         Ok(sent)
     }
 
+    /// Executes the local operation WQE `idx` (a bind or a local invalidation), which is
+    /// then complete; an error is its completion's status.
+    fn execute_local(&mut self, idx: usize, mrs: &MrTable) -> Result<(), WcStatus> {
+        let on = OnQp {
+            pd: self.pd,
+            qpn: self.qpn,
+        };
+        let owner_checks = self.sw.mw_owner_checks;
+        let w = &mut self.sq[idx];
+        match w.op {
+            WrOp::BindMw => {
+                let bind = w.bind.as_ref().expect("a BIND_MW WQE carries its bind");
+                if let Err(e) = mrs.bind_window(bind, on, owner_checks) {
+                    tracing::debug!(
+                        qpn = on.qpn,
+                        wr_id = w.wr_id,
+                        "BIND_MW failed: {e}: IBV_WC_MW_BIND_ERR"
+                    );
+                    return Err(WcStatus::MwBindErr);
+                }
+            }
+            WrOp::LocalInv { rkey } => {
+                if self.uc && !self.sw.opcode_checked_at_post {
+                    // rxe has no LOCAL_INV on UC (rxe_opcode.c): the QP has no such
+                    // operation, as for a READ (see `build`).
+                    return Err(WcStatus::LocQpOpErr);
+                }
+                if let Err(e) = mrs.invalidate(rkey, Invalidator::Local(on), owner_checks, true) {
+                    tracing::debug!(
+                        qpn = on.qpn,
+                        wr_id = w.wr_id,
+                        rkey = %format_args!("{rkey:#x}"),
+                        "LOCAL_INV failed: {e}: IBV_WC_LOC_QP_OP_ERR"
+                    );
+                    return Err(WcStatus::LocQpOpErr);
+                }
+            }
+            _ => unreachable!("only BIND_MW and LOCAL_INV are local operations"),
+        }
+        w.status = Some(WcStatus::Success);
+        Ok(())
+    }
+
     fn build(&mut self, idx: usize, psn: u32, mrs: &MrTable, tx: &mut TxQueue) -> Result<(), WcStatus> {
         let pd = self.pd;
         let ack_req = !self.sq[idx].op.is_read_or_atomic() && self.ack_req_due();
@@ -675,6 +764,7 @@ impl Requester {
         match w.op {
             WrOp::Send
             | WrOp::SendWithImm { .. }
+            | WrOp::SendWithInv { .. }
             | WrOp::RdmaWrite { .. }
             | WrOp::RdmaWriteWithImm { .. } => {
                 let segs = &mut self.scratch;
@@ -684,12 +774,13 @@ impl Requester {
                         .map_err(|e| gather_status(sw, e))?;
                 }
                 let frame = match w.op {
-                    WrOp::Send | WrOp::SendWithImm { .. } => Frame::Send {
+                    WrOp::Send | WrOp::SendWithImm { .. } | WrOp::SendWithInv { .. } => Frame::Send {
                         psn,
                         len,
                         imm: w.op.imm_data(),
                         solicited: w.solicited,
                         ack_req,
+                        inv: w.op.invalidate_rkey(),
                     },
                     _ => {
                         let r = w.op.remote().expect("RDMA op has a remote address");
@@ -752,6 +843,7 @@ impl Requester {
                 };
                 tx.push_frame(&frame);
             }
+            WrOp::LocalInv { .. } | WrOp::BindMw => unreachable!("local operations build no frame"),
         }
         Ok(())
     }
@@ -1278,6 +1370,8 @@ pub enum PostCheck {
     NoUdDestination,
     /// A send on a connected QP that names a UD destination (`wr.ud`) (EINVAL).
     UdDestination,
+    /// A BIND_MW without its window (`wr.bind_mw`), or with a gather list (EINVAL).
+    BadBind,
 }
 
 #[cfg(test)]

@@ -21,9 +21,15 @@
 //! - a READ or atomic to a QP with `max_dest_rd_atomic` 0 (no responder resources for
 //!   them) is NAKed as invalid (`IBV_WC_REM_INV_REQ_ERR` at the requester) and not
 //!   executed, as rxe's `check_resource()` does; a non-zero limit is not enforced;
-//! - RDMA and atomics pass the one access check of [`MrTable::resolve_remote`]; a
-//!   violation NAKs with remote access error (misaligned atomics: invalid request) and
-//!   leaves memory untouched;
+//! - RDMA and atomics pass the one access check of [`MrTable::resolve_remote`] (an rkey
+//!   of a memory window is checked against the window); a violation NAKs with remote
+//!   access error (misaligned atomics: invalid request) and leaves memory untouched;
+//! - a SEND_WITH_INV invalidates the memory window it names once its message is in,
+//!   and its receive completes with `IBV_WC_WITH_INV` and the rkey; a window it may not
+//!   invalidate (no such window, a type 1 window, not bound, or not this QP's) completes
+//!   the receive with `IBV_WC_REM_INV_REQ_ERR` and moves the QP to ERR without a NAK
+//!   (rxe_resp.c `RESPST_ERR_INVALIDATE_RKEY`, IBA's class J): the requester hears
+//!   nothing and its transport retries run out;
 //! - atomics run as one atomic instruction on the target word, so they are atomic against
 //!   every other atomic on the device, from any QP.
 //!
@@ -52,12 +58,13 @@ use verbs_api::{
     WorkCompletion,
 };
 
-use crate::memory::{MrTable, RemoteAccessError, Seg};
+use crate::memory::{MrTable, RemoteAccessError, Seg, Target};
 use crate::psn;
 use crate::recv_queue::{PostRecvError, RecvQueue, RecvSource, RecvWqe, SharedRecvQueue};
 use crate::requester::Fatal;
 use crate::switches::{RecvError, Switches};
 use crate::tx::TxQueue;
+use crate::window::{Invalidator, OnQp};
 use crate::wire::{Frame, NakCode, NakReason};
 
 pub mod uc;
@@ -81,6 +88,8 @@ enum Taken {
         opcode: WcOpcode,
         byte_len: u32,
         imm: Option<u32>,
+        /// The window a SEND_WITH_INV invalidates once its payload is in.
+        inv: Option<u32>,
         solicited: bool,
     },
 }
@@ -231,6 +240,54 @@ impl Responder {
             NakCode::InvalidRequest
         } else {
             reason.code()
+        }
+    }
+
+    /// The QP as the remote access check sees it.
+    fn target(&self) -> Target {
+        Target {
+            pd: self.pd,
+            qpn: self.qpn,
+            access: self.access,
+            region_bounds: self.sw.mw_region_bounds,
+        }
+    }
+
+    /// Whether a SEND_WITH_INV arriving on this QP may invalidate the window `rkey`.
+    fn may_invalidate(&self, rkey: u32, mrs: &MrTable) -> bool {
+        let who = Invalidator::Remote(OnQp {
+            pd: self.pd,
+            qpn: self.qpn,
+        });
+        mrs.invalidate(rkey, who, self.sw.mw_owner_checks, false).is_ok()
+    }
+
+    /// Whether a SEND_WITH_INV arriving on this QP may invalidate the window `rkey`
+    /// (checked when its header arrives; the invalidation itself happens once its
+    /// payload is in, [`Responder::payload_done`]). A refusal completes the receive taken
+    /// for it with `IBV_WC_REM_INV_REQ_ERR` and the QP must go to ERR, with no NAK
+    /// (rxe_resp.c: `RESPST_ERR_INVALIDATE_RKEY`, class J).
+    fn check_invalidate(
+        &mut self,
+        rkey: u32,
+        mrs: &MrTable,
+        out: &mut Vec<(WorkCompletion, bool)>,
+    ) -> Result<(), Fatal> {
+        let who = Invalidator::Remote(OnQp {
+            pd: self.pd,
+            qpn: self.qpn,
+        });
+        match mrs.invalidate(rkey, who, self.sw.mw_owner_checks, false) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                tracing::warn!(
+                    qpn = self.qpn,
+                    rkey = %format_args!("{rkey:#x}"),
+                    "SEND_WITH_INV refused: {e}; the receive completes with REM_INV_REQ_ERR and the QP goes to ERR"
+                );
+                self.fail_recv(WcStatus::RemInvReqErr, out);
+                Err(Fatal(WcStatus::RemInvReqErr))
+            }
         }
     }
 
@@ -447,7 +504,11 @@ impl Responder {
         self.nak_psn = None;
         match *frame {
             Frame::Send {
-                len, imm, solicited, ..
+                len,
+                imm,
+                inv,
+                solicited,
+                ..
             } => {
                 if *force_rnr > 0 {
                     *force_rnr -= 1;
@@ -493,11 +554,18 @@ impl Responder {
                     self.nak(tx, psn, reason.code(), Some(reason));
                     return Err(Fatal(WcStatus::LocLenErr));
                 }
+                if let Some(rkey) = inv {
+                    if let Err(fatal) = self.check_invalidate(rkey, mrs, out) {
+                        self.scratch = segs;
+                        return Err(fatal);
+                    }
+                }
                 trim(&mut segs, len as usize);
                 self.taken = Some(Taken::Filling {
                     opcode: WcOpcode::Recv,
                     byte_len: len,
                     imm,
+                    inv,
                     solicited,
                 });
                 self.payload_psn = Some(psn);
@@ -526,8 +594,7 @@ impl Responder {
                     return self.rnr(psn, tx);
                 }
                 let seg = match mrs.resolve_remote(
-                    self.pd,
-                    self.access,
+                    &self.target(),
                     rkey,
                     addr,
                     len as u64,
@@ -551,6 +618,7 @@ impl Responder {
                         opcode: WcOpcode::RecvRdmaWithImm,
                         byte_len: len,
                         imm,
+                        inv: None,
                         solicited,
                     });
                 }
@@ -575,8 +643,7 @@ impl Responder {
                     return self.refuse(psn, "READ", reason, rkey, addr, len as u64, tx);
                 }
                 let seg = match mrs.resolve_remote(
-                    self.pd,
-                    self.access,
+                    &self.target(),
                     rkey,
                     addr,
                     len as u64,
@@ -606,13 +673,12 @@ impl Responder {
                 if let Some(reason) = self.rd_atomic_resources(inflight) {
                     return self.refuse(psn, op, reason, rkey, addr, 8, tx);
                 }
-                let seg =
-                    match mrs.resolve_remote(self.pd, self.access, rkey, addr, 8, AccessFlags::REMOTE_ATOMIC)
-                    {
-                        Ok(Some(s)) => s,
-                        Ok(None) => unreachable!("atomics always name 8 bytes"),
-                        Err(e) => return self.refuse(psn, op, reason_of(e), rkey, addr, 8, tx),
-                    };
+                let seg = match mrs.resolve_remote(&self.target(), rkey, addr, 8, AccessFlags::REMOTE_ATOMIC)
+                {
+                    Ok(Some(s)) => s,
+                    Ok(None) => unreachable!("atomics always name 8 bytes"),
+                    Err(e) => return self.refuse(psn, op, reason_of(e), rkey, addr, 8, tx),
+                };
                 let orig = seg.atomic(|w| match *frame {
                     Frame::CmpSwap { compare, swap, .. } => {
                         match w.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
@@ -737,14 +803,7 @@ impl Responder {
             Frame::Read {
                 psn, len, addr, rkey, ..
             } => {
-                match mrs.resolve_remote(
-                    self.pd,
-                    self.access,
-                    rkey,
-                    addr,
-                    len as u64,
-                    AccessFlags::REMOTE_READ,
-                ) {
+                match mrs.resolve_remote(&self.target(), rkey, addr, len as u64, AccessFlags::REMOTE_READ) {
                     Ok(seg) => {
                         self.flush_ack(tx);
                         tx.push_frame(&Frame::ReadResp { psn, len });
@@ -782,18 +841,38 @@ impl Responder {
         Incoming::Discard
     }
 
-    /// The payload of the current request has been written (or was empty): complete the
-    /// receive it consumed, if any, and owe an ACK.
-    pub fn payload_done(&mut self, sink: Vec<Seg>, out: &mut Vec<(WorkCompletion, bool)>) {
+    /// The payload of the current request has been written (or was empty): invalidate
+    /// the window a SEND_WITH_INV names, complete the receive it consumed, if any, and
+    /// owe an ACK.
+    pub fn payload_done(&mut self, sink: Vec<Seg>, mrs: &MrTable, out: &mut Vec<(WorkCompletion, bool)>) {
         let mut sink = sink;
         self.owed_bytes += sink.iter().map(|s| s.len).sum::<usize>();
         self.ack_asked |= std::mem::take(&mut self.payload_ack_req);
         sink.clear();
         self.scratch = sink;
         self.payload_psn = None;
+        self.invalidate_filled(mrs);
         self.complete_filled(out);
         self.ack_owed = Some(psn::add(self.epsn, verbs_api::PSN_MASK));
         self.owed_reqs += 1;
+    }
+
+    /// The SEND_WITH_INV whose payload is now in invalidates its window (checked when
+    /// its header arrived; one invalidated meanwhile, by another QP, stays so).
+    fn invalidate_filled(&mut self, mrs: &MrTable) {
+        if let Some(Taken::Filling { inv: Some(rkey), .. }) = self.taken {
+            let who = Invalidator::Remote(OnQp {
+                pd: self.pd,
+                qpn: self.qpn,
+            });
+            if let Err(e) = mrs.invalidate(rkey, who, self.sw.mw_owner_checks, true) {
+                tracing::debug!(
+                    qpn = self.qpn,
+                    rkey = %format_args!("{rkey:#x}"),
+                    "SEND_WITH_INV: the window changed while the message arrived: {e}"
+                );
+            }
+        }
     }
 
     /// Completes the receive a request whose payload is now in consumed, if any.
@@ -802,6 +881,7 @@ impl Responder {
             opcode,
             byte_len,
             imm,
+            inv,
             solicited,
         }) = self.taken
         {
@@ -812,6 +892,13 @@ impl Responder {
             if let Some(imm) = imm {
                 wc.imm_data = imm;
                 wc.wc_flags |= WcFlags::WITH_IMM;
+            }
+            if let Some(rkey) = inv {
+                wc.imm_data = rkey;
+                wc.wc_flags |= match self.sw.inv_flag_kernel_bit {
+                    true => WcFlags::IP_CSUM_OK,
+                    false => WcFlags::WITH_INV,
+                };
             }
             out.push((wc, solicited));
         }
@@ -943,6 +1030,11 @@ pub(crate) fn reason_of(e: RemoteAccessError) -> NakReason {
         RemoteAccessError::MrAccess => NakReason::MrAccess,
         RemoteAccessError::OutOfBounds => NakReason::OutOfBounds,
         RemoteAccessError::Misaligned => NakReason::MisalignedAtomic,
+        RemoteAccessError::UnboundWindow => NakReason::UnboundWindow,
+        RemoteAccessError::StaleWindowKey => NakReason::StaleWindowKey,
+        RemoteAccessError::WindowOfOtherQp => NakReason::WindowOfOtherQp,
+        RemoteAccessError::WindowAccess => NakReason::WindowAccess,
+        RemoteAccessError::OutsideWindow => NakReason::OutsideWindow,
     }
 }
 
@@ -996,7 +1088,7 @@ mod tests {
             ack_req: false,
         };
         match resp.on_request(&write, &mrs, &mut tx, &mut out).unwrap() {
-            Incoming::Sink(s) => resp.payload_done(s, &mut out),
+            Incoming::Sink(s) => resp.payload_done(s, &mrs, &mut out),
             Incoming::Discard => panic!("a zero-length WRITE is executed"),
         }
         for _ in 0..1000 {
@@ -1006,6 +1098,7 @@ mod tests {
                 imm: None,
                 solicited: false,
                 ack_req: false,
+                inv: None,
             };
             assert!(matches!(
                 resp.on_request(&dup, &mrs, &mut tx, &mut out),

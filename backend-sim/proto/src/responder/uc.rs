@@ -22,6 +22,11 @@
 //!   arrived of it stays where it landed, as an HCA leaves a partial message in the
 //!   buffer), never resent; its receive is used by the next message.
 //!
+//! A SEND_WITH_INV invalidates its window as on RC; one that may not is dropped as the
+//! other class D errors are, its receive kept for the next message. (rxe completes the
+//! receive with `IBV_WC_REM_INV_REQ_ERR` and moves the QP to ERR, its
+//! `RESPST_ERR_INVALIDATE_RKEY` for every transport.)
+//!
 //! A SEND longer than its receive completes the receive with `IBV_WC_LOC_LEN_ERR` (IBA),
 //! writes nothing past the buffers, drops the message and leaves the QP in RTS. (rxe gives
 //! `IBV_WC_LOC_QP_OP_ERR` and moves the QP to ERR: `copy_data()` fails, then
@@ -97,7 +102,11 @@ impl Responder {
         self.epsn = psn::add(psn, 1);
         match *frame {
             Frame::Send {
-                len, imm, solicited, ..
+                len,
+                imm,
+                inv,
+                solicited,
+                ..
             } => {
                 if *force_rnr > 0 {
                     *force_rnr -= 1;
@@ -127,11 +136,17 @@ impl Responder {
                     self.scratch = segs;
                     return Ok(self.uc_drop(psn, "SEND", "longer than the receive buffers (LOC_LEN_ERR)"));
                 }
+                if let Some(rkey) = inv.filter(|&k| !self.may_invalidate(k, mrs)) {
+                    self.scratch = segs;
+                    tracing::debug!(qpn = self.qpn, rkey = %format_args!("{rkey:#x}"), "UC: SEND_WITH_INV names a window it may not invalidate");
+                    return Ok(self.uc_drop(psn, "SEND_WITH_INV", "the window may not be invalidated"));
+                }
                 trim(&mut segs, len as usize);
                 self.taken = Some(Taken::Filling {
                     opcode: WcOpcode::Recv,
                     byte_len: len,
                     imm,
+                    inv,
                     solicited,
                 });
                 self.payload_psn = Some(psn);
@@ -154,14 +169,8 @@ impl Responder {
                         return Ok(self.uc_drop(psn, "WRITE_WITH_IMM", "no receive posted"));
                     }
                 }
-                let check = mrs.resolve_remote(
-                    self.pd,
-                    self.access,
-                    rkey,
-                    addr,
-                    len as u64,
-                    AccessFlags::REMOTE_WRITE,
-                );
+                let check =
+                    mrs.resolve_remote(&self.target(), rkey, addr, len as u64, AccessFlags::REMOTE_WRITE);
                 let seg = match check {
                     Ok(s) => s,
                     Err(e) => {
@@ -185,6 +194,7 @@ impl Responder {
                         opcode: WcOpcode::RecvRdmaWithImm,
                         byte_len: len,
                         imm,
+                        inv: None,
                         solicited,
                     });
                 }
