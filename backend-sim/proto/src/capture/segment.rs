@@ -72,18 +72,26 @@ pub fn segments(frame: &Frame, cx: &Context) -> Vec<Segment> {
             imm,
             solicited,
             ack_req,
+            inv,
         } => {
-            let ops = match imm {
-                Some(_) => [
+            let ops = match (imm, inv) {
+                (Some(_), _) => [
                     op::SEND_FIRST,
                     op::SEND_MIDDLE,
                     op::SEND_LAST_IMM,
                     op::SEND_ONLY_IMM,
                 ],
-                None => [op::SEND_FIRST, op::SEND_MIDDLE, op::SEND_LAST, op::SEND_ONLY],
+                (None, Some(_)) => [
+                    op::SEND_FIRST,
+                    op::SEND_MIDDLE,
+                    op::SEND_LAST_INV,
+                    op::SEND_ONLY_INV,
+                ],
+                (None, None) => [op::SEND_FIRST, op::SEND_MIDDLE, op::SEND_LAST, op::SEND_ONLY],
             };
             let last = Last {
                 imm,
+                inv,
                 solicited,
                 ack_req,
             };
@@ -109,6 +117,7 @@ pub fn segments(frame: &Frame, cx: &Context) -> Vec<Segment> {
             };
             let last = Last {
                 imm,
+                inv: None,
                 solicited,
                 ack_req,
             };
@@ -209,6 +218,8 @@ pub fn segments(frame: &Frame, cx: &Context) -> Vec<Segment> {
 /// What the last packet of a SEND or WRITE carries.
 struct Last {
     imm: Option<u32>,
+    /// SEND with Invalidate: the IETH's rkey.
+    inv: Option<u32>,
     solicited: bool,
     ack_req: bool,
 }
@@ -223,6 +234,7 @@ fn data(cx: &Context, psn: u32, len: u32, ops: [u8; 4], reth: Option<Reth>, last
         }
         if i + 1 == n {
             h.imm = last.imm;
+            h.ieth = last.inv;
             h.bth.solicited = last.solicited;
             h.bth.ack_req = last.ack_req;
         }
@@ -275,6 +287,7 @@ mod tests {
             imm: Some(9),
             solicited: true,
             ack_req: true,
+            inv: None,
         };
         let s = segments(&f, &rc(1024));
         let ops: Vec<u8> = s.iter().map(|s| s.headers.bth.opcode).collect();
@@ -315,7 +328,7 @@ mod tests {
             let mtu = 1 << mtu_log;
             let cx = Context { transport: if uc && kind < 2 { Transport::Uc } else { Transport::Rc }, ..rc(mtu) };
             let f = match kind {
-                0 => Frame::Send { psn: psn0, len, imm: None, solicited: false, ack_req: true },
+                0 => Frame::Send { psn: psn0, len, imm: None, solicited: false, ack_req: true, inv: None },
                 1 => Frame::Write { psn: psn0, len, addr: 0x1000, rkey: 5, imm: Some(1), solicited: false, ack_req: true },
                 _ => Frame::ReadResp { psn: psn0, len },
             };

@@ -467,6 +467,7 @@ mod tests {
                     imm: None,
                     solicited: false,
                     ack_req: true,
+                    inv: None,
                 },
             ),
             (
@@ -485,6 +486,7 @@ mod tests {
                     imm: None,
                     solicited: false,
                     ack_req: true,
+                    inv: None,
                 },
             ),
             (false, Frame::Ack { psn: 2 }),
