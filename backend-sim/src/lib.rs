@@ -63,6 +63,7 @@
 #![warn(missing_docs)]
 
 mod addressing;
+pub mod capture;
 mod channel_signal;
 pub mod control;
 pub mod counters;

@@ -24,8 +24,10 @@ const WRITES: u32 = 48;
 const LEN: usize = 12 << 10;
 
 /// Sends the burst (every `ask`-th WRITE with the AckReq bit, none if 0) to a fresh
-/// device in one write and returns the PSNs of the ACKs that come back, up to the one
-/// covering the last WRITE, after checking every WRITE landed.
+/// device in one write and returns, for each ACK that comes back up to the one covering
+/// the last WRITE, the WRITE it acknowledges through (each WRITE takes a PSN per packet
+/// of the path MTU; an ACK names the last packet of a WRITE), after checking every WRITE
+/// landed.
 fn burst_acks(ask: u32) -> Vec<u32> {
     let ctx = SimBackend::default().open("sim0").unwrap();
     let pd = ctx.alloc_pd().unwrap();
@@ -37,21 +39,24 @@ fn burst_acks(ask: u32) -> Vec<u32> {
             AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
         )
         .unwrap();
-    let mut s = impersonate(&ctx, &qp, &RcParams::default());
+    let params = RcParams::default();
+    let mut s = impersonate(&ctx, &qp, &params);
+    let packets = (LEN as u32).div_ceil(params.path_mtu.bytes());
 
     // The whole burst in one write.
     let mut burst = Vec::new();
-    for psn in 0..WRITES {
+    for k in 0..WRITES {
+        let psn = k * packets;
         burst.extend(frame(Frame::Write {
             psn,
             len: LEN as u32,
-            addr: mr.addr() + (psn as usize * LEN) as u64,
+            addr: mr.addr() + (k as usize * LEN) as u64,
             rkey: mr.rkey(),
             imm: None,
             solicited: false,
-            ack_req: ask != 0 && psn % ask == ask - 1,
+            ack_req: ask != 0 && k % ask == ask - 1,
         }));
-        burst.extend(std::iter::repeat_n(psn as u8 + 1, LEN));
+        burst.extend(std::iter::repeat_n(k as u8 + 1, LEN));
     }
     s.write_all(&burst).unwrap();
 
@@ -67,7 +72,10 @@ fn burst_acks(ask: u32) -> Vec<u32> {
         let mut off = 0;
         while let Ok(Some((f, len))) = Frame::decode(&buf[off..got]) {
             match f {
-                Frame::Ack { psn } => acks.push(psn),
+                Frame::Ack { psn } => {
+                    assert_eq!((psn + 1) % packets, 0, "ACK {psn} inside a WRITE's packets");
+                    acks.push((psn + 1) / packets - 1)
+                }
                 other => panic!("unexpected answer {other}"),
             }
             off += len;

@@ -313,3 +313,66 @@ fn trace_shows_a_capture_as_a_ladder() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `rdma-sim --pcap`: an unmodified C program's traffic as RoCE v2 packets. Both ends
+/// of `ibv_rc_pingpong -s 4096` (path MTU 1024) write their own file; each holds the
+/// program's SENDs as First/Middle/Middle/Last packets and `rdma-sim trace` reads them.
+#[test]
+fn pcap_captures_a_c_programs_packets() {
+    let dir = tempdir("pcap");
+    let pattern = dir.join("pp-%p.pcapng");
+    let pattern = pattern.to_str().unwrap();
+    let port = common::free_port().to_string();
+    let args = [
+        "--pcap",
+        pattern,
+        "--",
+        "ibv_rc_pingpong",
+        "-p",
+        &port,
+        "-s",
+        "4096",
+        "-n",
+        "5",
+        "-m",
+        "1024",
+    ];
+    let server = rdma_sim(&args).spawn().expect("server");
+    let client_args: Vec<&str> = args.iter().copied().chain(["127.0.0.1"]).collect();
+    // The client retries while the server is not listening yet (its refused attempt
+    // made no QP traffic, and its process's capture holds no packet).
+    let deadline = Instant::now() + LIMIT;
+    let client = loop {
+        let out = run(&mut rdma_sim(&client_args));
+        if out.status.success()
+            || !text(&out.stderr).contains("Couldn't connect")
+            || Instant::now() > deadline
+        {
+            break out;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(client.status.success(), "{client:?}");
+    let server = common::wait(server, LIMIT);
+    assert!(server.status.success(), "{server:?}");
+    // Refused clients' files hold no packet: the two with packets are the ends'.
+    let files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|f| std::fs::metadata(f).unwrap().len() > 200)
+        .collect();
+    assert_eq!(files.len(), 2, "one capture per process: {files:?}");
+    for f in files {
+        let out = run(&mut rdma_sim(&["trace", "--limit", "0", f.to_str().unwrap()]));
+        let t = text(&out.stdout);
+        assert!(out.status.success(), "{out:?}");
+        for op in ["SEND_FIRST", "SEND_MIDDLE", "SEND_LAST"] {
+            assert!(t.contains(op), "{op} missing in {}: {t}", f.display());
+        }
+        assert!(
+            t.contains("1 connection(s); 0 packet(s) not RoCE v2, 0 malformed"),
+            "{t}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -325,3 +325,60 @@ fn a_driving_threads_ack_for_a_single_request_waits_for_its_next_post() {
     assert!(a.resp.owes_ack() && a.resp.ack_asked());
     assert!(a.wire.tx.is_empty(), "the ACK left before the next post");
 }
+
+/// With a path MTU set, a message takes a PSN per packet (IBA 9.7.1): a WRITE of 4 KiB
+/// at 1 KiB four, a SEND of 1500 bytes two, a READ of 3000 bytes the three of its
+/// response, an atomic one; the responder expects the PSN after all of them, and every
+/// request completes. Without the MTU each took one, as the sim counted before.
+#[test]
+fn a_message_takes_a_psn_per_packet_of_the_path_mtu() {
+    let mut a = Side::new(1, 2);
+    let mut b = Side::new(2, 1);
+    for s in [&mut a, &mut b] {
+        s.req.set_path_mtu(1024);
+        s.resp.set_path_mtu(1024);
+        s.resp.max_dest_rd_atomic = 1;
+    }
+    let src = a.mr(8192);
+    let dst = b.mr(8192);
+    let sge = |mr: &Arc<MrShared>, off: usize, len: u32| Sge::new(mr.addr() + off as u64, len, mr.key);
+    b.resp
+        .post(&verbs_api::RecvWr::new(9, &[sge(&dst, 4096, 2048)]))
+        .unwrap();
+    let sges = [
+        sge(&src, 0, 4096),
+        sge(&src, 0, 1500),
+        sge(&src, 0, 3000),
+        sge(&src, 4096, 8),
+    ];
+    let wrs = [
+        SendWr::write(1, &sges[0..1], (dst.addr(), dst.key)).signaled(),
+        SendWr::send(2, &sges[1..2]).signaled(),
+        SendWr::read(3, &sges[2..3], (dst.addr(), dst.key)).signaled(),
+        SendWr::fetch_and_add(4, &sges[3..4], (dst.addr() + 8000, dst.key), 1).signaled(),
+    ];
+    for wr in &wrs {
+        a.req.post(wr, &a.mrs).unwrap();
+    }
+    let mut a2b = Pipe {
+        bytes: VecDeque::new(),
+        cap: 1 << 20,
+    };
+    let mut b2a = Pipe {
+        bytes: VecDeque::new(),
+        cap: 1 << 20,
+    };
+    let now = Instant::now();
+    for _ in 0..1000 {
+        a.round(&mut b2a, &mut a2b, now);
+        b.round(&mut a2b, &mut b2a, now);
+        if a.send_wc.len() == 4 {
+            break;
+        }
+    }
+    assert_eq!(a.send_wc.len(), 4, "every request completes");
+    assert!(a.send_wc.iter().all(|w| w.is_ok()), "{:?}", a.send_wc);
+    assert_eq!(a.req.next_psn(), 4 + 2 + 3 + 1);
+    assert_eq!(b.resp.expected_psn(), 4 + 2 + 3 + 1);
+    assert_eq!(b.recv_wc.len(), 1);
+}

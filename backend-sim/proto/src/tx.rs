@@ -21,6 +21,7 @@
 
 use std::collections::VecDeque;
 use std::io;
+use std::sync::Arc;
 
 use arrayvec::ArrayVec;
 
@@ -100,6 +101,15 @@ pub struct TxQueue {
     resp_written: u64,
     /// Where each queued response's header ends (in response bytes), oldest first.
     replies: VecDeque<u64>,
+    /// Told of every frame queued (a capture of the traffic), if set.
+    pub tap: Option<Arc<dyn FrameTap>>,
+}
+
+/// What wants to see every frame a connection sends: the driver's capture, which
+/// writes the frame as the RoCE packets an HCA would send ([`crate::capture`]).
+pub trait FrameTap: Send + Sync {
+    /// `f` was queued to be sent.
+    fn sent(&self, f: &Frame);
 }
 
 impl Default for TxQueue {
@@ -116,6 +126,7 @@ impl Default for TxQueue {
             resp_queued: 0,
             resp_written: 0,
             replies: VecDeque::new(),
+            tap: None,
         }
     }
 }
@@ -151,6 +162,9 @@ impl TxQueue {
     /// [`TxQueue::push_bytes`] or [`TxQueue::push_seg`]. A response joins the responses,
     /// anything else the requests.
     pub fn push_frame(&mut self, f: &Frame) {
+        if let Some(t) = &self.tap {
+            t.sent(f);
+        }
         if !matches!(f, Frame::Ack { .. }) {
             self.urgent = true;
         }

@@ -268,13 +268,19 @@ impl Progress {
         reader: Reader,
     ) -> io::Result<Arc<Conn>> {
         sock.set_nonblocking(true)?;
+        let mut wire = Connection::new(reader);
+        if let Some(cap) = crate::capture::global() {
+            if let Some(tap) = crate::capture::ConnTap::new(cap.clone(), qp, &sock) {
+                wire.tx.tap = Some(Arc::new(tap));
+            }
+        }
         let conn = Arc::new(Conn {
             token: self.poller.next_token(),
             qp: qp.clone(),
             epoch,
             sock,
             io: Mutex::new(ConnIo {
-                wire: Connection::new(reader),
+                wire,
                 interest: libc::EPOLLIN as u32,
             }),
             closed: AtomicBool::new(false),

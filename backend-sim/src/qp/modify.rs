@@ -201,6 +201,9 @@ impl QpShared {
                     rq_psn: a.rq_psn,
                     min_rnr_timer: a.min_rnr_timer,
                 });
+                // A message takes a PSN per packet of the path MTU, on both ends.
+                g.resp.set_path_mtu(a.path_mtu.bytes());
+                g.req.set_path_mtu(a.path_mtu.bytes());
                 // One connection per QP pair, set up by the side with the smaller
                 // (GID, LID, QPN), from RTR on (the responder needs it too).
                 g.active = self.dev.addr.local_id(self.qpn, &a) <= self.dev.addr.remote_id(&a);
@@ -264,6 +267,17 @@ impl QpShared {
         a.qp_state = g.state;
         a.cur_qp_state = g.state;
         a.cap = self.cap;
+        // The PSNs as they stand, as rxe (`rxe_qp_to_attr`: the requester's and
+        // responder's current PSNs) and mlx5 (next_send_psn, next_rcv_psn) report them:
+        // the next PSN to send and the next expected, once the QP has them.
+        if !matches!(g.state, QpState::Reset | QpState::Init) {
+            if self.qp_type != QpType::Ud {
+                a.rq_psn = g.resp.expected_psn();
+            }
+            if g.state != QpState::Rtr {
+                a.sq_psn = g.req.next_psn();
+            }
+        }
         // Draining: in SQD with WQEs sent and not yet complete (those posted in SQD wait
         // to be started and are no part of it).
         a.sq_draining = g.req.draining && !g.req.drained();

@@ -1,9 +1,9 @@
 //! One-sided RDMA WRITE and READ (IBA 9.4.2 / 9.4.4, `man ibv_post_send` (wr.rdma)).
 
-use verbs_api::{AccessFlags as A, Backend, MemoryRegion, QueuePair, RecvWr, SendWr, WcOpcode};
+use verbs_api::{AccessFlags as A, Backend, MemoryRegion, QueuePair, RecvWr, SendWr, WcOpcode, PSN_MASK};
 
 use super::case;
-use crate::env::{pattern, read_back};
+use crate::env::{connect, pattern, read_back};
 use crate::{ensure, ensure_eq, Case, CaseResult, Env, Outcome};
 
 pub fn list<B: Backend>() -> Vec<Case<B>> {
@@ -33,6 +33,12 @@ pub fn list<B: Backend>() -> Vec<Case<B>> {
             "an RDMA WRITE gathers from three local SGEs into one remote range",
             "man ibv_post_send (sg_list)",
             write_gather
+        ),
+        case!(
+            "rdma.psn-per-packet",
+            "a message takes one PSN per packet of the path MTU, from a first PSN two below the wrap: a WRITE of 4 MTUs 4, a SEND of 1.5 MTUs 2, a READ of 3 MTUs less a byte 3, a zero-length WRITE 1; sq_psn and rq_psn move by 10, modulo 2^24",
+            "IBA 9.7.1 (PSNs per packet); man ibv_query_qp (sq_psn, rq_psn)",
+            psn_per_packet
         ),
     ]
 }
@@ -145,5 +151,44 @@ fn write_gather<B: Backend>(env: &Env<B>) -> CaseResult {
     let wc = env.wait1(&p.cq_a)?;
     ensure!(wc.is_ok(), "status {:?}", wc.status);
     ensure!(read_back(&dst, 10, 2400)? == data, "gathered bytes differ");
+    Ok(Outcome::Pass)
+}
+
+fn psn_per_packet<B: Backend>(env: &Env<B>) -> CaseResult {
+    let o = env.opts();
+    let mtu = o.a.path_mtu.bytes() as usize;
+    let mut p = env.pair_unconnected(&o)?;
+    // A's first PSN two below 2^24: the WRITE's packets wrap to 0.
+    p.ep_a.psn = PSN_MASK - 1;
+    connect(&p.a, &o.a, p.ep_a.psn, &p.ep_b)?;
+    connect(&p.b, &o.b, p.ep_b.psn, &p.ep_a)?;
+    let src = env.mr(&p.pd, 4 * mtu, A::LOCAL_WRITE)?;
+    let dst = env.mr(&p.pd, 4 * mtu, A::LOCAL_WRITE | A::REMOTE_WRITE | A::REMOTE_READ)?;
+    let rbuf = env.mr(&p.pd, 2 * mtu, A::LOCAL_WRITE)?;
+    let start = p.a.query()?.sq_psn;
+    ensure_eq!(start, PSN_MASK - 1, "sq_psn before");
+    ensure_eq!(p.b.query()?.rq_psn, PSN_MASK - 1, "rq_psn before");
+    p.b.post_recv(&[RecvWr::new(9, &[rbuf.sge(0, 2 * mtu)?])])?;
+    let sges = [
+        src.sge(0, 4 * mtu)?,
+        src.sge(0, mtu + mtu / 2)?,
+        src.sge(0, 3 * mtu - 1)?,
+    ];
+    let steps: [(SendWr<'_>, u32); 4] = [
+        (SendWr::write(1, &sges[0..1], dst.remote().at(0)).signaled(), 4),
+        (SendWr::send(2, &sges[1..2]).signaled(), 2),
+        (SendWr::read(3, &sges[2..3], dst.remote().at(0)).signaled(), 3),
+        (SendWr::write(4, &[], dst.remote().at(0)).signaled(), 1),
+    ];
+    let mut psn = start;
+    for (wr, packets) in &steps {
+        p.a.post_send(std::slice::from_ref(wr))?;
+        let wc = env.wait1(&p.cq_a)?;
+        ensure!(wc.is_ok(), "wr {}: status {:?}", wc.wr_id, wc.status);
+        psn = (psn + packets) & PSN_MASK;
+        ensure_eq!(p.a.query()?.sq_psn, psn, "sq_psn after wr {}", wc.wr_id);
+        ensure_eq!(p.b.query()?.rq_psn, psn, "rq_psn after wr {}", wc.wr_id);
+    }
+    ensure_eq!(psn, 8, "PSNs wrapped");
     Ok(Outcome::Pass)
 }

@@ -92,14 +92,33 @@ fn ipv4_checksum(h: &[u8]) -> u16 {
 /// Appends the packet to `out`: `headers` and `payload` (its pad added) on `route`,
 /// with its ICRC. IPv4 when both GIDs are IPv4-mapped, else IPv6.
 pub fn write(route: &Route, headers: &Headers, payload: &[u8], out: &mut Vec<u8>) -> Result<(), HeaderError> {
+    let start = out.len();
+    let ip = write_headers(route, headers, payload.len(), out)? + start;
     let pad = (4 - payload.len() % 4) % 4;
-    let transport = headers.len() + payload.len() + pad + 4;
+    out.extend_from_slice(payload);
+    out.extend_from_slice(&[0u8; 3][..pad]);
+    let crc = icrc(&out[ip..]).expect("a packet this function built has its headers");
+    out.extend_from_slice(&crc);
+    Ok(())
+}
+
+/// Appends the packet's headers only (Ethernet, IP, UDP, transport), their lengths
+/// those of the whole packet with `payload_len` payload bytes, as a capture with a
+/// snap length of the headers keeps it. Returns where the IP header starts, from the
+/// start of what it appended.
+pub fn write_headers(
+    route: &Route,
+    headers: &Headers,
+    payload_len: usize,
+    out: &mut Vec<u8>,
+) -> Result<usize, HeaderError> {
+    let pad = (4 - payload_len % 4) % 4;
+    let transport = headers.len() + payload_len + pad + 4;
     let start = out.len();
     out.extend_from_slice(&mac_of(&route.dst_gid));
     out.extend_from_slice(&mac_of(&route.src_gid));
     let v4 = ipv4_of(&route.src_gid).zip(ipv4_of(&route.dst_gid));
     let udp_len = (8 + transport) as u16;
-    let ip = out.len();
     match v4 {
         Some((src, dst)) => {
             out.extend_from_slice(&0x0800u16.to_be_bytes());
@@ -128,20 +147,15 @@ pub fn write(route: &Route, headers: &Headers, payload: &[u8], out: &mut Vec<u8>
             out.extend_from_slice(&route.dst_gid);
         }
     }
-    let ip = ip + 2;
     out.extend_from_slice(&route.src_port.to_be_bytes());
     out.extend_from_slice(&ROCE_V2_PORT.to_be_bytes());
     out.extend_from_slice(&udp_len.to_be_bytes());
     out.extend_from_slice(&[0, 0]); // no UDP checksum (RoCE v2 sends 0)
-    if let Err(e) = headers.write(payload.len(), out) {
+    if let Err(e) = headers.write(payload_len, out) {
         out.truncate(start);
         return Err(e);
     }
-    out.extend_from_slice(payload);
-    out.extend_from_slice(&[0u8; 3][..pad]);
-    let crc = icrc(&out[ip..]).expect("a packet this function built has its headers");
-    out.extend_from_slice(&crc);
-    Ok(())
+    Ok(ETH_LEN)
 }
 
 /// The length of the packet [`write`] would build for `headers` and `payload_len` bytes.

@@ -324,6 +324,8 @@ pub struct Requester {
     max_msg: u64,
     /// The longest UD datagram (the port's active MTU).
     mtu: u32,
+    /// RC/UC: the path MTU (`path_mtu`), by which a message takes one PSN per packet.
+    path_mtu: u32,
     /// WQEs retired so far (completed, whether or not with a completion).
     retired: u64,
     /// Slots freed by polling ([`SlotRelease::AtPoll`]).
@@ -379,6 +381,7 @@ impl Requester {
             sw: Switches::default(),
             max_msg: MAX_MSG as u64,
             mtu: MAX_DATAGRAM,
+            path_mtu: psn::NO_MTU,
             retired: 0,
             slots: Arc::default(),
             marks: Vec::new(),
@@ -426,6 +429,13 @@ impl Requester {
         self.psn = attrs.sq_psn;
         self.retry_left = attrs.retry_cnt;
         self.rnr_left = attrs.rnr_retry;
+    }
+
+    /// Sets the path MTU in bytes (`path_mtu`, given at RTR): a SEND or WRITE then takes
+    /// a PSN per packet of that size, a READ as many for its response (IBA 9.7.1).
+    /// Until it is set a message takes one PSN.
+    pub fn set_path_mtu(&mut self, mtu: u32) {
+        self.path_mtu = mtu;
     }
 
     /// Current attributes.
@@ -689,7 +699,13 @@ impl Requester {
             let w = &mut self.sq[idx];
             w.psn = psn;
             w.sent = true;
-            self.psn = psn::add(psn, 1);
+            // Atomics are one packet; a READ takes the PSNs of its response's packets.
+            let packets = if w.op.is_atomic() {
+                1
+            } else {
+                psn::packets(w.len, self.path_mtu)
+            };
+            self.psn = psn::add(psn, packets);
             if is_rd {
                 self.rd_inflight += 1;
             }

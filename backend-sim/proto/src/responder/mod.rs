@@ -137,6 +137,9 @@ pub struct Responder {
     uc_dropped: u64,
     uc_gaps: u64,
     epsn: u32,
+    /// The path MTU (`path_mtu`): a request takes one PSN per packet of this size, a READ
+    /// as many as its response has ([`Responder::set_path_mtu`]).
+    path_mtu: u32,
     /// Set after a NAK: requests are dropped until this PSN arrives.
     nak_psn: Option<u32>,
     /// Remote operations the QP accepts (`qp_access_flags`).
@@ -195,6 +198,7 @@ impl Responder {
             uc_dropped: 0,
             uc_gaps: 0,
             epsn: 0,
+            path_mtu: psn::NO_MTU,
             nak_psn: None,
             access: AccessFlags::empty(),
             max_dest_rd_atomic: 0,
@@ -309,6 +313,21 @@ impl Responder {
         self.nak_psn = None;
         self.forget_ack();
         self.replay.clear();
+    }
+
+    /// Sets the path MTU in bytes (`path_mtu`, given at RTR): the next expected PSN
+    /// moves past every packet of a message (IBA 9.7.1). Until it is set a message takes
+    /// one PSN. The requester counts packets by its own path MTU: ends that were given
+    /// different ones lose step on the first message longer than the smaller MTU, and the
+    /// requester ends in `IBV_WC_RETRY_EXC_ERR` (rxe's responder refuses such a packet as
+    /// an invalid request).
+    pub fn set_path_mtu(&mut self, mtu: u32) {
+        self.path_mtu = mtu;
+    }
+
+    /// The PSNs a request of `len` bytes takes (atomics one).
+    fn packets(&self, len: u32) -> u32 {
+        psn::packets(len as u64, self.path_mtu)
     }
 
     /// The expected PSN (`rq_psn` as `ibv_query_qp` reports it).
@@ -570,7 +589,7 @@ impl Responder {
                 });
                 self.payload_psn = Some(psn);
                 self.payload_ack_req = frame.ack_req();
-                self.epsn = psn::add(psn, 1);
+                self.epsn = psn::add(psn, self.packets(len));
                 Ok(Incoming::Sink(segs))
             }
             Frame::Write {
@@ -624,7 +643,7 @@ impl Responder {
                 }
                 self.payload_psn = Some(psn);
                 self.payload_ack_req = frame.ack_req();
-                self.epsn = psn::add(psn, 1);
+                self.epsn = psn::add(psn, self.packets(len));
                 let mut segs = std::mem::take(&mut self.scratch);
                 segs.clear();
                 segs.extend(seg);
@@ -657,7 +676,7 @@ impl Responder {
                 if let Some(s) = seg {
                     tx.push_seg(&s);
                 }
-                self.epsn = psn::add(psn, 1);
+                self.epsn = psn::add(psn, self.packets(len));
                 Ok(Incoming::Discard)
             }
             Frame::CmpSwap {

@@ -99,7 +99,11 @@ impl Responder {
                 "UC: PSN gap (messages lost on the way); this message starts anew"
             );
         }
-        self.epsn = psn::add(psn, 1);
+        let len = match *frame {
+            Frame::Send { len, .. } | Frame::Write { len, .. } => len,
+            _ => 0,
+        };
+        self.epsn = psn::add(psn, self.packets(len));
         match *frame {
             Frame::Send {
                 len,

@@ -48,6 +48,7 @@ Examples:
   rdma-sim --log backend_sim=debug -- ./my_program                  why a verb failed
   eval \"$(rdma-sim env)\"; ib_send_lat                               this shell's programs on the sim
   rdma-sim status                                                   devices and QPs of running programs
+  rdma-sim --pcap run-%p.pcapng -- ib_send_bw                      its packets, for Wireshark
   rdma-sim trace roce.pcap --svg roce.svg                           a RoCE v2 capture as ladders";
 
 /// The command line.
@@ -127,6 +128,10 @@ struct Settings {
     /// [RDMA_SIM_CONTROL]
     #[arg(long, value_name = "DIR")]
     control: Option<OsString>,
+    /// Write the packets the program's devices send, as RoCE v2 (pcapng, headers only;
+    /// %p becomes the process id), for Wireshark or `rdma-sim trace` [RDMA_SIM_PCAP]
+    #[arg(long, value_name = "FILE")]
+    pcap: Option<OsString>,
     /// The libibverbs_sim.so to preload, instead of the one beside rdma-sim or carried in
     /// it [RDMA_SIM_LIB]
     #[arg(long, value_name = "PATH")]
@@ -156,6 +161,7 @@ impl Settings {
         );
         set("RUST_LOG", self.log.clone().map(Into::into));
         set("RDMA_SIM_CONTROL", self.control.clone());
+        set("RDMA_SIM_PCAP", self.pcap.clone());
         set("LD_PRELOAD", Some(library::preload_with(lib)));
         v
     }

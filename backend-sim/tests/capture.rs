@@ -1,0 +1,112 @@
+//! `RDMA_SIM_PCAP`: the traffic of a process's devices written as RoCE v2 packets. A
+//! WRITE of four path MTUs, a READ of two and a FETCH_AND_ADD between two devices of
+//! this process come out as the packets an HCA sends, with their PSNs, in order, and
+//! tshark reads the file without a malformed packet. (Its own test binary: the setting
+//! is read once per process.)
+
+mod common;
+
+use std::process::Command;
+
+use backend_sim_proto::capture::opcode;
+use backend_sim_proto::capture::parse::parse;
+use backend_sim_proto::capture::read::packets;
+use common::Pair;
+use verbs_api::*;
+
+#[test]
+fn the_traffic_is_captured_as_roce_packets() {
+    let dir = std::env::temp_dir().join(format!("sim-capture-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // Set before any device of this process exists (the setting is read when the first
+    // connection is made), in a test binary of its own.
+    std::env::set_var(backend_sim::capture::SETTING, dir.join("run-%p.pcapng"));
+    let params = RcParams::default();
+    assert_eq!(params.path_mtu, Mtu::Mtu1024);
+    let p = Pair::new(&params, QpCap::new(4, 4));
+    let src = p.pd0.reg_mr(8192, AccessFlags::LOCAL_WRITE).unwrap();
+    let dst = p
+        .pd1
+        .reg_mr(
+            8192,
+            AccessFlags::LOCAL_WRITE
+                | AccessFlags::REMOTE_WRITE
+                | AccessFlags::REMOTE_READ
+                | AccessFlags::REMOTE_ATOMIC,
+        )
+        .unwrap();
+    let remote = dst.remote();
+    let sges = [
+        src.sge(0, 4096).unwrap(),
+        src.sge(4096, 2048).unwrap(),
+        src.sge(8000, 8).unwrap(),
+    ];
+    let wrs = [
+        SendWr::write(1, &sges[0..1], remote.at(0)).signaled(),
+        SendWr::read(2, &sges[1..2], remote.at(0)).signaled(),
+        SendWr::fetch_and_add(3, &sges[2..3], remote.at(4096), 5).signaled(),
+    ];
+    for wr in &wrs {
+        p.a.post_send(std::slice::from_ref(wr)).unwrap();
+        let wc = poll_n(&p.cq0, 1, std::time::Duration::from_secs(10)).unwrap();
+        assert!(wc[0].is_ok(), "{:?}", wc[0]);
+    }
+    let cap = backend_sim::capture::global().expect("the capture is on");
+    cap.flush();
+    let path = dir.join(format!("run-{}.pcapng", std::process::id()));
+    assert_eq!(cap.path(), path);
+    let bytes = std::fs::read(&path).unwrap();
+    let got: Vec<(String, u32, u32)> = packets(&bytes)
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let r = parse(c.data, c.ip.unwrap(), c.orig_len).unwrap();
+            let h = r.headers;
+            (
+                opcode::name(h.bth.opcode).unwrap().to_owned(),
+                h.bth.psn,
+                h.bth.dst_qpn,
+            )
+        })
+        .collect();
+    let (a, b) = (p.a.qp_num(), p.b.qp_num());
+    let want: Vec<(String, u32, u32)> = [
+        ("RDMA_WRITE_FIRST", 1, b),
+        ("RDMA_WRITE_MIDDLE", 2, b),
+        ("RDMA_WRITE_MIDDLE", 3, b),
+        ("RDMA_WRITE_LAST", 4, b),
+        ("ACKNOWLEDGE", 4, a),
+        ("RDMA_READ_REQUEST", 5, b),
+        ("RDMA_READ_RESPONSE_FIRST", 5, a),
+        ("RDMA_READ_RESPONSE_LAST", 6, a),
+        ("FETCH_ADD", 7, b),
+        ("ATOMIC_ACKNOWLEDGE", 7, a),
+    ]
+    .into_iter()
+    .map(|(n, psn, q)| (n.to_owned(), psn, q))
+    .collect();
+    assert_eq!(got, want);
+
+    let out = Command::new("tshark")
+        .arg("-r")
+        .arg(&path)
+        .args([
+            "-T",
+            "fields",
+            "-e",
+            "infiniband.bth.opcode",
+            "-e",
+            "_ws.malformed",
+        ])
+        .output()
+        .expect("tshark runs (.ci/run installs it)");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.lines().count(), want.len(), "{text}");
+    for l in text.lines() {
+        let mut f = l.split('\t');
+        assert!(!f.next().unwrap_or("").is_empty(), "no BTH dissected: {text}");
+        assert!(f.next().unwrap_or("").is_empty(), "malformed: {text}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
