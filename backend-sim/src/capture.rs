@@ -12,8 +12,9 @@
 //! on the wire is the whole packet's), so payload and ICRC are not in the file. The
 //! addresses are the connection's IPs (IPv4-mapped GIDs give IPv4 packets), the MACs
 //! derived from them, the UDP source port derived from the QP pair as rxe derives it.
-//! Not captured yet: UD datagrams, and the AETH's MSN (0 in every ACK: the sim's
-//! responder does not count messages).
+//! UD datagrams are captured as their one packet each (SEND Only with its DETH). Not
+//! captured yet: the AETH's MSN (0 in every ACK: the sim's responder does not count
+//! messages).
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -23,7 +24,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use backend_sim_proto::capture::opcode::Transport;
-use backend_sim_proto::capture::packet::{self, udp_source_port, Route};
+use backend_sim_proto::capture::packet::{self, udp_source_port, udp_source_port_of_qp, Route};
 use backend_sim_proto::capture::pcapng;
 use backend_sim_proto::capture::segment::{segments, Context};
 use backend_sim_proto::tx::FrameTap;
@@ -174,25 +175,54 @@ impl ConnTap {
     }
 }
 
+/// Writes the UD datagram encoded at the start of `bytes` (header and payload, as a
+/// UD requester emits it), sent by the device whose IP GID is `src_gid` to the one at
+/// `dst`, as its one packet (UD SEND Only, with its DETH).
+pub fn datagram(cap: &Capture, bytes: &[u8], src_gid: [u8; 16], dst: IpAddr) {
+    let Ok(Some((f @ Frame::Datagram { src_qpn, dst_qpn, .. }, _))) = Frame::decode(bytes) else {
+        return;
+    };
+    let route = Route {
+        src_gid,
+        dst_gid: gid_of(dst),
+        src_port: udp_source_port_of_qp(src_qpn),
+        traffic_class: 0,
+        hop_limit: 64,
+        flow_label: 0,
+    };
+    let cx = Context {
+        transport: Transport::Ud,
+        dst_qpn,
+        mtu: u32::MAX,
+        msn: 0,
+    };
+    record(cap, &route, &cx, &f);
+}
+
+/// Writes `f` as its packets on `route`.
+fn record(cap: &Capture, route: &Route, cx: &Context, f: &Frame) {
+    let ts = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let mut block = Vec::new();
+    let mut pkt = Vec::with_capacity(128);
+    for s in segments(f, cx) {
+        pkt.clear();
+        let len = s.payload.len();
+        if packet::write_headers(route, &s.headers, len, &mut pkt).is_err() {
+            continue;
+        }
+        let wire = packet::wire_len(route, &s.headers, len);
+        pcapng::packet(&mut block, ts, &pkt, wire, None);
+    }
+    if !block.is_empty() {
+        cap.write(&block);
+    }
+}
+
 impl FrameTap for ConnTap {
     fn sent(&self, f: &Frame) {
-        let ts = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0);
-        let mut block = Vec::new();
-        let mut pkt = Vec::with_capacity(128);
-        for s in segments(f, &self.cx) {
-            pkt.clear();
-            let len = s.payload.len();
-            if packet::write_headers(&self.route, &s.headers, len, &mut pkt).is_err() {
-                continue;
-            }
-            let wire = packet::wire_len(&self.route, &s.headers, len);
-            pcapng::packet(&mut block, ts, &pkt, wire, None);
-        }
-        if !block.is_empty() {
-            self.cap.write(&block);
-        }
+        record(&self.cap, &self.route, &self.cx, f);
     }
 }

@@ -1,6 +1,7 @@
 //! `RDMA_SIM_PCAP`: the traffic of a process's devices written as RoCE v2 packets. A
 //! WRITE of four path MTUs, a READ of two and a FETCH_AND_ADD between two devices of
-//! this process come out as the packets an HCA sends, with their PSNs, in order, and
+//! this process, then a UD datagram, come out as the packets an HCA sends, with their
+//! PSNs, in order, and
 //! tshark reads the file without a malformed packet. (Its own test binary: the setting
 //! is read once per process.)
 
@@ -51,6 +52,28 @@ fn the_traffic_is_captured_as_roce_packets() {
         let wc = poll_n(&p.cq0, 1, std::time::Duration::from_secs(10)).unwrap();
         assert!(wc[0].is_ok(), "{:?}", wc[0]);
     }
+    // A UD datagram from sim0 to sim1: its one packet, with its DETH.
+    const QKEY: u32 = 0x1111;
+    let (ux, uy) = (
+        common::ud_qp(&p.pd0, &p.cq0, QKEY),
+        common::ud_qp(&p.pd1, &p.cq1, QKEY),
+    );
+    let rbuf = p.pd1.reg_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    uy.post_recv(&[RecvWr::new(9, &[rbuf.sge(0, 4096).unwrap()])])
+        .unwrap();
+    let ah = p
+        .pd0
+        .create_ah(&ah_attr_for(
+            &local_endpoint(&p.c1, &uy, &params, 0).unwrap(),
+            &params,
+        ))
+        .unwrap();
+    let usge = [src.sge(0, 100).unwrap()];
+    ux.post_send(&[SendWr::send(4, &usge).signaled().ud(&ah, uy.qp_num(), QKEY)])
+        .unwrap();
+    assert!(poll_n(&p.cq0, 1, std::time::Duration::from_secs(10)).unwrap()[0].is_ok());
+    assert!(poll_n(&p.cq1, 1, std::time::Duration::from_secs(10)).unwrap()[0].is_ok());
+
     let cap = backend_sim::capture::global().expect("the capture is on");
     cap.flush();
     let path = dir.join(format!("run-{}.pcapng", std::process::id()));
@@ -81,6 +104,7 @@ fn the_traffic_is_captured_as_roce_packets() {
         ("RDMA_READ_RESPONSE_LAST", 6, a),
         ("FETCH_ADD", 7, b),
         ("ATOMIC_ACKNOWLEDGE", 7, a),
+        ("SEND_ONLY", 0, uy.qp_num()),
     ]
     .into_iter()
     .map(|(n, psn, q)| (n.to_owned(), psn, q))

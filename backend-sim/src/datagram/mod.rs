@@ -240,14 +240,15 @@ impl Datagrams {
                         local = true;
                         let mut q = self.local.queue.lock();
                         if q.len() < QUEUE_MAX {
-                            Queued::Appended(req.ud_emit(idx, &qp.dev.mrs, &mut q))
+                            Queued::Appended(emit(req, idx, qp, &mut q, self.addr.ip_gid(), route.peer))
                         } else {
                             self.local.waiters.add(qp);
                             Queued::Full
                         }
                     }
                     Target::Link(link) => {
-                        let r = link.append(qp, |q| req.ud_emit(idx, &qp.dev.mrs, q));
+                        let gid = self.addr.ip_gid();
+                        let r = link.append(qp, |q| emit(req, idx, qp, q, gid, route.peer));
                         if !written.iter().any(|l| Arc::ptr_eq(l, link)) {
                             if written.is_full() {
                                 // (After the append: the task looks at the queue when it
@@ -508,4 +509,22 @@ impl SidePaths for Datagrams {
         }
         any
     }
+}
+
+/// The UD requester emits WQE `idx` into `q` (see `Requester::ud_emit`), and a datagram
+/// sent is captured (`RDMA_SIM_PCAP`) as from `src_gid` to `peer`.
+fn emit(
+    req: &mut crate::requester::Requester,
+    idx: usize,
+    qp: &QpShared,
+    q: &mut Vec<u8>,
+    src_gid: verbs_api::Gid,
+    peer: SocketAddr,
+) -> Result<Emitted, crate::requester::Fatal> {
+    let at = q.len();
+    let r = req.ud_emit(idx, &qp.dev.mrs, q);
+    if let (Ok(Emitted::Sent), Some(cap)) = (&r, crate::capture::global()) {
+        crate::capture::datagram(cap, &q[at..], src_gid.0, peer.ip());
+    }
+    r
 }
