@@ -50,6 +50,7 @@
 
 #![warn(missing_docs)]
 
+pub mod cm_msg;
 pub mod connection;
 pub mod engine;
 pub mod gid;
