@@ -53,6 +53,7 @@ pub mod event_queue;
 pub mod flags;
 pub mod poll;
 pub mod qp;
+pub mod rdmacm;
 pub mod srq;
 pub mod timers;
 pub mod traits;

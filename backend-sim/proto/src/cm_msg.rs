@@ -441,9 +441,7 @@ impl CmMsg {
         if b.len() != want {
             return Err(CmMsgError::Length { got: b.len(), want });
         }
-        let mut r = Reader {
-            b: &b[4..],
-        };
+        let mut r = Reader { b: &b[4..] };
         let local_comm_id = r.u32();
         let remote_comm_id = r.u32();
         let body = match kind {
@@ -646,29 +644,39 @@ mod tests {
                 ip(),
                 private(Kind::Req.max_private())
             )
-                .prop_map(|(service_id, qpn, qp_type, starting_psn, f, src_port, src_ip, dst_ip, src_gid, p)| {
-                    Body::Req(Req {
-                        service_id,
-                        qpn,
-                        qp_type,
-                        starting_psn,
-                        responder_resources: f[0],
-                        initiator_depth: f[1],
-                        flow_control: f[2],
-                        retry_count: f[3],
-                        rnr_retry_count: f[4],
-                        srq: f[5],
-                        path_mtu: f[6],
-                        src_port,
-                        src_ip,
-                        dst_ip,
-                        src_gid,
-                        private_data: p,
-                    })
-                }),
+                .prop_map(
+                    |(service_id, qpn, qp_type, starting_psn, f, src_port, src_ip, dst_ip, src_gid, p)| {
+                        Body::Req(Req {
+                            service_id,
+                            qpn,
+                            qp_type,
+                            starting_psn,
+                            responder_resources: f[0],
+                            initiator_depth: f[1],
+                            flow_control: f[2],
+                            retry_count: f[3],
+                            rnr_retry_count: f[4],
+                            srq: f[5],
+                            path_mtu: f[6],
+                            src_port,
+                            src_ip,
+                            dst_ip,
+                            src_gid,
+                            private_data: p,
+                        })
+                    }
+                ),
             prop_oneof![Just(Kind::Req), Just(Kind::Rep)].prop_map(|of| Body::Mra { of }),
-            (any::<u16>(), prop_oneof![Just(Kind::Req), Just(Kind::Rep)], private(sizes::REJ))
-                .prop_map(|(reason, of, private_data)| Body::Rej { reason, of, private_data }),
+            (
+                any::<u16>(),
+                prop_oneof![Just(Kind::Req), Just(Kind::Rep)],
+                private(sizes::REJ)
+            )
+                .prop_map(|(reason, of, private_data)| Body::Rej {
+                    reason,
+                    of,
+                    private_data
+                }),
             (u24.clone(), u24.clone(), any::<[u8; 5]>(), private(sizes::REP)).prop_map(|(qpn, psn, f, p)| {
                 Body::Rep(Rep {
                     qpn,
@@ -687,15 +695,22 @@ mod tests {
                 remote_qpn,
                 private_data
             }),
-            (any::<u64>(), any::<u16>(), ip(), ip(), private(Kind::SidrReq.max_private())).prop_map(
-                |(service_id, src_port, src_ip, dst_ip, private_data)| Body::SidrReq(SidrReq {
-                    service_id,
-                    src_port,
-                    src_ip,
-                    dst_ip,
-                    private_data
-                })
-            ),
+            (
+                any::<u64>(),
+                any::<u16>(),
+                ip(),
+                ip(),
+                private(Kind::SidrReq.max_private())
+            )
+                .prop_map(
+                    |(service_id, src_port, src_ip, dst_ip, private_data)| Body::SidrReq(SidrReq {
+                        service_id,
+                        src_port,
+                        src_ip,
+                        dst_ip,
+                        private_data
+                    })
+                ),
             (any::<u8>(), u24, any::<u32>(), private(sizes::SIDR_REP)).prop_map(|(status, qpn, qkey, p)| {
                 Body::SidrRep(SidrRep {
                     status,

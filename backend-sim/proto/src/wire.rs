@@ -568,9 +568,7 @@ pub fn setup_header_len(base: &[u8; BASE_LEN]) -> Result<usize, WireError> {
         | op::LINK_HELLO
         | op::LINK_VERIFY
         | op::CM_LOOKUP
-        | op::CM_ADDRESS => {
-            Ok(header_len(opcode).expect("setup opcodes are known"))
-        }
+        | op::CM_ADDRESS => Ok(header_len(opcode).expect("setup opcodes are known")),
         _ => Err(WireError::UnknownOpcode(opcode)),
     }
 }
