@@ -98,7 +98,7 @@ impl Kind {
     /// Bytes of the kind's fields after the common header.
     fn body_len(self) -> usize {
         match self {
-            Kind::Req => 8 + 4 + 1 + 4 + 7 + 2 + 16 + 16 + 16 + 3,
+            Kind::Req => 8 + 4 + 1 + 4 + 7 + 2 + 16 + 16 + 3,
             Kind::Mra => 4,
             Kind::Rej => 4,
             Kind::Rep => 4 + 4 + 5 + 3,
@@ -132,6 +132,8 @@ pub fn private_data_size(kind: Kind) -> usize {
 }
 
 /// A connection request (IBA 12.6.5), with what rdma_cm's header adds (the addresses).
+/// The requester's GID and LID are its link's (the path's source is the device the link
+/// proved).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Req {
     /// The service: rdma_cm's `(port space << 16) | port` for an IP port space.
@@ -162,8 +164,6 @@ pub struct Req {
     pub src_ip: [u8; 16],
     /// The IP the requester addressed.
     pub dst_ip: [u8; 16],
-    /// The requester's GID (the path's SGID).
-    pub src_gid: [u8; 16],
     /// Consumer private data.
     pub private_data: Vec<u8>,
 }
@@ -376,7 +376,6 @@ impl CmMsg {
                 out.extend_from_slice(&r.src_port.to_le_bytes());
                 out.extend_from_slice(&r.src_ip);
                 out.extend_from_slice(&r.dst_ip);
-                out.extend_from_slice(&r.src_gid);
                 out.extend_from_slice(&[0; 3]);
             }
             Body::Mra { of } => out.extend_from_slice(&[*of as u8, 0, 0, 0]),
@@ -454,7 +453,6 @@ impl CmMsg {
                 let src_port = r.u16();
                 let src_ip = r.bytes::<16>();
                 let dst_ip = r.bytes::<16>();
-                let src_gid = r.bytes::<16>();
                 r.zeros::<3>()?;
                 Body::Req(Req {
                     service_id,
@@ -471,7 +469,6 @@ impl CmMsg {
                     src_port,
                     src_ip,
                     dst_ip,
-                    src_gid,
                     private_data: r.rest(),
                 })
             }
@@ -641,11 +638,10 @@ mod tests {
                 any::<u16>(),
                 ip(),
                 ip(),
-                ip(),
                 private(Kind::Req.max_private())
             )
                 .prop_map(
-                    |(service_id, qpn, qp_type, starting_psn, f, src_port, src_ip, dst_ip, src_gid, p)| {
+                    |(service_id, qpn, qp_type, starting_psn, f, src_port, src_ip, dst_ip, p)| {
                         Body::Req(Req {
                             service_id,
                             qpn,
@@ -661,7 +657,6 @@ mod tests {
                             src_port,
                             src_ip,
                             dst_ip,
-                            src_gid,
                             private_data: p,
                         })
                     }
