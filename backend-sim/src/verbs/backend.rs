@@ -48,6 +48,8 @@ pub struct SimBackend {
     pub(crate) config: SimConfig,
     /// The portability advice its devices give (shared by them, and by clones).
     pub(crate) advice: Arc<Advice>,
+    /// Its connection manager (shared by clones), made on first use.
+    pub(crate) cm: crate::rdmacm::CmCell,
 }
 
 /// The value of the setting `name`, if it is set and not empty: an empty assignment
@@ -63,6 +65,7 @@ impl SimBackend {
         SimBackend {
             advice: Arc::new(Advice::new(config.portability_warnings)),
             config,
+            cm: crate::rdmacm::CmCell::default(),
         }
     }
 
