@@ -20,6 +20,10 @@
 //! - `dev/infiniband/uverbs<N>`: a link to `/dev/null`, a character device every user
 //!   may read and write, which is what UCX checks (`uct_ib_device_is_accessible()`); the
 //!   sim's verbs never use it.
+//! - `dev/infiniband/rdma_cm` (a link to `/dev/null` for `stat` and `access`; opening
+//!   it opens the sim's connection manager, [`crate::ucma`]) and
+//!   `sys/class/misc/rdma_cm/`: `abi_version` (4, the rdma_cm ABI librdmacm checks) and
+//!   `dev`.
 
 use std::io;
 use std::net::IpAddr;
@@ -27,7 +31,7 @@ use std::net::IpAddr;
 use verbs_api::{guid_text, Context as _, Gid, LinkLayer};
 
 use super::tree::{self, Tree};
-use super::{DEV, IB_CLASS, VERBS_CLASS};
+use super::{DEV, IB_CLASS, MISC_CM, VERBS_CLASS};
 use crate::runtime::{runtime, Device, SimContext};
 
 /// uverbs' character-device major (`IB_UVERBS_MAJOR`) and its first minor.
@@ -41,6 +45,12 @@ pub fn fill(tree: &Tree) -> io::Result<()> {
         tree.dir(DEV)?;
         tree.dir(IB_CLASS)?;
         tree.write(&format!("{VERBS_CLASS}/abi_version"), "6")?;
+        tree.link(&format!("{DEV}/rdma_cm"), "/dev/null")?;
+        tree.write(
+            &format!("{MISC_CM}/abi_version"),
+            &crate::abi::ucma::RDMA_USER_CM_ABI_VERSION.to_string(),
+        )?;
+        tree.write(&format!("{MISC_CM}/dev"), &crate::ucma::rdev_text())?;
         // A bad setting lists no devices: the tree is empty, as the device list is.
         let Ok(rt) = runtime() else { return Ok(()) };
         for d in &rt.devices {
