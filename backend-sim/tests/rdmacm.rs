@@ -434,3 +434,31 @@ fn migrate_moves_the_id_and_its_events() {
     expect(&ch2, E::RouteResolved);
     drop(sch);
 }
+
+/// A wildcard listener takes the clients of every address of the host, and holds its
+/// rendezvous port (and a device) while it listens.
+#[test]
+fn a_wildcard_listener_takes_loopback_clients() {
+    let (sb, cb) = two_hosts();
+    let sch = sb.create_event_channel().unwrap();
+    let lid = sch.create_id(7, PortSpace::Tcp, QpType::Rc).unwrap();
+    let port = {
+        let probe = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+        probe.local_addr().unwrap().port()
+    };
+    lid.bind_addr(format!("0.0.0.0:{port}").parse().unwrap()).unwrap();
+    lid.listen(4).unwrap();
+    assert!(lid.verbs().is_none(), "a wildcard listener is bound to no device");
+    let (cch, cid) = resolved(&cb, PortSpace::Tcp, loopback(port));
+    let client = side(&cid, QpType::Rc);
+    cmqp::connect(&cid, &client.qp, &with_data(b"")).unwrap();
+    let req = expect(&sch, E::ConnectRequest);
+    let sid = req.new_id.unwrap();
+    assert!(sid.verbs().is_some());
+    let server = side(&sid, QpType::Rc);
+    cmqp::accept(&sid, &server.qp, &with_data(b"")).unwrap();
+    expect(&cch, E::ConnectResponse);
+    cmqp::complete_connect(&cid, &client.qp).unwrap();
+    expect(&sch, E::Established);
+    send_recv(&client, &server, b"wildcard");
+}

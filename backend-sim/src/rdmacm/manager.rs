@@ -97,6 +97,10 @@ pub struct Listen {
     pub queued: u32,
     /// Its rendezvous port's address.
     rendezvous: SocketAddr,
+    /// The device its rendezvous runs on, which takes the requests of a wildcard
+    /// listener for the addresses no other open device has (held open while it
+    /// listens).
+    dev: Dev,
 }
 
 /// `rdma_set_option`'s settings.
@@ -720,6 +724,7 @@ impl Core {
                 backlog,
                 queued: 0,
                 rendezvous: at,
+                dev,
             });
             id.state = State::Listen;
             tracing::debug!(handle, %src, ps = ?id.ps, "rdma_cm: listening");
@@ -732,7 +737,7 @@ impl Core {
     pub fn lookup(&self, at: SocketAddr, ps: u16, port: u16) -> Option<Peer> {
         let at = canon(at);
         let mut st = self.st.lock();
-        let listener = st
+        let (bound, held) = st
             .ids
             .values()
             .find(|i| {
@@ -741,10 +746,18 @@ impl Core {
                     && i.src
                         .is_some_and(|s| s.port() == port && (s.ip().is_unspecified() || s.ip() == at.ip()))
             })
-            .map(|i| i.dev.clone())?;
-        let dev = match listener {
-            Some(d) => d,
-            None => self.device_for(&mut st, "rdma_cm rendezvous", at.ip()).ok()?,
+            .map(|i| (i.dev.clone(), i.listen.as_ref().map(|l| l.dev.clone())))?;
+        // A wildcard listener's device for this address: an open one that has it, else
+        // the one it holds.
+        let open = || {
+            (0..self.devices.count())
+                .filter_map(|i| self.devices.opened(i).map(|c| (i, c)))
+                .find(|(_, c)| route::has_ip(&c.dev, at.ip()))
+        };
+        let dev = match (bound, open()) {
+            (Some(d), _) => d,
+            (None, Some((i, _))) => self.device(&mut st, i).ok()?,
+            (None, None) => held?,
         };
         let d = dev.shared();
         Some(Peer::new(d.addr.ip_gid().0, d.addr.lid()))
