@@ -89,6 +89,7 @@ impl SimBackend {
                     config: self.config.clone(),
                     advice: self.advice.clone(),
                     cm: CmCell::default(),
+                    pid: self.pid,
                 };
                 Core::new(Arc::new(OwnDevices {
                     backend: own,

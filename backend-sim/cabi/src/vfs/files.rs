@@ -13,7 +13,9 @@
 //!   files (a kernel lists the empty ones as zero GIDs whose type reads fail). There is no
 //!   `device` link: the sim's devices are virtual, as rxe's are
 //!   (`/sys/devices/virtual/infiniband`), which programs take as "no PCI locality" (UCX:
-//!   every CPU local, NUMA node unknown).
+//!   every CPU local, NUMA node unknown). `device/net/<ifname>` names the network
+//!   interface that holds the device's address, as an rxe device's does (pyverbs'
+//!   rdma_cm tests find the address to listen on there).
 //! - `sys/class/infiniband_verbs/`: `abi_version` (6, the uverbs ABI) and per device
 //!   `uverbs<N>/` with `ibdev`, `abi_version` and `dev` (uverbs' major 231, minors from
 //!   192).
@@ -103,7 +105,14 @@ fn node(tree: &Tree, d: &Device) -> io::Result<()> {
         &format!("{vdir}/dev"),
         &format!("{UVERBS_MAJOR}:{}", UVERBS_BASE_MINOR + d.index),
     )?;
-    tree.link(&format!("{DEV}/{uverbs}"), "/dev/null")
+    tree.link(&format!("{DEV}/{uverbs}"), "/dev/null")?;
+    if let Some(net) = runtime()
+        .ok()
+        .and_then(|rt| netdev_of(rt.backend.advertised_ip()))
+    {
+        tree.dir(&format!("{dir}/device/net/{net}"))?;
+    }
+    Ok(())
 }
 
 fn port(tree: &Tree, d: &Device, ctx: &SimContext) -> io::Result<()> {
