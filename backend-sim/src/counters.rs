@@ -3,7 +3,9 @@
 //! responder drops what it cannot execute and tells nobody); UD datagrams that arrived
 //! and were dropped, and those its UD QPs never sent (IBA 9.8.4: UD is unreliable). Like
 //! an HCA's hardware counters (rxe's `hw_counters`, `rdma statistic`), they are the one
-//! place such a loss shows; each drop is also a debug event naming the QP and why.
+//! place such a loss shows; each drop is also a debug event naming the QP and why. And
+//! the local ACK timeouts of its RC requesters (mlx5's `local_ack_timeout_err`), which a
+//! completion shows only once the retries are used up.
 //!
 //! Datagrams dropped for a wrong Q_Key are counted where IBA counts them, in the port's
 //! `qkey_viol_cntr` (`ibv_query_port`; PortInfo's 16-bit Q_KeyViolations, which
@@ -18,6 +20,7 @@ pub struct DeviceCounters {
     uc_psn_gaps: AtomicU64,
     ud_dropped: AtomicU64,
     ud_unsent: AtomicU64,
+    local_ack_timeouts: AtomicU64,
     qkey_violations: AtomicU32,
 }
 
@@ -44,6 +47,14 @@ impl DeviceCounters {
         self.ud_unsent.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// `n` local ACK timeouts of a QP's requester (each spent a retry or ended in
+    /// `IBV_WC_RETRY_EXC_ERR`).
+    pub fn add_ack_timeouts(&self, n: u64) {
+        if n > 0 {
+            self.local_ack_timeouts.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
     /// A datagram was dropped for its Q_Key (saturating at 0xffff, the width of IBA's
     /// counter).
     pub fn qkey_violation(&self) {
@@ -66,12 +77,13 @@ impl DeviceCounters {
             uc_psn_gaps: self.uc_psn_gaps.load(Ordering::Relaxed),
             ud_dropped: self.ud_dropped.load(Ordering::Relaxed),
             ud_unsent: self.ud_unsent.load(Ordering::Relaxed),
+            local_ack_timeout_err: self.local_ack_timeouts.load(Ordering::Relaxed),
         }
     }
 }
 
-/// What a device's responders dropped silently (a snapshot, from
-/// [`SimContext::counters`](crate::SimContext::counters)).
+/// What a device's responders dropped silently, and its requesters' local ACK timeouts
+/// (a snapshot, from [`SimContext::counters`](crate::SimContext::counters)).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Counters {
@@ -92,4 +104,23 @@ pub struct Counters {
     /// refused), or the link's queue full (a peer that does not read). Fault injection's
     /// drops are in [`FaultStats`](crate::faults::FaultStats) instead.
     pub ud_unsent: u64,
+    /// Times an RC QP's local ACK timer expired with requests outstanding and no answer
+    /// (mlx5's `local_ack_timeout_err`): each resent them and spent one of `retry_cnt`,
+    /// or ended in `IBV_WC_RETRY_EXC_ERR`. The timer does not count while the peer's
+    /// bytes arrive or wait to be read, or while this side is still writing, so a
+    /// connection that keeps moving data counts none.
+    pub local_ack_timeout_err: u64,
+}
+
+impl Counters {
+    /// Every counter with its name, in the order above (what `rdma-sim status` lists).
+    pub fn named(&self) -> [(&'static str, u64); 5] {
+        [
+            ("uc_dropped", self.uc_dropped),
+            ("uc_psn_gaps", self.uc_psn_gaps),
+            ("ud_dropped", self.ud_dropped),
+            ("ud_unsent", self.ud_unsent),
+            ("local_ack_timeout_err", self.local_ack_timeout_err),
+        ]
+    }
 }

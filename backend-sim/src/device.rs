@@ -356,16 +356,12 @@ impl crate::control::Source for DeviceShared {
         let mut qps: Vec<_> = live.iter().map(|q| q.status()).collect();
         qps.sort_by_key(|q| q.qpn);
         let c = self.counters.snapshot();
-        let counters = [
-            ("uc_dropped", c.uc_dropped),
-            ("uc_psn_gaps", c.uc_psn_gaps),
-            ("ud_dropped", c.ud_dropped),
-            ("ud_unsent", c.ud_unsent),
-            ("qkey_violations", u64::from(self.counters.qkey_violations())),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect();
+        let counters = c
+            .named()
+            .into_iter()
+            .chain([("qkey_violations", u64::from(self.counters.qkey_violations()))])
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
         let program = std::fs::read_to_string("/proc/self/comm")
             .map(|s| s.trim_end().to_string())
             .unwrap_or_default();

@@ -73,11 +73,26 @@ pub struct Conn<Q> {
     /// When bytes last arrived on it (the same clock): while a READ response's payload
     /// arrives, the ACK timer counts from it too.
     pub last_rx: AtomicU64,
+    /// Whether the QP's application answers what it receives with posts of its own, so
+    /// that an ACK may wait for its next post (set by its posts, cleared when a wait
+    /// ran out; see `progress::answer`).
+    pub answers: AtomicBool,
+    /// Until when the ACK the connection owes waits for that answer (the data path's
+    /// clock, in nanoseconds; 0: none waits).
+    pub ack_held_until: AtomicU64,
 }
 
 impl<Q> Conn<Q> {
     /// Whether the connection has been closed.
     pub fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
+    }
+
+    /// Whether bytes from the peer wait on this side, not yet taken in: unread in the
+    /// socket (`FIONREAD`, `man 7 tcp`), or in the hands of a thread that holds the I/O
+    /// lock, which on a busy machine may have been preempted in the middle of its round
+    /// for tens of milliseconds.
+    pub fn peer_bytes_waiting(&self) -> bool {
+        self.io.is_locked() || rustix::io::ioctl_fionread(&self.sock).is_ok_and(|n| n > 0)
     }
 }

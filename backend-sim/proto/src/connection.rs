@@ -1,7 +1,8 @@
 //! One connection of a QP pair, as the protocol sees it: its incoming bytes, its outgoing
 //! frames, and the policy that composes the QP's two halves over them: when an owed ACK
 //! leaves (IBA 9.7.5.1.2 lets a responder coalesce them), how many WQEs one pass turns
-//! into frames, and how far a peer that stops reading may push this side.
+//! into frames, how far a peer that stops reading may push this side, and how much of
+//! the peer's bytes are read before this side writes more of its own.
 //!
 //! The driver fills the reader from its socket, calls [`Connection::receive`] and
 //! [`Connection::transmit`] with the QP's halves (under the QP's lock) and the time, and
@@ -16,7 +17,7 @@ use crate::memory::MrTable;
 use crate::requester::{Fatal, Requester};
 use crate::responder::Responder;
 use crate::rx::Reader;
-use crate::tx::TxQueue;
+use crate::tx::{TxQueue, WRITE_BUDGET};
 use verbs_api::WorkCompletion;
 
 /// WQEs turned into frames per pass.
@@ -37,7 +38,11 @@ pub const MAX_UNSENT_READS: usize = 1024;
 pub enum AckPolicy {
     /// An application thread polling in a tight loop: the ACK is left for its next poll
     /// or post (delayed ACK), so that it leaves with the next request, off the path to
-    /// the completion the thread waits for.
+    /// the completion the thread waits for. Once it covers more than one request (the
+    /// peer streams rather than waits for each answer), as by `Stream` while requests
+    /// keep coming: the thread stays in the connection until the stream pauses, which
+    /// with a peer's send queue of large WRITEs takes seconds, and the peer's requester
+    /// must not wait for its ACKs until then.
     Delay,
     /// The progress thread: at once when the stream is drained; while requests keep
     /// streaming in (the last read got all it asked for), when one asks for it (AckReq)
@@ -70,6 +75,8 @@ pub struct Connection {
     pub tx: TxQueue,
     /// Whose payload the reader is filling.
     pub drive: DriveState,
+    /// Bytes read since bytes were last written ([`Connection::write_due`]).
+    read_since_write: usize,
 }
 
 impl Connection {
@@ -79,17 +86,35 @@ impl Connection {
             reader,
             tx: TxQueue::new(),
             drive: DriveState::default(),
+            read_since_write: 0,
         }
     }
 
     /// Reads what `src` has (see [`Reader::fill`]).
     pub fn fill(&mut self, src: &mut impl Recv) -> io::Result<usize> {
-        self.reader.fill(src)
+        let n = self.reader.fill(src)?;
+        self.read_since_write += n;
+        Ok(n)
     }
 
     /// Writes what is queued to `out` (see [`TxQueue::write_to`]).
     pub fn write_to(&mut self, out: &mut impl Transmit) -> io::Result<usize> {
-        self.tx.write_to(out)
+        let n = self.tx.write_to(out)?;
+        if n > 0 {
+            self.read_since_write = 0;
+        }
+        Ok(n)
+    }
+
+    /// Whether what is queued should be written now, after a round that `read` (or did
+    /// not read) the peer's bytes: yes unless they keep coming, and then once a
+    /// [`WRITE_BUDGET`]'s worth of them has been read since the last write. A round
+    /// reads one frame header or one payload segment but may write a whole budget, so
+    /// with traffic both ways each side would write several times faster than it
+    /// reads; the unread bytes would pile up in the kernel's receive queue (20-30 MB
+    /// once it is autotuned), and the ACKs among them with them.
+    pub fn write_due(&self, read: bool) -> bool {
+        !read || self.reader.drained() || self.read_since_write >= WRITE_BUDGET
     }
 
     /// Hands the buffered frames to the QP's halves (`sides`) and queues their answers,
@@ -112,7 +137,7 @@ impl Connection {
             }
             return Ok(());
         }
-        let ack_after = policy.ack_after(self.reader.drained());
+        let drained = self.reader.drained();
         drive(
             sides,
             &mut self.reader,
@@ -121,8 +146,15 @@ impl Connection {
             now,
             &mut self.drive,
             MAX_UNSENT_READS,
-            ack_after,
-        )
+            policy.ack_after(drained),
+        )?;
+        if let (AckPolicy::Delay, false, Some(resp)) = (policy, drained, sides.resp.as_deref_mut()) {
+            let due = resp.owed_bytes() >= ACK_EVERY || resp.ack_asked();
+            if resp.owed_requests() > 1 && due && (sides.accepting || resp.is_unreliable()) {
+                resp.flush_ack(&mut self.tx);
+            }
+        }
+        Ok(())
     }
 
     /// Turns the send queue's WQEs into frames (at most [`BUDGET`] per pass, none while

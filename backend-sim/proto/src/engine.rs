@@ -3,7 +3,8 @@
 //! [`Requester`], and tells the reader where payloads go. One connection carries both
 //! directions of an RC connection (the peer's requests and the responses to ours), as the
 //! two halves of an IB RC connection share one path; acknowledgements for the peer thus
-//! leave in the same write as our next request.
+//! leave in the same write as our next request, and pass the requests queued before them
+//! (see [`tx`](crate::tx)).
 //!
 //! Used by the progress engine and, byte for byte the same, by the in-memory test link.
 

@@ -70,6 +70,8 @@ pub mod wire;
 pub mod trace_capture;
 
 #[cfg(test)]
+mod duplex_tests;
+#[cfg(test)]
 mod link_tests;
 #[cfg(test)]
 mod srq_tests;

@@ -1,5 +1,5 @@
-//! Outgoing bytes of one connection: frame headers and payloads, in order, written with
-//! as few `writev(2)` calls as possible.
+//! Outgoing bytes of one connection: frame headers and payloads, written with as few
+//! `writev(2)` calls as possible, this side's responses ahead of its queued requests.
 //!
 //! Headers, inline data and small payloads are copied into one arena; larger payloads are
 //! queued as [`Seg`]s that point into registered memory and are gathered by the kernel
@@ -9,6 +9,15 @@
 //! there to send, and sending anything else in their place (zeros) would let the
 //! operation complete successfully with data it never had. Dropping the connection makes
 //! the peer resend the request, which then meets the dead key and fails as it must.
+//!
+//! The stream carries two flows that IBA keeps apart: this side's requests and its
+//! responses (ACKs, NAKs, READ and atomic responses) to the peer's requests. Each keeps
+//! its order, and a frame once begun is finished before another starts; but at every
+//! frame boundary a queued response goes before the request frames still waiting. An HCA
+//! interleaves its ACKs with the packets of the messages it is sending, so an ACK never
+//! waits behind the other direction's data; one queued behind a send queue's worth of
+//! large WRITEs (128 of 1 MiB is 128 MiB) would reach the peer long after its local ACK
+//! timer gave up on the requests it answers, while data moved all along.
 
 use std::collections::VecDeque;
 use std::io;
@@ -29,9 +38,22 @@ const MAX_IOV: usize = 128;
 /// unread and the ACK timer (which counts from the last bytes sent) runs out.
 pub const WRITE_BUDGET: usize = 4 << 20;
 
+/// The two flows of a stream: responses go first at each frame boundary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lane {
+    Resp = 0,
+    Req = 1,
+}
+
 enum Part {
-    Bytes { start: usize, end: usize },
+    Bytes {
+        start: usize,
+        end: usize,
+    },
     Mem(Seg),
+    /// The stream ends here: the bytes that belonged here are gone (their region was
+    /// deregistered).
+    Dead,
 }
 
 impl Part {
@@ -39,29 +61,63 @@ impl Part {
         match self {
             Part::Bytes { start, end } => end - start,
             Part::Mem(s) => s.len,
+            Part::Dead => 0,
         }
     }
 }
 
-/// Bytes waiting to be written to one stream.
+struct Queued {
+    part: Part,
+    /// The last part of its frame: another frame may go after it.
+    ends_frame: bool,
+}
+
+/// The parts of one flow, in order.
 #[derive(Default)]
-pub struct TxQueue {
-    arena: Vec<u8>,
-    parts: VecDeque<Part>,
+struct LaneQ {
+    parts: VecDeque<Queued>,
     /// Bytes of `parts.front()` already written.
     head_off: usize,
+}
+
+/// Bytes waiting to be written to one stream.
+pub struct TxQueue {
+    arena: Vec<u8>,
+    lanes: [LaneQ; 2],
+    /// The flow whose front frame is partly written: it is finished first.
+    cur: Option<Lane>,
+    /// The flow of the frame being queued (payload pushes join it).
+    building: Lane,
+    /// Payload bytes of the frame being queued still to come.
+    payload_left: usize,
     pending: usize,
+    /// A [`Part::Dead`] is queued: the stream ends there.
+    dead: bool,
     /// Whether anything but coalesced ACKs is queued (ACKs alone may wait a little).
     urgent: bool,
-    /// Bytes ever queued and ever written (stream positions).
-    queued_total: u64,
-    written_total: u64,
-    /// Stream position from which the queued bytes are not the data they stand for (a
-    /// region was deregistered before they could be gathered): the stream ends there.
-    poison: Option<u64>,
-    /// Where each queued response's header (ACK, NAK, READ or atomic response) ends,
-    /// oldest first.
+    /// Bytes of responses ever queued and ever written.
+    resp_queued: u64,
+    resp_written: u64,
+    /// Where each queued response's header ends (in response bytes), oldest first.
     replies: VecDeque<u64>,
+}
+
+impl Default for TxQueue {
+    fn default() -> Self {
+        TxQueue {
+            arena: Vec::new(),
+            lanes: [LaneQ::default(), LaneQ::default()],
+            cur: None,
+            building: Lane::Req,
+            payload_left: 0,
+            pending: 0,
+            dead: false,
+            urgent: false,
+            resp_queued: 0,
+            resp_written: 0,
+            replies: VecDeque::new(),
+        }
+    }
 }
 
 impl TxQueue {
@@ -70,9 +126,9 @@ impl TxQueue {
         Self::default()
     }
 
-    /// Whether nothing waits.
+    /// Whether nothing waits (not even the end of the stream).
     pub fn is_empty(&self) -> bool {
-        self.pending == 0
+        self.pending == 0 && !self.dead
     }
 
     /// Bytes waiting.
@@ -91,39 +147,90 @@ impl TxQueue {
         self.replies.len()
     }
 
-    /// Queues a frame header.
+    /// Queues a frame header; its payload, if it has one, follows with
+    /// [`TxQueue::push_bytes`] or [`TxQueue::push_seg`]. A response joins the responses,
+    /// anything else the requests.
     pub fn push_frame(&mut self, f: &Frame) {
         if !matches!(f, Frame::Ack { .. }) {
             self.urgent = true;
         }
+        let response = f.is_response();
+        self.building = if response { Lane::Resp } else { Lane::Req };
         let mut hdr = [0u8; MAX_HDR_LEN];
         let n = f.encode(&mut hdr);
-        self.push_bytes(&hdr[..n]);
-        if f.is_response() {
-            self.replies.push_back(self.queued_total);
+        self.copy_in(&hdr[..n]);
+        if response {
+            self.replies.push_back(self.resp_queued);
+        }
+        self.payload_left = f.payload_len() as usize;
+        if self.payload_left == 0 {
+            self.end_frame();
         }
     }
 
-    /// Queues bytes (copied).
+    /// Queues bytes (copied): the payload of the frame being queued, or raw bytes.
     pub fn push_bytes(&mut self, b: &[u8]) {
         if b.is_empty() {
             return;
         }
+        self.copy_in(b);
+        self.took_payload(b.len());
+    }
+
+    fn copy_in(&mut self, b: &[u8]) {
         let start = self.arena.len();
         self.arena.extend_from_slice(b);
         self.extend_bytes(start, self.arena.len());
     }
 
     fn extend_bytes(&mut self, start: usize, end: usize) {
-        self.pending += end - start;
-        self.queued_total += (end - start) as u64;
-        if let Some(Part::Bytes { end: last_end, .. }) = self.parts.back_mut() {
-            if *last_end == start {
-                *last_end = end;
-                return;
+        let len = end - start;
+        self.pending += len;
+        let lane = self.building;
+        if lane == Lane::Resp {
+            self.resp_queued += len as u64;
+        }
+        let q = &mut self.lanes[lane as usize];
+        let started = q.parts.len() == 1 && q.head_off > 0;
+        if let Some(last) = q.parts.back_mut() {
+            if let Part::Bytes { end: last_end, .. } = &mut last.part {
+                // Not across a frame boundary into bytes already being written: the
+                // boundary is where a response may go.
+                if *last_end == start && !(started && last.ends_frame) {
+                    *last_end = end;
+                    last.ends_frame = false;
+                    return;
+                }
             }
         }
-        self.parts.push_back(Part::Bytes { start, end });
+        q.parts.push_back(Queued {
+            part: Part::Bytes { start, end },
+            ends_frame: false,
+        });
+    }
+
+    /// `n` payload bytes of the frame being queued were queued.
+    fn took_payload(&mut self, n: usize) {
+        if self.payload_left > 0 {
+            self.payload_left = self.payload_left.saturating_sub(n);
+            if self.payload_left == 0 {
+                self.end_frame();
+            }
+        }
+    }
+
+    fn end_frame(&mut self) {
+        if let Some(last) = self.lanes[self.building as usize].parts.back_mut() {
+            last.ends_frame = true;
+        }
+    }
+
+    fn push_dead(&mut self) {
+        self.dead = true;
+        self.lanes[self.building as usize].parts.push_back(Queued {
+            part: Part::Dead,
+            ends_frame: false,
+        });
     }
 
     /// Queues the bytes of a registered-memory range: small ranges are copied now, large
@@ -136,19 +243,23 @@ impl TxQueue {
         if seg.len <= COPY_THRESHOLD {
             let start = self.arena.len();
             self.arena.resize(start + seg.len, 0);
-            let ok = seg.copy_out(0, &mut self.arena[start..]);
-            if !ok && self.poison.is_none() {
-                self.poison = Some(self.queued_total);
-            }
-            self.extend_bytes(start, self.arena.len());
-            if !ok {
+            if !seg.copy_out(0, &mut self.arena[start..]) {
+                self.arena.truncate(start);
+                self.push_dead();
                 return false;
             }
+            self.extend_bytes(start, self.arena.len());
         } else {
             self.pending += seg.len;
-            self.queued_total += seg.len as u64;
-            self.parts.push_back(Part::Mem(seg.clone()));
+            if self.building == Lane::Resp {
+                self.resp_queued += seg.len as u64;
+            }
+            self.lanes[self.building as usize].parts.push_back(Queued {
+                part: Part::Mem(seg.clone()),
+                ends_frame: false,
+            });
         }
+        self.took_payload(seg.len);
         true
     }
 
@@ -156,27 +267,69 @@ impl TxQueue {
         io::Error::other("a registered region was deregistered before its queued bytes were sent")
     }
 
-    fn advance(&mut self, mut n: usize) {
-        self.pending -= n;
-        self.written_total += n as u64;
-        while self.replies.front().is_some_and(|&end| end <= self.written_total) {
-            self.replies.pop_front();
+    /// The flow the next byte comes from: the frame in progress, else a response, else
+    /// a request.
+    fn next_lane(&self) -> Lane {
+        match self.cur {
+            Some(l) => l,
+            None if self.lanes[Lane::Resp as usize].parts.is_empty() => Lane::Req,
+            None => Lane::Resp,
         }
-        while n > 0 {
-            let front = self.parts.front().expect("advance within pending bytes");
-            let left = front.len() - self.head_off;
-            if n >= left {
-                n -= left;
-                self.parts.pop_front();
-                self.head_off = 0;
-            } else {
-                self.head_off += n;
-                n = 0;
+    }
+
+    /// The queued parts in the order their bytes go out (as [`TxQueue::advance`] takes
+    /// them), at most [`MAX_IOV`], each as (flow, index in it).
+    fn order(&self, out: &mut ArrayVec<(Lane, usize), MAX_IOV>) {
+        let mut from = [0usize; 2];
+        if let Some(l) = self.cur {
+            let parts = &self.lanes[l as usize].parts;
+            from[l as usize] = parts.len();
+            for (i, q) in parts.iter().enumerate() {
+                if out.try_push((l, i)).is_err() {
+                    return;
+                }
+                if q.ends_frame {
+                    from[l as usize] = i + 1;
+                    break;
+                }
             }
         }
-        if self.parts.is_empty() {
+        for l in [Lane::Resp, Lane::Req] {
+            for i in from[l as usize]..self.lanes[l as usize].parts.len() {
+                if out.try_push((l, i)).is_err() {
+                    return;
+                }
+            }
+        }
+    }
+
+    fn advance(&mut self, mut n: usize) {
+        self.pending -= n;
+        while n > 0 {
+            let l = self.next_lane();
+            let q = &mut self.lanes[l as usize];
+            let front = q.parts.front().expect("advance within pending bytes");
+            let left = front.part.len() - q.head_off;
+            let took = n.min(left);
+            if l == Lane::Resp {
+                self.resp_written += took as u64;
+            }
+            n -= took;
+            if took == left {
+                let ends = front.ends_frame;
+                q.parts.pop_front();
+                q.head_off = 0;
+                self.cur = if ends || q.parts.is_empty() { None } else { Some(l) };
+            } else {
+                q.head_off += took;
+                self.cur = Some(l);
+            }
+        }
+        while self.replies.front().is_some_and(|&end| end <= self.resp_written) {
+            self.replies.pop_front();
+        }
+        if self.lanes.iter().all(|q| q.parts.is_empty()) {
             self.arena.clear();
-            self.head_off = 0;
             self.urgent = false;
         }
     }
@@ -214,35 +367,41 @@ impl TxQueue {
         // The latency path: all that is queued is one run of the arena (frame headers,
         // an inline or copied payload). One run straight from it, without walking the
         // parts.
-        if let (1, Some(&Part::Bytes { start, end }), None) =
-            (self.parts.len(), self.parts.front(), self.poison)
-        {
-            let from = start + self.head_off;
-            let len = (end - from).min(budget);
-            let run = [RawSlice {
-                base: self.arena[from..].as_ptr(),
-                len,
-            }];
-            // SAFETY: `from..from + len` lies inside the arena (`from < end <=
-            // arena.len()`), which nothing changes during the call.
-            return unsafe { out.transmit(&run) };
+        let [resp, req] = &self.lanes;
+        let single = match (resp.parts.len(), req.parts.len()) {
+            (1, 0) => Some(resp),
+            (0, 1) => Some(req),
+            _ => None,
+        };
+        if let Some(q) = single {
+            if let Part::Bytes { start, end } = q.parts[0].part {
+                let from = start + q.head_off;
+                let len = (end - from).min(budget);
+                let run = [RawSlice {
+                    base: self.arena[from..].as_ptr(),
+                    len,
+                }];
+                // SAFETY: `from..from + len` lies inside the arena (`from < end <=
+                // arena.len()`), which nothing changes during the call.
+                return unsafe { out.transmit(&run) };
+            }
         }
+        let mut order = ArrayVec::<(Lane, usize), MAX_IOV>::new();
+        self.order(&mut order);
         // Filled as they are built: no zeroing of 128 entries per call on the latency path.
         let mut iov = ArrayVec::<RawSlice, MAX_IOV>::new();
-        let mut pinned = ArrayVec::<&Seg, MAX_IOV>::new();
-        // Bytes that may still go out: what is queued before the bytes of a deregistered
-        // region goes out (as a link delivers the packets before a failure); the stream
-        // ends where those begin.
-        let mut room = self
-            .poison
-            .map_or(usize::MAX, |p| (p - self.written_total) as usize)
-            .min(budget);
-        for (i, part) in self.parts.iter().enumerate() {
-            if iov.is_full() || room == 0 {
+        let mut pinned = ArrayVec::<(Lane, usize), MAX_IOV>::new();
+        // What is queued before the bytes of a deregistered region goes out (as a link
+        // delivers the packets before a failure); the stream ends where those begin.
+        let mut died = None;
+        let mut room = budget;
+        for &(l, i) in &order {
+            if room == 0 {
                 break;
             }
-            let skip = if i == 0 { self.head_off } else { 0 };
-            match part {
+            let q = &self.lanes[l as usize];
+            let skip = if i == 0 { q.head_off } else { 0 };
+            match &q.parts[i].part {
                 Part::Bytes { start, end } => {
                     let len = (end - start - skip).min(room);
                     iov.push(RawSlice {
@@ -254,11 +413,10 @@ impl TxQueue {
                 Part::Mem(seg) => {
                     if !seg.mr.pin() {
                         // Deregistered while queued: its bytes cannot be sent.
-                        let at = self.written_total + iov.iter().map(|v| v.len as u64).sum::<u64>();
-                        self.poison = Some(self.poison.map_or(at, |p| p.min(at)));
+                        died = Some((l, i));
                         break;
                     }
-                    pinned.push(seg);
+                    pinned.push((l, i));
                     let len = (seg.len - skip).min(room);
                     iov.push(RawSlice {
                         // SAFETY (pointer arithmetic): offset + skip < offset + len <=
@@ -268,39 +426,60 @@ impl TxQueue {
                     });
                     room -= len;
                 }
+                Part::Dead => break,
             }
         }
-        if iov.is_empty() && self.poison == Some(self.written_total) {
-            return Err(Self::deregistered());
+        let r = if iov.is_empty() {
+            Err(Self::deregistered())
+        } else {
+            // SAFETY: every run points into memory that stays valid for the call: the
+            // arena (not touched during the call) or pinned registered regions (unpinned
+            // below); the transmitter only reads them.
+            unsafe { out.transmit(&iov) }
+        };
+        for &(l, i) in &pinned {
+            if let Part::Mem(seg) = &self.lanes[l as usize].parts[i].part {
+                seg.mr.unpin();
+            }
         }
-        // SAFETY: every run points into memory that stays valid for the call: the arena
-        // (not touched during the call) or pinned registered regions (unpinned below);
-        // the transmitter only reads them.
-        let r = unsafe { out.transmit(&iov) };
-        // By reference: iterating the ArrayVec by value would first copy all of it (1 KiB).
-        for seg in &pinned {
-            seg.mr.unpin();
+        if let Some((l, i)) = died {
+            let q = &mut self.lanes[l as usize];
+            let skip = if i == 0 { q.head_off } else { 0 };
+            self.pending -= q.parts[i].part.len() - skip;
+            q.parts[i].part = Part::Dead;
+            self.dead = true;
         }
         r
     }
 
-    /// Moves every queued byte into `out` (for the in-memory test harness).
+    /// Moves every queued byte into `out`, in the order they would be written (for the
+    /// in-memory test harness).
     pub fn drain_into(&mut self, out: &mut Vec<u8>) {
-        while let Some(part) = self.parts.pop_front() {
-            let skip = std::mem::take(&mut self.head_off);
-            match part {
+        loop {
+            let l = self.next_lane();
+            let q = &mut self.lanes[l as usize];
+            let Some(front) = q.parts.pop_front() else { break };
+            let skip = std::mem::take(&mut q.head_off);
+            self.cur = if front.ends_frame || q.parts.is_empty() {
+                None
+            } else {
+                Some(l)
+            };
+            match front.part {
                 Part::Bytes { start, end } => out.extend_from_slice(&self.arena[start + skip..end]),
                 Part::Mem(seg) => {
                     let at = out.len();
                     out.resize(at + seg.len - skip, 0);
                     seg.copy_out(skip, &mut out[at..]);
                 }
+                Part::Dead => {}
             }
         }
         self.arena.clear();
         self.pending = 0;
+        self.dead = false;
         self.urgent = false;
-        self.written_total = self.queued_total;
+        self.resp_written = self.resp_queued;
         self.replies.clear();
     }
 }
@@ -372,6 +551,86 @@ mod tests {
         use std::io::Read;
         (&b).read_exact(&mut got).unwrap();
         assert!(got == pattern, "bytes arrived out of order");
+    }
+
+    /// The frames in `bytes`, payloads skipped, as (opcode byte, PSN).
+    fn frames(bytes: &[u8]) -> Vec<(u8, u32)> {
+        let mut out = Vec::new();
+        let mut off = 0;
+        while off < bytes.len() {
+            let (f, n) = Frame::decode(&bytes[off..]).unwrap().expect("a whole frame");
+            out.push((bytes[off], f.psn().unwrap_or(0)));
+            off += n + f.payload_len() as usize;
+        }
+        out
+    }
+
+    /// A response queued while request frames wait goes out at the next frame boundary,
+    /// ahead of them: the frame under way is finished first, and responses keep their
+    /// order among themselves. An ACK queued behind a send queue of large WRITEs would
+    /// reach the peer only after all of them.
+    #[test]
+    fn responses_pass_queued_requests_at_the_next_frame_boundary() {
+        let mr = Arc::new(MrShared::new_owned(1, 5, 10_000, AccessFlags::empty()).unwrap());
+        let seg = |len| Seg {
+            mr: mr.clone(),
+            offset: 0,
+            len,
+        };
+        let write = |psn| Frame::Write {
+            psn,
+            len: 10_000,
+            addr: 0,
+            rkey: 5,
+            imm: None,
+            solicited: false,
+            ack_req: false,
+        };
+        let queue = || {
+            let mut q = TxQueue::new();
+            for psn in 1..=3 {
+                q.push_frame(&write(psn));
+                q.push_seg(&seg(10_000));
+            }
+            q
+        };
+        let answer = |q: &mut TxQueue| {
+            q.push_frame(&Frame::Ack { psn: 7 });
+            q.push_frame(&Frame::ReadResp { psn: 8, len: 5000 });
+            q.push_seg(&seg(5000));
+            q.push_frame(&Frame::Ack { psn: 9 });
+        };
+        let (w, a, r) = (0x11, 0x20, 0x22);
+        let want = [(w, 1), (a, 7), (r, 8), (a, 9), (w, 2), (w, 3)];
+        // Written by the writer, the first WRITE under way when the responses come.
+        let mut q = queue();
+        let mut wire = Vec::new();
+        assert_eq!(
+            q.write_at_most(&mut crate::io::ToWrite(&mut wire), 100).unwrap(),
+            100
+        );
+        answer(&mut q);
+        assert_eq!(q.unsent_replies(), 3);
+        while !q.is_empty() {
+            // Small writes: every boundary is met between two calls too.
+            q.write_at_most(&mut crate::io::ToWrite(&mut wire), 3000).unwrap();
+        }
+        assert_eq!(q.unsent_replies(), 0);
+        assert_eq!(frames(&wire), want);
+        // The test harness's drain takes the same order.
+        let mut q = queue();
+        let mut drained = Vec::new();
+        q.write_at_most(&mut crate::io::ToWrite(&mut drained), 100)
+            .unwrap();
+        answer(&mut q);
+        q.drain_into(&mut drained);
+        assert!(drained == wire, "drain_into and write_to disagree");
+        // Queued before anything was written, the responses go first of all.
+        let mut q = queue();
+        answer(&mut q);
+        let mut first = Vec::new();
+        q.drain_into(&mut first);
+        assert_eq!(frames(&first), [(a, 7), (r, 8), (a, 9), (w, 1), (w, 2), (w, 3)]);
     }
 
     /// A region deregistered while its bytes wait ends the stream there: what was queued

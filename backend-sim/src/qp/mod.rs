@@ -125,7 +125,7 @@ pub struct QpDevice {
     /// Its asynchronous events, which the QP raises for itself and for what its
     /// responder found (`man ibv_get_async_event`).
     pub events: Arc<EventQueue>,
-    /// Its counters of what responders dropped.
+    /// Its counters (what responders dropped, requesters' local ACK timeouts).
     pub counters: Arc<DeviceCounters>,
     /// The kind of HCA it plays: its switches decide what the QP does where HCAs differ.
     pub profile: crate::profile::Profile,

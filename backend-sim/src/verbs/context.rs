@@ -39,7 +39,8 @@ impl SimContext {
         faults::Faults::new(&self.dev)
     }
 
-    /// What this device's responders dropped silently so far (see [`crate::counters`]).
+    /// What this device's responders dropped silently so far, and its requesters' local
+    /// ACK timeouts (see [`crate::counters`]).
     pub fn counters(&self) -> crate::Counters {
         self.dev.counters.snapshot()
     }
@@ -112,6 +113,7 @@ impl Context for SimContext {
     fn create_comp_channel(&self) -> Result<SimChannel> {
         Ok(SimChannel {
             ch: Arc::new(ChannelShared::new()?),
+            progress: Arc::downgrade(&self.dev.progress),
         })
     }
 

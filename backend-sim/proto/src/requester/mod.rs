@@ -15,7 +15,8 @@
 //!   before resending, `rnr_retry` times (7 = forever), then completes it with
 //!   `IBV_WC_RNR_RETRY_EXC_ERR`;
 //! - no response within the local ACK `timeout` rewinds and resends, `retry_cnt` times,
-//!   then `IBV_WC_RETRY_EXC_ERR`;
+//!   then `IBV_WC_RETRY_EXC_ERR`; the timeout counts from the last progress or the last
+//!   bytes that moved either way ([`Requester::on_timer`]);
 //! - any other NAK completes the WQE with the matching remote error, and the reason the
 //!   responder gave ([`NakReason`]) in `vendor_err`.
 //!
@@ -301,6 +302,9 @@ pub struct Requester {
     /// Until when a connection attempt under way (this side connects) keeps the ACK timer
     /// from counting against `retry_cnt` ([`Requester::connecting`]).
     link_setup: Option<Instant>,
+    /// Local ACK timeouts counted against `retry_cnt` since
+    /// [`Requester::take_ack_timeouts`].
+    ack_timeouts: u64,
     scratch: Vec<Seg>,
     /// The device profile's behavioural switches.
     sw: Switches,
@@ -358,6 +362,7 @@ impl Requester {
             qkey: 0,
             link_error: 0,
             link_setup: None,
+            ack_timeouts: 0,
             scratch: Vec::new(),
             sw: Switches::default(),
             max_msg: MAX_MSG as u64,
@@ -1058,6 +1063,12 @@ impl Requester {
         Err(Fatal(status))
     }
 
+    /// Whether the local ACK timer's deadline has passed at `now` ([`Requester::on_timer`]
+    /// has a timeout to look at).
+    pub fn ack_deadline_passed(&self, now: Instant) -> bool {
+        self.ack_deadline.is_some_and(|d| now >= d)
+    }
+
     /// Timers: the RNR wait ends (sending resumes in `poll_transmit`), or the ACK timeout
     /// fires (rewind and resend, or `IBV_WC_RETRY_EXC_ERR` when retries are used up).
     /// Returns whether either happened, i.e. whether there is something to send now; a
@@ -1069,12 +1080,16 @@ impl Requester {
     /// still leaving (a 1 GiB window of 8 MiB WRITEs takes a quarter second to write on
     /// loopback) is not lost, and resending it would only queue it twice.
     ///
-    /// `last_rx` is when bytes last arrived from the peer. While a READ response's payload
-    /// arrives it counts too, as each response packet restarts an HCA's timer: a large
-    /// response still arriving is no lost request. If the payload stops for a whole
-    /// timeout, the READ is not resent (its answer could only come after the rest of this
-    /// payload, on the same ordered stream), but the timeout counts against `retry_cnt`
-    /// all the same, so a peer that stops mid-payload still ends in
+    /// `last_rx` is when bytes last arrived from the peer (the driver passes `now` while
+    /// bytes it sent wait unread on this side), and the timeout counts from it too. The
+    /// stream is ordered and frames are whole messages, so the answer the requester
+    /// waits for may come after the rest of a message the peer is sending (an HCA
+    /// interleaves its ACKs with the packets of its own messages): while bytes keep
+    /// arriving, nothing has been lost. The same goes for a READ response's own payload:
+    /// a large response still arriving is no lost request. If the payload stops for a
+    /// whole timeout, the READ is not resent (its answer could only come after the rest
+    /// of this payload, on the same ordered stream), but the timeout counts against
+    /// `retry_cnt` all the same, so a peer that stops mid-payload still ends in
     /// `IBV_WC_RETRY_EXC_ERR`.
     pub fn on_timer(
         &mut self,
@@ -1089,10 +1104,7 @@ impl Requester {
             self.end_rnr_wait();
             fired = true;
         }
-        let last_io = match (last_tx, last_rx.filter(|_| self.receiving.is_some())) {
-            (Some(t), Some(r)) => Some(t.max(r)),
-            (t, r) => t.or(r),
-        };
+        let last_io = last_tx.max(last_rx);
         if let (Some(d), Some(t), Some(timeout)) = (self.ack_deadline, last_io, self.attrs.timeout) {
             if now >= d && t + timeout > now && t + timeout > d {
                 self.ack_deadline = Some(t + timeout);
@@ -1112,6 +1124,7 @@ impl Requester {
                         self.ack_deadline = self.attrs.timeout.map(|t| now + t);
                         return Ok(fired);
                     }
+                    self.ack_timeouts += 1;
                     if self.retry_left == 0 {
                         tracing::debug!(
                             qpn = self.qpn,
@@ -1149,6 +1162,13 @@ impl Requester {
             }
         }
         Ok(fired)
+    }
+
+    /// The local ACK timeouts counted against `retry_cnt` since the last call (each
+    /// spent a retry or ended in `IBV_WC_RETRY_EXC_ERR`): the device counts them, as an
+    /// HCA's `local_ack_timeout_err`.
+    pub fn take_ack_timeouts(&mut self) -> u64 {
+        std::mem::take(&mut self.ack_timeouts)
     }
 
     /// The transport lost everything in flight (the connection broke): resend from the
@@ -1772,6 +1792,38 @@ mod tests {
         // Without a transmission record the timer counts from the send, as before.
         let mut req = one_write_sent(timeout, 0, t0);
         assert!(req.on_timer(late, None, None, &mut out).is_err());
+    }
+
+    /// Under WRITEs both ways the ACK a requester waits for comes after the rest of the
+    /// message the peer is sending, on the same ordered stream: `ib_write_bw -b` spent up
+    /// to 6 of 7 retries on local ACK timeouts while data arrived all along. Bytes
+    /// arriving from the peer (or waiting unread on this side, which the driver reports
+    /// as arriving now) keep the timer from counting; only silence both ways is a loss.
+    #[test]
+    fn bytes_arriving_from_the_peer_keep_the_ack_timer_from_counting() {
+        let ms = Duration::from_millis;
+        let t0 = Instant::now();
+        let mut req = one_write_sent(ms(10), 0, t0);
+        let mut out = Vec::new();
+        // Nothing more left after t0, but the peer's bytes arrived until t0 + 8 ms: no
+        // retry (retry_cnt 0 would fail the WR at once), the deadline follows them.
+        assert_eq!(
+            req.on_timer(t0 + ms(11), Some(t0), Some(t0 + ms(8)), &mut out),
+            Ok(false)
+        );
+        assert!(out.is_empty(), "{out:?}");
+        assert_eq!(req.next_deadline(), Some(t0 + ms(18)));
+        // Bytes waiting unread at t0 + 30 ms: the deadline moves on again.
+        let now = t0 + ms(30);
+        assert_eq!(req.on_timer(now, Some(t0), Some(now), &mut out), Ok(false));
+        assert_eq!(req.next_deadline(), Some(now + ms(10)));
+        assert_eq!(req.take_ack_timeouts(), 0);
+        // A whole timeout of silence both ways: the retries are used up.
+        assert_eq!(
+            req.on_timer(now + ms(11), Some(t0), Some(now), &mut out),
+            Err(Fatal(WcStatus::RetryExcErr))
+        );
+        assert_eq!(req.take_ack_timeouts(), 1);
     }
 
     /// A requester with a 10 ms timeout and `retry_cnt` 1 that sent a 64-byte READ at

@@ -144,6 +144,8 @@ pub struct Responder {
     ack_owed: Option<u32>,
     /// Payload bytes of the requests the owed ACK covers.
     owed_bytes: usize,
+    /// Requests (executed, repeated, or for UC taken in) the owed ACK covers.
+    owed_reqs: u32,
     replay: VecDeque<(u32, u64)>,
     /// PSN of the request whose payload is arriving (to roll back if it never does).
     payload_psn: Option<u32>,
@@ -190,6 +192,7 @@ impl Responder {
             min_rnr_timer: 0,
             ack_owed: None,
             owed_bytes: 0,
+            owed_reqs: 0,
             replay: VecDeque::new(),
             payload_psn: None,
             payload_ack_req: false,
@@ -364,12 +367,19 @@ impl Responder {
     fn forget_ack(&mut self) {
         self.ack_owed = None;
         self.owed_bytes = 0;
+        self.owed_reqs = 0;
         self.ack_asked = false;
     }
 
     /// Payload bytes of the requests executed since the last ACK (0 if none is owed).
     pub fn owed_bytes(&self) -> usize {
         self.owed_bytes
+    }
+
+    /// How many requests the owed ACK covers: more than one means the peer streams (a
+    /// ping-pong's peer waits for the answer to each).
+    pub fn owed_requests(&self) -> u32 {
+        self.owed_reqs
     }
 
     /// Whether a request the owed ACK covers asked for it (AckReq): it should leave at
@@ -384,6 +394,7 @@ impl Responder {
             tx.push_frame(&Frame::Ack { psn });
         }
         self.owed_bytes = 0;
+        self.owed_reqs = 0;
         self.ack_asked = false;
     }
 
@@ -715,6 +726,7 @@ impl Responder {
                 // of duplicates, so a peer resending the same SEND without reading the
                 // answers cannot make this side queue an ACK per copy.
                 self.ack_owed = Some(psn::add(self.epsn, verbs_api::PSN_MASK));
+                self.owed_reqs += 1;
                 self.ack_asked |= frame.ack_req();
             }
             // With no responder resources no READ was executed, so none is repeated.
@@ -781,6 +793,7 @@ impl Responder {
         self.payload_psn = None;
         self.complete_filled(out);
         self.ack_owed = Some(psn::add(self.epsn, verbs_api::PSN_MASK));
+        self.owed_reqs += 1;
     }
 
     /// Completes the receive a request whose payload is now in consumed, if any.

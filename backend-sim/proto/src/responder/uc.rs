@@ -64,6 +64,7 @@ impl Responder {
     /// Owes the ACK that tells the requester message `psn` arrived.
     fn uc_receipt(&mut self, psn: u32, ack_req: bool) {
         self.ack_owed = Some(psn);
+        self.owed_reqs += 1;
         self.ack_asked |= ack_req;
     }
 
