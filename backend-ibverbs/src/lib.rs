@@ -69,6 +69,7 @@ mod mr;
 mod pd;
 mod post;
 mod qp;
+mod rdmacm;
 mod srq;
 
 pub use ah::IbvAh;
@@ -78,6 +79,7 @@ pub use device::IbvBackend;
 pub use mr::IbvMr;
 pub use pd::IbvPd;
 pub use qp::IbvQp;
+pub use rdmacm::{IbvCmChannel, IbvCmId};
 pub use srq::IbvSrq;
 
 /// The raw bindings this crate is built on, for callers that need a verb the
