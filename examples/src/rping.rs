@@ -1,0 +1,335 @@
+//! rping: rdma-core's `rping` (librdmacm/examples/rping.c) over verbs-api's connection
+//! manager, on either backend, speaking rping's protocol so that a C `rping` can be the
+//! other side (`src/bin/rping.rs` is the program; backend-sim-cabi's tests/rping.rs runs
+//! it against the C one on the sim, both ways).
+//!
+//! The connection is made the rdma_cm way (`verbs_api::rdmacm`: an event channel, an id,
+//! address and route resolution, connect / listen and accept, with the QP's transitions
+//! from `rdma_init_qp_attr`). Each ping: the client fills its start buffer with rping's
+//! pattern (`rdma-ping-N: ` and a rotating alphabet) and SENDs its address, rkey and
+//! size (16 bytes: `__be64 buf, __be32 rkey, __be32 size`); the server RDMA READs the
+//! buffer and SENDs a go-ahead; the client SENDs its second buffer's address; the server
+//! RDMA WRITEs what it read there and SENDs a go-ahead; the client compares the two
+//! buffers when asked to (`-V`). After its pings the client disconnects, and the server,
+//! seeing DISCONNECTED, disconnects too and returns.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context as _};
+use verbs_api::rdmacm::{
+    qp as cmqp, CmBackend, CmEventChannel, CmEventType as E, CmId, CmIdOf, ConnParam, EventChannelOf,
+    PortSpace,
+};
+use verbs_api::{
+    AccessFlags as A, CompletionQueue, Context, CqOf, MemoryRegion, MrOf, PdOf, ProtectionDomain, QpCap,
+    QpInitAttr, QpOf, QpType, QueuePair, RecvWr, RemoteAddr, SendWr, WcStatus, WorkCompletion,
+};
+
+use crate::Res;
+
+/// What a run does (rping's options).
+#[derive(Clone, Debug)]
+pub struct Opts {
+    /// The server's address to bind, the client's to connect to (`-a`, `-p`).
+    pub addr: SocketAddr,
+    /// Pings (the client's `-C`; 0: for ever).
+    pub count: u64,
+    /// Buffer size (`-S`, at least 32; rping's default is 64).
+    pub size: u32,
+    /// Print the ping data (`-v`).
+    pub verbose: bool,
+    /// Check the ping data (the client's `-V`).
+    pub validate: bool,
+    /// Bound on every wait but the server's for the next ping.
+    pub wait: Duration,
+}
+
+/// The work request ids: one outstanding receive, sends, the RDMA operation.
+const RECV: u64 = 1;
+const SEND: u64 = 2;
+const RDMA: u64 = 3;
+/// `struct rping_rdma_info`.
+const INFO: usize = 16;
+
+/// What rping's connection parameters say: one READ each way, retries for ever on RNR.
+fn params() -> ConnParam {
+    ConnParam {
+        responder_resources: 1,
+        initiator_depth: 1,
+        retry_count: 7,
+        rnr_retry_count: 7,
+        ..ConnParam::default()
+    }
+}
+
+/// One side of rping: its QP, CQ and the four buffers rping registers.
+struct Rping<B: CmBackend> {
+    _pd: PdOf<B>,
+    cq: CqOf<B>,
+    qp: QpOf<B>,
+    recv: MrOf<B>,
+    send: MrOf<B>,
+    start: MrOf<B>,
+    rdma: MrOf<B>,
+    /// Completions taken while waiting for another.
+    early: Vec<WorkCompletion>,
+}
+
+impl<B: CmBackend> Rping<B> {
+    /// The QP (in INIT, as `rdma_create_qp` leaves it) and buffers on `id`'s device, with
+    /// a receive posted.
+    fn new(id: &CmIdOf<B>, size: u32) -> Res<Self> {
+        let ctx = id.verbs().context("the id is bound to no device")?;
+        let pd = ctx.alloc_pd()?;
+        let cq = ctx.create_cq(32, None)?;
+        let qp = pd.create_qp(&QpInitAttr::new(QpType::Rc, &cq, &cq, QpCap::new(16, 2)))?;
+        cmqp::init(id, &qp)?;
+        let remote = A::LOCAL_WRITE | A::REMOTE_READ | A::REMOTE_WRITE;
+        let r = Rping {
+            recv: pd.reg_mr(INFO, A::LOCAL_WRITE)?,
+            send: pd.reg_mr(INFO, A::LOCAL_WRITE)?,
+            start: pd.reg_mr(size as usize, remote)?,
+            rdma: pd.reg_mr(size as usize, remote)?,
+            _pd: pd,
+            cq,
+            qp,
+            early: Vec::new(),
+        };
+        r.post_recv()?;
+        Ok(r)
+    }
+
+    fn post_recv(&self) -> Res<()> {
+        self.qp
+            .post_recv(&[RecvWr::new(RECV, &[self.recv.sge(0, INFO)?])])?;
+        Ok(())
+    }
+
+    /// SENDs `mr`'s address, rkey and size (rping's `rping_format_send`); any 16 bytes
+    /// are a go-ahead.
+    fn send_info(&self, mr: &MrOf<B>) -> Res<()> {
+        let mut info = [0u8; INFO];
+        info[..8].copy_from_slice(&mr.addr().to_be_bytes());
+        info[8..12].copy_from_slice(&mr.rkey().to_be_bytes());
+        info[12..].copy_from_slice(&(mr.len() as u32).to_be_bytes());
+        self.send.write(0, &info)?;
+        self.qp
+            .post_send(&[SendWr::send(SEND, &[self.send.sge(0, INFO)?]).signaled()])?;
+        Ok(())
+    }
+
+    /// The completion of `wr_id` within `t`, or `None` if `ch` reports DISCONNECTED first.
+    fn wait(&mut self, ch: &EventChannelOf<B>, wr_id: u64, t: Duration) -> Res<Option<WorkCompletion>> {
+        let deadline = Instant::now().checked_add(t);
+        loop {
+            if let Some(i) = self.early.iter().position(|w| w.wr_id == wr_id) {
+                let wc = self.early.remove(i);
+                ensure!(
+                    wc.status == WcStatus::Success,
+                    "work request {wr_id}: {:?}",
+                    wc.status
+                );
+                return Ok(Some(wc));
+            }
+            let mut wc = [WorkCompletion::default(); 4];
+            let n = self.cq.poll(&mut wc)?;
+            self.early.extend_from_slice(&wc[..n]);
+            if n > 0 {
+                continue;
+            }
+            if let Some(ev) = ch.get_event(Some(Duration::ZERO))? {
+                if ev.event == E::Disconnected {
+                    return Ok(None);
+                }
+                bail!("unexpected {ev} while waiting for work request {wr_id}");
+            }
+            ensure!(
+                deadline.is_none_or(|d| Instant::now() < d),
+                "no completion of work request {wr_id} within {t:?}"
+            );
+            std::thread::yield_now();
+        }
+    }
+
+    /// After a disconnect: waits (at most `t`) for the posted receive to complete
+    /// flushed, so that no completion is left unpolled when the QP goes.
+    fn drain(&mut self, t: Duration) -> Res<()> {
+        let deadline = Instant::now() + t;
+        while !self.early.iter().any(|w| w.wr_id == RECV) {
+            let mut wc = [WorkCompletion::default(); 4];
+            let n = self.cq.poll(&mut wc)?;
+            self.early.extend_from_slice(&wc[..n]);
+            ensure!(
+                Instant::now() < deadline,
+                "the receive did not flush within {t:?}"
+            );
+            std::thread::yield_now();
+        }
+        Ok(())
+    }
+
+    /// The peer's buffer a received `rping_rdma_info` names.
+    fn remote(&self) -> Res<(RemoteAddr, u32)> {
+        let mut info = [0u8; INFO];
+        self.recv.read(0, &mut info)?;
+        let addr = u64::from_be_bytes(info[..8].try_into().expect("8 bytes"));
+        let rkey = u32::from_be_bytes(info[8..12].try_into().expect("4 bytes"));
+        let len = u32::from_be_bytes(info[12..].try_into().expect("4 bytes"));
+        Ok((RemoteAddr::new(addr, rkey), len))
+    }
+
+    /// The bytes of `mr` up to its first NUL, as text.
+    fn text(mr: &MrOf<B>) -> Res<String> {
+        let mut b = vec![0u8; mr.len()];
+        mr.read(0, &mut b)?;
+        let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+        Ok(String::from_utf8_lossy(&b[..end]).into_owned())
+    }
+}
+
+// README:begin
+// Client: resolve the address and the route, connect with the QP, and complete the
+// connection on the server's response (RTR, RTS, then rdma_establish).
+fn connect<B: CmBackend>(b: &B, dst: SocketAddr, size: u32, t: Duration) -> Res<Conn<B>> {
+    let ch = b.create_event_channel()?;
+    let id = ch.create_id(0, PortSpace::Tcp, QpType::Rc)?;
+    id.resolve_addr(None, dst, t)?;
+    cmqp::expect(&ch, E::AddrResolved, t)?;
+    id.resolve_route(t)?;
+    cmqp::expect(&ch, E::RouteResolved, t)?;
+    let r = Rping::new(&id, size)?; // PD, CQ, QP in INIT (rdma_create_qp), buffers
+    cmqp::connect(&id, &r.qp, &params())?;
+    cmqp::expect(&ch, E::ConnectResponse, t)?;
+    cmqp::complete_connect(&id, &r.qp)?;
+    Ok(Conn {
+        ch,
+        id,
+        _listener: None,
+        r,
+    })
+}
+
+// Server: listen, take a request, accept it with a QP (in RTS before the accept goes).
+fn accept<B: CmBackend>(b: &B, at: SocketAddr, size: u32, t: Duration) -> Res<Conn<B>> {
+    let ch = b.create_event_channel()?;
+    let listener = ch.create_id(0, PortSpace::Tcp, QpType::Rc)?;
+    listener.bind_addr(at)?;
+    listener.listen(3)?;
+    let request = cmqp::expect(&ch, E::ConnectRequest, t)?;
+    let id = request.new_id.context("a request without its id")?; // it reports to `ch`
+    let r = Rping::new(&id, size)?;
+    cmqp::accept(&id, &r.qp, &params())?;
+    cmqp::expect(&ch, E::Established, t)?;
+    Ok(Conn {
+        ch,
+        id,
+        _listener: Some(listener),
+        r,
+    })
+}
+// README:end
+
+/// A connection: its channel, its id (and the server's listener) and rping's side.
+struct Conn<B: CmBackend> {
+    ch: EventChannelOf<B>,
+    id: CmIdOf<B>,
+    _listener: Option<CmIdOf<B>>,
+    r: Rping<B>,
+}
+
+/// rping's client pattern for ping `n`, starting the alphabet at `start`.
+fn pattern(n: u64, start: u8, size: usize) -> Vec<u8> {
+    let mut b = format!("rdma-ping-{n}: ").into_bytes();
+    b.truncate(size - 1);
+    let mut c = start;
+    while b.len() < size {
+        b.push(c);
+        c = if c >= b'z' { b'A' } else { c + 1 };
+    }
+    b[size - 1] = 0;
+    b
+}
+
+/// The client: `o.count` pings to the server at `o.addr`; how many it made.
+pub fn client<B: CmBackend>(b: &B, o: &Opts) -> Res<u64> {
+    let dst = o.addr;
+    let t = o.wait;
+    let mut c = connect(b, dst, o.size, t).with_context(|| format!("connecting to {dst}"))?;
+    let size = o.size as usize;
+    let mut start = b'A';
+    let mut n = 0;
+    while o.count == 0 || n < o.count {
+        let data = pattern(n, start, size);
+        start = if start >= b'z' { b'A' } else { start + 1 };
+        c.r.start.write(0, &data)?;
+        c.r.send_info(&c.r.start)?;
+        for id in [SEND, RECV] {
+            c.r.wait(&c.ch, id, t)?.context("the server disconnected")?;
+        }
+        c.r.post_recv()?;
+        c.r.send_info(&c.r.rdma)?;
+        for id in [SEND, RECV] {
+            c.r.wait(&c.ch, id, t)?.context("the server disconnected")?;
+        }
+        c.r.post_recv()?;
+        let mut got = vec![0u8; size];
+        c.r.rdma.read(0, &mut got)?;
+        if o.validate {
+            ensure!(got == data, "data mismatch in ping {n}");
+        }
+        if o.verbose {
+            println!("ping data: {}", Rping::<B>::text(&c.r.rdma)?);
+        }
+        n += 1;
+    }
+    cmqp::disconnect(&c.id, &c.r.qp)?;
+    c.r.drain(t)?;
+    cmqp::expect(&c.ch, E::Disconnected, t)?;
+    Ok(n)
+}
+
+/// The server: serves one client at `o.addr` until it disconnects; how many pings it
+/// served.
+pub fn server<B: CmBackend>(b: &B, o: &Opts) -> Res<u64> {
+    let at = o.addr;
+    let t = o.wait;
+    let mut c = accept(b, at, o.size, t).with_context(|| format!("serving at {at}"))?;
+    let mut n = 0;
+    loop {
+        // The client's start buffer, to READ.
+        if c.r.wait(&c.ch, RECV, Duration::MAX)?.is_none() {
+            break;
+        }
+        let (remote, len) = c.r.remote()?;
+        ensure!(
+            len <= o.size,
+            "the client's buffer ({len} bytes) exceeds -S {}",
+            o.size
+        );
+        c.r.post_recv()?;
+        let sge = [c.r.rdma.sge(0, len as usize)?];
+        c.r.qp.post_send(&[SendWr::read(RDMA, &sge, remote).signaled()])?;
+        c.r.wait(&c.ch, RDMA, t)?.context("the client disconnected")?;
+        let text = Rping::<B>::text(&c.r.rdma)?;
+        if o.verbose {
+            println!("server ping data: {text}");
+        }
+        c.r.send_info(&c.r.rdma)?;
+        c.r.wait(&c.ch, SEND, t)?.context("the client disconnected")?;
+        // The client's second buffer, to WRITE what was read to.
+        c.r.wait(&c.ch, RECV, t)?.context("the client disconnected")?;
+        let (remote, _) = c.r.remote()?;
+        c.r.post_recv()?;
+        let sge = [c.r.rdma.sge(0, text.len() + 1)?];
+        c.r.qp
+            .post_send(&[SendWr::write(RDMA, &sge, remote).signaled()])?;
+        c.r.wait(&c.ch, RDMA, t)?.context("the client disconnected")?;
+        c.r.send_info(&c.r.rdma)?;
+        c.r.wait(&c.ch, SEND, t)?.context("the client disconnected")?;
+        n += 1;
+    }
+    cmqp::disconnect(&c.id, &c.r.qp)?;
+    c.r.drain(t)?;
+    Ok(n)
+}
