@@ -202,12 +202,7 @@ fn connect<B: CmBackend>(b: &B, dst: SocketAddr, size: u32, t: Duration) -> Res<
     cmqp::connect(&id, &r.qp, &params())?;
     cmqp::expect(&ch, E::ConnectResponse, t)?;
     cmqp::complete_connect(&id, &r.qp)?;
-    Ok(Conn {
-        ch,
-        id,
-        _listener: None,
-        r,
-    })
+    Ok((ch, id, r, None))
 }
 
 // Server: listen, take a request, accept it with a QP (in RTS before the accept goes).
@@ -221,22 +216,12 @@ fn accept<B: CmBackend>(b: &B, at: SocketAddr, size: u32, t: Duration) -> Res<Co
     let r = Rping::new(&id, size)?;
     cmqp::accept(&id, &r.qp, &params())?;
     cmqp::expect(&ch, E::Established, t)?;
-    Ok(Conn {
-        ch,
-        id,
-        _listener: Some(listener),
-        r,
-    })
+    Ok((ch, id, r, Some(listener)))
 }
 // README:end
 
-/// A connection: its channel, its id (and the server's listener) and rping's side.
-struct Conn<B: CmBackend> {
-    ch: EventChannelOf<B>,
-    id: CmIdOf<B>,
-    _listener: Option<CmIdOf<B>>,
-    r: Rping<B>,
-}
+/// A connection: its channel, its id, rping's side and the server's listener.
+type Conn<B> = (EventChannelOf<B>, CmIdOf<B>, Rping<B>, Option<CmIdOf<B>>);
 
 /// rping's client pattern for ping `n`, starting the alphabet at `start`.
 fn pattern(n: u64, start: u8, size: usize) -> Vec<u8> {
@@ -255,37 +240,37 @@ fn pattern(n: u64, start: u8, size: usize) -> Vec<u8> {
 pub fn client<B: CmBackend>(b: &B, o: &Opts) -> Res<u64> {
     let dst = o.addr;
     let t = o.wait;
-    let mut c = connect(b, dst, o.size, t).with_context(|| format!("connecting to {dst}"))?;
+    let (ch, id, mut r, _) = connect(b, dst, o.size, t).with_context(|| format!("connecting to {dst}"))?;
     let size = o.size as usize;
     let mut start = b'A';
     let mut n = 0;
     while o.count == 0 || n < o.count {
         let data = pattern(n, start, size);
         start = if start >= b'z' { b'A' } else { start + 1 };
-        c.r.start.write(0, &data)?;
-        c.r.send_info(&c.r.start)?;
+        r.start.write(0, &data)?;
+        r.send_info(&r.start)?;
         for id in [SEND, RECV] {
-            c.r.wait(&c.ch, id, t)?.context("the server disconnected")?;
+            r.wait(&ch, id, t)?.context("the server disconnected")?;
         }
-        c.r.post_recv()?;
-        c.r.send_info(&c.r.rdma)?;
+        r.post_recv()?;
+        r.send_info(&r.rdma)?;
         for id in [SEND, RECV] {
-            c.r.wait(&c.ch, id, t)?.context("the server disconnected")?;
+            r.wait(&ch, id, t)?.context("the server disconnected")?;
         }
-        c.r.post_recv()?;
+        r.post_recv()?;
         let mut got = vec![0u8; size];
-        c.r.rdma.read(0, &mut got)?;
+        r.rdma.read(0, &mut got)?;
         if o.validate {
             ensure!(got == data, "data mismatch in ping {n}");
         }
         if o.verbose {
-            println!("ping data: {}", Rping::<B>::text(&c.r.rdma)?);
+            println!("ping data: {}", Rping::<B>::text(&r.rdma)?);
         }
         n += 1;
     }
-    cmqp::disconnect(&c.id, &c.r.qp)?;
-    c.r.drain(t)?;
-    cmqp::expect(&c.ch, E::Disconnected, t)?;
+    cmqp::disconnect(&id, &r.qp)?;
+    r.drain(t)?;
+    cmqp::expect(&ch, E::Disconnected, t)?;
     Ok(n)
 }
 
@@ -294,42 +279,41 @@ pub fn client<B: CmBackend>(b: &B, o: &Opts) -> Res<u64> {
 pub fn server<B: CmBackend>(b: &B, o: &Opts) -> Res<u64> {
     let at = o.addr;
     let t = o.wait;
-    let mut c = accept(b, at, o.size, t).with_context(|| format!("serving at {at}"))?;
+    let (ch, id, mut r, _listener) = accept(b, at, o.size, t).with_context(|| format!("serving at {at}"))?;
     let mut n = 0;
     loop {
         // The client's start buffer, to READ.
-        if c.r.wait(&c.ch, RECV, Duration::MAX)?.is_none() {
+        if r.wait(&ch, RECV, Duration::MAX)?.is_none() {
             break;
         }
-        let (remote, len) = c.r.remote()?;
+        let (remote, len) = r.remote()?;
         ensure!(
             len <= o.size,
             "the client's buffer ({len} bytes) exceeds -S {}",
             o.size
         );
-        c.r.post_recv()?;
-        let sge = [c.r.rdma.sge(0, len as usize)?];
-        c.r.qp.post_send(&[SendWr::read(RDMA, &sge, remote).signaled()])?;
-        c.r.wait(&c.ch, RDMA, t)?.context("the client disconnected")?;
-        let text = Rping::<B>::text(&c.r.rdma)?;
+        r.post_recv()?;
+        let sge = [r.rdma.sge(0, len as usize)?];
+        r.qp.post_send(&[SendWr::read(RDMA, &sge, remote).signaled()])?;
+        r.wait(&ch, RDMA, t)?.context("the client disconnected")?;
+        let text = Rping::<B>::text(&r.rdma)?;
         if o.verbose {
             println!("server ping data: {text}");
         }
-        c.r.send_info(&c.r.rdma)?;
-        c.r.wait(&c.ch, SEND, t)?.context("the client disconnected")?;
+        r.send_info(&r.rdma)?;
+        r.wait(&ch, SEND, t)?.context("the client disconnected")?;
         // The client's second buffer, to WRITE what was read to.
-        c.r.wait(&c.ch, RECV, t)?.context("the client disconnected")?;
-        let (remote, _) = c.r.remote()?;
-        c.r.post_recv()?;
-        let sge = [c.r.rdma.sge(0, text.len() + 1)?];
-        c.r.qp
-            .post_send(&[SendWr::write(RDMA, &sge, remote).signaled()])?;
-        c.r.wait(&c.ch, RDMA, t)?.context("the client disconnected")?;
-        c.r.send_info(&c.r.rdma)?;
-        c.r.wait(&c.ch, SEND, t)?.context("the client disconnected")?;
+        r.wait(&ch, RECV, t)?.context("the client disconnected")?;
+        let (remote, _) = r.remote()?;
+        r.post_recv()?;
+        let sge = [r.rdma.sge(0, text.len() + 1)?];
+        r.qp.post_send(&[SendWr::write(RDMA, &sge, remote).signaled()])?;
+        r.wait(&ch, RDMA, t)?.context("the client disconnected")?;
+        r.send_info(&r.rdma)?;
+        r.wait(&ch, SEND, t)?.context("the client disconnected")?;
         n += 1;
     }
-    cmqp::disconnect(&c.id, &c.r.qp)?;
-    c.r.drain(t)?;
+    cmqp::disconnect(&id, &r.qp)?;
+    r.drain(t)?;
     Ok(n)
 }
