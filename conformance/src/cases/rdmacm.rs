@@ -14,6 +14,7 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
+use verbs_api::rdmacm::aio::AsyncCmEvents;
 use verbs_api::rdmacm::{
     self, qp as cmqp, CmBackend, CmEvent, CmEventChannel, CmEventParam, CmEventType as E, CmId, CmIdOf,
     ConnParam, EventChannelOf, PortSpace,
@@ -70,6 +71,12 @@ pub fn list<B: CmBackend>() -> Vec<crate::Case<B>> {
             "man rdma_connect (UD), man rdma_get_cm_event (param.ud); rdma-core udaddy",
             ud,
             requires [Ud]
+        ),
+        case!(
+            "rdmacm.async",
+            "the event channel on tokio: a waiter sleeps on the channel's descriptor and wakes for the next event; a connection made with every wait async",
+            "man rdma_create_event_channel (channel->fd, poll(2)); man rdma_get_cm_event",
+            async_events
         ),
         case!(
             "rdmacm.init-qp-attr",
@@ -410,6 +417,63 @@ fn ud<B: CmBackend>(env: &Env<B>) -> CaseResult {
     let ah = client._pd.create_ah(&u.ah_attr)?;
     send_recv(env, &client, &server, b"datagram", Some((&ah, u.qp_num, u.qkey)))?;
     Ok(Outcome::Pass)
+}
+
+/// The next event of `events` within `bound`, which must be `want`; recorded as `what`.
+async fn next_async<B: CmBackend>(
+    env: &Env<'_, B>,
+    events: &AsyncCmEvents<'_, EventChannelOf<B>>,
+    want: E,
+    what: &str,
+) -> Result<CmEvent<CmIdOf<B>>, Failure> {
+    let ev = tokio::time::timeout(env.cfg.timeout, events.next())
+        .await
+        .map_err(|_| Failure(format!("{what}: the waiter was not woken for {want}")))??;
+    env.observe(what, format!("{} {}", ev.event, ev.status));
+    ensure!(ev.event == want, "{what}: expected {want}, got {ev}");
+    Ok(ev)
+}
+
+fn async_events<B: CmBackend>(env: &Env<B>) -> CaseResult {
+    let rt = super::aio::runtime()?;
+    let _g = rt.enter();
+    let (lch, _lid, addr) = listener(env, PortSpace::Tcp)?;
+    let cch = env.backend.create_event_channel()?;
+    let cid = cch.create_id(9, PortSpace::Tcp, QpType::Rc)?;
+    rt.block_on(async {
+        let sev = AsyncCmEvents::new(&lch)?;
+        let cev = AsyncCmEvents::new(&cch)?;
+        let waiter = sev.next();
+        tokio::pin!(waiter);
+        ensure!(
+            tokio::time::timeout(Duration::from_millis(50), waiter.as_mut())
+                .await
+                .is_err(),
+            "an event on a listener nobody connected to"
+        );
+        cid.resolve_addr(None, addr, Duration::from_secs(2))?;
+        next_async(env, &cev, E::AddrResolved, "client: address").await?;
+        cid.resolve_route(Duration::from_secs(2))?;
+        next_async(env, &cev, E::RouteResolved, "client: route").await?;
+        let client = side::<B>(&cid, QpType::Rc)?;
+        cmqp::connect(&cid, &client.qp, &with_data(b"async"))?;
+        // The waiter that slept since before the request wakes for it.
+        let req = tokio::time::timeout(env.cfg.timeout, waiter)
+            .await
+            .map_err(|_| Failure("the listener's waiter was not woken for the request".into()))??;
+        env.observe("server: request", format!("{} {}", req.event, req.status));
+        ensure_eq!(req.event, E::ConnectRequest, "the listener's first event");
+        let sid = req
+            .new_id
+            .ok_or_else(|| Failure("a request without a new id".into()))?;
+        let server = side::<B>(&sid, QpType::Rc)?;
+        cmqp::accept(&sid, &server.qp, &with_data(b""))?;
+        next_async(env, &cev, E::ConnectResponse, "client: response").await?;
+        cmqp::complete_connect(&cid, &client.qp)?;
+        next_async(env, &sev, E::Established, "server: established").await?;
+        send_recv(env, &client, &server, b"async", None)?;
+        Ok(Outcome::Pass)
+    })
 }
 
 fn init_qp_attr<B: CmBackend>(env: &Env<B>) -> CaseResult {
