@@ -84,17 +84,6 @@ fn side(id: &SimCmId, qp_type: QpType) -> Side {
     Side { _pd: pd, cq, qp, mr }
 }
 
-fn with_data(d: &[u8]) -> ConnParam {
-    ConnParam {
-        private_data: d.to_vec(),
-        responder_resources: 1,
-        initiator_depth: 1,
-        retry_count: 7,
-        rnr_retry_count: 7,
-        ..Default::default()
-    }
-}
-
 /// A connected RC pair: (server channel and id, client channel and id, server and client
 /// sides), every event of the handshake checked.
 #[allow(clippy::type_complexity)]
@@ -105,7 +94,7 @@ fn connected(
     let (sch, lid, port) = listener(sb, PortSpace::Tcp);
     let (cch, cid) = resolved(cb, PortSpace::Tcp, loopback(port));
     let client = side(&cid, QpType::Rc);
-    cmqp::connect(&cid, &client.qp, &with_data(b"hello from the client")).unwrap();
+    cmqp::connect(&cid, &client.qp, &ConnParam::rc(b"hello from the client")).unwrap();
     let req = expect(&sch, E::ConnectRequest);
     assert_eq!(req.listen_id.unwrap().handle, lid.handle());
     let pd = req.param.private_data();
@@ -126,7 +115,7 @@ fn connected(
         "the request comes from the client's address"
     );
     let server = side(&sid, QpType::Rc);
-    cmqp::accept(&sid, &server.qp, &with_data(b"welcome")).unwrap();
+    cmqp::accept(&sid, &server.qp, &ConnParam::rc(b"welcome")).unwrap();
     let rep = expect(&cch, E::ConnectResponse);
     assert_eq!(rep.param.private_data().len(), 196);
     assert_eq!(&rep.param.private_data()[..7], b"welcome");
@@ -204,7 +193,7 @@ fn reject_with_private_data() {
     let (sch, _lid, port) = listener(&sb, PortSpace::Tcp);
     let (cch, cid) = resolved(&cb, PortSpace::Tcp, loopback(port));
     let client = side(&cid, QpType::Rc);
-    cmqp::connect(&cid, &client.qp, &with_data(b"may I?")).unwrap();
+    cmqp::connect(&cid, &client.qp, &ConnParam::rc(b"may I?")).unwrap();
     let req = expect(&sch, E::ConnectRequest);
     let sid = req.new_id.unwrap();
     sid.reject(b"no, sorry", 0).unwrap();
@@ -224,7 +213,7 @@ fn a_listener_that_is_not_there_rejects_with_invalid_service_id() {
     };
     let (cch, cid) = resolved(&cb, PortSpace::Tcp, loopback(port));
     let client = side(&cid, QpType::Rc);
-    cmqp::connect(&cid, &client.qp, &with_data(b"")).unwrap();
+    cmqp::connect(&cid, &client.qp, &ConnParam::rc(b"")).unwrap();
     let rej = expect(&cch, E::Rejected);
     assert_eq!(rej.status, rdmacm::reject::INVALID_SERVICE_ID);
 }
@@ -259,7 +248,7 @@ fn a_listener_destroyed_with_a_request_pending_rejects_the_request() {
     let (sch, lid, port) = listener(&sb, PortSpace::Tcp);
     let (cch, cid) = resolved(&cb, PortSpace::Tcp, loopback(port));
     let client = side(&cid, QpType::Rc);
-    cmqp::connect(&cid, &client.qp, &with_data(b"")).unwrap();
+    cmqp::connect(&cid, &client.qp, &ConnParam::rc(b"")).unwrap();
     // The request arrives (the channel is readable) and is never taken.
     let deadline = std::time::Instant::now() + WAIT;
     while !readable(sch.fd()) {
@@ -374,7 +363,7 @@ fn init_qp_attr_gives_rdma_cms_transitions() {
         "before a connection: INIT's attributes"
     );
     let client = side(&cid, QpType::Rc);
-    cmqp::connect(&cid, &client.qp, &with_data(b"")).unwrap();
+    cmqp::connect(&cid, &client.qp, &ConnParam::rc(b"")).unwrap();
     let req = expect(&sch, E::ConnectRequest);
     let sid = req.new_id.unwrap();
     let (a, m) = sid.init_qp_attr(QpState::Rtr).unwrap();
@@ -451,12 +440,12 @@ fn a_wildcard_listener_takes_loopback_clients() {
     assert!(lid.verbs().is_none(), "a wildcard listener is bound to no device");
     let (cch, cid) = resolved(&cb, PortSpace::Tcp, loopback(port));
     let client = side(&cid, QpType::Rc);
-    cmqp::connect(&cid, &client.qp, &with_data(b"")).unwrap();
+    cmqp::connect(&cid, &client.qp, &ConnParam::rc(b"")).unwrap();
     let req = expect(&sch, E::ConnectRequest);
     let sid = req.new_id.unwrap();
     assert!(sid.verbs().is_some());
     let server = side(&sid, QpType::Rc);
-    cmqp::accept(&sid, &server.qp, &with_data(b"")).unwrap();
+    cmqp::accept(&sid, &server.qp, &ConnParam::rc(b"")).unwrap();
     expect(&cch, E::ConnectResponse);
     cmqp::complete_connect(&cid, &client.qp).unwrap();
     expect(&sch, E::Established);

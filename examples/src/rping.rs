@@ -52,17 +52,6 @@ const RDMA: u64 = 3;
 /// `struct rping_rdma_info`.
 const INFO: usize = 16;
 
-/// What rping's connection parameters say: one READ each way, retries for ever on RNR.
-fn params() -> ConnParam {
-    ConnParam {
-        responder_resources: 1,
-        initiator_depth: 1,
-        retry_count: 7,
-        rnr_retry_count: 7,
-        ..ConnParam::default()
-    }
-}
-
 /// One side of rping: its QP, CQ and the four buffers rping registers.
 struct Rping<B: CmBackend> {
     _pd: PdOf<B>,
@@ -199,7 +188,7 @@ fn connect<B: CmBackend>(b: &B, dst: SocketAddr, size: u32, t: Duration) -> Res<
     id.resolve_route(t)?;
     cmqp::expect(&ch, E::RouteResolved, t)?;
     let r = Rping::new(&id, size)?; // PD, CQ, QP in INIT (rdma_create_qp), buffers
-    cmqp::connect(&id, &r.qp, &params())?;
+    cmqp::connect(&id, &r.qp, &ConnParam::rc(&[]))?;
     cmqp::expect(&ch, E::ConnectResponse, t)?;
     cmqp::complete_connect(&id, &r.qp)?;
     Ok((ch, id, r, None))
@@ -214,7 +203,7 @@ fn accept<B: CmBackend>(b: &B, at: SocketAddr, size: u32, t: Duration) -> Res<Co
     let request = cmqp::expect(&ch, E::ConnectRequest, t)?;
     let id = request.new_id.context("a request without its id")?; // it reports to `ch`
     let r = Rping::new(&id, size)?;
-    cmqp::accept(&id, &r.qp, &params())?;
+    cmqp::accept(&id, &r.qp, &ConnParam::rc(&[]))?;
     cmqp::expect(&ch, E::Established, t)?;
     Ok((ch, id, r, Some(listener)))
 }

@@ -175,17 +175,6 @@ fn side<B: CmBackend>(id: &CmIdOf<B>, qp_type: QpType) -> Result<Side<B>, Failur
     Ok(Side { _pd: pd, cq, qp, mr })
 }
 
-fn with_data(d: &[u8]) -> ConnParam {
-    ConnParam {
-        private_data: d.to_vec(),
-        responder_resources: 1,
-        initiator_depth: 1,
-        retry_count: 7,
-        rnr_retry_count: 7,
-        ..Default::default()
-    }
-}
-
 /// `pd` starts with `text` and is zero after it, `len` bytes in all.
 fn private_data(what: &str, pd: &[u8], text: &[u8], len: usize) -> Result<(), Failure> {
     ensure_eq!(pd.len(), len, "{what}: private data length");
@@ -212,7 +201,7 @@ fn connected<B: CmBackend>(env: &Env<B>) -> Result<Connected<B>, Failure> {
     let (lch, lid, addr) = listener(env, PortSpace::Tcp)?;
     let (cch, cid) = resolved(env, PortSpace::Tcp, addr)?;
     let client = side::<B>(&cid, QpType::Rc)?;
-    cmqp::connect(&cid, &client.qp, &with_data(b"hello from the client"))?;
+    cmqp::connect(&cid, &client.qp, &ConnParam::rc(b"hello from the client"))?;
     let req = expect(env, &lch, E::ConnectRequest, "server: request")?;
     ensure_eq!(
         req.listen_id.map(|l| l.handle),
@@ -230,7 +219,7 @@ fn connected<B: CmBackend>(env: &Env<B>) -> Result<Connected<B>, Failure> {
         "the request comes from the client's address"
     );
     let server = side::<B>(&sid, QpType::Rc)?;
-    cmqp::accept(&sid, &server.qp, &with_data(b"welcome"))?;
+    cmqp::accept(&sid, &server.qp, &ConnParam::rc(b"welcome"))?;
     let rep = expect(env, &cch, E::ConnectResponse, "client: response")?;
     private_data("response", rep.param.private_data(), b"welcome", 196)?;
     match &rep.param {
@@ -325,7 +314,7 @@ fn reject<B: CmBackend>(env: &Env<B>) -> CaseResult {
     let (lch, _lid, addr) = listener(env, PortSpace::Tcp)?;
     let (cch, cid) = resolved(env, PortSpace::Tcp, addr)?;
     let client = side::<B>(&cid, QpType::Rc)?;
-    cmqp::connect(&cid, &client.qp, &with_data(b"may I?"))?;
+    cmqp::connect(&cid, &client.qp, &ConnParam::rc(b"may I?"))?;
     let req = expect(env, &lch, E::ConnectRequest, "server: request")?;
     let sid = req
         .new_id
@@ -342,7 +331,7 @@ fn no_listener<B: CmBackend>(env: &Env<B>) -> CaseResult {
     let addr = listener(env, PortSpace::Tcp)?.2;
     let (cch, cid) = resolved(env, PortSpace::Tcp, addr)?;
     let client = side::<B>(&cid, QpType::Rc)?;
-    cmqp::connect(&cid, &client.qp, &with_data(b""))?;
+    cmqp::connect(&cid, &client.qp, &ConnParam::rc(b""))?;
     let rej = expect(env, &cch, E::Rejected, "client: rejected")?;
     ensure_eq!(
         rej.status,
@@ -456,7 +445,7 @@ fn async_events<B: CmBackend>(env: &Env<B>) -> CaseResult {
         cid.resolve_route(Duration::from_secs(2))?;
         next_async(env, &cev, E::RouteResolved, "client: route").await?;
         let client = side::<B>(&cid, QpType::Rc)?;
-        cmqp::connect(&cid, &client.qp, &with_data(b"async"))?;
+        cmqp::connect(&cid, &client.qp, &ConnParam::rc(b"async"))?;
         // The waiter that slept since before the request wakes for it.
         let req = tokio::time::timeout(env.cfg.timeout, waiter)
             .await
@@ -467,7 +456,7 @@ fn async_events<B: CmBackend>(env: &Env<B>) -> CaseResult {
             .new_id
             .ok_or_else(|| Failure("a request without a new id".into()))?;
         let server = side::<B>(&sid, QpType::Rc)?;
-        cmqp::accept(&sid, &server.qp, &with_data(b""))?;
+        cmqp::accept(&sid, &server.qp, &ConnParam::rc(b""))?;
         next_async(env, &cev, E::ConnectResponse, "client: response").await?;
         cmqp::complete_connect(&cid, &client.qp)?;
         next_async(env, &sev, E::Established, "server: established").await?;
@@ -492,7 +481,7 @@ fn init_qp_attr<B: CmBackend>(env: &Env<B>) -> CaseResult {
         "INIT's access before a connection"
     );
     let client = side::<B>(&cid, QpType::Rc)?;
-    cmqp::connect(&cid, &client.qp, &with_data(b""))?;
+    cmqp::connect(&cid, &client.qp, &ConnParam::rc(b""))?;
     let req = expect(env, &lch, E::ConnectRequest, "server: request")?;
     let sid = req
         .new_id

@@ -241,6 +241,22 @@ pub struct ConnParam {
     pub qkey: u32,
 }
 
+impl ConnParam {
+    /// An RC connection's usual parameters, with `private_data`: one READ or atomic
+    /// outstanding each way, 7 transport retries and RNR retries for ever (what rping
+    /// offers).
+    pub fn rc(private_data: &[u8]) -> Self {
+        ConnParam {
+            private_data: private_data.to_vec(),
+            responder_resources: 1,
+            initiator_depth: 1,
+            retry_count: 7,
+            rnr_retry_count: 7,
+            ..ConnParam::default()
+        }
+    }
+}
+
 /// `struct rdma_ud_param`: a UD connection's peer.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct UdParam {
