@@ -29,6 +29,9 @@ use super::route::Peer;
 use crate::verify::{read_first, read_one, send_frame};
 use crate::wire::{Frame, HelloReject};
 
+/// How soon a lookup asks again at an address whose neighbour did not answer.
+const NEIGHBOUR_RETRY: Duration = Duration::from_millis(100);
+
 /// A listening TCP port of the rendezvous, served while it lives.
 pub struct Rendezvous {
     /// The address it is bound to.
@@ -119,17 +122,25 @@ pub enum Found {
     Device(Peer),
     /// A host, but no listener of that port space at that port.
     NoListener,
-    /// Nothing in time, or no route: this errno (ETIMEDOUT, EHOSTUNREACH, ...).
+    /// Nothing in time, or no route: this errno (ETIMEDOUT, ENETUNREACH, ...).
     Unreachable(i32),
 }
 
 /// Asks `dst` which device takes requests for port space `ps` there, within `timeout`.
 pub async fn lookup(dst: SocketAddr, ps: u16, timeout: Duration) -> Found {
     let ask = async {
-        let mut s = match TcpStream::connect(dst).await {
-            Ok(s) => s,
-            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => return Found::NoListener,
-            Err(e) => return Found::Unreachable(e.raw_os_error().unwrap_or(libc::EHOSTUNREACH)),
+        let mut s = loop {
+            match TcpStream::connect(dst).await {
+                Ok(s) => break s,
+                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => return Found::NoListener,
+                // No neighbour answered for the address: the kernel's address query asks
+                // again until its timeout (rdma_resolve_ip, -ENODATA) and then reports
+                // -ETIMEDOUT, so a failed neighbour is no answer yet here too.
+                Err(e) if e.raw_os_error() == Some(libc::EHOSTUNREACH) => {
+                    tokio::time::sleep(NEIGHBOUR_RETRY).await
+                }
+                Err(e) => return Found::Unreachable(e.raw_os_error().unwrap_or(libc::EHOSTUNREACH)),
+            }
         };
         let _ = s.set_nodelay(true);
         let q = Frame::CmLookup {

@@ -367,7 +367,9 @@ fn no_address<B: CmBackend>(env: &Env<B>) -> CaseResult {
     let nobody = Ipv4Addr::new(mine[0], mine[1], mine[2], if mine[3] == 250 { 251 } else { 250 });
     let ch = env.backend.create_event_channel()?;
     let id = ch.create_id(0, PortSpace::Tcp, QpType::Rc)?;
-    let t = Duration::from_millis(1000);
+    // Longer than the neighbour's resolution takes to fail (3 probes a second apart on
+    // Linux): rdma_cm asks again until its own timeout, and reports that.
+    let t = Duration::from_secs(4);
     let start = Instant::now();
     id.resolve_addr(None, SocketAddr::new(IpAddr::V4(nobody), 7174), t)?;
     let ev = expect(env, &ch, E::AddrError, "address error")?;
