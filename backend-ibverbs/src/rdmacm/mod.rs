@@ -42,10 +42,20 @@ use crate::errno::last_errno;
 
 use self::convert::{conn_param_to_raw, event_param, from_sockaddr, is_any, path_from_raw, to_sockaddr};
 
-/// The error of a librdmacm call that failed with `errno` set.
+/// The error of a librdmacm call that failed with `errno` set, saying why where the
+/// errno alone does not.
 fn cm_err(call: &'static str) -> Error {
     let errno = last_errno();
-    Error::cm(call, errno, std::io::Error::from_raw_os_error(errno).to_string())
+    let reason = match (call, errno) {
+        ("rdma_create_event_channel", libc::ENOENT | libc::ENODEV) => {
+            "librdmacm cannot open /dev/infiniband/rdma_cm (is the rdma_ucm module loaded?)"
+        }
+        (_, libc::EINVAL) => "the id is not in a state that allows this call, or an argument is out of range",
+        (_, libc::EADDRINUSE) => "another id holds this address and port",
+        (_, libc::EADDRNOTAVAIL) => "no RDMA device has this address",
+        _ => "librdmacm refused the call",
+    };
+    Error::cm(call, errno, reason)
 }
 
 /// `rc == 0`, or the call's error.
