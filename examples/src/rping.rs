@@ -16,7 +16,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, ensure, Context as _};
+use anyhow::{ensure, Context as _};
 use verbs_api::rdmacm::{
     qp as cmqp, CmBackend, CmEventChannel, CmEventType as E, CmId, CmIdOf, ConnParam, EventChannelOf,
     PortSpace,
@@ -63,6 +63,10 @@ struct Rping<B: CmBackend> {
     rdma: MrOf<B>,
     /// Completions taken while waiting for another.
     early: Vec<WorkCompletion>,
+    /// A receive is posted and not yet completed.
+    recv_posted: bool,
+    /// The peer disconnected (the QP is in ERR).
+    disconnected: bool,
 }
 
 impl<B: CmBackend> Rping<B> {
@@ -75,7 +79,7 @@ impl<B: CmBackend> Rping<B> {
         let qp = pd.create_qp(&QpInitAttr::new(QpType::Rc, &cq, &cq, QpCap::new(16, 2)))?;
         cmqp::init(id, &qp)?;
         let remote = A::LOCAL_WRITE | A::REMOTE_READ | A::REMOTE_WRITE;
-        let r = Rping {
+        let mut r = Rping {
             recv: pd.reg_mr(INFO, A::LOCAL_WRITE)?,
             send: pd.reg_mr(INFO, A::LOCAL_WRITE)?,
             start: pd.reg_mr(size as usize, remote)?,
@@ -84,14 +88,17 @@ impl<B: CmBackend> Rping<B> {
             cq,
             qp,
             early: Vec::new(),
+            recv_posted: false,
+            disconnected: false,
         };
         r.post_recv()?;
         Ok(r)
     }
 
-    fn post_recv(&self) -> Res<()> {
+    fn post_recv(&mut self) -> Res<()> {
         self.qp
             .post_recv(&[RecvWr::new(RECV, &[self.recv.sge(0, INFO)?])])?;
+        self.recv_posted = true;
         Ok(())
     }
 
@@ -108,12 +115,21 @@ impl<B: CmBackend> Rping<B> {
         Ok(())
     }
 
-    /// The completion of `wr_id` within `t`, or `None` if `ch` reports DISCONNECTED first.
+    /// The completion of `wr_id` within `t`, or `None` once the peer disconnected and
+    /// the work request was flushed. On DISCONNECTED the QP goes to ERR (as librdmacm
+    /// moves an id's own QP), so what is outstanding completes: a SEND the peer already
+    /// took with success, the rest flushed.
     fn wait(&mut self, ch: &EventChannelOf<B>, wr_id: u64, t: Duration) -> Res<Option<WorkCompletion>> {
         let deadline = Instant::now().checked_add(t);
         loop {
             if let Some(i) = self.early.iter().position(|w| w.wr_id == wr_id) {
                 let wc = self.early.remove(i);
+                if wc.wr_id == RECV {
+                    self.recv_posted = false;
+                }
+                if wc.status != WcStatus::Success && self.disconnected {
+                    return Ok(None);
+                }
                 ensure!(
                     wc.status == WcStatus::Success,
                     "work request {wr_id}: {:?}",
@@ -127,11 +143,16 @@ impl<B: CmBackend> Rping<B> {
             if n > 0 {
                 continue;
             }
-            if let Some(ev) = ch.get_event(Some(Duration::ZERO))? {
-                if ev.event == E::Disconnected {
-                    return Ok(None);
+            if !self.disconnected {
+                if let Some(ev) = ch.get_event(Some(Duration::ZERO))? {
+                    ensure!(
+                        ev.event == E::Disconnected,
+                        "unexpected {ev} while waiting for work request {wr_id}"
+                    );
+                    self.disconnected = true;
+                    cmqp::to_err(&self.qp)?;
+                    continue;
                 }
-                bail!("unexpected {ev} while waiting for work request {wr_id}");
             }
             ensure!(
                 deadline.is_none_or(|d| Instant::now() < d),
@@ -141,19 +162,12 @@ impl<B: CmBackend> Rping<B> {
         }
     }
 
-    /// After a disconnect: waits (at most `t`) for the posted receive to complete
+    /// After a disconnect: waits (at most `t`) for a receive still posted to complete
     /// flushed, so that no completion is left unpolled when the QP goes.
-    fn drain(&mut self, t: Duration) -> Res<()> {
-        let deadline = Instant::now() + t;
-        while !self.early.iter().any(|w| w.wr_id == RECV) {
-            let mut wc = [WorkCompletion::default(); 4];
-            let n = self.cq.poll(&mut wc)?;
-            self.early.extend_from_slice(&wc[..n]);
-            ensure!(
-                Instant::now() < deadline,
-                "the receive did not flush within {t:?}"
-            );
-            std::thread::yield_now();
+    fn drain(&mut self, ch: &EventChannelOf<B>, t: Duration) -> Res<()> {
+        if self.recv_posted {
+            self.disconnected = true;
+            self.wait(ch, RECV, t)?;
         }
         Ok(())
     }
@@ -258,7 +272,7 @@ pub fn client<B: CmBackend>(b: &B, o: &Opts) -> Res<u64> {
         n += 1;
     }
     cmqp::disconnect(&id, &r.qp)?;
-    r.drain(t)?;
+    r.drain(&ch, t)?;
     cmqp::expect(&ch, E::Disconnected, t)?;
     Ok(n)
 }
@@ -303,6 +317,6 @@ pub fn server<B: CmBackend>(b: &B, o: &Opts) -> Res<u64> {
         n += 1;
     }
     cmqp::disconnect(&id, &r.qp)?;
-    r.drain(t)?;
+    r.drain(&ch, t)?;
     Ok(n)
 }
