@@ -49,6 +49,12 @@
 //!   [`verbs_api::transitions::check_modify`]; `ENOMEM` from a post becomes
 //!   [`verbs_api::Error::QueueFull`].
 //!
+//! ## The connection manager
+//!
+//! [`IbvCmChannel`] and [`IbvCmId`] implement [`verbs_api::rdmacm`]'s traits over
+//! librdmacm (`rdma_create_event_channel`, `rdma_create_id`, ...): see the module's docs
+//! and docs/rdmacm.md.
+//!
 //! ## Thread safety
 //!
 //! The wrappers are `Send + Sync` because libibverbs objects are: "By default all verbs
