@@ -11,7 +11,8 @@
 #                                       (99: the VM died or timed out without a status)
 #   ci/rxe-vm.sh selftest               boot, show the device, run ibv_rc_pingpong on rxe0
 #
-# The guest: rxe0 on a dummy netdev (rxenet0, 10.77.0.1/24), GID index 1 is the
+# The guest: rxe0 on a dummy netdev (rxenet0, 10.77.0.1/24, ARP on), rdma_ucm loaded
+# for librdmacm, GID index 1 is the
 # IPv4-mapped ::ffff:10.77.0.1 (index 0 is the MAC-derived fe80:: one). Only one rxe
 # device: two QPs on rxe0 talk through rxe's loopback. The guest has no NIC.
 # Userspace: busybox, libibverbs + the rxe provider, librdmacm, ibverbs-utils, perftest,
@@ -56,7 +57,8 @@ GUEST_DEBS="busybox-static libc6 libgcc-s1 zlib1g libmd0 libbsd0 libcap2 libelf1
   ibverbs-utils iproute2 perftest libpci3 libudev1 libibumad3"
 # Kernel modules to load (their dependencies are added in load order). crc32_generic is
 # not a declared dependency of rdma_rxe, but rxe asks the crypto API for "crc32".
-GUEST_MODS="crc32_generic crc32-pclmul rdma_rxe dummy virtio_pci 9pnet_virtio 9p"
+# rdma_ucm serves /dev/infiniband/rdma_cm to librdmacm (rdma_cm itself comes with it).
+GUEST_MODS="crc32_generic crc32-pclmul rdma_rxe rdma_ucm dummy virtio_pci 9pnet_virtio 9p"
 
 say() { printf '[rxe-vm] %s\n' "$*" >&2; }
 die() { say "error: $*"; exit 2; }
@@ -208,6 +210,10 @@ dmesg -n 1    # rxe logs "speed is unknown" on every port query
 
 ip link set lo up
 ip link add rxenet0 type dummy
+# ARP on, so that an address of the subnet nobody has stays unresolved (rdma_cm's
+# address query then ends at its timeout) rather than resolving at once as on a NOARP
+# device; the dummy drops the requests.
+ip link set rxenet0 arp on
 ip addr add 10.77.0.1/24 dev rxenet0
 ip link set rxenet0 up
 rdma link add rxe0 type rxe netdev rxenet0 || done_with 90

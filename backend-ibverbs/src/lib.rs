@@ -49,6 +49,12 @@
 //!   [`verbs_api::transitions::check_modify`]; `ENOMEM` from a post becomes
 //!   [`verbs_api::Error::QueueFull`].
 //!
+//! ## The connection manager
+//!
+//! [`IbvCmChannel`] and [`IbvCmId`] implement [`verbs_api::rdmacm`]'s traits over
+//! librdmacm (`rdma_create_event_channel`, `rdma_create_id`, ...): see the module's docs
+//! and docs/rdmacm.md.
+//!
 //! ## Thread safety
 //!
 //! The wrappers are `Send + Sync` because libibverbs objects are: "By default all verbs
@@ -70,6 +76,7 @@ mod mw;
 mod pd;
 mod post;
 mod qp;
+mod rdmacm;
 mod srq;
 
 pub use ah::IbvAh;
@@ -80,6 +87,7 @@ pub use mr::IbvMr;
 pub use mw::IbvMw;
 pub use pd::IbvPd;
 pub use qp::IbvQp;
+pub use rdmacm::{IbvCmChannel, IbvCmId};
 pub use srq::IbvSrq;
 
 /// The raw bindings this crate is built on, for callers that need a verb the

@@ -115,7 +115,7 @@ pub(crate) fn ah_to_raw(a: &AhAttr) -> ibv_ah_attr {
     }
 }
 
-fn ah_from_raw(a: &ibv_ah_attr) -> AhAttr {
+pub(crate) fn ah_from_raw(a: &ibv_ah_attr) -> AhAttr {
     AhAttr {
         grh: GlobalRoute {
             // SAFETY: both union variants are plain bytes covering all 16 bytes.

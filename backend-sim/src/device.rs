@@ -86,12 +86,12 @@ pub struct PdShared {
 }
 
 impl DeviceShared {
-    /// Opens a device playing `profile`: binds its listener on `listen` and starts its
-    /// progress thread. A wildcard `listen` advertises `advertise`, or else the host's
+    /// Opens a device with node GUID `guid` playing `profile`: binds its listener on
+    /// `listen` and starts its progress thread. A wildcard `listen` advertises `advertise`, or else the host's
     /// first non-loopback address of its family.
     pub fn open(
         name: &str,
-        index: u32,
+        guid: u64,
         listen: SocketAddr,
         advertise: Option<IpAddr>,
         profile: Profile,
@@ -133,7 +133,6 @@ impl DeviceShared {
             .name(format!("{name}-progress"))
             .spawn(move || p.run())
             .map_err(os("spawn progress thread"))?;
-        let guid = 0x5349_4d00_0000_0000u64 | ((std::process::id() as u64) << 16) | index as u64;
         let l = profile.attrs();
         let attr = DeviceAttr {
             fw_ver: concat!("sim-", env!("CARGO_PKG_VERSION")).to_string(),

@@ -84,6 +84,7 @@ pub mod mapping;
 pub mod profile;
 mod progress;
 mod qp;
+pub mod rdmacm;
 pub mod sockopt;
 mod sys;
 mod transport;
@@ -103,4 +104,4 @@ pub use verbs::qp::SimQp;
 pub use verbs::srq::SimSrq;
 
 // The protocol core's modules under their own names, for the driver's paths.
-use backend_sim_proto::{link_rx, memory, recv_queue, requester, responder, rx, tx, window, wire};
+use backend_sim_proto::{cm_msg, link_rx, memory, recv_queue, requester, responder, rx, tx, window, wire};

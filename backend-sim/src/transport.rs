@@ -40,7 +40,7 @@ use verbs_api::{QpState, QpType, Result};
 
 use crate::addressing::{canonical, Addressing};
 use crate::datagram::Datagrams;
-use crate::listener::{fd_limit_hint, is_out_of_fds, HELLO_TIMEOUT};
+use crate::listener::{fd_limit_hint, is_out_of_fds};
 use crate::progress::Progress;
 use crate::qp::{QpInner, QpShared, QpTable};
 use crate::rx::Reader;
@@ -186,26 +186,7 @@ fn accepted_gen(g: &mut QpInner, self_loop: bool) -> &mut u64 {
 }
 
 async fn serve_inbound(dev: Weak<Setup>, mut stream: TcpStream) -> io::Result<()> {
-    let first = match tokio::time::timeout(HELLO_TIMEOUT, verify::read_one(&mut stream))
-        .await
-        .map_err(|_| proto("nothing said within the setup timeout"))?
-    {
-        Ok(f) => f,
-        Err(e) => {
-            if let Some(v) = verify::version_of(&e) {
-                // Another build: say so, so that its side reports it instead of retrying.
-                tracing::warn!("refused a connection from a peer that speaks sim protocol version {v} (this build: {VERSION})");
-                send_frame(
-                    &mut stream,
-                    &Frame::HelloNak {
-                        reason: HelloReject::Version,
-                    },
-                )
-                .await?;
-            }
-            return Err(e);
-        }
-    };
+    let first = verify::read_first(&mut stream).await?;
     let claim = match first {
         Frame::Hello {
             src_gid,

@@ -41,7 +41,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::addressing::canonical;
-use crate::wire::{setup_header_len, Frame, WireError, BASE_LEN, MAX_HDR_LEN, TOKEN_LEN};
+use crate::wire::{
+    setup_header_len, Frame, HelloReject, WireError, BASE_LEN, MAX_HDR_LEN, TOKEN_LEN, VERSION,
+};
 
 /// Bound on one check: connecting to the claimed device and reading its answer.
 pub const VERIFY_TIMEOUT: Duration = Duration::from_secs(2);
@@ -199,6 +201,38 @@ pub async fn read_one(s: &mut TcpStream) -> io::Result<Frame> {
         Ok(Some((f, _))) => Ok(f),
         Ok(None) => unreachable!("a whole header was read"),
         Err(e) => Err(io::Error::new(io::ErrorKind::InvalidData, e)),
+    }
+}
+
+/// Reads the first setup frame a listener's connection sends, within
+/// [`HELLO_TIMEOUT`](crate::listener::HELLO_TIMEOUT); one of another protocol version is
+/// answered with [`HelloReject::Version`] (so that the other build reports the mismatch
+/// instead of retrying), and anything else malformed ends the connection unanswered, the
+/// same at every listener of the sim.
+pub async fn read_first(stream: &mut TcpStream) -> io::Result<Frame> {
+    let first = tokio::time::timeout(crate::listener::HELLO_TIMEOUT, read_one(stream))
+        .await
+        .map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                "nothing said within the setup timeout",
+            )
+        })?;
+    match first {
+        Ok(f) => Ok(f),
+        Err(e) => {
+            if let Some(v) = version_of(&e) {
+                tracing::warn!("refused a connection from a peer that speaks sim protocol version {v} (this build: {VERSION})");
+                send_frame(
+                    stream,
+                    &Frame::HelloNak {
+                        reason: HelloReject::Version,
+                    },
+                )
+                .await?;
+            }
+            Err(e)
+        }
     }
 }
 

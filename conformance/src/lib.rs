@@ -1,6 +1,7 @@
 //! # conformance: one suite, every backend
 //!
-//! A case is a plain function generic over [`verbs_api::Backend`], with an id, a group,
+//! A case is a plain function generic over [`verbs_api::Backend`] (the `rdmacm` group's
+//! over [`verbs_api::rdmacm::CmBackend`], which every backend implements), with an id, a group,
 //! a one-line name and the man page, rdma-core test or spec section whose behaviour it
 //! checks. [`cases`] lists them all. The same table runs
 //!

@@ -196,7 +196,7 @@ fn device_caps<B: Backend>(backend: &B, device: &str) -> Option<DeviceCaps> {
     }
 }
 
-fn run<B: Backend>(backend: &B, args: &Args) -> ExitCode {
+fn run<B: verbs_api::rdmacm::CmBackend>(backend: &B, args: &Args) -> ExitCode {
     let device = match &args.device {
         Some(d) => d.clone(),
         None => match backend.devices() {

@@ -54,6 +54,7 @@ pub mod peers;
 pub mod perftest;
 pub mod pool;
 pub mod program;
+pub mod rping;
 pub mod side_channel;
 pub mod stats;
 pub mod streams;

@@ -203,6 +203,18 @@ pub enum Error {
         #[source]
         source: Box<Error>,
     },
+    /// A connection-manager call refused (`man rdma_cm`): the errno the kernel's rdma_cm
+    /// answers with (EINVAL for a call the id's state does not allow, EADDRINUSE,
+    /// EADDRNOTAVAIL, ENODEV, ...), and why.
+    #[error("{call}: {reason} ({})", std::io::Error::from_raw_os_error(*errno))]
+    Cm {
+        /// The call, e.g. `rdma_bind_addr`.
+        call: &'static str,
+        /// Its errno.
+        errno: i32,
+        /// What is wrong.
+        reason: String,
+    },
     /// A wait did not finish within its bound.
     #[error("timed out after {after:?}{}", if what.is_empty() { String::new() } else { format!(": {what}") })]
     Timeout {
@@ -230,7 +242,7 @@ impl Error {
             Error::Unsupported { .. } => libc::EOPNOTSUPP,
             Error::NoDevice { .. } | Error::DeviceNotFound { .. } => libc::ENODEV,
             Error::Os { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
-            Error::OutOfFiles { errno, .. } => *errno,
+            Error::OutOfFiles { errno, .. } | Error::Cm { errno, .. } => *errno,
             Error::Transport(_) => libc::EIO,
             Error::Timeout { .. } => libc::ETIMEDOUT,
             Error::Post { source, .. } => source.errno(),
@@ -263,6 +275,15 @@ impl Error {
         Error::Timeout {
             after,
             what: what.into(),
+        }
+    }
+
+    /// Shorthand for [`Error::Cm`].
+    pub fn cm(call: &'static str, errno: i32, reason: impl Into<String>) -> Self {
+        Error::Cm {
+            call,
+            errno,
+            reason: reason.into(),
         }
     }
 

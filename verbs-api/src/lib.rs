@@ -54,6 +54,7 @@ pub mod flags;
 pub mod mw;
 pub mod poll;
 pub mod qp;
+pub mod rdmacm;
 pub mod srq;
 pub mod timers;
 pub mod traits;

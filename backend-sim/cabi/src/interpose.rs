@@ -12,7 +12,11 @@
 //! - `access`, `faccessat`;
 //! - `open`, `open64`, `openat`, `openat64`, `fopen`, `fopen64`;
 //! - `opendir` (libc's `readdir`, `scandir` of an open directory, and the `*at` calls on
-//!   a descriptor the calls above opened need nothing more).
+//!   a descriptor the calls above opened need nothing more);
+//! - for `/dev/infiniband/rdma_cm` ([`crate::ucma`]): `open` of it, and `write`,
+//!   `close`, `fstat` and `fstat64` of the descriptors it gives, which look at a
+//!   descriptor's bit in a table (no more while no program opened it) and pass every
+//!   other descriptor to libc untouched.
 //!
 //! Only an absolute path is looked up (`*at` calls with a relative path are the host's);
 //! inside the tree the links (`/dev/infiniband/uverbsN` → `/dev/null`) are followed
@@ -93,6 +97,10 @@ export! {
     fopen => fopen_via(FopenFn; path: *const c_char, mode: *const c_char) -> *mut libc::FILE;
     fopen64 => fopen_via(FopenFn; path: *const c_char, mode: *const c_char) -> *mut libc::FILE;
     opendir => opendir_via(OpendirFn; path: *const c_char) -> *mut libc::DIR;
+    write => write_via(WriteFn; fd: c_int, buf: *const c_void, count: usize) -> isize;
+    close => close_via(CloseFn; fd: c_int) -> c_int;
+    fstat => fstat_via(FstatFn; fd: c_int, buf: *mut libc::stat) -> c_int;
+    fstat64 => fstat_via(FstatFn; fd: c_int, buf: *mut libc::stat) -> c_int;
 }
 
 /// The path libc is given for a program's path: the host's own, or the tree's file.
@@ -152,6 +160,9 @@ type OpenFn = unsafe extern "C" fn(*const c_char, c_int, ...) -> c_int;
 type OpenatFn = unsafe extern "C" fn(c_int, *const c_char, c_int, ...) -> c_int;
 type FopenFn = unsafe extern "C" fn(*const c_char, *const c_char) -> *mut libc::FILE;
 type OpendirFn = unsafe extern "C" fn(*const c_char) -> *mut libc::DIR;
+type WriteFn = unsafe extern "C" fn(c_int, *const c_void, usize) -> isize;
+type CloseFn = unsafe extern "C" fn(c_int) -> c_int;
+type FstatFn = unsafe extern "C" fn(c_int, *mut libc::stat) -> c_int;
 
 // Each `*_via` below has the C contract of its function, and calls libc's with the
 // program's arguments, the path replaced.
@@ -216,6 +227,10 @@ unsafe fn faccessat_via(
 }
 
 unsafe fn open_via(real: Option<OpenFn>, path: *const c_char, flags: c_int, mode: c_uint) -> c_int {
+    // SAFETY: the C contract of `open`: a NUL-terminated path.
+    if unsafe { crate::vfs::is_rdma_cm(path) } {
+        return crate::ucma::open(flags);
+    }
     // SAFETY: the C contract of `open` (see the module docs for `mode`).
     unsafe { with(real, path, -1, |f, t| f(t.ptr(), flags, mode)) }
 }
@@ -227,6 +242,11 @@ unsafe fn openat_via(
     flags: c_int,
     mode: c_uint,
 ) -> c_int {
+    // SAFETY: the C contract of `openat`: a NUL-terminated path (an absolute one names
+    // the device whatever `dirfd` is).
+    if unsafe { crate::vfs::is_rdma_cm(path) } {
+        return crate::ucma::open(flags);
+    }
     // SAFETY: the C contract of `openat` (see the module docs for `mode`).
     unsafe { with(real, path, -1, |f, t| f(dirfd, t.ptr(), flags, mode)) }
 }
@@ -239,4 +259,46 @@ unsafe fn fopen_via(real: Option<FopenFn>, path: *const c_char, mode: *const c_c
 unsafe fn opendir_via(real: Option<OpendirFn>, path: *const c_char) -> *mut libc::DIR {
     // SAFETY: the C contract of `opendir`.
     unsafe { with(real, path, std::ptr::null_mut(), |f, t| f(t.ptr())) }
+}
+
+unsafe fn write_via(real: Option<WriteFn>, fd: c_int, buf: *const c_void, count: usize) -> isize {
+    if crate::ucma::is_cm_fd(fd) {
+        return crate::ucma::write(fd, buf as u64, count);
+    }
+    match real {
+        // SAFETY: the C contract of `write`, passed on.
+        Some(f) => unsafe { f(fd, buf, count) },
+        None => {
+            set_errno(libc::ENOSYS);
+            -1
+        }
+    }
+}
+
+unsafe fn close_via(real: Option<CloseFn>, fd: c_int) -> c_int {
+    if crate::ucma::is_cm_fd(fd) {
+        crate::ucma::close(fd);
+    }
+    match real {
+        // SAFETY: the C contract of `close`, passed on.
+        Some(f) => unsafe { f(fd) },
+        None => {
+            set_errno(libc::ENOSYS);
+            -1
+        }
+    }
+}
+
+unsafe fn fstat_via(real: Option<FstatFn>, fd: c_int, buf: *mut libc::stat) -> c_int {
+    let Some(f) = real else {
+        set_errno(libc::ENOSYS);
+        return -1;
+    };
+    // SAFETY: the C contract of `fstat`, passed on.
+    let r = unsafe { f(fd, buf) };
+    if r == 0 && crate::ucma::is_cm_fd(fd) {
+        // SAFETY: libc filled `buf`, valid for writes (the caller's contract).
+        unsafe { crate::ucma::fstat(buf) };
+    }
+    r
 }

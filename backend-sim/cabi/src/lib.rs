@@ -66,5 +66,7 @@ mod runtime;
 mod srq;
 mod strings;
 mod sysfs;
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+mod ucma;
 mod unserved;
 mod vfs;

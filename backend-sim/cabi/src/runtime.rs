@@ -110,6 +110,10 @@ fn init() -> Result<Runtime, Errno> {
         tracing::error!(error = %e, "the sim's libibverbs cannot start");
         e.errno()
     })?;
+    // The connection manager's devices are the program's own (librdmacm opens the device
+    // an id is bound to through this library).
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    backend.set_cm_devices(std::sync::Arc::new(crate::ucma::CabiDevices));
     let listed = backend.devices().map_err(|e| {
         tracing::error!(error = %e, "the sim lists no devices");
         e.errno()

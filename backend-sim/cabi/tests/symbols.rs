@@ -30,7 +30,7 @@ fn defined(path: &std::path::Path) -> Vec<String> {
 }
 
 /// The libc functions the library interposes (src/interpose.rs).
-const INTERPOSED: [&str; 16] = [
+const INTERPOSED: [&str; 20] = [
     "stat",
     "stat64",
     "lstat",
@@ -47,6 +47,10 @@ const INTERPOSED: [&str; 16] = [
     "fopen",
     "fopen64",
     "opendir",
+    "write",
+    "close",
+    "fstat",
+    "fstat64",
 ];
 
 #[test]

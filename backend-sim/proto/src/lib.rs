@@ -56,6 +56,7 @@
 #![warn(missing_docs)]
 
 pub mod capture;
+pub mod cm_msg;
 pub mod connection;
 pub mod engine;
 pub mod gid;

@@ -44,8 +44,10 @@ pub const GRH_LEN: usize = 40;
 pub const MAX_MSG: u32 = 1 << 31;
 /// Magic of the hello frame ("RSIM").
 pub const HELLO_MAGIC: u32 = 0x4d49_5352;
-/// Protocol version in the hello frame (7: SEND_WITH_INV ([`F_INV`]), and NAK reasons
-/// for memory windows; 6: a datagram's GRH says whether its source is
+/// Protocol version in the hello frame (8: the connection manager: a rendezvous at an
+/// rdma_cm port ([`Frame::CmLookup`], [`Frame::CmAddress`]) and CM messages as datagrams
+/// to QP 1 ([`crate::cm_msg`]); 7: SEND_WITH_INV ([`F_INV`]), and NAK reasons for memory
+/// windows; 6: a datagram's GRH says whether its source is
 /// the sender's default GID ([`Grh::src_default`]), and READs and atomics carry the
 /// requester's count of them outstanding ([`Frame::Read`]'s `inflight`); 5: links between devices carry UD datagrams
 /// ([`Frame::LinkHello`], [`Frame::LinkVerify`], [`Frame::Datagram`]); 4: hellos name the
@@ -55,7 +57,7 @@ pub const HELLO_MAGIC: u32 = 0x4d49_5352;
 /// and a NAK may carry a [`NakReason`]; 2: SEND and WRITE may carry [`F_ACK_REQ`]). A
 /// device refuses a hello of another version ([`HelloReject::Version`]): both ends of a
 /// connection must run builds that speak the same frames.
-pub const VERSION: u16 = 7;
+pub const VERSION: u16 = 8;
 /// Bytes of the token a hello carries.
 pub const TOKEN_LEN: usize = 16;
 
@@ -379,6 +381,24 @@ pub enum Frame {
         /// The link hello's token.
         token: [u8; TOKEN_LEN],
     },
+    /// The connection manager's rendezvous (docs/wire.md "Connection manager"), sent to
+    /// the TCP port an rdma_cm listener holds: "which device takes connection requests
+    /// for port `port` of port space `port_space` here?" Answered with
+    /// [`Frame::CmAddress`] or [`Frame::HelloNak`], then the connection closes.
+    CmLookup {
+        /// rdma_cm's port space (`RDMA_PS_TCP` 0x106, `RDMA_PS_UDP` 0x111, ...).
+        port_space: u16,
+        /// The rdma_cm port.
+        port: u16,
+    },
+    /// The answer to a [`Frame::CmLookup`]: the device that takes the requests, as its
+    /// GID (the GID of its IP) and LID name it.
+    CmAddress {
+        /// The device's GID.
+        gid: [u8; 16],
+        /// Its LID (0 on an Ethernet port).
+        lid: u16,
+    },
     /// A UD datagram (IBA's UD SEND ONLY with its DETH), followed by `len` payload bytes
     /// (at most [`MAX_DATAGRAM`]). Travels on a link, never on a QP pair's connection.
     Datagram {
@@ -531,6 +551,8 @@ mod op {
     pub const VERIFY: u8 = 0x04;
     pub const LINK_HELLO: u8 = 0x05;
     pub const LINK_VERIFY: u8 = 0x06;
+    pub const CM_LOOKUP: u8 = 0x07;
+    pub const CM_ADDRESS: u8 = 0x08;
     pub const SEND: u8 = 0x10;
     pub const WRITE: u8 = 0x11;
     pub const READ: u8 = 0x12;
@@ -548,6 +570,8 @@ fn ext_len(opcode: u8) -> Option<usize> {
         op::HELLO => 48,
         op::VERIFY => 32,
         op::LINK_HELLO | op::LINK_VERIFY => 40,
+        op::CM_LOOKUP => 8,
+        op::CM_ADDRESS => 24,
         op::DATAGRAM => 36,
         op::HELLO_ACK | op::HELLO_NAK | op::SEND | op::ACK | op::NAK | op::READ_RESP => 0,
         op::WRITE | op::READ => 12,
@@ -572,12 +596,19 @@ pub fn header_len(opcode: u8) -> Option<usize> {
 pub fn setup_header_len(base: &[u8; BASE_LEN]) -> Result<usize, WireError> {
     let opcode = base[0];
     match opcode {
-        op::HELLO | op::VERIFY | op::LINK_HELLO | op::LINK_VERIFY if u16_at(base, 2) != VERSION => {
+        op::HELLO | op::VERIFY | op::LINK_HELLO | op::LINK_VERIFY | op::CM_LOOKUP | op::CM_ADDRESS
+            if u16_at(base, 2) != VERSION =>
+        {
             Err(WireError::Version(u16_at(base, 2)))
         }
-        op::HELLO | op::HELLO_ACK | op::HELLO_NAK | op::VERIFY | op::LINK_HELLO | op::LINK_VERIFY => {
-            Ok(header_len(opcode).expect("setup opcodes are known"))
-        }
+        op::HELLO
+        | op::HELLO_ACK
+        | op::HELLO_NAK
+        | op::VERIFY
+        | op::LINK_HELLO
+        | op::LINK_VERIFY
+        | op::CM_LOOKUP
+        | op::CM_ADDRESS => Ok(header_len(opcode).expect("setup opcodes are known")),
         _ => Err(WireError::UnknownOpcode(opcode)),
     }
 }
@@ -620,7 +651,9 @@ impl Frame {
             | Frame::HelloNak { .. }
             | Frame::Verify { .. }
             | Frame::LinkHello { .. }
-            | Frame::LinkVerify { .. } => None,
+            | Frame::LinkVerify { .. }
+            | Frame::CmLookup { .. }
+            | Frame::CmAddress { .. } => None,
         }
     }
 
@@ -653,6 +686,8 @@ impl Frame {
             Frame::Verify { .. } => (op::VERIFY, 0, VERSION, 0, 0, 0),
             Frame::LinkHello { .. } => (op::LINK_HELLO, 0, VERSION, 0, 0, 0),
             Frame::LinkVerify { .. } => (op::LINK_VERIFY, 0, VERSION, 0, 0, 0),
+            Frame::CmLookup { .. } => (op::CM_LOOKUP, 0, VERSION, 0, 0, 0),
+            Frame::CmAddress { .. } => (op::CM_ADDRESS, 0, VERSION, 0, 0, 0),
             Frame::Datagram {
                 psn,
                 len,
@@ -773,6 +808,17 @@ impl Frame {
                 e[6..8].copy_from_slice(&0u16.to_le_bytes());
                 e[8..24].copy_from_slice(&at_ip);
                 e[24..40].copy_from_slice(&token);
+            }
+            Frame::CmLookup { port_space, port } => {
+                e[0..4].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
+                e[4..6].copy_from_slice(&port_space.to_le_bytes());
+                e[6..8].copy_from_slice(&port.to_le_bytes());
+            }
+            Frame::CmAddress { gid, lid } => {
+                e[0..4].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
+                e[4..6].copy_from_slice(&lid.to_le_bytes());
+                e[6..8].copy_from_slice(&0u16.to_le_bytes());
+                e[8..24].copy_from_slice(&gid);
             }
             Frame::Datagram {
                 dst_qpn,
@@ -938,6 +984,30 @@ impl Frame {
                     }
                 }
             }
+            op::CM_LOOKUP | op::CM_ADDRESS => {
+                if u32_at(e, 0) != HELLO_MAGIC {
+                    return Err(WireError::BadField("CM rendezvous magic"));
+                }
+                if aux != VERSION {
+                    return Err(WireError::Version(aux));
+                }
+                if opcode == op::CM_LOOKUP {
+                    Frame::CmLookup {
+                        port_space: u16_at(e, 4),
+                        port: u16_at(e, 6),
+                    }
+                } else {
+                    if u16_at(e, 6) != 0 {
+                        return Err(WireError::BadField("reserved field"));
+                    }
+                    let mut gid = [0u8; 16];
+                    gid.copy_from_slice(&e[8..24]);
+                    Frame::CmAddress {
+                        gid,
+                        lid: u16_at(e, 4),
+                    }
+                }
+            }
             op::DATAGRAM => {
                 let dst_qpn = u32_at(e, 0);
                 let src_qpn = u32_at(e, 4);
@@ -1047,7 +1117,14 @@ impl Frame {
         );
         let setup = matches!(
             opcode,
-            op::HELLO | op::VERIFY | op::HELLO_ACK | op::HELLO_NAK | op::LINK_HELLO | op::LINK_VERIFY
+            op::HELLO
+                | op::VERIFY
+                | op::HELLO_ACK
+                | op::HELLO_NAK
+                | op::LINK_HELLO
+                | op::LINK_VERIFY
+                | op::CM_LOOKUP
+                | op::CM_ADDRESS
         );
         let uses_aux = (setup && opcode != op::HELLO_ACK)
             || matches!(opcode, op::NAK | op::READ | op::CMP_SWAP | op::FETCH_ADD);
@@ -1168,6 +1245,8 @@ pub(crate) mod tests {
                     token
                 }
             ),
+            (any::<u16>(), any::<u16>()).prop_map(|(port_space, port)| Frame::CmLookup { port_space, port }),
+            (any::<[u8; 16]>(), any::<u16>()).prop_map(|(gid, lid)| Frame::CmAddress { gid, lid }),
             (
                 psn.clone(),
                 0u32..=MAX_DATAGRAM,
@@ -1377,7 +1456,14 @@ pub(crate) mod tests {
             b[2..4].copy_from_slice(&version.to_le_bytes());
             b
         };
-        for op in [op::HELLO, op::VERIFY, op::LINK_HELLO, op::LINK_VERIFY] {
+        for op in [
+            op::HELLO,
+            op::VERIFY,
+            op::LINK_HELLO,
+            op::LINK_VERIFY,
+            op::CM_LOOKUP,
+            op::CM_ADDRESS,
+        ] {
             assert_eq!(setup_header_len(&base(op, VERSION)).ok(), header_len(op));
             assert_eq!(
                 setup_header_len(&base(op, VERSION - 1)),

@@ -195,6 +195,23 @@ impl Link {
         Queued::Appended(r)
     }
 
+    /// Appends whole frames (`bytes`) that no QP waits for (the connection manager's),
+    /// unless the link is closed or its queue full; whether it did. Call [`Link::flush`]
+    /// afterwards.
+    pub fn append_bytes(&self, bytes: &[u8]) -> bool {
+        if self.is_closed() {
+            return false;
+        }
+        let mut q = self.queue.lock();
+        if q.len() >= QUEUE_MAX {
+            return false;
+        }
+        q.extend_from_slice(bytes);
+        drop(q);
+        self.dirty.store(true, Ordering::SeqCst);
+        true
+    }
+
     /// Writes what is queued, without blocking, and leaves what the socket does not take
     /// to the task; the QPs that waited for room, if there is some now (or the link is
     /// closed: they find another), go to `woken`.

@@ -56,6 +56,7 @@ use crate::responder::DatagramSource;
 use crate::verify::Claims;
 use crate::wire::{Frame, DATAGRAM_HDR_LEN, MAX_DATAGRAM};
 
+pub mod gsi;
 pub mod link;
 pub mod setup;
 pub mod table;
@@ -139,6 +140,8 @@ pub struct Datagrams {
     /// Most links the device holds ([`table::link_bound`]).
     bound: usize,
     local: LocalQueue,
+    /// The connection manager's side (datagrams to QP 1, [`gsi`]).
+    gsi: gsi::GsiPort,
 }
 
 impl Datagrams {
@@ -168,6 +171,7 @@ impl Datagrams {
                 dirty: AtomicBool::new(false),
                 waiters: Waiters::default(),
             },
+            gsi: gsi::GsiPort::default(),
         }
     }
 
@@ -349,7 +353,7 @@ impl Datagrams {
     }
 
     fn take_place(self: &Arc<Self>, peer: SocketAddr, link: Option<&Arc<Link>>, accepted: bool) {
-        let waiting = {
+        let (waiting, gsi_waiting) = {
             let mut t = self.links.lock();
             t.release();
             if let Some(l) = link {
@@ -365,11 +369,13 @@ impl Datagrams {
                 _ => (fresh(), Vec::new()),
             };
             t.by_peer.insert(peer, slot);
-            waiting
+            // (In the table's lock, as `send_gsi` queues them: none is left behind.)
+            (waiting, self.gsi.take_pending(peer))
         };
         for qp in waiting.iter().filter_map(Weak::upgrade) {
             self.transmit(&qp);
         }
+        self.settle_gsi(peer, link, gsi_waiting, accepted);
     }
 
     /// Whether a link from the device at `peer` could take a place now (a look before a
@@ -401,9 +407,10 @@ impl Datagrams {
         }
     }
 
-    /// The link ended: it leaves the table.
+    /// The link ended: it leaves the table (and the connection manager hears of it).
     fn forget(&self, link: &Arc<Link>) {
         self.links.lock().remove(link);
+        self.gsi_link_closed(link.peer_addr);
     }
 
     /// Delivers the datagrams queued for this device's own QPs (any thread may; one
@@ -450,9 +457,12 @@ impl Datagrams {
 
     /// Datagram `frame` (with `payload`) from `src` to the QP it names, in `inbox`'s run.
     pub fn deliver(&self, inbox: &mut Inbox, frame: &Frame, payload: &[u8], src: &DatagramSource) {
-        let Frame::Datagram { dst_qpn, .. } = *frame else {
+        let Frame::Datagram { dst_qpn, qkey, .. } = *frame else {
             return;
         };
+        if dst_qpn == crate::cm_msg::CM_QPN {
+            return self.to_gsi(qkey, payload, src);
+        }
         if inbox.last.as_ref().is_none_or(|(n, _)| *n != dst_qpn) {
             inbox.finish();
             match self.qps.lock().get(&dst_qpn).and_then(Weak::upgrade) {

@@ -43,11 +43,23 @@ impl Default for SimConfig {
 }
 
 /// The simulated-HCA backend.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct SimBackend {
     pub(crate) config: SimConfig,
     /// The portability advice its devices give (shared by them, and by clones).
     pub(crate) advice: Arc<Advice>,
+    /// Its connection manager (shared by clones), made on first use.
+    pub(crate) cm: crate::rdmacm::CmCell,
+    /// The process that made it, whose ID its devices' GUIDs carry: a child forked from
+    /// that process lists the same GUIDs as the parent it inherited the backend from, and
+    /// the devices it opens have them too.
+    pub(crate) pid: u32,
+}
+
+impl Default for SimBackend {
+    fn default() -> Self {
+        SimBackend::new(SimConfig::default())
+    }
 }
 
 /// The value of the setting `name`, if it is set and not empty: an empty assignment
@@ -63,6 +75,8 @@ impl SimBackend {
         SimBackend {
             advice: Arc::new(Advice::new(config.portability_warnings)),
             config,
+            cm: crate::rdmacm::CmCell::default(),
+            pid: std::process::id(),
         }
     }
 
@@ -118,6 +132,26 @@ impl SimBackend {
     /// The configuration.
     pub fn config(&self) -> &SimConfig {
         &self.config
+    }
+
+    /// The IP the devices advertise (their GID 1): the listen IP, or for a wildcard
+    /// listen the configured advertised address or else the host's first non-loopback
+    /// address (the network interface that holds it is the devices' netdev). Under the
+    /// rxe profile on loopback each device draws an address of 127.0.0.0/8 when it
+    /// opens; this is then the listen address, on the same interface.
+    pub fn advertised_ip(&self) -> IpAddr {
+        let ip = self.config.listen.ip();
+        if !ip.is_unspecified() {
+            return ip;
+        }
+        self.config
+            .advertise
+            .unwrap_or_else(|| crate::host_addrs::advertised(ip, &crate::host_addrs::host_addrs()))
+    }
+
+    /// The node GUID of device `index` ("SIM", the process, the index).
+    pub(crate) fn guid(&self, index: u32) -> u64 {
+        0x5349_4d00_0000_0000 | (u64::from(self.pid) << 16) | u64::from(index)
     }
 
     pub(super) fn index_of(&self, name: &str) -> Option<u32> {

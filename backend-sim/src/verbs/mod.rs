@@ -44,7 +44,7 @@ impl Backend for SimBackend {
         Ok((0..self.config.devices)
             .map(|i| DeviceInfo {
                 name: format!("sim{i}"),
-                guid: 0x5349_4d00_0000_0000 | ((std::process::id() as u64) << 16) | i as u64,
+                guid: self.guid(i),
                 transport: "simulated (TCP)".into(),
             })
             .collect())
@@ -65,7 +65,7 @@ impl Backend for SimBackend {
         Ok(SimContext {
             dev: DeviceShared::open(
                 name,
-                index,
+                self.guid(index),
                 listen,
                 self.config.advertise,
                 self.config.profile,

@@ -61,7 +61,7 @@ fn rig<B: Backend>(env: &Env<B>) -> Result<Rig<B>, Failure> {
     Ok(Rig { pd, a, b, cq_b, acq })
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
+pub(super) fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -1,6 +1,7 @@
 //! The case table. Each module holds one group; [`cases`] concatenates them in a fixed
 //! order so reports line up across backends.
 
+use verbs_api::rdmacm::CmBackend;
 use verbs_api::Backend;
 
 use crate::Case;
@@ -20,6 +21,7 @@ mod post;
 mod profile;
 mod qp;
 mod rdma;
+mod rdmacm;
 mod remote;
 mod rnr;
 mod send;
@@ -51,7 +53,7 @@ macro_rules! case {
 pub(crate) use case;
 
 /// Every case, in report order.
-pub fn cases<B: Backend>() -> Vec<Case<B>> {
+pub fn cases<B: CmBackend>() -> Vec<Case<B>> {
     let mut v = Vec::new();
     v.extend(device::list::<B>());
     v.extend(mr::list::<B>());
@@ -74,6 +76,7 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     v.extend(events::list::<B>());
     v.extend(remote::list::<B>());
     v.extend(profile::list::<B>());
+    v.extend(rdmacm::list::<B>());
     v
 }
 

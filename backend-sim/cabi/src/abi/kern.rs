@@ -9,7 +9,7 @@ use super::device::ibv_gid;
 
 /// `struct ib_uverbs_global_route`.
 #[repr(C)]
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 pub struct ib_uverbs_global_route {
     pub dgid: [u8; 16],
     pub flow_label: u32,
@@ -21,7 +21,7 @@ pub struct ib_uverbs_global_route {
 
 /// `struct ib_uverbs_ah_attr`.
 #[repr(C)]
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 pub struct ib_uverbs_ah_attr {
     pub grh: ib_uverbs_global_route,
     pub dlid: u16,
@@ -35,6 +35,7 @@ pub struct ib_uverbs_ah_attr {
 
 /// `struct ib_uverbs_qp_attr`.
 #[repr(C)]
+#[derive(Clone, Copy, Default)]
 pub struct ib_uverbs_qp_attr {
     pub qp_attr_mask: u32,
     pub qp_state: u32,
@@ -71,6 +72,7 @@ pub struct ib_uverbs_qp_attr {
 
 /// `struct ib_user_path_rec`.
 #[repr(C)]
+#[derive(Clone, Copy, Default)]
 pub struct ib_user_path_rec {
     pub dgid: [u8; 16],
     pub sgid: [u8; 16],

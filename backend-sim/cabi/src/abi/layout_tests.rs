@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::mem::{offset_of, size_of};
 use std::process::Command;
 
+use super::ucma::*;
 use super::*;
 
 /// One fact to check: the C expression (`sizeof(struct x)` or `offsetof(struct x, f)`)
@@ -368,13 +369,71 @@ fn facts() -> Vec<Fact> {
         offset!(ibv_sa_path_rec, pkey),
         offset!(ibv_sa_path_rec, sl),
         offset!(ibv_sa_path_rec, preference),
+        size!(rdma_ucm_cmd_hdr),
+        offset!(rdma_ucm_cmd_hdr, r#in => "in"),
+        offset!(rdma_ucm_cmd_hdr, out),
+        size!(sockaddr_in6),
+        size!(rdma_ucm_create_id),
+        offset!(rdma_ucm_create_id, ps),
+        offset!(rdma_ucm_create_id, qp_type),
+        size!(rdma_ucm_destroy_id),
+        size!(rdma_ucm_bind_ip),
+        offset!(rdma_ucm_bind_ip, id),
+        size!(rdma_ucm_bind),
+        offset!(rdma_ucm_bind, addr),
+        size!(rdma_ucm_resolve_ip),
+        offset!(rdma_ucm_resolve_ip, timeout_ms),
+        size!(rdma_ucm_resolve_addr),
+        offset!(rdma_ucm_resolve_addr, src_addr),
+        offset!(rdma_ucm_resolve_addr, dst_addr),
+        size!(rdma_ucm_resolve_route),
+        size!(rdma_ucm_query),
+        size!(rdma_ucm_query_route_resp),
+        offset!(rdma_ucm_query_route_resp, src_addr),
+        offset!(rdma_ucm_query_route_resp, num_paths),
+        offset!(rdma_ucm_query_route_resp, ibdev_index),
+        size!(rdma_ucm_query_addr_resp),
+        offset!(rdma_ucm_query_addr_resp, src_addr),
+        offset!(rdma_ucm_query_addr_resp, dst_addr),
+        offset!(rdma_ucm_query_addr_resp, ibdev_index),
+        size!(ib_path_rec_data),
+        offset!(ib_path_rec_data, path_rec),
+        offset!(rdma_ucm_query_path_resp, path_data),
+        size!(rdma_ucm_conn_param),
+        offset!(rdma_ucm_conn_param, private_data_len),
+        offset!(rdma_ucm_conn_param, valid),
+        size!(rdma_ucm_ud_param),
+        offset!(rdma_ucm_ud_param, ah_attr),
+        offset!(rdma_ucm_ud_param, private_data_len),
+        size!(rdma_ucm_connect),
+        offset!(rdma_ucm_connect, id),
+        offset!(rdma_ucm_connect, ece),
+        size!(rdma_ucm_listen),
+        size!(rdma_ucm_accept),
+        offset!(rdma_ucm_accept, conn_param),
+        offset!(rdma_ucm_accept, id),
+        offset!(rdma_ucm_accept, ece),
+        size!(rdma_ucm_reject),
+        offset!(rdma_ucm_reject, private_data),
+        size!(rdma_ucm_init_qp_attr),
+        size!(rdma_ucm_notify),
+        size!(rdma_ucm_get_event),
+        size!(rdma_ucm_event_resp),
+        offset!(rdma_ucm_event_resp, id),
+        offset!(rdma_ucm_event_resp, status),
+        offset!(rdma_ucm_event_resp, param),
+        offset!(rdma_ucm_event_resp, reserved),
+        offset!(rdma_ucm_event_resp, ece),
+        size!(rdma_ucm_set_option),
+        offset!(rdma_ucm_set_option, optlen),
+        size!(rdma_ucm_migrate_id),
     ]
 }
 
 #[test]
 fn layouts_match_verbs_h() {
     let facts = facts();
-    let mut c = String::from("#include <stdio.h>\n#include <stddef.h>\n#include <infiniband/verbs.h>\n#include <infiniband/sa.h>\n#include <rdma/ib_user_verbs.h>\n#include <rdma/ib_user_sa.h>\nint main(void) {\n");
+    let mut c = String::from("#include <stdio.h>\n#include <stddef.h>\n#include <infiniband/verbs.h>\n#include <infiniband/sa.h>\n#include <rdma/ib_user_verbs.h>\n#include <rdma/ib_user_sa.h>\n#include <rdma/rdma_user_cm.h>\nint main(void) {\n");
     for (i, f) in facts.iter().enumerate() {
         c.push_str(&format!("  printf(\"{i} %zu\\n\", (size_t)({}));\n", f.c));
     }

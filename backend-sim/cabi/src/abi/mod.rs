@@ -14,6 +14,7 @@ pub mod context;
 pub mod device;
 pub mod kern;
 pub mod objects;
+pub mod ucma;
 pub mod wr;
 
 pub use attr::*;

@@ -13,13 +13,19 @@
 //!   files (a kernel lists the empty ones as zero GIDs whose type reads fail). There is no
 //!   `device` link: the sim's devices are virtual, as rxe's are
 //!   (`/sys/devices/virtual/infiniband`), which programs take as "no PCI locality" (UCX:
-//!   every CPU local, NUMA node unknown).
+//!   every CPU local, NUMA node unknown). `device/net/<ifname>` names the network
+//!   interface that holds the device's address, as an rxe device's does (pyverbs'
+//!   rdma_cm tests find the address to listen on there).
 //! - `sys/class/infiniband_verbs/`: `abi_version` (6, the uverbs ABI) and per device
 //!   `uverbs<N>/` with `ibdev`, `abi_version` and `dev` (uverbs' major 231, minors from
 //!   192).
 //! - `dev/infiniband/uverbs<N>`: a link to `/dev/null`, a character device every user
 //!   may read and write, which is what UCX checks (`uct_ib_device_is_accessible()`); the
 //!   sim's verbs never use it.
+//! - `dev/infiniband/rdma_cm` (a link to `/dev/null` for `stat` and `access`; opening
+//!   it opens the sim's connection manager, [`crate::ucma`]) and
+//!   `sys/class/misc/rdma_cm/`: `abi_version` (4, the rdma_cm ABI librdmacm checks) and
+//!   `dev`.
 
 use std::io;
 use std::net::IpAddr;
@@ -27,7 +33,7 @@ use std::net::IpAddr;
 use verbs_api::{guid_text, Context as _, Gid, LinkLayer};
 
 use super::tree::{self, Tree};
-use super::{DEV, IB_CLASS, VERBS_CLASS};
+use super::{DEV, IB_CLASS, MISC_CM, VERBS_CLASS};
 use crate::runtime::{runtime, Device, SimContext};
 
 /// uverbs' character-device major (`IB_UVERBS_MAJOR`) and its first minor.
@@ -41,6 +47,12 @@ pub fn fill(tree: &Tree) -> io::Result<()> {
         tree.dir(DEV)?;
         tree.dir(IB_CLASS)?;
         tree.write(&format!("{VERBS_CLASS}/abi_version"), "6")?;
+        tree.link(&format!("{DEV}/rdma_cm"), "/dev/null")?;
+        tree.write(
+            &format!("{MISC_CM}/abi_version"),
+            &crate::abi::ucma::RDMA_USER_CM_ABI_VERSION.to_string(),
+        )?;
+        tree.write(&format!("{MISC_CM}/dev"), &crate::ucma::rdev_text())?;
         // A bad setting lists no devices: the tree is empty, as the device list is.
         let Ok(rt) = runtime() else { return Ok(()) };
         for d in &rt.devices {
@@ -93,7 +105,14 @@ fn node(tree: &Tree, d: &Device) -> io::Result<()> {
         &format!("{vdir}/dev"),
         &format!("{UVERBS_MAJOR}:{}", UVERBS_BASE_MINOR + d.index),
     )?;
-    tree.link(&format!("{DEV}/{uverbs}"), "/dev/null")
+    tree.link(&format!("{DEV}/{uverbs}"), "/dev/null")?;
+    if let Some(net) = runtime()
+        .ok()
+        .and_then(|rt| netdev_of(rt.backend.advertised_ip()))
+    {
+        tree.dir(&format!("{dir}/device/net/{net}"))?;
+    }
+    Ok(())
 }
 
 fn port(tree: &Tree, d: &Device, ctx: &SimContext) -> io::Result<()> {

@@ -11,15 +11,14 @@
 //! program's `/sys` and `/dev` look-ups from a test bed it owns, this library answers
 //! the look-ups of three places from a tree of its own ([`tree`], filled by [`files`]):
 //!
-//! - `/dev/infiniband`,
-//! - `class/infiniband` and `class/infiniband_verbs` under `/sys`, and under
+//! - `/dev/infiniband` (with `rdma_cm`, which [`crate::ucma`] opens),
+//! - `class/infiniband`, `class/infiniband_verbs` and `class/misc/rdma_cm` under `/sys`, and under
 //!   `SYSFS_PATH` when it names another directory (libibverbs' `ibv_get_sysfs_path()`
 //!   honours it, and so does [`sysfs_root`]; UCX names `/sys` itself).
 //!
 //! The tree replaces the host's entries there: a process on the sim sees the sim's
-//! devices only, as its device list has them only (on a host with RDMA devices too,
-//! `/dev/infiniband/rdma_cm` is then absent: librdmacm, which asks the kernel, does not
-//! reach the sim anyway). Every other path is the host's, untouched. [`crate::interpose`]
+//! devices only, as its device list has them only, and the sim's connection manager as
+//! its rdma_cm. Every other path is the host's, untouched. [`crate::interpose`]
 //! has the libc calls that consult [`lookup`].
 
 pub mod files;
@@ -37,6 +36,8 @@ pub const DEV: &str = "dev/infiniband";
 pub const IB_CLASS: &str = "sys/class/infiniband";
 /// See [`DEV`].
 pub const VERBS_CLASS: &str = "sys/class/infiniband_verbs";
+/// See [`DEV`].
+pub const MISC_CM: &str = "sys/class/misc/rdma_cm";
 
 /// Where a program's path leads.
 pub enum Lookup {
@@ -133,8 +134,28 @@ unsafe fn place(p: *const u8) -> Option<(&'static str, usize)> {
                 return Some((VERBS_CLASS, at + 6));
             }
         }
+        for root in [b"/sys".as_slice(), custom] {
+            let misc = b"/class/misc/rdma_cm";
+            let at = root.len() + misc.len();
+            if starts_with(p, root) && starts_with(p.add(root.len()), misc) && ends_or_slash(p, at) {
+                return Some((MISC_CM, at));
+            }
+        }
         None
     }
+}
+
+/// Whether the absolute path at `path` is `/dev/infiniband/rdma_cm`, which opens the
+/// sim's connection manager.
+///
+/// # Safety
+///
+/// `path` is NULL or points to a NUL-terminated string.
+pub unsafe fn is_rdma_cm(path: *const c_char) -> bool {
+    const CM: &[u8] = b"/dev/infiniband/rdma_cm\0";
+    // SAFETY: the caller's contract; `starts_with` stops at the first difference, and a
+    // NUL in the string differs from every byte of `CM` but its last.
+    !path.is_null() && unsafe { starts_with(path.cast::<u8>(), CM) }
 }
 
 /// Where the path at `path` leads (a relative path, or NULL, is the host's: the places
@@ -188,7 +209,19 @@ mod tests {
             place_of(c"/sys/class/infiniband_verbs/uverbs0/ibdev"),
             Some((VERBS_CLASS, "/uverbs0/ibdev".into()))
         );
+        assert_eq!(
+            place_of(c"/sys/class/misc/rdma_cm/abi_version"),
+            Some((MISC_CM, "/abi_version".into()))
+        );
+        // SAFETY: NUL-terminated strings.
+        unsafe {
+            assert!(is_rdma_cm(c"/dev/infiniband/rdma_cm".as_ptr()));
+            assert!(!is_rdma_cm(c"/dev/infiniband/rdma_cmx".as_ptr()));
+            assert!(!is_rdma_cm(c"/dev/infiniband/rdma".as_ptr()));
+        }
         for other in [
+            c"/sys/class/misc/rdma_cmx",
+            c"/sys/class/misc",
             c"/dev/infinibandx",
             c"/dev/null",
             c"/sys/class/infiniband_mad",

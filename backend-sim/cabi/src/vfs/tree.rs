@@ -2,7 +2,8 @@
 //! and that the interposed look-ups ([`crate::interpose`]) are answered from.
 //!
 //! It is made on the first look-up that needs it or the first `ibv_open_device`,
-//! whichever comes first, in the temporary directory (`TMPDIR`,
+//! whichever comes first (a child forked from the process makes its own: its devices,
+//! opened in it, have ports of their own, and its parent's tree goes with the parent), in the temporary directory (`TMPDIR`,
 //! else `/tmp`) as `verbs-sim-sys-<pid>-XXXXXX` by `mkdtemp` (mode 0700: the process's own,
 //! for a user without root too), and removed when the process that made it exits
 //! normally (`atexit`; a child forked from it leaves it to its parent). A process killed
@@ -20,7 +21,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicPtr, Ordering};
 
 use parking_lot::Mutex;
 
@@ -35,17 +36,49 @@ pub struct Tree {
     writing: Mutex<()>,
 }
 
-static TREE: OnceLock<Result<Tree, Errno>> = OnceLock::new();
+/// A tree made (or not) by process `pid`.
+struct Made {
+    pid: u32,
+    tree: Result<Tree, Errno>,
+}
+
+/// The tree of the process that made the last one (a forked child finds its parent's
+/// here, and makes its own). Each is made once per process and kept for its life.
+static TREE: AtomicPtr<Made> = AtomicPtr::new(std::ptr::null_mut());
+/// Held while a tree is made.
+static MAKING: Mutex<()> = Mutex::new(());
+
+/// The tree made by this process, if any.
+fn mine() -> Option<&'static Made> {
+    // SAFETY: `TREE` is null or points to a leaked `Made`, never freed.
+    let m = unsafe { TREE.load(Ordering::Acquire).as_ref() }?;
+    (m.pid == std::process::id()).then_some(m)
+}
 
 /// The process's tree, made (and filled) on first use; the error number if it cannot be
 /// made (logged once).
 pub fn get() -> Result<&'static Tree, Errno> {
-    TREE.get_or_init(make).as_ref().map_err(|e| *e)
+    if let Some(m) = mine() {
+        return m.tree.as_ref().map_err(|e| *e);
+    }
+    let _g = MAKING.lock();
+    let m = match mine() {
+        Some(m) => m,
+        None => {
+            let made: &'static Made = Box::leak(Box::new(Made {
+                pid: std::process::id(),
+                tree: make(),
+            }));
+            TREE.store((made as *const Made).cast_mut(), Ordering::Release);
+            made
+        }
+    };
+    m.tree.as_ref().map_err(|e| *e)
 }
 
 /// The process's tree if it has been made.
 pub fn existing() -> Option<&'static Tree> {
-    TREE.get()?.as_ref().ok()
+    mine()?.tree.as_ref().ok()
 }
 
 fn make() -> Result<Tree, Errno> {
