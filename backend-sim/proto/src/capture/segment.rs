@@ -54,8 +54,8 @@ fn position(i: u32, n: u32, [first, middle, last, only]: [u8; 4]) -> u8 {
     }
 }
 
-/// The packets of `frame`, or none for frames that are not RoCE traffic (setup, link
-/// and verification frames of the sim's own).
+/// The packets of `frame`, or none for frames that are not RoCE traffic (setup, link,
+/// verification and rdma_cm rendezvous frames of the sim's own).
 pub fn segments(frame: &Frame, cx: &Context) -> Vec<Segment> {
     let base = cx.transport.base();
     let new = |opcode: u8, psn: u32| Headers::new(base | opcode, cx.dst_qpn, psn);
@@ -211,7 +211,9 @@ pub fn segments(frame: &Frame, cx: &Context) -> Vec<Segment> {
         | Frame::HelloNak { .. }
         | Frame::Verify { .. }
         | Frame::LinkHello { .. }
-        | Frame::LinkVerify { .. } => Vec::new(),
+        | Frame::LinkVerify { .. }
+        | Frame::CmLookup { .. }
+        | Frame::CmAddress { .. } => Vec::new(),
     }
 }
 
