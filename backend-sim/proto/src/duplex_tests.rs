@@ -382,3 +382,55 @@ fn a_message_takes_a_psn_per_packet_of_the_path_mtu() {
     assert_eq!(b.resp.expected_psn(), 4 + 2 + 3 + 1);
     assert_eq!(b.recv_wc.len(), 1);
 }
+
+/// A requester keeps its outstanding PSNs within `PSN_WINDOW` of the oldest
+/// unacknowledged one: at a path MTU of 1 byte a WRITE of 4 MiB takes 2^22 PSNs, so the
+/// second of two waits for the first's ACK, then both complete.
+#[test]
+fn outstanding_psns_stay_within_the_window() {
+    const LEN: usize = 4 << 20;
+    let mut a = Side::new(1, 2);
+    let mut b = Side::new(2, 1);
+    a.req.set_path_mtu(1);
+    b.resp.set_path_mtu(1);
+    let src = a.mr(LEN);
+    let dst = b.mr(LEN);
+    let sge = [Sge::new(src.addr(), LEN as u32, src.key)];
+    for id in 0..2 {
+        a.req
+            .post(&SendWr::write(id, &sge, (dst.addr(), dst.key)).signaled(), &a.mrs)
+            .unwrap();
+    }
+    let mut a2b = Pipe {
+        bytes: VecDeque::new(),
+        cap: 16 << 20,
+    };
+    let mut b2a = Pipe {
+        bytes: VecDeque::new(),
+        cap: 16 << 20,
+    };
+    let now = Instant::now();
+    let mut nothing = Pipe {
+        bytes: VecDeque::new(),
+        cap: 0,
+    };
+    a.round(&mut nothing, &mut a2b, now);
+    assert_eq!(
+        a.req.next_psn(),
+        crate::requester::PSN_WINDOW,
+        "only the first WRITE went"
+    );
+    for _ in 0..10_000 {
+        b.round(&mut a2b, &mut b2a, now);
+        a.round(&mut b2a, &mut a2b, now);
+        if a.send_wc.len() == 2 {
+            break;
+        }
+    }
+    assert_eq!(a.send_wc.len(), 2);
+    assert!(a.send_wc.iter().all(|w| w.is_ok()));
+    assert_eq!(
+        a.req.next_psn(),
+        (2 * crate::requester::PSN_WINDOW) & verbs_api::PSN_MASK
+    );
+}

@@ -43,6 +43,11 @@ use verbs_api::{SendFlags, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion, WrOp
 
 use crate::memory::{LocalAccessError, MrTable, Seg};
 use crate::psn;
+
+/// The most PSNs a requester has outstanding (from the oldest unacknowledged to the
+/// last sent): a quarter of the PSN space, within which an ACK's PSN names one packet
+/// (the ACK handling ignores PSNs more than 2^22 behind).
+pub const PSN_WINDOW: u32 = 1 << 22;
 use crate::switches::{SlotRelease, Switches};
 use crate::tx::TxQueue;
 use crate::window::{BindReq, Invalidator, OnQp};
@@ -684,6 +689,10 @@ impl Requester {
                 break;
             }
             let psn = self.psn;
+            let packets = self.packets_of(idx);
+            if !self.uc && !self.within_psn_window(psn, packets) {
+                break;
+            }
             if self.uc {
                 // (Called with a connection: nothing waits for one any more.)
                 self.link_wait = None;
@@ -699,12 +708,6 @@ impl Requester {
             let w = &mut self.sq[idx];
             w.psn = psn;
             w.sent = true;
-            // Atomics are one packet; a READ takes the PSNs of its response's packets.
-            let packets = if w.op.is_atomic() {
-                1
-            } else {
-                psn::packets(w.len, self.path_mtu)
-            };
             self.psn = psn::add(psn, packets);
             if is_rd {
                 self.rd_inflight += 1;
@@ -717,6 +720,34 @@ impl Requester {
             }
         }
         Ok(sent)
+    }
+
+    /// The PSNs WQE `idx` takes: atomics one, a READ those of its response's packets,
+    /// a SEND or WRITE one per packet of the path MTU.
+    fn packets_of(&self, idx: usize) -> u32 {
+        let w = &self.sq[idx];
+        if w.op.is_atomic() {
+            1
+        } else {
+            psn::packets(w.len, self.path_mtu)
+        }
+    }
+
+    /// Whether a message of `packets` PSNs from `psn` keeps every PSN outstanding within
+    /// [`PSN_WINDOW`] of the oldest unacknowledged one: beyond, an ACK or a NAK could no
+    /// longer be told from one of the PSN space's other half, so the requester waits for
+    /// ACKs first, as an HCA stops at its window. The first message outstanding always
+    /// goes, however long.
+    fn within_psn_window(&self, psn: u32, packets: u32) -> bool {
+        let oldest = self
+            .sq
+            .iter()
+            .take(self.next)
+            .find(|w| w.sent && w.status.is_none());
+        match oldest {
+            None => true,
+            Some(w) => (psn::diff(psn, w.psn).max(0) as u64 + packets as u64) <= PSN_WINDOW as u64,
+        }
     }
 
     /// Executes the local operation WQE `idx` (a bind or a local invalidation), which is
