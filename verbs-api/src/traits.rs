@@ -418,4 +418,17 @@ pub trait QueuePair: Send + Sync {
     /// it fails with ENOMEM; on a QP created with an SRQ it fails with EINVAL (post to
     /// the SRQ instead).
     fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), PostError>;
+
+    /// `ibv_attach_mcast`: attaches this UD QP to the multicast group of MGID `gid` and
+    /// MLID `lid` (ignored on an Ethernet port), in any state; from RTR on it receives
+    /// what is sent to the group, checking its own Q_Key. Attaching again is a no-op; a
+    /// GID that is not multicast, a QP that is not UD or (InfiniBand) a LID below 0xC000
+    /// is EINVAL; past the device's `max_mcast_grp`, `max_mcast_qp_attach` or
+    /// `max_total_mcast_qp_attach`, ENOMEM (see [`crate::mcast`]). Dropping the QP
+    /// detaches it.
+    fn attach_mcast(&self, gid: &Gid, lid: u16) -> Result<()>;
+
+    /// `ibv_detach_mcast`: detaches this QP from the group it was attached to with the
+    /// same `gid` and `lid`; EINVAL if it was not.
+    fn detach_mcast(&self, gid: &Gid, lid: u16) -> Result<()>;
 }
