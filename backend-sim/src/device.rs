@@ -33,6 +33,7 @@ use verbs_api::event_queue::EventQueue;
 use crate::addressing::Addressing;
 use crate::counters::DeviceCounters;
 use crate::datagram::Datagrams;
+use crate::mcast::Multicast;
 use crate::memory::MrTable;
 use crate::profile::attrs::IBV_DEVICE_SRQ_RESIZE;
 use crate::profile::warnings::Advice;
@@ -70,6 +71,8 @@ pub struct DeviceShared {
     pub counters: Arc<DeviceCounters>,
     /// Its UD side: links to other devices, datagrams to its own QPs.
     pub datagrams: Arc<Datagrams>,
+    /// Its multicast groups.
+    pub mcast: Arc<Multicast>,
     shutdown: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
     /// Its control socket (`rdma-sim status`), removed with the device.
     control: Mutex<Option<crate::control::Endpoint>>,
@@ -162,12 +165,16 @@ impl DeviceShared {
             // One P_Key, the default (see `profile::attrs`).
             max_pkeys: 1,
             phys_port_cnt: 1,
+            max_mcast_grp: l.max_mcast_grp,
+            max_mcast_qp_attach: l.max_mcast_qp_attach,
+            max_total_mcast_qp_attach: l.max_total_mcast_qp_attach,
         };
         let addr = Addressing::new(bound, advertise);
         let addr = Arc::new(if roce { addr.roce() } else { addr });
         let qps: Arc<QpTable> = Arc::default();
         let claims: Arc<crate::verify::Claims> = Arc::default();
         let counters: Arc<DeviceCounters> = Arc::default();
+        let mcast = Arc::new(Multicast::new(addr.advertise, l.link_layer, &l));
         let datagrams = Arc::new(Datagrams::new(
             name,
             handle.clone(),
@@ -176,6 +183,7 @@ impl DeviceShared {
             qps.clone(),
             counters.clone(),
             progress.clone(),
+            mcast.clone(),
         ));
         let setup = Arc::new(Setup {
             name: name.to_string(),
@@ -201,6 +209,7 @@ impl DeviceShared {
             events: Arc::new(EventQueue::new()?),
             counters,
             datagrams,
+            mcast,
             shutdown: Mutex::new(Some(tx)),
             control: Mutex::new(None),
             thread: Mutex::new(Some(thread)),
@@ -429,6 +438,7 @@ impl DataPath for DeviceShared {
 
 impl Drop for DeviceShared {
     fn drop(&mut self) {
+        self.mcast.close();
         if let Some(tx) = self.shutdown.lock().take() {
             let _ = tx.send(());
         }

@@ -14,6 +14,7 @@ mod dir;
 mod serve;
 mod status;
 
+pub(crate) use dir::ensure as ensure_directory;
 pub use dir::resolve as directory;
 pub(crate) use serve::{open, Endpoint, Source};
 pub use status::{list, DeviceStatus, Found, QpStatus};
