@@ -335,7 +335,7 @@ fi
 # rdma-core's own tests (python3-pyverbs ships them, some gzipped). A row fails if a test
 # fails or errors, or if fewer of the generic tests (not test_mlx5_*, test_efa*) pass
 # than the floor of its profile; the floors only rise.
-declare -A floor=([portable]=70 [rxe]=73 [mlx5]=71)
+declare -A floor=([portable]=70 [rxe]=73 [mlx5]=72)
 pyv=$out/install/pyverbs-tests
 rm -rf "$pyv"
 cp -r /usr/share/doc/rdma-core/tests "$pyv"

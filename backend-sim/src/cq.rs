@@ -63,6 +63,9 @@ pub struct CqShared {
     /// read without it): a poll of an empty CQ, which a spinning poller makes several
     /// times per turn, returns without taking the lock.
     news: AtomicBool,
+    /// Whether the CQ is armed (a copy of the arming state written under the `state`
+    /// lock, read without it: [`CqShared::armed`]).
+    armed: AtomicBool,
     channel: Option<Arc<ChannelShared>>,
     events_delivered: AtomicU64,
     events_acked: AtomicU64,
@@ -84,6 +87,7 @@ impl CqShared {
                 arm: Arm::Off,
             }),
             news: AtomicBool::new(false),
+            armed: AtomicBool::new(false),
             channel,
             events_delivered: AtomicU64::new(0),
             events_acked: AtomicU64::new(0),
@@ -131,6 +135,9 @@ impl CqShared {
                     notify = true;
                 }
             }
+            if notify {
+                self.armed.store(false, Ordering::Relaxed);
+            }
             if !st.entries.is_empty() || st.lost > 0 {
                 // Release: a poll that sees it also sees what was pushed.
                 self.news.store(true, Ordering::Release);
@@ -138,13 +145,14 @@ impl CqShared {
             if !ok && st.arm != Arm::Off {
                 // An overflowed CQ raises its error through the channel as well.
                 st.arm = Arm::Off;
+                self.armed.store(false, Ordering::Relaxed);
                 notify = true;
             }
         }
         if notify {
             if let Some(ch) = &self.channel {
                 self.events_delivered.fetch_add(1, Ordering::Relaxed);
-                ch.post(self.handle);
+                crate::channel_signal::signal(ch, self.handle);
             }
         }
         ok
@@ -219,7 +227,14 @@ impl CqShared {
             (Arm::Next, _) | (_, false) => Arm::Next,
             _ => Arm::Solicited,
         };
+        self.armed.store(true, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Whether the CQ is armed: a completion (a solicited one, if so armed) will signal
+    /// its channel and wake whoever waits there. A hint, read without the lock.
+    pub fn armed(&self) -> bool {
+        self.armed.load(Ordering::Relaxed)
     }
 
     /// `ibv_ack_cq_events`.
@@ -252,6 +267,9 @@ pub struct ChannelShared {
     events: Mutex<VecDeque<u32>>,
     cv: Condvar,
     efd: OwnedFd,
+    /// Runs on the signalling thread as each event is posted (tests).
+    #[cfg(test)]
+    pub on_post: Mutex<Option<Box<dyn Fn() + Send>>>,
 }
 
 impl ChannelShared {
@@ -261,10 +279,18 @@ impl ChannelShared {
             events: Mutex::new(VecDeque::new()),
             cv: Condvar::new(),
             efd: event_fd::new("eventfd (completion channel)")?,
+            #[cfg(test)]
+            on_post: Mutex::new(None),
         })
     }
 
-    fn post(&self, cq: u32) {
+    /// Queues an event of CQ `cq` and wakes the channel's waiters (callers go through
+    /// [`crate::channel_signal::signal`], which decides when).
+    pub(crate) fn post(&self, cq: u32) {
+        #[cfg(test)]
+        if let Some(f) = &*self.on_post.lock() {
+            f();
+        }
         self.events.lock().push_back(cq);
         event_fd::signal(self.efd.as_fd());
         self.cv.notify_all();

@@ -64,6 +64,7 @@
 #![warn(missing_docs)]
 
 mod addressing;
+mod channel_signal;
 pub mod control;
 pub mod counters;
 mod cpu_share;
@@ -71,6 +72,8 @@ mod cq;
 mod datagram;
 mod device;
 mod epoll;
+#[cfg(test)]
+mod event_tests;
 mod fault_state;
 pub mod faults;
 mod host_addrs;

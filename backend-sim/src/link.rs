@@ -73,6 +73,13 @@ pub struct Conn<Q> {
     /// When bytes last arrived on it (the same clock): while a READ response's payload
     /// arrives, the ACK timer counts from it too.
     pub last_rx: AtomicU64,
+    /// Whether the QP's application answers what it receives with posts of its own, so
+    /// that an ACK may wait for its next post (set by its posts, cleared when a wait
+    /// ran out; see `progress::answer`).
+    pub answers: AtomicBool,
+    /// Until when the ACK the connection owes waits for that answer (the data path's
+    /// clock, in nanoseconds; 0: none waits).
+    pub ack_held_until: AtomicU64,
 }
 
 impl<Q> Conn<Q> {

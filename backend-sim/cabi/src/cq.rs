@@ -117,6 +117,7 @@ fn create(
     if !(0..NUM_COMP_VECTORS).contains(&comp_vector) {
         return Err(libc::EINVAL);
     }
+    crate::provider_env::mlx5_alloc(c, "MLX_CQ")?;
     let sim = c
         .sim
         .create_cq(cqe, ch.map(|ch| &ch.sim))

@@ -58,6 +58,7 @@ mod pd;
 mod poll;
 mod post;
 mod private;
+mod provider_env;
 mod qp;
 mod qp_ex;
 mod query;

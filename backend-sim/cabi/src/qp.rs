@@ -149,6 +149,7 @@ fn create(init: Init) -> Result<*mut ibv_qp, Errno> {
     if init.cap.is_null() {
         return Err(libc::EINVAL);
     }
+    crate::provider_env::mlx5_alloc(ctx, "MLX_QP")?;
     if let Some(ops) = init.send_ops {
         if ops & !SUPPORTED_SEND_OPS != 0 {
             return Err(libc::EOPNOTSUPP);

@@ -77,6 +77,7 @@ fn create(
 ) -> Result<*mut ibv_srq, Errno> {
     // SAFETY: used within this call; the SRQ then holds a count.
     let p = unsafe { live::get::<Pd>(pd) }?;
+    crate::provider_env::mlx5_alloc(p.ctx(), "MLX_SRQ")?;
     let asked = SrqAttr {
         max_wr: attr.max_wr,
         max_sge: attr.max_sge,

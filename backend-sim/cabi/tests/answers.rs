@@ -69,3 +69,21 @@ fn the_unpolled_completions_advice_is_quiet_and_said_once() {
     );
     assert_eq!(asked.matches(advice).count(), 1, "{asked}");
 }
+
+/// The mlx5 provider's `MLX_<OBJ>_ALLOC_TYPE=HUGE` (rdma-core's pyverbs test
+/// `test_mlx5_huge_page` sets it): on the mlx5 profile's device the object is refused with
+/// ENOMEM where the kernel has no huge pages to give, made where it has; elsewhere the
+/// setting changes nothing.
+#[test]
+fn the_mlx5_providers_huge_page_setting() {
+    for profile in ["mlx5", "portable"] {
+        for var in ["MLX_CQ_ALLOC_TYPE", "MLX_QP_ALLOC_TYPE", "MLX_SRQ_ALLOC_TYPE"] {
+            run_c_check(
+                "provider_env",
+                &[("RDMA_SIM_PROFILE", profile), (var, "HUGE")],
+                &[],
+                LIMIT,
+            );
+        }
+    }
+}

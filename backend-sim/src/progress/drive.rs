@@ -26,6 +26,11 @@ impl Progress {
     /// between two QPs of this device, each of which looks busy while it owes the other
     /// an ACK), nor does a list (the poster's own batch).
     pub fn kick(&self, qp: &Arc<QpShared>, conn: &Arc<Conn>, idle: bool, wrs: usize) {
+        // The application answers on this connection: an ACK may wait for its next
+        // post (see `answer`).
+        if !conn.answers.load(Ordering::Relaxed) {
+            conn.answers.store(true, Ordering::Relaxed);
+        }
         let now = self.clock.stamp();
         let driving = self.window.posted(now.ns, &self.bell);
         let burst = POSTS_SINCE_POLL.replace(POSTS_SINCE_POLL.get().saturating_add(1)) > 0;
@@ -188,6 +193,22 @@ impl Progress {
         if let Some(dev) = POLLED.with(|last| last.borrow().upgrade()) {
             dev.user_idle();
         }
+    }
+
+    /// A thread is about to block on a completion channel of this device, which has no
+    /// event for it (`has_event`, asked after a hold was seen): the ACKs held for an
+    /// answer (see `answer`) leave now, each on its own. Their events were signalled
+    /// before their holds started, and taken, by this thread or another: whichever
+    /// would have answered sleeps instead, or has answered elsewhere.
+    pub fn waiter_blocks(&self, has_event: impl FnOnce() -> bool) {
+        if !self.held.any() || has_event() {
+            return;
+        }
+        let due = self.held.take_all();
+        for c in &due {
+            self.service_as(c, Mode::Transmit);
+        }
+        self.held.give_back(due);
     }
 
     /// `conn` owes an ACK left for later: for this thread's next poll or post, else for

@@ -14,7 +14,9 @@
 //! - **Progress thread**: `epoll_wait`s on every connection, the doorbell and the next
 //!   timer. After it did work it keeps polling without blocking for the spin window
 //!   (`RDMA_SIM_SPIN_US`, default 50 µs), unless an application thread is driving progress
-//!   itself (then one spinner per process is enough), and then blocks. An application
+//!   itself (then one spinner per process is enough), and then blocks; at once after a
+//!   turn that woke a thread waiting on a completion channel, which needs a CPU to run
+//!   (see `thread.rs`). An application
 //!   thread drives while its polls (empty or not) come less than `DRIVE_GAP` apart; the
 //!   time it spends reading or writing a connection on the way (up to a
 //!   [`WRITE_BUDGET`](crate::tx::WRITE_BUDGET) per write, a millisecond or more on
@@ -66,7 +68,9 @@
 //!   its next poll or post (delayed ACK, so it leaves with the next request; while
 //!   requests keep streaming in, it acknowledges as the progress thread does), or for the progress thread once
 //!   the driving window and grace period are over; a thread that polls now and then
-//!   sends it at once, as nothing says when it calls again. The progress thread, while
+//!   sends it at once, as nothing says when it calls again. A round of the progress
+//!   thread that wakes a thread sleeping on a completion channel holds its ACK for
+//!   that thread's answer ([`answer`]). The progress thread, while
 //!   requests keep streaming in, sends one when
 //!   a request asked for it (the AckReq bit, which requesters set on one in every half of
 //!   their outstanding WQEs) or `ACK_EVERY` (1 MiB) of payload went unacknowledged, and
@@ -99,6 +103,7 @@ use crate::sys;
 use verbs_api::QpState;
 
 mod acks;
+mod answer;
 mod bell;
 mod clock;
 mod drive;
@@ -118,6 +123,7 @@ mod window;
 mod tests;
 
 use acks::DelayedAcks;
+use answer::HeldAcks;
 use bell::Bell;
 use clock::Clock;
 use poller::{Poller, DIRECT_MAX};
@@ -169,6 +175,8 @@ pub struct Progress {
     window: Window,
     timers: Timers,
     acks: DelayedAcks,
+    /// ACKs that wait for the answer of the thread their round woke.
+    held: HeldAcks,
     ready: ReadyQueue,
     stop: AtomicBool,
     spin: Duration,
@@ -188,6 +196,10 @@ pub struct Progress {
     /// (tests).
     #[cfg(test)]
     held_seen: AtomicU64,
+    /// Turns the progress thread spun right after a turn that signalled a completion
+    /// channel (tests).
+    #[cfg(test)]
+    spun_after_signal: AtomicU64,
 }
 
 /// Receive paths of a device that are not QP connections (its UD links, which tasks on
@@ -218,6 +230,7 @@ impl Progress {
             window: Window::new(grace),
             timers: Timers::new(),
             acks: DelayedAcks::new(),
+            held: HeldAcks::new(),
             ready: ReadyQueue::new(),
             stop: AtomicBool::new(false),
             spin,
@@ -228,6 +241,8 @@ impl Progress {
             side: std::sync::OnceLock::new(),
             #[cfg(test)]
             held_seen: AtomicU64::new(0),
+            #[cfg(test)]
+            spun_after_signal: AtomicU64::new(0),
         })
     }
 
@@ -268,6 +283,8 @@ impl Progress {
             pending: AtomicBool::new(false),
             last_tx: AtomicU64::new(0),
             last_rx: AtomicU64::new(0),
+            answers: AtomicBool::new(false),
+            ack_held_until: AtomicU64::new(0),
             ep: Mutex::new(EpReg {
                 registered: false,
                 interest: libc::EPOLLIN as u32,
@@ -390,6 +407,38 @@ impl Progress {
     #[cfg(test)]
     pub fn held_seen(&self) -> u64 {
         self.held_seen.load(Ordering::Relaxed)
+    }
+
+    /// How many turns the progress thread spun right after one that signalled a
+    /// completion channel (tests).
+    #[cfg(test)]
+    pub fn spun_after_signal(&self) -> u64 {
+        self.spun_after_signal.load(Ordering::Relaxed)
+    }
+
+    /// How many ACKs waited for an answer so far (tests).
+    #[cfg(test)]
+    pub fn acks_held(&self) -> u64 {
+        self.held.held.load(Ordering::Relaxed)
+    }
+
+    /// Whether `conn`'s ACK waits for an answer (tests).
+    #[cfg(test)]
+    pub fn ack_waits(&self, conn: &Conn) -> bool {
+        HeldAcks::waits(conn)
+    }
+
+    /// How long until the progress thread must wake for an ACK held for an answer
+    /// (tests).
+    #[cfg(test)]
+    pub fn answer_deadline(&self) -> Option<Duration> {
+        self.held.due_in(self.clock.now_ns())
+    }
+
+    /// Makes an ACK wait up to `d` for an answer (tests).
+    #[cfg(test)]
+    pub fn set_answer_wait(&self, d: Duration) {
+        self.held.set_wait(d);
     }
 
     /// Whether the progress thread sleeps without a bound (tests).

@@ -8,14 +8,16 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use backend_sim_proto::connection::Connection;
+use backend_sim_proto::connection::{AckPolicy, Connection};
 use backend_sim_proto::engine::{Sides, Stop};
 use verbs_api::{AsyncEventType, QpState};
 
+use super::answer::HeldAcks;
 use super::clock::Stamp;
 use super::fault_layer::{Armed, Gate, Open};
 use super::rest_wait::{Rest, RestWait};
 use super::{Mode, Progress, LARGE_IO};
+use crate::channel_signal::Deferral;
 use crate::fault_state::BreakPoint;
 use crate::link::ConnIo;
 use crate::qp::{Conn, QpShared};
@@ -23,8 +25,9 @@ use crate::sys;
 
 /// What [`Progress::process`] did.
 enum Processed {
-    /// Go on; `ack_later`: an ACK is owed and left for later (delayed ACK).
-    Ok { ack_later: bool },
+    /// Go on; `ack_later`: an ACK is owed and left for later (delayed ACK); `held`: it
+    /// waits for the answer of the thread the round woke (see `answer`).
+    Ok { ack_later: bool, held: bool },
     /// The connection was closed.
     Closed,
     /// Fault injection: break the connection at this point of the request just built.
@@ -53,12 +56,30 @@ impl Progress {
         &self,
         conn: &Arc<Conn>,
         mode: Mode,
-        mut peek: bool,
-        mut clock: Option<Stamp>,
+        peek: bool,
+        clock: Option<Stamp>,
     ) -> bool {
         if !peek {
             conn.pending.store(true, Ordering::SeqCst);
         }
+        // The rounds' completion events are signalled once they have let go of the
+        // connection (see `channel_signal`)...
+        let signals = Deferral::begin();
+        let did = self.service_rounds(conn, mode, peek, clock);
+        drop(signals);
+        // ...and an ACK they left for the answer of a thread they woke waits from then
+        // on (see `answer`: a thread that blocks on a channel after that has taken its
+        // event, or has another one to take).
+        if HeldAcks::marked(conn) {
+            self.hold_ack(conn);
+        }
+        did
+    }
+
+    /// The rounds of [`Progress::service_inner`], until nothing moves or another thread
+    /// holds the connection.
+    #[inline(always)]
+    fn service_rounds(&self, conn: &Arc<Conn>, mode: Mode, mut peek: bool, mut clock: Option<Stamp>) -> bool {
         let mut did = false;
         loop {
             let Some(io) = conn.io.try_lock() else {
@@ -160,8 +181,8 @@ impl Progress {
             if read_any {
                 conn.last_rx.store(now.ns.max(1), Ordering::Relaxed);
             }
-            let ack_later = if stalled {
-                false
+            let (ack_later, held) = if stalled {
+                (false, false)
             } else {
                 match self.process(conn, &mut io.wire, mode, self.clock.instant(now.ns), gate) {
                     Processed::Closed => return (true, true, None),
@@ -169,15 +190,20 @@ impl Progress {
                         self.break_now(conn, &mut io, p);
                         return (true, true, None);
                     }
-                    Processed::Ok { ack_later } => ack_later,
+                    Processed::Ok { ack_later, held } => (ack_later, held),
                 }
             };
-            if ack_later {
-                self.owe_ack(conn);
-            } else if conn.ack_owed.load(Ordering::Relaxed) {
-                // Nothing owed (any ACK left with this round's frames). (A stale look
-                // that misses the flag costs a visit of `flush_acks`, nothing more.)
-                self.acks.disown(conn);
+            if held {
+                HeldAcks::mark(conn);
+            } else {
+                self.held.left(conn);
+                if ack_later {
+                    self.owe_ack(conn);
+                } else if conn.ack_owed.load(Ordering::Relaxed) {
+                    // Nothing owed (any ACK left with this round's frames). (A stale look
+                    // that misses the flag costs a visit of `flush_acks`, nothing more.)
+                    self.acks.disown(conn);
+                }
             }
             let hold = gate.hold(io.wire.tx.is_empty());
             // (While the peer's bytes keep coming, a budget's worth of them is read
@@ -260,7 +286,12 @@ impl Progress {
             self.close(conn);
             return Processed::Closed;
         }
-        let policy = mode.ack_policy();
+        // A round of the progress thread that may wake a thread sleeping on the receive
+        // CQ's channel, of an application that answers: its ACK may wait for the answer
+        // (see `answer`). Built at the end of the round if nobody was woken.
+        let hold = mode == Mode::Full && conn.answers.load(Ordering::Relaxed) && qp.recv_cq.armed();
+        let policy = if hold { AckPolicy::Delay } else { mode.ack_policy() };
+        let raised = if hold { crate::channel_signal::raised() } else { 0 };
         loop {
             let accepting = crate::qp::receives_in(g.state);
             let parts = QpShared::scratch(&mut g);
@@ -320,8 +351,26 @@ impl Progress {
         wire.end_round(&mut g.resp, policy);
         qp.deliver(&mut g);
         self.rearm(qp, &mut g);
+        let mut held = false;
+        if hold && g.resp.owes_ack() {
+            if crate::channel_signal::raised() != raised {
+                held = true;
+            } else if wire.reader.drained() && matches!(g.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+                // Nobody woken: the ACK leaves as the progress thread's always does.
+                g.resp.flush_ack(&mut wire.tx);
+            }
+        }
         Processed::Ok {
             ack_later: g.resp.owes_ack(),
+            held,
+        }
+    }
+
+    /// `conn`'s ACK, marked in a round that woke a thread, waits for that thread's answer
+    /// from now on (see `answer`); a progress thread asleep is woken to heed the deadline.
+    fn hold_ack(&self, conn: &Arc<Conn>) {
+        if self.held.hold(conn, self.clock.now_ns()) && self.bell.asleep() {
+            self.bell.ring();
         }
     }
 }

@@ -51,6 +51,7 @@ impl Progress {
         let mut gap_ewma = self.spin;
         let mut settled = Settled::default();
         let mut scratch = Vec::new();
+        let mut due = Vec::new();
         let mut share = ShareWatch::default();
         // Whether the last turn was a spinning one (so a block now ends a spin window).
         let mut spun_last = false;
@@ -59,6 +60,10 @@ impl Progress {
         // The last turn found connections with news held by another thread, and did
         // nothing (see `HELD_NAP`).
         let mut held = false;
+        // The last turn signalled a completion channel (see below; tests count the spins
+        // after one).
+        #[cfg(test)]
+        let mut signalled_last = false;
         while !self.stop.load(Ordering::Acquire) {
             let now = Instant::now();
             // (Converted once: the loop compares it with the driving window up to three
@@ -69,6 +74,10 @@ impl Progress {
             // Spin (poll without blocking) for a while after doing work, unless an
             // application thread is driving progress itself: one spinner is enough.
             let spinning = now < spin_until && !user_driving;
+            #[cfg(test)]
+            if spinning && signalled_last {
+                self.spun_after_signal.fetch_add(1, Ordering::Relaxed);
+            }
             let timeout = if spinning {
                 Some(Duration::ZERO)
             } else {
@@ -91,6 +100,9 @@ impl Progress {
                     Some(Duration::ZERO)
                 } else {
                     let mut left = self.timers.left(now);
+                    if let Some(h) = self.held.due_in(now_ns) {
+                        left = Some(left.map_or(h, |l| l.min(h)));
+                    }
                     if user_driving {
                         // Take over when the application stops driving, plus a nap
                         // that doubles each time the thread wakes to find it still
@@ -202,6 +214,7 @@ impl Progress {
                 work |= self.run_ready();
             }
             work |= self.run_timers();
+            work |= self.release_held(&mut due);
             if work {
                 let t = Instant::now();
                 let gap = t.saturating_duration_since(last_work);
@@ -210,6 +223,22 @@ impl Progress {
                 spin_until = t + (gap_ewma * 2).clamp(self.spin, MAX_SPIN.max(self.spin));
             } else if spinning && n == 0 {
                 std::hint::spin_loop();
+            }
+            // The turn woke a thread waiting on a completion channel (it blocks in
+            // `ibv_get_cq_event`, or polls the descriptor): block now instead of
+            // spinning. That thread needs a CPU to take the event and post what comes
+            // next, and on a host without an idle one a spinning progress thread holds
+            // the CPU it would run on (the scheduler places a woken thread beside its
+            // waker) until the spin window ends: each event then costs a spin window
+            // where a blocking wake-up costs microseconds. What the woken thread causes
+            // (the peer's answer) wakes this thread through the epoll set.
+            let signalled = crate::channel_signal::take_signalled();
+            if signalled {
+                spin_until = now;
+            }
+            #[cfg(test)]
+            {
+                signalled_last = signalled;
             }
             spun_last = spinning;
             held = held_now && !work;
@@ -226,6 +255,22 @@ impl Progress {
             self.held_seen.fetch_add(1, Ordering::Relaxed);
         }
         did
+    }
+
+    /// Sends the ACKs whose wait for an answer ended (see `answer`), and forgets the
+    /// entries of those that left; whether any was sent. `due`: an empty list to use.
+    fn release_held(&self, due: &mut Vec<Arc<Conn>>) -> bool {
+        if self.held.next() == u64::MAX {
+            return false;
+        }
+        // (A clock of its own: the turn's was read before its sleep, which a deadline
+        // may have ended.)
+        self.held.take_due(self.clock.now_ns(), due);
+        let any = !due.is_empty();
+        for c in due.drain(..) {
+            self.service(&c);
+        }
+        any
     }
 
     /// How long past the driving window's end a progress thread sleeps on the doorbell

@@ -113,6 +113,7 @@ impl Context for SimContext {
     fn create_comp_channel(&self) -> Result<SimChannel> {
         Ok(SimChannel {
             ch: Arc::new(ChannelShared::new()?),
+            progress: Arc::downgrade(&self.dev.progress),
         })
     }
 

@@ -78,6 +78,8 @@ impl Drop for SimCq {
 /// A completion channel of the sim.
 pub struct SimChannel {
     pub(crate) ch: Arc<ChannelShared>,
+    /// The data path of its device: a thread that blocks here tells it.
+    pub(crate) progress: std::sync::Weak<crate::progress::Progress>,
 }
 
 impl SimChannel {
@@ -85,18 +87,25 @@ impl SimChannel {
     /// in the calling thread (see [`ChannelShared::read_event`]): what a C program's
     /// signals and `O_NONBLOCK` expect. The handle of the CQ that raised the event.
     pub fn read_cq_event(&self) -> Result<u32> {
+        self.about_to_block();
+        self.ch.read_event()
+    }
+
+    /// The calling thread may block on the channel: the device it polled last must not
+    /// count on it to drive progress, and ACKs held for its answer leave.
+    fn about_to_block(&self) {
         if !self.ch.has_event() {
             crate::progress::Progress::thread_blocks();
+            if let Some(p) = self.progress.upgrade() {
+                p.waiter_blocks(|| self.ch.has_event());
+            }
         }
-        self.ch.read_event()
     }
 }
 
 impl CompletionChannel for SimChannel {
     fn get_cq_event(&self, timeout: Option<Duration>) -> Result<Option<u32>> {
-        if !self.ch.has_event() {
-            crate::progress::Progress::thread_blocks();
-        }
+        self.about_to_block();
         self.ch.get_event(timeout)
     }
     fn fd(&self) -> RawFd {
