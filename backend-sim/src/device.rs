@@ -26,7 +26,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use parking_lot::Mutex;
-use verbs_api::{Capabilities, DeviceAttr, Error, LinkLayer, PortAttr, PortState, Result};
+use verbs_api::{
+    AsyncElement, AsyncEvent, AsyncEventType, Capabilities, DeviceAttr, Error, LinkLayer, PortAttr, Result,
+};
 
 use verbs_api::event_queue::EventQueue;
 
@@ -35,6 +37,7 @@ use crate::counters::DeviceCounters;
 use crate::datagram::Datagrams;
 use crate::mcast::Multicast;
 use crate::memory::MrTable;
+use crate::port::Port;
 use crate::profile::attrs::IBV_DEVICE_SRQ_RESIZE;
 use crate::profile::warnings::Advice;
 use crate::profile::{Attrs, Profile};
@@ -73,6 +76,8 @@ pub struct DeviceShared {
     pub datagrams: Arc<Datagrams>,
     /// Its multicast groups.
     pub mcast: Arc<Multicast>,
+    /// Its port's state (up, or down by fault injection).
+    pub port: Arc<Port>,
     shutdown: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
     /// Its control socket (`rdma-sim status`), removed with the device.
     control: Mutex<Option<crate::control::Endpoint>>,
@@ -175,6 +180,7 @@ impl DeviceShared {
         let claims: Arc<crate::verify::Claims> = Arc::default();
         let counters: Arc<DeviceCounters> = Arc::default();
         let mcast = Arc::new(Multicast::new(addr.advertise, l.link_layer, &l));
+        let port: Arc<Port> = Arc::default();
         let datagrams = Arc::new(Datagrams::new(
             name,
             handle.clone(),
@@ -184,6 +190,7 @@ impl DeviceShared {
             counters.clone(),
             progress.clone(),
             mcast.clone(),
+            port.clone(),
         ));
         let setup = Arc::new(Setup {
             name: name.to_string(),
@@ -193,6 +200,7 @@ impl DeviceShared {
             qps: qps.clone(),
             progress: progress.clone(),
             datagrams: datagrams.clone(),
+            port: port.clone(),
         });
         let dev = Arc::new(DeviceShared {
             name: name.to_string(),
@@ -210,6 +218,7 @@ impl DeviceShared {
             counters,
             datagrams,
             mcast,
+            port,
             shutdown: Mutex::new(Some(tx)),
             control: Mutex::new(None),
             thread: Mutex::new(Some(thread)),
@@ -218,6 +227,9 @@ impl DeviceShared {
         crate::transport::spawn_listener(&dev.setup, std_listener)?;
         let weak: std::sync::Weak<DeviceShared> = Arc::downgrade(&dev);
         *dev.control.lock() = crate::control::open(name, &dev.setup.rt, weak);
+        if let Some(s) = crate::port::schedule_from_env()? {
+            dev.schedule_port_fault(s);
+        }
         tracing::debug!(device = name, %bound, advertise = %addr.advertise, %profile, "sim device open");
         Ok(dev)
     }
@@ -240,8 +252,9 @@ impl DeviceShared {
 
     /// `ibv_query_port`.
     pub fn port_attr(&self) -> PortAttr {
+        let (state, phys_state) = self.port.states();
         PortAttr {
-            state: PortState::Active,
+            state,
             max_mtu: self.limits.max_mtu,
             active_mtu: self.limits.active_mtu,
             gid_tbl_len: self.addr.gid_tbl_len,
@@ -252,7 +265,7 @@ impl DeviceShared {
             lmc: 0,
             active_width: 1,
             active_speed: 1,
-            phys_state: 5,
+            phys_state,
             link_layer: self.limits.link_layer,
             qkey_viol_cntr: self.counters.qkey_violations(),
             bad_pkey_cntr: 0,
@@ -354,7 +367,64 @@ impl DeviceShared {
             counters: self.counters.clone(),
             profile: self.profile,
             advice: self.advice.clone(),
+            port: self.port.clone(),
         }
+    }
+
+    /// Takes the port down and up again as `s` says, on the setup runtime.
+    fn schedule_port_fault(self: &Arc<Self>, s: crate::port::Schedule) {
+        let weak = Arc::downgrade(self);
+        self.setup.rt.spawn(async move {
+            tokio::time::sleep(s.after).await;
+            let Some(d) = weak.upgrade() else { return };
+            d.set_port(false);
+            drop(d);
+            if let Some(f) = s.down_for {
+                tokio::time::sleep(f).await;
+                if let Some(d) = weak.upgrade() {
+                    d.set_port(true);
+                }
+            }
+        });
+    }
+
+    /// Takes the port down (`up` false) or brings it back, as a cable pulled and plugged
+    /// in again (fault injection): `IBV_EVENT_PORT_ERR` or `IBV_EVENT_PORT_ACTIVE`, and
+    /// `ibv_query_port` says so. Down, every connection and UD link of the device closes
+    /// and none is set up or accepted until the port is back: what the QPs send is lost
+    /// (their requesters retry per `retry_cnt`, and a port back in time loses nothing),
+    /// or fails where the profile says so (`Switches::port_down_fails_sends`, rxe). Up,
+    /// the QPs that lost their connections set them up again at once.
+    pub fn set_port(&self, up: bool) {
+        if !self.port.set_up(up) {
+            return;
+        }
+        let qps: Vec<Arc<QpShared>> = self.qps.lock().values().filter_map(|q| q.upgrade()).collect();
+        let (event, what) = match up {
+            true => (AsyncEventType::PortActive, "active"),
+            false => (AsyncEventType::PortErr, "down"),
+        };
+        tracing::debug!(device = %self.name, "port 1 {what}");
+        if !up {
+            for qp in &qps {
+                let conns = {
+                    let g = qp.inner.lock();
+                    [g.conn.clone(), g.self_conn.clone()]
+                };
+                for c in conns.into_iter().flatten() {
+                    self.progress.fault_break(&c);
+                }
+            }
+            self.datagrams.close_links();
+        } else {
+            for qp in &qps {
+                qp.req_wake.notify_one();
+            }
+        }
+        self.events.raise(AsyncEvent {
+            event_type: event,
+            element: AsyncElement::Port(1),
+        });
     }
 }
 

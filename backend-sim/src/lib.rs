@@ -82,6 +82,7 @@ mod link;
 mod listener;
 pub mod mapping;
 mod mcast;
+mod port;
 pub mod profile;
 mod progress;
 mod qp;

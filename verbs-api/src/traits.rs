@@ -56,7 +56,7 @@ pub type AhOf<B> = <B as Backend>::Ah;
 /// A family of RDMA devices: the simulated HCA or libibverbs.
 pub trait Backend: Send + Sync + Sized + 'static {
     /// An open device (`struct ibv_context`).
-    type Context: Context<Backend = Self>;
+    type Context: Context<Backend = Self> + 'static;
     /// A protection domain (`struct ibv_pd`).
     type Pd: ProtectionDomain<Backend = Self>;
     /// A memory region (`struct ibv_mr`).

@@ -189,6 +189,17 @@ pub struct Switches {
     /// rxe moves any QP to ERR (rxe_req.c: the `err:` path sets `QP_STATE_ERROR`,
     /// rxe_comp.c `COMPST_ERROR` calls `rxe_qp_error()`), flushing its receives too.
     pub send_error_sqe: bool,
+    /// Whether a port that is down fails what would be sent through it. An HCA's port
+    /// that goes down stops the packets of every transport: RC and UC requests time out
+    /// and are retried per `retry_cnt` (nothing is lost if the port returns in time), UD
+    /// datagrams are lost and their WRs complete successfully (IBA; a ConnectX). rxe sends
+    /// through its netdev's routes, which a netdev taken down no longer has:
+    /// `rxe_prepare()` (rxe_net.c) fails with "Host not reachable", `init_req_packet()`
+    /// gives no packet, and the WQE completes with `IBV_WC_LOC_QP_OP_ERR` and the QP goes
+    /// to ERR (rxe_req.c), for a new WR at once and for one in flight at its resend;
+    /// resolving an address (`ibv_create_ah`, `ibv_modify_qp` to RTR) fails with
+    /// ENETUNREACH. Observed on rxe0 with `ip link set <netdev> down`.
+    pub port_down_fails_sends: bool,
 }
 
 impl Switches {
@@ -217,6 +228,7 @@ impl Switches {
         rd_atomic_pow2: false,
         rd_atomic_over_limit_served: false,
         send_error_sqe: true,
+        port_down_fails_sends: false,
     };
 
     /// Soft-RoCE as Linux 6.1 and rdma-core v44 implement it.
@@ -243,6 +255,7 @@ impl Switches {
         rd_atomic_pow2: true,
         rd_atomic_over_limit_served: true,
         send_error_sqe: false,
+        port_down_fails_sends: true,
     };
 
     /// A ConnectX (mlx5) as rdma-core's mlx5 provider and the IBA it follows describe it.
@@ -269,6 +282,7 @@ impl Switches {
         rd_atomic_pow2: true,
         rd_atomic_over_limit_served: false,
         send_error_sqe: true,
+        port_down_fails_sends: false,
     };
 }
 

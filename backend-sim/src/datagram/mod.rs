@@ -153,6 +153,8 @@ pub struct Datagrams {
     local: LocalQueue,
     /// The device's multicast groups (whose QPs take datagrams to QP 0xFFFFFF).
     mcast: Arc<Multicast>,
+    /// The device's port: while it is down no datagram leaves and no link is opened.
+    pub port: Arc<crate::port::Port>,
 }
 
 impl Datagrams {
@@ -167,6 +169,7 @@ impl Datagrams {
         counters: Arc<DeviceCounters>,
         progress: Arc<Progress>,
         mcast: Arc<Multicast>,
+        port: Arc<crate::port::Port>,
     ) -> Self {
         Datagrams {
             name: name.to_string(),
@@ -185,6 +188,7 @@ impl Datagrams {
                 waiters: Waiters::default(),
             },
             mcast,
+            port,
         }
     }
 
@@ -232,6 +236,15 @@ impl Datagrams {
             let mut fatal = false;
             while let Some((idx, route)) = g.req.ud_next(from) {
                 from = idx + 1;
+                if !self.port.is_up() {
+                    if qp.fails_for_port(&mut g) {
+                        break;
+                    }
+                    tracing::trace!(qpn = qp.qpn, "UD: datagram lost: the port is down");
+                    self.counters.ud_unsent();
+                    g.req.ud_lost(idx);
+                    continue;
+                }
                 if g.faults.drop_datagrams > 0 {
                     g.faults.drop_datagrams -= 1;
                     self.progress
@@ -470,6 +483,14 @@ impl Datagrams {
         }
     }
 
+    /// Closes every link (the port went down); each leaves the table as its task ends.
+    pub fn close_links(&self) {
+        let all = self.links.lock().all();
+        for l in all {
+            l.close();
+        }
+    }
+
     /// The link ended: it leaves the table.
     fn forget(&self, link: &Arc<Link>) {
         self.links.lock().remove(link);
@@ -528,6 +549,11 @@ impl Datagrams {
         else {
             return;
         };
+        if !self.port.is_up() {
+            // Arrived at a port that went down meanwhile: lost, as on the wire.
+            tracing::trace!(device = %self.name, dst_qpn, "UD: datagram dropped: the port is down");
+            return self.counters.ud_dropped();
+        }
         if dst_qpn == MULTICAST_QPN {
             return match grh.map(|h| Gid(h.dgid)).filter(|g| g.is_multicast()) {
                 Some(mgid) => self.deliver_to_group(inbox, frame, payload, src, mgid, src_qpn),

@@ -281,6 +281,21 @@ pub fn table() -> &'static [SwitchDoc] {
                 )
             },
         },
+        SwitchDoc {
+            name: "port_down_fails_sends",
+            what: "a send through a port that is down",
+            source: "IBA (the packets are lost: RC and UC retried per retry_cnt, UD completes), a ConnectX; \
+                     rxe: rxe_net.c rxe_prepare() finds no route on a netdev taken down, rxe_req.c completes \
+                     the WQE LOC_QP_OP_ERR and the QP goes to ERR (observed on rxe0)",
+            cases: &["port.rc-while-down", "port.ud-while-down"],
+            value: |s| {
+                yes_no(
+                    s.port_down_fails_sends,
+                    "fails at once: LOC_QP_OP_ERR, the QP to ERR (create_ah, modify_qp to RTR: ENETUNREACH)",
+                    "lost: RC and UC retried per retry_cnt, UD completes SUCCESS",
+                )
+            },
+        },
     ];
     T
 }

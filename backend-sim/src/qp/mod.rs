@@ -131,6 +131,8 @@ pub struct QpDevice {
     pub profile: crate::profile::Profile,
     /// The portability advice of its backend (`profile::warnings`).
     pub advice: Arc<crate::profile::warnings::Advice>,
+    /// Its port's state.
+    pub port: Arc<crate::port::Port>,
 }
 
 /// The parts of a QP's state that one connection's frames move ([`QpShared::scratch`]).
