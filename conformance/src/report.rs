@@ -33,6 +33,9 @@ pub enum Lack {
     Ud,
     /// No UC QPs.
     Uc,
+    /// The runner cannot take the device's port down and up (on a real device that
+    /// takes root: `ip link set dev NETDEV down`); not a capability of the device.
+    PortControl,
 }
 
 impl Lack {
@@ -71,6 +74,9 @@ impl Lack {
             Lack::Uc => has("uc"),
             Lack::Atomics if caps.atomic_cap == "none" => Ok(()),
             Lack::Atomics => Err(format!("its atomic_cap is {:?}, not \"none\"", caps.atomic_cap)),
+            // The runner's privileges, which no capability records: the skip's reason
+            // says which command failed.
+            Lack::PortControl => Ok(()),
             Lack::RdAtomLimitBelowU8 if caps.max_qp_init_rd_atom >= 255 => Ok(()),
             Lack::RdAtomLimitBelowU8 => Err(format!(
                 "its max_qp_init_rd_atom is {}, which a u8 does exceed",

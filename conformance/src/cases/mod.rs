@@ -12,8 +12,10 @@ mod cq;
 mod device;
 mod errors;
 mod events;
+mod mcast;
 mod mr;
 mod order;
+mod port;
 mod post;
 mod profile;
 mod qp;
@@ -67,7 +69,9 @@ pub fn cases<B: Backend>() -> Vec<Case<B>> {
     v.extend(srq::list::<B>());
     v.extend(uc::list::<B>());
     v.extend(ud::list::<B>());
+    v.extend(mcast::list::<B>());
     v.extend(events::list::<B>());
+    v.extend(port::list::<B>());
     v.extend(remote::list::<B>());
     v.extend(profile::list::<B>());
     v
