@@ -430,6 +430,10 @@ impl DeviceShared {
 
 /// What the device's control endpoint shows ([`control`](crate::control)).
 impl crate::control::Source for DeviceShared {
+    fn set_port(&self, up: bool) {
+        DeviceShared::set_port(self, up)
+    }
+
     fn status(&self) -> crate::control::DeviceStatus {
         // The table's lock is let go before any QP's is taken.
         let live: Vec<_> = self.qps.lock().values().filter_map(|q| q.upgrade()).collect();
@@ -461,6 +465,10 @@ impl crate::control::Source for DeviceShared {
                 .map(|g| std::net::Ipv6Addr::from(g.0).to_string())
                 .collect(),
             mrs: self.mrs.len(),
+            port: match self.port.is_up() {
+                true => "ACTIVE".into(),
+                false => "DOWN".into(),
+            },
             counters,
             qps,
         }
