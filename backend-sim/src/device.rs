@@ -412,7 +412,7 @@ impl DeviceShared {
                     [g.conn.clone(), g.self_conn.clone()]
                 };
                 for c in conns.into_iter().flatten() {
-                    self.progress.fault_break(&c);
+                    self.progress.port_went_down(&c);
                 }
             }
             self.datagrams.close_links();
