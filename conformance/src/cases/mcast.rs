@@ -3,6 +3,12 @@
 //! multicast LID) names a group, a datagram sent to the group reaches every attached QP
 //! and no other, each receiver checks its own Q_Key, the receive holds the GRH whose
 //! destination is the group, and a QP that detached receives no more.
+//!
+//! On a RoCE port the cases also join the group's IPv4 address at the IP level for their
+//! duration, as rdma_cm's `rdma_join_multicast` does (cma.c `cma_igmp_send()`): rxe hands
+//! a group's datagram to the IP stack (rxe_net.c `rxe_send()`, its loopback shortcut is
+//! for unicast only), which loops a copy back to the host's own rxe only if the host is a
+//! member (`ip_mc_output()`); `ibv_attach_mcast` alone joins at the link level.
 
 use verbs_api::{
     AhAttr, Backend, Context, Gid, GlobalRoute, LinkLayer, MemoryRegion, ProtectionDomain, QpInitAttr,
@@ -67,6 +73,22 @@ fn group<B: Backend>(env: &Env<B>) -> Result<(Gid, u16), Failure> {
     }
 }
 
+/// On a RoCE port, a socket that holds the host's IP-level membership of the group
+/// (`IP_ADD_MEMBERSHIP` on the interface of the run's GID) while it lives; `None` where
+/// there is nothing to join or the join fails (the sim, whose loopback interface takes
+/// no memberships, needs none).
+fn ip_join<B: Backend>(env: &Env<B>, mgid: &Gid) -> Option<std::net::UdpSocket> {
+    let group = mgid.to_ipv4_mapped()?;
+    let iface = env
+        .ctx
+        .query_gid(1, env.cfg.gid_index as u32)
+        .ok()?
+        .to_ipv4_mapped()?;
+    let s = std::net::UdpSocket::bind((std::net::Ipv4Addr::UNSPECIFIED, 0)).ok()?;
+    s.join_multicast_v4(&group, &iface).ok()?;
+    Some(s)
+}
+
 /// `n` receivers (QPs beside `u`'s receiver, on `u`'s receive CQ) with Q_Keys `qkeys`,
 /// and an address handle of `u`'s to group `(mgid, mlid)`.
 fn members<B: Backend>(
@@ -74,9 +96,10 @@ fn members<B: Backend>(
     u: &UdSetup<B>,
     qkeys: &[u32],
     (mgid, mlid): (Gid, u16),
-) -> Result<(Vec<B::Qp>, B::Ah), Failure> {
+) -> Result<Members<B>, Failure> {
     let params = env.params();
     let mut v = Vec::new();
+    let join = ip_join(env, &mgid);
     for (i, k) in qkeys.iter().enumerate() {
         let q =
             u.pd.create_qp(&QpInitAttr::ud(&u.cq_r, &u.cq_r, env.opts().cap))?;
@@ -96,7 +119,19 @@ fn members<B: Backend>(
         port_num: 1,
         ..Default::default()
     })?;
-    Ok((v, ah))
+    Ok(Members {
+        qps: v,
+        ah,
+        _join: join,
+    })
+}
+
+/// The members [`members`] made, the address handle to their group, and the host's
+/// IP-level membership on RoCE.
+struct Members<B: Backend> {
+    qps: Vec<B::Qp>,
+    ah: B::Ah,
+    _join: Option<std::net::UdpSocket>,
 }
 
 /// Posts a receive of [`GRH`] + 64 bytes in slot `i` (of 256 bytes) of `u.dst` on each
@@ -176,7 +211,7 @@ fn attach_checks<B: Backend>(env: &Env<B>) -> CaseResult {
 fn deliver<B: Backend>(env: &Env<B>) -> CaseResult {
     let u = UdSetup::new(env, 1)?;
     let g = group(env)?;
-    let (m, ah) = members(env, &u, &[QKEY, QKEY], g)?;
+    let Members { qps: m, ah, _join } = members(env, &u, &[QKEY, QKEY], g)?;
     post_each(&u, &m)?;
     // The setup's own receiver, not attached, has a receive posted too.
     u.post(9, 4096, 64)?;
@@ -212,7 +247,7 @@ fn deliver<B: Backend>(env: &Env<B>) -> CaseResult {
 fn qkey<B: Backend>(env: &Env<B>) -> CaseResult {
     let u = UdSetup::new(env, 1)?;
     let g = group(env)?;
-    let (m, ah) = members(env, &u, &[QKEY, QKEY ^ 0x0f0f], g)?;
+    let Members { qps: m, ah, _join } = members(env, &u, &[QKEY, QKEY ^ 0x0f0f], g)?;
     post_each(&u, &m)?;
     send(env, &u, &ah, 1)?;
     let got = arrived(env, &u)?;
@@ -227,7 +262,7 @@ fn qkey<B: Backend>(env: &Env<B>) -> CaseResult {
 fn detach<B: Backend>(env: &Env<B>) -> CaseResult {
     let u = UdSetup::new(env, 1)?;
     let g = group(env)?;
-    let (m, ah) = members(env, &u, &[QKEY, QKEY], g)?;
+    let Members { qps: m, ah, _join } = members(env, &u, &[QKEY, QKEY], g)?;
     post_each(&u, &m)?;
     m[1].detach_mcast(&g.0, g.1)?;
     send(env, &u, &ah, 1)?;
