@@ -27,6 +27,22 @@ pub const MULTICAST_QPN: u32 = 0xff_ffff;
 /// The first multicast LID (IBA 4.1.3: 0xC000 to 0xFFFE are multicast LIDs).
 pub const MULTICAST_LID_BASE: u16 = 0xc000;
 
+/// The host's IP-level membership of a RoCE v2 group, held while the socket lives: on a
+/// port whose GID `local` is an IPv4 address, joins the IPv4 multicast address that
+/// `mgid` names on that interface (`IP_ADD_MEMBERSHIP`, the IGMP join rdma_cm's
+/// `rdma_join_multicast` makes), so that the network, and the host's own IP stack for a
+/// sender on the same host (Soft-RoCE sends through it), deliver the group to the port.
+/// `Ok(None)` where an IP join means nothing: either GID is not an IPv4 one (InfiniBand,
+/// where the subnet administrator's join does it).
+pub fn ip_join(mgid: &Gid, local: &Gid) -> std::io::Result<Option<std::net::UdpSocket>> {
+    let (Some(group), Some(iface)) = (mgid.to_ipv4_mapped(), local.to_ipv4_mapped()) else {
+        return Ok(None);
+    };
+    let s = std::net::UdpSocket::bind((std::net::Ipv4Addr::UNSPECIFIED, 0))?;
+    s.join_multicast_v4(&group, &iface)?;
+    Ok(Some(s))
+}
+
 /// The permissive LID, never a group's.
 pub const PERMISSIVE_LID: u16 = 0xffff;
 

@@ -73,20 +73,12 @@ fn group<B: Backend>(env: &Env<B>) -> Result<(Gid, u16), Failure> {
     }
 }
 
-/// On a RoCE port, a socket that holds the host's IP-level membership of the group
-/// (`IP_ADD_MEMBERSHIP` on the interface of the run's GID) while it lives; `None` where
-/// there is nothing to join or the join fails (the sim, whose loopback interface takes
-/// no memberships, needs none).
+/// On a RoCE port, the host's IP-level membership of the group while it lives
+/// ([`verbs_api::mcast::ip_join`]); `None` where there is nothing to join, or the join
+/// failed (the delivery checks then say what did not arrive).
 fn ip_join<B: Backend>(env: &Env<B>, mgid: &Gid) -> Option<std::net::UdpSocket> {
-    let group = mgid.to_ipv4_mapped()?;
-    let iface = env
-        .ctx
-        .query_gid(1, env.cfg.gid_index as u32)
-        .ok()?
-        .to_ipv4_mapped()?;
-    let s = std::net::UdpSocket::bind((std::net::Ipv4Addr::UNSPECIFIED, 0)).ok()?;
-    s.join_multicast_v4(&group, &iface).ok()?;
-    Some(s)
+    let local = env.ctx.query_gid(1, env.cfg.gid_index as u32).ok()?;
+    verbs_api::mcast::ip_join(mgid, &local).ok().flatten()
 }
 
 /// `n` receivers (QPs beside `u`'s receiver, on `u`'s receive CQ) with Q_Keys `qkeys`,

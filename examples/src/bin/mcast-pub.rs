@@ -3,7 +3,8 @@
 //!
 //! Each subscriber opens the device on its own (on the sim a device of its own, as on
 //! another host), brings a UD QP up and attaches it to one multicast group: an MGID (on
-//! RoCE an IPv4 multicast address, `::ffff:239.x.y.z`) and, on InfiniBand, an MLID. The
+//! RoCE an IPv4 multicast address, `::ffff:239.x.y.z`, which the host also joins at the
+//! IP level, as rdma_cm does) and, on InfiniBand, an MLID. The
 //! publisher has one UD QP, not attached, and one address handle whose GRH names the
 //! group; it sends every datagram once, to QP 0xFFFFFF with the group's Q_Key, and the
 //! fabric hands a copy to every attached QP. A datagram carries the publisher's sequence
@@ -387,14 +388,21 @@ fn subscriber<B: Backend>(
     let cq = ctx.create_cq(depth, None)?;
     let qp = pd.create_qp(&QpInitAttr::ud(&cq, &cq, QpCap::new(1, depth)))?;
     ud_to_rts(&qp, &params, QKEY, 0)?;
-    match dest {
-        Dest::Group(mgid, mlid) => qp
-            .attach_mcast(&mgid, mlid)
-            .with_context(|| format!("subscriber {i}: joining group {mgid}"))?,
+    // On RoCE the host joins the group's IPv4 address too, as rdma_cm does: without it
+    // the network (and Soft-RoCE's own IP stack) does not deliver the group here.
+    let _ip_member = match dest {
+        Dest::Group(mgid, mlid) => {
+            qp.attach_mcast(&mgid, mlid)
+                .with_context(|| format!("subscriber {i}: joining group {mgid}"))?;
+            let local = ctx.query_gid(params.port_num, u32::from(params.gid_index))?;
+            verbs_api::mcast::ip_join(&mgid, &local)
+                .with_context(|| format!("subscriber {i}: joining {mgid} at the IP level"))?
+        }
         Dest::Unicast => {
             let _ = endpoint.send(local_endpoint(&ctx, &qp, &params, 0)?);
+            None
         }
-    }
+    };
     let slot = GRH + s.size;
     let mr = pd.reg_mr(depth as usize * slot, AccessFlags::LOCAL_WRITE)?;
     // A receive into slot `k` of `mr` (its wr_id).
