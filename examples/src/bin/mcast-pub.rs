@@ -26,7 +26,8 @@
 //! ```text
 //! mcast-pub demo                                   # 3 subscribers, subscriber 0 starved once
 //! mcast-pub demo --subscribers 5 --starve-after 0  # nobody starved: nothing may drop
-//! mcast-pub bench --subscribers 4 --size 4096      # unicast vs multicast, MB/s per subscriber
+//! mcast-pub bench --subscribers 4                  # unicast vs multicast, MB/s per subscriber
+//! mcast-pub bench --subscribers 4 --one-device     # the subscribers' QPs on one device
 //! ```
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -51,7 +52,7 @@ use verbs_api::{
 #[command(
     name = "mcast-pub",
     version,
-    after_help = "Examples:\n  mcast-pub demo\n  mcast-pub demo --subscribers 5 --starve-after 0\n  mcast-pub bench --subscribers 4 --size 4096"
+    after_help = "Examples:\n  mcast-pub demo\n  mcast-pub demo --subscribers 5 --starve-after 0\n  mcast-pub bench --subscribers 4\n  mcast-pub bench --subscribers 4 --one-device"
 )]
 struct Cli {
     #[command(flatten)]
@@ -89,6 +90,12 @@ struct Stream {
     /// is done (0: nobody starves). Demo only.
     #[arg(long, default_value_t = 200)]
     starve_after: u64,
+    /// All subscribers' QPs on one context (one device, as several programs on one host
+    /// share its HCA): the fabric carries one copy, the device hands it to each QP.
+    /// Without it each subscriber opens a context of its own (on the sim, a device of its
+    /// own, as on separate hosts).
+    #[arg(long)]
+    one_device: bool,
 }
 
 fn main() -> std::process::ExitCode {
@@ -123,6 +130,24 @@ struct Shared {
     done: AtomicBool,
     /// Set once every subscriber is attached and has its receives posted.
     ready: AtomicU64,
+    /// The subscriber that starves, whose credits the publisher does not wait for.
+    starved: Option<usize>,
+}
+
+impl Shared {
+    /// The datagrams the publisher may have sent in all: the fewest receives a
+    /// subscriber that keeps up has posted.
+    fn credit(&self) -> u64 {
+        let keeps_up = self
+            .posted
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| Some(*i) != self.starved);
+        keeps_up
+            .map(|(_, p)| p.load(Ordering::Acquire))
+            .min()
+            .unwrap_or(u64::MAX)
+    }
 }
 
 /// Where datagrams go.
@@ -246,14 +271,20 @@ fn publish<B: Backend>(
         posted: (0..s.subscribers).map(|_| AtomicU64::new(0)).collect(),
         done: AtomicBool::new(false),
         ready: AtomicU64::new(0),
+        starved: (starve_after > 0).then_some(0),
     };
     let (tx_ep, rx_ep) = std::sync::mpsc::channel();
+    let contexts = if s.one_device { 1 } else { s.subscribers };
+    let contexts: Vec<B::Context> = (0..contexts)
+        .map(|_| open_device(b, common.device.as_deref()))
+        .collect::<Res<_>>()?;
     std::thread::scope(|scope| {
         let subs: Vec<_> = (0..s.subscribers)
             .map(|i| {
                 let (shared, tx_ep) = (&shared, tx_ep.clone());
+                let ctx = &contexts[i % contexts.len()];
                 let starve = if i == 0 { starve_after } else { 0 };
-                scope.spawn(move || subscriber(b, common, s, dest, i, starve, shared, tx_ep))
+                scope.spawn(move || subscriber::<B>(ctx, common, s, dest, i, starve, shared, tx_ep))
             })
             .collect();
         drop(tx_ep);
@@ -289,7 +320,6 @@ fn publisher<C: Context>(
     let qp = pd.create_qp(&QpInitAttr::ud(&cq, &cq, QpCap::new(depth, 1)))?;
     ud_to_rts(&qp, &params, QKEY, 0)?;
     let mr = pd.reg_mr(depth as usize * s.size, AccessFlags::LOCAL_WRITE)?;
-    let wait = Waiter::new(common.wait());
     let (ah, remote_qpn) = match dest {
         Dest::Group(mgid, mlid) => {
             let ah = pd.create_ah(&AhAttr {
@@ -322,31 +352,24 @@ fn publisher<C: Context>(
         std::thread::yield_now();
     }
     let started = Instant::now();
-    let (mut outstanding, mut wait) = (0u32, wait);
+    let mut outstanding = 0u32;
     let mut wcs = vec![WorkCompletion::default(); depth as usize];
+    let mut buf = vec![0u8; s.size];
+    let mut allowed = 0u64;
     for seq in 0..s.messages {
-        // Credits: every subscriber that keeps up has a receive posted for this one.
-        let mut w = Waiter::new(common.wait());
-        while shared.posted.iter().enumerate().any(|(i, p)| {
-            let starved = i == 0 && s.starve_after > 0 && !matches!(dest, Dest::Unicast);
-            !starved && p.load(Ordering::Acquire) <= seq
-        }) {
-            w.idle(&|| format!("no credit from a subscriber for datagram {seq}"))?;
-        }
-        while outstanding >= depth {
-            let n = cq.poll(&mut wcs)?;
-            for wc in &wcs[..n] {
-                check_wc(wc, &|| "a publisher's send".to_string())?;
-            }
-            outstanding -= n as u32;
-            if n > 0 {
-                wait.progress();
-            } else {
-                wait.idle(&|| "the publisher's send completions".to_string())?;
+        if seq >= allowed {
+            // Credits: every subscriber that keeps up has a receive posted for this one.
+            let mut w = Waiter::new(common.wait());
+            loop {
+                allowed = shared.credit();
+                if allowed > seq {
+                    break;
+                }
+                w.idle(&|| format!("no credit from a subscriber for datagram {seq}"))?;
             }
         }
+        reap(&cq, &mut wcs, &mut outstanding, depth - 1, common)?;
         let slot = (seq % u64::from(depth)) as usize * s.size;
-        let mut buf = vec![0u8; s.size];
         wire::encode(0, seq, s.size, &mut buf);
         mr.write(slot, &buf)?;
         qp.post_send(&[SendWr::send(seq, &[mr.sge(slot, s.size)?])
@@ -354,17 +377,32 @@ fn publisher<C: Context>(
             .ud(&ah, remote_qpn, QKEY)])?;
         outstanding += 1;
     }
-    while outstanding > 0 {
-        let n = cq.poll(&mut wcs)?;
+    reap(&cq, &mut wcs, &mut outstanding, 0, common)?;
+    Ok(started)
+}
+
+/// Takes the publisher's send completions until at most `keep` are outstanding.
+fn reap<C: CompletionQueue>(
+    cq: &C,
+    wcs: &mut [WorkCompletion],
+    outstanding: &mut u32,
+    keep: u32,
+    common: &CommonArgs,
+) -> Res<()> {
+    let mut wait = Waiter::new(common.wait());
+    while *outstanding > keep {
+        let n = cq.poll(wcs)?;
         for wc in &wcs[..n] {
             check_wc(wc, &|| "a publisher's send".to_string())?;
         }
-        outstanding -= n as u32;
-        if n == 0 {
-            wait.idle(&|| "the publisher's last send completions".to_string())?;
+        *outstanding -= n as u32;
+        if n > 0 {
+            wait.progress();
+        } else {
+            wait.idle(&|| "the publisher's send completions".to_string())?;
         }
     }
-    Ok(started)
+    Ok(())
 }
 
 /// Subscriber `i`: attached to the group (or, for unicast, its endpoint sent to the
@@ -372,7 +410,7 @@ fn publisher<C: Context>(
 /// `starve` > 0, no receives posted after that many datagrams until the publisher is done.
 #[allow(clippy::too_many_arguments)]
 fn subscriber<B: Backend>(
-    b: &B,
+    ctx: &B::Context,
     common: &CommonArgs,
     s: &Stream,
     dest: Dest,
@@ -382,7 +420,6 @@ fn subscriber<B: Backend>(
     endpoint: std::sync::mpsc::Sender<verbs_api::Endpoint>,
 ) -> Res<Seen> {
     let params = common.rc_params();
-    let ctx = open_device(b, common.device.as_deref())?;
     let pd = ctx.alloc_pd()?;
     let depth = s.depth.max(1);
     let cq = ctx.create_cq(depth, None)?;
@@ -399,7 +436,7 @@ fn subscriber<B: Backend>(
                 .with_context(|| format!("subscriber {i}: joining {mgid} at the IP level"))?
         }
         Dest::Unicast => {
-            let _ = endpoint.send(local_endpoint(&ctx, &qp, &params, 0)?);
+            let _ = endpoint.send(local_endpoint(ctx, &qp, &params, 0)?);
             None
         }
     };
