@@ -196,9 +196,10 @@ pub struct Switches {
     /// through its netdev's routes, which a netdev taken down no longer has:
     /// `rxe_prepare()` (rxe_net.c) fails with "Host not reachable", `init_req_packet()`
     /// gives no packet, and the WQE completes with `IBV_WC_LOC_QP_OP_ERR` and the QP goes
-    /// to ERR (rxe_req.c), for a new WR at once and for one in flight at its resend;
-    /// resolving an address (`ibv_create_ah`, `ibv_modify_qp` to RTR) fails with
-    /// ENETUNREACH. Observed on rxe0 with `ip link set <netdev> down`.
+    /// to ERR (rxe_req.c), for a new WR at once and for one in flight at its resend
+    /// (the conformance group `port` on rxe0, with `ip link set <netdev> down`). Not
+    /// modelled: rxe's address resolution (`ibv_create_ah`, `ibv_modify_qp` to RTR)
+    /// through the same missing route.
     pub port_down_fails_sends: bool,
 }
 

@@ -291,7 +291,7 @@ pub fn table() -> &'static [SwitchDoc] {
             value: |s| {
                 yes_no(
                     s.port_down_fails_sends,
-                    "fails at once: LOC_QP_OP_ERR, the QP to ERR (create_ah, modify_qp to RTR: ENETUNREACH)",
+                    "fails: LOC_QP_OP_ERR, the QP to ERR",
                     "lost: RC and UC retried per retry_cnt, UD completes SUCCESS",
                 )
             },

@@ -1,8 +1,8 @@
 /* A port that goes down and comes back, for a C program (tests/port.rs runs this with
  * RDMA_SIM_PORT_DOWN=AFTER:FOR under each profile; man ibv_get_async_event, man
  * ibv_query_port): IBV_EVENT_PORT_ERR on port 1 and the port reads IBV_PORT_DOWN, a SEND
- * posted meanwhile on an RC QP connected to itself through GID 1 (timeout 14, retry_cnt 7: about half
- * a second of retries), then IBV_EVENT_PORT_ACTIVE and IBV_PORT_ACTIVE. The SEND
+ * posted meanwhile on an RC QP connected to itself through GID 1 (timeout 16, retry_cnt 7: about two
+ * seconds of retries), then IBV_EVENT_PORT_ACTIVE and IBV_PORT_ACTIVE. The SEND
  * completes SUCCESS and is received once (the port came back within its retries), or
  * with argument "fails" IBV_WC_LOC_QP_OP_ERR (rxe fails a send through a netdev that is
  * down). Prints one line per check and exits with the number of failed checks. */
@@ -60,7 +60,7 @@ static int self_connect_global(struct ibv_context *ctx, struct ibv_qp *qp)
 				      IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
 				      IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
 		return -1;
-	struct ibv_qp_attr r = { .qp_state = IBV_QPS_RTS, .sq_psn = 7, .timeout = 14,
+	struct ibv_qp_attr r = { .qp_state = IBV_QPS_RTS, .sq_psn = 7, .timeout = 16,
 		.retry_cnt = 7, .rnr_retry = 7, .max_rd_atomic = 4 };
 	return ibv_modify_qp(qp, &r, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT |
 				     IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
@@ -84,7 +84,6 @@ int main(int argc, char **argv)
 	struct ibv_qp *qp = ibv_create_qp(pd, &ia);
 	CHECK(qp && mr && self_connect_global(ctx, qp) == 0, "an RC QP connected to itself");
 	struct ibv_port_attr pa;
-	CHECK(ibv_query_port(ctx, 1, &pa) == 0 && pa.state == IBV_PORT_ACTIVE, "the port starts active");
 
 	int port = 0;
 	int ev = next_event(ctx, 10000, &port);
