@@ -181,6 +181,9 @@ pub(crate) fn device_attr_from_raw(a: &ibv_device_attr) -> DeviceAttr {
         max_srq_sge: n(a.max_srq_sge),
         max_pkeys: a.max_pkeys,
         phys_port_cnt: a.phys_port_cnt,
+        max_mcast_grp: n(a.max_mcast_grp),
+        max_mcast_qp_attach: n(a.max_mcast_qp_attach),
+        max_total_mcast_qp_attach: n(a.max_total_mcast_qp_attach),
     }
 }
 
@@ -238,6 +241,23 @@ pub(crate) fn capabilities_from(dev: &DeviceAttr, port: &PortAttr, transport_ib:
     c.max_mr_size = dev.max_mr_size;
     c.link_layer = port.link_layer;
     c
+}
+
+impl CtxInner {
+    /// The link layer of port 1 (InfiniBand when it cannot be queried).
+    pub(crate) fn link_layer(&self) -> verbs_api::LinkLayer {
+        if let Some(c) = self.caps.get() {
+            return c.link_layer;
+        }
+        // SAFETY: all-zero is a valid `ibv_port_attr`; the context is open (see
+        // `query_port`).
+        let mut a: ibv_port_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: as in `query_port`.
+        match unsafe { rdma_sys::___ibv_query_port(self.raw, 1, &mut a) } {
+            0 => port_attr_from_raw(&a).link_layer,
+            _ => verbs_api::LinkLayer::InfiniBand,
+        }
+    }
 }
 
 impl Context for IbvContext {

@@ -13,8 +13,10 @@
 use std::os::raw::c_int;
 use std::sync::Arc;
 
+use parking_lot::Mutex;
 use rdma_sys::{
-    ibv_ah_attr, ibv_create_qp, ibv_destroy_qp, ibv_gid, ibv_global_route, ibv_modify_qp, ibv_qp,
+    ibv_ah_attr, ibv_attach_mcast, ibv_create_qp, ibv_destroy_qp, ibv_detach_mcast, ibv_gid,
+    ibv_global_route, ibv_modify_qp, ibv_qp,
 };
 use rdma_sys::{ibv_qp_attr, ibv_qp_cap, ibv_qp_init_attr, ibv_query_qp};
 use verbs_api::transitions::check_modify;
@@ -45,6 +47,8 @@ pub struct IbvQp {
     _recv_cq: Arc<CqInner>,
     /// The SRQ the QP takes its receives from.
     srq: Option<Arc<SrqInner>>,
+    /// The multicast groups it is attached to (detached before it is destroyed).
+    mcast: Mutex<Vec<(Gid, u16)>>,
 }
 
 // SAFETY: `ibv_qp` is safe for multi-threaded access (crate docs: providers lock their
@@ -70,6 +74,12 @@ impl Drop for IbvQp {
         // Leave the table first, so that no event for this QP is queued after `forget`.
         registry.qps.lock().remove(&self.qp_num);
         registry.events.forget(AsyncElement::Qp(self.qp_num));
+        for (gid, lid) in self.mcast.get_mut().drain(..) {
+            let raw = ibv_gid { raw: gid.0 };
+            // SAFETY: the QP is live; `raw` is a valid GID for the call. A failure leaves
+            // the destroy below to report EBUSY, which a drop cannot.
+            unsafe { ibv_detach_mcast(self.raw, &raw, lid) };
+        }
         // SAFETY: the QP is live and destroyed once; its CQs, SRQ and PD outlive it (Arcs
         // held in fields, dropped after this). The async thread acknowledged every
         // libibverbs event for it, so the call does not wait.
@@ -188,6 +198,28 @@ pub(crate) fn qp_attr_from_raw(r: &ibv_qp_attr) -> QpAttr {
     }
 }
 
+/// `ibv_create_qp_ex` with the attributes of `init` and `create_flags`; the granted
+/// capacities are written back to `init`. NULL with `errno` set on failure.
+fn create_ex(pd: &PdInner, init: &mut ibv_qp_init_attr, create_flags: u32) -> *mut ibv_qp {
+    use rdma_sys::{ibv_qp_init_attr_ex, ibv_qp_init_attr_mask};
+    // SAFETY: all-zero is a valid ibv_qp_init_attr_ex (pointers may be NULL).
+    let mut ex: ibv_qp_init_attr_ex = unsafe { std::mem::zeroed() };
+    ex.send_cq = init.send_cq;
+    ex.recv_cq = init.recv_cq;
+    ex.srq = init.srq;
+    ex.cap = init.cap;
+    ex.qp_type = init.qp_type;
+    ex.sq_sig_all = init.sq_sig_all;
+    ex.pd = pd.raw;
+    ex.comp_mask =
+        (ibv_qp_init_attr_mask::IBV_QP_INIT_ATTR_PD | ibv_qp_init_attr_mask::IBV_QP_INIT_ATTR_CREATE_FLAGS).0;
+    ex.create_flags = create_flags;
+    // SAFETY: the context, PD, CQs and SRQ are live; `ex` is valid for the call.
+    let raw = unsafe { rdma_sys::ibv_create_qp_ex(pd.ctx.raw, &mut ex) }.unwrap_or(std::ptr::null_mut());
+    init.cap = ex.cap;
+    raw
+}
+
 fn qp_type_from_raw(t: u32) -> QpType {
     match t {
         3 => QpType::Uc,
@@ -226,9 +258,13 @@ impl IbvQp {
         init.qp_type = attr.qp_type as u32;
         init.sq_sig_all = attr.sq_sig_all as c_int;
         init.srq = attr.srq.map_or(std::ptr::null_mut(), |s| s.inner.raw);
-        // SAFETY: the PD, both CQs and the SRQ (if any) are live and of this context;
-        // `init` is valid and written back with the granted capacities.
-        let raw = unsafe { ibv_create_qp(pd.raw, &mut init) };
+        let raw = if attr.create_flags == 0 {
+            // SAFETY: the PD, both CQs and the SRQ (if any) are live and of this context;
+            // `init` is valid and written back with the granted capacities.
+            unsafe { ibv_create_qp(pd.raw, &mut init) }
+        } else {
+            create_ex(&pd, &mut init, attr.create_flags)
+        };
         if raw.is_null() {
             let e = last_errno();
             return Err(match e {
@@ -267,6 +303,7 @@ impl IbvQp {
             _send_cq: attr.send_cq.inner.clone(),
             _recv_cq: attr.recv_cq.inner.clone(),
             srq: attr.srq.map(|s| s.inner.clone()),
+            mcast: Mutex::new(Vec::new()),
         })
     }
 
@@ -306,6 +343,42 @@ impl IbvQp {
     }
 }
 
+impl IbvQp {
+    /// `ibv_attach_mcast` or `ibv_detach_mcast` (`attach`) of (`gid`, `lid`).
+    fn mcast_call(&self, attach: bool, gid: &Gid, lid: u16) -> Result<()> {
+        let raw = ibv_gid { raw: gid.0 };
+        let mut list = self.mcast.lock();
+        // SAFETY: the QP is live; `raw` is a valid GID for the call.
+        let rc = unsafe {
+            if attach {
+                ibv_attach_mcast(self.raw, &raw, lid)
+            } else {
+                ibv_detach_mcast(self.raw, &raw, lid)
+            }
+        };
+        let call = if attach {
+            "ibv_attach_mcast"
+        } else {
+            "ibv_detach_mcast"
+        };
+        if rc != 0 {
+            let e = rc_errno(rc);
+            if e == libc::EINVAL {
+                // Say which of the kernel's checks it was, if one.
+                let link = self.pd.ctx.link_layer();
+                verbs_api::mcast::check_attach(call, self.qp_type, gid, lid, link)?;
+            }
+            return Err(Error::from_errno(call, e));
+        }
+        match attach {
+            true if !list.contains(&(*gid, lid)) => list.push((*gid, lid)),
+            true => {}
+            false => list.retain(|p| *p != (*gid, lid)),
+        }
+        Ok(())
+    }
+}
+
 impl QueuePair for IbvQp {
     fn qp_num(&self) -> u32 {
         self.qp_num
@@ -313,6 +386,14 @@ impl QueuePair for IbvQp {
 
     fn qp_type(&self) -> QpType {
         self.qp_type
+    }
+
+    fn attach_mcast(&self, gid: &Gid, lid: u16) -> Result<()> {
+        self.mcast_call(true, gid, lid)
+    }
+
+    fn detach_mcast(&self, gid: &Gid, lid: u16) -> Result<()> {
+        self.mcast_call(false, gid, lid)
     }
 
     fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {

@@ -26,14 +26,18 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use parking_lot::Mutex;
-use verbs_api::{Capabilities, DeviceAttr, Error, LinkLayer, PortAttr, PortState, Result};
+use verbs_api::{
+    AsyncElement, AsyncEvent, AsyncEventType, Capabilities, DeviceAttr, Error, LinkLayer, PortAttr, Result,
+};
 
 use verbs_api::event_queue::EventQueue;
 
 use crate::addressing::Addressing;
 use crate::counters::DeviceCounters;
 use crate::datagram::Datagrams;
+use crate::mcast::Multicast;
 use crate::memory::MrTable;
+use crate::port::Port;
 use crate::profile::attrs::{IBV_DEVICE_MEM_WINDOW, IBV_DEVICE_MEM_WINDOW_TYPE_2B, IBV_DEVICE_SRQ_RESIZE};
 use crate::profile::warnings::Advice;
 use crate::profile::{Attrs, Profile};
@@ -70,6 +74,10 @@ pub struct DeviceShared {
     pub counters: Arc<DeviceCounters>,
     /// Its UD side: links to other devices, datagrams to its own QPs.
     pub datagrams: Arc<Datagrams>,
+    /// Its multicast groups.
+    pub mcast: Arc<Multicast>,
+    /// Its port's state (up, or down by fault injection).
+    pub port: Arc<Port>,
     shutdown: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
     /// Its control socket (`rdma-sim status`), removed with the device.
     control: Mutex<Option<crate::control::Endpoint>>,
@@ -162,12 +170,17 @@ impl DeviceShared {
             // One P_Key, the default (see `profile::attrs`).
             max_pkeys: 1,
             phys_port_cnt: 1,
+            max_mcast_grp: l.max_mcast_grp,
+            max_mcast_qp_attach: l.max_mcast_qp_attach,
+            max_total_mcast_qp_attach: l.max_total_mcast_qp_attach,
         };
         let addr = Addressing::new(bound, advertise);
         let addr = Arc::new(if roce { addr.roce() } else { addr });
         let qps: Arc<QpTable> = Arc::default();
         let claims: Arc<crate::verify::Claims> = Arc::default();
         let counters: Arc<DeviceCounters> = Arc::default();
+        let mcast = Arc::new(Multicast::new(addr.advertise, l.link_layer, &l));
+        let port: Arc<Port> = Arc::default();
         let datagrams = Arc::new(Datagrams::new(
             name,
             handle.clone(),
@@ -176,6 +189,8 @@ impl DeviceShared {
             qps.clone(),
             counters.clone(),
             progress.clone(),
+            mcast.clone(),
+            port.clone(),
         ));
         let setup = Arc::new(Setup {
             name: name.to_string(),
@@ -185,6 +200,7 @@ impl DeviceShared {
             qps: qps.clone(),
             progress: progress.clone(),
             datagrams: datagrams.clone(),
+            port: port.clone(),
         });
         let dev = Arc::new(DeviceShared {
             name: name.to_string(),
@@ -201,6 +217,8 @@ impl DeviceShared {
             events: Arc::new(EventQueue::new()?),
             counters,
             datagrams,
+            mcast,
+            port,
             shutdown: Mutex::new(Some(tx)),
             control: Mutex::new(None),
             thread: Mutex::new(Some(thread)),
@@ -209,6 +227,9 @@ impl DeviceShared {
         crate::transport::spawn_listener(&dev.setup, std_listener)?;
         let weak: std::sync::Weak<DeviceShared> = Arc::downgrade(&dev);
         *dev.control.lock() = crate::control::open(name, &dev.setup.rt, weak);
+        if let Some(s) = crate::port::schedule_from_env()? {
+            dev.schedule_port_fault(s);
+        }
         tracing::debug!(device = name, %bound, advertise = %addr.advertise, %profile, "sim device open");
         Ok(dev)
     }
@@ -231,8 +252,9 @@ impl DeviceShared {
 
     /// `ibv_query_port`.
     pub fn port_attr(&self) -> PortAttr {
+        let (state, phys_state) = self.port.states();
         PortAttr {
-            state: PortState::Active,
+            state,
             max_mtu: self.limits.max_mtu,
             active_mtu: self.limits.active_mtu,
             gid_tbl_len: self.addr.gid_tbl_len,
@@ -243,7 +265,7 @@ impl DeviceShared {
             lmc: 0,
             active_width: 1,
             active_speed: 1,
-            phys_state: 5,
+            phys_state,
             link_layer: self.limits.link_layer,
             qkey_viol_cntr: self.counters.qkey_violations(),
             bad_pkey_cntr: 0,
@@ -347,12 +369,73 @@ impl DeviceShared {
             counters: self.counters.clone(),
             profile: self.profile,
             advice: self.advice.clone(),
+            port: self.port.clone(),
         }
+    }
+
+    /// Takes the port down and up again as `s` says, on the setup runtime.
+    fn schedule_port_fault(self: &Arc<Self>, s: crate::port::Schedule) {
+        let weak = Arc::downgrade(self);
+        self.setup.rt.spawn(async move {
+            tokio::time::sleep(s.after).await;
+            let Some(d) = weak.upgrade() else { return };
+            d.set_port(false);
+            drop(d);
+            if let Some(f) = s.down_for {
+                tokio::time::sleep(f).await;
+                if let Some(d) = weak.upgrade() {
+                    d.set_port(true);
+                }
+            }
+        });
+    }
+
+    /// Takes the port down (`up` false) or brings it back, as a cable pulled and plugged
+    /// in again (fault injection): `IBV_EVENT_PORT_ERR` or `IBV_EVENT_PORT_ACTIVE`, and
+    /// `ibv_query_port` says so. Down, every connection and UD link of the device closes
+    /// and none is set up or accepted until the port is back: what the QPs send is lost
+    /// (their requesters retry per `retry_cnt`, and a port back in time loses nothing),
+    /// or fails where the profile says so (`Switches::port_down_fails_sends`, rxe). Up,
+    /// the QPs that lost their connections set them up again at once.
+    pub fn set_port(&self, up: bool) {
+        if !self.port.set_up(up) {
+            return;
+        }
+        let qps: Vec<Arc<QpShared>> = self.qps.lock().values().filter_map(|q| q.upgrade()).collect();
+        let (event, what) = match up {
+            true => (AsyncEventType::PortActive, "active"),
+            false => (AsyncEventType::PortErr, "down"),
+        };
+        tracing::debug!(device = %self.name, "port 1 {what}");
+        if !up {
+            for qp in &qps {
+                let conns = {
+                    let g = qp.inner.lock();
+                    [g.conn.clone(), g.self_conn.clone()]
+                };
+                for c in conns.into_iter().flatten() {
+                    self.progress.port_went_down(&c);
+                }
+            }
+            self.datagrams.close_links();
+        } else {
+            for qp in &qps {
+                qp.req_wake.notify_one();
+            }
+        }
+        self.events.raise(AsyncEvent {
+            event_type: event,
+            element: AsyncElement::Port(1),
+        });
     }
 }
 
 /// What the device's control endpoint shows ([`control`](crate::control)).
 impl crate::control::Source for DeviceShared {
+    fn set_port(&self, up: bool) {
+        DeviceShared::set_port(self, up)
+    }
+
     fn status(&self) -> crate::control::DeviceStatus {
         // The table's lock is let go before any QP's is taken.
         let live: Vec<_> = self.qps.lock().values().filter_map(|q| q.upgrade()).collect();
@@ -384,6 +467,10 @@ impl crate::control::Source for DeviceShared {
                 .map(|g| std::net::Ipv6Addr::from(g.0).to_string())
                 .collect(),
             mrs: self.mrs.len(),
+            port: match self.port.is_up() {
+                true => "ACTIVE".into(),
+                false => "DOWN".into(),
+            },
             counters,
             qps,
         }
@@ -431,6 +518,7 @@ impl DataPath for DeviceShared {
 
 impl Drop for DeviceShared {
     fn drop(&mut self) {
+        self.mcast.close();
         if let Some(tx) = self.shutdown.lock().take() {
             let _ = tx.send(());
         }

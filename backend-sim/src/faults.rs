@@ -1,7 +1,7 @@
 //! Fault injection for tests (the sim's own, and users'): break a QP's connection at a
 //! chosen point of a transfer, stall a responder, delay its responses, make it answer
 //! RNR although receives are posted, lose a UD QP's datagrams, delay a QP's connection
-//! setups, or stall the device's setup thread. Get a handle with
+//! setups, stall the device's setup thread, or take the device's port down and up. Get a handle with
 //! [`SimContext::faults`](crate::SimContext::faults) and name the QP by its number.
 //!
 //! The sim then behaves as an HCA does when the fabric misbehaves: lost requests and
@@ -169,6 +169,26 @@ impl Faults {
         let dev = self.dev()?;
         // A blocking sleep on the thread's one-thread runtime holds every task back.
         dev.datagrams.rt.spawn(async move { std::thread::sleep(d) });
+        Ok(())
+    }
+
+    /// Takes the device's port down, as a cable pulled or a netdev taken down:
+    /// `IBV_EVENT_PORT_ERR`, `ibv_query_port` reports `IBV_PORT_DOWN`, every connection and
+    /// UD link of the device closes and none is set up until [`Faults::port_up`]. What
+    /// the QPs send meanwhile is lost: RC requests are resent per `retry_cnt` (the WR
+    /// completes with `IBV_WC_RETRY_EXC_ERR` if the port stays down longer; back in time,
+    /// nothing is lost), UD datagrams are lost and their WRs complete successfully; under
+    /// the rxe profile the send fails instead (`IBV_WC_LOC_QP_OP_ERR`, the QP to ERR), as
+    /// rxe's does. Nothing if the port is down already.
+    pub fn port_down(&self) -> Result<()> {
+        self.dev()?.set_port(false);
+        Ok(())
+    }
+
+    /// Brings the device's port back: `IBV_EVENT_PORT_ACTIVE`, `IBV_PORT_ACTIVE`, and the
+    /// QPs set their connections up again at once. Nothing if the port is up.
+    pub fn port_up(&self) -> Result<()> {
+        self.dev()?.set_port(true);
         Ok(())
     }
 

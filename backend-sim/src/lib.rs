@@ -40,7 +40,8 @@
 //!   ([`faults`]);
 //! - the device (its attributes, tables, threads), which implements what a QP asks of it;
 //! - the links between devices that carry UD datagrams (set up and checked as a hello
-//!   is, served by tasks on the setup runtime);
+//!   is, served by tasks on the setup runtime), and the multicast groups whose datagrams
+//!   they fan out;
 //! - connection setup (tokio + socket2: the listener, the hello and its check);
 //! - the data path (one progress thread per device and the application's own threads:
 //!   epoll, timers, delayed ACKs, the driving window, a fault layer);
@@ -81,6 +82,8 @@ mod lid_port;
 mod link;
 mod listener;
 pub mod mapping;
+mod mcast;
+mod port;
 pub mod profile;
 mod progress;
 mod qp;

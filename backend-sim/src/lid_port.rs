@@ -38,7 +38,8 @@ pub fn bind(listen: SocketAddr) -> io::Result<socket2::Socket> {
             tracing::warn!(
                 %listen,
                 "the sim device's LID is its TCP port, and {:#x} is not a unicast LID (below 0xc000): \
-                 programs that exchange LIDs may refuse it",
+                 programs that exchange LIDs may refuse it, and a UD address handle needs the GRH to \
+                 reach it (without it the LID names a multicast group)",
                 listen.port()
             );
         }

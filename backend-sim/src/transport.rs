@@ -66,6 +66,8 @@ pub struct Setup {
     pub progress: Arc<Progress>,
     /// Its UD side, which takes over links to other devices.
     pub datagrams: Arc<Datagrams>,
+    /// Its port: while it is down nothing is set up or accepted.
+    pub port: Arc<crate::port::Port>,
 }
 
 /// Starts accepting connections for the device of `dev`.
@@ -255,6 +257,7 @@ async fn serve_inbound(dev: Weak<Setup>, mut stream: TcpStream) -> io::Result<()
     };
     let qp = dev.qps.lock().get(&claim.dst_qpn).and_then(Weak::upgrade);
     let verdict = match &qp {
+        _ if !dev.port.is_up() => Err("the port is down"),
         None => Err("no such QP"),
         Some(qp) => admissible(qp, &qp.inner.lock(), &claim),
     };
@@ -473,6 +476,11 @@ async fn connector_task(dev: Arc<Setup>, qp: Arc<QpShared>, epoch: u64) {
 }
 
 async fn connect(dev: &Setup, qp: &QpShared, remote: SocketAddr) -> io::Result<TcpStream> {
+    if !dev.port.is_up() {
+        // As a packet sent through a port that is down: lost, and retried per
+        // `retry_cnt` while the connector waits for the port (see `DeviceShared::set_port`).
+        return Err(io::Error::from_raw_os_error(libc::ENETDOWN));
+    }
     let mut stream = tokio::time::timeout(SETUP_TIMEOUT, TcpStream::connect(remote))
         .await
         .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;

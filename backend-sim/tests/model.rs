@@ -1187,6 +1187,7 @@ fn build(setup: &Setup) -> Result<(Rig, Model), TestCaseError> {
                 cap: CAP,
                 qp_type: QpType::Rc,
                 sq_sig_all: setup.sq_sig_all[s],
+                create_flags: 0,
             }),
             "create_qp",
         )?;

@@ -217,6 +217,48 @@ impl<'a, B: Backend> Env<'a, B> {
         }))
     }
 
+    /// Takes the device's port down (`up` false) or brings it back: on the sim through
+    /// its fault injection ([`backend_sim::faults::Faults::port_down`]), on a RoCE device
+    /// by taking its netdev down or up (`ip link set dev NETDEV down|up`, as a cable
+    /// pulled; needs root). `Err(Skip)` says why this runner cannot.
+    pub fn set_port(&self, up: bool) -> Result<(), PortControl> {
+        if let Some(sim) = (&self.ctx as &dyn std::any::Any).downcast_ref::<backend_sim::SimContext>() {
+            let f = sim.faults();
+            let r = if up { f.port_up() } else { f.port_down() };
+            return r.map_err(|e| PortControl::Failed(Failure(format!("sim fault injection: {e}"))));
+        }
+        let netdev = netdev_of(&self.cfg.device).map_err(PortControl::Cannot)?;
+        let out = std::process::Command::new("ip")
+            .args(["link", "set", "dev", &netdev, if up { "up" } else { "down" }])
+            .output()
+            .map_err(|e| PortControl::Cannot(format!("cannot run ip(8): {e}")))?;
+        if !out.status.success() {
+            return Err(PortControl::Cannot(format!(
+                "`ip link set dev {netdev}` failed (root needed to take a port down): {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Waits up to `within` for port 1 of the device to reach `state` (a netdev's carrier
+    /// takes a moment on a real device).
+    pub fn wait_port(&self, state: verbs_api::PortState, within: Duration) -> Result<(), Failure> {
+        let until = std::time::Instant::now() + within;
+        loop {
+            let now = self.ctx.query_port(1)?.state;
+            if now == state {
+                return Ok(());
+            }
+            if std::time::Instant::now() >= until {
+                return Err(Failure(format!(
+                    "port 1 is {now:?}, not {state:?}, {within:?} after the change"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// The observations recorded so far.
     pub fn take_observed(&self) -> Vec<(String, String)> {
         std::mem::take(&mut self.observed.borrow_mut())
@@ -453,4 +495,32 @@ pub fn read_back(mr: &impl MemoryRegion, offset: usize, len: usize) -> Result<Ve
     let mut v = vec![0u8; len];
     mr.read(offset, &mut v)?;
     Ok(v)
+}
+
+/// Why [`Env::set_port`] did not move the port.
+#[derive(Debug)]
+pub enum PortControl {
+    /// This runner cannot (not root, no netdev): the case is skipped, saying why.
+    Cannot(String),
+    /// It tried and failed.
+    Failed(Failure),
+}
+
+impl PortControl {
+    /// The case's outcome: a skip, or the failure.
+    pub fn outcome(self) -> crate::CaseResult {
+        match self {
+            PortControl::Cannot(why) => Ok(crate::Outcome::Skip(crate::report::Lack::PortControl, why)),
+            PortControl::Failed(f) => Err(f),
+        }
+    }
+}
+
+/// The netdev under RDMA device `device` (its port 1's first GID's,
+/// `/sys/class/infiniband/DEV/ports/1/gid_attrs/ndevs/0`).
+fn netdev_of(device: &str) -> Result<String, String> {
+    let path = format!("/sys/class/infiniband/{device}/ports/1/gid_attrs/ndevs/0");
+    std::fs::read_to_string(&path)
+        .map(|s| s.trim().to_string())
+        .map_err(|e| format!("{device} has no netdev to take down ({path}: {e})"))
 }

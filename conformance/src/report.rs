@@ -36,6 +36,9 @@ pub enum Lack {
     /// No memory windows of type 1 and type 2 (`IBV_DEVICE_MEM_WINDOW` and a
     /// `IBV_DEVICE_MEM_WINDOW_TYPE_2*`).
     Mw,
+    /// The runner cannot take the device's port down and up (on a real device that
+    /// takes root: `ip link set dev NETDEV down`); not a capability of the device.
+    PortControl,
 }
 
 impl Lack {
@@ -79,6 +82,9 @@ impl Lack {
             Lack::Mw => has("mw"),
             Lack::Atomics if caps.atomic_cap == "none" => Ok(()),
             Lack::Atomics => Err(format!("its atomic_cap is {:?}, not \"none\"", caps.atomic_cap)),
+            // The runner's privileges, which no capability records: the skip's reason
+            // says which command failed.
+            Lack::PortControl => Ok(()),
             Lack::RdAtomLimitBelowU8 if caps.max_qp_init_rd_atom >= 255 => Ok(()),
             Lack::RdAtomLimitBelowU8 => Err(format!(
                 "its max_qp_init_rd_atom is {}, which a u8 does exceed",

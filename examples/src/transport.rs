@@ -106,6 +106,14 @@ impl<Q: QueuePair> QueuePair for Typed<'_, Q> {
     ) -> verbs_api::Result<u32> {
         self.qp.bind_mw(mw, bind)
     }
+
+    fn attach_mcast(&self, gid: &verbs_api::Gid, lid: u16) -> verbs_api::Result<()> {
+        self.qp.attach_mcast(gid, lid)
+    }
+
+    fn detach_mcast(&self, gid: &verbs_api::Gid, lid: u16) -> verbs_api::Result<()> {
+        self.qp.detach_mcast(gid, lid)
+    }
 }
 
 /// RESET → INIT → RTR → RTS of a UD QP with `qkey`, sending from `sq_psn`: INIT takes

@@ -381,6 +381,32 @@ fn ud_echo_demo_counts_the_drops_of_an_empty_receive_queue() {
     has(&o, " 0 damaged, 0 unexpected");
 }
 
+const MCAST_PUB: &str = env!("CARGO_BIN_EXE_mcast-pub");
+
+/// mcast-pub: one publisher's datagrams reach every subscriber through the group; the
+/// subscriber that stops posting receives drops some, counted, and the others none.
+#[test]
+fn mcast_pub_demo_counts_the_drops_of_a_starved_subscriber() {
+    for profile in ["portable", "rxe"] {
+        let o = ok(
+            MCAST_PUB,
+            &[
+                "--profile",
+                profile,
+                "demo",
+                "--subscribers",
+                "3",
+                "--messages",
+                "600",
+            ],
+        );
+        has(&o, "demo: OK: 3 subscriber(s)");
+        has(&o, "subscriber 1: received 600 intact, dropped 0, damaged 0");
+        has(&o, "subscriber 2: received 600 intact, dropped 0, damaged 0");
+        assert!(!o.stdout.contains("subscriber 0: received 600 intact"), "{o:?}");
+    }
+}
+
 #[test]
 fn perf_connection_types_and_srq() {
     for (args, conn, srq) in [

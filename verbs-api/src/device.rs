@@ -29,6 +29,17 @@ impl Gid {
     pub fn is_zero(self) -> bool {
         self.0 == [0; 16]
     }
+
+    /// Whether this is a multicast GID, as the kernel's `rdma_is_multicast_addr()`
+    /// decides: an IPv4-mapped GID of an IPv4 multicast address (`::ffff:224.0.0.0/100`,
+    /// RoCE v2 over IPv4), or any GID whose first byte is 0xff (IPv6 multicast, and
+    /// InfiniBand's multicast GIDs).
+    pub fn is_multicast(self) -> bool {
+        match self.to_ipv4_mapped() {
+            Some(v4) => v4.is_multicast(),
+            None => self.0[0] == 0xff,
+        }
+    }
 }
 
 /// A GUID (host order) as `ibv_devinfo` prints it and sysfs spells it (`node_guid`):
@@ -166,6 +177,12 @@ pub struct DeviceAttr {
     pub max_pkeys: u16,
     /// Number of physical ports.
     pub phys_port_cnt: u8,
+    /// Most multicast groups the device's QPs may be attached to (0: no multicast).
+    pub max_mcast_grp: u32,
+    /// Most QPs attached to one multicast group.
+    pub max_mcast_qp_attach: u32,
+    /// Most attachments of QPs to multicast groups in all.
+    pub max_total_mcast_qp_attach: u32,
 }
 
 /// `enum ibv_port_state`.
@@ -354,6 +371,18 @@ mod tests {
         assert_eq!(g.to_string(), "0000:0000:0000:0000:0000:ffff:0a4d:0001");
         assert_eq!(g.to_ipv4_mapped(), Some(Ipv4Addr::new(10, 77, 0, 1)));
         assert!(Gid::ZERO.is_zero());
+    }
+
+    #[test]
+    fn multicast_gids_are_the_kernels() {
+        let g = |s: &str| Gid::from(s.parse::<Ipv6Addr>().unwrap());
+        assert!(g("::ffff:239.1.2.3").is_multicast());
+        assert!(g("::ffff:224.0.0.1").is_multicast());
+        assert!(!g("::ffff:10.77.0.1").is_multicast());
+        assert!(g("ff12:401b::1").is_multicast());
+        assert!(g("ff0e::1").is_multicast());
+        assert!(!g("fe80::1").is_multicast());
+        assert!(!Gid::ZERO.is_multicast());
     }
 
     #[test]

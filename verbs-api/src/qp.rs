@@ -114,7 +114,18 @@ pub struct QpInitAttr<'a, Cq, Srq> {
     pub qp_type: QpType,
     /// Every send WR generates a completion, as if `IBV_SEND_SIGNALED` were set.
     pub sq_sig_all: bool,
+    /// `create_flags` of `ibv_create_qp_ex` (`IBV_QP_CREATE_*`, libibverbs' bits; 0 for
+    /// none). A device refuses a flag it does not take with EOPNOTSUPP, as rxe's and
+    /// mlx5's kernels do ([`Capabilities::qp_create_flags`](crate::Capabilities) says
+    /// which it takes).
+    pub create_flags: u32,
 }
+
+/// `IBV_QP_CREATE_BLOCK_SELF_MCAST_LB` of `enum ibv_qp_create_flags`: the QP does not
+/// receive the multicast datagrams it sends itself, though it is attached to their group
+/// (other QPs of its device still do). Without it an attached sender receives its own,
+/// on rxe and on a ConnectX alike.
+pub const QP_CREATE_BLOCK_SELF_MCAST_LB: u32 = 1 << 1;
 
 impl<'a, Cq, Srq> QpInitAttr<'a, Cq, Srq> {
     /// A QP of type `qp_type` on the given CQs with the given capacities and selective
@@ -127,6 +138,7 @@ impl<'a, Cq, Srq> QpInitAttr<'a, Cq, Srq> {
             cap,
             qp_type,
             sq_sig_all: false,
+            create_flags: 0,
         }
     }
 
@@ -160,6 +172,12 @@ impl<'a, Cq, Srq> QpInitAttr<'a, Cq, Srq> {
             sq_sig_all: true,
             ..self
         }
+    }
+
+    /// The same with `create_flags` (`IBV_QP_CREATE_*`, e.g.
+    /// [`QP_CREATE_BLOCK_SELF_MCAST_LB`]).
+    pub fn with_create_flags(self, create_flags: u32) -> Self {
+        QpInitAttr { create_flags, ..self }
     }
 }
 

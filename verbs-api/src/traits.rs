@@ -59,7 +59,7 @@ pub type MwOf<B> = <B as Backend>::Mw;
 /// A family of RDMA devices: the simulated HCA or libibverbs.
 pub trait Backend: Send + Sync + Sized + 'static {
     /// An open device (`struct ibv_context`).
-    type Context: Context<Backend = Self>;
+    type Context: Context<Backend = Self> + 'static;
     /// A protection domain (`struct ibv_pd`).
     type Pd: ProtectionDomain<Backend = Self>;
     /// A memory region (`struct ibv_mr`).
@@ -511,4 +511,17 @@ pub trait QueuePair: Send + Sync {
     fn bind_mw(&self, mw: &dyn MemoryWindow, bind: &MwBind<'_>) -> Result<u32> {
         crate::mw::post_type1_bind(self, mw, bind)
     }
+
+    /// `ibv_attach_mcast`: attaches this UD QP to the multicast group of MGID `gid` and
+    /// MLID `lid` (ignored on an Ethernet port), in any state; from RTR on it receives
+    /// what is sent to the group, checking its own Q_Key. Attaching again is a no-op; a
+    /// GID that is not multicast, a QP that is not UD or (InfiniBand) a LID below 0xC000
+    /// is EINVAL; past the device's `max_mcast_grp`, `max_mcast_qp_attach` or
+    /// `max_total_mcast_qp_attach`, ENOMEM (see [`crate::mcast`]). Dropping the QP
+    /// detaches it.
+    fn attach_mcast(&self, gid: &Gid, lid: u16) -> Result<()>;
+
+    /// `ibv_detach_mcast`: detaches this QP from the group it was attached to with the
+    /// same `gid` and `lid`; EINVAL if it was not.
+    fn detach_mcast(&self, gid: &Gid, lid: u16) -> Result<()>;
 }

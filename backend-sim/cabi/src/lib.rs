@@ -51,6 +51,7 @@ mod fork;
 mod interpose;
 mod kern;
 mod live;
+mod mcast;
 mod mr;
 mod mw;
 mod ops;

@@ -11,8 +11,8 @@ use std::ffi::{c_int, c_void};
 
 use parking_lot::Mutex;
 use verbs_api::{
-    AccessFlags, AhAttr, Context as _, Gid, GlobalRoute, Mtu, ProtectionDomain, QpAttr, QpAttrMask, QpCap,
-    QpInitAttr, QpOf, QpState, QpType, QueuePair,
+    AccessFlags, AhAttr, Gid, GlobalRoute, Mtu, ProtectionDomain, QpAttr, QpAttrMask, QpCap, QpInitAttr,
+    QpOf, QpState, QpType, QueuePair,
 };
 
 use crate::abi::{
@@ -116,6 +116,8 @@ struct Init {
     qp_type: u32,
     sq_sig_all: c_int,
     send_ops: Option<u64>,
+    /// `IBV_QP_CREATE_*` flags (checked against what the device takes).
+    create_flags: u32,
 }
 
 fn qp_type(t: u32) -> Result<QpType, Errno> {
@@ -168,6 +170,7 @@ fn create(init: Init) -> Result<*mut ibv_qp, Errno> {
     let mut attr = QpInitAttr::new(ty, &send_cq.sim, &recv_cq.sim, cap);
     attr.srq = srq.map(|s| &s.sim);
     attr.sq_sig_all = init.sq_sig_all != 0;
+    attr.create_flags = init.create_flags;
     let sim = pd
         .sim
         .create_qp(&attr)
@@ -243,6 +246,7 @@ pub(crate) unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp
             qp_type: a.qp_type,
             sq_sig_all: a.sq_sig_all,
             send_ops: None,
+            create_flags: 0,
         })
     })
 }
@@ -269,15 +273,12 @@ pub(crate) unsafe extern "C" fn create_qp_ex_op(
         if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 {
             return Err(libc::EINVAL);
         }
-        // Flags the device takes (the mlx5 profile's block of self multicast loopback,
-        // which the sim, without multicast, has nothing to do for) are accepted; others
-        // are EOPNOTSUPP, as rxe's and mlx5's kernels answer.
-        if a.comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 && a.create_flags != 0 {
-            let takes = c.sim.capabilities().map_or(0, |caps| caps.qp_create_flags);
-            if a.create_flags & !takes != 0 {
-                return Err(libc::EOPNOTSUPP);
-            }
-        }
+        // Flags the device takes (the mlx5 profile's block of self multicast loopback)
+        // are accepted; others are EOPNOTSUPP, as rxe's and mlx5's kernels answer.
+        let create_flags = match a.comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS {
+            0 => 0,
+            _ => a.create_flags,
+        };
         // SAFETY: only looked up.
         let pd = unsafe { live::get::<Pd>(a.pd) }?;
         if !std::ptr::eq(pd.ctx(), c) {
@@ -294,6 +295,7 @@ pub(crate) unsafe extern "C" fn create_qp_ex_op(
             qp_type: a.qp_type,
             sq_sig_all: a.sq_sig_all,
             send_ops,
+            create_flags,
         })
     })
 }
@@ -474,9 +476,14 @@ pub(crate) unsafe extern "C" fn ibv_query_qp(
     })
 }
 
-/// `ibv_destroy_qp`: 0 or EINVAL. Outstanding WRs are dropped with the QP.
+/// `ibv_destroy_qp`: 0, EINVAL, or EBUSY while the QP is attached to a multicast group
+/// (uverbs' answer: detach it first). Outstanding WRs are dropped with the QP.
 pub(crate) unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     errno_verb("ibv_destroy_qp", || {
+        // SAFETY: looked up, used within this block.
+        if unsafe { Qp::get(qp) }?.sim.is_mcast_attached() {
+            return Err(libc::EBUSY);
+        }
         // SAFETY: no reference to the QP is in use.
         drop(unsafe { live::unregister::<Qp>(qp.cast()) }?);
         Ok(())

@@ -1,5 +1,5 @@
 //! Verbs the sim does not serve, answered as libibverbs documents a device without the
-//! feature: multicast (`man ibv_attach_mcast`), sharing objects between processes
+//! feature: sharing objects between processes
 //! (`man ibv_import_device`), enhanced connection establishment (`man ibv_set_ece`) and
 //! Ethernet L2 resolution (the sim's port is InfiniBand).
 
@@ -10,16 +10,6 @@ use crate::ffi::set_errno;
 fn null_eopnotsupp<T>() -> *mut T {
     set_errno(libc::EOPNOTSUPP);
     std::ptr::null_mut()
-}
-
-/// `ibv_attach_mcast`: EOPNOTSUPP.
-pub(crate) extern "C" fn ibv_attach_mcast(_qp: *mut c_void, _gid: *const c_void, _lid: u16) -> c_int {
-    libc::EOPNOTSUPP
-}
-
-/// `ibv_detach_mcast`: EOPNOTSUPP.
-pub(crate) extern "C" fn ibv_detach_mcast(_qp: *mut c_void, _gid: *const c_void, _lid: u16) -> c_int {
-    libc::EOPNOTSUPP
 }
 
 /// `ibv_import_device`: NULL, errno EOPNOTSUPP.

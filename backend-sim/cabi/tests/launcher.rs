@@ -1,7 +1,8 @@
 //! The launcher, `rdma-sim`: it runs unmodified programs on the sim and passes their exit
 //! status through, prints settings a shell can `eval`, finds the library wherever it is
-//! installed, `rdma-sim status` lists the devices of running programs, and `rdma-sim trace`
-//! shows a capture as ladders.
+//! installed, `rdma-sim status` lists the devices of running programs, `rdma-sim port`
+//! takes a running program's port down and back, and `rdma-sim trace` shows a capture as
+//! ladders.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -189,6 +190,43 @@ fn status_lists_the_device_and_qp_of_a_running_program() {
     assert!(table.contains(&line), "{table}");
     let _ = server.kill();
     let _ = server.wait();
+}
+
+#[test]
+fn port_takes_a_running_programs_port_down_and_back() {
+    // tests/c/port.c waits for PORT_ERR, posts a SEND, waits for PORT_ACTIVE, and checks
+    // that the SEND completed and was received once.
+    let exe = common::compile_c("port");
+    let prog = rdma_sim(&[exe.to_str().unwrap()]).spawn().expect("port.c");
+    let pid = prog.id().to_string();
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let out = run(&mut rdma_sim(&["status", "--json"]));
+        let all: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        let ours = |d: &&serde_json::Value| {
+            d["pid"] == prog.id() && d["qps"].as_array().is_some_and(|q| !q.is_empty())
+        };
+        if all.as_array().unwrap().iter().any(|d| ours(&d)) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the program never showed: {all:#}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for (state, want) in [("down", "port DOWN"), ("up", "port ACTIVE")] {
+        let out = run(&mut rdma_sim(&["port", "sim0", state, "--pid", &pid]));
+        assert!(out.status.success(), "{out:?}");
+        assert!(text(&out.stdout).contains(want), "{out:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let out = common::wait(prog, LIMIT);
+    assert!(
+        out.status.success() && text(&out.stdout).contains("\n0 failed"),
+        "{out:?}\n{}",
+        text(&out.stdout)
+    );
+    let out = run(&mut rdma_sim(&["port", "sim9", "down", "--pid", &pid]));
+    assert_eq!(out.status.code(), Some(125), "no such device: {out:?}");
+    assert!(text(&out.stderr).contains("no live sim device sim9"), "{out:?}");
 }
 
 fn tempdir(name: &str) -> PathBuf {

@@ -214,6 +214,18 @@ pub struct Switches {
     /// IB_WC_WITH_INVALIDATE`), and the provider copies it as it is (rdma-core
     /// providers/rxe/rxe.c `rxe_poll_cq()`); mlx5's provider sets `IBV_WC_WITH_INV`.
     pub inv_flag_kernel_bit: bool,
+    /// Whether a port that is down fails what would be sent through it. An HCA's port
+    /// that goes down stops the packets of every transport: RC and UC requests time out
+    /// and are retried per `retry_cnt` (nothing is lost if the port returns in time), UD
+    /// datagrams are lost and their WRs complete successfully (IBA; a ConnectX). rxe sends
+    /// through its netdev's routes, which a netdev taken down no longer has:
+    /// `rxe_prepare()` (rxe_net.c) fails with "Host not reachable", `init_req_packet()`
+    /// gives no packet, and the WQE completes with `IBV_WC_LOC_QP_OP_ERR` and the QP goes
+    /// to ERR (rxe_req.c), for a new WR at once and for one in flight at its resend
+    /// (the conformance group `port` on rxe0, with `ip link set <netdev> down`). Not
+    /// modelled: rxe's address resolution (`ibv_create_ah`, `ibv_modify_qp` to RTR)
+    /// through the same missing route.
+    pub port_down_fails_sends: bool,
 }
 
 impl Switches {
@@ -245,6 +257,7 @@ impl Switches {
         mw_region_bounds: false,
         mw_owner_checks: true,
         inv_flag_kernel_bit: false,
+        port_down_fails_sends: false,
     };
 
     /// Soft-RoCE as Linux 6.1 and rdma-core v44 implement it.
@@ -274,6 +287,7 @@ impl Switches {
         mw_region_bounds: true,
         mw_owner_checks: false,
         inv_flag_kernel_bit: true,
+        port_down_fails_sends: true,
     };
 
     /// A ConnectX (mlx5) as rdma-core's mlx5 provider and the IBA it follows describe it.
@@ -303,6 +317,7 @@ impl Switches {
         mw_region_bounds: false,
         mw_owner_checks: true,
         inv_flag_kernel_bit: false,
+        port_down_fails_sends: false,
     };
 }
 

@@ -3,8 +3,9 @@
 //! peers and counters), as `rdma resource show qp` and `ibv_devinfo` show a real HCA's.
 //!
 //! A device serves a snapshot of its state ([`DeviceStatus`], one JSON line) to whoever
-//! connects to its unix socket, and reads nothing: there is no request to parse and
-//! nothing a client can change. The sockets live in one directory per user
+//! connects to its unix socket. The one thing a client can change is the port's state
+//! (`rdma-sim port DEV down|up`, [`set_port`]: fault injection for programs that have no
+//! [`Faults`](crate::faults::Faults) handle, C programs under `rdma-sim`). The sockets live in one directory per user
 //! ([`dir::resolve`]: `RDMA_SIM_CONTROL`, else `$XDG_RUNTIME_DIR/rdma-sim`, else
 //! `/tmp/rdma-sim-<uid>`), which must be the user's own with no access for anyone else;
 //! a connection from another user is closed unanswered. The snapshot shows no memory
@@ -14,6 +15,7 @@ mod dir;
 mod serve;
 mod status;
 
+pub(crate) use dir::ensure as ensure_directory;
 pub use dir::resolve as directory;
 pub(crate) use serve::{open, Endpoint, Source};
-pub use status::{list, DeviceStatus, Found, QpStatus};
+pub use status::{list, set_port, DeviceStatus, Found, QpStatus};

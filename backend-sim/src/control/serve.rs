@@ -1,9 +1,13 @@
 //! A device's side: its socket in the control directory and the task (on the device's
 //! setup runtime) that answers every connection with one snapshot and closes it.
 //!
-//! Connections are answered one at a time, each write bounded by [`WRITE_TIMEOUT`], so a
-//! client that connects and never reads, or a flood of connections, holds one socket and
-//! one snapshot at most; nothing a client sends is read.
+//! A client may first send one request, ended by shutting its side down: nothing (the
+//! snapshot alone), [`PORT_DOWN`] or [`PORT_UP`] (the port fault of `rdma-sim port`,
+//! done before the snapshot is taken). Anything else is refused: the connection closes
+//! unanswered. Connections are answered one at a time, the request read and the answer
+//! written each bounded by [`WRITE_TIMEOUT`] and the request by [`REQUEST_MAX`] bytes, so
+//! a client that connects and never reads or never ends its request, or a flood of
+//! connections, holds one socket and one snapshot at most.
 
 use std::io;
 use std::os::unix::fs::PermissionsExt;
@@ -14,18 +18,26 @@ use std::sync::Arc;
 use std::sync::Weak;
 use std::time::Duration;
 
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixListener;
 
 use super::status::DeviceStatus;
 
-/// How long one client may take to read a snapshot.
+/// How long one client may take to send its request, and to read a snapshot.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(1);
+/// The longest request read.
+const REQUEST_MAX: u64 = 64;
+/// The request that takes the device's port down.
+pub const PORT_DOWN: &str = "port down\n";
+/// The request that brings it back.
+pub const PORT_UP: &str = "port up\n";
 
-/// What a device shows of itself.
+/// What a device shows of itself, and the fault a client may ask of it.
 pub trait Source: Send + Sync {
     /// Its state now.
     fn status(&self) -> DeviceStatus;
+    /// Takes its port down (`up` false) or brings it back.
+    fn set_port(&self, up: bool);
 }
 
 /// A device's control socket; dropping it removes the file.
@@ -118,7 +130,25 @@ async fn serve(listener: UnixListener, src: Weak<dyn Source>) {
         if stream.peer_cred().map(|c| c.uid()).ok() != Some(me) {
             continue;
         }
+        let mut request = Vec::new();
+        let mut limited = (&mut stream).take(REQUEST_MAX);
+        let read = limited.read_to_end(&mut request);
+        if !matches!(tokio::time::timeout(WRITE_TIMEOUT, read).await, Ok(Ok(_))) {
+            continue;
+        }
         let Some(dev) = src.upgrade() else { return };
+        match std::str::from_utf8(&request) {
+            Ok("") => {}
+            Ok(PORT_DOWN) => dev.set_port(false),
+            Ok(PORT_UP) => dev.set_port(true),
+            _ => {
+                tracing::debug!(
+                    "control: refused the request {:?}",
+                    String::from_utf8_lossy(&request)
+                );
+                continue;
+            }
+        }
         let status = dev.status();
         drop(dev);
         let Ok(mut line) = serde_json::to_vec(&status) else {
@@ -142,6 +172,7 @@ pub(crate) fn serve_fixed(
         fn status(&self) -> DeviceStatus {
             self.0.clone()
         }
+        fn set_port(&self, _up: bool) {}
     }
     let src: Arc<dyn Source> = Arc::new(Fixed(status));
     let ep = open_in(dir, name, rt, Arc::downgrade(&src))?;

@@ -34,6 +34,9 @@ pub struct DeviceStatus {
     pub gids: Vec<String>,
     /// Registered memory regions.
     pub mrs: usize,
+    /// Its port's state: `ACTIVE`, or `DOWN` (a port fault).
+    #[serde(default)]
+    pub port: String,
     /// Its counters, by name.
     pub counters: std::collections::BTreeMap<String, u64>,
     /// Its QPs, by number.
@@ -127,11 +130,47 @@ pub fn list(dir: Option<&Path>) -> io::Result<Vec<Found>> {
 }
 
 fn read_one(path: &Path) -> io::Result<DeviceStatus> {
-    let s = std::os::unix::net::UnixStream::connect(path)?;
+    ask(path, "")
+}
+
+/// Sends `request` (one line, or none) to the device at `path` and reads its status.
+fn ask(path: &Path, request: &str) -> io::Result<DeviceStatus> {
+    use std::io::Write;
+    let mut s = std::os::unix::net::UnixStream::connect(path)?;
     s.set_read_timeout(Some(READ_TIMEOUT))?;
+    s.write_all(request.as_bytes())?;
+    // The end of the request: the device answers then.
+    s.shutdown(std::net::Shutdown::Write)?;
     let mut line = String::new();
     io::BufReader::new(s).read_line(&mut line)?;
+    if line.is_empty() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("the device refused the request {request:?}"),
+        ));
+    }
     serde_json::from_str(&line).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+/// Takes the port of every live device named `device` (of process `pid` only, if given)
+/// down (`up` false) or back up, as [`Faults::port_down`](crate::faults::Faults::port_down)
+/// does in the device's own process; their statuses afterwards (none: no such device).
+pub fn set_port(dir: Option<&Path>, device: &str, pid: Option<u32>, up: bool) -> io::Result<Vec<Found>> {
+    let request = if up {
+        super::serve::PORT_UP
+    } else {
+        super::serve::PORT_DOWN
+    };
+    let mut done = Vec::new();
+    for f in list(dir)? {
+        let Ok(st) = &f.status else { continue };
+        if st.device != device || pid.is_some_and(|p| p != st.pid) {
+            continue;
+        }
+        let status = ask(&f.path, request).map_err(|e| e.to_string());
+        done.push(Found { path: f.path, status });
+    }
+    Ok(done)
 }
 
 /// Whether the process that made the socket at `path` (`<pid>-...`) is gone.
@@ -163,6 +202,7 @@ mod tests {
             listen: "127.0.0.1:4000".into(),
             gids: vec!["::ffff:127.0.0.1".into()],
             mrs: 2,
+            port: "ACTIVE".into(),
             counters: [("uc_dropped".to_string(), 3)].into(),
             qps: vec![QpStatus {
                 qpn: 0x1234,

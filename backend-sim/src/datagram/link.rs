@@ -212,6 +212,31 @@ impl Link {
         true
     }
 
+    /// Whether a datagram may be appended now: the link is closed, or its queue is full
+    /// (then `qp` waits for room, as with [`Link::append`]), or there is room.
+    pub fn room(&self, qp: &Arc<QpShared>) -> Queued<()> {
+        if self.is_closed() {
+            return Queued::Closed;
+        }
+        let q = self.queue.lock();
+        if q.len() >= QUEUE_MAX {
+            self.waiters.add(qp);
+            return Queued::Full;
+        }
+        Queued::Appended(())
+    }
+
+    /// Appends the bytes of a whole datagram found room for ([`Link::room`]), unless the
+    /// link closed meanwhile. (Other senders may have filled the queue since: it then
+    /// holds at most a datagram more per sender, never more.)
+    pub fn append_room_found(&self, bytes: &[u8]) {
+        if self.is_closed() {
+            return;
+        }
+        self.queue.lock().extend_from_slice(bytes);
+        self.dirty.store(true, Ordering::SeqCst);
+    }
+
     /// Writes what is queued, without blocking, and leaves what the socket does not take
     /// to the task; the QPs that waited for room, if there is some now (or the link is
     /// closed: they find another), go to `woken`.

@@ -45,10 +45,11 @@ use std::time::{Duration, Instant};
 
 use arrayvec::ArrayVec;
 use parking_lot::Mutex;
-use verbs_api::{QpState, QpType};
+use verbs_api::{Gid, QpState, QpType, MULTICAST_QPN};
 
 use crate::addressing::Addressing;
 use crate::counters::DeviceCounters;
+use crate::mcast::Multicast;
 use crate::progress::{Progress, SidePaths};
 use crate::qp::{QpInner, QpShared, QpTable};
 use crate::requester::ud::Emitted;
@@ -57,6 +58,7 @@ use crate::verify::Claims;
 use crate::wire::{Frame, DATAGRAM_HDR_LEN, MAX_DATAGRAM};
 
 pub mod gsi;
+mod fanout;
 pub mod link;
 pub mod setup;
 pub mod table;
@@ -97,6 +99,16 @@ pub enum Queued<R> {
     Full,
     /// Nowhere to go: the link is closed, or there is none.
     Closed,
+}
+
+/// How a pass over a send queue goes on after one datagram.
+enum Settled {
+    /// To the next WQE.
+    Next,
+    /// No further: a queue is full.
+    Stop,
+    /// No further: the WQE failed locally (the QP leaves RTS).
+    Fatal,
 }
 
 /// Where a datagram goes.
@@ -142,10 +154,15 @@ pub struct Datagrams {
     local: LocalQueue,
     /// The connection manager's side (datagrams to QP 1, [`gsi`]).
     gsi: gsi::GsiPort,
+    /// The device's multicast groups (whose QPs take datagrams to QP 0xFFFFFF).
+    mcast: Arc<Multicast>,
+    /// The device's port: while it is down no datagram leaves and no link is opened.
+    pub port: Arc<crate::port::Port>,
 }
 
 impl Datagrams {
     /// The UD side of a device.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         name: &str,
         rt: tokio::runtime::Handle,
@@ -154,6 +171,8 @@ impl Datagrams {
         qps: Arc<QpTable>,
         counters: Arc<DeviceCounters>,
         progress: Arc<Progress>,
+        mcast: Arc<Multicast>,
+        port: Arc<crate::port::Port>,
     ) -> Self {
         Datagrams {
             name: name.to_string(),
@@ -172,6 +191,8 @@ impl Datagrams {
                 waiters: Waiters::default(),
             },
             gsi: gsi::GsiPort::default(),
+            mcast,
+            port,
         }
     }
 
@@ -219,6 +240,15 @@ impl Datagrams {
             let mut fatal = false;
             while let Some((idx, route)) = g.req.ud_next(from) {
                 from = idx + 1;
+                if !self.port.is_up() {
+                    if qp.fails_for_port(&mut g) {
+                        break;
+                    }
+                    tracing::trace!(qpn = qp.qpn, "UD: datagram lost: the port is down");
+                    self.counters.ud_unsent();
+                    g.req.ud_lost(idx);
+                    continue;
+                }
                 if g.faults.drop_datagrams > 0 {
                     g.faults.drop_datagrams -= 1;
                     self.progress
@@ -233,68 +263,40 @@ impl Datagrams {
                     g.req.ud_lost(idx);
                     continue;
                 }
-                let target = if self.addr.reaches_self(route.peer) {
-                    Target::Local
-                } else {
-                    self.link_to(route.peer, qp)
-                };
-                let QpInner { req, .. } = &mut *g;
-                let queued = match &target {
-                    Target::Local => {
-                        local = true;
-                        let mut q = self.local.queue.lock();
-                        if q.len() < QUEUE_MAX {
-                            Queued::Appended(emit(req, idx, qp, &mut q, self.addr.ip_gid(), route.peer))
-                        } else {
-                            self.local.waiters.add(qp);
-                            Queued::Full
-                        }
-                    }
-                    Target::Link(link) => {
-                        let gid = self.addr.ip_gid();
-                        let r = link.append(qp, |q| emit(req, idx, qp, q, gid, route.peer));
-                        if !written.iter().any(|l| Arc::ptr_eq(l, link)) {
-                            if written.is_full() {
-                                // (After the append: the task looks at the queue when it
-                                // wakes.)
-                                link.wake();
-                            } else {
-                                written.push(link.clone());
+                let group = route.grh.map(|h| Gid(h.dgid)).filter(|g| g.is_multicast());
+                let queued = match group {
+                    Some(mgid) => {
+                        let QpInner { req, .. } = &mut *g;
+                        match self.send_to_group(qp, req, idx, &mgid, &mut written, &mut local) {
+                            fanout::Sent::Queued(q) => q,
+                            fanout::Sent::Wait => {
+                                req.ud_wait(idx);
+                                continue;
+                            }
+                            fanout::Sent::Nowhere => {
+                                tracing::trace!(qpn = qp.qpn, group = %mgid, "UD: no device has members of the group");
+                                req.ud_lost(idx);
+                                continue;
                             }
                         }
-                        r
                     }
-                    Target::Wait => {
-                        req.ud_wait(idx);
-                        continue;
+                    None => {
+                        match self.send_to_device(qp, &mut g.req, idx, route.peer, &mut written, &mut local) {
+                            Some(q) => q,
+                            None => {
+                                g.req.ud_wait(idx);
+                                continue;
+                            }
+                        }
                     }
-                    Target::Lost => Queued::Closed,
                 };
-                match queued {
-                    Queued::Appended(Ok(Emitted::Sent)) => {}
-                    Queued::Appended(Ok(Emitted::TooLong)) => self.counters.ud_unsent(),
-                    Queued::Appended(Err(_)) => {
+                let QpInner { req, .. } = &mut *g;
+                match self.settle_one(qp, req, idx, queued, &route.peer) {
+                    Settled::Next => {}
+                    Settled::Stop => break,
+                    Settled::Fatal => {
                         fatal = true;
                         break;
-                    }
-                    Queued::Full => {
-                        tracing::trace!(
-                            qpn = qp.qpn,
-                            peer = %route.peer,
-                            "UD: the queue to the destination device is full: the send queue waits"
-                        );
-                        req.ud_wait(idx);
-                        break;
-                    }
-                    Queued::Closed => {
-                        tracing::debug!(
-                            qpn = qp.qpn,
-                            dst_qpn = route.remote_qpn,
-                            peer = %route.peer,
-                            "UD: datagram lost: no link to its device"
-                        );
-                        self.counters.ud_unsent();
-                        req.ud_lost(idx);
                     }
                 }
             }
@@ -306,6 +308,87 @@ impl Datagrams {
         if local {
             self.local.dirty.store(true, Ordering::SeqCst);
             self.drain_local(woken);
+        }
+    }
+
+    /// Offers WQE `idx` of `qp` (its requester `req`) to the queue of the device at
+    /// `peer`: this device's own, or the link to it (which goes to `written`, or past its
+    /// room is woken); `None`: the link is being set up, and the WQE waits for it.
+    fn send_to_device(
+        self: &Arc<Self>,
+        qp: &Arc<QpShared>,
+        req: &mut crate::requester::Requester,
+        idx: usize,
+        peer: SocketAddr,
+        written: &mut ArrayVec<Arc<Link>, WRITE_NOW>,
+        local: &mut bool,
+    ) -> Option<Queued<Result<Emitted, crate::requester::Fatal>>> {
+        let target = if self.addr.reaches_self(peer) {
+            Target::Local
+        } else {
+            self.link_to(peer, qp)
+        };
+        Some(match &target {
+            Target::Local => {
+                *local = true;
+                let mut q = self.local.queue.lock();
+                if q.len() < QUEUE_MAX {
+                    Queued::Appended(emit(req, idx, qp, &mut q, self.addr.ip_gid(), peer))
+                } else {
+                    self.local.waiters.add(qp);
+                    Queued::Full
+                }
+            }
+            Target::Link(link) => {
+                let gid = self.addr.ip_gid();
+                let r = link.append(qp, |q| emit(req, idx, qp, q, gid, peer));
+                if !written.iter().any(|l| Arc::ptr_eq(l, link)) {
+                    if written.is_full() {
+                        // (After the append: the task looks at the queue when it wakes.)
+                        link.wake();
+                    } else {
+                        written.push(link.clone());
+                    }
+                }
+                r
+            }
+            Target::Wait => return None,
+            Target::Lost => Queued::Closed,
+        })
+    }
+
+    /// What a datagram's offer to its queue (or queues) means for the pass over the send
+    /// queue: WQE `idx` is done or lost (next), waits for room (stop), or failed locally.
+    fn settle_one(
+        &self,
+        qp: &QpShared,
+        req: &mut crate::requester::Requester,
+        idx: usize,
+        queued: Queued<Result<Emitted, crate::requester::Fatal>>,
+        peer: &SocketAddr,
+    ) -> Settled {
+        match queued {
+            Queued::Appended(Ok(Emitted::Sent)) => Settled::Next,
+            Queued::Appended(Ok(Emitted::TooLong)) => {
+                self.counters.ud_unsent();
+                Settled::Next
+            }
+            Queued::Appended(Err(_)) => Settled::Fatal,
+            Queued::Full => {
+                tracing::trace!(
+                    qpn = qp.qpn,
+                    %peer,
+                    "UD: the queue to the destination device is full: the send queue waits"
+                );
+                req.ud_wait(idx);
+                Settled::Stop
+            }
+            Queued::Closed => {
+                tracing::debug!(qpn = qp.qpn, %peer, "UD: datagram lost: no link to its device");
+                self.counters.ud_unsent();
+                req.ud_lost(idx);
+                Settled::Next
+            }
         }
     }
 
@@ -407,6 +490,14 @@ impl Datagrams {
         }
     }
 
+    /// Closes every link (the port went down); each leaves the table as its task ends.
+    pub fn close_links(&self) {
+        let all = self.links.lock().all();
+        for l in all {
+            l.close();
+        }
+    }
+
     /// The link ended: it leaves the table (and the connection manager hears of it).
     fn forget(&self, link: &Arc<Link>) {
         self.links.lock().remove(link);
@@ -457,13 +548,31 @@ impl Datagrams {
 
     /// Datagram `frame` (with `payload`) from `src` to the QP it names, in `inbox`'s run.
     pub fn deliver(&self, inbox: &mut Inbox, frame: &Frame, payload: &[u8], src: &DatagramSource) {
-        let Frame::Datagram { dst_qpn, qkey, .. } = *frame else {
+        let Frame::Datagram {
+            dst_qpn,
+            src_qpn,
+            qkey,
+            grh,
+            ..
+        } = *frame
+        else {
             return;
         };
+        if !self.port.is_up() {
+            // Arrived at a port that went down meanwhile: lost, as on the wire.
+            tracing::trace!(device = %self.name, dst_qpn, "UD: datagram dropped: the port is down");
+            return self.counters.ud_dropped();
+        }
         if dst_qpn == crate::cm_msg::CM_QPN {
             return self.to_gsi(qkey, payload, src);
         }
-        if inbox.last.as_ref().is_none_or(|(n, _)| *n != dst_qpn) {
+        if dst_qpn == MULTICAST_QPN {
+            return match grh.map(|h| Gid(h.dgid)).filter(|g| g.is_multicast()) {
+                Some(mgid) => self.deliver_to_group(inbox, frame, payload, src, mgid, src_qpn),
+                None => self.no_such_qp(dst_qpn),
+            };
+        }
+        if inbox.last.as_ref().is_none_or(|(n, _)| *n != dst_qpn) || inbox.group.is_some() {
             inbox.finish();
             match self.qps.lock().get(&dst_qpn).and_then(Weak::upgrade) {
                 Some(qp) if qp.qp_type == QpType::Ud => inbox.last = Some((dst_qpn, qp)),
@@ -492,12 +601,22 @@ impl Datagrams {
 #[derive(Default)]
 pub struct Inbox {
     last: Option<(u32, Arc<QpShared>)>,
+    /// The multicast group of the run, and its QPs on this device.
+    group: Option<(Gid, Vec<Arc<QpShared>>)>,
+    /// The list of a group's QPs that ended, for the next group.
+    spare: Option<Vec<Arc<QpShared>>>,
 }
 
 impl Inbox {
     fn finish(&mut self) {
         if let Some((_, qp)) = self.last.take() {
             qp.datagrams_done();
+        }
+        if let Some((_, mut members)) = self.group.take() {
+            for qp in members.drain(..) {
+                qp.datagrams_done();
+            }
+            self.spare = Some(members);
         }
     }
 }

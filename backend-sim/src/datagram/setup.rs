@@ -77,6 +77,9 @@ pub async fn open(dg: Arc<Datagrams>, peer: SocketAddr) {
 }
 
 async fn connect(dg: &Datagrams, peer: SocketAddr) -> io::Result<TcpStream> {
+    if !dg.port.is_up() {
+        return Err(io::Error::from_raw_os_error(libc::ENETDOWN));
+    }
     let mut stream = TcpStream::connect(peer).await?;
     crate::sockopt::tune(&stream)?;
     // Held until the answer: the other device checks the token with this one meanwhile.
@@ -167,6 +170,9 @@ async fn check(
     }
     if dg.addr.reaches_self(claimed) {
         return Err("it claims to come from this device");
+    }
+    if !dg.port.is_up() {
+        return Err("the port is down");
     }
     if !dg.has_room_for(claimed) {
         return Err("the device holds as many links as it may, all in use");

@@ -140,6 +140,11 @@ impl LinkTable {
         }
     }
 
+    /// Every established link.
+    pub fn all(&self) -> Vec<Arc<Link>> {
+        self.established.clone()
+    }
+
     /// The link idle longest, if it has been idle for [`MIN_IDLE`].
     fn idlest(&self) -> Option<Arc<Link>> {
         self.established

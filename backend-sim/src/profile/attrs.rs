@@ -31,9 +31,8 @@ pub const IBV_DEVICE_MEM_WINDOW: u32 = 1 << 17;
 pub const IBV_DEVICE_MEM_WINDOW_TYPE_2B: u32 = 1 << 24;
 
 /// `IBV_QP_CREATE_BLOCK_SELF_MCAST_LB` of `enum ibv_qp_create_flags`: the QP does not
-/// receive the multicast it sends itself. The sim has no multicast, so a device that
-/// accepts the flag has nothing to do for it.
-pub const IBV_QP_CREATE_BLOCK_SELF_MCAST_LB: u32 = 1 << 1;
+/// receive the multicast it sends itself.
+pub const IBV_QP_CREATE_BLOCK_SELF_MCAST_LB: u32 = verbs_api::QP_CREATE_BLOCK_SELF_MCAST_LB;
 
 /// The `vendor_id` of a device without an IEEE OUI of its own: rxe_param.h
 /// `RXE_VENDOR_ID`. Software devices report it; no vendor table of a program (perftest's
@@ -111,6 +110,12 @@ pub struct Attrs {
     pub link_layer: LinkLayer,
     /// The `create_flags` `ibv_create_qp_ex` accepts (`IBV_QP_CREATE_*`).
     pub qp_create_flags: u32,
+    /// `max_mcast_grp`: multicast groups the device's QPs may be attached to.
+    pub max_mcast_grp: u32,
+    /// `max_mcast_qp_attach`: QPs attached to one group.
+    pub max_mcast_qp_attach: u32,
+    /// `max_total_mcast_qp_attach`: attachments of QPs to groups in all.
+    pub max_total_mcast_qp_attach: u32,
 }
 
 impl Attrs {
@@ -154,6 +159,10 @@ impl Attrs {
         link_layer: LinkLayer::Ethernet,
         // The kernel's rxe_create_qp() refuses every create flag (EOPNOTSUPP).
         qp_create_flags: 0,
+        // RXE_MAX_MCAST_GRP, RXE_MAX_MCAST_QP_ATTACH, RXE_MAX_TOT_MCAST_QP_ATTACH.
+        max_mcast_grp: 8192,
+        max_mcast_qp_attach: 56,
+        max_total_mcast_qp_attach: 0x7_0000,
     };
 
     /// A ConnectX-5 (MT4119) on an InfiniBand port (see the module docs).
@@ -192,6 +201,11 @@ impl Attrs {
         // The kernel's mlx5 takes it on a device with the block_lb_mc capability (every
         // ConnectX-4 and later); rdma-core's tests pass it to UD QPs of Mellanox devices.
         qp_create_flags: IBV_QP_CREATE_BLOCK_SELF_MCAST_LB,
+        // 1 << log_max_mcg (21), max_qp_mcg (240), and their product (the kernel's
+        // mlx5_ib_query_device()).
+        max_mcast_grp: 1 << 21,
+        max_mcast_qp_attach: 240,
+        max_total_mcast_qp_attach: 240 << 21,
     };
 
     /// The smaller of `a`'s and `b`'s value of every limit, and no vendor
@@ -238,6 +252,9 @@ impl Attrs {
             },
             // Flags both accept.
             qp_create_flags: a.qp_create_flags & b.qp_create_flags,
+            max_mcast_grp: a.max_mcast_grp.min(b.max_mcast_grp),
+            max_mcast_qp_attach: a.max_mcast_qp_attach.min(b.max_mcast_qp_attach),
+            max_total_mcast_qp_attach: a.max_total_mcast_qp_attach.min(b.max_total_mcast_qp_attach),
         }
     }
 }

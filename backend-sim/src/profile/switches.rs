@@ -306,6 +306,21 @@ pub fn table() -> &'static [SwitchDoc] {
             cases: &["mw.send-with-inv"],
             value: |s| yes_no(s.inv_flag_kernel_bit, "IP_CSUM_OK (1 << 2)", "WITH_INV"),
         },
+        SwitchDoc {
+            name: "port_down_fails_sends",
+            what: "a send through a port that is down",
+            source: "IBA (the packets are lost: RC and UC retried per retry_cnt, UD completes), a ConnectX; \
+                     rxe: rxe_net.c rxe_prepare() finds no route on a netdev taken down, rxe_req.c completes \
+                     the WQE LOC_QP_OP_ERR and the QP goes to ERR (observed on rxe0)",
+            cases: &["port.rc-while-down", "port.ud-while-down"],
+            value: |s| {
+                yes_no(
+                    s.port_down_fails_sends,
+                    "fails: LOC_QP_OP_ERR, the QP to ERR",
+                    "lost: RC and UC retried per retry_cnt, UD completes SUCCESS",
+                )
+            },
+        },
     ];
     T
 }

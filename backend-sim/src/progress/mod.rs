@@ -464,6 +464,12 @@ impl Progress {
             .store(now + d.as_nanos() as u64, Ordering::Relaxed);
     }
 
+    /// The device's port went down: `conn` is lost as a link is (not counted as a fault
+    /// of the QP's, see [`FaultStats`](crate::faults::FaultStats)).
+    pub fn port_went_down(&self, conn: &Arc<Conn>) {
+        self.lost(conn, "the port went down");
+    }
+
     /// The connection lost (closed by the peer, an error, fault injection): the QP's
     /// requests are resent over the next one, half-received ones forgotten.
     fn lost(&self, conn: &Arc<Conn>, why: &str) {

@@ -333,6 +333,8 @@ impl Progress {
                         qp.enter_error(&mut g);
                         true
                     });
+                // A resend through a port that is down, where that fails (rxe).
+                let fired = fired && !qp.fails_for_port(&mut g);
                 qp.dev.counters.add_ack_timeouts(g.req.take_ack_timeouts());
                 qp.deliver(&mut g);
                 self.rearm(&qp, &mut g);

@@ -131,6 +131,8 @@ pub struct QpDevice {
     pub profile: crate::profile::Profile,
     /// The portability advice of its backend (`profile::warnings`).
     pub advice: Arc<crate::profile::warnings::Advice>,
+    /// Its port's state.
+    pub port: Arc<crate::port::Port>,
 }
 
 /// The parts of a QP's state that one connection's frames move ([`QpShared::scratch`]).
@@ -174,6 +176,9 @@ pub struct QpShared {
     pub fault_armed: AtomicBool,
     /// The portability warnings it gave (`portable` profile).
     pub warned: QpWarnings,
+    /// Created with `IBV_QP_CREATE_BLOCK_SELF_MCAST_LB`: it does not receive the
+    /// multicast datagrams it sends itself.
+    pub block_self_mcast: bool,
 }
 
 impl QpShared {
@@ -272,6 +277,15 @@ impl QpShared {
             tx_queued: AtomicBool::new(false),
             fault_armed: AtomicBool::new(false),
             warned: QpWarnings::default(),
+            block_self_mcast: false,
+        }
+    }
+
+    /// The same, created with `IBV_QP_CREATE_BLOCK_SELF_MCAST_LB` (`on`).
+    pub fn blocking_self_mcast(self, on: bool) -> Self {
+        QpShared {
+            block_self_mcast: on,
+            ..self
         }
     }
 

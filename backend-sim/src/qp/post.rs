@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use parking_lot::MutexGuard;
-use verbs_api::{AddressHandle, BindMw, Error, PostError, QpState, QpType, QueueKind, RecvWr, SendWr, WrOp};
+use verbs_api::{AddressHandle, BindMw, Error, PostError, QpState, QpType, QueueKind, RecvWr, SendWr, WcStatus, WrOp};
 
 use super::ud::{AhRoute, UdPostError};
 use super::{QpInner, QpShared};
@@ -250,6 +250,30 @@ impl QpShared {
         }
     }
 
+    /// Where the profile says a send through a port that is down fails
+    /// (`Switches::port_down_fails_sends`, rxe) and the port is down: the oldest WQE not
+    /// yet finished completes with `IBV_WC_LOC_QP_OP_ERR` and the QP goes to ERR, as rxe's
+    /// requester does when `rxe_prepare()` finds no route (with the lock held; whether it
+    /// did).
+    pub(crate) fn fails_for_port(&self, g: &mut QpInner) -> bool {
+        if self.dev.port.is_up()
+            || !self.dev.profile.switches().port_down_fails_sends
+            || !matches!(g.state, QpState::Rts | QpState::Sqd)
+        {
+            return false;
+        }
+        let QpInner { req, send_wc, .. } = &mut *g;
+        if req.fail_oldest(WcStatus::LocQpOpErr, send_wc).is_none() {
+            return false;
+        }
+        tracing::debug!(
+            qpn = self.qpn,
+            "the port is down: the send fails (LOC_QP_OP_ERR), QP to ERR"
+        );
+        self.enter_error(g);
+        true
+    }
+
     /// Starts sending what the send queue holds, now that it may: after `post_send` in
     /// RTS (`posted`: the number of WRs of the call), and after SQD -> RTS (`None`), which
     /// resumes the WQEs posted while the queue drained: nothing else starts them, and
@@ -259,6 +283,9 @@ impl QpShared {
             // No connection: the device's links carry the datagrams.
             drop(g);
             return self.dev.path.send_datagrams(self);
+        }
+        if self.fails_for_port(&mut g) {
+            return;
         }
         let conn = g.conn.clone();
         let idle = g.req.nothing_in_flight();

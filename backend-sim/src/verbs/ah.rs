@@ -5,6 +5,11 @@
 //! port the GRH is optional (`is_global`), on an Ethernet (RoCE) port required; with it
 //! the datagrams carry its fields, and the receiver finds a GRH in front of its buffer.
 //!
+//! An address handle whose GRH names a multicast GID leads to a multicast group (IBA
+//! 10.5): its datagrams go to the devices with members of the group, and to QP 0xFFFFFF
+//! there ([`crate::mcast`]). On InfiniBand, where a group also has an MLID, the sim
+//! names it by the MGID alone: a handle with a multicast DLID needs the GRH.
+//!
 //! A send WR names its address handle by reference ([`verbs_api::SendWr::ud`]);
 //! [`route_of`] recognises this backend's handles by type and refuses any other, or one
 //! of another device, with EINVAL, before the WR is queued.
@@ -51,7 +56,18 @@ impl SimAh {
             if let Err((name, reason)) = addr.check_sgid_index(attr.grh.sgid_index) {
                 return bad(name, reason);
             }
+        } else if attr.dlid >= verbs_api::MULTICAST_LID_BASE && attr.dlid != verbs_api::mcast::PERMISSIVE_LID
+        {
+            return bad(
+                "ah_attr.is_global",
+                format!(
+                    "LID {:#x} is a multicast LID: the sim names a multicast group by its MGID, so \
+                     an address handle to a group needs the GRH with the MGID",
+                    attr.dlid
+                ),
+            );
         }
+        let multicast = attr.is_global && attr.grh.dgid.is_multicast();
         let grh = attr.is_global.then_some(Grh {
             dgid: attr.grh.dgid.0,
             // The GRH's field has 20 bits: mlx5 takes the low 20 (`mlx5_create_ah()`,
@@ -66,7 +82,13 @@ impl SimAh {
         Ok(SimAh {
             attr: *attr,
             route: AhRoute {
-                peer: addr.av_addr(attr),
+                // A group has no one device: its datagrams go to its members' devices
+                // (`datagram`), by the GRH's DGID.
+                peer: if multicast {
+                    std::net::SocketAddr::from(([0, 0, 0, 0], 0))
+                } else {
+                    addr.av_addr(attr)
+                },
                 grh,
             },
             pd: pd.clone(),

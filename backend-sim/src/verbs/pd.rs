@@ -175,18 +175,34 @@ impl ProtectionDomain for SimPd {
             },
             ..c
         };
+        // Flags the profile's device takes (mlx5's block of self multicast loopback);
+        // others are EOPNOTSUPP, as rxe's and mlx5's kernels answer.
+        let unknown = attr.create_flags & !dev.limits.qp_create_flags;
+        if unknown != 0 {
+            return Err(Error::Unsupported {
+                backend: "sim",
+                what: format!(
+                    "ibv_create_qp_ex create_flags {unknown:#x} (this {} device takes {:#x})",
+                    dev.profile, dev.limits.qp_create_flags
+                ),
+            });
+        }
+        let block_self = attr.create_flags & verbs_api::QP_CREATE_BLOCK_SELF_MCAST_LB != 0;
         let qpn = dev.alloc_qpn();
-        let qp = Arc::new(QpShared::new(
-            qpn,
-            attr.qp_type,
-            dev.for_qp(),
-            self.pd.handle,
-            attr.send_cq.cq.clone(),
-            attr.recv_cq.cq.clone(),
-            attr.srq.map(|s| s.srq.clone()),
-            granted,
-            attr.sq_sig_all,
-        ));
+        let qp = Arc::new(
+            QpShared::new(
+                qpn,
+                attr.qp_type,
+                dev.for_qp(),
+                self.pd.handle,
+                attr.send_cq.cq.clone(),
+                attr.recv_cq.cq.clone(),
+                attr.srq.map(|s| s.srq.clone()),
+                granted,
+                attr.sq_sig_all,
+            )
+            .blocking_self_mcast(block_self),
+        );
         dev.qps.lock().insert(qpn, Arc::downgrade(&qp));
         Ok(SimQp {
             qp,

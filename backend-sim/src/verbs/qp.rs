@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use verbs_api::{
-    AsyncElement, Error, MemoryWindow, MwBind, PostError, QpAttr, QpAttrMask, QpType, QueuePair, RecvWr,
+    AsyncElement, Error, Gid, MemoryWindow, MwBind, PostError, QpAttr, QpAttrMask, QpType, QueuePair, RecvWr,
     Result, SendWr,
 };
 
@@ -83,10 +83,26 @@ impl QueuePair for SimQp {
         }
         verbs_api::mw::post_type1_bind(self, mw, bind)
     }
+
+    fn attach_mcast(&self, gid: &Gid, lid: u16) -> Result<()> {
+        self.pd.dev.mcast.attach(&self.qp, gid, lid)
+    }
+    fn detach_mcast(&self, gid: &Gid, lid: u16) -> Result<()> {
+        self.pd.dev.mcast.detach(self.qp.qpn, self.qp.qp_type, gid, lid)
+    }
+}
+
+impl SimQp {
+    /// Whether the QP is attached to a multicast group (`ibv_destroy_qp` of the C ABI
+    /// is EBUSY then, as uverbs answers; dropping the handle detaches it).
+    pub fn is_mcast_attached(&self) -> bool {
+        self.pd.dev.mcast.groups.is_attached(self.qp.qpn)
+    }
 }
 
 impl Drop for SimQp {
     fn drop(&mut self) {
+        self.pd.dev.mcast.detach_all(self.qp.qpn);
         self.pd.dev.qps.lock().remove(&self.qp.qpn);
         self.qp.destroy();
         self.pd.dev.events.forget(AsyncElement::Qp(self.qp.qpn));

@@ -133,31 +133,31 @@ pub fn list<B: Backend>() -> Vec<crate::Case<B>> {
 }
 
 /// The Q_Key of every UD QP here (rdma-core tests/base.py's UD_QKEY).
-const QKEY: u32 = 0x1111_1111;
+pub(super) const QKEY: u32 = 0x1111_1111;
 /// Bytes of the GRH at the start of every UD receive buffer.
-const GRH: usize = 40;
+pub(super) const GRH: usize = 40;
 /// How long "nothing happens" is watched for.
-const QUIET: Duration = Duration::from_millis(300);
+pub(super) const QUIET: Duration = Duration::from_millis(300);
 
 /// UD senders `s[i]` and a receiver `r`, all in RTS with [`QKEY`], and an address handle
 /// that reaches `r`.
-struct UdSetup<B: Backend> {
-    pd: B::Pd,
-    cq_s: B::Cq,
-    cq_r: B::Cq,
-    s: Vec<B::Qp>,
-    r: B::Qp,
+pub(super) struct UdSetup<B: Backend> {
+    pub(super) pd: B::Pd,
+    pub(super) cq_s: B::Cq,
+    pub(super) cq_r: B::Cq,
+    pub(super) s: Vec<B::Qp>,
+    pub(super) r: B::Qp,
     /// `r`'s endpoint (GID, LID, QPN).
-    ep_r: Endpoint,
-    ah: B::Ah,
+    pub(super) ep_r: Endpoint,
+    pub(super) ah: B::Ah,
     /// Send buffers (16 KiB).
-    src: B::Mr,
+    pub(super) src: B::Mr,
     /// Receive buffers (16 KiB).
-    dst: B::Mr,
+    pub(super) dst: B::Mr,
 }
 
 impl<B: Backend> UdSetup<B> {
-    fn new(env: &Env<B>, senders: usize) -> Result<Self, Failure> {
+    pub(super) fn new(env: &Env<B>, senders: usize) -> Result<Self, Failure> {
         let params = env.params();
         let pd = env.ctx.alloc_pd()?;
         let cq_s = env.ctx.create_cq(64, None)?;
@@ -190,7 +190,7 @@ impl<B: Backend> UdSetup<B> {
     }
 
     /// Posts receive `wr_id` of [`GRH`] + `len` bytes at `offset` of `dst`.
-    fn post(&self, wr_id: u64, offset: usize, len: usize) -> Result<(), Failure> {
+    pub(super) fn post(&self, wr_id: u64, offset: usize, len: usize) -> Result<(), Failure> {
         self.r
             .post_recv(&[RecvWr::new(wr_id, &[self.dst.sge(offset, GRH + len)?])])?;
         Ok(())

@@ -1,8 +1,8 @@
 /* QP answers that depend on the HCA a profile plays (tests/answers.rs runs this with
  * libibverbs_sim.so preloaded under the portable and mlx5 profiles; rxe's port is
  * Ethernet, which this program's connection by LID does not reach): the create flag
- * that blocks self multicast loopback is taken where the device takes it (mlx5; the sim
- * has no multicast, so there is nothing to block), and a send built with ibv_wr_* on a
+ * that blocks self multicast loopback is taken where the device takes it (mlx5; what it
+ * blocks is in tests/mcast.rs of backend-sim), and a send built with ibv_wr_* on a
  * QP that has not reached RTS fails in ibv_wr_complete with EINVAL, as rdma-core's mlx5
  * answers it (while its ibv_post_send answers ENOMEM). Prints one line per check and
  * exits with the number of failed checks. */

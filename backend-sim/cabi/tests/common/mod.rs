@@ -239,7 +239,7 @@ pub fn run_c_check(name: &str, env: &[(&str, &str)], args: &[&str], limit: Durat
 }
 
 /// tests/c/`name`.c compiled (once per test process) beside the library.
-fn compile_c(name: &str) -> PathBuf {
+pub fn compile_c(name: &str) -> PathBuf {
     static BUILT: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
     let deps = lib().parent().expect("deps").to_path_buf();
     let exe = deps.join(format!("c-{name}"));

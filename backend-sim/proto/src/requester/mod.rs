@@ -1202,6 +1202,14 @@ impl Requester {
         Err(Fatal(status))
     }
 
+    /// The oldest WQE not yet finished fails with `status` (the driver's verdict: rxe's
+    /// port that is down, `Switches::port_down_fails_sends`), and those behind it are
+    /// flushed as after any error; `None` if there is none.
+    pub fn fail_oldest(&mut self, status: WcStatus, out: &mut Vec<WorkCompletion>) -> Option<Fatal> {
+        let i = self.sq.iter().position(|w| w.status.is_none())?;
+        self.fail(i, status, out).err()
+    }
+
     /// Whether the local ACK timer's deadline has passed at `now` ([`Requester::on_timer`]
     /// has a timeout to look at).
     pub fn ack_deadline_passed(&self, now: Instant) -> bool {

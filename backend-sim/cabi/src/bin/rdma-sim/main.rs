@@ -49,7 +49,9 @@ Examples:
   eval \"$(rdma-sim env)\"; ib_send_lat                               this shell's programs on the sim
   rdma-sim status                                                   devices and QPs of running programs
   rdma-sim --pcap run-%p.pcapng -- ib_send_bw                      its packets, for Wireshark
-  rdma-sim trace roce.pcap --svg roce.svg                           a RoCE v2 capture as ladders";
+  rdma-sim trace roce.pcap --svg roce.svg                           a RoCE v2 capture as ladders
+
+  rdma-sim port sim0 down; sleep 1; rdma-sim port sim0 up           a port fault (PORT_ERR, then PORT_ACTIVE)";
 
 /// The command line.
 #[derive(Parser, Debug)]
@@ -59,7 +61,7 @@ Examples:
     about = ABOUT,
     long_about = LONG_ABOUT,
     after_help = EXAMPLES,
-    override_usage = "rdma-sim [OPTIONS] [--] PROGRAM [ARGS]...\n       rdma-sim [OPTIONS] env\n       rdma-sim status [--json]\n       rdma-sim trace FILE [--svg OUT]\n       rdma-sim lib"
+    override_usage = "rdma-sim [OPTIONS] [--] PROGRAM [ARGS]...\n       rdma-sim [OPTIONS] env\n       rdma-sim status [--json]\n       rdma-sim port DEVICE down|up [--pid PID]\n       rdma-sim trace FILE [--svg OUT]\n       rdma-sim lib"
 )]
 struct Cli {
     #[command(flatten)]
@@ -91,6 +93,21 @@ enum Cmd {
         /// One JSON array instead of the table.
         #[arg(long)]
         json: bool,
+    },
+    /// Take the port of a live sim device down, or bring it back, as a cable pulled and
+    /// plugged in again: its programs get IBV_EVENT_PORT_ERR / IBV_EVENT_PORT_ACTIVE, and
+    /// what they send meanwhile is lost (RC retries per retry_cnt) or, under the rxe
+    /// profile, fails.
+    Port {
+        /// The device (sim0, ...): that device of every program of this user, unless
+        /// --pid names one.
+        device: String,
+        /// down or up.
+        #[arg(value_parser = ["down", "up"])]
+        state: String,
+        /// Only the device of this process.
+        #[arg(long)]
+        pid: Option<u32>,
     },
     /// Print the path of the libibverbs_sim.so that rdma-sim preloads.
     Lib,
@@ -187,6 +204,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let then = match cli.cmd {
         Some(Cmd::Status { json }) => return status::print(json),
         Some(Cmd::Trace(args)) => return trace::run(&args).map(|()| ExitCode::SUCCESS),
+        Some(Cmd::Port { device, state, pid }) => return status::set_port(&device, pid, state == "up"),
         Some(Cmd::Env { args }) if args.is_empty() => Then::PrintEnv,
         Some(Cmd::Env { args }) => Then::Exec(std::iter::once("env".into()).chain(args).collect()),
         Some(Cmd::Lib) => Then::PrintLib,

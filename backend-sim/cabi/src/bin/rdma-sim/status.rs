@@ -29,6 +29,36 @@ pub fn print(json: bool) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `rdma-sim port DEVICE down|up`: moves the port of every live device named `device`
+/// (of process `pid` only, if given) and says which; fails if there is none.
+pub fn set_port(device: &str, pid: Option<u32>, up: bool) -> anyhow::Result<ExitCode> {
+    let done = control::set_port(None, device, pid, up)?;
+    if done.is_empty() {
+        anyhow::bail!(
+            "no live sim device {device}{} (see rdma-sim status)",
+            match pid {
+                Some(p) => format!(" in process {p}"),
+                None => String::new(),
+            }
+        );
+    }
+    let mut failed = false;
+    for f in &done {
+        match &f.status {
+            Ok(s) => println!("{} {} (pid {}): port {}", s.program, s.device, s.pid, s.port),
+            Err(e) => {
+                failed = true;
+                eprintln!("rdma-sim: {}: {e}", f.path.display());
+            }
+        }
+    }
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
 /// A device and its QPs, one line each.
 fn render(s: &DeviceStatus) -> String {
     let mut out = String::new();
@@ -40,12 +70,13 @@ fn render(s: &DeviceStatus) -> String {
         .unwrap_or("-");
     let _ = writeln!(
         out,
-        "{}  pid {} {}  profile {}  {} lid {}  gid {}  listen {}  node_guid {:016x}  mrs {}  qps {}",
+        "{}  pid {} {}  profile {}  {} port {} lid {}  gid {}  listen {}  node_guid {:016x}  mrs {}  qps {}",
         s.device,
         s.pid,
         s.program,
         s.profile,
         s.link_layer,
+        s.port,
         s.lid,
         gid,
         s.listen,
