@@ -51,8 +51,8 @@ pub mod event;
 pub mod event_fd;
 pub mod event_queue;
 pub mod flags;
-pub mod mw;
 pub mod mcast;
+pub mod mw;
 pub mod poll;
 pub mod qp;
 pub mod rdmacm;
@@ -73,8 +73,8 @@ pub use endpoint::{Endpoint, RemoteMr};
 pub use error::{open_file_limit, Error, PostError, QueueKind, Result};
 pub use event::{AsyncElement, AsyncEvent, AsyncEventType, ElementKind};
 pub use flags::{AccessFlags, QpAttrMask, SendFlags, WcFlags};
-pub use mw::{inc_rkey, BindMw, MwBind, MwBindInfo, MwType};
 pub use mcast::{MULTICAST_LID_BASE, MULTICAST_QPN};
+pub use mw::{inc_rkey, BindMw, MwBind, MwBindInfo, MwType};
 pub use poll::{poll_n, poll_quiet};
 pub use qp::{
     AhAttr, GlobalRoute, QpAttr, QpCap, QpInitAttr, QpState, QpType, PSN_MASK, QP_CREATE_BLOCK_SELF_MCAST_LB,

@@ -57,8 +57,8 @@ use crate::responder::DatagramSource;
 use crate::verify::Claims;
 use crate::wire::{Frame, DATAGRAM_HDR_LEN, MAX_DATAGRAM};
 
-pub mod gsi;
 mod fanout;
+pub mod gsi;
 pub mod link;
 pub mod setup;
 pub mod table;

@@ -6,7 +6,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use parking_lot::MutexGuard;
-use verbs_api::{AddressHandle, BindMw, Error, PostError, QpState, QpType, QueueKind, RecvWr, SendWr, WcStatus, WrOp};
+use verbs_api::{
+    AddressHandle, BindMw, Error, PostError, QpState, QpType, QueueKind, RecvWr, SendWr, WcStatus, WrOp,
+};
 
 use super::ud::{AhRoute, UdPostError};
 use super::{QpInner, QpShared};
