@@ -746,3 +746,41 @@ fn a_flood_at_the_rdma_cm_port_does_not_stop_real_clients() {
     }
     drop(flood);
 }
+
+/// Destroying the last id that holds a device (here a listener, its connections gone)
+/// closes the device, whose setup thread tells the connection manager of the links that
+/// close meanwhile (its clients' hosts going away): the destroy must not hold the
+/// manager's lock while it waits for that thread. Each round races the two.
+#[test]
+fn destroying_the_last_id_of_a_device_while_its_links_close_returns() {
+    for round in 0..10 {
+        let sb = SimBackend::default();
+        let (sch, lid, port) = listener(&sb, PortSpace::Tcp);
+        let mut hosts = Vec::new();
+        for _ in 0..12 {
+            let cb = SimBackend::default();
+            let (cch, cid) = resolved(&cb, PortSpace::Tcp, loopback(port));
+            let client = side(&cid, QpType::Rc);
+            cmqp::connect(&cid, &client.qp, &with_data(b"")).unwrap();
+            let sid = expect(&sch, E::ConnectRequest).new_id.unwrap();
+            let server = side(&sid, QpType::Rc);
+            cmqp::accept(&sid, &server.qp, &with_data(b"")).unwrap();
+            expect(&cch, E::ConnectResponse);
+            cmqp::complete_connect(&cid, &client.qp).unwrap();
+            expect(&sch, E::Established);
+            drop((server, sid));
+            hosts.push((client, cid, cch, cb));
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let gone = std::thread::spawn(move || drop(hosts));
+        std::thread::spawn(move || {
+            drop(lid);
+            tx.send(()).unwrap();
+        });
+        rx.recv_timeout(WAIT).unwrap_or_else(|_| {
+            panic!("round {round}: rdma_destroy_id of the device's last id did not return")
+        });
+        gone.join().unwrap();
+        drop((sch, sb));
+    }
+}

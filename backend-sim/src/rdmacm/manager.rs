@@ -445,6 +445,10 @@ impl Core {
     pub fn destroy(&self, handle: u32) {
         let mut out = Outbox::default();
         let mut orphans = Vec::new();
+        // The id leaves the table under the lock but is dropped after it: it may hold the
+        // last reference to a device, whose closing joins the device's threads, and one
+        // of them may be waiting for this lock (telling of a link that closed).
+        let gone;
         {
             let mut st = self.st.lock();
             let Some(id) = st.ids.remove(&handle) else {
@@ -479,8 +483,10 @@ impl Core {
                     orphans.push(ev.handle);
                 }
             }
+            gone = id;
         }
         self.run(out);
+        drop(gone);
         for h in orphans {
             self.destroy(h);
         }
