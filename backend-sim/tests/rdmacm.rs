@@ -784,3 +784,32 @@ fn destroying_the_last_id_of_a_device_while_its_links_close_returns() {
         drop((sch, sb));
     }
 }
+
+/// Ids that resolve one address at once (cmtime's pattern) share the question to its
+/// rendezvous: each gets its ADDR_RESOLVED, and a later resolve asks anew (a listener
+/// gone meanwhile is not remembered).
+#[test]
+fn ids_resolving_one_address_at_once_each_get_their_answer() {
+    let (sb, cb) = two_hosts();
+    let (_sch, lid, port) = listener(&sb, PortSpace::Tcp);
+    let ch = cb.create_event_channel().unwrap();
+    let ids: Vec<_> = (0..50)
+        .map(|i| {
+            let id = ch.create_id(i, PortSpace::Tcp, QpType::Rc).unwrap();
+            id.resolve_addr(None, loopback(port), WAIT).unwrap();
+            id
+        })
+        .collect();
+    let mut got = std::collections::HashSet::new();
+    for _ in &ids {
+        let ev = expect(&ch, E::AddrResolved);
+        assert_eq!(ev.status, 0);
+        got.insert(ev.id.handle);
+    }
+    assert_eq!(got.len(), ids.len());
+    drop(lid);
+    let id = ch.create_id(99, PortSpace::Tcp, QpType::Rc).unwrap();
+    id.resolve_addr(None, loopback(port), WAIT).unwrap();
+    let ev = ch.get_event(Some(WAIT)).unwrap().expect("an answer");
+    assert_eq!(ev.id.handle, id.handle());
+}
