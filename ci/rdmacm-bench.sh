@@ -102,7 +102,7 @@ stats() { # EXPR: awk expression over c (cmtime ms), t (tcp ms), s (rstream), b 
     local r
     for r in $(seq "$rounds"); do
         echo "${fig[cm,$r]} ${fig[tcp,$r]} ${fig[rs,$r]} ${fig[ib,$r]}"
-    done | awk "{c=\$1; t=\$2; s=\$3; b=\$4; print $1}" | sort -g | awk '{v[NR]=$1} END {m = (NR % 2) ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2; printf "%.4g %.4g %.4g\n", m, v[1], v[NR]}'
+    done | awk "{c=\$1; t=\$2; s=\$3; b=\$4; print $1}" | sort -g | awk 'function f(x) {return x >= 100 ? sprintf("%.0f", x) : sprintf("%.3g", x)} {v[NR]=$1} END {m = (NR % 2) ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2; print f(m), f(v[1]), f(v[NR])}'
 }
 read -r cm_rate cm_lo cm_hi < <(stats "$conns * 1000 / c")
 read -r tcp_rate tcp_lo tcp_hi < <(stats "$conns * 1000 / t")
