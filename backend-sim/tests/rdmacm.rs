@@ -4,11 +4,15 @@
 //! destroyed id leaves behind. Two backends in one process are two hosts' worth of
 //! devices (each its own connection manager); one backend is one host.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use backend_sim::rdmacm::{SimCmChannel, SimCmId};
 use backend_sim::{SimBackend, SimConfig};
+use backend_sim_proto::wire::{Frame, HelloReject};
+use common::{frame, read_answer};
 use verbs_api::rdmacm::{
     self, qp as cmqp, CmBackend, CmEvent, CmEventChannel, CmEventType as E, CmId, ConnParam, PortSpace,
 };
@@ -450,4 +454,351 @@ fn a_wildcard_listener_takes_loopback_clients() {
     cmqp::complete_connect(&cid, &client.qp).unwrap();
     expect(&sch, E::Established);
     send_recv(&client, &server, b"wildcard");
+}
+
+// ---------------------------------------------------------------------- bad input
+
+/// Polls `f` until it holds, at most `WAIT`.
+fn eventually(what: &str, f: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + WAIT;
+    while !f() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: not within {WAIT:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The next event of `ch` for `handle` within `within`, skipping none: its type.
+fn next_for(ch: &SimCmChannel, handle: u32, within: Duration) -> E {
+    match ch.get_event(Some(within)).unwrap() {
+        Some(ev) => {
+            assert_eq!(ev.id.handle, handle, "{ev:?}");
+            ev.event
+        }
+        None => panic!("no event for {handle} within {within:?}"),
+    }
+}
+
+/// The client half of the tests below that kill a client process: run as this test
+/// binary again with `RDMACM_CLIENT_OF=port`, it connects to the listener at `port` and
+/// then sleeps, taking no event: it is killed mid-handshake.
+fn client_process(port: u16) {
+    let b = SimBackend::default();
+    let (_ch, id) = resolved(&b, PortSpace::Tcp, loopback(port));
+    let client = side(&id, QpType::Rc);
+    cmqp::connect(&id, &client.qp, &with_data(b"about to die")).unwrap();
+    std::thread::sleep(Duration::from_secs(600));
+}
+
+/// This test run again as a client process of the listener at `port`.
+fn spawn_client(test: &str, port: u16) -> std::process::Child {
+    std::process::Command::new(std::env::current_exe().unwrap())
+        .args([test, "--exact", "--nocapture", "--test-threads", "1"])
+        .env("RDMACM_CLIENT_OF", port.to_string())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+fn as_client_process() -> bool {
+    match std::env::var("RDMACM_CLIENT_OF") {
+        Ok(p) => {
+            client_process(p.parse().unwrap());
+            true
+        }
+        Err(_) => false,
+    }
+}
+
+/// A client process killed after the server accepted (its REP unanswered): the server's
+/// new id learns it well before the REP's own timeout (the peer's device is gone), the
+/// server is left with its listener alone once it destroyed that id, and takes the next
+/// client.
+#[test]
+fn a_client_that_exits_mid_handshake_leaves_nothing_in_the_server() {
+    if as_client_process() {
+        return;
+    }
+    let sb = SimBackend::default();
+    let (sch, _lid, port) = listener(&sb, PortSpace::Tcp);
+    let mut child = spawn_client(
+        "a_client_that_exits_mid_handshake_leaves_nothing_in_the_server",
+        port,
+    );
+    let req = expect(&sch, E::ConnectRequest);
+    let sid = req.new_id.unwrap();
+    let server = side(&sid, QpType::Rc);
+    cmqp::accept(&sid, &server.qp, &with_data(b"")).unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let t0 = std::time::Instant::now();
+    let ev = next_for(&sch, sid.handle(), WAIT);
+    assert!(
+        matches!(ev, E::Unreachable | E::Rejected | E::ConnectError),
+        "{ev}"
+    );
+    assert!(t0.elapsed() < backend_sim::rdmacm::cm::REP_WAIT);
+    drop((server, sid));
+    eventually("the listener alone", || sb.cm_ids() == 1);
+    let cb = SimBackend::default();
+    let (cch, cid) = resolved(&cb, PortSpace::Tcp, loopback(port));
+    let client = side(&cid, QpType::Rc);
+    cmqp::connect(&cid, &client.qp, &with_data(b"")).unwrap();
+    let sid = expect(&sch, E::ConnectRequest).new_id.unwrap();
+    let server = side(&sid, QpType::Rc);
+    cmqp::accept(&sid, &server.qp, &with_data(b"")).unwrap();
+    expect(&cch, E::ConnectResponse);
+    cmqp::complete_connect(&cid, &client.qp).unwrap();
+    expect(&sch, E::Established);
+    send_recv(&client, &server, b"after the dead one");
+}
+
+/// A client process killed while its request waits for the server's consumer: the
+/// server's late accept finds the peer gone and says so within the wait for a peer, and
+/// nothing of it stays.
+#[test]
+fn a_client_that_exits_before_the_accept_leaves_nothing_in_the_server() {
+    if as_client_process() {
+        return;
+    }
+    let sb = SimBackend::default();
+    let (sch, _lid, port) = listener(&sb, PortSpace::Tcp);
+    let mut child = spawn_client(
+        "a_client_that_exits_before_the_accept_leaves_nothing_in_the_server",
+        port,
+    );
+    let req = expect(&sch, E::ConnectRequest);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let sid = req.new_id.unwrap();
+    let server = side(&sid, QpType::Rc);
+    // The accept itself may already know the peer is gone; if it does not, an event says so.
+    if cmqp::accept(&sid, &server.qp, &with_data(b"")).is_ok() {
+        let ev = next_for(&sch, sid.handle(), WAIT);
+        assert!(
+            matches!(ev, E::Unreachable | E::Rejected | E::ConnectError),
+            "{ev}"
+        );
+    }
+    drop((server, sid));
+    eventually("the listener alone", || sb.cm_ids() == 1);
+}
+
+/// Ids destroyed with their events never taken (a program that never acks): the
+/// client's destroy with a CONNECT_RESPONSE pending rejects the server's id at once (not
+/// after the REP's timeout), and neither side keeps anything once its ids are gone.
+#[test]
+fn ids_destroyed_with_events_pending_leave_nothing_behind() {
+    let (sb, cb) = two_hosts();
+    let (sch, lid, port) = listener(&sb, PortSpace::Tcp);
+    let (cch, cid) = resolved(&cb, PortSpace::Tcp, loopback(port));
+    let client = side(&cid, QpType::Rc);
+    cmqp::connect(&cid, &client.qp, &with_data(b"")).unwrap();
+    let sid = expect(&sch, E::ConnectRequest).new_id.unwrap();
+    let server = side(&sid, QpType::Rc);
+    cmqp::accept(&sid, &server.qp, &with_data(b"")).unwrap();
+    // The reply arrives at the client, which never takes it.
+    eventually("the client's CONNECT_RESPONSE", || readable(cch.fd()));
+    drop((client, cid));
+    assert_eq!(next_for(&sch, sid.handle(), WAIT), E::Rejected);
+    assert!(!readable(cch.fd()), "a destroyed id's events go with it");
+    drop((server, sid));
+    // An id destroyed with its ADDR_RESOLVED pending.
+    let id = cch.create_id(0, PortSpace::Tcp, QpType::Rc).unwrap();
+    id.resolve_addr(None, loopback(port), WAIT).unwrap();
+    eventually("ADDR_RESOLVED", || readable(cch.fd()));
+    drop(id);
+    assert!(!readable(cch.fd()));
+    eventually("nothing in the client", || cb.cm_ids() == 0);
+    eventually("the listener alone", || sb.cm_ids() == 1);
+    drop(lid);
+    assert_eq!(sb.cm_ids(), 0);
+}
+
+/// A listener that never takes its requests holds at most its backlog of them, as
+/// rdma_ucm does (a request beyond it is dropped, and the client's retries end in its
+/// timeout); requests whose clients gave up stay in that backlog until the listener
+/// takes them (their later events dropped, as rdma_ucm drops the events of an id
+/// userspace does not know yet), and all go with the listener.
+#[test]
+fn a_listener_that_never_accepts_holds_no_more_than_its_backlog() {
+    let (sb, cb) = two_hosts();
+    let sch = sb.create_event_channel().unwrap();
+    let lid = sch.create_id(7, PortSpace::Tcp, QpType::Rc).unwrap();
+    lid.bind_addr(loopback(0)).unwrap();
+    lid.listen(2).unwrap();
+    let port = lid.query_addr().unwrap().src.unwrap().port();
+    let mut clients = Vec::new();
+    for _ in 0..6 {
+        let (cch, cid) = resolved(&cb, PortSpace::Tcp, loopback(port));
+        let client = side(&cid, QpType::Rc);
+        cmqp::connect(&cid, &client.qp, &with_data(b"")).unwrap();
+        clients.push((cch, cid, client));
+    }
+    eventually("the backlog's requests", || sb.cm_ids() == 3);
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(sb.cm_ids(), 3, "the listener and its backlog of 2");
+    // Every client gives up: nothing grows.
+    clients.clear();
+    eventually("nothing in the clients", || cb.cm_ids() == 0);
+    assert!(sb.cm_ids() <= 3);
+    // The listener takes its requests at last and drops them.
+    while let Some(ev) = sch.get_event(Some(Duration::from_millis(300))).unwrap() {
+        drop(ev.new_id);
+    }
+    eventually("the listener alone", || sb.cm_ids() == 1);
+    drop(lid);
+    assert_eq!(sb.cm_ids(), 0);
+}
+
+/// A stranger's bytes at a listener's rdma_cm port (the rendezvous) get what every
+/// listener of the sim gives them (`verify::read_first`): garbage and a lookup's
+/// truncation end the connection unanswered, a hello is refused, another protocol
+/// version is told so; and the listener's clients still connect.
+#[test]
+fn a_stranger_at_the_rdma_cm_port_is_refused_as_at_any_listener() {
+    use std::io::Write;
+    let (sb, cb) = two_hosts();
+    let (sch, _lid, port) = listener(&sb, PortSpace::Tcp);
+    let at = loopback(port);
+    let answer = |bytes: &[u8]| {
+        let mut s = std::net::TcpStream::connect(at).unwrap();
+        s.write_all(bytes).unwrap();
+        read_answer(&mut s)
+    };
+    assert_eq!(answer(&[0xff; 64]), None, "garbage");
+    let hello = frame(Frame::LinkHello {
+        src_gid: [1; 16],
+        src_lid: 1,
+        token: [0x5a; backend_sim_proto::wire::TOKEN_LEN],
+    });
+    assert_eq!(
+        answer(&hello),
+        Some(Frame::HelloNak {
+            reason: HelloReject::Refused
+        })
+    );
+    let mut old = hello.clone();
+    old[2..4].copy_from_slice(&(backend_sim_proto::wire::VERSION - 1).to_le_bytes());
+    assert_eq!(
+        answer(&old),
+        Some(Frame::HelloNak {
+            reason: HelloReject::Version
+        })
+    );
+    let lookup = frame(Frame::CmLookup {
+        port_space: PortSpace::Tcp as u16,
+        port,
+    });
+    assert_eq!(answer(&lookup[..lookup.len() - 1]), None, "a truncated lookup");
+    assert!(matches!(answer(&lookup), Some(Frame::CmAddress { .. })));
+    let (cch, cid) = resolved(&cb, PortSpace::Tcp, at);
+    let client = side(&cid, QpType::Rc);
+    cmqp::connect(&cid, &client.qp, &with_data(b"")).unwrap();
+    expect(&sch, E::ConnectRequest);
+    drop(cch);
+}
+
+/// A flood at the rdma_cm port (connections that say nothing, and garbage) does not
+/// keep the listener's clients out: each resolves, connects and exchanges data while
+/// the flood holds its connections open.
+#[test]
+fn a_flood_at_the_rdma_cm_port_does_not_stop_real_clients() {
+    use std::io::Write;
+    let (sb, cb) = two_hosts();
+    let (sch, _lid, port) = listener(&sb, PortSpace::Tcp);
+    let at = loopback(port);
+    let flood: Vec<_> = (0..400)
+        .filter_map(|i| {
+            let mut s = std::net::TcpStream::connect_timeout(&at, Duration::from_millis(200)).ok()?;
+            if i % 4 == 0 {
+                let _ = s.write_all(&[0xa5; 16]);
+            }
+            Some(s)
+        })
+        .collect();
+    // More than the rendezvous lets be in setup at once (the listeners' bound).
+    assert!(flood.len() > 256, "{}", flood.len());
+    for i in 0..3u8 {
+        let (cch, cid) = resolved(&cb, PortSpace::Tcp, at);
+        let client = side(&cid, QpType::Rc);
+        cmqp::connect(&cid, &client.qp, &with_data(&[i])).unwrap();
+        let sid = expect(&sch, E::ConnectRequest).new_id.unwrap();
+        let server = side(&sid, QpType::Rc);
+        cmqp::accept(&sid, &server.qp, &with_data(b"")).unwrap();
+        expect(&cch, E::ConnectResponse);
+        cmqp::complete_connect(&cid, &client.qp).unwrap();
+        expect(&sch, E::Established);
+        send_recv(&client, &server, b"through the flood");
+    }
+    drop(flood);
+}
+
+/// Destroying the last id that holds a device (here a listener, its connections gone)
+/// closes the device, whose setup thread tells the connection manager of the links that
+/// close meanwhile (its clients' hosts going away): the destroy must not hold the
+/// manager's lock while it waits for that thread. Each round races the two.
+#[test]
+fn destroying_the_last_id_of_a_device_while_its_links_close_returns() {
+    for round in 0..10 {
+        let sb = SimBackend::default();
+        let (sch, lid, port) = listener(&sb, PortSpace::Tcp);
+        let mut hosts = Vec::new();
+        for _ in 0..12 {
+            let cb = SimBackend::default();
+            let (cch, cid) = resolved(&cb, PortSpace::Tcp, loopback(port));
+            let client = side(&cid, QpType::Rc);
+            cmqp::connect(&cid, &client.qp, &with_data(b"")).unwrap();
+            let sid = expect(&sch, E::ConnectRequest).new_id.unwrap();
+            let server = side(&sid, QpType::Rc);
+            cmqp::accept(&sid, &server.qp, &with_data(b"")).unwrap();
+            expect(&cch, E::ConnectResponse);
+            cmqp::complete_connect(&cid, &client.qp).unwrap();
+            expect(&sch, E::Established);
+            drop((server, sid));
+            hosts.push((client, cid, cch, cb));
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let gone = std::thread::spawn(move || drop(hosts));
+        std::thread::spawn(move || {
+            drop(lid);
+            tx.send(()).unwrap();
+        });
+        rx.recv_timeout(WAIT).unwrap_or_else(|_| {
+            panic!("round {round}: rdma_destroy_id of the device's last id did not return")
+        });
+        gone.join().unwrap();
+        drop((sch, sb));
+    }
+}
+
+/// Ids that resolve one address at once (cmtime's pattern) share the question to its
+/// rendezvous: each gets its ADDR_RESOLVED, and a later resolve asks anew (a listener
+/// gone meanwhile is not remembered).
+#[test]
+fn ids_resolving_one_address_at_once_each_get_their_answer() {
+    let (sb, cb) = two_hosts();
+    let (_sch, lid, port) = listener(&sb, PortSpace::Tcp);
+    let ch = cb.create_event_channel().unwrap();
+    let ids: Vec<_> = (0..50)
+        .map(|i| {
+            let id = ch.create_id(i, PortSpace::Tcp, QpType::Rc).unwrap();
+            id.resolve_addr(None, loopback(port), WAIT).unwrap();
+            id
+        })
+        .collect();
+    let mut got = std::collections::HashSet::new();
+    for _ in &ids {
+        let ev = expect(&ch, E::AddrResolved);
+        assert_eq!(ev.status, 0);
+        got.insert(ev.id.handle);
+    }
+    assert_eq!(got.len(), ids.len());
+    drop(lid);
+    let id = ch.create_id(99, PortSpace::Tcp, QpType::Rc).unwrap();
+    id.resolve_addr(None, loopback(port), WAIT).unwrap();
+    let ev = ch.get_event(Some(WAIT)).unwrap().expect("an answer");
+    assert_eq!(ev.id.handle, id.handle());
 }

@@ -83,7 +83,11 @@ pub(crate) unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
 
 /// The address vector that answers the sender of `wc` (and `grh`, when the completion
 /// has one): its LID, SL and path bits, and with a GRH its GID as destination and the
-/// index of the GID it was sent to as source.
+/// index of the GID it was sent to as source. On RoCE v2 between IPv4 addresses the
+/// 40 bytes in front of the payload are 20 unused ones and the packet's IPv4 header (rxe
+/// copies it there), whose addresses are the GIDs' IPv4 and whose TOS and TTL are the
+/// traffic class and hop limit; libibverbs' `ibv_init_ah_from_wc` tells the two apart
+/// as [`ipv4_header`] does.
 fn reply_av(ctx: &Context, port: u8, wc: &ibv_wc, grh: Option<&ibv_grh>) -> Result<ibv_ah_attr, Errno> {
     let mut a = ibv_ah_attr {
         dlid: wc.slid,
@@ -94,23 +98,60 @@ fn reply_av(ctx: &Context, port: u8, wc: &ibv_wc, grh: Option<&ibv_grh>) -> Resu
     };
     if wc.wc_flags & IBV_WC_GRH != 0 {
         let grh = grh.ok_or(libc::EINVAL)?;
-        let flow = u32::from_be(grh.version_tclass_flow);
+        let (to, from) = match ipv4_header(grh) {
+            Some(ip) => {
+                let mapped = |at: usize| {
+                    let v4 = std::net::Ipv4Addr::new(ip[at], ip[at + 1], ip[at + 2], ip[at + 3]);
+                    v4.to_ipv6_mapped().octets()
+                };
+                a.grh.traffic_class = ip[1];
+                a.grh.hop_limit = ip[8];
+                (mapped(16), mapped(12))
+            }
+            None => {
+                let flow = u32::from_be(grh.version_tclass_flow);
+                a.grh.flow_label = flow & 0xfffff;
+                a.grh.traffic_class = (flow >> 20) as u8;
+                a.grh.hop_limit = 0xff;
+                (grh.dgid.raw, grh.sgid.raw)
+            }
+        };
         let len = ctx
             .sim
             .query_port(port)
             .map_err(|e| errno_of("ibv_init_ah_from_wc", &e))?
             .gid_tbl_len;
         let sgid_index = (0..len)
-            .find(|i| ctx.sim.query_gid(port, *i).is_ok_and(|g| g.0 == grh.dgid.raw))
+            .find(|i| ctx.sim.query_gid(port, *i).is_ok_and(|g| g.0 == to))
             .ok_or(libc::ENOENT)?;
         a.is_global = 1;
-        a.grh.dgid = ibv_gid { raw: grh.sgid.raw };
+        a.grh.dgid = ibv_gid { raw: from };
         a.grh.sgid_index = u8::try_from(sgid_index).map_err(|_| libc::EINVAL)?;
-        a.grh.flow_label = flow & 0xfffff;
-        a.grh.traffic_class = (flow >> 20) as u8;
-        a.grh.hop_limit = 0xff;
     }
     Ok(a)
+}
+
+/// The IPv4 header in the GRH's place, if that is what `grh` holds: the first word is
+/// not an IPv6 header's, or bytes 20..40 are an IPv4 header of 20 bytes whose checksum
+/// holds (libibverbs' `get_grh_header_version`).
+fn ipv4_header(grh: &ibv_grh) -> Option<[u8; 20]> {
+    // SAFETY: `ibv_grh` is 40 bytes of plain data.
+    let bytes: &[u8; 40] = unsafe { &*(grh as *const ibv_grh).cast() };
+    let ip: [u8; 20] = bytes[20..].try_into().expect("20 bytes");
+    if bytes[0] >> 4 != 6 {
+        return (ip[0] >> 4 == 4).then_some(ip);
+    }
+    if ip[0] != 0x45 {
+        return None;
+    }
+    let mut sum: u32 = ip
+        .chunks(2)
+        .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    (sum == 0xffff).then_some(ip)
 }
 
 /// `ibv_init_ah_from_wc`: 0, or -1 with errno.

@@ -87,3 +87,13 @@ fn the_mlx5_providers_huge_page_setting() {
         }
     }
 }
+
+/// The address handle made from a received datagram answers its sender, from an IB GRH
+/// (portable, GID index 0) and from the IPv4 header a RoCE v2 device puts in the GRH's
+/// place (rxe, GID index 1): udaddy's server replies so.
+#[test]
+fn the_reply_address_of_a_datagram() {
+    for (profile, index) in [("portable", "0"), ("rxe", "1"), ("rxe", "0")] {
+        run_c_check("ah_from_wc", &[("RDMA_SIM_PROFILE", profile)], &[index], LIMIT);
+    }
+}

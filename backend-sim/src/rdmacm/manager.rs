@@ -209,6 +209,42 @@ pub struct Lookup {
     connect: bool,
 }
 
+/// A lookup under way: the asking device (its address), destination, port space,
+/// timeout.
+type AskKey = (usize, SocketAddr, u16, Duration);
+
+/// An id waiting for a lookup: its handle, generation, and whether for a connect.
+type Waiter = (u32, u64, bool);
+
+/// Forgets a lookup under way when its task ends, answered or not (a device's runtime
+/// that closes drops its tasks), so that a later one is asked anew.
+struct Asked {
+    core: Weak<Core>,
+    key: AskKey,
+    serial: u64,
+}
+
+impl Asked {
+    /// The ids waiting for this lookup, which is no longer under way.
+    fn take(&self, c: &Core) -> Vec<Waiter> {
+        let mut asking = c.asking.lock();
+        match asking.get(&self.key) {
+            Some((serial, _)) if *serial == self.serial => {
+                asking.remove(&self.key).map(|(_, w)| w).unwrap_or_default()
+            }
+            _ => Vec::new(),
+        }
+    }
+}
+
+impl Drop for Asked {
+    fn drop(&mut self) {
+        if let Some(c) = self.core.upgrade() {
+            self.take(&c);
+        }
+    }
+}
+
 /// What a call does once the state's lock is let go.
 #[derive(Default)]
 pub struct Outbox {
@@ -294,6 +330,13 @@ pub struct Core {
     /// The state.
     pub st: Mutex<Ids>,
     devices: Arc<dyn DeviceSource>,
+    /// The lookups under way, by the device that asks, destination, port space and
+    /// timeout, with the ids that wait for each: ids that resolve one address at once
+    /// share one question to its rendezvous, as the kernel's address queries of one
+    /// destination share one neighbour resolution.
+    asking: Mutex<HashMap<AskKey, (u64, Vec<Waiter>)>>,
+    /// The serial number of the last lookup asked (which entry of `asking` is whose).
+    asked: std::sync::atomic::AtomicU64,
     /// Itself, for the tasks it starts.
     pub me: Weak<Core>,
 }
@@ -321,6 +364,8 @@ impl Core {
         Arc::new_cyclic(|me| Core {
             st: Mutex::new(Ids::default()),
             devices,
+            asking: Mutex::new(HashMap::new()),
+            asked: std::sync::atomic::AtomicU64::new(0),
             me: me.clone(),
         })
     }
@@ -397,11 +442,30 @@ impl Core {
             });
         }
         for l in out.lookups {
+            let key = (Arc::as_ptr(&l.dev) as usize, l.dst, l.ps, l.timeout);
+            let waiter = (l.handle, l.gen, l.connect);
+            let serial = {
+                let mut asking = self.asking.lock();
+                if let Some((_, waiting)) = asking.get_mut(&key) {
+                    waiting.push(waiter);
+                    continue;
+                }
+                let serial = self.asked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                asking.insert(key, (serial, vec![waiter]));
+                serial
+            };
             let core = self.me.clone();
+            let asked = Asked {
+                core: core.clone(),
+                key,
+                serial,
+            };
             l.dev.setup.rt.spawn(async move {
                 let found = rendezvous::lookup(l.dst, l.ps, l.timeout).await;
                 if let Some(c) = core.upgrade() {
-                    c.on_lookup(l.handle, l.gen, found, l.connect);
+                    for (handle, gen, connect) in asked.take(&c) {
+                        c.on_lookup(handle, gen, found, connect);
+                    }
                 }
             });
         }
@@ -445,6 +509,10 @@ impl Core {
     pub fn destroy(&self, handle: u32) {
         let mut out = Outbox::default();
         let mut orphans = Vec::new();
+        // The id leaves the table under the lock but is dropped after it: it may hold the
+        // last reference to a device, whose closing joins the device's threads, and one
+        // of them may be waiting for this lock (telling of a link that closed).
+        let gone;
         {
             let mut st = self.st.lock();
             let Some(id) = st.ids.remove(&handle) else {
@@ -479,8 +547,10 @@ impl Core {
                     orphans.push(ev.handle);
                 }
             }
+            gone = id;
         }
         self.run(out);
+        drop(gone);
         for h in orphans {
             self.destroy(h);
         }

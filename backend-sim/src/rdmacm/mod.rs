@@ -99,6 +99,15 @@ impl SimBackend {
             .clone()
     }
 
+    /// How many ids this backend's connection manager holds: the program's, and those it
+    /// made for connection requests the program has not taken yet. What a peer that
+    /// misbehaves (exits mid-handshake, never answers, destroys its ids with events
+    /// pending) leaves behind shows here, and must be gone once the program destroyed
+    /// its own ids and the timeouts passed.
+    pub fn cm_ids(&self) -> usize {
+        self.cm.0.get().map_or(0, |c| c.st.lock().ids.len())
+    }
+
     /// Makes the connection manager of this backend take its devices from `devices`
     /// (the C ABI's, which its programs open too) instead of opening its own; `false`
     /// if it was made already.

@@ -29,8 +29,6 @@ use super::route::Peer;
 use crate::verify::{read_first, read_one, send_frame};
 use crate::wire::{Frame, HelloReject};
 
-/// How soon a lookup asks again at an address whose neighbour did not answer.
-const NEIGHBOUR_RETRY: Duration = Duration::from_millis(100);
 
 /// A listening TCP port of the rendezvous, served while it lives.
 pub struct Rendezvous {
@@ -127,41 +125,71 @@ pub enum Found {
 }
 
 /// Asks `dst` which device takes requests for port space `ps` there, within `timeout`.
+///
+/// A rendezvous that ends the connection unanswered is one whose listener turned the
+/// connection away while a flood filled its setup places (the bound every listener of
+/// the sim shares, [`crate::listener`]): asked again, after a pause that doubles from
+/// [`RETRY_FIRST`] to [`RETRY_MAX`], until the timeout, as a device's connector retries.
+/// A flood at the port so delays a real client, and does not turn it away.
 pub async fn lookup(dst: SocketAddr, ps: u16, timeout: Duration) -> Found {
     let ask = async {
-        let mut s = loop {
-            match TcpStream::connect(dst).await {
-                Ok(s) => break s,
-                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => return Found::NoListener,
-                // No neighbour answered for the address: the kernel's address query asks
-                // again until its timeout (rdma_resolve_ip, -ENODATA) and then reports
-                // -ETIMEDOUT, so a failed neighbour is no answer yet here too.
-                Err(e) if e.raw_os_error() == Some(libc::EHOSTUNREACH) => {
-                    tokio::time::sleep(NEIGHBOUR_RETRY).await
+        let mut pause = RETRY_FIRST;
+        loop {
+            match ask_once(dst, ps).await {
+                Some(found) => return found,
+                None => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(RETRY_MAX);
                 }
-                Err(e) => return Found::Unreachable(e.raw_os_error().unwrap_or(libc::EHOSTUNREACH)),
             }
-        };
-        let _ = s.set_nodelay(true);
-        let q = Frame::CmLookup {
-            port_space: ps,
-            port: dst.port(),
-        };
-        if send_frame(&mut s, &q).await.is_err() {
-            return Found::NoListener;
-        }
-        match read_one(&mut s).await {
-            Ok(Frame::CmAddress { gid, lid }) => Found::Device(Peer::new(gid, lid)),
-            Ok(Frame::HelloNak {
-                reason: HelloReject::Version,
-            }) => {
-                tracing::warn!(%dst, "rdma_cm: the listener runs a sim of another protocol version");
-                Found::NoListener
-            }
-            _ => Found::NoListener,
         }
     };
     tokio::time::timeout(timeout, ask)
         .await
         .unwrap_or(Found::Unreachable(libc::ETIMEDOUT))
+}
+
+/// The first pause before a lookup is asked again.
+const RETRY_FIRST: Duration = Duration::from_millis(5);
+/// The longest pause between two asks of a lookup.
+const RETRY_MAX: Duration = Duration::from_millis(200);
+
+/// One ask: what `dst` answered, or `None` if it ended the connection unanswered or no
+/// neighbour answered for its address.
+async fn ask_once(dst: SocketAddr, ps: u16) -> Option<Found> {
+    let mut s = match TcpStream::connect(dst).await {
+        Ok(s) => s,
+        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => return Some(Found::NoListener),
+        // No neighbour answered for the address: the kernel's address query asks again
+        // until its timeout (rdma_resolve_ip, -ENODATA) and then reports -ETIMEDOUT, so a
+        // failed neighbour is no answer yet here too.
+        Err(e) if e.raw_os_error() == Some(libc::EHOSTUNREACH) => return None,
+        Err(e) => return Some(Found::Unreachable(e.raw_os_error().unwrap_or(libc::EHOSTUNREACH))),
+    };
+    let _ = s.set_nodelay(true);
+    let q = Frame::CmLookup {
+        port_space: ps,
+        port: dst.port(),
+    };
+    if send_frame(&mut s, &q).await.is_err() {
+        return None;
+    }
+    match read_one(&mut s).await {
+        Ok(Frame::CmAddress { gid, lid }) => Some(Found::Device(Peer::new(gid, lid))),
+        Ok(Frame::HelloNak {
+            reason: HelloReject::Version,
+        }) => {
+            tracing::warn!(%dst, "rdma_cm: the listener runs a sim of another protocol version");
+            Some(Found::NoListener)
+        }
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe
+            ) =>
+        {
+            None
+        }
+        _ => Some(Found::NoListener),
+    }
 }

@@ -37,7 +37,8 @@ LID/GID, QPN and PSN is all a peer needs; across hosts, listen on 0.0.0.0 and us
 Options set the environment variables in brackets; variables already set are kept
 where no option is given. Not served: programs that dlopen libibverbs and look symbols
 up on that handle, static binaries, and set-user-ID programs (the loader ignores
-LD_PRELOAD for them). librdmacm (rdma_cm) does not reach the sim.";
+LD_PRELOAD for them). librdmacm programs (rping, perftest -R, rsockets, libfabric's
+verbs provider) run too: the sim serves /dev/infiniband/rdma_cm.";
 
 const EXAMPLES: &str = "\
 Examples:
