@@ -488,7 +488,7 @@ fn client_process(port: u16) {
     let b = SimBackend::default();
     let (_ch, id) = resolved(&b, PortSpace::Tcp, loopback(port));
     let client = side(&id, QpType::Rc);
-    cmqp::connect(&id, &client.qp, &with_data(b"about to die")).unwrap();
+    cmqp::connect(&id, &client.qp, &ConnParam::rc(b"about to die")).unwrap();
     std::thread::sleep(Duration::from_secs(600));
 }
 
@@ -530,7 +530,7 @@ fn a_client_that_exits_mid_handshake_leaves_nothing_in_the_server() {
     let req = expect(&sch, E::ConnectRequest);
     let sid = req.new_id.unwrap();
     let server = side(&sid, QpType::Rc);
-    cmqp::accept(&sid, &server.qp, &with_data(b"")).unwrap();
+    cmqp::accept(&sid, &server.qp, &ConnParam::rc(b"")).unwrap();
     child.kill().unwrap();
     child.wait().unwrap();
     let t0 = std::time::Instant::now();
@@ -545,10 +545,10 @@ fn a_client_that_exits_mid_handshake_leaves_nothing_in_the_server() {
     let cb = SimBackend::default();
     let (cch, cid) = resolved(&cb, PortSpace::Tcp, loopback(port));
     let client = side(&cid, QpType::Rc);
-    cmqp::connect(&cid, &client.qp, &with_data(b"")).unwrap();
+    cmqp::connect(&cid, &client.qp, &ConnParam::rc(b"")).unwrap();
     let sid = expect(&sch, E::ConnectRequest).new_id.unwrap();
     let server = side(&sid, QpType::Rc);
-    cmqp::accept(&sid, &server.qp, &with_data(b"")).unwrap();
+    cmqp::accept(&sid, &server.qp, &ConnParam::rc(b"")).unwrap();
     expect(&cch, E::ConnectResponse);
     cmqp::complete_connect(&cid, &client.qp).unwrap();
     expect(&sch, E::Established);
@@ -575,7 +575,7 @@ fn a_client_that_exits_before_the_accept_leaves_nothing_in_the_server() {
     let sid = req.new_id.unwrap();
     let server = side(&sid, QpType::Rc);
     // The accept itself may already know the peer is gone; if it does not, an event says so.
-    if cmqp::accept(&sid, &server.qp, &with_data(b"")).is_ok() {
+    if cmqp::accept(&sid, &server.qp, &ConnParam::rc(b"")).is_ok() {
         let ev = next_for(&sch, sid.handle(), WAIT);
         assert!(
             matches!(ev, E::Unreachable | E::Rejected | E::ConnectError),
@@ -595,10 +595,10 @@ fn ids_destroyed_with_events_pending_leave_nothing_behind() {
     let (sch, lid, port) = listener(&sb, PortSpace::Tcp);
     let (cch, cid) = resolved(&cb, PortSpace::Tcp, loopback(port));
     let client = side(&cid, QpType::Rc);
-    cmqp::connect(&cid, &client.qp, &with_data(b"")).unwrap();
+    cmqp::connect(&cid, &client.qp, &ConnParam::rc(b"")).unwrap();
     let sid = expect(&sch, E::ConnectRequest).new_id.unwrap();
     let server = side(&sid, QpType::Rc);
-    cmqp::accept(&sid, &server.qp, &with_data(b"")).unwrap();
+    cmqp::accept(&sid, &server.qp, &ConnParam::rc(b"")).unwrap();
     // The reply arrives at the client, which never takes it.
     eventually("the client's CONNECT_RESPONSE", || readable(cch.fd()));
     drop((client, cid));
@@ -634,7 +634,7 @@ fn a_listener_that_never_accepts_holds_no_more_than_its_backlog() {
     for _ in 0..6 {
         let (cch, cid) = resolved(&cb, PortSpace::Tcp, loopback(port));
         let client = side(&cid, QpType::Rc);
-        cmqp::connect(&cid, &client.qp, &with_data(b"")).unwrap();
+        cmqp::connect(&cid, &client.qp, &ConnParam::rc(b"")).unwrap();
         clients.push((cch, cid, client));
     }
     eventually("the backlog's requests", || sb.cm_ids() == 3);
@@ -696,7 +696,7 @@ fn a_stranger_at_the_rdma_cm_port_is_refused_as_at_any_listener() {
     assert!(matches!(answer(&lookup), Some(Frame::CmAddress { .. })));
     let (cch, cid) = resolved(&cb, PortSpace::Tcp, at);
     let client = side(&cid, QpType::Rc);
-    cmqp::connect(&cid, &client.qp, &with_data(b"")).unwrap();
+    cmqp::connect(&cid, &client.qp, &ConnParam::rc(b"")).unwrap();
     expect(&sch, E::ConnectRequest);
     drop(cch);
 }
@@ -724,10 +724,10 @@ fn a_flood_at_the_rdma_cm_port_does_not_stop_real_clients() {
     for i in 0..3u8 {
         let (cch, cid) = resolved(&cb, PortSpace::Tcp, at);
         let client = side(&cid, QpType::Rc);
-        cmqp::connect(&cid, &client.qp, &with_data(&[i])).unwrap();
+        cmqp::connect(&cid, &client.qp, &ConnParam::rc(&[i])).unwrap();
         let sid = expect(&sch, E::ConnectRequest).new_id.unwrap();
         let server = side(&sid, QpType::Rc);
-        cmqp::accept(&sid, &server.qp, &with_data(b"")).unwrap();
+        cmqp::accept(&sid, &server.qp, &ConnParam::rc(b"")).unwrap();
         expect(&cch, E::ConnectResponse);
         cmqp::complete_connect(&cid, &client.qp).unwrap();
         expect(&sch, E::Established);
@@ -750,10 +750,10 @@ fn destroying_the_last_id_of_a_device_while_its_links_close_returns() {
             let cb = SimBackend::default();
             let (cch, cid) = resolved(&cb, PortSpace::Tcp, loopback(port));
             let client = side(&cid, QpType::Rc);
-            cmqp::connect(&cid, &client.qp, &with_data(b"")).unwrap();
+            cmqp::connect(&cid, &client.qp, &ConnParam::rc(b"")).unwrap();
             let sid = expect(&sch, E::ConnectRequest).new_id.unwrap();
             let server = side(&sid, QpType::Rc);
-            cmqp::accept(&sid, &server.qp, &with_data(b"")).unwrap();
+            cmqp::accept(&sid, &server.qp, &ConnParam::rc(b"")).unwrap();
             expect(&cch, E::ConnectResponse);
             cmqp::complete_connect(&cid, &client.qp).unwrap();
             expect(&sch, E::Established);

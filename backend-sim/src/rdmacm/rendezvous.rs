@@ -29,7 +29,6 @@ use super::route::Peer;
 use crate::verify::{read_first, read_one, send_frame};
 use crate::wire::{Frame, HelloReject};
 
-
 /// A listening TCP port of the rendezvous, served while it lives.
 pub struct Rendezvous {
     /// The address it is bound to.
