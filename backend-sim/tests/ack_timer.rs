@@ -106,8 +106,12 @@ fn acks_pass_the_other_directions_queue_on_two_qps() {
         failed.len(),
         &failed[..failed.len().min(3)]
     );
+    // ACKs queued behind B's stream complete A's WRITEs after 127-128 of B's 128; passing
+    // it, after a few (2-6 on a quiet machine, up to about 66 when other test binaries
+    // share the two CPUs and B's threads run ahead of A's): three quarters tells the two
+    // apart without depending on the scheduler.
     assert!(
-        early < BIG_WRS as usize,
+        early < 3 * BIG_WRS as usize / 2,
         "A's WRITEs completed after {early} of B's {} (ACKs waited behind B's queue)",
         2 * BIG_WRS
     );
