@@ -74,11 +74,15 @@ pub(crate) fn wc_from_raw(wc: &ibv_wc) -> WorkCompletion {
         // SAFETY: both union variants are u32; the buffer was zeroed before polling, so
         // the bytes are initialized whatever the provider wrote.
         u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data })
-    } else {
+    } else if wc_flags.intersects(WcFlags::WITH_INV | WcFlags::IP_CSUM_OK) {
         // SAFETY: as above; the invalidated rkey is in host order. rxe marks it with the
         // kernel's IB_WC_WITH_INVALIDATE bit, which reads as IBV_WC_IP_CSUM_OK, rather
-        // than IBV_WC_WITH_INV; without either, rxe and mlx5 leave the union 0.
+        // than IBV_WC_WITH_INV.
         unsafe { wc.imm_data_invalidated_rkey_union.invalidated_rkey }
+    } else {
+        // Neither immediate data nor an invalidated rkey: whatever the union holds is
+        // no value of the completion's.
+        0
     };
     WorkCompletion {
         wr_id: wc.wr_id,
