@@ -46,7 +46,7 @@ cargo build --release --manifest-path "$root/Cargo.toml" -p backend-sim-cabi
 lib=$target/release/libibverbs_sim.so
 work=$(mktemp -d)
 # (A server left behind by a run that failed goes with the script.)
-trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 cc -O2 -Wall -o "$work/pipe-pingpong" "$root/bench/pipe-pingpong.c"
 export RDMA_SIM_DEVICES=1
 sim() { env LD_PRELOAD="$lib" "$@"; }

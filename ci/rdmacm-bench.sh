@@ -46,7 +46,7 @@ fi
 unset RDMA_SIM_LIB LD_PRELOAD RDMA_SIM_DEVICES RDMA_SIM_LISTEN RDMA_SIM_PROFILE
 work=$(mktemp -d)
 # (A server left behind by a run that failed goes with the script.)
-trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 cc -O2 -Wall -o "$work/tcp-connect" "$root/bench/tcp-connect.c"
 sim() { timeout 120 "$launcher" -- "$@"; }
 
