@@ -33,6 +33,7 @@ use verbs_api::{
 use verbs_api::event_queue::EventQueue;
 
 use crate::addressing::Addressing;
+use crate::choices::{Choice, Choices};
 use crate::counters::DeviceCounters;
 use crate::datagram::Datagrams;
 use crate::mcast::Multicast;
@@ -59,6 +60,8 @@ pub struct DeviceShared {
     pub limits: Attrs,
     /// The portability advice of its backend (`profile::warnings`).
     pub advice: Arc<Advice>,
+    /// Where its QP numbers, keys and address come from ([`crate::choices`]).
+    pub choices: Arc<Choices>,
     /// Registered memory.
     pub mrs: Arc<MrTable>,
     /// QPs by number.
@@ -104,13 +107,14 @@ impl DeviceShared {
         advertise: Option<IpAddr>,
         profile: Profile,
         advice: Arc<Advice>,
+        choices: Choices,
     ) -> Result<Arc<DeviceShared>> {
         let os = |call: &'static str| move |source: std::io::Error| Error::Os { call, source };
         let roce = profile.attrs().link_layer == LinkLayer::Ethernet;
         let sock = if roce {
-            bind_roce(listen)?
+            bind_roce(listen, &choices)?
         } else {
-            crate::lid_port::bind(listen).map_err(|source| Error::Os {
+            crate::lid_port::bind(listen, &choices).map_err(|source| Error::Os {
                 call: "bind (sim device listener)",
                 source,
             })?
@@ -209,6 +213,7 @@ impl DeviceShared {
             profile,
             limits: l,
             advice,
+            choices: Arc::new(choices),
             mrs: Arc::default(),
             qps,
             next_handle: AtomicU32::new(1),
@@ -239,11 +244,11 @@ impl DeviceShared {
         self.next_handle.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// A fresh QP number: random in 2..0xffffff, not in use.
+    /// A fresh QP number: in 2..0xffffff ([`crate::choices`]), not in use.
     pub fn alloc_qpn(&self) -> u32 {
         let qps = self.qps.lock();
         loop {
-            let n = rand::random_range(2..0xff_ffff);
+            let n = self.choices.in_range(Choice::Qpn, 2..0xff_ffff);
             if !qps.contains_key(&n) {
                 return n;
             }
@@ -307,7 +312,7 @@ impl DeviceShared {
 /// its own (see [`addressing`](crate::addressing)): on loopback without a configured
 /// port, an address drawn in 127.0.0.0/8 that no other device holds; otherwise the
 /// listen IP, which one device alone may hold.
-fn bind_roce(listen: SocketAddr) -> Result<socket2::Socket> {
+fn bind_roce(listen: SocketAddr, choices: &Choices) -> Result<socket2::Socket> {
     use crate::addressing::ROCE_PORT;
     let os = |source| Error::Os {
         call: "bind (sim device listener, RoCE)",
@@ -327,11 +332,11 @@ fn bind_roce(listen: SocketAddr) -> Result<socket2::Socket> {
         for _ in 0..256 {
             let ip = std::net::Ipv4Addr::new(
                 127,
-                rand::random_range(1..=254),
-                rand::random_range(0..=255),
-                rand::random_range(1..=254),
+                choices.in_range(Choice::Address, 1u16..255) as u8,
+                choices.in_range(Choice::Address, 0u16..256) as u8,
+                choices.in_range(Choice::Address, 1u16..255) as u8,
             );
-            match crate::lid_port::bind(SocketAddr::new(ip.into(), ROCE_PORT)) {
+            match crate::lid_port::bind(SocketAddr::new(ip.into(), ROCE_PORT), choices) {
                 Ok(s) => return Ok(s),
                 Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => last = Some(e),
                 Err(e) => return Err(os(e)),
@@ -341,7 +346,7 @@ fn bind_roce(listen: SocketAddr) -> Result<socket2::Socket> {
             last.unwrap_or_else(|| std::io::Error::from(std::io::ErrorKind::AddrInUse))
         ));
     }
-    crate::lid_port::bind(SocketAddr::new(listen.ip(), ROCE_PORT)).map_err(|e| {
+    crate::lid_port::bind(SocketAddr::new(listen.ip(), ROCE_PORT), choices).map_err(|e| {
         if e.kind() == std::io::ErrorKind::AddrInUse {
             Error::invalid(
                 "RDMA_SIM_LISTEN",

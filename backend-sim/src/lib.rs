@@ -66,6 +66,7 @@
 mod addressing;
 pub mod capture;
 mod channel_signal;
+pub mod choices;
 pub mod control;
 pub mod counters;
 mod cpu_share;

@@ -7,12 +7,15 @@
 //! device whose port is not configured binds an ephemeral port and keeps it only if it is
 //! below 0xC000: refused ports stay bound until one is found, so the kernel does not
 //! offer them again, and are then closed. If the ephemeral range offers none (a range set
-//! entirely above 0xC000), the device tries random ports in 1024..0xC000 itself. A
+//! entirely above 0xC000), the device tries random ports in 1024..0xC000 itself, as it
+//! does from the start under a seed ([`crate::choices`]). A
 //! configured port is used as given; one at or above 0xC000 gets a warning, since its LID
 //! is not a unicast LID.
 
 use std::io;
 use std::net::SocketAddr;
+
+use crate::choices::{Choice, Choices};
 
 /// The first LID that is not a unicast LID.
 pub const MULTICAST_LID_BASE: u16 = 0xc000;
@@ -31,8 +34,9 @@ fn socket(listen: SocketAddr) -> io::Result<socket2::Socket> {
 }
 
 /// A socket bound to `listen` (not yet listening) whose port is a unicast LID, unless
-/// `listen` names a port.
-pub fn bind(listen: SocketAddr) -> io::Result<socket2::Socket> {
+/// `listen` names a port. Seeded `choices` skip the kernel's ephemeral ports and draw
+/// the port from the seed, so that the LID repeats from run to run.
+pub fn bind(listen: SocketAddr, choices: &Choices) -> io::Result<socket2::Socket> {
     if listen.port() != 0 {
         if listen.port() >= MULTICAST_LID_BASE {
             tracing::warn!(
@@ -51,7 +55,8 @@ pub fn bind(listen: SocketAddr) -> io::Result<socket2::Socket> {
     }
     // Without SO_REUSEADDR, so that a port held here is not offered again.
     let mut refused = Vec::new();
-    for _ in 0..EPHEMERAL_TRIES {
+    let ephemeral_tries = if choices.seeded() { 0 } else { EPHEMERAL_TRIES };
+    for _ in 0..ephemeral_tries {
         let sock = socket(listen)?;
         sock.bind(&listen.into())?;
         let port = sock.local_addr()?.as_socket().map_or(0, |a| a.port());
@@ -64,7 +69,7 @@ pub fn bind(listen: SocketAddr) -> io::Result<socket2::Socket> {
     let mut last = io::Error::from(io::ErrorKind::AddrInUse);
     for _ in 0..RANDOM_TRIES {
         let mut addr = listen;
-        addr.set_port(rand::random_range(1024..MULTICAST_LID_BASE));
+        addr.set_port(choices.in_range(Choice::Address, 1024..MULTICAST_LID_BASE));
         let sock = socket(addr)?;
         match sock.bind(&addr.into()) {
             Ok(()) => return Ok(sock),
@@ -82,7 +87,9 @@ mod tests {
     fn unconfigured_ports_are_unicast_lids() {
         let listen: SocketAddr = "127.0.0.1:0".parse().unwrap();
         // Enough devices that an ephemeral port above 0xc000 is all but certain to come up.
-        let socks: Vec<_> = (0..32).map(|_| bind(listen).unwrap()).collect();
+        let socks: Vec<_> = (0..32)
+            .map(|_| bind(listen, &Choices::new(None, "test")).unwrap())
+            .collect();
         for s in &socks {
             let port = s.local_addr().unwrap().as_socket().unwrap().port();
             assert!(port > 0 && port < MULTICAST_LID_BASE, "port {port:#x}");
@@ -94,7 +101,11 @@ mod tests {
         let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = probe.local_addr().unwrap().port();
         drop(probe);
-        let s = bind(SocketAddr::from(([127, 0, 0, 1], port))).unwrap();
+        let s = bind(
+            SocketAddr::from(([127, 0, 0, 1], port)),
+            &Choices::new(None, "test"),
+        )
+        .unwrap();
         assert_eq!(s.local_addr().unwrap().as_socket().unwrap().port(), port);
     }
 }

@@ -2,7 +2,7 @@
 //! status through, prints settings a shell can `eval`, finds the library wherever it is
 //! installed, `rdma-sim status` lists the devices of running programs, `rdma-sim port`
 //! takes a running program's port down and back, and `rdma-sim trace` shows a capture as
-//! ladders.
+//! ladders; `--seed` makes a run's choices repeat.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -25,6 +25,7 @@ fn rdma_sim(args: &[&str]) -> Command {
         .env_remove("RDMA_SIM_DEVICES")
         .env_remove("RDMA_SIM_LISTEN")
         .env_remove("RDMA_SIM_PROFILE")
+        .env_remove("RDMA_SIM_SEED")
         .env_remove("LD_PRELOAD")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -93,6 +94,34 @@ fn a_program_runs_on_the_sim_and_its_exit_status_is_its_own() {
     assert_eq!(out.status.code(), Some(125));
     assert!(
         text(&out.stderr).contains("RDMA_SIM_LISTEN"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+/// The LID `ibv_devinfo` reports for sim0 under `rdma-sim ARGS -- ibv_devinfo`.
+fn lid_under(args: &[&str]) -> String {
+    let mut all = args.to_vec();
+    all.extend(["--", "ibv_devinfo"]);
+    let out = run(&mut rdma_sim(&all));
+    assert!(out.status.success(), "{out:?}");
+    let stdout = text(&out.stdout);
+    let lid = stdout.lines().find_map(|l| l.trim().strip_prefix("port_lid:"));
+    lid.unwrap_or_else(|| panic!("no port_lid in {stdout}"))
+        .trim()
+        .to_string()
+}
+
+#[test]
+fn a_seed_repeats_the_devices_choices() {
+    // The portable profile's port is InfiniBand: its LID is the port the device drew.
+    let a = lid_under(&["--seed", "7"]);
+    assert_eq!(a, lid_under(&["--seed", "7"]), "seed 7 twice");
+    assert_ne!(a, lid_under(&["--seed", "0x8"]), "seeds 7 and 8");
+    let out = run(&mut rdma_sim(&["--seed", "seven", "true"]));
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        text(&out.stderr).contains("not a number"),
         "{}",
         text(&out.stderr)
     );

@@ -28,6 +28,10 @@ pub struct SimConfig {
     /// [`crate::profile::warnings`]): each piece once per backend, as a warning
     /// (default) or a debug event.
     pub portability_warnings: Level,
+    /// Where the devices' arbitrary choices (QP numbers, keys, their LID or loopback IP)
+    /// come from: `None` (default) the operating system's generator, `Some(seed)` a hash
+    /// of the seed, so that a run repeats them ([`crate::choices`]).
+    pub seed: Option<u64>,
 }
 
 impl Default for SimConfig {
@@ -38,6 +42,7 @@ impl Default for SimConfig {
             advertise: None,
             profile: Profile::default(),
             portability_warnings: Level::default(),
+            seed: None,
         }
     }
 }
@@ -115,6 +120,9 @@ impl SimBackend {
             c.devices = v
                 .parse()
                 .map_err(|_| Error::invalid("RDMA_SIM_DEVICES", format!("{v:?} is not a number")))?;
+        }
+        if let Some(seed) = crate::choices::seed_from_env()? {
+            c.seed = Some(seed);
         }
         if let Some(v) = setting("RDMA_SIM_PROFILE") {
             c.profile = v

@@ -15,6 +15,7 @@ use super::cq::SimCq;
 use super::mw::SimMw;
 use super::qp::SimQp;
 use super::srq::SimSrq;
+use crate::choices::Choice;
 use crate::device::PdShared;
 use crate::memory::MrShared;
 use crate::qp::QpShared;
@@ -31,7 +32,7 @@ impl ProtectionDomain for SimPd {
     fn reg_mr(&self, len: usize, access: AccessFlags) -> Result<SimMr> {
         check_mr_access(access)?;
         let dev = &self.pd.dev;
-        let key = dev.mrs.fresh_key(rand::random);
+        let key = dev.mrs.fresh_key(dev.choices.draw(Choice::MrKey));
         let mr = MrShared::new_owned(self.pd.handle, key, len, access).ok_or_else(|| Error::NoMemory {
             call: "ibv_reg_mr",
             reason: format!("cannot allocate {len} bytes"),
@@ -47,7 +48,7 @@ impl ProtectionDomain for SimPd {
         // The caller's contract says the memory is valid; a caller's bug still gets the
         // kernel's EFAULT rather than a region over memory it does not own.
         crate::mapping::check(addr as usize, len, access)?;
-        let key = self.pd.dev.mrs.fresh_key(rand::random);
+        let key = self.pd.dev.mrs.fresh_key(self.pd.dev.choices.draw(Choice::MrKey));
         // SAFETY: the caller guarantees the memory stays valid until the MR is dropped,
         // and `SimMr::drop` calls `kill` before returning.
         let mr = unsafe { MrShared::new_borrowed(self.pd.handle, key, addr, len, access) };
@@ -108,7 +109,9 @@ impl ProtectionDomain for SimPd {
                 what: format!("ibv_alloc_mw of a {mw_type:?} window on a {} device", dev.profile),
             });
         }
-        let mw = dev.mrs.alloc_window(self.pd.handle, mw_type, rand::random);
+        let mw = dev
+            .mrs
+            .alloc_window(self.pd.handle, mw_type, dev.choices.draw(Choice::MwKey));
         Ok(SimMw::new(mw, self.pd.clone()))
     }
 

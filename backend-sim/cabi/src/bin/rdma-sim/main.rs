@@ -150,6 +150,10 @@ struct Settings {
     /// %p becomes the process id), for Wireshark or `rdma-sim trace` [RDMA_SIM_PCAP]
     #[arg(long, value_name = "FILE")]
     pcap: Option<OsString>,
+    /// Seed the devices' arbitrary choices (QP numbers, MR and window keys, LIDs,
+    /// loopback IPs), decimal or 0x hex, so that a run repeats them [RDMA_SIM_SEED]
+    #[arg(long, value_name = "N", value_parser = seed)]
+    seed: Option<u64>,
     /// The libibverbs_sim.so to preload, instead of the one beside rdma-sim or carried in
     /// it [RDMA_SIM_LIB]
     #[arg(long, value_name = "PATH")]
@@ -180,9 +184,15 @@ impl Settings {
         set("RUST_LOG", self.log.clone().map(Into::into));
         set("RDMA_SIM_CONTROL", self.control.clone());
         set("RDMA_SIM_PCAP", self.pcap.clone());
+        set("RDMA_SIM_SEED", self.seed.map(|s| s.to_string().into()));
         set("LD_PRELOAD", Some(library::preload_with(lib)));
         v
     }
+}
+
+/// `--seed` as [`backend_sim::choices::parse_seed`] reads it.
+fn seed(v: &str) -> Result<u64, String> {
+    backend_sim::choices::parse_seed(v).ok_or_else(|| format!("{v:?} is not a number (decimal or 0x hex)"))
 }
 
 fn main() -> ExitCode {
