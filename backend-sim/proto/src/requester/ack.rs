@@ -15,9 +15,12 @@ impl Requester {
         match *frame {
             Frame::Ack { psn } => {
                 // Acknowledges every SEND/WRITE up to `psn`.
-                let upto = self.sq.iter().take(self.next).rposition(|w| {
+                let mut upto = self.sq.iter().take(self.next).rposition(|w| {
                     w.sent && psn::diff(w.psn, psn) <= 0 && psn::diff(w.psn, psn) > -(1 << 22)
                 });
+                if crate::plant::active(crate::plant::Plant::AckOffByOne) {
+                    upto = upto.map(|i| (i + 1).min(self.next.saturating_sub(1)));
+                }
                 if let Some(i) = upto {
                     if self.ack_through(i, true) {
                         self.progress(now);
@@ -67,7 +70,6 @@ impl Requester {
                     return self.fail(i, WcStatus::LocProtErr, out);
                 }
                 self.sq[i].status = Some(WcStatus::Success);
-                self.rd_inflight -= 1;
                 self.progress(now);
                 self.retire(out);
                 Ok(ReadSink::Discard)
@@ -76,7 +78,18 @@ impl Requester {
                 let Some(i) = self.find_sent(psn) else {
                     return Ok(ReadSink::Discard);
                 };
-                self.ack_through(i, false);
+                if let Some(j) = self.unanswered_before(i) {
+                    // The responder got past a READ or atomic whose response has not
+                    // come: the response was lost. Resend from it, as for a timeout
+                    // (rxe's completer retries from the oldest WQE when a NAK's PSN is
+                    // beyond it); the NAK, if it still holds, comes again.
+                    return self.nak_retry(j, out);
+                }
+                // A NAK acknowledges everything before its PSN (IBA 9.7.5.1.2): that is
+                // progress, which renews the retry counts as an ACK's does.
+                if self.ack_through(i, false) {
+                    self.progress(now);
+                }
                 match code {
                     NakCode::Rnr { timer } => {
                         self.note_rnr(psn, timer, now);
@@ -92,20 +105,15 @@ impl Requester {
                         Ok(ReadSink::Discard)
                     }
                     NakCode::PsnSeq => {
-                        if self.retry_left == 0 {
-                            return self.fail(i, WcStatus::RetryExcErr, out);
-                        }
-                        self.spend_retry();
-                        self.rewind(i);
                         tracing::debug!(
                             qpn = self.qpn,
                             dest_qpn = self.dest_qpn,
                             psn,
                             retries_left = self.retry_left,
+                            resending = !self.nak_retrying,
                             "PSN sequence error NAK: resending from the PSN the responder expects"
                         );
-                        self.retire(out);
-                        Ok(ReadSink::Discard)
+                        self.nak_retry(i, out)
                     }
                     NakCode::InvalidRequest | NakCode::RemoteAccess => {
                         // The responder's reason goes to `vendor_err` (0: none given).
@@ -131,7 +139,6 @@ impl Requester {
             let w = &mut self.sq[i];
             w.local = segs;
             w.status = Some(WcStatus::Success);
-            self.rd_inflight -= 1;
             self.progress(now);
             self.retire(out);
         }
@@ -145,6 +152,33 @@ impl Requester {
         let i = self.find_sent(psn)?;
         self.sq[i].local = segs;
         self.fail(i, WcStatus::LocProtErr, out).err()
+    }
+
+    /// A NAK asks to resend from the WQE at `idx`: spends a retry and rewinds, unless a
+    /// resend a NAK started is already under way (then nothing: the responder NAKs a
+    /// sequence error once until the PSN it expects comes, so a second NAK for the same
+    /// loss is a stale or duplicated copy; the timer covers a resend that is lost again).
+    fn nak_retry(&mut self, idx: usize, out: &mut Vec<WorkCompletion>) -> Result<ReadSink, Fatal> {
+        if self.nak_retrying {
+            return Ok(ReadSink::Discard);
+        }
+        if self.retry_left == 0 {
+            return self.fail(idx, WcStatus::RetryExcErr, out);
+        }
+        self.spend_retry();
+        self.rewind(idx);
+        self.nak_retrying = true;
+        self.retire(out);
+        Ok(ReadSink::Discard)
+    }
+
+    /// The first READ or atomic before `idx` that was sent and is still waiting for its
+    /// response.
+    fn unanswered_before(&self, idx: usize) -> Option<usize> {
+        self.sq
+            .iter()
+            .take(idx)
+            .position(|w| w.sent && w.status.is_none() && w.op.is_read_or_atomic())
     }
 
     /// Position in `sq` of the sent WQE with `psn`.
@@ -170,6 +204,7 @@ impl Requester {
     }
 
     fn progress(&mut self, now: Instant) {
+        self.nak_retrying = false;
         self.retry_left = self.attrs.retry_cnt;
         self.rnr_left = self.attrs.rnr_retry;
         self.end_rnr_run();
@@ -203,6 +238,9 @@ impl Requester {
                 out.push(wc);
             }
             let mut w = self.sq.pop_front().expect("front exists");
+            if w.sent && w.op.is_read_or_atomic() {
+                self.rd_inflight -= 1;
+            }
             w.local.clear();
             self.spare.push(w);
             self.next = self.next.saturating_sub(1);
@@ -218,10 +256,7 @@ impl Requester {
         }
         let psn = self.sq[idx].psn;
         for w in self.sq.iter_mut().skip(idx).take(self.next - idx) {
-            // Only READs/atomics still waiting for their answer are counted in flight; one
-            // a peer answered out of order (after an unanswered one) is resent, but no
-            // longer counted.
-            if w.sent && w.status.is_none() && w.op.is_read_or_atomic() {
+            if w.sent && w.op.is_read_or_atomic() {
                 self.rd_inflight -= 1;
             }
             w.sent = false;
@@ -229,6 +264,8 @@ impl Requester {
         self.next = idx;
         self.psn = psn;
         self.ack_deadline = None;
+        // A new round of resends: a NAK about it may start the next.
+        self.nak_retrying = false;
     }
 
     pub(super) fn fail(

@@ -232,6 +232,10 @@ pub struct Requester {
     rnr_since: Option<Instant>,
     rnr_naks: u64,
     rnr_warned: bool,
+    /// A resend started by a NAK is under way: further NAKs start none (they are the
+    /// same loss seen again, or stale copies) until progress or a timeout, as rxe's
+    /// completer does (`started_retry`).
+    nak_retrying: bool,
     ack_deadline: Option<Instant>,
     /// PSN of the READ whose response payload is arriving (its header was accepted, its
     /// scatter list is with the reader).
@@ -310,6 +314,7 @@ impl Requester {
             rnr_since: None,
             rnr_naks: 0,
             rnr_warned: false,
+            nak_retrying: false,
             ack_deadline: None,
             receiving: None,
             draining: false,

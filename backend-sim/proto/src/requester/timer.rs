@@ -176,7 +176,6 @@ impl Requester {
                 w.status = Some(WcStatus::WrFlushErr);
             }
         }
-        self.rd_inflight = 0;
         self.next = self.sq.len();
         self.retire(out);
         self.next = 0;

@@ -67,9 +67,7 @@ impl Requester {
             }
             let (is_rd, fence) = {
                 let w = &self.sq[idx];
-                // A READ/atomic already answered (out of order, before a rewind) is resent
-                // to keep the PSNs in sequence, but its answer is not awaited.
-                (w.op.is_read_or_atomic() && w.status.is_none(), w.fence)
+                (w.op.is_read_or_atomic(), w.fence)
             };
             if fence && self.rd_inflight > 0 {
                 break;

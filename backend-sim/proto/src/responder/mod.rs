@@ -509,7 +509,7 @@ impl Responder {
             return self.on_uc_request(frame, psn, mrs, out, force_rnr);
         }
         let d = psn::diff(psn, self.epsn);
-        if d < 0 {
+        if d < 0 && !self.planted_reexecution(frame) {
             return Ok(self.duplicate(frame, mrs, tx));
         }
         if d > 0 {
@@ -802,6 +802,15 @@ impl Responder {
             self.event(event, qp);
         }
         status
+    }
+
+    /// Whether a planted bug ([`crate::plant`]) has this duplicate executed as new.
+    #[inline(always)]
+    fn planted_reexecution(&self, frame: &Frame) -> bool {
+        use crate::plant::{active, Plant};
+        active(Plant::NoDuplicateCheck)
+            || (active(Plant::NoAtomicReplay)
+                && matches!(frame, Frame::CmpSwap { .. } | Frame::FetchAdd { .. }))
     }
 
     fn duplicate(&mut self, frame: &Frame, mrs: &MrTable, tx: &mut TxQueue) -> Incoming {

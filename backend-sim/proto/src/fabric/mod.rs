@@ -1,0 +1,550 @@
+//! A deterministic fabric: an RC connection's two ends driven in one thread on a virtual
+//! clock, over a network that loses, duplicates, delays and reorders frames as a seed
+//! decides.
+//!
+//! Over TCP the sim never loses or reorders a frame, so the protocol's recovery paths
+//! (PSN sequence error NAKs, duplicate requests answered from the replay state, READs
+//! executed again, resends after the local ACK timeout, IBA 9.7.5 and 9.9) run only
+//! when a test forges the frames. Here they run whenever the seed says a frame is lost
+//! or late, the way a real fabric exercises an HCA.
+//!
+//! Every decision is a hash of the seed and what is decided: the direction, the frame's
+//! opcode and PSN, and how many times that frame was sent before ([`faults`]), not the
+//! order of draws. Removing one fault (or changing the workload after some point) leaves
+//! the other decisions as they were, and the same seed with the same workload gives the
+//! same run: [`Fabric::trace`] hashes every delivery and every completion, so two runs
+//! compare in one number. [`workload`] drives a seeded mix of SENDs, WRITEs, READs and
+//! atomics through it and checks the result against a sequential model of RC.
+//!
+//! A bug planted on purpose ([`crate::plant`], the `planted-bugs` feature) must make some
+//! seed's run differ from the model: the tests check that each is found within a stated
+//! number of seeds. `cargo run --release -p backend-sim-proto --example fabric` runs a
+//! range of seeds and prints the frames per second; a failure prints its seed and the
+//! command that replays it ([`LOG_SETTING`] shows its frames).
+//!
+//! The requester of end A talks to the responder of end B through the same
+//! [`engine`](crate::engine) the TCP transport uses; frames travel as whole units
+//! (header and payload), each fed to the receiving reader in one piece.
+
+pub mod faults;
+pub mod workload;
+
+#[cfg(test)]
+mod tests;
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::time::{Duration, Instant};
+
+use verbs_api::timers::local_ack_timeout;
+use verbs_api::{AccessFlags, QpCap, WorkCompletion};
+
+use crate::engine::{drive, DriveState, Sides, Stop};
+use crate::memory::MrTable;
+use crate::requester::{ReqAttrs, Requester};
+use crate::responder::{RespAttrs, Responder};
+use crate::rx::Reader;
+use crate::tx::TxQueue;
+use crate::wire::Frame;
+
+pub use faults::{Decision, FaultMix};
+
+/// The protection domain of both ends' regions.
+pub const PD: u32 = 1;
+
+/// Which way a frame travels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Dir {
+    /// From A's requester to B's responder.
+    AtoB,
+    /// From B's responder back to A's requester.
+    BtoA,
+}
+
+/// The connection's attributes, as `ibv_modify_qp` would set them on both ends.
+#[derive(Clone, Copy, Debug)]
+pub struct Attrs {
+    /// `timeout` (the local ACK timeout exponent).
+    pub timeout: u8,
+    /// `retry_cnt`.
+    pub retry_cnt: u8,
+    /// `rnr_retry` (7: forever).
+    pub rnr_retry: u8,
+    /// `min_rnr_timer`.
+    pub min_rnr_timer: u8,
+    /// `path_mtu` in bytes.
+    pub path_mtu: u32,
+}
+
+impl Default for Attrs {
+    fn default() -> Self {
+        Attrs {
+            timeout: 8,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 1,
+            path_mtu: 1024,
+        }
+    }
+}
+
+/// Why a run went wrong, beyond what the workload's model checks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Broken {
+    /// An end broke the protocol on frames a correct peer sent.
+    Protocol(String),
+    /// The run did not settle within its bound of events.
+    Stuck(String),
+}
+
+/// One end's state.
+struct End {
+    mrs: MrTable,
+    reader: Reader,
+    tx: TxQueue,
+    st: DriveState,
+    err: bool,
+}
+
+impl End {
+    fn new() -> End {
+        End {
+            mrs: MrTable::default(),
+            reader: Reader::new(),
+            tx: TxQueue::new(),
+            st: DriveState::default(),
+            err: false,
+        }
+    }
+}
+
+/// A frame (header and payload) on its way.
+struct InFlight {
+    dir: Dir,
+    bytes: Vec<u8>,
+}
+
+/// The connection, the network between its ends, and the virtual clock.
+pub struct Fabric {
+    /// A's send queue.
+    pub req: Requester,
+    /// B's receive side.
+    pub resp: Responder,
+    a: End,
+    b: End,
+    mix: FaultMix,
+    decide: faults::Decider,
+    /// Times each (direction, opcode, PSN) was sent: the attempt a decision is keyed by.
+    attempts: HashMap<(Dir, u8, u32), u32>,
+    base: Instant,
+    now: Duration,
+    queue: BinaryHeap<Reverse<(Duration, u64)>>,
+    flights: HashMap<u64, InFlight>,
+    seq: u64,
+    last_tx_a: Option<Instant>,
+    last_rx_a: Option<Instant>,
+    /// A's completions, in the order they were produced.
+    pub send_wc: Vec<WorkCompletion>,
+    /// B's completions, with the solicited bit.
+    pub recv_wc: Vec<(WorkCompletion, bool)>,
+    force_rnr: u32,
+    trace: u64,
+    /// Frames delivered, lost and duplicated so far.
+    pub stats: Stats,
+    broken: Option<Broken>,
+    /// Print every frame sent and delivered ([`LOG_SETTING`]).
+    log: bool,
+}
+
+/// The setting that has a fabric print every frame it carries to stderr, with its fate
+/// (lost, delayed) and the virtual time: set it when replaying a failing seed.
+pub const LOG_SETTING: &str = "RDMA_FABRIC_LOG";
+
+/// What the network did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Frames handed to the receiving end.
+    pub delivered: u64,
+    /// Frames lost.
+    pub lost: u64,
+    /// Extra copies made.
+    pub duplicated: u64,
+    /// Local ACK timeouts that fired at A.
+    pub timeouts: u64,
+}
+
+impl Fabric {
+    /// A connected pair (A's requester, B's responder, both at PSN 0) under `seed`,
+    /// with `mix`'s faults and `attrs`.
+    pub fn new(seed: u64, mix: FaultMix, attrs: Attrs) -> Fabric {
+        let cap = QpCap {
+            max_send_wr: 256,
+            max_recv_wr: 1024,
+            max_send_sge: 4,
+            max_recv_sge: 4,
+            max_inline_data: 64,
+        };
+        let mut req = Requester::new(1, PD, &cap, false);
+        req.dest_qpn = 2;
+        req.connect(ReqAttrs {
+            sq_psn: 0,
+            timeout: local_ack_timeout(attrs.timeout),
+            retry_cnt: attrs.retry_cnt,
+            rnr_retry: attrs.rnr_retry,
+            max_rd_atomic: 4,
+        });
+        req.set_path_mtu(attrs.path_mtu);
+        let mut resp = Responder::new(2, PD, cap.max_recv_wr, 4);
+        resp.connect(RespAttrs {
+            rq_psn: 0,
+            min_rnr_timer: attrs.min_rnr_timer,
+        });
+        resp.set_path_mtu(attrs.path_mtu);
+        resp.access = AccessFlags::REMOTE;
+        resp.max_dest_rd_atomic = 16;
+        Fabric {
+            req,
+            resp,
+            a: End::new(),
+            b: End::new(),
+            mix,
+            decide: faults::Decider::new(seed),
+            attempts: HashMap::new(),
+            base: Instant::now(),
+            now: Duration::ZERO,
+            queue: BinaryHeap::new(),
+            flights: HashMap::new(),
+            seq: 0,
+            last_tx_a: None,
+            last_rx_a: None,
+            send_wc: Vec::new(),
+            recv_wc: Vec::new(),
+            force_rnr: 0,
+            trace: faults::FNV_OFFSET,
+            stats: Stats::default(),
+            broken: None,
+            log: std::env::var_os(LOG_SETTING).is_some(),
+        }
+    }
+
+    /// A's memory table.
+    pub fn a_mrs(&self) -> &MrTable {
+        &self.a.mrs
+    }
+
+    /// B's memory table.
+    pub fn b_mrs(&self) -> &MrTable {
+        &self.b.mrs
+    }
+
+    /// `ibv_post_send` on A's QP.
+    pub fn post(&mut self, wr: &verbs_api::SendWr<'_>) -> Result<(), crate::requester::PostCheck> {
+        self.req.post(wr, &self.a.mrs)
+    }
+
+    /// A key for a new region, from the seed (keys are the fabric's choice, as a device's).
+    pub fn fresh_key(&mut self, table_of_b: bool) -> u32 {
+        let mut n = 0u32;
+        let table = if table_of_b { &self.b.mrs } else { &self.a.mrs };
+        let d = &self.decide;
+        table.fresh_key(|| {
+            n += 1;
+            d.key(table_of_b, n)
+        })
+    }
+
+    /// The virtual time since the start.
+    pub fn now(&self) -> Duration {
+        self.now
+    }
+
+    /// Whether A's or B's QP went to ERR.
+    pub fn errors(&self) -> (bool, bool) {
+        (self.a.err, self.b.err)
+    }
+
+    /// What went wrong beyond the model, if anything.
+    pub fn broken(&self) -> Option<&Broken> {
+        self.broken.as_ref()
+    }
+
+    /// The hash of every delivery (time, direction, bytes) and completion so far.
+    pub fn trace(&self) -> u64 {
+        self.trace
+    }
+
+    fn instant(&self) -> Instant {
+        self.base + self.now
+    }
+
+    /// Builds what A may send now and puts it on the network.
+    fn transmit(&mut self) {
+        if self.a.err {
+            return;
+        }
+        let now = self.instant();
+        if self
+            .req
+            .poll_transmit(&self.a.mrs, now, &mut self.a.tx, 64, &mut self.send_wc)
+            .is_err()
+        {
+            self.fail_a();
+        }
+        self.launch(Dir::AtoB);
+        self.launch(Dir::BtoA);
+    }
+
+    /// Cuts what `dir`'s sender queued into frames and schedules each as the seed says.
+    fn launch(&mut self, dir: Dir) {
+        let mut bytes = Vec::new();
+        match dir {
+            Dir::AtoB => self.a.tx.drain_into(&mut bytes),
+            Dir::BtoA => self.b.tx.drain_into(&mut bytes),
+        }
+        if bytes.is_empty() {
+            return;
+        }
+        if dir == Dir::AtoB {
+            self.last_tx_a = Some(self.instant());
+        }
+        let mut off = 0;
+        while off < bytes.len() {
+            let (frame, hlen) = match Frame::decode(&bytes[off..]) {
+                Ok(Some(x)) => x,
+                other => {
+                    self.broken = Some(Broken::Protocol(format!(
+                        "{dir:?}: the sender queued bytes that are not a frame: {other:?}"
+                    )));
+                    return;
+                }
+            };
+            let end = off + hlen + frame.payload_len() as usize;
+            let unit = bytes[off..end.min(bytes.len())].to_vec();
+            off = end;
+            let opcode = unit[0];
+            let psn = frame.psn().unwrap_or(0);
+            let attempt = {
+                let n = self.attempts.entry((dir, opcode, psn)).or_insert(0);
+                *n += 1;
+                *n - 1
+            };
+            let d = self.decide.frame(&self.mix, dir, opcode, psn, attempt);
+            if self.log {
+                eprintln!(
+                    "{:>10?} send {dir:?} {frame} lost={} delay={:?}",
+                    self.now, d.lost, d.delay
+                );
+            }
+            if d.lost {
+                self.stats.lost += 1;
+                continue;
+            }
+            if let Some(extra) = d.duplicate_after {
+                self.stats.duplicated += 1;
+                self.schedule(self.now + d.delay + extra, dir, unit.clone());
+            }
+            self.schedule(self.now + d.delay, dir, unit);
+        }
+    }
+
+    fn schedule(&mut self, at: Duration, dir: Dir, bytes: Vec<u8>) {
+        self.seq += 1;
+        self.queue.push(Reverse((at, self.seq)));
+        self.flights.insert(self.seq, InFlight { dir, bytes });
+    }
+
+    /// Hands one frame to its receiver and runs the receiver's engine over it.
+    fn deliver(&mut self, f: InFlight) {
+        self.stats.delivered += 1;
+        let at = self.now.as_nanos().to_le_bytes();
+        self.mix_trace(&[f.dir as u8]);
+        self.mix_trace(&at);
+        self.trace_frame(&f.bytes);
+        if self.log {
+            if let Ok(Some((fr, _))) = Frame::decode(&f.bytes) {
+                eprintln!("{:>10?} {:?} {fr}", self.now, f.dir);
+            }
+        }
+        let now = self.instant();
+        if f.dir == Dir::BtoA {
+            self.last_rx_a = Some(now);
+        }
+        let mut off = 0;
+        loop {
+            let r = match f.dir {
+                Dir::AtoB => {
+                    off += self.b.reader.feed(&f.bytes[off..]);
+                    let mut swc = Vec::new();
+                    let mut sides = Sides {
+                        req: None,
+                        resp: Some(&mut self.resp),
+                        accepting: !self.b.err,
+                        send_wc: &mut swc,
+                        recv_wc: &mut self.recv_wc,
+                        force_rnr: &mut self.force_rnr,
+                    };
+                    let b = &mut self.b;
+                    drive(
+                        &mut sides,
+                        &mut b.reader,
+                        &b.mrs,
+                        &mut b.tx,
+                        now,
+                        &mut b.st,
+                        usize::MAX,
+                        0,
+                    )
+                }
+                Dir::BtoA => {
+                    off += self.a.reader.feed(&f.bytes[off..]);
+                    if self.a.err {
+                        Ok(())
+                    } else {
+                        let mut rwc = Vec::new();
+                        let mut sides = Sides {
+                            req: Some(&mut self.req),
+                            resp: None,
+                            accepting: false,
+                            send_wc: &mut self.send_wc,
+                            recv_wc: &mut rwc,
+                            force_rnr: &mut 0,
+                        };
+                        let a = &mut self.a;
+                        drive(
+                            &mut sides,
+                            &mut a.reader,
+                            &a.mrs,
+                            &mut a.tx,
+                            now,
+                            &mut a.st,
+                            usize::MAX,
+                            0,
+                        )
+                    }
+                }
+            };
+            match r {
+                Ok(()) => {}
+                Err(Stop::Fatal(_)) => match f.dir {
+                    Dir::AtoB => self.fail_b(),
+                    Dir::BtoA => self.fail_a(),
+                },
+                Err(Stop::Protocol(m)) => {
+                    self.broken = Some(Broken::Protocol(format!("{:?} receiver: {m}", f.dir)));
+                    return;
+                }
+            }
+            if off >= f.bytes.len() {
+                break;
+            }
+        }
+    }
+
+    fn fail_a(&mut self) {
+        self.a.err = true;
+        self.req.flush(&mut self.send_wc);
+    }
+
+    fn fail_b(&mut self) {
+        self.b.err = true;
+        self.resp.flush(&mut self.recv_wc);
+    }
+
+    /// Folds a frame into the trace with its remote addresses as offsets into their
+    /// regions: the regions' addresses are the allocator's, not the seed's.
+    fn trace_frame(&mut self, unit: &[u8]) {
+        let Ok(Some((mut frame, hlen))) = Frame::decode(unit) else {
+            return self.mix_trace(unit);
+        };
+        if let Frame::Write { addr, rkey, .. }
+        | Frame::Read { addr, rkey, .. }
+        | Frame::CmpSwap { addr, rkey, .. }
+        | Frame::FetchAdd { addr, rkey, .. } = &mut frame
+        {
+            let base = self.b.mrs.get(*rkey).map_or(0, |m| m.addr());
+            *addr = addr.wrapping_sub(base);
+        }
+        let mut h = [0u8; crate::wire::MAX_HDR_LEN];
+        let n = frame.encode(&mut h);
+        self.mix_trace(&h[..n]);
+        self.mix_trace(&unit[hlen.min(unit.len())..]);
+    }
+
+    fn mix_trace(&mut self, bytes: &[u8]) {
+        self.trace = faults::fnv(self.trace, bytes);
+    }
+
+    /// Folds the completions produced since the last call into the trace.
+    fn trace_completions(&mut self, seen: &mut (usize, usize)) {
+        let mut h = self.trace;
+        for w in &self.send_wc[seen.0..] {
+            h = faults::fnv(h, &[b'S', w.status as u8, w.opcode as u8]);
+            h = faults::fnv(h, &w.wr_id.to_le_bytes());
+        }
+        for (w, _) in &self.recv_wc[seen.1..] {
+            h = faults::fnv(h, &[b'R', w.status as u8, w.opcode as u8]);
+            h = faults::fnv(h, &w.wr_id.to_le_bytes());
+            h = faults::fnv(h, &w.byte_len.to_le_bytes());
+        }
+        self.trace = h;
+        *seen = (self.send_wc.len(), self.recv_wc.len());
+    }
+
+    /// Runs the network and A's timers until virtual time `until`, or until nothing is
+    /// left to happen (no frame on its way, no timer armed, nothing A may send).
+    /// At most `max_events` deliveries and timer firings; past that the run is
+    /// [`Broken::Stuck`].
+    pub fn run_until(&mut self, until: Duration, max_events: u64) {
+        let mut seen = (self.send_wc.len(), self.recv_wc.len());
+        let mut events = 0u64;
+        loop {
+            if self.broken.is_some() {
+                return;
+            }
+            self.transmit();
+            self.trace_completions(&mut seen);
+            let next_frame = self.queue.peek().map(|Reverse((t, _))| *t);
+            let next_timer = if self.a.err {
+                None
+            } else {
+                self.req
+                    .next_deadline()
+                    .map(|d| d.saturating_duration_since(self.base))
+            };
+            let next = match (next_frame, next_timer) {
+                (Some(f), Some(t)) => f.min(t),
+                (Some(f), None) => f,
+                (None, Some(t)) => t,
+                (None, None) => return,
+            };
+            if next > until {
+                self.now = self.now.max(until);
+                return;
+            }
+            events += 1;
+            if events > max_events {
+                self.broken = Some(Broken::Stuck(format!(
+                    "{max_events} events and not settled at {:?}: {} WQEs outstanding",
+                    self.now,
+                    self.req.outstanding()
+                )));
+                return;
+            }
+            self.now = self.now.max(next);
+            if next_frame == Some(next) {
+                let Reverse((_, seq)) = self.queue.pop().expect("peeked");
+                let f = self.flights.remove(&seq).expect("scheduled");
+                self.deliver(f);
+            } else {
+                let now = self.instant();
+                let r = self
+                    .req
+                    .on_timer(now, self.last_tx_a, self.last_rx_a, &mut self.send_wc);
+                self.stats.timeouts += self.req.take_ack_timeouts();
+                if r.is_err() {
+                    self.fail_a();
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,120 @@
+//! Seeded runs of the workload: clean, lossy, duplicating and reordering networks all
+//! match the model; the same seed gives the same trace.
+
+use std::time::Duration;
+
+use super::workload::{run, Spec};
+use super::FaultMix;
+
+/// Seeds each mix runs in `cargo test` (the mutation check and longer sittings run more).
+const SEEDS: u64 = 24;
+
+fn all_pass(spec: &Spec, seeds: std::ops::Range<u64>) -> super::Stats {
+    let mut total = super::Stats::default();
+    for seed in seeds {
+        match run(seed, spec) {
+            Ok(o) => {
+                total.delivered += o.stats.delivered;
+                total.lost += o.stats.lost;
+                total.duplicated += o.stats.duplicated;
+                total.timeouts += o.stats.timeouts;
+            }
+            Err(v) => panic!("{v} (replay: the same seed and spec)"),
+        }
+    }
+    total
+}
+
+#[test]
+fn a_clean_network_matches_the_model() {
+    let s = all_pass(
+        &Spec::new(200, FaultMix::clean(Duration::from_micros(2))),
+        0..SEEDS,
+    );
+    assert_eq!((s.lost, s.duplicated, s.timeouts), (0, 0, 0));
+}
+
+#[test]
+fn loss_duplication_and_reordering_still_match_the_model() {
+    let s = all_pass(&Spec::new(200, FaultMix::lossy(5, 5)), 0..SEEDS);
+    // The recovery paths ran: frames were lost and duplicated, and A timed out.
+    assert!(s.lost > 0 && s.duplicated > 0 && s.timeouts > 0, "{s:?}");
+}
+
+#[test]
+fn reordering_alone_matches_the_model() {
+    let mut mix = FaultMix::clean(Duration::from_micros(1));
+    mix.jitter = Duration::from_micros(200);
+    all_pass(&Spec::new(200, mix), 0..SEEDS);
+}
+
+/// Seeds that found bugs in the protocol core, each with the bug it found: they must
+/// keep matching the model.
+#[test]
+fn seeds_that_found_bugs_still_match_the_model() {
+    let lossy = Spec::new(200, FaultMix::lossy(5, 5));
+    let mut reordering = FaultMix::clean(Duration::from_micros(1));
+    reordering.jitter = Duration::from_micros(200);
+    let reordering = Spec::new(200, reordering);
+    let found = [
+        (
+            227,
+            lossy,
+            "a READ or atomic answered out of order stopped counting against max_rd_atomic, so more \
+             atomics were in flight than the responder's replay state holds, and a resend met a \
+             NAK (invalid request)",
+        ),
+        (
+            25,
+            reordering,
+            "a NAK beyond a READ whose response was lost failed the WQE it named, and a flush \
+             completion came before successful ones",
+        ),
+        (
+            92,
+            lossy,
+            "each stale copy of a sequence error NAK started a resend and spent a retry",
+        ),
+        (
+            453,
+            lossy,
+            "the acknowledgement a NAK carries for the PSNs before it did not count as progress: \
+             retry_cnt ran out while the connection moved",
+        ),
+    ];
+    for (seed, spec, bug) in found {
+        if let Err(v) = run(seed, &spec) {
+            panic!("{bug}: {v}");
+        }
+    }
+}
+
+#[test]
+fn the_same_seed_gives_the_same_trace() {
+    let spec = Spec::new(150, FaultMix::lossy(5, 5));
+    for seed in 0..4 {
+        let (a, b) = (run(seed, &spec).unwrap(), run(seed, &spec).unwrap());
+        assert_eq!(a, b, "seed {seed} twice");
+    }
+    assert_ne!(run(0, &spec).unwrap().trace, run(1, &spec).unwrap().trace);
+}
+
+/// Seeds the mutation check may take to find each planted bug (the lossy mix).
+#[cfg(feature = "planted-bugs")]
+const FIND_WITHIN: u64 = 40;
+
+/// The mutation check: each bug planted on purpose (`crate::plant`) makes some seed's
+/// run differ from the model within [`FIND_WITHIN`] seeds.
+#[cfg(feature = "planted-bugs")]
+#[test]
+fn every_planted_bug_is_found() {
+    use crate::plant::{with, Plant};
+    let spec = Spec::new(200, FaultMix::lossy(5, 5));
+    for p in Plant::ALL {
+        let found = with(p, || (0..FIND_WITHIN).find_map(|seed| run(seed, &spec).err()));
+        match found {
+            Some(v) => println!("{p:?}: found by {v}"),
+            None => panic!("{p:?} planted, yet seeds 0..{FIND_WITHIN} all match the model"),
+        }
+    }
+}
