@@ -33,7 +33,9 @@ pub mod workload;
 mod tests;
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
+
+use rustc_hash::FxHashMap;
 use std::time::{Duration, Instant};
 
 use verbs_api::timers::local_ack_timeout;
@@ -120,8 +122,28 @@ impl End {
 
 /// A frame (header and payload) on its way.
 struct InFlight {
+    at: Duration,
+    seq: u64,
     dir: Dir,
     bytes: Vec<u8>,
+}
+
+// Ordered by delivery time, then by the order scheduled (the heap pops the least).
+impl PartialEq for InFlight {
+    fn eq(&self, o: &Self) -> bool {
+        (self.at, self.seq) == (o.at, o.seq)
+    }
+}
+impl Eq for InFlight {}
+impl PartialOrd for InFlight {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for InFlight {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (self.at, self.seq).cmp(&(o.at, o.seq))
+    }
 }
 
 /// The connection, the network between its ends, and the virtual clock.
@@ -135,11 +157,10 @@ pub struct Fabric {
     mix: FaultMix,
     decide: faults::Decider,
     /// Times each (direction, opcode, PSN) was sent: the attempt a decision is keyed by.
-    attempts: HashMap<(Dir, u8, u32), u32>,
+    attempts: FxHashMap<(Dir, u8, u32), u32>,
     base: Instant,
     now: Duration,
-    queue: BinaryHeap<Reverse<(Duration, u64)>>,
-    flights: HashMap<u64, InFlight>,
+    queue: BinaryHeap<Reverse<InFlight>>,
     seq: u64,
     last_tx_a: Option<Instant>,
     last_rx_a: Option<Instant>,
@@ -209,11 +230,10 @@ impl Fabric {
             b: End::new(),
             mix,
             decide: faults::Decider::new(seed),
-            attempts: HashMap::new(),
+            attempts: FxHashMap::default(),
             base: Instant::now(),
             now: Duration::ZERO,
             queue: BinaryHeap::new(),
-            flights: HashMap::new(),
             seq: 0,
             last_tx_a: None,
             last_rx_a: None,
@@ -349,8 +369,12 @@ impl Fabric {
 
     fn schedule(&mut self, at: Duration, dir: Dir, bytes: Vec<u8>) {
         self.seq += 1;
-        self.queue.push(Reverse((at, self.seq)));
-        self.flights.insert(self.seq, InFlight { dir, bytes });
+        self.queue.push(Reverse(InFlight {
+            at,
+            seq: self.seq,
+            dir,
+            bytes,
+        }));
     }
 
     /// Hands one frame to its receiver and runs the receiver's engine over it.
@@ -467,7 +491,12 @@ impl Fabric {
         let mut h = [0u8; crate::wire::MAX_HDR_LEN];
         let n = frame.encode(&mut h);
         self.mix_trace(&h[..n]);
-        self.mix_trace(&unit[hlen.min(unit.len())..]);
+        // The payload's ends: its bytes are the workload's, which the model checks; a
+        // run that went another way shows in headers and times first.
+        let payload = &unit[hlen.min(unit.len())..];
+        let k = payload.len().min(16);
+        self.mix_trace(&payload[..k]);
+        self.mix_trace(&payload[payload.len() - k..]);
     }
 
     fn mix_trace(&mut self, bytes: &[u8]) {
@@ -503,7 +532,7 @@ impl Fabric {
             }
             self.transmit();
             self.trace_completions(&mut seen);
-            let next_frame = self.queue.peek().map(|Reverse((t, _))| *t);
+            let next_frame = self.queue.peek().map(|Reverse(f)| f.at);
             let next_timer = if self.a.err {
                 None
             } else {
@@ -532,8 +561,7 @@ impl Fabric {
             }
             self.now = self.now.max(next);
             if next_frame == Some(next) {
-                let Reverse((_, seq)) = self.queue.pop().expect("peeked");
-                let f = self.flights.remove(&seq).expect("scheduled");
+                let Reverse(f) = self.queue.pop().expect("peeked");
                 self.deliver(f);
             } else {
                 let now = self.instant();

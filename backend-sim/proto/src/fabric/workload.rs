@@ -172,7 +172,7 @@ pub fn run(seed: u64, spec: &Spec) -> Result<Outcome, Violation> {
     let mut rng = Rng(seed ^ 0x5eed);
     let local = region(&mut f, false, spec.ops * MAX_RDMA + 4096);
     let remote = region(&mut f, true, REMOTE + 16);
-    let rbufs = region(&mut f, true, RECVS * MAX_SEND);
+    let rbufs = region(&mut f, true, spec.ops.min(RECVS) * MAX_SEND);
     let mut model = vec![0u8; REMOTE + 16];
     let mut expect: Vec<(u64, Expect)> = Vec::new();
     let mut sends: Vec<Vec<u8>> = Vec::new();
@@ -182,7 +182,7 @@ pub fn run(seed: u64, spec: &Spec) -> Result<Outcome, Violation> {
     // (`IBV_SEND_FENCE`), or a READ resent after its response was lost would read it.
     let mut unfenced_reads: Vec<(usize, usize)> = Vec::new();
     let post_recv = |f: &mut Fabric, recvs: &mut usize| {
-        if *recvs < RECVS {
+        if *recvs < spec.ops.min(RECVS) {
             let s = [sge(&rbufs, *recvs * MAX_SEND, MAX_SEND)];
             f.resp
                 .post(&RecvWr::new(1_000_000 + *recvs as u64, &s))
