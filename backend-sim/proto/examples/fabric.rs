@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! cargo run --release -p backend-sim-proto --example fabric -- [--seeds A..B] [--ops N]
-//!     [--loss PCT] [--dup PCT] [--jitter-us US]
+//!     [--loss PCT] [--dup PCT] [--jitter-us US] [--reset-ppm PPM]
 //! RDMA_FABRIC_LOG=1 ... --seeds S..S+1      # one seed, every frame printed
 //! ```
 
@@ -33,10 +33,11 @@ fn main() -> ExitCode {
     let ops: usize = arg(&args, "--ops", 200);
     let mut mix = FaultMix::lossy(arg(&args, "--loss", 5), arg(&args, "--dup", 5));
     mix.jitter = Duration::from_micros(arg(&args, "--jitter-us", 20));
+    mix.reset_ppm = arg(&args, "--reset-ppm", 0);
     let spec = Spec::new(ops, mix);
     let start = Instant::now();
     let (mut ok, mut failed, mut first) = (0u64, 0u64, None);
-    let (mut delivered, mut lost, mut dup, mut timeouts) = (0u64, 0u64, 0u64, 0u64);
+    let (mut delivered, mut lost, mut dup, mut timeouts, mut resets) = (0u64, 0u64, 0u64, 0u64, 0u64);
     let mut took = Duration::ZERO;
     for seed in a..b {
         match run(seed, &spec) {
@@ -46,6 +47,7 @@ fn main() -> ExitCode {
                 lost += o.stats.lost;
                 dup += o.stats.duplicated;
                 timeouts += o.stats.timeouts;
+                resets += o.stats.resets;
                 took += o.took;
             }
             Err(v) => {
@@ -62,7 +64,7 @@ fn main() -> ExitCode {
         mix.jitter
     );
     println!(
-        "frames: {delivered} delivered, {lost} lost, {dup} duplicated; {timeouts} local ACK timeouts; {:?} of virtual time",
+        "frames: {delivered} delivered, {lost} lost, {dup} duplicated; {resets} connection resets; {timeouts} local ACK timeouts; {:?} of virtual time",
         took
     );
     println!(
@@ -76,12 +78,13 @@ fn main() -> ExitCode {
         Some(v) => {
             println!("first failure: {v}");
             println!(
-                "replay: cargo run --release -p backend-sim-proto --example fabric -- --seeds {}..{} --ops {ops} --loss {} --dup {} --jitter-us {}",
+                "replay: cargo run --release -p backend-sim-proto --example fabric -- --seeds {}..{} --ops {ops} --loss {} --dup {} --jitter-us {} --reset-ppm {}",
                 v.seed,
                 v.seed + 1,
                 mix.loss_ppm / 10_000,
                 mix.dup_ppm / 10_000,
-                mix.jitter.as_micros()
+                mix.jitter.as_micros(),
+                mix.reset_ppm
             );
             ExitCode::FAILURE
         }

@@ -20,6 +20,10 @@ pub struct FaultMix {
     pub jitter: Duration,
     /// The longest gap between a frame and its duplicate.
     pub dup_gap: Duration,
+    /// Frames at which the connection breaks (parts per million): that frame, those in
+    /// flight and those queued are lost, both ends start new byte streams, and the
+    /// requester resends what was not acknowledged (as after a reconnection).
+    pub reset_ppm: u32,
 }
 
 impl FaultMix {
@@ -31,6 +35,7 @@ impl FaultMix {
             latency,
             jitter: Duration::ZERO,
             dup_gap: Duration::ZERO,
+            reset_ppm: 0,
         }
     }
 
@@ -43,6 +48,7 @@ impl FaultMix {
             latency: Duration::from_micros(2),
             jitter: Duration::from_micros(20),
             dup_gap: Duration::from_micros(50),
+            reset_ppm: 0,
         }
     }
 }
@@ -56,6 +62,8 @@ pub struct Decision {
     pub delay: Duration,
     /// Delivered a second time, this long after the first.
     pub duplicate_after: Option<Duration>,
+    /// The connection breaks as this frame is sent.
+    pub reset: bool,
 }
 
 /// The seed's decisions.
@@ -72,6 +80,7 @@ enum Purpose {
     Dup,
     DupGap,
     Key,
+    Reset,
 }
 
 impl Decider {
@@ -108,6 +117,7 @@ impl Decider {
             lost: ppm(Purpose::Loss) < m.loss_ppm,
             delay: m.latency + within(Purpose::Delay, m.jitter),
             duplicate_after: (ppm(Purpose::Dup) < m.dup_ppm).then(|| within(Purpose::DupGap, m.dup_gap)),
+            reset: ppm(Purpose::Reset) < m.reset_ppm,
         }
     }
 
@@ -181,7 +191,8 @@ mod tests {
                 == Decision {
                     lost: false,
                     delay: Duration::from_micros(1),
-                    duplicate_after: None
+                    duplicate_after: None,
+                    reset: false,
                 }
         ));
     }

@@ -192,6 +192,8 @@ pub struct Stats {
     pub duplicated: u64,
     /// Local ACK timeouts that fired at A.
     pub timeouts: u64,
+    /// Times the connection broke.
+    pub resets: u64,
 }
 
 impl Fabric {
@@ -349,6 +351,10 @@ impl Fabric {
                 *n - 1
             };
             let d = self.decide.frame(&self.mix, dir, opcode, psn, attempt);
+            if d.reset {
+                self.reset();
+                return;
+            }
             if self.log {
                 eprintln!(
                     "{:>10?} send {dir:?} {frame} lost={} delay={:?}",
@@ -365,6 +371,25 @@ impl Fabric {
             }
             self.schedule(self.now + d.delay, dir, unit);
         }
+    }
+
+    /// The connection breaks: everything in flight or queued is lost, both ends start
+    /// new byte streams, and each half recovers as after a lost connection (the
+    /// requester resends from its oldest unacknowledged WQE).
+    fn reset(&mut self) {
+        self.stats.resets += 1;
+        if self.log {
+            eprintln!("{:>10?} connection reset", self.now);
+        }
+        self.queue.clear();
+        for end in [&mut self.a, &mut self.b] {
+            end.reader = Reader::new();
+            end.st = DriveState::default();
+            let mut gone = Vec::new();
+            end.tx.drain_into(&mut gone);
+        }
+        self.resp.connection_lost();
+        self.req.on_connection_lost();
     }
 
     fn schedule(&mut self, at: Duration, dir: Dir, bytes: Vec<u8>) {

@@ -18,6 +18,7 @@ fn all_pass(spec: &Spec, seeds: std::ops::Range<u64>) -> super::Stats {
                 total.lost += o.stats.lost;
                 total.duplicated += o.stats.duplicated;
                 total.timeouts += o.stats.timeouts;
+                total.resets += o.stats.resets;
             }
             Err(v) => panic!("{v} (replay: the same seed and spec)"),
         }
@@ -39,6 +40,14 @@ fn loss_duplication_and_reordering_still_match_the_model() {
     let s = all_pass(&Spec::new(200, FaultMix::lossy(5, 5)), 0..SEEDS);
     // The recovery paths ran: frames were lost and duplicated, and A timed out.
     assert!(s.lost > 0 && s.duplicated > 0 && s.timeouts > 0, "{s:?}");
+}
+
+#[test]
+fn broken_connections_still_match_the_model() {
+    let mut mix = FaultMix::lossy(2, 2);
+    mix.reset_ppm = 2000;
+    let s = all_pass(&Spec::new(200, mix), 0..SEEDS);
+    assert!(s.resets > 0, "{s:?}");
 }
 
 #[test]
