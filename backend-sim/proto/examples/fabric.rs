@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! cargo run --release -p backend-sim-proto --example fabric -- [--seeds A..B] [--ops N]
-//!     [--loss PCT] [--dup PCT] [--jitter-us US] [--reset-ppm PPM]
+//!     [--loss PCT] [--dup PCT] [--jitter-us US] [--reset-ppm PPM] [--duplex]
 //! RDMA_FABRIC_LOG=1 ... --seeds S..S+1      # one seed, every frame printed
 //! ```
 
@@ -34,7 +34,8 @@ fn main() -> ExitCode {
     let mut mix = FaultMix::lossy(arg(&args, "--loss", 5), arg(&args, "--dup", 5));
     mix.jitter = Duration::from_micros(arg(&args, "--jitter-us", 20));
     mix.reset_ppm = arg(&args, "--reset-ppm", 0);
-    let spec = Spec::new(ops, mix);
+    let mut spec = Spec::new(ops, mix);
+    spec.duplex = args.iter().any(|a| a == "--duplex");
     let start = Instant::now();
     let (mut ok, mut failed, mut first) = (0u64, 0u64, None);
     let (mut delivered, mut lost, mut dup, mut timeouts, mut resets) = (0u64, 0u64, 0u64, 0u64, 0u64);
@@ -58,10 +59,12 @@ fn main() -> ExitCode {
     }
     let wall = start.elapsed();
     println!(
-        "seeds {a}..{b}: {ok} matched the model, {failed} did not ({ops} WRs each; loss {}%, duplication {}%, jitter {:?})",
+        "seeds {a}..{b}: {ok} matched the model, {failed} did not ({ops} WRs {}; loss {}%, duplication {}%, jitter {:?}, resets {} ppm)",
+        if spec.duplex { "from each end" } else { "from A" },
         mix.loss_ppm / 10_000,
         mix.dup_ppm / 10_000,
-        mix.jitter
+        mix.jitter,
+        mix.reset_ppm
     );
     println!(
         "frames: {delivered} delivered, {lost} lost, {dup} duplicated; {resets} connection resets; {timeouts} local ACK timeouts; {:?} of virtual time",
@@ -78,13 +81,14 @@ fn main() -> ExitCode {
         Some(v) => {
             println!("first failure: {v}");
             println!(
-                "replay: cargo run --release -p backend-sim-proto --example fabric -- --seeds {}..{} --ops {ops} --loss {} --dup {} --jitter-us {} --reset-ppm {}",
+                "replay: cargo run --release -p backend-sim-proto --example fabric -- --seeds {}..{} --ops {ops} --loss {} --dup {} --jitter-us {} --reset-ppm {}{}",
                 v.seed,
                 v.seed + 1,
                 mix.loss_ppm / 10_000,
                 mix.dup_ppm / 10_000,
                 mix.jitter.as_micros(),
-                mix.reset_ppm
+                mix.reset_ppm,
+                if spec.duplex { " --duplex" } else { "" }
             );
             ExitCode::FAILURE
         }

@@ -99,23 +99,163 @@ pub enum Broken {
     Stuck(String),
 }
 
-/// One end's state.
-struct End {
-    mrs: MrTable,
+/// One end of the connection: a QP's two halves, its memory, its byte streams.
+pub struct End {
+    /// The QP's send queue.
+    pub req: Requester,
+    /// The QP's receive side.
+    pub resp: Responder,
+    /// Its registered memory.
+    pub mrs: MrTable,
     reader: Reader,
     tx: TxQueue,
     st: DriveState,
     err: bool,
+    /// Its send completions, in the order they were produced.
+    pub send_wc: Vec<WorkCompletion>,
+    /// Its receive completions, with the solicited bit.
+    pub recv_wc: Vec<(WorkCompletion, bool)>,
+    force_rnr: u32,
+    last_tx: Option<Instant>,
+    last_rx: Option<Instant>,
 }
 
 impl End {
-    fn new() -> End {
+    fn new(qpn: u32, dest_qpn: u32, attrs: &Attrs) -> End {
+        let cap = QpCap {
+            max_send_wr: 256,
+            max_recv_wr: 1024,
+            max_send_sge: 4,
+            max_recv_sge: 4,
+            max_inline_data: 64,
+        };
+        let mut req = Requester::new(qpn, PD, &cap, false);
+        req.dest_qpn = dest_qpn;
+        req.connect(ReqAttrs {
+            sq_psn: 0,
+            timeout: local_ack_timeout(attrs.timeout),
+            retry_cnt: attrs.retry_cnt,
+            rnr_retry: attrs.rnr_retry,
+            max_rd_atomic: 4,
+        });
+        req.set_path_mtu(attrs.path_mtu);
+        let mut resp = Responder::new(qpn, PD, cap.max_recv_wr, 4);
+        resp.connect(RespAttrs {
+            rq_psn: 0,
+            min_rnr_timer: attrs.min_rnr_timer,
+        });
+        resp.set_path_mtu(attrs.path_mtu);
+        resp.access = AccessFlags::REMOTE;
+        resp.max_dest_rd_atomic = 16;
         End {
+            req,
+            resp,
             mrs: MrTable::default(),
             reader: Reader::new(),
             tx: TxQueue::new(),
             st: DriveState::default(),
             err: false,
+            send_wc: Vec::new(),
+            recv_wc: Vec::new(),
+            force_rnr: 0,
+            last_tx: None,
+            last_rx: None,
+        }
+    }
+
+    /// `ibv_post_send` on this end's QP.
+    pub fn post(&mut self, wr: &verbs_api::SendWr<'_>) -> Result<(), crate::requester::PostCheck> {
+        self.req.post(wr, &self.mrs)
+    }
+
+    /// Whether the QP went to ERR.
+    pub fn in_error(&self) -> bool {
+        self.err
+    }
+
+    /// The QP goes to ERR: both halves flush.
+    fn fail(&mut self) {
+        self.err = true;
+        self.req.flush(&mut self.send_wc);
+        self.resp.flush(&mut self.recv_wc);
+    }
+
+    /// Builds what the requester may send now.
+    fn transmit(&mut self, now: Instant) {
+        if !self.err
+            && self
+                .req
+                .poll_transmit(&self.mrs, now, &mut self.tx, 64, &mut self.send_wc)
+                .is_err()
+        {
+            self.fail();
+        }
+    }
+
+    /// Runs the engine over `bytes` (one whole frame) with both halves.
+    fn receive(&mut self, bytes: &[u8], now: Instant) -> Result<(), String> {
+        self.last_rx = Some(now);
+        let mut off = 0;
+        loop {
+            off += self.reader.feed(&bytes[off..]);
+            let mut sides = Sides {
+                req: Some(&mut self.req),
+                resp: Some(&mut self.resp),
+                accepting: !self.err,
+                send_wc: &mut self.send_wc,
+                recv_wc: &mut self.recv_wc,
+                force_rnr: &mut self.force_rnr,
+            };
+            match drive(
+                &mut sides,
+                &mut self.reader,
+                &self.mrs,
+                &mut self.tx,
+                now,
+                &mut self.st,
+                usize::MAX,
+                0,
+            ) {
+                Ok(()) => {}
+                Err(Stop::Fatal(_)) => self.fail(),
+                Err(Stop::Protocol(m)) => return Err(m),
+            }
+            if off >= bytes.len() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// The connection broke: new byte streams, each half recovering.
+    fn lose_connection(&mut self) {
+        self.reader = Reader::new();
+        self.st = DriveState::default();
+        let mut gone = Vec::new();
+        self.tx.drain_into(&mut gone);
+        self.resp.connection_lost();
+        self.req.on_connection_lost();
+    }
+
+    /// The requester's timers, if due.
+    fn on_timer(&mut self, now: Instant) -> u64 {
+        if self.err {
+            return 0;
+        }
+        let r = self
+            .req
+            .on_timer(now, self.last_tx, self.last_rx, &mut self.send_wc);
+        let timeouts = self.req.take_ack_timeouts();
+        if r.is_err() {
+            self.fail();
+        }
+        timeouts
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        if self.err {
+            None
+        } else {
+            self.req.next_deadline()
         }
     }
 }
@@ -148,12 +288,10 @@ impl Ord for InFlight {
 
 /// The connection, the network between its ends, and the virtual clock.
 pub struct Fabric {
-    /// A's send queue.
-    pub req: Requester,
-    /// B's receive side.
-    pub resp: Responder,
-    a: End,
-    b: End,
+    /// End A (QP 1).
+    pub a: End,
+    /// End B (QP 2).
+    pub b: End,
     mix: FaultMix,
     decide: faults::Decider,
     /// Times each (direction, opcode, PSN) was sent: the attempt a decision is keyed by.
@@ -162,13 +300,6 @@ pub struct Fabric {
     now: Duration,
     queue: BinaryHeap<Reverse<InFlight>>,
     seq: u64,
-    last_tx_a: Option<Instant>,
-    last_rx_a: Option<Instant>,
-    /// A's completions, in the order they were produced.
-    pub send_wc: Vec<WorkCompletion>,
-    /// B's completions, with the solicited bit.
-    pub recv_wc: Vec<(WorkCompletion, bool)>,
-    force_rnr: u32,
     trace: u64,
     /// Frames delivered, lost and duplicated so far.
     pub stats: Stats,
@@ -190,46 +321,19 @@ pub struct Stats {
     pub lost: u64,
     /// Extra copies made.
     pub duplicated: u64,
-    /// Local ACK timeouts that fired at A.
+    /// Local ACK timeouts that fired.
     pub timeouts: u64,
     /// Times the connection broke.
     pub resets: u64,
 }
 
 impl Fabric {
-    /// A connected pair (A's requester, B's responder, both at PSN 0) under `seed`,
-    /// with `mix`'s faults and `attrs`.
+    /// A connected pair of QPs (both directions at PSN 0) under `seed`, with `mix`'s
+    /// faults and `attrs`.
     pub fn new(seed: u64, mix: FaultMix, attrs: Attrs) -> Fabric {
-        let cap = QpCap {
-            max_send_wr: 256,
-            max_recv_wr: 1024,
-            max_send_sge: 4,
-            max_recv_sge: 4,
-            max_inline_data: 64,
-        };
-        let mut req = Requester::new(1, PD, &cap, false);
-        req.dest_qpn = 2;
-        req.connect(ReqAttrs {
-            sq_psn: 0,
-            timeout: local_ack_timeout(attrs.timeout),
-            retry_cnt: attrs.retry_cnt,
-            rnr_retry: attrs.rnr_retry,
-            max_rd_atomic: 4,
-        });
-        req.set_path_mtu(attrs.path_mtu);
-        let mut resp = Responder::new(2, PD, cap.max_recv_wr, 4);
-        resp.connect(RespAttrs {
-            rq_psn: 0,
-            min_rnr_timer: attrs.min_rnr_timer,
-        });
-        resp.set_path_mtu(attrs.path_mtu);
-        resp.access = AccessFlags::REMOTE;
-        resp.max_dest_rd_atomic = 16;
         Fabric {
-            req,
-            resp,
-            a: End::new(),
-            b: End::new(),
+            a: End::new(1, 2, &attrs),
+            b: End::new(2, 1, &attrs),
             mix,
             decide: faults::Decider::new(seed),
             attempts: FxHashMap::default(),
@@ -237,11 +341,6 @@ impl Fabric {
             now: Duration::ZERO,
             queue: BinaryHeap::new(),
             seq: 0,
-            last_tx_a: None,
-            last_rx_a: None,
-            send_wc: Vec::new(),
-            recv_wc: Vec::new(),
-            force_rnr: 0,
             trace: faults::FNV_OFFSET,
             stats: Stats::default(),
             broken: None,
@@ -249,19 +348,13 @@ impl Fabric {
         }
     }
 
-    /// A's memory table.
-    pub fn a_mrs(&self) -> &MrTable {
-        &self.a.mrs
-    }
-
-    /// B's memory table.
-    pub fn b_mrs(&self) -> &MrTable {
-        &self.b.mrs
-    }
-
-    /// `ibv_post_send` on A's QP.
-    pub fn post(&mut self, wr: &verbs_api::SendWr<'_>) -> Result<(), crate::requester::PostCheck> {
-        self.req.post(wr, &self.a.mrs)
+    /// End A, or B.
+    pub fn end(&mut self, b: bool) -> &mut End {
+        if b {
+            &mut self.b
+        } else {
+            &mut self.a
+        }
     }
 
     /// A key for a new region, from the seed (keys are the fabric's choice, as a device's).
@@ -280,11 +373,6 @@ impl Fabric {
         self.now
     }
 
-    /// Whether A's or B's QP went to ERR.
-    pub fn errors(&self) -> (bool, bool) {
-        (self.a.err, self.b.err)
-    }
-
     /// What went wrong beyond the model, if anything.
     pub fn broken(&self) -> Option<&Broken> {
         self.broken.as_ref()
@@ -299,19 +387,11 @@ impl Fabric {
         self.base + self.now
     }
 
-    /// Builds what A may send now and puts it on the network.
+    /// Builds what each end may send now and puts it on the network.
     fn transmit(&mut self) {
-        if self.a.err {
-            return;
-        }
         let now = self.instant();
-        if self
-            .req
-            .poll_transmit(&self.a.mrs, now, &mut self.a.tx, 64, &mut self.send_wc)
-            .is_err()
-        {
-            self.fail_a();
-        }
+        self.a.transmit(now);
+        self.b.transmit(now);
         self.launch(Dir::AtoB);
         self.launch(Dir::BtoA);
     }
@@ -326,8 +406,10 @@ impl Fabric {
         if bytes.is_empty() {
             return;
         }
-        if dir == Dir::AtoB {
-            self.last_tx_a = Some(self.instant());
+        let now = self.instant();
+        match dir {
+            Dir::AtoB => self.a.last_tx = Some(now),
+            Dir::BtoA => self.b.last_tx = Some(now),
         }
         let mut off = 0;
         while off < bytes.len() {
@@ -382,14 +464,8 @@ impl Fabric {
             eprintln!("{:>10?} connection reset", self.now);
         }
         self.queue.clear();
-        for end in [&mut self.a, &mut self.b] {
-            end.reader = Reader::new();
-            end.st = DriveState::default();
-            let mut gone = Vec::new();
-            end.tx.drain_into(&mut gone);
-        }
-        self.resp.connection_lost();
-        self.req.on_connection_lost();
+        self.a.lose_connection();
+        self.b.lose_connection();
     }
 
     fn schedule(&mut self, at: Duration, dir: Dir, bytes: Vec<u8>) {
@@ -408,100 +484,25 @@ impl Fabric {
         let at = self.now.as_nanos().to_le_bytes();
         self.mix_trace(&[f.dir as u8]);
         self.mix_trace(&at);
-        self.trace_frame(&f.bytes);
+        self.trace_frame(f.dir, &f.bytes);
         if self.log {
             if let Ok(Some((fr, _))) = Frame::decode(&f.bytes) {
                 eprintln!("{:>10?} {:?} {fr}", self.now, f.dir);
             }
         }
         let now = self.instant();
-        if f.dir == Dir::BtoA {
-            self.last_rx_a = Some(now);
+        let to = match f.dir {
+            Dir::AtoB => &mut self.b,
+            Dir::BtoA => &mut self.a,
+        };
+        if let Err(m) = to.receive(&f.bytes, now) {
+            self.broken = Some(Broken::Protocol(format!("{:?} receiver: {m}", f.dir)));
         }
-        let mut off = 0;
-        loop {
-            let r = match f.dir {
-                Dir::AtoB => {
-                    off += self.b.reader.feed(&f.bytes[off..]);
-                    let mut swc = Vec::new();
-                    let mut sides = Sides {
-                        req: None,
-                        resp: Some(&mut self.resp),
-                        accepting: !self.b.err,
-                        send_wc: &mut swc,
-                        recv_wc: &mut self.recv_wc,
-                        force_rnr: &mut self.force_rnr,
-                    };
-                    let b = &mut self.b;
-                    drive(
-                        &mut sides,
-                        &mut b.reader,
-                        &b.mrs,
-                        &mut b.tx,
-                        now,
-                        &mut b.st,
-                        usize::MAX,
-                        0,
-                    )
-                }
-                Dir::BtoA => {
-                    off += self.a.reader.feed(&f.bytes[off..]);
-                    if self.a.err {
-                        Ok(())
-                    } else {
-                        let mut rwc = Vec::new();
-                        let mut sides = Sides {
-                            req: Some(&mut self.req),
-                            resp: None,
-                            accepting: false,
-                            send_wc: &mut self.send_wc,
-                            recv_wc: &mut rwc,
-                            force_rnr: &mut 0,
-                        };
-                        let a = &mut self.a;
-                        drive(
-                            &mut sides,
-                            &mut a.reader,
-                            &a.mrs,
-                            &mut a.tx,
-                            now,
-                            &mut a.st,
-                            usize::MAX,
-                            0,
-                        )
-                    }
-                }
-            };
-            match r {
-                Ok(()) => {}
-                Err(Stop::Fatal(_)) => match f.dir {
-                    Dir::AtoB => self.fail_b(),
-                    Dir::BtoA => self.fail_a(),
-                },
-                Err(Stop::Protocol(m)) => {
-                    self.broken = Some(Broken::Protocol(format!("{:?} receiver: {m}", f.dir)));
-                    return;
-                }
-            }
-            if off >= f.bytes.len() {
-                break;
-            }
-        }
-    }
-
-    fn fail_a(&mut self) {
-        self.a.err = true;
-        self.req.flush(&mut self.send_wc);
-    }
-
-    fn fail_b(&mut self) {
-        self.b.err = true;
-        self.resp.flush(&mut self.recv_wc);
     }
 
     /// Folds a frame into the trace with its remote addresses as offsets into their
     /// regions: the regions' addresses are the allocator's, not the seed's.
-    fn trace_frame(&mut self, unit: &[u8]) {
+    fn trace_frame(&mut self, dir: Dir, unit: &[u8]) {
         let Ok(Some((mut frame, hlen))) = Frame::decode(unit) else {
             return self.mix_trace(unit);
         };
@@ -510,7 +511,12 @@ impl Fabric {
         | Frame::CmpSwap { addr, rkey, .. }
         | Frame::FetchAdd { addr, rkey, .. } = &mut frame
         {
-            let base = self.b.mrs.get(*rkey).map_or(0, |m| m.addr());
+            let target = if dir == Dir::AtoB {
+                &self.b.mrs
+            } else {
+                &self.a.mrs
+            };
+            let base = target.get(*rkey).map_or(0, |m| m.addr());
             *addr = addr.wrapping_sub(base);
         }
         let mut h = [0u8; crate::wire::MAX_HDR_LEN];
@@ -529,27 +535,38 @@ impl Fabric {
     }
 
     /// Folds the completions produced since the last call into the trace.
-    fn trace_completions(&mut self, seen: &mut (usize, usize)) {
+    fn trace_completions(&mut self, seen: &mut [usize; 4]) {
         let mut h = self.trace;
-        for w in &self.send_wc[seen.0..] {
-            h = faults::fnv(h, &[b'S', w.status as u8, w.opcode as u8]);
-            h = faults::fnv(h, &w.wr_id.to_le_bytes());
-        }
-        for (w, _) in &self.recv_wc[seen.1..] {
-            h = faults::fnv(h, &[b'R', w.status as u8, w.opcode as u8]);
-            h = faults::fnv(h, &w.wr_id.to_le_bytes());
-            h = faults::fnv(h, &w.byte_len.to_le_bytes());
+        for (k, end) in [&self.a, &self.b].into_iter().enumerate() {
+            for w in &end.send_wc[seen[2 * k]..] {
+                h = faults::fnv(h, &[b'S', k as u8, w.status as u8, w.opcode as u8]);
+                h = faults::fnv(h, &w.wr_id.to_le_bytes());
+            }
+            for (w, _) in &end.recv_wc[seen[2 * k + 1]..] {
+                h = faults::fnv(h, &[b'R', k as u8, w.status as u8, w.opcode as u8]);
+                h = faults::fnv(h, &w.wr_id.to_le_bytes());
+                h = faults::fnv(h, &w.byte_len.to_le_bytes());
+            }
         }
         self.trace = h;
-        *seen = (self.send_wc.len(), self.recv_wc.len());
+        *seen = self.completions_seen();
     }
 
-    /// Runs the network and A's timers until virtual time `until`, or until nothing is
+    fn completions_seen(&self) -> [usize; 4] {
+        [
+            self.a.send_wc.len(),
+            self.a.recv_wc.len(),
+            self.b.send_wc.len(),
+            self.b.recv_wc.len(),
+        ]
+    }
+
+    /// Runs the network and both ends' timers until virtual time `until`, or until nothing is
     /// left to happen (no frame on its way, no timer armed, nothing A may send).
     /// At most `max_events` deliveries and timer firings; past that the run is
     /// [`Broken::Stuck`].
     pub fn run_until(&mut self, until: Duration, max_events: u64) {
-        let mut seen = (self.send_wc.len(), self.recv_wc.len());
+        let mut seen = self.completions_seen();
         let mut events = 0u64;
         loop {
             if self.broken.is_some() {
@@ -558,13 +575,11 @@ impl Fabric {
             self.transmit();
             self.trace_completions(&mut seen);
             let next_frame = self.queue.peek().map(|Reverse(f)| f.at);
-            let next_timer = if self.a.err {
-                None
-            } else {
-                self.req
-                    .next_deadline()
-                    .map(|d| d.saturating_duration_since(self.base))
-            };
+            let next_timer = [self.a.next_deadline(), self.b.next_deadline()]
+                .into_iter()
+                .flatten()
+                .min()
+                .map(|d| d.saturating_duration_since(self.base));
             let next = match (next_frame, next_timer) {
                 (Some(f), Some(t)) => f.min(t),
                 (Some(f), None) => f,
@@ -578,9 +593,10 @@ impl Fabric {
             events += 1;
             if events > max_events {
                 self.broken = Some(Broken::Stuck(format!(
-                    "{max_events} events and not settled at {:?}: {} WQEs outstanding",
+                    "{max_events} events and not settled at {:?}: {} + {} WQEs outstanding",
                     self.now,
-                    self.req.outstanding()
+                    self.a.req.outstanding(),
+                    self.b.req.outstanding()
                 )));
                 return;
             }
@@ -590,13 +606,7 @@ impl Fabric {
                 self.deliver(f);
             } else {
                 let now = self.instant();
-                let r = self
-                    .req
-                    .on_timer(now, self.last_tx_a, self.last_rx_a, &mut self.send_wc);
-                self.stats.timeouts += self.req.take_ack_timeouts();
-                if r.is_err() {
-                    self.fail_a();
-                }
+                self.stats.timeouts += self.a.on_timer(now) + self.b.on_timer(now);
             }
         }
     }

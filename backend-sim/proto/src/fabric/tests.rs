@@ -51,6 +51,15 @@ fn broken_connections_still_match_the_model() {
 }
 
 #[test]
+fn both_ends_posting_still_match_the_model() {
+    let mut mix = FaultMix::lossy(5, 5);
+    mix.reset_ppm = 500;
+    let mut spec = Spec::new(150, mix);
+    spec.duplex = true;
+    all_pass(&spec, 0..SEEDS);
+}
+
+#[test]
 fn reordering_alone_matches_the_model() {
     let mut mix = FaultMix::clean(Duration::from_micros(1));
     mix.jitter = Duration::from_micros(200);

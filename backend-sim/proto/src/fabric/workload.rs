@@ -1,7 +1,8 @@
 //! A seeded workload on the [`Fabric`](super::Fabric) and the model it must match.
 //!
-//! A posts a mix of SENDs, WRITEs, READs, FETCH_AND_ADDs and COMPARE_AND_SWAPs while B
-//! posts receives now and then (so some SENDs meet an empty queue and are NAKed RNR),
+//! A posts a mix of SENDs, WRITEs, READs, FETCH_AND_ADDs and COMPARE_AND_SWAPs (and with
+//! [`Spec::duplex`] B does too, towards A, on the same connection) while the peer posts
+//! receives now and then (so some SENDs meet an empty queue and are NAKed RNR),
 //! with the clock running between posts. A WRITE over bytes an earlier READ reads is
 //! fenced: without the fence, a READ resent because its response was lost is executed
 //! again after the WRITE and returns the WRITE's bytes, which RC allows (IBA 9.7.5.1.5
@@ -44,6 +45,8 @@ pub struct Spec {
     pub attrs: Attrs,
     /// Deliveries and timer firings after which the run counts as stuck.
     pub max_events: u64,
+    /// Both ends post (each its own mix, against the other's memory), not only A.
+    pub duplex: bool,
 }
 
 impl Spec {
@@ -54,6 +57,7 @@ impl Spec {
             mix,
             attrs: Attrs::default(),
             max_events: 2_000_000,
+            duplex: false,
         }
     }
 }
@@ -133,7 +137,7 @@ impl Kind {
 fn region(f: &mut Fabric, of_b: bool, len: usize) -> Arc<MrShared> {
     let key = f.fresh_key(of_b);
     let mr = Arc::new(MrShared::new_owned(PD, key, len, AccessFlags::ALL).expect("a region of this size"));
-    if of_b { f.b_mrs() } else { f.a_mrs() }.insert(mr.clone());
+    f.end(of_b).mrs.insert(mr.clone());
     mr
 }
 
@@ -165,47 +169,78 @@ fn word(b: &[u8], at: usize) -> u64 {
     u64::from_ne_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
 
-/// Runs the workload of `seed` under `spec` and checks it against the model.
-pub fn run(seed: u64, spec: &Spec) -> Result<Outcome, Violation> {
-    let fail = |what: String| Violation { seed, what };
-    let mut f = Fabric::new(seed, spec.mix, spec.attrs);
-    let mut rng = Rng(seed ^ 0x5eed);
-    let local = region(&mut f, false, spec.ops * MAX_RDMA + 4096);
-    let remote = region(&mut f, true, REMOTE + 16);
-    let rbufs = region(&mut f, true, spec.ops.min(RECVS) * MAX_SEND);
-    let mut model = vec![0u8; REMOTE + 16];
-    let mut expect: Vec<(u64, Expect)> = Vec::new();
-    let mut sends: Vec<Vec<u8>> = Vec::new();
-    let mut recvs = 0usize;
-    let mut next_local = 0usize;
+/// One direction's traffic: the requester's end (`from_b`), its buffers, the peer's
+/// memory it reaches, and the model of what the peer's memory and receives must hold.
+struct Flow {
+    from_b: bool,
+    name: &'static str,
+    ops: usize,
+    /// The requester's own memory (gather lists, READ and atomic results).
+    local: Arc<MrShared>,
+    /// The peer's memory its WRITEs, READs and atomics reach.
+    remote: Arc<MrShared>,
+    /// The peer's receive buffers.
+    rbufs: Arc<MrShared>,
+    model: Vec<u8>,
+    expect: Vec<(u64, Expect)>,
+    sends: Vec<Vec<u8>>,
+    recvs: usize,
+    next_local: usize,
     // READs since the last fence: a WRITE over their bytes must wait for them
     // (`IBV_SEND_FENCE`), or a READ resent after its response was lost would read it.
-    let mut unfenced_reads: Vec<(usize, usize)> = Vec::new();
-    let post_recv = |f: &mut Fabric, recvs: &mut usize| {
-        if *recvs < spec.ops.min(RECVS) {
-            let s = [sge(&rbufs, *recvs * MAX_SEND, MAX_SEND)];
-            f.resp
-                .post(&RecvWr::new(1_000_000 + *recvs as u64, &s))
-                .expect("room for every receive");
-            *recvs += 1;
+    unfenced_reads: Vec<(usize, usize)>,
+    posted: u64,
+}
+
+impl Flow {
+    fn new(f: &mut Fabric, from_b: bool, ops: usize) -> Flow {
+        Flow {
+            from_b,
+            name: if from_b { "B" } else { "A" },
+            ops,
+            local: region(f, from_b, ops * MAX_RDMA + 4096),
+            remote: region(f, !from_b, REMOTE + 16),
+            rbufs: region(f, !from_b, ops.clamp(1, RECVS) * MAX_SEND),
+            model: vec![0u8; REMOTE + 16],
+            expect: Vec::new(),
+            sends: Vec::new(),
+            recvs: 0,
+            next_local: 0,
+            unfenced_reads: Vec::new(),
+            posted: 0,
         }
-    };
-    for _ in 0..rng.below(8) {
-        post_recv(&mut f, &mut recvs);
     }
-    for id in 1..=spec.ops as u64 {
-        let at = next_local;
+
+    /// The peer posts one more receive for this flow's SENDs.
+    fn post_recv(&mut self, f: &mut Fabric) {
+        if self.recvs < self.ops.clamp(1, RECVS) {
+            let s = [sge(&self.rbufs, self.recvs * MAX_SEND, MAX_SEND)];
+            f.end(!self.from_b)
+                .resp
+                .post(&RecvWr::new(1_000_000 + self.recvs as u64, &s))
+                .expect("room for every receive");
+            self.recvs += 1;
+        }
+    }
+
+    /// Posts this flow's next WR, drawn from `rng`, running the fabric while the send
+    /// queue is full.
+    fn post_one(&mut self, f: &mut Fabric, rng: &mut Rng, max_events: u64) -> Result<(), String> {
+        self.posted += 1;
+        let id = self.posted;
+        let at = self.next_local;
         let (kind, exp): (Kind, Expect);
         let len;
         let mut fence = false;
+        let (local, remote) = (&self.local, &self.remote);
         match rng.below(10) {
             0..=3 => {
                 len = rng.below(MAX_SEND as u64 + 1) as usize;
                 let data: Vec<u8> = (0..len)
                     .map(|i| (i as u64 ^ id.wrapping_mul(131)) as u8)
                     .collect();
-                put(&local, at, &data);
-                sends.push(data);
+                put(local, at, &data);
+                self.sends.push(data);
                 kind = Kind::Send;
                 exp = Expect::Send;
             }
@@ -213,66 +248,184 @@ pub fn run(seed: u64, spec: &Spec) -> Result<Outcome, Violation> {
                 let off = rng.below(REMOTE as u64) as usize;
                 len = (rng.below(MAX_RDMA as u64 + 1) as usize).min(REMOTE - off);
                 let byte = rng.next() as u8;
-                if unfenced_reads.iter().any(|&(o, l)| o < off + len && off < o + l) {
+                if self
+                    .unfenced_reads
+                    .iter()
+                    .any(|&(o, l)| o < off + len && off < o + l)
+                {
                     fence = true;
-                    unfenced_reads.clear();
+                    self.unfenced_reads.clear();
                 }
-                put(&local, at, &vec![byte; len]);
-                model[off..off + len].fill(byte);
-                let dst = (remote.addr() + off as u64, remote.key);
-                kind = Kind::Write(dst);
+                put(local, at, &vec![byte; len]);
+                self.model[off..off + len].fill(byte);
+                kind = Kind::Write((remote.addr() + off as u64, remote.key));
                 exp = Expect::Write;
             }
             6 | 7 => {
                 let off = rng.below(REMOTE as u64) as usize;
                 len = (rng.below(MAX_RDMA as u64 + 1) as usize).min(REMOTE - off);
-                let src = (remote.addr() + off as u64, remote.key);
-                unfenced_reads.push((off, len));
-                kind = Kind::Read(src);
-                exp = Expect::Read(at, model[off..off + len].to_vec());
+                self.unfenced_reads.push((off, len));
+                kind = Kind::Read((remote.addr() + off as u64, remote.key));
+                exp = Expect::Read(at, self.model[off..off + len].to_vec());
             }
             8 => {
                 len = 8;
                 let add = rng.next() >> 40;
-                let old = word(&model, FAA_AT);
-                model[FAA_AT..FAA_AT + 8].copy_from_slice(&old.wrapping_add(add).to_ne_bytes());
-                let dst = (remote.addr() + FAA_AT as u64, remote.key);
-                kind = Kind::Faa(dst, add);
+                let old = word(&self.model, FAA_AT);
+                self.model[FAA_AT..FAA_AT + 8].copy_from_slice(&old.wrapping_add(add).to_ne_bytes());
+                kind = Kind::Faa((remote.addr() + FAA_AT as u64, remote.key), add);
                 exp = Expect::Atomic(WcOpcode::FetchAdd, at, old);
             }
             _ => {
                 len = 8;
-                let old = word(&model, CAS_AT);
+                let old = word(&self.model, CAS_AT);
                 // Half of them compare equal and swap.
                 let compare = if rng.below(2) == 0 { old } else { rng.next() };
                 let swap = rng.next();
                 if compare == old {
-                    model[CAS_AT..CAS_AT + 8].copy_from_slice(&swap.to_ne_bytes());
+                    self.model[CAS_AT..CAS_AT + 8].copy_from_slice(&swap.to_ne_bytes());
                 }
-                let dst = (remote.addr() + CAS_AT as u64, remote.key);
-                kind = Kind::Cas(dst, compare, swap);
+                kind = Kind::Cas((remote.addr() + CAS_AT as u64, remote.key), compare, swap);
                 exp = Expect::Atomic(WcOpcode::CompSwap, at, old);
             }
         }
-        next_local += len.max(8).next_multiple_of(8);
-        let s = [sge(&local, at, len)];
+        self.next_local += len.max(8).next_multiple_of(8);
+        let s = [sge(local, at, len)];
         let wr = kind.wr(id, &s).signaled();
         let wr = if fence { wr.fence() } else { wr };
         let mut tries = 0;
         loop {
-            match f.post(&wr) {
+            match f.end(self.from_b).post(&wr) {
                 Ok(()) => break,
                 Err(PostCheck::Full | PostCheck::FullUnpolled) if tries < 1000 => {
                     tries += 1;
                     let t = f.now() + Duration::from_millis(1);
-                    f.run_until(t, spec.max_events);
+                    f.run_until(t, max_events);
                 }
-                Err(e) => return Err(fail(format!("post of WR {id} refused: {e:?}"))),
+                Err(e) => return Err(format!("{}: post of WR {id} refused: {e:?}", self.name)),
             }
         }
-        expect.push((id, exp));
+        self.expect.push((id, exp));
+        Ok(())
+    }
+
+    /// The model's checks, in the order a failure is easiest to read.
+    fn check(&self, f: &Fabric) -> Result<(), String> {
+        let (me, peer) = if self.from_b { (&f.b, &f.a) } else { (&f.a, &f.b) };
+        let name = self.name;
+        let first_bad = me.send_wc.iter().find(|w| w.status != WcStatus::Success);
+        if me.in_error() || peer.in_error() || first_bad.is_some() {
+            return Err(format!(
+                "{name}'s WRs: an error on a correct workload ({name} in ERR: {}, its peer in ERR: {}; first failed \
+                 completion: {first_bad:?}; {} of {} WRs completed)",
+                me.in_error(),
+                peer.in_error(),
+                me.send_wc.len(),
+                self.expect.len()
+            ));
+        }
+        let got: Vec<u64> = me.send_wc.iter().map(|w| w.wr_id).collect();
+        let want: Vec<u64> = self.expect.iter().map(|(id, _)| *id).collect();
+        if got != want {
+            let at = got
+                .iter()
+                .zip(&want)
+                .position(|(g, w)| g != w)
+                .unwrap_or(got.len().min(want.len()));
+            return Err(format!(
+                "{name}'s send completions out of order or missing: {} of {} arrived, first difference at #{at}",
+                got.len(),
+                want.len()
+            ));
+        }
+        if peer.recv_wc.len() != self.sends.len() {
+            return Err(format!(
+                "{} receive completions for {name}'s {} SENDs",
+                peer.recv_wc.len(),
+                self.sends.len()
+            ));
+        }
+        for (k, ((w, _), data)) in peer.recv_wc.iter().zip(&self.sends).enumerate() {
+            if w.wr_id != 1_000_000 + k as u64
+                || w.status != WcStatus::Success
+                || w.byte_len as usize != data.len()
+            {
+                return Err(format!(
+                    "receive #{k} of {name}'s SENDs: {w:?}, for a SEND of {} bytes",
+                    data.len()
+                ));
+            }
+            if get(&self.rbufs, k * MAX_SEND, data.len()) != *data {
+                return Err(format!("receive #{k} holds other bytes than {name}'s SEND #{k}"));
+            }
+        }
+        let model = &self.model;
+        let mem = get(&self.remote, 0, model.len());
+        if mem[..REMOTE] != model[..REMOTE] {
+            let at = mem.iter().zip(model).position(|(a, b)| a != b).unwrap_or(0);
+            return Err(format!(
+                "the memory {name} writes differs from the model at byte {at}"
+            ));
+        }
+        if word(&mem, FAA_AT) != word(model, FAA_AT) || word(&mem, CAS_AT) != word(model, CAS_AT) {
+            return Err(format!(
+                "{name}'s atomic words {:#x}/{:#x}, the model {:#x}/{:#x}: an atomic executed other than once",
+                word(&mem, FAA_AT),
+                word(&mem, CAS_AT),
+                word(model, FAA_AT),
+                word(model, CAS_AT)
+            ));
+        }
+        for (id, e) in &self.expect {
+            match e {
+                Expect::Read(at, want) if get(&self.local, *at, want.len()) != *want => {
+                    return Err(format!("{name}'s READ {id} returned other bytes than the model"));
+                }
+                Expect::Atomic(op, at, old) => {
+                    let got = word(&get(&self.local, *at, 8), 0);
+                    if got != *old {
+                        return Err(format!(
+                            "{name}'s {op:?} {id} returned {got:#x}, the model {old:#x}"
+                        ));
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Runs the workload of `seed` under `spec` and checks it against the model.
+pub fn run(seed: u64, spec: &Spec) -> Result<Outcome, Violation> {
+    let fail = |what: String| Violation { seed, what };
+    let mut f = Fabric::new(seed, spec.mix, spec.attrs);
+    let mut rng = Rng(seed ^ 0x5eed);
+    let mut flows = vec![Flow::new(&mut f, false, spec.ops)];
+    if spec.duplex {
+        flows.push(Flow::new(&mut f, true, spec.ops));
+    }
+    for flow in &mut flows {
+        for _ in 0..rng.below(8) {
+            flow.post_recv(&mut f);
+        }
+    }
+    for _ in 0..spec.ops * flows.len() {
+        // (No draw with one flow, so that a one-way run repeats the same seeds' choices.)
+        let k = if flows.len() == 1 {
+            0
+        } else {
+            rng.below(2) as usize
+        };
+        let k = if flows[k].posted as usize == spec.ops {
+            1 - k
+        } else {
+            k
+        };
+        let flow = &mut flows[k];
+        flow.post_one(&mut f, &mut rng, spec.max_events).map_err(fail)?;
         if rng.below(3) == 0 {
-            post_recv(&mut f, &mut recvs);
+            flow.post_recv(&mut f);
         }
         if rng.below(4) == 0 {
             let t = f.now() + Duration::from_micros(rng.below(100));
@@ -282,100 +435,21 @@ pub fn run(seed: u64, spec: &Spec) -> Result<Outcome, Violation> {
             return Err(fail(format!("{b:?}")));
         }
     }
-    while recvs < sends.len() {
-        post_recv(&mut f, &mut recvs);
+    for flow in &mut flows {
+        while flow.recvs < flow.sends.len() {
+            flow.post_recv(&mut f);
+        }
     }
     f.run_until(Duration::from_secs(3600), spec.max_events);
-    check(&f, &expect, &sends, &local, &remote, &rbufs, &model).map_err(fail)?;
+    if let Some(b) = f.broken() {
+        return Err(fail(format!("{b:?}")));
+    }
+    for flow in &flows {
+        flow.check(&f).map_err(fail)?;
+    }
     Ok(Outcome {
         trace: f.trace(),
         stats: f.stats,
         took: f.now(),
     })
-}
-
-/// The model's checks, in the order a failure is easiest to read.
-fn check(
-    f: &Fabric,
-    expect: &[(u64, Expect)],
-    sends: &[Vec<u8>],
-    local: &Arc<MrShared>,
-    remote: &Arc<MrShared>,
-    rbufs: &Arc<MrShared>,
-    model: &[u8],
-) -> Result<(), String> {
-    if let Some(b) = f.broken() {
-        return Err(format!("{b:?}"));
-    }
-    let (a_err, b_err) = f.errors();
-    let first_bad = f.send_wc.iter().find(|w| w.status != WcStatus::Success);
-    if a_err || b_err || first_bad.is_some() {
-        return Err(format!(
-            "an error on a correct workload (A in ERR: {a_err}, B in ERR: {b_err}; first failed completion: {first_bad:?}; \
-             {} of {} WRs completed)",
-            f.send_wc.len(),
-            expect.len()
-        ));
-    }
-    let got: Vec<u64> = f.send_wc.iter().map(|w| w.wr_id).collect();
-    let want: Vec<u64> = expect.iter().map(|(id, _)| *id).collect();
-    if got != want {
-        let at = got
-            .iter()
-            .zip(&want)
-            .position(|(g, w)| g != w)
-            .unwrap_or(got.len().min(want.len()));
-        return Err(format!(
-            "send completions out of order or missing: {} of {} arrived, first difference at #{at}",
-            got.len(),
-            want.len()
-        ));
-    }
-    if f.recv_wc.len() != sends.len() {
-        return Err(format!(
-            "{} receive completions for {} SENDs",
-            f.recv_wc.len(),
-            sends.len()
-        ));
-    }
-    for (k, ((w, _), data)) in f.recv_wc.iter().zip(sends).enumerate() {
-        if w.wr_id != 1_000_000 + k as u64
-            || w.status != WcStatus::Success
-            || w.byte_len as usize != data.len()
-        {
-            return Err(format!("receive #{k}: {w:?}, for a SEND of {} bytes", data.len()));
-        }
-        if get(rbufs, k * MAX_SEND, data.len()) != *data {
-            return Err(format!("receive #{k} holds other bytes than SEND #{k}"));
-        }
-    }
-    let mem = get(remote, 0, model.len());
-    if mem[..REMOTE] != model[..REMOTE] {
-        let at = mem.iter().zip(model).position(|(a, b)| a != b).unwrap_or(0);
-        return Err(format!("B's memory differs from the model at byte {at}"));
-    }
-    if word(&mem, FAA_AT) != word(model, FAA_AT) || word(&mem, CAS_AT) != word(model, CAS_AT) {
-        return Err(format!(
-            "atomic words {:#x}/{:#x}, the model {:#x}/{:#x}: an atomic executed other than once",
-            word(&mem, FAA_AT),
-            word(&mem, CAS_AT),
-            word(model, FAA_AT),
-            word(model, CAS_AT)
-        ));
-    }
-    for (id, e) in expect {
-        match e {
-            Expect::Read(at, want) if get(local, *at, want.len()) != *want => {
-                return Err(format!("READ {id} returned other bytes than the model"));
-            }
-            Expect::Atomic(op, at, old) => {
-                let got = word(&get(local, *at, 8), 0);
-                if got != *old {
-                    return Err(format!("{op:?} {id} returned {got:#x}, the model {old:#x}"));
-                }
-            }
-            _ => {}
-        }
-    }
-    Ok(())
 }
