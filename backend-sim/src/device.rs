@@ -78,6 +78,8 @@ pub struct DeviceShared {
     pub mcast: Arc<Multicast>,
     /// Its port's state (up, or down by fault injection).
     pub port: Arc<Port>,
+    /// Its capture, if on ([`crate::capture`]).
+    pub capture: crate::capture::Slot,
     shutdown: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
     /// Its control socket (`rdma-sim status`), removed with the device.
     control: Mutex<Option<crate::control::Endpoint>>,
@@ -104,6 +106,7 @@ impl DeviceShared {
         advertise: Option<IpAddr>,
         profile: Profile,
         advice: Arc<Advice>,
+        capture: Option<Arc<crate::capture::Capture>>,
     ) -> Result<Arc<DeviceShared>> {
         let os = |call: &'static str| move |source: std::io::Error| Error::Os { call, source };
         let roce = profile.attrs().link_layer == LinkLayer::Ethernet;
@@ -219,6 +222,7 @@ impl DeviceShared {
             datagrams,
             mcast,
             port,
+            capture: Arc::new(capture.map(std::sync::OnceLock::from).unwrap_or_default()),
             shutdown: Mutex::new(Some(tx)),
             control: Mutex::new(None),
             thread: Mutex::new(Some(thread)),
@@ -370,6 +374,7 @@ impl DeviceShared {
             profile: self.profile,
             advice: self.advice.clone(),
             port: self.port.clone(),
+            capture: self.capture.clone(),
         }
     }
 

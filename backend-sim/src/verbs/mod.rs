@@ -70,6 +70,7 @@ impl Backend for SimBackend {
                 self.config.advertise,
                 self.config.profile,
                 self.advice.clone(),
+                self.capture(),
             )?,
         })
     }

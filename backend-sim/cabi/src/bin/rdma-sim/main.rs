@@ -146,10 +146,15 @@ struct Settings {
     /// [RDMA_SIM_CONTROL]
     #[arg(long, value_name = "DIR")]
     control: Option<OsString>,
-    /// Write the packets the program's devices send, as RoCE v2 (pcapng, headers only;
-    /// %p becomes the process id), for Wireshark or `rdma-sim trace` [RDMA_SIM_PCAP]
+    /// Write the packets the program's devices send, as RoCE v2, and the verbs context
+    /// (pcapng; %p becomes the process id), for Wireshark or `rdma-sim trace`
+    /// [RDMA_SIM_PCAP]
     #[arg(long, value_name = "FILE")]
     pcap: Option<OsString>,
+    /// How much of each captured packet to keep: headers (the default), a number of
+    /// bytes, or all (payload and ICRC) [RDMA_SIM_PCAP_SNAPLEN]
+    #[arg(long, value_name = "N|all|headers")]
+    snaplen: Option<String>,
     /// The libibverbs_sim.so to preload, instead of the one beside rdma-sim or carried in
     /// it [RDMA_SIM_LIB]
     #[arg(long, value_name = "PATH")]
@@ -180,6 +185,7 @@ impl Settings {
         set("RUST_LOG", self.log.clone().map(Into::into));
         set("RDMA_SIM_CONTROL", self.control.clone());
         set("RDMA_SIM_PCAP", self.pcap.clone());
+        set("RDMA_SIM_PCAP_SNAPLEN", self.snaplen.clone().map(Into::into));
         set("LD_PRELOAD", Some(library::preload_with(lib)));
         v
     }
