@@ -117,7 +117,12 @@ fn epb(
 /// Appends an event of the verbs context at `ts_ns` ([`EVENTS`]' packet): `text` as the
 /// packet's comment and as a syslog message.
 pub fn event(out: &mut Vec<u8>, ts_ns: u64, text: &str) {
-    let text = &text[..text.floor_char_boundary(0xff00)];
+    // Within an option's 16-bit length, cut at a character's boundary.
+    let mut end = text.len().min(0xff00);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let text = &text[..end];
     epb(out, EVENTS, ts_ns, 0, Some(text), |o| {
         let name = b"syslog";
         let padded = name.len().next_multiple_of(4);
