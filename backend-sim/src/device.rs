@@ -81,6 +81,8 @@ pub struct DeviceShared {
     pub mcast: Arc<Multicast>,
     /// Its port's state (up, or down by fault injection).
     pub port: Arc<Port>,
+    /// Its capture, if on ([`crate::capture`]).
+    pub capture: crate::capture::Slot,
     shutdown: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
     /// Its control socket (`rdma-sim status`), removed with the device.
     control: Mutex<Option<crate::control::Endpoint>>,
@@ -96,8 +98,21 @@ pub struct PdShared {
     pub dev: Arc<DeviceShared>,
 }
 
+/// What a device is opened as, beside its name and addresses: the pieces its backend
+/// decides.
+pub struct DeviceOptions {
+    /// The kind of HCA it plays.
+    pub profile: Profile,
+    /// Its backend's portability advice.
+    pub advice: Arc<Advice>,
+    /// Where its QP numbers, keys and address come from.
+    pub choices: Choices,
+    /// The capture it writes to, if its backend has one.
+    pub capture: Option<Arc<crate::capture::Capture>>,
+}
+
 impl DeviceShared {
-    /// Opens a device with node GUID `guid` playing `profile`: binds its listener on
+    /// Opens a device with node GUID `guid` as `opts` say: binds its listener on
     /// `listen` and starts its progress thread. A wildcard `listen` advertises `advertise`, or else the host's
     /// first non-loopback address of its family.
     pub fn open(
@@ -105,10 +120,14 @@ impl DeviceShared {
         guid: u64,
         listen: SocketAddr,
         advertise: Option<IpAddr>,
-        profile: Profile,
-        advice: Arc<Advice>,
-        choices: Choices,
+        opts: DeviceOptions,
     ) -> Result<Arc<DeviceShared>> {
+        let DeviceOptions {
+            profile,
+            advice,
+            choices,
+            capture,
+        } = opts;
         let os = |call: &'static str| move |source: std::io::Error| Error::Os { call, source };
         let roce = profile.attrs().link_layer == LinkLayer::Ethernet;
         let sock = if roce {
@@ -224,6 +243,7 @@ impl DeviceShared {
             datagrams,
             mcast,
             port,
+            capture: Arc::new(capture.map(std::sync::OnceLock::from).unwrap_or_default()),
             shutdown: Mutex::new(Some(tx)),
             control: Mutex::new(None),
             thread: Mutex::new(Some(thread)),
@@ -375,6 +395,7 @@ impl DeviceShared {
             profile: self.profile,
             advice: self.advice.clone(),
             port: self.port.clone(),
+            capture: self.capture.clone(),
         }
     }
 

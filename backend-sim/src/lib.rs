@@ -99,7 +99,7 @@ pub use backend_sim_proto::NakReason;
 pub use counters::Counters;
 pub use profile::Profile;
 pub use verbs::ah::SimAh;
-pub use verbs::backend::{SimBackend, SimConfig};
+pub use verbs::backend::{CaptureConfig, SimBackend, SimConfig};
 pub use verbs::context::SimContext;
 pub use verbs::cq::{SimChannel, SimCq};
 pub use verbs::mw::SimMw;

@@ -6,6 +6,8 @@
 //! detaching, and dropping a QP, end its membership; each member device gets one copy,
 //! whatever its number of attached QPs.
 
+mod common;
+
 use std::time::Duration;
 
 use backend_sim::{Profile, SimBackend, SimConfig, SimContext, SimCq, SimMr, SimPd, SimQp};
@@ -195,6 +197,48 @@ fn a_group_datagram_reaches_every_attached_qp_of_every_device() {
     let mut payload = [0u8; 12];
     a.mr.read(GRH, &mut payload).unwrap();
     assert_eq!(&payload, b"to the group");
+}
+
+/// A capture (`SimContext::capture_to`) holds a multicast datagram once, as the packet a
+/// fabric carries: to the group's IP, its Ethernet multicast MAC and QP 0xFFFFFF, from
+/// the sender's port, whatever the number of member devices and QPs; tshark reads it.
+#[test]
+fn a_group_datagram_is_captured_once_to_the_group() {
+    use backend_sim::capture::{Buffer, Snaplen};
+    use backend_sim_proto::capture::{parse::parse, read::packets};
+    let mgid = group_v4();
+    let (a, b) = two_devices(Profile::Rxe);
+    let buf = Buffer::new();
+    let cap = a.ctx.capture_to(buf.clone(), Snaplen::Whole).unwrap();
+    let sender = a.qp(QKEY, 0);
+    let (a1, b1, b2) = (a.qp(QKEY, 0), b.qp(QKEY, 0), b.qp(QKEY, 0));
+    for qp in [&a1, &b1, &b2] {
+        qp.attach_mcast(&mgid, MLID).unwrap();
+    }
+    a.recv(&a1, 0);
+    b.recv(&b1, 0);
+    b.recv(&b2, 1);
+    a.send(&sender, &a.group_ah(mgid), b"to the group");
+    assert_eq!(b.received().len(), 2);
+    cap.flush();
+    let file = buf.contents();
+    let caps = packets(&file).unwrap();
+    let sent: Vec<_> = caps.iter().filter(|c| c.ip.is_some()).collect();
+    assert_eq!(sent.len(), 1, "one packet to the group");
+    let p = parse(sent[0].data, sent[0].ip.unwrap(), sent[0].orig_len).unwrap();
+    let v4 = std::net::Ipv6Addr::from(mgid.0).to_ipv4_mapped().unwrap();
+    assert_eq!(p.dst, std::net::IpAddr::V4(v4));
+    assert_eq!(p.headers.bth.dst_qpn, MULTICAST_QPN);
+    assert_eq!(p.payload_len, 12);
+    assert_eq!(p.icrc_ok, Some(true));
+    let o = v4.octets();
+    assert_eq!(&sent[0].data[..6], &[0x01, 0x00, 0x5e, o[1] & 0x7f, o[2], o[3]]);
+    let rows = common::tshark(&file, &["_ws.malformed", "infiniband.bth.destqp"]);
+    assert!(rows.iter().all(|r| r[0].is_empty()), "{rows:?}");
+    assert!(
+        rows.iter().any(|r| r[1] == format!("{MULTICAST_QPN:#x}")),
+        "{rows:?}"
+    );
 }
 
 #[test]

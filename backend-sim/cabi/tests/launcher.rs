@@ -383,7 +383,8 @@ fn trace_shows_a_capture_as_a_ladder() {
 
 /// `rdma-sim --pcap`: an unmodified C program's traffic as RoCE v2 packets. Both ends
 /// of `ibv_rc_pingpong -s 4096` (path MTU 1024) write their own file; each holds the
-/// program's SENDs as First/Middle/Middle/Last packets and `rdma-sim trace` reads them.
+/// program's SENDs as First/Middle/Middle/Last packets and `rdma-sim trace` reads them;
+/// with `--snaplen all` each packet is whole, its ICRC the one rxe computes.
 #[test]
 fn pcap_captures_a_c_programs_packets() {
     let dir = tempdir("pcap");
@@ -393,6 +394,8 @@ fn pcap_captures_a_c_programs_packets() {
     let args = [
         "--pcap",
         pattern,
+        "--snaplen",
+        "all",
         "--",
         "ibv_rc_pingpong",
         "-p",
@@ -423,13 +426,25 @@ fn pcap_captures_a_c_programs_packets() {
     let server = common::wait(server, LIMIT);
     assert!(server.status.success(), "{server:?}");
     // Refused clients' files hold no packet: the two with packets are the ends'.
+    use backend_sim_proto::capture::{parse::parse, read::packets};
+    let roce = |f: &PathBuf| -> Vec<Option<bool>> {
+        let bytes = std::fs::read(f).unwrap();
+        let caps = packets(&bytes).unwrap();
+        caps.iter()
+            .filter_map(|c| Some(parse(c.data, c.ip?, c.orig_len).unwrap().icrc_ok))
+            .collect()
+    };
     let files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().path())
-        .filter(|f| std::fs::metadata(f).unwrap().len() > 200)
+        .filter(|f| !roce(f).is_empty())
         .collect();
     assert_eq!(files.len(), 2, "one capture per process: {files:?}");
     for f in files {
+        assert!(
+            roce(&f).iter().all(|ok| *ok == Some(true)),
+            "whole packets, their ICRCs right"
+        );
         let out = run(&mut rdma_sim(&["trace", "--limit", "0", f.to_str().unwrap()]));
         let t = text(&out.stdout);
         assert!(out.status.success(), "{out:?}");

@@ -21,7 +21,6 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::sync::Arc;
 
 use arrayvec::ArrayVec;
 
@@ -101,15 +100,23 @@ pub struct TxQueue {
     resp_written: u64,
     /// Where each queued response's header ends (in response bytes), oldest first.
     replies: VecDeque<u64>,
-    /// Told of every frame queued (a capture of the traffic), if set.
-    pub tap: Option<Arc<dyn FrameTap>>,
+    /// Told of every frame queued and its payload (a capture of the traffic), if set.
+    pub tap: Option<Box<dyn FrameTap>>,
 }
 
 /// What wants to see every frame a connection sends: the driver's capture, which
 /// writes the frame as the RoCE packets an HCA would send ([`crate::capture`]).
-pub trait FrameTap: Send + Sync {
-    /// `f` was queued to be sent.
-    fn sent(&self, f: &Frame);
+pub trait FrameTap: Send {
+    /// `f` was queued to be sent; for a response (ACK, NAK, READ or atomic response),
+    /// `msn` is the responder's message sequence number that its AETH carries (IBA
+    /// 9.7.5.1.1), else 0.
+    fn sent(&mut self, f: &Frame, msn: u32);
+    /// Bytes of the payload of the frame last told of, in order (copied or inline).
+    fn payload(&mut self, _bytes: &[u8]) {}
+    /// A registered-memory range of that payload (gathered in place when written).
+    fn payload_seg(&mut self, _seg: &Seg) {}
+    /// The next frame is marked: `why` is what the sim did to it (a fault injected).
+    fn mark_next(&mut self, _why: &'static str) {}
 }
 
 impl Default for TxQueue {
@@ -162,8 +169,22 @@ impl TxQueue {
     /// [`TxQueue::push_bytes`] or [`TxQueue::push_seg`]. A response joins the responses,
     /// anything else the requests.
     pub fn push_frame(&mut self, f: &Frame) {
-        if let Some(t) = &self.tap {
-            t.sent(f);
+        self.push_reply(f, 0)
+    }
+
+    /// Marks the next frame queued for the tap, if any: `why` says what the sim did to
+    /// it (a fault it injected).
+    pub fn mark_next(&mut self, why: &'static str) {
+        if let Some(t) = &mut self.tap {
+            t.mark_next(why);
+        }
+    }
+
+    /// [`TxQueue::push_frame`] for a response, which carries the responder's message
+    /// sequence number `msn` on a RoCE wire (the sim's frames do not: the tap is told).
+    pub fn push_reply(&mut self, f: &Frame, msn: u32) {
+        if let Some(t) = &mut self.tap {
+            t.sent(f, msn);
         }
         if !matches!(f, Frame::Ack { .. }) {
             self.urgent = true;
@@ -186,6 +207,9 @@ impl TxQueue {
     pub fn push_bytes(&mut self, b: &[u8]) {
         if b.is_empty() {
             return;
+        }
+        if let Some(t) = &mut self.tap {
+            t.payload(b);
         }
         self.copy_in(b);
         self.took_payload(b.len());
@@ -253,6 +277,9 @@ impl TxQueue {
     pub fn push_seg(&mut self, seg: &Seg) -> bool {
         if seg.len == 0 {
             return true;
+        }
+        if let Some(t) = &mut self.tap {
+            t.payload_seg(seg);
         }
         if seg.len <= COPY_THRESHOLD {
             let start = self.arena.len();

@@ -96,6 +96,11 @@ impl Datagrams {
                 Ok(Emitted::Sent) => {}
                 other => return Sent::Queued(Queued::Appended(other)),
             }
+            if let Some(cap) = qp.dev.capture.get() {
+                // One packet to the group, as a fabric carries it: the copies are the
+                // switches' and the member ports', not the sender's.
+                crate::capture::datagram(cap, bytes, self.addr.ip_gid().0, mgid.0);
+            }
             if to_self {
                 self.local.queue.lock().extend_from_slice(bytes);
                 *local = true;

@@ -52,7 +52,7 @@ use crate::counters::DeviceCounters;
 use crate::mcast::Multicast;
 use crate::progress::{Progress, SidePaths};
 use crate::qp::{QpInner, QpShared, QpTable};
-use crate::requester::ud::Emitted;
+use crate::requester::ud::{Emitted, UdRoute};
 use crate::responder::DatagramSource;
 use crate::verify::Claims;
 use crate::wire::{Frame, DATAGRAM_HDR_LEN, MAX_DATAGRAM};
@@ -260,6 +260,9 @@ impl Datagrams {
                         dst_qpn = route.remote_qpn,
                         "UD: datagram lost (fault injection)"
                     );
+                    if let Some(cap) = qp.dev.capture.get() {
+                        self.capture_lost(cap, &g.req, idx, &route);
+                    }
                     g.req.ud_lost(idx);
                     continue;
                 }
@@ -309,6 +312,25 @@ impl Datagrams {
             self.local.dirty.store(true, Ordering::SeqCst);
             self.drain_local(woken);
         }
+    }
+
+    /// Writes the datagram of WQE `idx` that an injected fault drops to the capture,
+    /// marked (its header: the payload never left the send queue).
+    #[cold]
+    fn capture_lost(
+        &self,
+        cap: &crate::capture::Capture,
+        req: &crate::requester::Requester,
+        idx: usize,
+        route: &UdRoute,
+    ) {
+        let Some(f) = req.ud_frame(idx) else { return };
+        let dst = match route.grh.map(|h| Gid(h.dgid)).filter(|g| g.is_multicast()) {
+            Some(mgid) => mgid.0,
+            None => crate::capture::gid_of(route.peer.ip()),
+        };
+        let note = "dropped: fault injection (drop_datagrams)";
+        crate::capture::datagram_frame(cap, &f, &[], self.addr.ip_gid().0, dst, Some(note));
     }
 
     /// Offers WQE `idx` of `qp` (its requester `req`) to the queue of the device at
@@ -652,8 +674,8 @@ fn emit(
 ) -> Result<Emitted, crate::requester::Fatal> {
     let at = q.len();
     let r = req.ud_emit(idx, &qp.dev.mrs, q);
-    if let (Ok(Emitted::Sent), Some(cap)) = (&r, crate::capture::global()) {
-        crate::capture::datagram(cap, &q[at..], src_gid.0, peer.ip());
+    if let (Ok(Emitted::Sent), Some(cap)) = (&r, qp.dev.capture.get()) {
+        crate::capture::datagram_to(cap, &q[at..], src_gid.0, peer.ip());
     }
     r
 }

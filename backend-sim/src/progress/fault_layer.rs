@@ -84,8 +84,16 @@ impl Gate for Armed<'_> {
             }
             None if !tx_empty => {
                 let t = now + f.delay;
+                let delay = f.delay;
                 f.hold_until = Some(t);
                 drop(g);
+                if let Some(cap) = qp.dev.capture.get() {
+                    crate::capture::notes::qp(
+                        cap,
+                        qp.qpn,
+                        format_args!("fault injection: responses delayed {delay:?}"),
+                    );
+                }
                 self.progress.counters.delayed.fetch_add(1, Ordering::Relaxed);
                 self.progress.arm_timer(qp, t);
                 true
@@ -146,6 +154,13 @@ impl Progress {
     /// Breaks a connection now (fault injection).
     pub fn fault_break(&self, conn: &Arc<Conn>) {
         self.counters.breaks.fetch_add(1, Ordering::Relaxed);
+        if let Some(cap) = conn.qp.dev.capture.get() {
+            crate::capture::notes::qp(
+                cap,
+                conn.qp.qpn,
+                format_args!("fault injection: connection broken"),
+            );
+        }
         self.lost(conn, "fault injection");
     }
 }

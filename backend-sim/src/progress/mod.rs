@@ -269,9 +269,11 @@ impl Progress {
     ) -> io::Result<Arc<Conn>> {
         sock.set_nonblocking(true)?;
         let mut wire = Connection::new(reader);
-        if let Some(cap) = crate::capture::global() {
+        if let Some(cap) = qp.dev.capture.get() {
             if let Some(tap) = crate::capture::ConnTap::new(cap.clone(), qp, &sock) {
-                wire.tx.tap = Some(Arc::new(tap));
+                let peer = sock.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+                crate::capture::notes::qp(cap, qp.qpn, format_args!("connection set up with {peer}"));
+                wire.tx.tap = Some(Box::new(tap));
             }
         }
         let conn = Arc::new(Conn {
@@ -482,6 +484,10 @@ impl Progress {
             outstanding = g.req.outstanding(),
             "connection lost: {why}"
         );
+        if let Some(cap) = qp.dev.capture.get() {
+            let to = g.attr.dest_qp_num;
+            crate::capture::notes::qp(cap, qp.qpn, format_args!("connection to QP {to:#x} lost: {why}"));
+        }
         if g.self_conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
             g.self_conn = None;
             g.resp.connection_lost();

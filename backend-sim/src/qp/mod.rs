@@ -133,6 +133,8 @@ pub struct QpDevice {
     pub advice: Arc<crate::profile::warnings::Advice>,
     /// Its port's state.
     pub port: Arc<crate::port::Port>,
+    /// Its capture, if on ([`crate::capture`]).
+    pub capture: crate::capture::Slot,
 }
 
 /// The parts of a QP's state that one connection's frames move ([`QpShared::scratch`]).
@@ -329,6 +331,9 @@ impl QpShared {
             return self.enter_error(g);
         }
         tracing::debug!(qpn = self.qpn, from = ?g.state, "send error: QP to SQE");
+        if let Some(cap) = self.dev.capture.get() {
+            crate::capture::notes::state(cap, self.qpn, g.state, QpState::Sqe);
+        }
         g.state = QpState::Sqe;
         g.sqd_event_due = false;
         let QpInner { req, send_wc, .. } = g;
@@ -345,6 +350,9 @@ impl QpShared {
             return;
         }
         tracing::debug!(qpn = self.qpn, from = ?g.state, "QP to ERR");
+        if let Some(cap) = self.dev.capture.get() {
+            crate::capture::notes::state(cap, self.qpn, g.state, QpState::Err);
+        }
         g.state = QpState::Err;
         g.sqd_event_due = false;
         self.note_link(g);
@@ -367,6 +375,10 @@ impl QpShared {
         // Counted before the completions become visible: a poller that sees the last one
         // also sees the send queue empty.
         self.note_busy(g);
+        if let Some(cap) = self.dev.capture.get() {
+            let recv = g.recv_wc.iter().map(|(w, _)| w);
+            crate::capture::notes::completions(cap, g.send_wc.iter().chain(recv));
+        }
         loop {
             let ok_s = g.send_wc.is_empty() || self.push_send(g);
             let ok_r = g.recv_wc.is_empty()

@@ -158,6 +158,9 @@ impl QpShared {
         if next != QpState::Err && next != cur {
             // (ERR is logged by `enter_error`, which every path to it takes.)
             tracing::debug!(qpn = self.qpn, from = ?cur, to = ?next, "QP state change");
+            if let Some(cap) = self.dev.capture.get() {
+                crate::capture::notes::state(cap, self.qpn, cur, next);
+            }
         }
         let a = g.attr;
         g.resp.access = a.qp_access_flags;

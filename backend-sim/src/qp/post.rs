@@ -94,6 +94,10 @@ impl QpShared {
             }
         }
         if posted {
+            if let Some(cap) = self.dev.capture.get() {
+                let n = result.as_ref().err().map_or(wrs.len(), |e| e.index);
+                crate::capture::notes::posted_sends(cap, self.qpn, &wrs[..n], inline);
+            }
             self.note_busy(&mut g);
             // In ERR, and in SQE (IBA 10.3.1), WRs posted are flushed.
             if matches!(g.state, QpState::Err | QpState::Sqe) {
@@ -358,6 +362,12 @@ impl QpShared {
                     }));
                     break;
                 }
+            }
+        }
+        if posted {
+            if let Some(cap) = self.dev.capture.get() {
+                let n = result.as_ref().err().map_or(wrs.len(), |e| e.index);
+                crate::capture::notes::posted_recvs(cap, self.qpn, &wrs[..n]);
             }
         }
         // (`Switches::recv_in_err_flushed` off, as on rxe: they stay queued.)

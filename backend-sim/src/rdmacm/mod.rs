@@ -90,6 +90,7 @@ impl SimBackend {
                     advice: self.advice.clone(),
                     cm: CmCell::default(),
                     pid: self.pid,
+                    capture: self.capture.clone(),
                 };
                 Core::new(Arc::new(OwnDevices {
                     backend: own,

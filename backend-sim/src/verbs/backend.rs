@@ -32,6 +32,19 @@ pub struct SimConfig {
     /// come from: `None` (default) the operating system's generator, `Some(seed)` a hash
     /// of the seed, so that a run repeats them ([`crate::choices`]).
     pub seed: Option<u64>,
+    /// A capture of the devices' traffic ([`crate::capture`]): the file every device
+    /// of this backend writes its packets to, and how much of each it keeps. `None`:
+    /// the process's capture if `RDMA_SIM_PCAP` names one, else none.
+    pub capture: Option<CaptureConfig>,
+}
+
+/// Where a backend's devices capture their traffic ([`SimConfig::capture`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CaptureConfig {
+    /// The pcapng file (`%p` in it becomes the process id).
+    pub path: std::path::PathBuf,
+    /// How much of each packet is kept.
+    pub snaplen: crate::capture::Snaplen,
 }
 
 impl Default for SimConfig {
@@ -43,6 +56,7 @@ impl Default for SimConfig {
             profile: Profile::default(),
             portability_warnings: Level::default(),
             seed: None,
+            capture: None,
         }
     }
 }
@@ -59,6 +73,9 @@ pub struct SimBackend {
     /// that process lists the same GUIDs as the parent it inherited the backend from, and
     /// the devices it opens have them too.
     pub(crate) pid: u32,
+    /// The capture file of [`SimConfig::capture`] (shared by clones), opened when the
+    /// first device opens.
+    pub(crate) capture: Arc<std::sync::OnceLock<Option<Arc<crate::capture::Capture>>>>,
 }
 
 impl Default for SimBackend {
@@ -82,7 +99,26 @@ impl SimBackend {
             config,
             cm: crate::rdmacm::CmCell::default(),
             pid: std::process::id(),
+            capture: Arc::default(),
         }
+    }
+
+    /// The capture its devices write to: the configured one (a file that cannot be
+    /// created is warned about once, and nothing captured), else the process's.
+    pub(crate) fn capture(&self) -> Option<Arc<crate::capture::Capture>> {
+        let Some(c) = &self.config.capture else {
+            return crate::capture::global().cloned();
+        };
+        self.capture
+            .get_or_init(|| {
+                let path = crate::capture::expand(&c.path);
+                crate::capture::Capture::create(&path, c.snaplen)
+                    .inspect_err(
+                        |e| tracing::warn!(path = %path.display(), "capture: cannot create the file: {e}"),
+                    )
+                    .ok()
+            })
+            .clone()
     }
 
     /// The default configuration, overridden by `RDMA_SIM_LISTEN` (an `ip` or `ip:port`

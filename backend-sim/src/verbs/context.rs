@@ -39,6 +39,32 @@ impl SimContext {
         faults::Faults::new(&self.dev)
     }
 
+    /// Captures this device's traffic into `w` from now on ([`crate::capture`]): the
+    /// RoCE v2 packets its connections set up from now on and its datagrams send, and
+    /// the verbs context (QP states, WRs, completions, faults) as events, in pcapng, each
+    /// packet kept as `snaplen` says. For tests: the capture it returns flushes what it
+    /// buffered ([`Capture::flush`](crate::capture::Capture::flush)) and so does the last
+    /// device that holds it when it closes. Fails if the device captures already (to
+    /// `RDMA_SIM_PCAP`, the backend's configured file, or an earlier call).
+    pub fn capture_to(
+        &self,
+        w: impl std::io::Write + Send + 'static,
+        snaplen: crate::capture::Snaplen,
+    ) -> Result<Arc<crate::capture::Capture>> {
+        if self.dev.capture.get().is_some() {
+            return Err(Error::invalid("capture_to", "the device captures already"));
+        }
+        let cap = crate::capture::Capture::to_writer(w, snaplen).map_err(|source| Error::Os {
+            call: "write (capture header)",
+            source,
+        })?;
+        self.dev
+            .capture
+            .set(cap.clone())
+            .map_err(|_| Error::invalid("capture_to", "the device captures already"))?;
+        Ok(cap)
+    }
+
     /// What this device's responders dropped silently so far, and its requesters' local
     /// ACK timeouts (see [`crate::counters`]).
     pub fn counters(&self) -> crate::Counters {

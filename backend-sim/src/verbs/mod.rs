@@ -68,9 +68,12 @@ impl Backend for SimBackend {
                 self.guid(index),
                 listen,
                 self.config.advertise,
-                self.config.profile,
-                self.advice.clone(),
-                crate::choices::Choices::new(self.config.seed, name),
+                crate::device::DeviceOptions {
+                    profile: self.config.profile,
+                    advice: self.advice.clone(),
+                    choices: crate::choices::Choices::new(self.config.seed, name),
+                    capture: self.capture(),
+                },
             )?,
         })
     }

@@ -66,11 +66,23 @@ impl Pair {
 
     /// [`Pair::new`] on devices that play `profile`.
     pub fn on(profile: backend_sim::Profile, p: &RcParams, cap: QpCap) -> Pair {
+        Self::with(profile, p, cap, |_, _| {})
+    }
+
+    /// [`Pair::on`], `open` called with the two devices before anything is made on
+    /// them (to capture their traffic).
+    pub fn with(
+        profile: backend_sim::Profile,
+        p: &RcParams,
+        cap: QpCap,
+        open: impl FnOnce(&SimContext, &SimContext),
+    ) -> Pair {
         let sim = backend_sim::SimBackend::new(backend_sim::SimConfig {
             profile,
             ..Default::default()
         });
         let (c0, c1) = (sim.open("sim0").unwrap(), sim.open("sim1").unwrap());
+        open(&c0, &c1);
         let (pd0, pd1) = (c0.alloc_pd().unwrap(), c1.alloc_pd().unwrap());
         let (cq0, cq1) = (c0.create_cq(64, None).unwrap(), c1.create_cq(64, None).unwrap());
         let a = pd0.create_qp(&QpInitAttr::rc(&cq0, &cq0, cap)).unwrap();
@@ -91,6 +103,57 @@ impl Pair {
             b,
         }
     }
+}
+
+// ---------------------------------------------------------------- captures
+
+/// tshark's fields `fields` of each frame of the capture `bytes` (one row per frame,
+/// the fields separated by `;`, several occurrences by `,`); upper-layer protocols'
+/// guesses at the payload left out.
+pub fn tshark(bytes: &[u8], fields: &[&str]) -> Vec<Vec<String>> {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = std::env::temp_dir().join(format!("sim-tshark-{}-{n}.pcapng", std::process::id()));
+    std::fs::write(&path, bytes).unwrap();
+    let mut cmd = std::process::Command::new("tshark");
+    cmd.arg("-r").arg(&path);
+    for h in [
+        "rpcrdma_infiniband",
+        "smb_direct_infiniband",
+        "iser_infiniband",
+        "sdp_infiniband",
+        "smcr_infiniband",
+        "fc_infiniband",
+    ] {
+        cmd.args(["--disable-heuristic", h]);
+    }
+    cmd.args([
+        "-T",
+        "fields",
+        "-E",
+        "separator=;",
+        "-E",
+        "occurrence=a",
+        "-E",
+        "aggregator=,",
+    ]);
+    for f in fields {
+        cmd.args(["-e", f]);
+    }
+    let out = cmd
+        .output()
+        .expect("tshark runs (Debian's tshark package; .ci/run installs it)");
+    std::fs::remove_file(&path).ok();
+    assert!(
+        out.status.success(),
+        "tshark: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| l.split(';').map(str::to_owned).collect())
+        .collect()
 }
 
 // ---------------------------------------------------------------- a raw peer's frames

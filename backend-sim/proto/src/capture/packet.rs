@@ -60,8 +60,20 @@ pub fn udp_source_port_of_qp(qpn: u32) -> u16 {
 
 /// The MAC of the sim device with this GID: `02:00` and the IPv4 address for an
 /// IPv4-mapped GID or a sim default GID (see [`crate::gid`]), the EUI-48 inside a
-/// modified EUI-64 interface id, else `02` and the GID's last five bytes.
+/// modified EUI-64 interface id, else `02` and the GID's last five bytes. A multicast
+/// GID's is the group's Ethernet multicast address, as IP maps it (RFC 1112: `01:00:5e`
+/// and the low 23 bits of an IPv4 group; RFC 2464: `33:33` and the last 4 bytes of an
+/// IPv6 one).
 pub fn mac_of(gid: &[u8; 16]) -> [u8; 6] {
+    let ip = Ipv6Addr::from(*gid);
+    match ip.to_ipv4_mapped() {
+        Some(v4) if v4.is_multicast() => {
+            let [_, b, c, d] = v4.octets();
+            return [0x01, 0x00, 0x5e, b & 0x7f, c, d];
+        }
+        None if ip.is_multicast() => return [0x33, 0x33, gid[12], gid[13], gid[14], gid[15]],
+        _ => {}
+    }
     let v4 = Ipv6Addr::from(*gid)
         .to_ipv4_mapped()
         .or_else(|| crate::gid::default_ipv4(gid));
@@ -220,5 +232,11 @@ mod tests {
         let g = mapped([192, 168, 1, 7]);
         assert_eq!(mac_of(&g), [2, 0, 192, 168, 1, 7]);
         assert_eq!(mac_of(&crate::gid::default_of(&g)), [2, 0, 192, 168, 1, 7]);
+        assert_eq!(mac_of(&mapped([239, 129, 2, 3])), [1, 0, 0x5e, 1, 2, 3]);
+        let mut m6 = [0u8; 16];
+        m6[0] = 0xff;
+        m6[1] = 0x0e;
+        m6[12..].copy_from_slice(&[9, 8, 7, 6]);
+        assert_eq!(mac_of(&m6), [0x33, 0x33, 9, 8, 7, 6]);
     }
 }

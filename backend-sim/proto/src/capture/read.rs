@@ -17,6 +17,16 @@ pub struct Captured<'a> {
     pub ip: Option<usize>,
     /// The packet's comment (pcapng).
     pub comment: Option<String>,
+    /// Its interface's link type (1: Ethernet; the sim's events are
+    /// [`super::pcapng::LINKTYPE_UPPER_PDU`]'s).
+    pub linktype: u32,
+}
+
+impl Captured<'_> {
+    /// Whether it is an event of the verbs context a sim capture holds, not a packet.
+    pub fn is_event(&self) -> bool {
+        self.linktype == super::pcapng::LINKTYPE_UPPER_PDU as u32
+    }
 }
 
 /// A file that is not a capture this reader knows, or is cut inside a block.
@@ -96,6 +106,7 @@ fn pcap(file: &[u8], o: Order) -> Result<Vec<Captured<'_>>, ReadError> {
             orig_len,
             ip: ip_offset(linktype, data),
             comment: None,
+            linktype,
         });
         at += 16 + caplen;
     }
@@ -168,6 +179,7 @@ fn pcapng(file: &[u8]) -> Result<Vec<Captured<'_>>, ReadError> {
                     orig_len,
                     ip: ip_offset(i.linktype, data),
                     comment,
+                    linktype: i.linktype,
                 });
             }
             _ => {}

@@ -130,10 +130,10 @@ impl Requester {
     /// queue of bytes), and the WR is done. A bad gather list completes the WR with its
     /// error and returns [`Fatal`] (nothing is appended).
     pub fn ud_emit(&mut self, idx: usize, mrs: &MrTable, out: &mut Vec<u8>) -> Result<Emitted, Fatal> {
-        let (pd, qpn, own_qkey, psn, mtu) = (self.pd, self.qpn, self.qkey, self.psn, self.mtu);
-        let substitutes = self.sw.qkey_high_bit_own;
+        let (pd, qpn, psn, mtu) = (self.pd, self.qpn, self.psn, self.mtu);
+        let frame = self.ud_frame(idx);
         let w = &mut self.sq[idx];
-        let Some(route) = w.route else {
+        let Some(frame) = frame else {
             w.status = Some(WcStatus::LocQpOpErr);
             return Err(Fatal(WcStatus::LocQpOpErr));
         };
@@ -163,22 +163,6 @@ impl Requester {
                 return Err(Fatal(status));
             }
         }
-        // (`Switches::qkey_high_bit_own` off, as on rxe: the WR's value goes out as it is.)
-        let qkey = if substitutes && route.remote_qkey & QKEY_OWN != 0 {
-            own_qkey
-        } else {
-            route.remote_qkey
-        };
-        let frame = Frame::Datagram {
-            psn,
-            len: w.len as u32,
-            dst_qpn: route.remote_qpn,
-            src_qpn: qpn,
-            qkey,
-            imm: w.op.imm_data(),
-            solicited: w.solicited,
-            grh: route.grh,
-        };
         let start = out.len();
         let mut hdr = [0u8; MAX_HDR_LEN];
         let n = frame.encode(&mut hdr);
@@ -203,6 +187,29 @@ impl Requester {
         w.status = Some(WcStatus::Success);
         self.psn = crate::psn::add(psn, 1);
         Ok(Emitted::Sent)
+    }
+
+    /// The header WQE `idx`'s datagram goes out with (at the PSN it would take), if it
+    /// has a destination: what a capture shows of a datagram lost on the way.
+    pub fn ud_frame(&self, idx: usize) -> Option<Frame> {
+        let w = &self.sq[idx];
+        let route = w.route?;
+        // (`Switches::qkey_high_bit_own` off, as on rxe: the WR's value goes out as it is.)
+        let qkey = if self.sw.qkey_high_bit_own && route.remote_qkey & QKEY_OWN != 0 {
+            self.qkey
+        } else {
+            route.remote_qkey
+        };
+        Some(Frame::Datagram {
+            psn: self.psn,
+            len: w.len as u32,
+            dst_qpn: route.remote_qpn,
+            src_qpn: self.qpn,
+            qkey,
+            imm: w.op.imm_data(),
+            solicited: w.solicited,
+            grh: route.grh,
+        })
     }
 
     /// Whether no WQE started is still waiting for its link (SQD has drained).

@@ -137,6 +137,9 @@ pub struct Responder {
     uc_dropped: u64,
     uc_gaps: u64,
     epsn: u32,
+    /// The message sequence number (IBA 9.7.5.1.1): messages completed since the QP
+    /// left RESET, 24 bits, carried by the AETH of every response.
+    msn: u32,
     /// The path MTU (`path_mtu`): a request takes one PSN per packet of this size, a READ
     /// as many as its response has ([`Responder::set_path_mtu`]).
     path_mtu: u32,
@@ -170,6 +173,9 @@ pub struct Responder {
     sw: Switches,
 }
 
+/// What a capture says of an RNR NAK that fault injection forced.
+const FORCED_RNR: &str = "RNR NAK forced (fault injection)";
+
 impl Responder {
     /// QP `qpn` in PD `pd` with an empty receive queue of its own, of `cap` receives of
     /// `max_sge` SGEs.
@@ -198,6 +204,7 @@ impl Responder {
             uc_dropped: 0,
             uc_gaps: 0,
             epsn: 0,
+            msn: 0,
             path_mtu: psn::NO_MTU,
             nak_psn: None,
             access: AccessFlags::empty(),
@@ -431,7 +438,7 @@ impl Responder {
 
     fn nak(&mut self, tx: &mut TxQueue, psn: u32, code: NakCode, reason: Option<NakReason>) {
         self.forget_ack();
-        tx.push_frame(&Frame::Nak { psn, code, reason });
+        tx.push_reply(&Frame::Nak { psn, code, reason }, self.msn);
     }
 
     /// Whether an ACK is owed (requests executed but not yet acknowledged).
@@ -467,7 +474,7 @@ impl Responder {
     /// Sends the ACK owed, if any (call when the current batch of requests is done).
     pub fn flush_ack(&mut self, tx: &mut TxQueue) {
         if let Some(psn) = self.ack_owed.take() {
-            tx.push_frame(&Frame::Ack { psn });
+            tx.push_reply(&Frame::Ack { psn }, self.msn);
         }
         self.owed_bytes = 0;
         self.owed_reqs = 0;
@@ -531,6 +538,7 @@ impl Responder {
             } => {
                 if *force_rnr > 0 {
                     *force_rnr -= 1;
+                    tx.mark_next(FORCED_RNR);
                     return self.rnr(psn, tx);
                 }
                 if !self.take_recv() {
@@ -607,6 +615,7 @@ impl Responder {
                 // (`Switches::write_imm_bad_rkey`).
                 if imm.is_some() && *force_rnr > 0 {
                     *force_rnr -= 1;
+                    tx.mark_next(FORCED_RNR);
                     return self.rnr(psn, tx);
                 }
                 if imm.is_some() && !self.take_recv() {
@@ -672,7 +681,8 @@ impl Responder {
                     Err(e) => return self.refuse(psn, "READ", reason_of(e), rkey, addr, len as u64, tx),
                 };
                 self.flush_ack_before_response(tx);
-                tx.push_frame(&Frame::ReadResp { psn, len });
+                self.message_done();
+                tx.push_reply(&Frame::ReadResp { psn, len }, self.msn);
                 if let Some(s) = seg {
                     tx.push_seg(&s);
                 }
@@ -717,7 +727,8 @@ impl Responder {
                 }
                 self.replay.push_back((psn, orig));
                 self.flush_ack_before_response(tx);
-                tx.push_frame(&Frame::AtomicResp { psn, orig });
+                self.message_done();
+                tx.push_reply(&Frame::AtomicResp { psn, orig }, self.msn);
                 self.epsn = psn::add(psn, 1);
                 Ok(Incoming::Discard)
             }
@@ -834,7 +845,7 @@ impl Responder {
                 match mrs.resolve_remote(&self.target(), rkey, addr, len as u64, AccessFlags::REMOTE_READ) {
                     Ok(seg) => {
                         self.flush_ack(tx);
-                        tx.push_frame(&Frame::ReadResp { psn, len });
+                        tx.push_reply(&Frame::ReadResp { psn, len }, self.msn);
                         if let Some(s) = seg {
                             tx.push_seg(&s);
                         }
@@ -859,7 +870,7 @@ impl Responder {
                 match self.replay.iter().find(|(p, _)| *p == psn) {
                     Some(&(_, orig)) => {
                         self.flush_ack(tx);
-                        tx.push_frame(&Frame::AtomicResp { psn, orig });
+                        tx.push_reply(&Frame::AtomicResp { psn, orig }, self.msn);
                     }
                     None => self.nak(tx, psn, NakCode::InvalidRequest, None),
                 }
@@ -881,8 +892,21 @@ impl Responder {
         self.payload_psn = None;
         self.invalidate_filled(mrs);
         self.complete_filled(out);
+        self.message_done();
         self.ack_owed = Some(psn::add(self.epsn, verbs_api::PSN_MASK));
         self.owed_reqs += 1;
+    }
+
+    /// A new request message completed here: the MSN counts it (IBA 9.7.5.1.1; for a
+    /// READ or atomic when it executes, so that its response carries the count, as rxe
+    /// counts it in `execute()`). A repeated request is not a new message.
+    fn message_done(&mut self) {
+        self.msn = (self.msn + 1) & verbs_api::PSN_MASK;
+    }
+
+    /// The responder's message sequence number (IBA 9.7.5.1.1).
+    pub fn msn(&self) -> u32 {
+        self.msn
     }
 
     /// The SEND_WITH_INV whose payload is now in invalidates its window (checked when
@@ -1034,6 +1058,7 @@ impl Responder {
         self.forget_ack();
         self.nak_psn = None;
         self.last_wqe_raised = false;
+        self.msn = 0;
     }
 }
 
@@ -1156,6 +1181,80 @@ mod tests {
             frames(&mut tx),
             [Frame::Ack { psn: 7 }, Frame::ReadResp { psn: 8, len: 0 }]
         );
+    }
+
+    /// The MSN in the responses (IBA 9.7.5.1.1): one more per new message completed,
+    /// a READ counted when it executes (its response carries the count), duplicates and
+    /// NAKs not counted, 0 again after RESET.
+    #[test]
+    fn responses_carry_the_message_sequence_number() {
+        struct Tap(std::sync::Arc<parking_lot::Mutex<Vec<(Frame, u32)>>>);
+        impl crate::tx::FrameTap for Tap {
+            fn sent(&mut self, f: &Frame, msn: u32) {
+                self.0.lock().push((*f, msn));
+            }
+        }
+        let seen = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let mrs = MrTable::default();
+        let mut resp = Responder::new(2, 1, 4, 1);
+        resp.connect(RespAttrs {
+            rq_psn: 1,
+            min_rnr_timer: 1,
+        });
+        resp.access = AccessFlags::REMOTE;
+        resp.max_dest_rd_atomic = 4;
+        let mut tx = TxQueue::new();
+        tx.tap = Some(Box::new(Tap(seen.clone())));
+        let mut out = Vec::new();
+        let write = |psn| Frame::Write {
+            psn,
+            len: 0,
+            addr: 0,
+            rkey: 0,
+            imm: None,
+            solicited: false,
+            ack_req: true,
+        };
+        for psn in [1, 2] {
+            match resp.on_request(&write(psn), &mrs, &mut tx, &mut out).unwrap() {
+                Incoming::Sink(s) => resp.payload_done(s, &mrs, &mut out),
+                Incoming::Discard => panic!("a zero-length WRITE is executed"),
+            }
+            resp.flush_ack(&mut tx);
+        }
+        // A duplicate: answered with the MSN unchanged.
+        resp.on_request(&write(2), &mrs, &mut tx, &mut out).unwrap();
+        resp.flush_ack(&mut tx);
+        let read = Frame::Read {
+            inflight: 1,
+            psn: 3,
+            len: 0,
+            addr: 0,
+            rkey: 0,
+        };
+        resp.on_request(&read, &mrs, &mut tx, &mut out).unwrap();
+        // A PSN ahead: a sequence NAK, with the MSN as it stands.
+        resp.on_request(&write(9), &mrs, &mut tx, &mut out).unwrap();
+        assert_eq!(resp.msn(), 3);
+        assert_eq!(
+            *seen.lock(),
+            [
+                (Frame::Ack { psn: 1 }, 1),
+                (Frame::Ack { psn: 2 }, 2),
+                (Frame::Ack { psn: 2 }, 2),
+                (Frame::ReadResp { psn: 3, len: 0 }, 3),
+                (
+                    Frame::Nak {
+                        psn: 4,
+                        code: NakCode::PsnSeq,
+                        reason: None
+                    },
+                    3
+                ),
+            ]
+        );
+        resp.reset();
+        assert_eq!(resp.msn(), 0);
     }
 
     /// Without responder resources (`max_dest_rd_atomic` 0) no READ or atomic runs, as a

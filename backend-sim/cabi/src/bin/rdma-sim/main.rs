@@ -146,14 +146,19 @@ struct Settings {
     /// [RDMA_SIM_CONTROL]
     #[arg(long, value_name = "DIR")]
     control: Option<OsString>,
-    /// Write the packets the program's devices send, as RoCE v2 (pcapng, headers only;
-    /// %p becomes the process id), for Wireshark or `rdma-sim trace` [RDMA_SIM_PCAP]
+    /// Write the packets the program's devices send, as RoCE v2, and the verbs context
+    /// (pcapng; %p becomes the process id), for Wireshark or `rdma-sim trace`
+    /// [RDMA_SIM_PCAP]
     #[arg(long, value_name = "FILE")]
     pcap: Option<OsString>,
     /// Seed the devices' arbitrary choices (QP numbers, MR and window keys, LIDs,
     /// loopback IPs), decimal or 0x hex, so that a run repeats them [RDMA_SIM_SEED]
     #[arg(long, value_name = "N", value_parser = seed)]
     seed: Option<u64>,
+    /// How much of each captured packet to keep: headers (the default), a number of
+    /// bytes, or all (payload and ICRC) [RDMA_SIM_PCAP_SNAPLEN]
+    #[arg(long, value_name = "N|all|headers")]
+    snaplen: Option<String>,
     /// The libibverbs_sim.so to preload, instead of the one beside rdma-sim or carried in
     /// it [RDMA_SIM_LIB]
     #[arg(long, value_name = "PATH")]
@@ -185,6 +190,7 @@ impl Settings {
         set("RDMA_SIM_CONTROL", self.control.clone());
         set("RDMA_SIM_PCAP", self.pcap.clone());
         set("RDMA_SIM_SEED", self.seed.map(|s| s.to_string().into()));
+        set("RDMA_SIM_PCAP_SNAPLEN", self.snaplen.clone().map(Into::into));
         set("LD_PRELOAD", Some(library::preload_with(lib)));
         v
     }

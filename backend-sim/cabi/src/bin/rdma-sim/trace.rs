@@ -376,6 +376,10 @@ pub fn run(args: &TraceArgs) -> Result<()> {
     let mut trace = Trace::default();
     let t0 = caps.first().map(|c| c.ts_ns).unwrap_or(0);
     for c in caps {
+        if c.is_event() {
+            // The verbs context of a sim capture: for Wireshark's view, not the ladder.
+            continue;
+        }
         let Some(ip) = c.ip else {
             trace.other += 1;
             continue;
