@@ -361,6 +361,20 @@ impl ChannelShared {
         }
     }
 
+    /// The next event if one is queued, its count taken off the descriptor without
+    /// waiting whatever its mode (a reader of [`ChannelShared::read_event`]'s kind).
+    pub fn try_take(&self) -> Option<u32> {
+        loop {
+            if !event_fd::take_nowait(self.efd.as_fd()) {
+                return None;
+            }
+            // (A count whose event a reader with a timeout took: look again.)
+            if let Some(cq) = self.events.lock().pop_front() {
+                return Some(cq);
+            }
+        }
+    }
+
     /// The eventfd.
     pub fn fd(&self) -> RawFd {
         self.efd.as_raw_fd()

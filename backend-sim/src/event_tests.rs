@@ -20,7 +20,7 @@ const WAIT: Duration = Duration::from_secs(10);
 /// QP `a` on `sim0` connected to QP `b` on `sim1`, whose receive CQ reports to a
 /// completion channel.
 pub(crate) struct Ends {
-    _ctx0: SimContext,
+    pub ctx0: SimContext,
     pub ctx1: SimContext,
     _pds: (SimPd, SimPd),
     pub cq0: SimCq,
@@ -63,7 +63,7 @@ impl Ends {
         let mr0 = pd0.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
         let mr1 = pd1.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
         let ends = Ends {
-            _ctx0: ctx0,
+            ctx0,
             ctx1,
             _pds: (pd0, pd1),
             cq0,

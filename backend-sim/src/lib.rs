@@ -89,11 +89,14 @@ pub mod profile;
 mod progress;
 mod qp;
 pub mod rdmacm;
+mod signal_restart;
 pub mod sockopt;
 mod sys;
 mod transport;
 mod verbs;
 mod verify;
+#[cfg(test)]
+mod waiter_tests;
 
 pub use backend_sim_proto::NakReason;
 pub use counters::Counters;

@@ -186,13 +186,26 @@ impl Progress {
     /// `-e` does), then blocks on the channel, would else leave the answer it waits for
     /// unread for the driving window and the grace period after it (about 2 ms), since
     /// those polls opened a window after the arming closed one.
-    pub fn thread_blocks() {
+    /// `waits_here`: the device whose connections the thread watches while it waits
+    /// (see `waiter`), which is not woken for that.
+    pub fn thread_blocks_on(waits_here: Option<&Arc<Progress>>) {
         if ON_PROGRESS_THREAD.get() {
             return;
         }
         if let Some(dev) = POLLED.with(|last| last.borrow().upgrade()) {
-            dev.user_idle();
+            if waits_here.is_some_and(|w| Arc::ptr_eq(w, &dev)) {
+                dev.user_idle_quietly();
+            } else {
+                dev.user_idle();
+            }
         }
+    }
+
+    /// [`Progress::user_idle`] for a thread about to watch the device's connections
+    /// itself while it waits on a channel (see `waiter`): the progress thread is not
+    /// woken to take over.
+    pub fn user_idle_quietly(&self) {
+        self.window.close_quietly();
     }
 
     /// A thread is about to block on a completion channel of this device, which has no

@@ -117,7 +117,10 @@ mod thread;
 #[cfg(test)]
 pub(crate) use thread::HELD_NAP;
 mod timers;
+mod waiter;
 mod window;
+
+pub use waiter::waits_on_channels;
 
 #[cfg(test)]
 mod tests;
@@ -177,6 +180,8 @@ pub struct Progress {
     acks: DelayedAcks,
     /// ACKs that wait for the answer of the thread their round woke.
     held: HeldAcks,
+    /// Threads blocked in `ibv_get_cq_event` that watch the connections themselves.
+    waiters: waiter::Waiters,
     ready: ReadyQueue,
     stop: AtomicBool,
     spin: Duration,
@@ -231,6 +236,7 @@ impl Progress {
             timers: Timers::new(),
             acks: DelayedAcks::new(),
             held: HeldAcks::new(),
+            waiters: waiter::Waiters::new()?,
             ready: ReadyQueue::new(),
             stop: AtomicBool::new(false),
             spin,
@@ -323,6 +329,7 @@ impl Progress {
             return;
         }
         self.poller.generation.fetch_add(1, Ordering::SeqCst);
+        self.waiters.connections_changed();
         // One connection too many to read directly: application threads now look at the
         // epoll set, where the others may be missing (the progress thread took them out
         // while it slept on the doorbell). Wake it to put them back (`settle`).
@@ -363,6 +370,7 @@ impl Progress {
         self.poller.remove(conn.token);
         self.acks.forget(conn);
         self.poller.generation.fetch_add(1, Ordering::AcqRel);
+        self.waiters.connections_changed();
     }
 
     /// A QP's send queue became busy (`true`) or empty (`false`): see
@@ -422,6 +430,12 @@ impl Progress {
     #[cfg(test)]
     pub fn spun_after_signal(&self) -> u64 {
         self.spun_after_signal.load(Ordering::Relaxed)
+    }
+
+    /// How many threads wait on the connections in `ibv_get_cq_event` now (tests).
+    #[cfg(test)]
+    pub fn waiters_now(&self) -> usize {
+        self.waiters.count.load(Ordering::SeqCst)
     }
 
     /// How many ACKs waited for an answer so far (tests).

@@ -289,7 +289,12 @@ impl Progress {
         // A round of the progress thread that may wake a thread sleeping on the receive
         // CQ's channel, of an application that answers: its ACK may wait for the answer
         // (see `answer`). Built at the end of the round if nobody was woken.
-        let hold = mode == Mode::Full && conn.answers.load(Ordering::Relaxed) && qp.recv_cq.armed();
+        // So may the next round of a service that did (another thread asked for one while
+        // it ran: a waiter on the channel whose socket reported the same bytes), its
+        // ACK marked already and its CQ no longer armed: that ACK still waits.
+        let marked = mode == Mode::Full && conn.ack_held_until.load(Ordering::Relaxed) != 0;
+        let hold =
+            mode == Mode::Full && conn.answers.load(Ordering::Relaxed) && (marked || qp.recv_cq.armed());
         let policy = if hold { AckPolicy::Delay } else { mode.ack_policy() };
         let raised = if hold { crate::channel_signal::raised() } else { 0 };
         loop {
@@ -353,7 +358,7 @@ impl Progress {
         self.rearm(qp, &mut g);
         let mut held = false;
         if hold && g.resp.owes_ack() {
-            if crate::channel_signal::raised() != raised {
+            if marked || crate::channel_signal::raised() != raised {
                 held = true;
             } else if wire.reader.drained() && matches!(g.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
                 // Nobody woken: the ACK leaves as the progress thread's always does.
@@ -369,7 +374,15 @@ impl Progress {
     /// `conn`'s ACK, marked in a round that woke a thread, waits for that thread's answer
     /// from now on (see `answer`); a progress thread asleep is woken to heed the deadline.
     fn hold_ack(&self, conn: &Arc<Conn>) {
-        if self.held.hold(conn, self.clock.now_ns()) && self.bell.asleep() {
+        // (A thread waiting on a channel that holds one answers it itself, or blocks
+        // again and sends it then: a progress thread that stands aside meanwhile, its
+        // sleep bounded, heeds the deadline when it next looks.)
+        let asleep = if super::waiter::in_wait() {
+            self.bell.asleep_unbounded()
+        } else {
+            self.bell.asleep()
+        };
+        if self.held.hold(conn, self.clock.now_ns()) && asleep {
             self.bell.ring();
         }
     }

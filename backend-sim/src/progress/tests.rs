@@ -153,7 +153,7 @@ fn blocking_on_a_channel_hands_progress_back() {
     let p = Arc::new(Progress::new().unwrap());
     std::thread::scope(|s| {
         s.spawn(|| {
-            Progress::thread_blocks();
+            Progress::thread_blocks_on(None);
             assert_eq!(p.bell.take_rings(), 0);
         });
     });
@@ -161,7 +161,7 @@ fn blocking_on_a_channel_hands_progress_back() {
     p.user_polled();
     assert!(p.user_driving());
     p.bell.sleeping.store(true, Ordering::SeqCst);
-    Progress::thread_blocks();
+    Progress::thread_blocks_on(None);
     assert!(!p.user_driving());
     assert_eq!(p.window.until.load(Ordering::Relaxed), 0);
     assert_eq!(p.bell.take_rings(), 1);

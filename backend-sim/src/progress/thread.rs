@@ -71,9 +71,14 @@ impl Progress {
             let now_ns = self.clock.nanos(now);
             let user_until = self.window.until.load(Ordering::Relaxed);
             let user_driving = user_until > now_ns;
+            // Threads blocked in `ibv_get_cq_event` watch the connections themselves
+            // (see `waiter`): this one stands aside as it does for a driving thread,
+            // but runs the work left for it at once (nobody polls).
+            let waited_on = self.waiters.any();
+            let aside = user_driving || waited_on;
             // Spin (poll without blocking) for a while after doing work, unless an
             // application thread is driving progress itself: one spinner is enough.
-            let spinning = now < spin_until && !user_driving;
+            let spinning = now < spin_until && !aside;
             #[cfg(test)]
             if spinning && signalled_last {
                 self.spun_after_signal.fetch_add(1, Ordering::Relaxed);
@@ -81,7 +86,7 @@ impl Progress {
             let timeout = if spinning {
                 Some(Duration::ZERO)
             } else {
-                self.bell.bounded.store(user_driving, Ordering::Relaxed);
+                self.bell.bounded.store(aside, Ordering::Relaxed);
                 self.bell.sleeping.store(true, Ordering::SeqCst);
                 // An application thread that stopped driving (armed a CQ or moved to
                 // another device: `user_idle`) after `user_until` was read above found
@@ -103,7 +108,7 @@ impl Progress {
                     if let Some(h) = self.held.due_in(now_ns) {
                         left = Some(left.map_or(h, |l| l.min(h)));
                     }
-                    if user_driving {
+                    if aside {
                         // Take over when the application stops driving, plus a nap
                         // that doubles each time the thread wakes to find it still
                         // driving, up to the grace period: a thread that drives for
@@ -112,7 +117,13 @@ impl Progress {
                         // waits elsewhere (spinning on memory for a peer's WRITE) has
                         // its connections watched soon after its last poll.
                         // (At most one window ahead while a driving thread writes.)
-                        let ahead = Duration::from_nanos(user_until - now_ns);
+                        // Beside waiters alone, a window's time: when the last one
+                        // leaves, the thread looks at the connections within it.
+                        let ahead = if user_driving {
+                            Duration::from_nanos(user_until - now_ns)
+                        } else {
+                            USER_WINDOW
+                        };
                         let window = ahead.min(USER_WINDOW) + self.nap(naps);
                         left = Some(left.map_or(window, |l| l.min(window)));
                     }
@@ -121,7 +132,7 @@ impl Progress {
             };
             // While applications drive, sleep on the doorbell alone: waking for every
             // packet they handle themselves would only take CPU from them.
-            let bell_only = user_driving && !spinning;
+            let bell_only = aside && !spinning;
             // Likewise, for a while, when the connections with news were all held.
             let held_nap = held && !spinning && !bell_only;
             let timeout = if held_nap {
@@ -185,14 +196,13 @@ impl Progress {
             // get a round here (the one it is in is skipped, its I/O lock being held).
             let still_driving =
                 bell_only && self.user_driving() && !self.window.long_stay(self.clock.now_ns());
+            // The connections are still the waiters' (the work left for this thread is
+            // not: it runs below unless a thread drives).
+            let still_aside = still_driving || bell_only && self.waiters.any();
             if bell_only {
-                naps = if still_driving {
-                    (naps + 1).min(MAX_NAPS)
-                } else {
-                    0
-                };
+                naps = if still_aside { (naps + 1).min(MAX_NAPS) } else { 0 };
             }
-            if bell_only && !still_driving {
+            if bell_only && !still_aside {
                 // Woken by the bell or the end of the window: connections may have data
                 // that no application thread picked up.
                 match self.peek_few(Mode::Full, None) {

@@ -161,6 +161,18 @@ impl Window {
             && now_ns.saturating_sub(self.last_poll.load(Ordering::Relaxed)) >= self.grace.as_nanos() as u64
     }
 
+    /// An application thread stops driving without waking the progress thread: it is
+    /// about to wait on the connections itself (see `waiter`), or arms a CQ to do so.
+    /// A progress thread asleep on the doorbell because it drove ends its sleep at its
+    /// bound, as ever.
+    pub fn close_quietly(&self) {
+        self.last_poll.store(0, Ordering::Relaxed);
+        if self.until.load(Ordering::Relaxed) != 0 {
+            // SeqCst: paired with the progress thread's `sleeping` store and second look.
+            self.until.store(0, Ordering::SeqCst);
+        }
+    }
+
     /// An application thread is about to sleep on a completion channel (it armed a CQ):
     /// it no longer drives progress, so the progress thread must take over at once
     /// rather than after the grace period, and the thread's next poll does not start a

@@ -48,8 +48,14 @@ impl CompletionQueue for SimCq {
     }
     fn req_notify(&self, solicited_only: bool) -> Result<()> {
         self.cq.req_notify(solicited_only)?;
-        // The caller will wait on the channel, not poll: hand progress to the device.
-        self.dev.progress.user_idle();
+        // The caller will wait on the channel, not poll: hand progress to the device. A
+        // thread that waits in `ibv_get_cq_event` watches the connections itself (see
+        // `Progress::wait_for_event`): the progress thread is not woken for that.
+        if crate::progress::waits_on_channels() {
+            self.dev.progress.user_idle_quietly();
+        } else {
+            self.dev.progress.user_idle();
+        }
         Ok(())
     }
     fn ack_events(&self, n: u32) {
@@ -85,6 +91,13 @@ impl Drop for SimCq {
     }
 }
 
+/// Whether `fd` is in blocking mode (no `O_NONBLOCK`).
+fn blocking(fd: RawFd) -> bool {
+    // SAFETY: F_GETFL on a descriptor the channel owns touches no memory.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    flags >= 0 && flags & libc::O_NONBLOCK == 0
+}
+
 /// A completion channel of the sim.
 pub struct SimChannel {
     pub(crate) ch: Arc<ChannelShared>,
@@ -96,16 +109,28 @@ impl SimChannel {
     /// `ibv_get_cq_event` as libibverbs does it, a `read(2)` of the channel's descriptor
     /// in the calling thread (see [`ChannelShared::read_event`]): what a C program's
     /// signals and `O_NONBLOCK` expect. The handle of the CQ that raised the event.
+    /// On a blocking descriptor with no event queued, the thread waits on the device's
+    /// connections too and services them itself ([`Progress::wait_for_event`]): one
+    /// thread wakes per event where the progress thread and this one would.
+    ///
+    /// [`Progress::wait_for_event`]: crate::progress::Progress::wait_for_event
     pub fn read_cq_event(&self) -> Result<u32> {
-        self.about_to_block();
-        self.ch.read_event()
+        if self.ch.has_event() || !blocking(self.ch.fd()) {
+            return self.ch.read_event();
+        }
+        let Some(p) = self.progress.upgrade() else {
+            return self.ch.read_event();
+        };
+        crate::progress::Progress::thread_blocks_on(Some(&p));
+        p.waiter_blocks(|| self.ch.has_event());
+        p.wait_for_event(&self.ch)
     }
 
     /// The calling thread may block on the channel: the device it polled last must not
     /// count on it to drive progress, and ACKs held for its answer leave.
     fn about_to_block(&self) {
         if !self.ch.has_event() {
-            crate::progress::Progress::thread_blocks();
+            crate::progress::Progress::thread_blocks_on(None);
             if let Some(p) = self.progress.upgrade() {
                 p.waiter_blocks(|| self.ch.has_event());
             }
