@@ -192,6 +192,16 @@ impl QpShared {
                 self.req_wake.notify_one();
             }
             QpState::Err => {
+                if let Some(c) = g.conn.clone() {
+                    // What was executed is acknowledged first, as an HCA acknowledged it
+                    // when it arrived: an ACK held back to leave with the application's
+                    // answer would otherwise be forgotten by the flush, and the peer's
+                    // SEND, received here, fail with RETRY_EXC_ERR there (an application
+                    // that disconnects as soon as it has the last message).
+                    drop(g);
+                    self.dev.path.flush_final(&c);
+                    g = self.inner.lock();
+                }
                 self.enter_error(&mut g);
             }
             // A UD QP has no peer: RTR only lets it receive.
