@@ -36,6 +36,7 @@ use verbs_api::{AsyncEventType, Backend, Gid, QpAttr, QpAttrMask, QpState, QpTyp
 
 use self::channel::{Channel, Queued};
 use self::manager::{Core, DeviceSource};
+use crate::progress::Progress;
 use crate::verbs::backend::SimBackend;
 use crate::verbs::context::SimContext;
 
@@ -116,6 +117,18 @@ impl SimBackend {
     }
 }
 
+/// The calling thread turns to the connection manager: it stops driving the data path
+/// of the device it polled last, whose progress thread takes over at once, and the ACKs
+/// it owes there leave ([`Progress::thread_leaves`]). A thread that spun on a CQ until a peer's message came, then
+/// connects (perftest's `-R`: its last handshake, then `rdma_resolve_addr`), would else
+/// leave that message's ACK owed for the progress thread's nap after the driving
+/// window (up to the grace period, 2 ms): the peer's SEND completes that much later
+/// than on an HCA, and the peer, which listens for the connection only once it has,
+/// is not listening yet when the request comes.
+fn leave_data_path() {
+    Progress::thread_leaves();
+}
+
 /// An event channel of the sim (`struct rdma_event_channel`).
 pub struct SimCmChannel {
     core: Arc<Core>,
@@ -149,6 +162,7 @@ impl SimCmChannel {
     /// channel's descriptor in the calling thread, in the descriptor's mode
     /// (`O_NONBLOCK`: EAGAIN) and interrupted by signals as a read is.
     pub fn read_event(&self) -> Result<CmEvent<SimCmId>> {
+        leave_data_path();
         let q = self.ch.read()?;
         Ok(self.event(q))
     }
@@ -165,6 +179,7 @@ impl CmEventChannel for SimCmChannel {
     }
 
     fn get_event(&self, timeout: Option<Duration>) -> Result<Option<CmEvent<SimCmId>>> {
+        leave_data_path();
         Ok(self.ch.get(timeout).map(|q| self.event(q)))
     }
 
@@ -227,34 +242,42 @@ impl CmId for SimCmId {
     }
 
     fn bind_addr(&self, addr: SocketAddr) -> Result<()> {
+        leave_data_path();
         self.core.bind(self.handle, addr)
     }
 
     fn resolve_addr(&self, src: Option<SocketAddr>, dst: SocketAddr, timeout: Duration) -> Result<()> {
+        leave_data_path();
         self.core.resolve_addr(self.handle, src, dst, timeout)
     }
 
     fn resolve_route(&self, _timeout: Duration) -> Result<()> {
+        leave_data_path();
         self.core.resolve_route(self.handle)
     }
 
     fn listen(&self, backlog: u32) -> Result<()> {
+        leave_data_path();
         self.core.listen(self.handle, backlog)
     }
 
     fn connect(&self, param: &ConnParam) -> Result<()> {
+        leave_data_path();
         self.core.connect(self.handle, param)
     }
 
     fn accept(&self, param: Option<&ConnParam>) -> Result<()> {
+        leave_data_path();
         self.core.accept(self.handle, param)
     }
 
     fn reject(&self, private_data: &[u8], reason: u8) -> Result<()> {
+        leave_data_path();
         self.core.reject(self.handle, private_data, reason)
     }
 
     fn disconnect(&self) -> Result<()> {
+        leave_data_path();
         self.core.disconnect(self.handle)
     }
 
