@@ -19,6 +19,7 @@
 pub mod channel;
 pub mod cm;
 pub mod manager;
+pub mod mcast;
 pub mod rendezvous;
 pub mod route;
 
@@ -155,6 +156,7 @@ impl SimCmChannel {
             }),
             new_id,
             param: q.param,
+            mcast: q.mcast,
         }
     }
 
@@ -197,6 +199,15 @@ pub struct SimCmId {
 impl Drop for SimCmId {
     fn drop(&mut self) {
         self.core.destroy(self.handle);
+    }
+}
+
+impl SimCmId {
+    /// `rdma_leave_multicast` of the join made with `context` (the C ABI's handle of
+    /// it); returns its address.
+    pub fn leave_multicast_joined(&self, context: u64) -> Result<SocketAddr> {
+        leave_data_path();
+        self.core.leave_multicast(self.handle, |j| j.context == context)
     }
 }
 
@@ -303,6 +314,18 @@ impl CmId for SimCmId {
 
     fn query_gid(&self) -> Result<(Gid, Gid)> {
         self.core.query_gid(self.handle)
+    }
+
+    fn join_multicast(&self, addr: SocketAddr, context: u64, send_only: bool) -> Result<()> {
+        leave_data_path();
+        self.core.join_multicast(self.handle, addr, context, send_only)
+    }
+
+    fn leave_multicast(&self, addr: SocketAddr) -> Result<()> {
+        leave_data_path();
+        self.core
+            .leave_multicast(self.handle, |j| j.addr == addr)
+            .map(|_| ())
     }
 
     fn migrate(&self, channel: &SimCmChannel) -> Result<()> {
