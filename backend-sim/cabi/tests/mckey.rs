@@ -46,7 +46,10 @@ fn mckey_receives_every_datagram_sent_to_its_group() {
             if line.starts_with("mckey: joined dgid:") {
                 break;
             }
-            assert!(Instant::now() < deadline, "{profile}: the receiver never joined:\n{seen}");
+            assert!(
+                Instant::now() < deadline,
+                "{profile}: the receiver never joined:\n{seen}"
+            );
         }
         let mut sender_args = args.to_vec();
         sender_args.push("-s");

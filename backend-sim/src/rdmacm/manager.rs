@@ -626,18 +626,18 @@ impl Core {
 
     /// `rdma_leave_multicast`: the id's first join that `which` picks ends, and its
     /// events not taken yet go (the kernel's `ucma_leave_multicast()`). Returns the
-    /// group's address; ENOENT if no join matches.
-    pub fn leave_multicast(&self, handle: u32, which: impl Fn(&Join) -> bool) -> Result<SocketAddr> {
+    /// group's address, `None` if no join matches.
+    pub fn leave_multicast(&self, handle: u32, which: impl Fn(&Join) -> bool) -> Result<Option<SocketAddr>> {
         const CALL: &str = "rdma_leave_multicast";
         self.with(CALL, handle, |_, st, _| {
             let id = st.ids.get_mut(&handle).expect("checked");
             let Some(i) = id.joins.iter().position(&which) else {
-                return Err(cm_err(CALL, libc::ENOENT, "the id has not joined that group"));
+                return Ok(None);
             };
             let j = id.joins.remove(i);
             id.channel
                 .take_for(|e| e.handle == handle && e.mcast == Some(j.context));
-            Ok(j.addr)
+            Ok(Some(j.addr))
         })
     }
 

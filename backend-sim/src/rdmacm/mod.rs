@@ -204,10 +204,12 @@ impl Drop for SimCmId {
 
 impl SimCmId {
     /// `rdma_leave_multicast` of the join made with `context` (the C ABI's handle of
-    /// it); returns its address.
+    /// it): its address, ENOENT (the kernel's answer) if there is none.
     pub fn leave_multicast_joined(&self, context: u64) -> Result<SocketAddr> {
         leave_data_path();
-        self.core.leave_multicast(self.handle, |j| j.context == context)
+        self.core
+            .leave_multicast(self.handle, |j| j.context == context)?
+            .ok_or_else(|| verbs_api::Error::cm("rdma_leave_multicast", libc::ENOENT, "no such join"))
     }
 }
 
