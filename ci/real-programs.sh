@@ -5,7 +5,7 @@
 # ucx_perftest over rc_verbs and ud_verbs, UCT rows), Open MPI (the UCX PML and the
 # openib BTL, 2 and 4 ranks), libfabric's verbs provider (rdm over rxd and rxm, msg),
 # rdma-core's librdmacm programs (rping, ucmatose, udaddy, rdma_server/rdma_client,
-# cmtime, rsockets' rstream and riostream, iperf through librspreload.so), and rdma-core's
+# cmtime, mckey, rsockets' rstream and riostream, iperf through librspreload.so), and rdma-core's
 # pyverbs tests. Every run is bounded
 # by a timeout. One row per run: program, arguments, profile, result, the figure the
 # program reports, and, where the program has an alternative on this machine that needs
@@ -385,14 +385,46 @@ done
 iperf_fig() { awk '/ sec .*bits\/sec/ {fig = $(NF - 1) " " $NF} END {if (fig) print fig}'; }
 PAIR_PRELOAD=/usr/lib/x86_64-linux-gnu/rsocket/librspreload.so pair iperf-rsockets portable iperf_fig -- iperf -s -p @PORT@ ::: iperf -c 127.0.0.1 -p @PORT@ -t 2
 # perftest's -R: the QPs connected through rdma_cm, and its own exchange too. Its server
-# destroys the listener of that exchange and listens anew for the test's QPs; a client
-# whose request comes in between is rejected (reason 8, no listener: the IB CM's
-# answer), as on any HCA: perftest races itself (its own retry then crashes), and the
-# row then runs again. ib_send_lat -R loses that race in most runs on a 2-CPU host (its
-# server's log shows its new listen after the client's request): it has no row.
+# destroys the listener of that exchange and listens anew for the test's QPs only once
+# its SEND of the last handshake completed, while the client connects as soon as it has
+# that message; a request that comes first is rejected (reason 8, no listener: the IB
+# CM's answer), as on any HCA. perftest 4.5-0.17's own retry after that reject uses the
+# ids and nodes it has just freed and segfaults (perftest's upstream fix: "Fix crashes
+# and logical flaws in RDMA CM connection retry"), and the row then runs again. The
+# sim no longer adds to the race (a client that turns to rdma_cm sends the ACK it owes
+# at once, not after the progress thread's grace period), but on a loaded 2-CPU host
+# the server is still sometimes scheduled out past the client's request. ib_send_lat -R loses that race in
+# most runs on a 2-CPU host (its server's log shows its new listen after the client's
+# request): it has no row.
 for profile in portable rxe; do
     PAIR_RETRY='RDMA_CM_EVENT_REJECTED; error: 8' pair "ib_write_bw-R-$profile" "$profile" "$bw" -- ib_write_bw -R -p @PORT@ @HOST@
 done
+# mckey: UD multicast through rdma_cm (rdma_join_multicast_ex, librdmacm's attach of
+# the QP to the event's MGID and MLID, leave). The receiver joins and waits for every
+# datagram; once its "joined" line is out, the sender joins and sends to the group.
+# Each profile has a group of its own.
+mckey_pair() { # NAME PROFILE GROUP: a row of the receiver's result
+    local name=$1 profile=$2 group=$3
+    wanted "$name" || return 0
+    local rlog=$runs/$name.receiver.log slog=$runs/$name.sender.log status=ok waited=0
+    local args=(-m "$group" -b 127.0.0.1 -C 100)
+    timeout "$limit" "$launcher" --profile "$profile" -- stdbuf -oL mckey "${args[@]}" >"$rlog" 2>&1 &
+    local pid=$!
+    until grep -q '^mckey: joined' "$rlog"; do
+        sleep 0.1
+        waited=$((waited + 1))
+        if [ "$waited" -gt $((limit * 10)) ] || ! kill -0 "$pid" 2>/dev/null; then break; fi
+    done
+    timeout "$limit" "$launcher" --profile "$profile" -- mckey "${args[@]}" -s >"$slog" 2>&1 || status=FAIL
+    wait "$pid" || status=FAIL
+    local fig
+    fig=$(grep -q '^return status 0' "$rlog" && grep -o 'joined dgid: [^ ]* mlid [^ ]*' "$rlog" | sed 's/^joined //; s/$/: 100 datagrams received/')
+    [ -n "$fig" ] || status=FAIL
+    [ "$status" = ok ] || failed=$((failed + 1))
+    row "$name" mckey "${args[@]}" "$profile" "$status" "$fig"
+}
+mckey_pair mckey-portable portable 239.1.2.3
+mckey_pair mckey-rxe rxe 239.1.2.4
 # cmtime: setup and teardown of 100 connections, all of them at once (the rate at 1000
 # against TCP's: ci/rdmacm-bench.sh).
 cmtime_fig() { awk -F: '/^(create id|resolve addr|resolve route|create qp|connect|disconnect|destroy) *:/ {split($2, a, " "); t += a[1]; n++} END {if (n == 7) printf "100 connections: %.0f ms in all steps, %.0f/s\n", t, 100000 / t}'; }
@@ -439,9 +471,12 @@ pyverbs() { # NAME PROFILE FLOOR PATTERN TESTS...: a row of the tests whose name
     # (A row with no skips: grep finds nothing, which must not end the script.)
     { grep -E ' \.\.\. skipped' "$log" || true; } | sed 's/.*skipped //' | sort | uniq -c | sort -rn >"$runs/$name.skips"
 }
-# test_rdmacm's multicast tests run now that the devices report multicast groups, but
-# rdma_join_multicast is not served yet (the sim's connection manager has no multicast
-# join: open), and they wait until pyverbs calls them stuck: left out, by name.
+# test_rdmacm's multicast tests are left out, by name: the sim serves
+# rdma_join_multicast (mckey's rows above), and test_rdmacm_async_ex_leave_multicast_traffic
+# passes, but in the two traffic tests both players, forked from the suite's process,
+# use the device the parent opened and record the same device address as the group's
+# member: the sender takes the receiver's entry for its own and the datagram never
+# leaves its process (the forked-players bug above, open).
 mapfile -t cm_tests < <(cd "$pyv" && sed -n 's/^    def \(test_[a-z_]*\)(self).*/\1/p' test_rdmacm.py | grep -v multicast | sed 's/^/test_rdmacm.CMTestCase./')
 for profile in portable rxe mlx5; do
     PYV_LABEL="(all but test_rdmacm, test_mlx5_rdmacm)" pyverbs "pyverbs-$profile" "$profile" "${floor[$profile]}" . "${suite[@]}"

@@ -136,6 +136,17 @@ pub(super) unsafe fn event_param(ev: &rdma_cm_event, kind: CmEventType, ud: bool
                 qkey: u.qkey,
             })
         }
+        MulticastJoin => {
+            // SAFETY: librdmacm fills `param.ud` for a join's event; its private data
+            // is the join's context, not bytes (`CmEvent::mcast`).
+            let u = unsafe { ev.param.ud };
+            CmEventParam::Ud(UdParam {
+                private_data: Vec::new(),
+                ah_attr: crate::qp::ah_from_raw(&u.ah_attr),
+                qp_num: u.qp_num,
+                qkey: u.qkey,
+            })
+        }
         ConnectRequest | ConnectResponse | ConnectError | Unreachable | Rejected | Established
         | Disconnected => {
             // SAFETY: librdmacm fills `param.conn` for a connected id's events.

@@ -285,6 +285,11 @@ impl IbvCmChannel {
             // SAFETY: the event's id is one of this backend's ids.
             out = CmEvent::new(kind, ev.status, unsafe { Tag::of(ev.id) });
         }
+        if matches!(kind, CmEventType::MulticastJoin | CmEventType::MulticastError) {
+            // SAFETY: librdmacm sets a join's events' `param.ud.private_data` to the
+            // context the join was made with.
+            out.mcast = Some(unsafe { ev.param.ud.private_data } as usize as u64);
+        }
         out.param = param;
         Ok(out)
     }
@@ -563,6 +568,31 @@ impl CmId for IbvCmId {
         let ib = unsafe { self.id().route.addr.addr.ibaddr };
         // SAFETY: as above.
         Ok(unsafe { (Gid(ib.sgid.raw), Gid(ib.dgid.raw)) })
+    }
+
+    fn join_multicast(&self, addr: SocketAddr, context: u64, send_only: bool) -> Result<()> {
+        let mut sa = to_sockaddr(addr);
+        let mut attr = rdma_sys::rdma_cm_join_mc_attr_ex {
+            // RDMA_CM_JOIN_MC_ATTR_ADDRESS | RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS
+            comp_mask: 1 | 2,
+            // RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER or _FULLMEMBER
+            join_flags: u32::from(send_only),
+            addr: (&mut sa as *mut libc::sockaddr_storage).cast(),
+        };
+        // SAFETY: the id is live; the attributes and the address live across the call
+        // (librdmacm copies the address); the context is an opaque value librdmacm
+        // hands back in the join's events.
+        check("rdma_join_multicast_ex", unsafe {
+            rdma_sys::rdma_join_multicast_ex(self.raw, &mut attr, context as usize as *mut c_void)
+        })
+    }
+
+    fn leave_multicast(&self, addr: SocketAddr) -> Result<()> {
+        let mut sa = to_sockaddr(addr);
+        // SAFETY: the id is live; the address lives across the call.
+        check("rdma_leave_multicast", unsafe {
+            rdma_sys::rdma_leave_multicast(self.raw, (&mut sa as *mut libc::sockaddr_storage).cast())
+        })
     }
 
     fn migrate(&self, channel: &IbvCmChannel) -> Result<()> {

@@ -444,6 +444,27 @@ impl Datagrams {
         Target::Wait
     }
 
+    /// Sets the links to the other member devices of group `mgid` up ahead of the first
+    /// datagram, as a subnet manager or a RoCE network is set up for a group when a port
+    /// joins it: rdma_cm's join (`rdma_join_multicast`) calls it, so that a program that
+    /// sends to the group right away and then destroys its QP (rdma-core's `mckey`)
+    /// does not lose its datagrams to the links' setup, which an HCA does not have.
+    pub fn prepare_group(self: &Arc<Self>, mgid: &Gid) {
+        for &peer in crate::mcast::registry().members(mgid).iter() {
+            if self.addr.reaches_self(peer) {
+                continue;
+            }
+            let mut t = self.links.lock();
+            if t.by_peer.contains_key(&peer) || !t.reserve(None, self.bound) {
+                continue;
+            }
+            t.by_peer.insert(peer, Slot::Pending(Vec::new()));
+            drop(t);
+            tracing::debug!(device = %self.name, %peer, group = %mgid, "UD: opening a link to a group's member");
+            self.rt.spawn(setup::open(self.clone(), peer));
+        }
+    }
+
     /// The link to `peer` this device opened is up (`Some`, which takes its place in the
     /// table unless a live one is there already) or could not be set up (`None`): the
     /// QPs that waited for it send (or lose) their datagrams.

@@ -208,6 +208,23 @@ impl Progress {
         self.window.close_quietly();
     }
 
+    /// The calling application thread turns to the connection manager: it has left the
+    /// data path of the device it polled last. As [`Progress::thread_blocks`], and the
+    /// ACKs it left for its next poll or post leave now, from this thread: the message
+    /// they acknowledge is what the peer waited for before its own next step, and the
+    /// thread's next step is a connection's (see `rdmacm::leave_data_path`). An ACK
+    /// handed to the progress thread would leave only once that thread runs, which on a
+    /// loaded host can be well after this thread's request reached the peer.
+    pub fn thread_leaves() {
+        if ON_PROGRESS_THREAD.get() {
+            return;
+        }
+        if let Some(dev) = POLLED.with(|last| last.borrow().upgrade()) {
+            dev.user_idle();
+            dev.flush_acks();
+        }
+    }
+
     /// A thread is about to block on a completion channel of this device, which has no
     /// event for it (`has_event`, asked after a hold was seen): the ACKs held for an
     /// answer (see `answer`) leave now, each on its own. Their events were signalled

@@ -170,6 +170,40 @@ fn blocking_on_a_channel_hands_progress_back() {
     assert!(!p.user_driving());
 }
 
+/// perftest's `-R`: its client spins on a CQ for the server's last handshake message,
+/// then resolves the server's address to connect. The connection manager's calls hand
+/// the device back at once, so the message's ACK leaves then: else the server's SEND
+/// completes only after the progress thread's nap (up to the grace period), and the
+/// server, which listens only after that completion, rejects the connection (no
+/// listener) in some runs.
+#[test]
+fn turning_to_the_connection_manager_hands_progress_back() {
+    use verbs_api::rdmacm::{CmBackend, CmEventChannel, CmId, PortSpace};
+    let p = Arc::new(Progress::new().unwrap());
+    let cm = crate::verbs::backend::SimBackend::default();
+    let ch = cm.create_event_channel().unwrap();
+    let id = ch.create_id(0, PortSpace::Tcp, verbs_api::QpType::Rc).unwrap();
+    p.user_polled();
+    p.user_polled();
+    assert!(p.user_driving());
+    p.bell.sleeping.store(true, Ordering::SeqCst);
+    // (An address no device has: the call fails, having handed the device back.)
+    // (The window closed says so whatever the call took; the window's own end only
+    // makes `user_driving` false.)
+    let _ = id.bind_addr("192.0.2.1:7174".parse().unwrap());
+    assert_eq!(p.window.until.load(Ordering::Relaxed), 0);
+    assert_eq!(p.bell.take_rings(), 1);
+    // (Awake while the next window opens: opening one rings a sleeping thread.)
+    p.bell.sleeping.store(false, Ordering::SeqCst);
+    p.user_polled();
+    p.user_polled();
+    assert!(p.user_driving());
+    p.bell.sleeping.store(true, Ordering::SeqCst);
+    assert!(ch.get_event(Some(Duration::ZERO)).unwrap().is_none());
+    assert_eq!(p.window.until.load(Ordering::Relaxed), 0);
+    assert_eq!(p.bell.take_rings(), 1);
+}
+
 #[test]
 fn arming_a_cq_hands_progress_to_the_progress_thread() {
     let p = Arc::new(Progress::new().unwrap());

@@ -31,6 +31,8 @@ pub struct Queued {
     pub status: i32,
     /// The peer's parameters.
     pub param: CmEventParam,
+    /// A multicast event's join (its context).
+    pub mcast: Option<u64>,
 }
 
 /// One event channel.

@@ -919,6 +919,7 @@ fn request_event(st: &Ids, listener: u32, handle: u32, param: CmEventParam) {
         event: CmEventType::ConnectRequest,
         status: 0,
         param,
+        mcast: None,
     });
 }
 

@@ -157,6 +157,17 @@ pub struct Id {
     pub unclaimed: bool,
     /// Which address or timer task may still act on the id (older ones find it changed).
     pub gen: u64,
+    /// Its multicast joins, in the order made.
+    pub joins: Vec<Join>,
+}
+
+/// A multicast join of an id (`rdma_join_multicast`).
+#[derive(Clone, Copy, Debug)]
+pub struct Join {
+    /// The group's IP address.
+    pub addr: SocketAddr,
+    /// The context its events carry.
+    pub context: u64,
 }
 
 impl Id {
@@ -192,6 +203,7 @@ impl Id {
             event,
             status,
             param,
+            mcast: None,
         });
     }
 }
@@ -566,6 +578,69 @@ impl Core {
         }
     }
 
+    // ------------------------------------------------------------------ multicast
+
+    /// `rdma_join_multicast_ex` (the kernel's `rdma_join_multicast()`): a UD id bound
+    /// to an address or resolved joins the group of multicast IP `addr`; the
+    /// `MULTICAST_JOIN` event follows at once ([`super::mcast::join_param`]).
+    pub fn join_multicast(
+        &self,
+        handle: u32,
+        addr: SocketAddr,
+        context: u64,
+        _send_only: bool,
+    ) -> Result<()> {
+        const CALL: &str = "rdma_join_multicast";
+        self.with(CALL, handle, |_, st, _| {
+            let id = st.ids.get_mut(&handle).expect("checked");
+            id.need(CALL, &[State::AddrBound, State::AddrResolved])?;
+            if id.qp_type != QpType::Ud {
+                return Err(cm_err(CALL, libc::EINVAL, "only UD ids join multicast groups"));
+            }
+            let addr = canon(addr);
+            if !addr.ip().is_multicast() {
+                return Err(cm_err(
+                    CALL,
+                    libc::EINVAL,
+                    format!("{} is not a multicast address", addr.ip()),
+                ));
+            }
+            let dev = id.dev(CALL)?.shared().clone();
+            let param = super::mcast::join_param(addr, id.ps, dev.limits.link_layer, id.opts.tos);
+            dev.datagrams.prepare_group(&param.ah_attr.grh.dgid);
+            id.joins.push(Join { addr, context });
+            if !id.unclaimed {
+                id.channel.push(Queued {
+                    handle,
+                    context: id.context,
+                    listen: None,
+                    event: CmEventType::MulticastJoin,
+                    status: 0,
+                    param: CmEventParam::Ud(param),
+                    mcast: Some(context),
+                });
+            }
+            Ok(())
+        })
+    }
+
+    /// `rdma_leave_multicast`: the id's first join that `which` picks ends, and its
+    /// events not taken yet go (the kernel's `ucma_leave_multicast()`). Returns the
+    /// group's address, `None` if no join matches.
+    pub fn leave_multicast(&self, handle: u32, which: impl Fn(&Join) -> bool) -> Result<Option<SocketAddr>> {
+        const CALL: &str = "rdma_leave_multicast";
+        self.with(CALL, handle, |_, st, _| {
+            let id = st.ids.get_mut(&handle).expect("checked");
+            let Some(i) = id.joins.iter().position(&which) else {
+                return Ok(None);
+            };
+            let j = id.joins.remove(i);
+            id.channel
+                .take_for(|e| e.handle == handle && e.mcast == Some(j.context));
+            Ok(Some(j.addr))
+        })
+    }
+
     // ------------------------------------------------------------------ addresses
 
     /// Holds port `port` (0: a free one) of `ps` at `ip` for id `handle`.
@@ -674,8 +749,16 @@ impl Core {
             id.src = Some(SocketAddr::new(src_ip, port));
             id.dev = Some(dev.clone());
             id.dst = Some(dst);
-            id.state = State::AddrQuery;
             id.gen += 1;
+            if dst.ip().is_multicast() {
+                // A group's address needs no neighbour: the kernel maps it (ARP's
+                // multicast mapping) at once.
+                id.peer = None;
+                id.state = State::AddrResolved;
+                id.event(CmEventType::AddrResolved, 0, CmEventParam::None);
+                return Ok(());
+            }
+            id.state = State::AddrQuery;
             out.lookups.push(Lookup {
                 dev: dev.shared().clone(),
                 handle,
@@ -1201,6 +1284,7 @@ fn new_id(handle: u32, channel: Arc<Channel>, context: u64, ps: PortSpace, qp_ty
         opts: Opts::default(),
         unclaimed: false,
         gen: 0,
+        joins: Vec::new(),
     }
 }
 

@@ -19,6 +19,7 @@
 pub mod channel;
 pub mod cm;
 pub mod manager;
+pub mod mcast;
 pub mod rendezvous;
 pub mod route;
 
@@ -36,6 +37,7 @@ use verbs_api::{AsyncEventType, Backend, Gid, QpAttr, QpAttrMask, QpState, QpTyp
 
 use self::channel::{Channel, Queued};
 use self::manager::{Core, DeviceSource};
+use crate::progress::Progress;
 use crate::verbs::backend::SimBackend;
 use crate::verbs::context::SimContext;
 
@@ -117,6 +119,18 @@ impl SimBackend {
     }
 }
 
+/// The calling thread turns to the connection manager: it stops driving the data path
+/// of the device it polled last, whose progress thread takes over at once, and the ACKs
+/// it owes there leave ([`Progress::thread_leaves`]). A thread that spun on a CQ until a peer's message came, then
+/// connects (perftest's `-R`: its last handshake, then `rdma_resolve_addr`), would else
+/// leave that message's ACK owed for the progress thread's nap after the driving
+/// window (up to the grace period, 2 ms): the peer's SEND completes that much later
+/// than on an HCA, and the peer, which listens for the connection only once it has,
+/// is not listening yet when the request comes.
+fn leave_data_path() {
+    Progress::thread_leaves();
+}
+
 /// An event channel of the sim (`struct rdma_event_channel`).
 pub struct SimCmChannel {
     core: Arc<Core>,
@@ -143,6 +157,7 @@ impl SimCmChannel {
             }),
             new_id,
             param: q.param,
+            mcast: q.mcast,
         }
     }
 
@@ -150,6 +165,7 @@ impl SimCmChannel {
     /// channel's descriptor in the calling thread, in the descriptor's mode
     /// (`O_NONBLOCK`: EAGAIN) and interrupted by signals as a read is.
     pub fn read_event(&self) -> Result<CmEvent<SimCmId>> {
+        leave_data_path();
         let q = self.ch.read()?;
         Ok(self.event(q))
     }
@@ -166,6 +182,7 @@ impl CmEventChannel for SimCmChannel {
     }
 
     fn get_event(&self, timeout: Option<Duration>) -> Result<Option<CmEvent<SimCmId>>> {
+        leave_data_path();
         Ok(self.ch.get(timeout).map(|q| self.event(q)))
     }
 
@@ -183,6 +200,17 @@ pub struct SimCmId {
 impl Drop for SimCmId {
     fn drop(&mut self) {
         self.core.destroy(self.handle);
+    }
+}
+
+impl SimCmId {
+    /// `rdma_leave_multicast` of the join made with `context` (the C ABI's handle of
+    /// it): its address, ENOENT (the kernel's answer) if there is none.
+    pub fn leave_multicast_joined(&self, context: u64) -> Result<SocketAddr> {
+        leave_data_path();
+        self.core
+            .leave_multicast(self.handle, |j| j.context == context)?
+            .ok_or_else(|| verbs_api::Error::cm("rdma_leave_multicast", libc::ENOENT, "no such join"))
     }
 }
 
@@ -228,34 +256,42 @@ impl CmId for SimCmId {
     }
 
     fn bind_addr(&self, addr: SocketAddr) -> Result<()> {
+        leave_data_path();
         self.core.bind(self.handle, addr)
     }
 
     fn resolve_addr(&self, src: Option<SocketAddr>, dst: SocketAddr, timeout: Duration) -> Result<()> {
+        leave_data_path();
         self.core.resolve_addr(self.handle, src, dst, timeout)
     }
 
     fn resolve_route(&self, _timeout: Duration) -> Result<()> {
+        leave_data_path();
         self.core.resolve_route(self.handle)
     }
 
     fn listen(&self, backlog: u32) -> Result<()> {
+        leave_data_path();
         self.core.listen(self.handle, backlog)
     }
 
     fn connect(&self, param: &ConnParam) -> Result<()> {
+        leave_data_path();
         self.core.connect(self.handle, param)
     }
 
     fn accept(&self, param: Option<&ConnParam>) -> Result<()> {
+        leave_data_path();
         self.core.accept(self.handle, param)
     }
 
     fn reject(&self, private_data: &[u8], reason: u8) -> Result<()> {
+        leave_data_path();
         self.core.reject(self.handle, private_data, reason)
     }
 
     fn disconnect(&self) -> Result<()> {
+        leave_data_path();
         self.core.disconnect(self.handle)
     }
 
@@ -281,6 +317,18 @@ impl CmId for SimCmId {
 
     fn query_gid(&self) -> Result<(Gid, Gid)> {
         self.core.query_gid(self.handle)
+    }
+
+    fn join_multicast(&self, addr: SocketAddr, context: u64, send_only: bool) -> Result<()> {
+        leave_data_path();
+        self.core.join_multicast(self.handle, addr, context, send_only)
+    }
+
+    fn leave_multicast(&self, addr: SocketAddr) -> Result<()> {
+        leave_data_path();
+        self.core
+            .leave_multicast(self.handle, |j| j.addr == addr)
+            .map(|_| ())
     }
 
     fn migrate(&self, channel: &SimCmChannel) -> Result<()> {

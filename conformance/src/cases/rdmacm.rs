@@ -73,6 +73,13 @@ pub fn list<B: CmBackend>() -> Vec<crate::Case<B>> {
             requires [Ud]
         ),
         case!(
+            "rdmacm.multicast",
+            "rdma_join_multicast_ex of a UD id bound to the device's IP: MULTICAST_JOIN with the join's context, QP 0xFFFFFF, RDMA_UDP_QKEY and the group's address vector (RoCE: the IPv4-mapped group address as MGID, no MLID; InfiniBand: a multicast MGID and LID); the QP attaches to it; rdma_leave_multicast",
+            "man rdma_join_multicast, man rdma_join_multicast_ex, man rdma_leave_multicast; the kernel's cma_iboe_join_multicast, cma_set_mgid; rdma-core mckey",
+            multicast,
+            requires [Ud]
+        ),
+        case!(
             "rdmacm.async",
             "the event channel on tokio: a waiter sleeps on the channel's descriptor and wakes for the next event; a connection made with every wait async",
             "man rdma_create_event_channel (channel->fd, poll(2)); man rdma_get_cm_event",
@@ -407,6 +414,64 @@ fn ud<B: CmBackend>(env: &Env<B>) -> CaseResult {
     ensure_eq!(u.private_data.len(), 136, "ESTABLISHED's private data length");
     let ah = client._pd.create_ah(&u.ah_attr)?;
     send_recv(env, &client, &server, b"datagram", Some((&ah, u.qp_num, u.qkey)))?;
+    Ok(Outcome::Pass)
+}
+
+fn multicast<B: CmBackend>(env: &Env<B>) -> CaseResult {
+    let ip = device_ip(env)?;
+    let ch = env.backend.create_event_channel()?;
+    let id = ch.create_id(5, PortSpace::Udp, QpType::Ud)?;
+    id.bind_addr(SocketAddr::new(ip.into(), 0))?;
+    // A group of this run alone (239/8: administratively scoped).
+    let pid = std::process::id();
+    let group = Ipv4Addr::new(239, 77, (pid >> 8) as u8, pid as u8);
+    let addr = SocketAddr::new(group.into(), 0);
+    id.join_multicast(addr, 4242, false)?;
+    let ev = expect(env, &ch, E::MulticastJoin, "join")?;
+    ensure_eq!(ev.mcast, Some(4242), "the join's context");
+    ensure_eq!(ev.id.context, 5, "the id's context");
+    let CmEventParam::Ud(u) = &ev.param else {
+        return Err(Failure(format!("MULTICAST_JOIN with {:?}", ev.param)));
+    };
+    ensure_eq!(u.qp_num, verbs_api::MULTICAST_QPN, "the group's QPN");
+    ensure_eq!(u.qkey, rdmacm::UDP_QKEY, "the group's Q_Key");
+    ensure!(u.ah_attr.is_global, "the group's address vector has no GRH");
+    let mgid = u.ah_attr.grh.dgid;
+    ensure!(
+        mgid.is_multicast(),
+        "the group's MGID {mgid:?} is no multicast GID"
+    );
+    if env.ctx.query_port(1)?.link_layer == verbs_api::LinkLayer::Ethernet {
+        ensure_eq!(
+            mgid.to_ipv4_mapped(),
+            Some(group),
+            "RoCE: the MGID is the group's address"
+        );
+        ensure_eq!(u.ah_attr.dlid, 0, "RoCE: the MLID");
+    } else {
+        ensure!(
+            u.ah_attr.dlid >= verbs_api::MULTICAST_LID_BASE,
+            "InfiniBand: the MLID {:#x} is no multicast LID",
+            u.ah_attr.dlid
+        );
+    }
+    env.observe(
+        "join: qp_num, qkey, dlid",
+        format!("{:#x} {:#x} {:#x}", u.qp_num, u.qkey, u.ah_attr.dlid),
+    );
+    env.observe(
+        "join: hop limit, sgid index",
+        format!("{} {}", u.ah_attr.grh.hop_limit, u.ah_attr.grh.sgid_index),
+    );
+    // The QP attaches to the group as librdmacm attaches an id's own QP.
+    let qp_side = side::<B>(&id, QpType::Ud)?;
+    qp_side.qp.attach_mcast(&mgid, u.ah_attr.dlid)?;
+    qp_side.qp.detach_mcast(&mgid, u.ah_attr.dlid)?;
+    id.leave_multicast(addr)?;
+    ensure!(
+        ch.get_event(Some(Duration::from_millis(100)))?.is_none(),
+        "an event after the leave"
+    );
     Ok(Outcome::Pass)
 }
 

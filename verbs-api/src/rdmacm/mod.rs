@@ -315,8 +315,12 @@ pub struct CmEvent<I> {
     /// For a [`CmEventType::ConnectRequest`]: the new id, the caller's to accept, reject
     /// or drop.
     pub new_id: Option<I>,
-    /// The peer's parameters.
+    /// The peer's parameters (for [`CmEventType::MulticastJoin`]: the group's, see
+    /// [`CmId::join_multicast`]).
     pub param: CmEventParam,
+    /// For [`CmEventType::MulticastJoin`] and [`CmEventType::MulticastError`]: the
+    /// context the join was made with (librdmacm's `param.ud.private_data`).
+    pub mcast: Option<u64>,
 }
 
 impl<I> CmEvent<I> {
@@ -329,6 +333,7 @@ impl<I> CmEvent<I> {
             listen_id: None,
             new_id: None,
             param: CmEventParam::None,
+            mcast: None,
         }
     }
 }

@@ -138,6 +138,19 @@ pub trait CmId: Send + Sync + Sized {
     /// The id's source and destination GIDs (`id->route.addr.addr.ibaddr`).
     fn query_gid(&self) -> Result<(Gid, Gid)>;
 
+    /// `rdma_join_multicast_ex` of a UD id bound to an address or resolved: joins the
+    /// group of the multicast IP `addr` (`send_only`: as a send-only full member).
+    /// [`super::CmEventType::MulticastJoin`] follows, whose [`super::CmEvent::mcast`]
+    /// is `context` and whose [`super::UdParam`] names the group: the address vector
+    /// (the MGID as `grh.dgid`, the MLID as `dlid`), QP 0xFFFFFF and the Q_Key. Attaching
+    /// the QP is the caller's (`ibv_attach_mcast` with that MGID and MLID, as librdmacm
+    /// does for an id that has its QP), and so is detaching it before the leave.
+    fn join_multicast(&self, addr: SocketAddr, context: u64, send_only: bool) -> Result<()>;
+
+    /// `rdma_leave_multicast`: leaves the group of `addr` that [`CmId::join_multicast`]
+    /// joined; its events not taken yet go.
+    fn leave_multicast(&self, addr: SocketAddr) -> Result<()>;
+
     /// `rdma_migrate_id`: the id reports to `channel` from now on, with the events it has
     /// pending.
     fn migrate(&self, channel: &<Self::Backend as CmBackend>::EventChannel) -> Result<()>;

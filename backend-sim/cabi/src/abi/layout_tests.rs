@@ -427,6 +427,14 @@ fn facts() -> Vec<Fact> {
         size!(rdma_ucm_set_option),
         offset!(rdma_ucm_set_option, optlen),
         size!(rdma_ucm_migrate_id),
+        size!(rdma_ucm_join_ip_mcast),
+        offset!(rdma_ucm_join_ip_mcast, addr),
+        offset!(rdma_ucm_join_ip_mcast, id),
+        size!(rdma_ucm_join_mcast),
+        offset!(rdma_ucm_join_mcast, id),
+        offset!(rdma_ucm_join_mcast, addr_size),
+        offset!(rdma_ucm_join_mcast, join_flags),
+        offset!(rdma_ucm_join_mcast, addr),
     ]
 }
 

@@ -122,6 +122,32 @@ pub struct rdma_ucm_destroy_id {
     pub reserved: u32,
 }
 
+/// `struct rdma_ucm_join_ip_mcast`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct rdma_ucm_join_ip_mcast {
+    pub response: u64,
+    pub uid: u64,
+    pub addr: sockaddr_in6,
+    pub id: u32,
+}
+
+/// `struct rdma_ucm_join_mcast`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct rdma_ucm_join_mcast {
+    pub response: u64,
+    pub uid: u64,
+    pub id: u32,
+    pub addr_size: u16,
+    pub join_flags: u16,
+    pub addr: sockaddr_storage,
+}
+
+/// `RDMA_MC_JOIN_FLAG_FULLMEMBER` and `RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER`.
+pub const MC_JOIN_FLAG_FULLMEMBER: u16 = 0;
+pub const MC_JOIN_FLAG_SENDONLY_FULLMEMBER: u16 = 1;
+
 /// `struct rdma_ucm_destroy_id_resp` (and `rdma_ucm_migrate_resp`).
 #[repr(C)]
 #[derive(Clone, Copy, Default)]

@@ -11,7 +11,7 @@ use verbs_api::rdmacm::{CmEventParam, CmEventType, CmId, CmOption, ConnParam, Po
 use verbs_api::{AsyncEventType, QpAttr, QpAttrMask, QpState, QpType};
 
 use super::user::{read, read_bytes, write};
-use super::{addr, path, state, Entry, File};
+use super::{addr, path, state, Entry, File, McEntry};
 use crate::abi::ucma::*;
 use crate::abi::{ib_uverbs_ah_attr, ib_uverbs_global_route, ib_uverbs_qp_attr};
 use crate::ffi::Errno;
@@ -150,8 +150,24 @@ pub fn run(fd: RawFd, file: &Arc<File>, buf: u64, len: usize) -> R {
             id_of(fd, c.id)?.notify(ev).map_err(errno("rdma_notify"))
         }
         cmd::MIGRATE_ID => migrate(fd, file, inbuf, in_len, out_len),
-        // Multicast is not simulated; GET_OPTION is the kernel's ENOSYS too.
-        cmd::GET_OPTION | cmd::JOIN_IP_MCAST | cmd::LEAVE_MCAST | cmd::JOIN_MCAST => Err(libc::ENOSYS),
+        cmd::JOIN_IP_MCAST => {
+            let c: rdma_ucm_join_ip_mcast = read(inbuf, in_len)?;
+            let a = addr::from_in6(&c.addr)?.ok_or(libc::EINVAL)?;
+            join(fd, c.id, c.uid, a, false, c.response, out_len)
+        }
+        cmd::JOIN_MCAST => {
+            let c: rdma_ucm_join_mcast = read(inbuf, in_len)?;
+            let a = addr::from_storage(&c.addr, c.addr_size)?.ok_or(libc::EINVAL)?;
+            let send_only = match c.join_flags {
+                MC_JOIN_FLAG_FULLMEMBER => false,
+                MC_JOIN_FLAG_SENDONLY_FULLMEMBER => true,
+                _ => return Err(libc::EINVAL),
+            };
+            join(fd, c.id, c.uid, a, send_only, c.response, out_len)
+        }
+        cmd::LEAVE_MCAST => leave(fd, inbuf, in_len, out_len),
+        // GET_OPTION is the kernel's ENOSYS too.
+        cmd::GET_OPTION => Err(libc::ENOSYS),
         _ => Err(libc::EINVAL),
     }
 }
@@ -210,11 +226,60 @@ fn destroy_id(fd: RawFd, inbuf: u64, in_len: usize, out_len: usize) -> R {
             None => return Err(libc::ENOENT),
         }
     };
+    state().mcs.lock().retain(|_, m| m.id != c.id);
     let resp = rdma_ucm_destroy_id_resp {
         events_reported: entry.events,
     };
     drop(entry);
     write(c.response, &resp, out_len)
+}
+
+/// `JOIN_MCAST` / `JOIN_IP_MCAST` (the kernel's `ucma_process_join()`): the join's
+/// handle is answered; a program that cannot take the answer leaves the group again.
+fn join(
+    fd: RawFd,
+    id: u32,
+    uid: u64,
+    a: std::net::SocketAddr,
+    send_only: bool,
+    response: u64,
+    out_len: usize,
+) -> R {
+    let cm = id_of(fd, id)?;
+    let handle = state()
+        .last_mc
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        .wrapping_add(1);
+    // Listed before the join, whose event may be taken at once by another thread.
+    state().mcs.lock().insert(handle, McEntry { id, uid, events: 0 });
+    if let Err(e) = cm.join_multicast(a, u64::from(handle), send_only) {
+        state().mcs.lock().remove(&handle);
+        return Err(errno("rdma_join_multicast")(e));
+    }
+    if let Err(e) = write(response, &rdma_ucm_create_id_resp { id: handle }, out_len) {
+        let _ = cm.leave_multicast_joined(u64::from(handle));
+        state().mcs.lock().remove(&handle);
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// `LEAVE_MCAST` (the kernel's `ucma_leave_multicast()`): answers how many of the
+/// join's events the program was handed, which librdmacm waits to see acknowledged.
+fn leave(fd: RawFd, inbuf: u64, in_len: usize, out_len: usize) -> R {
+    let c: rdma_ucm_destroy_id = read(inbuf, in_len)?;
+    let id = state().mcs.lock().get(&c.id).map(|m| m.id).ok_or(libc::ENOENT)?;
+    let cm = id_of(fd, id)?;
+    cm.leave_multicast_joined(u64::from(c.id))
+        .map_err(errno("rdma_leave_multicast"))?;
+    let events = state().mcs.lock().remove(&c.id).map_or(0, |m| m.events);
+    write(
+        c.response,
+        &rdma_ucm_destroy_id_resp {
+            events_reported: events,
+        },
+        out_len,
+    )
 }
 
 fn node_guid_be(g: u64) -> u64 {
@@ -359,9 +424,18 @@ fn get_event(fd: RawFd, file: &Arc<File>, inbuf: u64, in_len: usize, out_len: us
         return Err(libc::ENOSPC);
     }
     let ev = file.ch.read_event().map_err(errno("rdma_get_cm_event"))?;
+    // A join's events name the join (the kernel's `uevent->mc`), not the id.
+    let mc = ev.mcast.and_then(|h| {
+        let h = h as u32;
+        let mut mcs = state().mcs.lock();
+        let m = mcs.get_mut(&h)?;
+        m.events += 1;
+        Some((h, m.uid))
+    });
+    let (uid, handle) = mc.map_or((ev.id.context, ev.id.handle), |(h, uid)| (uid, h));
     let mut r = rdma_ucm_event_resp {
-        uid: ev.id.context,
-        id: ev.id.handle,
+        uid,
+        id: handle,
         event: ev.event as u32,
         status: ev.status as u32,
         ..Default::default()

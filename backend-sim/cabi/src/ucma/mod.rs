@@ -33,7 +33,7 @@ use std::sync::{Arc, OnceLock};
 use backend_sim::rdmacm::manager::DeviceSource;
 use backend_sim::rdmacm::{SimCmChannel, SimCmId};
 use parking_lot::Mutex;
-use verbs_api::rdmacm::CmBackend;
+use verbs_api::rdmacm::{CmBackend, CmId};
 use verbs_api::Result;
 
 use crate::ffi::Errno;
@@ -86,6 +86,17 @@ pub struct Entry {
     pub events: u32,
 }
 
+/// A multicast join as the kernel's rdma_cm keeps it for the program (`struct
+/// ucma_multicast`): its handle is the context the sim's join carries.
+pub struct McEntry {
+    /// The id that joined.
+    pub id: u32,
+    /// The program's value for it (librdmacm's `struct cma_multicast *`).
+    pub uid: u64,
+    /// Its events handed to the program (what `LEAVE_MCAST` answers).
+    pub events: u32,
+}
+
 /// The process's open files and ids.
 #[derive(Default)]
 pub struct State {
@@ -93,6 +104,10 @@ pub struct State {
     pub files: Mutex<HashMap<RawFd, Arc<File>>>,
     /// Ids by handle.
     pub ids: Mutex<HashMap<u32, Entry>>,
+    /// Multicast joins by handle (taken under the `ids` lock).
+    pub mcs: Mutex<HashMap<u32, McEntry>>,
+    /// The last join's handle.
+    pub last_mc: std::sync::atomic::AtomicU32,
 }
 
 /// The process's state.
@@ -188,7 +203,12 @@ pub fn close(fd: RawFd) {
             .filter(|(_, e)| e.file == fd)
             .map(|(h, _)| *h)
             .collect();
-        mine.into_iter().filter_map(|h| ids.remove(&h)).collect()
+        let gone: Vec<Entry> = mine.into_iter().filter_map(|h| ids.remove(&h)).collect();
+        state()
+            .mcs
+            .lock()
+            .retain(|_, m| !gone.iter().any(|e| e.id.handle() == m.id));
+        gone
     };
     drop(ids);
     drop(file);

@@ -107,5 +107,7 @@ plain!(
     rdma_ucm_get_event,
     rdma_ucm_event_resp,
     rdma_ucm_set_option,
-    rdma_ucm_migrate_id
+    rdma_ucm_migrate_id,
+    rdma_ucm_join_ip_mcast,
+    rdma_ucm_join_mcast
 );
