@@ -19,8 +19,23 @@
 
 use std::mem::MaybeUninit;
 
+/// The signals of faults, which arrive for the instruction that faults and so are never
+/// blocked or counted here, and the two that cannot be caught.
+fn of_faults(sig: libc::c_int) -> bool {
+    matches!(
+        sig,
+        libc::SIGKILL
+            | libc::SIGSTOP
+            | libc::SIGSEGV
+            | libc::SIGBUS
+            | libc::SIGFPE
+            | libc::SIGILL
+            | libc::SIGTRAP
+    )
+}
+
 /// Whether a `read(2)` interrupted by a signal now would have been restarted (see the
-/// module docs).
+/// module docs), for a thread whose signal mask is its current one.
 pub fn read_would_restart() -> bool {
     let mut blocked = MaybeUninit::<libc::sigset_t>::uninit();
     // SAFETY: a null new set only reads the mask into `blocked`, which is written in full
@@ -31,21 +46,17 @@ pub fn read_would_restart() -> bool {
         }
         blocked.assume_init()
     };
+    read_would_restart_under(&blocked)
+}
+
+/// [`read_would_restart`] for a thread whose signal mask is `blocked`.
+pub fn read_would_restart_under(blocked: &libc::sigset_t) -> bool {
     for sig in 1..=libc::SIGRTMAX() {
-        if matches!(
-            sig,
-            libc::SIGKILL
-                | libc::SIGSTOP
-                | libc::SIGSEGV
-                | libc::SIGBUS
-                | libc::SIGFPE
-                | libc::SIGILL
-                | libc::SIGTRAP
-        ) {
+        if of_faults(sig) {
             continue;
         }
         // SAFETY: `blocked` is an initialized set; the signal number is in range.
-        if unsafe { libc::sigismember(&blocked, sig) } == 1 {
+        if unsafe { libc::sigismember(blocked, sig) } == 1 {
             continue;
         }
         let mut sa = MaybeUninit::<libc::sigaction>::uninit();
@@ -62,6 +73,53 @@ pub fn read_would_restart() -> bool {
         }
     }
     true
+}
+
+/// Every signal but those of faults blocked for the life of the value, the thread's own
+/// mask put back when it goes: a thread that waits in `ppoll(2)` with [`Deferred::mask`]
+/// and does other work between waits meets a signal only inside the wait, which then
+/// fails with EINTR (`man 2 pselect`: the race it closes). Unblocked between waits, a
+/// signal whose handler ran there would be lost, and the wait after it go on for ever
+/// where the `read(2)` it stands for would have failed.
+pub struct Deferred {
+    own: libc::sigset_t,
+}
+
+impl Deferred {
+    /// Blocks the signals; `None` if the mask cannot be changed (then nothing is).
+    pub fn new() -> Option<Deferred> {
+        let mut all = MaybeUninit::<libc::sigset_t>::uninit();
+        let mut own = MaybeUninit::<libc::sigset_t>::uninit();
+        // SAFETY: `sigfillset` initializes `all`; `sigdelset` takes a valid set and a
+        // signal number in range; `pthread_sigmask` writes the old mask into `own` in
+        // full on success, which is checked before `own` is read.
+        unsafe {
+            libc::sigfillset(all.as_mut_ptr());
+            for sig in 1..=libc::SIGRTMAX() {
+                if of_faults(sig) {
+                    libc::sigdelset(all.as_mut_ptr(), sig);
+                }
+            }
+            if libc::pthread_sigmask(libc::SIG_BLOCK, all.as_ptr(), own.as_mut_ptr()) != 0 {
+                return None;
+            }
+            Some(Deferred {
+                own: own.assume_init(),
+            })
+        }
+    }
+
+    /// The thread's own mask, for the wait (`ppoll`'s last argument).
+    pub fn mask(&self) -> &libc::sigset_t {
+        &self.own
+    }
+}
+
+impl Drop for Deferred {
+    fn drop(&mut self) {
+        // SAFETY: `own` is the initialized mask saved by `new`.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.own, std::ptr::null_mut()) };
+    }
 }
 
 #[cfg(test)]

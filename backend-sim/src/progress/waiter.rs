@@ -126,13 +126,17 @@ impl Progress {
         let mut fds: Vec<libc::pollfd> = Vec::new();
         let mut generation = None;
         let mut held = false;
+        // Signals only inside the wait below, so that none is lost between waits.
+        let signals = crate::signal_restart::Deferred::new();
         loop {
             if let Some(cq) = ch.try_take() {
                 return Ok(cq);
             }
             if ch.has_event() {
                 // A count `try_take` cannot take without waiting (a kernel whose eventfd
-                // lacks RWF_NOWAIT), or one about to be written: the plain read.
+                // lacks RWF_NOWAIT), or one about to be written: the plain read, with
+                // the thread's own signal mask.
+                drop(signals);
                 return ch.read_event();
             }
             // Work a driving thread left for its next poll: this thread polls no more.
@@ -179,19 +183,20 @@ impl Progress {
                 std::ptr::null()
             };
             held = false;
+            let mask = signals
+                .as_ref()
+                .map_or(std::ptr::null(), |s| s.mask() as *const libc::sigset_t);
             // SAFETY: `fds` is a live array of `fds.len()` pollfds, `timeout` null or a
-            // live timespec; a null signal mask leaves the thread's alone.
-            let n = unsafe {
-                libc::ppoll(
-                    fds.as_mut_ptr(),
-                    fds.len() as libc::nfds_t,
-                    timeout,
-                    std::ptr::null(),
-                )
-            };
+            // live timespec, `mask` null (the thread's mask left alone) or the thread's
+            // own mask, live in `signals`, which the wait puts in place atomically.
+            let n = unsafe { libc::ppoll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout, mask) };
             if n < 0 {
                 let e = std::io::Error::last_os_error();
-                if e.raw_os_error() == Some(libc::EINTR) && crate::signal_restart::read_would_restart() {
+                let restart = match &signals {
+                    Some(s) => crate::signal_restart::read_would_restart_under(s.mask()),
+                    None => crate::signal_restart::read_would_restart(),
+                };
+                if e.raw_os_error() == Some(libc::EINTR) && restart {
                     continue;
                 }
                 return Err(verbs_api::Error::Os {
