@@ -11,29 +11,21 @@
 # Prints, per call, the instructions of C, of Rust and the difference, and writes
 # OUT_DIR/call-cost.md and OUT_DIR/call-cost.json (OUT_DIR defaults to ci-out, ITERS to
 # 1000). Needs gcc, libibverbs-dev and valgrind on the host.
-set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-out=${1:-$root/ci-out}
+. "$(dirname "$0")/lib.sh"
+out_dir "${1:-}"
 iters=${2:-1000}
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
-target=${CARGO_TARGET_DIR:-$root/target}
-case $target in /*) ;; *) target=$root/$target ;; esac
-for t in gcc valgrind callgrind_annotate; do
-    command -v $t >/dev/null || { echo "call-cost.sh: $t is missing (apt-get install gcc valgrind)" >&2; exit 2; }
-done
+need call-cost.sh "apt-get install gcc valgrind" gcc valgrind callgrind_annotate
 
 cargo build --release --manifest-path "$root/Cargo.toml" -p backend-ibverbs --example call_cost
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-cp "$target/release/examples/call_cost" "$dir/call_cost_rust"
-gcc -O2 -Wall -o "$dir/call_cost_c" "$root/backend-ibverbs/bench/call_cost.c" -libverbs
-mkdir "$dir/vg"
-cp /usr/bin/valgrind.bin "$dir/vg/valgrind"
+scratch_dir
+cp "$target/release/examples/call_cost" "$work/call_cost_rust"
+gcc -O2 -Wall -o "$work/call_cost_c" "$root/backend-ibverbs/bench/call_cost.c" -libverbs
+mkdir "$work/vg"
+cp /usr/bin/valgrind.bin "$work/vg/valgrind"
 cp /usr/libexec/valgrind/callgrind-amd64-linux /usr/libexec/valgrind/vgpreload_core-amd64-linux.so \
-    /usr/libexec/valgrind/default.supp "$dir/vg/"
+    /usr/libexec/valgrind/default.supp "$work/vg/"
 
-cat >"$dir/run.sh" <<GUEST
+cat >"$work/run.sh" <<GUEST
 #!/bin/sh
 export VALGRIND_LIB=/mnt/host/vg
 rc=0
@@ -47,7 +39,7 @@ done
 exit \$rc
 GUEST
 
-"$root/ci/rxe-vm.sh" run "$dir" sh run.sh
+"$root/ci/rxe-vm.sh" run "$work" sh run.sh
 
 # Inclusive instructions of each measured function, per call.
 count() { # file function (awk reads to the end: an early exit would fail the pipe)
@@ -64,7 +56,7 @@ count() { # file function (awk reads to the end: an early exit would fail the pi
         "poll (one completion):send:cc_poll" \
         "poll (empty CQ):empty:cc_poll" "post_recv:recv:cc_post_recv"; do
         name=${row%%:*}; rest=${row#*:}; phase=${rest%%:*}; fn=${rest#*:}
-        c=$(count "$dir/cg.c.$phase" "$fn"); r=$(count "$dir/cg.rust.$phase" "$fn")
+        c=$(count "$work/cg.c.$phase" "$fn"); r=$(count "$work/cg.rust.$phase" "$fn")
         [ -n "$c" ] && [ -n "$r" ] || { echo "call-cost.sh: no count for $fn in $phase" >&2; exit 1; }
         cp=$((c / iters)); rp=$((r / iters))
         echo "| $name | $cp | $rp | +$((rp - cp)) |"

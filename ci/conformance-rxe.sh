@@ -7,29 +7,23 @@
 #
 # Writes OUT_DIR/rxe.json (the JSON report) and OUT_DIR/rxe.txt (the table); exits
 # non-zero if any case failed (or the VM gave no status: 99). OUT_DIR defaults to ci-out.
-set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-out=${1:-$root/ci-out}
+. "$(dirname "$0")/lib.sh"
+out_dir "${1:-}"
 shift || true
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
-target=${CARGO_TARGET_DIR:-$root/target}
-case $target in /*) ;; *) target=$root/$target ;; esac
 cargo build --release --manifest-path "$root/Cargo.toml" -p conformance --features ibverbs --bin conformance
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-cp "$target/release/conformance" "$dir/"
+scratch_dir
+cp "$target/release/conformance" "$work/"
 # One run in the guest (its shell is busybox ash: keep the command simple) writes the JSON
 # report; the host renders the table from it. RoCE sends a group's datagrams along the
 # route to its IPv4 address, which the guest (no default route) lacks until this one is
 # added; the port cases take the netdev down and up, which removes it again, and come
 # after the mcast cases.
 set +e
-"$root/ci/rxe-vm.sh" run "$dir" sh -c "ip route add 224.0.0.0/4 dev rxenet0; ./conformance --backend ibverbs --device rxe0 --gid-index 1 --timeout 30 --json $* > rxe.json"
+"$root/ci/rxe-vm.sh" run "$work" sh -c "ip route add 224.0.0.0/4 dev rxenet0; ./conformance --backend ibverbs --device rxe0 --gid-index 1 --timeout 30 --json $* > rxe.json"
 rc=$?
 set -e
-if [ -s "$dir/rxe.json" ]; then
-    cp "$dir/rxe.json" "$out/rxe.json"
+if [ -s "$work/rxe.json" ]; then
+    cp "$work/rxe.json" "$out/rxe.json"
     "$target/release/conformance" --render "$out/rxe.json" | tee "$out/rxe.txt"
 fi
 echo "conformance on rxe0: exit status $rc" >&2

@@ -23,19 +23,9 @@
 # Environment: ROUNDS (default 5), LAT_ITERS (ib_send_lat iterations, default 1000,
 # perftest's), QPERF_TIME (seconds per qperf test, default 2), PINGPONG_ITERS
 # (ibv_rc_pingpong iterations, default 1000, its own), PORT (first port, default 19300).
-set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-out=${1:-$root/ci-out}
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
-target=${CARGO_TARGET_DIR:-$root/target}
-case $target in /*) ;; *) target=$root/$target ;; esac
-for p in ib_send_lat qperf ibv_rc_pingpong cc; do
-    command -v "$p" >/dev/null || {
-        echo "event-latency: $p not found (apt-get install perftest qperf ibverbs-utils gcc)" >&2
-        exit 2
-    }
-done
+. "$(dirname "$0")/lib.sh"
+out_dir "${1:-}"
+need event-latency "apt-get install perftest qperf ibverbs-utils gcc" ib_send_lat qperf ibv_rc_pingpong cc
 rounds=${ROUNDS:-5}
 lat_iters=${LAT_ITERS:-1000}
 qperf_time=${QPERF_TIME:-2}
@@ -44,21 +34,11 @@ port=${PORT:-19300}
 
 cargo build --release --manifest-path "$root/Cargo.toml" -p backend-sim-cabi
 lib=$target/release/libibverbs_sim.so
-work=$(mktemp -d)
-# (A server left behind by a run that failed goes with the script.)
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+scratch_dir
 cc -O2 -Wall -o "$work/pipe-pingpong" "$root/bench/pipe-pingpong.c"
 export RDMA_SIM_DEVICES=1
 sim() { env LD_PRELOAD="$lib" "$@"; }
 
-nap() { sleep 0.05; }
-wait_listen() { # port
-    for _ in $(seq 100); do
-        ss -ltn 2>/dev/null | grep -q ":$1 " && return 0
-        nap
-    done
-    return 1
-}
 fail() { echo "event-latency: $*" >&2; exit 1; }
 # Each program below runs in a command substitution (a subshell): the caller picks its
 # port ($2), counting up, so that no two runs share one.
@@ -143,11 +123,7 @@ if command -v perf >/dev/null && perf stat -e raw_syscalls:sys_enter true >/dev/
 fi
 
 awk -v rounds="$rounds" -v load_start="$load_start" -v load_end="$load_end" -v counts="$counts" -v cpus="$(nproc)" \
-    -v json="$out/event-latency.json" '
-function median(a, n,    i, j, t) {
-    for (i = 2; i <= n; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] > t; j--) a[j + 1] = a[j]; a[j + 1] = t }
-    return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
-}
+    -v json="$out/event-latency.json" "$awk_median"'
 function stats(name, col, ratio_of, target, kind,    i, v, r, lo, hi, m, mr, ok) {
     lo = 1e18; hi = -1
     for (i = 1; i <= n; i++) {

@@ -21,16 +21,9 @@
 # milliseconds on a small machine is a tenth of the run; 8 MiB of 8-byte messages, a
 # million of them, last about half a second; above 20000 iterations both tools skip the
 # peak and its per-message stamps, as perftest does).
-set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-out=${1:-$root/ci-out}
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
-target=${CARGO_TARGET_DIR:-$root/target}
-case $target in /*) ;; *) target=$root/$target ;; esac
-for p in ib_send_lat ib_write_bw; do
-    command -v "$p" >/dev/null || { echo "perftest-vs-perf-sim: $p not found (apt-get install perftest)" >&2; exit 1; }
-done
+. "$(dirname "$0")/lib.sh"
+out_dir "${1:-}"
+need perftest-vs-perf-sim "apt-get install perftest" ib_send_lat ib_write_bw
 
 cargo build --release --manifest-path "$root/Cargo.toml" -p examples --bin perf --bin perftest-vs-perf
 cargo build --release --manifest-path "$root/Cargo.toml" -p backend-sim-cabi
@@ -49,8 +42,7 @@ for t in send_bw write_bw read_bw; do
 done
 
 runs=$out/perftest-vs-perf-sim-runs
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+scratch_dir
 mkdir "$work/runs"
 set +e
 (

@@ -23,13 +23,8 @@
 # atomics are 8 B whatever it says); LAT_ITERS (default 1000; 64 KiB rows 200);
 # BW_ITERS (default 5000; 64 KiB rows 500): under emulation a 64 KiB message takes
 # about a millisecond, and perftest's defaults would make one pair take a minute.
-set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-out=${1:-$root/ci-out}
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
-target=${CARGO_TARGET_DIR:-$root/target}
-case $target in /*) ;; *) target=$root/$target ;; esac
+. "$(dirname "$0")/lib.sh"
+out_dir "${1:-}"
 pairs=${PAIRS:-5}
 sizes=${SIZES:-8 65536}
 lat_iters=${LAT_ITERS:-1000}
@@ -37,10 +32,9 @@ bw_iters=${BW_ITERS:-5000}
 
 cargo build --release --manifest-path "$root/Cargo.toml" -p examples --features ibverbs \
     --bin perf --bin perftest-vs-perf
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-cp "$target/release/perf" "$dir/"
-mkdir "$dir/runs"
+scratch_dir
+cp "$target/release/perf" "$work/"
+mkdir "$work/runs"
 
 # The rows: test size iterations
 # Large messages take about a millisecond each under emulation: fewer iterations.
@@ -58,20 +52,20 @@ done
 
 # The guest runs the pairs (ci/perftest-pairs.sh, busybox ash) on rxe0; perf starts its
 # own server child on loopback.
-cp "$root/ci/perftest-pairs.sh" "$dir/"
-cat >"$dir/bench.sh" <<GUEST
+cp "$root/ci/perftest-pairs.sh" "$work/"
+cat >"$work/bench.sh" <<GUEST
 #!/bin/sh
 ROWS="$rows" PAIRS=$pairs PERFTEST_ENV="" PERFTEST_FLAGS="-d rxe0 -x 1 -F -u 10" \
     PERF=./perf PERF_FLAGS="--backend ibverbs -d rxe0 -x 1 -u 10" exec sh perftest-pairs.sh
 GUEST
 
 set +e
-RXEVM_TIMEOUT=${RXEVM_TIMEOUT:-1800} "$root/ci/rxe-vm.sh" run "$dir" sh bench.sh
+RXEVM_TIMEOUT=${RXEVM_TIMEOUT:-1800} "$root/ci/rxe-vm.sh" run "$work" sh bench.sh
 rc=$?
 set -e
 runs=${RUNS:-$out/perftest-vs-perf-runs}
 rm -rf "$runs"
-cp -r "$dir/runs" "$runs"
+cp -r "$work/runs" "$runs"
 "$target/release/perftest-vs-perf" "$runs" --json "$out/perftest-vs-perf.json" |
     tee "$out/perftest-vs-perf.md"
 echo "perftest vs perf on rxe0: exit status $rc (the figures do not count)" >&2

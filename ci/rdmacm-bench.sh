@@ -18,19 +18,9 @@
 # Environment: ROUNDS (default 3), CONNECTIONS (default 1000), SIZE (bytes per
 # message, default 65536), COUNT (messages, default 20000), PORT (first port, default
 # 19400), RDMA_SIM (a launcher to use instead of building one).
-set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-out=${1:-$root/ci-out}
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
-target=${CARGO_TARGET_DIR:-$root/target}
-case $target in /*) ;; *) target=$root/$target ;; esac
-for p in cmtime rstream ib_send_bw cc; do
-    command -v "$p" >/dev/null || {
-        echo "rdmacm-bench: $p not found (apt-get install rdmacm-utils perftest gcc)" >&2
-        exit 2
-    }
-done
+. "$(dirname "$0")/lib.sh"
+out_dir "${1:-}"
+need rdmacm-bench "apt-get install rdmacm-utils perftest gcc" cmtime rstream ib_send_bw cc
 rounds=${ROUNDS:-3}
 conns=${CONNECTIONS:-1000}
 size=${SIZE:-65536}
@@ -44,19 +34,9 @@ else
     launcher=$target/release/rdma-sim
 fi
 unset RDMA_SIM_LIB LD_PRELOAD RDMA_SIM_DEVICES RDMA_SIM_LISTEN RDMA_SIM_PROFILE
-work=$(mktemp -d)
-# (A server left behind by a run that failed goes with the script.)
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+scratch_dir
 cc -O2 -Wall -o "$work/tcp-connect" "$root/bench/tcp-connect.c"
 sim() { timeout 120 "$launcher" -- "$@"; }
-
-wait_listen() { # port
-    for _ in $(seq 200); do
-        ss -ltn 2>/dev/null | grep -q ":$1 " && return 0
-        sleep 0.05
-    done
-    return 1
-}
 
 # A server in the background on $port, then the client; the client's output.
 # pair SERVER... ::: CLIENT... (@PORT@ in either is the port)
@@ -102,7 +82,10 @@ stats() { # EXPR: awk expression over c (cmtime ms), t (tcp ms), s (rstream), b 
     local r
     for r in $(seq "$rounds"); do
         echo "${fig[cm,$r]} ${fig[tcp,$r]} ${fig[rs,$r]} ${fig[ib,$r]}"
-    done | awk "{c=\$1; t=\$2; s=\$3; b=\$4; print $1}" | sort -g | awk 'function f(x) {return x >= 100 ? sprintf("%.0f", x) : sprintf("%.3g", x)} {v[NR]=$1} END {m = (NR % 2) ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2; print f(m), f(v[1]), f(v[NR])}'
+    done | awk "{c=\$1; t=\$2; s=\$3; b=\$4; print $1}" | awk "$awk_median"'
+function f(x) {return x >= 100 ? sprintf("%.0f", x) : sprintf("%.3g", x)}
+{v[NR]=$1}
+END {m = median(v, NR); print f(m), f(v[1]), f(v[NR])}'
 }
 read -r cm_rate cm_lo cm_hi < <(stats "$conns * 1000 / c")
 read -r tcp_rate tcp_lo tcp_hi < <(stats "$conns * 1000 / t")

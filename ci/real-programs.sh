@@ -23,16 +23,11 @@
 # run only the rows whose name matches; ALTERNATIVES=0: no non-sim rows; PYVERBS_FLOOR
 # (see below). Needs ibverbs-utils, perftest, qperf, ucx-utils, openmpi-bin,
 # libopenmpi-dev, libfabric-bin, python3-pyverbs, rdmacm-utils, iperf.
-set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-out=${1:-$root/ci-out}
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
+. "$(dirname "$0")/lib.sh"
+out_dir "${1:-}"
 runs=$out/real-programs-runs
 rm -rf "$runs"
 mkdir -p "$runs"
-target=${CARGO_TARGET_DIR:-$root/target}
-case $target in /*) ;; *) target=$root/$target ;; esac
 limit=${TIMEOUT:-120}
 # The conditions the figures were taken in: they follow the host's CPUs and its load.
 load_start=$(cut -d' ' -f1 /proc/loadavg)

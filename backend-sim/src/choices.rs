@@ -24,6 +24,8 @@ use std::hash::Hasher;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use backend_sim_proto::fabric::faults::mix;
+
 /// The setting that seeds the choices of every device of the process.
 pub const SETTING: &str = "RDMA_SIM_SEED";
 
@@ -121,14 +123,6 @@ pub fn parse_seed(v: &str) -> Option<u64> {
         Some(h) => u64::from_str_radix(h, 16).ok(),
         None => v.parse().ok(),
     }
-}
-
-/// SplitMix64's finalizer: every input bit moves every output bit.
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
 }
 
 /// FNV-1a over the scope's name, started from the mixed seed (stable across builds and

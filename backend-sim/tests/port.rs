@@ -11,6 +11,8 @@ use verbs_api::*;
 
 mod common;
 
+use common::PairSpec;
+
 const T: Duration = Duration::from_secs(10);
 
 struct Pair {
@@ -26,26 +28,26 @@ struct Pair {
 
 /// A on sim0, B on sim1, connected, A's `timeout` and `retry_cnt` as given.
 fn pair(timeout: u8, retry_cnt: u8) -> Pair {
-    let sim = SimBackend::default();
-    let a_ctx = sim.open("sim0").unwrap();
-    let b_ctx = sim.open("sim1").unwrap();
-    let cap = QpCap::new(16, 16);
-    let pd_a = a_ctx.alloc_pd().unwrap();
-    let pd_b = b_ctx.alloc_pd().unwrap();
-    let cq_a = a_ctx.create_cq(64, None).unwrap();
-    let cq_b = b_ctx.create_cq(64, None).unwrap();
-    let a = pd_a.create_qp(&QpInitAttr::rc(&cq_a, &cq_a, cap)).unwrap();
-    let b = pd_b.create_qp(&QpInitAttr::rc(&cq_b, &cq_b, cap)).unwrap();
-    let pa = RcParams {
-        timeout,
-        retry_cnt,
-        ..RcParams::default()
+    let spec = PairSpec {
+        a: RcParams {
+            timeout,
+            retry_cnt,
+            ..RcParams::default()
+        },
+        psns: (10, 20),
+        ..PairSpec::new(&RcParams::default(), QpCap::new(16, 16))
     };
-    let pb = RcParams::default();
-    let ea = local_endpoint(&a_ctx, &a, &pa, 10).unwrap();
-    let eb = local_endpoint(&b_ctx, &b, &pb, 20).unwrap();
-    connect_rc(&a, &pa, ea.psn, &eb).unwrap();
-    connect_rc(&b, &pb, eb.psn, &ea).unwrap();
+    let common::Pair {
+        c0: a_ctx,
+        c1: b_ctx,
+        pd0: pd_a,
+        pd1: pd_b,
+        cq0: cq_a,
+        cq1: cq_b,
+        a,
+        b,
+        ..
+    } = common::Pair::build(spec, |_, _| {});
     Pair {
         a_ctx,
         b_ctx,

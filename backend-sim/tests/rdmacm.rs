@@ -42,10 +42,15 @@ fn nothing(ch: &SimCmChannel, d: Duration) {
 
 /// A listener on loopback, its port chosen: (channel, id, port).
 fn listener(b: &SimBackend, ps: PortSpace) -> (SimCmChannel, SimCmId, u16) {
+    listener_of(b, ps, 4)
+}
+
+/// [`listener`] with a backlog of `backlog` requests.
+fn listener_of(b: &SimBackend, ps: PortSpace, backlog: u32) -> (SimCmChannel, SimCmId, u16) {
     let ch = b.create_event_channel().unwrap();
     let id = ch.create_id(7, ps, ps.qp_type()).unwrap();
     id.bind_addr(loopback(0)).unwrap();
-    id.listen(4).unwrap();
+    id.listen(backlog).unwrap();
     let port = id.query_addr().unwrap().src.unwrap().port();
     assert_ne!(port, 0);
     (ch, id, port)
@@ -66,6 +71,15 @@ fn resolved(b: &SimBackend, ps: PortSpace, dst: SocketAddr) -> (SimCmChannel, Si
     expect(&ch, E::RouteResolved);
     assert_eq!(id.query_path().unwrap().len(), 1);
     (ch, id)
+}
+
+/// A client on `b` whose id resolved `dst` and sent its connection request with `data`
+/// from an RC QP: (channel, id, its side).
+fn requesting(b: &SimBackend, dst: SocketAddr, data: &[u8]) -> (SimCmChannel, SimCmId, Side) {
+    let (ch, id) = resolved(b, PortSpace::Tcp, dst);
+    let client = side(&id, QpType::Rc);
+    cmqp::connect(&id, &client.qp, &ConnParam::rc(data)).unwrap();
+    (ch, id, client)
 }
 
 /// An RC QP on `id`'s device, moved to INIT as `rdma_create_qp` does.
@@ -96,9 +110,7 @@ fn connected(
     cb: &SimBackend,
 ) -> (SimCmChannel, SimCmId, SimCmChannel, SimCmId, Side, Side, SimCmId) {
     let (sch, lid, port) = listener(sb, PortSpace::Tcp);
-    let (cch, cid) = resolved(cb, PortSpace::Tcp, loopback(port));
-    let client = side(&cid, QpType::Rc);
-    cmqp::connect(&cid, &client.qp, &ConnParam::rc(b"hello from the client")).unwrap();
+    let (cch, cid, client) = requesting(cb, loopback(port), b"hello from the client");
     let req = expect(&sch, E::ConnectRequest);
     assert_eq!(req.listen_id.unwrap().handle, lid.handle());
     let pd = req.param.private_data();
@@ -195,9 +207,7 @@ fn one_host_one_connection_manager() {
 fn reject_with_private_data() {
     let (sb, cb) = two_hosts();
     let (sch, _lid, port) = listener(&sb, PortSpace::Tcp);
-    let (cch, cid) = resolved(&cb, PortSpace::Tcp, loopback(port));
-    let client = side(&cid, QpType::Rc);
-    cmqp::connect(&cid, &client.qp, &ConnParam::rc(b"may I?")).unwrap();
+    let (cch, _cid, _client) = requesting(&cb, loopback(port), b"may I?");
     let req = expect(&sch, E::ConnectRequest);
     let sid = req.new_id.unwrap();
     sid.reject(b"no, sorry", 0).unwrap();
@@ -215,9 +225,7 @@ fn a_listener_that_is_not_there_rejects_with_invalid_service_id() {
         let (_ch, _id, port) = listener(&sb, PortSpace::Tcp);
         port
     };
-    let (cch, cid) = resolved(&cb, PortSpace::Tcp, loopback(port));
-    let client = side(&cid, QpType::Rc);
-    cmqp::connect(&cid, &client.qp, &ConnParam::rc(b"")).unwrap();
+    let (cch, _cid, _client) = requesting(&cb, loopback(port), b"");
     let rej = expect(&cch, E::Rejected);
     assert_eq!(rej.status, rdmacm::reject::INVALID_SERVICE_ID);
 }
@@ -250,9 +258,7 @@ fn an_address_nobody_answers_is_an_address_error_within_the_timeout() {
 fn a_listener_destroyed_with_a_request_pending_rejects_the_request() {
     let (sb, cb) = two_hosts();
     let (sch, lid, port) = listener(&sb, PortSpace::Tcp);
-    let (cch, cid) = resolved(&cb, PortSpace::Tcp, loopback(port));
-    let client = side(&cid, QpType::Rc);
-    cmqp::connect(&cid, &client.qp, &ConnParam::rc(b"")).unwrap();
+    let (cch, _cid, _client) = requesting(&cb, loopback(port), b"");
     // The request arrives (the channel is readable) and is never taken.
     let deadline = std::time::Instant::now() + WAIT;
     while !readable(sch.fd()) {
@@ -442,9 +448,7 @@ fn a_wildcard_listener_takes_loopback_clients() {
     lid.bind_addr(format!("0.0.0.0:{port}").parse().unwrap()).unwrap();
     lid.listen(4).unwrap();
     assert!(lid.verbs().is_none(), "a wildcard listener is bound to no device");
-    let (cch, cid) = resolved(&cb, PortSpace::Tcp, loopback(port));
-    let client = side(&cid, QpType::Rc);
-    cmqp::connect(&cid, &client.qp, &ConnParam::rc(b"")).unwrap();
+    let (cch, cid, client) = requesting(&cb, loopback(port), b"");
     let req = expect(&sch, E::ConnectRequest);
     let sid = req.new_id.unwrap();
     assert!(sid.verbs().is_some());
@@ -486,9 +490,7 @@ fn next_for(ch: &SimCmChannel, handle: u32, within: Duration) -> E {
 /// then sleeps, taking no event: it is killed mid-handshake.
 fn client_process(port: u16) {
     let b = SimBackend::default();
-    let (_ch, id) = resolved(&b, PortSpace::Tcp, loopback(port));
-    let client = side(&id, QpType::Rc);
-    cmqp::connect(&id, &client.qp, &ConnParam::rc(b"about to die")).unwrap();
+    let (_ch, _id, _client) = requesting(&b, loopback(port), b"about to die");
     std::thread::sleep(Duration::from_secs(600));
 }
 
@@ -543,9 +545,7 @@ fn a_client_that_exits_mid_handshake_leaves_nothing_in_the_server() {
     drop((server, sid));
     eventually("the listener alone", || sb.cm_ids() == 1);
     let cb = SimBackend::default();
-    let (cch, cid) = resolved(&cb, PortSpace::Tcp, loopback(port));
-    let client = side(&cid, QpType::Rc);
-    cmqp::connect(&cid, &client.qp, &ConnParam::rc(b"")).unwrap();
+    let (cch, cid, client) = requesting(&cb, loopback(port), b"");
     let sid = expect(&sch, E::ConnectRequest).new_id.unwrap();
     let server = side(&sid, QpType::Rc);
     cmqp::accept(&sid, &server.qp, &ConnParam::rc(b"")).unwrap();
@@ -593,9 +593,7 @@ fn a_client_that_exits_before_the_accept_leaves_nothing_in_the_server() {
 fn ids_destroyed_with_events_pending_leave_nothing_behind() {
     let (sb, cb) = two_hosts();
     let (sch, lid, port) = listener(&sb, PortSpace::Tcp);
-    let (cch, cid) = resolved(&cb, PortSpace::Tcp, loopback(port));
-    let client = side(&cid, QpType::Rc);
-    cmqp::connect(&cid, &client.qp, &ConnParam::rc(b"")).unwrap();
+    let (cch, cid, client) = requesting(&cb, loopback(port), b"");
     let sid = expect(&sch, E::ConnectRequest).new_id.unwrap();
     let server = side(&sid, QpType::Rc);
     cmqp::accept(&sid, &server.qp, &ConnParam::rc(b"")).unwrap();
@@ -625,16 +623,10 @@ fn ids_destroyed_with_events_pending_leave_nothing_behind() {
 #[test]
 fn a_listener_that_never_accepts_holds_no_more_than_its_backlog() {
     let (sb, cb) = two_hosts();
-    let sch = sb.create_event_channel().unwrap();
-    let lid = sch.create_id(7, PortSpace::Tcp, QpType::Rc).unwrap();
-    lid.bind_addr(loopback(0)).unwrap();
-    lid.listen(2).unwrap();
-    let port = lid.query_addr().unwrap().src.unwrap().port();
+    let (sch, lid, port) = listener_of(&sb, PortSpace::Tcp, 2);
     let mut clients = Vec::new();
     for _ in 0..6 {
-        let (cch, cid) = resolved(&cb, PortSpace::Tcp, loopback(port));
-        let client = side(&cid, QpType::Rc);
-        cmqp::connect(&cid, &client.qp, &ConnParam::rc(b"")).unwrap();
+        let (cch, cid, client) = requesting(&cb, loopback(port), b"");
         clients.push((cch, cid, client));
     }
     eventually("the backlog's requests", || sb.cm_ids() == 3);
@@ -694,9 +686,7 @@ fn a_stranger_at_the_rdma_cm_port_is_refused_as_at_any_listener() {
     });
     assert_eq!(answer(&lookup[..lookup.len() - 1]), None, "a truncated lookup");
     assert!(matches!(answer(&lookup), Some(Frame::CmAddress { .. })));
-    let (cch, cid) = resolved(&cb, PortSpace::Tcp, at);
-    let client = side(&cid, QpType::Rc);
-    cmqp::connect(&cid, &client.qp, &ConnParam::rc(b"")).unwrap();
+    let (cch, _cid, _client) = requesting(&cb, at, b"");
     expect(&sch, E::ConnectRequest);
     drop(cch);
 }
@@ -722,9 +712,7 @@ fn a_flood_at_the_rdma_cm_port_does_not_stop_real_clients() {
     // More than the rendezvous lets be in setup at once (the listeners' bound).
     assert!(flood.len() > 256, "{}", flood.len());
     for i in 0..3u8 {
-        let (cch, cid) = resolved(&cb, PortSpace::Tcp, at);
-        let client = side(&cid, QpType::Rc);
-        cmqp::connect(&cid, &client.qp, &ConnParam::rc(&[i])).unwrap();
+        let (cch, cid, client) = requesting(&cb, at, &[i]);
         let sid = expect(&sch, E::ConnectRequest).new_id.unwrap();
         let server = side(&sid, QpType::Rc);
         cmqp::accept(&sid, &server.qp, &ConnParam::rc(b"")).unwrap();
@@ -748,9 +736,7 @@ fn destroying_the_last_id_of_a_device_while_its_links_close_returns() {
         let mut hosts = Vec::new();
         for _ in 0..12 {
             let cb = SimBackend::default();
-            let (cch, cid) = resolved(&cb, PortSpace::Tcp, loopback(port));
-            let client = side(&cid, QpType::Rc);
-            cmqp::connect(&cid, &client.qp, &ConnParam::rc(b"")).unwrap();
+            let (cch, cid, client) = requesting(&cb, loopback(port), b"");
             let sid = expect(&sch, E::ConnectRequest).new_id.unwrap();
             let server = side(&sid, QpType::Rc);
             cmqp::accept(&sid, &server.qp, &ConnParam::rc(b"")).unwrap();

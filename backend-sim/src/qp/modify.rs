@@ -11,15 +11,32 @@
 
 use std::sync::Arc;
 
+use parking_lot::MutexGuard;
 use verbs_api::timers::local_ack_timeout;
 use verbs_api::transitions::check_modify;
 use verbs_api::{Error, QpAttr, QpAttrMask as M, QpState, QpType, Result, PSN_MASK};
 
-use super::QpShared;
+use super::{QpInner, QpShared};
 use crate::requester::ReqAttrs;
 use crate::responder::RespAttrs;
 
 impl QpShared {
+    /// Before RESET, ERR or destroy forget the connection's state: what was executed is
+    /// acknowledged first, as an HCA acknowledged it when it arrived. An ACK held back to
+    /// leave with the application's answer (delayed ACK) would otherwise be forgotten by
+    /// the flush, and the peer's SEND, received here, fail with RETRY_EXC_ERR there (an
+    /// application that disconnects as soon as it has the last message). The QP's lock
+    /// is let go meanwhile and taken again: `flush_final` takes the connection's I/O
+    /// lock, then the QP's.
+    pub(super) fn flush_owed_acks<'a>(&'a self, g: MutexGuard<'a, QpInner>) -> MutexGuard<'a, QpInner> {
+        let Some(c) = g.conn.clone() else {
+            return g;
+        };
+        drop(g);
+        self.dev.path.flush_final(&c);
+        self.inner.lock()
+    }
+
     fn check_values(&self, attr: &QpAttr, mask: M) -> Result<()> {
         let bad = |name: &'static str, reason: String| Err(Error::InvalidAttr { name, reason });
         let d = &self.dev.attr;
@@ -170,12 +187,7 @@ impl QpShared {
         g.req.qkey = a.qkey;
         match next {
             QpState::Reset => {
-                if let Some(c) = g.conn.clone() {
-                    // As in `destroy`: what was executed is acknowledged first.
-                    drop(g);
-                    self.dev.path.flush_final(&c);
-                    g = self.inner.lock();
-                }
+                g = self.flush_owed_acks(g);
                 g.req.reset();
                 g.resp.reset();
                 self.clean_cqs("RESET");
@@ -192,16 +204,7 @@ impl QpShared {
                 self.req_wake.notify_one();
             }
             QpState::Err => {
-                if let Some(c) = g.conn.clone() {
-                    // What was executed is acknowledged first, as an HCA acknowledged it
-                    // when it arrived: an ACK held back to leave with the application's
-                    // answer would otherwise be forgotten by the flush, and the peer's
-                    // SEND, received here, fail with RETRY_EXC_ERR there (an application
-                    // that disconnects as soon as it has the last message).
-                    drop(g);
-                    self.dev.path.flush_final(&c);
-                    g = self.inner.lock();
-                }
+                g = self.flush_owed_acks(g);
                 self.enter_error(&mut g);
             }
             // A UD QP has no peer: RTR only lets it receive.

@@ -383,10 +383,7 @@ impl QpShared {
     pub fn destroy(&self) {
         // An HCA acknowledged what it executed long before the application could
         // destroy the QP: write ACKs still owed (delayed ACK) first.
-        let conn = self.inner.lock().conn.clone();
-        if let Some(c) = conn {
-            self.dev.path.flush_final(&c);
-        }
+        drop(self.flush_owed_acks(self.inner.lock()));
         self.destroyed.store(true, Ordering::Release);
         let mut g = self.inner.lock();
         g.epoch += 1;

@@ -56,6 +56,39 @@ pub struct Pair {
     pub cq1: backend_sim::SimCq,
     pub a: backend_sim::SimQp,
     pub b: backend_sim::SimQp,
+    /// The endpoints A and B were connected with.
+    pub ea: Endpoint,
+    pub eb: Endpoint,
+}
+
+/// What [`Pair::build`] makes: the devices' profile, each side's connection parameters,
+/// the QPs' capacities, the CQs' size and the PSNs each side starts with.
+pub struct PairSpec {
+    pub profile: backend_sim::Profile,
+    /// A's connection parameters (as a requester: its timeout and retry counts).
+    pub a: RcParams,
+    /// B's.
+    pub b: RcParams,
+    pub cap: QpCap,
+    /// Entries of each side's CQ.
+    pub cq_len: u32,
+    /// The PSNs A and B start sending with.
+    pub psns: (u32, u32),
+}
+
+impl PairSpec {
+    /// Both sides with `p` and `cap`, CQs of 64 entries, PSNs 1 and 2, on the default
+    /// profile.
+    pub fn new(p: &RcParams, cap: QpCap) -> PairSpec {
+        PairSpec {
+            profile: backend_sim::Profile::default(),
+            a: *p,
+            b: *p,
+            cap,
+            cq_len: 64,
+            psns: (1, 2),
+        }
+    }
 }
 
 impl Pair {
@@ -77,20 +110,36 @@ impl Pair {
         cap: QpCap,
         open: impl FnOnce(&SimContext, &SimContext),
     ) -> Pair {
+        Self::build(
+            PairSpec {
+                profile,
+                ..PairSpec::new(p, cap)
+            },
+            open,
+        )
+    }
+
+    /// The pair `spec` describes, `open` called with the two devices before anything is
+    /// made on them.
+    pub fn build(spec: PairSpec, open: impl FnOnce(&SimContext, &SimContext)) -> Pair {
         let sim = backend_sim::SimBackend::new(backend_sim::SimConfig {
-            profile,
+            profile: spec.profile,
             ..Default::default()
         });
         let (c0, c1) = (sim.open("sim0").unwrap(), sim.open("sim1").unwrap());
         open(&c0, &c1);
         let (pd0, pd1) = (c0.alloc_pd().unwrap(), c1.alloc_pd().unwrap());
-        let (cq0, cq1) = (c0.create_cq(64, None).unwrap(), c1.create_cq(64, None).unwrap());
-        let a = pd0.create_qp(&QpInitAttr::rc(&cq0, &cq0, cap)).unwrap();
-        let b = pd1.create_qp(&QpInitAttr::rc(&cq1, &cq1, cap)).unwrap();
-        let ea = local_endpoint(&c0, &a, p, 1).unwrap();
-        let eb = local_endpoint(&c1, &b, p, 2).unwrap();
-        connect_rc(&a, p, ea.psn, &eb).unwrap();
-        connect_rc(&b, p, eb.psn, &ea).unwrap();
+        let (cq0, cq1) = (
+            c0.create_cq(spec.cq_len, None).unwrap(),
+            c1.create_cq(spec.cq_len, None).unwrap(),
+        );
+        let a = pd0.create_qp(&QpInitAttr::rc(&cq0, &cq0, spec.cap)).unwrap();
+        let b = pd1.create_qp(&QpInitAttr::rc(&cq1, &cq1, spec.cap)).unwrap();
+        let (pa, pb) = (&spec.a, &spec.b);
+        let ea = local_endpoint(&c0, &a, pa, spec.psns.0).unwrap();
+        let eb = local_endpoint(&c1, &b, pb, spec.psns.1).unwrap();
+        connect_rc(&a, pa, ea.psn, &eb).unwrap();
+        connect_rc(&b, pb, eb.psn, &ea).unwrap();
         Pair {
             _sim: sim,
             c0,
@@ -101,6 +150,8 @@ impl Pair {
             cq1,
             a,
             b,
+            ea,
+            eb,
         }
     }
 }

@@ -127,7 +127,8 @@ impl Decider {
     }
 }
 
-/// SplitMix64's finalizer.
+/// SplitMix64's finalizer: every input bit moves every output bit. The one copy: the
+/// fabric's fault decisions and the sim's seeded choices (QPNs, keys) both hash with it.
 pub fn mix(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);

@@ -1,0 +1,112 @@
+//! An incoming RDMA WRITE or WRITE_WITH_IMM (IBA 9.7.4.1.5): the remote access check,
+//! then its payload goes straight to the region; with an immediate it consumes a receive
+//! first (an RNR NAK without one).
+
+use verbs_api::{AccessFlags, WcOpcode, WorkCompletion};
+
+use super::{reason_of, Incoming, Responder, Taken};
+use crate::memory::MrTable;
+use crate::psn;
+use crate::requester::Fatal;
+use crate::tx::TxQueue;
+use crate::wire::{Frame, NakReason};
+
+impl Responder {
+    /// A new WRITE `frame` of PSN `psn`, the expected one.
+    pub(super) fn on_write(
+        &mut self,
+        frame: &Frame,
+        psn: u32,
+        mrs: &MrTable,
+        tx: &mut TxQueue,
+        out: &mut Vec<(WorkCompletion, bool)>,
+        force_rnr: &mut u32,
+    ) -> Result<Incoming, Fatal> {
+        let Frame::Write {
+            len,
+            addr,
+            rkey,
+            imm,
+            solicited,
+            ..
+        } = *frame
+        else {
+            return Ok(Incoming::Discard);
+        };
+        // Resources (a receive for the immediate) are checked before the rkey, as
+        // the responder state machines of rxe and the IBA do. The receive is taken
+        // now (an SRQ's last one could go to another QP between a look and a
+        // take); if the rkey check fails it completes in error
+        // (`Switches::write_imm_bad_rkey`).
+        if imm.is_some() && !self.take_recv_or_rnr(psn, tx, force_rnr) {
+            return Ok(Incoming::Discard);
+        }
+        let seg = match mrs.resolve_remote(&self.target(), rkey, addr, len as u64, AccessFlags::REMOTE_WRITE)
+        {
+            Ok(s) => s,
+            Err(e) => {
+                let reason = reason_of(e);
+                // The receive the immediate took completes with the switch's
+                // status; a QP whose access flags forbid WRITEs refuses the
+                // opcode before taking any receive (rxe's `check_op_valid()`), so
+                // there the receive is only flushed.
+                if imm.is_some() && reason != NakReason::QpAccess {
+                    self.fail_recv(self.sw.write_imm_bad_rkey, out);
+                }
+                return self.refuse(psn, "WRITE", reason, rkey, addr, len as u64, tx);
+            }
+        };
+        if imm.is_some() {
+            self.taken = Some(Taken::Filling {
+                opcode: WcOpcode::RecvRdmaWithImm,
+                byte_len: len,
+                imm,
+                inv: None,
+                solicited,
+            });
+        }
+        self.payload_psn = Some(psn);
+        self.payload_ack_req = frame.ack_req();
+        self.epsn = psn::add(psn, self.packets(len));
+        let mut segs = std::mem::take(&mut self.scratch);
+        segs.clear();
+        segs.extend(seg);
+        Ok(Incoming::Sink(segs))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use verbs_api::{AsyncElement, AsyncEventType, WcStatus};
+
+    use super::super::RespAttrs;
+    use super::*;
+
+    /// A WRITE refused for its rkey raises QP_ACCESS_ERR on the responder's QP.
+    #[test]
+    fn a_refused_write_raises_an_access_error() {
+        let mrs = MrTable::default();
+        let mut resp = Responder::new(2, 1, 4, 1);
+        resp.connect(RespAttrs {
+            rq_psn: 0,
+            min_rnr_timer: 1,
+        });
+        resp.access = AccessFlags::REMOTE;
+        let (mut tx, mut out) = (TxQueue::new(), Vec::new());
+        let write = Frame::Write {
+            psn: 0,
+            len: 8,
+            addr: 0x1000,
+            rkey: 9,
+            imm: None,
+            solicited: false,
+            ack_req: false,
+        };
+        assert!(matches!(
+            resp.on_request(&write, &mrs, &mut tx, &mut out),
+            Err(Fatal(WcStatus::RemAccessErr))
+        ));
+        let evs: Vec<_> = resp.take_events().map(|e| (e.event_type, e.element)).collect();
+        assert_eq!(evs, [(AsyncEventType::QpAccessErr, AsyncElement::Qp(2))]);
+    }
+}

@@ -1,0 +1,97 @@
+//! The frames of an established connection (IBA 9.7's requests and responses at message
+//! granularity): SEND, RDMA WRITE and READ with their RETH, the atomics with their
+//! AtomicETH, ACKs, READ responses, atomic responses with their AtomicAckETH. (NAKs are
+//! in `nak`.)
+
+use super::frame::{Frame, WireError};
+use super::header::{u32_at, u64_at, Base, F_INV};
+use super::opcode::op;
+
+impl Frame {
+    /// Writes the extension of a request or response (a SEND, an ACK and a READ response
+    /// have none).
+    #[inline]
+    pub(super) fn encode_data_ext(&self, e: &mut [u8]) {
+        match *self {
+            Frame::Write { addr, rkey, .. } | Frame::Read { addr, rkey, .. } => {
+                e[0..8].copy_from_slice(&addr.to_le_bytes());
+                e[8..12].copy_from_slice(&rkey.to_le_bytes());
+            }
+            Frame::CmpSwap {
+                addr,
+                rkey,
+                compare,
+                swap,
+                ..
+            } => {
+                e[0..8].copy_from_slice(&addr.to_le_bytes());
+                e[8..12].copy_from_slice(&rkey.to_le_bytes());
+                e[12..20].copy_from_slice(&compare.to_le_bytes());
+                e[20..28].copy_from_slice(&swap.to_le_bytes());
+            }
+            Frame::FetchAdd { addr, rkey, add, .. } => {
+                e[0..8].copy_from_slice(&addr.to_le_bytes());
+                e[8..12].copy_from_slice(&rkey.to_le_bytes());
+                e[12..20].copy_from_slice(&add.to_le_bytes());
+                e[20..28].copy_from_slice(&0u64.to_le_bytes());
+            }
+            Frame::AtomicResp { orig, .. } => e[0..8].copy_from_slice(&orig.to_le_bytes()),
+            _ => {}
+        }
+    }
+
+    /// Reads a request or response from its base header and extension.
+    #[inline]
+    pub(super) fn decode_data(b: &Base, e: &[u8]) -> Result<Frame, WireError> {
+        let (psn, len, flags, aux, imm_raw) = (b.psn, b.len, b.flags, b.aux, b.imm_raw);
+        let (imm, solicited, ack_req) = (b.imm(), b.solicited(), b.ack_req());
+        Ok(match b.opcode {
+            op::SEND => Frame::Send {
+                psn,
+                len,
+                imm,
+                solicited,
+                ack_req,
+                inv: (flags & F_INV != 0).then_some(imm_raw),
+            },
+            op::WRITE => Frame::Write {
+                psn,
+                len,
+                addr: u64_at(e, 0),
+                rkey: u32_at(e, 8),
+                imm,
+                solicited,
+                ack_req,
+            },
+            op::READ => Frame::Read {
+                psn,
+                len,
+                addr: u64_at(e, 0),
+                rkey: u32_at(e, 8),
+                inflight: aux,
+            },
+            op::CMP_SWAP => Frame::CmpSwap {
+                psn,
+                inflight: aux,
+                addr: u64_at(e, 0),
+                rkey: u32_at(e, 8),
+                compare: u64_at(e, 12),
+                swap: u64_at(e, 20),
+            },
+            op::FETCH_ADD => Frame::FetchAdd {
+                psn,
+                inflight: aux,
+                addr: u64_at(e, 0),
+                rkey: u32_at(e, 8),
+                add: u64_at(e, 12),
+            },
+            op::ACK => Frame::Ack { psn },
+            op::READ_RESP => Frame::ReadResp { psn, len },
+            op::ATOMIC_RESP => Frame::AtomicResp {
+                psn,
+                orig: u64_at(e, 0),
+            },
+            other => return Err(WireError::UnknownOpcode(other)),
+        })
+    }
+}
