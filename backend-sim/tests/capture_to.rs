@@ -10,10 +10,8 @@ use std::time::Duration;
 
 use backend_sim::capture::{Buffer, Capture, Snaplen};
 use backend_sim::SimContext;
-use backend_sim_proto::capture::opcode;
-use backend_sim_proto::capture::parse::{parse, Parsed};
-use backend_sim_proto::capture::read::packets;
-use common::Pair;
+use capture_judge::well_formed_of;
+use common::{comments, name, roce, Pair};
 use std::sync::Arc;
 use verbs_api::*;
 
@@ -41,42 +39,6 @@ fn pair(snap: Snaplen) -> (Pair, [(Buffer, Arc<Capture>); 2]) {
 fn bytes((b, cap): &(Buffer, Arc<Capture>)) -> Vec<u8> {
     cap.flush();
     b.contents()
-}
-
-/// The RoCE packets of a capture, with the bytes kept.
-fn roce(file: &[u8]) -> Vec<(Parsed, Vec<u8>, usize, Option<String>)> {
-    packets(file)
-        .unwrap()
-        .into_iter()
-        .filter_map(|c| {
-            let ip = c.ip?;
-            let p = parse(c.data, ip, c.orig_len).unwrap();
-            Some((p, c.data[ip..].to_vec(), c.orig_len, c.comment))
-        })
-        .collect()
-}
-
-fn name(p: &Parsed) -> &'static str {
-    opcode::name(p.headers.bth.opcode).unwrap()
-}
-
-fn comments(file: &[u8]) -> Vec<String> {
-    packets(file)
-        .unwrap()
-        .into_iter()
-        .filter_map(|c| c.comment)
-        .collect()
-}
-
-/// tshark reads `file` with no malformed packet; returns its rows of `fields`.
-fn judged(file: &[u8], fields: &[&str]) -> Vec<Vec<String>> {
-    let mut all = vec!["_ws.malformed"];
-    all.extend_from_slice(fields);
-    let rows = common::tshark(file, &all);
-    for r in &rows {
-        assert!(r[0].is_empty(), "malformed: {r:?}");
-    }
-    rows.into_iter().map(|mut r| r.split_off(1)).collect()
 }
 
 fn run(p: &Pair, wr: SendWr<'_>) {
@@ -182,12 +144,12 @@ fn whole_packets_carry_their_payload_the_icrc_the_msn_and_the_verbs_context() {
     assert!(comments(&f1).contains(&format!("QP {b:#x}: post_recv wr_id 0xa length 4096")));
 
     // tshark: the comments, the MSNs, every packet well formed.
-    let rows = judged(&f0, &["frame.comment", "infiniband.bth.opcode"]);
+    let rows = well_formed_of(&f0, &["frame.comment", "infiniband.bth.opcode"]);
     assert!(rows
         .iter()
         .any(|r| r[0] == format!("QP {a:#x}: post_send wr_id 0x1 Send length 3000 signaled")));
     assert_eq!(rows.iter().filter(|r| !r[1].is_empty()).count(), sent.len());
-    let rows = judged(&f1, &["infiniband.aeth.msn"]);
+    let rows = well_formed_of(&f1, &["infiniband.aeth.msn"]);
     let msns: Vec<&str> = rows
         .iter()
         .map(|r| r[0].as_str())
@@ -220,7 +182,7 @@ fn a_snap_length_cuts_packets_as_pcap_does() {
         );
         assert_eq!(p.icrc_ok, None);
     }
-    let rows = judged(&f0, &["frame.cap_len", "frame.len", "infiniband.bth.opcode"]);
+    let rows = well_formed_of(&f0, &["frame.cap_len", "frame.len", "infiniband.bth.opcode"]);
     let cut: Vec<(&str, &str)> = rows
         .iter()
         .filter(|r| !r[2].is_empty())
@@ -279,7 +241,7 @@ fn injected_faults_are_marked() {
         Some("dropped: fault injection (drop_datagrams)")
     );
     for f in [&f0, &f1] {
-        let rows = judged(f, &["frame.comment"]);
+        let rows = well_formed_of(f, &["frame.comment"]);
         assert!(rows.iter().any(|r| r[0].contains("fault injection")));
     }
 }
