@@ -132,7 +132,11 @@ fn whole_packets_carry_their_payload_the_icrc_the_msn_and_the_verbs_context() {
         format!("QP {a:#x}: state Init -> Rtr"),
         format!("QP {a:#x}: post_send wr_id 0x1 Send length 3000 signaled"),
         format!("QP {a:#x}: completion wr_id 0x1 Send status Success byte_len 3000"),
-        format!("QP {a:#x}: post_send wr_id 0x4 AtomicFetchAndAdd length 8 signaled"),
+        format!(
+            "QP {a:#x}: post_send wr_id 0x4 AtomicFetchAndAdd length 8 remote {:#x} rkey {:#x} signaled",
+            dst.addr() + 4096,
+            dst.rkey()
+        ),
     ] {
         assert!(notes.contains(&want), "{want:?} not among {notes:#?}");
     }
