@@ -9,6 +9,7 @@ mod common;
 use std::time::Duration;
 
 use backend_sim::capture::{Buffer, Capture, Snaplen};
+use backend_sim::faults::BreakPoint;
 use backend_sim::SimContext;
 use capture_judge::well_formed_of;
 use common::{comments, name, roce, Pair};
@@ -247,5 +248,57 @@ fn injected_faults_are_marked() {
     for f in [&f0, &f1] {
         let rows = well_formed_of(f, &["frame.comment"]);
         assert!(rows.iter().any(|r| r[0].contains("fault injection")));
+    }
+}
+
+#[test]
+fn a_stall_a_setup_delay_and_a_request_cut_by_a_break_are_noted() {
+    let (p, caps) = pair(Snaplen::Headers);
+    let (a, b) = (p.a.qp_num(), p.b.qp_num());
+    let src = p.pd0.reg_mr(64 << 10, AccessFlags::LOCAL_WRITE).unwrap();
+    let dst = p
+        .pd1
+        .reg_mr(64 << 10, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+        .unwrap();
+    p.c1.faults()
+        .stall_responder(b, Duration::from_millis(20))
+        .unwrap();
+    p.c0.faults().delay_setup(a, Duration::from_millis(1)).unwrap();
+    run(
+        &p,
+        SendWr::write(1, &[src.sge(0, 8).unwrap()], dst.remote().at(0)).signaled(),
+    );
+    // Cut in the middle of a WRITE of 64 packets: resent whole once connected again.
+    p.c0.faults().break_connection(a, BreakPoint::MidRequest).unwrap();
+    run(
+        &p,
+        SendWr::write(2, &[src.sge_all()], dst.remote().at(0)).signaled(),
+    );
+
+    let (f0, f1) = (bytes(&caps[0]), bytes(&caps[1]));
+    let notes1 = comments(&f1);
+    let stalled =
+        format!("QP {b:#x}: fault injection: responder stalled for 20ms (requests wait in the socket)");
+    assert!(notes1.contains(&stalled), "{notes1:#?}");
+    let notes0 = comments(&f0);
+    let delayed = format!(
+        "QP {a:#x}: fault injection: connections set up from now on wait 1ms before carrying traffic"
+    );
+    assert!(notes0.contains(&delayed), "{notes0:#?}");
+    let cut = format!("QP {a:#x}: fault injection: connection broken MidRequest: ");
+    let i = notes0
+        .iter()
+        .position(|n| n.starts_with(&cut) && n.ends_with("written before the break"))
+        .unwrap_or_else(|| panic!("{notes0:#?}"));
+    // Part of the WRITE's bytes left, not all.
+    let counts: Vec<usize> = notes0[i][cut.len()..]
+        .split(' ')
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert!(counts.len() == 2 && counts[0] < counts[1], "{}", notes0[i]);
+    let broken = format!("QP {a:#x}: fault injection: connection broken");
+    assert!(notes0[i..].contains(&broken), "{notes0:#?}");
+    for f in [&f0, &f1] {
+        well_formed_of(f, &["frame.comment"]);
     }
 }
