@@ -16,8 +16,9 @@ mkdir -p "${1:-ci-out}"
 out=$(cd "${1:-ci-out}" && pwd)
 cases=${2:-}
 export CARGO_PROFILE_DEV_DEBUG=${CARGO_PROFILE_DEV_DEBUG:-line-tables-only}
-cargo build --release -q -p examples --bin kv-rpc --bin param-pool --bin dist-lock
-bin=target/release
+# The debug builds `cargo test` made already (as ci/two-hosts.sh's kv-rpc).
+cargo build -q -p examples --bin kv-rpc --bin param-pool --bin dist-lock
+bin=target/debug
 fail=0
 
 # The upper-layer protocols Wireshark guesses at in a SEND's payload, which would call a

@@ -429,6 +429,11 @@ fn expectations() -> Vec<(&'static str, Check)> {
             );
             let psns: Vec<u32> = reqs.iter().map(|p| p.psn - reqs[0].psn).collect();
             assert_eq!(psns, [0, 1, 2, 3, 4], "{id}");
+            // Each response's MSN counts the messages up to the one it answers (one PSN
+            // each here), whether or not ACKs were coalesced.
+            for r in c.responses() {
+                assert_eq!(r.msn, Some(r.psn - reqs[0].psn + 1), "{id}: {r:?}");
+            }
             assert_eq!(c.responses().last().unwrap().msn, Some(5), "{id}");
         }),
     ]
