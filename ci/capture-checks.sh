@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # capture-checks.sh - the sim's captures judged by tshark. The three seed examples
 # (kv-rpc, param-pool, dist-lock) run their demos with RDMA_SIM_PCAP, one file per
-# process (OUT/pcap/<example>/<pid>.pcapng); tshark must read every file with no
-# malformed packet and no dissector error, and find the opcodes each example implies:
-# SEND and its ACKs for kv-rpc's requests and replies, READ requests and responses for
-# param-pool's readers, CMP_SWAP, FETCH_ADD and their ATOMIC_ACKNOWLEDGEs for
-# dist-lock's two locks. With a second argument, every capture in that directory (the
+# process (OUT/pcap/<example>/<pid>.pcapng, removed when they pass); tshark must read
+# every file with no malformed packet and no dissector error, and find the opcodes each
+# example implies: SEND and its ACKs for kv-rpc's requests and replies, READ requests and
+# responses for param-pool's readers, CMP_SWAP, FETCH_ADD and their ATOMIC_ACKNOWLEDGEs
+# for dist-lock's two locks. With a second argument, every capture in that directory (the
 # conformance run's `--pcap DIR`, one file per case) is judged the same way. The per-case
 # checks of the packets a case implies are conformance/tests/capture.rs (cargo test).
 # Usage: ci/capture-checks.sh OUT [CONFORMANCE_PCAP_DIR]. Exit status: 0 when every
@@ -98,6 +98,8 @@ check_example() {
         fail=1
     else
         echo "ok   $ex: ${#files[@]} capture(s), $((SECONDS - t0)) s, opcodes: $named"
+        # (Tens of MB: kept only when something is wrong.)
+        rm -f "${files[@]}"
     fi
 }
 
