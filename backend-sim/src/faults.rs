@@ -81,6 +81,13 @@ impl Faults {
         Ok((qp, dev.progress.clone()))
     }
 
+    /// Writes `what` to QP `qp`'s capture, if its device captures, as a fault injected.
+    fn note(qp: &QpShared, what: std::fmt::Arguments<'_>) {
+        if let Some(cap) = qp.dev.capture.get() {
+            crate::capture::notes::qp(cap, qp.qpn, format_args!("fault injection: {what}"));
+        }
+    }
+
     /// Breaks the connection of QP `qpn`'s requester at `point` of its next request.
     pub fn break_connection(&self, qpn: u32, point: BreakPoint) -> Result<()> {
         let (qp, progress) = self.qp(qpn)?;
@@ -107,6 +114,10 @@ impl Faults {
         let (qp, progress) = self.qp(qpn)?;
         let until = Instant::now() + d;
         qp.inner.lock().faults.stall_until = Some(until);
+        Self::note(
+            &qp,
+            format_args!("responder stalled for {d:?} (requests wait in the socket)"),
+        );
         progress.counters.stalls.fetch_add(1, Ordering::Relaxed);
         progress.arm_timer(&qp, until);
         Ok(())
@@ -159,6 +170,10 @@ impl Faults {
     pub fn delay_setup(&self, qpn: u32, d: Duration) -> Result<()> {
         let (qp, _) = self.qp(qpn)?;
         qp.inner.lock().faults.setup_delay = d;
+        Self::note(
+            &qp,
+            format_args!("connections set up from now on wait {d:?} before carrying traffic"),
+        );
         Ok(())
     }
 

@@ -7,18 +7,14 @@
 
 mod common;
 
-use std::process::Command;
-
-use backend_sim_proto::capture::opcode;
-use backend_sim_proto::capture::parse::parse;
-use backend_sim_proto::capture::read::packets;
-use common::Pair;
+use capture_judge::{well_formed, Scratch};
+use common::{name, roce, Pair};
 use verbs_api::*;
 
 #[test]
 fn the_traffic_is_captured_as_roce_packets() {
-    let dir = std::env::temp_dir().join(format!("sim-capture-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = Scratch::dir("capture-test");
+    let dir = scratch.path();
     // Set before any device of this process exists (the setting is read when the first
     // connection is made), in a test binary of its own.
     std::env::set_var(backend_sim::capture::SETTING, dir.join("run-%p.pcapng"));
@@ -79,19 +75,9 @@ fn the_traffic_is_captured_as_roce_packets() {
     let path = dir.join(format!("run-{}.pcapng", std::process::id()));
     assert_eq!(cap.path(), Some(path.as_path()));
     let bytes = std::fs::read(&path).unwrap();
-    let got: Vec<(String, u32, u32)> = packets(&bytes)
-        .unwrap()
+    let got: Vec<(String, u32, u32)> = roce(&bytes)
         .iter()
-        .filter(|c| c.ip.is_some())
-        .map(|c| {
-            let r = parse(c.data, c.ip.unwrap(), c.orig_len).unwrap();
-            let h = r.headers;
-            (
-                opcode::name(h.bth.opcode).unwrap().to_owned(),
-                h.bth.psn,
-                h.bth.dst_qpn,
-            )
-        })
+        .map(|(r, ..)| (name(r).to_owned(), r.headers.bth.psn, r.headers.bth.dst_qpn))
         .collect();
     let (a, b) = (p.a.qp_num(), p.b.qp_num());
     let want: Vec<(String, u32, u32)> = [
@@ -112,28 +98,8 @@ fn the_traffic_is_captured_as_roce_packets() {
     .collect();
     assert_eq!(got, want);
 
-    let out = Command::new("tshark")
-        .arg("-r")
-        .arg(&path)
-        .args([
-            "-T",
-            "fields",
-            "-e",
-            "infiniband.bth.opcode",
-            "-e",
-            "_ws.malformed",
-        ])
-        .output()
-        .expect("tshark runs (.ci/run installs it)");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let text = String::from_utf8_lossy(&out.stdout);
     // (The rest are the verbs context's events.)
-    let packets: Vec<&str> = text.lines().filter(|l| !l.starts_with('\t')).collect();
-    assert_eq!(packets.len(), want.len(), "{text}");
-    for l in text.lines() {
-        let mut f = l.split('\t');
-        f.next();
-        assert!(f.next().unwrap_or("").is_empty(), "malformed: {text}");
-    }
-    let _ = std::fs::remove_dir_all(&dir);
+    let rows = well_formed(&path, &["infiniband.bth.opcode"]);
+    let packets = rows.iter().filter(|r| !r[0].is_empty()).count();
+    assert_eq!(packets, want.len(), "{rows:?}");
 }

@@ -9,11 +9,10 @@ mod common;
 use std::time::Duration;
 
 use backend_sim::capture::{Buffer, Capture, Snaplen};
+use backend_sim::faults::BreakPoint;
 use backend_sim::SimContext;
-use backend_sim_proto::capture::opcode;
-use backend_sim_proto::capture::parse::{parse, Parsed};
-use backend_sim_proto::capture::read::packets;
-use common::Pair;
+use capture_judge::well_formed_of;
+use common::{comments, name, roce, Pair};
 use std::sync::Arc;
 use verbs_api::*;
 
@@ -41,42 +40,6 @@ fn pair(snap: Snaplen) -> (Pair, [(Buffer, Arc<Capture>); 2]) {
 fn bytes((b, cap): &(Buffer, Arc<Capture>)) -> Vec<u8> {
     cap.flush();
     b.contents()
-}
-
-/// The RoCE packets of a capture, with the bytes kept.
-fn roce(file: &[u8]) -> Vec<(Parsed, Vec<u8>, usize, Option<String>)> {
-    packets(file)
-        .unwrap()
-        .into_iter()
-        .filter_map(|c| {
-            let ip = c.ip?;
-            let p = parse(c.data, ip, c.orig_len).unwrap();
-            Some((p, c.data[ip..].to_vec(), c.orig_len, c.comment))
-        })
-        .collect()
-}
-
-fn name(p: &Parsed) -> &'static str {
-    opcode::name(p.headers.bth.opcode).unwrap()
-}
-
-fn comments(file: &[u8]) -> Vec<String> {
-    packets(file)
-        .unwrap()
-        .into_iter()
-        .filter_map(|c| c.comment)
-        .collect()
-}
-
-/// tshark reads `file` with no malformed packet; returns its rows of `fields`.
-fn judged(file: &[u8], fields: &[&str]) -> Vec<Vec<String>> {
-    let mut all = vec!["_ws.malformed"];
-    all.extend_from_slice(fields);
-    let rows = common::tshark(file, &all);
-    for r in &rows {
-        assert!(r[0].is_empty(), "malformed: {r:?}");
-    }
-    rows.into_iter().map(|mut r| r.split_off(1)).collect()
 }
 
 fn run(p: &Pair, wr: SendWr<'_>) {
@@ -170,7 +133,11 @@ fn whole_packets_carry_their_payload_the_icrc_the_msn_and_the_verbs_context() {
         format!("QP {a:#x}: state Init -> Rtr"),
         format!("QP {a:#x}: post_send wr_id 0x1 Send length 3000 signaled"),
         format!("QP {a:#x}: completion wr_id 0x1 Send status Success byte_len 3000"),
-        format!("QP {a:#x}: post_send wr_id 0x4 AtomicFetchAndAdd length 8 signaled"),
+        format!(
+            "QP {a:#x}: post_send wr_id 0x4 AtomicFetchAndAdd length 8 remote {:#x} rkey {:#x} signaled",
+            dst.addr() + 4096,
+            dst.rkey()
+        ),
     ] {
         assert!(notes.contains(&want), "{want:?} not among {notes:#?}");
     }
@@ -182,12 +149,12 @@ fn whole_packets_carry_their_payload_the_icrc_the_msn_and_the_verbs_context() {
     assert!(comments(&f1).contains(&format!("QP {b:#x}: post_recv wr_id 0xa length 4096")));
 
     // tshark: the comments, the MSNs, every packet well formed.
-    let rows = judged(&f0, &["frame.comment", "infiniband.bth.opcode"]);
+    let rows = well_formed_of(&f0, &["frame.comment", "infiniband.bth.opcode"]);
     assert!(rows
         .iter()
         .any(|r| r[0] == format!("QP {a:#x}: post_send wr_id 0x1 Send length 3000 signaled")));
     assert_eq!(rows.iter().filter(|r| !r[1].is_empty()).count(), sent.len());
-    let rows = judged(&f1, &["infiniband.aeth.msn"]);
+    let rows = well_formed_of(&f1, &["infiniband.aeth.msn"]);
     let msns: Vec<&str> = rows
         .iter()
         .map(|r| r[0].as_str())
@@ -220,7 +187,7 @@ fn a_snap_length_cuts_packets_as_pcap_does() {
         );
         assert_eq!(p.icrc_ok, None);
     }
-    let rows = judged(&f0, &["frame.cap_len", "frame.len", "infiniband.bth.opcode"]);
+    let rows = well_formed_of(&f0, &["frame.cap_len", "frame.len", "infiniband.bth.opcode"]);
     let cut: Vec<(&str, &str)> = rows
         .iter()
         .filter(|r| !r[2].is_empty())
@@ -279,7 +246,59 @@ fn injected_faults_are_marked() {
         Some("dropped: fault injection (drop_datagrams)")
     );
     for f in [&f0, &f1] {
-        let rows = judged(f, &["frame.comment"]);
+        let rows = well_formed_of(f, &["frame.comment"]);
         assert!(rows.iter().any(|r| r[0].contains("fault injection")));
+    }
+}
+
+#[test]
+fn a_stall_a_setup_delay_and_a_request_cut_by_a_break_are_noted() {
+    let (p, caps) = pair(Snaplen::Headers);
+    let (a, b) = (p.a.qp_num(), p.b.qp_num());
+    let src = p.pd0.reg_mr(64 << 10, AccessFlags::LOCAL_WRITE).unwrap();
+    let dst = p
+        .pd1
+        .reg_mr(64 << 10, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+        .unwrap();
+    p.c1.faults()
+        .stall_responder(b, Duration::from_millis(20))
+        .unwrap();
+    p.c0.faults().delay_setup(a, Duration::from_millis(1)).unwrap();
+    run(
+        &p,
+        SendWr::write(1, &[src.sge(0, 8).unwrap()], dst.remote().at(0)).signaled(),
+    );
+    // Cut in the middle of a WRITE of 64 packets: resent whole once connected again.
+    p.c0.faults().break_connection(a, BreakPoint::MidRequest).unwrap();
+    run(
+        &p,
+        SendWr::write(2, &[src.sge_all()], dst.remote().at(0)).signaled(),
+    );
+
+    let (f0, f1) = (bytes(&caps[0]), bytes(&caps[1]));
+    let notes1 = comments(&f1);
+    let stalled =
+        format!("QP {b:#x}: fault injection: responder stalled for 20ms (requests wait in the socket)");
+    assert!(notes1.contains(&stalled), "{notes1:#?}");
+    let notes0 = comments(&f0);
+    let delayed = format!(
+        "QP {a:#x}: fault injection: connections set up from now on wait 1ms before carrying traffic"
+    );
+    assert!(notes0.contains(&delayed), "{notes0:#?}");
+    let cut = format!("QP {a:#x}: fault injection: connection broken MidRequest: ");
+    let i = notes0
+        .iter()
+        .position(|n| n.starts_with(&cut) && n.ends_with("written before the break"))
+        .unwrap_or_else(|| panic!("{notes0:#?}"));
+    // Part of the WRITE's bytes left, not all.
+    let counts: Vec<usize> = notes0[i][cut.len()..]
+        .split(' ')
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert!(counts.len() == 2 && counts[0] < counts[1], "{}", notes0[i]);
+    let broken = format!("QP {a:#x}: fault injection: connection broken");
+    assert!(notes0[i..].contains(&broken), "{notes0:#?}");
+    for f in [&f0, &f1] {
+        well_formed_of(f, &["frame.comment"]);
     }
 }

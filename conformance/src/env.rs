@@ -27,6 +27,9 @@ pub struct Config {
     pub peer: Option<std::net::SocketAddr>,
     /// The kind of device: what the cases expect where HCAs differ.
     pub profile: Profile,
+    /// On the sim: a directory where each case's traffic is captured, one pcapng file per
+    /// case ([`crate::capture`]).
+    pub capture: Option<std::path::PathBuf>,
 }
 
 impl Config {
@@ -38,6 +41,7 @@ impl Config {
             timeout: Duration::from_secs(10),
             peer: None,
             profile: Profile::Portable,
+            capture: None,
         }
     }
 }

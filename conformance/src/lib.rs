@@ -17,6 +17,7 @@
 
 #![warn(missing_docs)]
 
+pub mod capture;
 pub mod cases;
 pub mod cli;
 pub mod env;
@@ -137,7 +138,14 @@ pub struct CaseReport {
 pub fn run_case<B: Backend>(backend: &B, cfg: &Config, case: &Case<B>) -> CaseReport {
     let start = Instant::now();
     let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        // Declared before the context: flushed after the context is gone, with every
+        // packet its device sent.
+        let _capture;
         let env = Env::new(backend, cfg)?;
+        _capture = match &cfg.capture {
+            Some(dir) => capture::start(&env.ctx, dir, case.id)?,
+            None => None,
+        };
         if !case.requires.is_empty() {
             let caps = verbs_api::Context::capabilities(&env.ctx)?;
             if let Some((lack, why)) = case

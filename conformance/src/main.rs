@@ -5,6 +5,7 @@
 //! cargo run --release -p conformance -- --backend sim
 //! cargo run --release -p conformance -- --backend sim --json > sim.json
 //! cargo run --release -p conformance -- --filter rnr
+//! cargo run --release -p conformance -- --filter rnr --pcap captures   # captures/rnr.*.pcapng
 //! cargo run --release -p conformance -- --backend sim --profile rxe --json > sim-rxe.json
 //! cargo run --release -p conformance -- --compare sim-rxe.json rxe.json
 //! cargo run --release -p conformance -- --side-by-side sim.json sim-rxe.json rxe.json
@@ -85,6 +86,11 @@ struct Args {
     /// one backend does not implement yet) instead of failing the comparison.
     #[arg(long, requires = "compare")]
     allow_gaps: bool,
+    /// With `--backend sim`: capture each case's traffic as RoCE v2 packets with the verbs
+    /// context, in DIR/<case id>.pcapng (DIR created); `RDMA_SIM_PCAP_SNAPLEN` says how
+    /// much of each packet is kept. On a real device, capture with tcpdump.
+    #[arg(long, value_name = "DIR")]
+    pcap: Option<std::path::PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -166,6 +172,16 @@ fn main() -> ExitCode {
             }
         };
     }
+    if let Some(dir) = &args.pcap {
+        if !matches!(args.backend, BackendKind::Sim) {
+            eprintln!("error: --pcap captures the sim's traffic; on a real device run tcpdump -i <netdev> udp port 4791");
+            return ExitCode::from(2);
+        }
+        if let Err(e) = std::fs::create_dir_all(dir) {
+            eprintln!("error: --pcap {}: {e}", dir.display());
+            return ExitCode::from(2);
+        }
+    }
     if let (Some(p), BackendKind::Sim) = (args.profile, args.backend) {
         // Read by `SimBackend::from_env` below (before any other thread exists).
         std::env::set_var("RDMA_SIM_PROFILE", p.name());
@@ -220,6 +236,7 @@ fn run<B: verbs_api::rdmacm::CmBackend>(backend: &B, args: &Args) -> ExitCode {
         timeout: Duration::from_secs_f64(args.timeout),
         peer: args.peer,
         profile,
+        capture: args.pcap.clone(),
     };
     if let Some(addr) = &args.serve {
         let halves = conformance::cases::remote_halves::<B>();

@@ -2,13 +2,12 @@
 //! port 4791) reads a capture of every kind of packet the sim sends, over IPv4 and
 //! IPv6, without a malformed packet, and dissects the fields the sim wrote.
 
-use std::process::Command;
-
 use backend_sim_proto::capture::opcode::Transport;
 use backend_sim_proto::capture::packet::{self, udp_source_port, Route};
 use backend_sim_proto::capture::pcapng;
 use backend_sim_proto::capture::segment::{segments, Context};
 use backend_sim_proto::wire::{Frame, NakCode};
+use capture_judge::{fields, Scratch};
 
 fn mapped(a: [u8; 4]) -> [u8; 16] {
     let mut g = [0u8; 16];
@@ -195,56 +194,12 @@ fn capture(src: [u8; 16], dst: [u8; 16], path: &std::path::Path) -> Vec<(u8, u32
     expect
 }
 
-fn tshark(path: &std::path::Path, fields: &[&str]) -> Vec<Vec<String>> {
-    let mut cmd = Command::new("tshark");
-    cmd.arg("-r").arg(path);
-    // The upper-layer protocols Wireshark guesses at in a SEND's payload (NFS over RDMA,
-    // SMB Direct, NVMe, iSER, ...) would take the test's counting bytes for theirs and
-    // call them malformed: the encoding is what is judged, not the payload.
-    for h in [
-        "rpcrdma_infiniband",
-        "smb_direct_infiniband",
-        "iser_infiniband",
-        "sdp_infiniband",
-        "smcr_infiniband",
-        "fc_infiniband",
-    ] {
-        cmd.args(["--disable-heuristic", h]);
-    }
-    cmd.args([
-        "-T",
-        "fields",
-        "-E",
-        "separator=;",
-        "-E",
-        "occurrence=a",
-        "-E",
-        "aggregator=,",
-    ]);
-    for f in fields {
-        cmd.args(["-e", f]);
-    }
-    let out = cmd
-        .output()
-        .expect("tshark runs (Debian's tshark package; .ci/run installs it)");
-    assert!(
-        out.status.success(),
-        "tshark: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| l.split(';').map(str::to_owned).collect())
-        .collect()
-}
-
 /// `allowed`: expert messages besides the packet comment that the packets may earn.
 fn check(src: [u8; 16], dst: [u8; 16], name: &str, allowed: &[&str]) {
-    let path = std::env::temp_dir().join(format!("sim-capture-{name}-{}.pcapng", std::process::id()));
-    let expect = capture(src, dst, &path);
-    let rows = tshark(
-        &path,
+    let file = Scratch::new(&format!("capture-{name}"), "pcapng");
+    let expect = capture(src, dst, file.path());
+    let rows = fields(
+        file.path(),
         &[
             "infiniband.bth.opcode",
             "infiniband.bth.psn",
@@ -253,9 +208,6 @@ fn check(src: [u8; 16], dst: [u8; 16], name: &str, allowed: &[&str]) {
             "frame.comment",
         ],
     );
-    if std::env::var_os("KEEP_CAPTURE").is_none() {
-        std::fs::remove_file(&path).ok();
-    }
     assert_eq!(rows.len(), expect.len(), "one dissected frame per packet");
     for (row, (opcode, psn)) in rows.iter().zip(&expect) {
         assert_eq!(row[0], opcode.to_string(), "opcode of {row:?}");

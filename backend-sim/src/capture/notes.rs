@@ -10,7 +10,8 @@ use verbs_api::{RecvWr, SendWr, WcStatus, WorkCompletion};
 use super::Capture;
 
 /// WRs posted to the send queue of QP `qpn`, with the inline pieces the C library
-/// passed beside them (a WR's length is its inline data's then).
+/// passed beside them (a WR's length is its inline data's then). An RDMA or atomic WR
+/// names its remote address and rkey, which its RETH or AtomicETH carries on the wire.
 pub fn posted_sends(cap: &Capture, qpn: u32, wrs: &[SendWr<'_>], inline: &[Option<&[&[u8]]>]) {
     for (i, wr) in wrs.iter().enumerate() {
         let len: u64 = match inline.get(i).copied().flatten() {
@@ -22,6 +23,9 @@ pub fn posted_sends(cap: &Capture, qpn: u32, wrs: &[SendWr<'_>], inline: &[Optio
             wr.wr_id,
             wr.op.opcode()
         );
+        if let Some(r) = wr.op.remote() {
+            let _ = write!(t, " remote {:#x} rkey {:#x}", r.addr, r.rkey);
+        }
         if wr.send_flags.contains(verbs_api::SendFlags::SIGNALED) {
             t.push_str(" signaled");
         }

@@ -148,6 +148,15 @@ impl Progress {
                 std::thread::yield_now();
             }
         }
+        // The packets those bytes carry are in the capture already, as queued: say how
+        // much of them left (a break in the middle cuts the rest).
+        if let Some(cap) = conn.qp.dev.capture.get() {
+            let what = format!(
+                "connection broken {point:?}: {off} of the {} bytes of the packets above written before the break",
+                bytes.len()
+            );
+            crate::capture::notes::qp(cap, conn.qp.qpn, format_args!("fault injection: {what}"));
+        }
         self.fault_break(conn);
     }
 

@@ -158,52 +158,39 @@ impl Pair {
 
 // ---------------------------------------------------------------- captures
 
-/// tshark's fields `fields` of each frame of the capture `bytes` (one row per frame,
-/// the fields separated by `;`, several occurrences by `,`); upper-layer protocols'
-/// guesses at the payload left out.
-pub fn tshark(bytes: &[u8], fields: &[&str]) -> Vec<Vec<String>> {
-    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let path = std::env::temp_dir().join(format!("sim-tshark-{}-{n}.pcapng", std::process::id()));
-    std::fs::write(&path, bytes).unwrap();
-    let mut cmd = std::process::Command::new("tshark");
-    cmd.arg("-r").arg(&path);
-    for h in [
-        "rpcrdma_infiniband",
-        "smb_direct_infiniband",
-        "iser_infiniband",
-        "sdp_infiniband",
-        "smcr_infiniband",
-        "fc_infiniband",
-    ] {
-        cmd.args(["--disable-heuristic", h]);
-    }
-    cmd.args([
-        "-T",
-        "fields",
-        "-E",
-        "separator=;",
-        "-E",
-        "occurrence=a",
-        "-E",
-        "aggregator=,",
-    ]);
-    for f in fields {
-        cmd.args(["-e", f]);
-    }
-    let out = cmd
-        .output()
-        .expect("tshark runs (Debian's tshark package; .ci/run installs it)");
-    std::fs::remove_file(&path).ok();
-    assert!(
-        out.status.success(),
-        "tshark: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout)
+/// A RoCE packet of a capture: parsed, its bytes as kept from the IP header on, its
+/// length on the wire and its comment.
+pub type Roce = (
+    backend_sim_proto::capture::parse::Parsed,
+    Vec<u8>,
+    usize,
+    Option<String>,
+);
+
+/// The RoCE packets of the capture `file`, in order (the verbs context's events left out).
+pub fn roce(file: &[u8]) -> Vec<Roce> {
+    backend_sim_proto::capture::read::packets(file)
         .unwrap()
-        .lines()
-        .map(|l| l.split(';').map(str::to_owned).collect())
+        .into_iter()
+        .filter_map(|c| {
+            let ip = c.ip?;
+            let p = backend_sim_proto::capture::parse::parse(c.data, ip, c.orig_len).unwrap();
+            Some((p, c.data[ip..].to_vec(), c.orig_len, c.comment))
+        })
+        .collect()
+}
+
+/// The name of a parsed packet's opcode (`SEND_FIRST`, ...).
+pub fn name(p: &backend_sim_proto::capture::parse::Parsed) -> &'static str {
+    backend_sim_proto::capture::opcode::name(p.headers.bth.opcode).unwrap()
+}
+
+/// The comments of the capture `file`: the verbs context, and packets' marks.
+pub fn comments(file: &[u8]) -> Vec<String> {
+    backend_sim_proto::capture::read::packets(file)
+        .unwrap()
+        .into_iter()
+        .filter_map(|c| c.comment)
         .collect()
 }
 
