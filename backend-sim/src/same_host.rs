@@ -9,7 +9,9 @@
 //!   user's closed to everyone else (checked as the control sockets' is), named after its network namespace (the
 //!   device and inode of `/proc/self/ns/net`) and the address its TCP listener is bound
 //!   to (a wildcard bind included). Holding the TCP port makes any older file of that
-//!   name stale (its device is gone), so the newcomer replaces it;
+//!   name stale (its device is gone), so the newcomer replaces it. A process that exits
+//!   without closing its devices (most do) leaves its files behind: the first device a
+//!   process publishes sweeps the directory of files of its namespace nobody listens on;
 //! - a connector looks up (its own namespace, the peer's IP, the peer's port): the exact
 //!   address, else a wildcard bind of that port if the IP is one of this namespace's own
 //!   (loopback, or an interface's). Found: the peer is on this host, in this namespace.
@@ -160,7 +162,10 @@ impl Published {
 pub(crate) fn publish(bound: SocketAddr) -> io::Result<(std::os::unix::net::UnixListener, Published)> {
     let d = dir();
     crate::control::dir::ensure(&d)?;
-    let path = d.join(entry_name(netns()?, bound));
+    let ns = netns()?;
+    static SWEPT: std::sync::Once = std::sync::Once::new();
+    SWEPT.call_once(|| sweep(&d, ns));
+    let path = d.join(entry_name(ns, bound));
     // This device holds the TCP port: a file of its name is a dead device's.
     match std::fs::remove_file(&path) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
@@ -180,6 +185,51 @@ pub(crate) fn publish(bound: SocketAddr) -> io::Result<(std::os::unix::net::Unix
             pid: std::process::id(),
         },
     ))
+}
+
+/// Removes the files of namespace `ns` in `d` that nobody listens on any more.
+fn sweep(d: &Path, ns: (u64, u64)) {
+    let prefix = format!("{:x}-{}-", ns.0, ns.1);
+    let Ok(entries) = std::fs::read_dir(d) else {
+        return;
+    };
+    for e in entries.flatten() {
+        if e.file_name().to_string_lossy().starts_with(&prefix) {
+            remove_if_stale(&e.path());
+        }
+    }
+}
+
+/// Removes the socket at `path` if nobody listens on it (unless another device
+/// replaced it meanwhile); whether it was stale.
+fn remove_if_stale(path: &Path) -> bool {
+    let Ok(m) = std::fs::symlink_metadata(path) else {
+        return false;
+    };
+    if !m.file_type().is_socket() {
+        return false;
+    }
+    let refused = matches!(
+        std::os::unix::net::UnixStream::connect(path),
+        Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED)
+    );
+    if refused && std::fs::symlink_metadata(path).is_ok_and(|n| n.ino() == m.ino()) {
+        let _ = std::fs::remove_file(path);
+        tracing::debug!(path = %path.display(), "removed a same-host socket nobody listens on");
+    }
+    refused
+}
+
+/// The send buffer a same-host connection asks for: what TCP's autotuning gives a loopback
+/// connection (`tcp_wmem`'s maximum). A unix stream socket's writer may have at most its
+/// send buffer in flight (`man 7 unix`), and the default (`wmem_default`, about 208 KiB)
+/// makes a 1 MiB message a dozen wake-ups of the reader; the kernel caps the request at
+/// `net.core.wmem_max`.
+const SNDBUF: usize = 4 << 20;
+
+/// The socket options of a same-host data connection.
+pub(crate) fn tune(s: &impl std::os::fd::AsFd) -> io::Result<()> {
+    socket2::SockRef::from(s).set_send_buffer_size(SNDBUF)
 }
 
 /// Whether `ip` is an address of this network namespace (a wildcard listener of this
@@ -219,20 +269,14 @@ pub(crate) async fn connect(remote: SocketAddr) -> Option<UnixStream> {
     let ns = netns().ok()?;
     for name in candidates(ns, remote) {
         let path = d.join(name);
-        let Ok(m) = std::fs::symlink_metadata(&path) else {
-            continue;
-        };
-        if !m.file_type().is_socket() {
+        if !std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_socket()) {
             continue;
         }
         match tokio::time::timeout(CONNECT_TIMEOUT, UnixStream::connect(&path)).await {
             Ok(Ok(s)) => return Some(s),
             Ok(Err(e)) if e.raw_os_error() == Some(libc::ECONNREFUSED) => {
-                // Stale: removed unless a new device replaced it meanwhile.
-                if std::fs::symlink_metadata(&path).is_ok_and(|n| n.ino() == m.ino()) {
-                    let _ = std::fs::remove_file(&path);
-                }
-                tracing::debug!(path = %path.display(), "removed a same-host socket nobody listens on");
+                // Stale (its process died): removed unless a new device replaced it.
+                remove_if_stale(&path);
             }
             Ok(Err(e)) => {
                 tracing::debug!(path = %path.display(), "cannot connect to a same-host socket: {e}")

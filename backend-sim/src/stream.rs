@@ -39,12 +39,16 @@ impl SetupStream {
                     fd: s.into(),
                 })
             }
-            SetupStream::Unix(s, local, peer) => Ok(DataSock {
-                fd: s.into_std()?.into(),
-                local: Some(local),
-                peer: Some(peer),
-                same_host: true,
-            }),
+            SetupStream::Unix(s, local, peer) => {
+                let s = s.into_std()?;
+                crate::same_host::tune(&s)?;
+                Ok(DataSock {
+                    fd: s.into(),
+                    local: Some(local),
+                    peer: Some(peer),
+                    same_host: true,
+                })
+            }
         }
     }
 }

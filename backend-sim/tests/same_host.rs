@@ -26,10 +26,15 @@ fn main() {
         peer();
         return;
     }
+    // First: the sweep runs when the process publishes its first device.
     for (name, t) in [
         (
+            "stale_sockets_are_swept_when_a_process_first_publishes",
+            stale_sockets_are_swept_when_a_process_first_publishes as fn(),
+        ),
+        (
             "two_devices_of_one_process_connect_over_the_unix_socket",
-            two_devices_of_one_process_connect_over_the_unix_socket as fn(),
+            two_devices_of_one_process_connect_over_the_unix_socket,
         ),
         ("transport_tcp_forces_tcp", transport_tcp_forces_tcp),
         (
@@ -118,6 +123,29 @@ fn traffic(a: &Side, b: &Side) {
     assert!(back == data, "the READ brings back what the WRITE put");
 }
 
+/// A process that exited without closing its devices left its sockets: the next process
+/// to publish one removes those nobody listens on, and leaves live ones.
+fn stale_sockets_are_swept_when_a_process_first_publishes() {
+    // Port 1: no device of this host listens there.
+    let stale = published_path("127.0.0.1:1".parse().unwrap()).unwrap();
+    std::fs::create_dir_all(stale.parent().unwrap()).unwrap();
+    let _ = std::fs::remove_file(&stale);
+    drop(UnixListener::bind(&stale).unwrap());
+    let live_path = published_path("127.0.0.1:2".parse().unwrap()).unwrap();
+    let _ = std::fs::remove_file(&live_path);
+    let live = UnixListener::bind(&live_path).unwrap();
+    let sim = sim(Transport::Auto);
+    let dev = sim.open("sim0").unwrap();
+    assert!(!stale.exists(), "the stale socket was swept");
+    assert!(live_path.exists(), "a socket somebody listens on stays");
+    let path = published_path(dev.listen_addr()).unwrap();
+    assert!(path.exists());
+    drop(dev);
+    assert!(!path.exists(), "a closed device's socket goes with it");
+    drop(live);
+    std::fs::remove_file(&live_path).unwrap();
+}
+
 fn two_devices_of_one_process_connect_over_the_unix_socket() {
     let sim = sim(Transport::Auto);
     let (a, b) = (side(sim.open("sim0").unwrap()), side(sim.open("sim1").unwrap()));
@@ -130,9 +158,6 @@ fn two_devices_of_one_process_connect_over_the_unix_socket() {
     let (ca, cb) = (a.ctx.counters(), b.ctx.counters());
     assert_eq!((ca.same_host_connections, cb.same_host_connections), (1, 1));
     assert_eq!((ca.tcp_connections, cb.tcp_connections), (0, 0));
-    let path = published_path(a.ctx.listen_addr()).unwrap();
-    drop(a);
-    assert!(!path.exists(), "a closed device's socket goes with it");
 }
 
 fn transport_tcp_forces_tcp() {
