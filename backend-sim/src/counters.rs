@@ -67,8 +67,8 @@ impl DeviceCounters {
             });
     }
 
-    /// A QP's connection was set up (and handed to the data path), over a unix socket to
-    /// a device on the same host or over TCP.
+    /// A QP pair's connection or a UD link was set up, over a unix socket to a device on
+    /// the same host or over TCP.
     pub fn link_set_up(&self, same_host: bool) {
         let c = match same_host {
             true => &self.same_host_connections,
@@ -124,10 +124,11 @@ pub struct Counters {
     /// bytes arrive or wait to be read, or while this side is still writing, so a
     /// connection that keeps moving data counts none.
     pub local_ack_timeout_err: u64,
-    /// QP connections this device set up (either end) over a unix socket to a device on
-    /// the same host ([`same_host`](crate::same_host)).
+    /// Connections this device set up (either end; a QP pair's, or a link for UD
+    /// datagrams) over a unix socket to a device on the same host
+    /// ([`same_host`](crate::same_host)).
     pub same_host_connections: u64,
-    /// QP connections this device set up (either end) over TCP.
+    /// Connections this device set up (either end; a QP pair's, or a UD link) over TCP.
     pub tcp_connections: u64,
 }
 

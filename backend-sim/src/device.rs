@@ -231,6 +231,7 @@ impl DeviceShared {
             progress.clone(),
             mcast.clone(),
             port.clone(),
+            transport,
         ));
         let setup = Arc::new(Setup {
             name: name.to_string(),

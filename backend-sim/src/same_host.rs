@@ -1,5 +1,6 @@
 //! The same-host path: two devices on one host (one network namespace) connect their
-//! QPs over a unix stream socket (`unix(7)`) instead of TCP loopback. The stream carries
+//! QPs, and their links for UD datagrams, over a unix stream socket (`unix(7)`) instead
+//! of TCP loopback. The stream carries
 //! the same frames as TCP, byte for byte, through the same data path (see
 //! [`stream`](crate::stream)), so RNR, PSNs, NAKs, flushes and every access check stay
 //! as they are; only the kernel's TCP stack is skipped.
@@ -238,42 +239,39 @@ fn is_own(ip: IpAddr) -> bool {
     ip.is_loopback() || crate::host_addrs::host_addrs().contains(&ip)
 }
 
-/// The files a device listening at `remote` would have published, most specific first.
-fn candidates(ns: (u64, u64), remote: SocketAddr) -> Vec<String> {
+/// The listen addresses a device reached at `remote` may have published under, most
+/// specific first.
+fn candidates(remote: SocketAddr) -> Vec<SocketAddr> {
     let remote = canonical(remote);
-    let mut out = vec![entry_name(ns, remote)];
+    let mut out = vec![remote];
     let port = remote.port();
     if !remote.ip().is_unspecified() && is_own(remote.ip()) {
         if remote.is_ipv4() {
-            out.push(entry_name(
-                ns,
-                SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), port),
-            ));
+            out.push(SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), port));
         }
         // A listener bound to `::` accepts both families.
-        out.push(entry_name(
-            ns,
-            SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), port),
-        ));
+        out.push(SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), port));
     }
     out
 }
 
-/// Connects to the same-host socket of the device listening at `remote`, if it is on
-/// this host, in this network namespace; `None`: connect over TCP. A socket nobody
-/// listens on any more (its process died) is removed.
-pub(crate) async fn connect(remote: SocketAddr) -> Option<UnixStream> {
+/// Connects to the same-host socket of the device reached at `remote`, if it is on this
+/// host, in this network namespace: the stream and the address that device's TCP
+/// listener is bound to (which names it, as the address a TCP connection arrives at
+/// does); `None`: connect over TCP. A socket nobody listens on any more (its process
+/// died) is removed.
+pub(crate) async fn connect(remote: SocketAddr) -> Option<(UnixStream, SocketAddr)> {
     let d = dir();
     // A directory someone else could have filled is not looked in.
     crate::control::dir::check(&d).ok()?;
     let ns = netns().ok()?;
-    for name in candidates(ns, remote) {
-        let path = d.join(name);
+    for listen in candidates(remote) {
+        let path = d.join(entry_name(ns, listen));
         if !std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_socket()) {
             continue;
         }
         match tokio::time::timeout(CONNECT_TIMEOUT, UnixStream::connect(&path)).await {
-            Ok(Ok(s)) => return Some(s),
+            Ok(Ok(s)) => return Some((s, listen)),
             Ok(Err(e)) if e.raw_os_error() == Some(libc::ECONNREFUSED) => {
                 // Stale (its process died): removed unless a new device replaced it.
                 remove_if_stale(&path);
@@ -387,15 +385,14 @@ mod tests {
     /// own addresses; IPv4 in one spelling.
     #[test]
     fn lookup_is_exact() {
-        let ns = (1, 2);
-        let lo: SocketAddr = "127.0.0.1:5000".parse().unwrap();
-        let c = candidates(ns, lo);
-        assert_eq!(c[0], "1-2-127.0.0.1-5000.sock");
-        assert_eq!(&c[1..], ["1-2-0.0.0.0-5000.sock", "1-2-::-5000.sock"]);
-        let mapped: SocketAddr = "[::ffff:127.0.0.1]:5000".parse().unwrap();
-        assert_eq!(candidates(ns, mapped), c);
+        let a = |s: &str| s.parse::<SocketAddr>().unwrap();
+        let lo = a("127.0.0.1:5000");
+        assert_eq!(candidates(lo), [lo, a("0.0.0.0:5000"), a("[::]:5000")]);
+        assert_eq!(candidates(a("[::ffff:127.0.0.1]:5000")), candidates(lo));
         // An address of no interface here (TEST-NET-3): another host's.
-        let far: SocketAddr = "203.0.113.7:5000".parse().unwrap();
-        assert_eq!(candidates(ns, far), ["1-2-203.0.113.7-5000.sock"]);
+        let far = a("203.0.113.7:5000");
+        assert_eq!(candidates(far), [far]);
+        assert_eq!(entry_name((1, 2), lo), "1-2-127.0.0.1-5000.sock");
+        assert_eq!(entry_name((1, 2), a("[::]:5000")), "1-2-::-5000.sock");
     }
 }

@@ -4,9 +4,10 @@
 //! written through the same system calls (`recv`, `send`, `sendmsg`, `FIONREAD`,
 //! epoll, ppoll), so the data path carries the same frames over either, byte for byte.
 //!
-//! [`SetupStream`] is the stream while the connection is set up (the hello and its
-//! check, on the setup runtime); [`DataSock`] is the descriptor the data path takes over,
-//! with the addresses the connection stands for (what a capture writes into its packets).
+//! [`Stream`] is the stream on the setup runtime: a connection while it is set up (the
+//! hello and its check), and a UD link for its life; [`DataSock`] is the descriptor the
+//! data path takes over from a QP pair's connection, with the addresses the connection
+//! stands for (what a capture writes into its packets).
 
 use std::io;
 use std::net::SocketAddr;
@@ -17,8 +18,8 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 
-/// A connection in setup.
-pub enum SetupStream {
+/// A connection on the setup runtime.
+pub enum Stream {
     /// Over TCP.
     Tcp(TcpStream),
     /// Over a unix stream socket, to a device on the same host, with the addresses the
@@ -26,11 +27,39 @@ pub enum SetupStream {
     Unix(UnixStream, SocketAddr, SocketAddr),
 }
 
-impl SetupStream {
+impl Stream {
+    /// Waits until the socket may be readable (`tokio`'s readiness).
+    pub async fn readable(&self) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.readable().await,
+            Stream::Unix(s, ..) => s.readable().await,
+        }
+    }
+
+    /// Waits until the socket may be writable.
+    pub async fn writable(&self) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.writable().await,
+            Stream::Unix(s, ..) => s.writable().await,
+        }
+    }
+
+    /// Runs `f` on the socket, clearing its readiness if `f` would block.
+    pub fn try_io<R>(
+        &self,
+        interest: tokio::io::Interest,
+        f: impl FnOnce() -> io::Result<R>,
+    ) -> io::Result<R> {
+        match self {
+            Stream::Tcp(s) => s.try_io(interest, f),
+            Stream::Unix(s, ..) => s.try_io(interest, f),
+        }
+    }
+
     /// The descriptor the data path takes over (out of the setup runtime's hands).
     pub fn into_data(self) -> io::Result<DataSock> {
         match self {
-            SetupStream::Tcp(s) => {
+            Stream::Tcp(s) => {
                 let s = s.into_std()?;
                 Ok(DataSock {
                     local: s.local_addr().ok(),
@@ -39,7 +68,7 @@ impl SetupStream {
                     fd: s.into(),
                 })
             }
-            SetupStream::Unix(s, local, peer) => {
+            Stream::Unix(s, local, peer) => {
                 let s = s.into_std()?;
                 crate::same_host::tune(&s)?;
                 Ok(DataSock {
@@ -53,22 +82,31 @@ impl SetupStream {
     }
 }
 
+impl AsRawFd for Stream {
+    fn as_raw_fd(&self) -> RawFd {
+        match self {
+            Stream::Tcp(s) => s.as_raw_fd(),
+            Stream::Unix(s, ..) => s.as_raw_fd(),
+        }
+    }
+}
+
 macro_rules! each {
     ($self:ident, $s:ident => $e:expr) => {
         match $self.get_mut() {
-            SetupStream::Tcp($s) => $e,
-            SetupStream::Unix($s, ..) => $e,
+            Stream::Tcp($s) => $e,
+            Stream::Unix($s, ..) => $e,
         }
     };
 }
 
-impl AsyncRead for SetupStream {
+impl AsyncRead for Stream {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         each!(self, s => Pin::new(s).poll_read(cx, buf))
     }
 }
 
-impl AsyncWrite for SetupStream {
+impl AsyncWrite for Stream {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         each!(self, s => Pin::new(s).poll_write(cx, buf))
     }

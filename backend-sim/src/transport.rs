@@ -46,7 +46,7 @@ use crate::progress::Progress;
 use crate::qp::{QpInner, QpShared, QpTable};
 use crate::rx::Reader;
 use crate::same_host::Transport;
-use crate::stream::SetupStream;
+use crate::stream::Stream;
 use crate::verify::{self, send_frame};
 use crate::wire::{Frame, HelloReject, TOKEN_LEN, VERSION};
 
@@ -98,7 +98,7 @@ pub fn spawn_listener(
                 async move {
                     // Until the hello names the peer, the connection stands for no address.
                     let unspecified = SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), 0);
-                    if let Err(e) = serve_inbound(dev, SetupStream::Unix(s, local, unspecified)).await {
+                    if let Err(e) = serve_inbound(dev, Stream::Unix(s, local, unspecified)).await {
                         tracing::debug!("inbound same-host connection ended: {e}");
                     }
                 }
@@ -116,7 +116,7 @@ pub fn spawn_listener(
             let dev = weak.clone();
             async move {
                 let _ = crate::sockopt::tune(&stream);
-                if let Err(e) = serve_inbound(dev, SetupStream::Tcp(stream)).await {
+                if let Err(e) = serve_inbound(dev, Stream::Tcp(stream)).await {
                     tracing::debug!(%peer, "inbound connection ended: {e}");
                 }
             }
@@ -218,7 +218,7 @@ fn accepted_gen(g: &mut QpInner, self_loop: bool) -> &mut u64 {
     }
 }
 
-async fn serve_inbound(dev: Weak<Setup>, mut stream: SetupStream) -> io::Result<()> {
+async fn serve_inbound(dev: Weak<Setup>, mut stream: Stream) -> io::Result<()> {
     let first = verify::read_first(&mut stream).await?;
     let claim = match first {
         Frame::Hello {
@@ -261,10 +261,6 @@ async fn serve_inbound(dev: Weak<Setup>, mut stream: SetupStream) -> io::Result<
         } => {
             let Some(dg) = dev.upgrade().map(|d| d.datagrams.clone()) else {
                 return Ok(());
-            };
-            let SetupStream::Tcp(stream) = stream else {
-                // UD links run over TCP only: no device says this hello on a unix socket.
-                return Err(proto("a link hello on the same-host socket"));
             };
             return crate::datagram::setup::serve(dg, stream, src_gid, src_lid, token).await;
         }
@@ -361,7 +357,7 @@ async fn serve_inbound(dev: Weak<Setup>, mut stream: SetupStream) -> io::Result<
         return Err(proto("the QP changed while its hello was checked"));
     };
     send_frame(&mut stream, &Frame::HelloAck).await?;
-    if let SetupStream::Unix(_, _, peer) = &mut stream {
+    if let Stream::Unix(_, _, peer) = &mut stream {
         // The peer is the device the QP's address vector names (its check said so).
         *peer = expect.remote;
     }
@@ -516,7 +512,7 @@ async fn connector_task(dev: Arc<Setup>, qp: Arc<QpShared>, epoch: u64) {
     }
 }
 
-async fn connect(dev: &Setup, qp: &QpShared, remote: SocketAddr) -> io::Result<SetupStream> {
+async fn connect(dev: &Setup, qp: &QpShared, remote: SocketAddr) -> io::Result<Stream> {
     if !dev.port.is_up() {
         // As a packet sent through a port that is down: lost, and retried per
         // `retry_cnt` while the connector waits for the port (see `DeviceShared::set_port`).
@@ -527,13 +523,13 @@ async fn connect(dev: &Setup, qp: &QpShared, remote: SocketAddr) -> io::Result<S
         Transport::Tcp => None,
     };
     let mut stream = match same_host {
-        Some(s) => SetupStream::Unix(s, dev.addr.advertise, remote),
+        Some((s, _)) => Stream::Unix(s, dev.addr.advertise, remote),
         None => {
             let s = tokio::time::timeout(SETUP_TIMEOUT, TcpStream::connect(remote))
                 .await
                 .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;
             crate::sockopt::tune(&s)?;
-            SetupStream::Tcp(s)
+            Stream::Tcp(s)
         }
     };
     let (src_gid, src_lid, _) = qp.dev.addr.local_id(qp.qpn, &qp.inner.lock().attr);

@@ -28,7 +28,10 @@
 //! GID and LID; the accepting device asks the listener at the address that GID and LID
 //! name ([`ask_link`]): is your link, with this token, the one that arrived at my address
 //! `at`? The address it arrived at ties the token to the device it was sent to: a device
-//! that received a link hello cannot pass it on to a third device as its own.
+//! that received a link hello cannot pass it on to a third device as its own. (A link
+//! over a same-host socket arrives at no TCP address: there `at` is the accepting
+//! device's listen address, the one its socket is published under and the connecting
+//! device looked up; see [`same_host`](crate::same_host).)
 
 use std::collections::HashMap;
 use std::io;

@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use backend_sim::same_host::{published_path, Transport};
-use backend_sim::{SimBackend, SimConfig, SimContext, SimCq, SimMr, SimQp};
+use backend_sim::{SimBackend, SimConfig, SimContext, SimCq, SimMr, SimPd, SimQp};
 use backend_sim_proto::wire::{Frame, BASE_LEN, MAX_HDR_LEN, TOKEN_LEN};
 use verbs_api::*;
 
@@ -37,6 +37,10 @@ fn main() {
             two_devices_of_one_process_connect_over_the_unix_socket,
         ),
         ("transport_tcp_forces_tcp", transport_tcp_forces_tcp),
+        (
+            "ud_datagrams_between_two_devices_go_over_the_unix_socket",
+            ud_datagrams_between_two_devices_go_over_the_unix_socket,
+        ),
         (
             "strangers_on_the_unix_socket_are_refused",
             strangers_on_the_unix_socket_are_refused,
@@ -65,6 +69,7 @@ fn sim(transport: Transport) -> SimBackend {
 /// One side of an RC pair: its QP, CQ and a region.
 struct Side {
     ctx: SimContext,
+    pd: SimPd,
     qp: SimQp,
     cq: SimCq,
     mr: SimMr,
@@ -78,7 +83,7 @@ fn side(ctx: SimContext) -> Side {
         .unwrap();
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
     let mr = pd.reg_mr(1 << 20, access).unwrap();
-    Side { ctx, qp, cq, mr }
+    Side { ctx, pd, qp, cq, mr }
 }
 
 fn params() -> RcParams {
@@ -180,6 +185,75 @@ fn transport_tcp_forces_tcp() {
     traffic(&c, &other);
     assert_eq!(c.ctx.counters().same_host_connections, 0);
     assert_eq!(other.ctx.counters().same_host_connections, 0);
+}
+
+/// A UD QP in RTS on `s`'s device, on its CQ.
+fn ud_qp(s: &Side) -> SimQp {
+    let pd = &s.pd;
+    let qp = pd
+        .create_qp(&QpInitAttr::ud(&s.cq, &s.cq, QpCap::new(8, 8)))
+        .unwrap();
+    let m = QpAttrMask::STATE;
+    let init = QpAttr {
+        qp_state: QpState::Init,
+        port_num: 1,
+        qkey: 0x11,
+        ..Default::default()
+    };
+    qp.modify(
+        &init,
+        m | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY,
+    )
+    .unwrap();
+    for (state, extra) in [
+        (QpState::Rtr, QpAttrMask::empty()),
+        (QpState::Rts, QpAttrMask::SQ_PSN),
+    ] {
+        let attr = QpAttr {
+            qp_state: state,
+            ..Default::default()
+        };
+        qp.modify(&attr, m | extra).unwrap();
+    }
+    qp
+}
+
+/// UD datagrams from one device to another for each transport: they arrive, over the
+/// link each transport gives.
+fn ud_datagrams_between_two_devices_go_over_the_unix_socket() {
+    for transport in [Transport::Auto, Transport::Tcp] {
+        let sim = sim(transport);
+        let (a, b) = (side(sim.open("sim0").unwrap()), side(sim.open("sim1").unwrap()));
+        let (qa, qb) = (ud_qp(&a), ud_qp(&b));
+        let p = RcParams::default();
+        let ep = local_endpoint(&b.ctx, &qb, &p, 0).unwrap();
+        let ah = a.pd.create_ah(&ah_attr_for(&ep, &p)).unwrap();
+        qb.post_recv(&[RecvWr::new(7, &[b.mr.sge(0, 64 + 40).unwrap()])])
+            .unwrap();
+        a.mr.write(0, b"over the link").unwrap();
+        qa.post_send(&[SendWr::send(1, &[a.mr.sge(0, 13).unwrap()])
+            .signaled()
+            .ud(&ah, qb.qp_num(), 0x11)])
+            .unwrap();
+        assert_eq!(poll_n(&a.cq, 1, WAIT).unwrap()[0].status, WcStatus::Success);
+        let w = poll_n(&b.cq, 1, WAIT).unwrap();
+        assert_eq!(
+            (w[0].wr_id, w[0].status, w[0].byte_len),
+            (7, WcStatus::Success, 13 + 40)
+        );
+        let mut got = [0u8; 13];
+        b.mr.read(40, &mut got).unwrap();
+        assert_eq!(&got, b"over the link");
+        let links = |c: &SimContext| {
+            let n = c.counters();
+            (n.same_host_connections, n.tcp_connections)
+        };
+        let want = match transport {
+            Transport::Auto => (1, 0),
+            Transport::Tcp => (0, 1),
+        };
+        assert_eq!((links(&a.ctx), links(&b.ctx)), (want, want), "{transport:?}");
+    }
 }
 
 fn sim_auto_side() -> Side {
