@@ -86,12 +86,10 @@ fn side(ctx: SimContext) -> Side {
     Side { ctx, pd, qp, cq, mr }
 }
 
+/// The defaults (an ACK timeout of 67 ms, 7 retries): a loaded machine must not turn the
+/// traffic into retries, and a vanished peer still ends the WRs within a second.
 fn params() -> RcParams {
-    RcParams {
-        timeout: 10,
-        retry_cnt: 3,
-        ..Default::default()
-    }
+    RcParams::default()
 }
 
 /// Connects the QPs of `a` and `b`.
