@@ -155,6 +155,18 @@ fn proto(msg: impl Into<String>) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, msg.into())
 }
 
+/// Counts a connection of QP `qpn` set up over `sock`, and logs which way it runs.
+fn set_up(counters: &crate::counters::DeviceCounters, qpn: u32, sock: &crate::stream::DataSock) {
+    let same_host = sock.is_same_host();
+    counters.link_set_up(same_host);
+    let via = if same_host {
+        "a same-host unix socket"
+    } else {
+        "TCP"
+    };
+    tracing::debug!(qpn, peer = ?sock.peer_addr(), "connection set up over {via}");
+}
+
 // ---------------------------------------------------------------- responder side
 
 /// A hello's claim: the active QP `(src_gid, src_lid, src_qpn)` wants the passive QP
@@ -362,7 +374,7 @@ async fn serve_inbound(dev: Weak<Setup>, mut stream: Stream) -> io::Result<()> {
         *peer = expect.remote;
     }
     let sock = stream.into_data()?;
-    counters.link_set_up(sock.is_same_host());
+    set_up(&counters, qp.qpn, &sock);
     let conn = progress.register(&qp, expect.epoch, sock, Reader::new())?;
     crate::faults::setup_pause(&qp).await;
     let old = {
@@ -454,7 +466,7 @@ async fn connector_task(dev: Arc<Setup>, qp: Arc<QpShared>, epoch: u64) {
                 backoff = Duration::from_micros(100);
                 let progress = dev.progress.clone();
                 let conn = match stream.into_data().and_then(|s| {
-                    dev.counters.link_set_up(s.is_same_host());
+                    set_up(&dev.counters, qp.qpn, &s);
                     progress.register(&qp, epoch, s, Reader::new())
                 }) {
                     Ok(c) => c,
