@@ -22,6 +22,8 @@ pub struct DeviceCounters {
     ud_unsent: AtomicU64,
     local_ack_timeouts: AtomicU64,
     qkey_violations: AtomicU32,
+    same_host_connections: AtomicU64,
+    tcp_connections: AtomicU64,
 }
 
 impl DeviceCounters {
@@ -65,6 +67,16 @@ impl DeviceCounters {
             });
     }
 
+    /// A QP pair's connection or a UD link was set up, over a unix socket to a device on
+    /// the same host or over TCP.
+    pub fn link_set_up(&self, same_host: bool) {
+        let c = match same_host {
+            true => &self.same_host_connections,
+            false => &self.tcp_connections,
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// The port's `qkey_viol_cntr`.
     pub fn qkey_violations(&self) -> u32 {
         self.qkey_violations.load(Ordering::Relaxed)
@@ -78,6 +90,8 @@ impl DeviceCounters {
             ud_dropped: self.ud_dropped.load(Ordering::Relaxed),
             ud_unsent: self.ud_unsent.load(Ordering::Relaxed),
             local_ack_timeout_err: self.local_ack_timeouts.load(Ordering::Relaxed),
+            same_host_connections: self.same_host_connections.load(Ordering::Relaxed),
+            tcp_connections: self.tcp_connections.load(Ordering::Relaxed),
         }
     }
 }
@@ -110,17 +124,25 @@ pub struct Counters {
     /// bytes arrive or wait to be read, or while this side is still writing, so a
     /// connection that keeps moving data counts none.
     pub local_ack_timeout_err: u64,
+    /// Connections this device set up (either end; a QP pair's, or a link for UD
+    /// datagrams) over a unix socket to a device on the same host
+    /// ([`same_host`](crate::same_host)).
+    pub same_host_connections: u64,
+    /// Connections this device set up (either end; a QP pair's, or a UD link) over TCP.
+    pub tcp_connections: u64,
 }
 
 impl Counters {
     /// Every counter with its name, in the order above (what `rdma-sim status` lists).
-    pub fn named(&self) -> [(&'static str, u64); 5] {
+    pub fn named(&self) -> [(&'static str, u64); 7] {
         [
             ("uc_dropped", self.uc_dropped),
             ("uc_psn_gaps", self.uc_psn_gaps),
             ("ud_dropped", self.ud_dropped),
             ("ud_unsent", self.ud_unsent),
             ("local_ack_timeout_err", self.local_ack_timeout_err),
+            ("same_host_connections", self.same_host_connections),
+            ("tcp_connections", self.tcp_connections),
         ]
     }
 }

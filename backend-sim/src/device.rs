@@ -88,6 +88,8 @@ pub struct DeviceShared {
     control: Mutex<Option<crate::control::Endpoint>>,
     thread: Mutex<Option<JoinHandle<()>>>,
     progress_thread: Mutex<Option<JoinHandle<()>>>,
+    /// Its same-host socket's file, removed with the device.
+    _same_host: Option<crate::same_host::Published>,
 }
 
 /// A protection domain.
@@ -109,6 +111,8 @@ pub struct DeviceOptions {
     pub choices: Choices,
     /// The capture it writes to, if its backend has one.
     pub capture: Option<Arc<crate::capture::Capture>>,
+    /// How its connections run.
+    pub transport: crate::same_host::Transport,
 }
 
 impl DeviceShared {
@@ -127,6 +131,7 @@ impl DeviceShared {
             advice,
             choices,
             capture,
+            transport,
         } = opts;
         let os = |call: &'static str| move |source: std::io::Error| Error::Os { call, source };
         let roce = profile.attrs().link_layer == LinkLayer::Ethernet;
@@ -142,6 +147,18 @@ impl DeviceShared {
         sock.set_nonblocking(true).map_err(os("fcntl(O_NONBLOCK)"))?;
         let std_listener: std::net::TcpListener = sock.into();
         let bound = std_listener.local_addr().map_err(os("getsockname"))?;
+        let same_host = match transport {
+            crate::same_host::Transport::Auto => crate::same_host::publish(bound)
+                .inspect_err(|e| {
+                    tracing::debug!(
+                        device = name,
+                        "no same-host socket (peers on this host connect over TCP): {e}"
+                    )
+                })
+                .ok(),
+            crate::same_host::Transport::Tcp => None,
+        };
+        let (same_host_listener, published) = same_host.unzip();
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -214,6 +231,7 @@ impl DeviceShared {
             progress.clone(),
             mcast.clone(),
             port.clone(),
+            transport,
         ));
         let setup = Arc::new(Setup {
             name: name.to_string(),
@@ -224,6 +242,8 @@ impl DeviceShared {
             progress: progress.clone(),
             datagrams: datagrams.clone(),
             port: port.clone(),
+            transport,
+            counters: counters.clone(),
         });
         let dev = Arc::new(DeviceShared {
             name: name.to_string(),
@@ -248,8 +268,9 @@ impl DeviceShared {
             control: Mutex::new(None),
             thread: Mutex::new(Some(thread)),
             progress_thread: Mutex::new(Some(progress_thread)),
+            _same_host: published,
         });
-        crate::transport::spawn_listener(&dev.setup, std_listener)?;
+        crate::transport::spawn_listener(&dev.setup, std_listener, same_host_listener)?;
         let weak: std::sync::Weak<DeviceShared> = Arc::downgrade(&dev);
         *dev.control.lock() = crate::control::open(name, &dev.setup.rt, weak);
         if let Some(s) = crate::port::schedule_from_env()? {

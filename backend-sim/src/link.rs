@@ -8,7 +8,6 @@
 //! connection, which names its QP, need not import each other: the one instance is
 //! `Conn<QpShared>` ([`qp::Conn`](crate::qp::Conn)).
 
-use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -36,7 +35,8 @@ pub struct EpReg {
     pub interest: u32,
 }
 
-/// The established TCP connection of a QP pair.
+/// The established connection of a QP pair (over TCP, or a unix socket to a device on
+/// the same host).
 pub struct Conn<Q> {
     /// Its key in the device's table and epoll set.
     pub token: u64,
@@ -45,7 +45,7 @@ pub struct Conn<Q> {
     /// The QP's epoch when it was set up (a RESET or destroy makes it stale).
     pub epoch: u64,
     /// The socket.
-    pub sock: TcpStream,
+    pub sock: crate::stream::DataSock,
     /// Its bytes (the I/O lock).
     pub io: Mutex<ConnIo>,
     /// Set once closed: no thread services it afterwards.
@@ -89,7 +89,7 @@ impl<Q> Conn<Q> {
     }
 
     /// Whether bytes from the peer wait on this side, not yet taken in: unread in the
-    /// socket (`FIONREAD`, `man 7 tcp`), or in the hands of a thread that holds the I/O
+    /// socket (`FIONREAD`, `man 7 tcp`, `man 7 unix`), or in the hands of a thread that holds the I/O
     /// lock, which on a busy machine may have been preempted in the middle of its round
     /// for tens of milliseconds.
     pub fn peer_bytes_waiting(&self) -> bool {

@@ -1,5 +1,6 @@
 //! Connection setup for the sim (tokio + socket2): for every QP pair one TCP connection
-//! that carries both directions (and, handed to [`datagram`](crate::datagram), the
+//! (a unix socket between two devices on the same host, see
+//! [`same_host`](crate::same_host)) that carries both directions (and, handed to [`datagram`](crate::datagram), the
 //! hellos of links for UD datagrams and their checks). Once the hello exchange is done, the socket is handed to
 //! the device's [`progress`](crate::progress) engine, which runs the data path; this
 //! module only sets connections up, and again when they break. The device's
@@ -44,6 +45,8 @@ use crate::listener::{fd_limit_hint, is_out_of_fds};
 use crate::progress::Progress;
 use crate::qp::{QpInner, QpShared, QpTable};
 use crate::rx::Reader;
+use crate::same_host::Transport;
+use crate::stream::Stream;
 use crate::verify::{self, send_frame};
 use crate::wire::{Frame, HelloReject, TOKEN_LEN, VERSION};
 
@@ -68,11 +71,39 @@ pub struct Setup {
     pub datagrams: Arc<Datagrams>,
     /// Its port: while it is down nothing is set up or accepted.
     pub port: Arc<crate::port::Port>,
+    /// How its connections run.
+    pub transport: Transport,
+    /// Its counters (of connections set up, by path).
+    pub counters: Arc<crate::counters::DeviceCounters>,
 }
 
-/// Starts accepting connections for the device of `dev`.
-pub fn spawn_listener(dev: &Arc<Setup>, listener: std::net::TcpListener) -> Result<()> {
+/// Starts accepting connections for the device of `dev`: on its TCP listener, and on its
+/// same-host socket if it published one.
+pub fn spawn_listener(
+    dev: &Arc<Setup>,
+    listener: std::net::TcpListener,
+    same_host: Option<std::os::unix::net::UnixListener>,
+) -> Result<()> {
     let _guard = dev.rt.enter();
+    if let Some(l) = same_host {
+        let l = tokio::net::UnixListener::from_std(l).map_err(|source| verbs_api::Error::Os {
+            call: "register same-host listener",
+            source,
+        })?;
+        let weak = Arc::downgrade(dev);
+        let local = dev.addr.advertise;
+        dev.rt
+            .spawn(crate::same_host::accept_loop(dev.name.clone(), l, move |s| {
+                let dev = weak.clone();
+                async move {
+                    // Until the hello names the peer, the connection stands for no address.
+                    let unspecified = SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), 0);
+                    if let Err(e) = serve_inbound(dev, Stream::Unix(s, local, unspecified)).await {
+                        tracing::debug!("inbound same-host connection ended: {e}");
+                    }
+                }
+            }));
+    }
     let listener = tokio::net::TcpListener::from_std(listener).map_err(|source| verbs_api::Error::Os {
         call: "register listener",
         source,
@@ -85,7 +116,7 @@ pub fn spawn_listener(dev: &Arc<Setup>, listener: std::net::TcpListener) -> Resu
             let dev = weak.clone();
             async move {
                 let _ = crate::sockopt::tune(&stream);
-                if let Err(e) = serve_inbound(dev, stream).await {
+                if let Err(e) = serve_inbound(dev, Stream::Tcp(stream)).await {
                     tracing::debug!(%peer, "inbound connection ended: {e}");
                 }
             }
@@ -122,6 +153,18 @@ fn errno_of(e: &io::Error) -> u32 {
 
 fn proto(msg: impl Into<String>) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, msg.into())
+}
+
+/// Counts a connection of QP `qpn` set up over `sock`, and logs which way it runs.
+fn set_up(counters: &crate::counters::DeviceCounters, qpn: u32, sock: &crate::stream::DataSock) {
+    let same_host = sock.is_same_host();
+    counters.link_set_up(same_host);
+    let via = if same_host {
+        "a same-host unix socket"
+    } else {
+        "TCP"
+    };
+    tracing::debug!(qpn, peer = ?sock.peer_addr(), "connection set up over {via}");
 }
 
 // ---------------------------------------------------------------- responder side
@@ -187,7 +230,7 @@ fn accepted_gen(g: &mut QpInner, self_loop: bool) -> &mut u64 {
     }
 }
 
-async fn serve_inbound(dev: Weak<Setup>, mut stream: TcpStream) -> io::Result<()> {
+async fn serve_inbound(dev: Weak<Setup>, mut stream: Stream) -> io::Result<()> {
     let first = verify::read_first(&mut stream).await?;
     let claim = match first {
         Frame::Hello {
@@ -283,6 +326,7 @@ async fn serve_inbound(dev: Weak<Setup>, mut stream: TcpStream) -> io::Result<()
         Err(why) => Err(why),
     };
     let progress = dev.progress.clone();
+    let counters = dev.counters.clone();
     drop(dev);
     let (qp, expect) = match (qp, verdict) {
         (Some(qp), Ok(expect)) => (qp, expect),
@@ -325,7 +369,12 @@ async fn serve_inbound(dev: Weak<Setup>, mut stream: TcpStream) -> io::Result<()
         return Err(proto("the QP changed while its hello was checked"));
     };
     send_frame(&mut stream, &Frame::HelloAck).await?;
-    let sock = stream.into_std()?;
+    if let Stream::Unix(_, _, peer) = &mut stream {
+        // The peer is the device the QP's address vector names (its check said so).
+        *peer = expect.remote;
+    }
+    let sock = stream.into_data()?;
+    set_up(&counters, qp.qpn, &sock);
     let conn = progress.register(&qp, expect.epoch, sock, Reader::new())?;
     crate::faults::setup_pause(&qp).await;
     let old = {
@@ -416,10 +465,10 @@ async fn connector_task(dev: Arc<Setup>, qp: Arc<QpShared>, epoch: u64) {
             Ok(stream) => {
                 backoff = Duration::from_micros(100);
                 let progress = dev.progress.clone();
-                let conn = match stream
-                    .into_std()
-                    .and_then(|s| progress.register(&qp, epoch, s, Reader::new()))
-                {
+                let conn = match stream.into_data().and_then(|s| {
+                    set_up(&dev.counters, qp.qpn, &s);
+                    progress.register(&qp, epoch, s, Reader::new())
+                }) {
                     Ok(c) => c,
                     Err(e) => {
                         tracing::warn!(
@@ -475,16 +524,26 @@ async fn connector_task(dev: Arc<Setup>, qp: Arc<QpShared>, epoch: u64) {
     }
 }
 
-async fn connect(dev: &Setup, qp: &QpShared, remote: SocketAddr) -> io::Result<TcpStream> {
+async fn connect(dev: &Setup, qp: &QpShared, remote: SocketAddr) -> io::Result<Stream> {
     if !dev.port.is_up() {
         // As a packet sent through a port that is down: lost, and retried per
         // `retry_cnt` while the connector waits for the port (see `DeviceShared::set_port`).
         return Err(io::Error::from_raw_os_error(libc::ENETDOWN));
     }
-    let mut stream = tokio::time::timeout(SETUP_TIMEOUT, TcpStream::connect(remote))
-        .await
-        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;
-    crate::sockopt::tune(&stream)?;
+    let same_host = match dev.transport {
+        Transport::Auto => crate::same_host::connect(remote).await,
+        Transport::Tcp => None,
+    };
+    let mut stream = match same_host {
+        Some((s, _)) => Stream::Unix(s, dev.addr.advertise, remote),
+        None => {
+            let s = tokio::time::timeout(SETUP_TIMEOUT, TcpStream::connect(remote))
+                .await
+                .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;
+            crate::sockopt::tune(&s)?;
+            Stream::Tcp(s)
+        }
+    };
     let (src_gid, src_lid, _) = qp.dev.addr.local_id(qp.qpn, &qp.inner.lock().attr);
     let dst_qpn = qp.inner.lock().attr.dest_qp_num;
     // Held until the answer: the peer checks the token with this device meanwhile.

@@ -28,7 +28,10 @@
 //! GID and LID; the accepting device asks the listener at the address that GID and LID
 //! name ([`ask_link`]): is your link, with this token, the one that arrived at my address
 //! `at`? The address it arrived at ties the token to the device it was sent to: a device
-//! that received a link hello cannot pass it on to a third device as its own.
+//! that received a link hello cannot pass it on to a third device as its own. (A link
+//! over a same-host socket arrives at no TCP address: there `at` is the accepting
+//! device's listen address, the one its socket is published under and the connecting
+//! device looked up; see [`same_host`](crate::same_host).)
 
 use std::collections::HashMap;
 use std::io;
@@ -37,7 +40,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::addressing::canonical;
@@ -181,7 +184,7 @@ pub async fn ask_link(claimed: SocketAddr, at: SocketAddr, token: [u8; TOKEN_LEN
 }
 
 /// Writes one frame's header (a setup frame or its answer).
-pub async fn send_frame(stream: &mut TcpStream, f: &Frame) -> io::Result<()> {
+pub async fn send_frame(stream: &mut (impl AsyncWrite + Unpin), f: &Frame) -> io::Result<()> {
     let mut b = [0u8; MAX_HDR_LEN];
     let n = f.encode(&mut b);
     stream.write_all(&b[..n]).await
@@ -190,7 +193,7 @@ pub async fn send_frame(stream: &mut TcpStream, f: &Frame) -> io::Result<()> {
 /// Reads exactly one setup frame (a hello, a check or an answer to either) into a buffer
 /// on the stack: nothing is allocated for a connection before it proves itself. Frames of
 /// the data path are refused here, before their extension is read.
-pub async fn read_one(s: &mut TcpStream) -> io::Result<Frame> {
+pub async fn read_one(s: &mut (impl AsyncRead + Unpin)) -> io::Result<Frame> {
     let mut b = [0u8; MAX_HDR_LEN];
     let mut base = [0u8; BASE_LEN];
     s.read_exact(&mut base).await?;
@@ -209,7 +212,7 @@ pub async fn read_one(s: &mut TcpStream) -> io::Result<Frame> {
 /// answered with [`HelloReject::Version`] (so that the other build reports the mismatch
 /// instead of retrying), and anything else malformed ends the connection unanswered, the
 /// same at every listener of the sim.
-pub async fn read_first(stream: &mut TcpStream) -> io::Result<Frame> {
+pub async fn read_first(stream: &mut (impl AsyncRead + AsyncWrite + Unpin)) -> io::Result<Frame> {
     let first = tokio::time::timeout(crate::listener::HELLO_TIMEOUT, read_one(stream))
         .await
         .map_err(|_| {

@@ -4,7 +4,8 @@
 //! The attacker (this binary run again as a child process, so it is another process as on
 //! a real host) knows everything the pair's out-of-band exchange said: both devices'
 //! GID and LID, both QPNs, and the rkey and address of the responder's region. From its
-//! own sockets, also from another source address, it
+//! own sockets, also from another source address and through the devices' same-host
+//! sockets (the pair itself runs over those), it
 //! - says hello to each device claiming to be the other side's QP (with a token it made
 //!   up), then sends SENDs and WRITEs on the connection anyway;
 //! - asks the active side's device to confirm tokens it guessed;
@@ -153,8 +154,8 @@ fn enc(f: Frame) -> Vec<u8> {
 
 /// The answer to a setup frame: the first 16 bytes (a whole refusal), or fewer if the
 /// device closed first.
-fn answer(s: &mut TcpStream) -> Vec<u8> {
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+fn answer(s: &mut Conn) -> Vec<u8> {
+    s.set_read_timeout(Some(Duration::from_secs(5)));
     let mut out = vec![0u8; 16];
     let mut got = 0;
     while got < out.len() {
@@ -168,10 +169,66 @@ fn answer(s: &mut TcpStream) -> Vec<u8> {
 }
 
 /// Whatever else the device sends until it closes: nothing, for a refused connection.
-fn rest(s: &mut TcpStream) -> Vec<u8> {
+fn rest(s: &mut impl Read) -> Vec<u8> {
     let mut out = Vec::new();
     let _ = s.read_to_end(&mut out);
     out
+}
+
+/// The attacker's connection to a device: over TCP, or through its same-host socket.
+enum Conn {
+    Tcp(TcpStream),
+    Unix(std::os::unix::net::UnixStream),
+}
+
+impl Conn {
+    fn set_read_timeout(&self, t: Option<Duration>) {
+        match self {
+            Conn::Tcp(s) => s.set_read_timeout(t).unwrap(),
+            Conn::Unix(s) => s.set_read_timeout(t).unwrap(),
+        }
+    }
+}
+
+impl Read for Conn {
+    fn read(&mut self, b: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Conn::Tcp(s) => s.read(b),
+            Conn::Unix(s) => s.read(b),
+        }
+    }
+}
+
+impl Write for Conn {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Conn::Tcp(s) => s.write(b),
+            Conn::Unix(s) => s.write(b),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// How an attempt reaches a device.
+#[derive(Clone, Copy)]
+enum Via {
+    /// TCP, from this source address (or the default one).
+    Tcp(Option<std::net::Ipv4Addr>),
+    /// The device's same-host socket.
+    Unix,
+}
+
+fn connect_via(to: SocketAddr, via: Via) -> Conn {
+    match via {
+        Via::Tcp(from) => Conn::Tcp(connect_from(to, from)),
+        Via::Unix => {
+            let path = backend_sim::same_host::published_path(to).unwrap();
+            Conn::Unix(std::os::unix::net::UnixStream::connect(path).unwrap())
+        }
+    }
 }
 
 fn connect_from(to: SocketAddr, from: Option<std::net::Ipv4Addr>) -> TcpStream {
@@ -218,7 +275,7 @@ fn attacker(spec: &str) {
     payload.extend([0xee; MSG]);
     let mut refusals: Vec<Vec<u8>> = Vec::new();
     let mut attempt = |to: SocketAddr, bytes: Vec<u8>, from| {
-        let mut s = connect_from(to, from);
+        let mut s = connect_via(to, from);
         s.write_all(&bytes).unwrap();
         let mut got = answer(&mut s);
         // Data frames anyway: a refused connection carries nothing.
@@ -236,7 +293,11 @@ fn attacker(spec: &str) {
     phase("attack");
     let from2 = std::net::Ipv4Addr::new(127, 0, 0, 3);
     for round in 0..100 {
-        let from = (round % 2 == 1).then_some(from2);
+        let from = match round % 3 {
+            0 => Via::Tcp(None),
+            1 => Via::Tcp(Some(from2)),
+            _ => Via::Unix,
+        };
         // To B, as A; to A, as B.
         attempt(sp.b, hello(sp.a.port(), sp.qpn_a, sp.qpn_b), from);
         attempt(sp.a, hello(sp.b.port(), sp.qpn_b, sp.qpn_a), from);
@@ -281,7 +342,7 @@ fn attacker(spec: &str) {
     // Connections that claim a live QP's peer, and silent ones: what does each cost?
     let mut held = Vec::new();
     for i in 0..STRANGERS {
-        let mut s = connect_from(sp.b, None);
+        let mut s = connect_via(sp.b, if i % 4 == 3 { Via::Unix } else { Via::Tcp(None) });
         if i % 2 == 0 {
             s.write_all(&hello(sp.a.port(), sp.qpn_a, sp.qpn_b)).unwrap();
         }

@@ -554,11 +554,26 @@ fn connections(port: u16) -> (usize, usize) {
     (local, remote)
 }
 
-/// Many UD QPs on two devices exchange datagrams both ways over one TCP connection: the
-/// first send opens it, every other QP of both devices uses it.
+/// Many UD QPs on two devices exchange datagrams both ways over one connection (over TCP,
+/// and over the same-host socket): the first send opens it, every other QP of both
+/// devices uses it.
 #[test]
 fn one_link_per_pair_of_devices_carries_every_qp_both_ways() {
-    let (_sim, a, b) = two_devices();
+    use backend_sim::same_host::Transport;
+    for transport in [Transport::Tcp, Transport::Auto] {
+        one_link_per_pair(transport);
+    }
+}
+
+fn one_link_per_pair(transport: backend_sim::same_host::Transport) {
+    let sim = SimBackend::new(backend_sim::SimConfig {
+        transport,
+        ..Default::default()
+    });
+    let (a, b) = (
+        Side::new(sim.open("sim0").unwrap()),
+        Side::new(sim.open("sim1").unwrap()),
+    );
     let qa: Vec<SimQp> = (0..3).map(|_| a.qp(QKEY)).collect();
     let qb: Vec<SimQp> = (0..3).map(|_| b.qp(QKEY)).collect();
     assert_eq!(connections(a.lid()), (0, 0));
@@ -585,6 +600,15 @@ fn one_link_per_pair_of_devices_carries_every_qp_both_ways() {
         }
     }
     assert_eq!(poll_n(&a.cq, 9, WAIT).unwrap().len(), 9);
+    // One link, set up once (each end counts it).
+    let links = |c: &SimContext| {
+        let n = c.counters();
+        n.same_host_connections + n.tcp_connections
+    };
+    assert_eq!((links(&a.ctx), links(&b.ctx)), (1, 1));
+    if transport != backend_sim::same_host::Transport::Tcp {
+        return;
+    }
     // sim0 opened the one link: its socket's remote port is sim1's LID, the accepted
     // end's local port; nothing connected to sim0's listener (the checks of the link's
     // hello came and went).

@@ -72,6 +72,29 @@ fn ibv_rc_pingpong_large_messages() {
     pingpong(&["-s", "1048576", "-m", "4096"]);
 }
 
+/// Two processes of one host under the preload connect their QPs over the same-host
+/// socket, and over TCP with `RDMA_SIM_TRANSPORT=tcp` (the sim's debug log says which).
+#[test]
+fn ibv_rc_pingpong_takes_the_same_host_path_unless_told_tcp() {
+    for (transport, via) in [("auto", "a same-host unix socket"), ("tcp", "TCP")] {
+        let args = ["-c", "-n", "200"];
+        let env = [
+            ("RDMA_SIM_TRANSPORT", transport),
+            ("RUST_LOG", "backend_sim=debug"),
+        ];
+        let (s, c) = common::run_pair_outputs("ibv_rc_pingpong", &args, &args, &env, LIMIT);
+        for out in [&s, &c] {
+            let (stdout, stderr) = (
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr),
+            );
+            assert!(stdout.contains("200 iters in"), "{stdout}");
+            let said = format!("connection set up over {via}");
+            assert!(stderr.contains(&said), "{transport}: no {said:?} in\n{stderr}");
+        }
+    }
+}
+
 fn perftest(program: &str, figure: &str) {
     let args = ["-n", "200"];
     let (_, c) = run_pair(program, &args, &args, LIMIT);

@@ -3,7 +3,7 @@
 //! ([`ConnTap`]), and UD datagrams, unicast, multicast and lost ([`datagram`]), all
 //! written through [`Capture::frame`].
 
-use std::net::{IpAddr, TcpStream};
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use backend_sim_proto::capture::opcode::Transport;
@@ -80,7 +80,7 @@ pub struct ConnTap {
 impl ConnTap {
     /// The tap of `qp`'s connection over `sock` (its attributes read now: the QP is
     /// past RTR when a connection is set up).
-    pub(crate) fn new(cap: Arc<Capture>, qp: &QpShared, sock: &TcpStream) -> Option<ConnTap> {
+    pub(crate) fn new(cap: Arc<Capture>, qp: &QpShared, sock: &crate::stream::DataSock) -> Option<ConnTap> {
         let (dest_qpn, mtu, flow_label) = {
             let g = qp.inner.lock();
             let a = &g.attr;
@@ -90,7 +90,7 @@ impl ConnTap {
                 a.ah_attr.grh.flow_label & 0xf_ffff,
             )
         };
-        let (local, peer) = (sock.local_addr().ok()?, sock.peer_addr().ok()?);
+        let (local, peer) = (sock.local_addr()?, sock.peer_addr()?);
         let transport = if qp.qp_type == QpType::Uc {
             Transport::Uc
         } else {

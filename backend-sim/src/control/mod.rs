@@ -11,7 +11,7 @@
 //! a connection from another user is closed unanswered. The snapshot shows no memory
 //! contents and no keys. `RDMA_SIM_CONTROL=off` turns the endpoints off.
 
-mod dir;
+pub(crate) mod dir;
 mod serve;
 mod status;
 

@@ -30,7 +30,6 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use tokio::io::Interest;
-use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
 use super::waiters::Waiters;
@@ -71,7 +70,7 @@ pub struct Link {
     pub peer: DatagramSource,
     /// Where that device listens (the link's key in the device's table).
     pub peer_addr: SocketAddr,
-    sock: TcpStream,
+    sock: crate::stream::Stream,
     queue: Mutex<Vec<u8>>,
     writer: Mutex<Writer>,
     dirty: AtomicBool,
@@ -93,7 +92,7 @@ pub struct Link {
 impl Link {
     /// A link over `sock` (set up and checked) to the device `peer` listening at
     /// `peer_addr`.
-    pub fn new(sock: TcpStream, peer_addr: SocketAddr, peer: DatagramSource) -> Arc<Link> {
+    pub fn new(sock: crate::stream::Stream, peer_addr: SocketAddr, peer: DatagramSource) -> Arc<Link> {
         Arc::new(Link {
             peer,
             peer_addr,

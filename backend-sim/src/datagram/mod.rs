@@ -145,8 +145,10 @@ pub struct Datagrams {
     pub addr: Arc<Addressing>,
     /// The hellos the device is sending (links' and QPs').
     pub claims: Arc<Claims>,
+    /// How its links run.
+    pub transport: crate::same_host::Transport,
     qps: Arc<QpTable>,
-    counters: Arc<DeviceCounters>,
+    pub(crate) counters: Arc<DeviceCounters>,
     progress: Arc<Progress>,
     links: Mutex<LinkTable>,
     /// Most links the device holds ([`table::link_bound`]).
@@ -173,8 +175,10 @@ impl Datagrams {
         progress: Arc<Progress>,
         mcast: Arc<Multicast>,
         port: Arc<crate::port::Port>,
+        transport: crate::same_host::Transport,
     ) -> Self {
         Datagrams {
+            transport,
             name: name.to_string(),
             rt,
             addr,

@@ -35,6 +35,8 @@ use super::link::{self, Link};
 use super::Datagrams;
 use crate::addressing::{canonical, gid_addr};
 use crate::responder::DatagramSource;
+use crate::same_host::Transport;
+use crate::stream::Stream;
 use crate::verify::{self, send_frame};
 use crate::wire::{Frame, HelloReject, TOKEN_LEN, VERSION};
 
@@ -46,6 +48,7 @@ pub const LINK_SETUP_TIMEOUT: Duration = Duration::from_secs(5);
 pub async fn open(dg: Arc<Datagrams>, peer: SocketAddr) {
     let link = match tokio::time::timeout(LINK_SETUP_TIMEOUT, connect(&dg, peer)).await {
         Ok(Ok(stream)) => {
+            dg.counters.link_set_up(matches!(stream, Stream::Unix(..)));
             let src = DatagramSource {
                 gid: match peer.ip() {
                     IpAddr::V4(v4) => Gid::from(v4).0,
@@ -76,14 +79,26 @@ pub async fn open(dg: Arc<Datagrams>, peer: SocketAddr) {
     }
 }
 
-async fn connect(dg: &Datagrams, peer: SocketAddr) -> io::Result<TcpStream> {
+async fn connect(dg: &Datagrams, peer: SocketAddr) -> io::Result<Stream> {
     if !dg.port.is_up() {
         return Err(io::Error::from_raw_os_error(libc::ENETDOWN));
     }
-    let mut stream = TcpStream::connect(peer).await?;
-    crate::sockopt::tune(&stream)?;
+    let same_host = match dg.transport {
+        Transport::Auto => crate::same_host::connect(peer).await,
+        Transport::Tcp => None,
+    };
+    // The address the link arrives at, which the other device names in its check: over
+    // TCP the one connected to, over a unix socket its listener's (see `check`).
+    let (mut stream, at) = match same_host {
+        Some((s, listen)) => (Stream::Unix(s, dg.addr.advertise, peer), listen),
+        None => {
+            let s = TcpStream::connect(peer).await?;
+            crate::sockopt::tune(&s)?;
+            (Stream::Tcp(s), peer)
+        }
+    };
     // Held until the answer: the other device checks the token with this one meanwhile.
-    let claim = dg.claims.begin_link(peer);
+    let claim = dg.claims.begin_link(at);
     let hello = Frame::LinkHello {
         src_gid: dg.addr.ip_gid().0,
         src_lid: dg.addr.lid(),
@@ -116,7 +131,7 @@ async fn connect(dg: &Datagrams, peer: SocketAddr) -> io::Result<TcpStream> {
 /// on success makes the link one of the device's.
 pub async fn serve(
     dg: Arc<Datagrams>,
-    mut stream: TcpStream,
+    mut stream: Stream,
     src_gid: [u8; 16],
     src_lid: u16,
     token: [u8; TOKEN_LEN],
@@ -144,6 +159,7 @@ pub async fn serve(
         gid: src_gid,
         lid: src_lid,
     };
+    dg.counters.link_set_up(matches!(stream, Stream::Unix(..)));
     let link = Link::new(stream, claimed, src);
     tracing::debug!(device = %dg.name, peer = %claimed, "UD link up (accepted)");
     dg.adopt(claimed, &link);
@@ -156,7 +172,7 @@ pub async fn serve(
 /// the log only).
 async fn check(
     dg: &Datagrams,
-    stream: &TcpStream,
+    stream: &Stream,
     claimed: SocketAddr,
     token: [u8; TOKEN_LEN],
 ) -> Result<(), &'static str> {
@@ -177,7 +193,12 @@ async fn check(
     if !dg.has_room_for(claimed) {
         return Err("the device holds as many links as it may, all in use");
     }
-    let at = canonical(stream.local_addr().map_err(|_| "no local address")?);
+    // Where the link arrived: the address connected to over TCP, this device's listen
+    // address over its same-host socket (which its connector looked up by that address).
+    let at = match stream {
+        Stream::Tcp(s) => canonical(s.local_addr().map_err(|_| "no local address")?),
+        Stream::Unix(..) => canonical(dg.addr.listen),
+    };
     match verify::ask_link(claimed, at, token).await {
         Ok(true) if dg.reserve_for(claimed) => Ok(()),
         Ok(true) => Err("the device holds as many links as it may, all in use"),

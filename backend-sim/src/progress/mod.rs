@@ -86,7 +86,6 @@
 //!   kernel ahead of the ACKs.
 
 use std::io;
-use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -270,7 +269,7 @@ impl Progress {
         &self,
         qp: &Arc<QpShared>,
         epoch: u64,
-        sock: TcpStream,
+        sock: crate::stream::DataSock,
         reader: Reader,
     ) -> io::Result<Arc<Conn>> {
         sock.set_nonblocking(true)?;
@@ -278,7 +277,12 @@ impl Progress {
         if let Some(cap) = qp.dev.capture.get() {
             if let Some(tap) = crate::capture::ConnTap::new(cap.clone(), qp, &sock) {
                 let peer = sock.peer_addr().map(|a| a.to_string()).unwrap_or_default();
-                crate::capture::notes::qp(cap, qp.qpn, format_args!("connection set up with {peer}"));
+                let via = if sock.is_same_host() {
+                    " (same host, unix socket)"
+                } else {
+                    ""
+                };
+                crate::capture::notes::qp(cap, qp.qpn, format_args!("connection set up with {peer}{via}"));
                 wire.tx.tap = Some(Box::new(tap));
             }
         }
@@ -366,7 +370,7 @@ impl Progress {
         }
         // `arm` checks `closed` under the same lock: the socket does not come back.
         self.poller.disarm(conn);
-        let _ = conn.sock.shutdown(std::net::Shutdown::Both);
+        let _ = conn.sock.shutdown();
         self.poller.remove(conn.token);
         self.acks.forget(conn);
         self.poller.generation.fetch_add(1, Ordering::AcqRel);

@@ -36,6 +36,11 @@ pub struct SimConfig {
     /// of this backend writes its packets to, and how much of each it keeps. `None`:
     /// the process's capture if `RDMA_SIM_PCAP` names one, else none.
     pub capture: Option<CaptureConfig>,
+    /// How the devices' connections run: [`Transport::Auto`](crate::same_host::Transport)
+    /// (default) over a unix socket between two devices on the same host (same network
+    /// namespace) and over TCP otherwise, or [`Transport::Tcp`](crate::same_host::Transport)
+    /// over TCP always ([`crate::same_host`]).
+    pub transport: crate::same_host::Transport,
 }
 
 /// Where a backend's devices capture their traffic ([`SimConfig::capture`]).
@@ -57,6 +62,7 @@ impl Default for SimConfig {
             portability_warnings: Level::default(),
             seed: None,
             capture: None,
+            transport: crate::same_host::Transport::Auto,
         }
     }
 }
@@ -125,7 +131,8 @@ impl SimBackend {
     /// to listen on, e.g. `0.0.0.0:18515` to accept other hosts), `RDMA_SIM_ADVERTISE`
     /// (with a wildcard listen: the IP to advertise), `RDMA_SIM_DEVICES` (how many
     /// devices to list), `RDMA_SIM_PROFILE` (`portable`, `rxe` or `mlx5`: the kind of
-    /// HCA the devices play; any other value is an error) and
+    /// HCA the devices play; any other value is an error),
+    /// `RDMA_SIM_TRANSPORT` (`auto` or `tcp`, see [`SimConfig::transport`]) and
     /// `RDMA_SIM_PORTABILITY_WARNINGS` (`warn` or `debug`). A variable set empty counts
     /// as unset.
     pub fn from_env() -> Result<Self> {
@@ -164,6 +171,11 @@ impl SimBackend {
             c.profile = v
                 .parse()
                 .map_err(|e: UnknownProfile| Error::invalid("RDMA_SIM_PROFILE", e.to_string()))?;
+        }
+        if let Some(v) = setting(crate::same_host::TRANSPORT_SETTING) {
+            c.transport = v
+                .parse()
+                .map_err(|e: String| Error::invalid(crate::same_host::TRANSPORT_SETTING, e))?;
         }
         if let Some(v) = setting("RDMA_SIM_PORTABILITY_WARNINGS") {
             c.portability_warnings = v

@@ -73,6 +73,7 @@ impl Backend for SimBackend {
                     advice: self.advice.clone(),
                     choices: crate::choices::Choices::new(self.config.seed, name),
                     capture: self.capture(),
+                    transport: self.config.transport,
                 },
             )?,
         })

@@ -189,6 +189,19 @@ pub fn run_pair_with(
     env: &[(&str, &str)],
     limit: Duration,
 ) -> (String, String) {
+    let (s, c) = run_pair_outputs(program, server, client, env, limit);
+    let text = |o: &Output| String::from_utf8_lossy(&o.stdout).into_owned();
+    (text(&s), text(&c))
+}
+
+/// [`run_pair_with`], with both programs' whole outputs (standard error too).
+pub fn run_pair_outputs(
+    program: &str,
+    server: &[&str],
+    client: &[&str],
+    env: &[(&str, &str)],
+    limit: Duration,
+) -> (Output, Output) {
     let port = free_port().to_string();
     let mut srv_args: Vec<&str> = server.to_vec();
     srv_args.extend(["-p", &port]);
@@ -216,7 +229,7 @@ pub fn run_pair_with(
         text(&c),
         String::from_utf8_lossy(&c.stderr)
     );
-    (text(&s), text(&c))
+    (s, c)
 }
 
 /// Compiles tests/c/`name`.c against the installed `<infiniband/verbs.h>` (once per test
