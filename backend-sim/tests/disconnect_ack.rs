@@ -15,9 +15,11 @@ use verbs_api::*;
 fn a_send_the_peer_received_completes_when_the_peer_disconnects_at_once() {
     for round in 0..40 {
         let p = RcParams {
-            // 4 ms ACK timeout, one retry: a lost ACK shows as RETRY_EXC_ERR quickly.
-            timeout: 10,
-            retry_cnt: 1,
+            // A forgotten ACK is never sent, so any timeout shows it as RETRY_EXC_ERR;
+            // 268 ms and two retries keep a loaded machine's scheduling (threads off the
+            // CPU for tens of milliseconds beside a CPU hog) from looking like one.
+            timeout: 16,
+            retry_cnt: 2,
             ..RcParams::default()
         };
         let t = common::Pair::new(&p, QpCap::new(4, 4));
