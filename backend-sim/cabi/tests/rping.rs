@@ -77,11 +77,20 @@ fn rust_rping_client_against_a_c_server() {
     assert_eq!(pings, PINGS);
     let out = common::wait(srv, LIMIT);
     let text = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    // rping before rdma-core 58 destroys its event channel while its CM thread may be
+    // on its way back to rdma_get_cm_event, which then fails with EBADF and exits the
+    // process with 255 after a successful run (upstream "rping: terminate CM event
+    // thread before exiting"); on the kernel's rdma_cm as here, a thread already
+    // waiting in the read keeps the file. That exit, and only that one, is rping's.
+    let rpings_own_exit_race = out.status.code() == Some(255)
+        && err
+            .lines()
+            .any(|l| l == "rdma_get_cm_event: Bad file descriptor");
     assert!(
-        out.status.success(),
-        "rping -s: {}\n{text}\n{}",
+        out.status.success() || rpings_own_exit_race,
+        "rping -s: {}\n{text}\n{err}",
         out.status,
-        String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(
         text.lines()
