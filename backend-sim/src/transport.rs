@@ -70,15 +70,16 @@ pub struct Setup {
     pub port: Arc<crate::port::Port>,
 }
 
-/// Starts accepting connections for the device of `dev`.
-pub fn spawn_listener(dev: &Arc<Setup>, listener: std::net::TcpListener) -> Result<()> {
+/// Starts accepting connections for the device of `dev`; aborting the task the handle
+/// names closes the listener (the device's address moved: `port_addr`).
+pub fn spawn_listener(dev: &Arc<Setup>, listener: std::net::TcpListener) -> Result<tokio::task::AbortHandle> {
     let _guard = dev.rt.enter();
     let listener = tokio::net::TcpListener::from_std(listener).map_err(|source| verbs_api::Error::Os {
         call: "register listener",
         source,
     })?;
     let weak = Arc::downgrade(dev);
-    dev.rt.spawn(crate::listener::accept_loop(
+    let task = dev.rt.spawn(crate::listener::accept_loop(
         dev.name.clone(),
         listener,
         move |stream, peer| {
@@ -91,7 +92,7 @@ pub fn spawn_listener(dev: &Arc<Setup>, listener: std::net::TcpListener) -> Resu
             }
         },
     ));
-    Ok(())
+    Ok(task.abort_handle())
 }
 
 /// Starts the task that connects `qp` (the active side of its pair) for `epoch`.
