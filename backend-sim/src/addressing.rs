@@ -26,7 +26,9 @@ pub const ROCE_PORT: u16 = 4791;
 pub const ROCE_GID_TBL_LEN: u32 = 1024;
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU16, Ordering};
 
+use parking_lot::RwLock;
 use verbs_api::{AhAttr, Gid, QpAttr};
 
 /// A QP's identity on the fabric: (GID, LID, QPN), the GID as [`fabric_gid`] spells it.
@@ -44,19 +46,30 @@ pub fn fabric_gid(gid: &[u8; 16]) -> [u8; 16] {
     }
 }
 
-/// A device's addresses.
-#[derive(Clone, Debug)]
+/// A device's addresses. Two change while it is open, as a real port's do
+/// ([`port_addr`](crate::port_addr)): an InfiniBand port's LID (the TCP port its listener
+/// moves to) and the entries an Ethernet (RoCE) port's GID table gains and loses after
+/// `gids`, as addresses come and go on a netdev.
+#[derive(Debug)]
 pub struct Addressing {
-    /// The address its listener is bound to.
+    /// The address its listener was bound to when the device opened (the port of
+    /// [`listen_addr`](Self::listen_addr) is the current one).
     pub listen: SocketAddr,
-    /// The address peers reach it at (the listen address, with a wildcard IP replaced).
+    /// The address peers reached it at when it opened (the listen address, with a
+    /// wildcard IP replaced; [`advertise_addr`](Self::advertise_addr) is the current one).
     pub advertise: SocketAddr,
-    /// Its GID table's populated entries (from index 0).
+    /// Its GID table's entries from index 0, populated at open.
     pub gids: Vec<Gid>,
     /// Its GID table's length (`gid_tbl_len`): `gids`, then empty entries.
     pub gid_tbl_len: u32,
     /// An Ethernet (RoCE) port: LID 0, reached by GID alone.
     pub roce: bool,
+    /// The TCP port its listener is at now: the LID of an InfiniBand port.
+    port: AtomicU16,
+    /// The entries after `gids` (index `gids.len()` on), added while the device is open;
+    /// a removed one reads as the zero GID, an empty entry, the others keeping their index
+    /// as the kernel's GID table keeps them.
+    added: RwLock<Vec<Gid>>,
 }
 
 impl Addressing {
@@ -74,6 +87,8 @@ impl Addressing {
                 gids: vec![default_gid(bound.ip()), gid(bound.ip())],
                 gid_tbl_len: 2,
                 roce: false,
+                port: AtomicU16::new(bound.port()),
+                added: RwLock::default(),
             };
         }
         let host = crate::host_addrs::host_addrs();
@@ -90,6 +105,8 @@ impl Addressing {
             gid_tbl_len: gids.len() as u32,
             gids,
             roce: false,
+            port: AtomicU16::new(bound.port()),
+            added: RwLock::default(),
         }
     }
 
@@ -106,11 +123,78 @@ impl Addressing {
     /// The GID at table `index`: a populated entry, the zero GID of an empty one, or
     /// `None` past the table's length.
     pub fn gid_at(&self, index: u32) -> Option<Gid> {
-        match self.gids.get(index as usize) {
-            Some(g) => Some(*g),
+        match self.entry(index) {
+            Some(g) => Some(g),
             None if index < self.gid_tbl_len => Some(Gid::default()),
             None => None,
         }
+    }
+
+    /// The populated entry at `index` (an entry added and removed again is empty).
+    fn entry(&self, index: u32) -> Option<Gid> {
+        let i = index as usize;
+        match self.gids.get(i) {
+            Some(g) => Some(*g),
+            None => self
+                .added
+                .read()
+                .get(i - self.gids.len())
+                .copied()
+                .filter(|g| *g != Gid::default()),
+        }
+    }
+
+    /// The populated entries: those of the open, then the added ones still there.
+    pub fn populated(&self) -> Vec<Gid> {
+        let added = self.added.read();
+        let live = added.iter().filter(|g| **g != Gid::default());
+        self.gids.iter().chain(live).copied().collect()
+    }
+
+    /// Whether the GID table lists `gid` (in [`fabric_gid`]'s spelling or as given).
+    pub fn holds_gid(&self, gid: &[u8; 16]) -> bool {
+        let same = |g: &Gid| g.0 == *gid || fabric_gid(&g.0) == fabric_gid(gid);
+        self.gids.iter().any(same) || self.added.read().iter().any(same)
+    }
+
+    /// Adds `gid` to the table at its first empty entry after those populated at open;
+    /// its index, or `None` if the table is full.
+    pub(crate) fn add_gid(&self, gid: Gid) -> Option<u32> {
+        let mut added = self.added.write();
+        let i = match added.iter().position(|g| *g == Gid::default()) {
+            Some(i) => i,
+            None if ((self.gids.len() + added.len()) as u32) < self.gid_tbl_len => {
+                added.push(Gid::default());
+                added.len() - 1
+            }
+            None => return None,
+        };
+        added[i] = gid;
+        Some((self.gids.len() + i) as u32)
+    }
+
+    /// Empties the entry at `index`, one [`add_gid`](Self::add_gid) filled; the GID it
+    /// held, or `None` if it is not such an entry.
+    pub(crate) fn remove_gid(&self, index: u32) -> Option<Gid> {
+        let i = (index as usize).checked_sub(self.gids.len())?;
+        let mut added = self.added.write();
+        let g = added.get_mut(i).filter(|g| **g != Gid::default())?;
+        Some(std::mem::take(g))
+    }
+
+    /// The address its listener is at now: the listen IP and the current port.
+    pub fn listen_addr(&self) -> SocketAddr {
+        SocketAddr::new(self.listen.ip(), self.port.load(Ordering::Acquire))
+    }
+
+    /// The address peers reach it at now: the advertised IP and the current port.
+    pub fn advertise_addr(&self) -> SocketAddr {
+        SocketAddr::new(self.advertise.ip(), self.port.load(Ordering::Acquire))
+    }
+
+    /// Its listener moved to TCP port `port`: an InfiniBand port's new LID.
+    pub(crate) fn set_port(&self, port: u16) {
+        self.port.store(port, Ordering::Release);
     }
 
     /// The GID of the device's IP (`::ffff:a.b.c.d`, or the IPv6 address): what its UD
@@ -125,7 +209,7 @@ impl Addressing {
         if self.roce {
             0
         } else {
-            self.listen.port()
+            self.port.load(Ordering::Acquire)
         }
     }
 
@@ -151,12 +235,13 @@ impl Addressing {
     /// Whether `index` names a populated GID entry (an address vector's `sgid_index`);
     /// the error names the attribute and says why.
     pub fn check_sgid_index(&self, index: u8) -> Result<(), (&'static str, String)> {
-        if (index as usize) < self.gids.len() {
+        if self.entry(index.into()).is_some() {
             return Ok(());
         }
         let why = if u32::from(index) < self.gid_tbl_len {
             format!(
-                "GID index {index} is an empty entry (entries 0..{} of the {}-entry table are populated)",
+                "GID index {index} is an empty entry (entries 0..{} of the {}-entry table were populated \
+                 at open, and later ones as addresses were added)",
                 self.gids.len(),
                 self.gid_tbl_len
             )
@@ -174,9 +259,14 @@ impl Addressing {
         self.gids[0]
     }
 
-    /// Whether `addr` is this device's own (an address vector that names it).
+    /// Whether `addr` is this device's own (an address vector that names it): where its
+    /// listener is now, or on an Ethernet port an address added to its GID table.
     pub fn is_self(&self, addr: SocketAddr) -> bool {
-        addr == self.listen || addr == self.advertise
+        addr == self.listen_addr()
+            || addr == self.advertise_addr()
+            || (self.roce
+                && addr.port() == ROCE_PORT
+                && self.added.read().iter().any(|g| gid_addr(&g.0, 0) == addr))
     }
 
     /// QP `qpn`'s identity as its hello names it, with address vector `a`: the GID at
@@ -184,10 +274,18 @@ impl Addressing {
     /// first entry.
     pub fn local_id(&self, qpn: u32, a: &QpAttr) -> FabricId {
         let gid = match a.ah_attr.is_global {
-            true => self.gids.get(a.ah_attr.grh.sgid_index as usize),
-            false => None,
+            true => {
+                let i = u32::from(a.ah_attr.grh.sgid_index);
+                // An entry emptied since it was added names no one: the zero GID, which
+                // no peer expects.
+                let emptied =
+                    i as usize >= self.gids.len() && (i as usize) < self.gids.len() + self.added.read().len();
+                self.entry(i)
+                    .unwrap_or(if emptied { Gid::default() } else { self.gids[0] })
+            }
+            false => self.gids[0],
         };
-        (fabric_gid(&gid.unwrap_or(&self.gids[0]).0), self.lid(), qpn)
+        (fabric_gid(&gid.0), self.lid(), qpn)
     }
 
     /// The LID an address vector names: its DLID on InfiniBand, none (0, an Ethernet
@@ -236,7 +334,7 @@ impl Addressing {
         if self.is_self(addr) {
             return true;
         }
-        addr.port() == self.listen.port()
+        addr.port() == self.listen_addr().port()
             && self.listen.ip().is_unspecified()
             && (addr.ip().is_loopback() || self.gids.iter().any(|g| gid_addr(&g.0, 0).ip() == addr.ip()))
     }

@@ -84,12 +84,14 @@ pub struct DeviceShared {
     /// Its capture, if on ([`crate::capture`]).
     pub capture: crate::capture::Slot,
     shutdown: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
+    /// Its listeners, by address: the one peers reach it at, and on an Ethernet (RoCE)
+    /// port one per address added to its GID table ([`crate::port_addr`]); each with
+    /// its same-host socket, closed and unpublished with it.
+    pub(crate) listeners: Mutex<Vec<(SocketAddr, crate::transport::Listening)>>,
     /// Its control socket (`rdma-sim status`), removed with the device.
     control: Mutex<Option<crate::control::Endpoint>>,
     thread: Mutex<Option<JoinHandle<()>>>,
     progress_thread: Mutex<Option<JoinHandle<()>>>,
-    /// Its same-host socket's file, removed with the device.
-    _same_host: Option<crate::same_host::Published>,
 }
 
 /// A protection domain.
@@ -147,18 +149,6 @@ impl DeviceShared {
         sock.set_nonblocking(true).map_err(os("fcntl(O_NONBLOCK)"))?;
         let std_listener: std::net::TcpListener = sock.into();
         let bound = std_listener.local_addr().map_err(os("getsockname"))?;
-        let same_host = match transport {
-            crate::same_host::Transport::Auto => crate::same_host::publish(bound)
-                .inspect_err(|e| {
-                    tracing::debug!(
-                        device = name,
-                        "no same-host socket (peers on this host connect over TCP): {e}"
-                    )
-                })
-                .ok(),
-            crate::same_host::Transport::Tcp => None,
-        };
-        let (same_host_listener, published) = same_host.unzip();
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -266,15 +256,19 @@ impl DeviceShared {
             capture: Arc::new(capture.map(std::sync::OnceLock::from).unwrap_or_default()),
             shutdown: Mutex::new(Some(tx)),
             control: Mutex::new(None),
+            listeners: Mutex::default(),
             thread: Mutex::new(Some(thread)),
             progress_thread: Mutex::new(Some(progress_thread)),
-            _same_host: published,
         });
-        crate::transport::spawn_listener(&dev.setup, std_listener, same_host_listener)?;
+        let listener = crate::transport::spawn_listener(&dev.setup, std_listener)?;
+        dev.listeners.lock().push((bound, listener));
         let weak: std::sync::Weak<DeviceShared> = Arc::downgrade(&dev);
         *dev.control.lock() = crate::control::open(name, &dev.setup.rt, weak);
         if let Some(s) = crate::port::schedule_from_env()? {
             dev.schedule_port_fault(s);
+        }
+        if let Some(after) = crate::port_addr::schedule_from_env()? {
+            dev.schedule_address_change(after);
         }
         tracing::debug!(device = name, %bound, advertise = %addr.advertise, %profile, "sim device open");
         Ok(dev)
@@ -353,7 +347,7 @@ impl DeviceShared {
 /// its own (see [`addressing`](crate::addressing)): on loopback without a configured
 /// port, an address drawn in 127.0.0.0/8 that no other device holds; otherwise the
 /// listen IP, which one device alone may hold.
-fn bind_roce(listen: SocketAddr, choices: &Choices) -> Result<socket2::Socket> {
+pub(crate) fn bind_roce(listen: SocketAddr, choices: &Choices) -> Result<socket2::Socket> {
     use crate::addressing::ROCE_PORT;
     let os = |source| Error::Os {
         call: "bind (sim device listener, RoCE)",
@@ -448,24 +442,15 @@ impl DeviceShared {
         if !self.port.set_up(up) {
             return;
         }
-        let qps: Vec<Arc<QpShared>> = self.qps.lock().values().filter_map(|q| q.upgrade()).collect();
         let (event, what) = match up {
             true => (AsyncEventType::PortActive, "active"),
             false => (AsyncEventType::PortErr, "down"),
         };
         tracing::debug!(device = %self.name, "port 1 {what}");
         if !up {
-            for qp in &qps {
-                let conns = {
-                    let g = qp.inner.lock();
-                    [g.conn.clone(), g.self_conn.clone()]
-                };
-                for c in conns.into_iter().flatten() {
-                    self.progress.port_went_down(&c);
-                }
-            }
-            self.datagrams.close_links();
+            self.drop_connections();
         } else {
+            let qps: Vec<Arc<QpShared>> = self.qps.lock().values().filter_map(|q| q.upgrade()).collect();
             for qp in &qps {
                 qp.req_wake.notify_one();
             }
@@ -475,12 +460,34 @@ impl DeviceShared {
             element: AsyncElement::Port(1),
         });
     }
+
+    /// Closes every connection and UD link of the device, as a link that went down loses
+    /// them: the QPs set theirs up again when they can (their requesters retry meanwhile).
+    pub(crate) fn drop_connections(&self) {
+        let qps: Vec<Arc<QpShared>> = self.qps.lock().values().filter_map(|q| q.upgrade()).collect();
+        for qp in &qps {
+            let conns = {
+                let g = qp.inner.lock();
+                [g.conn.clone(), g.self_conn.clone()]
+            };
+            for c in conns.into_iter().flatten() {
+                self.progress.port_went_down(&c);
+            }
+        }
+        self.datagrams.close_links();
+    }
 }
 
 /// What the device's control endpoint shows ([`control`](crate::control)).
 impl crate::control::Source for DeviceShared {
     fn set_port(&self, up: bool) {
         DeviceShared::set_port(self, up)
+    }
+
+    fn change_address(&self) {
+        if let Err(e) = DeviceShared::change_address(self) {
+            tracing::warn!(device = %self.name, "control: the address did not change: {e}");
+        }
     }
 
     fn status(&self) -> crate::control::DeviceStatus {
@@ -506,10 +513,10 @@ impl crate::control::Source for DeviceShared {
             node_guid: self.attr.node_guid,
             link_layer: format!("{:?}", self.limits.link_layer),
             lid: self.addr.lid(),
-            listen: self.addr.listen.to_string(),
+            listen: self.addr.listen_addr().to_string(),
             gids: self
                 .addr
-                .gids
+                .populated()
                 .iter()
                 .map(|g| std::net::Ipv6Addr::from(g.0).to_string())
                 .collect(),

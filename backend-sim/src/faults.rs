@@ -1,7 +1,8 @@
 //! Fault injection for tests (the sim's own, and users'): break a QP's connection at a
 //! chosen point of a transfer, stall a responder, delay its responses, make it answer
 //! RNR although receives are posted, lose a UD QP's datagrams, delay a QP's connection
-//! setups, stall the device's setup thread, or take the device's port down and up. Get a handle with
+//! setups, stall the device's setup thread, take the device's port down and up, or change
+//! its address (a new LID, a GID added or removed). Get a handle with
 //! [`SimContext::faults`](crate::SimContext::faults) and name the QP by its number.
 //!
 //! The sim then behaves as an HCA does when the fabric misbehaves: lost requests and
@@ -205,6 +206,32 @@ impl Faults {
     pub fn port_up(&self) -> Result<()> {
         self.dev()?.set_port(true);
         Ok(())
+    }
+
+    /// The InfiniBand port gets a new LID, as the subnet manager may give it:
+    /// `IBV_EVENT_LID_CHANGE`, `ibv_query_port` reads the LID returned, and what names
+    /// the old one reaches nothing: the device's connected QPs end in
+    /// `IBV_WC_RETRY_EXC_ERR` on both sides, datagrams to the old LID are lost (see
+    /// `docs/multicast-and-ports.md`). Refused on an Ethernet (RoCE) port, whose LID is 0.
+    pub fn change_lid(&self) -> Result<u16> {
+        self.dev()?.change_lid()
+    }
+
+    /// The RoCE port gains an address, as `ip addr add` on an rxe netdev: the GID of
+    /// `ip` (with `None` or an IPv4 loopback `ip`, of an address drawn in 127.0.0.0/8)
+    /// fills the first empty entry after the port's own, whose index is returned,
+    /// `IBV_EVENT_GID_CHANGE`, and the device is reached at that GID too. Nothing
+    /// connected changes. Refused on an InfiniBand port.
+    pub fn add_gid(&self, ip: Option<std::net::IpAddr>) -> Result<u32> {
+        self.dev()?.add_gid(ip)
+    }
+
+    /// The RoCE port loses the address [`add_gid`](Self::add_gid) added at `index`, as
+    /// `ip addr del`: the entry reads as the zero GID, `IBV_EVENT_GID_CHANGE`, and what
+    /// names that GID reaches nothing (QPs connected through it end in
+    /// `IBV_WC_RETRY_EXC_ERR`).
+    pub fn remove_gid(&self, index: u32) -> Result<()> {
+        self.dev()?.remove_gid(index)
     }
 
     /// Disarms every fault of QP `qpn`.

@@ -85,6 +85,7 @@ mod listener;
 pub mod mapping;
 mod mcast;
 mod port;
+mod port_addr;
 pub mod profile;
 mod progress;
 mod qp;

@@ -79,11 +79,16 @@ impl std::str::FromStr for Schedule {
 
 /// The schedule [`SCHEDULE_SETTING`] asks for (unset or empty: none).
 pub fn schedule_from_env() -> verbs_api::Result<Option<Schedule>> {
-    match std::env::var(SCHEDULE_SETTING) {
+    schedule_from(SCHEDULE_SETTING)
+}
+
+/// The schedule the environment variable `setting` asks for (unset or empty: none).
+pub fn schedule_from(setting: &'static str) -> verbs_api::Result<Option<Schedule>> {
+    match std::env::var(setting) {
         Ok(v) if !v.trim().is_empty() => v
             .parse()
             .map(Some)
-            .map_err(|e: String| verbs_api::Error::invalid(SCHEDULE_SETTING, e)),
+            .map_err(|e: String| verbs_api::Error::invalid(setting, e)),
         _ => Ok(None),
     }
 }

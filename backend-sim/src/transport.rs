@@ -77,13 +77,45 @@ pub struct Setup {
     pub counters: Arc<crate::counters::DeviceCounters>,
 }
 
-/// Starts accepting connections for the device of `dev`: on its TCP listener, and on its
-/// same-host socket if it published one.
-pub fn spawn_listener(
-    dev: &Arc<Setup>,
-    listener: std::net::TcpListener,
-    same_host: Option<std::os::unix::net::UnixListener>,
-) -> Result<()> {
+/// A device's listening at one address: its TCP listener's task and, when it published
+/// one, its same-host socket's task and file. Dropping it closes both and unpublishes
+/// the socket (the device's address moved: `port_addr`; or the device closed).
+pub struct Listening {
+    tasks: Vec<tokio::task::AbortHandle>,
+    _published: Option<crate::same_host::Published>,
+}
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// Starts accepting connections for the device of `dev` at the address `listener` is
+/// bound to: on the TCP listener, and, unless the device's transport is TCP only, on a
+/// same-host socket published for that address (without one, same-host peers connect
+/// over TCP).
+pub fn spawn_listener(dev: &Arc<Setup>, listener: std::net::TcpListener) -> Result<Listening> {
+    let bound = listener.local_addr().map_err(|source| verbs_api::Error::Os {
+        call: "getsockname (sim device listener)",
+        source,
+    })?;
+    let same_host = match dev.transport {
+        Transport::Auto => crate::same_host::publish(bound)
+            .inspect_err(|e| {
+                tracing::debug!(
+                    device = dev.name,
+                    "no same-host socket (peers on this host connect over TCP): {e}"
+                )
+            })
+            .ok(),
+        Transport::Tcp => None,
+    };
+    let _guard = dev.rt.enter();
+    let mut tasks = Vec::with_capacity(2);
+    let (same_host, published) = same_host.unzip();
     let _guard = dev.rt.enter();
     if let Some(l) = same_host {
         let l = tokio::net::UnixListener::from_std(l).map_err(|source| verbs_api::Error::Os {
@@ -91,8 +123,12 @@ pub fn spawn_listener(
             source,
         })?;
         let weak = Arc::downgrade(dev);
-        let local = dev.addr.advertise;
-        dev.rt
+        // A same-host connection arrived at this listener's address, which its connector
+        // looked up and a UD link's check names (after a LID change or on an added GID,
+        // not the address the device opened at).
+        let local = bound;
+        let task = dev
+            .rt
             .spawn(crate::same_host::accept_loop(dev.name.clone(), l, move |s| {
                 let dev = weak.clone();
                 async move {
@@ -103,13 +139,14 @@ pub fn spawn_listener(
                     }
                 }
             }));
+        tasks.push(task.abort_handle());
     }
     let listener = tokio::net::TcpListener::from_std(listener).map_err(|source| verbs_api::Error::Os {
         call: "register listener",
         source,
     })?;
     let weak = Arc::downgrade(dev);
-    dev.rt.spawn(crate::listener::accept_loop(
+    let task = dev.rt.spawn(crate::listener::accept_loop(
         dev.name.clone(),
         listener,
         move |stream, peer| {
@@ -122,7 +159,11 @@ pub fn spawn_listener(
             }
         },
     ));
-    Ok(())
+    tasks.push(task.abort_handle());
+    Ok(Listening {
+        tasks,
+        _published: published,
+    })
 }
 
 /// Starts the task that connects `qp` (the active side of its pair) for `epoch`.
@@ -327,6 +368,7 @@ async fn serve_inbound(dev: Weak<Setup>, mut stream: Stream) -> io::Result<()> {
     };
     let progress = dev.progress.clone();
     let counters = dev.counters.clone();
+    let advertised = dev.addr.advertise.ip();
     drop(dev);
     let (qp, expect) = match (qp, verdict) {
         (Some(qp), Ok(expect)) => (qp, expect),
@@ -369,9 +411,13 @@ async fn serve_inbound(dev: Weak<Setup>, mut stream: Stream) -> io::Result<()> {
         return Err(proto("the QP changed while its hello was checked"));
     };
     send_frame(&mut stream, &Frame::HelloAck).await?;
-    if let Stream::Unix(_, _, peer) = &mut stream {
-        // The peer is the device the QP's address vector names (its check said so).
+    if let Stream::Unix(_, local, peer) = &mut stream {
+        // The peer is the device the QP's address vector names (its check said so); this
+        // end, a wildcard listener's, is at the IP the device advertises.
         *peer = expect.remote;
+        if local.ip().is_unspecified() {
+            local.set_ip(advertised);
+        }
     }
     let sock = stream.into_data()?;
     set_up(&counters, qp.qpn, &sock);

@@ -272,9 +272,9 @@ fn the_sender_receives_its_own_unless_it_blocks_it() {
     assert_eq!(e, Some(libc::EOPNOTSUPP));
 }
 
-#[test]
-fn detaching_and_dropping_end_a_membership() {
-    let mgid = group();
+/// Two devices, a sender on the first and a QP of the second attached to `mgid`, which
+/// received the group's first datagram; the sender's address handle to the group.
+fn a_sender_and_a_member(mgid: Gid) -> (Side, Side, SimQp, SimQp, backend_sim::SimAh) {
     let (a, b) = two_devices(Profile::Portable);
     let sender = a.qp(QKEY, 0);
     let b1 = b.qp(QKEY, 0);
@@ -283,6 +283,13 @@ fn detaching_and_dropping_end_a_membership() {
     b.recv(&b1, 0);
     a.send(&sender, &ah, b"first");
     assert_eq!(b.received().len(), 1);
+    (a, b, sender, b1, ah)
+}
+
+#[test]
+fn detaching_and_dropping_end_a_membership() {
+    let mgid = group();
+    let (a, b, sender, b1, ah) = a_sender_and_a_member(mgid);
     b1.detach_mcast(&mgid, MLID).unwrap();
     assert_eq!(b1.detach_mcast(&mgid, MLID).unwrap_err().errno(), libc::EINVAL);
     b.recv(&b1, 0);
@@ -320,4 +327,17 @@ fn a_device_gets_one_copy_for_all_its_members() {
     b.mr.read(0, &mut grh).unwrap();
     assert_eq!(grh[20], 0x45);
     assert_eq!(&grh[36..40], &mgid.0[12..16]);
+}
+
+/// A member device whose LID changes stays a member (a switch forwards a group to a
+/// port, whatever its LID): the group's next datagram still reaches its QP.
+#[test]
+fn a_member_whose_lid_changes_still_receives_the_group() {
+    let (a, b, sender, b1, ah) = a_sender_and_a_member(group());
+    b.ctx.faults().change_lid().unwrap();
+    b.recv(&b1, 1);
+    a.send(&sender, &ah, b"after");
+    let got = b.received();
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!((got[0].wr_id, got[0].status), (1, WcStatus::Success));
 }

@@ -53,6 +53,10 @@ fn main() {
             "a_peer_process_killed_ends_as_a_vanished_host",
             a_peer_process_killed_ends_as_a_vanished_host,
         ),
+        (
+            "a_new_lid_moves_the_published_socket",
+            a_new_lid_moves_the_published_socket,
+        ),
     ] {
         t();
         println!("test same_host::{name} ... ok");
@@ -156,6 +160,26 @@ fn two_devices_of_one_process_connect_over_the_unix_socket() {
         let path = published_path(s.ctx.listen_addr()).unwrap();
         assert!(path.exists(), "{} is published", path.display());
     }
+    connect(&a, &b);
+    traffic(&a, &b);
+    let (ca, cb) = (a.ctx.counters(), b.ctx.counters());
+    assert_eq!((ca.same_host_connections, cb.same_host_connections), (1, 1));
+    assert_eq!((ca.tcp_connections, cb.tcp_connections), (0, 0));
+}
+
+/// A port whose LID changes listens at a new address: its same-host socket moves with
+/// it (the old one is no longer there to take connections meant for the old LID), and
+/// a peer that names the new LID still connects over the unix socket.
+fn a_new_lid_moves_the_published_socket() {
+    let sim = sim(Transport::Auto);
+    let (a, b) = (side(sim.open("sim0").unwrap()), side(sim.open("sim1").unwrap()));
+    let old = published_path(b.ctx.listen_addr()).unwrap();
+    assert!(old.exists());
+    b.ctx.faults().change_lid().unwrap();
+    let new = published_path(b.ctx.listen_addr()).unwrap();
+    assert_ne!(old, new);
+    assert!(!old.exists(), "the old LID's socket is gone");
+    assert!(new.exists(), "the new LID's socket is published");
     connect(&a, &b);
     traffic(&a, &b);
     let (ca, cb) = (a.ctx.counters(), b.ctx.counters());

@@ -245,6 +245,78 @@ impl<'a, B: Backend> Env<'a, B> {
         Ok(())
     }
 
+    /// Changes the address of the device's port 1, as a real port's changes: on the sim
+    /// through its fault injection (an InfiniBand port's new LID,
+    /// [`backend_sim::faults::Faults::change_lid`]; a RoCE port's added GID,
+    /// [`backend_sim::faults::Faults::add_gid`]), on a RoCE device by adding
+    /// [`ADDED_IP`] to its netdev (`ip addr add`, root), after which the kernel lists
+    /// its GID. An InfiniBand port's LID is the subnet manager's: `Err(Cannot)`.
+    pub fn change_address(&self) -> Result<AddrChange, PortControl> {
+        let failed = |e: verbs_api::Error| PortControl::Failed(Failure(format!("sim fault injection: {e}")));
+        let roce = self
+            .ctx
+            .query_port(1)
+            .map_err(|e| PortControl::Failed(e.into()))?
+            .link_layer
+            == verbs_api::LinkLayer::Ethernet;
+        if let Some(sim) = (&self.ctx as &dyn std::any::Any).downcast_ref::<backend_sim::SimContext>() {
+            let f = sim.faults();
+            if !roce {
+                return f.change_lid().map(AddrChange::Lid).map_err(failed);
+            }
+            let index = f.add_gid(None).map_err(failed)?;
+            let gid = self.ctx.query_gid(1, index).map_err(failed)?;
+            return Ok(AddrChange::Gid {
+                gid,
+                index: Some(index),
+            });
+        }
+        if !roce {
+            return Err(PortControl::Cannot(
+                "an InfiniBand port's LID is assigned by the subnet manager: this runner cannot change it"
+                    .into(),
+            ));
+        }
+        self.ip_addr("add")?;
+        Ok(AddrChange::Gid {
+            gid: verbs_api::Gid::from(ADDED_IP),
+            index: None,
+        })
+    }
+
+    /// Undoes what [`change_address`](Self::change_address) added: the sim removes the
+    /// GID, a RoCE device's netdev loses [`ADDED_IP`] (`ip addr del`). A new LID stays.
+    pub fn restore_address(&self, change: &AddrChange) -> Result<(), PortControl> {
+        let AddrChange::Gid { index, .. } = change else {
+            return Ok(());
+        };
+        if let Some(sim) = (&self.ctx as &dyn std::any::Any).downcast_ref::<backend_sim::SimContext>() {
+            let index = index.unwrap_or_default();
+            return sim
+                .faults()
+                .remove_gid(index)
+                .map_err(|e| PortControl::Failed(Failure(format!("sim fault injection: {e}"))));
+        }
+        self.ip_addr("del")
+    }
+
+    /// `ip addr add|del ADDED_IP/32 dev NETDEV` on the device's netdev.
+    fn ip_addr(&self, verb: &str) -> Result<(), PortControl> {
+        let netdev = netdev_of(&self.cfg.device).map_err(PortControl::Cannot)?;
+        let ip = format!("{ADDED_IP}/32");
+        let out = std::process::Command::new("ip")
+            .args(["addr", verb, &ip, "dev", &netdev])
+            .output()
+            .map_err(|e| PortControl::Cannot(format!("cannot run ip(8): {e}")))?;
+        if !out.status.success() {
+            return Err(PortControl::Cannot(format!(
+                "`ip addr {verb} {ip} dev {netdev}` failed (root needed to change a netdev's addresses): {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        Ok(())
+    }
+
     /// Waits up to `within` for port 1 of the device to reach `state` (a netdev's carrier
     /// takes a moment on a real device).
     pub fn wait_port(&self, state: verbs_api::PortState, within: Duration) -> Result<(), Failure> {
@@ -499,6 +571,24 @@ pub fn read_back(mr: &impl MemoryRegion, offset: usize, len: usize) -> Result<Ve
     let mut v = vec![0u8; len];
     mr.read(offset, &mut v)?;
     Ok(v)
+}
+
+/// The address [`Env::change_address`] adds to a RoCE device's netdev: one of TEST-NET-1
+/// (RFC 5737), which no network uses, held for the case alone.
+pub const ADDED_IP: std::net::Ipv4Addr = std::net::Ipv4Addr::new(192, 0, 2, 77);
+
+/// What [`Env::change_address`] changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AddrChange {
+    /// An InfiniBand port's new LID.
+    Lid(u16),
+    /// A GID a RoCE port gained, at `index` where the runner knows it.
+    Gid {
+        /// The GID added.
+        gid: verbs_api::Gid,
+        /// Its GID table index, if the runner chose it (the sim's).
+        index: Option<u32>,
+    },
 }
 
 /// Why [`Env::set_port`] did not move the port.

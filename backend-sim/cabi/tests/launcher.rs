@@ -221,19 +221,23 @@ fn status_lists_the_device_and_qp_of_a_running_program() {
     let _ = server.wait();
 }
 
-#[test]
-fn port_takes_a_running_programs_port_down_and_back() {
-    // tests/c/port.c waits for PORT_ERR, posts a SEND, waits for PORT_ACTIVE, and checks
-    // that the SEND completed and was received once.
-    let exe = common::compile_c("port");
-    let prog = rdma_sim(&[exe.to_str().unwrap()]).spawn().expect("port.c");
-    let pid = prog.id().to_string();
+/// Runs tests/c/`name`.c under rdma-sim with `args`, and waits until its device shows a
+/// QP in RTS (set up, its address vector given).
+fn spawn_with_a_qp(name: &str, args: &[&str]) -> std::process::Child {
+    let exe = common::compile_c(name);
+    let argv: Vec<&str> = std::iter::once(exe.to_str().unwrap())
+        .chain(args.iter().copied())
+        .collect();
+    let prog = rdma_sim(&argv).spawn().expect(name);
     let deadline = Instant::now() + LIMIT;
     loop {
         let out = run(&mut rdma_sim(&["status", "--json"]));
         let all: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
         let ours = |d: &&serde_json::Value| {
-            d["pid"] == prog.id() && d["qps"].as_array().is_some_and(|q| !q.is_empty())
+            d["pid"] == prog.id()
+                && d["qps"]
+                    .as_array()
+                    .is_some_and(|q| q.iter().any(|q| q["state"] == "RTS"))
         };
         if all.as_array().unwrap().iter().any(|d| ours(&d)) {
             break;
@@ -241,6 +245,15 @@ fn port_takes_a_running_programs_port_down_and_back() {
         assert!(Instant::now() < deadline, "the program never showed: {all:#}");
         std::thread::sleep(Duration::from_millis(20));
     }
+    prog
+}
+
+#[test]
+fn port_takes_a_running_programs_port_down_and_back() {
+    // tests/c/port.c waits for PORT_ERR, posts a SEND, waits for PORT_ACTIVE, and checks
+    // that the SEND completed and was received once.
+    let prog = spawn_with_a_qp("port", &[]);
+    let pid = prog.id().to_string();
     for (state, want) in [("down", "port DOWN"), ("up", "port ACTIVE")] {
         let out = run(&mut rdma_sim(&["port", "sim0", state, "--pid", &pid]));
         assert!(out.status.success(), "{out:?}");
@@ -457,4 +470,34 @@ fn pcap_captures_a_c_programs_packets() {
         );
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn port_addr_gives_a_running_programs_port_a_new_lid() {
+    // tests/c/addr_change.c waits for LID_CHANGE and a new LID, sees a SEND to the old
+    // LID fail, then waits for another LID_CHANGE.
+    let prog = spawn_with_a_qp("addr_change", &["ib"]);
+    let pid = prog.id().to_string();
+    let mut lids = Vec::new();
+    for _ in 0..2 {
+        let out = run(&mut rdma_sim(&["port", "sim0", "addr", "--pid", &pid]));
+        assert!(out.status.success(), "{out:?}");
+        let line = text(&out.stdout);
+        let lid = line
+            .split("LID ")
+            .nth(1)
+            .and_then(|l| l.split(',').next())
+            .map(str::to_string);
+        lids.push(lid.unwrap_or_else(|| panic!("no LID in {line:?}")));
+        // The program's SEND fails within its retries (about two seconds) before the
+        // second change.
+        std::thread::sleep(Duration::from_millis(3000));
+    }
+    assert_ne!(lids[0], lids[1]);
+    let out = common::wait(prog, LIMIT);
+    assert!(
+        out.status.success() && text(&out.stdout).contains("\n0 failed"),
+        "{out:?}\n{}",
+        text(&out.stdout)
+    );
 }

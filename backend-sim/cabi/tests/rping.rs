@@ -83,10 +83,8 @@ fn rust_rping_client_against_a_c_server() {
     // process with 255 after a successful run (upstream "rping: terminate CM event
     // thread before exiting"); on the kernel's rdma_cm as here, a thread already
     // waiting in the read keeps the file. That exit, and only that one, is rping's.
-    let rpings_own_exit_race = out.status.code() == Some(255)
-        && err
-            .lines()
-            .any(|l| l == "rdma_get_cm_event: Bad file descriptor");
+    let rpings_own_exit_race =
+        out.status.code() == Some(255) && err.lines().any(|l| l == "rdma_get_cm_event: Bad file descriptor");
     assert!(
         out.status.success() || rpings_own_exit_race,
         "rping -s: {}\n{text}\n{err}",

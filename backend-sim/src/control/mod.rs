@@ -3,8 +3,8 @@
 //! peers and counters), as `rdma resource show qp` and `ibv_devinfo` show a real HCA's.
 //!
 //! A device serves a snapshot of its state ([`DeviceStatus`], one JSON line) to whoever
-//! connects to its unix socket. The one thing a client can change is the port's state
-//! (`rdma-sim port DEV down|up`, [`set_port`]: fault injection for programs that have no
+//! connects to its unix socket. The one thing a client can change is the port: its state
+//! or its address (`rdma-sim port DEV down|up|addr`, [`set_port`]: fault injection for programs that have no
 //! [`Faults`](crate::faults::Faults) handle, C programs under `rdma-sim`). The sockets live in one directory per user
 //! ([`dir::resolve`]: `RDMA_SIM_CONTROL`, else `$XDG_RUNTIME_DIR/rdma-sim`, else
 //! `/tmp/rdma-sim-<uid>`), which must be the user's own with no access for anyone else;
@@ -18,4 +18,4 @@ mod status;
 pub(crate) use dir::ensure as ensure_directory;
 pub use dir::resolve as directory;
 pub(crate) use serve::{open, Endpoint, Source};
-pub use status::{list, set_port, DeviceStatus, Found, QpStatus};
+pub use status::{list, set_port, DeviceStatus, Found, PortRequest, QpStatus};

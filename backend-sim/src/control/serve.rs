@@ -2,8 +2,8 @@
 //! setup runtime) that answers every connection with one snapshot and closes it.
 //!
 //! A client may first send one request, ended by shutting its side down: nothing (the
-//! snapshot alone), [`PORT_DOWN`] or [`PORT_UP`] (the port fault of `rdma-sim port`,
-//! done before the snapshot is taken). Anything else is refused: the connection closes
+//! snapshot alone), [`PORT_DOWN`], [`PORT_UP`] or [`PORT_ADDR`] (the port faults of
+//! `rdma-sim port`, done before the snapshot is taken). Anything else is refused: the connection closes
 //! unanswered. Connections are answered one at a time, the request read and the answer
 //! written each bounded by [`WRITE_TIMEOUT`] and the request by [`REQUEST_MAX`] bytes, so
 //! a client that connects and never reads or never ends its request, or a flood of
@@ -31,6 +31,8 @@ const REQUEST_MAX: u64 = 64;
 pub const PORT_DOWN: &str = "port down\n";
 /// The request that brings it back.
 pub const PORT_UP: &str = "port up\n";
+/// The request that changes its port's address (a new LID, or a GID added).
+pub const PORT_ADDR: &str = "port addr\n";
 
 /// What a device shows of itself, and the fault a client may ask of it.
 pub trait Source: Send + Sync {
@@ -38,6 +40,8 @@ pub trait Source: Send + Sync {
     fn status(&self) -> DeviceStatus;
     /// Takes its port down (`up` false) or brings it back.
     fn set_port(&self, up: bool);
+    /// Changes its port's address as its link layer's changes.
+    fn change_address(&self);
 }
 
 /// A device's control socket; dropping it removes the file.
@@ -141,6 +145,7 @@ async fn serve(listener: UnixListener, src: Weak<dyn Source>) {
             Ok("") => {}
             Ok(PORT_DOWN) => dev.set_port(false),
             Ok(PORT_UP) => dev.set_port(true),
+            Ok(PORT_ADDR) => dev.change_address(),
             _ => {
                 tracing::debug!(
                     "control: refused the request {:?}",
@@ -173,6 +178,7 @@ pub(crate) fn serve_fixed(
             self.0.clone()
         }
         fn set_port(&self, _up: bool) {}
+        fn change_address(&self) {}
     }
     let src: Arc<dyn Source> = Arc::new(Fixed(status));
     let ep = open_in(dir, name, rt, Arc::downgrade(&src))?;

@@ -152,14 +152,32 @@ fn ask(path: &Path, request: &str) -> io::Result<DeviceStatus> {
     serde_json::from_str(&line).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
-/// Takes the port of every live device named `device` (of process `pid` only, if given)
-/// down (`up` false) or back up, as [`Faults::port_down`](crate::faults::Faults::port_down)
-/// does in the device's own process; their statuses afterwards (none: no such device).
-pub fn set_port(dir: Option<&Path>, device: &str, pid: Option<u32>, up: bool) -> io::Result<Vec<Found>> {
-    let request = if up {
-        super::serve::PORT_UP
-    } else {
-        super::serve::PORT_DOWN
+/// What `rdma-sim port` does to a device's port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PortRequest {
+    /// Takes it down ([`Faults::port_down`](crate::faults::Faults::port_down)).
+    Down,
+    /// Brings it back up.
+    Up,
+    /// Changes its address: an InfiniBand port's LID, or a GID added to a RoCE port
+    /// ([`Faults::change_lid`](crate::faults::Faults::change_lid),
+    /// [`Faults::add_gid`](crate::faults::Faults::add_gid)).
+    Address,
+}
+
+/// Does `request` to the port of every live device named `device` (of process `pid`
+/// only, if given), as [`Faults`](crate::faults::Faults) does in the device's own
+/// process; their statuses afterwards (none: no such device).
+pub fn set_port(
+    dir: Option<&Path>,
+    device: &str,
+    pid: Option<u32>,
+    request: PortRequest,
+) -> io::Result<Vec<Found>> {
+    let request = match request {
+        PortRequest::Down => super::serve::PORT_DOWN,
+        PortRequest::Up => super::serve::PORT_UP,
+        PortRequest::Address => super::serve::PORT_ADDR,
     };
     let mut done = Vec::new();
     for f in list(dir)? {

@@ -7,7 +7,8 @@
 //! Sending is all or nothing per datagram, so that a resumed send queue never sends a
 //! copy twice: while a link to a member device is being set up the WQE waits for it (as
 //! a unicast one does); while any queue it goes into is full, it waits for room there;
-//! then it is encoded once and its bytes copied into every queue. A member device that
+//! then it is encoded once and its bytes copied into every queue (written by the links'
+//! tasks when there are several, see [`Datagrams::send_to_group`]). A member device that
 //! cannot be reached loses its copy (counted as unsent), the others get theirs. A group
 //! with no member devices sends nothing, and the WR completes, as on a fabric.
 
@@ -105,12 +106,19 @@ impl Datagrams {
                 self.local.queue.lock().extend_from_slice(bytes);
                 *local = true;
             }
+            // To several member devices the links' tasks write the copies, not the
+            // posting thread: a fabric's switch makes the copies, and a poster that wrote
+            // each copy itself (a send, and on loopback the receiver's side of TCP, per
+            // member) would pay for every member before its next WR, while the tasks
+            // write in parallel with it and carry in one write what was queued
+            // meanwhile. One copy is written at once, as a unicast datagram is.
+            let handed = links.len() > 1;
             for l in links.drain(..) {
                 l.append_room_found(bytes);
                 if written.iter().any(|w| Arc::ptr_eq(w, &l)) {
                     continue;
                 }
-                if written.is_full() {
+                if handed || written.is_full() {
                     l.wake();
                 } else {
                     written.push(l);

@@ -193,11 +193,11 @@ async fn check(
     if !dg.has_room_for(claimed) {
         return Err("the device holds as many links as it may, all in use");
     }
-    // Where the link arrived: the address connected to over TCP, this device's listen
-    // address over its same-host socket (which its connector looked up by that address).
+    // Where the link arrived: the address connected to over TCP, over a same-host socket
+    // the address of the listener it belongs to (which its connector looked up).
     let at = match stream {
         Stream::Tcp(s) => canonical(s.local_addr().map_err(|_| "no local address")?),
-        Stream::Unix(..) => canonical(dg.addr.listen),
+        Stream::Unix(_, listener, _) => canonical(*listener),
     };
     match verify::ask_link(claimed, at, token).await {
         Ok(true) if dg.reserve_for(claimed) => Ok(()),

@@ -38,12 +38,11 @@ use crate::qp::QpShared;
 pub struct Multicast {
     /// Its groups and their members.
     pub groups: Groups,
-    /// Where the device is reached: what the view records it as.
-    addr: SocketAddr,
     link: LinkLayer,
-    /// Held across a change of the groups and what the view hears of it, so that the
-    /// view hears of a group's first member and last leaving in the order they happened.
-    publish: Mutex<()>,
+    /// Where the device is reached: what the view records it as. Held across a change of
+    /// the groups and what the view hears of it, so that the view hears of a group's
+    /// first member and last leaving in the order they happened.
+    publish: Mutex<SocketAddr>,
 }
 
 impl Multicast {
@@ -56,18 +55,17 @@ impl Multicast {
                 limits.max_mcast_qp_attach,
                 limits.max_total_mcast_qp_attach,
             ),
-            addr,
             link,
-            publish: Mutex::new(()),
+            publish: Mutex::new(addr),
         }
     }
 
     /// `ibv_attach_mcast` of `qp`.
     pub fn attach(&self, qp: &Arc<QpShared>, gid: &Gid, lid: u16) -> Result<()> {
         verbs_api::mcast::check_attach("ibv_attach_mcast", qp.qp_type, gid, lid, self.link)?;
-        let _p = self.publish.lock();
+        let addr = self.publish.lock();
         if self.groups.attach(qp.qpn, Arc::downgrade(qp), *gid, lid)? == Change::Joined {
-            registry().join(gid, self.addr);
+            registry().join(gid, *addr);
         }
         Ok(())
     }
@@ -75,27 +73,39 @@ impl Multicast {
     /// `ibv_detach_mcast` of QP `qpn` (of type `qp_type`).
     pub fn detach(&self, qpn: u32, qp_type: QpType, gid: &Gid, lid: u16) -> Result<()> {
         verbs_api::mcast::check_attach("ibv_detach_mcast", qp_type, gid, lid, self.link)?;
-        let _p = self.publish.lock();
+        let addr = self.publish.lock();
         if self.groups.detach(qpn, *gid, lid)? == Change::Left {
-            registry().leave(gid, self.addr);
+            registry().leave(gid, *addr);
         }
         Ok(())
     }
 
     /// QP `qpn` leaves every group (it is destroyed).
     pub fn detach_all(&self, qpn: u32) {
-        let _p = self.publish.lock();
+        let addr = self.publish.lock();
         for gid in self.groups.detach_all(qpn) {
-            registry().leave(&gid, self.addr);
+            registry().leave(&gid, *addr);
         }
     }
 
     /// The device closes: it is no member of any group any more.
     pub fn close(&self) {
-        let _p = self.publish.lock();
+        let addr = self.publish.lock();
         for gid in self.groups.groups() {
-            registry().leave(&gid, self.addr);
+            registry().leave(&gid, *addr);
         }
+    }
+
+    /// The device is reached at `to` now (its LID changed): the view names it there for
+    /// each of its groups, as a switch keeps forwarding a group to a port whose LID
+    /// changed (multicast forwarding is by port, not by the member's LID).
+    pub fn moved(&self, to: SocketAddr) {
+        let mut addr = self.publish.lock();
+        for gid in self.groups.groups() {
+            registry().join(&gid, to);
+            registry().leave(&gid, *addr);
+        }
+        *addr = to;
     }
 
     /// The live QPs attached to `gid`, into `out`.

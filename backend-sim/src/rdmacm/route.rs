@@ -67,8 +67,7 @@ pub fn ip_of16(b: [u8; 16]) -> IpAddr {
 
 /// Whether device `d` has `ip` (its GID table lists it).
 pub fn has_ip(d: &DeviceShared, ip: IpAddr) -> bool {
-    let g = ip16(ip);
-    d.addr.gids.iter().any(|x| x.0 == g)
+    d.addr.holds_gid(&ip16(ip))
 }
 
 /// A device as the other end of a path: the GID of its IP and its LID.

@@ -25,13 +25,13 @@ pub struct SimContext {
 impl SimContext {
     /// The TCP address this device listens on.
     pub fn listen_addr(&self) -> SocketAddr {
-        self.dev.addr.listen
+        self.dev.addr.listen_addr()
     }
 
     /// The TCP address peers reach this device at: [`listen_addr`](Self::listen_addr),
     /// with a wildcard IP replaced by the advertised one (GID index 0).
     pub fn advertised_addr(&self) -> SocketAddr {
-        self.dev.addr.advertise
+        self.dev.addr.advertise_addr()
     }
 
     /// Fault injection on this device (see [`faults`]).

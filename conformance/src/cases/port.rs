@@ -8,6 +8,10 @@
 //! finds no route: rxe_req.c completes the WQE with `IBV_WC_LOC_QP_OP_ERR` and moves the
 //! QP to ERR). The runner moves the port ([`Env::set_port`]): the sim's fault injection,
 //! or `ip link set dev NETDEV down|up` on a RoCE device (root), else the case is skipped.
+//! A port's address changes too (`IBV_EVENT_LID_CHANGE`, `IBV_EVENT_GID_CHANGE`): the
+//! runner gives the sim's InfiniBand port a new LID, or adds an address to a RoCE port
+//! ([`Env::change_address`]: the sim's fault injection, `ip addr add` on a netdev); an
+//! InfiniBand device's LID is its subnet manager's, and the case is skipped there.
 
 use std::time::{Duration, Instant};
 
@@ -18,6 +22,7 @@ use verbs_api::{
 
 use super::case;
 use super::ud::{UdSetup, GRH, QKEY, QUIET};
+use crate::env::AddrChange;
 use crate::{ensure, ensure_eq, CaseResult, Env, Failure, Outcome, Profile};
 
 pub fn list<B: Backend>() -> Vec<crate::Case<B>> {
@@ -39,6 +44,12 @@ pub fn list<B: Backend>() -> Vec<crate::Case<B>> {
             "an RC SEND posted while the port is down completes SUCCESS, delivered once, when the port comes back within the retry budget",
             "IBA 9.7.6.1.3 (a request resent after a timeout); 9.7.5.1.2 (duplicates not executed twice)",
             rc_back_in_time
+        ),
+        case!(
+            "port.addr-change",
+            "a port's address changes: an InfiniBand port's new LID raises LID_CHANGE and ibv_query_port reads it; an address added to a RoCE port's netdev raises GID_CHANGE and ibv_query_gid lists its GID, removed again GID_CHANGE and the GID is gone",
+            "man ibv_get_async_event (IBV_EVENT_LID_CHANGE, IBV_EVENT_GID_CHANGE); man ibv_query_port (lid); man ibv_query_gid; IBA 11.6.3.3",
+            addr_change
         ),
         case!(
             "port.ud-while-down",
@@ -251,4 +262,75 @@ fn ud_while_down<B: Backend>(env: &Env<B>) -> CaseResult {
         "the receive"
     );
     Ok(Outcome::Pass)
+}
+
+/// Whether port 1's GID table lists `gid` (an entry a provider cannot read counts as
+/// empty).
+fn lists_gid<B: Backend>(env: &Env<B>, gid: &verbs_api::Gid) -> Result<bool, Failure> {
+    let len = env.ctx.query_port(1)?.gid_tbl_len;
+    Ok((0..len).any(|i| env.ctx.query_gid(1, i).is_ok_and(|g| g == *gid)))
+}
+
+/// Waits up to [`SETTLE`] until port 1's GID table lists `gid` (`listed`) or not: the
+/// kernel updates it after the netdev's address changed.
+fn wait_gid<B: Backend>(env: &Env<B>, gid: &verbs_api::Gid, listed: bool) -> Result<(), Failure> {
+    let until = Instant::now() + SETTLE;
+    while lists_gid(env, gid)? != listed {
+        if Instant::now() >= until {
+            return Err(Failure(format!(
+                "{}: the GID table {} {gid:?} {SETTLE:?} after the change",
+                if listed { "added" } else { "removed" },
+                if listed { "does not list" } else { "still lists" },
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+/// Passes over the events that follow a change (a kernel raises `GID_CHANGE` once per
+/// entry: RoCE v1 and v2 each have one) until none comes for a while.
+fn drain_events<B: Backend>(env: &Env<B>) {
+    while let Ok(Some(_)) = env
+        .ctx
+        .get_async_event(Some(Duration::from_millis(300)))
+        .map(|e| e.map(|e| env.ctx.ack_async_event(e)))
+    {}
+}
+
+fn addr_change<B: Backend>(env: &Env<B>) -> CaseResult {
+    let before = env.ctx.query_port(1)?;
+    let change = match env.change_address() {
+        Ok(c) => c,
+        Err(e) => return e.outcome(),
+    };
+    match change {
+        AddrChange::Lid(lid) => {
+            port_event(env, "event on a new LID", AsyncEventType::LidChange)?;
+            let now = env.ctx.query_port(1)?.lid;
+            ensure!(
+                now != before.lid,
+                "ibv_query_port still reads LID {:#x}",
+                before.lid
+            );
+            ensure_eq!(now, lid, "the LID ibv_query_port reads");
+            Ok(Outcome::Pass)
+        }
+        AddrChange::Gid { gid, .. } => {
+            let listed = port_event(env, "event on an added address", AsyncEventType::GidChange)
+                .and_then(|()| wait_gid(env, &gid, true));
+            drain_events(env);
+            // The address goes whatever the outcome: the next case needs the port as it was.
+            let restored = env.restore_address(&change);
+            listed?;
+            restored.map_err(|e| match e.outcome() {
+                Err(f) => f,
+                Ok(_) => Failure("the address was added, but cannot be removed".into()),
+            })?;
+            port_event(env, "event on a removed address", AsyncEventType::GidChange)?;
+            wait_gid(env, &gid, false)?;
+            drain_events(env);
+            Ok(Outcome::Pass)
+        }
+    }
 }

@@ -52,7 +52,8 @@ Examples:
   rdma-sim --pcap run-%p.pcapng -- ib_send_bw                      its packets, for Wireshark
   rdma-sim trace roce.pcap --svg roce.svg                           a RoCE v2 capture as ladders
 
-  rdma-sim port sim0 down; sleep 1; rdma-sim port sim0 up           a port fault (PORT_ERR, then PORT_ACTIVE)";
+  rdma-sim port sim0 down; sleep 1; rdma-sim port sim0 up           a port fault (PORT_ERR, then PORT_ACTIVE)
+  rdma-sim port sim0 addr                                           a new LID or GID (LID_CHANGE / GID_CHANGE)";
 
 /// The command line.
 #[derive(Parser, Debug)]
@@ -62,7 +63,7 @@ Examples:
     about = ABOUT,
     long_about = LONG_ABOUT,
     after_help = EXAMPLES,
-    override_usage = "rdma-sim [OPTIONS] [--] PROGRAM [ARGS]...\n       rdma-sim [OPTIONS] env\n       rdma-sim status [--json]\n       rdma-sim port DEVICE down|up [--pid PID]\n       rdma-sim trace FILE [--svg OUT]\n       rdma-sim lib"
+    override_usage = "rdma-sim [OPTIONS] [--] PROGRAM [ARGS]...\n       rdma-sim [OPTIONS] env\n       rdma-sim status [--json]\n       rdma-sim port DEVICE down|up|addr [--pid PID]\n       rdma-sim trace FILE [--svg OUT]\n       rdma-sim lib"
 )]
 struct Cli {
     #[command(flatten)]
@@ -103,8 +104,9 @@ enum Cmd {
         /// The device (sim0, ...): that device of every program of this user, unless
         /// --pid names one.
         device: String,
-        /// down or up.
-        #[arg(value_parser = ["down", "up"])]
+        /// down, up, or addr (a new LID on an InfiniBand port, a GID added to a RoCE
+        /// port: LID_CHANGE / GID_CHANGE).
+        #[arg(value_parser = ["down", "up", "addr"])]
         state: String,
         /// Only the device of this process.
         #[arg(long)]
@@ -221,7 +223,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let then = match cli.cmd {
         Some(Cmd::Status { json }) => return status::print(json),
         Some(Cmd::Trace(args)) => return trace::run(&args).map(|()| ExitCode::SUCCESS),
-        Some(Cmd::Port { device, state, pid }) => return status::set_port(&device, pid, state == "up"),
+        Some(Cmd::Port { device, state, pid }) => {
+            let request = match state.as_str() {
+                "down" => backend_sim::control::PortRequest::Down,
+                "up" => backend_sim::control::PortRequest::Up,
+                _ => backend_sim::control::PortRequest::Address,
+            };
+            return status::set_port(&device, pid, request);
+        }
         Some(Cmd::Env { args }) if args.is_empty() => Then::PrintEnv,
         Some(Cmd::Env { args }) => Then::Exec(std::iter::once("env".into()).chain(args).collect()),
         Some(Cmd::Lib) => Then::PrintLib,

@@ -29,10 +29,11 @@ pub fn print(json: bool) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `rdma-sim port DEVICE down|up`: moves the port of every live device named `device`
-/// (of process `pid` only, if given) and says which; fails if there is none.
-pub fn set_port(device: &str, pid: Option<u32>, up: bool) -> anyhow::Result<ExitCode> {
-    let done = control::set_port(None, device, pid, up)?;
+/// `rdma-sim port DEVICE down|up|addr`: moves the port of every live device named
+/// `device` (of process `pid` only, if given), or changes its address, and says which;
+/// fails if there is none.
+pub fn set_port(device: &str, pid: Option<u32>, request: control::PortRequest) -> anyhow::Result<ExitCode> {
+    let done = control::set_port(None, device, pid, request)?;
     if done.is_empty() {
         anyhow::bail!(
             "no live sim device {device}{} (see rdma-sim status)",
@@ -45,7 +46,15 @@ pub fn set_port(device: &str, pid: Option<u32>, up: bool) -> anyhow::Result<Exit
     let mut failed = false;
     for f in &done {
         match &f.status {
-            Ok(s) => println!("{} {} (pid {}): port {}", s.program, s.device, s.pid, s.port),
+            Ok(s) => println!(
+                "{} {} (pid {}): port {}, LID {:#x}, GIDs {}",
+                s.program,
+                s.device,
+                s.pid,
+                s.port,
+                s.lid,
+                s.gids.join(" ")
+            ),
             Err(e) => {
                 failed = true;
                 eprintln!("rdma-sim: {}: {e}", f.path.display());
