@@ -336,6 +336,10 @@ fn size_the_parking_table() {
 }
 
 fn main() {
+    // Another process's `rdma-sim status` may connect to a device's control socket at any
+    // time, and serving it allocates: no part of the data path, so no endpoint here.
+    // (Set while the process has one thread.)
+    std::env::set_var("RDMA_SIM_CONTROL", "off");
     let args = Arguments::from_args();
     let trials = vec![Trial::test("the_data_path_allocates_nothing_once_warm", || {
         the_data_path_allocates_nothing_once_warm();
