@@ -431,14 +431,13 @@ pair cmtime portable cmtime_fig -- cmtime -b 127.0.0.1 -p @PORT@ -c 100 ::: cmti
 # than the floor of its profile; the floors only rise. The sim logs at level error only
 # here: a refusal's warning, written to the same stream as unittest's verdict, would split
 # a "... ok" line and hide that test from the count. test_rdmacm (rdma_cm through
-# /dev/infiniband/rdma_cm) runs
-# in a process of its own, with a floor of its own: in the suite's process a test that
-# skips in its setUp leaves its device open (test_mlx5_rdmacm's ReservedQPTest), and
-# test_rdmacm's players, forked from that process, then fail on the sim (EADDRINUSE,
-# timeouts): a sim bug, open. test_mlx5_rdmacm is left out: under the mlx5 profile its
-# DC-as-external-QP test's players fail (open, not investigated), elsewhere it skips.
+# /dev/infiniband/rdma_cm; its players are forked from the suite's process, and open
+# devices of their own there, as on an HCA) runs in a process of its own, with a floor
+# of its own and a second try (see below), which the rest of the suite does not need.
+# test_mlx5_rdmacm is left out: under the mlx5 profile its DC-as-external-QP test's
+# players fail (open, not investigated), elsewhere it skips.
 declare -A floor=([portable]=83 [rxe]=85 [mlx5]=89)
-declare -A cm_floor=([portable]=7 [rxe]=7 [mlx5]=7)
+declare -A cm_floor=([portable]=10 [rxe]=10 [mlx5]=10)
 pyv=$out/install/pyverbs-tests
 rm -rf "$pyv"
 cp -r /usr/share/doc/rdma-core/tests "$pyv"
@@ -466,19 +465,16 @@ pyverbs() { # NAME PROFILE FLOOR PATTERN TESTS...: a row of the tests whose name
     # (A row with no skips: grep finds nothing, which must not end the script.)
     { grep -E ' \.\.\. skipped' "$log" || true; } | sed 's/.*skipped //' | sort | uniq -c | sort -rn >"$runs/$name.skips"
 }
-# test_rdmacm's multicast tests are left out, by name: the sim serves
-# rdma_join_multicast (mckey's rows above), and test_rdmacm_async_ex_leave_multicast_traffic
-# passes, but in the two traffic tests both players, forked from the suite's process,
-# use the device the parent opened and record the same device address as the group's
-# member: the sender takes the receiver's entry for its own and the datagram never
-# leaves its process (the forked-players bug above, open).
-mapfile -t cm_tests < <(cd "$pyv" && sed -n 's/^    def \(test_[a-z_]*\)(self).*/\1/p' test_rdmacm.py | grep -v multicast | sed 's/^/test_rdmacm.CMTestCase./')
 for profile in portable rxe mlx5; do
     PYV_LABEL="(all but test_rdmacm, test_mlx5_rdmacm)" pyverbs "pyverbs-$profile" "$profile" "${floor[$profile]}" . "${suite[@]}"
     # test_rdmacm_async_traffic failed 1 of 4 runs under the rxe profile (its passive
-    # player raised an exception with no message; open, not investigated): a second run
-    # is allowed, and the row says so.
-    PYV_TRIES=2 PYV_LABEL="test_rdmacm (not its multicast tests)" pyverbs "pyverbs-rdmacm-$profile" "$profile" "${cm_floor[$profile]}" 'tests\.test_rdmacm\.' "${cm_tests[@]}"
+    # player raised an exception with no message), and test_rdmacm_async_reject_traffic
+    # fails about 1 run in 6 under each profile (the active player gets UNREACHABLE, not
+    # REJECTED: the passive player exits as soon as rdma_reject returns, and its REJ does
+    # not reach the active side); both open: a second run is allowed, and the row says
+    # so. Without that flake test_rdmacm could run in the suite's process (it passes
+    # there otherwise, ReservedQPTest's open device and all).
+    PYV_TRIES=2 PYV_LABEL="test_rdmacm" pyverbs "pyverbs-rdmacm-$profile" "$profile" "${cm_floor[$profile]}" 'tests\.test_rdmacm\.' test_rdmacm
 done
 
 {

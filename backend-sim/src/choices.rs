@@ -19,6 +19,11 @@
 //!
 //! A seeded key is predictable by whoever knows the seed: rkeys guessed from it pass the
 //! rkey check as on a real HCA whose keys were guessed. Seeds are for tests.
+//!
+//! The operating system's generator is `rand`'s thread generator, whose state a forked
+//! child inherits: without a new seed, two children forked from one process would draw
+//! the same QP numbers, keys, loopback IPs, rdma_cm communication IDs and setup tokens,
+//! each the other's. [`reseed_in_forked_children`] gives every child a new seed.
 
 use std::hash::Hasher;
 use std::ops::Range;
@@ -105,6 +110,31 @@ impl Choices {
     pub fn draw(&self, what: Choice) -> impl FnMut() -> u32 + '_ {
         move || self.u32(what)
     }
+}
+
+/// Makes every child forked from this process (after this call) reseed the generator
+/// of the thread that forked, the one thread a child has, from the operating system.
+/// Registered once per process.
+pub fn reseed_in_forked_children() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: `reseed` is an `extern "C" fn()` that lives for the process.
+        let r = unsafe { libc::pthread_atfork(None, None, Some(reseed)) };
+        if r != 0 {
+            tracing::warn!(
+                errno = r,
+                "pthread_atfork failed: children forked from this process repeat its random choices"
+            );
+        }
+    });
+}
+
+/// `pthread_atfork`'s child handler: a new seed for the forking thread's generator. The
+/// thread is in `fork`, not in the generator, so nothing else uses it meanwhile.
+extern "C" fn reseed() {
+    // A generator that cannot reach the operating system's keeps its state: the child's
+    // draws then repeat its parent's, which the tables' "draw until free" tolerates.
+    let _ = rand::rng().reseed();
 }
 
 /// The seed [`SETTING`] gives, if any.

@@ -7,6 +7,14 @@
 //! An opened device is shared by every `ibv_open_device` of it in the process, as one
 //! HCA is: contexts of one device see the same port, LID and GID. It closes when the last
 //! context and the last object made from it are gone.
+//!
+//! A child forked from the process opens devices of its own, as a child's
+//! `ibv_open_device` on a real HCA gets a new context from the kernel: the device its
+//! parent opened lives on the parent's threads (its listener, setup and progress threads),
+//! which fork does not copy, and its address is the parent's. The child leaves that device
+//! alone: its copy is never used or closed there (closing it would join threads the child
+//! does not have and remove the parent's files), and the objects the parent made from it
+//! are not usable in the child, as `man ibv_fork_init` says of a real device's.
 
 use std::ffi::c_int;
 use std::sync::{Arc, OnceLock, Weak};
@@ -39,18 +47,48 @@ pub struct Device {
     /// Node GUID, host order.
     pub guid: u64,
     /// The open device, while any context or object of it lives.
-    open: Mutex<Weak<SimContext>>,
+    open: Mutex<Opened>,
+}
+
+/// A device opened by one process.
+struct Opened {
+    /// The device, while any context or object of it lives.
+    ctx: Weak<SimContext>,
+    /// The process that opened it.
+    pid: u32,
+}
+
+impl Opened {
+    /// The device, if this process opened it and it is open; a device inherited from
+    /// the parent this process was forked from is left to it (see the module docs) and
+    /// forgotten here.
+    fn mine(&mut self) -> Option<Arc<SimContext>> {
+        let ctx = self.ctx.upgrade()?;
+        let pid = std::process::id();
+        if self.pid == pid {
+            return Some(ctx);
+        }
+        // The parent's: never dropped in this process, where its last reference would
+        // join the parent's threads and remove the parent's files.
+        std::mem::forget(ctx);
+        self.ctx = Weak::new();
+        self.pid = pid;
+        None
+    }
 }
 
 impl Device {
     /// The open device, opening it if no context holds it.
     pub fn open(&self, backend: &B) -> Result<Arc<SimContext>, verbs_api::Error> {
         let mut open = self.open.lock();
-        if let Some(ctx) = open.upgrade() {
+        if let Some(ctx) = open.mine() {
             return Ok(ctx);
         }
         let ctx = Arc::new(backend.open(&self.name)?);
-        *open = Arc::downgrade(&ctx);
+        *open = Opened {
+            ctx: Arc::downgrade(&ctx),
+            pid: std::process::id(),
+        };
         drop(open);
         // The port's LID and GIDs exist from now on: its sysfs files too (written with
         // the device unlocked: making the tree reads which devices are open).
@@ -58,9 +96,9 @@ impl Device {
         Ok(ctx)
     }
 
-    /// The open device, if a context or object holds it.
+    /// The open device, if this process opened it and a context or object holds it.
     pub fn opened(&self) -> Option<Arc<SimContext>> {
-        self.open.lock().upgrade()
+        self.open.lock().mine()
     }
 }
 
@@ -147,11 +185,31 @@ fn init() -> Result<Runtime, Errno> {
                 index: i as u32,
                 name: d.name,
                 guid: d.guid,
-                open: Mutex::new(Weak::new()),
+                open: Mutex::new(Opened {
+                    ctx: Weak::new(),
+                    pid: std::process::id(),
+                }),
             }
         })
         .collect();
+    // SAFETY: `forget_parents_devices` is an `extern "C" fn()` that lives for the
+    // process; it runs in the child only.
+    unsafe { libc::pthread_atfork(None, None, Some(forget_parents_devices)) };
     Ok(Runtime { backend, devices })
+}
+
+/// `pthread_atfork`'s child handler: the child forgets the devices its parent had open
+/// (see the module docs), before any of its code can close the parent's contexts it
+/// inherited. Only the forking thread exists here, and a lock another of the parent's
+/// threads held stays held, so a device whose lock is taken is left to its next open.
+extern "C" fn forget_parents_devices() {
+    if let Some(Ok(rt)) = RUNTIME.get() {
+        for d in &rt.devices {
+            if let Some(mut open) = d.open.try_lock() {
+                open.mine();
+            }
+        }
+    }
 }
 
 /// The sim's warnings go to stderr (a program that exits with "Couldn't modify QP" then

@@ -100,6 +100,7 @@ fn setting(name: &str) -> Option<String> {
 impl SimBackend {
     /// A backend with the given configuration.
     pub fn new(config: SimConfig) -> Self {
+        crate::choices::reseed_in_forked_children();
         SimBackend {
             advice: Arc::new(Advice::new(config.portability_warnings)),
             config,

@@ -6,63 +6,9 @@
  * GRH flagged in the completion, from the sender's QP. Prints one line per check and
  * exits with the number of failed checks. */
 #include <poll.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
 #include <time.h>
-#include <unistd.h>
 #include "check.h"
-
-#define QKEY 0x11111111
-#define MLID 0xc001
-
-struct dev {
-	struct ibv_context *ctx;
-	struct ibv_pd *pd;
-	struct ibv_cq *cq;
-	struct ibv_mr *mr;
-	char *buf;
-};
-
-static int open_dev(struct ibv_device *d, struct dev *o)
-{
-	o->ctx = ibv_open_device(d);
-	if (!o->ctx)
-		return -1;
-	o->pd = ibv_alloc_pd(o->ctx);
-	o->cq = ibv_create_cq(o->ctx, 64, NULL, NULL, 0);
-	o->buf = calloc(1, 16384);
-	o->mr = o->pd ? ibv_reg_mr(o->pd, o->buf, 16384, IBV_ACCESS_LOCAL_WRITE) : NULL;
-	return o->pd && o->cq && o->mr ? 0 : -1;
-}
-
-static struct ibv_qp *ud_qp(struct dev *o)
-{
-	struct ibv_qp_init_attr ia = { .send_cq = o->cq, .recv_cq = o->cq, .qp_type = IBV_QPT_UD,
-		.cap = { .max_send_wr = 8, .max_recv_wr = 8, .max_send_sge = 1, .max_recv_sge = 1 } };
-	struct ibv_qp *qp = ibv_create_qp(o->pd, &ia);
-	if (!qp)
-		return NULL;
-	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1, .qkey = QKEY };
-	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY))
-		return NULL;
-	a.qp_state = IBV_QPS_RTR;
-	if (ibv_modify_qp(qp, &a, IBV_QP_STATE))
-		return NULL;
-	a.qp_state = IBV_QPS_RTS;
-	a.sq_psn = 1;
-	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN))
-		return NULL;
-	return qp;
-}
-
-static int post_recv(struct dev *o, struct ibv_qp *qp, int slot)
-{
-	struct ibv_sge s = { .addr = (uintptr_t)o->buf + slot * 1024, .length = 1024,
-		.lkey = o->mr->lkey };
-	struct ibv_recv_wr w = { .wr_id = slot, .sg_list = &s, .num_sge = 1 }, *bad;
-	return ibv_post_recv(qp, &w, &bad);
-}
+#include "ud.h"
 
 /* Polls `o`'s CQ for 300 ms after the last completion (2 s for the first); how many came,
  * in `wcs`. */
@@ -98,22 +44,7 @@ int main(void)
 	ibv_query_port(a.ctx, 1, &port);
 	int roce = port.link_layer == IBV_LINK_LAYER_ETHERNET;
 
-	/* A group of this run: ::ffff:239.x.y.z (RoCE over IPv4) or ff12:401b::x. */
-	union ibv_gid mgid = { .raw = { 0 } };
-	unsigned pid = getpid();
-	if (roce) {
-		mgid.raw[10] = mgid.raw[11] = 0xff;
-		mgid.raw[12] = 239;
-		mgid.raw[13] = pid >> 16;
-		mgid.raw[14] = pid >> 8;
-		mgid.raw[15] = pid;
-	} else {
-		mgid.raw[0] = 0xff;
-		mgid.raw[1] = 0x12;
-		mgid.raw[2] = 0x40;
-		mgid.raw[3] = 0x1b;
-		memcpy(mgid.raw + 12, &pid, 4);
-	}
+	union ibv_gid mgid = group(roce);
 	union ibv_gid unicast;
 	ibv_query_gid(a.ctx, 1, 1, &unicast);
 
