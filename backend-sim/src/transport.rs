@@ -369,6 +369,7 @@ async fn serve_inbound(dev: Weak<Setup>, mut stream: Stream) -> io::Result<()> {
     let progress = dev.progress.clone();
     let counters = dev.counters.clone();
     let advertised = dev.addr.advertise.ip();
+    let port = dev.port.clone();
     drop(dev);
     let (qp, expect) = match (qp, verdict) {
         (Some(qp), Ok(expect)) => (qp, expect),
@@ -425,7 +426,10 @@ async fn serve_inbound(dev: Weak<Setup>, mut stream: Stream) -> io::Result<()> {
     crate::faults::setup_pause(&qp).await;
     let old = {
         let mut g = qp.inner.lock();
-        if qp.is_stale(&g, expect.epoch) || *accepted_gen(&mut g, expect.self_loop) != gen {
+        // The port checked with the hello may have gone down since: a port going down
+        // closes the connections its QPs hold (under each QP's lock, after the port's
+        // state changed), so one installed past that point must not be.
+        if qp.is_stale(&g, expect.epoch) || *accepted_gen(&mut g, expect.self_loop) != gen || !port.is_up() {
             drop(g);
             progress.close(&conn);
             return Ok(());
@@ -532,9 +536,10 @@ async fn connector_task(dev: Arc<Setup>, qp: Arc<QpShared>, epoch: u64) {
                         progress.close(&conn);
                         return;
                     }
-                    if g.conn_gen != gen || g.conn.is_some() {
-                        // Not this setup's to install: the QP keeps its connector, which
-                        // sets another up when the one it has goes.
+                    if g.conn_gen != gen || g.conn.is_some() || !dev.port.is_up() {
+                        // Not this setup's to install (or the port went down during it,
+                        // closing what its QPs held): the QP keeps its connector, which
+                        // sets another up when the QP needs one and the port is up.
                         drop(g);
                         progress.close(&conn);
                         continue;
