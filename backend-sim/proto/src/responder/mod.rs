@@ -70,6 +70,7 @@ use crate::wire::{Frame, NakCode, NakReason};
 mod ack;
 mod atomic;
 mod duplicate;
+mod place;
 mod read;
 mod recv;
 mod refuse;

@@ -4,11 +4,11 @@
 
 use verbs_api::{WcOpcode, WcStatus, WorkCompletion};
 
-use super::{trim, Incoming, Responder, Taken};
+use super::place::{Fill, Unplaced};
+use super::{Incoming, Responder};
 use crate::memory::MrTable;
 use crate::psn;
 use crate::requester::Fatal;
-use crate::switches::RecvError;
 use crate::tx::TxQueue;
 use crate::wire::{Frame, NakCode, NakReason};
 
@@ -36,60 +36,50 @@ impl Responder {
         if !self.take_recv_or_rnr(psn, tx, force_rnr) {
             return Ok(Incoming::Discard);
         }
-        let mut segs = std::mem::take(&mut self.scratch);
-        let resolved = mrs.resolve_local(self.pd, &self.wqe.sges, true, &mut segs);
-        let total = match resolved {
-            Ok(t) => t,
-            Err(_) => {
-                let status = Self::recv_error(self.sw.recv_bad_lkey, WcStatus::LocProtErr);
-                self.fail_recv(status, out);
-                self.scratch = segs;
+        let segs = match self.place(len as u64, mrs, out) {
+            Ok(segs) => segs,
+            Err(Unplaced::BadLkey(status)) => {
                 self.nak(tx, psn, NakCode::RemoteOperational, None);
                 return Err(Fatal(status));
             }
+            Err(Unplaced::Malformed { room }) => {
+                tracing::debug!(
+                    qpn = self.qpn,
+                    len,
+                    room,
+                    "SEND longer than the receive buffers: a malformed WQE (LOC_QP_OP_ERR) here, the QP goes to ERR"
+                );
+                self.nak(tx, psn, NakCode::RemoteOperational, None);
+                return Err(Fatal(WcStatus::LocQpOpErr));
+            }
+            Err(Unplaced::TooLong { room }) => {
+                tracing::debug!(
+                    qpn = self.qpn,
+                    len,
+                    room,
+                    "SEND longer than the receive buffers: LOC_LEN_ERR here, the QP goes to ERR"
+                );
+                let reason = NakReason::RecvTooShort;
+                self.nak(tx, psn, reason.code(), Some(reason));
+                return Err(Fatal(WcStatus::LocLenErr));
+            }
         };
-        if (len as u64) > total && self.sw.recv_too_small == RecvError::MalformedWqe {
-            tracing::debug!(
-                qpn = self.qpn,
-                len,
-                room = total,
-                "SEND longer than the receive buffers: a malformed WQE (LOC_QP_OP_ERR) here, the QP goes to ERR"
-            );
-            self.fail_recv(WcStatus::LocQpOpErr, out);
-            self.scratch = segs;
-            self.nak(tx, psn, NakCode::RemoteOperational, None);
-            return Err(Fatal(WcStatus::LocQpOpErr));
-        }
-        if (len as u64) > total {
-            tracing::debug!(
-                qpn = self.qpn,
-                len,
-                room = total,
-                "SEND longer than the receive buffers: LOC_LEN_ERR here, the QP goes to ERR"
-            );
-            self.fail_recv(WcStatus::LocLenErr, out);
-            self.scratch = segs;
-            let reason = NakReason::RecvTooShort;
-            self.nak(tx, psn, reason.code(), Some(reason));
-            return Err(Fatal(WcStatus::LocLenErr));
-        }
         if let Some(rkey) = inv {
             if let Err(fatal) = self.check_invalidate(rkey, mrs, out) {
-                self.scratch = segs;
+                self.unplace(segs);
                 return Err(fatal);
             }
         }
-        trim(&mut segs, len as usize);
-        self.taken = Some(Taken::Filling {
+        let fill = Fill {
             opcode: WcOpcode::Recv,
             byte_len: len,
             imm,
             inv,
             solicited,
-        });
-        self.payload_psn = Some(psn);
+        };
+        let sunk = self.sink(psn, segs, len, Some(fill));
         self.payload_ack_req = frame.ack_req();
         self.epsn = psn::add(psn, self.packets(len));
-        Ok(Incoming::Sink(segs))
+        Ok(sunk)
     }
 }

@@ -40,11 +40,11 @@
 
 use verbs_api::{AccessFlags, WcOpcode, WcStatus, WorkCompletion};
 
-use super::{reason_of, trim, Incoming, Responder, Taken};
+use super::place::{Fill, Unplaced};
+use super::{reason_of, Incoming, Responder, Taken};
 use crate::memory::MrTable;
 use crate::psn;
 use crate::requester::Fatal;
-use crate::switches::RecvError;
 use crate::wire::Frame;
 
 impl Responder {
@@ -119,42 +119,26 @@ impl Responder {
                 if !self.take_recv() {
                     return Ok(self.uc_drop(psn, "SEND", "no receive posted"));
                 }
-                let mut segs = std::mem::take(&mut self.scratch);
-                let resolved = mrs.resolve_local(self.pd, &self.wqe.sges, true, &mut segs);
-                let total = match resolved {
-                    Ok(t) => t,
-                    Err(_) => {
-                        let status = Self::recv_error(self.sw.recv_bad_lkey, WcStatus::LocProtErr);
-                        self.fail_recv(status, out);
-                        self.scratch = segs;
-                        return Err(Fatal(status));
+                let segs = match self.place(len as u64, mrs, out) {
+                    Ok(segs) => segs,
+                    Err(Unplaced::TooLong { .. }) => {
+                        return Ok(self.uc_drop(psn, "SEND", "longer than the receive buffers (LOC_LEN_ERR)"))
                     }
+                    Err(e) => return Err(Fatal(e.status())),
                 };
-                if (len as u64) > total && self.sw.recv_too_small == RecvError::MalformedWqe {
-                    self.fail_recv(WcStatus::LocQpOpErr, out);
-                    self.scratch = segs;
-                    return Err(Fatal(WcStatus::LocQpOpErr));
-                }
-                if (len as u64) > total {
-                    self.fail_recv(WcStatus::LocLenErr, out);
-                    self.scratch = segs;
-                    return Ok(self.uc_drop(psn, "SEND", "longer than the receive buffers (LOC_LEN_ERR)"));
-                }
                 if let Some(rkey) = inv.filter(|&k| !self.may_invalidate(k, mrs)) {
-                    self.scratch = segs;
+                    self.unplace(segs);
                     tracing::debug!(qpn = self.qpn, rkey = %format_args!("{rkey:#x}"), "UC: SEND_WITH_INV names a window it may not invalidate");
                     return Ok(self.uc_drop(psn, "SEND_WITH_INV", "the window may not be invalidated"));
                 }
-                trim(&mut segs, len as usize);
-                self.taken = Some(Taken::Filling {
+                let fill = Fill {
                     opcode: WcOpcode::Recv,
                     byte_len: len,
                     imm,
                     inv,
                     solicited,
-                });
-                self.payload_psn = Some(psn);
-                Ok(Incoming::Sink(segs))
+                };
+                Ok(self.sink(psn, segs, len, Some(fill)))
             }
             Frame::Write {
                 len,
@@ -193,20 +177,7 @@ impl Responder {
                         return Ok(self.uc_drop(psn, "WRITE", "the remote access check failed"));
                     }
                 };
-                if imm.is_some() {
-                    self.taken = Some(Taken::Filling {
-                        opcode: WcOpcode::RecvRdmaWithImm,
-                        byte_len: len,
-                        imm,
-                        inv: None,
-                        solicited,
-                    });
-                }
-                self.payload_psn = Some(psn);
-                let mut segs = std::mem::take(&mut self.scratch);
-                segs.clear();
-                segs.extend(seg);
-                Ok(Incoming::Sink(segs))
+                Ok(self.sink_write(psn, seg, len, imm, solicited))
             }
             _ => Ok(self.uc_drop(psn, "request", "not a UC operation (READ or atomic)")),
         }

@@ -27,10 +27,10 @@
 
 use verbs_api::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
 
+use super::place::Unplaced;
 use super::Responder;
 use crate::memory::{MrTable, Seg};
 use crate::requester::Fatal;
-use crate::switches::RecvError;
 use crate::wire::{Frame, Grh, GRH_LEN};
 
 /// Where a datagram came from, as the link it arrived on proved it (never as the frame
@@ -112,44 +112,28 @@ impl Responder {
             tracing::debug!(qpn = self.qpn, src_qpn, "UD: datagram dropped: no receive posted");
             return Ok(UdOutcome::NoReceive);
         }
-        let mut segs = std::mem::take(&mut self.scratch);
-        let total = match mrs.resolve_local(self.pd, &self.wqe.sges, true, &mut segs) {
-            Ok(t) => t,
-            Err(_) => {
-                self.scratch = segs;
-                let status = Self::recv_error(self.sw.recv_bad_lkey, WcStatus::LocProtErr);
-                self.fail_recv(status, out);
-                return Err(Fatal(status));
-            }
-        };
         let byte_len = GRH_LEN + payload.len();
-        if total < byte_len as u64 && self.sw.recv_too_small == RecvError::MalformedWqe {
-            segs.clear();
-            self.scratch = segs;
-            self.fail_recv(WcStatus::LocQpOpErr, out);
-            return Err(Fatal(WcStatus::LocQpOpErr));
-        }
-        if total < byte_len as u64 {
-            tracing::debug!(
-                qpn = self.qpn,
-                src_qpn,
-                len = byte_len,
-                room = total,
-                "UD: receive too short for the GRH and the payload (LOC_LEN_ERR)"
-            );
-            segs.clear();
-            self.scratch = segs;
-            self.fail_recv(WcStatus::LocLenErr, out);
-            return Ok(UdOutcome::TooLong);
-        }
+        let segs = match self.place(byte_len as u64, mrs, out) {
+            Ok(segs) => segs,
+            Err(Unplaced::TooLong { room }) => {
+                tracing::debug!(
+                    qpn = self.qpn,
+                    src_qpn,
+                    len = byte_len,
+                    room,
+                    "UD: receive too short for the GRH and the payload (LOC_LEN_ERR)"
+                );
+                return Ok(UdOutcome::TooLong);
+            }
+            Err(e) => return Err(Fatal(e.status())),
+        };
         let mut written = match grh {
             Some(g) if self.roce => scatter(&segs, 0, &roce_ip_header(&g, src, payload.len(), imm.is_some())),
             Some(g) => scatter(&segs, 0, &grh_bytes(&g, src, payload.len(), imm.is_some())),
             None => true,
         };
         written &= scatter(&segs, GRH_LEN, payload);
-        segs.clear();
-        self.scratch = segs;
+        self.unplace(segs);
         if !written {
             // A receive buffer deregistered while the datagram was copied in.
             self.fail_recv(WcStatus::LocProtErr, out);

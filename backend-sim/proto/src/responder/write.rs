@@ -2,9 +2,9 @@
 //! then its payload goes straight to the region; with an immediate it consumes a receive
 //! first (an RNR NAK without one).
 
-use verbs_api::{AccessFlags, WcOpcode, WorkCompletion};
+use verbs_api::{AccessFlags, WorkCompletion};
 
-use super::{reason_of, Incoming, Responder, Taken};
+use super::{reason_of, Incoming, Responder};
 use crate::memory::MrTable;
 use crate::psn;
 use crate::requester::Fatal;
@@ -56,22 +56,10 @@ impl Responder {
                 return self.refuse(psn, "WRITE", reason, rkey, addr, len as u64, tx);
             }
         };
-        if imm.is_some() {
-            self.taken = Some(Taken::Filling {
-                opcode: WcOpcode::RecvRdmaWithImm,
-                byte_len: len,
-                imm,
-                inv: None,
-                solicited,
-            });
-        }
-        self.payload_psn = Some(psn);
+        let sunk = self.sink_write(psn, seg, len, imm, solicited);
         self.payload_ack_req = frame.ack_req();
         self.epsn = psn::add(psn, self.packets(len));
-        let mut segs = std::mem::take(&mut self.scratch);
-        segs.clear();
-        segs.extend(seg);
-        Ok(Incoming::Sink(segs))
+        Ok(sunk)
     }
 }
 
