@@ -21,6 +21,10 @@
 //! | send_bw 64 B and 1 MiB over an SRQ | >= 0.9 x the same without an SRQ (runs before and after, averaged) |
 //! | send_bw 1 MiB over an SRQ | >= 0.8 x one raw TCP stream |
 //! | UD send_bw 64 B, received at the receiver | >= 1 M msgs/s (datagrams dropped reported apart; "not measured" on a device without UD) |
+//! | same host: send_lat 8 B | <= 2 x UCX `tag_lat` over shared memory (`posix`) |
+//! | same host: atomic_lat 8 B | <= 2 x UCX `ucp_fadd` over shared memory |
+//! | same host: write_bw / read_bw 1 MiB | >= 0.8 x UCX `ucp_put_bw` / `ucp_get` over `posix` and `cma` |
+//! | same host: write_bw 64 B, tx depth 128 | >= 20 M msgs/s |
 //!
 //! The QP target compares like with like, as perftest's `-q` does: each of the 64 QPs
 //! keeps as many WRITEs outstanding as the single QP (16). A second row, without a
@@ -135,6 +139,10 @@ enum Group {
     /// send_lat, write_lat, atomic_lat against UCX and libfabric on this machine (needs
     /// `apt-get install ucx-utils libfabric-bin`; left out of a full run without them).
     Peers,
+    /// The sim's same-host path against UCX over shared memory (`posix`, `cma`) and
+    /// libfabric's `shm` (send_lat, atomic_lat, write_bw and read_bw 1 MiB), and its
+    /// message rate against 20 M msgs/s (needs the same packages as `peers`).
+    SameHost,
     /// The CPU cost of one message in one thread, and of an empty poll, sim against TCP
     /// (no target).
     Cost,

@@ -14,8 +14,9 @@ use crate::multi_qp::multi_qp_write_bw;
 use crate::perf_runs::perf1;
 use crate::report::Pair;
 use crate::rows::{
-    peer_key, COST_MESSAGES_PER_LAT_ITER, PEER_ITERS_PER_LAT_ITER, PEER_ROWS, QP_ROWS, RATE_MSGS, SHORT_ROW,
-    SHORT_RUNS, SRQ_BW_ROW, SRQ_BW_TCP_ROW, SRQ_RATE_ROW, TCP_QP_ROW, UD_ROW,
+    peer_key, COST_MESSAGES_PER_LAT_ITER, PEER_ITERS_PER_LAT_ITER, PEER_ROWS, QP_ROWS, RATE_MSGS,
+    SHM_BW_ITERS, SHM_RATE_MPPS, SHM_RATE_ROW, SHM_ROWS, SHORT_ROW, SHORT_RUNS, SRQ_BW_ROW, SRQ_BW_TCP_ROW,
+    SRQ_RATE_ROW, TCP_QP_ROW, UD_ROW,
 };
 use crate::tcp::{tcp_pingpong, tcp_stream, Peer};
 use crate::{cost, Cli, Group};
@@ -61,6 +62,9 @@ impl Rounds {
         }
         if want(Group::Peers) {
             self.peers(cli)?;
+        }
+        if want(Group::SameHost) {
+            self.same_host(cli)?;
         }
         if want(Group::Cost) {
             let msgs = cli.lat_iters * COST_MESSAGES_PER_LAT_ITER;
@@ -208,6 +212,31 @@ impl Rounds {
         Ok(())
     }
 
+    /// The sim's same-host path against UCX and libfabric over shared memory, each sim
+    /// test between two runs of its reference; and its message rate.
+    fn same_host(&mut self, cli: &Cli) -> Res<()> {
+        let n = cli.lat_iters.to_string();
+        let bw_n = SHM_BW_ITERS.to_string();
+        let size = peers::BW_SIZE.to_string();
+        for (peer, test, _) in SHM_ROWS {
+            let iters = match peer.is_bandwidth() {
+                true => SHM_BW_ITERS,
+                false => cli.lat_iters * PEER_ITERS_PER_LAT_ITER,
+            };
+            let reference = || peer.measure(iters);
+            let sim = || match peer.is_bandwidth() {
+                true => Ok(perf1(&[test, "-s", &size, "-n", &bw_n])?.bw_avg_mbps),
+                false => Ok(perf1(&[test, "-s", "8", "-n", &n])?.t_typical_us),
+            };
+            let b = bracketed(reference()?, sim, reference)?;
+            pair(&mut self.pairs, &peer_key(test, peer), b.sim, b.base, b.tries);
+        }
+        let n = RATE_MSGS.to_string();
+        let row = perf1(&["write_bw", "-s", "64", "-t", "128", "-n", &n])?;
+        pair(&mut self.pairs, SHM_RATE_ROW, row.msg_rate_mpps, SHM_RATE_MPPS, 1);
+        Ok(())
+    }
+
     /// 64 QPs against one, and raw TCP's 64 connections against one.
     fn qps(&mut self, cli: &Cli) -> Res<()> {
         for (t, depth, posting, _) in QP_ROWS {
@@ -249,14 +278,16 @@ fn sim_has_ud() -> Res<bool> {
 }
 
 /// The groups a run measures: those `--only` names (all without it), less the UCX and
-/// libfabric rows when their programs are missing (an error if `--only peers` asks for
-/// them).
+/// libfabric rows when their programs are missing (an error if `--only peers` or
+/// `--only same-host` asks for them).
 pub fn wanted(cli: &Cli) -> Res<impl Fn(Group) -> bool + '_> {
     let missing = peers::missing();
     if !missing.is_empty() {
-        if cli.only.contains(&Group::Peers) {
+        if let Some(g) = cli.only.iter().find(|g| needs_peers(**g)) {
+            let name = clap::ValueEnum::to_possible_value(g).map(|v| v.get_name().to_string());
             anyhow::bail!(
-                "--only peers needs {} ({})",
+                "--only {} needs {} ({})",
+                name.unwrap_or_default(),
                 missing.join(" and "),
                 peers::INSTALL
             );
@@ -268,6 +299,11 @@ pub fn wanted(cli: &Cli) -> Res<impl Fn(Group) -> bool + '_> {
         );
     }
     Ok(move |g: Group| {
-        (cli.only.is_empty() || cli.only.contains(&g)) && (g != Group::Peers || missing.is_empty())
+        (cli.only.is_empty() || cli.only.contains(&g)) && (!needs_peers(g) || missing.is_empty())
     })
+}
+
+/// Whether group `g` runs UCX and libfabric.
+fn needs_peers(g: Group) -> bool {
+    matches!(g, Group::Peers | Group::SameHost)
 }

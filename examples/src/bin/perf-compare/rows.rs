@@ -61,3 +61,23 @@ pub const PEER_ITERS_PER_LAT_ITER: u64 = 5;
 pub fn peer_key(test: &str, peer: Reference) -> String {
     format!("{test}/{}", peer.name())
 }
+
+/// The same-host references and the sim's test paired with each (over its default path,
+/// the same-host one), with the target: at most this many times the reference's latency,
+/// or at least this fraction of its bandwidth (none: shown only).
+pub const SHM_ROWS: [(Reference, &str, Option<f64>); 5] = [
+    (Reference::UcxTagLatShm, "send_lat", Some(2.0)),
+    (Reference::FabricPingpongShm, "send_lat", None),
+    (Reference::UcxFetchAddShm, "atomic_lat", Some(2.0)),
+    (Reference::UcxPutBwShm, "write_bw", Some(0.8)),
+    (Reference::UcxGetShm, "read_bw", Some(0.8)),
+];
+
+/// Transfers of 1 MiB in each bandwidth run of the same-host rows, the sim's and UCX's.
+pub const SHM_BW_ITERS: u64 = 8000;
+
+/// Key of the same-host message-rate row: `perf write_bw -s 64 -t 128` against
+/// [`SHM_RATE_MPPS`].
+pub const SHM_RATE_ROW: &str = "same_host_write_bw_64";
+/// The same-host message-rate target, in M msgs/s.
+pub const SHM_RATE_MPPS: f64 = 20.0;

@@ -9,8 +9,8 @@ use crate::multi_qp::Posting;
 use crate::report::{Pair, Target};
 use crate::rounds::Rounds;
 use crate::rows::{
-    peer_key, PEER_ROWS, QP_ROWS, RATE_MSGS, SHORT_ROW, SHORT_RUNS, SRQ_BW_ROW, SRQ_BW_TCP_ROW, SRQ_RATE_ROW,
-    TCP_QP_ROW, UD_ROW,
+    peer_key, PEER_ROWS, QP_ROWS, RATE_MSGS, SHM_RATE_MPPS, SHM_RATE_ROW, SHM_ROWS, SHORT_ROW, SHORT_RUNS,
+    SRQ_BW_ROW, SRQ_BW_TCP_ROW, SRQ_RATE_ROW, TCP_QP_ROW, UD_ROW,
 };
 use crate::Group;
 
@@ -108,6 +108,9 @@ pub fn add_targets(targets: &mut Vec<Target>, rounds: &Rounds, want: &dyn Fn(Gro
     }
     if want(Group::Peers) {
         peers(&mut t);
+    }
+    if want(Group::SameHost) {
+        same_host(&mut t);
     }
     if want(Group::Cost) {
         cost(&mut t);
@@ -219,6 +222,31 @@ fn peers(t: &mut Table<'_>) {
             t.row(&format!("{test} vs {}", peer.name()), &k, "us", base, goal);
         }
     }
+}
+
+fn same_host(t: &mut Table<'_>) {
+    for (peer, test, target) in SHM_ROWS {
+        let k = peer_key(test, peer);
+        let (unit, goal) = match peer.is_bandwidth() {
+            true => ("MB/s", target.map_or(Goal::None, Goal::AtLeast)),
+            false => ("us", target.map_or(Goal::None, Goal::AtMost)),
+        };
+        let base = format!("{} {:.2} {unit}", peer.name(), t.base(&k));
+        t.row(
+            &format!("same host: {test} vs {}", peer.name()),
+            &k,
+            unit,
+            base,
+            goal,
+        );
+    }
+    t.row(
+        "same host: write_bw 64 B, tx depth 128",
+        SHM_RATE_ROW,
+        "M msgs/s",
+        format!("{SHM_RATE_MPPS} M msgs/s"),
+        Goal::AtLeast(1.0),
+    );
 }
 
 fn cost(t: &mut Table<'_>) {
