@@ -57,3 +57,16 @@ function median(a, n,    i, j, t) {
     for (i = 2; i <= n; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] > t; j--) a[j + 1] = a[j]; a[j + 1] = t }
     return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
 }'
+
+# pyverbs_ok PATTERN < LOG: how many of rdma-core's generic pyverbs tests (not test_mlx5_*,
+# test_efa*) whose names match the regular expression PATTERN passed, in unittest's -v
+# output: "NAME (ID) ... ok", or "ok" on a line of its own where a test printed to stdout
+# after the " ... " (test_fork's test_is_fork_initialized does).
+pyverbs_ok() {
+    PAT=$1 awk '
+        function generic(l) { return l ~ ENVIRON["PAT"] && l !~ /tests\.test_(mlx5|efa)/ }
+        / \.\.\. ok$/ && generic($0) { n++ }
+        /^ok$/ && prev ~ / \.\.\. / && generic(prev) { n++ }
+        { prev = $0 }
+        END { print n + 0 }'
+}

@@ -36,6 +36,8 @@
 #                  hangs look alike on the console, and a hung boot would cost the whole
 #                  RXEVM_TIMEOUT)
 #   RXEVM_APPEND   extra kernel command-line words
+#   RXEVM_EXTRA_DEBS  more guest packages (part of the image's key: give such an image a
+#                  RXEVM_DIR of its own, or the default one is rebuilt back and forth)
 #
 # The guest's clock source is the TSC (clocksource=tsc tsc=reliable): under TCG the
 # kernel would otherwise pick the HPET, which makes every clock_gettime a system call
@@ -54,7 +56,7 @@ BOOT_TIMEOUT=${RXEVM_BOOT_TIMEOUT:-180}
 # Guest userspace, straight from the bookworm mirror (nothing is taken from the host).
 GUEST_DEBS="busybox-static libc6 libgcc-s1 zlib1g libmd0 libbsd0 libcap2 libelf1 libbpf1
   libmnl0 libnl-3-200 libnl-route-3-200 libibverbs1 ibverbs-providers librdmacm1
-  ibverbs-utils iproute2 perftest libpci3 libudev1 libibumad3"
+  ibverbs-utils iproute2 perftest libpci3 libudev1 libibumad3 ${RXEVM_EXTRA_DEBS:-}"
 # Kernel modules to load (their dependencies are added in load order). crc32_generic is
 # not a declared dependency of rdma_rxe, but rxe asks the crypto API for "crc32".
 # rdma_ucm serves /dev/infiniband/rdma_cm to librdmacm (rdma_cm itself comes with it).

@@ -178,6 +178,16 @@ impl Faults {
         Ok(())
     }
 
+    /// Every UD link the device opens or accepts from now on waits `d` once its hello is
+    /// answered, before it carries datagrams, as when a loaded machine preempts the setup
+    /// there: the other device may already be sending on it (`Duration::ZERO` turns this
+    /// off).
+    pub fn delay_link_setup(&self, d: Duration) -> Result<()> {
+        let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        self.dev()?.datagrams.setup_delay_ns.store(ns, Ordering::Relaxed);
+        Ok(())
+    }
+
     /// The device's setup thread (connection setup, UD links' tasks) runs nothing for
     /// `d`, as on a machine whose cores are all taken: what only that thread does waits.
     /// Returns at once.

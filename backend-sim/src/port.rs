@@ -6,7 +6,7 @@
 //! rxe, fails: `Switches::port_down_fails_sends`). C programs schedule the fault with
 //! [`SCHEDULE_SETTING`].
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use verbs_api::PortState;
@@ -20,18 +20,38 @@ pub const PHYS_DISABLED: u8 = 3;
 /// One port's state.
 #[derive(Debug, Default)]
 pub struct Port {
-    down: AtomicBool,
+    /// How many times the state changed: even while the port is up, odd while it is
+    /// down. A setup that reads it when it checks the port can tell at its end whether
+    /// the port went down meanwhile, even if it is back ([`Port::up_since`]).
+    changes: AtomicU64,
 }
 
 impl Port {
     /// Whether the port is active (up).
     pub fn is_up(&self) -> bool {
-        !self.down.load(Ordering::Acquire)
+        self.changes.load(Ordering::Acquire) % 2 == 0
+    }
+
+    /// The port's state now, for [`Port::up_since`].
+    pub fn epoch(&self) -> u64 {
+        self.changes.load(Ordering::Acquire)
+    }
+
+    /// Whether the port was up at `epoch` and has not gone down since (a connection or
+    /// link set up meanwhile may carry traffic: what the port's going down closed cannot
+    /// have included it, nor may what was sent to the port while it was down arrive on
+    /// it).
+    pub fn up_since(&self, epoch: u64) -> bool {
+        epoch % 2 == 0 && self.changes.load(Ordering::Acquire) == epoch
     }
 
     /// Moves the port up (`true`) or down; whether that changed its state.
     pub fn set_up(&self, up: bool) -> bool {
-        self.down.swap(!up, Ordering::AcqRel) == up
+        self.changes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n % 2 == u64::from(up)).then_some(n + 1)
+            })
+            .is_ok()
     }
 
     /// `state` and `phys_state` as `ibv_query_port` reports them.
@@ -129,5 +149,21 @@ mod tests {
         assert!(!p.set_up(false));
         assert!(p.set_up(true));
         assert_eq!(p.states(), (PortState::Active, PHYS_LINK_UP));
+    }
+
+    #[test]
+    fn a_port_that_went_down_and_back_is_not_up_since_before() {
+        let p = Port::default();
+        let e = p.epoch();
+        assert!(p.up_since(e));
+        assert!(!p.set_up(true));
+        assert!(p.up_since(e), "a port already up did not change");
+        p.set_up(false);
+        let down = p.epoch();
+        assert!(!p.up_since(e) && !p.up_since(down));
+        p.set_up(true);
+        assert!(p.is_up());
+        assert!(!p.up_since(e), "it went down since");
+        assert!(p.up_since(p.epoch()));
     }
 }

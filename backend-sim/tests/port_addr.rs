@@ -166,3 +166,103 @@ fn a_roce_port_gains_and_loses_a_gid() {
     assert_eq!(x.ctx.faults().add_gid(None).unwrap(), index);
     port_event(&x.ctx, AsyncEventType::GidChange);
 }
+
+/// A UD QP on side `s` (Q_Key 7) with 8 receives of 128 bytes posted.
+fn ud(s: &Side) -> (SimQp, backend_sim::SimMr) {
+    let qp = common::ud_qp(&s.pd, &s.cq, 7);
+    let mr = s.pd.reg_mr(8 * 128, AccessFlags::LOCAL_WRITE).unwrap();
+    for n in 0..8u64 {
+        qp.post_recv(&[RecvWr::new(n, &[mr.sge(n as usize * 128, 128).unwrap()])])
+            .unwrap();
+    }
+    (qp, mr)
+}
+
+/// Datagram `id` (its immediate data) from `qp` on side `from` to `to` through `ah`:
+/// its WR completes successfully whether it arrives or not, as UD's do.
+fn datagram(from: &Side, qp: &SimQp, ah: &backend_sim::SimAh, to: &SimQp, id: u32) {
+    let src = from.pd.reg_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
+    qp.post_send(&[SendWr::send_with_imm(id as u64, &[src.sge_all()], id)
+        .signaled()
+        .ud(ah, to.qp_num(), 7)])
+        .unwrap();
+    let wc = poll_n(&from.cq, 1, T).unwrap();
+    assert_eq!(
+        (wc[0].wr_id, wc[0].status),
+        (id as u64, WcStatus::Success),
+        "{wc:?}"
+    );
+}
+
+/// The immediate data of the datagrams `s` received within `quiet`.
+fn received(s: &Side, quiet: Duration) -> Vec<u32> {
+    let wcs = poll_quiet(&s.cq, quiet).unwrap();
+    assert!(wcs.iter().all(|wc| wc.status == WcStatus::Success), "{wcs:?}");
+    wcs.iter().map(|wc| wc.imm().expect("immediate data")).collect()
+}
+
+/// `y`'s UD QP reached from `x` through an address handle built from `y`'s address at
+/// GID entry `gid_index` now; after `change` (which moves that address), a datagram
+/// through that handle completes successfully and never arrives, while one through a
+/// handle to the address `y` holds after the change at entry `stays` does.
+fn datagrams_to_an_old_address_are_lost(
+    x: &Side,
+    y: &Side,
+    (gid_index, stays): (u8, u8),
+    change: impl FnOnce(),
+    event: AsyncEventType,
+) {
+    let (a, _ma) = ud(x);
+    let (b, _mb) = ud(y);
+    // (From `x`'s entry `stays`, its own address.)
+    let ah_to = |gid_index: u8| {
+        let e = local_endpoint(&y.ctx, &b, &params(gid_index), 0).unwrap();
+        x.pd.create_ah(&ah_attr_for(&e, &params(stays))).unwrap()
+    };
+    let old = ah_to(gid_index);
+    datagram(x, &a, &old, &b, 1);
+    assert_eq!(received(y, Duration::from_millis(300)), [1]);
+    // The task of `y`'s end of the link sees it closed only once its thread runs again,
+    // and datagram 2 waits in its socket by then, as on a loaded machine.
+    y.ctx
+        .faults()
+        .stall_setup_thread(Duration::from_millis(200))
+        .unwrap();
+    change();
+    port_event(&y.ctx, event);
+    datagram(x, &a, &old, &b, 2);
+    let new = ah_to(stays);
+    datagram(x, &a, &new, &b, 3);
+    let mut got = received(y, Duration::from_millis(300));
+    got.extend(received(y, Duration::from_millis(300)));
+    assert_eq!(got, [3], "datagram 2 went to the old address");
+}
+
+#[test]
+fn a_datagram_to_an_old_lid_is_lost() {
+    let (x, y) = two_devices(Profile::Portable);
+    datagrams_to_an_old_address_are_lost(
+        &x,
+        &y,
+        (0, 0),
+        || {
+            y.ctx.faults().change_lid().unwrap();
+        },
+        AsyncEventType::LidChange,
+    );
+}
+
+#[test]
+fn a_datagram_to_a_removed_gid_is_lost() {
+    let (x, y) = two_devices(Profile::Rxe);
+    let index = y.ctx.faults().add_gid(None).unwrap();
+    port_event(&y.ctx, AsyncEventType::GidChange);
+    datagrams_to_an_old_address_are_lost(
+        &x,
+        // Entry 1 is the port's own address, which stays.
+        &y,
+        (index as u8, 1),
+        || y.ctx.faults().remove_gid(index).unwrap(),
+        AsyncEventType::GidChange,
+    );
+}

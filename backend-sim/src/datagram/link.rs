@@ -152,7 +152,14 @@ impl Link {
     }
 
     /// Hands each whole datagram read to the QP it names; a malformed one is an error.
+    /// Nothing read from a link that is closed is delivered: it was closed because the
+    /// address it arrived at is gone (a new LID, a removed GID) or the port went down,
+    /// and what the other device sent after that went to an address that reaches
+    /// nothing, though the socket, until its task ends, still carries it.
     fn deliver(&self, dg: &Datagrams, rx: &mut LinkReader) -> Result<(), String> {
+        if self.is_closed() {
+            return Ok(());
+        }
         self.active_ns.store(monotonic_ns(), Ordering::Relaxed);
         let mut inbox = Inbox::default();
         loop {

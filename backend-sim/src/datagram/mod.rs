@@ -160,6 +160,9 @@ pub struct Datagrams {
     mcast: Arc<Multicast>,
     /// The device's port: while it is down no datagram leaves and no link is opened.
     pub port: Arc<crate::port::Port>,
+    /// How long each link set up from now on waits before it carries datagrams
+    /// ([`Faults::delay_link_setup`](crate::faults::Faults::delay_link_setup)), in ns.
+    pub(crate) setup_delay_ns: std::sync::atomic::AtomicU64,
 }
 
 impl Datagrams {
@@ -197,6 +200,7 @@ impl Datagrams {
             gsi: gsi::GsiPort::default(),
             mcast,
             port,
+            setup_delay_ns: Default::default(),
         }
     }
 
@@ -471,41 +475,69 @@ impl Datagrams {
 
     /// The link to `peer` this device opened is up (`Some`, which takes its place in the
     /// table unless a live one is there already) or could not be set up (`None`): the
-    /// QPs that waited for it send (or lose) their datagrams.
-    fn settle(self: &Arc<Self>, peer: SocketAddr, link: Option<&Arc<Link>>) {
-        self.take_place(peer, link, false);
+    /// QPs that waited for it send (or lose) their datagrams. `epoch`: the port's when
+    /// the setup began ([`Datagrams::take_place`]); whether the link took its place.
+    fn settle(self: &Arc<Self>, peer: SocketAddr, link: Option<&Arc<Link>>, epoch: u64) -> bool {
+        self.take_place(peer, link, false, epoch)
     }
 
     /// The link from the device at `peer` is accepted (set up and checked, on a place
     /// [`Datagrams::reserve_for`] took): it replaces the last one from that device.
-    fn adopt(self: &Arc<Self>, peer: SocketAddr, link: &Arc<Link>) {
-        self.take_place(peer, Some(link), true);
+    /// Whether it took its place (see [`Datagrams::take_place`]).
+    fn adopt(self: &Arc<Self>, peer: SocketAddr, link: &Arc<Link>, epoch: u64) -> bool {
+        self.take_place(peer, Some(link), true, epoch)
     }
 
-    fn take_place(self: &Arc<Self>, peer: SocketAddr, link: Option<&Arc<Link>>, accepted: bool) {
-        let (waiting, gsi_waiting) = {
-            let mut t = self.links.lock();
-            t.release();
-            if let Some(l) = link {
-                t.adopt(l, accepted);
+    /// A link set up (or not) takes the place reserved for it. Not if the port went down
+    /// since `epoch` (read when the setup checked it), even if it is back: the port's
+    /// going down closed the links in the table, under its lock, and this one was not
+    /// among them, nor may what the other device sent on it while the port was down
+    /// arrive. Checked here, in the table's lock, so that a port going down either finds
+    /// the link to close or is seen; the caller drops a link that did not take its
+    /// place, and the next datagram to that device opens another.
+    fn take_place(
+        self: &Arc<Self>,
+        peer: SocketAddr,
+        link: Option<&Arc<Link>>,
+        accepted: bool,
+        epoch: u64,
+    ) -> bool {
+        let mut t = self.links.lock();
+        t.release();
+        let port_went_down = link.is_some() && !self.port.up_since(epoch);
+        let link = link.filter(|_| !port_went_down);
+        if port_went_down {
+            tracing::debug!(device = %self.name, %peer, "UD link closed: the port went down during its setup");
+            if accepted {
+                return false;
             }
-            let fresh = || match link {
-                Some(l) => Slot::Up(l.clone()),
-                None => Slot::Failed(Instant::now() + FAILED_HOLD),
-            };
-            let (slot, waiting) = match t.by_peer.remove(&peer) {
-                Some(Slot::Up(l)) if !l.is_closed() => (Slot::Up(l), Vec::new()),
-                Some(Slot::Pending(w)) => (fresh(), w),
-                _ => (fresh(), Vec::new()),
-            };
-            t.by_peer.insert(peer, slot);
-            // (In the table's lock, as `send_gsi` queues them: none is left behind.)
-            (waiting, self.gsi.take_pending(peer))
+        }
+        if let Some(l) = link {
+            t.adopt(l, accepted);
+        }
+        // (A link the port's going down closed leaves no slot: the next datagram to the
+        // device opens another once the port is up.)
+        let fresh = || match link {
+            Some(l) => Some(Slot::Up(l.clone())),
+            None if port_went_down => None,
+            None => Some(Slot::Failed(Instant::now() + FAILED_HOLD)),
         };
+        let (slot, waiting) = match t.by_peer.remove(&peer) {
+            Some(Slot::Up(l)) if !l.is_closed() => (Some(Slot::Up(l)), Vec::new()),
+            Some(Slot::Pending(w)) => (fresh(), w),
+            _ => (fresh(), Vec::new()),
+        };
+        if let Some(slot) = slot {
+            t.by_peer.insert(peer, slot);
+        }
+        // (In the table's lock, as `send_gsi` queues them: none is left behind.)
+        let gsi_waiting = self.gsi.take_pending(peer);
+        drop(t);
         for qp in waiting.iter().filter_map(Weak::upgrade) {
             self.transmit(&qp);
         }
         self.settle_gsi(peer, link, gsi_waiting, accepted);
+        link.is_some()
     }
 
     /// Whether a link from the device at `peer` could take a place now (a look before a

@@ -46,8 +46,10 @@ pub const LINK_SETUP_TIMEOUT: Duration = Duration::from_secs(5);
 /// Opens the link to the device listening at `peer` for `dg`'s device, and settles its
 /// slot either way.
 pub async fn open(dg: Arc<Datagrams>, peer: SocketAddr) {
+    let epoch = dg.port.epoch();
     let link = match tokio::time::timeout(LINK_SETUP_TIMEOUT, connect(&dg, peer)).await {
         Ok(Ok(stream)) => {
+            pause(&dg).await;
             dg.counters.link_set_up(matches!(stream, Stream::Unix(..)));
             let src = DatagramSource {
                 gid: match peer.ip() {
@@ -72,8 +74,8 @@ pub async fn open(dg: Arc<Datagrams>, peer: SocketAddr) {
         }
     };
     // Counted in the table before its task can end and leave it.
-    dg.settle(peer, link.as_ref());
-    if let Some(l) = link {
+    let installed = dg.settle(peer, link.as_ref(), epoch);
+    if let Some(l) = link.filter(|_| installed) {
         tracing::debug!(device = %dg.name, %peer, "UD link up (opened)");
         dg.rt.spawn(link::run(dg.clone(), l));
     }
@@ -136,6 +138,7 @@ pub async fn serve(
     src_lid: u16,
     token: [u8; TOKEN_LEN],
 ) -> io::Result<()> {
+    let epoch = dg.port.epoch();
     let claimed = gid_addr(&src_gid, src_lid);
     if let Err(why) = check(&dg, &stream, claimed, token).await {
         tracing::debug!(device = %dg.name, %claimed, "refused a UD link: {why}");
@@ -155,16 +158,29 @@ pub async fn serve(
         dg.unreserve();
         return Err(e);
     }
+    pause(&dg).await;
     let src = DatagramSource {
         gid: src_gid,
         lid: src_lid,
     };
     dg.counters.link_set_up(matches!(stream, Stream::Unix(..)));
     let link = Link::new(stream, claimed, src);
+    if !dg.adopt(claimed, &link, epoch) {
+        // Dropped, it closes: the other device's end ends too.
+        return Ok(());
+    }
     tracing::debug!(device = %dg.name, peer = %claimed, "UD link up (accepted)");
-    dg.adopt(claimed, &link);
     dg.rt.spawn(link::run(dg.clone(), link));
     Ok(())
+}
+
+/// Where a link's setup hands it over: waits as
+/// [`Faults::delay_link_setup`](crate::faults::Faults::delay_link_setup) asked.
+async fn pause(dg: &Datagrams) {
+    let ns = dg.setup_delay_ns.load(std::sync::atomic::Ordering::Relaxed);
+    if ns > 0 {
+        tokio::time::sleep(Duration::from_nanos(ns)).await;
+    }
 }
 
 /// Whether the link hello on `stream` claiming the device at `claimed` holds and the

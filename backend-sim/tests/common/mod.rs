@@ -283,7 +283,20 @@ pub fn read_setup(s: &mut TcpStream) -> Frame {
 
 /// A UD QP on `cq` (64 sends and receives) in RTS with Q_Key `qkey`.
 pub fn ud_qp(pd: &backend_sim::SimPd, cq: &backend_sim::SimCq, qkey: u32) -> backend_sim::SimQp {
-    let qp = pd.create_qp(&QpInitAttr::ud(cq, cq, QpCap::new(64, 64))).unwrap();
+    ud_qp_on(pd, cq, cq, qkey)
+}
+
+/// A UD QP whose sends complete on `scq` and receives on `rcq` (64 of each), in RTS with
+/// Q_Key `qkey`.
+pub fn ud_qp_on(
+    pd: &backend_sim::SimPd,
+    scq: &backend_sim::SimCq,
+    rcq: &backend_sim::SimCq,
+    qkey: u32,
+) -> backend_sim::SimQp {
+    let qp = pd
+        .create_qp(&QpInitAttr::ud(scq, rcq, QpCap::new(64, 64)))
+        .unwrap();
     let m = QpAttrMask::STATE;
     qp.modify(
         &QpAttr {
