@@ -21,7 +21,7 @@
 
 use std::time::Duration;
 
-use verbs_api::rdmacm::{reject, sidr, CmEventParam, CmEventType, ConnParam, UdParam, UDP_QKEY};
+use verbs_api::rdmacm::{reject, sidr, CmEventParam, CmEventType, ConnParam, UdParam};
 use verbs_api::{AsyncEventType, Error, Mtu, QpType, Result};
 
 use super::manager::{new_conn_id, Core, Dev, Id, Ids, Outbox, State};
@@ -438,6 +438,7 @@ pub fn accept(st: &mut Ids, handle: u32, param: Option<&ConnParam>, out: &mut Ou
                     "more private data than a SIDR_REP carries (136 bytes)",
                 ));
             }
+            let qkey = p.ud_qkey()?;
             id.unclaimed = false;
             let c = id.conn.as_mut().expect("checked");
             c.local_qpn = p.qp_num & 0xff_ffff;
@@ -445,7 +446,7 @@ pub fn accept(st: &mut Ids, handle: u32, param: Option<&ConnParam>, out: &mut Ou
             let rep = Body::SidrRep(SidrRep {
                 status: sidr::SUCCESS as u8,
                 qpn: c.local_qpn,
-                qkey: if p.qkey != 0 { p.qkey } else { UDP_QKEY },
+                qkey,
                 private_data: p.private_data,
             });
             send(out, id, rep, None);
@@ -491,8 +492,8 @@ fn reject_now(id: &mut Id, pd: &[u8], reason: u16, out: &mut Outbox) {
     );
 }
 
-/// `rdma_reject`: a REJ with the consumer's reason (`IB_CM_REJ_CONSUMER_DEFINED`, or
-/// `reason` if not 0) and private data; for UD a SIDR_REP `IB_SIDR_REJECT`.
+/// `rdma_reject`: a REJ with `reason` (checked: [`reject::checked`]) and private data;
+/// for UD a SIDR_REP `IB_SIDR_REJECT`.
 pub fn reject(st: &mut Ids, handle: u32, pd: &[u8], reason: u8, out: &mut Outbox) -> Result<()> {
     const CALL: &str = "rdma_reject";
     let id = st.ids.get_mut(&handle).expect("checked");
@@ -521,12 +522,7 @@ pub fn reject(st: &mut Ids, handle: u32, pd: &[u8], reason: u8, out: &mut Outbox
             if pd.len() > Kind::Rej.max_private() {
                 return Err(einval(CALL, "more private data than a REJ carries (148 bytes)"));
             }
-            let r = if reason == 0 {
-                reject::CONSUMER_DEFINED as u16
-            } else {
-                u16::from(reason)
-            };
-            reject_now(id, pd, r, out);
+            reject_now(id, pd, u16::from(reason), out);
             Ok(())
         }
         other => Err(einval(

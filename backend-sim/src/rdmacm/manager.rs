@@ -1153,6 +1153,7 @@ impl Core {
 
     /// `rdma_reject`.
     pub fn reject(&self, handle: u32, private_data: &[u8], reason: u8) -> Result<()> {
+        let reason = verbs_api::rdmacm::reject::checked(reason)?;
         self.with("rdma_reject", handle, |_, st, out| {
             super::cm::reject(st, handle, private_data, reason, out)
         })
