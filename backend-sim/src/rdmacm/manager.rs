@@ -25,6 +25,7 @@ use super::channel::{Channel, Queued};
 use super::cm::Conn;
 use super::rendezvous::{self, Found, Rendezvous};
 use super::route::{self, Peer};
+use crate::choices::{Choice, Choices};
 use crate::cm_msg::CmMsg;
 use crate::datagram::gsi::Gsi;
 use crate::device::DeviceShared;
@@ -286,17 +287,33 @@ pub struct Ids {
     rendezvous: HashMap<SocketAddr, (Rendezvous, usize)>,
     /// Each device's agent (its GSI), by device index.
     agents: HashMap<u32, Arc<Agent>>,
+    /// Where communication IDs, ephemeral ports and starting PSNs come from: the
+    /// backend's seed, if it has one ([`crate::choices`]).
+    choices: Choices,
 }
 
 impl Ids {
+    /// The state of a connection manager whose choices follow `seed`.
+    fn new(seed: Option<u64>) -> Ids {
+        Ids {
+            choices: Choices::new(seed, "rdma_cm"),
+            ..Ids::default()
+        }
+    }
+
     /// A communication ID no connection of this side uses.
     pub fn fresh_comm(&self) -> u32 {
         loop {
-            let c: u32 = rand::random();
+            let c = self.choices.u32(Choice::CommId);
             if c != 0 && !self.by_comm.contains_key(&c) {
                 return c;
             }
         }
+    }
+
+    /// A starting PSN for a new id (rdma_cm's `seq_num`: 24 bits).
+    fn fresh_psn(&self) -> u32 {
+        self.choices.u32(Choice::CmPsn) & 0xff_ffff
     }
 
     /// A fresh handle.
@@ -371,10 +388,10 @@ fn canon(a: SocketAddr) -> SocketAddr {
 }
 
 impl Core {
-    /// A connection manager over `devices`.
-    pub fn new(devices: Arc<dyn DeviceSource>) -> Arc<Core> {
+    /// A connection manager over `devices`, its choices following `seed`.
+    pub fn new(devices: Arc<dyn DeviceSource>, seed: Option<u64>) -> Arc<Core> {
         Arc::new_cyclic(|me| Core {
-            st: Mutex::new(Ids::default()),
+            st: Mutex::new(Ids::new(seed)),
             devices,
             asking: Mutex::new(HashMap::new()),
             asked: std::sync::atomic::AtomicU64::new(0),
@@ -511,8 +528,9 @@ impl Core {
     pub fn create_id(&self, channel: Arc<Channel>, context: u64, ps: PortSpace, qp_type: QpType) -> u32 {
         let mut st = self.st.lock();
         let handle = st.handle();
+        let seq_num = st.fresh_psn();
         st.ids
-            .insert(handle, new_id(handle, channel, context, ps, qp_type));
+            .insert(handle, new_id(handle, channel, context, ps, qp_type, seq_num));
         handle
     }
 
@@ -651,7 +669,7 @@ impl Core {
         };
         let port = if port == 0 {
             loop {
-                let p = rand::random_range(EPHEMERAL);
+                let p = st.choices.in_range(Choice::CmPort, EPHEMERAL);
                 if !st.ports.contains_key(&(ps, p)) {
                     break p;
                 }
@@ -689,7 +707,7 @@ impl Core {
             };
             // A port-0 bind takes a TCP port the id may listen on later.
             let (port, reserved) = if addr.port() == 0 {
-                let s = rendezvous::bind(addr).map_err(|e| Error::from_io(CALL, e))?;
+                let s = bind_ephemeral(&st.choices, addr).map_err(|e| Error::from_io(CALL, e))?;
                 let p = s
                     .local_addr()
                     .ok()
@@ -1264,7 +1282,36 @@ impl Core {
     }
 }
 
-fn new_id(handle: u32, channel: Arc<Channel>, context: u64, ps: PortSpace, qp_type: QpType) -> Id {
+/// How many seeded ports a port-0 bind tries before it gives up.
+const SEEDED_PORT_TRIES: usize = 64;
+
+/// A TCP socket bound to `addr`'s IP on a port of rdma_cm's choosing: the kernel's
+/// ephemeral port, or under a seed the first port drawn from it that binds, so that a
+/// seeded run's listeners take the same ports again ([`crate::choices`]).
+fn bind_ephemeral(choices: &Choices, addr: SocketAddr) -> std::io::Result<socket2::Socket> {
+    if !choices.seeded() {
+        return rendezvous::bind(addr);
+    }
+    let mut last = None;
+    for _ in 0..SEEDED_PORT_TRIES {
+        let mut a = addr;
+        a.set_port(choices.in_range(Choice::CmPort, EPHEMERAL));
+        match rendezvous::bind(a) {
+            Ok(s) => return Ok(s),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::ErrorKind::AddrInUse.into()))
+}
+
+fn new_id(
+    handle: u32,
+    channel: Arc<Channel>,
+    context: u64,
+    ps: PortSpace,
+    qp_type: QpType,
+    seq_num: u32,
+) -> Id {
     Id {
         handle,
         context,
@@ -1279,7 +1326,7 @@ fn new_id(handle: u32, channel: Arc<Channel>, context: u64, ps: PortSpace, qp_ty
         reserved: None,
         peer: None,
         path: None,
-        seq_num: rand::random::<u32>() & 0xff_ffff,
+        seq_num,
         listen: None,
         conn: None,
         opts: Opts::default(),
@@ -1304,7 +1351,8 @@ pub fn new_conn_id(
         let l = &st.ids[&listener];
         (l.channel.clone(), l.context, l.ps, l.opts.tos)
     };
-    let mut id = new_id(handle, channel, context, ps, qp_type);
+    let seq_num = st.fresh_psn();
+    let mut id = new_id(handle, channel, context, ps, qp_type, seq_num);
     id.dev = Some(dev.clone());
     id.src = Some(src);
     id.dst = Some(dst);
@@ -1313,4 +1361,21 @@ pub fn new_conn_id(
     id.unclaimed = true;
     st.ids.insert(handle, id);
     handle
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Ids;
+
+    /// The first communication IDs and starting PSNs a connection manager draws.
+    fn drawn(seed: Option<u64>) -> Vec<(u32, u32)> {
+        let st = Ids::new(seed);
+        (0..4).map(|_| (st.fresh_comm(), st.fresh_psn())).collect()
+    }
+
+    #[test]
+    fn a_seed_repeats_the_communication_ids_and_psns() {
+        assert_eq!(drawn(Some(7)), drawn(Some(7)));
+        assert_ne!(drawn(Some(7)), drawn(Some(8)));
+    }
 }
