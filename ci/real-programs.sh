@@ -475,12 +475,9 @@ pyverbs() { # NAME PROFILE FLOOR PATTERN TESTS...: a row of the tests whose name
 for profile in portable rxe mlx5; do
     PYV_LABEL="(all but test_rdmacm, test_mlx5_rdmacm)" pyverbs "pyverbs-$profile" "$profile" "${floor[$profile]}" . "${suite[@]}"
     # test_rdmacm_async_traffic failed 1 of 4 runs under the rxe profile (its passive
-    # player raised an exception with no message), and test_rdmacm_async_reject_traffic
-    # fails about 1 run in 6 under each profile (the active player gets UNREACHABLE, not
-    # REJECTED: the passive player exits as soon as rdma_reject returns, and its REJ does
-    # not reach the active side); both open: a second run is allowed, and the row says
-    # so. Without that flake test_rdmacm could run in the suite's process (it passes
-    # there otherwise, ReservedQPTest's open device and all).
+    # player raised an exception with no message); open: a second run is allowed, and
+    # the row says so. Without that flake test_rdmacm could run in the suite's process
+    # (it passes there otherwise, ReservedQPTest's open device and all).
     PYV_TRIES=2 PYV_LABEL="test_rdmacm" pyverbs "pyverbs-rdmacm-$profile" "$profile" "${cm_floor[$profile]}" 'tests\.test_rdmacm\.' test_rdmacm
 done
 

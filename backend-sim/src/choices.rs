@@ -10,10 +10,12 @@
 //! captures compare line for line), and a choice of one kind does not move those of
 //! another (a test that registers one more MR keeps its QP numbers).
 //!
-//! What a seed does not fix: which of two racing threads goes first, the timing of the
-//! traffic (the seeded in-memory fabric of the deterministic runs is a separate piece),
-//! and rdma_cm's own choices (communication IDs, ephemeral ports, starting PSNs), which
-//! stay random. Nor does it touch what guards a connection: the setup tokens that let only
+//! A backend's connection manager draws rdma_cm's own choices (communication IDs,
+//! ephemeral ports, starting PSNs) the same way, in the scope `rdma_cm`.
+//!
+//! What a seed does not fix: which of two racing threads goes first, and the timing of
+//! the traffic (the seeded in-memory fabric of the deterministic runs is a separate
+//! piece). Nor does it touch what guards a connection: the setup tokens that let only
 //! the configured peer in stay drawn from the operating system (`verify`), since a
 //! predictable token would let any local process take over a QP.
 //!
@@ -45,9 +47,15 @@ pub enum Choice {
     MwKey,
     /// The device's address: its LID (listening port) or loopback IP.
     Address,
+    /// An rdma_cm connection's local communication ID.
+    CommId,
+    /// An rdma_cm id's ephemeral port (bound to port 0).
+    CmPort,
+    /// An rdma_cm id's starting PSN (`seq_num`).
+    CmPsn,
 }
 
-const KINDS: usize = 4;
+const KINDS: usize = 7;
 
 impl Choice {
     fn index(self) -> usize {
@@ -61,6 +69,13 @@ pub struct Choices {
     /// The seed mixed with the scope's name; `None`: the operating system's generator.
     key: Option<u64>,
     drawn: [AtomicU64; KINDS],
+}
+
+/// Choices from the operating system's generator.
+impl Default for Choices {
+    fn default() -> Self {
+        Choices::new(None, "")
+    }
 }
 
 impl Choices {

@@ -1,6 +1,7 @@
 //! A seed fixes the devices' arbitrary choices (`backend_sim::choices`): with the same
 //! seed a run sees the same QP numbers, MR and window keys, LID and GID, on every
-//! profile; another seed, or none, chooses otherwise.
+//! profile, and rdma_cm the same ephemeral ports; another seed, or none, chooses
+//! otherwise.
 
 use backend_sim::profile::Profile;
 use backend_sim::{SimBackend, SimConfig};
@@ -66,4 +67,31 @@ fn without_a_seed_runs_choose_independently() {
     let (a, b) = (run(None, Profile::Portable), run(None, Profile::Portable));
     // (Three 24-bit QP numbers alike by chance: about once in 2^72 runs.)
     assert_ne!(a.qpns, b.qpns);
+}
+
+/// The ephemeral ports rdma_cm gives two ids bound to port 0 on a backend under `seed`.
+fn cm_ports(seed: Option<u64>) -> Vec<u16> {
+    use verbs_api::rdmacm::{CmBackend, CmEventChannel, CmId, PortSpace};
+    let sim = SimBackend::new(SimConfig {
+        seed,
+        ..SimConfig::default()
+    });
+    let ch = sim.create_event_channel().unwrap();
+    let ids: Vec<_> = (0..2)
+        .map(|i| ch.create_id(i, PortSpace::Tcp, QpType::Rc).unwrap())
+        .collect();
+    ids.iter()
+        .map(|id| {
+            id.bind_addr("127.0.0.1:0".parse().unwrap()).unwrap();
+            id.query_addr().unwrap().src.unwrap().port()
+        })
+        .collect()
+}
+
+#[test]
+fn the_same_seed_gives_rdma_cm_the_same_ephemeral_ports() {
+    // Seeds of their own: the device these ids open would else draw the address the
+    // other test's devices draw under its seed, at the same moment.
+    assert_eq!(cm_ports(Some(4242)), cm_ports(Some(4242)));
+    assert_ne!(cm_ports(Some(4242)), cm_ports(Some(4243)));
 }

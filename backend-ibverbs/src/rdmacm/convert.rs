@@ -4,7 +4,8 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 
-use rdma_sys::{ibv_sa_path_rec, rdma_cm_event, rdma_conn_param};
+use rdma_sys::{ibv_path_data, ibv_sa_path_rec, rdma_cm_event, rdma_conn_param};
+use verbs_api::rdmacm::sa::{PATH_FLAGS_PRIMARY, PATH_RECORD_LEN};
 use verbs_api::rdmacm::{CmEventParam, CmEventType, ConnParam, PathRecord, UdParam};
 use verbs_api::{Gid, Mtu};
 
@@ -187,5 +188,50 @@ pub(super) fn path_from_raw(p: &ibv_sa_path_rec) -> PathRecord {
         rate: p.rate,
         packet_life_time: p.packet_life_time,
         preference: p.preference,
+    }
+}
+
+/// `RDMA_OPTION_IB_PATH`'s value for `recs`: a `struct ibv_path_data` per record, each
+/// the route's primary path both ways (the flags the kernel takes; it uses the first
+/// record with them), the record in the SA's layout.
+pub(super) fn path_data(recs: &[PathRecord]) -> Vec<u8> {
+    const ENTRY: usize = std::mem::size_of::<ibv_path_data>();
+    const _: () = assert!(ENTRY == 8 + PATH_RECORD_LEN);
+    let mut out = Vec::with_capacity(recs.len() * ENTRY);
+    for p in recs {
+        out.extend_from_slice(&PATH_FLAGS_PRIMARY.to_ne_bytes());
+        out.extend_from_slice(&0u32.to_ne_bytes());
+        // The service ID: the kernel computes its own from the id's port.
+        out.extend_from_slice(&p.to_sa(0));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ib_path_option_is_one_primary_bidirectional_path_data_per_record() {
+        let p = PathRecord {
+            dgid: Gid([1; 16]),
+            sgid: Gid([2; 16]),
+            pkey: 0xffff,
+            hop_limit: 64,
+            mtu: Mtu::Mtu1024,
+            ..PathRecord::default()
+        };
+        let v = path_data(&[p, p]);
+        let entry = std::mem::size_of::<ibv_path_data>();
+        assert_eq!(v.len(), 2 * entry);
+        for e in v.chunks_exact(entry) {
+            // SAFETY: `e` holds `size_of::<ibv_path_data>()` bytes; the structure is plain
+            // integers and bytes, any value valid; read unaligned.
+            let d: ibv_path_data = unsafe { std::ptr::read_unaligned(e.as_ptr().cast()) };
+            assert_eq!(d.flags, PATH_FLAGS_PRIMARY);
+            // SAFETY: plain bytes, as above.
+            let rec: [u8; PATH_RECORD_LEN] = unsafe { std::mem::transmute_copy(&d.path) };
+            assert_eq!(PathRecord::from_sa(&rec), p);
+        }
     }
 }

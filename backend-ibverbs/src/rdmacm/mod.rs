@@ -31,8 +31,8 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use rdma_sys::*;
 use verbs_api::rdmacm::{
-    CmAddr, CmBackend, CmEvent, CmEventChannel, CmEventType, CmId, CmIdRef, CmOption, ConnParam, PathRecord,
-    PortSpace,
+    reject, CmAddr, CmBackend, CmEvent, CmEventChannel, CmEventType, CmId, CmIdRef, CmOption, ConnParam,
+    PathRecord, PortSpace,
 };
 use verbs_api::{AsyncEventType, Error, Gid, QpAttr, QpAttrMask, QpState, QpType, Result};
 
@@ -434,6 +434,10 @@ impl CmId for IbvCmId {
     fn accept(&self, param: Option<&ConnParam>) -> Result<()> {
         match param {
             Some(p) => {
+                if self.ps.qp_type() == QpType::Ud {
+                    // librdmacm's conn_param has no Q_Key: refuse one it would drop.
+                    p.ud_qkey()?;
+                }
                 let mut raw = conn_param_to_raw(p);
                 // SAFETY: as in connect.
                 check("rdma_accept", unsafe { rdma_accept(self.raw, &mut raw) })
@@ -451,19 +455,16 @@ impl CmId for IbvCmId {
                 format!("{} bytes of private data (at most 255)", private_data.len()),
             )
         })?;
-        if reason != 0 {
-            return Err(Error::cm(
-                "rdma_reject",
-                libc::EINVAL,
-                format!("librdmacm rejects with the consumer's reason only, not {reason}"),
-            ));
-        }
         let p = if private_data.is_empty() {
             std::ptr::null()
         } else {
             private_data.as_ptr().cast()
         };
-        // SAFETY: the id is live; the data lives across the call.
+        if i32::from(reject::checked(reason)?) == reject::VENDOR_OPTION_NOT_SUPPORTED {
+            // SAFETY: the id is live; the data lives across the call.
+            return check("rdma_reject_ece", unsafe { rdma_reject_ece(self.raw, p, len) });
+        }
+        // SAFETY: as above.
         check("rdma_reject", unsafe { rdma_reject(self.raw, p, len) })
     }
 
@@ -506,23 +507,20 @@ impl CmId for IbvCmId {
     }
 
     fn set_option(&self, option: &CmOption) -> Result<()> {
+        // RDMA_OPTION_ID, RDMA_OPTION_IB (rdma_cma.h's levels).
         const ID: i32 = 0;
-        let (name, mut v): (i32, Vec<u8>) = match option {
-            CmOption::Tos(t) => (0, vec![*t]),
-            CmOption::ReuseAddr(b) => (1, (*b as i32).to_ne_bytes().to_vec()),
-            CmOption::AfOnly(b) => (2, (*b as i32).to_ne_bytes().to_vec()),
-            CmOption::AckTimeout(t) => (3, vec![*t]),
-            CmOption::IbPath(_) => {
-                return Err(Error::cm(
-                    "rdma_set_option",
-                    libc::EOPNOTSUPP,
-                    "RDMA_OPTION_IB_PATH is not wrapped by this backend (use IbvCmId::as_raw)",
-                ))
-            }
+        const IB: i32 = 1;
+        let (level, name, mut v): (i32, i32, Vec<u8>) = match option {
+            CmOption::Tos(t) => (ID, 0, vec![*t]),
+            CmOption::ReuseAddr(b) => (ID, 1, (*b as i32).to_ne_bytes().to_vec()),
+            CmOption::AfOnly(b) => (ID, 2, (*b as i32).to_ne_bytes().to_vec()),
+            CmOption::AckTimeout(t) => (ID, 3, vec![*t]),
+            // RDMA_OPTION_IB_PATH: `struct ibv_path_data` per record.
+            CmOption::IbPath(recs) => (IB, 1, convert::path_data(recs)),
         };
         // SAFETY: the id is live; the value lives across the call, its length is given.
         check("rdma_set_option", unsafe {
-            rdma_set_option(self.raw, ID, name, v.as_mut_ptr().cast(), v.len())
+            rdma_set_option(self.raw, level, name, v.as_mut_ptr().cast(), v.len())
         })
     }
 

@@ -126,11 +126,9 @@ impl Datagrams {
                 }
             }
         };
-        if link.append_bytes(&bytes) {
-            let mut woken = Vec::new();
-            link.flush(&mut woken);
-            self.transmit_woken(woken);
-        }
+        let mut woken = Vec::new();
+        link.send_now(&bytes, &mut woken);
+        self.transmit_woken(woken);
     }
 
     /// Makes sure the device at `peer` can be reached: opens a link to it if there is

@@ -9,7 +9,10 @@
 //! wait for a system call) and writes without blocking; what the socket does not take,
 //! the task writes when the socket is writable again. One thread writes at a time; one
 //! that finds another writing leaves its bytes to it (the `dirty` flag sends that one
-//! around again).
+//! around again). The connection manager's messages are the exception
+//! ([`Link::send_now`]): a kernel's CM sends a MAD whatever the program does next, so
+//! the call that sends one returns only once it is in the socket, never left to another
+//! thread that the program's exit may stop before it writes.
 //!
 //! The task reads whatever arrives (so does an application thread's empty poll,
 //! [`Link::read_now`], whichever comes first: one reader at a time keeps the datagrams
@@ -247,7 +250,7 @@ impl Link {
     /// to the task; the QPs that waited for room, if there is some now (or the link is
     /// closed: they find another), go to `woken`.
     pub fn flush(&self, woken: &mut Vec<Weak<QpShared>>) {
-        if self.write_out() == Flushed::Blocked {
+        if self.write_out(false) == Flushed::Blocked {
             self.wake.notify_one();
         }
         self.wake_waiters(woken);
@@ -266,10 +269,18 @@ impl Link {
         self.wake.notify_one();
     }
 
-    fn write_out(&self) -> Flushed {
+    /// Writes what is queued, and goes around again for bytes appended meanwhile (their
+    /// senders found the writer taken and left them to this thread). With `wait`, waits
+    /// for a thread that holds the writer; without, leaves the bytes to it.
+    fn write_out(&self, wait: bool) -> Flushed {
         loop {
-            let Some(mut w) = self.writer.try_lock() else {
-                return Flushed::Busy;
+            let mut w = if wait {
+                self.writer.lock()
+            } else {
+                match self.writer.try_lock() {
+                    Some(w) => w,
+                    None => return Flushed::Busy,
+                }
             };
             self.dirty.store(false, Ordering::SeqCst);
             let r = self.write_locked(&mut w);
@@ -326,10 +337,39 @@ impl Link {
     /// that one wakes the task if the socket blocks it, and goes around again for bytes
     /// appended meanwhile.
     fn backlog(&self) -> bool {
-        match self.writer.try_lock() {
-            Some(w) => w.off < w.buf.len() || !self.queue.lock().is_empty(),
-            None => false,
+        self.backlog_with(|| {})
+    }
+
+    /// [`Link::backlog`], running `meanwhile` while it holds the writer. The check holds
+    /// the writer too, so a thread that appended and found it taken left its bytes to
+    /// the task: the `dirty` flag that thread set before trying is read once the writer
+    /// is let go, and counts as bytes waiting (else they wait for the next wake).
+    fn backlog_with(&self, meanwhile: impl FnOnce()) -> bool {
+        let Some(w) = self.writer.try_lock() else {
+            return false;
+        };
+        let waiting = w.off < w.buf.len() || !self.queue.lock().is_empty();
+        meanwhile();
+        drop(w);
+        waiting || self.dirty.load(Ordering::SeqCst)
+    }
+
+    /// Appends whole CM frames (`bytes`, as [`Link::append_bytes`]) and writes what is
+    /// queued before returning, waiting for a thread that holds the writer (none waits
+    /// on anything while it holds it); only what the socket does not take is left to the
+    /// task. Whether the bytes were appended. A thread that holds the writer may be
+    /// descheduled before it goes around again for bytes appended meanwhile, and the
+    /// program may exit first (`rdma_reject` and then `_exit`): bytes left to it would be
+    /// lost, where a kernel's CM sends them.
+    pub fn send_now(&self, bytes: &[u8], woken: &mut Vec<Weak<QpShared>>) -> bool {
+        if !self.append_bytes(bytes) {
+            return false;
         }
+        if self.write_out(true) == Flushed::Blocked {
+            self.wake.notify_one();
+        }
+        self.wake_waiters(woken);
+        true
     }
 }
 
@@ -387,7 +427,7 @@ async fn serve(dg: &Arc<Datagrams>, link: &Link) -> String {
                 if let Err(e) = w {
                     return format!("socket error: {e}");
                 }
-                let flushed = link.sock.try_io(Interest::WRITABLE, || match link.write_out() {
+                let flushed = link.sock.try_io(Interest::WRITABLE, || match link.write_out(false) {
                     Flushed::Blocked => Err(io::ErrorKind::WouldBlock.into()),
                     other => Ok(other),
                 });
@@ -411,3 +451,7 @@ async fn serve(dg: &Arc<Datagrams>, link: &Link) -> String {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "link_tests.rs"]
+mod tests;

@@ -94,10 +94,13 @@ impl SimBackend {
                     pid: self.pid,
                     capture: self.capture.clone(),
                 };
-                Core::new(Arc::new(OwnDevices {
-                    backend: own,
-                    open: Mutex::new(Vec::new()),
-                }))
+                Core::new(
+                    Arc::new(OwnDevices {
+                        backend: own,
+                        open: Mutex::new(Vec::new()),
+                    }),
+                    self.config.seed,
+                )
             })
             .clone()
     }
@@ -115,7 +118,7 @@ impl SimBackend {
     /// (the C ABI's, which its programs open too) instead of opening its own; `false`
     /// if it was made already.
     pub fn set_cm_devices(&self, devices: Arc<dyn DeviceSource>) -> bool {
-        self.cm.0.set(Core::new(devices)).is_ok()
+        self.cm.0.set(Core::new(devices, self.config.seed)).is_ok()
     }
 }
 

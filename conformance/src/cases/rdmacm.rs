@@ -17,11 +17,11 @@ use std::time::{Duration, Instant};
 use verbs_api::rdmacm::aio::AsyncCmEvents;
 use verbs_api::rdmacm::{
     self, qp as cmqp, CmBackend, CmEvent, CmEventChannel, CmEventParam, CmEventType as E, CmId, CmIdOf,
-    ConnParam, EventChannelOf, PortSpace,
+    CmOption, ConnParam, EventChannelOf, PathRecord, PortSpace,
 };
 use verbs_api::{
-    poll_n, AccessFlags, Context, CqOf, MemoryRegion, MrOf, PdOf, ProtectionDomain, QpAttrMask as M, QpCap,
-    QpInitAttr, QpOf, QpState, QpType, QueuePair, RecvWr, SendWr, WcStatus,
+    poll_n, AccessFlags, Context, CqOf, Gid, MemoryRegion, MrOf, Mtu, PdOf, ProtectionDomain,
+    QpAttrMask as M, QpCap, QpInitAttr, QpOf, QpState, QpType, QueuePair, RecvWr, SendWr, WcStatus,
 };
 
 use super::case;
@@ -54,6 +54,18 @@ pub fn list<B: CmBackend>() -> Vec<crate::Case<B>> {
             reject
         ),
         case!(
+            "rdmacm.reject-reason",
+            "rdma_reject's reasons: one other than the consumer's (28) and ECE's (35) is EINVAL and the request stays the server's; rdma_reject_ece's 35 reaches the client as REJECTED's status",
+            "man rdma_reject, man rdma_reject_ece; the kernel's ucma_reject; IBA 12.6.7.2 (REJ reason 35)",
+            reject_reason
+        ),
+        case!(
+            "rdmacm.ib-path",
+            "rdma_set_option(RDMA_OPTION_IB_PATH) gives the route instead of rdma_resolve_route: EINVAL before the address resolves, ROUTE_RESOLVED after",
+            "man rdma_set_option (RDMA_OPTION_IB_PATH); the kernel's ucma_set_ib_path, rdma_set_ib_path",
+            ib_path
+        ),
+        case!(
             "rdmacm.no-listener",
             "a request to a port nobody listens on: REJECTED with status 8 (invalid service ID)",
             "man rdma_connect; IBA 12.6.7.2 (REJ reason 8)",
@@ -70,6 +82,13 @@ pub fn list<B: CmBackend>() -> Vec<crate::Case<B>> {
             "RDMA_PS_UDP: CONNECT_REQUEST with the client's private data, ESTABLISHED with the server's QPN and RDMA_UDP_QKEY; a datagram sent with them arrives",
             "man rdma_connect (UD), man rdma_get_cm_event (param.ud); rdma-core udaddy",
             ud,
+            requires [Ud]
+        ),
+        case!(
+            "rdmacm.ud-qkey",
+            "a UD accept offering a Q_Key other than RDMA_UDP_QKEY is EINVAL (librdmacm carries none; an IP port space's service answers with RDMA_UDP_QKEY) and the request stays the server's; the accept without one gives ESTABLISHED with RDMA_UDP_QKEY",
+            "man rdma_accept (UD), rdma_cma.h (struct rdma_conn_param has no Q_Key); the kernel's ucma_copy_conn_param",
+            ud_qkey,
             requires [Ud]
         ),
         case!(
@@ -317,8 +336,18 @@ fn disconnect_server<B: CmBackend>(env: &Env<B>) -> CaseResult {
     Ok(Outcome::Pass)
 }
 
-fn reject<B: CmBackend>(env: &Env<B>) -> CaseResult {
-    let (lch, _lid, addr) = listener(env, PortSpace::Tcp)?;
+/// A client's request that reached a listener: the server's id for it, and the client.
+struct Requested<B: CmBackend> {
+    _lch: EventChannelOf<B>,
+    _lid: CmIdOf<B>,
+    cch: EventChannelOf<B>,
+    _cid: CmIdOf<B>,
+    _client: Side<B>,
+    sid: CmIdOf<B>,
+}
+
+fn requested<B: CmBackend>(env: &Env<B>) -> Result<Requested<B>, Failure> {
+    let (lch, lid, addr) = listener(env, PortSpace::Tcp)?;
     let (cch, cid) = resolved(env, PortSpace::Tcp, addr)?;
     let client = side::<B>(&cid, QpType::Rc)?;
     cmqp::connect(&cid, &client.qp, &ConnParam::rc(b"may I?"))?;
@@ -326,10 +355,74 @@ fn reject<B: CmBackend>(env: &Env<B>) -> CaseResult {
     let sid = req
         .new_id
         .ok_or_else(|| Failure("a request without a new id".into()))?;
-    sid.reject(b"no, sorry", 0)?;
-    let rej = expect(env, &cch, E::Rejected, "client: rejected")?;
+    Ok(Requested {
+        _lch: lch,
+        _lid: lid,
+        cch,
+        _cid: cid,
+        _client: client,
+        sid,
+    })
+}
+
+/// `r` is EINVAL, the refusal of `what`.
+fn refused<T>(what: &str, r: verbs_api::Result<T>) -> Result<(), Failure> {
+    match r {
+        Err(e) => {
+            ensure_eq!(e.errno(), libc::EINVAL, "{what}");
+            Ok(())
+        }
+        Ok(_) => Err(Failure(format!("{what} was taken"))),
+    }
+}
+
+fn reject<B: CmBackend>(env: &Env<B>) -> CaseResult {
+    let r = requested(env)?;
+    r.sid.reject(b"no, sorry", 0)?;
+    let rej = expect(env, &r.cch, E::Rejected, "client: rejected")?;
     ensure_eq!(rej.status, rdmacm::reject::CONSUMER_DEFINED, "the reject reason");
     private_data("reject", rej.param.private_data(), b"no, sorry", 148)?;
+    Ok(Outcome::Pass)
+}
+
+fn reject_reason<B: CmBackend>(env: &Env<B>) -> CaseResult {
+    let r = requested(env)?;
+    let invalid = rdmacm::reject::INVALID_SERVICE_ID as u8;
+    refused(
+        &format!("rdma_reject with reason {invalid}"),
+        r.sid.reject(b"", invalid),
+    )?;
+    let ece = rdmacm::reject::VENDOR_OPTION_NOT_SUPPORTED;
+    r.sid.reject(b"no ECE", ece as u8)?;
+    let rej = expect(env, &r.cch, E::Rejected, "client: rejected")?;
+    ensure_eq!(rej.status, ece, "the reject reason");
+    private_data("reject", rej.param.private_data(), b"no ECE", 148)?;
+    Ok(Outcome::Pass)
+}
+
+fn ib_path<B: CmBackend>(env: &Env<B>) -> CaseResult {
+    let (_lch, _lid, addr) = listener(env, PortSpace::Tcp)?;
+    let ch = env.backend.create_event_channel()?;
+    let id = ch.create_id(9, PortSpace::Tcp, QpType::Rc)?;
+    let path = |sgid, dgid| {
+        CmOption::IbPath(vec![PathRecord {
+            sgid,
+            dgid,
+            pkey: 0xffff,
+            hop_limit: 64,
+            mtu: Mtu::Mtu1024,
+            ..PathRecord::default()
+        }])
+    };
+    refused(
+        "RDMA_OPTION_IB_PATH before the address resolves",
+        id.set_option(&path(Gid::default(), Gid::default())),
+    )?;
+    id.resolve_addr(None, addr, Duration::from_secs(2))?;
+    expect(env, &ch, E::AddrResolved, "client: address")?;
+    let (sgid, dgid) = id.query_gid()?;
+    id.set_option(&path(sgid, dgid))?;
+    expect(env, &ch, E::RouteResolved, "client: route given")?;
     Ok(Outcome::Pass)
 }
 
@@ -414,6 +507,33 @@ fn ud<B: CmBackend>(env: &Env<B>) -> CaseResult {
     ensure_eq!(u.private_data.len(), 136, "ESTABLISHED's private data length");
     let ah = client._pd.create_ah(&u.ah_attr)?;
     send_recv(env, &client, &server, b"datagram", Some((&ah, u.qp_num, u.qkey)))?;
+    Ok(Outcome::Pass)
+}
+
+fn ud_qkey<B: CmBackend>(env: &Env<B>) -> CaseResult {
+    let (lch, _lid, addr) = listener(env, PortSpace::Udp)?;
+    let (cch, cid) = resolved(env, PortSpace::Udp, addr)?;
+    let _client = side::<B>(&cid, QpType::Ud)?;
+    cid.connect(&ConnParam::default())?;
+    let req = expect(env, &lch, E::ConnectRequest, "server: request")?;
+    let sid = req
+        .new_id
+        .ok_or_else(|| Failure("a request without a new id".into()))?;
+    let server = side::<B>(&sid, QpType::Ud)?;
+    let foreign = ConnParam {
+        qkey: 0x1111_1111,
+        ..ConnParam::default()
+    };
+    refused(
+        &format!("a UD accept with Q_Key {:#x}", foreign.qkey),
+        cmqp::accept(&sid, &server.qp, &foreign),
+    )?;
+    cmqp::accept(&sid, &server.qp, &ConnParam::default())?;
+    let est = expect(env, &cch, E::Established, "client: established")?;
+    let CmEventParam::Ud(u) = &est.param else {
+        return Err(Failure(format!("ESTABLISHED of a UD id with {:?}", est.param)));
+    };
+    ensure_eq!(u.qkey, rdmacm::UDP_QKEY, "the service's Q_Key");
     Ok(Outcome::Pass)
 }
 

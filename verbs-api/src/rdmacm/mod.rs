@@ -36,6 +36,7 @@
 #[cfg(feature = "tokio")]
 pub mod aio;
 pub mod qp;
+pub mod sa;
 mod traits;
 
 use std::fmt;
@@ -105,6 +106,27 @@ pub mod reject {
     pub const INVALID_TRANSPORT_TYPE: i32 = 9;
     /// The peer's consumer rejected (`rdma_reject`), with its private data.
     pub const CONSUMER_DEFINED: i32 = 28;
+    /// The peer does not support the ECE options offered (`rdma_reject_ece`).
+    pub const VENDOR_OPTION_NOT_SUPPORTED: i32 = 35;
+
+    /// The reason a reject with `reason` sends, as [`CmId::reject`](super::CmId::reject)
+    /// takes it: the kernel's `rdma_reject` (`ucma_reject`) sends the consumer's reason
+    /// ([`CONSUMER_DEFINED`], which 0 means) or [`VENDOR_OPTION_NOT_SUPPORTED`]
+    /// (`rdma_reject_ece`), and refuses any other with EINVAL.
+    pub fn checked(reason: u8) -> crate::Result<u8> {
+        match i32::from(reason) {
+            0 | CONSUMER_DEFINED => Ok(CONSUMER_DEFINED as u8),
+            VENDOR_OPTION_NOT_SUPPORTED => Ok(reason),
+            _ => Err(crate::Error::cm(
+                "rdma_reject",
+                libc::EINVAL,
+                format!(
+                    "reject reason {reason}: rdma_cm sends the consumer's ({CONSUMER_DEFINED}) or \
+                     ECE's ({VENDOR_OPTION_NOT_SUPPORTED}) only"
+                ),
+            )),
+        }
+    }
 }
 
 /// The statuses of a SIDR reply (`enum ib_cm_sidr_status`), which
@@ -237,11 +259,31 @@ pub struct ConnParam {
     pub srq: bool,
     /// This side's QP number (in an event: the peer's).
     pub qp_num: u32,
-    /// A UD accept's Q_Key (0: the port space's).
+    /// A UD accept's Q_Key: 0 or [`UDP_QKEY`], the port space's (an IP port space's UD
+    /// service answers with it whatever the caller offers: librdmacm passes no Q_Key, and
+    /// the kernel takes one only for `AF_IB` addresses); another is refused
+    /// ([`ConnParam::ud_qkey`]). In an event, the Q_Key the peer answered with.
     pub qkey: u32,
 }
 
 impl ConnParam {
+    /// The Q_Key a UD accept with these parameters answers with ([`UDP_QKEY`]), or
+    /// EINVAL for a [`ConnParam::qkey`] it cannot carry, so that a program does not
+    /// rely on a Q_Key that no HCA's rdma_cm would send.
+    pub fn ud_qkey(&self) -> crate::Result<u32> {
+        match self.qkey {
+            0 | UDP_QKEY => Ok(UDP_QKEY),
+            other => Err(crate::Error::cm(
+                "rdma_accept",
+                libc::EINVAL,
+                format!(
+                    "Q_Key {other:#x}: a UD service of an IP port space answers with \
+                     RDMA_UDP_QKEY ({UDP_QKEY:#x}); librdmacm carries no other"
+                ),
+            )),
+        }
+    }
+
     /// An RC connection's usual parameters, with `private_data`: one READ or atomic
     /// outstanding each way, 7 transport retries and RNR retries for ever (what rping
     /// offers).

@@ -110,8 +110,10 @@ pub trait CmId: Send + Sync + Sized {
     }
 
     /// `rdma_reject` of a connection request, with private data for the peer. `reason`
-    /// 0 is the consumer's reject ([`super::reject::CONSUMER_DEFINED`]); librdmacm's
-    /// `rdma_reject_ece` passes 35.
+    /// 0 is the consumer's reject ([`super::reject::CONSUMER_DEFINED`]); 35 is
+    /// librdmacm's `rdma_reject_ece`
+    /// ([`super::reject::VENDOR_OPTION_NOT_SUPPORTED`]); another is EINVAL
+    /// ([`super::reject::checked`]).
     fn reject(&self, private_data: &[u8], reason: u8) -> Result<()>;
 
     /// `rdma_disconnect`: both sides get [`super::CmEventType::Disconnected`].

@@ -58,10 +58,6 @@ pub mod option {
 /// `AF_IB` (`<infiniband/ib.h>`).
 pub const AF_IB: u16 = 27;
 
-/// `IB_PATH_GMP | IB_PATH_PRIMARY | IB_PATH_BIDIRECTIONAL`: what the kernel's path query
-/// answers for the route's one path.
-pub const IB_PATH_FLAGS: u32 = 1 | 2 | (8 | 32);
-
 /// `struct rdma_ucm_cmd_hdr`.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]

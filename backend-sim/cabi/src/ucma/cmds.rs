@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use backend_sim::rdmacm::SimCmId;
-use verbs_api::rdmacm::{CmEventParam, CmEventType, CmId, CmOption, ConnParam, PortSpace};
+use verbs_api::rdmacm::sa::{PATH_FLAGS_PRIMARY, PATH_RECORD_LEN};
+use verbs_api::rdmacm::{CmEventParam, CmEventType, CmId, CmOption, ConnParam, PathRecord, PortSpace};
 use verbs_api::{AsyncEventType, QpAttr, QpAttrMask, QpState, QpType};
 
 use super::user::{read, read_bytes, write};
@@ -122,15 +123,9 @@ pub fn run(fd: RawFd, file: &Arc<File>, buf: u64, len: usize) -> R {
         }
         cmd::REJECT => {
             let c: rdma_ucm_reject = read(inbuf, in_len)?;
-            // IB_CM_REJ_CONSUMER_DEFINED (0 means it) or _VENDOR_OPTION_NOT_SUPPORTED.
-            let reason = match c.reason {
-                0 | 28 => 0,
-                35 => 35,
-                _ => return Err(libc::EINVAL),
-            };
             let n = usize::from(c.private_data_len).min(RDMA_MAX_PRIVATE_DATA);
             id_of(fd, c.id)?
-                .reject(&c.private_data[..n], reason)
+                .reject(&c.private_data[..n], c.reason)
                 .map_err(errno("rdma_reject"))
         }
         cmd::DISCONNECT => {
@@ -351,9 +346,9 @@ fn query(fd: RawFd, inbuf: u64, in_len: usize, out_len: usize) -> R {
             };
             if let Some(p) = paths.first() {
                 r.path_data[0] = ib_path_rec_data {
-                    flags: IB_PATH_FLAGS,
+                    flags: PATH_FLAGS_PRIMARY,
                     reserved: 0,
-                    path_rec: path::pack(p, service_id),
+                    path_rec: p.to_sa(service_id),
                 };
             }
             let n = std::mem::offset_of!(rdma_ucm_query_path_resp, path_data)
@@ -530,9 +525,9 @@ fn set_option(fd: RawFd, inbuf: u64, in_len: usize) -> R {
             let recs = v
                 .chunks_exact(n)
                 .map(|ch| {
-                    let mut rec = [0u8; 64];
-                    rec.copy_from_slice(&ch[8..72]);
-                    path::unpack(&rec)
+                    let mut rec = [0u8; PATH_RECORD_LEN];
+                    rec.copy_from_slice(&ch[8..8 + PATH_RECORD_LEN]);
+                    PathRecord::from_sa(&rec)
                 })
                 .collect();
             CmOption::IbPath(recs)
