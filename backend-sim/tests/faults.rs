@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use backend_sim::faults::BreakPoint;
-use backend_sim::{SimBackend, SimContext, SimCq, SimPd, SimQp};
+use backend_sim::{SimBackend, SimCq, SimQp};
 use verbs_api::*;
 
 mod common;
@@ -14,21 +14,8 @@ use common::PairSpec;
 
 const T: Duration = Duration::from_secs(10);
 
-struct Pair {
-    a_ctx: SimContext,
-    b_ctx: SimContext,
-    pd_a: SimPd,
-    pd_b: SimPd,
-    cq_a: SimCq,
-    cq_b: SimCq,
-    a: SimQp,
-    b: SimQp,
-    ea: Endpoint,
-    eb: Endpoint,
-}
-
 /// A on sim0 (requester), B on sim1 (responder).
-fn pair(timeout: u8, retry_cnt: u8, rnr_retry: u8) -> Pair {
+fn pair(timeout: u8, retry_cnt: u8, rnr_retry: u8) -> common::Pair {
     let spec = PairSpec {
         a: RcParams {
             timeout,
@@ -44,42 +31,20 @@ fn pair(timeout: u8, retry_cnt: u8, rnr_retry: u8) -> Pair {
         psns: (10, 20),
         ..PairSpec::new(&RcParams::default(), QpCap::new(64, 64))
     };
-    let common::Pair {
-        c0: a_ctx,
-        c1: b_ctx,
-        pd0: pd_a,
-        pd1: pd_b,
-        cq0: cq_a,
-        cq1: cq_b,
-        a,
-        b,
-        ea,
-        eb,
-        ..
-    } = common::Pair::build(spec, |_, _| {});
+    let p = common::Pair::build(spec, |_, _| {});
     // One WRITE through before any fault is armed: the connection is up (its setup, a
     // connect and the peer's check of the hello, is not what a test injects into), and
     // a short retry budget counts the fault alone.
-    let src = pd_a.reg_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
-    let dst = pd_b
+    let src = p.pd0.reg_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
+    let dst = p
+        .pd1
         .reg_mr(8, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
         .unwrap();
-    a.post_send(&[SendWr::write(u64::MAX, &[src.sge_all()], dst.remote().at(0)).signaled()])
+    p.a.post_send(&[SendWr::write(u64::MAX, &[src.sge_all()], dst.remote().at(0)).signaled()])
         .unwrap();
-    let w = poll_n(&cq_a, 1, T).unwrap();
+    let w = poll_n(&p.cq0, 1, T).unwrap();
     assert!(w[0].is_ok(), "the pair's first WRITE: {w:?}");
-    Pair {
-        a_ctx,
-        b_ctx,
-        pd_a,
-        pd_b,
-        cq_a,
-        cq_b,
-        a,
-        b,
-        ea,
-        eb,
-    }
+    p
 }
 
 fn nothing_more(cq: &SimCq) {
@@ -89,8 +54,8 @@ fn nothing_more(cq: &SimCq) {
 
 fn send_survives(point: BreakPoint, len: usize) {
     let p = pair(14, 7, 7);
-    let src = p.pd_a.reg_mr(len, AccessFlags::LOCAL_WRITE).unwrap();
-    let dst = p.pd_b.reg_mr(len, AccessFlags::LOCAL_WRITE).unwrap();
+    let src = p.pd0.reg_mr(len, AccessFlags::LOCAL_WRITE).unwrap();
+    let dst = p.pd1.reg_mr(len, AccessFlags::LOCAL_WRITE).unwrap();
     let data: Vec<u8> = (0..len as u32).map(|i| (i % 251) as u8).collect();
     src.write(0, &data).unwrap();
     // Warm the connection up, then break it on the next request.
@@ -98,14 +63,14 @@ fn send_survives(point: BreakPoint, len: usize) {
         .unwrap();
     p.a.post_send(&[SendWr::send(1, &[src.sge(0, 8).unwrap()]).signaled()])
         .unwrap();
-    poll_n(&p.cq_a, 1, T).unwrap();
-    poll_n(&p.cq_b, 1, T).unwrap();
-    p.a_ctx.faults().break_connection(p.a.qp_num(), point).unwrap();
+    poll_n(&p.cq0, 1, T).unwrap();
+    poll_n(&p.cq1, 1, T).unwrap();
+    p.c0.faults().break_connection(p.a.qp_num(), point).unwrap();
     p.b.post_recv(&[RecvWr::new(2, &[dst.sge_all()])]).unwrap();
     p.a.post_send(&[SendWr::send(2, &[src.sge_all()]).signaled()])
         .unwrap();
-    let s = poll_n(&p.cq_a, 1, T).unwrap();
-    let r = poll_n(&p.cq_b, 1, T).unwrap();
+    let s = poll_n(&p.cq0, 1, T).unwrap();
+    let r = poll_n(&p.cq1, 1, T).unwrap();
     assert_eq!((s[0].wr_id, s[0].status), (2, WcStatus::Success), "{point:?}");
     assert_eq!(
         (r[0].wr_id, r[0].status, r[0].byte_len as usize),
@@ -113,9 +78,9 @@ fn send_survives(point: BreakPoint, len: usize) {
         "{point:?}"
     );
     assert!(dst.to_vec() == data, "{point:?}: payload differs");
-    assert_eq!(p.a_ctx.faults().stats().breaks, 1);
-    nothing_more(&p.cq_a);
-    nothing_more(&p.cq_b);
+    assert_eq!(p.c0.faults().stats().breaks, 1);
+    nothing_more(&p.cq0);
+    nothing_more(&p.cq1);
 }
 
 #[test]
@@ -144,8 +109,8 @@ fn a_wr_caught_by_a_break_before_it_left_times_out_on_the_passive_side() {
     let a_connects = (p.ea.gid, p.ea.lid, p.ea.qpn) < (p.eb.gid, p.eb.lid, p.eb.qpn);
     // The requester is the passive one (B's ACK timer has the defaults: 8 x ~67 ms).
     let (req, req_ctx, req_pd, req_cq, resp, resp_pd) = match a_connects {
-        true => (&p.b, &p.b_ctx, &p.pd_b, &p.cq_b, &p.a, &p.pd_a),
-        false => (&p.a, &p.a_ctx, &p.pd_a, &p.cq_a, &p.b, &p.pd_b),
+        true => (&p.b, &p.c1, &p.pd1, &p.cq1, &p.a, &p.pd0),
+        false => (&p.a, &p.c0, &p.pd0, &p.cq0, &p.b, &p.pd1),
     };
     let src = req_pd.reg_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
     let dst = resp_pd
@@ -172,47 +137,45 @@ fn a_wr_caught_by_a_break_before_it_left_times_out_on_the_passive_side() {
 fn atomic_resent_after_a_break_runs_once() {
     let p = pair(14, 7, 7);
     let word = p
-        .pd_b
+        .pd1
         .reg_mr(8, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC)
         .unwrap();
-    let res = p.pd_a.reg_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
+    let res = p.pd0.reg_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
     word.write_u64(0, 100).unwrap();
     for i in 0..3u64 {
-        p.a_ctx
-            .faults()
+        p.c0.faults()
             .break_connection(p.a.qp_num(), BreakPoint::AfterRequest)
             .unwrap();
         p.a.post_send(&[SendWr::fetch_and_add(i, &[res.sge_all()], word.remote().at(0), 1).signaled()])
             .unwrap();
-        let w = poll_n(&p.cq_a, 1, T).unwrap();
+        let w = poll_n(&p.cq0, 1, T).unwrap();
         assert_eq!((w[0].wr_id, w[0].status), (i, WcStatus::Success));
         assert_eq!(res.read_u64(0).unwrap(), 100 + i, "old value of add {i}");
     }
     assert_eq!(word.read_u64(0).unwrap(), 103, "each add ran exactly once");
-    assert_eq!(p.a_ctx.faults().stats().breaks, 3);
+    assert_eq!(p.c0.faults().stats().breaks, 3);
 }
 
 #[test]
 fn write_with_imm_resent_after_a_break_consumes_one_receive() {
     let p = pair(14, 7, 7);
     let dst = p
-        .pd_b
+        .pd1
         .reg_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
         .unwrap();
-    let src = p.pd_a.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    let src = p.pd0.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
     src.write(0, b"imm!").unwrap();
     p.b.post_recv(&[RecvWr::new(1, &[]), RecvWr::new(2, &[])])
         .unwrap();
-    p.a_ctx
-        .faults()
+    p.c0.faults()
         .break_connection(p.a.qp_num(), BreakPoint::AfterRequest)
         .unwrap();
     p.a.post_send(&[SendWr::write_with_imm(9, &[src.sge(0, 4).unwrap()], dst.remote().at(0), 77).signaled()])
         .unwrap();
-    assert!(poll_n(&p.cq_a, 1, T).unwrap()[0].is_ok());
-    let r = poll_n(&p.cq_b, 1, T).unwrap();
+    assert!(poll_n(&p.cq0, 1, T).unwrap()[0].is_ok());
+    let r = poll_n(&p.cq1, 1, T).unwrap();
     assert_eq!((r[0].wr_id, r[0].imm()), (1, Some(77)));
-    nothing_more(&p.cq_b);
+    nothing_more(&p.cq1);
 }
 
 #[test]
@@ -220,12 +183,11 @@ fn stalled_responder_exhausts_retries_and_leaves_other_qps_alone() {
     let p = pair(10, 2, 7); // 4.2 ms x (1 + 2 retries)
     let q = pair(10, 2, 7);
     let dst = p
-        .pd_b
+        .pd1
         .reg_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
         .unwrap();
-    let src = p.pd_a.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
-    p.b_ctx
-        .faults()
+    let src = p.pd0.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    p.c1.faults()
         .stall_responder(p.b.qp_num(), Duration::from_secs(2))
         .unwrap();
     let t0 = Instant::now();
@@ -236,14 +198,14 @@ fn stalled_responder_exhausts_retries_and_leaves_other_qps_alone() {
     .unwrap();
     // Meanwhile another pair works normally.
     let qd = q
-        .pd_b
+        .pd1
         .reg_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
         .unwrap();
-    let qs = q.pd_a.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    let qs = q.pd0.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
     q.a.post_send(&[SendWr::write(5, &[qs.sge(0, 8).unwrap()], qd.remote().at(0)).signaled()])
         .unwrap();
-    assert!(poll_n(&q.cq_a, 1, T).unwrap()[0].is_ok());
-    let w = poll_n(&p.cq_a, 2, T).unwrap();
+    assert!(poll_n(&q.cq0, 1, T).unwrap()[0].is_ok());
+    let w = poll_n(&p.cq0, 2, T).unwrap();
     assert_eq!((w[0].wr_id, w[0].status), (1, WcStatus::RetryExcErr));
     assert_eq!((w[1].wr_id, w[1].status), (2, WcStatus::WrFlushErr));
     // The connection was up all along: no errno in `vendor_err`.
@@ -258,7 +220,7 @@ fn stalled_responder_exhausts_retries_and_leaves_other_qps_alone() {
         "waited for the stall to end ({took:?})"
     );
     assert_eq!(p.a.state().unwrap(), QpState::Err);
-    nothing_more(&p.cq_a);
+    nothing_more(&p.cq0);
 }
 
 fn local_ack(code: u8) -> Duration {
@@ -271,19 +233,18 @@ fn local_ack(code: u8) -> Duration {
 fn short_stall_is_ridden_out() {
     let p = pair(18, 7, 7); // 1.07 s timeout
     let dst = p
-        .pd_b
+        .pd1
         .reg_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
         .unwrap();
-    let src = p.pd_a.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    let src = p.pd0.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
     src.write(0, b"12345678").unwrap();
-    p.b_ctx
-        .faults()
+    p.c1.faults()
         .stall_responder(p.b.qp_num(), Duration::from_millis(20))
         .unwrap();
     let t0 = Instant::now();
     p.a.post_send(&[SendWr::write(1, &[src.sge(0, 8).unwrap()], dst.remote().at(0)).signaled()])
         .unwrap();
-    let w = poll_n(&p.cq_a, 1, T).unwrap();
+    let w = poll_n(&p.cq0, 1, T).unwrap();
     let took = t0.elapsed();
     assert!(w[0].is_ok(), "{w:?}");
     assert!(took < local_ack(18) / 2, "took {took:?}: waited for a resend");
@@ -296,41 +257,40 @@ fn short_stall_is_ridden_out() {
 fn delayed_responses_beyond_the_timeout_complete_once() {
     let p = pair(10, 7, 7); // 4.2 ms timeout, responses 15 ms late: resends happen
     let word = p
-        .pd_b
+        .pd1
         .reg_mr(8, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC)
         .unwrap();
-    let res = p.pd_a.reg_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
-    p.b_ctx
-        .faults()
+    let res = p.pd0.reg_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
+    p.c1.faults()
         .delay_responses(p.b.qp_num(), Duration::from_millis(15))
         .unwrap();
     p.a.post_send(&[SendWr::fetch_and_add(1, &[res.sge_all()], word.remote().at(0), 5).signaled()])
         .unwrap();
-    let w = poll_n(&p.cq_a, 1, T).unwrap();
+    let w = poll_n(&p.cq0, 1, T).unwrap();
     assert!(w[0].is_ok(), "{w:?}");
     assert_eq!(word.read_u64(0).unwrap(), 5, "the add ran once despite resends");
-    assert!(p.b_ctx.faults().stats().delayed >= 1);
-    nothing_more(&p.cq_a);
+    assert!(p.c1.faults().stats().delayed >= 1);
+    nothing_more(&p.cq0);
 }
 
 #[test]
 fn forced_rnr_follows_rnr_retry() {
     let p = pair(14, 7, 2);
-    let dst = p.pd_b.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
-    let src = p.pd_a.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    let dst = p.pd1.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    let src = p.pd0.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
     p.b.post_recv(&[RecvWr::new(1, &[dst.sge_all()]), RecvWr::new(2, &[dst.sge_all()])])
         .unwrap();
     // Two forced refusals: rnr_retry 2 rides them out.
-    p.b_ctx.faults().force_rnr(p.b.qp_num(), 2).unwrap();
+    p.c1.faults().force_rnr(p.b.qp_num(), 2).unwrap();
     p.a.post_send(&[SendWr::send(1, &[src.sge(0, 8).unwrap()]).signaled()])
         .unwrap();
-    assert!(poll_n(&p.cq_a, 1, T).unwrap()[0].is_ok());
-    assert_eq!(poll_n(&p.cq_b, 1, T).unwrap()[0].wr_id, 1);
+    assert!(poll_n(&p.cq0, 1, T).unwrap()[0].is_ok());
+    assert_eq!(poll_n(&p.cq1, 1, T).unwrap()[0].wr_id, 1);
     // Three: one more than rnr_retry allows.
-    p.b_ctx.faults().force_rnr(p.b.qp_num(), 3).unwrap();
+    p.c1.faults().force_rnr(p.b.qp_num(), 3).unwrap();
     p.a.post_send(&[SendWr::send(2, &[src.sge(0, 8).unwrap()]).signaled()])
         .unwrap();
-    let w = poll_n(&p.cq_a, 1, T).unwrap();
+    let w = poll_n(&p.cq0, 1, T).unwrap();
     assert_eq!((w[0].wr_id, w[0].status), (2, WcStatus::RnrRetryExcErr));
     assert_eq!(p.a.state().unwrap(), QpState::Err);
 }
@@ -339,18 +299,18 @@ fn forced_rnr_follows_rnr_retry() {
 fn dropped_connections_are_set_up_again() {
     let p = pair(14, 7, 7);
     let dst = p
-        .pd_b
+        .pd1
         .reg_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
         .unwrap();
-    let src = p.pd_a.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    let src = p.pd0.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
     for i in 0..5u64 {
         p.a.post_send(&[SendWr::write(i, &[src.sge(0, 8).unwrap()], dst.remote().at(0)).signaled()])
             .unwrap();
-        assert!(poll_n(&p.cq_a, 1, T).unwrap()[0].is_ok(), "write {i}");
-        p.a_ctx.faults().drop_connections(p.a.qp_num()).unwrap();
-        p.b_ctx.faults().drop_connections(p.b.qp_num()).unwrap();
+        assert!(poll_n(&p.cq0, 1, T).unwrap()[0].is_ok(), "write {i}");
+        p.c0.faults().drop_connections(p.a.qp_num()).unwrap();
+        p.c1.faults().drop_connections(p.b.qp_num()).unwrap();
     }
-    assert!(p.a_ctx.faults().stats().breaks >= 5);
+    assert!(p.c0.faults().stats().breaks >= 5);
 }
 
 /// Connections of both sides dropped again and again while SENDs, WRITEs and
@@ -364,11 +324,11 @@ fn repeated_resets_under_traffic_lose_nothing() {
     // stretch, and the traffic must still meet the faults it is about. MAX_OPS bounds it.
     const OPS: u64 = 3008;
     const MAX_OPS: u64 = 16 * OPS;
-    let src = p.pd_a.reg_mr(16 * 8, AccessFlags::LOCAL_WRITE).unwrap();
-    let old = p.pd_a.reg_mr(16 * 8, AccessFlags::LOCAL_WRITE).unwrap();
-    let rx = p.pd_b.reg_mr(64 * 8, AccessFlags::LOCAL_WRITE).unwrap();
-    let dst = p.pd_b.reg_mr(MAX_OPS as usize * 8 + 8, AccessFlags::ALL).unwrap();
-    let breaks = || p.a_ctx.faults().stats().breaks + p.b_ctx.faults().stats().breaks;
+    let src = p.pd0.reg_mr(16 * 8, AccessFlags::LOCAL_WRITE).unwrap();
+    let old = p.pd0.reg_mr(16 * 8, AccessFlags::LOCAL_WRITE).unwrap();
+    let rx = p.pd1.reg_mr(64 * 8, AccessFlags::LOCAL_WRITE).unwrap();
+    let dst = p.pd1.reg_mr(MAX_OPS as usize * 8 + 8, AccessFlags::ALL).unwrap();
+    let breaks = || p.c0.faults().stats().breaks + p.c1.faults().stats().breaks;
     let mut done = 0u64;
     for k in 0..64u64 {
         p.b.post_recv(&[RecvWr::new(k, &[rx.sge(k as usize * 8, 8).unwrap()])])
@@ -390,8 +350,8 @@ fn repeated_resets_under_traffic_lose_nothing() {
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 std::thread::sleep(Duration::from_millis(3));
                 match n % 2 {
-                    0 => p.a_ctx.faults().drop_connections(p.a.qp_num()).unwrap(),
-                    _ => p.b_ctx.faults().drop_connections(p.b.qp_num()).unwrap(),
+                    0 => p.c0.faults().drop_connections(p.a.qp_num()).unwrap(),
+                    _ => p.c1.faults().drop_connections(p.b.qp_num()).unwrap(),
                 }
                 n += 1;
             }
@@ -421,7 +381,7 @@ fn repeated_resets_under_traffic_lose_nothing() {
             p.a.post_send(&wrs).unwrap();
             let mut got = 0;
             while got < 16 {
-                let n = p.cq_a.poll(&mut wcs).unwrap();
+                let n = p.cq0.poll(&mut wcs).unwrap();
                 for (k, wc) in wcs[..n].iter().enumerate() {
                     assert_eq!(
                         (wc.wr_id, wc.status),
@@ -430,7 +390,7 @@ fn repeated_resets_under_traffic_lose_nothing() {
                     );
                 }
                 got += n;
-                let m = p.cq_b.poll(&mut wcs).unwrap();
+                let m = p.cq1.poll(&mut wcs).unwrap();
                 for wc in &wcs[..m] {
                     assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
                     received.push(rx.read_u64(wc.wr_id as usize * 8).unwrap());
@@ -447,7 +407,7 @@ fn repeated_resets_under_traffic_lose_nothing() {
     let sends: Vec<u64> = (0..done).filter(|i| i % 3 == 0).collect();
     let t0 = Instant::now();
     while received.len() < sends.len() && t0.elapsed() < T {
-        for wc in poll_quiet(&p.cq_b, Duration::from_millis(50)).unwrap() {
+        for wc in poll_quiet(&p.cq1, Duration::from_millis(50)).unwrap() {
             received.push(rx.read_u64(wc.wr_id as usize * 8).unwrap());
         }
     }

@@ -10,7 +10,7 @@ mod common;
 
 use std::time::Duration;
 
-use backend_sim::{Profile, SimBackend, SimConfig, SimContext, SimCq, SimMr, SimPd, SimQp};
+use backend_sim::{Profile, SimMr, SimQp};
 use verbs_api::*;
 
 const WAIT: Duration = Duration::from_secs(5);
@@ -46,18 +46,21 @@ fn rand_bytes() -> [u8; 8] {
 
 /// One device's side: a PD, a CQ, a region of receive slots of 1 KiB.
 struct Side {
-    ctx: SimContext,
-    pd: SimPd,
-    cq: SimCq,
+    dev: common::Device,
     mr: SimMr,
 }
 
+impl std::ops::Deref for Side {
+    type Target = common::Device;
+    fn deref(&self) -> &common::Device {
+        &self.dev
+    }
+}
+
 impl Side {
-    fn new(ctx: SimContext) -> Side {
-        let pd = ctx.alloc_pd().unwrap();
-        let cq = ctx.create_cq(256, None).unwrap();
-        let mr = pd.reg_mr(64 << 10, AccessFlags::LOCAL_WRITE).unwrap();
-        Side { ctx, pd, cq, mr }
+    fn new(dev: common::Device) -> Side {
+        let mr = dev.pd.reg_mr(64 << 10, AccessFlags::LOCAL_WRITE).unwrap();
+        Side { dev, mr }
     }
 
     fn qp(&self, qkey: u32, flags: u32) -> SimQp {
@@ -145,15 +148,8 @@ impl Side {
 }
 
 fn two_devices(profile: Profile) -> (Side, Side) {
-    let sim = SimBackend::new(SimConfig {
-        profile,
-        devices: 2,
-        ..SimConfig::default()
-    });
-    (
-        Side::new(sim.open("sim0").unwrap()),
-        Side::new(sim.open("sim1").unwrap()),
-    )
+    let (a, b) = common::two_devices(profile, 256);
+    (Side::new(a), Side::new(b))
 }
 
 #[test]

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use backend_sim::{SimBackend, SimContext, SimCq, SimPd, SimQp};
+use backend_sim::{SimBackend, SimContext, SimCq, SimQp};
 use verbs_api::*;
 
 mod common;
@@ -15,19 +15,8 @@ use common::PairSpec;
 
 const T: Duration = Duration::from_secs(10);
 
-struct Pair {
-    a_ctx: SimContext,
-    b_ctx: SimContext,
-    pd_a: SimPd,
-    pd_b: SimPd,
-    cq_a: SimCq,
-    cq_b: SimCq,
-    a: SimQp,
-    b: SimQp,
-}
-
 /// A on sim0, B on sim1, connected, A's `timeout` and `retry_cnt` as given.
-fn pair(timeout: u8, retry_cnt: u8) -> Pair {
+fn pair(timeout: u8, retry_cnt: u8) -> common::Pair {
     let spec = PairSpec {
         a: RcParams {
             timeout,
@@ -37,27 +26,7 @@ fn pair(timeout: u8, retry_cnt: u8) -> Pair {
         psns: (10, 20),
         ..PairSpec::new(&RcParams::default(), QpCap::new(16, 16))
     };
-    let common::Pair {
-        c0: a_ctx,
-        c1: b_ctx,
-        pd0: pd_a,
-        pd1: pd_b,
-        cq0: cq_a,
-        cq1: cq_b,
-        a,
-        b,
-        ..
-    } = common::Pair::build(spec, |_, _| {});
-    Pair {
-        a_ctx,
-        b_ctx,
-        pd_a,
-        pd_b,
-        cq_a,
-        cq_b,
-        a,
-        b,
-    }
+    common::Pair::build(spec, |_, _| {})
 }
 
 fn port_event(ctx: &SimContext, want: AsyncEventType) {
@@ -69,51 +38,51 @@ fn port_event(ctx: &SimContext, want: AsyncEventType) {
 #[test]
 fn a_peer_whose_port_stays_down_ends_in_retry_exceeded() {
     let p = pair(12, 2);
-    let src = p.pd_a.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    let src = p.pd0.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
     let dst = p
-        .pd_b
+        .pd1
         .reg_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
         .unwrap();
     p.a.post_send(&[SendWr::write(1, &[src.sge_all()], dst.remote().at(0)).signaled()])
         .unwrap();
-    assert!(poll_n(&p.cq_a, 1, T).unwrap()[0].is_ok());
-    p.b_ctx.faults().port_down().unwrap();
-    port_event(&p.b_ctx, AsyncEventType::PortErr);
-    assert_eq!(p.b_ctx.query_port(1).unwrap().state, PortState::Down);
-    assert_eq!(p.a_ctx.query_port(1).unwrap().state, PortState::Active);
+    assert!(poll_n(&p.cq0, 1, T).unwrap()[0].is_ok());
+    p.c1.faults().port_down().unwrap();
+    port_event(&p.c1, AsyncEventType::PortErr);
+    assert_eq!(p.c1.query_port(1).unwrap().state, PortState::Down);
+    assert_eq!(p.c0.query_port(1).unwrap().state, PortState::Active);
     p.a.post_send(&[SendWr::write(2, &[src.sge_all()], dst.remote().at(0)).signaled()])
         .unwrap();
-    let wc = poll_n(&p.cq_a, 1, T).unwrap();
+    let wc = poll_n(&p.cq0, 1, T).unwrap();
     assert_eq!((wc[0].wr_id, wc[0].status), (2, WcStatus::RetryExcErr), "{wc:?}");
     assert_eq!(p.a.state().unwrap(), QpState::Err);
-    p.b_ctx.faults().port_up().unwrap();
-    port_event(&p.b_ctx, AsyncEventType::PortActive);
+    p.c1.faults().port_up().unwrap();
+    port_event(&p.c1, AsyncEventType::PortActive);
 }
 
 #[test]
 fn a_peer_whose_port_returns_in_time_loses_nothing() {
     let p = pair(14, 7);
-    let src = p.pd_a.reg_mr(8192, AccessFlags::LOCAL_WRITE).unwrap();
-    let dst = p.pd_b.reg_mr(8192, AccessFlags::LOCAL_WRITE).unwrap();
+    let src = p.pd0.reg_mr(8192, AccessFlags::LOCAL_WRITE).unwrap();
+    let dst = p.pd1.reg_mr(8192, AccessFlags::LOCAL_WRITE).unwrap();
     let data: Vec<u8> = (0..8192u32).map(|i| (i % 253) as u8).collect();
     src.write(0, &data).unwrap();
     for i in 0..2 {
         p.b.post_recv(&[RecvWr::new(i, &[dst.sge(i as usize * 4096, 4096).unwrap()])])
             .unwrap();
     }
-    p.b_ctx.faults().port_down().unwrap();
+    p.c1.faults().port_down().unwrap();
     for i in 0..2 {
         p.a.post_send(&[SendWr::send(i, &[src.sge(i as usize * 4096, 4096).unwrap()]).signaled()])
             .unwrap();
     }
     std::thread::sleep(Duration::from_millis(150));
     assert!(
-        poll_quiet(&p.cq_a, Duration::ZERO).unwrap().is_empty(),
+        poll_quiet(&p.cq0, Duration::ZERO).unwrap().is_empty(),
         "nothing completes while the port is down"
     );
-    p.b_ctx.faults().port_up().unwrap();
-    let s = poll_n(&p.cq_a, 2, T).unwrap();
-    let r = poll_n(&p.cq_b, 2, T).unwrap();
+    p.c1.faults().port_up().unwrap();
+    let s = poll_n(&p.cq0, 2, T).unwrap();
+    let r = poll_n(&p.cq1, 2, T).unwrap();
     for (i, (s, r)) in s.iter().zip(&r).enumerate() {
         assert_eq!((s.wr_id, s.status), (i as u64, WcStatus::Success), "{s:?}");
         assert_eq!(
@@ -124,9 +93,7 @@ fn a_peer_whose_port_returns_in_time_loses_nothing() {
     }
     assert!(dst.to_vec() == data, "the payload differs");
     assert!(
-        poll_quiet(&p.cq_b, Duration::from_millis(100))
-            .unwrap()
-            .is_empty(),
+        poll_quiet(&p.cq1, Duration::from_millis(100)).unwrap().is_empty(),
         "a SEND delivered twice"
     );
 }

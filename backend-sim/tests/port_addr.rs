@@ -6,26 +6,16 @@
 
 use std::time::Duration;
 
-use backend_sim::{Profile, SimBackend, SimConfig, SimContext, SimCq, SimPd, SimQp};
+use backend_sim::{Profile, SimContext, SimQp};
 use verbs_api::*;
 
 mod common;
 
 const T: Duration = Duration::from_secs(10);
 
-struct Side {
-    ctx: SimContext,
-    pd: SimPd,
-    cq: SimCq,
-}
+use common::Device as Side;
 
 impl Side {
-    fn new(ctx: SimContext) -> Side {
-        let pd = ctx.alloc_pd().unwrap();
-        let cq = ctx.create_cq(64, None).unwrap();
-        Side { ctx, pd, cq }
-    }
-
     fn rc(&self) -> SimQp {
         self.pd
             .create_qp(&QpInitAttr::rc(&self.cq, &self.cq, QpCap::new(16, 16)))
@@ -34,15 +24,7 @@ impl Side {
 }
 
 fn two_devices(profile: Profile) -> (Side, Side) {
-    let sim = SimBackend::new(SimConfig {
-        profile,
-        devices: 2,
-        ..SimConfig::default()
-    });
-    (
-        Side::new(sim.open("sim0").unwrap()),
-        Side::new(sim.open("sim1").unwrap()),
-    )
+    common::two_devices(profile, 64)
 }
 
 /// Short retries (timeout 12, retry_cnt 2: well under a second) through GID `gid_index`.

@@ -61,6 +61,36 @@ pub struct Pair {
     pub eb: Endpoint,
 }
 
+/// One device of a test: its context, a PD and a CQ.
+pub struct Device {
+    pub ctx: SimContext,
+    pub pd: backend_sim::SimPd,
+    pub cq: backend_sim::SimCq,
+}
+
+impl Device {
+    /// A PD and a CQ of `cq_len` entries on `ctx`.
+    pub fn new(ctx: SimContext, cq_len: u32) -> Device {
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(cq_len, None).unwrap();
+        Device { ctx, pd, cq }
+    }
+}
+
+/// The two devices of one sim under `profile` (sim0 and sim1), each with a PD and a CQ of
+/// `cq_len` entries.
+pub fn two_devices(profile: backend_sim::Profile, cq_len: u32) -> (Device, Device) {
+    let sim = backend_sim::SimBackend::new(backend_sim::SimConfig {
+        profile,
+        devices: 2,
+        ..backend_sim::SimConfig::default()
+    });
+    (
+        Device::new(sim.open("sim0").unwrap(), cq_len),
+        Device::new(sim.open("sim1").unwrap(), cq_len),
+    )
+}
+
 /// What [`Pair::build`] makes: the devices' profile, each side's connection parameters,
 /// the QPs' capacities, the CQs' size and the PSNs each side starts with.
 pub struct PairSpec {
