@@ -1,6 +1,6 @@
 //! The queue pair's state machine (IBA 10.3 "QP state transitions", 11.2.5 "Modify
 //! Queue Pair"; `man ibv_modify_qp`): its state and attributes, which modify calls are
-//! legal ([`Qp::handle_modify`], in [`modify`]), what each transition sets in motion in
+//! legal ([`Qp::handle_modify`]), what each transition sets in motion in
 //! the [`Requester`] and [`Responder`], and what an error does (IBA 10.3.1: ERR flushes
 //! both queues with `IBV_WC_WR_FLUSH_ERR`, a send error moves an unreliable QP to SQE
 //! and flushes its send queue only; [`Qp::enter_error`], [`Qp::enter_sqe`]). It does

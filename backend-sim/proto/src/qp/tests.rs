@@ -253,18 +253,14 @@ struct Step {
 }
 
 fn step() -> impl Strategy<Value = Step> {
-    (
-        0u32..7,
-        any::<bool>(),
-        0u32..(1 << 21),
-        prop::bool::weighted(0.2),
-    )
-        .prop_map(|(next, exact, bits, bad_value)| Step {
+    (0u32..7, any::<bool>(), 0u32..(1 << 21), prop::bool::weighted(0.2)).prop_map(
+        |(next, exact, bits, bad_value)| Step {
             next,
             exact,
             bits,
             bad_value,
-        })
+        },
+    )
 }
 
 proptest! {
