@@ -446,7 +446,8 @@ async fn serve_inbound(dev: Weak<Setup>, mut stream: Stream) -> io::Result<()> {
             // on it would complete the resent WQEs out of order.
             tracing::debug!(qpn = qp.qpn, "connection from the peer accepted");
             qp.link_lost(&mut g);
-            g.req.link_error = 0;
+            let QpInner { qp: sm, req, .. } = &mut *g;
+            sm.handle_connection_up(req);
             let old = g.conn.replace(conn.clone());
             qp.note_link(&mut g);
             old
@@ -551,7 +552,8 @@ async fn connector_task(dev: Arc<Setup>, qp: Arc<QpShared>, epoch: u64) {
                         g.req.on_connection_lost();
                     }
                     g.conn = Some(conn.clone());
-                    g.req.link_error = 0;
+                    let QpInner { qp: sm, req, .. } = &mut *g;
+                    sm.handle_connection_up(req);
                     qp.note_link(&mut g);
                 }
                 progress.activate(&conn);

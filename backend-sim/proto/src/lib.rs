@@ -24,9 +24,11 @@
 //!   a shared one, with its limit).
 //! - [`qp`]: the QP's state machine (`ibv_modify_qp`'s transitions, attribute checks and
 //!   their effects on both halves; ERR and SQE and their flushes). Its surface:
-//!   [`qp::Qp`] with `new`, `state`, `attr`, `check_modify`, `handle_modify` (returning a
+//!   [`qp::Qp`] with `new`, `state`, `attr`, `qp_type`, `sqd_event_due`, `check_modify`, `handle_modify` (returning a
 //!   [`qp::Transition`] whose [`qp::Effect`] says what is left to the driver),
-//!   `enter_error`, `enter_sqe`, `take_drained_event`, `query`; [`qp::QpLimits`] and
+//!   `enter_error`, `enter_sqe`, `flush_posted_sends`, `flush_posted_recvs`,
+//!   `handle_connection_up`, `handle_connection_lost`, `take_drained_event`, `query`;
+//!   [`qp::halves_for`], a QP type's two halves; [`qp::QpLimits`] and
 //!   [`qp::AvCheck`], what it takes from the device; [`qp::receives_in`].
 //! - [`engine`]: one connection's frames through both halves; [`connection`]: a
 //!   connection's bytes and the policy that composes the halves over them (when an owed

@@ -426,10 +426,14 @@ impl QpShared {
     /// flight on it is resent (RC) or lost (UC, whose WRs then complete), and a request
     /// half received is forgotten.
     pub fn link_lost(&self, g: &mut QpInner) {
-        g.resp.connection_lost();
-        g.req.on_connection_lost();
-        let QpInner { req, send_wc, .. } = g;
-        req.take_done(send_wc);
+        let QpInner {
+            qp,
+            req,
+            resp,
+            send_wc,
+            ..
+        } = g;
+        qp.handle_connection_lost(req, resp, send_wc);
         self.deliver(g);
     }
 

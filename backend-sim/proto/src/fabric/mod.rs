@@ -188,7 +188,7 @@ impl End {
                 .expect("the fabric's attributes are legal");
         }
         // The fabric's connection is up from the start.
-        req.link_error = 0;
+        qp.handle_connection_up(&mut req);
         End {
             qp,
             req,
@@ -287,8 +287,8 @@ impl End {
         self.st = DriveState::default();
         let mut gone = Vec::new();
         self.tx.drain_into(&mut gone);
-        self.resp.connection_lost();
-        self.req.on_connection_lost();
+        self.qp
+            .handle_connection_lost(&mut self.req, &mut self.resp, &mut self.send_wc);
     }
 
     /// The requester's timers, if due.

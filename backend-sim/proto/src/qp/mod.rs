@@ -167,6 +167,27 @@ impl Qp {
         true
     }
 
+    /// The QP's connection to its peer is up (set up, or accepted): a transport error
+    /// from now on means the peer stopped answering (`vendor_err` 0, see
+    /// `Requester::link_error`).
+    pub fn handle_connection_up(&self, req: &mut Requester) {
+        req.link_error = 0;
+    }
+
+    /// The QP's connection is gone (broken, or replaced by a newer one): what was in
+    /// flight on it is resent (RC) or lost (UC, whose WRs then complete into `send_wc`),
+    /// and a request half received is forgotten.
+    pub fn handle_connection_lost(
+        &self,
+        req: &mut Requester,
+        resp: &mut Responder,
+        send_wc: &mut Vec<WorkCompletion>,
+    ) {
+        resp.connection_lost();
+        req.on_connection_lost();
+        req.take_done(send_wc);
+    }
+
     /// What `ibv_query_qp` reports: the attributes with the state, the capacities, the
     /// PSNs as they stand (as rxe's `rxe_qp_to_attr` and mlx5's next_send_psn /
     /// next_rcv_psn report them, once the QP has them) and whether the send queue is
