@@ -514,7 +514,6 @@ impl Progress {
         }
         if g.conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
             g.conn = None;
-            g.req.link_error = libc::ENOTCONN as u32;
             qp.note_link(&mut g);
             // Whatever was in flight is gone: requests are resent (UC: lost),
             // half-received ones are forgotten (see Responder::connection_lost).

@@ -289,6 +289,8 @@ impl End {
         self.tx.drain_into(&mut gone);
         self.qp
             .handle_connection_lost(&mut self.req, &mut self.resp, &mut self.send_wc);
+        // The new byte streams are there at once.
+        self.qp.handle_connection_up(&mut self.req);
     }
 
     /// The requester's timers, if due.

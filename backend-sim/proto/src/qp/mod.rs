@@ -176,13 +176,15 @@ impl Qp {
 
     /// The QP's connection is gone (broken, or replaced by a newer one): what was in
     /// flight on it is resent (RC) or lost (UC, whose WRs then complete into `send_wc`),
-    /// and a request half received is forgotten.
+    /// a request half received is forgotten, and until a connection is up again a
+    /// transport error means the peer could not be reached (`vendor_err` ENOTCONN).
     pub fn handle_connection_lost(
         &self,
         req: &mut Requester,
         resp: &mut Responder,
         send_wc: &mut Vec<WorkCompletion>,
     ) {
+        req.link_error = libc::ENOTCONN as u32;
         resp.connection_lost();
         req.on_connection_lost();
         req.take_done(send_wc);
