@@ -503,11 +503,9 @@ async fn connector_task(dev: Arc<Setup>, qp: Arc<QpShared>, epoch: u64) {
                     g.conn_gen
                 }
                 Err(e) => {
-                    // Like a lost packet: the ACK timer runs (if there is work) and
-                    // counts.
-                    g.req.link_error = errno_of(e);
-                    g.req.arm_timer(QpShared::now());
-                    g.req.wait_for_link(QpShared::now());
+                    // Like a lost packet (`Qp::handle_connection_failed`).
+                    let QpInner { qp: sm, req, .. } = &mut *g;
+                    sm.handle_connection_failed(req, errno_of(e), QpShared::now());
                     dev.progress.rearm(&qp, &mut g);
                     0
                 }

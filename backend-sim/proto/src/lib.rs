@@ -27,7 +27,8 @@
 //!   [`qp::Qp`] with `new`, `state`, `attr`, `qp_type`, `sqd_event_due`, `check_modify`, `handle_modify` (returning a
 //!   [`qp::Transition`] whose [`qp::Effect`] says what is left to the driver),
 //!   `enter_error`, `enter_sqe`, `flush_posted_sends`, `flush_posted_recvs`,
-//!   `handle_connection_up`, `handle_connection_lost`, `take_drained_event`, `query`;
+//!   `handle_connection_up`, `handle_connection_lost`, `handle_connection_failed`,
+//!   `take_drained_event`, `query`;
 //!   [`qp::halves_for`], a QP type's two halves; [`qp::QpLimits`] and
 //!   [`qp::AvCheck`], what it takes from the device; [`qp::receives_in`].
 //! - [`engine`]: one connection's frames through both halves; [`connection`]: a

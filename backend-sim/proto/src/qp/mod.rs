@@ -190,6 +190,16 @@ impl Qp {
         req.take_done(send_wc);
     }
 
+    /// An attempt to set up the QP's connection failed with `errno` at `now`: like a lost
+    /// packet, the ACK timer runs (if there is work) and counts against `retry_cnt`, a
+    /// transport error then carries `errno` in `vendor_err`, and UC's WRs wait for a
+    /// link no longer than `requester::LINK_WAIT`.
+    pub fn handle_connection_failed(&self, req: &mut Requester, errno: u32, now: std::time::Instant) {
+        req.link_error = errno;
+        req.arm_timer(now);
+        req.wait_for_link(now);
+    }
+
     /// What `ibv_query_qp` reports: the attributes with the state, the capacities, the
     /// PSNs as they stand (as rxe's `rxe_qp_to_attr` and mlx5's next_send_psn /
     /// next_rcv_psn report them, once the QP has them) and whether the send queue is

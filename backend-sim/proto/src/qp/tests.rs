@@ -340,3 +340,36 @@ fn posts_in_error_complete_flushed() {
         assert_eq!(r.resp.posted(), usize::from(!recv_flushed));
     }
 }
+
+/// A lost connection: RC resends what was in flight, UC's WRs sent on it complete (UC
+/// has no resends), and a transport error names the missing link until one is up again.
+#[test]
+fn a_lost_connection_resends_rc_and_completes_uc() {
+    for qp_type in [QpType::Rc, QpType::Uc] {
+        let mut r = Rig::new(qp_type, Switches::default());
+        for s in [QpState::Init, QpState::Rtr, QpState::Rts] {
+            r.to(s);
+        }
+        r.qp.handle_connection_up(&mut r.req);
+        assert_eq!(r.req.link_error, 0);
+        let mrs = MrTable::default();
+        let mut s = Vec::new();
+        r.req.post(&SendWr::send(1, &[]).signaled(), &mrs).unwrap();
+        let mut tx = crate::tx::TxQueue::new();
+        r.req
+            .poll_transmit(&mrs, std::time::Instant::now(), &mut tx, 64, &mut s)
+            .unwrap();
+        assert!(!r.req.has_unsent(), "{qp_type:?}: the SEND left");
+        s.clear();
+        r.qp.handle_connection_lost(&mut r.req, &mut r.resp, &mut s);
+        assert_eq!(r.req.link_error, libc::ENOTCONN as u32);
+        match qp_type {
+            QpType::Rc => {
+                assert!(s.is_empty() && r.req.has_unsent(), "RC resends: {s:?}");
+            }
+            _ => assert_eq!(s.iter().map(|w| w.wr_id).collect::<Vec<_>>(), [1], "UC completes"),
+        }
+        r.qp.handle_connection_up(&mut r.req);
+        assert_eq!(r.req.link_error, 0);
+    }
+}
