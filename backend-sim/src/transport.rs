@@ -232,7 +232,7 @@ struct Expect {
 /// Whether `qp` may take `c` as its peer's hello, and if so what the check of the claim
 /// needs; `Err` names why not (for the log only: the stranger is told nothing).
 fn admissible(qp: &QpShared, g: &QpInner, c: &Claim) -> std::result::Result<Expect, &'static str> {
-    if !crate::qp::receives_in(g.state) {
+    if !crate::qp::receives_in(g.qp.state()) {
         return Err("the QP is not in RTR, RTS, SQD or SQE");
     }
     if c.qp_type != qp.qp_type {
@@ -240,15 +240,16 @@ fn admissible(qp: &QpShared, g: &QpInner, c: &Claim) -> std::result::Result<Expe
         // `check_type_state()`); the sim never connects the two.
         return Err("the QP is of another transport type (RC and UC do not talk)");
     }
-    let ah = g.attr.ah_attr;
+    let ah = g.qp.attr().ah_attr;
     let named = crate::addressing::fabric_gid(&ah.grh.dgid.0);
-    if g.attr.dest_qp_num != c.src_qpn
+    if g.qp.attr().dest_qp_num != c.src_qpn
         || qp.dev.addr.av_lid(&ah) != c.src_lid
         || (ah.is_global && named != c.src_gid)
     {
         return Err("the hello does not come from the QP's configured peer");
     }
-    let self_loop = g.active && (c.src_gid, c.src_lid, c.src_qpn) == qp.dev.addr.local_id(qp.qpn, &g.attr);
+    let self_loop =
+        g.active && (c.src_gid, c.src_lid, c.src_qpn) == qp.dev.addr.local_id(qp.qpn, g.qp.attr());
     if g.active && !self_loop {
         // This side sets the connection up; a peer that thinks otherwise names the pair
         // differently (e.g. another GID).
@@ -445,7 +446,8 @@ async fn serve_inbound(dev: Weak<Setup>, mut stream: Stream) -> io::Result<()> {
             // on it would complete the resent WQEs out of order.
             tracing::debug!(qpn = qp.qpn, "connection from the peer accepted");
             qp.link_lost(&mut g);
-            g.req.link_error = 0;
+            let QpInner { qp: sm, req, .. } = &mut *g;
+            sm.handle_connection_up(req);
             let old = g.conn.replace(conn.clone());
             qp.note_link(&mut g);
             old
@@ -470,10 +472,10 @@ async fn connector_task(dev: Arc<Setup>, qp: Arc<QpShared>, epoch: u64) {
             notified.as_mut().enable();
             {
                 let mut g = qp.inner.lock();
-                if qp.is_stale(&g, epoch) || g.state == QpState::Err {
+                if qp.is_stale(&g, epoch) || g.qp.state() == QpState::Err {
                     return;
                 }
-                if g.conn.is_none() && crate::qp::receives_in(g.state) {
+                if g.conn.is_none() && crate::qp::receives_in(g.qp.state()) {
                     match g.remote {
                         Some(r) => {
                             g.req.connecting(Some(QpShared::now()));
@@ -501,11 +503,9 @@ async fn connector_task(dev: Arc<Setup>, qp: Arc<QpShared>, epoch: u64) {
                     g.conn_gen
                 }
                 Err(e) => {
-                    // Like a lost packet: the ACK timer runs (if there is work) and
-                    // counts.
-                    g.req.link_error = errno_of(e);
-                    g.req.arm_timer(QpShared::now());
-                    g.req.wait_for_link(QpShared::now());
+                    // Like a lost packet (`Qp::handle_connection_failed`).
+                    let QpInner { qp: sm, req, .. } = &mut *g;
+                    sm.handle_connection_failed(req, errno_of(e), QpShared::now());
                     dev.progress.rearm(&qp, &mut g);
                     0
                 }
@@ -531,7 +531,7 @@ async fn connector_task(dev: Arc<Setup>, qp: Arc<QpShared>, epoch: u64) {
                 crate::faults::setup_pause(&qp).await;
                 {
                     let mut g = qp.inner.lock();
-                    if qp.is_stale(&g, epoch) || g.state == QpState::Err {
+                    if qp.is_stale(&g, epoch) || g.qp.state() == QpState::Err {
                         drop(g);
                         progress.close(&conn);
                         return;
@@ -550,7 +550,8 @@ async fn connector_task(dev: Arc<Setup>, qp: Arc<QpShared>, epoch: u64) {
                         g.req.on_connection_lost();
                     }
                     g.conn = Some(conn.clone());
-                    g.req.link_error = 0;
+                    let QpInner { qp: sm, req, .. } = &mut *g;
+                    sm.handle_connection_up(req);
                     qp.note_link(&mut g);
                 }
                 progress.activate(&conn);
@@ -595,8 +596,8 @@ async fn connect(dev: &Setup, qp: &QpShared, remote: SocketAddr) -> io::Result<S
             Stream::Tcp(s)
         }
     };
-    let (src_gid, src_lid, _) = qp.dev.addr.local_id(qp.qpn, &qp.inner.lock().attr);
-    let dst_qpn = qp.inner.lock().attr.dest_qp_num;
+    let (src_gid, src_lid, _) = qp.dev.addr.local_id(qp.qpn, qp.inner.lock().qp.attr());
+    let dst_qpn = qp.inner.lock().qp.attr().dest_qp_num;
     // Held until the answer: the peer checks the token with this device meanwhile.
     let claim = dev.claims.begin(qp.qpn, dst_qpn);
     let hello = Frame::Hello {

@@ -22,6 +22,15 @@
 //!   the GRH in front of every receive; [`link_rx`]: a link's incoming datagrams;
 //!   [`recv_queue`]: where a responder takes its receives from (its own receive queue or
 //!   a shared one, with its limit).
+//! - [`qp`]: the QP's state machine (`ibv_modify_qp`'s transitions, attribute checks and
+//!   their effects on both halves; ERR and SQE and their flushes). Its surface:
+//!   [`qp::Qp`] with `new`, `state`, `attr`, `qp_type`, `sqd_event_due`, `check_modify`, `handle_modify` (returning a
+//!   [`qp::Transition`] whose [`qp::Effect`] says what is left to the driver),
+//!   `enter_error`, `enter_sqe`, `flush_posted_sends`, `flush_posted_recvs`,
+//!   `handle_connection_up`, `handle_connection_lost`, `handle_connection_failed`,
+//!   `take_drained_event`, `query`;
+//!   [`qp::halves_for`], a QP type's two halves; [`qp::QpLimits`] and
+//!   [`qp::AvCheck`], what it takes from the device; [`qp::receives_in`].
 //! - [`engine`]: one connection's frames through both halves; [`connection`]: a
 //!   connection's bytes and the policy that composes the halves over them (when an owed
 //!   ACK leaves, how much one pass builds, how far a peer that does not read may push).
@@ -66,6 +75,7 @@ pub mod link_rx;
 pub mod memory;
 pub mod plant;
 pub mod psn;
+pub mod qp;
 pub mod recv_queue;
 pub mod requester;
 pub mod responder;

@@ -83,7 +83,7 @@ impl ConnTap {
     pub(crate) fn new(cap: Arc<Capture>, qp: &QpShared, sock: &crate::stream::DataSock) -> Option<ConnTap> {
         let (dest_qpn, mtu, flow_label) = {
             let g = qp.inner.lock();
-            let a = &g.attr;
+            let a = g.qp.attr();
             (
                 a.dest_qp_num,
                 a.path_mtu.bytes(),

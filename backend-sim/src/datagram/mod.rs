@@ -241,7 +241,7 @@ impl Datagrams {
         let mut local = false;
         {
             let mut g = qp.inner.lock();
-            if !matches!(g.state, QpState::Rts | QpState::Sqd) {
+            if !matches!(g.qp.state(), QpState::Rts | QpState::Sqd) {
                 return;
             }
             let mut from = 0;

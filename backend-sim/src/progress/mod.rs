@@ -498,12 +498,12 @@ impl Progress {
         let mut g = qp.inner.lock();
         tracing::debug!(
             qpn = qp.qpn,
-            dest_qpn = g.attr.dest_qp_num,
+            dest_qpn = g.qp.attr().dest_qp_num,
             outstanding = g.req.outstanding(),
             "connection lost: {why}"
         );
         if let Some(cap) = qp.dev.capture.get() {
-            let to = g.attr.dest_qp_num;
+            let to = g.qp.attr().dest_qp_num;
             crate::capture::notes::qp(cap, qp.qpn, format_args!("connection to QP {to:#x} lost: {why}"));
         }
         if g.self_conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
@@ -514,13 +514,14 @@ impl Progress {
         }
         if g.conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
             g.conn = None;
-            g.req.link_error = libc::ENOTCONN as u32;
             qp.note_link(&mut g);
             // Whatever was in flight is gone: requests are resent (UC: lost),
             // half-received ones are forgotten (see Responder::connection_lost).
             qp.link_lost(&mut g);
             g.req.wait_for_link(QpShared::now());
-            if !g.req.is_unreliable() && g.req.has_unsent() && matches!(g.state, QpState::Rts | QpState::Sqd)
+            if !g.req.is_unreliable()
+                && g.req.has_unsent()
+                && matches!(g.qp.state(), QpState::Rts | QpState::Sqd)
             {
                 // WQEs that waited behind the connection (queued for a poll or the
                 // progress thread, not yet written) start as a post without one starts

@@ -298,7 +298,7 @@ impl Progress {
         let policy = if hold { AckPolicy::Delay } else { mode.ack_policy() };
         let raised = if hold { crate::channel_signal::raised() } else { 0 };
         loop {
-            let accepting = crate::qp::receives_in(g.state);
+            let accepting = crate::qp::receives_in(g.qp.state());
             let parts = QpShared::scratch(&mut g);
             let mut sides = Sides {
                 req: Some(parts.req),
@@ -318,7 +318,7 @@ impl Progress {
                     tracing::warn!(qpn = qp.qpn, "closing connection: {msg}");
                     // The QP goes to ERR for what its peer sent, and no completion says
                     // so: the affiliated error that IBA 11.6.3.1 defines for it.
-                    if g.state != QpState::Err {
+                    if g.qp.state() != QpState::Err {
                         qp.raise(AsyncEventType::QpFatal);
                     }
                     qp.enter_error(&mut g);
@@ -338,7 +338,7 @@ impl Progress {
         }
         // In SQD the requester starts nothing new, but WQEs already started are resent
         // (after RNR, a timeout or a lost connection) until they complete: SQD drains.
-        if matches!(g.state, QpState::Rts | QpState::Sqd) {
+        if matches!(g.qp.state(), QpState::Rts | QpState::Sqd) {
             let before = wire.tx.pending();
             let parts = QpShared::scratch(&mut g);
             if wire
@@ -360,7 +360,9 @@ impl Progress {
         if hold && g.resp.owes_ack() {
             if marked || crate::channel_signal::raised() != raised {
                 held = true;
-            } else if wire.reader.drained() && matches!(g.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+            } else if wire.reader.drained()
+                && matches!(g.qp.state(), QpState::Rtr | QpState::Rts | QpState::Sqd)
+            {
                 // Nobody woken: the ACK leaves as the progress thread's always does.
                 g.resp.flush_ack(&mut wire.tx);
             }

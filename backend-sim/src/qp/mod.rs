@@ -8,10 +8,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use backend_sim_proto::qp::{halves_for, Qp};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 use verbs_api::event_queue::EventQueue;
-use verbs_api::{AsyncElement, AsyncEvent, AsyncEventType, QpAttr, QpCap, QpState, QpType, WorkCompletion};
+use verbs_api::{AsyncElement, AsyncEvent, AsyncEventType, QpCap, QpState, QpType, WorkCompletion};
 
 use crate::addressing::Addressing;
 use crate::counters::DeviceCounters;
@@ -31,10 +32,8 @@ pub mod ud;
 
 /// Everything about a QP that changes, under one lock.
 pub struct QpInner {
-    /// Current state.
-    pub state: QpState,
-    /// Attributes as last set.
-    pub attr: QpAttr,
+    /// The state machine: state and attributes ([`backend_sim_proto::qp`]).
+    pub qp: Qp,
     /// Send side.
     pub req: Requester,
     /// Receive side.
@@ -59,9 +58,6 @@ pub struct QpInner {
     pub timer_at: Option<Instant>,
     /// Armed fault injection.
     pub faults: QpFaults,
-    /// The QP moved to SQD asking for `IBV_EVENT_SQ_DRAINED` (`en_sqd_async_notify`),
-    /// and it is not raised yet.
-    pub sqd_event_due: bool,
     /// Whether the send queue holds WQEs and is counted in the device's
     /// count of busy send queues (kept in step by
     /// [`QpShared::note_busy`]).
@@ -75,11 +71,7 @@ pub struct QpInner {
     marks: Vec<u64>,
 }
 
-/// Whether a QP in `state` takes what arrives for it: its receive queue works in RTR,
-/// RTS, SQD and SQE (IBA 10.3.1: SQD and SQE stop the send queue only).
-pub fn receives_in(state: QpState) -> bool {
-    matches!(state, QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe)
-}
+pub use backend_sim_proto::qp::receives_in;
 
 /// An established connection of a QP.
 pub type Conn = crate::link::Conn<QpShared>;
@@ -187,13 +179,13 @@ impl QpShared {
     /// What `rdma-sim status` shows of the QP ([`control`](crate::control)).
     pub fn status(&self) -> crate::control::QpStatus {
         let g = self.inner.lock();
-        let connected = self.qp_type != QpType::Ud && g.state >= QpState::Rtr;
+        let connected = self.qp_type != QpType::Ud && g.qp.state() >= QpState::Rtr;
         let up = g.conn.as_ref().is_some_and(|c| !c.closed.load(Ordering::Relaxed));
         crate::control::QpStatus {
             qpn: self.qpn,
             qp_type: format!("{:?}", self.qp_type).to_uppercase(),
-            state: format!("{:?}", g.state).to_uppercase(),
-            dest_qpn: connected.then_some(g.attr.dest_qp_num),
+            state: format!("{:?}", g.qp.state()).to_uppercase(),
+            dest_qpn: connected.then_some(g.qp.attr().dest_qp_num),
             peer: connected.then(|| g.remote.map(|a| a.to_string())).flatten(),
             connected: connected && up,
             sq_psn: g.req.next_psn(),
@@ -218,10 +210,6 @@ impl QpShared {
         cap: QpCap,
         sq_sig_all: bool,
     ) -> Self {
-        let attr = QpAttr {
-            cap,
-            ..Default::default()
-        };
         let sw = dev.profile.switches();
         let limits = dev.profile.attrs();
         let mut resp = match srq {
@@ -230,28 +218,17 @@ impl QpShared {
         }
         .with_switches(sw);
         resp.roce = limits.link_layer == verbs_api::LinkLayer::Ethernet;
-        let mut req = Requester::new(qpn, pd, &cap, sq_sig_all).with_profile(
+        let req = Requester::new(qpn, pd, &cap, sq_sig_all).with_profile(
             sw,
             limits.max_msg_sz,
             limits.active_mtu.bytes(),
         );
-        match qp_type {
-            QpType::Uc => {
-                req = req.unreliable();
-                resp = resp.unreliable();
-            }
-            QpType::Ud => {
-                req = req.datagram();
-                resp = resp.datagram();
-            }
-            QpType::Rc => {}
-        }
+        let (req, resp) = halves_for(qp_type, req, resp);
         QpShared {
             qpn,
             qp_type,
             inner: Mutex::new(QpInner {
-                state: QpState::Reset,
-                attr,
+                qp: Qp::new(qp_type, cap, sw),
                 req,
                 resp,
                 epoch: 0,
@@ -263,7 +240,6 @@ impl QpShared {
                 self_conn: None,
                 timer_at: None,
                 faults: QpFaults::default(),
-                sqd_event_due: false,
                 busy: false,
                 awaits_link: false,
                 send_wc: Vec::new(),
@@ -324,20 +300,14 @@ impl QpShared {
     /// 10.3.1), its send queue flushed and its receive queue still at work until the
     /// application moves it back to RTS; any other QP moves to ERR.
     pub fn send_failed(&self, g: &mut QpInner) {
-        let sqe = self.qp_type != QpType::Rc
-            && self.dev.profile.switches().send_error_sqe
-            && matches!(g.state, QpState::Rts | QpState::Sqd);
-        if !sqe {
+        let QpInner { qp, req, send_wc, .. } = g;
+        let Some(from) = qp.enter_sqe(req, send_wc) else {
             return self.enter_error(g);
-        }
-        tracing::debug!(qpn = self.qpn, from = ?g.state, "send error: QP to SQE");
+        };
+        tracing::debug!(qpn = self.qpn, ?from, "send error: QP to SQE");
         if let Some(cap) = self.dev.capture.get() {
-            crate::capture::notes::state(cap, self.qpn, g.state, QpState::Sqe);
+            crate::capture::notes::state(cap, self.qpn, from, QpState::Sqe);
         }
-        g.state = QpState::Sqe;
-        g.sqd_event_due = false;
-        let QpInner { req, send_wc, .. } = g;
-        req.flush(send_wc);
         if self.dev.profile.warns() {
             self.warned.send_error_sqe(self.qpn, self.qp_type);
         }
@@ -346,27 +316,32 @@ impl QpShared {
 
     /// Moves the QP to ERR (with the lock held): flushes both queues.
     pub fn enter_error(&self, g: &mut QpInner) {
-        if g.state == QpState::Err {
+        let Some(from) = self.flush_to_error(g) else {
             return;
-        }
-        tracing::debug!(qpn = self.qpn, from = ?g.state, "QP to ERR");
+        };
+        tracing::debug!(qpn = self.qpn, ?from, "QP to ERR");
         if let Some(cap) = self.dev.capture.get() {
-            crate::capture::notes::state(cap, self.qpn, g.state, QpState::Err);
+            crate::capture::notes::state(cap, self.qpn, from, QpState::Err);
         }
-        g.state = QpState::Err;
-        g.sqd_event_due = false;
-        self.note_link(g);
+        self.deliver(g);
+    }
+
+    /// The QP's state machine to ERR, both queues flushed into `g`'s completions (not
+    /// delivered yet); what the device counts and the connection task learn of it.
+    /// Returns the state it left, `None` if it was in ERR already.
+    fn flush_to_error(&self, g: &mut QpInner) -> Option<QpState> {
         let QpInner {
+            qp,
             req,
             resp,
             send_wc,
             recv_wc,
             ..
         } = g;
-        req.flush(send_wc);
-        resp.flush(recv_wc);
-        self.deliver(g);
+        let from = qp.enter_error(req, resp, send_wc, recv_wc)?;
+        self.note_link(g);
         self.req_wake.notify_one();
+        Some(from)
     }
 
     /// Pushes the completions gathered in `g` to the CQs. A CQ overflow moves the QP to
@@ -388,7 +363,7 @@ impl QpShared {
             if !(ok_s && ok_r) {
                 self.cq_overflowed();
             }
-            if (ok_s && ok_r) || g.state == QpState::Err {
+            if (ok_s && ok_r) || g.qp.state() == QpState::Err {
                 g.send_wc.clear();
                 g.recv_wc.clear();
                 // (Again: an overflow's flush may have emptied it.)
@@ -396,13 +371,13 @@ impl QpShared {
                 if g.resp.has_news() {
                     self.take_news(g);
                 }
-                if g.sqd_event_due {
+                if g.qp.sqd_event_due() {
                     self.check_drained(g);
                 }
                 return;
             }
             tracing::warn!(qpn = self.qpn, "completion queue overflow: QP to ERR");
-            self.enter_error_inner(g);
+            self.flush_to_error(g);
         }
     }
 
@@ -451,10 +426,14 @@ impl QpShared {
     /// flight on it is resent (RC) or lost (UC, whose WRs then complete), and a request
     /// half received is forgotten.
     pub fn link_lost(&self, g: &mut QpInner) {
-        g.resp.connection_lost();
-        g.req.on_connection_lost();
-        let QpInner { req, send_wc, .. } = g;
-        req.take_done(send_wc);
+        let QpInner {
+            qp,
+            req,
+            resp,
+            send_wc,
+            ..
+        } = g;
+        qp.handle_connection_lost(req, resp, send_wc);
         self.deliver(g);
     }
 
@@ -484,8 +463,7 @@ impl QpShared {
     /// In SQD with the drained event asked for: once no WQE sent is outstanding, raises
     /// `IBV_EVENT_SQ_DRAINED`, once per move to SQD.
     pub fn check_drained(&self, g: &mut QpInner) {
-        if g.sqd_event_due && g.state == QpState::Sqd && g.req.drained() {
-            g.sqd_event_due = false;
+        if g.qp.take_drained_event(&g.req) {
             tracing::debug!(qpn = self.qpn, "send queue drained (SQD)");
             self.raise(AsyncEventType::SqDrained);
         }
@@ -510,29 +488,13 @@ impl QpShared {
     /// whose receive side works on.
     pub fn note_link(&self, g: &mut QpInner) {
         let awaits = self.qp_type != QpType::Ud
-            && receives_in(g.state)
+            && receives_in(g.qp.state())
             && g.conn.is_none()
             && !self.destroyed.load(Ordering::Acquire);
         if awaits != g.awaits_link {
             g.awaits_link = awaits;
             self.dev.path.count_awaiting_link(awaits);
         }
-    }
-
-    fn enter_error_inner(&self, g: &mut QpInner) {
-        g.state = QpState::Err;
-        g.sqd_event_due = false;
-        self.note_link(g);
-        let QpInner {
-            req,
-            resp,
-            send_wc,
-            recv_wc,
-            ..
-        } = g;
-        req.flush(send_wc);
-        resp.flush(recv_wc);
-        self.req_wake.notify_one();
     }
 
     /// The protocol halves, their completions, and fault injection's count of forced RNR

@@ -39,9 +39,9 @@ impl QpShared {
         let mut g = self.inner.lock();
         // Before RTS the post is refused; on rxe the WRs are queued all the same and sent
         // once the QP is in RTS (`Switches::pre_rts_send_kept`).
-        let not_ready = matches!(g.state, QpState::Reset | QpState::Init | QpState::Rtr);
+        let not_ready = matches!(g.qp.state(), QpState::Reset | QpState::Init | QpState::Rtr);
         let keeps_queued =
-            not_ready && g.state != QpState::Reset && self.dev.profile.switches().pre_rts_send_kept;
+            not_ready && g.qp.state() != QpState::Reset && self.dev.profile.switches().pre_rts_send_kept;
         let mut posted = false;
         let mut result = Ok(());
         for (index, wr) in wrs.iter().enumerate() {
@@ -51,7 +51,7 @@ impl QpShared {
                 error,
             };
             if not_ready && !keeps_queued {
-                result = Err(fail(self.not_ready(g.state, false)));
+                result = Err(fail(self.not_ready(g.qp.state(), false)));
                 break;
             }
             let pieces = inline.get(index).copied().flatten();
@@ -89,7 +89,7 @@ impl QpShared {
                 result = Err(PostError {
                     index: 0,
                     wr_id: first.wr_id,
-                    error: self.not_ready(g.state, true),
+                    error: self.not_ready(g.qp.state(), true),
                 });
             }
         }
@@ -99,12 +99,10 @@ impl QpShared {
                 crate::capture::notes::posted_sends(cap, self.qpn, &wrs[..n], inline);
             }
             self.note_busy(&mut g);
-            // In ERR, and in SQE (IBA 10.3.1), WRs posted are flushed.
-            if matches!(g.state, QpState::Err | QpState::Sqe) {
-                let QpInner { req, send_wc, .. } = &mut *g;
-                req.flush(send_wc);
+            let QpInner { qp, req, send_wc, .. } = &mut *g;
+            if qp.flush_posted_sends(req, send_wc) {
                 self.deliver(&mut g);
-            } else if g.state == QpState::Rts {
+            } else if g.qp.state() == QpState::Rts {
                 self.start_send_queue(g, Some(wrs.len()));
             }
         }
@@ -264,7 +262,7 @@ impl QpShared {
     pub(crate) fn fails_for_port(&self, g: &mut QpInner) -> bool {
         if self.dev.port.is_up()
             || !self.dev.profile.switches().port_down_fails_sends
-            || !matches!(g.state, QpState::Rts | QpState::Sqd)
+            || !matches!(g.qp.state(), QpState::Rts | QpState::Sqd)
         {
             return false;
         }
@@ -325,11 +323,11 @@ impl QpShared {
                 wr_id: wr.wr_id,
                 error,
             };
-            if g.state == QpState::Reset {
+            if g.qp.state() == QpState::Reset {
                 result = Err(fail(Error::InvalidQpState {
                     call: "ibv_post_recv",
                     qpn: self.qpn,
-                    state: g.state,
+                    state: g.qp.state(),
                     reason: "receives can be posted from INIT on",
                 }));
                 break;
@@ -370,11 +368,13 @@ impl QpShared {
                 crate::capture::notes::posted_recvs(cap, self.qpn, &wrs[..n]);
             }
         }
-        // (`Switches::recv_in_err_flushed` off, as on rxe: they stay queued.)
-        if posted && g.state == QpState::Err && g.resp.switches().recv_in_err_flushed {
-            let QpInner { resp, recv_wc, .. } = &mut *g;
-            resp.flush(recv_wc);
-            self.deliver(&mut g);
+        if posted {
+            let QpInner {
+                qp, resp, recv_wc, ..
+            } = &mut *g;
+            if qp.flush_posted_recvs(resp, recv_wc) {
+                self.deliver(&mut g);
+            }
         }
         result
     }

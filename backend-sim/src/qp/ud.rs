@@ -93,8 +93,8 @@ impl QpShared {
     /// at once).
     pub fn receive_datagram(&self, frame: &Frame, payload: &[u8], src: &DatagramSource) {
         let mut g = self.inner.lock();
-        if !super::receives_in(g.state) {
-            tracing::debug!(qpn = self.qpn, state = ?g.state, "UD: datagram dropped: the QP does not receive in this state");
+        if !super::receives_in(g.qp.state()) {
+            tracing::debug!(qpn = self.qpn, state = ?g.qp.state(), "UD: datagram dropped: the QP does not receive in this state");
             self.dev.counters.ud_dropped();
             return;
         }

@@ -22,7 +22,11 @@
 //! range of seeds and prints the frames per second; a failure prints its seed and the
 //! command that replays it ([`LOG_SETTING`] shows its frames).
 //!
-//! The requester of end A talks to the responder of end B through the same
+//! Each end is a QP as an application has it: a [`Qp`] brought to RTS
+//! through `ibv_modify_qp`'s state machine, whose error rules a fatal completion follows
+//! (ERR, both queues flushed, later posts flushed at once), so that a run whose retries
+//! run out ([`workload::Spec::retries_exhausted`]) is checked against the model too. The
+//! requester of end A talks to the responder of end B through the same
 //! [`engine`](crate::engine) the TCP transport uses; frames travel as whole units
 //! (header and payload), each fed to the receiving reader in one piece.
 
@@ -38,14 +42,15 @@ use std::collections::BinaryHeap;
 use rustc_hash::FxHashMap;
 use std::time::{Duration, Instant};
 
-use verbs_api::timers::local_ack_timeout;
-use verbs_api::{AccessFlags, QpCap, WorkCompletion};
+use verbs_api::{AccessFlags, AhAttr, Mtu, QpAttr, QpAttrMask as M, QpCap, QpState, QpType, WorkCompletion};
 
 use crate::engine::{drive, DriveState, Sides, Stop};
 use crate::memory::MrTable;
-use crate::requester::{ReqAttrs, Requester};
-use crate::responder::{RespAttrs, Responder};
+use crate::qp::{receives_in, AvCheck, Qp, QpLimits};
+use crate::requester::Requester;
+use crate::responder::Responder;
 use crate::rx::Reader;
+use crate::switches::Switches;
 use crate::tx::TxQueue;
 use crate::wire::Frame;
 
@@ -99,8 +104,11 @@ pub enum Broken {
     Stuck(String),
 }
 
-/// One end of the connection: a QP's two halves, its memory, its byte streams.
+/// One end of the connection: a QP (its state machine and its two halves), its memory,
+/// its byte streams.
 pub struct End {
+    /// The QP's state and attributes.
+    pub qp: Qp,
     /// The QP's send queue.
     pub req: Requester,
     /// The QP's receive side.
@@ -110,7 +118,6 @@ pub struct End {
     reader: Reader,
     tx: TxQueue,
     st: DriveState,
-    err: bool,
     /// Its send completions, in the order they were produced.
     pub send_wc: Vec<WorkCompletion>,
     /// Its receive completions, with the solicited bit.
@@ -129,32 +136,67 @@ impl End {
             max_recv_sge: 4,
             max_inline_data: 64,
         };
+        let mut qp = Qp::new(QpType::Rc, cap, Switches::default());
         let mut req = Requester::new(qpn, PD, &cap, false);
-        req.dest_qpn = dest_qpn;
-        req.connect(ReqAttrs {
-            sq_psn: 0,
-            timeout: local_ack_timeout(attrs.timeout),
-            retry_cnt: attrs.retry_cnt,
-            rnr_retry: attrs.rnr_retry,
-            max_rd_atomic: 4,
-        });
-        req.set_path_mtu(attrs.path_mtu);
         let mut resp = Responder::new(qpn, PD, cap.max_recv_wr, 4);
-        resp.connect(RespAttrs {
-            rq_psn: 0,
-            min_rnr_timer: attrs.min_rnr_timer,
-        });
-        resp.set_path_mtu(attrs.path_mtu);
-        resp.access = AccessFlags::REMOTE;
-        resp.max_dest_rd_atomic = 16;
+        // RESET -> INIT -> RTR -> RTS through `ibv_modify_qp`'s state machine, as an
+        // application brings an RC QP up.
+        let steps = [
+            (
+                QpAttr {
+                    qp_state: QpState::Init,
+                    port_num: 1,
+                    qp_access_flags: AccessFlags::REMOTE,
+                    ..Default::default()
+                },
+                M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS,
+            ),
+            (
+                QpAttr {
+                    qp_state: QpState::Rtr,
+                    path_mtu: Mtu::from_raw(attrs.path_mtu.trailing_zeros().saturating_sub(7))
+                        .unwrap_or(Mtu::Mtu1024),
+                    dest_qp_num: dest_qpn,
+                    rq_psn: 0,
+                    max_dest_rd_atomic: 16,
+                    min_rnr_timer: attrs.min_rnr_timer,
+                    ..Default::default()
+                },
+                M::STATE
+                    | M::AV
+                    | M::PATH_MTU
+                    | M::DEST_QPN
+                    | M::RQ_PSN
+                    | M::MAX_DEST_RD_ATOMIC
+                    | M::MIN_RNR_TIMER,
+            ),
+            (
+                QpAttr {
+                    qp_state: QpState::Rts,
+                    sq_psn: 0,
+                    timeout: attrs.timeout,
+                    retry_cnt: attrs.retry_cnt,
+                    rnr_retry: attrs.rnr_retry,
+                    max_rd_atomic: 4,
+                    ..Default::default()
+                },
+                M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
+            ),
+        ];
+        for (attr, mask) in steps {
+            qp.handle_modify(&attr, mask, &LIMITS, &Wired, &mut req, &mut resp)
+                .expect("the fabric's attributes are legal");
+        }
+        // The fabric's connection is up from the start.
+        qp.handle_connection_up(&mut req);
         End {
+            qp,
             req,
             resp,
             mrs: MrTable::default(),
             reader: Reader::new(),
             tx: TxQueue::new(),
             st: DriveState::default(),
-            err: false,
             send_wc: Vec::new(),
             recv_wc: Vec::new(),
             force_rnr: 0,
@@ -163,26 +205,39 @@ impl End {
         }
     }
 
-    /// `ibv_post_send` on this end's QP.
+    /// `ibv_post_send` on this end's QP (in ERR the WR completes flushed).
     pub fn post(&mut self, wr: &verbs_api::SendWr<'_>) -> Result<(), crate::requester::PostCheck> {
-        self.req.post(wr, &self.mrs)
+        self.req.post(wr, &self.mrs)?;
+        self.qp.flush_posted_sends(&mut self.req, &mut self.send_wc);
+        Ok(())
+    }
+
+    /// `ibv_post_recv` on this end's QP (in ERR the WR completes flushed where the
+    /// device does so).
+    pub fn post_recv(&mut self, wr: &verbs_api::RecvWr<'_>) -> Result<(), crate::recv_queue::PostRecvError> {
+        self.resp.post(wr)?;
+        self.qp.flush_posted_recvs(&mut self.resp, &mut self.recv_wc);
+        Ok(())
     }
 
     /// Whether the QP went to ERR.
     pub fn in_error(&self) -> bool {
-        self.err
+        self.qp.state() == QpState::Err
     }
 
-    /// The QP goes to ERR: both halves flush.
+    /// A fatal completion: the QP goes to ERR and both halves flush.
     fn fail(&mut self) {
-        self.err = true;
-        self.req.flush(&mut self.send_wc);
-        self.resp.flush(&mut self.recv_wc);
+        self.qp.enter_error(
+            &mut self.req,
+            &mut self.resp,
+            &mut self.send_wc,
+            &mut self.recv_wc,
+        );
     }
 
     /// Builds what the requester may send now.
     fn transmit(&mut self, now: Instant) {
-        if !self.err
+        if !self.in_error()
             && self
                 .req
                 .poll_transmit(&self.mrs, now, &mut self.tx, 64, &mut self.send_wc)
@@ -201,7 +256,7 @@ impl End {
             let mut sides = Sides {
                 req: Some(&mut self.req),
                 resp: Some(&mut self.resp),
-                accepting: !self.err,
+                accepting: receives_in(self.qp.state()),
                 send_wc: &mut self.send_wc,
                 recv_wc: &mut self.recv_wc,
                 force_rnr: &mut self.force_rnr,
@@ -232,13 +287,15 @@ impl End {
         self.st = DriveState::default();
         let mut gone = Vec::new();
         self.tx.drain_into(&mut gone);
-        self.resp.connection_lost();
-        self.req.on_connection_lost();
+        self.qp
+            .handle_connection_lost(&mut self.req, &mut self.resp, &mut self.send_wc);
+        // The new byte streams are there at once.
+        self.qp.handle_connection_up(&mut self.req);
     }
 
     /// The requester's timers, if due.
     fn on_timer(&mut self, now: Instant) -> u64 {
-        if self.err {
+        if self.in_error() {
             return 0;
         }
         let r = self
@@ -252,11 +309,27 @@ impl End {
     }
 
     fn next_deadline(&self) -> Option<Instant> {
-        if self.err {
+        if self.in_error() {
             None
         } else {
             self.req.next_deadline()
         }
+    }
+}
+
+/// The device limits of the fabric's QPs.
+const LIMITS: QpLimits = QpLimits {
+    max_qp_init_rd_atom: 16,
+    max_qp_rd_atom: 16,
+};
+
+/// The fabric's addressing: the two ends are wired to each other, any address vector
+/// names the peer.
+struct Wired;
+
+impl AvCheck for Wired {
+    fn check_av(&self, _: &AhAttr) -> Result<(), (&'static str, String)> {
+        Ok(())
     }
 }
 

@@ -136,3 +136,32 @@ fn every_planted_bug_is_found() {
         }
     }
 }
+
+/// A network that loses every frame: each end's retries run out, its QP goes to ERR
+/// with RETRY_EXC_ERR on the WR the peer never acknowledged and flushes the rest (and
+/// WRs posted in ERR complete flushed at once), as the model says; the same seed gives
+/// the same trace.
+#[test]
+fn exhausted_retries_end_both_qps_in_error_with_flushes() {
+    let mut spec = Spec::new(40, FaultMix::lossy(100, 0));
+    spec.duplex = true;
+    spec.retries_exhausted = true;
+    spec.attrs.retry_cnt = 2;
+    // ~8 us ACK timeouts: the QPs reach ERR while WRs are still being posted.
+    spec.attrs.timeout = 1;
+    for seed in 0..SEEDS {
+        let one = run(seed, &spec).unwrap_or_else(|v| panic!("{v}"));
+        let two = run(seed, &spec).unwrap_or_else(|v| panic!("{v}"));
+        assert_eq!(one.trace, two.trace, "seed {seed}: the same seed, another trace");
+        assert!(
+            one.stats.timeouts > 0 && one.stats.delivered == 0,
+            "{:?}",
+            one.stats
+        );
+    }
+    // The clean network does not pass as one whose retries ran out.
+    let mut clean = Spec::new(40, FaultMix::clean(Duration::from_micros(2)));
+    clean.duplex = true;
+    clean.retries_exhausted = true;
+    assert!(run(0, &clean).is_err());
+}

@@ -47,6 +47,11 @@ pub struct Spec {
     pub max_events: u64,
     /// Both ends post (each its own mix, against the other's memory), not only A.
     pub duplex: bool,
+    /// The network is expected to exhaust the transport retries (`retry_cnt`): every end
+    /// that posts must end in ERR, its WRs completed each once and in order, successes,
+    /// then one `IBV_WC_RETRY_EXC_ERR`, then `IBV_WC_WR_FLUSH_ERR` (IBA 10.3.1 and
+    /// 9.7.5.1.1); otherwise any error breaks the model.
+    pub retries_exhausted: bool,
 }
 
 impl Spec {
@@ -58,6 +63,7 @@ impl Spec {
             attrs: Attrs::default(),
             max_events: 2_000_000,
             duplex: false,
+            retries_exhausted: false,
         }
     }
 }
@@ -216,8 +222,7 @@ impl Flow {
         if self.recvs < self.ops.clamp(1, RECVS) {
             let s = [sge(&self.rbufs, self.recvs * MAX_SEND, MAX_SEND)];
             f.end(!self.from_b)
-                .resp
-                .post(&RecvWr::new(1_000_000 + self.recvs as u64, &s))
+                .post_recv(&RecvWr::new(1_000_000 + self.recvs as u64, &s))
                 .expect("room for every receive");
             self.recvs += 1;
         }
@@ -309,8 +314,67 @@ impl Flow {
         Ok(())
     }
 
+    /// The model of a run whose retries ran out: this end in ERR, each WR completed once
+    /// and in order, successes, then one RETRY_EXC_ERR (the WR the peer never
+    /// acknowledged), then flushes; each receive the peer holds for it completed at most
+    /// once, in order, and once the peer is in ERR only successes and then flushes.
+    fn check_retries_exhausted(&self, f: &Fabric) -> Result<(), String> {
+        let (me, peer) = if self.from_b { (&f.b, &f.a) } else { (&f.a, &f.b) };
+        let name = self.name;
+        if !me.in_error() {
+            return Err(format!(
+                "{name} is in {:?}, not ERR, after its retries ran out",
+                me.qp.state()
+            ));
+        }
+        let got: Vec<u64> = me.send_wc.iter().map(|w| w.wr_id).collect();
+        let want: Vec<u64> = self.expect.iter().map(|(id, _)| *id).collect();
+        if got != want {
+            return Err(format!(
+                "{name}'s send completions: {got:?}, not each WR once in order: {want:?}"
+            ));
+        }
+        let statuses: Vec<WcStatus> = me.send_wc.iter().map(|w| w.status).collect();
+        let ok = statuses
+            .iter()
+            .position(|s| *s != WcStatus::Success)
+            .is_some_and(|k| {
+                statuses[k] == WcStatus::RetryExcErr
+                    && statuses[k + 1..].iter().all(|s| *s == WcStatus::WrFlushErr)
+            });
+        if !ok {
+            return Err(format!(
+                "{name}'s statuses {statuses:?}: not successes, one RETRY_EXC_ERR, then flushes"
+            ));
+        }
+        let ids: Vec<u64> = peer.recv_wc.iter().map(|(w, _)| w.wr_id).collect();
+        let posted: Vec<u64> = (0..self.recvs as u64).map(|k| 1_000_000 + k).collect();
+        if !posted.starts_with(&ids) {
+            return Err(format!(
+                "receives for {name}'s SENDs completed as {ids:?}, not once each in order"
+            ));
+        }
+        let mut flushed = false;
+        for (w, _) in &peer.recv_wc {
+            flushed |= w.status == WcStatus::WrFlushErr;
+            if w.status
+                != if flushed {
+                    WcStatus::WrFlushErr
+                } else {
+                    WcStatus::Success
+                }
+            {
+                return Err(format!("a receive for {name}'s SENDs: {w:?}"));
+            }
+        }
+        Ok(())
+    }
+
     /// The model's checks, in the order a failure is easiest to read.
-    fn check(&self, f: &Fabric) -> Result<(), String> {
+    fn check(&self, f: &Fabric, retries_exhausted: bool) -> Result<(), String> {
+        if retries_exhausted {
+            return self.check_retries_exhausted(f);
+        }
         let (me, peer) = if self.from_b { (&f.b, &f.a) } else { (&f.a, &f.b) };
         let name = self.name;
         let first_bad = me.send_wc.iter().find(|w| w.status != WcStatus::Success);
@@ -445,7 +509,7 @@ pub fn run(seed: u64, spec: &Spec) -> Result<Outcome, Violation> {
         return Err(fail(format!("{b:?}")));
     }
     for flow in &flows {
-        flow.check(&f).map_err(fail)?;
+        flow.check(&f, spec.retries_exhausted).map_err(fail)?;
     }
     Ok(Outcome {
         trace: f.trace(),
