@@ -17,12 +17,6 @@ const T: Duration = Duration::from_secs(10);
 /// A on sim0 (requester), B on sim1 (responder).
 fn pair(timeout: u8, retry_cnt: u8, rnr_retry: u8) -> common::Pair {
     let spec = PairSpec {
-        a: RcParams {
-            timeout,
-            retry_cnt,
-            rnr_retry,
-            ..RcParams::default()
-        },
         b: RcParams {
             min_rnr_timer: 1,
             ..RcParams::default()
@@ -32,9 +26,10 @@ fn pair(timeout: u8, retry_cnt: u8, rnr_retry: u8) -> common::Pair {
         ..PairSpec::new(&RcParams::default(), QpCap::new(64, 64))
     };
     let p = common::Pair::build(spec, |_, _| {});
-    // One WRITE through before any fault is armed: the connection is up (its setup, a
-    // connect and the peer's check of the hello, is not what a test injects into), and
-    // a short retry budget counts the fault alone.
+    // One WRITE through before any fault is armed, with the default budget: the
+    // connection is up (its setup, a connect and the peer's check of the hello, is not
+    // what a test injects into), and the test's budget, set after it, counts the fault
+    // alone.
     let src = p.pd0.reg_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
     let dst = p
         .pd1
@@ -44,6 +39,7 @@ fn pair(timeout: u8, retry_cnt: u8, rnr_retry: u8) -> common::Pair {
         .unwrap();
     let w = poll_n(&p.cq0, 1, T).unwrap();
     assert!(w[0].is_ok(), "the pair's first WRITE: {w:?}");
+    common::set_budget(&p.a, timeout, retry_cnt, rnr_retry);
     p
 }
 

@@ -186,6 +186,29 @@ impl Pair {
     }
 }
 
+/// Gives connected RC QP `qp` (in RTS, nothing outstanding) a new requester budget: its
+/// local ACK `timeout`, `retry_cnt` and `rnr_retry`, through SQD (the only state in which
+/// `ibv_modify_qp` changes them) and back to RTS. A test that wants a short budget warms
+/// its connection up with a long one first: on a machine loaded to several threads per
+/// CPU, a connection's setup alone can outlast a budget of milliseconds, and what the test
+/// injects is not the setup.
+pub fn set_budget<Q: QueuePair>(qp: &Q, timeout: u8, retry_cnt: u8, rnr_retry: u8) {
+    let to = |qp_state| QpAttr {
+        qp_state,
+        ..Default::default()
+    };
+    qp.modify(&to(QpState::Sqd), QpAttrMask::STATE).unwrap();
+    let budget = QpAttr {
+        timeout,
+        retry_cnt,
+        rnr_retry,
+        ..to(QpState::Sqd)
+    };
+    let mask = QpAttrMask::STATE | QpAttrMask::TIMEOUT | QpAttrMask::RETRY_CNT | QpAttrMask::RNR_RETRY;
+    qp.modify(&budget, mask).unwrap();
+    qp.modify(&to(QpState::Rts), QpAttrMask::STATE).unwrap();
+}
+
 // ---------------------------------------------------------------- captures
 
 /// A RoCE packet of a capture: parsed, its bytes as kept from the IP header on, its

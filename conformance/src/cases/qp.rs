@@ -98,6 +98,12 @@ pub fn list<B: Backend>() -> Vec<Case<B>> {
             qp_sqd_resume
         ),
         case!(
+            "qp.sqd-budget",
+            "rnr_retry lowered from 7 to 0 by SQD -> SQD holds for the next SEND: one RNR NAK ends it in RNR_RETRY_EXC_ERR",
+            "man ibv_modify_qp (SQD -> SQD: timeout, retry_cnt, rnr_retry, max_rd_atomic); IBA 11.2.5.2 and 10.3.1",
+            qp_sqd_budget
+        ),
+        case!(
             "qp.rd-atomic-rounding",
             "max_rd_atomic and max_dest_rd_atomic 3 are granted and reported as 3",
             "man ibv_modify_qp (max_rd_atomic, max_dest_rd_atomic); man ibv_query_qp",
@@ -116,6 +122,50 @@ pub fn list<B: Backend>() -> Vec<Case<B>> {
             qp_av_udp_hint
         ),
     ]
+}
+
+fn qp_sqd_budget<B: Backend>(env: &Env<B>) -> CaseResult {
+    // With rnr_retry 7 a SEND to a QP without receives is retried for ever; B's
+    // min_rnr_timer (0.01 ms) keeps the retries quick.
+    let mut o = env.opts();
+    o.a.rnr_retry = 7;
+    o.b.min_rnr_timer = 1;
+    let p = env.pair(&o)?;
+    let src = env.mr(&p.pd, 64, A::LOCAL_WRITE)?;
+    let to = |state| QpAttr {
+        qp_state: state,
+        ..Default::default()
+    };
+    p.a.modify(&to(QpState::Sqd), M::STATE)?;
+    // Attributes change in SQD only once the send queue has drained (rxe refuses them
+    // while `sq_draining`); nothing was sent, so that is at once or nearly.
+    let deadline = std::time::Instant::now() + env.cfg.timeout;
+    while p.a.query()?.sq_draining {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "the empty send queue never drained in SQD"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let budget = QpAttr {
+        rnr_retry: 0,
+        ..to(QpState::Sqd)
+    };
+    p.a.modify(&budget, M::STATE | M::RNR_RETRY)?;
+    ensure_eq!(p.a.query()?.rnr_retry, 0, "rnr_retry queried after SQD -> SQD");
+    p.a.modify(&to(QpState::Rts), M::STATE)?;
+    p.a.post_send(&[SendWr::send(1, &[src.sge(0, 8)?]).signaled()])?;
+    let wc = env.wait1(&p.cq_a)?;
+    env.observe(
+        "SEND to no receive after rnr_retry 7 -> 0 in SQD",
+        format!("{:?}", wc.status),
+    );
+    ensure_eq!(
+        (wc.wr_id, wc.status),
+        (1, verbs_api::WcStatus::RnrRetryExcErr),
+        "the SEND after SQD -> SQD"
+    );
+    Ok(Outcome::Pass)
 }
 
 fn qp_rd_atomic_rounding<B: Backend>(env: &Env<B>) -> CaseResult {

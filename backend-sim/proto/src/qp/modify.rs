@@ -135,6 +135,12 @@ fn check_values(attr: &QpAttr, mask: M, limits: &QpLimits, av: &dyn AvCheck) -> 
     Ok(())
 }
 
+/// The attributes of the requester's budget, which SQD -> SQD may change.
+const BUDGET: M = M::TIMEOUT
+    .union(M::RETRY_CNT)
+    .union(M::RNR_RETRY)
+    .union(M::MAX_QP_RD_ATOMIC);
+
 impl Qp {
     /// Checks a modify call (transition, mask, values) without applying it: the state it
     /// would reach.
@@ -198,13 +204,7 @@ impl Qp {
                 effect = Effect::Connect;
             }
             QpState::Rts if cur == QpState::Rtr => {
-                req.connect(ReqAttrs {
-                    sq_psn: a.sq_psn,
-                    timeout: local_ack_timeout(a.timeout),
-                    retry_cnt: a.retry_cnt,
-                    rnr_retry: a.rnr_retry,
-                    max_rd_atomic: a.max_rd_atomic,
-                });
+                req.connect(Self::req_attrs(&a));
                 req.draining = false;
             }
             QpState::Rts => {
@@ -215,6 +215,12 @@ impl Qp {
             }
             QpState::Sqd => {
                 req.draining = true;
+                // SQD -> SQD is where the requester's budget may change (IBA 11.2.5.2;
+                // rxe's `rxe_qp_from_attr` takes it at once): the WQEs sent after
+                // the return to RTS count against the new one.
+                if cur == QpState::Sqd && mask.intersects(BUDGET) {
+                    req.set_budget(Self::req_attrs(&a));
+                }
                 if cur == QpState::Rts {
                     // IBA 11.6.3.1 and `man ibv_modify_qp`: the event only when asked
                     // for with this transition; rxe raises it whatever the flag says
@@ -236,6 +242,17 @@ impl Qp {
             to: next,
             effect,
         })
+    }
+
+    /// The requester's attributes among the QP's `a`.
+    fn req_attrs(a: &QpAttr) -> ReqAttrs {
+        ReqAttrs {
+            sq_psn: a.sq_psn,
+            timeout: local_ack_timeout(a.timeout),
+            retry_cnt: a.retry_cnt,
+            rnr_retry: a.rnr_retry,
+            max_rd_atomic: a.max_rd_atomic,
+        }
     }
 
     /// Sets the attributes `mask` names from `attr`.

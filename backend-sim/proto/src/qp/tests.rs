@@ -1,4 +1,5 @@
 use proptest::prelude::*;
+use verbs_api::timers::local_ack_timeout;
 use verbs_api::{
     AccessFlags, AhAttr, Mtu, QpAttr, QpAttrMask as M, QpCap, QpState, QpType, RecvWr, SendWr, WcStatus,
 };
@@ -154,6 +155,35 @@ fn sqd_owes_the_drained_event_only_when_asked() {
         assert_eq!(t.effect, Effect::Resume { start: false });
         assert!(!r.req.draining);
     }
+}
+
+/// SQD -> SQD changes the requester's budget (`timeout`, `retry_cnt`, `rnr_retry`,
+/// `max_rd_atomic`), which the WQEs sent after it count against; the PSNs stay.
+#[test]
+fn sqd_to_sqd_changes_the_requesters_budget() {
+    let mut r = Rig::new(QpType::Rc, Switches::default());
+    for s in [QpState::Init, QpState::Rtr, QpState::Rts, QpState::Sqd] {
+        r.to(s);
+    }
+    let psn = r.req.next_psn();
+    let attr = QpAttr {
+        qp_state: QpState::Sqd,
+        timeout: 10,
+        retry_cnt: 1,
+        rnr_retry: 2,
+        max_rd_atomic: 8,
+        ..Default::default()
+    };
+    let mask = M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC;
+    r.modify(&attr, mask).unwrap();
+    let a = r.req.attrs();
+    assert_eq!(
+        (a.timeout, a.retry_cnt, a.rnr_retry, a.max_rd_atomic),
+        (local_ack_timeout(10), 1, 2, 8)
+    );
+    r.to(QpState::Rts);
+    assert_eq!(r.req.next_psn(), psn, "the PSNs go on where they were");
+    assert_eq!(r.req.attrs().rnr_retry, 2, "kept across SQD -> RTS");
 }
 
 /// IBA 10.3.1 / `man ibv_modify_qp`: ERR flushes both queues, in order, with

@@ -380,6 +380,19 @@ impl Requester {
         self.rnr_left = attrs.rnr_retry;
     }
 
+    /// Applies a new budget (`ibv_modify_qp` SQD -> SQD: `timeout`, `retry_cnt`,
+    /// `rnr_retry`, `max_rd_atomic` in `attrs`; its `sq_psn` is ignored): the WQEs sent
+    /// from now on count their retries against it. In SQD nothing is in flight once the
+    /// queue has drained, so the counts start afresh.
+    pub fn set_budget(&mut self, attrs: ReqAttrs) {
+        self.attrs = ReqAttrs {
+            sq_psn: self.attrs.sq_psn,
+            ..attrs
+        };
+        self.retry_left = attrs.retry_cnt;
+        self.rnr_left = attrs.rnr_retry;
+    }
+
     /// Sets the path MTU in bytes (`path_mtu`, given at RTR): a SEND or WRITE then takes
     /// a PSN per packet of that size, a READ as many for its response (IBA 9.7.1).
     /// Until it is set a message takes one PSN.
