@@ -340,12 +340,19 @@ fn main() {
     // time, and serving it allocates: no part of the data path, so no endpoint here.
     // (Set while the process has one thread.)
     std::env::set_var("RDMA_SIM_CONTROL", "off");
+    // Likewise a process that starts a device sweeps the same-host sockets of its
+    // network namespace by connecting to each, and accepting allocates: a directory of
+    // this process's own keeps its sockets out of others' sight.
+    let links = std::env::temp_dir().join(format!("rdma-sim-link-alloc-{}", std::process::id()));
+    std::env::set_var("RDMA_SIM_LINK_DIR", &links);
     let args = Arguments::from_args();
     let trials = vec![Trial::test("the_data_path_allocates_nothing_once_warm", || {
         the_data_path_allocates_nothing_once_warm();
         Ok(())
     })];
-    libtest_mimic::run(&args, trials).exit();
+    let done = libtest_mimic::run(&args, trials);
+    let _ = std::fs::remove_dir_all(&links);
+    done.exit();
 }
 
 fn the_data_path_allocates_nothing_once_warm() {
