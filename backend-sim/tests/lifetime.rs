@@ -190,13 +190,18 @@ const CAP: QpCap = QpCap::new(64, 4);
 /// A on the requester's device, B on the responder's, connected. The requester gives up
 /// after 3 x 67 ms without an answer.
 fn pair(f: &Fabric, pd_a: &SimPd, pd_b: &SimPd) -> Pair {
+    pair_with(f, pd_a, pd_b, 14, 2)
+}
+
+/// [`pair`] with the requester's local ACK `timeout` and `retry_cnt`.
+fn pair_with(f: &Fabric, pd_a: &SimPd, pd_b: &SimPd, timeout: u8, retry_cnt: u8) -> Pair {
     let cq_a = f.a.create_cq(256, None).unwrap();
     let cq_b = f.b.create_cq(256, None).unwrap();
     let a = pd_a.create_qp(&QpInitAttr::rc(&cq_a, &cq_a, CAP)).unwrap();
     let b = pd_b.create_qp(&QpInitAttr::rc(&cq_b, &cq_b, CAP)).unwrap();
     let pa = RcParams {
-        timeout: 14,
-        retry_cnt: 2,
+        timeout,
+        retry_cnt,
         max_rd_atomic: 16,
         ..RcParams::default()
     };
@@ -529,7 +534,10 @@ impl Bench {
         std::thread::sleep(Duration::from_millis(20));
         // A fresh QP writing to the dead rkey must be refused and change nothing.
         if remote_at_dereg.is_some() {
-            let q = pair(f, &pd_a, &pd_b);
+            // What this checks is the access check, not a deadline: a budget that a
+            // connection's setup and a 1 MiB WRITE meet on a machine loaded to several
+            // threads per CPU (1.07 s x 8; the answer is a NAK, so it never runs out).
+            let q = pair_with(f, &pd_a, &pd_b, 18, 7);
             let src = src.as_ref().expect("the source lives");
             let sge = [src.sge(0, MIB).unwrap()];
             q.a.post_send(&[SendWr::write(100, &sge, RemoteAddr::new(remote.ptr() as u64, rkey)).signaled()])
