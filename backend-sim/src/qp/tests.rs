@@ -769,13 +769,16 @@ fn an_ack_waiting_on_a_held_connection_costs_no_retry() {
 /// (`Progress::kick`), so the peer takes the first messages while the thread copies the
 /// next; queued for its next poll, the whole ring would leave at once, and the two ends
 /// would take turns instead of overlapping. Whether a WR waits is read off the send
-/// queue right after the post, so no clock is involved; a post that finds another
-/// thread servicing the connection leaves that thread to send it, hence a majority of
-/// attempts rather than all.
+/// queue right after each post, so no clock is involved. Without the flush a progress
+/// thread that happens to be awake may take a queued WR before the look, but seldom
+/// every one of a run of four; with it, a post that finds another thread servicing the
+/// connection leaves that thread to send it, hence a majority of attempts, not all.
 #[test]
 fn large_writes_posted_to_a_busy_qp_leave_without_waiting_for_a_poll() {
     use verbs_api::{CompletionQueue, WorkCompletion};
     const BIG: usize = 64 << 10;
+    // Large WRITEs posted one after another per attempt.
+    const RUN: u64 = 4;
     let two = TwoDevices::open();
     let (pd0, pd1, cq0) = (&two.pd0, &two.pd1, &two.cq0);
     let (a, _b) = two.pair(QpCap::new(16, 16), &RcParams::default());
@@ -796,19 +799,24 @@ fn large_writes_posted_to_a_busy_qp_leave_without_waiting_for_a_poll() {
         }
         // The first post after a poll leaves at once; the QP is then busy until this
         // thread reads its ACK (at its next poll)...
-        a.post_send(&[SendWr::write(2 * attempt, &small, dst.remote().at(0)).signaled()])
+        a.post_send(&[SendWr::write(8 * attempt, &small, dst.remote().at(0)).signaled()])
             .unwrap();
-        // ...so the large WRITE after it is posted to a busy QP.
-        a.post_send(&[SendWr::write(2 * attempt + 1, &big, dst.remote().at(BIG as u64)).signaled()])
-            .unwrap();
-        if !a.qp.inner.lock().req.has_unsent() {
+        // ...so the large WRITEs after it are posted to a busy QP, one at a time as a
+        // ring's messages are.
+        let mut all_left = true;
+        for k in 1..=RUN {
+            let wr = SendWr::write(8 * attempt + k, &big, dst.remote().at(BIG as u64)).signaled();
+            a.post_send(&[wr]).unwrap();
+            all_left &= !a.qp.inner.lock().req.has_unsent();
+        }
+        if all_left {
             left_at_once += 1;
         }
-        let wc = poll_n(cq0, 2, Duration::from_secs(10)).unwrap();
+        let wc = poll_n(cq0, 1 + RUN as usize, Duration::from_secs(10)).unwrap();
         assert!(wc.iter().all(|w| w.is_ok()), "{wc:?}");
     }
     assert!(
         left_at_once * 2 > attempts,
-        "a 64 KiB WRITE to a busy QP left at once in {left_at_once} of {attempts} attempts"
+        "{RUN} WRITEs of 64 KiB to a busy QP all left at once in {left_at_once} of {attempts} attempts"
     );
 }
