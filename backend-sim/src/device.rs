@@ -553,8 +553,8 @@ impl DataPath for DeviceShared {
         self.progress.rearm(qp, g);
     }
 
-    fn kick(&self, qp: &Arc<QpShared>, conn: &Arc<Conn>, idle: bool, wrs: usize) {
-        self.progress.kick(qp, conn, idle, wrs);
+    fn kick(&self, qp: &Arc<QpShared>, conn: &Arc<Conn>, idle: bool, wrs: usize, bytes: u64) {
+        self.progress.kick(qp, conn, idle, wrs, bytes);
     }
 
     fn schedule(&self, qp: &Arc<QpShared>) {

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::bell::BELL;
-use super::window::{ON_PROGRESS_THREAD, POLLED, POLLED_AT, POSTS_SINCE_POLL};
+use super::window::{
+    ON_PROGRESS_THREAD, POLLED, POLLED_AT, POSTS_SINCE_POLL, QUEUED_SINCE_POLL, STREAM_FLUSH,
+};
 use super::{Mode, Progress};
 use crate::epoll::wait_on;
 use crate::qp::{Conn, QpInner, QpShared};
@@ -25,7 +27,15 @@ impl Progress {
     /// while it drives. The first post after a poll never waits (a ping-pong, also one
     /// between two QPs of this device, each of which looks busy while it owes the other
     /// an ACK), nor does a list (the poster's own batch).
-    pub fn kick(&self, qp: &Arc<QpShared>, conn: &Arc<Conn>, idle: bool, wrs: usize) {
+    ///
+    /// WRs posted to a busy connection leave at once too when the thread has left
+    /// [`STREAM_FLUSH`] bytes (`bytes`: this post's payload) queued since its last poll
+    /// or transmit, as an HCA starts on a WQE when its doorbell rings: a thread that
+    /// copies each message into a ring before it posts it (rsockets) polls only when its
+    /// ring is full, and the peer would otherwise get nothing until then, and then the
+    /// whole ring at once, while this thread waits for the credits the peer returns only
+    /// once it has taken the data: the two ends would take turns instead of overlapping.
+    pub fn kick(&self, qp: &Arc<QpShared>, conn: &Arc<Conn>, idle: bool, wrs: usize, bytes: u64) {
         // The application answers on this connection: an ACK may wait for its next
         // post (see `answer`).
         if !conn.answers.load(Ordering::Relaxed) {
@@ -38,10 +48,16 @@ impl Progress {
         if join {
             self.joined.fetch_add(1, Ordering::Relaxed);
         }
-        if idle && !join && self.service_inner(conn, Mode::Transmit, false, Some(now)) {
+        let queued = QUEUED_SINCE_POLL.get().saturating_add(bytes);
+        let stream = !idle && queued >= STREAM_FLUSH;
+        if ((idle && !join) || stream) && self.service_inner(conn, Mode::Transmit, false, Some(now)) {
+            if stream {
+                QUEUED_SINCE_POLL.set(0);
+            }
             self.flush_acks();
             return;
         }
+        QUEUED_SINCE_POLL.set(queued);
         self.schedule(qp);
     }
 
@@ -161,6 +177,7 @@ impl Progress {
     /// comparison per poll while it stays on one device.
     pub(super) fn user_here(self: &Arc<Self>) {
         POSTS_SINCE_POLL.set(0);
+        QUEUED_SINCE_POLL.set(0);
         if std::ptr::eq(POLLED_AT.get(), Arc::as_ptr(self)) {
             return;
         }

@@ -18,6 +18,11 @@ pub(super) const DRIVE_GAP: Duration = Duration::from_micros(50);
 pub(super) const USER_WINDOW: Duration = Duration::from_micros(100);
 /// How long after that the progress thread looks again (`RDMA_SIM_GRACE_US`).
 pub(super) const USER_GRACE: Duration = Duration::from_millis(2);
+/// Bytes a thread may leave queued on busy send queues between two polls before its
+/// post transmits them (`Progress::kick`). At this size copying the payload costs far
+/// more than the `sendmsg` that carries it, so a batch gains little by growing, while
+/// the peer waits for bytes that sit queued behind the poster's own work.
+pub(super) const STREAM_FLUSH: u64 = 64 << 10;
 
 thread_local! {
     /// Set on progress threads: their writes are not an application driving progress.
@@ -30,6 +35,9 @@ thread_local! {
     /// `post_send` calls of this application thread since its last poll of a CQ
     /// (`Progress::kick`: only a post that follows another one may wait for more).
     pub(super) static POSTS_SINCE_POLL: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    /// Payload bytes this application thread's posts left queued since its last poll or
+    /// since a post sent them for exceeding [`STREAM_FLUSH`] (`Progress::kick`).
+    pub(super) static QUEUED_SINCE_POLL: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 /// The driving window of one device.

@@ -92,8 +92,9 @@ pub trait DataPath: Send + Sync {
     fn count_awaiting_link(&self, awaits: bool);
     /// Schedules the QP's next timer check (with its lock held).
     fn rearm(&self, qp: &Arc<QpShared>, g: &mut QpInner);
-    /// WRs were posted to a connected QP in RTS: transmit them, now or soon.
-    fn kick(&self, qp: &Arc<QpShared>, conn: &Arc<Conn>, idle: bool, wrs: usize);
+    /// WRs were posted to a connected QP in RTS (`wrs` of them, `bytes` of payload):
+    /// transmit them, now or soon.
+    fn kick(&self, qp: &Arc<QpShared>, conn: &Arc<Conn>, idle: bool, wrs: usize, bytes: u64);
     /// The QP has work for its connection: service it soon.
     fn schedule(&self, qp: &Arc<QpShared>);
     /// The QP (the active side of its pair) needs a connection for `epoch`.

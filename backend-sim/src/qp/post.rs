@@ -103,7 +103,8 @@ impl QpShared {
             if qp.flush_posted_sends(req, send_wc) {
                 self.deliver(&mut g);
             } else if g.qp.state() == QpState::Rts {
-                self.start_send_queue(g, Some(wrs.len()));
+                let bytes = wrs.iter().map(SendWr::total_len).sum();
+                self.start_send_queue(g, Some((wrs.len(), bytes)));
             }
         }
         result
@@ -279,10 +280,14 @@ impl QpShared {
     }
 
     /// Starts sending what the send queue holds, now that it may: after `post_send` in
-    /// RTS (`posted`: the number of WRs of the call), and after SQD -> RTS (`None`), which
+    /// RTS (`posted`: the number of WRs of the call and their payload bytes), and after SQD -> RTS (`None`), which
     /// resumes the WQEs posted while the queue drained: nothing else starts them, and
     /// without this they would wait for the next post. Releases the lock.
-    pub(super) fn start_send_queue(self: &Arc<Self>, mut g: MutexGuard<'_, QpInner>, posted: Option<usize>) {
+    pub(super) fn start_send_queue(
+        self: &Arc<Self>,
+        mut g: MutexGuard<'_, QpInner>,
+        posted: Option<(usize, u64)>,
+    ) {
         if self.qp_type == QpType::Ud {
             // No connection: the device's links carry the datagrams.
             drop(g);
@@ -304,7 +309,7 @@ impl QpShared {
         }
         drop(g);
         match (conn, posted) {
-            (Some(c), Some(wrs)) => self.dev.path.kick(self, &c, idle, wrs),
+            (Some(c), Some((wrs, bytes))) => self.dev.path.kick(self, &c, idle, wrs, bytes),
             // Not a post (it must not count as one of a refill loop's, see
             // `Progress::kick`): queued for the driving thread or the progress thread.
             (Some(_), None) => self.dev.path.schedule(self),

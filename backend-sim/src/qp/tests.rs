@@ -352,6 +352,52 @@ fn work_left_while_the_progress_thread_sleeps_unbounded_is_taken_over() {
     });
 }
 
+/// Two devices (`sim0`, `sim1`), each with a PD and a CQ, between which tests connect
+/// RC QPs: each end has its own progress, as two processes would.
+struct TwoDevices {
+    c0: crate::SimContext,
+    c1: crate::SimContext,
+    pd0: crate::SimPd,
+    pd1: crate::SimPd,
+    cq0: crate::SimCq,
+    cq1: crate::SimCq,
+}
+
+impl TwoDevices {
+    fn open() -> TwoDevices {
+        use verbs_api::Backend;
+        let sim = SimBackend::default();
+        let (c0, c1) = (sim.open("sim0").unwrap(), sim.open("sim1").unwrap());
+        let pd = |c: &crate::SimContext| c.alloc_pd().unwrap();
+        let cq = |c: &crate::SimContext| c.create_cq(64, None).unwrap();
+        TwoDevices {
+            pd0: pd(&c0),
+            pd1: pd(&c1),
+            cq0: cq(&c0),
+            cq1: cq(&c1),
+            c0,
+            c1,
+        }
+    }
+
+    /// An RC QP on `sim0` connected to one on `sim1` (parameters `p`).
+    fn pair(&self, cap: QpCap, p: &RcParams) -> (crate::SimQp, crate::SimQp) {
+        let a = self
+            .pd0
+            .create_qp(&QpInitAttr::rc(&self.cq0, &self.cq0, cap))
+            .unwrap();
+        let b = self
+            .pd1
+            .create_qp(&QpInitAttr::rc(&self.cq1, &self.cq1, cap))
+            .unwrap();
+        let ea = local_endpoint(&self.c0, &a, p, 1).unwrap();
+        let eb = local_endpoint(&self.c1, &b, p, 2).unwrap();
+        connect_rc(&a, p, 1, &eb).unwrap();
+        connect_rc(&b, p, 2, &ea).unwrap();
+        (a, b)
+    }
+}
+
 /// A lone WR posted to an idle QP while this thread drives progress, after another
 /// post, and another QP of the device has work outstanding waits for the WRs posted
 /// after it (`Progress::kick`). A thread that posts it and then stops polling (it computes)
@@ -360,27 +406,15 @@ fn work_left_while_the_progress_thread_sleeps_unbounded_is_taken_over() {
 /// that hand-over the WRITE would wait for a poll that never comes.
 #[test]
 fn a_lone_write_that_waits_while_the_thread_drives_is_executed_without_another_poll() {
-    use verbs_api::{Backend, CompletionQueue, WorkCompletion};
-    let sim = SimBackend::default();
-    let c0 = sim.open("sim0").unwrap();
-    let c1 = sim.open("sim1").unwrap();
-    let (pd0, pd1) = (c0.alloc_pd().unwrap(), c1.alloc_pd().unwrap());
-    let (cq0, cq1) = (c0.create_cq(64, None).unwrap(), c1.create_cq(64, None).unwrap());
-    let cap = QpCap::new(8, 8);
+    use verbs_api::{CompletionQueue, WorkCompletion};
     // A timeout of 1.07 s: the stalled WRITE below is not resent meanwhile.
     let p = RcParams {
         timeout: 18,
         ..RcParams::default()
     };
-    let pair = || {
-        let a = pd0.create_qp(&QpInitAttr::rc(&cq0, &cq0, cap)).unwrap();
-        let b = pd1.create_qp(&QpInitAttr::rc(&cq1, &cq1, cap)).unwrap();
-        let ea = local_endpoint(&c0, &a, &p, 1).unwrap();
-        let eb = local_endpoint(&c1, &b, &p, 2).unwrap();
-        connect_rc(&a, &p, 1, &eb).unwrap();
-        connect_rc(&b, &p, 2, &ea).unwrap();
-        (a, b)
-    };
+    let two = TwoDevices::open();
+    let (c0, c1, pd0, pd1, cq0) = (&two.c0, &two.c1, &two.pd0, &two.pd1, &two.cq0);
+    let pair = || two.pair(QpCap::new(8, 8), &p);
     let (a1, b1) = pair();
     let (a2, _b2) = pair();
     let (a3, _b3) = pair();
@@ -400,7 +434,7 @@ fn a_lone_write_that_waits_while_the_thread_drives_is_executed_without_another_p
     write(&a1, 1, &first, 0);
     write(&a2, 2, &lone, 8);
     write(&a3, 3, &first, 16);
-    let wc = poll_n(&cq0, 3, Duration::from_secs(10)).unwrap();
+    let wc = poll_n(cq0, 3, Duration::from_secs(10)).unwrap();
     assert!(wc.iter().all(|w| w.is_ok()), "{wc:?}");
 
     // a1's next WRITE stays outstanding: its peer processes nothing for 1 s.
@@ -726,5 +760,63 @@ fn an_ack_waiting_on_a_held_connection_costs_no_retry() {
         dev.ctx.counters().local_ack_timeout_err,
         0,
         "the held ACK cost a retry"
+    );
+}
+
+/// A thread that copies each message into a ring before it posts it (rsockets) posts
+/// many large WRs to a busy QP between two polls: it polls only once its ring is full.
+/// Once 64 KiB wait (`STREAM_FLUSH`), its post transmits them
+/// (`Progress::kick`), so the peer takes the first messages while the thread copies the
+/// next; queued for its next poll, the whole ring would leave at once, and the two ends
+/// would take turns instead of overlapping. Whether a WR waits is read off the send
+/// queue right after each post, so no clock is involved. Without the flush a progress
+/// thread that happens to be awake may take a queued WR before the look, but seldom
+/// every one of a run of four; with it, a post that finds another thread servicing the
+/// connection leaves that thread to send it, hence a majority of attempts, not all.
+#[test]
+fn large_writes_posted_to_a_busy_qp_leave_without_waiting_for_a_poll() {
+    use verbs_api::{CompletionQueue, WorkCompletion};
+    const BIG: usize = 64 << 10;
+    // Large WRITEs posted one after another per attempt.
+    const RUN: u64 = 4;
+    let two = TwoDevices::open();
+    let (pd0, pd1, cq0) = (&two.pd0, &two.pd1, &two.cq0);
+    let (a, _b) = two.pair(QpCap::new(16, 16), &RcParams::default());
+    let src = pd0.reg_mr(2 * BIG, AccessFlags::LOCAL_WRITE).unwrap();
+    let dst = pd1
+        .reg_mr(2 * BIG, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+        .unwrap();
+    let small = [src.sge(0, 64).unwrap()];
+    let big = [src.sge(BIG, BIG).unwrap()];
+    let mut wcs = [WorkCompletion::default(); 8];
+    let attempts = 20;
+    let mut left_at_once = 0;
+    for attempt in 0..attempts {
+        // Drive: polls in a tight loop for 1 ms.
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_millis(1) {
+            cq0.poll(&mut wcs).unwrap();
+        }
+        // The first post after a poll leaves at once; the QP is then busy until this
+        // thread reads its ACK (at its next poll)...
+        a.post_send(&[SendWr::write(8 * attempt, &small, dst.remote().at(0)).signaled()])
+            .unwrap();
+        // ...so the large WRITEs after it are posted to a busy QP, one at a time as a
+        // ring's messages are.
+        let mut all_left = true;
+        for k in 1..=RUN {
+            let wr = SendWr::write(8 * attempt + k, &big, dst.remote().at(BIG as u64)).signaled();
+            a.post_send(&[wr]).unwrap();
+            all_left &= !a.qp.inner.lock().req.has_unsent();
+        }
+        if all_left {
+            left_at_once += 1;
+        }
+        let wc = poll_n(cq0, 1 + RUN as usize, Duration::from_secs(10)).unwrap();
+        assert!(wc.iter().all(|w| w.is_ok()), "{wc:?}");
+    }
+    assert!(
+        left_at_once * 2 > attempts,
+        "{RUN} WRITEs of 64 KiB to a busy QP all left at once in {left_at_once} of {attempts} attempts"
     );
 }
