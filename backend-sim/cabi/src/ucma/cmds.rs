@@ -42,6 +42,7 @@ pub fn run(fd: RawFd, file: &Arc<File>, buf: u64, len: usize) -> R {
     if len < hdr_len {
         return Err(libc::EINVAL);
     }
+    let _window = super::user::Window::load(buf, len);
     let hdr: rdma_ucm_cmd_hdr = read(buf, hdr_len)?;
     if hdr.cmd >= cmd::COUNT {
         return Err(libc::EINVAL);
