@@ -8,8 +8,9 @@
 //! as rxe computes it (`rxe_icrc.c`, the sim's own function), and every packet's UDP
 //! source port is held to the one rxe derives from its QP numbers.
 //!
-//! Prints Markdown (a summary table, then each case's lines; a line marked `!` differs);
-//! `--out FILE` writes it there instead. Exits 1 when a packet's ICRC or source port is
+//! Prints Markdown (a summary table, then each case's lines, the first `--max-lines`
+//! (200) of each; a line marked `!` differs); `--out FILE` writes it there instead;
+//! `--label` names the device's column (rxe0). Exits 1 when a packet's ICRC or source port is
 //! not rxe's, or a capture cannot be read; differences in the sequences are what the
 //! output is for, and do not fail it.
 
@@ -29,7 +30,7 @@ use seq::Seq;
 const COL: usize = 58;
 
 fn usage() -> ExitCode {
-    eprintln!("usage: capture-compare SIM_DIR RXE_DIR [--out FILE] [--label NAME]");
+    eprintln!("usage: capture-compare SIM_DIR RXE_DIR [--out FILE] [--label NAME] [--max-lines N]");
     ExitCode::from(2)
 }
 
@@ -74,10 +75,12 @@ fn block_lines(r: Option<&Run>) -> Vec<String> {
         .collect()
 }
 
-/// A case's lines, conversation by conversation, and how many differ.
-fn case_lines(a: &Seq, b: &Seq) -> (String, usize) {
+/// A case's lines, conversation by conversation (the first `max` of them, then how
+/// many more), and how many differ.
+fn case_lines(a: &Seq, b: &Seq, max: usize) -> (String, usize) {
     let mut s = String::new();
     let mut differ = 0;
+    let mut shown = 0;
     let none = Vec::new();
     for c in 0..a.convs.len().max(b.convs.len()) {
         if a.convs.len().max(b.convs.len()) > 1 {
@@ -100,6 +103,10 @@ fn case_lines(a: &Seq, b: &Seq) -> (String, usize) {
                 ' '
             };
             for k in 0..left.len().max(right.len()) {
+                shown += 1;
+                if shown > max {
+                    continue;
+                }
                 let (x, y) = (
                     left.get(k).map_or("", String::as_str),
                     right.get(k).map_or("", String::as_str),
@@ -107,6 +114,9 @@ fn case_lines(a: &Seq, b: &Seq) -> (String, usize) {
                 let _ = writeln!(s, "{mark} {x:<COL$} | {y}");
             }
         }
+    }
+    if shown > max {
+        let _ = writeln!(s, "  ... {} more lines", shown - max);
     }
     (s, differ)
 }
@@ -126,10 +136,15 @@ fn main() -> ExitCode {
     let mut dirs = Vec::new();
     let mut out: Option<PathBuf> = None;
     let mut label = "rxe0".to_string();
+    let mut max_lines = 200;
     while let Some(a) = args.next() {
         match a.as_str() {
             "--out" => match args.next() {
                 Some(f) => out = Some(f.into()),
+                None => return usage(),
+            },
+            "--max-lines" => match args.next().and_then(|n| n.parse().ok()) {
+                Some(n) => max_lines = n,
                 None => return usage(),
             },
             "--label" => match args.next() {
@@ -169,7 +184,7 @@ fn main() -> ExitCode {
                 continue;
             }
         };
-        let (lines, differ) = case_lines(&a, &b);
+        let (lines, differ) = case_lines(&a, &b, max_lines);
         failed |= b.icrc_bad > 0 || a.icrc_bad > 0 || a.sport_bad > 0 || b.sport_bad > 0;
         let _ = writeln!(
             summary,
