@@ -478,9 +478,12 @@ fn a_peer_of_another_protocol_version_is_tried_once_and_named() {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
     // The peer's LID (port) is above Linux's ephemeral range, so this QP, with the smaller
-    // (GID, LID), is the side that connects; 65534 (65535 is the absent peer above).
-    let listener =
-        std::net::TcpListener::bind("127.0.0.1:65534").expect("port 65534 is free for the fake peer");
+    // (GID, LID), is the side that connects: the highest free port below 65535 (the
+    // absent peer above), as another run of this test may hold one.
+    let (listener, port) = (61_001..u16::MAX)
+        .rev()
+        .find_map(|p| std::net::TcpListener::bind(("127.0.0.1", p)).ok().map(|l| (l, p)))
+        .expect("a port above the ephemeral range is free for the fake peer");
     let attempts = Arc::new(AtomicUsize::new(0));
     let seen = attempts.clone();
     std::thread::spawn(move || {
@@ -497,7 +500,7 @@ fn a_peer_of_another_protocol_version_is_tried_once_and_named() {
             let _ = s.write_all(&b[..n]);
         }
     });
-    let (wc, qp) = write_to_absent_peer(65534);
+    let (wc, qp) = write_to_absent_peer(port);
     assert_eq!((wc.wr_id, wc.status), (1, WcStatus::RetryExcErr));
     assert_eq!(wc.vendor_err, libc::EPROTO as u32, "{wc:?}");
     assert_eq!(qp.state().unwrap(), QpState::Err);
