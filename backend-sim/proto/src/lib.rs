@@ -22,15 +22,32 @@
 //!   the GRH in front of every receive; [`link_rx`]: a link's incoming datagrams;
 //!   [`recv_queue`]: where a responder takes its receives from (its own receive queue or
 //!   a shared one, with its limit).
-//! - [`qp`]: the QP's state machine (`ibv_modify_qp`'s transitions, attribute checks and
-//!   their effects on both halves; ERR and SQE and their flushes). Its surface:
-//!   [`qp::Qp`] with `new`, `state`, `attr`, `qp_type`, `sqd_event_due`, `check_modify`, `handle_modify` (returning a
-//!   [`qp::Transition`] whose [`qp::Effect`] says what is left to the driver),
-//!   `enter_error`, `enter_sqe`, `flush_posted_sends`, `flush_posted_recvs`,
-//!   `handle_connection_up`, `handle_connection_lost`, `handle_connection_failed`,
-//!   `take_drained_event`, `query`;
-//!   [`qp::halves_for`], a QP type's two halves; [`qp::QpLimits`] and
-//!   [`qp::AvCheck`], what it takes from the device; [`qp::receives_in`].
+//! - [`qp`]: the whole QP, as quinn-proto's `Connection` is a whole connection: its
+//!   state machine (`ibv_modify_qp`'s transitions, attribute checks and their effects on
+//!   both halves; ERR and SQE and their flushes), its requester and responder, and the
+//!   completions and events they owe. Its surface, [`qp::Qp`]:
+//!   - made with `new` (from an RC QP's halves, made over for its type);
+//!   - `handle_*` for what happens to it: `handle_modify` (returning a
+//!     [`qp::Transition`] whose [`qp::Effect`] says what is left to the driver),
+//!     `handle_post_send`, `handle_post_datagram`, `handle_post_bind`,
+//!     `handle_post_recv` (then `flush_posted_sends` / `flush_posted_recvs`),
+//!     `handle_frames` (a connection's buffered frames), `handle_timeout`,
+//!     `handle_datagram`, `handle_connecting`, `handle_connection_up`,
+//!     `handle_connection_set_up`, `handle_connection_lost`,
+//!     `handle_self_connection_lost`, `handle_connection_failed`, `handle_link_wait`,
+//!     `handle_destroy`; and the error rules `enter_error`, `enter_sqe`, `fail_oldest`;
+//!   - `poll_*` for what it owes: `poll_transmit` (frames into a connection),
+//!     `transmit_unconnected`, `poll_datagram` with `emit_datagram` / `datagram_waits` /
+//!     `datagram_lost` / `take_done` (a UD send queue), `poll_timeout` (the next
+//!     deadline), `poll_completions` ([`qp::Completions`]), `poll_events` with
+//!     `take_uc_counts`, `take_drained_event`, `take_ack_timeouts`, and the ACK owed
+//!     (`owes_ack`, `flush_ack`, `end_round`);
+//!   - what it reports: `state`, `attr`, `qp_type`, `query`, `sq_psn`, `rq_psn`,
+//!     `sq_outstanding`, `rq_posted`, `has_srq`, `has_unsent`, `nothing_in_flight`,
+//!     `held_unpolled`, `is_unreliable`, `has_news`, `has_completions`.
+//!
+//!   [`qp::QpLimits`] and [`qp::AvCheck`] are what it takes from the device;
+//!   [`qp::receives_in`] which states receive.
 //! - [`engine`]: one connection's frames through both halves; [`connection`]: a
 //!   connection's bytes and the policy that composes the halves over them (when an owed
 //!   ACK leaves, how much one pass builds, how far a peer that does not read may push).

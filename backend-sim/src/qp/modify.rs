@@ -50,8 +50,7 @@ impl QpShared {
             // holds again once the lock is back.)
             g = self.flush_owed_acks(g);
         }
-        let QpInner { qp, req, resp, .. } = &mut *g;
-        let t = qp.handle_modify(attr, mask, &limits, av, req, resp)?;
+        let t = g.qp.handle_modify(attr, mask, &limits, av)?;
         if t.to != QpState::Err && t.to != t.from {
             // (ERR is logged by `enter_error`, which every path to it takes.)
             tracing::debug!(qpn = self.qpn, from = ?t.from, to = ?t.to, "QP state change");
@@ -99,7 +98,7 @@ impl QpShared {
     /// `ibv_query_qp`.
     pub fn query(&self) -> QpAttr {
         let g = self.inner.lock();
-        g.qp.query(&g.req, &g.resp)
+        g.qp.query()
     }
 }
 
