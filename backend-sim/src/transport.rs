@@ -23,7 +23,7 @@
 //!   while the QP lives; meanwhile WRs wait as for lost packets: the requester's ACK timer
 //!   runs (in the progress engine), and `retry_cnt` expiries end in `IBV_WC_RETRY_EXC_ERR`.
 //!   An attempt still under way does not count (for up to a second, see
-//!   [`Requester::connecting`](backend_sim_proto::requester::Requester::connecting)): an
+//!   [`Qp::handle_connecting`](backend_sim_proto::qp::Qp::handle_connecting)): an
 //!   HCA has nothing to set up, and a loaded machine must not turn the sim's hello into
 //!   lost packets.
 //! - A hello of another protocol version ([`wire::VERSION`](crate::wire::VERSION): another

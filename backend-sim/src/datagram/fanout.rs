@@ -20,11 +20,10 @@ use verbs_api::Gid;
 use super::link::Link;
 use super::{Datagrams, Inbox, Queued, Target, WRITE_NOW};
 use crate::qp::QpShared;
-use crate::requester::ud::Emitted;
-use crate::requester::Fatal;
-use crate::responder::DatagramSource;
 use crate::wire::{Frame, DATAGRAM_HDR_LEN, MAX_DATAGRAM};
+use backend_sim_proto::qp::DatagramSource;
 use backend_sim_proto::qp::Qp;
+use backend_sim_proto::qp::{Emitted, Fatal};
 
 /// What became of a multicast datagram.
 pub enum Sent {

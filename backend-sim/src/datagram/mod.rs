@@ -52,10 +52,10 @@ use crate::counters::DeviceCounters;
 use crate::mcast::Multicast;
 use crate::progress::{Progress, SidePaths};
 use crate::qp::{QpShared, QpTable};
-use crate::requester::ud::{Emitted, UdRoute};
-use crate::responder::DatagramSource;
 use crate::verify::Claims;
 use crate::wire::{Frame, DATAGRAM_HDR_LEN, MAX_DATAGRAM};
+use backend_sim_proto::qp::DatagramSource;
+use backend_sim_proto::qp::{Emitted, UdRoute};
 
 mod fanout;
 pub mod gsi;
@@ -350,7 +350,7 @@ impl Datagrams {
         peer: SocketAddr,
         written: &mut ArrayVec<Arc<Link>, WRITE_NOW>,
         local: &mut bool,
-    ) -> Option<Queued<Result<Emitted, crate::requester::Fatal>>> {
+    ) -> Option<Queued<Result<Emitted, backend_sim_proto::qp::Fatal>>> {
         let target = if self.addr.reaches_self(peer) {
             Target::Local
         } else {
@@ -392,7 +392,7 @@ impl Datagrams {
         qp: &QpShared,
         core: &mut backend_sim_proto::qp::Qp,
         idx: usize,
-        queued: Queued<Result<Emitted, crate::requester::Fatal>>,
+        queued: Queued<Result<Emitted, backend_sim_proto::qp::Fatal>>,
         peer: &SocketAddr,
     ) -> Settled {
         match queued {
@@ -726,7 +726,7 @@ fn emit(
     q: &mut Vec<u8>,
     src_gid: verbs_api::Gid,
     peer: SocketAddr,
-) -> Result<Emitted, crate::requester::Fatal> {
+) -> Result<Emitted, backend_sim_proto::qp::Fatal> {
     let at = q.len();
     let r = core.emit_datagram(idx, &qp.dev.mrs, q);
     if let (Ok(Emitted::Sent), Some(cap)) = (&r, qp.dev.capture.get()) {

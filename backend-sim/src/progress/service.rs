@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use backend_sim_proto::connection::{AckPolicy, Connection};
-use backend_sim_proto::engine::Stop;
+use backend_sim_proto::qp::Stop;
 use verbs_api::{AsyncEventType, QpState};
 
 use super::answer::HeldAcks;

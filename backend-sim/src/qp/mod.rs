@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use backend_sim_proto::qp::{Completions, Qp};
+use backend_sim_proto::qp::{Completions, Qp, QpConfig};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 use verbs_api::event_queue::EventQueue;
@@ -21,8 +21,6 @@ use crate::fault_state::QpFaults;
 use crate::memory::MrTable;
 use crate::profile::warnings::QpWarnings;
 use crate::recv_queue::SharedRecvQueue;
-use crate::requester::Requester;
-use crate::responder::Responder;
 
 mod modify;
 mod post;
@@ -193,24 +191,24 @@ impl QpShared {
         cap: QpCap,
         sq_sig_all: bool,
     ) -> Self {
-        let sw = dev.profile.switches();
         let limits = dev.profile.attrs();
-        let mut resp = match srq {
-            Some(srq) => Responder::with_srq(qpn, pd, srq),
-            None => Responder::new(qpn, pd, cap.max_recv_wr, cap.max_recv_sge),
-        }
-        .with_switches(sw);
-        resp.roce = limits.link_layer == verbs_api::LinkLayer::Ethernet;
-        let req = Requester::new(qpn, pd, &cap, sq_sig_all).with_profile(
-            sw,
-            limits.max_msg_sz,
-            limits.active_mtu.bytes(),
-        );
+        let qp = Qp::create(QpConfig {
+            qpn,
+            pd,
+            qp_type,
+            cap,
+            sq_sig_all,
+            srq,
+            sw: dev.profile.switches(),
+            max_msg_sz: limits.max_msg_sz,
+            mtu: limits.active_mtu.bytes(),
+            roce: limits.link_layer == verbs_api::LinkLayer::Ethernet,
+        });
         QpShared {
             qpn,
             qp_type,
             inner: Mutex::new(QpInner {
-                qp: Qp::new(qp_type, cap, sw, req, resp),
+                qp,
                 epoch: 0,
                 conn_gen: 0,
                 self_conn_gen: 0,

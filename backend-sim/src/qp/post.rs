@@ -13,15 +13,15 @@ use verbs_api::{
 use super::ud::{AhRoute, UdPostError};
 use super::{QpInner, QpShared};
 use crate::recv_queue::PostRecvError;
-use crate::requester::{gather_shape, PostCheck};
 use crate::window::BindReq;
+use backend_sim_proto::qp::{gather_shape, PostCheck};
 
 impl QpShared {
     /// `ibv_post_send`. A UD send's address handle is resolved by `route_of` (`None`:
     /// not an address handle of this device, EINVAL), a BIND_MW's window by `bind_of`
     /// (an error refuses the WR). `inline`: empty, or for each WR the
     /// pieces of its inline data when the caller read them itself
-    /// ([`Requester::post_with`](crate::requester::Requester::post_with)).
+    /// ([`Qp::handle_post_send`](backend_sim_proto::qp::Qp::handle_post_send)).
     ///
     /// Inlined into its few callers (`SimQp`'s posts, which the C library's
     /// `ibv_post_send` reaches too): it is on the path of every WR, where a call's
@@ -291,7 +291,7 @@ impl QpShared {
         let idle = g.qp.nothing_in_flight();
         if conn.is_none() && g.qp.is_unreliable() {
             // UC without a connection: the WRs wait for one (a bounded time, see
-            // `requester::LINK_WAIT`) instead of being sent into it, as there is no
+            // `qp::LINK_WAIT`) instead of being sent into it, as there is no
             // resending them once it is up.
             g.qp.handle_link_wait(Self::now());
             self.dev.path.rearm(self, &mut g);

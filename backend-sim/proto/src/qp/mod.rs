@@ -27,6 +27,13 @@ use crate::switches::Switches;
 pub use modify::{AvCheck, Effect, QpLimits, Transition};
 pub use owed::Completions;
 
+// What the driver names of the two halves: a post's refusal, a UD destination and what
+// became of a datagram, a fatal completion, the send queue's slots, the setup grace.
+pub use crate::engine::Stop;
+pub use crate::requester::ud::Emitted;
+pub use crate::requester::{gather_shape, Fatal, PostCheck, SqSlots, UdRoute, LINK_SETUP_GRACE, LINK_WAIT};
+pub use crate::responder::{DatagramSource, UdOutcome};
+
 /// Whether a QP in `state` takes what arrives for it: its receive queue works in RTR,
 /// RTS, SQD and SQE (IBA 10.3.1: SQD and SQE stop the send queue only).
 pub fn receives_in(state: QpState) -> bool {
@@ -41,6 +48,32 @@ fn halves_for(qp_type: QpType, req: Requester, resp: Responder) -> (Requester, R
         QpType::Uc => (req.unreliable(), resp.unreliable()),
         QpType::Ud => (req.datagram(), resp.datagram()),
     }
+}
+
+/// What a QP is made of (`ibv_create_qp`'s attributes and the device's).
+#[derive(Clone)]
+pub struct QpConfig {
+    /// Its number.
+    pub qpn: u32,
+    /// Its protection domain.
+    pub pd: u32,
+    /// Its transport.
+    pub qp_type: QpType,
+    /// The capacities granted.
+    pub cap: QpCap,
+    /// `sq_sig_all`: every send WR completes signaled.
+    pub sq_sig_all: bool,
+    /// The shared receive queue it takes its receives from, if any.
+    pub srq: Option<std::sync::Arc<crate::recv_queue::SharedRecvQueue>>,
+    /// The device's behavioural switches.
+    pub sw: Switches,
+    /// The device's `max_msg_sz`.
+    pub max_msg_sz: u32,
+    /// The port's active MTU in bytes (until the QP's path MTU is set).
+    pub mtu: u32,
+    /// Whether the port's link layer is Ethernet (RoCE: a UD receive's GRH holds an IP
+    /// header).
+    pub roce: bool,
 }
 
 /// A queue pair: its state and attributes, its two halves, and the completions and
@@ -66,10 +99,26 @@ pub struct Qp {
 }
 
 impl Qp {
+    /// A QP in RESET as `cfg` describes it (`ibv_create_qp`).
+    pub fn create(cfg: QpConfig) -> Self {
+        let mut resp = match cfg.srq {
+            Some(srq) => Responder::with_srq(cfg.qpn, cfg.pd, srq),
+            None => Responder::new(cfg.qpn, cfg.pd, cfg.cap.max_recv_wr, cfg.cap.max_recv_sge),
+        }
+        .with_switches(cfg.sw);
+        resp.roce = cfg.roce;
+        let req = Requester::new(cfg.qpn, cfg.pd, &cfg.cap, cfg.sq_sig_all).with_profile(
+            cfg.sw,
+            cfg.max_msg_sz,
+            cfg.mtu,
+        );
+        Qp::new(cfg.qp_type, cfg.cap, cfg.sw, req, resp)
+    }
+
     /// A QP of `qp_type` in RESET with the granted capacities `cap`, on a device whose
     /// behaviour is `sw`, with the halves of an RC QP `req` and `resp` (made over into
     /// those of `qp_type`).
-    pub fn new(qp_type: QpType, cap: QpCap, sw: Switches, req: Requester, resp: Responder) -> Self {
+    pub(crate) fn new(qp_type: QpType, cap: QpCap, sw: Switches, req: Requester, resp: Responder) -> Self {
         let (req, resp) = halves_for(qp_type, req, resp);
         Qp {
             qp_type,
@@ -199,7 +248,7 @@ impl Qp {
     /// An attempt to set up the QP's connection failed with `errno` at `now`: like a lost
     /// packet, the ACK timer runs (if there is work) and counts against `retry_cnt`, a
     /// transport error then carries `errno` in `vendor_err`, and UC's WRs wait for a
-    /// link no longer than `requester::LINK_WAIT`.
+    /// link no longer than [`LINK_WAIT`].
     pub fn handle_connection_failed(&mut self, errno: u32, now: std::time::Instant) {
         self.req.link_error = errno;
         self.req.arm_timer(now);
@@ -207,7 +256,7 @@ impl Qp {
     }
 
     /// The QP is without a connection at `now` (none yet, or it was lost): a UC send
-    /// queue's WRs wait for one no longer than `requester::LINK_WAIT`.
+    /// queue's WRs wait for one no longer than [`LINK_WAIT`].
     pub fn handle_link_wait(&mut self, now: std::time::Instant) {
         self.req.wait_for_link(now);
     }
