@@ -31,7 +31,7 @@
 //!     `transmit_unconnected`, `poll_datagram` with `emit_datagram` / `datagram_waits` /
 //!     `datagram_lost` / `take_done` (a UD send queue), `poll_timeout` (the next
 //!     deadline), `poll_completions` ([`qp::Completions`]), `poll_events` with
-//!     `take_uc_counts`, `take_drained_event`, `take_ack_timeouts`, and the ACK owed
+//!     `take_uc_counts`, `check_drained`, `handle_protocol_error`, `take_ack_timeouts`, and the ACK owed
 //!     (`owes_ack`, `flush_ack`, `end_round`);
 //!   - what it reports: `state`, `attr`, `qp_type`, `query`, `sq_psn`, `rq_psn`,
 //!     `sq_outstanding`, `rq_posted`, `has_srq`, `has_unsent`, `nothing_in_flight`,

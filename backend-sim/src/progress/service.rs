@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use backend_sim_proto::connection::{AckPolicy, Connection};
 use backend_sim_proto::qp::Stop;
-use verbs_api::{AsyncEventType, QpState};
+use verbs_api::QpState;
 
 use super::answer::HeldAcks;
 use super::clock::Stamp;
@@ -309,9 +309,7 @@ impl Progress {
                     tracing::warn!(qpn = qp.qpn, "closing connection: {msg}");
                     // The QP goes to ERR for what its peer sent, and no completion says
                     // so: the affiliated error that IBA 11.6.3.1 defines for it.
-                    if g.qp.state() != QpState::Err {
-                        qp.raise(AsyncEventType::QpFatal);
-                    }
+                    g.qp.handle_protocol_error();
                     qp.enter_error(&mut g);
                     if g.conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
                         g.conn = None;

@@ -337,11 +337,11 @@ impl QpShared {
                 c.recv.clear();
                 // (Again: an overflow's flush may have emptied it.)
                 self.note_busy(g);
+                if g.qp.sqd_event_due() && g.qp.check_drained() {
+                    tracing::debug!(qpn = self.qpn, "send queue drained (SQD)");
+                }
                 if g.qp.has_news() {
                     self.take_news(g);
-                }
-                if g.qp.sqd_event_due() {
-                    self.check_drained(g);
                 }
                 return;
             }
@@ -373,9 +373,9 @@ impl QpShared {
             }))
     }
 
-    /// Queues the asynchronous events the responder gave rise to on the device (none
-    /// once the QP is destroyed: its handle is gone, and the events with it), and adds
-    /// what it dropped to the device's counters.
+    /// Queues the asynchronous events the QP owes on the device (none once the QP is
+    /// destroyed: its handle is gone, and the events with it), and adds what its
+    /// responder dropped to the device's counters.
     #[cold]
     fn take_news(&self, g: &mut QpInner) {
         let (dropped, gaps) = g.qp.take_uc_counts();
@@ -396,16 +396,6 @@ impl QpShared {
         self.deliver(g);
     }
 
-    /// Raises the affiliated event `t` on this QP (unless it is destroyed).
-    pub fn raise(&self, t: AsyncEventType) {
-        if !self.destroyed.load(Ordering::Acquire) {
-            self.dev.events.raise(AsyncEvent {
-                event_type: t,
-                element: AsyncElement::Qp(self.qpn),
-            });
-        }
-    }
-
     /// A CQ of this QP lost a completion: `IBV_EVENT_CQ_ERR` for it, once per CQ.
     #[cold]
     fn cq_overflowed(&self) {
@@ -416,15 +406,6 @@ impl QpShared {
                     element: AsyncElement::Cq(cq.handle),
                 });
             }
-        }
-    }
-
-    /// In SQD with the drained event asked for: once no WQE sent is outstanding, raises
-    /// `IBV_EVENT_SQ_DRAINED`, once per move to SQD.
-    pub fn check_drained(&self, g: &mut QpInner) {
-        if g.qp.take_drained_event() {
-            tracing::debug!(qpn = self.qpn, "send queue drained (SQD)");
-            self.raise(AsyncEventType::SqDrained);
         }
     }
 

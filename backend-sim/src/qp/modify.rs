@@ -85,9 +85,10 @@ impl QpShared {
             Effect::None => {}
         }
         self.note_link(&mut g);
-        if g.qp.sqd_event_due() {
+        if g.qp.sqd_event_due() && g.qp.check_drained() {
             // Nothing in flight: drained at once.
-            self.check_drained(&mut g);
+            tracing::debug!(qpn = self.qpn, "send queue drained (SQD)");
+            self.take_news(&mut g);
         }
         if t.effect == (Effect::Resume { start: true }) {
             self.start_send_queue(g, None);

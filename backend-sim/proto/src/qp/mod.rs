@@ -79,6 +79,7 @@ pub struct QpConfig {
 /// A queue pair: its state and attributes, its two halves, and the completions and
 /// events they owe the driver.
 pub struct Qp {
+    qpn: u32,
     qp_type: QpType,
     cap: QpCap,
     state: QpState,
@@ -121,6 +122,7 @@ impl Qp {
     pub(crate) fn new(qp_type: QpType, cap: QpCap, sw: Switches, req: Requester, resp: Responder) -> Self {
         let (req, resp) = halves_for(qp_type, req, resp);
         Qp {
+            qpn: req.qpn,
             qp_type,
             cap,
             state: QpState::Reset,
@@ -156,19 +158,39 @@ impl Qp {
     }
 
     /// Whether `IBV_EVENT_SQ_DRAINED` is still to be raised for the current stay in SQD.
+    #[inline]
     pub fn sqd_event_due(&self) -> bool {
         self.sqd_event_due
     }
 
-    /// Whether the QP is to raise `IBV_EVENT_SQ_DRAINED` now: it is in SQD, asked for
-    /// the event, and no WQE it started is outstanding any more. Answers `true` once per
-    /// move to SQD.
-    pub fn take_drained_event(&mut self) -> bool {
+    /// In SQD with the drained event asked for: once no WQE it started is outstanding,
+    /// `IBV_EVENT_SQ_DRAINED` is owed ([`Qp::poll_events`]), once per move to SQD.
+    /// Whether it became owed now.
+    pub fn check_drained(&mut self) -> bool {
         if self.sqd_event_due && self.state == QpState::Sqd && self.req.drained() {
             self.sqd_event_due = false;
+            self.raise(verbs_api::AsyncEventType::SqDrained);
             return true;
         }
         false
+    }
+
+    /// The peer broke the protocol on the QP's connection: the QP goes to ERR (through
+    /// [`Qp::enter_error`], the driver's to call) and no completion says so, so it owes
+    /// the affiliated error IBA 11.6.3.1 defines for that, `IBV_EVENT_QP_FATAL` (unless
+    /// it was in ERR already).
+    pub fn handle_protocol_error(&mut self) {
+        if self.state != QpState::Err {
+            self.raise(verbs_api::AsyncEventType::QpFatal);
+        }
+    }
+
+    /// Owes the affiliated event `t` of this QP.
+    fn raise(&mut self, t: verbs_api::AsyncEventType) {
+        self.events.push(AsyncEvent {
+            event_type: t,
+            element: verbs_api::AsyncElement::Qp(self.qpn),
+        });
     }
 
     /// Moves the QP to ERR (any path to it: a modify, a fatal completion, a CQ overflow,

@@ -67,7 +67,7 @@ impl Qp {
     /// The asynchronous events raised since the last call, oldest first, for the driver
     /// to queue on the device.
     pub fn poll_events(&mut self) -> impl Iterator<Item = AsyncEvent> + '_ {
-        self.events.drain(..).chain(self.resp.take_events())
+        self.resp.take_events().chain(self.events.drain(..))
     }
 
     /// What a UC responder dropped since the last call: (requests dropped, PSN gaps).

@@ -1,7 +1,8 @@
 use proptest::prelude::*;
 use verbs_api::timers::local_ack_timeout;
 use verbs_api::{
-    AccessFlags, AhAttr, Mtu, QpAttr, QpAttrMask as M, QpCap, QpState, QpType, RecvWr, SendWr, WcStatus,
+    AccessFlags, AhAttr, AsyncEventType, Mtu, QpAttr, QpAttrMask as M, QpCap, QpState, QpType, RecvWr,
+    SendWr, WcStatus,
 };
 
 use super::*;
@@ -145,8 +146,17 @@ fn sqd_owes_the_drained_event_only_when_asked() {
         assert!(r.qp.req.draining);
         assert_eq!(r.qp.sqd_event_due(), due);
         // Nothing in flight: drained at once, and the event comes once.
-        assert_eq!(r.qp.take_drained_event(), due);
-        assert!(!r.qp.take_drained_event());
+        assert_eq!(r.qp.check_drained(), due);
+        assert!(!r.qp.check_drained());
+        let events: Vec<_> = r.qp.poll_events().map(|e| e.event_type).collect();
+        assert_eq!(
+            events,
+            if due {
+                vec![AsyncEventType::SqDrained]
+            } else {
+                vec![]
+            }
+        );
         let t = r.to(QpState::Rts);
         assert_eq!(t.effect, Effect::Resume { start: false });
         assert!(!r.qp.req.draining);

@@ -200,7 +200,7 @@ pub struct ReqAttrs {
 
 /// The send side of a QP.
 pub struct Requester {
-    qpn: u32,
+    pub(crate) qpn: u32,
     pd: u32,
     cap: usize,
     max_inline: u32,
