@@ -114,4 +114,4 @@ pub use verbs::qp::SimQp;
 pub use verbs::srq::SimSrq;
 
 // The protocol core's modules under their own names, for the driver's paths.
-use backend_sim_proto::{cm_msg, link_rx, memory, recv_queue, requester, responder, rx, tx, window, wire};
+use backend_sim_proto::{cm_msg, link_rx, memory, recv_queue, rx, window, wire};

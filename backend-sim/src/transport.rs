@@ -23,7 +23,7 @@
 //!   while the QP lives; meanwhile WRs wait as for lost packets: the requester's ACK timer
 //!   runs (in the progress engine), and `retry_cnt` expiries end in `IBV_WC_RETRY_EXC_ERR`.
 //!   An attempt still under way does not count (for up to a second, see
-//!   [`Requester::connecting`](backend_sim_proto::requester::Requester::connecting)): an
+//!   [`Qp::handle_connecting`](backend_sim_proto::qp::Qp::handle_connecting)): an
 //!   HCA has nothing to set up, and a loaded machine must not turn the sim's hello into
 //!   lost packets.
 //! - A hello of another protocol version ([`wire::VERSION`](crate::wire::VERSION): another
@@ -446,8 +446,7 @@ async fn serve_inbound(dev: Weak<Setup>, mut stream: Stream) -> io::Result<()> {
             // on it would complete the resent WQEs out of order.
             tracing::debug!(qpn = qp.qpn, "connection from the peer accepted");
             qp.link_lost(&mut g);
-            let QpInner { qp: sm, req, .. } = &mut *g;
-            sm.handle_connection_up(req);
+            g.qp.handle_connection_up();
             let old = g.conn.replace(conn.clone());
             qp.note_link(&mut g);
             old
@@ -478,7 +477,7 @@ async fn connector_task(dev: Arc<Setup>, qp: Arc<QpShared>, epoch: u64) {
                 if g.conn.is_none() && crate::qp::receives_in(g.qp.state()) {
                     match g.remote {
                         Some(r) => {
-                            g.req.connecting(Some(QpShared::now()));
+                            g.qp.handle_connecting(Some(QpShared::now()));
                             break r;
                         }
                         None => return,
@@ -496,7 +495,7 @@ async fn connector_task(dev: Arc<Setup>, qp: Arc<QpShared>, epoch: u64) {
                 // just set up closes here, and its peer sees it go).
                 return;
             }
-            g.req.connecting(None);
+            g.qp.handle_connecting(None);
             match &attempt {
                 Ok(_) => {
                     g.conn_gen += 1;
@@ -504,8 +503,7 @@ async fn connector_task(dev: Arc<Setup>, qp: Arc<QpShared>, epoch: u64) {
                 }
                 Err(e) => {
                     // Like a lost packet (`Qp::handle_connection_failed`).
-                    let QpInner { qp: sm, req, .. } = &mut *g;
-                    sm.handle_connection_failed(req, errno_of(e), QpShared::now());
+                    g.qp.handle_connection_failed(errno_of(e), QpShared::now());
                     dev.progress.rearm(&qp, &mut g);
                     0
                 }
@@ -544,14 +542,11 @@ async fn connector_task(dev: Arc<Setup>, qp: Arc<QpShared>, epoch: u64) {
                         progress.close(&conn);
                         continue;
                     }
-                    if !g.req.is_unreliable() {
-                        // What the requester started before this connection existed was
-                        // lost on the way (`QpShared::send_unconnected`): resent on it.
-                        g.req.on_connection_lost();
-                    }
+                    // What the requester started before this connection existed was
+                    // lost on the way (`QpShared::send_unconnected`): resent on it.
+                    g.qp.handle_connection_set_up();
                     g.conn = Some(conn.clone());
-                    let QpInner { qp: sm, req, .. } = &mut *g;
-                    sm.handle_connection_up(req);
+                    g.qp.handle_connection_up();
                     qp.note_link(&mut g);
                 }
                 progress.activate(&conn);

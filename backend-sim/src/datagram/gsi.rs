@@ -20,8 +20,8 @@ use super::table::Slot;
 use super::{setup, Datagrams, QUEUE_MAX};
 use crate::addressing::gid_addr;
 use crate::cm_msg::{CM_QKEY, CM_QPN};
-use crate::responder::DatagramSource;
 use crate::wire::{Frame, MAX_HDR_LEN};
+use backend_sim_proto::qp::DatagramSource;
 
 /// What takes a device's CM datagrams: its connection manager.
 pub trait Gsi: Send + Sync {

@@ -39,9 +39,9 @@ use super::waiters::Waiters;
 use super::{queue_buf, Datagrams, Inbox, Queued, QUEUE_MAX};
 use crate::link_rx::LinkReader;
 use crate::qp::QpShared;
-use crate::responder::DatagramSource;
 use crate::sys::{monotonic_ns, Sock};
 use backend_sim_proto::io::{RawSlice, Transmit};
+use backend_sim_proto::qp::DatagramSource;
 
 /// How long a link may have bytes waiting that the other device does not read before it
 /// is closed.

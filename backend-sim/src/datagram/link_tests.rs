@@ -9,8 +9,8 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use super::Link;
-use crate::responder::DatagramSource;
 use crate::stream::Stream;
+use backend_sim_proto::qp::DatagramSource;
 
 /// How long the thread that holds the writer keeps it: long enough that a send which does
 /// not wait for it returns first.

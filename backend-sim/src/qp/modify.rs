@@ -50,8 +50,7 @@ impl QpShared {
             // holds again once the lock is back.)
             g = self.flush_owed_acks(g);
         }
-        let QpInner { qp, req, resp, .. } = &mut *g;
-        let t = qp.handle_modify(attr, mask, &limits, av, req, resp)?;
+        let t = g.qp.handle_modify(attr, mask, &limits, av)?;
         if t.to != QpState::Err && t.to != t.from {
             // (ERR is logged by `enter_error`, which every path to it takes.)
             tracing::debug!(qpn = self.qpn, from = ?t.from, to = ?t.to, "QP state change");
@@ -86,9 +85,10 @@ impl QpShared {
             Effect::None => {}
         }
         self.note_link(&mut g);
-        if g.qp.sqd_event_due() {
+        if g.qp.sqd_event_due() && g.qp.check_drained() {
             // Nothing in flight: drained at once.
-            self.check_drained(&mut g);
+            tracing::debug!(qpn = self.qpn, "send queue drained (SQD)");
+            self.take_news(&mut g);
         }
         if t.effect == (Effect::Resume { start: true }) {
             self.start_send_queue(g, None);
@@ -99,7 +99,7 @@ impl QpShared {
     /// `ibv_query_qp`.
     pub fn query(&self) -> QpAttr {
         let g = self.inner.lock();
-        g.qp.query(&g.req, &g.resp)
+        g.qp.query()
     }
 }
 

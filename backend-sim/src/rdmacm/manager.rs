@@ -29,8 +29,8 @@ use crate::choices::{Choice, Choices};
 use crate::cm_msg::CmMsg;
 use crate::datagram::gsi::Gsi;
 use crate::device::DeviceShared;
-use crate::responder::DatagramSource;
 use crate::verbs::context::SimContext;
+use backend_sim_proto::qp::DatagramSource;
 
 mod addresses;
 mod calls;
