@@ -383,7 +383,13 @@ async fn serve_inbound(dev: Weak<Setup>, mut stream: Stream) -> io::Result<()> {
             let confirmed = if dev.addr.is_self(expect.remote) {
                 dev.claims.confirms(claim.src_qpn, claim.dst_qpn, &claim.token)
             } else {
-                verify::ask(expect.remote, claim.src_qpn, claim.dst_qpn, claim.token)
+                verify::ask(
+                    expect.remote,
+                    dev.transport == Transport::Auto,
+                    claim.src_qpn,
+                    claim.dst_qpn,
+                    claim.token,
+                )
                     .await
                     .unwrap_or_else(|e| {
                         tracing::debug!(remote = %expect.remote, "cannot check a hello with its claimed device: {e}");
