@@ -27,10 +27,13 @@ pub trait Fire: Send + Sync + 'static {
     fn fire(&self, handle: u32, gen: u64);
 }
 
+/// A deadline: `(when, order armed, handle, generation)`.
+type Deadline = (Instant, u64, u32, u64);
+
 /// One device's deadlines, in order.
 struct Wheel {
-    /// `(deadline, order armed, handle, generation)`, earliest first.
-    due: Mutex<BinaryHeap<Reverse<(Instant, u64, u32, u64)>>>,
+    /// Earliest first.
+    due: Mutex<BinaryHeap<Reverse<Deadline>>>,
     /// Wakes the task: a deadline earlier than every other was armed.
     wake: Notify,
 }
