@@ -104,6 +104,7 @@ mod waiter_tests;
 pub use backend_sim_proto::NakReason;
 pub use counters::Counters;
 pub use profile::Profile;
+pub use transport::NOT_READY_WAIT;
 pub use verbs::ah::SimAh;
 pub use verbs::backend::{CaptureConfig, SimBackend, SimConfig};
 pub use verbs::context::SimContext;

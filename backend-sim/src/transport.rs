@@ -263,6 +263,33 @@ fn admissible(qp: &QpShared, g: &QpInner, c: &Claim) -> std::result::Result<Expe
     })
 }
 
+/// How long a hello for a QP in RESET or INIT waits for it to reach RTR before it is
+/// looked at: the two ends of a pair reach RTR one after the other (rdma_cm's passive
+/// side before its REP, the active side once it has the REP), and the side that gets
+/// there first may be the one that connects. Waiting, the hello is accepted as soon as
+/// the peer is ready instead of being refused and tried again (a refused attempt costs
+/// both processes a connection, and the connector's backoff adds its pause); short
+/// against the requester's [`LINK_SETUP_GRACE`](backend_sim_proto::requester::LINK_SETUP_GRACE),
+/// so that a QP whose peer stays in INIT still sees its attempts fail, as packets to a
+/// QP in INIT are dropped.
+pub const NOT_READY_WAIT: Duration = Duration::from_millis(250);
+
+/// Waits, for at most [`NOT_READY_WAIT`], while `qp` is in RESET or INIT (and not
+/// destroyed); every state change and the destroy wake it ([`QpShared::ready`]).
+async fn until_past_init(qp: &QpShared) {
+    let deadline = tokio::time::Instant::now() + NOT_READY_WAIT;
+    loop {
+        let notified = qp.ready.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let waiting = matches!(qp.inner.lock().qp.state(), QpState::Reset | QpState::Init)
+            && !qp.destroyed.load(std::sync::atomic::Ordering::Acquire);
+        if !waiting || tokio::time::timeout_at(deadline, notified).await.is_err() {
+            return;
+        }
+    }
+}
+
 /// The count of setups of the connection slot an accepted hello fills: `self_conn` for
 /// a QP connected to itself, `conn` otherwise.
 fn accepted_gen(g: &mut QpInner, self_loop: bool) -> &mut u64 {
@@ -341,6 +368,9 @@ async fn serve_inbound(dev: Weak<Setup>, mut stream: Stream) -> io::Result<()> {
         return Ok(());
     };
     let qp = dev.qps.lock().get(&claim.dst_qpn).and_then(Weak::upgrade);
+    if let Some(qp) = &qp {
+        until_past_init(qp).await;
+    }
     let verdict = match &qp {
         _ if !dev.port.is_up() => Err("the port is down"),
         None => Err("no such QP"),
@@ -353,7 +383,13 @@ async fn serve_inbound(dev: Weak<Setup>, mut stream: Stream) -> io::Result<()> {
             let confirmed = if dev.addr.is_self(expect.remote) {
                 dev.claims.confirms(claim.src_qpn, claim.dst_qpn, &claim.token)
             } else {
-                verify::ask(expect.remote, claim.src_qpn, claim.dst_qpn, claim.token)
+                verify::ask(
+                    expect.remote,
+                    dev.transport == Transport::Auto,
+                    claim.src_qpn,
+                    claim.dst_qpn,
+                    claim.token,
+                )
                     .await
                     .unwrap_or_else(|e| {
                         tracing::debug!(remote = %expect.remote, "cannot check a hello with its claimed device: {e}");

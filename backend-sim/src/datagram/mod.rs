@@ -76,6 +76,13 @@ pub const FAILED_HOLD: Duration = Duration::from_millis(200);
 /// wait: a peer that does not read cannot grow this side's memory. (The kernel's socket
 /// buffers hold far more; this queue only bridges a socket that is full for a moment.)
 pub const QUEUE_MAX: usize = 64 << 10;
+/// Bytes a link's queue (or the device's own) may hold when the connection manager's
+/// messages are appended, beyond which one is dropped and waits for its resend: more
+/// than [`QUEUE_MAX`], so that a burst of them (a thousand requests, replies or
+/// disconnects at once, as `cmtime` makes) waits for a peer that reads a moment later
+/// instead of costing every message dropped a whole resend interval; still a bound
+/// against a peer that does not read. (Datagrams of QPs still wait at [`QUEUE_MAX`].)
+pub const GSI_QUEUE_MAX: usize = 1 << 20;
 
 /// A queue of datagrams' bytes, allocated once at its largest: below [`QUEUE_MAX`] a
 /// whole datagram more always fits, so appending never grows it (and the writer's

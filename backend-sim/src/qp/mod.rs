@@ -143,6 +143,9 @@ pub struct QpShared {
     /// Wakes the requester's connection-setup task (work without a connection, a lost
     /// connection, a state change).
     pub req_wake: Notify,
+    /// Wakes the peer's hellos that wait for the QP to leave RESET or INIT (every state
+    /// change and the destroy notify it; see `transport`).
+    pub ready: Notify,
     /// Set when the user destroyed the QP.
     pub destroyed: AtomicBool,
     /// Set while the QP waits in the progress engine's transmit queue.
@@ -227,6 +230,7 @@ impl QpShared {
             recv_cq,
             cap,
             req_wake: Notify::new(),
+            ready: Notify::new(),
             destroyed: AtomicBool::new(false),
             tx_queued: AtomicBool::new(false),
             fault_armed: AtomicBool::new(false),

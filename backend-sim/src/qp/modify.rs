@@ -84,6 +84,10 @@ impl QpShared {
             Effect::Resume { .. } => self.req_wake.notify_one(),
             Effect::None => {}
         }
+        if t.to != t.from {
+            // A hello that arrived before RTR is looked at again.
+            self.ready.notify_waiters();
+        }
         self.note_link(&mut g);
         if g.qp.sqd_event_due() && g.qp.check_drained() {
             // Nothing in flight: drained at once.

@@ -385,5 +385,6 @@ impl QpShared {
         self.note_link(&mut g);
         drop(g);
         self.req_wake.notify_one();
+        self.ready.notify_waiters();
     }
 }
