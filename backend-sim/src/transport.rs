@@ -22,7 +22,8 @@
 //! - A refused or failed connection is retried with backoff (100 µs doubling to 10 ms)
 //!   while the QP lives; meanwhile WRs wait as for lost packets: the requester's ACK timer
 //!   runs (in the progress engine), and `retry_cnt` expiries end in `IBV_WC_RETRY_EXC_ERR`.
-//!   An attempt still under way does not count (for up to a second, see
+//!   An attempt still under way (from RTR on, before the setup thread first runs the
+//!   connector) does not count (for up to a second, see
 //!   [`Qp::handle_connecting`](backend_sim_proto::qp::Qp::handle_connecting)): an
 //!   HCA has nothing to set up, and a loaded machine must not turn the sim's hello into
 //!   lost packets.

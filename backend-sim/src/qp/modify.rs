@@ -77,6 +77,12 @@ impl QpShared {
                 // (GID, LID, QPN), from RTR on (the responder needs it too).
                 g.active = self.dev.addr.local_id(self.qpn, &a) <= self.dev.addr.remote_id(&a);
                 if g.active {
+                    // The attempt is under way from now, not from when the runtime first
+                    // polls the connector: on a loaded host that can take longer than
+                    // `retry_cnt` ACK timeouts, which would then fail the WRs before any
+                    // attempt was made (`vendor_err` ENOTCONN, not why the peer cannot
+                    // be reached).
+                    g.qp.handle_connecting(Some(QpShared::now()));
                     let epoch = g.epoch;
                     self.dev.path.connect(self.clone(), epoch);
                 }
