@@ -9,7 +9,7 @@ use std::ops::Range;
 use super::headers::{ack_syndrome, nak_syndrome, Aeth, AtomicEth, Headers, Reth};
 use super::opcode::{op, Transport};
 use crate::psn;
-use crate::wire::Frame;
+use crate::wire::{Frame, PartKind};
 
 /// One packet of a message: its headers and the part of the message's payload it
 /// carries.
@@ -149,6 +149,7 @@ pub fn segments(frame: &Frame, cx: &Context) -> Vec<Segment> {
                 h
             })
         }
+        Frame::Part { .. } => part(frame, cx),
         Frame::CmpSwap {
             psn,
             addr,
@@ -215,6 +216,73 @@ pub fn segments(frame: &Frame, cx: &Context) -> Vec<Segment> {
         | Frame::CmLookup { .. }
         | Frame::CmAddress { .. } => Vec::new(),
     }
+}
+
+/// The packets of a [`Frame::Part`]: FIRST on the message's first packet, LAST on its
+/// last, MIDDLE between; the RETH (of the whole message's length) on a WRITE's first,
+/// the AETH on a READ response's first and last, [`Last`] on a SEND's or WRITE's last.
+fn part(frame: &Frame, cx: &Context) -> Vec<Segment> {
+    let Frame::Part {
+        psn,
+        len,
+        kind,
+        first,
+        last,
+        addr,
+        rkey,
+        total,
+        imm,
+        solicited,
+        ack_req,
+        inv,
+    } = *frame
+    else {
+        return Vec::new();
+    };
+    let ops = match (kind, imm, inv) {
+        (PartKind::Send, Some(_), _) => [op::SEND_FIRST, op::SEND_MIDDLE, op::SEND_LAST_IMM],
+        (PartKind::Send, None, Some(_)) => [op::SEND_FIRST, op::SEND_MIDDLE, op::SEND_LAST_INV],
+        (PartKind::Send, None, None) => [op::SEND_FIRST, op::SEND_MIDDLE, op::SEND_LAST],
+        (PartKind::Write, Some(_), _) => [op::WRITE_FIRST, op::WRITE_MIDDLE, op::WRITE_LAST_IMM],
+        (PartKind::Write, None, _) => [op::WRITE_FIRST, op::WRITE_MIDDLE, op::WRITE_LAST],
+        (PartKind::ReadResp, ..) => [
+            op::READ_RESPONSE_FIRST,
+            op::READ_RESPONSE_MIDDLE,
+            op::READ_RESPONSE_LAST,
+        ],
+    };
+    message(len, cx.mtu, |i, n| {
+        let (is_first, is_last) = (first && i == 0, last && i + 1 == n);
+        let opcode = match (is_first, is_last) {
+            (true, _) => ops[0],
+            (false, true) => ops[2],
+            (false, false) => ops[1],
+        };
+        let mut h = Headers::new(cx.transport.base() | opcode, cx.dst_qpn, psn::add(psn, i));
+        if kind == PartKind::ReadResp {
+            if is_first || is_last {
+                h.aeth = Some(Aeth {
+                    syndrome: ack_syndrome(),
+                    msn: cx.msn,
+                });
+            }
+            return h;
+        }
+        if is_first && kind == PartKind::Write {
+            h.reth = Some(Reth {
+                addr,
+                rkey,
+                len: total,
+            });
+        }
+        if is_last {
+            h.imm = imm;
+            h.ieth = inv;
+            h.bth.solicited = solicited;
+            h.bth.ack_req = ack_req;
+        }
+        h
+    })
 }
 
 /// What the last packet of a SEND or WRITE carries.

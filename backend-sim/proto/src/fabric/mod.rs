@@ -28,9 +28,12 @@
 //! run out ([`workload::Spec::retries_exhausted`]) is checked against the model too. The
 //! requester of end A talks to the responder of end B through the same
 //! [`engine`](crate::engine) the TCP transport uses; frames travel as whole units
-//! (header and payload), each fed to the receiving reader in one piece.
+//! (header and payload), each fed to the receiving reader in one piece, but the network
+//! may cut a frame of several packets into one frame per packet ([`split`]), so that a
+//! packet inside a message is lost, duplicated or overtaken on its own.
 
 pub mod faults;
+mod split;
 pub mod workload;
 
 #[cfg(test)]
@@ -370,6 +373,8 @@ pub struct Fabric {
     broken: Option<Broken>,
     /// Print every frame sent and delivered ([`LOG_SETTING`]).
     log: bool,
+    /// The connection's path MTU, at which frames are cut into packets.
+    path_mtu: u32,
 }
 
 /// The setting that has a fabric print every frame it carries to stderr, with its fate
@@ -389,6 +394,8 @@ pub struct Stats {
     pub timeouts: u64,
     /// Times the connection broke.
     pub resets: u64,
+    /// Frames cut into their packets.
+    pub split: u64,
 }
 
 impl Fabric {
@@ -409,6 +416,7 @@ impl Fabric {
             stats: Stats::default(),
             broken: None,
             log: std::env::var_os(LOG_SETTING).is_some(),
+            path_mtu: attrs.path_mtu,
         }
     }
 
@@ -489,34 +497,63 @@ impl Fabric {
             let end = off + hlen + frame.payload_len() as usize;
             let unit = bytes[off..end.min(bytes.len())].to_vec();
             off = end;
-            let opcode = unit[0];
-            let psn = frame.psn().unwrap_or(0);
-            let attempt = {
-                let n = self.attempts.entry((dir, opcode, psn)).or_insert(0);
-                *n += 1;
-                *n - 1
-            };
-            let d = self.decide.frame(&self.mix, dir, opcode, psn, attempt);
-            if d.reset {
-                self.reset();
+            let Some(d) = self.decide_unit(dir, &frame, &unit) else {
                 return;
+            };
+            if d.split {
+                if let Some(parts) = split::packets(&frame, &unit, hlen, self.path_mtu) {
+                    self.stats.split += 1;
+                    for part in parts {
+                        let Ok(Some((p, _))) = Frame::decode(&part) else {
+                            continue;
+                        };
+                        let Some(d) = self.decide_unit(dir, &p, &part) else {
+                            return;
+                        };
+                        self.send_unit(dir, &p, part, d);
+                    }
+                    continue;
+                }
             }
-            if self.log {
-                eprintln!(
-                    "{:>10?} send {dir:?} {frame} lost={} delay={:?}",
-                    self.now, d.lost, d.delay
-                );
-            }
-            if d.lost {
-                self.stats.lost += 1;
-                continue;
-            }
-            if let Some(extra) = d.duplicate_after {
-                self.stats.duplicated += 1;
-                self.schedule(self.now + d.delay + extra, dir, unit.clone());
-            }
-            self.schedule(self.now + d.delay, dir, unit);
+            self.send_unit(dir, &frame, unit, d);
         }
+    }
+
+    /// The fate of one frame `unit` (`frame`, decoded) going `dir`: `None` if the
+    /// connection broke as it was sent.
+    fn decide_unit(&mut self, dir: Dir, frame: &Frame, unit: &[u8]) -> Option<Decision> {
+        let opcode = unit[0];
+        let psn = frame.psn().unwrap_or(0);
+        let attempt = {
+            let n = self.attempts.entry((dir, opcode, psn)).or_insert(0);
+            *n += 1;
+            *n - 1
+        };
+        let d = self.decide.frame(&self.mix, dir, opcode, psn, attempt);
+        if d.reset {
+            self.reset();
+            return None;
+        }
+        Some(d)
+    }
+
+    /// Puts `unit` on the network as `d` says.
+    fn send_unit(&mut self, dir: Dir, frame: &Frame, unit: Vec<u8>, d: Decision) {
+        if self.log {
+            eprintln!(
+                "{:>10?} send {dir:?} {frame} lost={} delay={:?}",
+                self.now, d.lost, d.delay
+            );
+        }
+        if d.lost {
+            self.stats.lost += 1;
+            return;
+        }
+        if let Some(extra) = d.duplicate_after {
+            self.stats.duplicated += 1;
+            self.schedule(self.now + d.delay + extra, dir, unit.clone());
+        }
+        self.schedule(self.now + d.delay, dir, unit);
     }
 
     /// The connection breaks: everything in flight or queued is lost, both ends start
@@ -573,7 +610,8 @@ impl Fabric {
         if let Frame::Write { addr, rkey, .. }
         | Frame::Read { addr, rkey, .. }
         | Frame::CmpSwap { addr, rkey, .. }
-        | Frame::FetchAdd { addr, rkey, .. } = &mut frame
+        | Frame::FetchAdd { addr, rkey, .. }
+        | Frame::Part { addr, rkey, .. } = &mut frame
         {
             let target = if dir == Dir::AtoB {
                 &self.b.mrs

@@ -171,6 +171,14 @@ fn get(m: &Arc<MrShared>, at: usize, len: usize) -> Vec<u8> {
     out
 }
 
+/// `len` bytes of a message, from `seed`: no two packets of a message alike (no period
+/// that divides a path MTU), so bytes sent from the wrong offset of a message show.
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    (0..len as u64)
+        .map(|i| (i ^ (i >> 8).wrapping_mul(29) ^ seed.wrapping_mul(131)) as u8)
+        .collect()
+}
+
 fn word(b: &[u8], at: usize) -> u64 {
     u64::from_ne_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
@@ -241,9 +249,7 @@ impl Flow {
         match rng.below(10) {
             0..=3 => {
                 len = rng.below(MAX_SEND as u64 + 1) as usize;
-                let data: Vec<u8> = (0..len)
-                    .map(|i| (i as u64 ^ id.wrapping_mul(131)) as u8)
-                    .collect();
+                let data = pattern(id, len);
                 put(local, at, &data);
                 self.sends.push(data);
                 kind = Kind::Send;
@@ -252,7 +258,7 @@ impl Flow {
             4 | 5 => {
                 let off = rng.below(REMOTE as u64) as usize;
                 len = (rng.below(MAX_RDMA as u64 + 1) as usize).min(REMOTE - off);
-                let byte = rng.next() as u8;
+                let data = pattern(rng.next(), len);
                 if self
                     .unfenced_reads
                     .iter()
@@ -261,8 +267,8 @@ impl Flow {
                     fence = true;
                     self.unfenced_reads.clear();
                 }
-                put(local, at, &vec![byte; len]);
-                self.model[off..off + len].fill(byte);
+                put(local, at, &data);
+                self.model[off..off + len].copy_from_slice(&data);
                 kind = Kind::Write((remote.addr() + off as u64, remote.key));
                 exp = Expect::Write;
             }
