@@ -140,18 +140,18 @@ impl Kind {
     }
 }
 
-fn region(f: &mut Fabric, of_b: bool, len: usize) -> Arc<MrShared> {
+pub(super) fn region(f: &mut Fabric, of_b: bool, len: usize) -> Arc<MrShared> {
     let key = f.fresh_key(of_b);
     let mr = Arc::new(MrShared::new_owned(PD, key, len, AccessFlags::ALL).expect("a region of this size"));
     f.end(of_b).mrs.insert(mr.clone());
     mr
 }
 
-fn sge(m: &MrShared, off: usize, len: usize) -> Sge {
+pub(super) fn sge(m: &MrShared, off: usize, len: usize) -> Sge {
     Sge::new(m.addr() + off as u64, len as u32, m.key)
 }
 
-fn put(m: &Arc<MrShared>, at: usize, data: &[u8]) {
+pub(super) fn put(m: &Arc<MrShared>, at: usize, data: &[u8]) {
     Seg {
         mr: m.clone(),
         offset: at,
@@ -160,7 +160,7 @@ fn put(m: &Arc<MrShared>, at: usize, data: &[u8]) {
     .copy_in(0, data);
 }
 
-fn get(m: &Arc<MrShared>, at: usize, len: usize) -> Vec<u8> {
+pub(super) fn get(m: &Arc<MrShared>, at: usize, len: usize) -> Vec<u8> {
     let mut out = vec![0u8; len];
     Seg {
         mr: m.clone(),
@@ -173,7 +173,7 @@ fn get(m: &Arc<MrShared>, at: usize, len: usize) -> Vec<u8> {
 
 /// `len` bytes of a message, from `seed`: no two packets of a message alike (no period
 /// that divides a path MTU), so bytes sent from the wrong offset of a message show.
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
+pub(super) fn pattern(seed: u64, len: usize) -> Vec<u8> {
     (0..len as u64)
         .map(|i| (i ^ (i >> 8).wrapping_mul(29) ^ seed.wrapping_mul(131)) as u8)
         .collect()
