@@ -290,3 +290,135 @@ impl Responder {
         self.partial = None;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use verbs_api::{AccessFlags, RecvWr, Sge, WcStatus};
+
+    use super::super::tests::frames;
+    use super::super::RespAttrs;
+    use super::*;
+    use crate::memory::MrShared;
+
+    fn part(psn: u32, len: u32, first: bool, last: bool) -> Frame {
+        Frame::Part {
+            psn,
+            len,
+            kind: PartKind::Send,
+            first,
+            last,
+            addr: 0,
+            rkey: 0,
+            total: 2500,
+            imm: None,
+            solicited: false,
+            ack_req: last,
+            inv: None,
+        }
+    }
+
+    /// A SEND of three packets whose MIDDLE is lost: the LAST gets one PSN sequence
+    /// error NAK for the MIDDLE's PSN and a copy of it none; the receive the FIRST took
+    /// stays with the message; a copy of the FIRST is acknowledged as a duplicate (up to
+    /// the packet before the one expected); the MIDDLE and LAST, resent, complete the
+    /// receive with the message's bytes in place.
+    #[test]
+    fn a_lost_middle_is_nakked_once_and_the_receive_waits_for_it() {
+        let mrs = MrTable::default();
+        let mr = Arc::new(MrShared::new_owned(1, 5, 4096, AccessFlags::ALL).unwrap());
+        mrs.insert(mr.clone());
+        let mut resp = Responder::new(2, 1, 4, 1);
+        resp.connect(RespAttrs {
+            rq_psn: 10,
+            min_rnr_timer: 1,
+        });
+        resp.set_path_mtu(1024);
+        resp.post(&RecvWr::new(7, &[Sge::new(mr.addr(), 4096, 5)]))
+            .unwrap();
+        let (mut tx, mut out) = (TxQueue::new(), Vec::new());
+        let data: Vec<u8> = (0..2500u32).map(|i| (i / 3) as u8).collect();
+        let feed = |resp: &mut Responder, f: &Frame, tx: &mut TxQueue, out: &mut Vec<_>| {
+            let Frame::Part { psn, len, .. } = *f else {
+                unreachable!()
+            };
+            let at = (psn - 10) as usize * 1024;
+            match resp.on_request(f, &mrs, tx, out).unwrap() {
+                Incoming::Sink(segs) => {
+                    let mut o = 0;
+                    for s in &segs {
+                        s.copy_in(0, &data[at + o..at + o + s.len]);
+                        o += s.len;
+                    }
+                    assert_eq!(o, len as usize);
+                    resp.payload_done(segs, &mrs, out);
+                    true
+                }
+                Incoming::Discard => false,
+            }
+        };
+        assert!(feed(&mut resp, &part(10, 1024, true, false), &mut tx, &mut out));
+        assert!(!feed(&mut resp, &part(12, 452, false, true), &mut tx, &mut out));
+        assert!(!feed(&mut resp, &part(12, 452, false, true), &mut tx, &mut out));
+        let nak = Frame::Nak {
+            psn: 11,
+            code: NakCode::PsnSeq,
+            reason: None,
+        };
+        assert_eq!(frames(&mut tx), [nak]);
+        assert!(!feed(&mut resp, &part(10, 1024, true, false), &mut tx, &mut out));
+        resp.flush_ack(&mut tx);
+        assert_eq!(frames(&mut tx), [Frame::Ack { psn: 10 }]);
+        assert!(out.is_empty(), "{out:?}");
+        assert!(feed(&mut resp, &part(11, 1024, false, false), &mut tx, &mut out));
+        assert!(feed(&mut resp, &part(12, 452, false, true), &mut tx, &mut out));
+        let wc: Vec<_> = out.iter().map(|(w, _)| (w.wr_id, w.status, w.byte_len)).collect();
+        assert_eq!(wc, [(7, WcStatus::Success, 2500)]);
+        let mut got = vec![0u8; 2500];
+        assert!(mr.copy_out(0, &mut got));
+        assert_eq!(got, data);
+        assert_eq!(resp.expected_psn(), 13);
+    }
+
+    /// A part of a WRITE in the middle of a SEND is an opcode sequence error: an
+    /// invalid request NAK, and the QP goes to ERR.
+    #[test]
+    fn a_part_of_another_message_is_an_invalid_request() {
+        let mrs = MrTable::default();
+        let mr = Arc::new(MrShared::new_owned(1, 5, 4096, AccessFlags::ALL).unwrap());
+        mrs.insert(mr.clone());
+        let mut resp = Responder::new(2, 1, 4, 1);
+        resp.connect(RespAttrs {
+            rq_psn: 0,
+            min_rnr_timer: 1,
+        });
+        resp.set_path_mtu(1024);
+        resp.post(&RecvWr::new(7, &[Sge::new(mr.addr(), 4096, 5)]))
+            .unwrap();
+        let (mut tx, mut out) = (TxQueue::new(), Vec::new());
+        let Incoming::Sink(s) = resp
+            .on_request(&part(0, 1024, true, false), &mrs, &mut tx, &mut out)
+            .unwrap()
+        else {
+            panic!("the FIRST is placed");
+        };
+        resp.payload_done(s, &mrs, &mut out);
+        let mut write = part(1, 1024, false, false);
+        if let Frame::Part { kind, .. } = &mut write {
+            *kind = PartKind::Write;
+        }
+        assert!(matches!(
+            resp.on_request(&write, &mrs, &mut tx, &mut out),
+            Err(Fatal(WcStatus::RemInvReqErr))
+        ));
+        assert_eq!(
+            frames(&mut tx),
+            [Frame::Nak {
+                psn: 1,
+                code: NakCode::InvalidRequest,
+                reason: None
+            }]
+        );
+    }
+}
