@@ -419,4 +419,71 @@ mod tests {
             prop_assert_eq!(s.len() as u32, len.div_ceil(mtu).max(1));
         }
     }
+
+    /// Parts of a message (the packets of a frame the network cut, or a resend from a
+    /// packet inside the message): a WRITE's first part carries the RETH of the whole
+    /// message and no LAST; its last part MIDDLE then LAST with the immediate and no
+    /// RETH; a READ response's parts the AETH on the message's first and last packet.
+    #[test]
+    fn parts_are_first_middle_last_of_their_message() {
+        let part = |psn, len, kind, first, last| Frame::Part {
+            psn,
+            len,
+            kind,
+            first,
+            last,
+            addr: if first { 0x1000 } else { 0 },
+            rkey: if first { 9 } else { 0 },
+            total: 3000,
+            imm: (kind == PartKind::Write).then_some(5),
+            solicited: false,
+            ack_req: last,
+            inv: None,
+        };
+        let shape = |f: &Frame| -> Vec<(u8, u32, bool, Option<u32>, bool, bool)> {
+            segments(f, &rc(1024))
+                .iter()
+                .map(|s| {
+                    let h = &s.headers;
+                    (
+                        h.bth.opcode,
+                        h.bth.psn,
+                        h.reth.is_some(),
+                        h.imm,
+                        h.aeth.is_some(),
+                        h.bth.ack_req,
+                    )
+                })
+                .collect()
+        };
+        assert_eq!(
+            shape(&part(0xff_ffff, 1024, PartKind::Write, true, false)),
+            [(op::WRITE_FIRST, 0xff_ffff, true, None, false, false)]
+        );
+        assert_eq!(
+            segments(&part(0xff_ffff, 1024, PartKind::Write, true, false), &rc(1024))[0]
+                .headers
+                .reth
+                .map(|r| r.len),
+            Some(3000)
+        );
+        assert_eq!(
+            shape(&part(0, 1976, PartKind::Write, false, true)),
+            [
+                (op::WRITE_MIDDLE, 0, false, None, false, false),
+                (op::WRITE_LAST_IMM, 1, false, Some(5), false, true)
+            ]
+        );
+        assert_eq!(
+            shape(&part(4, 2048, PartKind::ReadResp, true, false)),
+            [
+                (op::READ_RESPONSE_FIRST, 4, false, None, true, false),
+                (op::READ_RESPONSE_MIDDLE, 5, false, None, false, false)
+            ]
+        );
+        assert_eq!(
+            shape(&part(6, 952, PartKind::ReadResp, false, true)),
+            [(op::READ_RESPONSE_LAST, 6, false, None, true, false)]
+        );
+    }
 }

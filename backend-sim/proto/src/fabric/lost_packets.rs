@@ -228,3 +228,79 @@ fn a_lost_read_response_packet_reads_the_rest_again() {
         ]
     );
 }
+
+/// What an HCA puts on the wire for a SEND of four packets whose second is lost on the
+/// way, as the capture shows it (the packets of each frame the ends queue, IBA's opcodes
+/// and PSNs, [`crate::capture::segment`]): FIRST, MIDDLE, MIDDLE, LAST; the responder's
+/// PSN sequence error NAK for the lost packet's PSN; the resend from that packet, MIDDLE,
+/// MIDDLE, LAST, no FIRST again; the ACK of the last. The requester's debug event says it
+/// resends from inside the message, and from which byte.
+#[test]
+fn the_capture_shows_the_nak_and_the_resend_from_the_packet() {
+    use std::sync::{Arc, Mutex};
+
+    use crate::capture::headers::{ack_syndrome, nak_syndrome};
+    use crate::capture::opcode::{op, Transport};
+    use crate::capture::segment::{segments, Context};
+    use crate::trace_capture::Capture;
+
+    type Seen = Arc<Mutex<Vec<(u32, u8, u32, Option<u8>)>>>;
+    struct Tap(Seen, u32);
+    impl crate::tx::FrameTap for Tap {
+        fn sent(&mut self, f: &Frame, msn: u32) {
+            let cx = Context {
+                transport: Transport::Rc,
+                dst_qpn: self.1,
+                mtu: 1024,
+                msn,
+            };
+            for s in segments(f, &cx) {
+                let h = s.headers;
+                self.0
+                    .lock()
+                    .unwrap()
+                    .push((self.1, h.bth.opcode, h.bth.psn, h.aeth.map(|a| a.syndrome)));
+            }
+        }
+    }
+    let seen = Seen::default();
+    let mut f = pair(0);
+    f.a.tx.tap = Some(Box::new(Tap(seen.clone(), 2)));
+    f.b.tx.tap = Some(Box::new(Tap(seen.clone(), 1)));
+    let src = region(&mut f, false, LEN);
+    let dst = region(&mut f, true, LEN);
+    put(&src, 0, &pattern(3, LEN));
+    f.b.post_recv(&RecvWr::new(9, &[sge(&dst, 0, LEN)])).unwrap();
+    f.lose_once(Dir::AtoB, 1);
+    let events = Capture::default();
+    events.run(|| {
+        f.a.post(&SendWr::send(1, &[sge(&src, 0, LEN)]).signaled())
+            .unwrap();
+        settle(&mut f);
+    });
+    sends_ok(&f);
+    let (to_b, to_a) = (2, 1);
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [
+            (to_b, op::SEND_FIRST, 0, None),
+            (to_b, op::SEND_MIDDLE, 1, None),
+            (to_b, op::SEND_MIDDLE, 2, None),
+            (to_b, op::SEND_LAST, 3, None),
+            (to_a, op::ACKNOWLEDGE, 1, Some(nak_syndrome(NakCode::PsnSeq))),
+            (to_b, op::SEND_MIDDLE, 1, None),
+            (to_b, op::SEND_MIDDLE, 2, None),
+            (to_b, op::SEND_LAST, 3, None),
+            (to_a, op::ACKNOWLEDGE, 3, Some(ack_syndrome())),
+        ]
+    );
+    let resend = events.find(
+        tracing::Level::DEBUG,
+        "resending from a packet inside the message",
+    );
+    let at: Vec<_> = resend
+        .iter()
+        .map(|e| (e.field("psn").unwrap_or(""), e.field("offset").unwrap_or("")))
+        .collect();
+    assert_eq!(at, [("1", "1024")]);
+}
