@@ -222,24 +222,10 @@ pub fn segments(frame: &Frame, cx: &Context) -> Vec<Segment> {
 /// last, MIDDLE between; the RETH (of the whole message's length) on a WRITE's first,
 /// the AETH on a READ response's first and last, [`Last`] on a SEND's or WRITE's last.
 fn part(frame: &Frame, cx: &Context) -> Vec<Segment> {
-    let Frame::Part {
-        psn,
-        len,
-        kind,
-        first,
-        last,
-        addr,
-        rkey,
-        total,
-        imm,
-        solicited,
-        ack_req,
-        inv,
-    } = *frame
-    else {
+    let Some(p) = frame.packets() else {
         return Vec::new();
     };
-    let ops = match (kind, imm, inv) {
+    let ops = match (p.kind, p.imm, p.inv) {
         (PartKind::Send, Some(_), _) => [op::SEND_FIRST, op::SEND_MIDDLE, op::SEND_LAST_IMM],
         (PartKind::Send, None, Some(_)) => [op::SEND_FIRST, op::SEND_MIDDLE, op::SEND_LAST_INV],
         (PartKind::Send, None, None) => [op::SEND_FIRST, op::SEND_MIDDLE, op::SEND_LAST],
@@ -251,15 +237,15 @@ fn part(frame: &Frame, cx: &Context) -> Vec<Segment> {
             op::READ_RESPONSE_LAST,
         ],
     };
-    message(len, cx.mtu, |i, n| {
-        let (is_first, is_last) = (first && i == 0, last && i + 1 == n);
+    message(p.len, cx.mtu, |i, n| {
+        let (is_first, is_last) = (p.first && i == 0, p.last && i + 1 == n);
         let opcode = match (is_first, is_last) {
             (true, _) => ops[0],
             (false, true) => ops[2],
             (false, false) => ops[1],
         };
-        let mut h = Headers::new(cx.transport.base() | opcode, cx.dst_qpn, psn::add(psn, i));
-        if kind == PartKind::ReadResp {
+        let mut h = Headers::new(cx.transport.base() | opcode, cx.dst_qpn, psn::add(p.psn, i));
+        if p.kind == PartKind::ReadResp {
             if is_first || is_last {
                 h.aeth = Some(Aeth {
                     syndrome: ack_syndrome(),
@@ -268,18 +254,18 @@ fn part(frame: &Frame, cx: &Context) -> Vec<Segment> {
             }
             return h;
         }
-        if is_first && kind == PartKind::Write {
+        if is_first && p.kind == PartKind::Write {
             h.reth = Some(Reth {
-                addr,
-                rkey,
-                len: total,
+                addr: p.addr,
+                rkey: p.rkey,
+                len: p.total,
             });
         }
         if is_last {
-            h.imm = imm;
-            h.ieth = inv;
-            h.bth.solicited = solicited;
-            h.bth.ack_req = ack_req;
+            h.imm = p.imm;
+            h.ieth = p.inv;
+            h.bth.solicited = p.solicited;
+            h.bth.ack_req = p.ack_req;
         }
         h
     })

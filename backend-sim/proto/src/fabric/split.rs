@@ -7,147 +7,31 @@
 //! on its own.
 
 use crate::psn;
-use crate::wire::{Frame, PartKind, MAX_HDR_LEN};
-
-/// What every part cut from one frame shares.
-struct Whole {
-    kind: PartKind,
-    first: bool,
-    last: bool,
-    addr: u64,
-    rkey: u32,
-    total: u32,
-    imm: Option<u32>,
-    solicited: bool,
-    ack_req: bool,
-    inv: Option<u32>,
-}
+use crate::wire::{Frame, Packets, MAX_HDR_LEN};
 
 /// The frames, one per packet, that `frame` (its header `hlen` bytes of `unit`, its
 /// payload the rest) is cut into at path MTU `mtu`; `None` for a frame of one packet or
 /// one that carries no message.
 pub(super) fn packets(frame: &Frame, unit: &[u8], hlen: usize, mtu: u32) -> Option<Vec<Vec<u8>>> {
-    let (psn, len, w) = match *frame {
-        Frame::Send {
-            psn,
-            len,
-            imm,
-            solicited,
-            ack_req,
-            inv,
-        } => (
-            psn,
-            len,
-            Whole {
-                kind: PartKind::Send,
-                first: true,
-                last: true,
-                addr: 0,
-                rkey: 0,
-                total: len,
-                imm,
-                solicited,
-                ack_req,
-                inv,
-            },
-        ),
-        Frame::Write {
-            psn,
-            len,
-            addr,
-            rkey,
-            imm,
-            solicited,
-            ack_req,
-        } => (
-            psn,
-            len,
-            Whole {
-                kind: PartKind::Write,
-                first: true,
-                last: true,
-                addr,
-                rkey,
-                total: len,
-                imm,
-                solicited,
-                ack_req,
-                inv: None,
-            },
-        ),
-        Frame::ReadResp { psn, len } => (
-            psn,
-            len,
-            Whole {
-                kind: PartKind::ReadResp,
-                first: true,
-                last: true,
-                addr: 0,
-                rkey: 0,
-                total: len,
-                imm: None,
-                solicited: false,
-                ack_req: false,
-                inv: None,
-            },
-        ),
-        Frame::Part {
-            psn,
-            len,
-            kind,
-            first,
-            last,
-            addr,
-            rkey,
-            total,
-            imm,
-            solicited,
-            ack_req,
-            inv,
-        } => (
-            psn,
-            len,
-            Whole {
-                kind,
-                first,
-                last,
-                addr,
-                rkey,
-                total,
-                imm,
-                solicited,
-                ack_req,
-                inv,
-            },
-        ),
-        _ => return None,
-    };
-    let n = psn::packets(u64::from(len), mtu);
-    if n < 2 || unit.len() != hlen + len as usize {
+    let w = frame.packets()?;
+    let n = psn::packets(u64::from(w.len), mtu);
+    if n < 2 || unit.len() != hlen + w.len as usize {
         return None;
     }
     let payload = &unit[hlen..];
     let mut out = Vec::with_capacity(n as usize);
     for i in 0..n {
-        let (from, to) = (
-            (i * mtu) as usize,
-            (((i + 1) as u64 * mtu as u64).min(len as u64)) as usize,
-        );
-        let (first, last) = (w.first && i == 0, w.last && i + 1 == n);
-        let part = Frame::Part {
-            psn: psn::add(psn, i),
+        let from = (i * mtu) as usize;
+        let to = ((u64::from(i) + 1) * u64::from(mtu)).min(u64::from(w.len)) as usize;
+        let part = Packets {
+            psn: psn::add(w.psn, i),
             len: (to - from) as u32,
-            kind: w.kind,
-            first,
-            last,
-            addr: if first { w.addr } else { 0 },
-            rkey: if first { w.rkey } else { 0 },
-            total: w.total,
-            imm: w.imm,
-            solicited: w.solicited,
+            first: w.first && i == 0,
+            last: w.last && i + 1 == n,
             ack_req: w.ack_req && i + 1 == n,
-            inv: w.inv,
-        };
+            ..w
+        }
+        .part();
         let mut h = [0u8; MAX_HDR_LEN];
         let k = part.encode(&mut h);
         let mut bytes = Vec::with_capacity(k + to - from);

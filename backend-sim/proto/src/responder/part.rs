@@ -34,49 +34,6 @@ pub(super) struct Partial {
     arriving: Option<(usize, bool)>,
 }
 
-/// What a request frame says of the message it carries (some or all of).
-struct Carried {
-    kind: PartKind,
-    len: u32,
-    first: bool,
-    last: bool,
-    ack_req: bool,
-}
-
-fn carried(frame: &Frame) -> Option<Carried> {
-    Some(match *frame {
-        Frame::Part {
-            len,
-            kind,
-            first,
-            last,
-            ack_req,
-            ..
-        } => Carried {
-            kind,
-            len,
-            first,
-            last,
-            ack_req,
-        },
-        Frame::Send { len, ack_req, .. } => Carried {
-            kind: PartKind::Send,
-            len,
-            first: true,
-            last: true,
-            ack_req,
-        },
-        Frame::Write { len, ack_req, .. } => Carried {
-            kind: PartKind::Write,
-            len,
-            first: true,
-            last: true,
-            ack_req,
-        },
-        _ => return None,
-    })
-}
-
 /// The bytes `at..at + len` of the scatter list `segs`.
 pub(crate) fn slice(segs: &[Seg], mut at: usize, len: usize) -> Vec<Seg> {
     let mut out = Vec::new();
@@ -116,7 +73,7 @@ impl Responder {
     /// each, is either a duplicate or not.
     #[inline]
     pub(super) fn straddles(&self, frame: &Frame, psn: u32) -> bool {
-        let (Some(p), Some(c)) = (&self.partial, carried(frame)) else {
+        let (Some(p), Some(c)) = (&self.partial, frame.packets()) else {
             return false;
         };
         let end = psn::add(psn, self.packets(c.len));
@@ -136,7 +93,7 @@ impl Responder {
         out: &mut Vec<(WorkCompletion, bool)>,
         force_rnr: &mut u32,
     ) -> Result<Incoming, Fatal> {
-        let Some(c) = carried(frame) else {
+        let Some(c) = frame.packets().filter(|c| c.kind != PartKind::ReadResp) else {
             return self.out_of_sequence(psn, frame, tx);
         };
         let mtu = self.path_mtu as usize;

@@ -43,7 +43,7 @@ pub use header::{
 };
 pub use nak::{NakCode, NakReason};
 pub use opcode::header_len;
-pub use part::PartKind;
+pub use part::{Packets, PartKind};
 pub use setup::{setup_header_len, HelloReject, HELLO_MAGIC, TOKEN_LEN, VERSION};
 
 #[cfg(test)]
