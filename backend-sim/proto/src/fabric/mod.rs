@@ -28,10 +28,17 @@
 //! run out ([`workload::Spec::retries_exhausted`]) is checked against the model too. The
 //! requester of end A talks to the responder of end B through the same
 //! [`engine`](crate::engine) the TCP transport uses; frames travel as whole units
-//! (header and payload), each fed to the receiving reader in one piece.
+//! (header and payload), each fed to the receiving reader in one piece, but the network
+//! may cut a frame of several packets into one frame per packet ([`split`]), so that a
+//! packet inside a message is lost, duplicated or overtaken on its own.
 
+mod end;
 pub mod faults;
+mod split;
 pub mod workload;
+
+#[cfg(test)]
+mod lost_packets;
 
 #[cfg(test)]
 mod tests;
@@ -42,18 +49,9 @@ use std::collections::BinaryHeap;
 use rustc_hash::FxHashMap;
 use std::time::{Duration, Instant};
 
-use verbs_api::{AccessFlags, AhAttr, Mtu, QpAttr, QpAttrMask as M, QpCap, QpState, QpType, WorkCompletion};
-
-use crate::engine::{drive, DriveState, Stop};
-use crate::memory::MrTable;
-use crate::qp::{AvCheck, Qp, QpLimits};
-use crate::requester::Requester;
-use crate::responder::Responder;
-use crate::rx::Reader;
-use crate::switches::Switches;
-use crate::tx::TxQueue;
 use crate::wire::Frame;
 
+pub use end::End;
 pub use faults::{Decision, FaultMix};
 
 /// The protection domain of both ends' regions.
@@ -81,6 +79,8 @@ pub struct Attrs {
     pub min_rnr_timer: u8,
     /// `path_mtu` in bytes.
     pub path_mtu: u32,
+    /// The first PSN of both directions (`sq_psn` and `rq_psn`).
+    pub psn: u32,
 }
 
 impl Default for Attrs {
@@ -91,6 +91,7 @@ impl Default for Attrs {
             rnr_retry: 7,
             min_rnr_timer: 1,
             path_mtu: 1024,
+            psn: 0,
         }
     }
 }
@@ -102,226 +103,6 @@ pub enum Broken {
     Protocol(String),
     /// The run did not settle within its bound of events.
     Stuck(String),
-}
-
-/// One end of the connection: a QP, its memory, its byte streams.
-pub struct End {
-    /// The QP: state machine, both halves, their completions.
-    pub qp: Qp,
-    /// Its registered memory.
-    pub mrs: MrTable,
-    reader: Reader,
-    tx: TxQueue,
-    st: DriveState,
-    /// Its send completions, in the order they were produced (all of the run's, taken
-    /// from the QP after each step).
-    pub send_wc: Vec<WorkCompletion>,
-    /// Its receive completions, with the solicited bit (the same).
-    pub recv_wc: Vec<(WorkCompletion, bool)>,
-    force_rnr: u32,
-    last_tx: Option<Instant>,
-    last_rx: Option<Instant>,
-}
-
-impl End {
-    fn new(qpn: u32, dest_qpn: u32, attrs: &Attrs) -> End {
-        let cap = QpCap {
-            max_send_wr: 256,
-            max_recv_wr: 1024,
-            max_send_sge: 4,
-            max_recv_sge: 4,
-            max_inline_data: 64,
-        };
-        let req = Requester::new(qpn, PD, &cap, false);
-        let resp = Responder::new(qpn, PD, cap.max_recv_wr, 4);
-        let mut qp = Qp::new(QpType::Rc, cap, Switches::default(), req, resp);
-        // RESET -> INIT -> RTR -> RTS through `ibv_modify_qp`'s state machine, as an
-        // application brings an RC QP up.
-        let steps = [
-            (
-                QpAttr {
-                    qp_state: QpState::Init,
-                    port_num: 1,
-                    qp_access_flags: AccessFlags::REMOTE,
-                    ..Default::default()
-                },
-                M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS,
-            ),
-            (
-                QpAttr {
-                    qp_state: QpState::Rtr,
-                    path_mtu: Mtu::from_raw(attrs.path_mtu.trailing_zeros().saturating_sub(7))
-                        .unwrap_or(Mtu::Mtu1024),
-                    dest_qp_num: dest_qpn,
-                    rq_psn: 0,
-                    max_dest_rd_atomic: 16,
-                    min_rnr_timer: attrs.min_rnr_timer,
-                    ..Default::default()
-                },
-                M::STATE
-                    | M::AV
-                    | M::PATH_MTU
-                    | M::DEST_QPN
-                    | M::RQ_PSN
-                    | M::MAX_DEST_RD_ATOMIC
-                    | M::MIN_RNR_TIMER,
-            ),
-            (
-                QpAttr {
-                    qp_state: QpState::Rts,
-                    sq_psn: 0,
-                    timeout: attrs.timeout,
-                    retry_cnt: attrs.retry_cnt,
-                    rnr_retry: attrs.rnr_retry,
-                    max_rd_atomic: 4,
-                    ..Default::default()
-                },
-                M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
-            ),
-        ];
-        for (attr, mask) in steps {
-            qp.handle_modify(&attr, mask, &LIMITS, &Wired)
-                .expect("the fabric's attributes are legal");
-        }
-        // The fabric's connection is up from the start.
-        qp.handle_connection_up();
-        End {
-            qp,
-            mrs: MrTable::default(),
-            reader: Reader::new(),
-            tx: TxQueue::new(),
-            st: DriveState::default(),
-            send_wc: Vec::new(),
-            recv_wc: Vec::new(),
-            force_rnr: 0,
-            last_tx: None,
-            last_rx: None,
-        }
-    }
-
-    /// `ibv_post_send` on this end's QP (in ERR the WR completes flushed).
-    pub fn post(&mut self, wr: &verbs_api::SendWr<'_>) -> Result<(), crate::requester::PostCheck> {
-        self.qp.handle_post_send(wr, &self.mrs, None)?;
-        self.qp.flush_posted_sends();
-        self.take_completions();
-        Ok(())
-    }
-
-    /// `ibv_post_recv` on this end's QP (in ERR the WR completes flushed where the
-    /// device does so).
-    pub fn post_recv(&mut self, wr: &verbs_api::RecvWr<'_>) -> Result<(), crate::recv_queue::PostRecvError> {
-        self.qp.handle_post_recv(wr)?;
-        self.qp.flush_posted_recvs();
-        self.take_completions();
-        Ok(())
-    }
-
-    /// Whether the QP went to ERR.
-    pub fn in_error(&self) -> bool {
-        self.qp.state() == QpState::Err
-    }
-
-    /// Appends the completions the QP produced to this end's record of them.
-    fn take_completions(&mut self) {
-        let c = self.qp.poll_completions();
-        self.send_wc.append(c.send);
-        self.recv_wc.append(c.recv);
-    }
-
-    /// A fatal completion: the QP goes to ERR and both halves flush.
-    fn fail(&mut self) {
-        self.qp.enter_error();
-    }
-
-    /// Builds what the requester may send now.
-    fn transmit(&mut self, now: Instant) {
-        if !self.in_error() && self.qp.transmit_into(&self.mrs, now, &mut self.tx, 64).is_err() {
-            self.fail();
-        }
-        self.take_completions();
-    }
-
-    /// Runs the engine over `bytes` (one whole frame) with both halves.
-    fn receive(&mut self, bytes: &[u8], now: Instant) -> Result<(), String> {
-        self.last_rx = Some(now);
-        let mut off = 0;
-        loop {
-            off += self.reader.feed(&bytes[off..]);
-            let mut sides = self.qp.sides(&mut self.force_rnr);
-            let r = drive(
-                &mut sides,
-                &mut self.reader,
-                &self.mrs,
-                &mut self.tx,
-                now,
-                &mut self.st,
-                usize::MAX,
-                0,
-            );
-            match r {
-                Ok(()) => {}
-                Err(Stop::Fatal(_)) => self.fail(),
-                Err(Stop::Protocol(m)) => {
-                    self.take_completions();
-                    return Err(m);
-                }
-            }
-            self.take_completions();
-            if off >= bytes.len() {
-                return Ok(());
-            }
-        }
-    }
-
-    /// The connection broke: new byte streams, each half recovering.
-    fn lose_connection(&mut self) {
-        self.reader = Reader::new();
-        self.st = DriveState::default();
-        let mut gone = Vec::new();
-        self.tx.drain_into(&mut gone);
-        self.qp.handle_connection_lost();
-        // The new byte streams are there at once.
-        self.qp.handle_connection_up();
-        self.take_completions();
-    }
-
-    /// The requester's timers, if due.
-    fn on_timer(&mut self, now: Instant) -> u64 {
-        if self.in_error() {
-            return 0;
-        }
-        let r = self.qp.handle_timeout(now, self.last_tx, self.last_rx);
-        let timeouts = self.qp.take_ack_timeouts();
-        if r.is_err() {
-            self.fail();
-        }
-        self.take_completions();
-        timeouts
-    }
-
-    fn next_deadline(&self) -> Option<Instant> {
-        if self.in_error() {
-            None
-        } else {
-            self.qp.poll_timeout()
-        }
-    }
-}
-
-/// The device limits of the fabric's QPs.
-const LIMITS: QpLimits = QpLimits {
-    max_qp_init_rd_atom: 16,
-    max_qp_rd_atom: 16,
-};
-
-/// The fabric's addressing: the two ends are wired to each other, any address vector
-/// names the peer.
-struct Wired;
-
-impl AvCheck for Wired {
-    fn check_av(&self, _: &AhAttr) -> Result<(), (&'static str, String)> {
-        Ok(())
-    }
 }
 
 /// A frame (header and payload) on its way.
@@ -370,6 +151,12 @@ pub struct Fabric {
     broken: Option<Broken>,
     /// Print every frame sent and delivered ([`LOG_SETTING`]).
     log: bool,
+    /// The connection's path MTU, at which frames are cut into packets.
+    path_mtu: u32,
+    /// Packets (parts) to lose the first time they are sent, whatever the seed says.
+    lose_once: Vec<(Dir, u32)>,
+    /// Every frame sent and whether it was lost, when recording ([`Fabric::record`]).
+    recorded: Option<Vec<(Dir, Frame, bool)>>,
 }
 
 /// The setting that has a fabric print every frame it carries to stderr, with its fate
@@ -389,6 +176,8 @@ pub struct Stats {
     pub timeouts: u64,
     /// Times the connection broke.
     pub resets: u64,
+    /// Frames cut into their packets.
+    pub split: u64,
 }
 
 impl Fabric {
@@ -409,6 +198,9 @@ impl Fabric {
             stats: Stats::default(),
             broken: None,
             log: std::env::var_os(LOG_SETTING).is_some(),
+            path_mtu: attrs.path_mtu,
+            lose_once: Vec::new(),
+            recorded: None,
         }
     }
 
@@ -489,34 +281,94 @@ impl Fabric {
             let end = off + hlen + frame.payload_len() as usize;
             let unit = bytes[off..end.min(bytes.len())].to_vec();
             off = end;
-            let opcode = unit[0];
-            let psn = frame.psn().unwrap_or(0);
-            let attempt = {
-                let n = self.attempts.entry((dir, opcode, psn)).or_insert(0);
-                *n += 1;
-                *n - 1
-            };
-            let d = self.decide.frame(&self.mix, dir, opcode, psn, attempt);
-            if d.reset {
-                self.reset();
+            let Some(d) = self.decide_unit(dir, &frame, &unit) else {
                 return;
+            };
+            if d.split {
+                if let Some(parts) = split::packets(&frame, &unit, hlen, self.path_mtu) {
+                    self.stats.split += 1;
+                    for part in parts {
+                        let Ok(Some((p, _))) = Frame::decode(&part) else {
+                            continue;
+                        };
+                        let Some(d) = self.decide_unit(dir, &p, &part) else {
+                            return;
+                        };
+                        self.send_unit(dir, &p, part, d);
+                    }
+                    continue;
+                }
             }
-            if self.log {
-                eprintln!(
-                    "{:>10?} send {dir:?} {frame} lost={} delay={:?}",
-                    self.now, d.lost, d.delay
-                );
-            }
-            if d.lost {
-                self.stats.lost += 1;
-                continue;
-            }
-            if let Some(extra) = d.duplicate_after {
-                self.stats.duplicated += 1;
-                self.schedule(self.now + d.delay + extra, dir, unit.clone());
-            }
-            self.schedule(self.now + d.delay, dir, unit);
+            self.send_unit(dir, &frame, unit, d);
         }
+    }
+
+    /// The fate of one frame `unit` (`frame`, decoded) going `dir`: `None` if the
+    /// connection broke as it was sent.
+    fn decide_unit(&mut self, dir: Dir, frame: &Frame, unit: &[u8]) -> Option<Decision> {
+        let opcode = unit[0];
+        let psn = frame.psn().unwrap_or(0);
+        let attempt = {
+            let n = self.attempts.entry((dir, opcode, psn)).or_insert(0);
+            *n += 1;
+            *n - 1
+        };
+        let d = self.decide.frame(&self.mix, dir, opcode, psn, attempt);
+        if d.reset {
+            self.reset();
+            return None;
+        }
+        Some(d)
+    }
+
+    /// Loses the packet of PSN `psn` going `dir` (a part of a message, cut by the
+    /// network) the first time it is sent, whatever the seed says: a test's way to lose
+    /// one packet inside a message.
+    pub fn lose_once(&mut self, dir: Dir, psn: u32) {
+        self.lose_once.push((dir, psn));
+    }
+
+    /// Records every frame sent from now on, with its fate ([`Fabric::recorded`]).
+    pub fn record(&mut self) {
+        self.recorded = Some(Vec::new());
+    }
+
+    /// The frames sent since [`Fabric::record`], each with its direction and whether it
+    /// was lost.
+    pub fn recorded(&self) -> &[(Dir, Frame, bool)] {
+        self.recorded.as_deref().unwrap_or(&[])
+    }
+
+    /// Puts `unit` on the network as `d` says.
+    fn send_unit(&mut self, dir: Dir, frame: &Frame, unit: Vec<u8>, mut d: Decision) {
+        if matches!(frame, Frame::Part { .. }) {
+            if let Some(i) = self
+                .lose_once
+                .iter()
+                .position(|&x| x == (dir, frame.psn().unwrap_or(0)))
+            {
+                self.lose_once.swap_remove(i);
+                d.lost = true;
+            }
+        }
+        if let Some(r) = &mut self.recorded {
+            r.push((dir, *frame, d.lost));
+        }
+        if self.log {
+            eprintln!(
+                "{:>10?} send {dir:?} {frame} lost={} delay={:?}",
+                self.now, d.lost, d.delay
+            );
+        }
+        if d.lost {
+            self.stats.lost += 1;
+            return;
+        }
+        if let Some(extra) = d.duplicate_after {
+            self.stats.duplicated += 1;
+            self.schedule(self.now + d.delay + extra, dir, unit.clone());
+        }
+        self.schedule(self.now + d.delay, dir, unit);
     }
 
     /// The connection breaks: everything in flight or queued is lost, both ends start
@@ -573,7 +425,8 @@ impl Fabric {
         if let Frame::Write { addr, rkey, .. }
         | Frame::Read { addr, rkey, .. }
         | Frame::CmpSwap { addr, rkey, .. }
-        | Frame::FetchAdd { addr, rkey, .. } = &mut frame
+        | Frame::FetchAdd { addr, rkey, .. }
+        | Frame::Part { addr, rkey, .. } = &mut frame
         {
             let target = if dir == Dir::AtoB {
                 &self.b.mrs
