@@ -91,6 +91,7 @@ mod progress;
 mod qp;
 pub mod rdmacm;
 pub mod same_host;
+pub mod shm_ring;
 mod signal_restart;
 pub mod sockopt;
 mod stream;
