@@ -48,8 +48,8 @@ use rustix::fs::SealFlags;
 use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer};
 use rustix::net::{SendAncillaryMessage, SendFlags};
 
-/// Bytes of each direction's ring: room for a 1 MiB message with its headers in flight
-/// at once, without tying up more than twice that per connection.
+/// Bytes of each direction's ring (a power of two): a 1 MiB message with its headers fits
+/// whole with room for the next to start; a connection ties up twice this.
 pub const CAPACITY: usize = 2 << 20;
 
 /// Bytes of the control page before the rings.
@@ -101,6 +101,14 @@ fn create_with(cap: usize) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
+/// The refusal of a segment the peer sent.
+fn invalid(why: impl std::fmt::Display) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("the peer's ring segment: {why}"),
+    )
+}
+
 /// Sends the segment `seg` over the connected unix socket `sock` (one byte carrying the
 /// descriptor), without blocking: `WouldBlock` if the socket's buffer is full.
 pub fn send_segment(sock: BorrowedFd<'_>, seg: BorrowedFd<'_>) -> io::Result<()> {
@@ -128,12 +136,6 @@ pub fn send_segment(sock: BorrowedFd<'_>, seg: BorrowedFd<'_>) -> io::Result<()>
 /// (`WouldBlock`: not there yet). Anything but one byte with exactly one descriptor is
 /// refused (`InvalidData`), and every descriptor that came with it closed.
 pub fn recv_segment(sock: BorrowedFd<'_>) -> io::Result<OwnedFd> {
-    let invalid = |why: &str| {
-        io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("the peer's ring segment: {why}"),
-        )
-    };
     // Room for two: a second descriptor is seen (and closed) rather than cut off.
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
@@ -160,7 +162,7 @@ pub fn recv_segment(sock: BorrowedFd<'_>) -> io::Result<OwnedFd> {
     }
     match <[OwnedFd; 1]>::try_from(fds) {
         Ok([fd]) => Ok(fd),
-        Err(fds) => Err(invalid(&format!(
+        Err(fds) => Err(invalid(format!(
             "{} descriptors where one was expected",
             fds.len()
         ))),
@@ -170,15 +172,9 @@ pub fn recv_segment(sock: BorrowedFd<'_>) -> io::Result<OwnedFd> {
 /// Checks that `seg` is a segment this side may map: a memfd of exactly the size of
 /// rings of `cap` bytes, sealed as the module docs say.
 fn validate(seg: BorrowedFd<'_>, cap: usize) -> io::Result<()> {
-    let invalid = |why: String| {
-        io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("the peer's ring segment: {why}"),
-        )
-    };
     let st = rustix::fs::fstat(seg)?;
     if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
-        return Err(invalid("not a regular file".into()));
+        return Err(invalid("not a regular file"));
     }
     // Only memfds (and shmem files) take seals: a file elsewhere fails here.
     let seals = rustix::fs::fcntl_get_seals(seg).map_err(|e| invalid(format!("no seals ({e})")))?;
@@ -188,7 +184,7 @@ fn validate(seg: BorrowedFd<'_>, cap: usize) -> io::Result<()> {
         )));
     }
     if seals.intersects(SealFlags::WRITE | SealFlags::FUTURE_WRITE) {
-        return Err(invalid("sealed against writing".into()));
+        return Err(invalid("sealed against writing"));
     }
     if st.st_size as u64 != segment_len(cap) as u64 {
         return Err(invalid(format!("{} bytes, not {}", st.st_size, segment_len(cap))));
