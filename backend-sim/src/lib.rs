@@ -90,6 +90,7 @@ pub mod profile;
 mod progress;
 mod qp;
 pub mod rdmacm;
+mod ring_setup;
 pub mod same_host;
 pub mod shm_ring;
 mod signal_restart;

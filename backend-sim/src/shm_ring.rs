@@ -48,9 +48,11 @@ use rustix::fs::SealFlags;
 use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer};
 use rustix::net::{SendAncillaryMessage, SendFlags};
 
-/// Bytes of each direction's ring (a power of two): a 1 MiB message with its headers fits
-/// whole with room for the next to start; a connection ties up twice this.
-pub const CAPACITY: usize = 2 << 20;
+/// Bytes of each direction's ring (a power of two). A connection ties up twice this, and
+/// a process holding both ends maps it twice: 256 connections of one process (the soak
+/// test's) touch 128 MiB of rings. A larger message crosses in pieces, as through a
+/// socket's buffer.
+pub const CAPACITY: usize = 256 << 10;
 
 /// Bytes of the control page before the rings.
 const HEADER: usize = 4096;
@@ -68,6 +70,16 @@ const CONTROL: usize = 4 * LINE;
 
 /// The byte that accompanies the segment's descriptor on the socket.
 const SEGMENT_TAG: u8 = b'R';
+/// The byte a connector sends instead when the connection is to stay on the socket.
+const NO_SEGMENT_TAG: u8 = b'S';
+
+/// Whether this process sets its same-host connections up over rings: yes unless
+/// `RDMA_SIM_SHM_RINGS=off` (for comparing with the unix-socket path). The connector
+/// decides; the acceptor follows what it sent.
+pub fn enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("RDMA_SIM_SHM_RINGS").map_or(true, |v| v != "off"))
+}
 
 /// The seals a segment must carry: its size is fixed, and no one can add or remove a seal.
 fn required_seals() -> SealFlags {
@@ -132,10 +144,24 @@ pub fn send_segment(sock: BorrowedFd<'_>, seg: BorrowedFd<'_>) -> io::Result<()>
     Ok(())
 }
 
-/// Receives a segment sent by [`send_segment`] from `sock`, without blocking
+/// Tells the acceptor that the connection stays on the socket (one byte, no descriptor),
+/// without blocking.
+pub fn send_no_segment(sock: BorrowedFd<'_>) -> io::Result<()> {
+    let flags = SendFlags::DONTWAIT | SendFlags::NOSIGNAL;
+    match rustix::net::send(sock, &[NO_SEGMENT_TAG], flags)? {
+        1 => Ok(()),
+        _ => Err(io::Error::new(
+            io::ErrorKind::WriteZero,
+            "the choice's byte was not sent",
+        )),
+    }
+}
+
+/// Receives a segment sent by [`send_segment`] from `sock` (`None`: the peer sent
+/// [`send_no_segment`]'s byte), without blocking
 /// (`WouldBlock`: not there yet). Anything but one byte with exactly one descriptor is
 /// refused (`InvalidData`), and every descriptor that came with it closed.
-pub fn recv_segment(sock: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+pub fn recv_segment(sock: BorrowedFd<'_>) -> io::Result<Option<OwnedFd>> {
     // Room for two: a second descriptor is seen (and closed) rather than cut off.
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
@@ -157,11 +183,14 @@ pub fn recv_segment(sock: BorrowedFd<'_>) -> io::Result<OwnedFd> {
     if got.flags.contains(ReturnFlags::CTRUNC) {
         return Err(invalid("more control data than one descriptor"));
     }
+    if byte[0] == NO_SEGMENT_TAG && fds.is_empty() {
+        return Ok(None);
+    }
     if byte[0] != SEGMENT_TAG {
         return Err(invalid("not the segment's byte"));
     }
     match <[OwnedFd; 1]>::try_from(fds) {
-        Ok([fd]) => Ok(fd),
+        Ok([fd]) => Ok(Some(fd)),
         Err(fds) => Err(invalid(format!(
             "{} descriptors where one was expected",
             fds.len()
@@ -201,6 +230,9 @@ struct Mapping {
 // SAFETY: the mapping is plain shared memory owned by this value; every access through it
 // goes through raw pointers or atomics, which any thread may use.
 unsafe impl Send for Mapping {}
+// SAFETY: as for `Send`: shared access is through atomics (the control words) or raw
+// copies of the rings' bytes, whose races at worst give garbage bytes (module docs).
+unsafe impl Sync for Mapping {}
 
 impl Mapping {
     fn new(seg: BorrowedFd<'_>, len: usize) -> io::Result<Mapping> {
@@ -252,7 +284,7 @@ fn corrupt(what: &str, value: u64, own: u64) -> io::Error {
 
 /// One side's view of a segment: it produces into one ring and consumes from the other.
 pub struct Rings {
-    map: Mapping,
+    map: std::sync::Arc<Mapping>,
     cap: usize,
     /// Byte offset of the control words of the ring this side writes, and of its data.
     tx_ctl: usize,
@@ -277,7 +309,7 @@ impl Rings {
     fn map_with(seg: BorrowedFd<'_>, side: Side, cap: usize) -> io::Result<Rings> {
         debug_assert!(cap.is_power_of_two());
         validate(seg, cap)?;
-        let map = Mapping::new(seg, segment_len(cap))?;
+        let map = std::sync::Arc::new(Mapping::new(seg, segment_len(cap))?);
         let (tx, rx) = match side {
             Side::Connector => (0, 1),
             Side::Acceptor => (1, 0),
@@ -329,6 +361,20 @@ impl Rings {
             return Err(corrupt("head", head, self.tx_tail));
         }
         Ok(self.cap - used as usize)
+    }
+
+    /// A look at whether the peer's bytes wait in the ring this side reads, for threads
+    /// that do not hold the rings.
+    pub fn peek(&self) -> Peek {
+        Peek {
+            map: self.map.clone(),
+            ctl: self.rx_ctl,
+        }
+    }
+
+    /// Whether this side asked the peer to ring when it frees room (and it has not yet).
+    pub fn waits_for_room(&self) -> bool {
+        self.map.word(self.tx_ctl + WAITING).load(Ordering::Relaxed) != 0
     }
 
     /// Says this side is going to sleep until the peer writes: whether bytes (or a
@@ -393,28 +439,31 @@ impl Rings {
         Ok((n, self.take_wake(self.rx_ctl, WAITING)))
     }
 
-    /// Writes as much of `iov` as there is room for: the count, and whether the peer asked
-    /// to be woken for bytes.
+    /// Writes as much of `iov`, past its first `skip` bytes, as there is room for: the
+    /// count, and whether the peer asked to be woken for bytes.
     ///
     /// # Safety
     /// Every run must be valid for reads of its length.
-    unsafe fn write(&mut self, iov: &[RawSlice]) -> io::Result<(usize, bool)> {
+    unsafe fn write(&mut self, iov: &[RawSlice], mut skip: usize) -> io::Result<(usize, bool)> {
         let mut room = self.writable()?;
         let mut done = 0;
         for run in iov {
             if room == 0 {
                 break;
             }
-            let n = run.len.min(room);
+            let from = skip.min(run.len);
+            skip -= from;
+            let n = (run.len - from).min(room);
             let off = (self.tx_tail.wrapping_add(done as u64) as usize) & (self.cap - 1);
             let first = n.min(self.cap - off);
             // SAFETY: both runs lie in this side's transmit ring (`off + first <= cap`,
-            // `n - first <= cap`); the source run is readable for `n <= run.len` bytes
-            // (the caller's guarantee).
+            // `n - first <= cap`); the source run is readable from `from` for
+            // `n <= run.len - from` bytes (the caller's guarantee).
             unsafe {
                 let ring = self.map.base.add(self.tx_data);
-                std::ptr::copy_nonoverlapping(run.base, ring.add(off), first);
-                std::ptr::copy_nonoverlapping(run.base.add(first), ring, n - first);
+                let src = run.base.add(from);
+                std::ptr::copy_nonoverlapping(src, ring.add(off), first);
+                std::ptr::copy_nonoverlapping(src.add(first), ring, n - first);
             }
             done += n;
             room -= n;
@@ -433,6 +482,21 @@ impl Rings {
     /// unix socket to ring the peer on.
     pub fn io<'a>(&'a mut self, bell: BorrowedFd<'a>) -> RingIo<'a> {
         RingIo { rings: self, bell }
+    }
+}
+
+/// A look at one ring without its consumer's lock (see [`Rings::peek`]).
+pub struct Peek {
+    map: std::sync::Arc<Mapping>,
+    ctl: usize,
+}
+
+impl Peek {
+    /// Whether the ring holds bytes its consumer has not taken (the published indices
+    /// differ: garbage the peer wrote counts as bytes, for the consumer to refuse).
+    pub fn has_bytes(&self) -> bool {
+        let tail = self.map.word(self.ctl + TAIL).load(Ordering::Acquire);
+        tail != self.map.word(self.ctl + HEAD).load(Ordering::Relaxed)
     }
 }
 
@@ -465,38 +529,57 @@ pub struct RingIo<'a> {
     bell: BorrowedFd<'a>,
 }
 
+/// A read that got less than it asked for, or a write that put less than it had, leaves
+/// this side's flag set (sleeping, waiting for room) with the ring looked at again after
+/// it: the data path takes such a short count as "nothing more now" and may block on the
+/// socket next, where the peer's bell is what wakes it, as a socket's level-triggered
+/// readiness would.
 impl Recv for RingIo<'_> {
     unsafe fn recv(&mut self, dst: *mut u8, len: usize) -> io::Result<usize> {
         if len == 0 {
             return Ok(0);
         }
-        // SAFETY: the caller guarantees `dst` is writable for `len` bytes.
-        match unsafe { self.rings.read(dst, len) }? {
-            (0, _) => Err(io::ErrorKind::WouldBlock.into()),
-            (n, wake) => {
-                if wake {
-                    ring(self.bell.as_fd());
-                }
-                Ok(n)
+        let mut got = 0;
+        loop {
+            // SAFETY: the caller guarantees `dst` is writable for `len` bytes, and
+            // `got <= len`.
+            let (n, wake) = unsafe { self.rings.read(dst.add(got), len - got) }?;
+            if wake {
+                ring(self.bell.as_fd());
             }
+            got += n;
+            if got == len || !self.rings.sleep_for_bytes() {
+                break;
+            }
+        }
+        match got {
+            0 => Err(io::ErrorKind::WouldBlock.into()),
+            n => Ok(n),
         }
     }
 }
 
 impl Transmit for RingIo<'_> {
     unsafe fn transmit(&mut self, iov: &[RawSlice]) -> io::Result<usize> {
-        if iov.iter().all(|r| r.len == 0) {
+        let total: usize = iov.iter().map(|r| r.len).sum();
+        if total == 0 {
             return Ok(0);
         }
-        // SAFETY: the caller guarantees every run is readable.
-        match unsafe { self.rings.write(iov) }? {
-            (0, _) => Err(io::ErrorKind::WouldBlock.into()),
-            (n, wake) => {
-                if wake {
-                    ring(self.bell.as_fd());
-                }
-                Ok(n)
+        let mut done = 0;
+        loop {
+            // SAFETY: the caller guarantees every run is readable.
+            let (n, wake) = unsafe { self.rings.write(iov, done) }?;
+            if wake {
+                ring(self.bell.as_fd());
             }
+            done += n;
+            if done == total || !self.rings.sleep_for_room() {
+                break;
+            }
+        }
+        match done {
+            0 => Err(io::ErrorKind::WouldBlock.into()),
+            n => Ok(n),
         }
     }
 }
