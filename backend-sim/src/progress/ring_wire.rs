@@ -1,0 +1,78 @@
+//! A connection's byte source and sink: its socket, or, for a same-host connection set
+//! up with them, the shared-memory rings of [`shm_ring`](crate::shm_ring), whose
+//! doorbell and liveness signal the socket then is (a peer that closes or dies shows as
+//! the end of the socket's stream, as on the socket path).
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd};
+
+use backend_sim_proto::io::{RawSlice, Transmit};
+
+use crate::link::ConnIo;
+use crate::qp::Conn;
+use crate::shm_ring::{self, Rings};
+use crate::sys;
+
+/// Gives `conn` (registered, not yet active: no thread services it yet) its rings.
+pub fn install(conn: &Conn, rings: Rings) {
+    let _ = conn.ring_peek.set(rings.peek());
+    conn.io.lock().rings = Some(rings);
+}
+
+/// Reads what the peer sent into `io`'s buffer, as a socket read would: `Ok(0)` at the
+/// end of the stream, `WouldBlock` when nothing is there.
+pub(super) fn fill(io: &mut ConnIo, conn: &Conn) -> io::Result<usize> {
+    let ConnIo { wire, rings, .. } = io;
+    let Some(rings) = rings.as_mut() else {
+        return wire.fill(&mut sys::Sock(conn.sock.as_raw_fd()));
+    };
+    let bell = conn.sock.as_fd();
+    match wire.fill(&mut rings.io(bell)) {
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+            // The ring is empty (and this side's flag asks for a bell): take the bells
+            // already there, so that the socket reports only new ones, and see whether
+            // the peer closed.
+            if !shm_ring::drain_bell(bell)? {
+                return Ok(0);
+            }
+            // A bell just taken may be for bytes published after the look.
+            wire.fill(&mut rings.io(bell))
+        }
+        r => r,
+    }
+}
+
+/// Writes what `io` has queued, as a socket write would (`WouldBlock`: no room).
+pub(super) fn write(io: &mut ConnIo, conn: &Conn) -> io::Result<usize> {
+    let ConnIo { wire, rings, .. } = io;
+    match rings.as_mut() {
+        None => wire.write_to(&mut sys::Sock(conn.sock.as_raw_fd())),
+        Some(r) => wire.write_to(&mut r.io(conn.sock.as_fd())),
+    }
+}
+
+/// Whether a connection with bytes left to write should wait for `EPOLLOUT`: not one
+/// whose full ring waits for the peer's bell (`EPOLLIN`); a unix socket always reports
+/// writable, and the waiting thread would spin.
+pub(super) fn wants_out(io: &ConnIo) -> bool {
+    io.rings.as_ref().is_none_or(|r| !r.waits_for_room())
+}
+
+/// Writes `bytes` past the protocol core's queue (fault injection's request cut off in
+/// the middle), without blocking: how many went (0: no room now).
+pub(super) fn send_bytes(io: &mut ConnIo, conn: &Conn, bytes: &[u8]) -> usize {
+    match io.rings.as_mut() {
+        None => {
+            let flags = rustix::net::SendFlags::NOSIGNAL | rustix::net::SendFlags::DONTWAIT;
+            rustix::net::send(&conn.sock, bytes, flags).unwrap_or(0)
+        }
+        Some(r) => {
+            let run = [RawSlice {
+                base: bytes.as_ptr(),
+                len: bytes.len(),
+            }];
+            // SAFETY: the run is a live slice, readable for its length.
+            unsafe { r.io(conn.sock.as_fd()).transmit(&run) }.unwrap_or(0)
+        }
+    }
+}

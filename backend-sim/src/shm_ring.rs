@@ -1,0 +1,589 @@
+//! Shared-memory rings for a same-host connection: a sealed memfd (`man 2 memfd_create`,
+//! `man 2 fcntl` "File Sealing") holding two single-producer/single-consumer byte rings,
+//! one per direction, that carry the same frames as the connection's unix socket
+//! ([`same_host`](crate::same_host)) without a system call per message while the reader
+//! spins. The rings are the protocol core's byte source and sink
+//! ([`backend_sim_proto::io::Recv`], [`Transmit`](backend_sim_proto::io::Transmit)), so
+//! every frame is parsed and checked exactly as one read from a socket.
+//!
+//! The connector creates the segment ([`create`]) and passes it over the unix socket
+//! with `SCM_RIGHTS` (`man 7 unix`; [`send_segment`], [`recv_segment`]); the acceptor
+//! maps it only if it is a memfd of exactly the expected size whose size can no longer
+//! change and whose seals are final (`F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL`): a
+//! peer that could shrink it would make a read of the mapping fault (`SIGBUS`).
+//!
+//! The doorbell is the unix socket itself, not an eventfd: a writer sends it one byte
+//! only when the reader has said it is going to sleep, and a writer blocked on a full
+//! ring asks the reader to ring back when it frees space. The socket is already what the
+//! data path polls, and the liveness signal (a peer that dies closes it: EOF, `EPOLLHUP`);
+//! and `MSG_DONTWAIT` makes each send and receive non-blocking by itself, where an
+//! eventfd's `O_NONBLOCK` belongs to the open file description both processes share, so
+//! a hostile peer could clear it and make this side's read or write of the doorbell block.
+//!
+//! Sleeping without losing a wake-up (both sides, the classic protocol): the sleeper sets
+//! its flag, then (after a `SeqCst` fence) looks at the ring once more and only blocks if
+//! it still has nothing to do; the other side publishes its index, then (after a fence)
+//! reads the flag and, if set, clears it and rings. Of two such sequences at least one
+//! sees the other's store.
+//!
+//! A peer may write anything into the segment. Each side keeps its own index privately
+//! and only publishes it; the peer's index is read once per call and accepted only if it
+//! keeps `0 <= tail - head <= capacity` (indices count modulo 2^64); every offset is taken modulo the capacity (a
+//! power of two) and every length bounded by what is there, so garbage can at worst
+//! produce bytes that the protocol core rejects as it rejects garbage on a socket. An
+//! index out of bounds breaks the rings for good (`InvalidData`): the connection closes.
+//!
+//! Layout: one page of control words, then ring 0 (connector to acceptor), then ring 1.
+//! Each ring's control words (`tail`, written by its producer; `head`, by its consumer;
+//! the consumer's "sleeping" flag; the producer's "waiting for space" flag) sit in cache
+//! lines of their own, so the two sides do not write the same line.
+
+use std::io;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{fence, AtomicU64, Ordering};
+
+use backend_sim_proto::io::{RawSlice, Recv, Transmit};
+use rustix::fs::SealFlags;
+use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer};
+use rustix::net::{SendAncillaryMessage, SendFlags};
+
+/// Bytes of each direction's ring (a power of two). A connection ties up twice this, and
+/// a process holding both ends maps it twice: 256 connections of one process (the soak
+/// test's) touch 128 MiB of rings. A larger message crosses in pieces, as through a
+/// socket's buffer.
+pub const CAPACITY: usize = 256 << 10;
+
+/// Bytes of the control page before the rings.
+const HEADER: usize = 4096;
+/// Apart far enough that neither a cache line nor the adjacent-line prefetcher's pair is
+/// shared between words two sides write.
+const LINE: usize = 128;
+/// A ring's control words: `tail`, `head`, the consumer's sleeping flag, the producer's
+/// waiting flag.
+const TAIL: usize = 0;
+const HEAD: usize = LINE;
+const SLEEPING: usize = 2 * LINE;
+const WAITING: usize = 3 * LINE;
+/// Bytes of one ring's control words.
+const CONTROL: usize = 4 * LINE;
+
+/// The byte that accompanies the segment's descriptor on the socket.
+const SEGMENT_TAG: u8 = b'R';
+/// The byte a connector sends instead when the connection is to stay on the socket.
+const NO_SEGMENT_TAG: u8 = b'S';
+
+/// Whether this process sets its same-host connections up over rings: yes unless
+/// `RDMA_SIM_SHM_RINGS=off` (for comparing with the unix-socket path). The connector
+/// decides; the acceptor follows what it sent.
+pub fn enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("RDMA_SIM_SHM_RINGS").map_or(true, |v| v != "off"))
+}
+
+/// The seals a segment must carry: its size is fixed, and no one can add or remove a seal.
+fn required_seals() -> SealFlags {
+    SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL
+}
+
+/// The size of a segment whose rings hold `cap` bytes each.
+fn segment_len(cap: usize) -> usize {
+    HEADER + 2 * cap
+}
+
+/// Which end of the connection a side is: the connector produces into ring 0.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    /// The side that connected and created the segment.
+    Connector,
+    /// The side that accepted and received it.
+    Acceptor,
+}
+
+/// Creates a sealed segment whose rings hold [`CAPACITY`] bytes each (all indices zero).
+pub fn create() -> io::Result<OwnedFd> {
+    create_with(CAPACITY)
+}
+
+fn create_with(cap: usize) -> io::Result<OwnedFd> {
+    use rustix::fs::MemfdFlags;
+    let fd = rustix::fs::memfd_create("rdma-sim-rings", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
+    rustix::fs::ftruncate(&fd, segment_len(cap) as u64)?;
+    rustix::fs::fcntl_add_seals(&fd, required_seals())?;
+    Ok(fd)
+}
+
+/// The refusal of a segment the peer sent.
+fn invalid(why: impl std::fmt::Display) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("the peer's ring segment: {why}"),
+    )
+}
+
+/// Sends the segment `seg` over the connected unix socket `sock` (one byte carrying the
+/// descriptor), without blocking: `WouldBlock` if the socket's buffer is full.
+pub fn send_segment(sock: BorrowedFd<'_>, seg: BorrowedFd<'_>) -> io::Result<()> {
+    let fds = [seg];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+        return Err(io::Error::other(
+            "no room for the descriptor in the control buffer",
+        ));
+    }
+    let byte = [SEGMENT_TAG];
+    let flags = SendFlags::DONTWAIT | SendFlags::NOSIGNAL;
+    let n = rustix::net::sendmsg(sock, &[io::IoSlice::new(&byte)], &mut control, flags)?;
+    if n != 1 {
+        return Err(io::Error::new(
+            io::ErrorKind::WriteZero,
+            "the segment's byte was not sent",
+        ));
+    }
+    Ok(())
+}
+
+/// Tells the acceptor that the connection stays on the socket (one byte, no descriptor),
+/// without blocking.
+pub fn send_no_segment(sock: BorrowedFd<'_>) -> io::Result<()> {
+    let flags = SendFlags::DONTWAIT | SendFlags::NOSIGNAL;
+    match rustix::net::send(sock, &[NO_SEGMENT_TAG], flags)? {
+        1 => Ok(()),
+        _ => Err(io::Error::new(
+            io::ErrorKind::WriteZero,
+            "the choice's byte was not sent",
+        )),
+    }
+}
+
+/// Receives a segment sent by [`send_segment`] from `sock` (`None`: the peer sent
+/// [`send_no_segment`]'s byte), without blocking
+/// (`WouldBlock`: not there yet). Anything but one byte with exactly one descriptor is
+/// refused (`InvalidData`), and every descriptor that came with it closed.
+pub fn recv_segment(sock: BorrowedFd<'_>) -> io::Result<Option<OwnedFd>> {
+    // Room for two: a second descriptor is seen (and closed) rather than cut off.
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let mut byte = [0u8; 1];
+    let flags = RecvFlags::DONTWAIT | RecvFlags::CMSG_CLOEXEC;
+    let got = rustix::net::recvmsg(sock, &mut [io::IoSliceMut::new(&mut byte)], &mut control, flags)?;
+    let mut fds: Vec<OwnedFd> = Vec::new();
+    for msg in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(rights) = msg {
+            fds.extend(rights);
+        }
+    }
+    if got.bytes == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "the peer closed before sending its ring segment",
+        ));
+    }
+    if got.flags.contains(ReturnFlags::CTRUNC) {
+        return Err(invalid("more control data than one descriptor"));
+    }
+    if byte[0] == NO_SEGMENT_TAG && fds.is_empty() {
+        return Ok(None);
+    }
+    if byte[0] != SEGMENT_TAG {
+        return Err(invalid("not the segment's byte"));
+    }
+    match <[OwnedFd; 1]>::try_from(fds) {
+        Ok([fd]) => Ok(Some(fd)),
+        Err(fds) => Err(invalid(format!(
+            "{} descriptors where one was expected",
+            fds.len()
+        ))),
+    }
+}
+
+/// Checks that `seg` is a segment this side may map: a memfd of exactly the size of
+/// rings of `cap` bytes, sealed as the module docs say.
+fn validate(seg: BorrowedFd<'_>, cap: usize) -> io::Result<()> {
+    let st = rustix::fs::fstat(seg)?;
+    if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
+        return Err(invalid("not a regular file"));
+    }
+    // Only memfds (and shmem files) take seals: a file elsewhere fails here.
+    let seals = rustix::fs::fcntl_get_seals(seg).map_err(|e| invalid(format!("no seals ({e})")))?;
+    if !seals.contains(required_seals()) {
+        return Err(invalid(format!(
+            "sealed {seals:?}, not against shrinking, growing and new seals"
+        )));
+    }
+    if seals.intersects(SealFlags::WRITE | SealFlags::FUTURE_WRITE) {
+        return Err(invalid("sealed against writing"));
+    }
+    if st.st_size as u64 != segment_len(cap) as u64 {
+        return Err(invalid(format!("{} bytes, not {}", st.st_size, segment_len(cap))));
+    }
+    Ok(())
+}
+
+/// A shared mapping of a whole segment; unmapped on drop.
+struct Mapping {
+    base: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain shared memory owned by this value; every access through it
+// goes through raw pointers or atomics, which any thread may use.
+unsafe impl Send for Mapping {}
+// SAFETY: as for `Send`: shared access is through atomics (the control words) or raw
+// copies of the rings' bytes, whose races at worst give garbage bytes (module docs).
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    fn new(seg: BorrowedFd<'_>, len: usize) -> io::Result<Mapping> {
+        use rustix::mm::{MapFlags, ProtFlags};
+        // SAFETY: a fresh mapping chosen by the kernel (null hint) replaces nothing; the
+        // file was checked to be `len` bytes long and sealed against shrinking, so every
+        // page of the mapping stays backed.
+        let base = unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                len,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::SHARED,
+                seg,
+                0,
+            )
+        }?;
+        Ok(Mapping {
+            base: base.cast(),
+            len,
+        })
+    }
+
+    /// The control word at byte `off` of the control page.
+    fn word(&self, off: usize) -> &AtomicU64 {
+        assert!(off + 8 <= HEADER && off % 8 == 0);
+        // SAFETY: `off` is within the control page (checked), 8-aligned (pages are), and
+        // the mapping lives as long as `self`; atomics are how both processes touch it.
+        unsafe { AtomicU64::from_ptr(self.base.add(off).cast()) }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: `base..base + len` is this value's own mapping; nothing refers to it
+        // after `self` goes (the words borrow `self`).
+        let _ = unsafe { rustix::mm::munmap(self.base.cast(), self.len) };
+    }
+}
+
+/// The error of a peer's index out of bounds.
+fn corrupt(what: &str, value: u64, own: u64) -> io::Error {
+    tracing::warn!("the same-host peer wrote a bad {what} into the shared ring ({value} against {own}): closing the connection");
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("the peer's {what} in the shared ring ({value}) is out of bounds of this side's {own}"),
+    )
+}
+
+/// One side's view of a segment: it produces into one ring and consumes from the other.
+pub struct Rings {
+    map: std::sync::Arc<Mapping>,
+    cap: usize,
+    /// Byte offset of the control words of the ring this side writes, and of its data.
+    tx_ctl: usize,
+    tx_data: usize,
+    /// The same for the ring this side reads.
+    rx_ctl: usize,
+    rx_data: usize,
+    /// This side's own indices (the shared copies are only published).
+    tx_tail: u64,
+    rx_head: u64,
+    /// Set once the peer's index was out of bounds.
+    broken: bool,
+}
+
+impl Rings {
+    /// Maps segment `seg` (one from [`create`], or received from the peer: it is checked
+    /// first, as the module docs say) as `side`.
+    pub fn map(seg: BorrowedFd<'_>, side: Side) -> io::Result<Rings> {
+        Rings::map_with(seg, side, CAPACITY)
+    }
+
+    fn map_with(seg: BorrowedFd<'_>, side: Side, cap: usize) -> io::Result<Rings> {
+        debug_assert!(cap.is_power_of_two());
+        validate(seg, cap)?;
+        let map = std::sync::Arc::new(Mapping::new(seg, segment_len(cap))?);
+        let (tx, rx) = match side {
+            Side::Connector => (0, 1),
+            Side::Acceptor => (1, 0),
+        };
+        Ok(Rings {
+            map,
+            cap,
+            tx_ctl: tx * CONTROL,
+            tx_data: HEADER + tx * cap,
+            rx_ctl: rx * CONTROL,
+            rx_data: HEADER + rx * cap,
+            tx_tail: 0,
+            rx_head: 0,
+            broken: false,
+        })
+    }
+
+    fn broken() -> io::Error {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            "the shared ring was corrupted by the peer",
+        )
+    }
+
+    /// Bytes the peer has published and this side not yet read (`Err`: its tail is out of
+    /// bounds, and the rings are broken).
+    fn readable(&mut self) -> io::Result<usize> {
+        if self.broken {
+            return Err(Rings::broken());
+        }
+        let tail = self.map.word(self.rx_ctl + TAIL).load(Ordering::Acquire);
+        let avail = tail.wrapping_sub(self.rx_head);
+        if avail > self.cap as u64 {
+            self.broken = true;
+            return Err(corrupt("tail", tail, self.rx_head));
+        }
+        Ok(avail as usize)
+    }
+
+    /// Room in the ring this side writes (`Err`: the peer's head is out of bounds).
+    fn writable(&mut self) -> io::Result<usize> {
+        if self.broken {
+            return Err(Rings::broken());
+        }
+        let head = self.map.word(self.tx_ctl + HEAD).load(Ordering::Acquire);
+        let used = self.tx_tail.wrapping_sub(head);
+        if used > self.cap as u64 {
+            self.broken = true;
+            return Err(corrupt("head", head, self.tx_tail));
+        }
+        Ok(self.cap - used as usize)
+    }
+
+    /// A look at whether the peer's bytes wait in the ring this side reads, for threads
+    /// that do not hold the rings.
+    pub fn peek(&self) -> Peek {
+        Peek {
+            map: self.map.clone(),
+            ctl: self.rx_ctl,
+        }
+    }
+
+    /// Whether this side asked the peer to ring when it frees room (and it has not yet).
+    pub fn waits_for_room(&self) -> bool {
+        self.map.word(self.tx_ctl + WAITING).load(Ordering::Relaxed) != 0
+    }
+
+    /// Says this side is going to sleep until the peer writes: whether bytes (or a
+    /// corruption to report) are already there, in which case it must not sleep. The
+    /// peer rings the doorbell once for the next bytes it publishes.
+    pub fn sleep_for_bytes(&mut self) -> bool {
+        self.arm(self.rx_ctl + SLEEPING, |r| r.readable())
+    }
+
+    /// Says this side is going to wait for room in the ring it writes: whether there is
+    /// room (or a corruption to report) already. The peer rings the doorbell once it
+    /// frees some.
+    pub fn sleep_for_room(&mut self) -> bool {
+        self.arm(self.tx_ctl + WAITING, |r| r.writable())
+    }
+
+    /// Sets the flag at `flag`, then looks again (`ready`): whether there is something to
+    /// do after all (then the flag is taken back, sparing the peer a needless ring).
+    fn arm(&mut self, flag: usize, ready: impl FnOnce(&mut Rings) -> io::Result<usize>) -> bool {
+        self.map.word(flag).store(1, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        let go = ready(self).map_or(true, |n| n > 0);
+        if go {
+            self.map.word(flag).store(0, Ordering::Relaxed);
+        }
+        go
+    }
+
+    /// Whether the peer asked (through `flag` of the ring at `ctl`) to be woken; clears
+    /// the request. Called after publishing an index.
+    fn take_wake(&self, ctl: usize, flag: usize) -> bool {
+        fence(Ordering::SeqCst);
+        let w = self.map.word(ctl + flag);
+        w.load(Ordering::Relaxed) != 0 && w.swap(0, Ordering::Relaxed) != 0
+    }
+
+    /// Reads up to `len` bytes into `dst`: the count, 0 if none are there, and whether the
+    /// peer asked to be woken when room is freed.
+    ///
+    /// # Safety
+    /// `dst` must be valid for writes of `len` bytes, and not otherwise borrowed.
+    unsafe fn read(&mut self, dst: *mut u8, len: usize) -> io::Result<(usize, bool)> {
+        let n = self.readable()?.min(len);
+        if n == 0 {
+            return Ok((0, false));
+        }
+        let off = (self.rx_head as usize) & (self.cap - 1);
+        let first = n.min(self.cap - off);
+        // SAFETY: `off + first <= cap` and `n - first <= cap`, so both runs lie in this
+        // side's receive ring inside the mapping; `dst` takes `n <= len` bytes (the
+        // caller's guarantee). Raw copies: the peer may write the ring meanwhile, which
+        // at worst gives bytes the protocol core rejects.
+        unsafe {
+            let ring = self.map.base.add(self.rx_data);
+            std::ptr::copy_nonoverlapping(ring.add(off), dst, first);
+            std::ptr::copy_nonoverlapping(ring, dst.add(first), n - first);
+        }
+        self.rx_head = self.rx_head.wrapping_add(n as u64);
+        self.map
+            .word(self.rx_ctl + HEAD)
+            .store(self.rx_head, Ordering::Release);
+        Ok((n, self.take_wake(self.rx_ctl, WAITING)))
+    }
+
+    /// Writes as much of `iov`, past its first `skip` bytes, as there is room for: the
+    /// count, and whether the peer asked to be woken for bytes.
+    ///
+    /// # Safety
+    /// Every run must be valid for reads of its length.
+    unsafe fn write(&mut self, iov: &[RawSlice], mut skip: usize) -> io::Result<(usize, bool)> {
+        let mut room = self.writable()?;
+        let mut done = 0;
+        for run in iov {
+            if room == 0 {
+                break;
+            }
+            let from = skip.min(run.len);
+            skip -= from;
+            let n = (run.len - from).min(room);
+            let off = (self.tx_tail.wrapping_add(done as u64) as usize) & (self.cap - 1);
+            let first = n.min(self.cap - off);
+            // SAFETY: both runs lie in this side's transmit ring (`off + first <= cap`,
+            // `n - first <= cap`); the source run is readable from `from` for
+            // `n <= run.len - from` bytes (the caller's guarantee).
+            unsafe {
+                let ring = self.map.base.add(self.tx_data);
+                let src = run.base.add(from);
+                std::ptr::copy_nonoverlapping(src, ring.add(off), first);
+                std::ptr::copy_nonoverlapping(src.add(first), ring, n - first);
+            }
+            done += n;
+            room -= n;
+        }
+        if done == 0 {
+            return Ok((0, false));
+        }
+        self.tx_tail = self.tx_tail.wrapping_add(done as u64);
+        self.map
+            .word(self.tx_ctl + TAIL)
+            .store(self.tx_tail, Ordering::Release);
+        Ok((done, self.take_wake(self.tx_ctl, SLEEPING)))
+    }
+
+    /// The rings as the protocol core's byte source and sink, with `bell` the connection's
+    /// unix socket to ring the peer on.
+    pub fn io<'a>(&'a mut self, bell: BorrowedFd<'a>) -> RingIo<'a> {
+        RingIo { rings: self, bell }
+    }
+}
+
+/// A look at one ring without its consumer's lock (see [`Rings::peek`]).
+pub struct Peek {
+    map: std::sync::Arc<Mapping>,
+    ctl: usize,
+}
+
+impl Peek {
+    /// Whether the ring holds bytes its consumer has not taken (the published indices
+    /// differ: garbage the peer wrote counts as bytes, for the consumer to refuse).
+    pub fn has_bytes(&self) -> bool {
+        let tail = self.map.word(self.ctl + TAIL).load(Ordering::Acquire);
+        tail != self.map.word(self.ctl + HEAD).load(Ordering::Relaxed)
+    }
+}
+
+/// Rings the peer's doorbell: one byte on the socket, never blocking. A full socket
+/// means a ring is already pending; a closed one is the liveness path's to see.
+fn ring(bell: BorrowedFd<'_>) {
+    let _ = rustix::net::send(bell, &[0], SendFlags::DONTWAIT | SendFlags::NOSIGNAL);
+}
+
+/// Takes the doorbell's bytes off `bell` without blocking: `Ok(false)` at the end of the
+/// stream (the peer closed or died), `Ok(true)` otherwise.
+pub fn drain_bell(bell: BorrowedFd<'_>) -> io::Result<bool> {
+    let mut buf = [0u8; 64];
+    loop {
+        match rustix::net::recv(bell, &mut buf, RecvFlags::DONTWAIT) {
+            Ok((0, _)) => return Ok(false),
+            Ok(_) => continue,
+            Err(rustix::io::Errno::AGAIN) => return Ok(true),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// A side's rings with the socket that is their doorbell, as [`Recv`] and [`Transmit`]:
+/// `WouldBlock` where a socket would block (nothing to read, no room), `InvalidData` once
+/// the peer corrupted the rings. The end of the stream is the socket's to report.
+pub struct RingIo<'a> {
+    rings: &'a mut Rings,
+    bell: BorrowedFd<'a>,
+}
+
+/// A read that got less than it asked for, or a write that put less than it had, leaves
+/// this side's flag set (sleeping, waiting for room) with the ring looked at again after
+/// it: the data path takes such a short count as "nothing more now" and may block on the
+/// socket next, where the peer's bell is what wakes it, as a socket's level-triggered
+/// readiness would.
+impl Recv for RingIo<'_> {
+    unsafe fn recv(&mut self, dst: *mut u8, len: usize) -> io::Result<usize> {
+        if len == 0 {
+            return Ok(0);
+        }
+        let mut got = 0;
+        loop {
+            // SAFETY: the caller guarantees `dst` is writable for `len` bytes, and
+            // `got <= len`.
+            let (n, wake) = unsafe { self.rings.read(dst.add(got), len - got) }?;
+            if wake {
+                ring(self.bell.as_fd());
+            }
+            got += n;
+            if got == len || !self.rings.sleep_for_bytes() {
+                break;
+            }
+        }
+        match got {
+            0 => Err(io::ErrorKind::WouldBlock.into()),
+            n => Ok(n),
+        }
+    }
+}
+
+impl Transmit for RingIo<'_> {
+    unsafe fn transmit(&mut self, iov: &[RawSlice]) -> io::Result<usize> {
+        let total: usize = iov.iter().map(|r| r.len).sum();
+        if total == 0 {
+            return Ok(0);
+        }
+        let mut done = 0;
+        loop {
+            // SAFETY: the caller guarantees every run is readable.
+            let (n, wake) = unsafe { self.rings.write(iov, done) }?;
+            if wake {
+                ring(self.bell.as_fd());
+            }
+            done += n;
+            if done == total || !self.rings.sleep_for_room() {
+                break;
+            }
+        }
+        match done {
+            0 => Err(io::ErrorKind::WouldBlock.into()),
+            n => Ok(n),
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "shm_ring_tests.rs"]
+mod tests;
