@@ -314,6 +314,17 @@ impl Rings {
             Side::Connector => (0, 1),
             Side::Acceptor => (1, 0),
         };
+        if side == Side::Connector {
+            // A fresh segment (the connector made it and has not sent it yet): both
+            // consumers start marked asleep, so that the first bytes each ring carries
+            // ring its doorbell. Until a thread has read a ring, nothing says it watches
+            // it: a side whose first read was skipped (its first service absorbed by a
+            // thread only transmitting) would otherwise sleep on the socket through
+            // every frame the peer wrote, and the peer's requests run out of retries.
+            for ring in [0, 1] {
+                map.word(ring * CONTROL + SLEEPING).store(1, Ordering::Relaxed);
+            }
+        }
         Ok(Rings {
             map,
             cap,

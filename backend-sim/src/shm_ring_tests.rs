@@ -489,3 +489,28 @@ fn the_bell_reports_a_closed_peer() {
     drop(s);
     assert!(!drain_bell(t.as_fd()).unwrap());
 }
+
+/// A fresh segment's first bytes, each way, ring the reader's doorbell although the
+/// reader never read its ring nor said it sleeps: a side whose threads had not yet
+/// looked at the ring when they blocked on the socket is woken by the first frame.
+#[test]
+fn the_first_bytes_each_way_ring_the_bell() {
+    let seg = create_with(SMALL).unwrap();
+    let mut c = Rings::map_with(seg.as_fd(), Side::Connector, SMALL).unwrap();
+    let mut a = Rings::map_with(seg.as_fd(), Side::Acceptor, SMALL).unwrap();
+    let (cs, as_) = UnixStream::pair().unwrap();
+    send(&mut c, cs.as_fd(), b"hello");
+    assert!(
+        wait_bell(as_.as_fd(), Duration::ZERO),
+        "the acceptor was not rung for the first bytes"
+    );
+    send(&mut a, as_.as_fd(), b"hi");
+    assert!(
+        wait_bell(cs.as_fd(), Duration::ZERO),
+        "the connector was not rung for the first bytes"
+    );
+    // Rung once: later bytes ring only a reader that says again it sleeps.
+    assert!(drain_bell(as_.as_fd()).unwrap());
+    send(&mut c, cs.as_fd(), b"again");
+    assert!(!wait_bell(as_.as_fd(), Duration::ZERO));
+}
