@@ -24,7 +24,12 @@
 //! its flag, then (after a `SeqCst` fence) looks at the ring once more and only blocks if
 //! it still has nothing to do; the other side publishes its index, then (after a fence)
 //! reads the flag and, if set, clears it and rings. Of two such sequences at least one
-//! sees the other's store.
+//! sees the other's store. A reader sets its flag only right before a thread blocks
+//! ([`Peek::arm`]), never because a read found the ring empty: threads that spin over the
+//! ring (a ping-pong's) make no system call, and the peer rings only a side that sleeps.
+//! Only the ringing peer clears the flag: a reader that woke for another reason leaves it
+//! set, since another of its threads may still sleep on it (one needless ring after such
+//! a wake-up).
 //!
 //! A peer may write anything into the segment. Each side keeps its own index privately
 //! and only publishes it; the peer's index is read once per call and accepted only if it
@@ -380,6 +385,7 @@ impl Rings {
         Peek {
             map: self.map.clone(),
             ctl: self.rx_ctl,
+            rung: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -496,10 +502,16 @@ impl Rings {
     }
 }
 
-/// A look at one ring without its consumer's lock (see [`Rings::peek`]).
+/// A look at one ring without its consumer's lock (see [`Rings::peek`]), and what the
+/// consumer's threads need to sleep on it: its flag, and whether the doorbell socket
+/// reported bytes since its consumer last took them.
 pub struct Peek {
     map: std::sync::Arc<Mapping>,
     ctl: usize,
+    /// Set when a wait on the doorbell socket reported it readable (a ring, or the end
+    /// of the stream); the consumer takes the socket's bytes the next time it finds the
+    /// ring empty ([`drain_bell`]). Spinning readers look at the ring alone.
+    rung: std::sync::atomic::AtomicBool,
 }
 
 impl Peek {
@@ -508,6 +520,31 @@ impl Peek {
     pub fn has_bytes(&self) -> bool {
         let tail = self.map.word(self.ctl + TAIL).load(Ordering::Acquire);
         tail != self.map.word(self.ctl + HEAD).load(Ordering::Relaxed)
+    }
+
+    /// Whether a thread that services the connection has something to do on this side:
+    /// bytes in the ring, or a doorbell to take.
+    pub fn has_news(&self) -> bool {
+        self.rung.load(Ordering::Relaxed) || self.has_bytes()
+    }
+
+    /// Says a thread is about to block on the doorbell socket: the peer rings for the
+    /// next bytes it publishes. The caller issues a `SeqCst` fence after arming (once
+    /// for all the rings it is about to sleep on) and then looks again
+    /// ([`Peek::has_news`]) before it blocks.
+    pub fn arm(&self) {
+        self.map.word(self.ctl + SLEEPING).store(1, Ordering::Relaxed);
+    }
+
+    /// The doorbell socket was reported readable.
+    pub fn note_rung(&self) {
+        self.rung.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the socket was reported readable since the last call (the caller then
+    /// takes its bytes).
+    pub fn take_rung(&self) -> bool {
+        self.rung.load(Ordering::Relaxed) && self.rung.swap(false, Ordering::Relaxed)
     }
 }
 
@@ -518,10 +555,12 @@ fn ring(bell: BorrowedFd<'_>) {
 }
 
 /// Takes the doorbell's bytes off `bell` without blocking: `Ok(false)` at the end of the
-/// stream (the peer closed or died), `Ok(true)` otherwise.
+/// stream (the peer closed or died), `Ok(true)` otherwise. A bounded number of reads: a
+/// peer that keeps ringing cannot hold the thread here (the socket stays readable, and
+/// the rest is taken next time).
 pub fn drain_bell(bell: BorrowedFd<'_>) -> io::Result<bool> {
-    let mut buf = [0u8; 64];
-    loop {
+    let mut buf = [0u8; 256];
+    for _ in 0..16 {
         match rustix::net::recv(bell, &mut buf, RecvFlags::DONTWAIT) {
             Ok((0, _)) => return Ok(false),
             Ok(_) => continue,
@@ -530,6 +569,7 @@ pub fn drain_bell(bell: BorrowedFd<'_>) -> io::Result<bool> {
             Err(e) => return Err(e.into()),
         }
     }
+    Ok(true)
 }
 
 /// A side's rings with the socket that is their doorbell, as [`Recv`] and [`Transmit`]:
@@ -540,30 +580,22 @@ pub struct RingIo<'a> {
     bell: BorrowedFd<'a>,
 }
 
-/// A read that got less than it asked for, or a write that put less than it had, leaves
-/// this side's flag set (sleeping, waiting for room) with the ring looked at again after
-/// it: the data path takes such a short count as "nothing more now" and may block on the
-/// socket next, where the peer's bell is what wakes it, as a socket's level-triggered
-/// readiness would.
+/// A read takes what the ring holds and sets no flag: a thread that blocks afterwards
+/// arms the ring first ([`Peek::arm`]). A write that put less than it had leaves this
+/// side's "waiting for room" flag set, with the ring looked at again after it: the data
+/// path then waits for the peer's bell (`EPOLLIN`) where a socket would wait for
+/// `EPOLLOUT`.
 impl Recv for RingIo<'_> {
     unsafe fn recv(&mut self, dst: *mut u8, len: usize) -> io::Result<usize> {
         if len == 0 {
             return Ok(0);
         }
-        let mut got = 0;
-        loop {
-            // SAFETY: the caller guarantees `dst` is writable for `len` bytes, and
-            // `got <= len`.
-            let (n, wake) = unsafe { self.rings.read(dst.add(got), len - got) }?;
-            if wake {
-                ring(self.bell.as_fd());
-            }
-            got += n;
-            if got == len || !self.rings.sleep_for_bytes() {
-                break;
-            }
+        // SAFETY: the caller guarantees `dst` is writable for `len` bytes.
+        let (n, wake) = unsafe { self.rings.read(dst, len) }?;
+        if wake {
+            ring(self.bell.as_fd());
         }
-        match got {
+        match n {
             0 => Err(io::ErrorKind::WouldBlock.into()),
             n => Ok(n),
         }

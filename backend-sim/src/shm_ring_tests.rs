@@ -455,10 +455,7 @@ fn send(r: &mut Rings, bell: BorrowedFd<'_>, msg: &[u8]) {
 #[test]
 fn ping_pong_sleepers_lose_no_wake_up() {
     const ROUNDS: u32 = 20_000;
-    let seg = create_with(SMALL).unwrap();
-    let mut c = Rings::map_with(seg.as_fd(), Side::Connector, SMALL).unwrap();
-    let mut a = Rings::map_with(seg.as_fd(), Side::Acceptor, SMALL).unwrap();
-    let (cs, as_) = UnixStream::pair().unwrap();
+    let (mut c, mut a, cs, as_) = linked();
     let echo = std::thread::spawn(move || {
         let mut sleeps = 0;
         let mut msg = [0u8; 8];
@@ -490,15 +487,19 @@ fn the_bell_reports_a_closed_peer() {
     assert!(!drain_bell(t.as_fd()).unwrap());
 }
 
+/// Both sides of a fresh segment of small rings, and the two ends of their doorbell.
+fn linked() -> (Rings, Rings, UnixStream, UnixStream) {
+    let (c, a, _) = pair(SMALL);
+    let (cs, as_) = UnixStream::pair().unwrap();
+    (c, a, cs, as_)
+}
+
 /// A fresh segment's first bytes, each way, ring the reader's doorbell although the
 /// reader never read its ring nor said it sleeps: a side whose threads had not yet
 /// looked at the ring when they blocked on the socket is woken by the first frame.
 #[test]
 fn the_first_bytes_each_way_ring_the_bell() {
-    let seg = create_with(SMALL).unwrap();
-    let mut c = Rings::map_with(seg.as_fd(), Side::Connector, SMALL).unwrap();
-    let mut a = Rings::map_with(seg.as_fd(), Side::Acceptor, SMALL).unwrap();
-    let (cs, as_) = UnixStream::pair().unwrap();
+    let (mut c, mut a, cs, as_) = linked();
     send(&mut c, cs.as_fd(), b"hello");
     assert!(
         wait_bell(as_.as_fd(), Duration::ZERO),
@@ -513,4 +514,40 @@ fn the_first_bytes_each_way_ring_the_bell() {
     assert!(drain_bell(as_.as_fd()).unwrap());
     send(&mut c, cs.as_fd(), b"again");
     assert!(!wait_bell(as_.as_fd(), Duration::ZERO));
+}
+
+/// A reader that finds the ring empty, as a spinning poller does between messages, asks
+/// for no bell: the writer's next bytes make no system call. Only a reader that arms the
+/// ring before it sleeps ([`Peek::arm`]) is rung, once.
+#[test]
+fn a_spinning_reader_is_not_rung() {
+    let (mut c, mut a, cs, as_) = linked();
+    let mut buf = [0u8; 16];
+    // The fresh segment's first bytes ring once (see above); take that bell.
+    send(&mut c, cs.as_fd(), b"first");
+    assert!(drain_bell(as_.as_fd()).unwrap());
+    for round in 0..100u8 {
+        // SAFETY: `buf` is ours and not otherwise borrowed for the call.
+        let got = unsafe { a.io(as_.as_fd()).recv(buf.as_mut_ptr(), buf.len()) };
+        assert!(got.is_ok(), "round {round}: the bytes were there");
+        // SAFETY: as above.
+        let empty = unsafe { a.io(as_.as_fd()).recv(buf.as_mut_ptr(), buf.len()) };
+        assert_eq!(empty.unwrap_err().kind(), io::ErrorKind::WouldBlock);
+        send(&mut c, cs.as_fd(), &[round; 4]);
+        assert!(
+            !wait_bell(as_.as_fd(), Duration::ZERO),
+            "round {round}: a reader that only found the ring empty was rung"
+        );
+    }
+    let peek = a.peek();
+    peek.arm();
+    fence(Ordering::SeqCst);
+    assert!(peek.has_news(), "the last bytes are unread");
+    // SAFETY: as above.
+    unsafe { a.io(as_.as_fd()).recv(buf.as_mut_ptr(), buf.len()) }.unwrap();
+    send(&mut c, cs.as_fd(), b"wake");
+    assert!(
+        wait_bell(as_.as_fd(), Duration::ZERO),
+        "an armed reader was not rung"
+    );
 }

@@ -8,9 +8,10 @@
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use arrayvec::ArrayVec;
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
@@ -29,7 +30,14 @@ pub(super) struct Poller {
     /// Bumped whenever a connection comes or goes (see `Progress::settle`).
     pub generation: AtomicU64,
     next_token: AtomicU64,
+    /// How many of the connections go over shared-memory rings, whose bytes no epoll
+    /// wait reports unless their reader armed them (see `ring_wire`).
+    rings: AtomicUsize,
 }
+
+/// At most this many connections over rings with news are serviced per look
+/// ([`Poller::rings_with_news`]); the rest wait for the next one.
+pub(super) const RING_NEWS_MAX: usize = 8;
 
 impl Poller {
     pub fn new() -> verbs_api::Result<Poller> {
@@ -42,6 +50,7 @@ impl Poller {
             conns: Mutex::new(FxHashMap::default()),
             generation: AtomicU64::new(0),
             next_token: AtomicU64::new(1),
+            rings: AtomicUsize::new(0),
         })
     }
 
@@ -51,11 +60,42 @@ impl Poller {
     }
 
     pub fn insert(&self, conn: Arc<Conn>) {
-        self.conns.lock().insert(conn.token, conn);
+        let rings = conn.ring_peek.get().is_some();
+        if self.conns.lock().insert(conn.token, conn).is_none() && rings {
+            self.rings.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     pub fn remove(&self, token: u64) {
-        self.conns.lock().remove(&token);
+        let gone = self.conns.lock().remove(&token);
+        if gone.is_some_and(|c| c.ring_peek.get().is_some()) {
+            self.rings.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Arms the rings of every connection over rings for the calling thread, about to
+    /// block on the epoll set: whether one has news already (then it must not block).
+    pub fn arm_rings(&self) -> bool {
+        if self.rings.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        let conns = self.conns.lock();
+        super::ring_wire::arm_before_sleep(conns.values().map(|c| &**c))
+    }
+
+    /// The connections over rings that have news (see `ring_wire::has_news`), up to
+    /// [`RING_NEWS_MAX`], into `out`. A look at memory, no system call: epoll reports
+    /// such a connection's bytes only while its reader sleeps.
+    pub fn rings_with_news(&self, out: &mut ArrayVec<Arc<Conn>, RING_NEWS_MAX>) {
+        if self.rings.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let conns = self.conns.lock();
+        for c in conns.values() {
+            if super::ring_wire::has_news(c) && out.try_push(c.clone()).is_err() {
+                break;
+            }
+        }
     }
 
     pub fn get(&self, token: u64) -> Option<Arc<Conn>> {

@@ -29,9 +29,12 @@ pub(super) fn fill(io: &mut ConnIo, conn: &Conn) -> io::Result<usize> {
     let bell = conn.sock.as_fd();
     match wire.fill(&mut rings.io(bell)) {
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-            // The ring is empty (and this side's flag asks for a bell): take the bells
-            // already there, so that the socket reports only new ones, and see whether
-            // the peer closed.
+            // The ring is empty. If a wait reported the socket readable, take the bells
+            // there, so that it reports only new ones, and see whether the peer closed;
+            // a spinning reader makes no system call here.
+            if !conn.ring_peek.get().is_some_and(|p| p.take_rung()) {
+                return Err(e);
+            }
             if !shm_ring::drain_bell(bell)? {
                 return Ok(0);
             }
@@ -40,6 +43,40 @@ pub(super) fn fill(io: &mut ConnIo, conn: &Conn) -> io::Result<usize> {
         }
         r => r,
     }
+}
+
+/// Says that a wait reported `conn`'s socket readable: for a connection over rings, its
+/// next read that finds the ring empty takes the doorbell's bytes (see [`fill`]).
+pub(super) fn note_readable(conn: &Conn) {
+    if let Some(p) = conn.ring_peek.get() {
+        p.note_rung();
+    }
+}
+
+/// Arms the rings of `conns` for a thread about to block on their sockets (see
+/// [`shm_ring::Peek::arm`]): whether one has news already, in which case the thread
+/// must not block.
+pub(super) fn arm_before_sleep<'a>(conns: impl Iterator<Item = &'a Conn> + Clone) -> bool {
+    let mut any = false;
+    for c in conns.clone() {
+        if let Some(p) = c.ring_peek.get() {
+            p.arm();
+            any = true;
+        }
+    }
+    if !any {
+        return false;
+    }
+    // Paired with the fence of a writer between publishing and reading the flag.
+    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+    conns
+        .into_iter()
+        .any(|c| c.ring_peek.get().is_some_and(|p| p.has_news()))
+}
+
+/// Whether `conn` goes over rings with news for a thread that services it.
+pub(super) fn has_news(conn: &Conn) -> bool {
+    conn.ring_peek.get().is_some_and(|p| p.has_news())
 }
 
 /// Writes what `io` has queued, as a socket write would (`WouldBlock`: no room).

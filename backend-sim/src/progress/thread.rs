@@ -162,6 +162,17 @@ impl Progress {
                     } else {
                         &self.poller.epfd
                     };
+                    // About to block on the connections: their rings say so first, and
+                    // one that has news already ends the wait at once.
+                    let timeout = if !bell_only
+                        && !held_nap
+                        && timeout != Some(Duration::ZERO)
+                        && self.poller.arm_rings()
+                    {
+                        Some(Duration::ZERO)
+                    } else {
+                        timeout
+                    };
                     let m = wait_on(set, &mut events, timeout);
                     // Blocked on the connections right after a spin window, and woken by one: see
                     // `cpu_share`.
@@ -185,8 +196,12 @@ impl Progress {
                 if ev.u64 == BELL {
                     self.bell.take_rings();
                 } else if let Some(c) = self.poller.get(ev.u64) {
+                    super::ring_wire::note_readable(&c);
                     work |= self.service_noting_held(&c, &mut held_now);
                 }
+            }
+            if peeked.is_none() && !bell_only && !held_nap {
+                work |= self.peek_rings(Mode::Full, &mut held_now);
             }
             // Woken from the doorbell while an application thread still drives (it polled
             // again since this thread went to sleep): what it left is for its next poll,
@@ -212,10 +227,12 @@ impl Progress {
                         for ev in &events[..m] {
                             if ev.u64 != BELL {
                                 if let Some(c) = self.poller.get(ev.u64) {
+                                    super::ring_wire::note_readable(&c);
                                     work |= self.service_noting_held(&c, &mut held_now);
                                 }
                             }
                         }
+                        work |= self.peek_rings(Mode::Full, &mut held_now);
                     }
                 }
             }
@@ -400,6 +417,23 @@ impl Progress {
             direct: Some(direct),
             generation,
         };
+    }
+
+    /// Services the connections over rings that have news, which a look at the epoll
+    /// set does not report while their readers do not sleep (see `ring_wire`); notes in
+    /// `held` one another thread held. Whether any did work.
+    pub(super) fn peek_rings(&self, mode: Mode, held: &mut bool) -> bool {
+        let mut news = arrayvec::ArrayVec::new();
+        self.poller.rings_with_news(&mut news);
+        let mut work = false;
+        for c in &news {
+            let did = self.service_inner(c, mode, true, None);
+            if !did && c.io.is_locked() {
+                *held = true;
+            }
+            work |= did;
+        }
+        work
     }
 
     /// With at most [`DIRECT_MAX`] connections, reads each of them directly (and

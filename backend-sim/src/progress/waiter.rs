@@ -177,8 +177,16 @@ impl Progress {
                 tv_sec: 0,
                 tv_nsec: HELD_NAP.as_nanos() as libc::c_long,
             };
+            let now = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            // The connections over rings are armed before the thread sleeps on their
+            // sockets (see `ring_wire`): one with news already ends the wait at once.
             let timeout = if held {
                 &nap as *const libc::timespec
+            } else if super::ring_wire::arm_before_sleep(conns.iter().map(|c| &**c)) {
+                &now as *const libc::timespec
             } else {
                 std::ptr::null()
             };
@@ -209,7 +217,9 @@ impl Progress {
                 generation = None;
             }
             for (c, fd) in conns.iter().zip(&fds[2..]) {
-                if fd.revents == 0 {
+                if fd.revents != 0 {
+                    super::ring_wire::note_readable(c);
+                } else if !super::ring_wire::has_news(c) {
                     continue;
                 }
                 if !self.service(c) {
