@@ -512,6 +512,29 @@ fn a_peer_process_killed_ends_as_a_vanished_host() {
     let w = poll_n(&s.cq, 2, Duration::from_secs(30)).unwrap();
     assert_eq!(w[0].status, WcStatus::RetryExcErr, "{:?}", w[0]);
     assert_eq!(w[1].status, WcStatus::WrFlushErr, "{:?}", w[1]);
+    // No shared memory outlives the pair (it went over rings: `peer_connected`): the
+    // peer's mapping went with its process, and this side's goes with the connection,
+    // closed when its end of the doorbell socket ended, or with the device at the latest
+    // (the memfd has no name to leave behind).
+    drop(s);
+    // (The device's threads let go of its connections as they end.)
+    let deadline = std::time::Instant::now() + WAIT;
+    while rings_mapped() > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a ring segment is still mapped after the device closed"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// How many ring segments this process has mapped (the memfd's name in
+/// `/proc/self/maps`).
+fn rings_mapped() -> usize {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    maps.lines()
+        .filter(|l| l.contains("memfd:rdma-sim-rings"))
+        .count()
 }
 
 /// The peer process overwrites the rings' indices: this side's next write finds the
