@@ -11,7 +11,6 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use arrayvec::ArrayVec;
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
@@ -34,10 +33,6 @@ pub(super) struct Poller {
     /// wait reports unless their reader armed them (see `ring_wire`).
     rings: AtomicUsize,
 }
-
-/// At most this many connections over rings with news are serviced per look
-/// ([`Poller::rings_with_news`]); the rest wait for the next one.
-pub(super) const RING_NEWS_MAX: usize = 8;
 
 impl Poller {
     pub fn new() -> verbs_api::Result<Poller> {
@@ -83,17 +78,19 @@ impl Poller {
         super::ring_wire::arm_before_sleep(conns.values().map(|c| &**c))
     }
 
-    /// The connections over rings that have news (see `ring_wire::has_news`), up to
-    /// [`RING_NEWS_MAX`], into `out`. A look at memory, no system call: epoll reports
-    /// such a connection's bytes only while its reader sleeps.
-    pub fn rings_with_news(&self, out: &mut ArrayVec<Arc<Conn>, RING_NEWS_MAX>) {
+    /// Every connection over rings that has news (see `ring_wire::has_news`), into
+    /// `out`. A look at memory, no system call: epoll reports such a connection's bytes
+    /// only while its reader sleeps. All of them: a look capped at a few would leave
+    /// the rest, whenever those few keep having news (busy, or held by other threads),
+    /// unserviced for as long.
+    pub fn rings_with_news(&self, out: &mut Vec<Arc<Conn>>) {
         if self.rings.load(Ordering::Relaxed) == 0 {
             return;
         }
         let conns = self.conns.lock();
         for c in conns.values() {
-            if super::ring_wire::has_news(c) && out.try_push(c.clone()).is_err() {
-                break;
+            if super::ring_wire::has_news(c) {
+                out.push(c.clone());
             }
         }
     }

@@ -32,6 +32,11 @@ const MAX_NAPS: u32 = 16;
 /// short sleep lets it run, and frees the CPU for the kernel to move it there.
 pub(crate) const HELD_NAP: Duration = super::window::DRIVE_GAP;
 
+thread_local! {
+    /// The connections over rings with news that [`Progress::peek_rings`] services.
+    static RING_NEWS: std::cell::Cell<Vec<Arc<Conn>>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
 /// What [`Progress::settle`] last arranged (progress thread state).
 #[derive(Default)]
 pub(super) struct Settled {
@@ -423,16 +428,19 @@ impl Progress {
     /// set does not report while their readers do not sleep (see `ring_wire`); notes in
     /// `held` one another thread held. Whether any did work.
     pub(super) fn peek_rings(&self, mode: Mode, held: &mut bool) -> bool {
-        let mut news = arrayvec::ArrayVec::new();
+        // The thread's list, kept with its capacity: the data path allocates nothing
+        // once warm (a nested call, if any, starts from an empty one).
+        let mut news = RING_NEWS.take();
         self.poller.rings_with_news(&mut news);
         let mut work = false;
-        for c in &news {
-            let did = self.service_inner(c, mode, true, None);
+        for c in news.drain(..) {
+            let did = self.service_inner(&c, mode, true, None);
             if !did && c.io.is_locked() {
                 *held = true;
             }
             work |= did;
         }
+        RING_NEWS.set(news);
         work
     }
 
