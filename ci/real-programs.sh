@@ -101,13 +101,15 @@ sim() {
     local name=$1 profile=$2 figure=$3
     shift 4
     wanted "$name" || return 0
-    local log=$runs/$name.log status=ok
-    timeout "$limit" "$launcher" --profile "$profile" -- "$@" >"$log" 2>&1 || status=FAIL
+    local log=$runs/$name.log status=ok rc=0 why=()
+    timeout "$limit" "$launcher" --profile "$profile" -- "$@" >"$log" 2>&1 || rc=$?
+    [ "$rc" = 0 ] || { status=FAIL; why+=("$(exit_words "$rc")"); }
     local fig
     fig=$(eval "$figure" <"$log" 2>/dev/null || true)
-    [ -n "$fig" ] || [ "$figure" = true ] || status=FAIL
+    [ -n "$fig" ] || [ "$figure" = true ] || { status=FAIL; why+=("no figure in its output"); }
     [ "$status" = ok ] || failed=$((failed + 1))
     row "$name" "$@" "$profile" "$status" "$fig"
+    [ "$status" = ok ] || fail_details "$name" "${why[*]}" "$log"
 }
 
 # pair NAME PROFILE FIGURE -- SERVER... [::: CLIENT...] : the server, then (once it
@@ -147,11 +149,17 @@ pair() {
     timeout "$limit" "${run[@]}" "${srv[@]}" >"$slog" 2>&1 &
     local pid=$!
     await_listen "$at" "$pid"
-    timeout "$limit" "${run[@]}" "${cli[@]}" >"$clog" 2>&1 || status=FAIL
+    local rc=0 why=()
+    timeout "$limit" "${run[@]}" "${cli[@]}" >"$clog" 2>&1 || rc=$?
+    [ "$rc" = 0 ] || { status=FAIL; why+=("client $(exit_words "$rc")"); }
     # A server that serves one client exits by itself; one that serves for ever (qperf)
     # is stopped.
     if ! wait_for "$pid" 5; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true;
-    elif ! wait "$pid"; then status=FAIL; fi
+    else
+        rc=0
+        wait "$pid" || rc=$?
+        [ "$rc" = 0 ] || { status=FAIL; why+=("server $(exit_words "$rc")"); }
+    fi
     # PAIR_RETRY: a failure the program causes itself (its output matches this), after
     # which the row runs again, three runs at most; the logs of each stay beside the
     # last run's (.run1, .run2).
@@ -164,7 +172,7 @@ pair() {
     fi
     local fig
     fig=$(eval "$figure" <"$clog" 2>/dev/null || true)
-    [ -n "$fig" ] || status=FAIL
+    [ -n "$fig" ] || { status=FAIL; why+=("no figure in the client's output"); }
     [ -z "$fig" ] || [ "$run_no" = 1 ] || fig="$fig (run $run_no)"
     if [ "$profile" = none ]; then
         alt_figure "$name" "${fig:-failed}"
@@ -172,6 +180,29 @@ pair() {
     fi
     [ "$status" = ok ] || failed=$((failed + 1))
     row "$name" "${cli[@]}" "$profile" "$status" "$fig"
+    [ "$status" = ok ] || fail_details "$name" "${why[*]}" "$slog" "$clog"
+}
+
+# How a program ended, from its exit status $1 (timeout's 124, a signal's 128+N).
+exit_words() {
+    case $1 in
+        124) echo "timed out after ${limit} s" ;;
+        12[5-7]) echo "could not be run (status $1)" ;;
+        *) if [ "$1" -gt 128 ]; then echo "killed by signal $(kill -l "$1" 2>/dev/null || echo "$(($1 - 128))")"; else echo "exited with status $1"; fi ;;
+    esac
+}
+
+# A failed row's reasons and the end of its logs, in the output itself: CI keeps the
+# output, and a failure that does not repeat is diagnosed from it or not at all.
+fail_details() { # NAME REASONS LOG...
+    local name=$1 why=$2 log
+    shift 2
+    echo "  $name failed: ${why:-see the logs}"
+    for log in "$@"; do
+        [ -s "$log" ] || continue
+        echo "  --- last lines of $(basename "$log")"
+        tail -n 12 "$log" | sed 's/^/  | /'
+    done
 }
 
 # Whether process $1 ends within $2 seconds.
@@ -417,6 +448,7 @@ mckey_pair() { # NAME PROFILE GROUP: a row of the receiver's result
     [ -n "$fig" ] || status=FAIL
     [ "$status" = ok ] || failed=$((failed + 1))
     row "$name" mckey "${args[@]}" "$profile" "$status" "$fig"
+    [ "$status" = ok ] || fail_details "$name" "" "$rlog" "$slog"
 }
 mckey_pair mckey-portable portable 239.1.2.3
 mckey_pair mckey-rxe rxe 239.1.2.4
@@ -469,6 +501,10 @@ pyverbs() { # NAME PROFILE FLOOR PATTERN TESTS...: a row of the tests whose name
     [ "$status" = ok ] || failed=$((failed + 1))
     local which=${PYV_LABEL:-$1}
     row "$name" python3 run_tests.py -v "$which" "$profile" "$status" "$passed tests pass (floor $want; not test_mlx5_*, test_efa*), $bad failed, $(grep -cE ' \.\.\. skipped' "$log" || true) skipped$note"
+    if [ "$status" != ok ]; then
+        { grep -E '^(FAIL|ERROR): ' "$log" || true; } >"$runs/$name.failures"
+        fail_details "$name" "" "$runs/$name.failures" "$log"
+    fi
     # (A row with no skips: grep finds nothing, which must not end the script.)
     { grep -E ' \.\.\. skipped' "$log" || true; } | sed 's/.*skipped //' | sort | uniq -c | sort -rn >"$runs/$name.skips"
 }

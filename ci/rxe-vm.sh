@@ -38,6 +38,8 @@
 #   RXEVM_APPEND   extra kernel command-line words
 #   RXEVM_EXTRA_DEBS  more guest packages (part of the image's key: give such an image a
 #                  RXEVM_DIR of its own, or the default one is rebuilt back and forth)
+#   RXEVM_EXTRA_MODS  more kernel modules, loaded at boot after the others (part of the
+#                  image's key, as RXEVM_EXTRA_DEBS)
 #
 # The guest's clock source is the TSC (clocksource=tsc tsc=reliable): under TCG the
 # kernel would otherwise pick the HPET, which makes every clock_gettime a system call
@@ -60,7 +62,7 @@ GUEST_DEBS="busybox-static libc6 libgcc-s1 zlib1g libmd0 libbsd0 libcap2 libelf1
 # Kernel modules to load (their dependencies are added in load order). crc32_generic is
 # not a declared dependency of rdma_rxe, but rxe asks the crypto API for "crc32".
 # rdma_ucm serves /dev/infiniband/rdma_cm to librdmacm (rdma_cm itself comes with it).
-GUEST_MODS="crc32_generic crc32-pclmul rdma_rxe rdma_ucm dummy virtio_pci 9pnet_virtio 9p"
+GUEST_MODS="crc32_generic crc32-pclmul rdma_rxe rdma_ucm dummy virtio_pci 9pnet_virtio 9p ${RXEVM_EXTRA_MODS:-}"
 
 say() { printf '[rxe-vm] %s\n' "$*" >&2; }
 die() { say "error: $*"; exit 2; }

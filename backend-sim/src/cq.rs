@@ -22,7 +22,7 @@ use parking_lot::{Condvar, Mutex};
 use verbs_api::event_fd;
 use verbs_api::{Error, Result, WcStatus, WorkCompletion};
 
-use crate::requester::SqSlots;
+use backend_sim_proto::qp::SqSlots;
 
 /// Arming state of a CQ.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

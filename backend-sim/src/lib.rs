@@ -106,6 +106,7 @@ mod waiter_tests;
 pub use backend_sim_proto::NakReason;
 pub use counters::Counters;
 pub use profile::Profile;
+pub use transport::NOT_READY_WAIT;
 pub use verbs::ah::SimAh;
 pub use verbs::backend::{CaptureConfig, SimBackend, SimConfig};
 pub use verbs::context::SimContext;
@@ -116,4 +117,4 @@ pub use verbs::qp::SimQp;
 pub use verbs::srq::SimSrq;
 
 // The protocol core's modules under their own names, for the driver's paths.
-use backend_sim_proto::{cm_msg, link_rx, memory, recv_queue, requester, responder, rx, tx, window, wire};
+use backend_sim_proto::{cm_msg, link_rx, memory, recv_queue, rx, window, wire};

@@ -6,8 +6,9 @@
 //! - at most [`MAX_UNPROVEN`] connections may be in setup at once (reading a hello,
 //!   checking it, answering a check); a new one beyond that sheds the oldest if that one
 //!   has been in setup for [`MIN_SHED_AGE`], and is refused (closed at once) if not. A
-//!   connection leaves setup within [`HELLO_TIMEOUT`] plus one check (see
-//!   [`verify`](crate::verify)), a legitimate one within milliseconds, so the silent
+//!   connection leaves setup within [`HELLO_TIMEOUT`], plus one check (see
+//!   [`verify`](crate::verify)), plus [`NOT_READY_WAIT`](crate::transport::NOT_READY_WAIT)
+//!   if its QP is not yet past INIT; a legitimate one within milliseconds, so the silent
 //!   connections of a flood are shed once they have waited, and a burst of legitimate
 //!   ones (a thousand QPs connecting at once) is let in as fast as setups finish, the
 //!   refused retrying, instead of each newcomer shedding one that was about to finish

@@ -22,8 +22,9 @@
 //! - A refused or failed connection is retried with backoff (100 µs doubling to 10 ms)
 //!   while the QP lives; meanwhile WRs wait as for lost packets: the requester's ACK timer
 //!   runs (in the progress engine), and `retry_cnt` expiries end in `IBV_WC_RETRY_EXC_ERR`.
-//!   An attempt still under way does not count (for up to a second, see
-//!   [`Requester::connecting`](backend_sim_proto::requester::Requester::connecting)): an
+//!   An attempt still under way (from RTR on, before the setup thread first runs the
+//!   connector) does not count (for up to a second, see
+//!   [`Qp::handle_connecting`](backend_sim_proto::qp::Qp::handle_connecting)): an
 //!   HCA has nothing to set up, and a loaded machine must not turn the sim's hello into
 //!   lost packets.
 //! - A hello of another protocol version ([`wire::VERSION`](crate::wire::VERSION): another
@@ -273,6 +274,33 @@ fn admissible(qp: &QpShared, g: &QpInner, c: &Claim) -> std::result::Result<Expe
     })
 }
 
+/// How long a hello for a QP in RESET or INIT waits for it to reach RTR before it is
+/// looked at: the two ends of a pair reach RTR one after the other (rdma_cm's passive
+/// side before its REP, the active side once it has the REP), and the side that gets
+/// there first may be the one that connects. Waiting, the hello is accepted as soon as
+/// the peer is ready instead of being refused and tried again (a refused attempt costs
+/// both processes a connection, and the connector's backoff adds its pause); short
+/// against the requester's [`LINK_SETUP_GRACE`](backend_sim_proto::requester::LINK_SETUP_GRACE),
+/// so that a QP whose peer stays in INIT still sees its attempts fail, as packets to a
+/// QP in INIT are dropped.
+pub const NOT_READY_WAIT: Duration = Duration::from_millis(250);
+
+/// Waits, for at most [`NOT_READY_WAIT`], while `qp` is in RESET or INIT (and not
+/// destroyed); every state change and the destroy wake it ([`QpShared::ready`]).
+async fn until_past_init(qp: &QpShared) {
+    let deadline = tokio::time::Instant::now() + NOT_READY_WAIT;
+    loop {
+        let notified = qp.ready.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let waiting = matches!(qp.inner.lock().qp.state(), QpState::Reset | QpState::Init)
+            && !qp.destroyed.load(std::sync::atomic::Ordering::Acquire);
+        if !waiting || tokio::time::timeout_at(deadline, notified).await.is_err() {
+            return;
+        }
+    }
+}
+
 /// The count of setups of the connection slot an accepted hello fills: `self_conn` for
 /// a QP connected to itself, `conn` otherwise.
 fn accepted_gen(g: &mut QpInner, self_loop: bool) -> &mut u64 {
@@ -351,6 +379,9 @@ async fn serve_inbound(dev: Weak<Setup>, mut stream: Stream) -> io::Result<()> {
         return Ok(());
     };
     let qp = dev.qps.lock().get(&claim.dst_qpn).and_then(Weak::upgrade);
+    if let Some(qp) = &qp {
+        until_past_init(qp).await;
+    }
     let verdict = match &qp {
         _ if !dev.port.is_up() => Err("the port is down"),
         None => Err("no such QP"),
@@ -363,7 +394,13 @@ async fn serve_inbound(dev: Weak<Setup>, mut stream: Stream) -> io::Result<()> {
             let confirmed = if dev.addr.is_self(expect.remote) {
                 dev.claims.confirms(claim.src_qpn, claim.dst_qpn, &claim.token)
             } else {
-                verify::ask(expect.remote, claim.src_qpn, claim.dst_qpn, claim.token)
+                verify::ask(
+                    expect.remote,
+                    dev.transport == Transport::Auto,
+                    claim.src_qpn,
+                    claim.dst_qpn,
+                    claim.token,
+                )
                     .await
                     .unwrap_or_else(|e| {
                         tracing::debug!(remote = %expect.remote, "cannot check a hello with its claimed device: {e}");
@@ -465,8 +502,7 @@ async fn serve_inbound(dev: Weak<Setup>, mut stream: Stream) -> io::Result<()> {
             // on it would complete the resent WQEs out of order.
             tracing::debug!(qpn = qp.qpn, "connection from the peer accepted");
             qp.link_lost(&mut g);
-            let QpInner { qp: sm, req, .. } = &mut *g;
-            sm.handle_connection_up(req);
+            g.qp.handle_connection_up();
             let old = g.conn.replace(conn.clone());
             qp.note_link(&mut g);
             old
@@ -497,7 +533,7 @@ async fn connector_task(dev: Arc<Setup>, qp: Arc<QpShared>, epoch: u64) {
                 if g.conn.is_none() && crate::qp::receives_in(g.qp.state()) {
                     match g.remote {
                         Some(r) => {
-                            g.req.connecting(Some(QpShared::now()));
+                            g.qp.handle_connecting(Some(QpShared::now()));
                             break r;
                         }
                         None => return,
@@ -515,7 +551,7 @@ async fn connector_task(dev: Arc<Setup>, qp: Arc<QpShared>, epoch: u64) {
                 // just set up closes here, and its peer sees it go).
                 return;
             }
-            g.req.connecting(None);
+            g.qp.handle_connecting(None);
             match &attempt {
                 Ok(_) => {
                     g.conn_gen += 1;
@@ -523,8 +559,7 @@ async fn connector_task(dev: Arc<Setup>, qp: Arc<QpShared>, epoch: u64) {
                 }
                 Err(e) => {
                     // Like a lost packet (`Qp::handle_connection_failed`).
-                    let QpInner { qp: sm, req, .. } = &mut *g;
-                    sm.handle_connection_failed(req, errno_of(e), QpShared::now());
+                    g.qp.handle_connection_failed(errno_of(e), QpShared::now());
                     dev.progress.rearm(&qp, &mut g);
                     0
                 }
@@ -565,14 +600,11 @@ async fn connector_task(dev: Arc<Setup>, qp: Arc<QpShared>, epoch: u64) {
                         progress.close(&conn);
                         continue;
                     }
-                    if !g.req.is_unreliable() {
-                        // What the requester started before this connection existed was
-                        // lost on the way (`QpShared::send_unconnected`): resent on it.
-                        g.req.on_connection_lost();
-                    }
+                    // What the requester started before this connection existed was
+                    // lost on the way (`QpShared::send_unconnected`): resent on it.
+                    g.qp.handle_connection_set_up();
                     g.conn = Some(conn.clone());
-                    let QpInner { qp: sm, req, .. } = &mut *g;
-                    sm.handle_connection_up(req);
+                    g.qp.handle_connection_up();
                     qp.note_link(&mut g);
                 }
                 progress.activate(&conn);

@@ -11,7 +11,8 @@
 //!    `(token, its QPN, the passive QPN)` in its [`Claims`], and sends the token in its
 //!    hello.
 //! 2. The passive device connects to the listener at the address *its own QP's address
-//!    vector* names (never an address the hello names) and asks with a
+//!    vector* names (never an address the hello names; on this host, the unix socket
+//!    published for that address) and asks with a
 //!    [`Frame::Verify`]: is your QP `src_qpn` saying hello to my QP `dst_qpn` with this
 //!    token? The claimed device answers yes only for an attempt it is making right now.
 //! 3. Only a confirmed hello may replace a QP's connection; an unconfirmed one is refused
@@ -139,22 +140,47 @@ impl Claims {
 /// Asks the device listening at `at` (the passive QP's configured peer address) whether
 /// its QP `src_qpn` is saying hello to QP `dst_qpn` with `token`. Any failure to get a
 /// yes (no listener, a timeout, garbage, a no) is a no.
-pub async fn ask(at: SocketAddr, src_qpn: u32, dst_qpn: u32, token: [u8; TOKEN_LEN]) -> io::Result<bool> {
+///
+/// With `same_host`, a device at `at` on this host (in this network namespace) is asked
+/// on the unix socket it publishes for that address ([`crate::same_host`]), which names
+/// it as exactly as its TCP listener does and costs no TCP handshake; over TCP otherwise.
+pub async fn ask(
+    at: SocketAddr,
+    same_host: bool,
+    src_qpn: u32,
+    dst_qpn: u32,
+    token: [u8; TOKEN_LEN],
+) -> io::Result<bool> {
+    let mut b = [0u8; MAX_HDR_LEN];
+    let n = Frame::Verify {
+        src_qpn,
+        dst_qpn,
+        token,
+    }
+    .encode(&mut b);
     tokio::time::timeout(VERIFY_TIMEOUT, async {
-        let mut s = TcpStream::connect(at).await?;
-        s.set_nodelay(true)?;
-        let mut b = [0u8; MAX_HDR_LEN];
-        let n = Frame::Verify {
-            src_qpn,
-            dst_qpn,
-            token,
-        }
-        .encode(&mut b);
-        s.write_all(&b[..n]).await?;
-        Ok(matches!(read_one(&mut s).await?, Frame::HelloAck))
+        let local = match same_host {
+            true => crate::same_host::connect(at).await,
+            false => None,
+        };
+        let answer = match local {
+            Some((mut s, _)) => exchange(&mut s, &b[..n]).await?,
+            None => {
+                let mut s = TcpStream::connect(at).await?;
+                s.set_nodelay(true)?;
+                exchange(&mut s, &b[..n]).await?
+            }
+        };
+        Ok(matches!(answer, Frame::HelloAck))
     })
     .await
     .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no answer to the claim check"))?
+}
+
+/// Writes the question `q` (a whole setup frame) and reads the one frame that answers it.
+async fn exchange(s: &mut (impl AsyncRead + AsyncWrite + Unpin), q: &[u8]) -> io::Result<Frame> {
+    s.write_all(q).await?;
+    read_one(s).await
 }
 
 /// Asks the device listening at `claimed` (the address a link hello's GID and LID name)
@@ -176,8 +202,7 @@ pub async fn ask_link(claimed: SocketAddr, at: SocketAddr, token: [u8; TOKEN_LEN
             token,
         }
         .encode(&mut b);
-        s.write_all(&b[..n]).await?;
-        Ok(matches!(read_one(&mut s).await?, Frame::HelloAck))
+        Ok(matches!(exchange(&mut s, &b[..n]).await?, Frame::HelloAck))
     })
     .await
     .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no answer to the link check"))?

@@ -423,6 +423,12 @@ fn repeated_resets_under_traffic_lose_nothing() {
 /// A WRITE from a QP on a fresh device connected to a peer at `lid` (on this host) that
 /// never answers: its completion (after 2 ACK timeouts of ~4 ms) and the QP.
 fn write_to_absent_peer(lid: u16) -> (WorkCompletion, SimQp) {
+    write_to_absent_peer_after(lid, Duration::ZERO)
+}
+
+/// [`write_to_absent_peer`], the device's setup thread stalled for `stall` from just
+/// before the QP goes to RTR (as on a loaded machine).
+fn write_to_absent_peer_after(lid: u16, stall: Duration) -> (WorkCompletion, SimQp) {
     let ctx = SimBackend::default().open("sim0").unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(8, None).unwrap();
@@ -438,6 +444,9 @@ fn write_to_absent_peer(lid: u16) -> (WorkCompletion, SimQp) {
         qpn: 7,
         psn: 0,
     };
+    if !stall.is_zero() {
+        ctx.faults().stall_setup_thread(stall).unwrap();
+    }
     connect_rc(&qp, &p, 0, &peer).unwrap();
     let src = pd.reg_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
     qp.post_send(&[SendWr::write(1, &[src.sge(0, 8).unwrap()], RemoteAddr::new(0x1000, 1)).signaled()])
@@ -454,6 +463,20 @@ fn an_unreachable_peer_ends_in_retry_exc_err_naming_the_refusal() {
     // Port 65535 (outside Linux's ephemeral range, so nothing listens there) as the
     // peer's LID: the larger (GID, LID) makes this QP the side that connects.
     let (wc, qp) = write_to_absent_peer(u16::MAX);
+    assert_eq!((wc.wr_id, wc.status), (1, WcStatus::RetryExcErr));
+    assert_eq!(wc.vendor_err, libc::ECONNREFUSED as u32, "{wc:?}");
+    assert_eq!(qp.state().unwrap(), QpState::Err);
+}
+
+/// The connection attempt counts as under way from RTR on, not from when the setup
+/// thread first gets to run it: a setup thread held up longer than the `retry_cnt` ACK
+/// timeouts (as on a loaded machine) still makes its attempt, and the WR's completion
+/// names the refusal, not ENOTCONN (no attempt failed yet).
+#[test]
+fn an_unreachable_peer_is_named_when_the_setup_thread_starts_late() {
+    // 200 ms: far more than the two ACK timeouts of ~4 ms, well within the grace an
+    // attempt under way has (`LINK_SETUP_GRACE`).
+    let (wc, qp) = write_to_absent_peer_after(u16::MAX, Duration::from_millis(200));
     assert_eq!((wc.wr_id, wc.status), (1, WcStatus::RetryExcErr));
     assert_eq!(wc.vendor_err, libc::ECONNREFUSED as u32, "{wc:?}");
     assert_eq!(qp.state().unwrap(), QpState::Err);
@@ -478,9 +501,12 @@ fn a_peer_of_another_protocol_version_is_tried_once_and_named() {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
     // The peer's LID (port) is above Linux's ephemeral range, so this QP, with the smaller
-    // (GID, LID), is the side that connects; 65534 (65535 is the absent peer above).
-    let listener =
-        std::net::TcpListener::bind("127.0.0.1:65534").expect("port 65534 is free for the fake peer");
+    // (GID, LID), is the side that connects: the highest free port below 65535 (the
+    // absent peer above), as another run of this test may hold one.
+    let (listener, port) = (61_001..u16::MAX)
+        .rev()
+        .find_map(|p| std::net::TcpListener::bind(("127.0.0.1", p)).ok().map(|l| (l, p)))
+        .expect("a port above the ephemeral range is free for the fake peer");
     let attempts = Arc::new(AtomicUsize::new(0));
     let seen = attempts.clone();
     std::thread::spawn(move || {
@@ -497,7 +523,7 @@ fn a_peer_of_another_protocol_version_is_tried_once_and_named() {
             let _ = s.write_all(&b[..n]);
         }
     });
-    let (wc, qp) = write_to_absent_peer(65534);
+    let (wc, qp) = write_to_absent_peer(port);
     assert_eq!((wc.wr_id, wc.status), (1, WcStatus::RetryExcErr));
     assert_eq!(wc.vendor_err, libc::EPROTO as u32, "{wc:?}");
     assert_eq!(qp.state().unwrap(), QpState::Err);

@@ -67,6 +67,10 @@ fn main() {
             "a_peer_corrupting_the_rings_gets_its_connection_closed",
             a_peer_corrupting_the_rings_gets_its_connection_closed,
         ),
+        (
+            "a_hello_from_this_host_is_checked_on_the_unix_socket",
+            a_hello_from_this_host_is_checked_on_the_unix_socket,
+        ),
     ] {
         t();
         println!("test same_host::{name} ... ok");
@@ -378,6 +382,64 @@ fn strangers_on_the_unix_socket_are_refused() {
         1,
         "the pair kept its connection"
     );
+}
+
+/// The check of a hello from a device on this host goes to the unix socket that device
+/// publishes: the raw peer here publishes one and has no TCP listener at all (its port
+/// refuses), so only a check on the unix socket confirms its hello.
+fn a_hello_from_this_host_is_checked_on_the_unix_socket() {
+    // 127.0.0.0: a GID below 127.0.0.1's, so the raw peer is the side that connects.
+    let raw_ip = std::net::Ipv4Addr::new(127, 0, 0, 0);
+    let port = std::net::TcpListener::bind((raw_ip, 0))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let raw = std::net::SocketAddr::from((raw_ip, port));
+    // The device first: it makes the directory of the sockets.
+    let b = sim_auto_side();
+    let published = published_path(raw).unwrap();
+    let _ = std::fs::remove_file(&published);
+    let checks = UnixListener::bind(&published).unwrap();
+    let p = params();
+    let peer = Endpoint {
+        gid: Gid::from(raw_ip),
+        lid: port,
+        qpn: 2,
+        psn: 0,
+    };
+    connect_rc(&b.qp, &p, 0, &peer).unwrap();
+    let token = [0x6b; TOKEN_LEN];
+    let dst_qpn = b.qp.qp_num();
+    let checker = std::thread::spawn(move || {
+        let (mut c, _) = checks.accept().unwrap();
+        match read_answer(&mut c) {
+            Some(Frame::Verify {
+                src_qpn: 2,
+                dst_qpn: d,
+                token: t,
+            }) if d == dst_qpn && t == token => {}
+            other => panic!("expected the check of the hello, got {other:?}"),
+        }
+        let mut b = [0u8; MAX_HDR_LEN];
+        let n = Frame::HelloAck.encode(&mut b);
+        c.write_all(&b[..n]).unwrap();
+    });
+    let mut s = UnixStream::connect(published_path(b.ctx.listen_addr()).unwrap()).unwrap();
+    let mut h = [0u8; MAX_HDR_LEN];
+    let n = Frame::Hello {
+        src_gid: peer.gid.0,
+        src_lid: port,
+        qp_type: QpType::Rc,
+        src_qpn: 2,
+        dst_qpn,
+        token,
+    }
+    .encode(&mut h);
+    s.write_all(&h[..n]).unwrap();
+    assert_eq!(read_answer(&mut s), Some(Frame::HelloAck));
+    checker.join().unwrap();
+    let _ = std::fs::remove_file(&published);
 }
 
 fn a_stale_socket_falls_back_to_tcp_and_is_removed() {

@@ -27,8 +27,8 @@ pub struct Config {
     pub peer: Option<std::net::SocketAddr>,
     /// The kind of device: what the cases expect where HCAs differ.
     pub profile: Profile,
-    /// On the sim: a directory where each case's traffic is captured, one pcapng file per
-    /// case ([`crate::capture`]).
+    /// A directory where each case's traffic is captured, one file per case: the sim's
+    /// own capture, or tcpdump on a RoCE device's netdev ([`crate::capture`]).
     pub capture: Option<std::path::PathBuf>,
 }
 
@@ -612,7 +612,7 @@ impl PortControl {
 
 /// The netdev under RDMA device `device` (its port 1's first GID's,
 /// `/sys/class/infiniband/DEV/ports/1/gid_attrs/ndevs/0`).
-fn netdev_of(device: &str) -> Result<String, String> {
+pub(crate) fn netdev_of(device: &str) -> Result<String, String> {
     let path = format!("/sys/class/infiniband/{device}/ports/1/gid_attrs/ndevs/0");
     std::fs::read_to_string(&path)
         .map(|s| s.trim().to_string())

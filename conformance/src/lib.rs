@@ -143,7 +143,7 @@ pub fn run_case<B: Backend>(backend: &B, cfg: &Config, case: &Case<B>) -> CaseRe
         let _capture;
         let env = Env::new(backend, cfg)?;
         _capture = match &cfg.capture {
-            Some(dir) => capture::start(&env.ctx, dir, case.id)?,
+            Some(dir) => capture::start(&env.ctx, &cfg.device, dir, case.id)?,
             None => None,
         };
         if !case.requires.is_empty() {

@@ -4,9 +4,11 @@
 //! into frames, how far a peer that stops reading may push this side, and how much of
 //! the peer's bytes are read before this side writes more of its own.
 //!
-//! The driver fills the reader from its socket, calls [`Connection::receive`] and
-//! [`Connection::transmit`] with the QP's halves (under the QP's lock) and the time, and
-//! writes the queue to its socket; nothing here touches a socket or a clock.
+//! The driver fills the reader from its socket, calls the QP's
+//! [`handle_frames`](crate::qp::Qp::handle_frames) and
+//! [`poll_transmit`](crate::qp::Qp::poll_transmit) with the connection (under the QP's
+//! lock) and the time, which compose the halves over it here, and writes the queue to
+//! its socket; nothing here touches a socket or a clock.
 
 use std::io;
 use std::time::Instant;
@@ -74,7 +76,7 @@ pub struct Connection {
     /// Outgoing bytes.
     pub tx: TxQueue,
     /// Whose payload the reader is filling.
-    pub drive: DriveState,
+    pub(crate) drive: DriveState,
     /// Bytes read since bytes were last written ([`Connection::write_due`]).
     read_since_write: usize,
 }
@@ -122,7 +124,7 @@ impl Connection {
     /// that just posted) there is nothing to decode: only the progress thread's ACK owed
     /// leaves. A [`Stop::Fatal`] moves the QP to ERR: call again with `accepting` false
     /// to keep the stream in sync.
-    pub fn receive(
+    pub(crate) fn receive(
         &mut self,
         sides: &mut Sides<'_>,
         mrs: &MrTable,
@@ -161,7 +163,7 @@ impl Connection {
     /// [`TX_HIGH`] bytes wait to be written), after the ACK still owed, which goes in the
     /// same write. Call for a QP in RTS. A [`Fatal`] moves the QP to ERR (a UC QP to SQE
     /// where the profile says so).
-    pub fn transmit(
+    pub(crate) fn transmit(
         &mut self,
         req: &mut Requester,
         resp: &mut Responder,
@@ -181,7 +183,7 @@ impl Connection {
 
     /// The end of a round: a thread that just posted ([`AckPolicy::Post`]) takes the ACK
     /// owed along with its frames.
-    pub fn end_round(&mut self, resp: &mut Responder, policy: AckPolicy) {
+    pub(crate) fn end_round(&mut self, resp: &mut Responder, policy: AckPolicy) {
         if policy == AckPolicy::Post {
             resp.flush_ack(&mut self.tx);
         }

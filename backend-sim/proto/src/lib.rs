@@ -10,34 +10,59 @@
 //! the kernel under contention, as any lock does. Its tests drive two QPs against each
 //! other in memory.
 //!
-//! - [`wire`]: the frame format (IBA's BTH/RETH/AtomicETH/AETH at message granularity).
-//! - [`psn`]: 24-bit packet sequence number arithmetic.
+//! ## The public surface
+//!
+//! - [`qp`]: the whole QP, as quinn-proto's `Connection` is a whole connection: its
+//!   state machine (`ibv_modify_qp`'s transitions, attribute checks and their effects on
+//!   both halves; ERR and SQE and their flushes), its requester and responder (IBA 9.7
+//!   for RC, 9.8.3 for UC, 9.8.4 for UD), and the completions and events they owe. The
+//!   driver holds [`qp::Qp`]s and calls only these:
+//!   - made with `create` ([`qp::QpConfig`]);
+//!   - `handle_*` for what happens to it: `handle_modify` (returning a
+//!     [`qp::Transition`] whose [`qp::Effect`] says what is left to the driver),
+//!     `handle_post_send`, `handle_post_datagram`, `handle_post_bind`,
+//!     `handle_post_recv` (then `flush_posted_sends` / `flush_posted_recvs`),
+//!     `handle_frames` (a connection's buffered frames), `handle_timeout`,
+//!     `handle_datagram`, `handle_connecting`, `handle_connection_up`,
+//!     `handle_connection_set_up`, `handle_connection_lost`,
+//!     `handle_self_connection_lost`, `handle_connection_failed`, `handle_link_wait`,
+//!     `handle_destroy`; and the error rules `enter_error`, `enter_sqe`, `fail_oldest`;
+//!   - `poll_*` for what it owes: `poll_transmit` (frames into a connection),
+//!     `transmit_unconnected`, `poll_datagram` with `emit_datagram` / `datagram_waits` /
+//!     `datagram_lost` / `take_done` (a UD send queue), `poll_timeout` (the next
+//!     deadline), `poll_completions` ([`qp::Completions`]), `poll_events` with
+//!     `take_uc_counts`, `check_drained`, `handle_protocol_error`, `take_ack_timeouts`, and the ACK owed
+//!     (`owes_ack`, `flush_ack`, `end_round`);
+//!   - what it reports: `state`, `attr`, `qp_type`, `query`, `sq_psn`, `rq_psn`,
+//!     `sq_outstanding`, `rq_posted`, `has_srq`, `has_unsent`, `nothing_in_flight`,
+//!     `held_unpolled`, `is_unreliable`, `has_news`, `has_completions`.
+//!
+//!   With it the types those name: [`qp::QpLimits`] and [`qp::AvCheck`] (what a modify
+//!   takes from the device), [`qp::receives_in`], [`qp::PostCheck`], [`qp::UdRoute`],
+//!   [`qp::Emitted`], [`qp::DatagramSource`], [`qp::UdOutcome`], [`qp::Fatal`],
+//!   [`qp::Stop`], [`qp::SqSlots`], [`qp::LINK_WAIT`], [`qp::LINK_SETUP_GRACE`].
+//! - [`connection`]: a connection's bytes ([`connection::Connection`]) and the policy
+//!   that composes the QP's halves over them ([`connection::AckPolicy`]: when an owed
+//!   ACK leaves, how much one pass builds, how far a peer that does not read may push);
+//!   [`rx`] and [`tx`]: its incoming and outgoing bytes, and [`io`] the two traits
+//!   through which the driver's sockets fill and drain them.
+//! - [`wire`]: the frame format (IBA's BTH/RETH/AtomicETH/AETH at message granularity);
+//!   [`cm_msg`]: the connection manager's messages; [`gid`]: GIDs and their addresses.
 //! - [`memory`]: registered regions and the one access check every remote request goes
 //!   through (rkey, PD, access flags, bounds, alignment); [`window`]: memory windows,
-//!   their binds and invalidations, which that check follows for a window's rkey.
-//! - [`requester`] and [`responder`]: the two halves of an RC QP (IBA 9.7): ordering,
-//!   ACK/NAK, RNR and transport retries, duplicate detection, READ and atomic responses;
-//!   and of a UC QP (IBA 9.8.3) in their `uc` submodules: no retries, silent drops;
-//!   and of a UD QP (IBA 9.8.4) in their `ud` submodules: datagrams, the Q_Key check,
-//!   the GRH in front of every receive; [`link_rx`]: a link's incoming datagrams;
-//!   [`recv_queue`]: where a responder takes its receives from (its own receive queue or
-//!   a shared one, with its limit).
-//! - [`qp`]: the QP's state machine (`ibv_modify_qp`'s transitions, attribute checks and
-//!   their effects on both halves; ERR and SQE and their flushes). Its surface:
-//!   [`qp::Qp`] with `new`, `state`, `attr`, `qp_type`, `sqd_event_due`, `check_modify`, `handle_modify` (returning a
-//!   [`qp::Transition`] whose [`qp::Effect`] says what is left to the driver),
-//!   `enter_error`, `enter_sqe`, `flush_posted_sends`, `flush_posted_recvs`,
-//!   `handle_connection_up`, `handle_connection_lost`, `handle_connection_failed`,
-//!   `take_drained_event`, `query`;
-//!   [`qp::halves_for`], a QP type's two halves; [`qp::QpLimits`] and
-//!   [`qp::AvCheck`], what it takes from the device; [`qp::receives_in`].
-//! - [`engine`]: one connection's frames through both halves; [`connection`]: a
-//!   connection's bytes and the policy that composes the halves over them (when an owed
-//!   ACK leaves, how much one pass builds, how far a peer that does not read may push).
+//!   their binds and invalidations, which that check follows for a window's rkey;
+//!   [`recv_queue`]: shared receive queues and their limit.
+//! - [`link_rx`]: a link's incoming datagrams (UD).
 //! - [`switches`]: the behavioural switches of a device profile, where HCAs differ.
 //! - [`capture`]: the traffic as RoCE v2 packets in pcapng blocks, for Wireshark.
-//! - [`rx`] and [`tx`]: a connection's incoming and outgoing bytes, and [`io`] the two
-//!   traits through which the driver's sockets fill and drain them.
+//! - [`fabric`]: two QPs over a seeded, deterministic, faulty network in memory.
+//!
+//! ## Inside
+//!
+//! `requester` and `responder` (the two halves), `engine` (one connection's frames
+//! through both halves), `psn` (24-bit PSN arithmetic) and `plant` (bugs planted for the
+//! fabric's mutation check) are the crate's own; the `internals` feature makes them
+//! public for the fuzz harness, which drives a requester and a responder without a QP.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -67,18 +92,33 @@
 pub mod capture;
 pub mod cm_msg;
 pub mod connection;
+#[cfg(feature = "internals")]
 pub mod engine;
+#[cfg(not(feature = "internals"))]
+mod engine;
 pub mod fabric;
 pub mod gid;
 pub mod io;
 pub mod link_rx;
 pub mod memory;
+#[cfg(feature = "internals")]
 pub mod plant;
+#[cfg(not(feature = "internals"))]
+mod plant;
+#[cfg(feature = "internals")]
 pub mod psn;
+#[cfg(not(feature = "internals"))]
+mod psn;
 pub mod qp;
 pub mod recv_queue;
+#[cfg(feature = "internals")]
 pub mod requester;
+#[cfg(not(feature = "internals"))]
+mod requester;
+#[cfg(feature = "internals")]
 pub mod responder;
+#[cfg(not(feature = "internals"))]
+mod responder;
 pub mod rx;
 pub mod switches;
 pub mod tx;

@@ -18,6 +18,7 @@ pub enum Plant {
 
 impl Plant {
     /// Every planted bug.
+    #[cfg(any(all(test, feature = "planted-bugs"), feature = "internals"))]
     pub const ALL: [Plant; 3] = [Plant::NoDuplicateCheck, Plant::NoAtomicReplay, Plant::AckOffByOne];
 }
 
@@ -41,7 +42,7 @@ pub fn active(p: Plant) -> bool {
 }
 
 /// Runs `f` with `p` planted on this thread.
-#[cfg(feature = "planted-bugs")]
+#[cfg(all(feature = "planted-bugs", any(test, feature = "internals")))]
 pub fn with<R>(p: Plant, f: impl FnOnce() -> R) -> R {
     ACTIVE.with(|a| a.set(p as u32));
     let r = f();

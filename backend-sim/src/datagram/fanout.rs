@@ -20,10 +20,10 @@ use verbs_api::Gid;
 use super::link::Link;
 use super::{Datagrams, Inbox, Queued, Target, WRITE_NOW};
 use crate::qp::QpShared;
-use crate::requester::ud::Emitted;
-use crate::requester::{Fatal, Requester};
-use crate::responder::DatagramSource;
 use crate::wire::{Frame, DATAGRAM_HDR_LEN, MAX_DATAGRAM};
+use backend_sim_proto::qp::DatagramSource;
+use backend_sim_proto::qp::Qp;
+use backend_sim_proto::qp::{Emitted, Fatal};
 
 /// What became of a multicast datagram.
 pub enum Sent {
@@ -43,13 +43,13 @@ thread_local! {
 }
 
 impl Datagrams {
-    /// Sends WQE `idx` of `qp` (its requester `req`, under the QP's lock) to the group
+    /// Sends WQE `idx` of `qp` (its core `core`, under the QP's lock) to the group
     /// `mgid`; the links written go to `written` (past its room the link's task is woken
     /// instead), and `local` is set when this device's own queue took a copy.
     pub(super) fn send_to_group(
         self: &Arc<Self>,
         qp: &Arc<QpShared>,
-        req: &mut Requester,
+        core: &mut Qp,
         idx: usize,
         mgid: &Gid,
         written: &mut arrayvec::ArrayVec<Arc<Link>, WRITE_NOW>,
@@ -93,7 +93,7 @@ impl Datagrams {
                 }
             }
             bytes.clear();
-            match req.ud_emit(idx, &qp.dev.mrs, bytes) {
+            match core.emit_datagram(idx, &qp.dev.mrs, bytes) {
                 Ok(Emitted::Sent) => {}
                 other => return Sent::Queued(Queued::Appended(other)),
             }

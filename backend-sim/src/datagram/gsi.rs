@@ -17,11 +17,11 @@ use parking_lot::Mutex;
 
 use super::link::Link;
 use super::table::Slot;
-use super::{setup, Datagrams, QUEUE_MAX};
+use super::{setup, Datagrams, GSI_QUEUE_MAX};
 use crate::addressing::gid_addr;
 use crate::cm_msg::{CM_QKEY, CM_QPN};
-use crate::responder::DatagramSource;
 use crate::wire::{Frame, MAX_HDR_LEN};
+use backend_sim_proto::qp::DatagramSource;
 
 /// What takes a device's CM datagrams: its connection manager.
 pub trait Gsi: Send + Sync {
@@ -82,14 +82,14 @@ impl Datagrams {
 
     /// Sends CM message `payload` to the device at `peer`: at once on its link, after
     /// the link's setup if it is being set up (one is opened if there is none), or not at
-    /// all if it cannot be reached (the connection manager hears so). A full link queue
-    /// drops it: CM messages are resent on timeouts.
+    /// all if it cannot be reached (the connection manager hears so). A link queue that
+    /// holds [`GSI_QUEUE_MAX`] drops it: CM messages are resent on timeouts.
     pub fn send_gsi(self: &Arc<Self>, peer: SocketAddr, payload: &[u8]) {
         let bytes = frame(payload);
         if self.addr.reaches_self(peer) {
             {
                 let mut q = self.local.queue.lock();
-                if q.len() >= QUEUE_MAX {
+                if q.len() >= GSI_QUEUE_MAX {
                     return;
                 }
                 q.extend_from_slice(&bytes);

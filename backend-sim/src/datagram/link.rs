@@ -36,12 +36,12 @@ use tokio::io::Interest;
 use tokio::sync::Notify;
 
 use super::waiters::Waiters;
-use super::{queue_buf, Datagrams, Inbox, Queued, QUEUE_MAX};
+use super::{queue_buf, Datagrams, Inbox, Queued, GSI_QUEUE_MAX, QUEUE_MAX};
 use crate::link_rx::LinkReader;
 use crate::qp::QpShared;
-use crate::responder::DatagramSource;
 use crate::sys::{monotonic_ns, Sock};
 use backend_sim_proto::io::{RawSlice, Transmit};
+use backend_sim_proto::qp::DatagramSource;
 
 /// How long a link may have bytes waiting that the other device does not read before it
 /// is closed.
@@ -205,14 +205,14 @@ impl Link {
     }
 
     /// Appends whole frames (`bytes`) that no QP waits for (the connection manager's),
-    /// unless the link is closed or its queue full; whether it did. Call [`Link::flush`]
-    /// afterwards.
+    /// unless the link is closed or its queue holds [`GSI_QUEUE_MAX`]; whether it did.
+    /// Call [`Link::flush`] afterwards.
     pub fn append_bytes(&self, bytes: &[u8]) -> bool {
         if self.is_closed() {
             return false;
         }
         let mut q = self.queue.lock();
-        if q.len() >= QUEUE_MAX {
+        if q.len() >= GSI_QUEUE_MAX {
             return false;
         }
         q.extend_from_slice(bytes);

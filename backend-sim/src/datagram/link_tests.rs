@@ -9,8 +9,8 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use super::Link;
-use crate::responder::DatagramSource;
 use crate::stream::Stream;
+use backend_sim_proto::qp::DatagramSource;
 
 /// How long the thread that holds the writer keeps it: long enough that a send which does
 /// not wait for it returns first.
@@ -90,4 +90,33 @@ fn bytes_left_to_the_task_while_it_looks_for_a_backlog_count_as_backlog() {
         waiting,
         "the task saw no backlog: the datagram waits for its next wake"
     );
+}
+
+/// A burst of CM messages larger than a datagram queue, to a peer that does not read
+/// yet (its socket full), is kept whole up to [`GSI_QUEUE_MAX`](super::GSI_QUEUE_MAX):
+/// dropped, each would wait for its resend. Beyond that bound they are dropped, so a
+/// peer that never reads cannot grow this side's memory.
+#[test]
+fn a_burst_of_cm_messages_beyond_a_datagram_queue_is_kept_up_to_its_bound() {
+    let (_rt, link, _peer) = link();
+    let mut woken = Vec::new();
+    let msg = [0x5au8; 400];
+    let mut sent = 0;
+    while sent < 2 * super::QUEUE_MAX + (256 << 10) {
+        assert!(
+            link.send_now(&msg, &mut woken),
+            "a CM message was dropped after {sent} bytes"
+        );
+        sent += msg.len();
+    }
+    let mut more = 0;
+    while link.send_now(&msg, &mut woken) {
+        more += msg.len();
+        assert!(
+            sent + more <= super::GSI_QUEUE_MAX + (16 << 20),
+            "no bound: {} bytes queued",
+            sent + more
+        );
+    }
+    assert!(link.queue.lock().len() <= super::GSI_QUEUE_MAX + msg.len());
 }

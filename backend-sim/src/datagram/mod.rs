@@ -51,11 +51,11 @@ use crate::addressing::Addressing;
 use crate::counters::DeviceCounters;
 use crate::mcast::Multicast;
 use crate::progress::{Progress, SidePaths};
-use crate::qp::{QpInner, QpShared, QpTable};
-use crate::requester::ud::{Emitted, UdRoute};
-use crate::responder::DatagramSource;
+use crate::qp::{QpShared, QpTable};
 use crate::verify::Claims;
 use crate::wire::{Frame, DATAGRAM_HDR_LEN, MAX_DATAGRAM};
+use backend_sim_proto::qp::DatagramSource;
+use backend_sim_proto::qp::{Emitted, UdRoute};
 
 mod fanout;
 pub mod gsi;
@@ -76,6 +76,13 @@ pub const FAILED_HOLD: Duration = Duration::from_millis(200);
 /// wait: a peer that does not read cannot grow this side's memory. (The kernel's socket
 /// buffers hold far more; this queue only bridges a socket that is full for a moment.)
 pub const QUEUE_MAX: usize = 64 << 10;
+/// Bytes a link's queue (or the device's own) may hold when the connection manager's
+/// messages are appended, beyond which one is dropped and waits for its resend: more
+/// than [`QUEUE_MAX`], so that a burst of them (a thousand requests, replies or
+/// disconnects at once, as `cmtime` makes) waits for a peer that reads a moment later
+/// instead of costing every message dropped a whole resend interval; still a bound
+/// against a peer that does not read. (Datagrams of QPs still wait at [`QUEUE_MAX`].)
+pub const GSI_QUEUE_MAX: usize = 1 << 20;
 
 /// A queue of datagrams' bytes, allocated once at its largest: below [`QUEUE_MAX`] a
 /// whole datagram more always fits, so appending never grows it (and the writer's
@@ -246,7 +253,7 @@ impl Datagrams {
             }
             let mut from = 0;
             let mut fatal = false;
-            while let Some((idx, route)) = g.req.ud_next(from) {
+            while let Some((idx, route)) = g.qp.poll_datagram(from) {
                 from = idx + 1;
                 if !self.port.is_up() {
                     if qp.fails_for_port(&mut g) {
@@ -254,7 +261,7 @@ impl Datagrams {
                     }
                     tracing::trace!(qpn = qp.qpn, "UD: datagram lost: the port is down");
                     self.counters.ud_unsent();
-                    g.req.ud_lost(idx);
+                    g.qp.datagram_lost(idx);
                     continue;
                 }
                 if g.faults.drop_datagrams > 0 {
@@ -269,40 +276,38 @@ impl Datagrams {
                         "UD: datagram lost (fault injection)"
                     );
                     if let Some(cap) = qp.dev.capture.get() {
-                        self.capture_lost(cap, &g.req, idx, &route);
+                        self.capture_lost(cap, &g.qp, idx, &route);
                     }
-                    g.req.ud_lost(idx);
+                    g.qp.datagram_lost(idx);
                     continue;
                 }
                 let group = route.grh.map(|h| Gid(h.dgid)).filter(|g| g.is_multicast());
                 let queued = match group {
                     Some(mgid) => {
-                        let QpInner { req, .. } = &mut *g;
-                        match self.send_to_group(qp, req, idx, &mgid, &mut written, &mut local) {
+                        match self.send_to_group(qp, &mut g.qp, idx, &mgid, &mut written, &mut local) {
                             fanout::Sent::Queued(q) => q,
                             fanout::Sent::Wait => {
-                                req.ud_wait(idx);
+                                g.qp.datagram_waits(idx);
                                 continue;
                             }
                             fanout::Sent::Nowhere => {
                                 tracing::trace!(qpn = qp.qpn, group = %mgid, "UD: no device has members of the group");
-                                req.ud_lost(idx);
+                                g.qp.datagram_lost(idx);
                                 continue;
                             }
                         }
                     }
                     None => {
-                        match self.send_to_device(qp, &mut g.req, idx, route.peer, &mut written, &mut local) {
+                        match self.send_to_device(qp, &mut g.qp, idx, route.peer, &mut written, &mut local) {
                             Some(q) => q,
                             None => {
-                                g.req.ud_wait(idx);
+                                g.qp.datagram_waits(idx);
                                 continue;
                             }
                         }
                     }
                 };
-                let QpInner { req, .. } = &mut *g;
-                match self.settle_one(qp, req, idx, queued, &route.peer) {
+                match self.settle_one(qp, &mut g.qp, idx, queued, &route.peer) {
                     Settled::Next => {}
                     Settled::Stop => break,
                     Settled::Fatal => {
@@ -328,11 +333,11 @@ impl Datagrams {
     fn capture_lost(
         &self,
         cap: &crate::capture::Capture,
-        req: &crate::requester::Requester,
+        core: &backend_sim_proto::qp::Qp,
         idx: usize,
         route: &UdRoute,
     ) {
-        let Some(f) = req.ud_frame(idx) else { return };
+        let Some(f) = core.datagram_frame(idx) else { return };
         let dst = match route.grh.map(|h| Gid(h.dgid)).filter(|g| g.is_multicast()) {
             Some(mgid) => mgid.0,
             None => crate::capture::gid_of(route.peer.ip()),
@@ -341,18 +346,18 @@ impl Datagrams {
         crate::capture::datagram_frame(cap, &f, &[], self.addr.ip_gid().0, dst, Some(note));
     }
 
-    /// Offers WQE `idx` of `qp` (its requester `req`) to the queue of the device at
+    /// Offers WQE `idx` of `qp` (its core `core`) to the queue of the device at
     /// `peer`: this device's own, or the link to it (which goes to `written`, or past its
     /// room is woken); `None`: the link is being set up, and the WQE waits for it.
     fn send_to_device(
         self: &Arc<Self>,
         qp: &Arc<QpShared>,
-        req: &mut crate::requester::Requester,
+        core: &mut backend_sim_proto::qp::Qp,
         idx: usize,
         peer: SocketAddr,
         written: &mut ArrayVec<Arc<Link>, WRITE_NOW>,
         local: &mut bool,
-    ) -> Option<Queued<Result<Emitted, crate::requester::Fatal>>> {
+    ) -> Option<Queued<Result<Emitted, backend_sim_proto::qp::Fatal>>> {
         let target = if self.addr.reaches_self(peer) {
             Target::Local
         } else {
@@ -363,7 +368,7 @@ impl Datagrams {
                 *local = true;
                 let mut q = self.local.queue.lock();
                 if q.len() < QUEUE_MAX {
-                    Queued::Appended(emit(req, idx, qp, &mut q, self.addr.ip_gid(), peer))
+                    Queued::Appended(emit(core, idx, qp, &mut q, self.addr.ip_gid(), peer))
                 } else {
                     self.local.waiters.add(qp);
                     Queued::Full
@@ -371,7 +376,7 @@ impl Datagrams {
             }
             Target::Link(link) => {
                 let gid = self.addr.ip_gid();
-                let r = link.append(qp, |q| emit(req, idx, qp, q, gid, peer));
+                let r = link.append(qp, |q| emit(core, idx, qp, q, gid, peer));
                 if !written.iter().any(|l| Arc::ptr_eq(l, link)) {
                     if written.is_full() {
                         // (After the append: the task looks at the queue when it wakes.)
@@ -392,9 +397,9 @@ impl Datagrams {
     fn settle_one(
         &self,
         qp: &QpShared,
-        req: &mut crate::requester::Requester,
+        core: &mut backend_sim_proto::qp::Qp,
         idx: usize,
-        queued: Queued<Result<Emitted, crate::requester::Fatal>>,
+        queued: Queued<Result<Emitted, backend_sim_proto::qp::Fatal>>,
         peer: &SocketAddr,
     ) -> Settled {
         match queued {
@@ -410,13 +415,13 @@ impl Datagrams {
                     %peer,
                     "UD: the queue to the destination device is full: the send queue waits"
                 );
-                req.ud_wait(idx);
+                core.datagram_waits(idx);
                 Settled::Stop
             }
             Queued::Closed => {
                 tracing::debug!(qpn = qp.qpn, %peer, "UD: datagram lost: no link to its device");
                 self.counters.ud_unsent();
-                req.ud_lost(idx);
+                core.datagram_lost(idx);
                 Settled::Next
             }
         }
@@ -719,18 +724,18 @@ impl SidePaths for Datagrams {
     }
 }
 
-/// The UD requester emits WQE `idx` into `q` (see `Requester::ud_emit`), and a datagram
+/// The UD requester emits WQE `idx` into `q` (see `Qp::emit_datagram`), and a datagram
 /// sent is captured (`RDMA_SIM_PCAP`) as from `src_gid` to `peer`.
 fn emit(
-    req: &mut crate::requester::Requester,
+    core: &mut backend_sim_proto::qp::Qp,
     idx: usize,
     qp: &QpShared,
     q: &mut Vec<u8>,
     src_gid: verbs_api::Gid,
     peer: SocketAddr,
-) -> Result<Emitted, crate::requester::Fatal> {
+) -> Result<Emitted, backend_sim_proto::qp::Fatal> {
     let at = q.len();
-    let r = req.ud_emit(idx, &qp.dev.mrs, q);
+    let r = core.emit_datagram(idx, &qp.dev.mrs, q);
     if let (Ok(Emitted::Sent), Some(cap)) = (&r, qp.dev.capture.get()) {
         crate::capture::datagram_to(cap, &q[at..], src_gid.0, peer.ip());
     }

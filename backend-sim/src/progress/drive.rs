@@ -91,7 +91,7 @@ impl Progress {
 
     /// Pushes the requester's next deadline to the timer heap if it is new.
     pub fn rearm(&self, qp: &Arc<QpShared>, g: &mut QpInner) {
-        if let Some(at) = g.req.next_deadline() {
+        if let Some(at) = g.qp.poll_timeout() {
             if g.timer_at.is_none_or(|t| at < t) {
                 g.timer_at = Some(at);
                 self.arm_timer(qp, at);

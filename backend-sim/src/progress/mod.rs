@@ -351,7 +351,7 @@ impl Progress {
         if conn.is_closed() {
             return;
         }
-        conn.qp.inner.lock().resp.flush_ack(&mut io.wire.tx);
+        conn.qp.inner.lock().qp.flush_ack(&mut io.wire.tx);
         let deadline = Instant::now() + Duration::from_millis(100);
         while !io.wire.tx.is_empty() && Instant::now() < deadline {
             match ring_wire::write(&mut io, conn) {
@@ -499,7 +499,7 @@ impl Progress {
         tracing::debug!(
             qpn = qp.qpn,
             dest_qpn = g.qp.attr().dest_qp_num,
-            outstanding = g.req.outstanding(),
+            outstanding = g.qp.sq_outstanding(),
             "connection lost: {why}"
         );
         if let Some(cap) = qp.dev.capture.get() {
@@ -508,7 +508,7 @@ impl Progress {
         }
         if g.self_conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
             g.self_conn = None;
-            g.resp.connection_lost();
+            g.qp.handle_self_connection_lost();
             qp.deliver(&mut g);
             return;
         }
@@ -518,9 +518,9 @@ impl Progress {
             // Whatever was in flight is gone: requests are resent (UC: lost),
             // half-received ones are forgotten (see Responder::connection_lost).
             qp.link_lost(&mut g);
-            g.req.wait_for_link(QpShared::now());
-            if !g.req.is_unreliable()
-                && g.req.has_unsent()
+            g.qp.handle_link_wait(QpShared::now());
+            if !g.qp.is_unreliable()
+                && g.qp.has_unsent()
                 && matches!(g.qp.state(), QpState::Rts | QpState::Sqd)
             {
                 // WQEs that waited behind the connection (queued for a poll or the

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use backend_sim_proto::connection::{AckPolicy, Connection};
-use backend_sim_proto::engine::{Sides, Stop};
-use verbs_api::{AsyncEventType, QpState};
+use backend_sim_proto::qp::Stop;
+use verbs_api::QpState;
 
 use super::answer::HeldAcks;
 use super::clock::Stamp;
@@ -19,7 +19,7 @@ use super::{Mode, Progress, LARGE_IO};
 use crate::channel_signal::Deferral;
 use crate::fault_state::BreakPoint;
 use crate::link::ConnIo;
-use crate::qp::{Conn, QpShared};
+use crate::qp::{Conn, QpInner};
 
 /// What [`Progress::process`] did.
 enum Processed {
@@ -295,17 +295,8 @@ impl Progress {
         let policy = if hold { AckPolicy::Delay } else { mode.ack_policy() };
         let raised = if hold { crate::channel_signal::raised() } else { 0 };
         loop {
-            let accepting = crate::qp::receives_in(g.qp.state());
-            let parts = QpShared::scratch(&mut g);
-            let mut sides = Sides {
-                req: Some(parts.req),
-                resp: Some(parts.resp),
-                accepting,
-                send_wc: parts.send_wc,
-                recv_wc: parts.recv_wc,
-                force_rnr: parts.force_rnr,
-            };
-            match wire.receive(&mut sides, &qp.dev.mrs, now, policy) {
+            let QpInner { qp: core, faults, .. } = &mut *g;
+            match core.handle_frames(wire, &qp.dev.mrs, now, policy, &mut faults.force_rnr) {
                 Ok(()) => break,
                 Err(Stop::Fatal(status)) => {
                     tracing::debug!(qpn = qp.qpn, ?status, "QP to ERR");
@@ -315,9 +306,7 @@ impl Progress {
                     tracing::warn!(qpn = qp.qpn, "closing connection: {msg}");
                     // The QP goes to ERR for what its peer sent, and no completion says
                     // so: the affiliated error that IBA 11.6.3.1 defines for it.
-                    if g.qp.state() != QpState::Err {
-                        qp.raise(AsyncEventType::QpFatal);
-                    }
+                    g.qp.handle_protocol_error();
                     qp.enter_error(&mut g);
                     if g.conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
                         g.conn = None;
@@ -328,7 +317,7 @@ impl Progress {
                 }
             }
         }
-        let has_unsent = g.req.has_unsent();
+        let has_unsent = g.qp.has_unsent();
         if gate.break_before(&mut g, has_unsent) {
             qp.deliver(&mut g);
             return Processed::Break(BreakPoint::BeforeRequest);
@@ -337,11 +326,7 @@ impl Progress {
         // (after RNR, a timeout or a lost connection) until they complete: SQD drains.
         if matches!(g.qp.state(), QpState::Rts | QpState::Sqd) {
             let before = wire.tx.pending();
-            let parts = QpShared::scratch(&mut g);
-            if wire
-                .transmit(parts.req, parts.resp, &qp.dev.mrs, now, parts.send_wc)
-                .is_err()
-            {
+            if g.qp.poll_transmit(wire, &qp.dev.mrs, now).is_err() {
                 qp.send_failed(&mut g);
             }
             let built = wire.tx.pending() - before;
@@ -350,22 +335,22 @@ impl Progress {
                 return Processed::Break(p);
             }
         }
-        wire.end_round(&mut g.resp, policy);
+        g.qp.end_round(wire, policy);
         qp.deliver(&mut g);
         self.rearm(qp, &mut g);
         let mut held = false;
-        if hold && g.resp.owes_ack() {
+        if hold && g.qp.owes_ack() {
             if marked || crate::channel_signal::raised() != raised {
                 held = true;
             } else if wire.reader.drained()
                 && matches!(g.qp.state(), QpState::Rtr | QpState::Rts | QpState::Sqd)
             {
                 // Nobody woken: the ACK leaves as the progress thread's always does.
-                g.resp.flush_ack(&mut wire.tx);
+                g.qp.flush_ack(&mut wire.tx);
             }
         }
         Processed::Ok {
-            ack_later: g.resp.owes_ack(),
+            ack_later: g.qp.owes_ack(),
             held,
         }
     }

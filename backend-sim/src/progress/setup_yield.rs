@@ -22,8 +22,8 @@ use std::time::Duration;
 
 /// How long after a QP started waiting for its connection (none waited before) polls
 /// yield: the requester's grace for a connection under way
-/// ([`LINK_SETUP_GRACE`](backend_sim_proto::requester::LINK_SETUP_GRACE)).
-pub(super) const YIELD_FOR: Duration = backend_sim_proto::requester::LINK_SETUP_GRACE;
+/// ([`LINK_SETUP_GRACE`](backend_sim_proto::qp::LINK_SETUP_GRACE)).
+pub(super) const YIELD_FOR: Duration = backend_sim_proto::qp::LINK_SETUP_GRACE;
 
 /// The device's QPs that wait for their connection.
 pub(super) struct AwaitedLinks {

@@ -14,7 +14,7 @@ use super::{Mode, Progress, MAX_SPIN};
 
 use crate::cpu_share::{self, ShareWatch};
 use crate::epoll::wait_on;
-use crate::qp::{Conn, QpShared};
+use crate::qp::Conn;
 
 /// The count of doorbell sleeps in a row that [`Progress::nap`] doubles its nap for (a
 /// window times 2^15 is far beyond any grace period).
@@ -353,21 +353,17 @@ impl Progress {
                 // takes packets in as they arrive, so for the ACK timer they arrive now.
                 // (Looked at only when a timeout is due: a system call.)
                 let last_rx = match g.conn.as_ref() {
-                    Some(c) if g.req.ack_deadline_passed(now) && c.peer_bytes_waiting() => Some(now),
+                    Some(c) if g.qp.ack_deadline_passed(now) && c.peer_bytes_waiting() => Some(now),
                     Some(c) => at(&c.last_rx),
                     None => None,
                 };
-                let parts = QpShared::scratch(&mut g);
-                let fired = parts
-                    .req
-                    .on_timer(now, last_tx, last_rx, parts.send_wc)
-                    .unwrap_or_else(|_| {
-                        qp.enter_error(&mut g);
-                        true
-                    });
+                let fired = g.qp.handle_timeout(now, last_tx, last_rx).unwrap_or_else(|_| {
+                    qp.enter_error(&mut g);
+                    true
+                });
                 // A resend through a port that is down, where that fails (rxe).
                 let fired = fired && !qp.fails_for_port(&mut g);
-                qp.dev.counters.add_ack_timeouts(g.req.take_ack_timeouts());
+                qp.dev.counters.add_ack_timeouts(g.qp.take_ack_timeouts());
                 qp.deliver(&mut g);
                 self.rearm(&qp, &mut g);
                 (fired, [g.conn.clone(), g.self_conn.clone()])

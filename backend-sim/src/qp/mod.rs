@@ -1,6 +1,6 @@
-//! The queue pair (`man ibv_create_qp`): its state, one [`Requester`] and one
-//! [`Responder`] behind a mutex that the data path takes briefly (never across I/O), and
-//! what it asks of its device ([`DataPath`]). Its verbs are in [`modify`] (state machine
+//! The queue pair (`man ibv_create_qp`): the protocol core's [`Qp`] (state machine, both
+//! halves, their completions and events) behind a mutex that the data path takes briefly
+//! (never across I/O), its connections, and what it asks of its device ([`DataPath`]). Its verbs are in [`modify`] (state machine
 //! and attributes) and [`post`] (the post verbs); what a UD QP does otherwise, in [`ud`].
 
 use std::net::SocketAddr;
@@ -8,11 +8,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use backend_sim_proto::qp::{halves_for, Qp};
+use backend_sim_proto::qp::{Completions, Qp, QpConfig};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 use verbs_api::event_queue::EventQueue;
-use verbs_api::{AsyncElement, AsyncEvent, AsyncEventType, QpCap, QpState, QpType, WorkCompletion};
+use verbs_api::{AsyncElement, AsyncEvent, AsyncEventType, QpCap, QpState, QpType};
 
 use crate::addressing::Addressing;
 use crate::counters::DeviceCounters;
@@ -21,8 +21,6 @@ use crate::fault_state::QpFaults;
 use crate::memory::MrTable;
 use crate::profile::warnings::QpWarnings;
 use crate::recv_queue::SharedRecvQueue;
-use crate::requester::Requester;
-use crate::responder::Responder;
 
 mod modify;
 mod post;
@@ -32,12 +30,9 @@ pub mod ud;
 
 /// Everything about a QP that changes, under one lock.
 pub struct QpInner {
-    /// The state machine: state and attributes ([`backend_sim_proto::qp`]).
+    /// The QP itself: state machine, both halves, what they owe
+    /// ([`backend_sim_proto::qp`]).
     pub qp: Qp,
-    /// Send side.
-    pub req: Requester,
-    /// Receive side.
-    pub resp: Responder,
     /// Bumped on RESET and destroy: transport tasks of an older epoch stop.
     pub epoch: u64,
     /// Bumped for every connection set up for `conn`: only the newest one serves.
@@ -65,9 +60,8 @@ pub struct QpInner {
     /// Whether the QP waits for its connection and is counted in the device's count of
     /// links awaited (kept in step by [`QpShared::note_link`]).
     pub awaits_link: bool,
-    send_wc: Vec<WorkCompletion>,
-    recv_wc: Vec<(WorkCompletion, bool)>,
-    /// Scratch for the marks of `send_wc` ([`Requester::take_marks`]).
+    /// Scratch for the marks of the send completions
+    /// ([`Completions::take_marks`](backend_sim_proto::qp::Completions::take_marks)).
     marks: Vec<u64>,
 }
 
@@ -130,20 +124,6 @@ pub struct QpDevice {
     pub capture: crate::capture::Slot,
 }
 
-/// The parts of a QP's state that one connection's frames move ([`QpShared::scratch`]).
-pub struct Parts<'a> {
-    /// The send side.
-    pub req: &'a mut Requester,
-    /// The receive side.
-    pub resp: &'a mut Responder,
-    /// Completions of the send side, to deliver.
-    pub send_wc: &'a mut Vec<WorkCompletion>,
-    /// Completions of the receive side (with the solicited bit), to deliver.
-    pub recv_wc: &'a mut Vec<(WorkCompletion, bool)>,
-    /// Requests still to be answered with a forced RNR NAK (fault injection).
-    pub force_rnr: &'a mut u32,
-}
-
 /// One QP, shared by the user's handle and the transport tasks.
 pub struct QpShared {
     /// QP number.
@@ -163,6 +143,9 @@ pub struct QpShared {
     /// Wakes the requester's connection-setup task (work without a connection, a lost
     /// connection, a state change).
     pub req_wake: Notify,
+    /// Wakes the peer's hellos that wait for the QP to leave RESET or INIT (every state
+    /// change and the destroy notify it; see `transport`).
+    pub ready: Notify,
     /// Set when the user destroyed the QP.
     pub destroyed: AtomicBool,
     /// Set while the QP waits in the progress engine's transmit queue.
@@ -189,11 +172,11 @@ impl QpShared {
             dest_qpn: connected.then_some(g.qp.attr().dest_qp_num),
             peer: connected.then(|| g.remote.map(|a| a.to_string())).flatten(),
             connected: connected && up,
-            sq_psn: g.req.next_psn(),
-            rq_psn: g.resp.expected_psn(),
-            sq_outstanding: g.req.outstanding(),
-            rq_posted: g.resp.posted(),
-            srq: g.resp.srq().is_some(),
+            sq_psn: g.qp.sq_psn(),
+            rq_psn: g.qp.rq_psn(),
+            sq_outstanding: g.qp.sq_outstanding(),
+            rq_posted: g.qp.rq_posted(),
+            srq: g.qp.has_srq(),
         }
     }
 
@@ -211,27 +194,24 @@ impl QpShared {
         cap: QpCap,
         sq_sig_all: bool,
     ) -> Self {
-        let sw = dev.profile.switches();
         let limits = dev.profile.attrs();
-        let mut resp = match srq {
-            Some(srq) => Responder::with_srq(qpn, pd, srq),
-            None => Responder::new(qpn, pd, cap.max_recv_wr, cap.max_recv_sge),
-        }
-        .with_switches(sw);
-        resp.roce = limits.link_layer == verbs_api::LinkLayer::Ethernet;
-        let req = Requester::new(qpn, pd, &cap, sq_sig_all).with_profile(
-            sw,
-            limits.max_msg_sz,
-            limits.active_mtu.bytes(),
-        );
-        let (req, resp) = halves_for(qp_type, req, resp);
+        let qp = Qp::create(QpConfig {
+            qpn,
+            pd,
+            qp_type,
+            cap,
+            sq_sig_all,
+            srq,
+            sw: dev.profile.switches(),
+            max_msg_sz: limits.max_msg_sz,
+            mtu: limits.active_mtu.bytes(),
+            roce: limits.link_layer == verbs_api::LinkLayer::Ethernet,
+        });
         QpShared {
             qpn,
             qp_type,
             inner: Mutex::new(QpInner {
-                qp: Qp::new(qp_type, cap, sw),
-                req,
-                resp,
+                qp,
                 epoch: 0,
                 conn_gen: 0,
                 self_conn_gen: 0,
@@ -243,8 +223,6 @@ impl QpShared {
                 faults: QpFaults::default(),
                 busy: false,
                 awaits_link: false,
-                send_wc: Vec::new(),
-                recv_wc: Vec::new(),
                 marks: Vec::new(),
             }),
             dev,
@@ -252,6 +230,7 @@ impl QpShared {
             recv_cq,
             cap,
             req_wake: Notify::new(),
+            ready: Notify::new(),
             destroyed: AtomicBool::new(false),
             tx_queued: AtomicBool::new(false),
             fault_armed: AtomicBool::new(false),
@@ -301,8 +280,7 @@ impl QpShared {
     /// 10.3.1), its send queue flushed and its receive queue still at work until the
     /// application moves it back to RTS; any other QP moves to ERR.
     pub fn send_failed(&self, g: &mut QpInner) {
-        let QpInner { qp, req, send_wc, .. } = g;
-        let Some(from) = qp.enter_sqe(req, send_wc) else {
+        let Some(from) = g.qp.enter_sqe() else {
             return self.enter_error(g);
         };
         tracing::debug!(qpn = self.qpn, ?from, "send error: QP to SQE");
@@ -331,15 +309,7 @@ impl QpShared {
     /// delivered yet); what the device counts and the connection task learn of it.
     /// Returns the state it left, `None` if it was in ERR already.
     fn flush_to_error(&self, g: &mut QpInner) -> Option<QpState> {
-        let QpInner {
-            qp,
-            req,
-            resp,
-            send_wc,
-            recv_wc,
-            ..
-        } = g;
-        let from = qp.enter_error(req, resp, send_wc, recv_wc)?;
+        let from = g.qp.enter_error()?;
         self.note_link(g);
         self.req_wake.notify_one();
         Some(from)
@@ -352,28 +322,30 @@ impl QpShared {
         // also sees the send queue empty.
         self.note_busy(g);
         if let Some(cap) = self.dev.capture.get() {
-            let recv = g.recv_wc.iter().map(|(w, _)| w);
-            crate::capture::notes::completions(cap, g.send_wc.iter().chain(recv));
+            let c = g.qp.poll_completions();
+            let recv = c.recv.iter().map(|(w, _)| w);
+            crate::capture::notes::completions(cap, c.send.iter().chain(recv));
         }
         loop {
-            let ok_s = g.send_wc.is_empty() || self.push_send(g);
-            let ok_r = g.recv_wc.is_empty()
-                || self
-                    .recv_cq
-                    .push_all(g.recv_wc.drain(..).map(|(w, s)| (w, s, None)));
+            let QpInner { qp, marks, .. } = &mut *g;
+            let mut c = qp.poll_completions();
+            let ok_s = c.send.is_empty() || self.push_send(&mut c, marks);
+            let ok_r =
+                c.recv.is_empty() || self.recv_cq.push_all(c.recv.drain(..).map(|(w, s)| (w, s, None)));
             if !(ok_s && ok_r) {
                 self.cq_overflowed();
             }
             if (ok_s && ok_r) || g.qp.state() == QpState::Err {
-                g.send_wc.clear();
-                g.recv_wc.clear();
+                let c = g.qp.poll_completions();
+                c.send.clear();
+                c.recv.clear();
                 // (Again: an overflow's flush may have emptied it.)
                 self.note_busy(g);
-                if g.resp.has_news() {
-                    self.take_news(g);
+                if g.qp.sqd_event_due() && g.qp.check_drained() {
+                    tracing::debug!(qpn = self.qpn, "send queue drained (SQD)");
                 }
-                if g.qp.sqd_event_due() {
-                    self.check_drained(g);
+                if g.qp.has_news() {
+                    self.take_news(g);
                 }
                 return;
             }
@@ -384,19 +356,16 @@ impl QpShared {
 
     /// Pushes the send completions to the send CQ, each with the mark that frees its
     /// send queue slots when polled (under `SlotRelease::AtPoll`; see `SqSlots`).
-    fn push_send(&self, g: &mut QpInner) -> bool {
-        let QpInner {
-            req, send_wc, marks, ..
-        } = g;
+    fn push_send(&self, c: &mut Completions<'_>, marks: &mut Vec<u64>) -> bool {
         marks.clear();
-        req.take_marks(marks);
+        c.take_marks(marks);
         if marks.is_empty() {
-            return self.send_cq.push_all(send_wc.drain(..).map(|w| (w, false, None)));
+            return self.send_cq.push_all(c.send.drain(..).map(|w| (w, false, None)));
         }
-        debug_assert_eq!(marks.len(), send_wc.len());
-        let slots = req.slots();
+        debug_assert_eq!(marks.len(), c.send.len());
+        let (send, slots) = c.send_with_slots();
         self.send_cq
-            .push_all(send_wc.drain(..).zip(marks.drain(..)).map(|(w, upto)| {
+            .push_all(send.drain(..).zip(marks.drain(..)).map(|(w, upto)| {
                 (
                     w,
                     false,
@@ -408,15 +377,15 @@ impl QpShared {
             }))
     }
 
-    /// Queues the asynchronous events the responder gave rise to on the device (none
-    /// once the QP is destroyed: its handle is gone, and the events with it), and adds
-    /// what it dropped to the device's counters.
+    /// Queues the asynchronous events the QP owes on the device (none once the QP is
+    /// destroyed: its handle is gone, and the events with it), and adds what its
+    /// responder dropped to the device's counters.
     #[cold]
     fn take_news(&self, g: &mut QpInner) {
-        let (dropped, gaps) = g.resp.take_uc_counts();
+        let (dropped, gaps) = g.qp.take_uc_counts();
         self.dev.counters.add_uc(dropped, gaps);
         let destroyed = self.destroyed.load(Ordering::Acquire);
-        for ev in g.resp.take_events() {
+        for ev in g.qp.poll_events() {
             if !destroyed {
                 self.dev.events.raise(ev);
             }
@@ -427,25 +396,8 @@ impl QpShared {
     /// flight on it is resent (RC) or lost (UC, whose WRs then complete), and a request
     /// half received is forgotten.
     pub fn link_lost(&self, g: &mut QpInner) {
-        let QpInner {
-            qp,
-            req,
-            resp,
-            send_wc,
-            ..
-        } = g;
-        qp.handle_connection_lost(req, resp, send_wc);
+        g.qp.handle_connection_lost();
         self.deliver(g);
-    }
-
-    /// Raises the affiliated event `t` on this QP (unless it is destroyed).
-    pub fn raise(&self, t: AsyncEventType) {
-        if !self.destroyed.load(Ordering::Acquire) {
-            self.dev.events.raise(AsyncEvent {
-                event_type: t,
-                element: AsyncElement::Qp(self.qpn),
-            });
-        }
     }
 
     /// A CQ of this QP lost a completion: `IBV_EVENT_CQ_ERR` for it, once per CQ.
@@ -461,21 +413,12 @@ impl QpShared {
         }
     }
 
-    /// In SQD with the drained event asked for: once no WQE sent is outstanding, raises
-    /// `IBV_EVENT_SQ_DRAINED`, once per move to SQD.
-    pub fn check_drained(&self, g: &mut QpInner) {
-        if g.qp.take_drained_event(&g.req) {
-            tracing::debug!(qpn = self.qpn, "send queue drained (SQD)");
-            self.raise(AsyncEventType::SqDrained);
-        }
-    }
-
     /// Brings the device's count of busy send queues in line with this QP's (call after
     /// the send queue changed: a post, completions, a flush, a reset). Every path that
     /// completes or flushes WQEs ends in [`QpShared::deliver`], which calls it before it
     /// pushes the completions.
     pub fn note_busy(&self, g: &mut QpInner) {
-        let busy = g.req.outstanding() > 0;
+        let busy = g.qp.sq_outstanding() > 0;
         if busy != g.busy {
             g.busy = busy;
             self.dev.path.count_busy(busy);
@@ -495,18 +438,6 @@ impl QpShared {
         if awaits != g.awaits_link {
             g.awaits_link = awaits;
             self.dev.path.count_awaiting_link(awaits);
-        }
-    }
-
-    /// The protocol halves, their completions, and fault injection's count of forced RNR
-    /// NAKs: what the data path hands the protocol core for one connection's frames.
-    pub fn scratch(g: &mut QpInner) -> Parts<'_> {
-        Parts {
-            req: &mut g.req,
-            resp: &mut g.resp,
-            send_wc: &mut g.send_wc,
-            recv_wc: &mut g.recv_wc,
-            force_rnr: &mut g.faults.force_rnr,
         }
     }
 

@@ -50,8 +50,7 @@ impl QpShared {
             // holds again once the lock is back.)
             g = self.flush_owed_acks(g);
         }
-        let QpInner { qp, req, resp, .. } = &mut *g;
-        let t = qp.handle_modify(attr, mask, &limits, av, req, resp)?;
+        let t = g.qp.handle_modify(attr, mask, &limits, av)?;
         if t.to != QpState::Err && t.to != t.from {
             // (ERR is logged by `enter_error`, which every path to it takes.)
             tracing::debug!(qpn = self.qpn, from = ?t.from, to = ?t.to, "QP state change");
@@ -78,6 +77,12 @@ impl QpShared {
                 // (GID, LID, QPN), from RTR on (the responder needs it too).
                 g.active = self.dev.addr.local_id(self.qpn, &a) <= self.dev.addr.remote_id(&a);
                 if g.active {
+                    // The attempt is under way from now, not from when the runtime first
+                    // polls the connector: on a loaded host that can take longer than
+                    // `retry_cnt` ACK timeouts, which would then fail the WRs before any
+                    // attempt was made (`vendor_err` ENOTCONN, not why the peer cannot
+                    // be reached).
+                    g.qp.handle_connecting(Some(QpShared::now()));
                     let epoch = g.epoch;
                     self.dev.path.connect(self.clone(), epoch);
                 }
@@ -85,10 +90,15 @@ impl QpShared {
             Effect::Resume { .. } => self.req_wake.notify_one(),
             Effect::None => {}
         }
+        if t.to != t.from {
+            // A hello that arrived before RTR is looked at again.
+            self.ready.notify_waiters();
+        }
         self.note_link(&mut g);
-        if g.qp.sqd_event_due() {
+        if g.qp.sqd_event_due() && g.qp.check_drained() {
             // Nothing in flight: drained at once.
-            self.check_drained(&mut g);
+            tracing::debug!(qpn = self.qpn, "send queue drained (SQD)");
+            self.take_news(&mut g);
         }
         if t.effect == (Effect::Resume { start: true }) {
             self.start_send_queue(g, None);
@@ -99,7 +109,7 @@ impl QpShared {
     /// `ibv_query_qp`.
     pub fn query(&self) -> QpAttr {
         let g = self.inner.lock();
-        g.qp.query(&g.req, &g.resp)
+        g.qp.query()
     }
 }
 

@@ -13,16 +13,15 @@ use verbs_api::{
 use super::ud::{AhRoute, UdPostError};
 use super::{QpInner, QpShared};
 use crate::recv_queue::PostRecvError;
-use crate::requester::{gather_shape, PostCheck};
-use crate::tx::TxQueue;
 use crate::window::BindReq;
+use backend_sim_proto::qp::{gather_shape, PostCheck};
 
 impl QpShared {
     /// `ibv_post_send`. A UD send's address handle is resolved by `route_of` (`None`:
     /// not an address handle of this device, EINVAL), a BIND_MW's window by `bind_of`
     /// (an error refuses the WR). `inline`: empty, or for each WR the
     /// pieces of its inline data when the caller read them itself
-    /// ([`Requester::post_with`](crate::requester::Requester::post_with)).
+    /// ([`Qp::handle_post_send`](backend_sim_proto::qp::Qp::handle_post_send)).
     ///
     /// Inlined into its few callers (`SimQp`'s posts, which the C library's
     /// `ibv_post_send` reaches too): it is on the path of every WR, where a call's
@@ -59,15 +58,14 @@ impl QpShared {
                 self.post_ud(&mut g, wr, pieces, route_of)
             } else if let (WrOp::BindMw, Some(b)) = (wr.op, &wr.bind) {
                 match bind_of(b) {
-                    Ok(req) => g.req.post_bind(wr, req).map_err(UdPostError::Check),
+                    Ok(req) => g.qp.handle_post_bind(wr, req).map_err(UdPostError::Check),
                     Err(e) => {
                         result = Err(fail(e));
                         break;
                     }
                 }
             } else {
-                g.req
-                    .post_with(wr, &self.dev.mrs, pieces)
+                g.qp.handle_post_send(wr, &self.dev.mrs, pieces)
                     .map_err(UdPostError::Check)
             };
             if let Err(e) = queued {
@@ -99,8 +97,7 @@ impl QpShared {
                 crate::capture::notes::posted_sends(cap, self.qpn, &wrs[..n], inline);
             }
             self.note_busy(&mut g);
-            let QpInner { qp, req, send_wc, .. } = &mut *g;
-            if qp.flush_posted_sends(req, send_wc) {
+            if g.qp.flush_posted_sends() {
                 self.deliver(&mut g);
             } else if g.qp.state() == QpState::Rts {
                 let bytes = wrs.iter().map(SendWr::total_len).sum();
@@ -124,7 +121,7 @@ impl QpShared {
             PostCheck::FullUnpolled => {
                 if self.dev.profile.warns() {
                     self.warned
-                        .sq_full_unpolled(self.qpn, self.cap.max_send_wr, g.req.held_unpolled());
+                        .sq_full_unpolled(self.qpn, self.cap.max_send_wr, g.qp.held_unpolled());
                 }
                 Error::QueueFull {
                     queue: QueueKind::Send,
@@ -243,14 +240,9 @@ impl QpShared {
     /// each) while the connection is being set up pays for each WQE once, not for every
     /// earlier one again at each post.
     pub(crate) fn send_unconnected(self: &Arc<Self>, g: &mut QpInner) {
-        let now = Self::now();
-        let QpInner { req, send_wc, .. } = &mut *g;
-        let mut void = TxQueue::new();
-        let built = req.poll_transmit(&self.dev.mrs, now, &mut void, usize::MAX, send_wc);
-        if built.is_err() {
+        if g.qp.transmit_unconnected(&self.dev.mrs, Self::now()).is_err() {
             self.enter_error(g);
         } else {
-            g.req.arm_timer(now);
             self.dev.path.rearm(self, g);
         }
     }
@@ -267,8 +259,7 @@ impl QpShared {
         {
             return false;
         }
-        let QpInner { req, send_wc, .. } = &mut *g;
-        if req.fail_oldest(WcStatus::LocQpOpErr, send_wc).is_none() {
+        if !g.qp.fail_oldest(WcStatus::LocQpOpErr) {
             return false;
         }
         tracing::debug!(
@@ -297,12 +288,12 @@ impl QpShared {
             return;
         }
         let conn = g.conn.clone();
-        let idle = g.req.nothing_in_flight();
-        if conn.is_none() && g.req.is_unreliable() {
+        let idle = g.qp.nothing_in_flight();
+        if conn.is_none() && g.qp.is_unreliable() {
             // UC without a connection: the WRs wait for one (a bounded time, see
-            // `requester::LINK_WAIT`) instead of being sent into it, as there is no
+            // `qp::LINK_WAIT`) instead of being sent into it, as there is no
             // resending them once it is up.
-            g.req.wait_for_link(Self::now());
+            g.qp.handle_link_wait(Self::now());
             self.dev.path.rearm(self, &mut g);
         } else if conn.is_none() {
             self.send_unconnected(&mut g);
@@ -337,7 +328,7 @@ impl QpShared {
                 }));
                 break;
             }
-            match g.resp.post(wr) {
+            match g.qp.handle_post_recv(wr) {
                 Ok(()) => posted = true,
                 Err(e) => {
                     result = Err(fail(match e {
@@ -373,13 +364,8 @@ impl QpShared {
                 crate::capture::notes::posted_recvs(cap, self.qpn, &wrs[..n]);
             }
         }
-        if posted {
-            let QpInner {
-                qp, resp, recv_wc, ..
-            } = &mut *g;
-            if qp.flush_posted_recvs(resp, recv_wc) {
-                self.deliver(&mut g);
-            }
+        if posted && g.qp.flush_posted_recvs() {
+            self.deliver(&mut g);
         }
         result
     }
@@ -392,13 +378,13 @@ impl QpShared {
         self.destroyed.store(true, Ordering::Release);
         let mut g = self.inner.lock();
         g.epoch += 1;
-        g.req.reset();
-        g.resp.reset();
+        g.qp.handle_destroy();
         self.clean_cqs("destroy");
         self.note_busy(&mut g);
         self.close_conns(&mut g);
         self.note_link(&mut g);
         drop(g);
         self.req_wake.notify_one();
+        self.ready.notify_waiters();
     }
 }

@@ -807,7 +807,7 @@ fn large_writes_posted_to_a_busy_qp_leave_without_waiting_for_a_poll() {
         for k in 1..=RUN {
             let wr = SendWr::write(8 * attempt + k, &big, dst.remote().at(BIG as u64)).signaled();
             a.post_send(&[wr]).unwrap();
-            all_left &= !a.qp.inner.lock().req.has_unsent();
+            all_left &= !a.qp.inner.lock().qp.has_unsent();
         }
         if all_left {
             left_at_once += 1;

@@ -13,9 +13,8 @@ use std::net::SocketAddr;
 use verbs_api::{AddressHandle, Error, SendWr};
 
 use super::{QpInner, QpShared};
-use crate::requester::{PostCheck, UdRoute};
-use crate::responder::{DatagramSource, UdOutcome};
 use crate::wire::{Frame, Grh};
+use backend_sim_proto::qp::{DatagramSource, PostCheck, UdOutcome, UdRoute};
 
 /// Where an address handle of this device leads (`ibv_create_ah` resolves it once).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,8 +46,8 @@ impl QpShared {
     ) -> Result<(), UdPostError> {
         let Some(dest) = wr.ud else {
             return g
-                .req
-                .post_with(wr, &self.dev.mrs, pieces)
+                .qp
+                .handle_post_send(wr, &self.dev.mrs, pieces)
                 .map_err(UdPostError::Check);
         };
         let ah = route_of(dest.ah).ok_or(UdPostError::ForeignAh)?;
@@ -58,8 +57,7 @@ impl QpShared {
             remote_qpn: dest.remote_qpn,
             remote_qkey: dest.remote_qkey,
         };
-        g.req
-            .post_ud_with(wr, route, &self.dev.mrs, pieces)
+        g.qp.handle_post_datagram(wr, route, &self.dev.mrs, pieces)
             .map_err(UdPostError::Check)
     }
 
@@ -78,8 +76,7 @@ impl QpShared {
     /// with `fatal` one failed locally and the QP goes to SQE or ERR (flushing the rest of
     /// the send queue, see [`QpShared::send_failed`]).
     pub fn complete_datagrams(&self, g: &mut QpInner, fatal: bool) {
-        let QpInner { req, send_wc, .. } = g;
-        req.take_done(send_wc);
+        g.qp.take_done();
         if fatal {
             self.send_failed(g);
         } else {
@@ -98,14 +95,13 @@ impl QpShared {
             self.dev.counters.ud_dropped();
             return;
         }
-        let QpInner { resp, recv_wc, .. } = &mut *g;
-        match resp.on_datagram(frame, payload, src, &self.dev.mrs, recv_wc) {
+        match g.qp.handle_datagram(frame, payload, src, &self.dev.mrs) {
             Ok(UdOutcome::Received | UdOutcome::TooLong) => {}
             Ok(UdOutcome::QkeyViolation) => self.dev.counters.qkey_violation(),
             Ok(UdOutcome::NoReceive | UdOutcome::Malformed) => self.dev.counters.ud_dropped(),
             Err(_) => self.enter_error(&mut g),
         }
-        if g.resp.has_news() {
+        if g.qp.has_news() {
             // An SRQ's limit event, raised by the take.
             self.deliver(&mut g);
         }
@@ -114,7 +110,7 @@ impl QpShared {
     /// The completions of the datagrams received since the last call become visible.
     pub fn datagrams_done(&self) {
         let mut g = self.inner.lock();
-        if !g.recv_wc.is_empty() {
+        if g.qp.has_recv_completions() {
             self.deliver(&mut g);
         }
     }

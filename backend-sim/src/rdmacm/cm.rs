@@ -321,11 +321,20 @@ fn request(id: &Id, p: &ConnParam) -> CmMsg {
 
 /// Sends the request kept in the connection, and waits for its answer.
 fn send_request(out: &mut Outbox, id: &mut Id) {
-    let Some(c) = id.conn.as_mut() else {
-        return;
-    };
-    let Some(msg) = c.last.clone() else {
-        return;
+    if send_last(out, id) {
+        id.conn.as_mut().expect("sent on it").tries = resends(REQ_WAIT);
+    }
+}
+
+/// Sends the connection's last message (again) from the id's device to the peer's and
+/// arms the resend timer; false if it has none.
+pub(super) fn send_last(out: &mut Outbox, id: &mut Id) -> bool {
+    let Some((msg, peer)) = id
+        .conn
+        .as_ref()
+        .and_then(|c| Some((c.last.clone()?, c.peer.addr)))
+    else {
+        return false;
     };
     let dev = id
         .dev
@@ -333,9 +342,9 @@ fn send_request(out: &mut Outbox, id: &mut Id) {
         .expect("a connection is on a device")
         .shared()
         .clone();
-    out.sends.push((dev, c.peer.addr, msg));
-    c.tries = resends(REQ_WAIT);
+    out.sends.push((dev, peer, msg));
     arm(out, id, RESEND);
+    true
 }
 
 /// A connect's lookup ended: the request goes to the device found, or the connect ends

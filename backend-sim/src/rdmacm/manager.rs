@@ -29,8 +29,8 @@ use crate::choices::{Choice, Choices};
 use crate::cm_msg::CmMsg;
 use crate::datagram::gsi::Gsi;
 use crate::device::DeviceShared;
-use crate::responder::DatagramSource;
 use crate::verbs::context::SimContext;
+use backend_sim_proto::qp::DatagramSource;
 
 mod addresses;
 mod calls;
@@ -372,8 +372,16 @@ pub struct Core {
     asking: Mutex<HashMap<AskKey, (u64, Vec<Waiter>)>>,
     /// The serial number of the last lookup asked (which entry of `asking` is whose).
     asked: std::sync::atomic::AtomicU64,
+    /// The timers of its connections.
+    timers: super::timers::Timers,
     /// Itself, for the tasks it starts.
     pub me: Weak<Core>,
+}
+
+impl super::timers::Fire for Core {
+    fn fire(&self, handle: u32, gen: u64) {
+        self.on_timer(handle, gen);
+    }
 }
 
 impl std::fmt::Debug for Core {
@@ -401,6 +409,7 @@ impl Core {
             devices,
             asking: Mutex::new(HashMap::new()),
             asked: std::sync::atomic::AtomicU64::new(0),
+            timers: super::timers::Timers::default(),
             me: me.clone(),
         })
     }
@@ -468,13 +477,8 @@ impl Core {
             dev.datagrams.send_gsi(peer, &b);
         }
         for (dev, handle, gen, after) in out.timers {
-            let core = self.me.clone();
-            dev.setup.rt.spawn(async move {
-                tokio::time::sleep(after).await;
-                if let Some(c) = core.upgrade() {
-                    c.on_timer(handle, gen);
-                }
-            });
+            let to: Weak<dyn super::timers::Fire> = self.me.clone();
+            self.timers.arm(&dev, handle, gen, after, to);
         }
         for l in out.lookups {
             let key = (Arc::as_ptr(&l.dev) as usize, l.dst, l.ps, l.timeout);

@@ -11,6 +11,7 @@
 //! - [`rendezvous`]: how a client finds the device behind an IP and a port.
 //! - [`route`]: source addresses, which device has an IP, path records.
 //! - [`channel`]: event channels and their descriptors.
+//! - [`timers`]: the connections' timers, one task per device.
 //!
 //! The messages travel between devices on their links (`datagram::gsi`), so their
 //! sender is the device the link's check proved; the rendezvous port of a listener is
@@ -22,6 +23,7 @@ pub mod manager;
 pub mod mcast;
 pub mod rendezvous;
 pub mod route;
+pub mod timers;
 
 use std::net::SocketAddr;
 use std::os::fd::RawFd;

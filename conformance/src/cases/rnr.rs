@@ -94,9 +94,11 @@ fn rnr_recovery<B: Backend>(env: &Env<B>) -> CaseResult {
     let data = pattern(100, 4);
     mr.write(0, &data)?;
     p.a.post_send(&[SendWr::send(1, &[mr.sge(0, 100)?]).signaled()])?;
-    std::thread::sleep(Duration::from_millis(30));
+    // Long enough for the SEND to reach B and be NAKed (the RNR this case recovers
+    // from) on a loaded host, where B's progress may wait several scheduler periods of
+    // ~30 ms for a CPU; rnr_retry 7 retries the SEND meanwhile without end.
     ensure!(
-        env.quiet(&p.cq_a, Duration::ZERO)?.is_empty(),
+        env.quiet(&p.cq_a, Duration::from_millis(300))?.is_empty(),
         "SEND completed before a receive was posted"
     );
     p.b.post_recv(&[RecvWr::new(2, &[mr.sge(1024, 128)?])])?;

@@ -1,4 +1,4 @@
-//! kv-rpc's parts besides the verbs calls (those are in `src/bin/kv-rpc.rs`): the wire
+//! kv-rpc's parts besides the verbs calls (those are in `src/bin/kv-rpc/`): the wire
 //! format ([`wire`], re-exported here), the store the server runs requests against
 //! ([`store`]) and its bookkeeping of each connection's slots ([`slots`]) and of its
 //! shared receive queue ([`srq`]), what a client

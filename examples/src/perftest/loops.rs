@@ -17,7 +17,7 @@
 //!   send's completion right after posting it.
 //!
 //! These loops are for devices that make progress on their own (an HCA, rxe). The
-//! default loops in `src/bin/perf.rs` yield and nap when idle, which a software HCA
+//! default loops in `src/bin/perf/` yield and nap when idle, which a software HCA
 //! sharing a few CPUs with the test needs.
 
 use anyhow::{bail, Context as _};

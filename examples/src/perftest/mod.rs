@@ -1,4 +1,4 @@
-//! perf's parts besides its default measurement loops (those are in `src/bin/perf.rs`):
+//! perf's parts besides its default measurement loops (those are in `src/bin/perf/`):
 //! the command line and the tests ([`opts`]), what a run measures ([`params`]), one side
 //! of a connection with its ping-pong primitives ([`side`]), perftest's output
 //! ([`report`]), and for `--perftest` perftest's own loops ([`loops`]), clock ([`clock`])

@@ -8,11 +8,13 @@ use std::time::Duration;
 
 use backend_sim::rdmacm::SimCmId;
 use verbs_api::rdmacm::sa::{PATH_FLAGS_PRIMARY, PATH_RECORD_LEN};
-use verbs_api::rdmacm::{CmEventParam, CmEventType, CmId, CmOption, ConnParam, PathRecord, PortSpace};
+use verbs_api::rdmacm::{
+    CmEvent, CmEventParam, CmEventType, CmId, CmOption, ConnParam, PathRecord, PortSpace,
+};
 use verbs_api::{AsyncEventType, QpAttr, QpAttrMask, QpState, QpType};
 
 use super::user::{read, read_bytes, write};
-use super::{addr, path, state, Entry, File, McEntry};
+use super::{addr, path, state, Entry, File, McEntry, State};
 use crate::abi::ucma::*;
 use crate::abi::{ib_uverbs_ah_attr, ib_uverbs_global_route, ib_uverbs_qp_attr};
 use crate::ffi::Errno;
@@ -419,16 +421,9 @@ fn get_event(fd: RawFd, file: &Arc<File>, inbuf: u64, in_len: usize, out_len: us
     if out_len < size_of::<rdma_ucm_event_resp>() {
         return Err(libc::ENOSPC);
     }
-    let ev = file.ch.read_event().map_err(errno("rdma_get_cm_event"))?;
-    // A join's events name the join (the kernel's `uevent->mc`), not the id.
-    let mc = ev.mcast.and_then(|h| {
-        let h = h as u32;
-        let mut mcs = state().mcs.lock();
-        let m = mcs.get_mut(&h)?;
-        m.events += 1;
-        Some((h, m.uid))
-    });
-    let (uid, handle) = mc.map_or((ev.id.context, ev.id.handle), |(h, uid)| (uid, h));
+    let (ev, uid, handle) = take_event(fd, state(), || {
+        file.ch.read_event().map_err(errno("rdma_get_cm_event"))
+    })?;
     let mut r = rdma_ucm_event_resp {
         uid,
         id: handle,
@@ -470,14 +465,56 @@ fn get_event(fd: RawFd, file: &Arc<File>, inbuf: u64, in_len: usize, out_len: us
             r.param.ud = k;
         }
     }
-    {
-        let mut ids = state().ids.lock();
+    write(c.response, &r, out_len)
+}
+
+/// The next event of the file that is still the program's, counted as handed over: its
+/// `uid` and `id` for the answer.
+///
+/// The kernel takes an event off the file and counts it for its id (or join) in one
+/// step under the file's lock, and `DESTROY_ID` (`LEAVE_MCAST`) drops the id's pending
+/// events and answers the count under that lock too, so librdmacm, which frees the id
+/// once that many events are acknowledged, never sees an event for an id it freed. Here
+/// the event leaves the channel before it is counted: an id destroyed (a join left) in
+/// between is found gone when the event is counted, and the event goes as the kernel
+/// would have dropped it (a connection request's new id with it: the peer is
+/// rejected). Counting it, or handing it over uncounted, would let a program thread
+/// read an event whose id another thread has freed.
+fn take_event(
+    fd: RawFd,
+    st: &State,
+    mut read_event: impl FnMut() -> R<CmEvent<SimCmId>>,
+) -> R<(CmEvent<SimCmId>, u64, u32)> {
+    loop {
+        let mut ev = read_event()?;
+        // A join's events name the join (the kernel's `uevent->mc`) and count for it and
+        // for its id, as librdmacm acknowledges them (`ucma_complete_mc_event`).
+        // (The lock order of `close`: ids, then joins. Both guards go before `ev` does, so
+        // a dropped request's new id is destroyed with neither held.)
+        let mut ids = st.ids.lock();
+        let mut mcs = st.mcs.lock();
+        let join = match ev.mcast.map(|h| h as u32) {
+            Some(h) => match mcs.get_mut(&h) {
+                Some(m) => Some((h, m)),
+                None => {
+                    tracing::debug!(join = h, event = %ev.event, "rdma_cm: an event of a join left meanwhile is dropped");
+                    continue;
+                }
+            },
+            None => None,
+        };
         let counted = ev.listen_id.map_or(ev.id.handle, |l| l.handle);
-        if let Some(e) = ids.get_mut(&counted) {
-            e.events += 1;
+        let Some(e) = ids.get_mut(&counted) else {
+            tracing::debug!(id = counted, event = %ev.event, "rdma_cm: an event of an id destroyed meanwhile is dropped");
+            continue;
+        };
+        e.events += 1;
+        if let Some((h, m)) = join {
+            m.events += 1;
+            return Ok((ev, m.uid, h));
         }
         if ev.event == CmEventType::ConnectRequest {
-            if let Some(new) = ev.new_id {
+            if let Some(new) = ev.new_id.take() {
                 // The new id is the program's until it destroys it; until it accepts,
                 // its own events carry no context (the kernel's `ctx->uid` is 0).
                 new.set_context(0);
@@ -491,8 +528,9 @@ fn get_event(fd: RawFd, file: &Arc<File>, inbuf: u64, in_len: usize, out_len: us
                 );
             }
         }
+        let (uid, handle) = (ev.id.context, ev.id.handle);
+        return Ok((ev, uid, handle));
     }
-    write(c.response, &r, out_len)
 }
 
 fn set_option(fd: RawFd, inbuf: u64, in_len: usize) -> R {
@@ -558,4 +596,47 @@ fn migrate(fd: RawFd, file: &Arc<File>, inbuf: u64, in_len: usize, out_len: usiz
         },
         out_len,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use verbs_api::rdmacm::CmIdRef;
+
+    use super::*;
+
+    fn event(handle: u32, join: Option<u64>) -> CmEvent<SimCmId> {
+        let mut ev = CmEvent::new(
+            CmEventType::Disconnected,
+            0,
+            CmIdRef {
+                handle,
+                context: 0x10,
+            },
+        );
+        if join.is_some() {
+            ev.event = CmEventType::MulticastJoin;
+            ev.mcast = join;
+        }
+        ev
+    }
+
+    /// An event taken off the channel after its id was destroyed (or its join left) is
+    /// never handed over: librdmacm frees the id once the events `DESTROY_ID` counted are
+    /// acknowledged, so a program thread reading it would touch freed memory.
+    #[test]
+    fn an_event_whose_id_or_join_went_meanwhile_is_dropped() {
+        let st = State::default();
+        let mut pending = vec![event(7, None), event(8, Some(9))].into_iter();
+        let mut reads = 0;
+        let r = take_event(3, &st, || {
+            reads += 1;
+            pending.next().ok_or(libc::EAGAIN)
+        });
+        assert_eq!(
+            r.err(),
+            Some(libc::EAGAIN),
+            "no event of a destroyed id or a left join"
+        );
+        assert_eq!(reads, 3, "both events read and dropped, then the next waited for");
+    }
 }

@@ -8,6 +8,13 @@
 //! it) are therefore copied once, into a [`Window`] for the time the command runs, and
 //! its reads are served from there. A command whose bytes are not all the program's
 //! gets no window, and its reads fail piece by piece as the kernel's do.
+//!
+//! Memory in the calling thread's live stack (between the frame copying and the top of
+//! the thread's stack: the frames of the callers, librdmacm's among them, which keeps
+//! its commands and most answers in local variables) is mapped and writable while the
+//! call runs, and is copied directly, without a system call ([`on_live_stack`]).
+
+use std::cell::Cell;
 
 use crate::ffi::Errno;
 
@@ -19,8 +26,73 @@ use crate::ffi::Errno;
 /// Implementors are `#[repr(C)]` structures of plain integers and arrays of them.
 pub unsafe trait Plain: Copy + Default {}
 
+/// The calling thread's stack, `[low, high)`, as its attributes give it (`None`: not
+/// known).
+fn stack_bounds() -> Option<(u64, u64)> {
+    thread_local! {
+        static BOUNDS: Cell<Option<Option<(u64, u64)>>> = const { Cell::new(None) };
+    }
+    BOUNDS.with(|b| {
+        if let Some(v) = b.get() {
+            return v;
+        }
+        let v = query_stack();
+        b.set(Some(v));
+        v
+    })
+}
+
+fn query_stack() -> Option<(u64, u64)> {
+    // SAFETY: the attributes are initialized by pthread_getattr_np before they are read
+    // and destroyed after; the out-pointers are locals.
+    unsafe {
+        let mut attr: libc::pthread_attr_t = std::mem::zeroed();
+        if libc::pthread_getattr_np(libc::pthread_self(), &mut attr) != 0 {
+            return None;
+        }
+        let mut base: *mut libc::c_void = std::ptr::null_mut();
+        let mut size: libc::size_t = 0;
+        let r = libc::pthread_attr_getstack(&attr, &mut base, &mut size);
+        libc::pthread_attr_destroy(&mut attr);
+        (r == 0 && !base.is_null()).then(|| (base as u64, base as u64 + size as u64))
+    }
+}
+
+/// Whether `[addr, addr + len)` lies in the calling thread's live stack: above this
+/// frame (the callers' frames) and below the top of the thread's stack. Such memory is
+/// mapped, readable and writable for as long as the call runs; memory anywhere else
+/// (another thread's stack, the heap, an alternate signal stack, nothing at all) is
+/// not known to be.
+#[inline(never)]
+pub fn on_live_stack(addr: u64, len: usize) -> bool {
+    let marker = 0u8;
+    let here = std::hint::black_box(std::ptr::addr_of!(marker)) as u64;
+    let Some((low, high)) = stack_bounds() else {
+        return false;
+    };
+    let Some(end) = addr.checked_add(len as u64) else {
+        return false;
+    };
+    low <= here && here < addr && end <= high
+}
+
 fn vm(read: bool, local: *mut u8, remote: u64, len: usize) -> Result<(), Errno> {
     if len == 0 {
+        return Ok(());
+    }
+    if on_live_stack(remote, len) {
+        // SAFETY: `local` is `len` bytes of the library's own memory (the caller's
+        // contract), `remote` is `len` bytes of the calling thread's live stack (mapped,
+        // readable and writable), and the two do not overlap: the library's buffers are
+        // in this frame or below it, or not on this stack.
+        unsafe {
+            let r = remote as usize as *mut u8;
+            if read {
+                std::ptr::copy_nonoverlapping(r, local, len);
+            } else {
+                std::ptr::copy_nonoverlapping(local, r, len);
+            }
+        }
         return Ok(());
     }
     #[cfg(test)]
@@ -212,9 +284,8 @@ mod tests {
         body: rdma_ucm_resolve_route,
     }
 
-    #[test]
-    fn a_command_is_copied_from_the_program_once() {
-        let cmd = Cmd {
+    fn resolve_route() -> Cmd {
+        Cmd {
             hdr: rdma_ucm_cmd_hdr {
                 cmd: 4,
                 r#in: 8,
@@ -224,8 +295,14 @@ mod tests {
                 id: 7,
                 timeout_ms: 2000,
             },
-        };
-        let at = &cmd as *const Cmd as u64;
+        }
+    }
+
+    #[test]
+    fn a_command_is_copied_from_the_program_once() {
+        // On the heap: not the calling thread's stack.
+        let cmd = Box::new(resolve_route());
+        let at = &*cmd as *const Cmd as u64;
         let before = copies();
         let w = Window::load(at, size_of::<Cmd>());
         let hdr: rdma_ucm_cmd_hdr = read(at, size_of::<rdma_ucm_cmd_hdr>()).unwrap();
@@ -236,6 +313,58 @@ mod tests {
         // Past the command, reads go to the program's memory again.
         let _: rdma_ucm_cmd_hdr = read(at, size_of::<rdma_ucm_cmd_hdr>()).unwrap();
         assert_eq!(copies() - before, 2);
+    }
+
+    /// librdmacm's commands and most of its answers are local variables of the thread
+    /// that writes the command: copied without a system call, both ways.
+    #[test]
+    fn a_command_and_answer_on_the_callers_stack_take_no_system_call() {
+        let cmd = resolve_route();
+        let mut answer = rdma_ucm_resolve_route::default();
+        let at = &cmd as *const Cmd as u64;
+        let to = &mut answer as *mut rdma_ucm_resolve_route as u64;
+        assert!(on_live_stack(at, size_of::<Cmd>()));
+        let before = copies();
+        let w = Window::load(at, size_of::<Cmd>());
+        let body: rdma_ucm_resolve_route = read(at + 8, 8).unwrap();
+        write(to, &body, size_of::<rdma_ucm_resolve_route>()).unwrap();
+        drop(w);
+        let hdr: rdma_ucm_cmd_hdr = read(at, size_of::<rdma_ucm_cmd_hdr>()).unwrap();
+        assert_eq!(copies() - before, 0);
+        assert_eq!((hdr.cmd, answer.id, answer.timeout_ms), (4, 7, 2000));
+    }
+
+    /// Another thread's stack is not the caller's: it may be unwound and unmapped at any
+    /// time, so it is copied with the system call's checks.
+    #[test]
+    fn another_threads_stack_is_copied_with_the_system_call() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            let cmd = resolve_route();
+            tx.send(&cmd as *const Cmd as u64).unwrap();
+            done_rx.recv().unwrap();
+            std::hint::black_box(&cmd);
+        });
+        let at = rx.recv().unwrap();
+        assert!(!on_live_stack(at, size_of::<Cmd>()));
+        let before = copies();
+        let body: rdma_ucm_resolve_route = read(at + 8, 8).unwrap();
+        assert_eq!((body.id, copies() - before), (7, 1));
+        done_tx.send(()).unwrap();
+        t.join().unwrap();
+    }
+
+    /// A range that runs past the top of the stack, or lies below this frame, is not
+    /// the live stack.
+    #[test]
+    fn only_the_callers_frames_are_the_live_stack() {
+        let (_, high) = stack_bounds().unwrap();
+        let local = 0u64;
+        let at = std::hint::black_box(&local as *const u64 as u64);
+        assert!(on_live_stack(at, 8));
+        assert!(!on_live_stack(high - 8, 16));
+        assert!(!on_live_stack(at - 4096, 8));
     }
 
     #[test]

@@ -44,9 +44,9 @@ use std::time::{Duration, Instant};
 
 use verbs_api::{AccessFlags, AhAttr, Mtu, QpAttr, QpAttrMask as M, QpCap, QpState, QpType, WorkCompletion};
 
-use crate::engine::{drive, DriveState, Sides, Stop};
+use crate::engine::{drive, DriveState, Stop};
 use crate::memory::MrTable;
-use crate::qp::{receives_in, AvCheck, Qp, QpLimits};
+use crate::qp::{AvCheck, Qp, QpLimits};
 use crate::requester::Requester;
 use crate::responder::Responder;
 use crate::rx::Reader;
@@ -104,23 +104,19 @@ pub enum Broken {
     Stuck(String),
 }
 
-/// One end of the connection: a QP (its state machine and its two halves), its memory,
-/// its byte streams.
+/// One end of the connection: a QP, its memory, its byte streams.
 pub struct End {
-    /// The QP's state and attributes.
+    /// The QP: state machine, both halves, their completions.
     pub qp: Qp,
-    /// The QP's send queue.
-    pub req: Requester,
-    /// The QP's receive side.
-    pub resp: Responder,
     /// Its registered memory.
     pub mrs: MrTable,
     reader: Reader,
     tx: TxQueue,
     st: DriveState,
-    /// Its send completions, in the order they were produced.
+    /// Its send completions, in the order they were produced (all of the run's, taken
+    /// from the QP after each step).
     pub send_wc: Vec<WorkCompletion>,
-    /// Its receive completions, with the solicited bit.
+    /// Its receive completions, with the solicited bit (the same).
     pub recv_wc: Vec<(WorkCompletion, bool)>,
     force_rnr: u32,
     last_tx: Option<Instant>,
@@ -136,9 +132,9 @@ impl End {
             max_recv_sge: 4,
             max_inline_data: 64,
         };
-        let mut qp = Qp::new(QpType::Rc, cap, Switches::default());
-        let mut req = Requester::new(qpn, PD, &cap, false);
-        let mut resp = Responder::new(qpn, PD, cap.max_recv_wr, 4);
+        let req = Requester::new(qpn, PD, &cap, false);
+        let resp = Responder::new(qpn, PD, cap.max_recv_wr, 4);
+        let mut qp = Qp::new(QpType::Rc, cap, Switches::default(), req, resp);
         // RESET -> INIT -> RTR -> RTS through `ibv_modify_qp`'s state machine, as an
         // application brings an RC QP up.
         let steps = [
@@ -184,15 +180,13 @@ impl End {
             ),
         ];
         for (attr, mask) in steps {
-            qp.handle_modify(&attr, mask, &LIMITS, &Wired, &mut req, &mut resp)
+            qp.handle_modify(&attr, mask, &LIMITS, &Wired)
                 .expect("the fabric's attributes are legal");
         }
         // The fabric's connection is up from the start.
-        qp.handle_connection_up(&mut req);
+        qp.handle_connection_up();
         End {
             qp,
-            req,
-            resp,
             mrs: MrTable::default(),
             reader: Reader::new(),
             tx: TxQueue::new(),
@@ -207,16 +201,18 @@ impl End {
 
     /// `ibv_post_send` on this end's QP (in ERR the WR completes flushed).
     pub fn post(&mut self, wr: &verbs_api::SendWr<'_>) -> Result<(), crate::requester::PostCheck> {
-        self.req.post(wr, &self.mrs)?;
-        self.qp.flush_posted_sends(&mut self.req, &mut self.send_wc);
+        self.qp.handle_post_send(wr, &self.mrs, None)?;
+        self.qp.flush_posted_sends();
+        self.take_completions();
         Ok(())
     }
 
     /// `ibv_post_recv` on this end's QP (in ERR the WR completes flushed where the
     /// device does so).
     pub fn post_recv(&mut self, wr: &verbs_api::RecvWr<'_>) -> Result<(), crate::recv_queue::PostRecvError> {
-        self.resp.post(wr)?;
-        self.qp.flush_posted_recvs(&mut self.resp, &mut self.recv_wc);
+        self.qp.handle_post_recv(wr)?;
+        self.qp.flush_posted_recvs();
+        self.take_completions();
         Ok(())
     }
 
@@ -225,26 +221,24 @@ impl End {
         self.qp.state() == QpState::Err
     }
 
+    /// Appends the completions the QP produced to this end's record of them.
+    fn take_completions(&mut self) {
+        let c = self.qp.poll_completions();
+        self.send_wc.append(c.send);
+        self.recv_wc.append(c.recv);
+    }
+
     /// A fatal completion: the QP goes to ERR and both halves flush.
     fn fail(&mut self) {
-        self.qp.enter_error(
-            &mut self.req,
-            &mut self.resp,
-            &mut self.send_wc,
-            &mut self.recv_wc,
-        );
+        self.qp.enter_error();
     }
 
     /// Builds what the requester may send now.
     fn transmit(&mut self, now: Instant) {
-        if !self.in_error()
-            && self
-                .req
-                .poll_transmit(&self.mrs, now, &mut self.tx, 64, &mut self.send_wc)
-                .is_err()
-        {
+        if !self.in_error() && self.qp.transmit_into(&self.mrs, now, &mut self.tx, 64).is_err() {
             self.fail();
         }
+        self.take_completions();
     }
 
     /// Runs the engine over `bytes` (one whole frame) with both halves.
@@ -253,15 +247,8 @@ impl End {
         let mut off = 0;
         loop {
             off += self.reader.feed(&bytes[off..]);
-            let mut sides = Sides {
-                req: Some(&mut self.req),
-                resp: Some(&mut self.resp),
-                accepting: receives_in(self.qp.state()),
-                send_wc: &mut self.send_wc,
-                recv_wc: &mut self.recv_wc,
-                force_rnr: &mut self.force_rnr,
-            };
-            match drive(
+            let mut sides = self.qp.sides(&mut self.force_rnr);
+            let r = drive(
                 &mut sides,
                 &mut self.reader,
                 &self.mrs,
@@ -270,11 +257,16 @@ impl End {
                 &mut self.st,
                 usize::MAX,
                 0,
-            ) {
+            );
+            match r {
                 Ok(()) => {}
                 Err(Stop::Fatal(_)) => self.fail(),
-                Err(Stop::Protocol(m)) => return Err(m),
+                Err(Stop::Protocol(m)) => {
+                    self.take_completions();
+                    return Err(m);
+                }
             }
+            self.take_completions();
             if off >= bytes.len() {
                 return Ok(());
             }
@@ -287,10 +279,10 @@ impl End {
         self.st = DriveState::default();
         let mut gone = Vec::new();
         self.tx.drain_into(&mut gone);
-        self.qp
-            .handle_connection_lost(&mut self.req, &mut self.resp, &mut self.send_wc);
+        self.qp.handle_connection_lost();
         // The new byte streams are there at once.
-        self.qp.handle_connection_up(&mut self.req);
+        self.qp.handle_connection_up();
+        self.take_completions();
     }
 
     /// The requester's timers, if due.
@@ -298,13 +290,12 @@ impl End {
         if self.in_error() {
             return 0;
         }
-        let r = self
-            .req
-            .on_timer(now, self.last_tx, self.last_rx, &mut self.send_wc);
-        let timeouts = self.req.take_ack_timeouts();
+        let r = self.qp.handle_timeout(now, self.last_tx, self.last_rx);
+        let timeouts = self.qp.take_ack_timeouts();
         if r.is_err() {
             self.fail();
         }
+        self.take_completions();
         timeouts
     }
 
@@ -312,7 +303,7 @@ impl End {
         if self.in_error() {
             None
         } else {
-            self.req.next_deadline()
+            self.qp.poll_timeout()
         }
     }
 }
@@ -668,8 +659,8 @@ impl Fabric {
                 self.broken = Some(Broken::Stuck(format!(
                     "{max_events} events and not settled at {:?}: {} + {} WQEs outstanding",
                     self.now,
-                    self.a.req.outstanding(),
-                    self.b.req.outstanding()
+                    self.a.qp.sq_outstanding(),
+                    self.b.qp.sq_outstanding()
                 )));
                 return;
             }

@@ -15,8 +15,8 @@ use verbs_api::transitions::check_modify;
 use verbs_api::{AhAttr, Error, QpAttr, QpAttrMask as M, QpState, QpType, Result, PSN_MASK};
 
 use super::Qp;
-use crate::requester::{ReqAttrs, Requester};
-use crate::responder::{RespAttrs, Responder};
+use crate::requester::ReqAttrs;
+use crate::responder::RespAttrs;
 
 /// The device limits a modify's attribute values are checked against.
 #[derive(Debug, Clone, Copy)]
@@ -165,13 +165,12 @@ impl Qp {
         mask: M,
         limits: &QpLimits,
         av: &dyn AvCheck,
-        req: &mut Requester,
-        resp: &mut Responder,
     ) -> Result<Transition> {
         let cur = self.state;
         let next = self.check_modify(attr, mask, limits, av)?;
         self.apply(attr, mask);
         let a = self.attr;
+        let (req, resp) = (&mut self.req, &mut self.resp);
         resp.access = a.qp_access_flags;
         resp.max_dest_rd_atomic = a.max_dest_rd_atomic;
         resp.min_rnr_timer = a.min_rnr_timer;

@@ -1,7 +1,8 @@
 use proptest::prelude::*;
 use verbs_api::timers::local_ack_timeout;
 use verbs_api::{
-    AccessFlags, AhAttr, Mtu, QpAttr, QpAttrMask as M, QpCap, QpState, QpType, RecvWr, SendWr, WcStatus,
+    AccessFlags, AhAttr, AsyncEventType, Mtu, QpAttr, QpAttrMask as M, QpCap, QpState, QpType, RecvWr,
+    SendWr, WcStatus,
 };
 
 use super::*;
@@ -23,28 +24,24 @@ const LIMITS: QpLimits = QpLimits {
 
 struct Rig {
     qp: Qp,
-    req: Requester,
-    resp: Responder,
 }
 
 impl Rig {
     fn new(qp_type: QpType, sw: Switches) -> Rig {
         let cap = QpCap::new(8, 8);
-        let (req, resp) = halves_for(
-            qp_type,
-            Requester::new(1, 1, &cap, true).with_profile(sw, 1 << 30, 4096),
-            Responder::new(1, 1, cap.max_recv_wr, cap.max_recv_sge).with_switches(sw),
-        );
         Rig {
-            qp: Qp::new(qp_type, cap, sw),
-            req,
-            resp,
+            qp: Qp::new(
+                qp_type,
+                cap,
+                sw,
+                Requester::new(1, 1, &cap, true).with_profile(sw, 1 << 30, 4096),
+                Responder::new(1, 1, cap.max_recv_wr, cap.max_recv_sge).with_switches(sw),
+            ),
         }
     }
 
     fn modify(&mut self, attr: &QpAttr, mask: M) -> verbs_api::Result<Transition> {
-        self.qp
-            .handle_modify(attr, mask, &LIMITS, &AnyAv, &mut self.req, &mut self.resp)
+        self.qp.handle_modify(attr, mask, &LIMITS, &AnyAv)
     }
 
     fn to(&mut self, state: QpState) -> Transition {
@@ -89,13 +86,13 @@ fn rc_bring_up_connects_and_arms_the_halves() {
         (t.from, t.to, t.effect),
         (QpState::Init, QpState::Rtr, Effect::Connect)
     );
-    assert_eq!(r.resp.expected_psn(), 100);
-    assert_eq!(r.req.dest_qpn, 2);
-    assert_eq!(r.req.link_error, libc::ENOTCONN as u32);
+    assert_eq!(r.qp.resp.expected_psn(), 100);
+    assert_eq!(r.qp.req.dest_qpn, 2);
+    assert_eq!(r.qp.req.link_error, libc::ENOTCONN as u32);
     assert_eq!(r.to(QpState::Rts).effect, Effect::None);
-    assert_eq!(r.req.next_psn(), 200);
-    assert_eq!(r.req.attrs().retry_cnt, 3);
-    let q = r.qp.query(&r.req, &r.resp);
+    assert_eq!(r.qp.req.next_psn(), 200);
+    assert_eq!(r.qp.req.attrs().retry_cnt, 3);
+    let q = r.qp.query();
     assert_eq!((q.qp_state, q.sq_psn, q.rq_psn), (QpState::Rts, 200, 100));
 }
 
@@ -130,7 +127,7 @@ fn rd_atomic_rounds_up_where_the_device_does() {
     r.to(QpState::Init);
     r.to(QpState::Rtr);
     assert_eq!(r.qp.attr().max_dest_rd_atomic, 4);
-    assert_eq!(r.resp.max_dest_rd_atomic, 4);
+    assert_eq!(r.qp.resp.max_dest_rd_atomic, 4);
 }
 
 #[test]
@@ -146,14 +143,23 @@ fn sqd_owes_the_drained_event_only_when_asked() {
             ..Default::default()
         };
         r.modify(&attr, M::STATE | M::EN_SQD_ASYNC_NOTIFY).unwrap();
-        assert!(r.req.draining);
+        assert!(r.qp.req.draining);
         assert_eq!(r.qp.sqd_event_due(), due);
         // Nothing in flight: drained at once, and the event comes once.
-        assert_eq!(r.qp.take_drained_event(&r.req), due);
-        assert!(!r.qp.take_drained_event(&r.req));
+        assert_eq!(r.qp.check_drained(), due);
+        assert!(!r.qp.check_drained());
+        let events: Vec<_> = r.qp.poll_events().map(|e| e.event_type).collect();
+        assert_eq!(
+            events,
+            if due {
+                vec![AsyncEventType::SqDrained]
+            } else {
+                vec![]
+            }
+        );
         let t = r.to(QpState::Rts);
         assert_eq!(t.effect, Effect::Resume { start: false });
-        assert!(!r.req.draining);
+        assert!(!r.qp.req.draining);
     }
 }
 
@@ -165,7 +171,7 @@ fn sqd_to_sqd_changes_the_requesters_budget() {
     for s in [QpState::Init, QpState::Rtr, QpState::Rts, QpState::Sqd] {
         r.to(s);
     }
-    let psn = r.req.next_psn();
+    let psn = r.qp.req.next_psn();
     let attr = QpAttr {
         qp_state: QpState::Sqd,
         timeout: 10,
@@ -176,14 +182,14 @@ fn sqd_to_sqd_changes_the_requesters_budget() {
     };
     let mask = M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC;
     r.modify(&attr, mask).unwrap();
-    let a = r.req.attrs();
+    let a = r.qp.req.attrs();
     assert_eq!(
         (a.timeout, a.retry_cnt, a.rnr_retry, a.max_rd_atomic),
         (local_ack_timeout(10), 1, 2, 8)
     );
     r.to(QpState::Rts);
-    assert_eq!(r.req.next_psn(), psn, "the PSNs go on where they were");
-    assert_eq!(r.req.attrs().rnr_retry, 2, "kept across SQD -> RTS");
+    assert_eq!(r.qp.req.next_psn(), psn, "the PSNs go on where they were");
+    assert_eq!(r.qp.req.attrs().rnr_retry, 2, "kept across SQD -> RTS");
 }
 
 /// IBA 10.3.1 / `man ibv_modify_qp`: ERR flushes both queues, in order, with
@@ -196,8 +202,8 @@ fn error_flushes_both_queues_in_order() {
     }
     let mrs = MrTable::default();
     for id in 1..=3 {
-        r.req.post(&SendWr::send(id, &[]).signaled(), &mrs).unwrap();
-        r.resp.post(&RecvWr::new(10 + id, &[])).unwrap();
+        r.qp.req.post(&SendWr::send(id, &[]).signaled(), &mrs).unwrap();
+        r.qp.resp.post(&RecvWr::new(10 + id, &[])).unwrap();
     }
     let t = r
         .modify(
@@ -210,9 +216,9 @@ fn error_flushes_both_queues_in_order() {
         .unwrap();
     assert_eq!((t.to, t.effect), (QpState::Err, Effect::Error));
     assert_eq!(r.qp.state(), QpState::Rts, "ERR is entered through enter_error");
-    let (mut s, mut rv) = (Vec::new(), Vec::new());
-    let from = r.qp.enter_error(&mut r.req, &mut r.resp, &mut s, &mut rv);
+    let from = r.qp.enter_error();
     assert_eq!(from, Some(QpState::Rts));
+    let (s, rv) = (r.qp.send_wc.clone(), r.qp.recv_wc.clone());
     assert_eq!(r.qp.state(), QpState::Err);
     assert_eq!(s.iter().map(|w| w.wr_id).collect::<Vec<_>>(), [1, 2, 3]);
     assert_eq!(rv.iter().map(|(w, _)| w.wr_id).collect::<Vec<_>>(), [11, 12, 13]);
@@ -221,8 +227,8 @@ fn error_flushes_both_queues_in_order() {
         .chain(rv.iter().map(|(w, _)| w))
         .all(|w| w.status == WcStatus::WrFlushErr));
     // Once in ERR, entering it again flushes nothing more.
-    assert_eq!(r.qp.enter_error(&mut r.req, &mut r.resp, &mut s, &mut rv), None);
-    assert_eq!(s.len() + rv.len(), 6);
+    assert_eq!(r.qp.enter_error(), None);
+    assert_eq!(r.qp.send_wc.len() + r.qp.recv_wc.len(), 6);
 }
 
 /// A send error moves UC and UD to SQE where the device does so (the send queue flushed,
@@ -238,13 +244,12 @@ fn send_error_moves_unreliable_qps_to_sqe() {
         for s in [QpState::Init, QpState::Rtr, QpState::Rts] {
             r.to(s);
         }
-        r.resp.post(&RecvWr::new(9, &[])).unwrap();
-        let mut s = Vec::new();
-        let got = r.qp.enter_sqe(&mut r.req, &mut s);
+        r.qp.resp.post(&RecvWr::new(9, &[])).unwrap();
+        let got = r.qp.enter_sqe();
         assert_eq!(got.is_some(), sqe, "{qp_type:?}");
         if sqe {
             assert_eq!(r.qp.state(), QpState::Sqe);
-            assert_eq!(r.resp.posted(), 1, "the receive queue works on in SQE");
+            assert_eq!(r.qp.resp.posted(), 1, "the receive queue works on in SQE");
             assert_eq!(r.to(QpState::Rts).effect, Effect::Resume { start: false });
         }
     }
@@ -256,7 +261,7 @@ fn reset_forgets_attributes_and_queues() {
     for s in [QpState::Init, QpState::Rtr, QpState::Rts] {
         r.to(s);
     }
-    r.resp.post(&RecvWr::new(9, &[])).unwrap();
+    r.qp.resp.post(&RecvWr::new(9, &[])).unwrap();
     let t = r
         .modify(
             &QpAttr {
@@ -269,7 +274,7 @@ fn reset_forgets_attributes_and_queues() {
     assert_eq!(t.effect, Effect::Reset);
     assert_eq!(r.qp.state(), QpState::Reset);
     assert_eq!(r.qp.attr().dest_qp_num, 0);
-    assert_eq!(r.resp.posted(), 0);
+    assert_eq!(r.qp.resp.posted(), 0);
 }
 
 /// One modify of a random sequence: a target state, and either its exact required mask or
@@ -315,15 +320,14 @@ proptest! {
             let legal = verbs_api::transitions::check_modify(cur, qp_type, &attr, mask).is_ok()
                 && !(s.bad_value && mask.contains(M::RETRY_CNT))
                 && !mask.contains(M::CAP);
-            let before = (r.qp.attr, r.qp.sqd_event_due, r.req.next_psn(), r.resp.expected_psn());
+            let before = (r.qp.attr, r.qp.sqd_event_due, r.qp.req.next_psn(), r.qp.resp.expected_psn());
             match r.modify(&attr, mask) {
                 Ok(t) => {
                     prop_assert!(legal, "{cur:?} -> {next:?} with {mask:?} was accepted");
                     prop_assert_eq!(t.to, next);
                     if next == QpState::Err {
                         prop_assert_eq!(t.effect, Effect::Error);
-                        let (mut sw, mut rw) = (Vec::new(), Vec::new());
-                        r.qp.enter_error(&mut r.req, &mut r.resp, &mut sw, &mut rw);
+                        r.qp.enter_error();
                     }
                     prop_assert_eq!(r.qp.state(), next);
                 }
@@ -331,7 +335,7 @@ proptest! {
                     prop_assert!(!legal, "{cur:?} -> {next:?} with {mask:?} was refused: {e}");
                     prop_assert_eq!(e.errno(), libc::EINVAL);
                     prop_assert_eq!(r.qp.state(), cur);
-                    let after = (r.qp.attr, r.qp.sqd_event_due, r.req.next_psn(), r.resp.expected_psn());
+                    let after = (r.qp.attr, r.qp.sqd_event_due, r.qp.req.next_psn(), r.qp.resp.expected_psn());
                     prop_assert_eq!(before, after);
                 }
             }
@@ -350,24 +354,21 @@ fn posts_in_error_complete_flushed() {
         };
         let mut r = Rig::new(QpType::Rc, sw);
         let mrs = MrTable::default();
-        let (mut s, mut rv) = (Vec::new(), Vec::new());
-        r.req.post(&SendWr::send(1, &[]).signaled(), &mrs).unwrap();
-        r.resp.post(&RecvWr::new(2, &[])).unwrap();
-        assert!(
-            !r.qp.flush_posted_sends(&mut r.req, &mut s),
-            "RESET: nothing flushed"
-        );
-        assert!(!r.qp.flush_posted_recvs(&mut r.resp, &mut rv));
-        r.qp.enter_error(&mut r.req, &mut r.resp, &mut s, &mut rv);
-        s.clear();
-        rv.clear();
-        r.req.post(&SendWr::send(3, &[]).signaled(), &mrs).unwrap();
-        r.resp.post(&RecvWr::new(4, &[])).unwrap();
-        assert!(r.qp.flush_posted_sends(&mut r.req, &mut s));
+        r.qp.req.post(&SendWr::send(1, &[]).signaled(), &mrs).unwrap();
+        r.qp.resp.post(&RecvWr::new(2, &[])).unwrap();
+        assert!(!r.qp.flush_posted_sends(), "RESET: nothing flushed");
+        assert!(!r.qp.flush_posted_recvs());
+        r.qp.enter_error();
+        r.qp.send_wc.clear();
+        r.qp.recv_wc.clear();
+        r.qp.req.post(&SendWr::send(3, &[]).signaled(), &mrs).unwrap();
+        r.qp.resp.post(&RecvWr::new(4, &[])).unwrap();
+        assert!(r.qp.flush_posted_sends());
+        let s = &r.qp.send_wc;
         assert_eq!((s[0].wr_id, s[0].status), (3, WcStatus::WrFlushErr));
-        assert_eq!(r.qp.flush_posted_recvs(&mut r.resp, &mut rv), recv_flushed);
-        assert_eq!(rv.len(), usize::from(recv_flushed));
-        assert_eq!(r.resp.posted(), usize::from(!recv_flushed));
+        assert_eq!(r.qp.flush_posted_recvs(), recv_flushed);
+        assert_eq!(r.qp.recv_wc.len(), usize::from(recv_flushed));
+        assert_eq!(r.qp.resp.posted(), usize::from(!recv_flushed));
     }
 }
 
@@ -380,26 +381,25 @@ fn a_lost_connection_resends_rc_and_completes_uc() {
         for s in [QpState::Init, QpState::Rtr, QpState::Rts] {
             r.to(s);
         }
-        r.qp.handle_connection_up(&mut r.req);
-        assert_eq!(r.req.link_error, 0);
+        r.qp.handle_connection_up();
+        assert_eq!(r.qp.req.link_error, 0);
         let mrs = MrTable::default();
-        let mut s = Vec::new();
-        r.req.post(&SendWr::send(1, &[]).signaled(), &mrs).unwrap();
-        let mut tx = crate::tx::TxQueue::new();
-        r.req
-            .poll_transmit(&mrs, std::time::Instant::now(), &mut tx, 64, &mut s)
+        r.qp.req.post(&SendWr::send(1, &[]).signaled(), &mrs).unwrap();
+        let mut conn = crate::connection::Connection::default();
+        r.qp.poll_transmit(&mut conn, &mrs, std::time::Instant::now())
             .unwrap();
-        assert!(!r.req.has_unsent(), "{qp_type:?}: the SEND left");
-        s.clear();
-        r.qp.handle_connection_lost(&mut r.req, &mut r.resp, &mut s);
-        assert_eq!(r.req.link_error, libc::ENOTCONN as u32);
+        assert!(!r.qp.req.has_unsent(), "{qp_type:?}: the SEND left");
+        r.qp.send_wc.clear();
+        r.qp.handle_connection_lost();
+        let s = &r.qp.send_wc;
+        assert_eq!(r.qp.req.link_error, libc::ENOTCONN as u32);
         match qp_type {
             QpType::Rc => {
-                assert!(s.is_empty() && r.req.has_unsent(), "RC resends: {s:?}");
+                assert!(s.is_empty() && r.qp.req.has_unsent(), "RC resends: {s:?}");
             }
             _ => assert_eq!(s.iter().map(|w| w.wr_id).collect::<Vec<_>>(), [1], "UC completes"),
         }
-        r.qp.handle_connection_up(&mut r.req);
-        assert_eq!(r.req.link_error, 0);
+        r.qp.handle_connection_up();
+        assert_eq!(r.qp.req.link_error, 0);
     }
 }

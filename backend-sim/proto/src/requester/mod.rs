@@ -200,7 +200,7 @@ pub struct ReqAttrs {
 
 /// The send side of a QP.
 pub struct Requester {
-    qpn: u32,
+    pub(crate) qpn: u32,
     pd: u32,
     cap: usize,
     max_inline: u32,
@@ -346,11 +346,6 @@ impl Requester {
         self
     }
 
-    /// The switches it follows.
-    pub fn switches(&self) -> &Switches {
-        &self.sw
-    }
-
     /// The slots polling frees (for the CQ to release them as completions are polled).
     pub fn slots(&self) -> &Arc<SqSlots> {
         &self.slots
@@ -401,6 +396,7 @@ impl Requester {
     }
 
     /// Current attributes.
+    #[cfg(any(test, feature = "internals"))]
     pub fn attrs(&self) -> ReqAttrs {
         self.attrs
     }

@@ -81,6 +81,7 @@ impl Requester {
     /// SGE count and inline size (EINVAL). Inline data is copied now. A WR that names a
     /// UD destination (`wr.ud`) is refused here ([`PostCheck::UdDestination`]): UD sends
     /// go through [`Requester::post_ud`].
+    #[cfg(any(test, feature = "internals"))]
     pub fn post(&mut self, wr: &SendWr<'_>, mrs: &MrTable) -> Result<(), PostCheck> {
         self.connected_dest(wr)?;
         self.post_wqe(wr, None, FromSges(mrs))

@@ -70,13 +70,9 @@ impl Requester {
         self
     }
 
-    /// Whether this is a UD QP's requester.
-    pub fn is_datagram(&self) -> bool {
-        self.ud
-    }
-
     /// Queues a UD send to `route` (`ibv_post_send` with `wr.ud`): the checks of
     /// [`Requester::post`], and the opcode must be SEND or SEND_WITH_IMM.
+    #[cfg(any(test, feature = "internals"))]
     pub fn post_ud(&mut self, wr: &SendWr<'_>, route: UdRoute, mrs: &MrTable) -> Result<(), PostCheck> {
         self.post_ud_with(wr, route, mrs, None)
     }

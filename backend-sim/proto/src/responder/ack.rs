@@ -68,6 +68,7 @@ impl Responder {
     }
 
     /// The responder's message sequence number (IBA 9.7.5.1.1).
+    #[cfg(any(test, feature = "internals"))]
     pub fn msn(&self) -> u32 {
         self.msn
     }

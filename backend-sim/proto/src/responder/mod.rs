@@ -234,11 +234,6 @@ impl Responder {
         self
     }
 
-    /// The switches it follows.
-    pub fn switches(&self) -> &Switches {
-        &self.sw
-    }
-
     /// The QP as the remote access check sees it.
     fn target(&self) -> Target {
         Target {
@@ -310,6 +305,7 @@ impl Responder {
     }
 
     /// Handles a request header. Responses go to `tx`, receive completions to `out`.
+    #[cfg(any(test, feature = "internals"))]
     pub fn on_request(
         &mut self,
         frame: &Frame,

@@ -67,11 +67,6 @@ impl Responder {
         self
     }
 
-    /// Whether this is a UD QP's responder.
-    pub fn is_datagram(&self) -> bool {
-        self.ud
-    }
-
     /// Datagram `frame` with its `payload`, from `src`, arrived for this QP (which is in
     /// a state that receives). Its receive's completion goes to `out`. `Err`: the QP must
     /// go to ERR (its receive completed with the error).

@@ -20,19 +20,10 @@ pub fn on_timer(st: &mut Ids, handle: u32, out: &mut Outbox) {
         }
         return;
     }
-    if let Some(msg) = c.last.clone() {
-        if c.tries > 1 {
-            c.tries -= 1;
-            let dev = id
-                .dev
-                .as_ref()
-                .expect("a connection is on a device")
-                .shared()
-                .clone();
-            out.sends.push((dev, c.peer.addr, msg));
-            arm(out, id, RESEND);
-            return;
-        }
+    if c.last.is_some() && c.tries > 1 {
+        c.tries -= 1;
+        send_last(out, id);
+        return;
     }
     give_up(id, out);
 }

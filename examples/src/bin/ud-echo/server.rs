@@ -1,130 +1,30 @@
-//! ud-echo: one UD QP serving several clients, datagram by datagram (unreliable
-//! datagrams: no connection, no acknowledgement, no retransmission).
-//!
-//! Each client has a UD QP of its own and registers with the server over TCP: its
-//! endpoint (GID, LID, QP number) and its number go one way, the server's endpoint and
-//! the largest datagram it takes (the port's MTU) the other. Both sides build an address
-//! handle from the other's endpoint. The server's one QP receives every client's
-//! datagrams; a completion's `src_qp` says whose it is, and the echo goes back through
-//! that client's address handle to that QP. Every datagram carries the client's number,
-//! a sequence number and a checksum over a payload generated from both
-//! (`examples::datagram::wire`), so both ends check every byte of every datagram that
-//! arrives, and a client counts a datagram whose echo does not come within
-//! `--loss-timeout-ms` as lost.
-//!
-//! A UD receive buffer holds the 40-byte GRH in front of the payload, so every receive is
-//! 40 bytes larger than the largest datagram, and the payload is read from byte 40.
-//!
-//! UD drops a datagram that finds no receive posted, silently: the sender's completion
-//! says success. `--starve-after N` makes the server stop re-posting receives after N
-//! datagrams, let its receive queue run empty and keep it so for `--starve-ms`; the demo
-//! checks that the datagrams sent meanwhile are counted lost (sent, never answered) while
-//! every one delivered arrived intact.
-//!
-//! ```text
-//! ud-echo demo                                    # server child + 2 clients, RQ starved once
-//! ud-echo demo --no-starve                        # nothing need be lost
-//! ud-echo server --listen 0.0.0.0:18530 --clients 2
-//! ud-echo client --server HOST:18530 --clients 2
-//! ```
+//! ud-echo's server: one UD QP for every client; clients register over TCP, each
+//! datagram is answered through the address handle of the client whose `src_qp` it
+//! carries, and the receive queue may be starved on purpose (`Starve`).
 
-use std::collections::{HashMap, VecDeque};
-use std::io::Write as _;
-use std::net::{SocketAddr, TcpStream};
-use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{channel, Receiver, Sender as Tx};
-use std::time::{Duration, Instant};
-
+use crate::{private_u32, write_hello};
 use anyhow::{bail, Context as _};
-use clap::{Parser, Subcommand};
 use examples::backend::open_device;
 use examples::child::announce_listening;
 use examples::cli::CommonArgs;
 use examples::conn::{self, QpOpts};
-use examples::datagram::opts::{ClientArgs, ClientTuning, DemoArgs, ServerArgs, ServerTuning};
-use examples::datagram::report::{print_clients, print_senders, sender_prefix, ClientReport, Sender};
-use examples::datagram::tracker::{Echo, Tracker};
-use examples::datagram::wire::{self, HEADER};
-use examples::demo::{start_server, ChildArgs};
+use examples::datagram::opts::{ServerArgs, ServerTuning};
+use examples::datagram::report::{print_senders, Sender};
+use examples::datagram::wire::{self};
 use examples::kv::report::DryQueue;
-use examples::stats::Latencies;
 use examples::transport::{ud_to_rts, GRH, QKEY};
 use examples::wait::{check_wc, Waiter};
-use examples::{side_channel, threads, with_backend, Res};
-use verbs_api::cm::{self, Offer};
+use examples::{side_channel, Res};
+use std::collections::{HashMap, VecDeque};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender as Tx};
+use std::time::{Duration, Instant};
+use verbs_api::cm::{self};
 use verbs_api::{
     ah_attr_for, local_endpoint, AccessFlags, Backend, CompletionQueue, Context, Endpoint, MemoryRegion,
     ProtectionDomain, QpType, QueuePair, RcParams, SendWr, Sge, WorkCompletion,
 };
-
-/// One UD QP echoing datagrams to several clients.
-#[derive(Parser, Debug)]
-#[command(
-    name = "ud-echo",
-    version,
-    after_help = "Examples:\n  ud-echo demo\n  ud-echo demo --no-starve\n  ud-echo server --listen 0.0.0.0:18530 --clients 2\n  ud-echo client --server HOST:18530 --clients 2"
-)]
-struct Cli {
-    #[command(flatten)]
-    common: CommonArgs,
-    #[command(subcommand)]
-    cmd: Cmd,
-}
-
-#[derive(Subcommand, Debug)]
-enum Cmd {
-    /// Echo the datagrams of `--clients` clients on one UD QP, then exit when they are
-    /// done.
-    Server(ServerArgs),
-    /// Send datagrams to a server and check every echo.
-    Client(ClientArgs),
-    /// Start a server child process, run the clients, and check that every datagram was
-    /// echoed intact or counted lost, and that the server's empty receive queue lost
-    /// some.
-    Demo(DemoArgs),
-}
-
-fn main() -> ExitCode {
-    examples::program::main("ud-echo", |cli: Cli| run(&cli))
-}
-
-fn run(cli: &Cli) -> Res<()> {
-    let common = &cli.common;
-    match &cli.cmd {
-        Cmd::Server(a) => with_backend!(common, |b| server(b, common, a)),
-        Cmd::Client(a) => {
-            let addr = conn::parse_addr(&a.server)?;
-            let reports = with_backend!(common, |b| clients(b, common, &a.tuning, addr, a.first_id))?;
-            if !print_clients(&reports) {
-                bail!("some datagrams are unaccounted for or came back wrong (see above)")
-            }
-            Ok(())
-        }
-        Cmd::Demo(a) => demo(common, a),
-    }
-}
-
-// ---------------------------------------------------------------------------------------
-// registration: each side's endpoint in a verbs-api connection hello (`cm`'s format: the
-// client's through `cm::exchange`, the server's answer below), over a TCP connection that
-// then stays open until the client is done.
-
-fn write_hello(stream: &mut TcpStream, me: &Endpoint, private: &[u8]) -> Res<()> {
-    let hello = cm::encode_hello(me, &Offer::new().private_data(private.to_vec()));
-    stream.write_all(&hello).context("sending the registration")
-}
-
-/// The 4-byte big-endian number in a hello's private data.
-fn private_u32(p: &[u8]) -> Res<u32> {
-    let b: [u8; 4] = p
-        .try_into()
-        .map_err(|_| anyhow::anyhow!("registration private data of {} bytes, expected 4", p.len()))?;
-    Ok(u32::from_be_bytes(b))
-}
-
-// ---------------------------------------------------------------------------------------
-// server
 
 /// A registered client: its number, its QP (the `src_qp` of its datagrams) and the
 /// address handle its echoes go through.
@@ -137,7 +37,7 @@ struct Registration<B: Backend> {
 /// wr_id of the server's echoes (its receives' are their slot numbers).
 const SEND_BIT: u64 = 1 << 63;
 
-fn server<B: Backend>(b: &B, common: &CommonArgs, a: &ServerArgs) -> Res<()> {
+pub(crate) fn server<B: Backend>(b: &B, common: &CommonArgs, a: &ServerArgs) -> Res<()> {
     let t = &a.tuning;
     let ctx = open_device(b, common.device.as_deref())?;
     let pd = ctx.alloc_pd()?;
@@ -563,236 +463,4 @@ fn post_recvs<Q: QueuePair, M: MemoryRegion>(qp: &Q, mr: &M, slot: usize, slots:
         .map(|&s| (u64::from(s), s as usize * slot, slot))
         .collect();
     examples::lists::post_recvs(qp, mr, &items).context("posting receives")
-}
-
-// ---------------------------------------------------------------------------------------
-// client
-
-/// Runs `t.clients` clients on threads of their own against the server at `addr`.
-fn clients<B: Backend>(
-    b: &B,
-    common: &CommonArgs,
-    t: &ClientTuning,
-    addr: SocketAddr,
-    first_id: u32,
-) -> Res<Vec<ClientReport>> {
-    let ctx = open_device(b, common.device.as_deref())?;
-    let pd = ctx.alloc_pd()?;
-    threads::on_threads(t.clients.max(1), "client", |i| {
-        client::<B>(&ctx, &pd, common, t, addr, first_id + i)
-            .with_context(|| format!("client {}", first_id + i))
-    })
-}
-
-/// wr_id bit of a client's receives (its sends' are their slot numbers).
-const RECV_BIT: u64 = 1 << 63;
-
-fn client<B: Backend>(
-    ctx: &B::Context,
-    pd: &B::Pd,
-    common: &CommonArgs,
-    t: &ClientTuning,
-    addr: SocketAddr,
-    id: u32,
-) -> Res<ClientReport> {
-    let params = common.rc_params();
-    let mtu = ctx.query_port(params.port_num)?.active_mtu.bytes() as usize;
-    let window = t.window.max(1);
-    let cq = ctx.create_cq(2 * window, None)?;
-    let opts = QpOpts::new(window, window);
-    let (qp, _) = conn::create_qp_of::<B>(ctx, pd, (&cq, &cq), &opts, QpType::Ud, None)?;
-    ud_to_rts(&qp, &params, QKEY, 0).context("bringing the UD QP to RTS")?;
-    let me = local_endpoint(ctx, &qp, &params, 0)?;
-    let offer = Offer::new().private_data(id.to_be_bytes()).timeout(common.wait());
-    let cm::Peer {
-        endpoint: server,
-        private_data: private,
-        mut stream,
-        ..
-    } = cm::exchange(addr, &me, &offer)
-        .with_context(|| format!("registering with the server at {addr} (is it running?)"))?;
-    let largest = (private_u32(&private)? as usize).min(mtu);
-    if !(HEADER..=largest).contains(&t.size) {
-        bail!(
-            "--size {} is outside {HEADER}..={largest} bytes (a datagram is at most one MTU)",
-            t.size
-        );
-    }
-    let ah = pd
-        .create_ah(&ah_attr_for(&server, &params))
-        .context("an address handle for the server")?;
-    let slot = GRH + mtu;
-    let rx = pd.reg_mr(window as usize * slot, AccessFlags::LOCAL_WRITE)?;
-    let tx = pd.reg_mr(window as usize * t.size, AccessFlags::LOCAL_WRITE)?;
-    let recv = |slots: &[u32]| -> Res<()> {
-        let items: Vec<_> = slots
-            .iter()
-            .map(|&s| (RECV_BIT | u64::from(s), s as usize * slot, slot))
-            .collect();
-        examples::lists::post_recvs(&qp, &rx, &items).context("posting receives")
-    };
-    recv(&(0..window).collect::<Vec<_>>())?;
-    let mut rep = ClientReport {
-        id,
-        qpn: qp.qp_num(),
-        lat: Latencies::with_capacity(t.count as usize),
-        ..ClientReport::default()
-    };
-    let mut tracker = Tracker::new(t.count, Duration::from_millis(t.loss_timeout_ms));
-    let mut free_tx: Vec<u32> = (0..window).rev().collect();
-    let mut buf = vec![0u8; mtu];
-    let mut wcs = [WorkCompletion::default(); 32];
-    let mut repost = Vec::new();
-    let mut waiter = Waiter::new(common.wait().max(Duration::from_millis(4 * t.loss_timeout_ms)));
-    let start = Instant::now();
-    loop {
-        let now = Instant::now();
-        // Fill the window: one post_send for all the datagrams that fit.
-        let mut batch = Vec::new();
-        while let (Some(seq), Some(&s)) = (tracker.next_to_send(window as usize), free_tx.last()) {
-            free_tx.pop();
-            let len = wire::encode(id, seq, t.size, &mut buf);
-            tx.write(s as usize * t.size, &buf[..len])?;
-            batch.push(s);
-            tracker.sent(now);
-        }
-        if !batch.is_empty() {
-            let sges: Vec<[Sge; 1]> = batch
-                .iter()
-                .map(|&s| tx.sge(s as usize * t.size, t.size).map(|g| [g]))
-                .collect::<verbs_api::Result<_>>()?;
-            let wrs: Vec<SendWr<'_>> = batch
-                .iter()
-                .zip(&sges)
-                .map(|(&s, g)| SendWr::send(u64::from(s), g).signaled().ud(&ah, server.qpn, QKEY))
-                .collect();
-            qp.post_send(&wrs).context("posting datagrams")?;
-        }
-        let n = cq.poll(&mut wcs)?;
-        // After the poll: an echo of a datagram sent in this turn takes longer than 0.
-        let now = Instant::now();
-        for wc in &wcs[..n] {
-            check_wc(wc, &|| "a datagram or its echo".to_string())?;
-            if wc.wr_id & RECV_BIT == 0 {
-                free_tx.push(wc.wr_id as u32);
-                continue;
-            }
-            let s = wc.wr_id as u32;
-            let len = (wc.byte_len as usize).saturating_sub(GRH).min(mtu);
-            rx.read(s as usize * slot + GRH, &mut buf[..len])?;
-            match wire::decode(&buf[..len]) {
-                Ok(d) if d.client == id && d.len == t.size && wc.src_qp == server.qpn => {
-                    if let Echo::Answered(rtt) = tracker.echo(d.seq, now) {
-                        rep.lat.record(rtt);
-                    }
-                }
-                other => {
-                    tracker.damaged();
-                    eprintln!("client {id}: a bad echo from QP {:#x}: {other:?}", wc.src_qp);
-                }
-            }
-            repost.push(s);
-        }
-        if !repost.is_empty() {
-            recv(&repost)?;
-            repost.clear();
-        }
-        let lost = tracker.expire(now);
-        if tracker.finished() && free_tx.len() == window as usize {
-            break;
-        }
-        if n > 0 || lost > 0 {
-            waiter.progress();
-        } else {
-            waiter.idle(&|| format!("echoes ({} in flight)", tracker.in_flight()))?;
-        }
-    }
-    rep.wall = start.elapsed();
-    rep.counts = tracker.counts;
-    // The server exits when every client is done.
-    let _ = side_channel::send_msg(&mut stream, b"done");
-    Ok(rep)
-}
-
-// ---------------------------------------------------------------------------------------
-// demo
-
-fn demo(common: &CommonArgs, a: &DemoArgs) -> Res<()> {
-    let nclients = a.client.clients.max(1);
-    let total = a.client.count * u64::from(nclients);
-    let starve_after = (!a.no_starve).then(|| a.server.starve_after.unwrap_or(total / 4));
-    let mut sargs = ChildArgs::server(common)
-        .opt("--clients", nclients)
-        .opt("--recv-depth", a.server.recv_depth)
-        .opt("--starve-ms", a.server.starve_ms);
-    if let Some(n) = starve_after {
-        sargs = sargs.opt("--starve-after", n);
-    }
-    println!(
-        "demo: starting the ud-echo server, then {nclients} client(s) x {} datagrams of {} B{}",
-        a.client.count,
-        a.client.size,
-        match starve_after {
-            Some(n) => format!(
-                "; after {n} datagrams the server lets its receive queue run empty for {} ms",
-                a.server.starve_ms
-            ),
-            None => String::new(),
-        }
-    );
-    let (mut server, addr) = start_server("server", &sargs)?;
-    let reports = with_backend!(common, |b| clients(b, common, &a.client, addr, 0))?;
-    let consistent = print_clients(&reports);
-    server
-        .wait_success(common.wait() + Duration::from_secs(10))
-        .context("the ud-echo server (it fails if a datagram arrived damaged)")?;
-    if !consistent {
-        bail!(
-            "invariant violated: a datagram neither echoed nor counted lost, or an echo that came back wrong"
-        )
-    }
-    // What the server received of each client lies between what came back and what was
-    // sent: an echo implies the datagram arrived, a datagram lost on the way in is lost.
-    for r in &reports {
-        let prefix = sender_prefix(r.id);
-        let line = server
-            .last_line(&prefix)
-            .with_context(|| format!("the server printed nothing about client {}", r.id))?;
-        let received: u64 = line
-            .split("received ")
-            .nth(1)
-            .and_then(|x| x.split(|ch: char| !ch.is_ascii_digit()).next())
-            .and_then(|x| x.parse().ok())
-            .with_context(|| format!("unreadable server line {line:?}"))?;
-        let c = &r.counts;
-        if received < c.echoed || c.sent - received > c.lost {
-            bail!(
-                "client {}: the server received {received} of its datagrams, but it saw {} echoed and {} lost of {} sent",
-                r.id,
-                c.echoed,
-                c.lost,
-                c.sent
-            )
-        }
-    }
-    let sent: u64 = reports.iter().map(|r| r.counts.sent).sum();
-    let echoed: u64 = reports.iter().map(|r| r.counts.echoed).sum();
-    let lost: u64 = reports.iter().map(|r| r.counts.lost).sum();
-    if starve_after.is_some() && lost == 0 {
-        bail!(
-            "the server's receive queue was left empty for {} ms, yet no datagram was lost: the drops went uncounted",
-            a.server.starve_ms
-        )
-    }
-    println!(
-        "demo: OK: {nclients} client(s) sent {sent} datagrams to one UD QP, which told them apart by src_qp; \
-         {echoed} came back intact (sequence number, checksum and every payload byte checked at both ends), \
-         {lost} were counted lost (sent, never answered){}",
-        if starve_after.is_some() {
-            ", dropped while the server's receive queue was empty"
-        } else {
-            ""
-        }
-    );
-    Ok(())
 }
