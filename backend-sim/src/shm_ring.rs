@@ -20,16 +20,28 @@
 //! eventfd's `O_NONBLOCK` belongs to the open file description both processes share, so
 //! a hostile peer could clear it and make this side's read or write of the doorbell block.
 //!
-//! Sleeping without losing a wake-up (both sides, the classic protocol): the sleeper sets
-//! its flag, then (after a `SeqCst` fence) looks at the ring once more and only blocks if
-//! it still has nothing to do; the other side publishes its index, then (after a fence)
-//! reads the flag and, if set, clears it and rings. Of two such sequences at least one
-//! sees the other's store. A reader sets its flag only right before a thread blocks
-//! ([`Peek::arm`]), never because a read found the ring empty: threads that spin over the
-//! ring (a ping-pong's) make no system call, and the peer rings only a side that sleeps.
-//! Only the ringing peer clears the flag: a reader that woke for another reason leaves it
-//! set, since another of its threads may still sleep on it (one needless ring after such
-//! a wake-up).
+//! Sleeping without losing a wake-up (both sides, the classic protocol): a thread about
+//! to block on the socket counts itself among the ring's sleepers ([`Peek::arm`]), then
+//! (after a `SeqCst` fence) looks at the ring once more and only blocks if it still has
+//! nothing to do; the other side publishes its index, then (after a fence) reads the
+//! count and, if it is not zero, rings. Of two such sequences at least one sees the
+//! other's store. The sleeper takes itself off the count when its wait ends (dropping
+//! what [`Peek::arm`] returned): a bell is level-triggered, as a socket's readiness is,
+//! so a thread whose ring was taken by another thread of its side (which drained the
+//! bell and read the bytes) stays counted, and the peer's next bytes ring it again. A count, not a
+//! flag that the ringer clears: with a flag, that ring was the sleeper's only one, and it
+//! slept through every later frame while the thread that took the bell went to a sleep
+//! that does not watch the connection (the progress thread standing aside for a thread
+//! waiting in `ibv_get_cq_event`). Threads that spin over the ring (a ping-pong's, a
+//! stream's) never count themselves: the peer makes no system call for them.
+//!
+//! A writer that finds no room leaves its bytes queued ([`Peek::has_news`] then says when
+//! room comes, for a spinning thread); a thread that blocks with bytes queued counts
+//! itself among the ring's waiting writers too, and the reader rings once it has freed
+//! half the ring (a wake-up per half ring, not per frame read). A fresh segment starts
+//! with a one-shot "ring me" mark on each ring: until a thread has counted itself, a side
+//! whose threads blocked before the connection was theirs would otherwise sleep through
+//! its first frames.
 //!
 //! A peer may write anything into the segment. Each side keeps its own index privately
 //! and only publishes it; the peer's index is read once per call and accepted only if it
@@ -40,13 +52,15 @@
 //!
 //! Layout: one page of control words, then ring 0 (connector to acceptor), then ring 1.
 //! Each ring's control words (`tail`, written by its producer; `head`, by its consumer;
-//! the consumer's "sleeping" flag; the producer's "waiting for space" flag) sit in cache
-//! lines of their own, so the two sides do not write the same line.
+//! the consumer's count of sleepers and the fresh segment's mark; the producer's count
+//! of writers waiting for room) sit in cache lines of their own, so the two sides do not
+//! write the same line (but for the mark, cleared once).
 
 use std::io;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 
 use backend_sim_proto::io::{RawSlice, Recv, Transmit};
 use rustix::fs::SealFlags;
@@ -64,12 +78,14 @@ const HEADER: usize = 4096;
 /// Apart far enough that neither a cache line nor the adjacent-line prefetcher's pair is
 /// shared between words two sides write.
 const LINE: usize = 128;
-/// A ring's control words: `tail`, `head`, the consumer's sleeping flag, the producer's
-/// waiting flag.
+/// A ring's control words: `tail`, `head`, the consumer's count of threads asleep on
+/// the doorbell, the fresh segment's one-shot mark, the producer's count of threads
+/// asleep waiting for room.
 const TAIL: usize = 0;
 const HEAD: usize = LINE;
-const SLEEPING: usize = 2 * LINE;
-const WAITING: usize = 3 * LINE;
+const SLEEPERS: usize = 2 * LINE;
+const FRESH: usize = 2 * LINE + 8;
+const WAITERS: usize = 3 * LINE;
 /// Bytes of one ring's control words.
 const CONTROL: usize = 4 * LINE;
 
@@ -302,6 +318,21 @@ pub struct Rings {
     rx_head: u64,
     /// Set once the peer's index was out of bounds.
     broken: bool,
+    /// Whether the ring this side writes may still carry the fresh segment's mark.
+    fresh: bool,
+    /// What this side's threads share about the rings (see [`Peek`]).
+    state: Arc<State>,
+}
+
+/// What a side's threads share about its rings beside the mapping.
+#[derive(Default)]
+struct State {
+    /// Set when a wait on the doorbell socket reported it readable (a ring, or the end
+    /// of the stream); the consumer takes the socket's bytes the next time it finds the
+    /// ring empty ([`Peek::read_or_end`]). Spinning readers look at the ring alone.
+    rung: AtomicBool,
+    /// The last write left bytes for want of room.
+    tx_blocked: AtomicBool,
 }
 
 impl Rings {
@@ -320,14 +351,15 @@ impl Rings {
             Side::Acceptor => (1, 0),
         };
         if side == Side::Connector {
-            // A fresh segment (the connector made it and has not sent it yet): both
-            // consumers start marked asleep, so that the first bytes each ring carries
-            // ring its doorbell. Until a thread has read a ring, nothing says it watches
-            // it: a side whose first read was skipped (its first service absorbed by a
-            // thread only transmitting) would otherwise sleep on the socket through
-            // every frame the peer wrote, and the peer's requests run out of retries.
+            // A fresh segment (the connector made it and has not sent it yet): the first
+            // bytes each ring carries ring its doorbell. Until a thread has counted
+            // itself among a ring's sleepers, nothing says one watches it: a side whose
+            // threads blocked before the connection was theirs (its first service
+            // absorbed by a thread only transmitting) would otherwise sleep on the
+            // socket through every frame the peer wrote, and the peer's requests run
+            // out of retries.
             for ring in [0, 1] {
-                map.word(ring * CONTROL + SLEEPING).store(1, Ordering::Relaxed);
+                map.word(ring * CONTROL + FRESH).store(1, Ordering::Relaxed);
             }
         }
         Ok(Rings {
@@ -340,6 +372,8 @@ impl Rings {
             tx_tail: 0,
             rx_head: 0,
             broken: false,
+            fresh: true,
+            state: Arc::new(State::default()),
         })
     }
 
@@ -379,53 +413,16 @@ impl Rings {
         Ok(self.cap - used as usize)
     }
 
-    /// A look at whether the peer's bytes wait in the ring this side reads, for threads
-    /// that do not hold the rings.
+    /// A look at the rings for threads that do not hold them: whether there is news,
+    /// and what a thread needs to sleep on the doorbell.
     pub fn peek(&self) -> Peek {
         Peek {
             map: self.map.clone(),
-            ctl: self.rx_ctl,
-            rung: std::sync::atomic::AtomicBool::new(false),
+            cap: self.cap,
+            rx_ctl: self.rx_ctl,
+            tx_ctl: self.tx_ctl,
+            state: self.state.clone(),
         }
-    }
-
-    /// Whether this side asked the peer to ring when it frees room (and it has not yet).
-    pub fn waits_for_room(&self) -> bool {
-        self.map.word(self.tx_ctl + WAITING).load(Ordering::Relaxed) != 0
-    }
-
-    /// Says this side is going to sleep until the peer writes: whether bytes (or a
-    /// corruption to report) are already there, in which case it must not sleep. The
-    /// peer rings the doorbell once for the next bytes it publishes.
-    pub fn sleep_for_bytes(&mut self) -> bool {
-        self.arm(self.rx_ctl + SLEEPING, |r| r.readable())
-    }
-
-    /// Says this side is going to wait for room in the ring it writes: whether there is
-    /// room (or a corruption to report) already. The peer rings the doorbell once it
-    /// frees some.
-    pub fn sleep_for_room(&mut self) -> bool {
-        self.arm(self.tx_ctl + WAITING, |r| r.writable())
-    }
-
-    /// Sets the flag at `flag`, then looks again (`ready`): whether there is something to
-    /// do after all (then the flag is taken back, sparing the peer a needless ring).
-    fn arm(&mut self, flag: usize, ready: impl FnOnce(&mut Rings) -> io::Result<usize>) -> bool {
-        self.map.word(flag).store(1, Ordering::Relaxed);
-        fence(Ordering::SeqCst);
-        let go = ready(self).map_or(true, |n| n > 0);
-        if go {
-            self.map.word(flag).store(0, Ordering::Relaxed);
-        }
-        go
-    }
-
-    /// Whether the peer asked (through `flag` of the ring at `ctl`) to be woken; clears
-    /// the request. Called after publishing an index.
-    fn take_wake(&self, ctl: usize, flag: usize) -> bool {
-        fence(Ordering::SeqCst);
-        let w = self.map.word(ctl + flag);
-        w.load(Ordering::Relaxed) != 0 && w.swap(0, Ordering::Relaxed) != 0
     }
 
     /// Reads up to `len` bytes into `dst`: the count, 0 if none are there, and whether the
@@ -453,7 +450,12 @@ impl Rings {
         self.map
             .word(self.rx_ctl + HEAD)
             .store(self.rx_head, Ordering::Release);
-        Ok((n, self.take_wake(self.rx_ctl, WAITING)))
+        fence(Ordering::SeqCst);
+        // A writer asleep for room is rung once half the ring is free, not for every
+        // frame read: it has that much to write at least, and the rest follows.
+        let wake = self.map.word(self.rx_ctl + WAITERS).load(Ordering::Relaxed) != 0
+            && self.readable().is_ok_and(|left| left <= self.cap / 2);
+        Ok((n, wake))
     }
 
     /// Writes as much of `iov`, past its first `skip` bytes, as there is room for: the
@@ -492,7 +494,13 @@ impl Rings {
         self.map
             .word(self.tx_ctl + TAIL)
             .store(self.tx_tail, Ordering::Release);
-        Ok((done, self.take_wake(self.tx_ctl, SLEEPING)))
+        fence(Ordering::SeqCst);
+        let mut wake = self.map.word(self.tx_ctl + SLEEPERS).load(Ordering::Relaxed) != 0;
+        if self.fresh {
+            self.fresh = false;
+            wake |= self.map.word(self.tx_ctl + FRESH).swap(0, Ordering::Relaxed) != 0;
+        }
+        Ok((done, wake))
     }
 
     /// The rings as the protocol core's byte source and sink, with `bell` the connection's
@@ -502,49 +510,132 @@ impl Rings {
     }
 }
 
-/// A look at one ring without its consumer's lock (see [`Rings::peek`]), and what the
-/// consumer's threads need to sleep on it: its flag, and whether the doorbell socket
-/// reported bytes since its consumer last took them.
+/// A look at a side's rings without the lock of the thread that holds them (see
+/// [`Rings::peek`]), and what its threads need to sleep on the doorbell: the counts of
+/// sleepers, and whether the socket reported bytes since the consumer last took them.
 pub struct Peek {
-    map: std::sync::Arc<Mapping>,
-    ctl: usize,
-    /// Set when a wait on the doorbell socket reported it readable (a ring, or the end
-    /// of the stream); the consumer takes the socket's bytes the next time it finds the
-    /// ring empty ([`drain_bell`]). Spinning readers look at the ring alone.
-    rung: std::sync::atomic::AtomicBool,
+    map: Arc<Mapping>,
+    cap: usize,
+    rx_ctl: usize,
+    tx_ctl: usize,
+    state: Arc<State>,
+}
+
+/// What [`Peek::arm`] counted a thread in; taken back when dropped, once the thread's
+/// wait is over. It holds the mapping weakly: a thread asleep holds no connection and
+/// keeps no segment mapped (a closed connection's goes at once, and with it the count).
+pub struct Armed {
+    map: std::sync::Weak<Mapping>,
+    rx_ctl: usize,
+    /// The ring this side writes, if the thread waits for room in it too.
+    tx_ctl: Option<usize>,
+}
+
+impl Drop for Armed {
+    fn drop(&mut self) {
+        // (The counts wrap: a peer that wrote them gets needless rings or none, as a
+        // peer that does not write gets none.)
+        if let Some(map) = self.map.upgrade() {
+            map.word(self.rx_ctl + SLEEPERS).fetch_sub(1, Ordering::Relaxed);
+            if let Some(tx) = self.tx_ctl {
+                map.word(tx + WAITERS).fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
 }
 
 impl Peek {
-    /// Whether the ring holds bytes its consumer has not taken (the published indices
-    /// differ: garbage the peer wrote counts as bytes, for the consumer to refuse).
+    /// Whether the ring this side reads holds bytes it has not taken (the published
+    /// indices differ: garbage the peer wrote counts as bytes, for the consumer to
+    /// refuse).
     pub fn has_bytes(&self) -> bool {
-        let tail = self.map.word(self.ctl + TAIL).load(Ordering::Acquire);
-        tail != self.map.word(self.ctl + HEAD).load(Ordering::Relaxed)
+        let tail = self.map.word(self.rx_ctl + TAIL).load(Ordering::Acquire);
+        tail != self.map.word(self.rx_ctl + HEAD).load(Ordering::Relaxed)
+    }
+
+    /// Whether the last write left bytes for want of room and half the ring is free
+    /// now (a peer's bad index counts as room, for the writer to refuse).
+    fn has_room(&self) -> bool {
+        if !self.state.tx_blocked.load(Ordering::Relaxed) {
+            return false;
+        }
+        let head = self.map.word(self.tx_ctl + HEAD).load(Ordering::Acquire);
+        let tail = self.map.word(self.tx_ctl + TAIL).load(Ordering::Relaxed);
+        tail.wrapping_sub(head) <= (self.cap / 2) as u64
     }
 
     /// Whether a thread that services the connection has something to do on this side:
-    /// bytes in the ring, or a doorbell to take.
+    /// bytes in the ring, a doorbell to take, or room for bytes a write left.
     pub fn has_news(&self) -> bool {
-        self.rung.load(Ordering::Relaxed) || self.has_bytes()
+        self.state.rung.load(Ordering::Relaxed) || self.has_bytes() || self.has_room()
     }
 
-    /// Says a thread is about to block on the doorbell socket: the peer rings for the
-    /// next bytes it publishes. The caller issues a `SeqCst` fence after arming (once
-    /// for all the rings it is about to sleep on) and then looks again
-    /// ([`Peek::has_news`]) before it blocks.
-    pub fn arm(&self) {
-        self.map.word(self.ctl + SLEEPING).store(1, Ordering::Relaxed);
+    /// Counts the calling thread among the sleepers, about to block on the doorbell
+    /// socket, until the returned value is dropped: the peer rings for the next bytes it
+    /// publishes (and, if the last write left bytes, once it frees room). The caller
+    /// issues a `SeqCst` fence after arming (once for all the rings it is about to sleep
+    /// on), looks again ([`Peek::has_news`]) before it blocks, and drops what this
+    /// returned once its wait ends.
+    pub fn arm(&self) -> Armed {
+        let room = self.state.tx_blocked.load(Ordering::Relaxed);
+        self.map
+            .word(self.rx_ctl + SLEEPERS)
+            .fetch_add(1, Ordering::Relaxed);
+        if room {
+            self.map
+                .word(self.tx_ctl + WAITERS)
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        Armed {
+            map: Arc::downgrade(&self.map),
+            rx_ctl: self.rx_ctl,
+            tx_ctl: room.then_some(self.tx_ctl),
+        }
     }
 
     /// The doorbell socket was reported readable.
     pub fn note_rung(&self) {
-        self.rung.store(true, Ordering::Relaxed);
+        self.state.rung.store(true, Ordering::Relaxed);
     }
 
     /// Whether the socket was reported readable since the last call (the caller then
     /// takes its bytes).
     pub fn take_rung(&self) -> bool {
-        self.rung.load(Ordering::Relaxed) && self.rung.swap(false, Ordering::Relaxed)
+        let rung = &self.state.rung;
+        rung.load(Ordering::Relaxed) && rung.swap(false, Ordering::Relaxed)
+    }
+
+    /// One read of this ring through `read` (a read of the consumer's [`RingIo`]), ending
+    /// as a socket read ends: `WouldBlock` when nothing is there, `Ok(0)` at the end of
+    /// the stream only once every byte the peer published is taken. When the ring is
+    /// empty and a wait reported the doorbell `bell` readable, its bytes are taken and
+    /// the ring looked at again: a bell just taken may be for bytes published after the
+    /// first look, and a peer that publishes its last frames (a NAK, the final ACK) and
+    /// closes right after leaves them in the ring when its end of the stream is seen.
+    pub fn read_or_end(
+        &self,
+        bell: BorrowedFd<'_>,
+        mut read: impl FnMut() -> io::Result<usize>,
+    ) -> io::Result<usize> {
+        match read() {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                if !self.take_rung() {
+                    return Err(e);
+                }
+            }
+            r => return r,
+        }
+        let open = drain_bell(bell)?;
+        match read() {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock && !open => Ok(0),
+            Ok(n) if !open => {
+                // The end is still there once these bytes are taken: the next read
+                // that finds the ring empty sees it again.
+                self.note_rung();
+                Ok(n)
+            }
+            r => r,
+        }
     }
 }
 
@@ -580,11 +671,10 @@ pub struct RingIo<'a> {
     bell: BorrowedFd<'a>,
 }
 
-/// A read takes what the ring holds and sets no flag: a thread that blocks afterwards
-/// arms the ring first ([`Peek::arm`]). A write that put less than it had leaves this
-/// side's "waiting for room" flag set, with the ring looked at again after it: the data
-/// path then waits for the peer's bell (`EPOLLIN`) where a socket would wait for
-/// `EPOLLOUT`.
+/// A read takes what the ring holds and counts no sleeper: a thread that blocks
+/// afterwards arms the ring first ([`Peek::arm`]). A write that put less than it had
+/// notes it for [`Peek::has_news`] and [`Peek::arm`]: the data path then waits for the
+/// peer's bell (`EPOLLIN`) where a socket would wait for `EPOLLOUT`.
 impl Recv for RingIo<'_> {
     unsafe fn recv(&mut self, dst: *mut u8, len: usize) -> io::Result<usize> {
         if len == 0 {
@@ -609,6 +699,7 @@ impl Transmit for RingIo<'_> {
             return Ok(0);
         }
         let mut done = 0;
+        // Again while the reader frees room meanwhile (a spinning one, on another CPU).
         loop {
             // SAFETY: the caller guarantees every run is readable.
             let (n, wake) = unsafe { self.rings.write(iov, done) }?;
@@ -616,10 +707,11 @@ impl Transmit for RingIo<'_> {
                 ring(self.bell.as_fd());
             }
             done += n;
-            if done == total || !self.rings.sleep_for_room() {
+            if n == 0 || done == total {
                 break;
             }
         }
+        self.rings.state.tx_blocked.store(done < total, Ordering::Relaxed);
         match done {
             0 => Err(io::ErrorKind::WouldBlock.into()),
             n => Ok(n),

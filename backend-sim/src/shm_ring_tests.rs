@@ -346,12 +346,12 @@ fn wait_bell(bell: BorrowedFd<'_>, limit: Duration) -> bool {
 }
 
 /// What a side of the test below does with the result of one call: the bytes moved; on
-/// `WouldBlock`, unless `arm` (the side's `sleep_for_*`) finds work after all, it sleeps
-/// on `bell` until the peer rings (counted in `sleeps`). A lost wake-up leaves it asleep
-/// for a bound no healthy run comes near, which fails the test.
+/// `WouldBlock`, it arms `peek` and, unless it finds news after all, sleeps on `bell`
+/// until the peer rings (counted in `sleeps`). A lost wake-up leaves it asleep for a
+/// bound no healthy run comes near, which fails the test.
 fn moved_or_sleep(
     r: io::Result<usize>,
-    arm: impl FnOnce() -> bool,
+    peek: &Peek,
     bell: BorrowedFd<'_>,
     who: &str,
     sleeps: &mut u32,
@@ -366,12 +366,15 @@ fn moved_or_sleep(
             while std::time::Instant::now() < until {
                 std::hint::spin_loop();
             }
-            if !arm() {
+            let armed = peek.arm();
+            fence(Ordering::SeqCst);
+            if !peek.has_news() {
                 *sleeps += 1;
                 let stuck = Duration::from_secs(20);
                 assert!(wait_bell(bell, stuck), "the {who} slept through its peer's ring");
                 assert!(drain_bell(bell).unwrap());
             }
+            drop(armed);
             0
         }
         Err(e) => panic!("{e}"),
@@ -391,6 +394,7 @@ fn sleepers_on_the_doorbell_lose_no_wake_up() {
     let (cs, as_) = UnixStream::pair().unwrap();
     let byte = |i: usize| (i % 251) as u8;
     let producer = std::thread::spawn(move || {
+        let peek = c.peek();
         let data: Vec<u8> = (0..TOTAL).map(byte).collect();
         let mut off = 0;
         let mut chunk = 1;
@@ -403,7 +407,7 @@ fn sleepers_on_the_doorbell_lose_no_wake_up() {
             };
             // SAFETY: `run` lies in `data`, which lives across the call.
             let r = unsafe { c.io(cs.as_fd()).transmit(&[run]) };
-            off += moved_or_sleep(r, || c.sleep_for_room(), cs.as_fd(), "producer", &mut sleeps);
+            off += moved_or_sleep(r, &peek, cs.as_fd(), "producer", &mut sleeps);
             chunk = chunk % 9000 + 97;
         }
         // The socket goes back with the count, open until the consumer is done: its end
@@ -414,10 +418,11 @@ fn sleepers_on_the_doorbell_lose_no_wake_up() {
     let mut buf = vec![0u8; 5000];
     let mut len = 1;
     let mut sleeps = 0;
+    let peek = a.peek();
     while got < TOTAL {
         // SAFETY: `buf` is ours, at least `len` bytes long, and not borrowed meanwhile.
         let r = unsafe { a.io(as_.as_fd()).recv(buf.as_mut_ptr(), len) };
-        let n = moved_or_sleep(r, || a.sleep_for_bytes(), as_.as_fd(), "consumer", &mut sleeps);
+        let n = moved_or_sleep(r, &peek, as_.as_fd(), "consumer", &mut sleeps);
         for (i, b) in buf[..n].iter().enumerate() {
             assert_eq!(*b, byte(got + i), "byte {}", got + i);
         }
@@ -431,11 +436,12 @@ fn sleepers_on_the_doorbell_lose_no_wake_up() {
 
 /// Reads exactly `buf.len()` bytes, sleeping on the doorbell whenever none are there.
 fn read_all(r: &mut Rings, bell: BorrowedFd<'_>, buf: &mut [u8], sleeps: &mut u32) {
+    let peek = r.peek();
     let mut got = 0;
     while got < buf.len() {
         // SAFETY: `buf[got..]` is the caller's and not otherwise borrowed for the call.
         let n = unsafe { r.io(bell).recv(buf[got..].as_mut_ptr(), buf.len() - got) };
-        got += moved_or_sleep(n, || r.sleep_for_bytes(), bell, "reader", sleeps);
+        got += moved_or_sleep(n, &peek, bell, "reader", sleeps);
     }
 }
 
@@ -540,7 +546,7 @@ fn a_spinning_reader_is_not_rung() {
         );
     }
     let peek = a.peek();
-    peek.arm();
+    let _armed = peek.arm();
     fence(Ordering::SeqCst);
     assert!(peek.has_news(), "the last bytes are unread");
     // SAFETY: as above.
@@ -550,4 +556,115 @@ fn a_spinning_reader_is_not_rung() {
         wait_bell(as_.as_fd(), Duration::ZERO),
         "an armed reader was not rung"
     );
+}
+
+/// A peer that publishes its last frames and closes between a reader's look at the
+/// empty ring and its take of the doorbell: the reader gets those frames before the end
+/// of the stream, as from a socket (the end seen first lost a responder's last NAK).
+#[test]
+fn the_last_frames_before_a_close_come_before_the_end() {
+    let (mut c, mut a, cs, as_) = linked();
+    let peek = a.peek();
+    // A wait reported the doorbell readable (an earlier bell).
+    ring(cs.as_fd());
+    peek.note_rung();
+    let mut peer = Some((cs, &mut c));
+    let mut buf = [0u8; 16];
+    let mut read = || {
+        // SAFETY: `buf` is ours and not otherwise borrowed for the call.
+        let r = unsafe { a.io(as_.as_fd()).recv(buf.as_mut_ptr(), buf.len()) };
+        if let Some((sock, c)) = peer.take() {
+            // Right after this side's look found the ring empty.
+            send(c, sock.as_fd(), b"last");
+            drop(sock);
+        }
+        r
+    };
+    assert_eq!(
+        peek.read_or_end(as_.as_fd(), &mut read).unwrap(),
+        4,
+        "the end of the stream came before the frames published ahead of it"
+    );
+    // Empty now: the end is seen (again) by the next read.
+    assert_eq!(peek.read_or_end(as_.as_fd(), &mut read).unwrap(), 0);
+}
+
+/// A thread counted among the sleepers stays counted until it disarms, whoever takes
+/// the bell: when another thread of its side takes the bell and the bytes (the progress
+/// thread, while this one waits in `ibv_get_cq_event`), the peer's next bytes ring
+/// again. (With a flag that the ringer cleared, the sleeper's one ring was gone and it
+/// slept through every later frame.)
+#[test]
+fn a_sleeper_whose_bell_another_thread_took_is_rung_again() {
+    let (mut c, mut a, cs, as_) = linked();
+    let mut buf = [0u8; 16];
+    // The fresh segment's first bytes ring once; take that bell and the bytes.
+    send(&mut c, cs.as_fd(), b"first");
+    assert!(drain_bell(as_.as_fd()).unwrap());
+    // SAFETY: `buf` is ours and not otherwise borrowed for the call.
+    unsafe { a.io(as_.as_fd()).recv(buf.as_mut_ptr(), buf.len()) }.unwrap();
+    let sleeper = a.peek();
+    let armed = sleeper.arm();
+    fence(Ordering::SeqCst);
+    assert!(!sleeper.has_news());
+    for round in 0..3 {
+        send(&mut c, cs.as_fd(), b"frame");
+        assert!(
+            wait_bell(as_.as_fd(), Duration::ZERO),
+            "round {round}: a counted sleeper was not rung"
+        );
+        // Another thread of this side takes the bell and the bytes.
+        assert!(drain_bell(as_.as_fd()).unwrap());
+        // SAFETY: as above.
+        unsafe { a.io(as_.as_fd()).recv(buf.as_mut_ptr(), buf.len()) }.unwrap();
+    }
+    drop(armed);
+    send(&mut c, cs.as_fd(), b"after");
+    assert!(!wait_bell(as_.as_fd(), Duration::ZERO), "rung with no sleeper");
+}
+
+/// A writer whose bytes did not fit is told of room by a look at memory while it spins
+/// (no bell), and, once it sleeps, rung when half the ring is free: once per half ring,
+/// not per read.
+#[test]
+fn a_writer_waiting_for_room_is_rung_once_half_the_ring_is_free() {
+    let (mut c, mut a, cs, as_) = linked();
+    let writer = c.peek();
+    let mut buf = [0u8; SMALL];
+    let big = [9u8; 2 * SMALL];
+    let run = [RawSlice {
+        base: big.as_ptr(),
+        len: big.len(),
+    }];
+    // SAFETY: `run` is `big`, live across the call.
+    assert_eq!(unsafe { c.io(cs.as_fd()).transmit(&run) }.unwrap(), SMALL);
+    assert!(drain_bell(cs.as_fd()).unwrap() && drain_bell(as_.as_fd()).unwrap());
+    assert!(!writer.has_news(), "no room yet");
+    let mut take = |n: usize| {
+        // SAFETY: `buf` is ours, `n <= SMALL` bytes of it, not otherwise borrowed.
+        let got = unsafe { a.io(as_.as_fd()).recv(buf.as_mut_ptr(), n) }.unwrap();
+        assert_eq!(got, n);
+    };
+    // A spinning writer: room shows in memory, and the reader rings nobody.
+    take(SMALL / 2);
+    assert!(writer.has_news(), "half the ring is free");
+    assert!(!wait_bell(cs.as_fd(), Duration::ZERO), "rung with no sleeper");
+    // SAFETY: as above.
+    let n = unsafe { c.io(cs.as_fd()).transmit(&run) }.unwrap();
+    assert_eq!(n, SMALL / 2);
+    // A sleeping one: rung once the reader has freed half the ring, not before.
+    let armed = writer.arm();
+    fence(Ordering::SeqCst);
+    assert!(!writer.has_news());
+    take(SMALL / 4);
+    assert!(
+        !wait_bell(cs.as_fd(), Duration::ZERO),
+        "rung for a quarter of the ring"
+    );
+    take(SMALL / 4);
+    assert!(
+        wait_bell(cs.as_fd(), Duration::ZERO),
+        "not rung with half the ring free"
+    );
+    drop(armed);
 }

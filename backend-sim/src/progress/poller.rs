@@ -69,13 +69,14 @@ impl Poller {
     }
 
     /// Arms the rings of every connection over rings for the calling thread, about to
-    /// block on the epoll set: whether one has news already (then it must not block).
-    pub fn arm_rings(&self) -> bool {
+    /// block on the epoll set, noting in `armed` what to take back after the wait
+    /// (cleared then): whether one has news already (then it must not block).
+    pub fn arm_rings(&self, armed: &mut Vec<crate::shm_ring::Armed>) -> bool {
         if self.rings.load(Ordering::Relaxed) == 0 {
             return false;
         }
         let conns = self.conns.lock();
-        super::ring_wire::arm_before_sleep(conns.values().map(|c| &**c))
+        super::ring_wire::arm_before_sleep(conns.values(), armed)
     }
 
     /// Every connection over rings that has news (see `ring_wire::has_news`), into

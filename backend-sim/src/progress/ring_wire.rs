@@ -5,12 +5,13 @@
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd};
+use std::sync::Arc;
 
 use backend_sim_proto::io::{RawSlice, Transmit};
 
 use crate::link::ConnIo;
 use crate::qp::Conn;
-use crate::shm_ring::{self, Rings};
+use crate::shm_ring::{Armed, Rings};
 use crate::sys;
 
 /// Gives `conn` (registered, not yet active: no thread services it yet) its rings.
@@ -27,21 +28,9 @@ pub(super) fn fill(io: &mut ConnIo, conn: &Conn) -> io::Result<usize> {
         return wire.fill(&mut sys::Sock(conn.sock.as_raw_fd()));
     };
     let bell = conn.sock.as_fd();
-    match wire.fill(&mut rings.io(bell)) {
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-            // The ring is empty. If a wait reported the socket readable, take the bells
-            // there, so that it reports only new ones, and see whether the peer closed;
-            // a spinning reader makes no system call here.
-            if !conn.ring_peek.get().is_some_and(|p| p.take_rung()) {
-                return Err(e);
-            }
-            if !shm_ring::drain_bell(bell)? {
-                return Ok(0);
-            }
-            // A bell just taken may be for bytes published after the look.
-            wire.fill(&mut rings.io(bell))
-        }
-        r => r,
+    match conn.ring_peek.get() {
+        Some(peek) => peek.read_or_end(bell, || wire.fill(&mut rings.io(bell))),
+        None => wire.fill(&mut rings.io(bell)),
     }
 }
 
@@ -54,24 +43,25 @@ pub(super) fn note_readable(conn: &Conn) {
 }
 
 /// Arms the rings of `conns` for a thread about to block on their sockets (see
-/// [`shm_ring::Peek::arm`]): whether one has news already, in which case the thread
-/// must not block.
-pub(super) fn arm_before_sleep<'a>(conns: impl Iterator<Item = &'a Conn> + Clone) -> bool {
-    let mut any = false;
+/// [`shm_ring::Peek::arm`](crate::shm_ring::Peek::arm)), into `armed` (cleared first),
+/// which the caller clears once the wait ends: whether one has news already, in which
+/// case the thread must not block.
+pub(super) fn arm_before_sleep<'a>(
+    conns: impl Iterator<Item = &'a Arc<Conn>> + Clone,
+    armed: &mut Vec<Armed>,
+) -> bool {
+    armed.clear();
     for c in conns.clone() {
         if let Some(p) = c.ring_peek.get() {
-            p.arm();
-            any = true;
+            armed.push(p.arm());
         }
     }
-    if !any {
+    if armed.is_empty() {
         return false;
     }
-    // Paired with the fence of a writer between publishing and reading the flag.
+    // Paired with the fence of a writer between publishing and reading the counts.
     std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-    conns
-        .into_iter()
-        .any(|c| c.ring_peek.get().is_some_and(|p| p.has_news()))
+    conns.into_iter().any(|c| has_news(c))
 }
 
 /// Whether `conn` goes over rings with news for a thread that services it.
@@ -89,10 +79,10 @@ pub(super) fn write(io: &mut ConnIo, conn: &Conn) -> io::Result<usize> {
 }
 
 /// Whether a connection with bytes left to write should wait for `EPOLLOUT`: not one
-/// whose full ring waits for the peer's bell (`EPOLLIN`); a unix socket always reports
-/// writable, and the waiting thread would spin.
+/// over rings, whose writer waits for the peer's bell (`EPOLLIN`) when the ring is full;
+/// its unix socket always reports writable, and the waiting thread would spin.
 pub(super) fn wants_out(io: &ConnIo) -> bool {
-    io.rings.as_ref().is_none_or(|r| !r.waits_for_room())
+    io.rings.is_none()
 }
 
 /// Writes `bytes` past the protocol core's queue (fault injection's request cut off in

@@ -58,6 +58,8 @@ impl Progress {
         let mut scratch = Vec::new();
         let mut due = Vec::new();
         let mut share = ShareWatch::default();
+        // The rings armed for a wait (see `ring_wire::arm_before_sleep`).
+        let mut armed = Vec::new();
         // Whether the last turn was a spinning one (so a block now ends a spin window).
         let mut spun_last = false;
         // Doorbell sleeps in a row that ended with an application thread still driving.
@@ -172,13 +174,15 @@ impl Progress {
                     let timeout = if !bell_only
                         && !held_nap
                         && timeout != Some(Duration::ZERO)
-                        && self.poller.arm_rings()
+                        && self.poller.arm_rings(&mut armed)
                     {
                         Some(Duration::ZERO)
                     } else {
                         timeout
                     };
                     let m = wait_on(set, &mut events, timeout);
+                    // (Taken off the rings' counts.)
+                    armed.clear();
                     // Blocked on the connections right after a spin window, and woken by one: see
                     // `cpu_share`.
                     if spun_last

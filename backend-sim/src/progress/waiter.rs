@@ -126,6 +126,8 @@ impl Progress {
         let mut fds: Vec<libc::pollfd> = Vec::new();
         let mut generation = None;
         let mut held = false;
+        // The rings armed for a wait (see `ring_wire::arm_before_sleep`).
+        let mut armed = Vec::new();
         // Signals only inside the wait below, so that none is lost between waits.
         let signals = crate::signal_restart::Deferred::new();
         loop {
@@ -185,7 +187,7 @@ impl Progress {
             // sockets (see `ring_wire`): one with news already ends the wait at once.
             let timeout = if held {
                 &nap as *const libc::timespec
-            } else if super::ring_wire::arm_before_sleep(conns.iter().map(|c| &**c)) {
+            } else if super::ring_wire::arm_before_sleep(conns.iter(), &mut armed) {
                 &now as *const libc::timespec
             } else {
                 std::ptr::null()
@@ -198,6 +200,8 @@ impl Progress {
             // live timespec, `mask` null (the thread's mask left alone) or the thread's
             // own mask, live in `signals`, which the wait puts in place atomically.
             let n = unsafe { libc::ppoll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout, mask) };
+            // (Taken off the rings' counts.)
+            armed.clear();
             if n < 0 {
                 let e = std::io::Error::last_os_error();
                 let restart = match &signals {
