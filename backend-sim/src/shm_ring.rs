@@ -35,13 +35,17 @@
 //! waiting in `ibv_get_cq_event`). Threads that spin over the ring (a ping-pong's, a
 //! stream's) never count themselves: the peer makes no system call for them.
 //!
-//! A writer that finds no room leaves its bytes queued ([`Peek::has_news`] then says when
-//! room comes, for a spinning thread); a thread that blocks with bytes queued counts
-//! itself among the ring's waiting writers too, and the reader rings once it has freed
-//! half the ring (a wake-up per half ring, not per frame read). A fresh segment starts
-//! with a one-shot "ring me" mark on each ring: until a thread has counted itself, a side
-//! whose threads blocked before the connection was theirs would otherwise sleep through
-//! its first frames.
+//! A writer that finds no room leaves its bytes queued and marks the ring ("room
+//! wanted", a one-shot the reader clears when it rings): the reader rings once half the
+//! ring is free, not for every frame it reads, and whoever of the writer's threads takes
+//! that bell services the connection, writing. The mark is set by the write itself, not
+//! by a thread about to sleep: the write that fills the ring may be a thread's that
+//! posted and went on, while the thread asleep on the socket armed before it, and would
+//! sleep through the room (a socket's sleeper is told by `EPOLLOUT`, which the posting
+//! thread's write asked for). Spinning threads see the room in memory
+//! ([`Peek::has_news`]). A fresh segment starts with a one-shot "ring me" mark on each
+//! ring: until a thread has counted itself, a side whose threads blocked before the
+//! connection was theirs would otherwise sleep through its first frames.
 //!
 //! A peer may write anything into the segment. Each side keeps its own index privately
 //! and only publishes it; the peer's index is read once per call and accepted only if it
@@ -52,9 +56,9 @@
 //!
 //! Layout: one page of control words, then ring 0 (connector to acceptor), then ring 1.
 //! Each ring's control words (`tail`, written by its producer; `head`, by its consumer;
-//! the consumer's count of sleepers and the fresh segment's mark; the producer's count
-//! of writers waiting for room) sit in cache lines of their own, so the two sides do not
-//! write the same line (but for the mark, cleared once).
+//! the consumer's count of sleepers and the fresh segment's mark; the producer's "room
+//! wanted" mark) sit in cache lines of their own, so the two sides do not write the same
+//! line (but for the marks, each cleared once per time set).
 
 use std::io;
 use std::mem::MaybeUninit;
@@ -79,13 +83,13 @@ const HEADER: usize = 4096;
 /// shared between words two sides write.
 const LINE: usize = 128;
 /// A ring's control words: `tail`, `head`, the consumer's count of threads asleep on
-/// the doorbell, the fresh segment's one-shot mark, the producer's count of threads
-/// asleep waiting for room.
+/// the doorbell, the fresh segment's one-shot mark, the producer's one-shot "room
+/// wanted" mark.
 const TAIL: usize = 0;
 const HEAD: usize = LINE;
 const SLEEPERS: usize = 2 * LINE;
 const FRESH: usize = 2 * LINE + 8;
-const WAITERS: usize = 3 * LINE;
+const ROOM: usize = 3 * LINE;
 /// Bytes of one ring's control words.
 const CONTROL: usize = 4 * LINE;
 
@@ -451,10 +455,12 @@ impl Rings {
             .word(self.rx_ctl + HEAD)
             .store(self.rx_head, Ordering::Release);
         fence(Ordering::SeqCst);
-        // A writer asleep for room is rung once half the ring is free, not for every
+        // A writer that wants room is rung once half the ring is free, not for every
         // frame read: it has that much to write at least, and the rest follows.
-        let wake = self.map.word(self.rx_ctl + WAITERS).load(Ordering::Relaxed) != 0
-            && self.readable().is_ok_and(|left| left <= self.cap / 2);
+        let wanted = self.map.word(self.rx_ctl + ROOM).load(Ordering::Relaxed) != 0;
+        let wake = wanted
+            && self.readable().is_ok_and(|left| left <= self.cap / 2)
+            && self.map.word(self.rx_ctl + ROOM).swap(0, Ordering::Relaxed) != 0;
         Ok((n, wake))
     }
 
@@ -503,6 +509,17 @@ impl Rings {
         Ok((done, wake))
     }
 
+    /// Marks the ring this side writes "room wanted" (see the module docs), with the
+    /// fence that pairs with the reader's between publishing its head and reading the
+    /// mark.
+    fn want_room(&mut self) {
+        let w = self.map.word(self.tx_ctl + ROOM);
+        if w.load(Ordering::Relaxed) == 0 {
+            w.store(1, Ordering::Relaxed);
+        }
+        fence(Ordering::SeqCst);
+    }
+
     /// The rings as the protocol core's byte source and sink, with `bell` the connection's
     /// unix socket to ring the peer on.
     pub fn io<'a>(&'a mut self, bell: BorrowedFd<'a>) -> RingIo<'a> {
@@ -527,8 +544,6 @@ pub struct Peek {
 pub struct Armed {
     map: std::sync::Weak<Mapping>,
     rx_ctl: usize,
-    /// The ring this side writes, if the thread waits for room in it too.
-    tx_ctl: Option<usize>,
 }
 
 impl Drop for Armed {
@@ -537,9 +552,6 @@ impl Drop for Armed {
         // peer that does not write gets none.)
         if let Some(map) = self.map.upgrade() {
             map.word(self.rx_ctl + SLEEPERS).fetch_sub(1, Ordering::Relaxed);
-            if let Some(tx) = self.tx_ctl {
-                map.word(tx + WAITERS).fetch_sub(1, Ordering::Relaxed);
-            }
         }
     }
 }
@@ -572,24 +584,16 @@ impl Peek {
 
     /// Counts the calling thread among the sleepers, about to block on the doorbell
     /// socket, until the returned value is dropped: the peer rings for the next bytes it
-    /// publishes (and, if the last write left bytes, once it frees room). The caller
-    /// issues a `SeqCst` fence after arming (once for all the rings it is about to sleep
-    /// on), looks again ([`Peek::has_news`]) before it blocks, and drops what this
-    /// returned once its wait ends.
+    /// publishes. The caller issues a `SeqCst` fence after arming (once for all the rings
+    /// it is about to sleep on), looks again ([`Peek::has_news`]) before it blocks, and
+    /// drops what this returned once its wait ends.
     pub fn arm(&self) -> Armed {
-        let room = self.state.tx_blocked.load(Ordering::Relaxed);
         self.map
             .word(self.rx_ctl + SLEEPERS)
             .fetch_add(1, Ordering::Relaxed);
-        if room {
-            self.map
-                .word(self.tx_ctl + WAITERS)
-                .fetch_add(1, Ordering::Relaxed);
-        }
         Armed {
             map: Arc::downgrade(&self.map),
             rx_ctl: self.rx_ctl,
-            tx_ctl: room.then_some(self.tx_ctl),
         }
     }
 
@@ -699,7 +703,7 @@ impl Transmit for RingIo<'_> {
             return Ok(0);
         }
         let mut done = 0;
-        // Again while the reader frees room meanwhile (a spinning one, on another CPU).
+        let mut marked = false;
         loop {
             // SAFETY: the caller guarantees every run is readable.
             let (n, wake) = unsafe { self.rings.write(iov, done) }?;
@@ -707,8 +711,17 @@ impl Transmit for RingIo<'_> {
                 ring(self.bell.as_fd());
             }
             done += n;
-            if n == 0 || done == total {
+            if done == total {
                 break;
+            }
+            if n == 0 {
+                if marked {
+                    break;
+                }
+                // No room: ask the reader to ring once half the ring is free, then look
+                // again (it may have freed that much meanwhile, before it saw the mark).
+                marked = true;
+                self.rings.want_room();
             }
         }
         self.rings.state.tx_blocked.store(done < total, Ordering::Relaxed);
