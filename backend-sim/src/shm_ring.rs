@@ -8,8 +8,9 @@
 //!
 //! The connector creates the segment ([`create`]) and passes it over the unix socket
 //! with `SCM_RIGHTS` (`man 7 unix`; [`send_segment`], [`recv_segment`]); the acceptor
-//! maps it only if it is a memfd of exactly the expected size whose size can no longer
-//! change and whose seals are final (`F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL`): a
+//! maps it only if it is a memfd of exactly one of the sizes this build makes
+//! ([`CAPACITY`], [`SMALL_CAPACITY`]) whose size can no longer change and whose seals are
+//! final (`F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL`): a
 //! peer that could shrink it would make a read of the mapping fault (`SIGBUS`).
 //!
 //! The doorbell is the unix socket itself, not an eventfd: a writer sends it one byte
@@ -71,11 +72,27 @@ use rustix::fs::SealFlags;
 use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer};
 use rustix::net::{SendAncillaryMessage, SendFlags};
 
-/// Bytes of each direction's ring (a power of two). A connection ties up twice this, and
-/// a process holding both ends maps it twice: 256 connections of one process (the soak
-/// test's) touch 128 MiB of rings. A larger message crosses in pieces, as through a
-/// socket's buffer.
-pub const CAPACITY: usize = 256 << 10;
+/// Bytes of each direction's ring (a power of two) while the process has fewer than
+/// [`LARGE_BUDGET`] bytes of such segments mapped: as much as the unix socket's send
+/// buffer holds (`same_host`), so that a stream of large messages hands the reader as
+/// much per wake-up as the socket did. On a host whose CPUs are all busy, the two ends
+/// take turns, and each turn moves at most a ring: with a quarter of this, 1 MiB WRITEs
+/// went at a third of the socket's rate.
+pub const CAPACITY: usize = 2 << 20;
+
+/// Bytes of each direction's ring once the process has [`LARGE_BUDGET`] bytes of
+/// [`CAPACITY`] segments mapped. Ring pages stay resident once touched (a socket's
+/// buffer is freed as it is read): 256 connections of one process (the soak test's),
+/// both ends in it, touch at most 128 MiB of these. A larger message crosses in pieces,
+/// as through a socket's buffer.
+pub const SMALL_CAPACITY: usize = 256 << 10;
+
+/// Bytes of [`CAPACITY`] segments a process maps before its connectors make
+/// [`SMALL_CAPACITY`] ones: 3 segments (a connection to another process maps one).
+pub const LARGE_BUDGET: usize = 16 << 20;
+
+/// Bytes of [`CAPACITY`] segments this process has mapped (either end).
+static LARGE_MAPPED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// Bytes of the control page before the rings.
 const HEADER: usize = 4096;
@@ -125,9 +142,22 @@ pub enum Side {
     Acceptor,
 }
 
-/// Creates a sealed segment whose rings hold [`CAPACITY`] bytes each (all indices zero).
+/// Creates a sealed segment whose rings hold [`CAPACITY`] bytes each, or
+/// [`SMALL_CAPACITY`] once the process maps [`LARGE_BUDGET`] bytes of large ones (all
+/// indices zero).
 pub fn create() -> io::Result<OwnedFd> {
-    create_with(CAPACITY)
+    let large = LARGE_MAPPED.load(Ordering::Relaxed) + segment_len(CAPACITY) <= LARGE_BUDGET;
+    create_with(if large { CAPACITY } else { SMALL_CAPACITY })
+}
+
+/// The capacity of the rings of segment `seg`, from its size: one of the two this build
+/// makes, anything else refused.
+fn capacity_of(seg: BorrowedFd<'_>) -> io::Result<usize> {
+    let size = rustix::fs::fstat(seg)?.st_size as u64;
+    [CAPACITY, SMALL_CAPACITY]
+        .into_iter()
+        .find(|&cap| segment_len(cap) as u64 == size)
+        .ok_or_else(|| invalid(format!("{size} bytes, the size of no segment of this build")))
 }
 
 fn create_with(cap: usize) -> io::Result<OwnedFd> {
@@ -275,6 +305,9 @@ impl Mapping {
                 0,
             )
         }?;
+        if len == segment_len(CAPACITY) {
+            LARGE_MAPPED.fetch_add(len, Ordering::Relaxed);
+        }
         Ok(Mapping {
             base: base.cast(),
             len,
@@ -295,6 +328,9 @@ impl Drop for Mapping {
         // SAFETY: `base..base + len` is this value's own mapping; nothing refers to it
         // after `self` goes (the words borrow `self`).
         let _ = unsafe { rustix::mm::munmap(self.base.cast(), self.len) };
+        if self.len == segment_len(CAPACITY) {
+            LARGE_MAPPED.fetch_sub(self.len, Ordering::Relaxed);
+        }
     }
 }
 
@@ -343,7 +379,7 @@ impl Rings {
     /// Maps segment `seg` (one from [`create`], or received from the peer: it is checked
     /// first, as the module docs say) as `side`.
     pub fn map(seg: BorrowedFd<'_>, side: Side) -> io::Result<Rings> {
-        Rings::map_with(seg, side, CAPACITY)
+        Rings::map_with(seg, side, capacity_of(seg)?)
     }
 
     fn map_with(seg: BorrowedFd<'_>, side: Side, cap: usize) -> io::Result<Rings> {

@@ -669,3 +669,19 @@ fn a_full_ring_rings_its_writer_once_half_of_it_is_free() {
     assert_eq!(unsafe { c.io(cs.as_fd()).transmit(&run) }.unwrap(), 3 * SMALL / 4);
     assert!(!writer.has_news());
 }
+
+/// A received segment's rings are as large as its size says, of the two sizes this build
+/// makes; any other size is refused before it is mapped.
+#[test]
+fn a_segment_maps_with_the_capacity_its_size_gives() {
+    for cap in [CAPACITY, SMALL_CAPACITY] {
+        let seg = create_with(cap).unwrap();
+        let r = Rings::map(seg.as_fd(), Side::Acceptor).unwrap();
+        assert_eq!(r.cap, cap);
+    }
+    let seg = create_with(SMALL).unwrap();
+    let e = Rings::map(seg.as_fd(), Side::Acceptor)
+        .err()
+        .expect("a segment of another size");
+    assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+}

@@ -182,8 +182,8 @@ fn two_devices_of_one_process_connect_over_the_unix_socket() {
     assert_eq!((ca.tcp_connections, cb.tcp_connections), (0, 0));
 }
 
-/// 1 MiB WRITEs, each larger than a ring (`shm_ring::CAPACITY`), each checked byte for byte as
-/// it lands: the frames wrap around the end of the ring.
+/// Five 1 MiB WRITEs, more than a ring holds (`shm_ring::CAPACITY`), each checked byte
+/// for byte as it lands: the frames wrap around the end of the ring.
 fn writes_larger_than_the_ring_wrap_it() {
     let sim = sim(Transport::Auto);
     let (a, b) = (side(sim.open("sim0").unwrap()), side(sim.open("sim1").unwrap()));
