@@ -23,6 +23,7 @@ pub struct DeviceCounters {
     local_ack_timeouts: AtomicU64,
     qkey_violations: AtomicU32,
     same_host_connections: AtomicU64,
+    shm_ring_connections: AtomicU64,
     tcp_connections: AtomicU64,
 }
 
@@ -77,6 +78,12 @@ impl DeviceCounters {
         c.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A same-host QP pair's connection was set up to carry its frames over
+    /// shared-memory rings.
+    pub fn rings_set_up(&self) {
+        self.shm_ring_connections.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// The port's `qkey_viol_cntr`.
     pub fn qkey_violations(&self) -> u32 {
         self.qkey_violations.load(Ordering::Relaxed)
@@ -91,6 +98,7 @@ impl DeviceCounters {
             ud_unsent: self.ud_unsent.load(Ordering::Relaxed),
             local_ack_timeout_err: self.local_ack_timeouts.load(Ordering::Relaxed),
             same_host_connections: self.same_host_connections.load(Ordering::Relaxed),
+            shm_ring_connections: self.shm_ring_connections.load(Ordering::Relaxed),
             tcp_connections: self.tcp_connections.load(Ordering::Relaxed),
         }
     }
@@ -128,13 +136,16 @@ pub struct Counters {
     /// datagrams) over a unix socket to a device on the same host
     /// ([`same_host`](crate::same_host)).
     pub same_host_connections: u64,
+    /// Of those, QP pairs' connections whose frames go over shared-memory rings
+    /// ([`shm_ring`](crate::shm_ring)) rather than the unix socket.
+    pub shm_ring_connections: u64,
     /// Connections this device set up (either end; a QP pair's, or a UD link) over TCP.
     pub tcp_connections: u64,
 }
 
 impl Counters {
     /// Every counter with its name, in the order above (what `rdma-sim status` lists).
-    pub fn named(&self) -> [(&'static str, u64); 7] {
+    pub fn named(&self) -> [(&'static str, u64); 8] {
         [
             ("uc_dropped", self.uc_dropped),
             ("uc_psn_gaps", self.uc_psn_gaps),
@@ -142,6 +153,7 @@ impl Counters {
             ("ud_unsent", self.ud_unsent),
             ("local_ack_timeout_err", self.local_ack_timeout_err),
             ("same_host_connections", self.same_host_connections),
+            ("shm_ring_connections", self.shm_ring_connections),
             ("tcp_connections", self.tcp_connections),
         ]
     }

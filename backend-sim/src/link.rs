@@ -22,6 +22,9 @@ pub struct ConnIo {
     /// The epoll interest last asked for (a copy of `EpReg::interest`, to skip its lock
     /// when nothing changes).
     pub interest: u32,
+    /// The shared-memory rings that carry its frames on the same host (the socket is
+    /// then their doorbell and liveness signal only); `None`: the socket carries them.
+    pub rings: Option<crate::shm_ring::Rings>,
 }
 
 /// A connection's place in the device's epoll set. A socket in an epoll set costs every
@@ -48,6 +51,8 @@ pub struct Conn<Q> {
     pub sock: crate::stream::DataSock,
     /// Its bytes (the I/O lock).
     pub io: Mutex<ConnIo>,
+    /// A look at its incoming ring, when its frames go over rings (set with them).
+    pub ring_peek: std::sync::OnceLock<crate::shm_ring::Peek>,
     /// Set once closed: no thread services it afterwards.
     pub closed: AtomicBool,
     /// Whether the connection owes an ACK left for later. Cleared when the ACK leaves
@@ -89,10 +94,12 @@ impl<Q> Conn<Q> {
     }
 
     /// Whether bytes from the peer wait on this side, not yet taken in: unread in the
-    /// socket (`FIONREAD`, `man 7 tcp`, `man 7 unix`), or in the hands of a thread that holds the I/O
-    /// lock, which on a busy machine may have been preempted in the middle of its round
-    /// for tens of milliseconds.
+    /// socket (`FIONREAD`, `man 7 tcp`, `man 7 unix`) or its rings, or in the hands of a
+    /// thread that holds the I/O lock, which on a busy machine may have been preempted in
+    /// the middle of its round for tens of milliseconds.
     pub fn peer_bytes_waiting(&self) -> bool {
-        self.io.is_locked() || rustix::io::ioctl_fionread(&self.sock).is_ok_and(|n| n > 0)
+        self.io.is_locked()
+            || self.ring_peek.get().is_some_and(|p| p.has_bytes())
+            || rustix::io::ioctl_fionread(&self.sock).is_ok_and(|n| n > 0)
     }
 }

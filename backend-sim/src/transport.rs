@@ -44,9 +44,10 @@ use crate::addressing::{canonical, Addressing};
 use crate::datagram::Datagrams;
 use crate::listener::{fd_limit_hint, is_out_of_fds};
 use crate::progress::Progress;
-use crate::qp::{QpInner, QpShared, QpTable};
+use crate::qp::{Conn, QpInner, QpShared, QpTable};
 use crate::rx::Reader;
 use crate::same_host::Transport;
+use crate::shm_ring::Rings;
 use crate::stream::Stream;
 use crate::verify::{self, send_frame};
 use crate::wire::{Frame, HelloReject, TOKEN_LEN, VERSION};
@@ -207,6 +208,15 @@ fn set_up(counters: &crate::counters::DeviceCounters, qpn: u32, sock: &crate::st
         "TCP"
     };
     tracing::debug!(qpn, peer = ?sock.peer_addr(), "connection set up over {via}");
+}
+
+/// Puts a just registered connection's frames on the rings set up for it, if any.
+fn install_rings(counters: &crate::counters::DeviceCounters, conn: &Conn, rings: Option<Rings>) {
+    if let Some(r) = rings {
+        crate::progress::ring_wire::install(conn, r);
+        counters.rings_set_up();
+        tracing::debug!(qpn = conn.qp.qpn, "its frames go over shared-memory rings");
+    }
 }
 
 // ---------------------------------------------------------------- responder side
@@ -450,6 +460,14 @@ async fn serve_inbound(dev: Weak<Setup>, mut stream: Stream) -> io::Result<()> {
         return Err(proto("the QP changed while its hello was checked"));
     };
     send_frame(&mut stream, &Frame::HelloAck).await?;
+    let rings = tokio::time::timeout(SETUP_TIMEOUT, crate::ring_setup::accept(&stream))
+        .await
+        .map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::TimedOut,
+                "no ring segment after the hello's answer",
+            )
+        })??;
     if let Stream::Unix(_, local, peer) = &mut stream {
         // The peer is the device the QP's address vector names (its check said so); this
         // end, a wildcard listener's, is at the IP the device advertises.
@@ -461,6 +479,7 @@ async fn serve_inbound(dev: Weak<Setup>, mut stream: Stream) -> io::Result<()> {
     let sock = stream.into_data()?;
     set_up(&counters, qp.qpn, &sock);
     let conn = progress.register(&qp, expect.epoch, sock, Reader::new())?;
+    install_rings(&counters, &conn, rings);
     crate::faults::setup_pause(&qp).await;
     let old = {
         let mut g = qp.inner.lock();
@@ -547,12 +566,14 @@ async fn connector_task(dev: Arc<Setup>, qp: Arc<QpShared>, epoch: u64) {
             }
         };
         match attempt {
-            Ok(stream) => {
+            Ok((stream, rings)) => {
                 backoff = Duration::from_micros(100);
                 let progress = dev.progress.clone();
                 let conn = match stream.into_data().and_then(|s| {
                     set_up(&dev.counters, qp.qpn, &s);
-                    progress.register(&qp, epoch, s, Reader::new())
+                    let conn = progress.register(&qp, epoch, s, Reader::new())?;
+                    install_rings(&dev.counters, &conn, rings);
+                    Ok(conn)
                 }) {
                     Ok(c) => c,
                     Err(e) => {
@@ -608,7 +629,7 @@ async fn connector_task(dev: Arc<Setup>, qp: Arc<QpShared>, epoch: u64) {
     }
 }
 
-async fn connect(dev: &Setup, qp: &QpShared, remote: SocketAddr) -> io::Result<Stream> {
+async fn connect(dev: &Setup, qp: &QpShared, remote: SocketAddr) -> io::Result<(Stream, Option<Rings>)> {
     if !dev.port.is_up() {
         // As a packet sent through a port that is down: lost, and retried per
         // `retry_cnt` while the connector waits for the port (see `DeviceShared::set_port`).
@@ -647,7 +668,10 @@ async fn connect(dev: &Setup, qp: &QpShared, remote: SocketAddr) -> io::Result<S
         .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no answer to hello"))??;
     drop(claim);
     match answer {
-        Frame::HelloAck => Ok(stream),
+        Frame::HelloAck => {
+            let rings = crate::ring_setup::offer(&stream)?;
+            Ok((stream, rings))
+        }
         // Permanent: `Unsupported` tells the connector to stop trying.
         Frame::HelloNak {
             reason: HelloReject::Version,

@@ -1,7 +1,9 @@
 //! The same-host path (`backend_sim::same_host`): two devices on one host connect their
 //! QPs over a unix socket, exactly (a stale file, a forced TCP, another device's port all
-//! go over TCP), strangers on the unix socket are refused as on TCP, and a QP whose peer
-//! process is killed ends as for a vanished host.
+//! go over TCP), their frames go over shared-memory rings (`backend_sim::shm_ring`),
+//! strangers on the unix socket are refused as on TCP, a QP whose peer process is killed
+//! ends as for a vanished host, and one whose peer process scribbles over the rings'
+//! indices sees its connection closed as a broken one.
 //!
 //! Its own `main`: it runs itself again as the peer process that is killed.
 
@@ -56,6 +58,14 @@ fn main() {
         (
             "a_new_lid_moves_the_published_socket",
             a_new_lid_moves_the_published_socket,
+        ),
+        (
+            "writes_larger_than_the_ring_wrap_it",
+            writes_larger_than_the_ring_wrap_it,
+        ),
+        (
+            "a_peer_corrupting_the_rings_gets_its_connection_closed",
+            a_peer_corrupting_the_rings_gets_its_connection_closed,
         ),
         (
             "a_hello_from_this_host_is_checked_on_the_unix_socket",
@@ -168,7 +178,33 @@ fn two_devices_of_one_process_connect_over_the_unix_socket() {
     traffic(&a, &b);
     let (ca, cb) = (a.ctx.counters(), b.ctx.counters());
     assert_eq!((ca.same_host_connections, cb.same_host_connections), (1, 1));
+    assert_eq!((ca.shm_ring_connections, cb.shm_ring_connections), (1, 1));
     assert_eq!((ca.tcp_connections, cb.tcp_connections), (0, 0));
+}
+
+/// Five 1 MiB WRITEs, more than a ring holds (`shm_ring::CAPACITY`), each checked byte
+/// for byte as it lands: the frames wrap around the end of the ring.
+fn writes_larger_than_the_ring_wrap_it() {
+    let sim = sim(Transport::Auto);
+    let (a, b) = (side(sim.open("sim0").unwrap()), side(sim.open("sim1").unwrap()));
+    connect(&a, &b);
+    for round in 0..5u32 {
+        let data: Vec<u8> = (0..1 << 20).map(|i: u32| (i * 13 + round) as u8).collect();
+        a.mr.write(0, &data).unwrap();
+        a.qp.post_send(&[SendWr::write(
+            round.into(),
+            &[a.mr.sge(0, 1 << 20).unwrap()],
+            b.mr.remote().at(0),
+        )
+        .signaled()])
+            .unwrap();
+        assert_eq!(poll_n(&a.cq, 1, WAIT).unwrap()[0].status, WcStatus::Success);
+        let mut got = vec![0u8; 1 << 20];
+        b.mr.read(0, &mut got).unwrap();
+        assert!(got == data, "round {round}: the WRITE landed whole");
+    }
+    let (ca, cb) = (a.ctx.counters(), b.ctx.counters());
+    assert_eq!((ca.shm_ring_connections, cb.shm_ring_connections), (1, 1));
 }
 
 /// A port whose LID changes listens at a new address: its same-host socket moves with
@@ -205,6 +241,7 @@ fn transport_tcp_forces_tcp() {
     traffic(&a, &b);
     let (ca, cb) = (a.ctx.counters(), b.ctx.counters());
     assert_eq!((ca.same_host_connections, cb.same_host_connections), (0, 0));
+    assert_eq!((ca.shm_ring_connections, cb.shm_ring_connections), (0, 0));
     assert_eq!((ca.tcp_connections, cb.tcp_connections), (1, 1));
     let c = side(sim.open("sim2").unwrap());
     connect(&c, &other);
@@ -446,9 +483,37 @@ fn peer() {
             .unwrap();
     }
     writeln!(out, "ready").unwrap();
-    // Until killed.
+    // Until killed; or told to scribble over the rings' indices first.
+    line.clear();
     let _ = input.read_line(&mut line);
+    if line.trim() == "corrupt" {
+        corrupt_rings();
+        writeln!(out, "corrupted").unwrap();
+        line.clear();
+        let _ = input.read_line(&mut line);
+    }
     std::thread::sleep(Duration::from_secs(60));
+}
+
+/// Writes garbage over every index of every ring segment this process has mapped
+/// (found by the memfd's name in `/proc/self/maps`), as a hostile process could.
+fn corrupt_rings() {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let mut found = 0;
+    for l in maps.lines().filter(|l| l.contains("memfd:rdma-sim-rings")) {
+        let start = usize::from_str_radix(l.split('-').next().unwrap(), 16).unwrap();
+        // SAFETY: `start` begins a shared mapping of a ring segment, whose first page
+        // is its control words; scribbling over them is the point (the sim reads them
+        // only as atomics and checks them).
+        unsafe {
+            let p = start as *mut u64;
+            for i in 0..4096 / 8 {
+                p.add(i).write_volatile(0x4141_4141_4141_4141);
+            }
+        }
+        found += 1;
+    }
+    assert!(found > 0, "the peer has a ring segment mapped");
 }
 
 fn hex(b: &[u8]) -> String {
@@ -462,7 +527,14 @@ fn unhex(s: &str) -> Vec<u8> {
         .collect()
 }
 
-fn a_peer_process_killed_ends_as_a_vanished_host() {
+/// The peer process (see [`peer`]), connected to an RC QP of this process over the
+/// rings, one SEND gone through: the child, what it is told and what it says, this side.
+fn peer_connected() -> (
+    std::process::Child,
+    std::process::ChildStdin,
+    BufReader<std::process::ChildStdout>,
+    Side,
+) {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .env("SAME_HOST_PEER", "1")
         .stdin(Stdio::piped())
@@ -486,6 +558,12 @@ fn a_peer_process_killed_ends_as_a_vanished_host() {
         .unwrap();
     assert_eq!(poll_n(&s.cq, 1, WAIT).unwrap()[0].status, WcStatus::Success);
     assert_eq!(s.ctx.counters().same_host_connections, 1);
+    assert_eq!(s.ctx.counters().shm_ring_connections, 1);
+    (child, tell, hear, s)
+}
+
+fn a_peer_process_killed_ends_as_a_vanished_host() {
+    let (mut child, _tell, _hear, s) = peer_connected();
     child.kill().unwrap();
     child.wait().unwrap();
     s.qp.post_send(&[
@@ -496,4 +574,54 @@ fn a_peer_process_killed_ends_as_a_vanished_host() {
     let w = poll_n(&s.cq, 2, Duration::from_secs(30)).unwrap();
     assert_eq!(w[0].status, WcStatus::RetryExcErr, "{:?}", w[0]);
     assert_eq!(w[1].status, WcStatus::WrFlushErr, "{:?}", w[1]);
+    // No shared memory outlives the pair (it went over rings: `peer_connected`): the
+    // peer's mapping went with its process, and this side's goes with the connection,
+    // closed when its end of the doorbell socket ended, or with the device at the latest
+    // (the memfd has no name to leave behind).
+    drop(s);
+    // (The device's threads let go of its connections as they end.)
+    let deadline = std::time::Instant::now() + WAIT;
+    while rings_mapped() > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a ring segment is still mapped after the device closed"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// How many ring segments this process has mapped (the memfd's name in
+/// `/proc/self/maps`).
+fn rings_mapped() -> usize {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    maps.lines()
+        .filter(|l| l.contains("memfd:rdma-sim-rings"))
+        .count()
+}
+
+/// The peer process overwrites the rings' indices: this side's next write finds the
+/// peer's index out of bounds and closes the connection as a broken one (no panic, no
+/// access outside the rings); its QP carries on as after any broken connection: the
+/// WR completes over a new connection, or ends in `IBV_WC_RETRY_EXC_ERR`.
+fn a_peer_corrupting_the_rings_gets_its_connection_closed() {
+    let (mut child, mut tell, mut hear, s) = peer_connected();
+    let mut line = String::new();
+    writeln!(tell, "corrupt").unwrap();
+    line.clear();
+    hear.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "corrupted");
+    s.qp.post_send(&[SendWr::send(2, &[s.mr.sge(0, 64).unwrap()]).signaled()])
+        .unwrap();
+    let w = poll_n(&s.cq, 1, Duration::from_secs(30)).unwrap();
+    assert!(
+        matches!(w[0].status, WcStatus::Success | WcStatus::RetryExcErr),
+        "{:?}",
+        w[0]
+    );
+    // The corrupted connection was closed: a WR that completed went over a new one.
+    if w[0].status == WcStatus::Success {
+        assert!(s.ctx.counters().same_host_connections >= 2);
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
 }

@@ -143,10 +143,12 @@ impl Progress {
             for ev in &events[..n] {
                 if ev.u64 != BELL {
                     if let Some(c) = self.poller.get(ev.u64) {
+                        super::ring_wire::note_readable(&c);
                         self.service_inner(&c, Mode::User, false, given.take());
                     }
                 }
             }
+            self.peek_rings(Mode::User, &mut false);
         }
         if let Some(side) = self.side.get().and_then(std::sync::Weak::upgrade) {
             side.read_now();

@@ -5,7 +5,6 @@
 //! with faults armed ([`crate::faults`]) through [`Armed`], which reads and updates the
 //! QP's armed faults (`QpFaults`).
 
-use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -122,7 +121,6 @@ impl Gate for Armed<'_> {
 impl Progress {
     /// Breaks a connection at `point` of the request just built (fault injection).
     pub(super) fn break_now(&self, conn: &Arc<Conn>, io: &mut ConnIo, point: BreakPoint) {
-        let fd = conn.sock.as_raw_fd();
         let mut bytes = Vec::new();
         io.wire.tx.drain_into(&mut bytes);
         let n = match point {
@@ -133,19 +131,9 @@ impl Progress {
         let mut off = 0;
         let deadline = Instant::now() + Duration::from_secs(1);
         while off < n && Instant::now() < deadline {
-            // SAFETY: sends bytes from a live Vec on our own socket.
-            let r = unsafe {
-                libc::send(
-                    fd,
-                    bytes[off..n].as_ptr().cast(),
-                    n - off,
-                    libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
-                )
-            };
-            if r > 0 {
-                off += r as usize;
-            } else {
-                std::thread::yield_now();
+            match super::ring_wire::send_bytes(io, conn, &bytes[off..n]) {
+                0 => std::thread::yield_now(),
+                r => off += r,
             }
         }
         // The packets those bytes carry are in the capture already, as queued: say how

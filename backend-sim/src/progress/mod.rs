@@ -86,7 +86,6 @@
 //!   kernel ahead of the ACKs.
 
 use std::io;
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -98,7 +97,6 @@ use crate::fault_state::FaultCounters;
 use crate::link::{ConnIo, EpReg};
 use crate::qp::{Conn, QpShared};
 use crate::rx::Reader;
-use crate::sys;
 use verbs_api::QpState;
 
 mod acks;
@@ -110,6 +108,7 @@ mod fault_layer;
 mod poller;
 mod ready;
 mod rest_wait;
+pub mod ring_wire;
 mod service;
 mod setup_yield;
 mod thread;
@@ -294,7 +293,9 @@ impl Progress {
             io: Mutex::new(ConnIo {
                 wire,
                 interest: libc::EPOLLIN as u32,
+                rings: None,
             }),
+            ring_peek: std::sync::OnceLock::new(),
             closed: AtomicBool::new(false),
             ack_owed: AtomicBool::new(false),
             ack_listed: AtomicBool::new(false),
@@ -351,10 +352,9 @@ impl Progress {
             return;
         }
         conn.qp.inner.lock().qp.flush_ack(&mut io.wire.tx);
-        let mut sock = sys::Sock(conn.sock.as_raw_fd());
         let deadline = Instant::now() + Duration::from_millis(100);
         while !io.wire.tx.is_empty() && Instant::now() < deadline {
-            match io.wire.write_to(&mut sock) {
+            match ring_wire::write(&mut io, conn) {
                 Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
                 Err(_) => break,

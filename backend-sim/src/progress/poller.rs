@@ -8,7 +8,7 @@
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -29,6 +29,9 @@ pub(super) struct Poller {
     /// Bumped whenever a connection comes or goes (see `Progress::settle`).
     pub generation: AtomicU64,
     next_token: AtomicU64,
+    /// How many of the connections go over shared-memory rings, whose bytes no epoll
+    /// wait reports unless their reader armed them (see `ring_wire`).
+    rings: AtomicUsize,
 }
 
 impl Poller {
@@ -42,6 +45,7 @@ impl Poller {
             conns: Mutex::new(FxHashMap::default()),
             generation: AtomicU64::new(0),
             next_token: AtomicU64::new(1),
+            rings: AtomicUsize::new(0),
         })
     }
 
@@ -51,11 +55,45 @@ impl Poller {
     }
 
     pub fn insert(&self, conn: Arc<Conn>) {
-        self.conns.lock().insert(conn.token, conn);
+        let rings = conn.ring_peek.get().is_some();
+        if self.conns.lock().insert(conn.token, conn).is_none() && rings {
+            self.rings.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     pub fn remove(&self, token: u64) {
-        self.conns.lock().remove(&token);
+        let gone = self.conns.lock().remove(&token);
+        if gone.is_some_and(|c| c.ring_peek.get().is_some()) {
+            self.rings.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Arms the rings of every connection over rings for the calling thread, about to
+    /// block on the epoll set, noting in `armed` what to take back after the wait
+    /// (cleared then): whether one has news already (then it must not block).
+    pub fn arm_rings(&self, armed: &mut Vec<crate::shm_ring::Armed>) -> bool {
+        if self.rings.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        let conns = self.conns.lock();
+        super::ring_wire::arm_before_sleep(conns.values(), armed)
+    }
+
+    /// Every connection over rings that has news (see `ring_wire::has_news`), into
+    /// `out`. A look at memory, no system call: epoll reports such a connection's bytes
+    /// only while its reader sleeps. All of them: a look capped at a few would leave
+    /// the rest, whenever those few keep having news (busy, or held by other threads),
+    /// unserviced for as long.
+    pub fn rings_with_news(&self, out: &mut Vec<Arc<Conn>>) {
+        if self.rings.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let conns = self.conns.lock();
+        for c in conns.values() {
+            if super::ring_wire::has_news(c) {
+                out.push(c.clone());
+            }
+        }
     }
 
     pub fn get(&self, token: u64) -> Option<Arc<Conn>> {

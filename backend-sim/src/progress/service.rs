@@ -3,7 +3,6 @@
 //! until nothing moves. Fault injection is asked through the round's [`Gate`].
 
 use std::io;
-use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -21,7 +20,6 @@ use crate::channel_signal::Deferral;
 use crate::fault_state::BreakPoint;
 use crate::link::ConnIo;
 use crate::qp::{Conn, QpInner};
-use crate::sys;
 
 /// What [`Progress::process`] did.
 enum Processed {
@@ -135,7 +133,6 @@ impl Progress {
         mut given: Option<Stamp>,
         gate: &mut impl Gate,
     ) -> (bool, bool, Option<Stamp>) {
-        let fd = conn.sock.as_raw_fd();
         let mut did = false;
         let mut clock: Option<Stamp>;
         let mut rest = RestWait::default();
@@ -146,7 +143,7 @@ impl Progress {
             let stalled = gate.stalled();
             let reading = !stalled && mode != Mode::Transmit;
             if reading {
-                match io.wire.fill(&mut sys::Sock(fd)) {
+                match super::ring_wire::fill(&mut io, conn) {
                     Ok(0) => {
                         drop(io);
                         self.lost(conn, "peer closed the connection");
@@ -209,7 +206,7 @@ impl Progress {
             // (While the peer's bytes keep coming, a budget's worth of them is read
             // between two writes: `Connection::write_due`.)
             if !io.wire.tx.is_empty() && !hold && io.wire.write_due(read_any) {
-                match io.wire.write_to(&mut sys::Sock(fd)) {
+                match super::ring_wire::write(&mut io, conn) {
                     Ok(n) => {
                         if n > 0 {
                             progressed = true;
@@ -232,7 +229,7 @@ impl Progress {
                 }
             }
             let want = (if stalled { 0 } else { libc::EPOLLIN as u32 })
-                | (if io.wire.tx.is_empty() || hold {
+                | (if io.wire.tx.is_empty() || hold || !super::ring_wire::wants_out(&io) {
                     0
                 } else {
                     libc::EPOLLOUT as u32

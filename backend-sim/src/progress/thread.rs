@@ -32,6 +32,11 @@ const MAX_NAPS: u32 = 16;
 /// short sleep lets it run, and frees the CPU for the kernel to move it there.
 pub(crate) const HELD_NAP: Duration = super::window::DRIVE_GAP;
 
+thread_local! {
+    /// The connections over rings with news that [`Progress::peek_rings`] services.
+    static RING_NEWS: std::cell::Cell<Vec<Arc<Conn>>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
 /// What [`Progress::settle`] last arranged (progress thread state).
 #[derive(Default)]
 pub(super) struct Settled {
@@ -53,6 +58,8 @@ impl Progress {
         let mut scratch = Vec::new();
         let mut due = Vec::new();
         let mut share = ShareWatch::default();
+        // The rings armed for a wait (see `ring_wire::arm_before_sleep`).
+        let mut armed = Vec::new();
         // Whether the last turn was a spinning one (so a block now ends a spin window).
         let mut spun_last = false;
         // Doorbell sleeps in a row that ended with an application thread still driving.
@@ -162,7 +169,20 @@ impl Progress {
                     } else {
                         &self.poller.epfd
                     };
+                    // About to block on the connections: their rings say so first, and
+                    // one that has news already ends the wait at once.
+                    let timeout = if !bell_only
+                        && !held_nap
+                        && timeout != Some(Duration::ZERO)
+                        && self.poller.arm_rings(&mut armed)
+                    {
+                        Some(Duration::ZERO)
+                    } else {
+                        timeout
+                    };
                     let m = wait_on(set, &mut events, timeout);
+                    // (Taken off the rings' counts.)
+                    armed.clear();
                     // Blocked on the connections right after a spin window, and woken by one: see
                     // `cpu_share`.
                     if spun_last
@@ -185,8 +205,12 @@ impl Progress {
                 if ev.u64 == BELL {
                     self.bell.take_rings();
                 } else if let Some(c) = self.poller.get(ev.u64) {
+                    super::ring_wire::note_readable(&c);
                     work |= self.service_noting_held(&c, &mut held_now);
                 }
+            }
+            if peeked.is_none() && !bell_only && !held_nap {
+                work |= self.peek_rings(Mode::Full, &mut held_now);
             }
             // Woken from the doorbell while an application thread still drives (it polled
             // again since this thread went to sleep): what it left is for its next poll,
@@ -212,10 +236,12 @@ impl Progress {
                         for ev in &events[..m] {
                             if ev.u64 != BELL {
                                 if let Some(c) = self.poller.get(ev.u64) {
+                                    super::ring_wire::note_readable(&c);
                                     work |= self.service_noting_held(&c, &mut held_now);
                                 }
                             }
                         }
+                        work |= self.peek_rings(Mode::Full, &mut held_now);
                     }
                 }
             }
@@ -396,6 +422,26 @@ impl Progress {
             direct: Some(direct),
             generation,
         };
+    }
+
+    /// Services the connections over rings that have news, which a look at the epoll
+    /// set does not report while their readers do not sleep (see `ring_wire`); notes in
+    /// `held` one another thread held. Whether any did work.
+    pub(super) fn peek_rings(&self, mode: Mode, held: &mut bool) -> bool {
+        // The thread's list, kept with its capacity: the data path allocates nothing
+        // once warm (a nested call, if any, starts from an empty one).
+        let mut news = RING_NEWS.take();
+        self.poller.rings_with_news(&mut news);
+        let mut work = false;
+        for c in news.drain(..) {
+            let did = self.service_inner(&c, mode, true, None);
+            if !did && c.io.is_locked() {
+                *held = true;
+            }
+            work |= did;
+        }
+        RING_NEWS.set(news);
+        work
     }
 
     /// With at most [`DIRECT_MAX`] connections, reads each of them directly (and

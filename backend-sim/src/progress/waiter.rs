@@ -126,6 +126,8 @@ impl Progress {
         let mut fds: Vec<libc::pollfd> = Vec::new();
         let mut generation = None;
         let mut held = false;
+        // The rings armed for a wait (see `ring_wire::arm_before_sleep`).
+        let mut armed = Vec::new();
         // Signals only inside the wait below, so that none is lost between waits.
         let signals = crate::signal_restart::Deferred::new();
         loop {
@@ -177,8 +179,16 @@ impl Progress {
                 tv_sec: 0,
                 tv_nsec: HELD_NAP.as_nanos() as libc::c_long,
             };
+            let now = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            // The connections over rings are armed before the thread sleeps on their
+            // sockets (see `ring_wire`): one with news already ends the wait at once.
             let timeout = if held {
                 &nap as *const libc::timespec
+            } else if super::ring_wire::arm_before_sleep(conns.iter(), &mut armed) {
+                &now as *const libc::timespec
             } else {
                 std::ptr::null()
             };
@@ -190,6 +200,8 @@ impl Progress {
             // live timespec, `mask` null (the thread's mask left alone) or the thread's
             // own mask, live in `signals`, which the wait puts in place atomically.
             let n = unsafe { libc::ppoll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout, mask) };
+            // (Taken off the rings' counts.)
+            armed.clear();
             if n < 0 {
                 let e = std::io::Error::last_os_error();
                 let restart = match &signals {
@@ -209,7 +221,9 @@ impl Progress {
                 generation = None;
             }
             for (c, fd) in conns.iter().zip(&fds[2..]) {
-                if fd.revents == 0 {
+                if fd.revents != 0 {
+                    super::ring_wire::note_readable(c);
+                } else if !super::ring_wire::has_news(c) {
                     continue;
                 }
                 if !self.service(c) {

@@ -11,8 +11,11 @@ use super::opcode::{header_len, op};
 
 /// Magic of the hello frame ("RSIM").
 pub const HELLO_MAGIC: u32 = 0x4d49_5352;
-/// Protocol version in the hello frame (9: a message's packets may travel apart, and a
-/// requester resends from a PSN inside a message ([`Frame::Part`]); 8: the connection manager: a rendezvous at an
+/// Protocol version in the hello frame (10: on a same-host (unix socket) connection of a
+/// QP pair, the connector follows the hello's answer with one message that passes the
+/// shared-memory rings its frames then take, or says they stay on the socket; 9: a
+/// message's packets may travel apart, and a requester resends from a PSN inside a
+/// message ([`Frame::Part`]); 8: the connection manager: a rendezvous at an
 /// rdma_cm port ([`Frame::CmLookup`], [`Frame::CmAddress`]) and CM messages as datagrams
 /// to QP 1 ([`crate::cm_msg`]); 7: SEND_WITH_INV ([`F_INV`](super::F_INV)), and NAK
 /// reasons for memory windows; 6: a datagram's GRH says whether its source is the
@@ -26,7 +29,7 @@ pub const HELLO_MAGIC: u32 = 0x4d49_5352;
 /// [`F_ACK_REQ`](super::F_ACK_REQ)). A device refuses a hello of another version
 /// ([`HelloReject::Version`]): both ends of a connection must run builds that speak the
 /// same frames.
-pub const VERSION: u16 = 9;
+pub const VERSION: u16 = 10;
 /// Bytes of the token a hello carries.
 pub const TOKEN_LEN: usize = 16;
 

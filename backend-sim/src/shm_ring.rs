@@ -1,0 +1,773 @@
+//! Shared-memory rings for a same-host connection: a sealed memfd (`man 2 memfd_create`,
+//! `man 2 fcntl` "File Sealing") holding two single-producer/single-consumer byte rings,
+//! one per direction, that carry the same frames as the connection's unix socket
+//! ([`same_host`](crate::same_host)) without a system call per message while the reader
+//! spins. The rings are the protocol core's byte source and sink
+//! ([`backend_sim_proto::io::Recv`], [`Transmit`](backend_sim_proto::io::Transmit)), so
+//! every frame is parsed and checked exactly as one read from a socket.
+//!
+//! The connector creates the segment ([`create`]) and passes it over the unix socket
+//! with `SCM_RIGHTS` (`man 7 unix`; [`send_segment`], [`recv_segment`]); the acceptor
+//! maps it only if it is a memfd of exactly one of the sizes this build makes
+//! ([`CAPACITY`], [`SMALL_CAPACITY`]) whose size can no longer change and whose seals are
+//! final (`F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL`): a
+//! peer that could shrink it would make a read of the mapping fault (`SIGBUS`).
+//!
+//! The doorbell is the unix socket itself, not an eventfd: a writer sends it one byte
+//! only when the reader has said it is going to sleep, and a writer blocked on a full
+//! ring asks the reader to ring back when it frees space. The socket is already what the
+//! data path polls, and the liveness signal (a peer that dies closes it: EOF, `EPOLLHUP`);
+//! and `MSG_DONTWAIT` makes each send and receive non-blocking by itself, where an
+//! eventfd's `O_NONBLOCK` belongs to the open file description both processes share, so
+//! a hostile peer could clear it and make this side's read or write of the doorbell block.
+//!
+//! Sleeping without losing a wake-up (both sides, the classic protocol): a thread about
+//! to block on the socket counts itself among the ring's sleepers ([`Peek::arm`]), then
+//! (after a `SeqCst` fence) looks at the ring once more and only blocks if it still has
+//! nothing to do; the other side publishes its index, then (after a fence) reads the
+//! count and, if it is not zero, rings. Of two such sequences at least one sees the
+//! other's store. The sleeper takes itself off the count when its wait ends (dropping
+//! what [`Peek::arm`] returned): a bell is level-triggered, as a socket's readiness is,
+//! so a thread whose ring was taken by another thread of its side (which drained the
+//! bell and read the bytes) stays counted, and the peer's next bytes ring it again. A count, not a
+//! flag that the ringer clears: with a flag, that ring was the sleeper's only one, and it
+//! slept through every later frame while the thread that took the bell went to a sleep
+//! that does not watch the connection (the progress thread standing aside for a thread
+//! waiting in `ibv_get_cq_event`). Threads that spin over the ring (a ping-pong's, a
+//! stream's) never count themselves: the peer makes no system call for them.
+//!
+//! A writer that finds no room leaves its bytes queued and marks the ring ("room
+//! wanted", a one-shot the reader clears when it rings): the reader rings once half the
+//! ring is free, not for every frame it reads, and whoever of the writer's threads takes
+//! that bell services the connection, writing. The mark is set by the write itself, not
+//! by a thread about to sleep: the write that fills the ring may be a thread's that
+//! posted and went on, while the thread asleep on the socket armed before it, and would
+//! sleep through the room (a socket's sleeper is told by `EPOLLOUT`, which the posting
+//! thread's write asked for). Spinning threads see the room in memory
+//! ([`Peek::has_news`]). A fresh segment starts with a one-shot "ring me" mark on each
+//! ring: until a thread has counted itself, a side whose threads blocked before the
+//! connection was theirs would otherwise sleep through its first frames.
+//!
+//! A peer may write anything into the segment. Each side keeps its own index privately
+//! and only publishes it; the peer's index is read once per call and accepted only if it
+//! keeps `0 <= tail - head <= capacity` (indices count modulo 2^64); every offset is taken modulo the capacity (a
+//! power of two) and every length bounded by what is there, so garbage can at worst
+//! produce bytes that the protocol core rejects as it rejects garbage on a socket. An
+//! index out of bounds breaks the rings for good (`InvalidData`): the connection closes.
+//!
+//! Layout: one page of control words, then ring 0 (connector to acceptor), then ring 1.
+//! Each ring's control words (`tail`, written by its producer; `head`, by its consumer;
+//! the consumer's count of sleepers and the fresh segment's mark; the producer's "room
+//! wanted" mark) sit in cache lines of their own, so the two sides do not write the same
+//! line (but for the marks, each cleared once per time set).
+
+use std::io;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use backend_sim_proto::io::{RawSlice, Recv, Transmit};
+use rustix::fs::SealFlags;
+use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer};
+use rustix::net::{SendAncillaryMessage, SendFlags};
+
+/// Bytes of each direction's ring (a power of two) while the process has fewer than
+/// [`LARGE_BUDGET`] bytes of such segments mapped: as much as the unix socket's send
+/// buffer holds (`same_host`), so that a stream of large messages hands the reader as
+/// much per wake-up as the socket did. On a host whose CPUs are all busy, the two ends
+/// take turns, and each turn moves at most a ring: with a quarter of this, 1 MiB WRITEs
+/// went at a third of the socket's rate.
+pub const CAPACITY: usize = 2 << 20;
+
+/// Bytes of each direction's ring once the process has [`LARGE_BUDGET`] bytes of
+/// [`CAPACITY`] segments mapped. Ring pages stay resident once touched (a socket's
+/// buffer is freed as it is read): 256 connections of one process (the soak test's),
+/// both ends in it, touch at most 128 MiB of these. A larger message crosses in pieces,
+/// as through a socket's buffer.
+pub const SMALL_CAPACITY: usize = 256 << 10;
+
+/// Bytes of [`CAPACITY`] segments a process maps before its connectors make
+/// [`SMALL_CAPACITY`] ones: 3 segments (a connection to another process maps one).
+pub const LARGE_BUDGET: usize = 16 << 20;
+
+/// Bytes of [`CAPACITY`] segments this process has mapped (either end).
+static LARGE_MAPPED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Bytes of the control page before the rings.
+const HEADER: usize = 4096;
+/// Apart far enough that neither a cache line nor the adjacent-line prefetcher's pair is
+/// shared between words two sides write.
+const LINE: usize = 128;
+/// A ring's control words: `tail`, `head`, the consumer's count of threads asleep on
+/// the doorbell, the fresh segment's one-shot mark, the producer's one-shot "room
+/// wanted" mark.
+const TAIL: usize = 0;
+const HEAD: usize = LINE;
+const SLEEPERS: usize = 2 * LINE;
+const FRESH: usize = 2 * LINE + 8;
+const ROOM: usize = 3 * LINE;
+/// Bytes of one ring's control words.
+const CONTROL: usize = 4 * LINE;
+
+/// The byte that accompanies the segment's descriptor on the socket.
+const SEGMENT_TAG: u8 = b'R';
+/// The byte a connector sends instead when the connection is to stay on the socket.
+const NO_SEGMENT_TAG: u8 = b'S';
+
+/// Whether this process sets its same-host connections up over rings: yes unless
+/// `RDMA_SIM_SHM_RINGS=off` (for comparing with the unix-socket path). The connector
+/// decides; the acceptor follows what it sent.
+pub fn enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("RDMA_SIM_SHM_RINGS").map_or(true, |v| v != "off"))
+}
+
+/// The seals a segment must carry: its size is fixed, and no one can add or remove a seal.
+fn required_seals() -> SealFlags {
+    SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL
+}
+
+/// The size of a segment whose rings hold `cap` bytes each.
+fn segment_len(cap: usize) -> usize {
+    HEADER + 2 * cap
+}
+
+/// Which end of the connection a side is: the connector produces into ring 0.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    /// The side that connected and created the segment.
+    Connector,
+    /// The side that accepted and received it.
+    Acceptor,
+}
+
+/// Creates a sealed segment whose rings hold [`CAPACITY`] bytes each, or
+/// [`SMALL_CAPACITY`] once the process maps [`LARGE_BUDGET`] bytes of large ones (all
+/// indices zero).
+pub fn create() -> io::Result<OwnedFd> {
+    let large = LARGE_MAPPED.load(Ordering::Relaxed) + segment_len(CAPACITY) <= LARGE_BUDGET;
+    create_with(if large { CAPACITY } else { SMALL_CAPACITY })
+}
+
+/// The capacity of the rings of segment `seg`, from its size: one of the two this build
+/// makes, anything else refused.
+fn capacity_of(seg: BorrowedFd<'_>) -> io::Result<usize> {
+    let size = rustix::fs::fstat(seg)?.st_size as u64;
+    [CAPACITY, SMALL_CAPACITY]
+        .into_iter()
+        .find(|&cap| segment_len(cap) as u64 == size)
+        .ok_or_else(|| invalid(format!("{size} bytes, the size of no segment of this build")))
+}
+
+fn create_with(cap: usize) -> io::Result<OwnedFd> {
+    use rustix::fs::MemfdFlags;
+    let fd = rustix::fs::memfd_create("rdma-sim-rings", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
+    rustix::fs::ftruncate(&fd, segment_len(cap) as u64)?;
+    rustix::fs::fcntl_add_seals(&fd, required_seals())?;
+    Ok(fd)
+}
+
+/// The refusal of a segment the peer sent.
+fn invalid(why: impl std::fmt::Display) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("the peer's ring segment: {why}"),
+    )
+}
+
+/// Sends the segment `seg` over the connected unix socket `sock` (one byte carrying the
+/// descriptor), without blocking: `WouldBlock` if the socket's buffer is full.
+pub fn send_segment(sock: BorrowedFd<'_>, seg: BorrowedFd<'_>) -> io::Result<()> {
+    let fds = [seg];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+        return Err(io::Error::other(
+            "no room for the descriptor in the control buffer",
+        ));
+    }
+    let byte = [SEGMENT_TAG];
+    let flags = SendFlags::DONTWAIT | SendFlags::NOSIGNAL;
+    let n = rustix::net::sendmsg(sock, &[io::IoSlice::new(&byte)], &mut control, flags)?;
+    if n != 1 {
+        return Err(io::Error::new(
+            io::ErrorKind::WriteZero,
+            "the segment's byte was not sent",
+        ));
+    }
+    Ok(())
+}
+
+/// Tells the acceptor that the connection stays on the socket (one byte, no descriptor),
+/// without blocking.
+pub fn send_no_segment(sock: BorrowedFd<'_>) -> io::Result<()> {
+    let flags = SendFlags::DONTWAIT | SendFlags::NOSIGNAL;
+    match rustix::net::send(sock, &[NO_SEGMENT_TAG], flags)? {
+        1 => Ok(()),
+        _ => Err(io::Error::new(
+            io::ErrorKind::WriteZero,
+            "the choice's byte was not sent",
+        )),
+    }
+}
+
+/// Receives a segment sent by [`send_segment`] from `sock` (`None`: the peer sent
+/// [`send_no_segment`]'s byte), without blocking
+/// (`WouldBlock`: not there yet). Anything but one byte with exactly one descriptor is
+/// refused (`InvalidData`), and every descriptor that came with it closed.
+pub fn recv_segment(sock: BorrowedFd<'_>) -> io::Result<Option<OwnedFd>> {
+    // Room for two: a second descriptor is seen (and closed) rather than cut off.
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let mut byte = [0u8; 1];
+    let flags = RecvFlags::DONTWAIT | RecvFlags::CMSG_CLOEXEC;
+    let got = rustix::net::recvmsg(sock, &mut [io::IoSliceMut::new(&mut byte)], &mut control, flags)?;
+    let mut fds: Vec<OwnedFd> = Vec::new();
+    for msg in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(rights) = msg {
+            fds.extend(rights);
+        }
+    }
+    if got.bytes == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "the peer closed before sending its ring segment",
+        ));
+    }
+    if got.flags.contains(ReturnFlags::CTRUNC) {
+        return Err(invalid("more control data than one descriptor"));
+    }
+    if byte[0] == NO_SEGMENT_TAG && fds.is_empty() {
+        return Ok(None);
+    }
+    if byte[0] != SEGMENT_TAG {
+        return Err(invalid("not the segment's byte"));
+    }
+    match <[OwnedFd; 1]>::try_from(fds) {
+        Ok([fd]) => Ok(Some(fd)),
+        Err(fds) => Err(invalid(format!(
+            "{} descriptors where one was expected",
+            fds.len()
+        ))),
+    }
+}
+
+/// Checks that `seg` is a segment this side may map: a memfd of exactly the size of
+/// rings of `cap` bytes, sealed as the module docs say.
+fn validate(seg: BorrowedFd<'_>, cap: usize) -> io::Result<()> {
+    let st = rustix::fs::fstat(seg)?;
+    if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
+        return Err(invalid("not a regular file"));
+    }
+    // Only memfds (and shmem files) take seals: a file elsewhere fails here.
+    let seals = rustix::fs::fcntl_get_seals(seg).map_err(|e| invalid(format!("no seals ({e})")))?;
+    if !seals.contains(required_seals()) {
+        return Err(invalid(format!(
+            "sealed {seals:?}, not against shrinking, growing and new seals"
+        )));
+    }
+    if seals.intersects(SealFlags::WRITE | SealFlags::FUTURE_WRITE) {
+        return Err(invalid("sealed against writing"));
+    }
+    if st.st_size as u64 != segment_len(cap) as u64 {
+        return Err(invalid(format!("{} bytes, not {}", st.st_size, segment_len(cap))));
+    }
+    Ok(())
+}
+
+/// A shared mapping of a whole segment; unmapped on drop.
+struct Mapping {
+    base: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain shared memory owned by this value; every access through it
+// goes through raw pointers or atomics, which any thread may use.
+unsafe impl Send for Mapping {}
+// SAFETY: as for `Send`: shared access is through atomics (the control words) or raw
+// copies of the rings' bytes, whose races at worst give garbage bytes (module docs).
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    fn new(seg: BorrowedFd<'_>, len: usize) -> io::Result<Mapping> {
+        use rustix::mm::{MapFlags, ProtFlags};
+        // SAFETY: a fresh mapping chosen by the kernel (null hint) replaces nothing; the
+        // file was checked to be `len` bytes long and sealed against shrinking, so every
+        // page of the mapping stays backed.
+        let base = unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                len,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::SHARED,
+                seg,
+                0,
+            )
+        }?;
+        if len == segment_len(CAPACITY) {
+            LARGE_MAPPED.fetch_add(len, Ordering::Relaxed);
+        }
+        Ok(Mapping {
+            base: base.cast(),
+            len,
+        })
+    }
+
+    /// The control word at byte `off` of the control page.
+    fn word(&self, off: usize) -> &AtomicU64 {
+        assert!(off + 8 <= HEADER && off % 8 == 0);
+        // SAFETY: `off` is within the control page (checked), 8-aligned (pages are), and
+        // the mapping lives as long as `self`; atomics are how both processes touch it.
+        unsafe { AtomicU64::from_ptr(self.base.add(off).cast()) }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: `base..base + len` is this value's own mapping; nothing refers to it
+        // after `self` goes (the words borrow `self`).
+        let _ = unsafe { rustix::mm::munmap(self.base.cast(), self.len) };
+        if self.len == segment_len(CAPACITY) {
+            LARGE_MAPPED.fetch_sub(self.len, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The error of a peer's index out of bounds.
+fn corrupt(what: &str, value: u64, own: u64) -> io::Error {
+    tracing::warn!("the same-host peer wrote a bad {what} into the shared ring ({value} against {own}): closing the connection");
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("the peer's {what} in the shared ring ({value}) is out of bounds of this side's {own}"),
+    )
+}
+
+/// One side's view of a segment: it produces into one ring and consumes from the other.
+pub struct Rings {
+    map: std::sync::Arc<Mapping>,
+    cap: usize,
+    /// Byte offset of the control words of the ring this side writes, and of its data.
+    tx_ctl: usize,
+    tx_data: usize,
+    /// The same for the ring this side reads.
+    rx_ctl: usize,
+    rx_data: usize,
+    /// This side's own indices (the shared copies are only published).
+    tx_tail: u64,
+    rx_head: u64,
+    /// Set once the peer's index was out of bounds.
+    broken: bool,
+    /// Whether the ring this side writes may still carry the fresh segment's mark.
+    fresh: bool,
+    /// What this side's threads share about the rings (see [`Peek`]).
+    state: Arc<State>,
+}
+
+/// What a side's threads share about its rings beside the mapping.
+#[derive(Default)]
+struct State {
+    /// Set when a wait on the doorbell socket reported it readable (a ring, or the end
+    /// of the stream); the consumer takes the socket's bytes the next time it finds the
+    /// ring empty ([`Peek::read_or_end`]). Spinning readers look at the ring alone.
+    rung: AtomicBool,
+    /// The last write left bytes for want of room.
+    tx_blocked: AtomicBool,
+}
+
+impl Rings {
+    /// Maps segment `seg` (one from [`create`], or received from the peer: it is checked
+    /// first, as the module docs say) as `side`.
+    pub fn map(seg: BorrowedFd<'_>, side: Side) -> io::Result<Rings> {
+        Rings::map_with(seg, side, capacity_of(seg)?)
+    }
+
+    fn map_with(seg: BorrowedFd<'_>, side: Side, cap: usize) -> io::Result<Rings> {
+        debug_assert!(cap.is_power_of_two());
+        validate(seg, cap)?;
+        let map = std::sync::Arc::new(Mapping::new(seg, segment_len(cap))?);
+        let (tx, rx) = match side {
+            Side::Connector => (0, 1),
+            Side::Acceptor => (1, 0),
+        };
+        if side == Side::Connector {
+            // A fresh segment (the connector made it and has not sent it yet): the first
+            // bytes each ring carries ring its doorbell. Until a thread has counted
+            // itself among a ring's sleepers, nothing says one watches it: a side whose
+            // threads blocked before the connection was theirs (its first service
+            // absorbed by a thread only transmitting) would otherwise sleep on the
+            // socket through every frame the peer wrote, and the peer's requests run
+            // out of retries.
+            for ring in [0, 1] {
+                map.word(ring * CONTROL + FRESH).store(1, Ordering::Relaxed);
+            }
+        }
+        Ok(Rings {
+            map,
+            cap,
+            tx_ctl: tx * CONTROL,
+            tx_data: HEADER + tx * cap,
+            rx_ctl: rx * CONTROL,
+            rx_data: HEADER + rx * cap,
+            tx_tail: 0,
+            rx_head: 0,
+            broken: false,
+            fresh: true,
+            state: Arc::new(State::default()),
+        })
+    }
+
+    fn broken() -> io::Error {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            "the shared ring was corrupted by the peer",
+        )
+    }
+
+    /// Bytes the peer has published and this side not yet read (`Err`: its tail is out of
+    /// bounds, and the rings are broken).
+    fn readable(&mut self) -> io::Result<usize> {
+        if self.broken {
+            return Err(Rings::broken());
+        }
+        let tail = self.map.word(self.rx_ctl + TAIL).load(Ordering::Acquire);
+        let avail = tail.wrapping_sub(self.rx_head);
+        if avail > self.cap as u64 {
+            self.broken = true;
+            return Err(corrupt("tail", tail, self.rx_head));
+        }
+        Ok(avail as usize)
+    }
+
+    /// Room in the ring this side writes (`Err`: the peer's head is out of bounds).
+    fn writable(&mut self) -> io::Result<usize> {
+        if self.broken {
+            return Err(Rings::broken());
+        }
+        let head = self.map.word(self.tx_ctl + HEAD).load(Ordering::Acquire);
+        let used = self.tx_tail.wrapping_sub(head);
+        if used > self.cap as u64 {
+            self.broken = true;
+            return Err(corrupt("head", head, self.tx_tail));
+        }
+        Ok(self.cap - used as usize)
+    }
+
+    /// A look at the rings for threads that do not hold them: whether there is news,
+    /// and what a thread needs to sleep on the doorbell.
+    pub fn peek(&self) -> Peek {
+        Peek {
+            map: self.map.clone(),
+            cap: self.cap,
+            rx_ctl: self.rx_ctl,
+            tx_ctl: self.tx_ctl,
+            state: self.state.clone(),
+        }
+    }
+
+    /// Reads up to `len` bytes into `dst`: the count, 0 if none are there, and whether the
+    /// peer asked to be woken when room is freed.
+    ///
+    /// # Safety
+    /// `dst` must be valid for writes of `len` bytes, and not otherwise borrowed.
+    unsafe fn read(&mut self, dst: *mut u8, len: usize) -> io::Result<(usize, bool)> {
+        let n = self.readable()?.min(len);
+        if n == 0 {
+            return Ok((0, false));
+        }
+        let off = (self.rx_head as usize) & (self.cap - 1);
+        let first = n.min(self.cap - off);
+        // SAFETY: `off + first <= cap` and `n - first <= cap`, so both runs lie in this
+        // side's receive ring inside the mapping; `dst` takes `n <= len` bytes (the
+        // caller's guarantee). Raw copies: the peer may write the ring meanwhile, which
+        // at worst gives bytes the protocol core rejects.
+        unsafe {
+            let ring = self.map.base.add(self.rx_data);
+            std::ptr::copy_nonoverlapping(ring.add(off), dst, first);
+            std::ptr::copy_nonoverlapping(ring, dst.add(first), n - first);
+        }
+        self.rx_head = self.rx_head.wrapping_add(n as u64);
+        self.map
+            .word(self.rx_ctl + HEAD)
+            .store(self.rx_head, Ordering::Release);
+        fence(Ordering::SeqCst);
+        // A writer that wants room is rung once half the ring is free, not for every
+        // frame read: it has that much to write at least, and the rest follows.
+        let wanted = self.map.word(self.rx_ctl + ROOM).load(Ordering::Relaxed) != 0;
+        let wake = wanted
+            && self.readable().is_ok_and(|left| left <= self.cap / 2)
+            && self.map.word(self.rx_ctl + ROOM).swap(0, Ordering::Relaxed) != 0;
+        Ok((n, wake))
+    }
+
+    /// Writes as much of `iov`, past its first `skip` bytes, as there is room for: the
+    /// count, and whether the peer asked to be woken for bytes.
+    ///
+    /// # Safety
+    /// Every run must be valid for reads of its length.
+    unsafe fn write(&mut self, iov: &[RawSlice], mut skip: usize) -> io::Result<(usize, bool)> {
+        let mut room = self.writable()?;
+        let mut done = 0;
+        for run in iov {
+            if room == 0 {
+                break;
+            }
+            let from = skip.min(run.len);
+            skip -= from;
+            let n = (run.len - from).min(room);
+            let off = (self.tx_tail.wrapping_add(done as u64) as usize) & (self.cap - 1);
+            let first = n.min(self.cap - off);
+            // SAFETY: both runs lie in this side's transmit ring (`off + first <= cap`,
+            // `n - first <= cap`); the source run is readable from `from` for
+            // `n <= run.len - from` bytes (the caller's guarantee).
+            unsafe {
+                let ring = self.map.base.add(self.tx_data);
+                let src = run.base.add(from);
+                std::ptr::copy_nonoverlapping(src, ring.add(off), first);
+                std::ptr::copy_nonoverlapping(src.add(first), ring, n - first);
+            }
+            done += n;
+            room -= n;
+        }
+        if done == 0 {
+            return Ok((0, false));
+        }
+        self.tx_tail = self.tx_tail.wrapping_add(done as u64);
+        self.map
+            .word(self.tx_ctl + TAIL)
+            .store(self.tx_tail, Ordering::Release);
+        fence(Ordering::SeqCst);
+        let mut wake = self.map.word(self.tx_ctl + SLEEPERS).load(Ordering::Relaxed) != 0;
+        if self.fresh {
+            self.fresh = false;
+            wake |= self.map.word(self.tx_ctl + FRESH).swap(0, Ordering::Relaxed) != 0;
+        }
+        Ok((done, wake))
+    }
+
+    /// Marks the ring this side writes "room wanted" (see the module docs), with the
+    /// fence that pairs with the reader's between publishing its head and reading the
+    /// mark.
+    fn want_room(&mut self) {
+        let w = self.map.word(self.tx_ctl + ROOM);
+        if w.load(Ordering::Relaxed) == 0 {
+            w.store(1, Ordering::Relaxed);
+        }
+        fence(Ordering::SeqCst);
+    }
+
+    /// The rings as the protocol core's byte source and sink, with `bell` the connection's
+    /// unix socket to ring the peer on.
+    pub fn io<'a>(&'a mut self, bell: BorrowedFd<'a>) -> RingIo<'a> {
+        RingIo { rings: self, bell }
+    }
+}
+
+/// A look at a side's rings without the lock of the thread that holds them (see
+/// [`Rings::peek`]), and what its threads need to sleep on the doorbell: the counts of
+/// sleepers, and whether the socket reported bytes since the consumer last took them.
+pub struct Peek {
+    map: Arc<Mapping>,
+    cap: usize,
+    rx_ctl: usize,
+    tx_ctl: usize,
+    state: Arc<State>,
+}
+
+/// What [`Peek::arm`] counted a thread in; taken back when dropped, once the thread's
+/// wait is over. It holds the mapping weakly: a thread asleep holds no connection and
+/// keeps no segment mapped (a closed connection's goes at once, and with it the count).
+pub struct Armed {
+    map: std::sync::Weak<Mapping>,
+    rx_ctl: usize,
+}
+
+impl Drop for Armed {
+    fn drop(&mut self) {
+        // (The counts wrap: a peer that wrote them gets needless rings or none, as a
+        // peer that does not write gets none.)
+        if let Some(map) = self.map.upgrade() {
+            map.word(self.rx_ctl + SLEEPERS).fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Peek {
+    /// Whether the ring this side reads holds bytes it has not taken (the published
+    /// indices differ: garbage the peer wrote counts as bytes, for the consumer to
+    /// refuse).
+    pub fn has_bytes(&self) -> bool {
+        let tail = self.map.word(self.rx_ctl + TAIL).load(Ordering::Acquire);
+        tail != self.map.word(self.rx_ctl + HEAD).load(Ordering::Relaxed)
+    }
+
+    /// Whether the last write left bytes for want of room and half the ring is free
+    /// now (a peer's bad index counts as room, for the writer to refuse).
+    fn has_room(&self) -> bool {
+        if !self.state.tx_blocked.load(Ordering::Relaxed) {
+            return false;
+        }
+        let head = self.map.word(self.tx_ctl + HEAD).load(Ordering::Acquire);
+        let tail = self.map.word(self.tx_ctl + TAIL).load(Ordering::Relaxed);
+        tail.wrapping_sub(head) <= (self.cap / 2) as u64
+    }
+
+    /// Whether a thread that services the connection has something to do on this side:
+    /// bytes in the ring, a doorbell to take, or room for bytes a write left.
+    pub fn has_news(&self) -> bool {
+        self.state.rung.load(Ordering::Relaxed) || self.has_bytes() || self.has_room()
+    }
+
+    /// Counts the calling thread among the sleepers, about to block on the doorbell
+    /// socket, until the returned value is dropped: the peer rings for the next bytes it
+    /// publishes. The caller issues a `SeqCst` fence after arming (once for all the rings
+    /// it is about to sleep on), looks again ([`Peek::has_news`]) before it blocks, and
+    /// drops what this returned once its wait ends.
+    pub fn arm(&self) -> Armed {
+        self.map
+            .word(self.rx_ctl + SLEEPERS)
+            .fetch_add(1, Ordering::Relaxed);
+        Armed {
+            map: Arc::downgrade(&self.map),
+            rx_ctl: self.rx_ctl,
+        }
+    }
+
+    /// The doorbell socket was reported readable.
+    pub fn note_rung(&self) {
+        self.state.rung.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the socket was reported readable since the last call (the caller then
+    /// takes its bytes).
+    pub fn take_rung(&self) -> bool {
+        let rung = &self.state.rung;
+        rung.load(Ordering::Relaxed) && rung.swap(false, Ordering::Relaxed)
+    }
+
+    /// One read of this ring through `read` (a read of the consumer's [`RingIo`]), ending
+    /// as a socket read ends: `WouldBlock` when nothing is there, `Ok(0)` at the end of
+    /// the stream only once every byte the peer published is taken. When the ring is
+    /// empty and a wait reported the doorbell `bell` readable, its bytes are taken and
+    /// the ring looked at again: a bell just taken may be for bytes published after the
+    /// first look, and a peer that publishes its last frames (a NAK, the final ACK) and
+    /// closes right after leaves them in the ring when its end of the stream is seen.
+    pub fn read_or_end(
+        &self,
+        bell: BorrowedFd<'_>,
+        mut read: impl FnMut() -> io::Result<usize>,
+    ) -> io::Result<usize> {
+        match read() {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                if !self.take_rung() {
+                    return Err(e);
+                }
+            }
+            r => return r,
+        }
+        let open = drain_bell(bell)?;
+        match read() {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock && !open => Ok(0),
+            Ok(n) if !open => {
+                // The end is still there once these bytes are taken: the next read
+                // that finds the ring empty sees it again.
+                self.note_rung();
+                Ok(n)
+            }
+            r => r,
+        }
+    }
+}
+
+/// Rings the peer's doorbell: one byte on the socket, never blocking. A full socket
+/// means a ring is already pending; a closed one is the liveness path's to see.
+fn ring(bell: BorrowedFd<'_>) {
+    let _ = rustix::net::send(bell, &[0], SendFlags::DONTWAIT | SendFlags::NOSIGNAL);
+}
+
+/// Takes the doorbell's bytes off `bell` without blocking: `Ok(false)` at the end of the
+/// stream (the peer closed or died), `Ok(true)` otherwise. A bounded number of reads: a
+/// peer that keeps ringing cannot hold the thread here (the socket stays readable, and
+/// the rest is taken next time).
+pub fn drain_bell(bell: BorrowedFd<'_>) -> io::Result<bool> {
+    let mut buf = [0u8; 256];
+    for _ in 0..16 {
+        match rustix::net::recv(bell, &mut buf, RecvFlags::DONTWAIT) {
+            Ok((0, _)) => return Ok(false),
+            Ok(_) => continue,
+            Err(rustix::io::Errno::AGAIN) => return Ok(true),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(true)
+}
+
+/// A side's rings with the socket that is their doorbell, as [`Recv`] and [`Transmit`]:
+/// `WouldBlock` where a socket would block (nothing to read, no room), `InvalidData` once
+/// the peer corrupted the rings. The end of the stream is the socket's to report.
+pub struct RingIo<'a> {
+    rings: &'a mut Rings,
+    bell: BorrowedFd<'a>,
+}
+
+/// A read takes what the ring holds and counts no sleeper: a thread that blocks
+/// afterwards arms the ring first ([`Peek::arm`]). A write that put less than it had
+/// notes it for [`Peek::has_news`] and [`Peek::arm`]: the data path then waits for the
+/// peer's bell (`EPOLLIN`) where a socket would wait for `EPOLLOUT`.
+impl Recv for RingIo<'_> {
+    unsafe fn recv(&mut self, dst: *mut u8, len: usize) -> io::Result<usize> {
+        if len == 0 {
+            return Ok(0);
+        }
+        // SAFETY: the caller guarantees `dst` is writable for `len` bytes.
+        let (n, wake) = unsafe { self.rings.read(dst, len) }?;
+        if wake {
+            ring(self.bell.as_fd());
+        }
+        match n {
+            0 => Err(io::ErrorKind::WouldBlock.into()),
+            n => Ok(n),
+        }
+    }
+}
+
+impl Transmit for RingIo<'_> {
+    unsafe fn transmit(&mut self, iov: &[RawSlice]) -> io::Result<usize> {
+        let total: usize = iov.iter().map(|r| r.len).sum();
+        if total == 0 {
+            return Ok(0);
+        }
+        let mut done = 0;
+        let mut marked = false;
+        loop {
+            // SAFETY: the caller guarantees every run is readable.
+            let (n, wake) = unsafe { self.rings.write(iov, done) }?;
+            if wake {
+                ring(self.bell.as_fd());
+            }
+            done += n;
+            if done == total {
+                break;
+            }
+            if n == 0 {
+                if marked {
+                    break;
+                }
+                // No room: ask the reader to ring once half the ring is free, then look
+                // again (it may have freed that much meanwhile, before it saw the mark).
+                marked = true;
+                self.rings.want_room();
+            }
+        }
+        self.rings.state.tx_blocked.store(done < total, Ordering::Relaxed);
+        match done {
+            0 => Err(io::ErrorKind::WouldBlock.into()),
+            n => Ok(n),
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "shm_ring_tests.rs"]
+mod tests;
