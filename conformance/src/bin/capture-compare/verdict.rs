@@ -5,7 +5,11 @@
 //! RNR retries counted in a wait of fixed length (their number is the RNR timer's
 //! against the time the case waits, which an emulated CPU stretches), packets sent
 //! again (after a retransmit timeout, or a READ asked again after a NAK in its
-//! responses), and the order in which the packets of concurrent QP pairs interleave.
+//! responses), requests the sim sent behind a failing one before its NAK came back,
+//! cases where the sim put nothing on the wire (a local SGE refused before the request
+//! goes, a QP moved to ERR before the engine sent what was posted), the order in which
+//! the packets of concurrent QP pairs interleave, and the sim's one known wire bug: the
+//! AckReq bit on UC packets (IBA 9.2: nothing acknowledges UC; rxe leaves it clear).
 
 use std::collections::{BTreeMap, BTreeSet};
 
