@@ -9,7 +9,7 @@
 //! cases where the sim put nothing on the wire (a local SGE refused before the request
 //! goes, a QP moved to ERR before the engine sent what was posted), the order in which
 //! the packets of concurrent QP pairs interleave, and the sim's one known wire bug: the
-//! AckReq bit on UC packets (IBA 9.2: nothing acknowledges UC; rxe leaves it clear).
+//! AckReq bit on UC packets (nothing acknowledges UC; rxe leaves it clear).
 
 use std::collections::{BTreeMap, BTreeSet};
 
