@@ -8,8 +8,8 @@
 //! responses), requests the sim sent behind a failing one before its NAK came back,
 //! cases where the sim put nothing on the wire (a local SGE refused before the request
 //! goes, a QP moved to ERR before the engine sent what was posted), the order in which
-//! the packets of concurrent QP pairs interleave, and the sim's one known wire bug: the
-//! AckReq bit on UC packets (nothing acknowledges UC; rxe leaves it clear).
+//! the packets of concurrent QP pairs interleave, and the AckReq bit on UC packets
+//! (nothing acknowledges UC: rxe leaves it clear, and so does the sim's capture).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -31,8 +31,8 @@ pub enum Verdict {
     /// at a PSN sent before, a READ asked again from a PSN already answered), ACKs and
     /// RNR NAKs aside: resent after a timeout or a NAK.
     Resends,
-    /// The same but for the AckReq bit of UC packets, which the sim sets as on RC
-    /// and rxe leaves clear (no ACK ever answers a UC request): the sim's bug.
+    /// The same but for the AckReq bit of UC packets, which rxe leaves clear (no ACK
+    /// ever answers a UC request) and the sim's capture clears: a regression of it.
     UcAckReq,
     /// The same once the requests sent after the one a NAK answers are set aside: the
     /// sim sent the WRs behind a failing request before its NAK came back, rxe0's NAK
@@ -58,7 +58,7 @@ impl Verdict {
             Verdict::AckCoalescing => "ACK coalescing",
             Verdict::RnrRetries => "RNR retries in a timed wait",
             Verdict::Resends => "resends",
-            Verdict::UcAckReq => "AckReq on UC (sim bug)",
+            Verdict::UcAckReq => "AckReq on UC",
             Verdict::BehindNak => "requests behind a NAK",
             Verdict::RxeOnly => "sent on rxe0 only",
             Verdict::Interleaving => "interleaving",
