@@ -29,7 +29,8 @@ pub enum Verdict {
     RnrRetries,
     /// The same packets once the ones sent again are set aside (a request or response
     /// at a PSN sent before, a READ asked again from a PSN already answered), ACKs and
-    /// RNR NAKs aside: resent after a timeout or a NAK.
+    /// RNR NAKs aside, in the same order or, across concurrent QP pairs, in another:
+    /// resent after a timeout or a NAK.
     Resends,
     /// The same but for the AckReq bit of UC packets, which rxe leaves clear (no ACK
     /// ever answers a UC request) and the sim's capture clears: a regression of it.
@@ -208,6 +209,10 @@ pub fn verdict(a: &Seq, b: &Seq) -> Verdict {
     if multiset(&na) == multiset(&nb) {
         return Verdict::Interleaving;
     }
+    // Packets sent again and concurrent QP pairs' packets in another order.
+    if !a.pkts.is_empty() && multiset(&resent(a)) == multiset(&resent(b)) {
+        return Verdict::Resends;
+    }
     Verdict::Differs
 }
 
@@ -359,6 +364,25 @@ mod tests {
             pkt(false, op::READ_RESPONSE_MIDDLE, 12),
             pkt(false, op::READ_RESPONSE_LAST, 13),
         ]);
+        assert_eq!(verdict(&sim, &rxe), Verdict::Resends);
+        // Two QP pairs' atomics in another order, one of them sent again.
+        let pair = |first: u64, again: bool| {
+            let mut p = vec![pkt(true, op::FETCH_ADD, 3)];
+            if again {
+                p.push(pkt(true, op::FETCH_ADD, 3));
+            }
+            let mut ack = pkt(false, op::ATOMIC_ACKNOWLEDGE, 3);
+            ack.headers.atomic_ack = Some(first);
+            p.push(ack);
+            p
+        };
+        let two = |x: Vec<Pkt>, y: Vec<Pkt>| Seq {
+            convs: vec![rows(&x), rows(&y)],
+            pkts: vec![x, y],
+            ..Seq::default()
+        };
+        let sim = two(pair(0, false), pair(1, false));
+        let rxe = two(pair(1, true), pair(0, false));
         assert_eq!(verdict(&sim, &rxe), Verdict::Resends);
         let short = of(vec![
             pkt(true, op::READ_REQUEST, 10),
