@@ -4,14 +4,19 @@
 # (`conformance --pcap`, whole packets), and on rxe0 in the Soft-RoCE VM of ci/rxe-vm.sh
 # with tcpdump on its netdev (`conformance --backend ibverbs --pcap`); `capture-compare`
 # puts each case's two packet sequences side by side (opcodes, PSN steps, payload
-# lengths, AETH syndromes and MSN steps, RETH lengths, atomic operands and original
-# values), recomputes every rxe0 packet's ICRC with the sim's function and checks every
+# lengths, AETH syndromes and MSN steps, RETH lengths, rkeys in the order named, atomic
+# operands and original values, UD's Q_Keys and multicast groups), recomputes every rxe0 packet's ICRC with the sim's function and checks every
 # packet's UDP source port against rxe's derivation.
 #
 #   ci/capture-compare.sh [OUT_DIR] [FILTER..]
 #
-# FILTERs are the runner's --filter texts (default: the SEND, RDMA, atomic, RNR and
-# access groups). Writes OUT_DIR/capture-compare.md (the comparison), OUT_DIR/sim.json
+# FILTERs are the runner's --filter texts (default: every group whose cases put RoCE
+# packets on the wire: send, rdma, atomic, rnr, access, ud, uc, mcast, srq, mw, errors,
+# qp, cq, cq-resize, order, post, aio, events, port. Not rdmacm: rdma_cm resolves the
+# peer's MAC as rxe0's own netdev's, so rxe loops the CM MADs and the data back inside
+# the device, and the sim's capture holds the case's own context, not the ones rdma_cm
+# opens. Not remote: the peer is another process, whose traffic rxe0 loops back and
+# the sim's capture of the case does not hold). Writes OUT_DIR/capture-compare.md (the comparison), OUT_DIR/sim.json
 # and OUT_DIR/rxe.json (the two runs' reports), and OUT_DIR/pcap/{sim,rxe}/ (the
 # captures). Exits non-zero if an ICRC or source port is not rxe's, a capture cannot be
 # read, or the VM gave no status (99); the differences themselves are the output.
@@ -30,7 +35,8 @@
 out_dir "${1:-}"
 shift || true
 filters=("$@")
-[ ${#filters[@]} -gt 0 ] || filters=(send. rdma. atomic. rnr. access.)
+[ ${#filters[@]} -gt 0 ] || filters=(send. rdma. atomic. rnr. access. ud. uc. mcast. srq. mw.
+    errors. qp. cq. cq-resize. order. post. aio. events. port.)
 fargs=()
 for f in "${filters[@]}"; do fargs+=(--filter "$f"); done
 cargo build --release --manifest-path "$root/Cargo.toml" -p conformance --features ibverbs \
@@ -106,7 +112,13 @@ echo "conformance on rxe0: exit status $vm_rc" >&2
     echo "emulated); *resends*: the same once packets sent again are set aside (rxe0 resent after"
     echo "its retransmit timer ran out, or answered a READ's responses with an RNR NAK when it"
     echo "could not build or send the next one and was asked again from there; the sim's TCP never"
-    echo "loses a packet); *interleaving*: the same packets in another order (concurrent QPs)."
+    echo "loses a packet); *interleaving*: the same packets in another order (concurrent QPs);"
+    echo "*AckReq on UC*: the same but for the AckReq bit on UC packets (rxe leaves it clear, as"
+    echo "nothing acknowledges UC, and so does the sim's capture); *requests behind a NAK*: the same up to"
+    echo "a NAK, the sim having sent the WRs behind the failing one before the NAK came back and"
+    echo "rxe0 not; *sent on rxe0 only*: the sim put nothing on the wire (it refuses a READ's or"
+    echo "atomic's local SGE before sending, rxe when the response lands; or the case moved the"
+    echo "QP to ERR before the sim's engine sent what was posted, rxe sending within the post)."
     echo
     echo "Outcomes: sim $(grep -o '"status": *"pass"' "$out/sim.json" | wc -l) passed; rxe0 $(grep -o '"status": *"pass"' "$out/rxe.json" 2>/dev/null | wc -l) passed."
     echo

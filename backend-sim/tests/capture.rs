@@ -1,14 +1,14 @@
 //! `RDMA_SIM_PCAP`: the traffic of a process's devices written as RoCE v2 packets. A
 //! WRITE of four path MTUs, a READ of two and a FETCH_AND_ADD between two devices of
 //! this process, then a UD datagram, come out as the packets an HCA sends, with their
-//! PSNs, in order, and
+//! PSNs, in order, then a UC SEND without AckReq, and
 //! tshark reads the file without a malformed packet. (Its own test binary: the setting
 //! is read once per process.)
 
 mod common;
 
 use capture_judge::{well_formed, Scratch};
-use common::{name, roce, Pair};
+use common::{connect_uc, name, roce, Pair};
 use verbs_api::*;
 
 #[test]
@@ -69,16 +69,37 @@ fn the_traffic_is_captured_as_roce_packets() {
         .unwrap();
     assert!(poll_n(&p.cq0, 1, std::time::Duration::from_secs(10)).unwrap()[0].is_ok());
     assert!(poll_n(&p.cq1, 1, std::time::Duration::from_secs(10)).unwrap()[0].is_ok());
+    // A UC SEND: no AckReq on it, as nothing acknowledges UC (rxe leaves the bit clear).
+    let (ua, ub) = (
+        p.pd0
+            .create_qp(&QpInitAttr::uc(&p.cq0, &p.cq0, QpCap::new(4, 4)))
+            .unwrap(),
+        p.pd1
+            .create_qp(&QpInitAttr::uc(&p.cq1, &p.cq1, QpCap::new(4, 4)))
+            .unwrap(),
+    );
+    let ea = local_endpoint(&p.c0, &ua, &params, 9).unwrap();
+    let eb = local_endpoint(&p.c1, &ub, &params, 9).unwrap();
+    connect_uc(&ua, &params, ea.psn, &eb).unwrap();
+    connect_uc(&ub, &params, eb.psn, &ea).unwrap();
+    ub.post_recv(&[RecvWr::new(10, &[rbuf.sge(0, 4096).unwrap()])])
+        .unwrap();
+    ua.post_send(&[SendWr::send(5, &usge).signaled()]).unwrap();
+    assert!(poll_n(&p.cq0, 1, std::time::Duration::from_secs(10)).unwrap()[0].is_ok());
+    assert!(poll_n(&p.cq1, 1, std::time::Duration::from_secs(10)).unwrap()[0].is_ok());
 
     let cap = backend_sim::capture::global().expect("the capture is on");
     cap.flush();
     let path = dir.join(format!("run-{}.pcapng", std::process::id()));
     assert_eq!(cap.path(), Some(path.as_path()));
     let bytes = std::fs::read(&path).unwrap();
-    let got: Vec<(String, u32, u32)> = roce(&bytes)
+    let packets = roce(&bytes);
+    let got: Vec<(String, u32, u32)> = packets
         .iter()
         .map(|(r, ..)| (name(r).to_owned(), r.headers.bth.psn, r.headers.bth.dst_qpn))
         .collect();
+    let uc = packets.last().unwrap().0.headers.bth;
+    assert!(!uc.ack_req, "AckReq on a UC packet: {uc:?}");
     let (a, b) = (p.a.qp_num(), p.b.qp_num());
     let want: Vec<(String, u32, u32)> = [
         ("RDMA_WRITE_FIRST", 1, b),
@@ -92,6 +113,7 @@ fn the_traffic_is_captured_as_roce_packets() {
         ("FETCH_ADD", 7, b),
         ("ATOMIC_ACKNOWLEDGE", 7, a),
         ("SEND_ONLY", 0, uy.qp_num()),
+        ("SEND_ONLY", 9, ub.qp_num()),
     ]
     .into_iter()
     .map(|(n, psn, q)| (n.to_owned(), psn, q))

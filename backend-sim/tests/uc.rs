@@ -8,36 +8,16 @@
 //! resent; WRs posted before the connection is up still arrive, and WRs to a peer that
 //! never answers complete after the link wait.
 
+mod common;
+
 use std::time::{Duration, Instant};
 
 use backend_sim::faults::BreakPoint;
 use backend_sim::{SimBackend, SimContext, SimCq, SimMr, SimPd, SimQp, SimSrq};
+use common::connect_uc;
 use verbs_api::*;
 
 const WAIT: Duration = Duration::from_secs(5);
-
-/// RESET → INIT → RTR → RTS with UC's attributes only (`man ibv_modify_qp`, UC).
-fn connect_uc(qp: &SimQp, p: &RcParams, psn: u32, remote: &Endpoint) -> Result<()> {
-    modify_to_init(qp, p)?;
-    let rtr = QpAttr {
-        qp_state: QpState::Rtr,
-        path_mtu: p.path_mtu,
-        dest_qp_num: remote.qpn,
-        rq_psn: remote.psn,
-        ah_attr: ah_attr_for(remote, p),
-        ..Default::default()
-    };
-    qp.modify(
-        &rtr,
-        QpAttrMask::STATE | QpAttrMask::AV | QpAttrMask::PATH_MTU | QpAttrMask::DEST_QPN | QpAttrMask::RQ_PSN,
-    )?;
-    let rts = QpAttr {
-        qp_state: QpState::Rts,
-        sq_psn: psn,
-        ..Default::default()
-    };
-    qp.modify(&rts, QpAttrMask::STATE | QpAttrMask::SQ_PSN)
-}
 
 /// UC QP `a` on sim0 connected to UC QP `b` on sim1 (optionally on an SRQ), and a
 /// source region on sim0 and a destination region (remote write) on sim1.

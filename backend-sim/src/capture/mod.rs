@@ -29,6 +29,7 @@ use std::str::FromStr;
 use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use backend_sim_proto::capture::opcode::Transport;
 use backend_sim_proto::capture::packet;
 use backend_sim_proto::capture::pcapng;
 use backend_sim_proto::capture::segment::{segments, Context};
@@ -251,9 +252,17 @@ impl Capture {
     /// asked for when [`Capture::wants_payload`]), `comment` on its first packet.
     pub fn frame(&self, flow: &Flow, f: &Frame, msn: u32, payload: &[u8], comment: Option<&str>) {
         let cx = Context { msn, ..flow.cx };
-        let segs = segments(f, &cx);
+        let mut segs = segments(f, &cx);
         if segs.is_empty() {
             return;
+        }
+        if cx.transport == Transport::Uc {
+            // Nothing acknowledges a UC request, and rxe never sets AckReq on one: the
+            // bit a UC frame carries asks the sim's own peer for a receipt, which is
+            // the sim's transport, not a RoCE packet.
+            for s in &mut segs {
+                s.headers.bth.ack_req = false;
+            }
         }
         let ts = now_ns();
         let route = &flow.route;

@@ -401,3 +401,26 @@ pub fn set_nofile(soft: u64) {
 pub fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
+
+/// RESET → INIT → RTR → RTS with UC's attributes only (`man ibv_modify_qp`, UC).
+pub fn connect_uc(qp: &backend_sim::SimQp, p: &RcParams, psn: u32, remote: &Endpoint) -> Result<()> {
+    modify_to_init(qp, p)?;
+    let rtr = QpAttr {
+        qp_state: QpState::Rtr,
+        path_mtu: p.path_mtu,
+        dest_qp_num: remote.qpn,
+        rq_psn: remote.psn,
+        ah_attr: ah_attr_for(remote, p),
+        ..Default::default()
+    };
+    qp.modify(
+        &rtr,
+        QpAttrMask::STATE | QpAttrMask::AV | QpAttrMask::PATH_MTU | QpAttrMask::DEST_QPN | QpAttrMask::RQ_PSN,
+    )?;
+    let rts = QpAttr {
+        qp_state: QpState::Rts,
+        sq_psn: psn,
+        ..Default::default()
+    };
+    qp.modify(&rts, QpAttrMask::STATE | QpAttrMask::SQ_PSN)
+}

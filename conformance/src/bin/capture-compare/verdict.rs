@@ -5,13 +5,17 @@
 //! RNR retries counted in a wait of fixed length (their number is the RNR timer's
 //! against the time the case waits, which an emulated CPU stretches), packets sent
 //! again (after a retransmit timeout, or a READ asked again after a NAK in its
-//! responses), and the order in which the packets of concurrent QP pairs interleave.
+//! responses), requests the sim sent behind a failing one before its NAK came back,
+//! cases where the sim put nothing on the wire (a local SGE refused before the request
+//! goes, a QP moved to ERR before the engine sent what was posted), the order in which
+//! the packets of concurrent QP pairs interleave, and the AckReq bit on UC packets
+//! (nothing acknowledges UC: rxe leaves it clear, and so does the sim's capture).
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use backend_sim_proto::capture::opcode::op;
+use backend_sim_proto::capture::opcode::{self, op};
 
-use crate::seq::{rows, Pkt, Seq};
+use crate::seq::{rows, step, Pkt, Seq};
 
 /// A case's verdict.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,8 +29,21 @@ pub enum Verdict {
     RnrRetries,
     /// The same packets once the ones sent again are set aside (a request or response
     /// at a PSN sent before, a READ asked again from a PSN already answered), ACKs and
-    /// RNR NAKs aside: resent after a timeout or a NAK.
+    /// RNR NAKs aside, in the same order or, across concurrent QP pairs, in another:
+    /// resent after a timeout or a NAK.
     Resends,
+    /// The same but for the AckReq bit of UC packets, which rxe leaves clear (no ACK
+    /// ever answers a UC request) and the sim's capture clears: a regression of it.
+    UcAckReq,
+    /// The same once the requests sent after the one a NAK answers are set aside: the
+    /// sim sent the WRs behind a failing request before its NAK came back, rxe0's NAK
+    /// came back before it sent them.
+    BehindNak,
+    /// The sim put nothing on the wire where rxe0 did: it refuses a READ's or atomic's
+    /// local SGE before sending the request, where rxe sends it and fails the WR when
+    /// the response lands; or the case moved the QP to ERR before the sim's engine had
+    /// sent what was posted, where rxe sends within the post call.
+    RxeOnly,
     /// The same packets, ACKs aside, in another order across or within QP pairs (PSN
     /// and MSN steps aside: they follow the order).
     Interleaving,
@@ -42,25 +59,59 @@ impl Verdict {
             Verdict::AckCoalescing => "ACK coalescing",
             Verdict::RnrRetries => "RNR retries in a timed wait",
             Verdict::Resends => "resends",
+            Verdict::UcAckReq => "AckReq on UC",
+            Verdict::BehindNak => "requests behind a NAK",
+            Verdict::RxeOnly => "sent on rxe0 only",
             Verdict::Interleaving => "interleaving",
             Verdict::Differs => "**differs**",
         }
     }
 }
 
+/// A row without its AckReq flag.
+fn no_ack_req(row: &str) -> String {
+    row.replace(" A ", " ").trim_end_matches(" A").to_string()
+}
+
+/// Whether a row is a UC packet's.
+fn is_uc(row: &str) -> bool {
+    row.get(3..).is_some_and(|r| r.starts_with("UC "))
+}
+
 /// A row with what ACK coalescing changes taken out: `None` for a plain ACK (an
-/// ACKNOWLEDGE whose syndrome is an ACK), the AckReq flag dropped from the others.
+/// ACKNOWLEDGE whose syndrome is an ACK), the AckReq flag dropped from the others but
+/// UC's (which no ACK coalescing explains).
 fn without_acks(row: &str) -> Option<String> {
     if row.contains(" ACKNOWLEDGE ") && row.contains(" ACK msn") && !row.contains("ATOMIC") {
         return None;
     }
-    Some(row.replace(" A ", " ").trim_end_matches(" A").to_string())
+    Some(if is_uc(row) {
+        row.to_string()
+    } else {
+        no_ack_req(row)
+    })
 }
 
 fn normalized(s: &Seq) -> Vec<Vec<String>> {
     s.convs
         .iter()
         .map(|c| c.iter().filter_map(|r| without_acks(r)).collect())
+        .collect()
+}
+
+/// A conversation's packets up to its first NAK (not an RNR NAK) and the requests
+/// at PSNs up to the one it answers; all of them when there is none.
+fn before_nak(pkts: &[Pkt]) -> Vec<Pkt> {
+    let nak = pkts.iter().find_map(|p| {
+        let a = p.headers.aeth?;
+        (a.syndrome >> 5 == 3).then_some(p.headers.bth.psn)
+    });
+    pkts.iter()
+        .filter(|p| {
+            let b = &p.headers.bth;
+            nak.is_none_or(|n| opcode::is_response(b.opcode) || step(n, b.psn) <= 0)
+        })
+        .cloned()
         .collect()
 }
 
@@ -115,6 +166,14 @@ pub fn verdict(a: &Seq, b: &Seq) -> Verdict {
     if na == nb {
         return Verdict::AckCoalescing;
     }
+    let all_ack_req = |n: &[Vec<String>]| -> Vec<Vec<String>> {
+        n.iter()
+            .map(|c| c.iter().map(|r| no_ack_req(r)).collect())
+            .collect()
+    };
+    if all_ack_req(&na) == all_ack_req(&nb) {
+        return Verdict::UcAckReq;
+    }
     // An RNR NAK and the resend it calls for (a request at the PSN of the one before).
     let rnr_blind = |convs: &[Vec<String>]| -> Vec<Vec<String>> {
         convs
@@ -135,8 +194,24 @@ pub fn verdict(a: &Seq, b: &Seq) -> Verdict {
     if !a.pkts.is_empty() && resent(a) == resent(b) {
         return Verdict::Resends;
     }
+    let cut = |s: &Seq| {
+        s.pkts
+            .iter()
+            .map(|c| first_sends(&before_nak(c)))
+            .collect::<Vec<_>>()
+    };
+    if !a.pkts.is_empty() && cut(a) == cut(b) {
+        return Verdict::BehindNak;
+    }
+    if a.packets == 0 && b.packets > 0 {
+        return Verdict::RxeOnly;
+    }
     if multiset(&na) == multiset(&nb) {
         return Verdict::Interleaving;
+    }
+    // Packets sent again and concurrent QP pairs' packets in another order.
+    if !a.pkts.is_empty() && multiset(&resent(a)) == multiset(&resent(b)) {
+        return Verdict::Resends;
     }
     Verdict::Differs
 }
@@ -196,12 +271,55 @@ mod tests {
         assert_eq!(verdict(&two("a", "b"), &two("b", "a")), Verdict::Interleaving);
     }
 
+    #[test]
+    fn uc_ack_req_is_not_ack_coalescing() {
+        let rxe = seq(&[
+            "-> UC SEND_FIRST psn first len=1024",
+            "-> UC SEND_LAST psn+1 len=8",
+        ]);
+        let sim = seq(&[
+            "-> UC SEND_FIRST psn first len=1024",
+            "-> UC SEND_LAST psn+1 A len=8",
+        ]);
+        assert_eq!(verdict(&sim, &rxe), Verdict::UcAckReq);
+        let rc = |a: &str| seq(&[&format!("-> SEND_ONLY psn first{a} len=8")]);
+        assert_eq!(verdict(&rc(" A"), &rc("")), Verdict::AckCoalescing);
+    }
+
+    #[test]
+    fn requests_behind_a_nak_and_nothing_sent() {
+        let nak = |psn: u32| {
+            let mut p = pkt(false, op::ACKNOWLEDGE, psn);
+            p.headers.aeth = Some(backend_sim_proto::capture::headers::Aeth {
+                syndrome: 0x62,
+                msn: 0,
+            });
+            p
+        };
+        let sim = of(vec![
+            pkt(true, op::WRITE_ONLY, 5),
+            pkt(true, op::WRITE_ONLY, 6),
+            pkt(true, op::WRITE_ONLY, 7),
+            nak(5),
+        ]);
+        let rxe = of(vec![pkt(true, op::WRITE_ONLY, 5), nak(5)]);
+        assert_eq!(verdict(&sim, &rxe), Verdict::BehindNak);
+        // Without the NAK the missing requests are a difference.
+        let sim = of(vec![pkt(true, op::WRITE_ONLY, 5), pkt(true, op::WRITE_ONLY, 6)]);
+        let rxe = of(vec![pkt(true, op::WRITE_ONLY, 5)]);
+        assert_eq!(verdict(&sim, &rxe), Verdict::Differs);
+        let mut rxe = of(vec![pkt(true, op::READ_REQUEST, 1)]);
+        rxe.packets = 1;
+        assert_eq!(verdict(&Seq::default(), &rxe), Verdict::RxeOnly);
+    }
+
     fn pkt(to_opener: bool, opcode: u8, psn: u32) -> Pkt {
         let dst = if to_opener { 0x12 } else { 0x11 };
         Pkt {
             to_opener,
             headers: backend_sim_proto::capture::headers::Headers::new(opcode, dst, psn),
             payload_len: 8,
+            group: None,
         }
     }
 
@@ -246,6 +364,25 @@ mod tests {
             pkt(false, op::READ_RESPONSE_MIDDLE, 12),
             pkt(false, op::READ_RESPONSE_LAST, 13),
         ]);
+        assert_eq!(verdict(&sim, &rxe), Verdict::Resends);
+        // Two QP pairs' atomics in another order, one of them sent again.
+        let pair = |first: u64, again: bool| {
+            let mut p = vec![pkt(true, op::FETCH_ADD, 3)];
+            if again {
+                p.push(pkt(true, op::FETCH_ADD, 3));
+            }
+            let mut ack = pkt(false, op::ATOMIC_ACKNOWLEDGE, 3);
+            ack.headers.atomic_ack = Some(first);
+            p.push(ack);
+            p
+        };
+        let two = |x: Vec<Pkt>, y: Vec<Pkt>| Seq {
+            convs: vec![rows(&x), rows(&y)],
+            pkts: vec![x, y],
+            ..Seq::default()
+        };
+        let sim = two(pair(0, false), pair(1, false));
+        let rxe = two(pair(1, true), pair(0, false));
         assert_eq!(verdict(&sim, &rxe), Verdict::Resends);
         let short = of(vec![
             pkt(true, op::READ_REQUEST, 10),
