@@ -122,6 +122,14 @@ impl Port {
         self.qp.handle_connection_up();
     }
 
+    /// The QP went back to RESET: its connection's streams are forgotten (a new one
+    /// starts when it is connected again).
+    pub fn forget_connection(&mut self) {
+        self.conn = Connection::default();
+        self.last_tx = None;
+        self.last_rx = None;
+    }
+
     /// The requester's timers at `now`, if due; the local ACK timeouts that fired.
     pub fn on_timer(&mut self, now: Instant) -> u64 {
         if self.in_error() {
