@@ -196,9 +196,13 @@ impl Backend for Det {
     }
 
     fn open(&self, name: &str) -> Result<DetContext> {
-        let w = self.shared.enter("ibv_open_device")?;
+        let mut w = self.shared.enter("ibv_open_device")?;
         match w.devices.iter().position(|d| d.name == name) {
-            Some(dev) => Ok(DetContext::new(self.shared.clone(), dev, name.into())),
+            Some(dev) => {
+                w.contexts.push(Default::default());
+                let id = w.contexts.len() - 1;
+                Ok(DetContext::new(self.shared.clone(), dev, id, name.into()))
+            }
             None => Err(Error::DeviceNotFound {
                 name: name.into(),
                 available: w.devices.iter().map(|d| d.name.clone()).collect(),

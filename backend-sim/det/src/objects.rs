@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use backend_sim_proto::memory::MrShared;
 use verbs_api::{
-    AccessFlags, AsyncEvent, AtomicCap, Capabilities, Context, DeviceAttr, Error, Gid, LinkLayer,
-    MemoryRegion, Mtu, PortAttr, PortState, ProtectionDomain, QpInitAttr, Result, SrqAttr,
+    AccessFlags, AsyncEvent, AtomicCap, Capabilities, Context, DeviceAttr, Error, Gid, LinkLayer, Mtu,
+    PortAttr, PortState, ProtectionDomain, QpInitAttr, Result, SrqAttr,
 };
 
 use crate::cq::{DetChannel, DetCq};
@@ -45,12 +45,19 @@ pub(crate) fn gid(n: usize) -> Gid {
 pub struct DetContext {
     pub(crate) shared: Arc<Shared>,
     pub(crate) dev: usize,
+    /// Its queue of asynchronous events in the world.
+    pub(crate) id: usize,
     name: String,
 }
 
 impl DetContext {
-    pub(crate) fn new(shared: Arc<Shared>, dev: usize, name: String) -> DetContext {
-        DetContext { shared, dev, name }
+    pub(crate) fn new(shared: Arc<Shared>, dev: usize, id: usize, name: String) -> DetContext {
+        DetContext {
+            shared,
+            dev,
+            id,
+            name,
+        }
     }
 
     fn check_port(&self, port_num: u8) -> Result<()> {
@@ -191,7 +198,7 @@ impl Context for DetContext {
         let mut w = self.shared.enter("ibv_get_async_event")?;
         let until = timeout.map(|t| w.net.now() + t);
         loop {
-            if let Some(e) = w.devices[self.dev].events.pop_front() {
+            if let Some(e) = w.contexts[self.id].pop_front() {
                 return Ok(Some(e));
             }
             if !w.advance(until) {
@@ -281,11 +288,10 @@ impl DetPd {
         access: AccessFlags,
         make: impl FnOnce(u32) -> Option<MrShared>,
     ) -> Result<DetMr> {
-        let remote = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
-        if access.intersects(remote) && !access.contains(AccessFlags::LOCAL_WRITE) {
+        if !access.is_valid_for_mr() {
             return Err(Error::invalid(
                 "ibv_reg_mr",
-                "REMOTE_WRITE and REMOTE_ATOMIC need LOCAL_WRITE",
+                format!("{access:?}: REMOTE_WRITE and REMOTE_ATOMIC need LOCAL_WRITE"),
             ));
         }
         let mut w = self.ctx.shared.enter("ibv_reg_mr")?;
@@ -312,27 +318,8 @@ pub struct DetMr {
 
 impl Drop for DetMr {
     fn drop(&mut self) {
-        self.shared.lock_any().devices[self.dev].mrs.remove(self.mr.key);
-        self.mr.kill();
+        self.shared.lock_any().devices[self.dev].mrs.deregister(&self.mr);
     }
 }
 
-// SAFETY: `as_ptr()..as_ptr() + len()` is the region's memory, valid while the MR lives
-// (owned: freed only after the last Arc; caller memory: the caller's contract).
-unsafe impl MemoryRegion for DetMr {
-    fn as_ptr(&self) -> *mut u8 {
-        self.mr.base()
-    }
-    fn len(&self) -> usize {
-        self.mr.len()
-    }
-    fn lkey(&self) -> u32 {
-        self.mr.key
-    }
-    fn rkey(&self) -> u32 {
-        self.mr.key
-    }
-    fn access(&self) -> AccessFlags {
-        self.mr.access
-    }
-}
+backend_sim_proto::impl_memory_region!(DetMr, mr);

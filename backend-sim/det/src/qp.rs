@@ -8,6 +8,7 @@
 use std::sync::Arc;
 
 use backend_sim_proto::fabric::Port;
+use backend_sim_proto::memory::MrTable;
 use backend_sim_proto::qp::{AvCheck, Effect, PostCheck, Qp, QpConfig, QpLimits};
 use backend_sim_proto::recv_queue::PostRecvError;
 use backend_sim_proto::switches::Switches;
@@ -117,6 +118,7 @@ impl DetQp {
             qpn,
             QpSlot {
                 dev: pd.ctx.dev,
+                ctx: pd.ctx.id,
                 port: Port::new(qp),
                 send_cq: attr.send_cq.handle,
                 recv_cq: attr.recv_cq.handle,
@@ -127,6 +129,48 @@ impl DetQp {
             qpn,
             qp_type: attr.qp_type,
         })
+    }
+
+    /// A post of `n` WRs (`id(i)`: the `wr_id` of the `i`-th) by verb `call`: refused
+    /// unless the QP's state is `ready` (else the reason `need`); `each` queues the
+    /// `i`-th (and flushes it in ERR). Those before a refused WR stay posted; the
+    /// frames they cause leave at once.
+    fn post(
+        &self,
+        call: &'static str,
+        n: usize,
+        id: impl Fn(usize) -> u64,
+        (ready, need): (impl Fn(QpState) -> bool, &'static str),
+        mut each: impl FnMut(&mut Qp, &MrTable, usize) -> Result<()>,
+    ) -> Result<(), PostError> {
+        let fail = |index: usize, error: Error| PostError {
+            index,
+            wr_id: if index < n { id(index) } else { 0 },
+            error,
+        };
+        let mut w = self.shared.enter(call).map_err(|e| fail(0, e))?;
+        let w = &mut *w;
+        let slot = w.qps.get_mut(&self.qpn).expect("a live QP is in its world");
+        let state = slot.port.qp.state();
+        let result = if ready(state) {
+            (0..n).try_for_each(|i| {
+                each(&mut slot.port.qp, &w.devices[slot.dev].mrs, i).map_err(|e| fail(i, e))
+            })
+        } else {
+            let reason = need;
+            Err(fail(
+                0,
+                Error::InvalidQpState {
+                    call,
+                    qpn: self.qpn,
+                    state,
+                    reason,
+                },
+            ))
+        };
+        w.progressed();
+        w.pump();
+        result
     }
 
     /// The refusal of a send WR, in the verbs' words.
@@ -187,85 +231,46 @@ impl QueuePair for DetQp {
     }
 
     fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
-        let fail = |index: usize, error: Error| PostError {
-            index,
-            wr_id: wrs.get(index).map_or(0, |w| w.wr_id),
-            error,
-        };
-        let mut w = self.shared.enter("ibv_post_send").map_err(|e| fail(0, e))?;
-        let w = &mut *w;
-        let slot = w.qps.get_mut(&self.qpn).expect("a live QP is in its world");
-        let qp = &mut slot.port.qp;
-        let state = qp.state();
-        let mut result = Ok(());
-        if matches!(state, QpState::Reset | QpState::Init | QpState::Rtr) {
-            result = Err(fail(
-                0,
-                Error::InvalidQpState {
-                    call: "ibv_post_send",
-                    qpn: self.qpn,
-                    state,
-                    reason: "send work requests need RTS (or SQD/ERR)",
-                },
-            ));
-        } else {
-            for (i, wr) in wrs.iter().enumerate() {
-                if let Err(c) = qp.handle_post_send(wr, &w.devices[slot.dev].mrs, None) {
-                    result = Err(fail(i, self.refusal(c, &qp.attr().cap)));
-                    break;
-                }
-            }
-            qp.flush_posted_sends();
-        }
-        w.progressed();
-        w.pump();
-        result
+        let ready = |s: QpState| !matches!(s, QpState::Reset | QpState::Init | QpState::Rtr);
+        let need = "send work requests need RTS (or SQD/ERR)";
+        self.post(
+            "ibv_post_send",
+            wrs.len(),
+            |i| wrs[i].wr_id,
+            (ready, need),
+            |qp, mrs, i| {
+                qp.handle_post_send(&wrs[i], mrs, None)
+                    .map_err(|c| self.refusal(c, &qp.attr().cap))?;
+                qp.flush_posted_sends();
+                Ok(())
+            },
+        )
     }
 
     fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
-        let fail = |index: usize, error: Error| PostError {
-            index,
-            wr_id: wrs.get(index).map_or(0, |w| w.wr_id),
-            error,
-        };
-        let mut w = self.shared.enter("ibv_post_recv").map_err(|e| fail(0, e))?;
-        let slot = w.qps.get_mut(&self.qpn).expect("a live QP is in its world");
-        let qp = &mut slot.port.qp;
-        let state = qp.state();
-        let mut result = Ok(());
-        if state == QpState::Reset {
-            result = Err(fail(
-                0,
-                Error::InvalidQpState {
-                    call: "ibv_post_recv",
-                    qpn: self.qpn,
-                    state,
-                    reason: "receive work requests need INIT or later",
-                },
-            ));
-        } else {
-            for (i, wr) in wrs.iter().enumerate() {
-                if let Err(e) = qp.handle_post_recv(wr) {
-                    let error = match e {
-                        PostRecvError::Full => Error::QueueFull {
-                            queue: QueueKind::Recv,
-                            qpn: self.qpn,
-                            capacity: qp.attr().cap.max_recv_wr,
-                        },
-                        PostRecvError::TooManySge => {
-                            Error::invalid("ibv_post_recv", "more SGEs than max_recv_sge")
-                        }
-                        PostRecvError::HasSrq => Error::invalid("ibv_post_recv", "the QP has an SRQ"),
-                    };
-                    result = Err(fail(i, error));
-                    break;
-                }
-            }
-            qp.flush_posted_recvs();
-        }
-        w.progressed();
-        w.pump();
-        result
+        let ready = |s: QpState| s != QpState::Reset;
+        let need = "receive work requests need INIT or later";
+        self.post(
+            "ibv_post_recv",
+            wrs.len(),
+            |i| wrs[i].wr_id,
+            (ready, need),
+            |qp, _, i| {
+                qp.handle_post_recv(&wrs[i]).map_err(|e| match e {
+                    PostRecvError::Full => Error::QueueFull {
+                        queue: QueueKind::Recv,
+                        qpn: self.qpn,
+                        capacity: qp.attr().cap.max_recv_wr,
+                    },
+                    PostRecvError::TooManySge => {
+                        Error::invalid("ibv_post_recv", "more SGEs than max_recv_sge")
+                    }
+                    PostRecvError::HasSrq => Error::invalid("ibv_post_recv", "the QP has an SRQ"),
+                })?;
+                qp.flush_posted_recvs();
+                Ok(())
+            },
+        )
     }
 
     fn attach_mcast(&self, _: &Gid, _: u16) -> Result<()> {

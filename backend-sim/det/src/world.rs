@@ -48,11 +48,11 @@ impl Shared {
                         name,
                         mrs: MrTable::default(),
                         keys: 0,
-                        events: VecDeque::new(),
                     })
                     .collect(),
                 qps: BTreeMap::new(),
                 cqs: Vec::new(),
+                contexts: Vec::new(),
                 channels: Vec::new(),
                 qpns: 0,
                 pds: 0,
@@ -89,17 +89,18 @@ impl Shared {
     }
 }
 
-/// One device: its name, its registered memory, its asynchronous events.
+/// One device: its name, its registered memory.
 pub(crate) struct Device {
     pub(crate) name: String,
     pub(crate) mrs: MrTable,
     keys: u64,
-    pub(crate) events: VecDeque<AsyncEvent>,
 }
 
 /// A QP of the world: its device, its protocol core on the network, its CQs.
 pub(crate) struct QpSlot {
     pub(crate) dev: usize,
+    /// The context that made it, which its asynchronous events go to.
+    pub(crate) ctx: usize,
     pub(crate) port: Port,
     pub(crate) send_cq: u32,
     pub(crate) recv_cq: u32,
@@ -123,6 +124,8 @@ pub(crate) struct World {
     /// By QPN (unique in the world), iterated in order: every pass is deterministic.
     pub(crate) qps: BTreeMap<u32, QpSlot>,
     pub(crate) cqs: Vec<CqState>,
+    /// Each open context's asynchronous events (`ibv_get_async_event` reads its own).
+    pub(crate) contexts: Vec<VecDeque<AsyncEvent>>,
     /// Each channel's events: the handles of the CQs that raised them.
     pub(crate) channels: Vec<VecDeque<u32>>,
     qpns: u64,
@@ -182,7 +185,7 @@ impl World {
         self.route();
     }
 
-    /// Completions to their CQs (and the trace), events to their devices.
+    /// Completions to their CQs (and the trace), events to their contexts.
     fn route(&mut self) {
         for (&qpn, slot) in &mut self.qps {
             let c = slot.port.qp.poll_completions();
@@ -196,7 +199,8 @@ impl World {
                 let h = if recv { slot.recv_cq } else { slot.send_cq };
                 push_completion(&mut self.cqs, &mut self.channels, h, w, solicited);
             }
-            self.devices[slot.dev].events.extend(slot.port.qp.poll_events());
+            slot.port.qp.check_drained();
+            self.contexts[slot.ctx].extend(slot.port.qp.poll_events());
         }
     }
 

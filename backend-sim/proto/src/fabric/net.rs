@@ -244,8 +244,9 @@ impl Net {
         | Frame::CmpSwap { addr, rkey, .. }
         | Frame::FetchAdd { addr, rkey, .. } = &mut frame
         {
-            let base = target.get(*rkey).map_or(0, |m| m.addr());
-            *addr = addr.wrapping_sub(base);
+            // A key the receiver does not know (a bad rkey on purpose) makes the address
+            // meaningless to it: left out.
+            *addr = target.get(*rkey).map_or(0, |m| addr.wrapping_sub(m.addr()));
         }
         let mut h = [0u8; crate::wire::MAX_HDR_LEN];
         let n = frame.encode(&mut h);
