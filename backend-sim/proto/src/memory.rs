@@ -710,6 +710,35 @@ pub(crate) fn test_draw() -> u32 {
     })
 }
 
+/// Implements `verbs_api::MemoryRegion` for `$t`, whose field `$f` is its region's
+/// `Arc<MrShared>`: the sim's regions and the deterministic backend's are both a
+/// [`MrShared`] seen through the verbs (lkey and rkey are its key).
+#[macro_export]
+macro_rules! impl_memory_region {
+    ($t:ty, $f:ident) => {
+        // SAFETY: `as_ptr()..as_ptr() + len()` is the region's memory, valid while the MR
+        // lives (owned: freed only after the last Arc; caller memory: the caller's
+        // contract, `reg_mr_raw`'s).
+        unsafe impl $crate::__verbs_api::MemoryRegion for $t {
+            fn as_ptr(&self) -> *mut u8 {
+                self.$f.base()
+            }
+            fn len(&self) -> usize {
+                self.$f.len()
+            }
+            fn lkey(&self) -> u32 {
+                self.$f.key
+            }
+            fn rkey(&self) -> u32 {
+                self.$f.key
+            }
+            fn access(&self) -> $crate::__verbs_api::AccessFlags {
+                self.$f.access
+            }
+        }
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -945,33 +974,4 @@ mod tests {
             }
         }
     }
-}
-
-/// Implements `verbs_api::MemoryRegion` for `$t`, whose field `$f` is its region's
-/// `Arc<MrShared>`: the sim's regions and the deterministic backend's are both a
-/// [`MrShared`] seen through the verbs (lkey and rkey are its key).
-#[macro_export]
-macro_rules! impl_memory_region {
-    ($t:ty, $f:ident) => {
-        // SAFETY: `as_ptr()..as_ptr() + len()` is the region's memory, valid while the MR
-        // lives (owned: freed only after the last Arc; caller memory: the caller's
-        // contract, `reg_mr_raw`'s).
-        unsafe impl $crate::__verbs_api::MemoryRegion for $t {
-            fn as_ptr(&self) -> *mut u8 {
-                self.$f.base()
-            }
-            fn len(&self) -> usize {
-                self.$f.len()
-            }
-            fn lkey(&self) -> u32 {
-                self.$f.key
-            }
-            fn rkey(&self) -> u32 {
-                self.$f.key
-            }
-            fn access(&self) -> $crate::__verbs_api::AccessFlags {
-                self.$f.access
-            }
-        }
-    };
 }
