@@ -38,7 +38,10 @@
 //!   world (a program may look at an empty CQ a few times by design). Both errors say
 //!   what to change (post the peer's work first, interleave the two sides).
 //! - **The trace.** Every delivery and every completion is folded into one hash
-//!   ([`Det::trace`]): two runs of the same seed compare in one number.
+//!   ([`Det::trace`]): two runs of the same seed compare in one number. It holds while
+//!   the program reads no wall clock (a wait bounded by `Instant::now()`, as
+//!   `verbs_api::poll_n`'s, ends after as many polls as the machine made meanwhile,
+//!   which nothing here can see or refuse).
 //!
 //! ## What it does not do
 //!
