@@ -20,7 +20,9 @@
 //! - **The network is the protocol crate's** (`backend_sim_proto::fabric::net`): a
 //!   frame's fate is drawn from the seed keyed by what is decided (its link, opcode,
 //!   PSN and attempt), not by the order of draws; a link is one direction of one
-//!   connection, `(sending QPN << 32) | receiving QPN`. Each QP is attached through
+//!   connection, `(sending QPN << 32) | receiving QPN`. A frame of several packets may
+//!   be cut into its packets at the sending QP's path MTU (`FaultMix::split_ppm`), each
+//!   then lost, duplicated or delayed on its own. Each QP is attached through
 //!   `fabric::port::Port`, which drives it through its public surface (`handle_frames`,
 //!   `poll_transmit`, `handle_timeout`, `handle_connection_lost`) as the two-QP fabric
 //!   does. QPNs and MR keys are drawn from the seed too (`Decider::choice`), so a run

@@ -175,7 +175,7 @@ impl World {
             let mut bytes = Vec::new();
             if slot.port.take_frames(now, &mut bytes) {
                 let link = (u64::from(qpn) << 32) | u64::from(slot.port.qp.attr().dest_qp_num);
-                match self.net.send(link, &bytes) {
+                match self.net.send(link, slot.port.path_mtu(), &bytes) {
                     Ok(Sent::Scheduled) => {}
                     Ok(Sent::Reset) => self.reset(link),
                     Err(m) => tracing::error!(qpn, "det: {m}"),

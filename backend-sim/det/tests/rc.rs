@@ -1,7 +1,8 @@
 //! An RC client and server written over `verbs_api::Backend` alone (tests/common) run
 //! unchanged on the deterministic backend: over a clean network, and over one that loses,
-//! duplicates and reorders frames, under many seeds: the data arrives intact, every
-//! atomic runs exactly once, and the same seed gives the same trace.
+//! duplicates and reorders frames (or the packets it cuts them into), under many seeds:
+//! the data arrives intact, every atomic runs exactly once, and the same seed gives the
+//! same trace.
 
 mod common;
 
@@ -51,6 +52,26 @@ fn loss_duplication_and_reordering_keep_data_and_atomics_exact() {
         total.lost > 0 && total.duplicated > 0 && total.timeouts > 0,
         "{total:?}"
     );
+}
+
+/// The network cuts every frame of several packets into its packets, each lost,
+/// duplicated and reordered on its own: a packet lost inside a SEND, a WRITE or a READ
+/// response is recovered from that packet and the data still arrives intact.
+#[test]
+fn packets_lost_inside_messages_keep_data_exact() {
+    let mut mix = FaultMix::lossy(5, 5);
+    mix.split_ppm = 1_000_000;
+    let b = hosts().mix(mix);
+    let mut total = backend_sim_proto::fabric::Stats::default();
+    check_seeds(&b, 0..SEEDS, |det| {
+        common::client_server(det)?;
+        let s = det.stats();
+        total.split += s.split;
+        total.lost += s.lost;
+        Ok::<_, String>(())
+    })
+    .unwrap_or_else(|f| panic!("{f}"));
+    assert!(total.split > 0 && total.lost > 0, "{total:?}");
 }
 
 #[test]

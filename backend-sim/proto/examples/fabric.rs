@@ -1,11 +1,12 @@
 //! Runs the deterministic fabric's seeded workload over a range of seeds and prints what
 //! happened: how many seeds matched the model, the first that did not (with the command
 //! that replays it), the frames the network carried, lost and duplicated, and how fast
-//! the fabric ran (frames per second of wall time).
+//! the fabric ran (frames per second of wall time). `--split` is the share of frames of
+//! several packets the network cuts into their packets (default 50).
 //!
 //! ```text
 //! cargo run --release -p backend-sim-proto --example fabric -- [--seeds A..B] [--ops N]
-//!     [--loss PCT] [--dup PCT] [--jitter-us US] [--reset-ppm PPM] [--duplex]
+//!     [--loss PCT] [--dup PCT] [--jitter-us US] [--reset-ppm PPM] [--split PCT] [--duplex]
 //! RDMA_FABRIC_LOG=1 ... --seeds S..S+1      # one seed, every frame printed
 //! ```
 
@@ -34,11 +35,13 @@ fn main() -> ExitCode {
     let mut mix = FaultMix::lossy(arg(&args, "--loss", 5), arg(&args, "--dup", 5));
     mix.jitter = Duration::from_micros(arg(&args, "--jitter-us", 20));
     mix.reset_ppm = arg(&args, "--reset-ppm", 0);
+    mix.split_ppm = arg::<u32>(&args, "--split", 50).min(100) * 10_000;
     let mut spec = Spec::new(ops, mix);
     spec.duplex = args.iter().any(|a| a == "--duplex");
     let start = Instant::now();
     let (mut ok, mut failed, mut first) = (0u64, 0u64, None);
     let (mut delivered, mut lost, mut dup, mut timeouts, mut resets) = (0u64, 0u64, 0u64, 0u64, 0u64);
+    let mut split = 0u64;
     let mut took = Duration::ZERO;
     for seed in a..b {
         match run(seed, &spec) {
@@ -49,6 +52,7 @@ fn main() -> ExitCode {
                 dup += o.stats.duplicated;
                 timeouts += o.stats.timeouts;
                 resets += o.stats.resets;
+                split += o.stats.split;
                 took += o.took;
             }
             Err(v) => {
@@ -59,15 +63,16 @@ fn main() -> ExitCode {
     }
     let wall = start.elapsed();
     println!(
-        "seeds {a}..{b}: {ok} matched the model, {failed} did not ({ops} WRs {}; loss {}%, duplication {}%, jitter {:?}, resets {} ppm)",
+        "seeds {a}..{b}: {ok} matched the model, {failed} did not ({ops} WRs {}; loss {}%, duplication {}%, jitter {:?}, resets {} ppm, frames cut into packets {}%)",
         if spec.duplex { "from each end" } else { "from A" },
         mix.loss_ppm / 10_000,
         mix.dup_ppm / 10_000,
         mix.jitter,
-        mix.reset_ppm
+        mix.reset_ppm,
+        mix.split_ppm / 10_000
     );
     println!(
-        "frames: {delivered} delivered, {lost} lost, {dup} duplicated; {resets} connection resets; {timeouts} local ACK timeouts; {:?} of virtual time",
+        "frames: {delivered} delivered, {lost} lost, {dup} duplicated, {split} cut into packets; {resets} connection resets; {timeouts} local ACK timeouts; {:?} of virtual time",
         took
     );
     println!(
@@ -81,13 +86,14 @@ fn main() -> ExitCode {
         Some(v) => {
             println!("first failure: {v}");
             println!(
-                "replay: cargo run --release -p backend-sim-proto --example fabric -- --seeds {}..{} --ops {ops} --loss {} --dup {} --jitter-us {} --reset-ppm {}{}",
+                "replay: cargo run --release -p backend-sim-proto --example fabric -- --seeds {}..{} --ops {ops} --loss {} --dup {} --jitter-us {} --reset-ppm {} --split {}{}",
                 v.seed,
                 v.seed + 1,
                 mix.loss_ppm / 10_000,
                 mix.dup_ppm / 10_000,
                 mix.jitter.as_micros(),
                 mix.reset_ppm,
+                mix.split_ppm / 10_000,
                 if spec.duplex { " --duplex" } else { "" }
             );
             ExitCode::FAILURE

@@ -14,12 +14,20 @@ pub enum Plant {
     NoAtomicReplay = 2,
     /// An ACK completes the WQE after the one its PSN names as well.
     AckOffByOne = 4,
+    /// A SEND or WRITE resent from a packet inside the message carries the message's
+    /// bytes from its start instead of from that packet's.
+    ResendFromMessageStart = 8,
 }
 
 impl Plant {
     /// Every planted bug.
     #[cfg(any(all(test, feature = "planted-bugs"), feature = "internals"))]
-    pub const ALL: [Plant; 3] = [Plant::NoDuplicateCheck, Plant::NoAtomicReplay, Plant::AckOffByOne];
+    pub const ALL: [Plant; 4] = [
+        Plant::NoDuplicateCheck,
+        Plant::NoAtomicReplay,
+        Plant::AckOffByOne,
+        Plant::ResendFromMessageStart,
+    ];
 }
 
 #[cfg(feature = "planted-bugs")]

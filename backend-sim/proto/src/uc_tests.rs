@@ -131,6 +131,22 @@ fn the_responder_drops_and_acknowledges() {
     );
 }
 
+/// A message of several packets dropped (no receive posted) is acknowledged by its last
+/// packet's PSN, as one taken in: the requester completes a WR once the ACK's PSN reaches
+/// its message's last packet, so a receipt of the first would leave it waiting, and UC
+/// has no timer to end the wait.
+#[test]
+fn a_dropped_message_of_several_packets_is_acknowledged_by_its_last_psn() {
+    let (mrs, _) = region();
+    let mut r = responder();
+    r.set_path_mtu(1024);
+    let mut out = Vec::new();
+    assert!(!take(&mut r, &mrs, send(10, 3000), &mut out));
+    let mut tx = TxQueue::new();
+    r.flush_ack(&mut tx);
+    assert_eq!(frames(&mut tx), [Frame::Ack { psn: 12 }]);
+}
+
 /// A SEND longer than its receive completes it with LOC_LEN_ERR and drops the message:
 /// nothing is written, the QP is not failed (no `Fatal`).
 #[test]

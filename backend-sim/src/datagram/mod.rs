@@ -9,7 +9,8 @@
 //! the device at the accepting end knows which device is at the other: the source
 //! (GID, LID) of every datagram on a link is that device's, whatever the frame says,
 //! and a third process cannot make datagrams appear to come from another device's QPs
-//! ([`setup`]). Datagrams between the QPs of one device never leave it (an HCA loops
+//! ([`setup`]); which link a datagram takes, and how a link set up takes its place in
+//! the device's table, is [`links`]. Datagrams between the QPs of one device never leave it (an HCA loops
 //! them back too): they go through the device's own queue of bytes, in the same frames.
 //!
 //! - **Sending** ([`Datagrams::transmit`], on the thread that posted, or that saw the
@@ -25,7 +26,7 @@
 //!   behind it wait, uncompleted, until the writer that makes room hands the QP back
 //!   ([`waiters`]); a sender is never dropped for being fast. (A device that stops
 //!   reading altogether has its link closed, see [`link::STALL_LIMIT`].)
-//! - **Receiving** ([`link`]'s task on the device's setup runtime, an application
+//! - **Receiving** ([`receive`]; [`link`]'s task on the device's setup runtime, an application
 //!   thread whose empty poll reads the device's first [`POLLED_LINKS`] links as it reads
 //!   its connections ([`SidePaths`]: a datagram need not wait for the setup thread to
 //!   wake), or the thread that drains the device's own queue): each whole datagram goes
@@ -41,31 +42,34 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use arrayvec::ArrayVec;
 use parking_lot::Mutex;
-use verbs_api::{Gid, QpState, QpType, MULTICAST_QPN};
+use verbs_api::{Gid, QpState};
 
 use crate::addressing::Addressing;
 use crate::counters::DeviceCounters;
 use crate::mcast::Multicast;
-use crate::progress::{Progress, SidePaths};
+use crate::progress::Progress;
 use crate::qp::{QpShared, QpTable};
 use crate::verify::Claims;
-use crate::wire::{Frame, DATAGRAM_HDR_LEN, MAX_DATAGRAM};
+use crate::wire::{DATAGRAM_HDR_LEN, MAX_DATAGRAM};
 use backend_sim_proto::qp::DatagramSource;
 use backend_sim_proto::qp::{Emitted, UdRoute};
 
 mod fanout;
 pub mod gsi;
 pub mod link;
+mod links;
+mod receive;
 pub mod setup;
 pub mod table;
 pub mod waiters;
 
 use link::Link;
-use table::{LinkTable, Slot};
+pub use receive::Inbox;
+use table::LinkTable;
 use waiters::Waiters;
 
 /// How long datagrams to a device that could not be reached are lost without a new
@@ -425,302 +429,6 @@ impl Datagrams {
                 Settled::Next
             }
         }
-    }
-
-    /// Where a datagram to the device at `peer` goes now; sets a link up (and has `qp`
-    /// wait for it) if there is none.
-    fn link_to(self: &Arc<Self>, peer: SocketAddr, qp: &Arc<QpShared>) -> Target {
-        let mut t = self.links.lock();
-        match t.by_peer.get_mut(&peer) {
-            Some(Slot::Up(link)) if !link.is_closed() => return Target::Link(link.clone()),
-            Some(Slot::Pending(waiting)) => {
-                if !waiting.iter().any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(qp))) {
-                    waiting.push(Arc::downgrade(qp));
-                }
-                return Target::Wait;
-            }
-            Some(Slot::Failed(until)) if Instant::now() < *until => return Target::Lost,
-            _ => {}
-        }
-        if !t.reserve(None, self.bound) {
-            tracing::warn!(
-                device = %self.name, %peer,
-                "{} links to other devices, all in use: datagrams to another are lost",
-                self.bound
-            );
-            return Target::Lost;
-        }
-        t.by_peer.insert(peer, Slot::Pending(vec![Arc::downgrade(qp)]));
-        drop(t);
-        tracing::debug!(device = %self.name, %peer, "UD: opening a link");
-        self.rt.spawn(setup::open(self.clone(), peer));
-        Target::Wait
-    }
-
-    /// Sets the links to the other member devices of group `mgid` up ahead of the first
-    /// datagram, as a subnet manager or a RoCE network is set up for a group when a port
-    /// joins it: rdma_cm's join (`rdma_join_multicast`) calls it, so that a program that
-    /// sends to the group right away and then destroys its QP (rdma-core's `mckey`)
-    /// does not lose its datagrams to the links' setup, which an HCA does not have.
-    pub fn prepare_group(self: &Arc<Self>, mgid: &Gid) {
-        for &peer in crate::mcast::registry().members(mgid).iter() {
-            if self.addr.reaches_self(peer) {
-                continue;
-            }
-            let mut t = self.links.lock();
-            if t.by_peer.contains_key(&peer) || !t.reserve(None, self.bound) {
-                continue;
-            }
-            t.by_peer.insert(peer, Slot::Pending(Vec::new()));
-            drop(t);
-            tracing::debug!(device = %self.name, %peer, group = %mgid, "UD: opening a link to a group's member");
-            self.rt.spawn(setup::open(self.clone(), peer));
-        }
-    }
-
-    /// The link to `peer` this device opened is up (`Some`, which takes its place in the
-    /// table unless a live one is there already) or could not be set up (`None`): the
-    /// QPs that waited for it send (or lose) their datagrams. `epoch`: the port's when
-    /// the setup began ([`Datagrams::take_place`]); whether the link took its place.
-    fn settle(self: &Arc<Self>, peer: SocketAddr, link: Option<&Arc<Link>>, epoch: u64) -> bool {
-        self.take_place(peer, link, false, epoch)
-    }
-
-    /// The link from the device at `peer` is accepted (set up and checked, on a place
-    /// [`Datagrams::reserve_for`] took): it replaces the last one from that device.
-    /// Whether it took its place (see [`Datagrams::take_place`]).
-    fn adopt(self: &Arc<Self>, peer: SocketAddr, link: &Arc<Link>, epoch: u64) -> bool {
-        self.take_place(peer, Some(link), true, epoch)
-    }
-
-    /// A link set up (or not) takes the place reserved for it. Not if the port went down
-    /// since `epoch` (read when the setup checked it), even if it is back: the port's
-    /// going down closed the links in the table, under its lock, and this one was not
-    /// among them, nor may what the other device sent on it while the port was down
-    /// arrive. Checked here, in the table's lock, so that a port going down either finds
-    /// the link to close or is seen; the caller drops a link that did not take its
-    /// place, and the next datagram to that device opens another.
-    fn take_place(
-        self: &Arc<Self>,
-        peer: SocketAddr,
-        link: Option<&Arc<Link>>,
-        accepted: bool,
-        epoch: u64,
-    ) -> bool {
-        let mut t = self.links.lock();
-        t.release();
-        let port_went_down = link.is_some() && !self.port.up_since(epoch);
-        let link = link.filter(|_| !port_went_down);
-        if port_went_down {
-            tracing::debug!(device = %self.name, %peer, "UD link closed: the port went down during its setup");
-            if accepted {
-                return false;
-            }
-        }
-        if let Some(l) = link {
-            t.adopt(l, accepted);
-        }
-        // (A link the port's going down closed leaves no slot: the next datagram to the
-        // device opens another once the port is up.)
-        let fresh = || match link {
-            Some(l) => Some(Slot::Up(l.clone())),
-            None if port_went_down => None,
-            None => Some(Slot::Failed(Instant::now() + FAILED_HOLD)),
-        };
-        let (slot, waiting) = match t.by_peer.remove(&peer) {
-            Some(Slot::Up(l)) if !l.is_closed() => (Some(Slot::Up(l)), Vec::new()),
-            Some(Slot::Pending(w)) => (fresh(), w),
-            _ => (fresh(), Vec::new()),
-        };
-        if let Some(slot) = slot {
-            t.by_peer.insert(peer, slot);
-        }
-        // (In the table's lock, as `send_gsi` queues them: none is left behind.)
-        let gsi_waiting = self.gsi.take_pending(peer);
-        drop(t);
-        for qp in waiting.iter().filter_map(Weak::upgrade) {
-            self.transmit(&qp);
-        }
-        self.settle_gsi(peer, link, gsi_waiting, accepted);
-        link.is_some()
-    }
-
-    /// Whether a link from the device at `peer` could take a place now (a look before a
-    /// stranger's hello costs a check).
-    fn has_room_for(&self, peer: SocketAddr) -> bool {
-        self.links.lock().has_room(Some(peer), self.bound)
-    }
-
-    /// Takes a place for a link from the device at `peer`, checked and about to be
-    /// accepted; `false`: none (see [`table`]). [`Datagrams::adopt`] or
-    /// [`Datagrams::unreserve`] gives it back.
-    fn reserve_for(&self, peer: SocketAddr) -> bool {
-        self.links.lock().reserve(Some(peer), self.bound)
-    }
-
-    /// Gives back a place taken for a link that did not come up.
-    fn unreserve(&self) {
-        self.links.lock().release();
-    }
-
-    /// An established link is read by application threads' empty polls too, as QP
-    /// connections are (see [`SidePaths`]), while the device has at most
-    /// [`POLLED_LINKS`]; more are left to their tasks alone.
-    pub fn read_by_pollers(self: &Arc<Self>, link: &Arc<Link>) {
-        let mut t = self.links.lock();
-        if t.polled.try_push(link.clone()).is_ok() {
-            let side: Arc<dyn SidePaths> = self.clone();
-            self.progress.add_side_paths(Arc::downgrade(&side));
-        }
-    }
-
-    /// Closes every link (the port went down); each leaves the table as its task ends.
-    pub fn close_links(&self) {
-        let all = self.links.lock().all();
-        for l in all {
-            l.close();
-        }
-    }
-
-    /// The link ended: it leaves the table (and the connection manager hears of it).
-    fn forget(&self, link: &Arc<Link>) {
-        self.links.lock().remove(link);
-        self.gsi_link_closed(link.peer_addr);
-    }
-
-    /// Delivers the datagrams queued for this device's own QPs (any thread may; one
-    /// does at a time, and goes around again for what was queued meanwhile); the QPs
-    /// that waited for room in the queue go to `woken`.
-    fn drain_local(&self, woken: &mut Vec<Weak<QpShared>>) {
-        let src = self.own_source();
-        loop {
-            let Some(mut buf) = self.local.draining.try_lock() else {
-                return;
-            };
-            self.local.dirty.store(false, Ordering::SeqCst);
-            loop {
-                {
-                    let mut q = self.local.queue.lock();
-                    if q.is_empty() {
-                        self.local.waiters.take_into(woken);
-                        break;
-                    }
-                    std::mem::swap(&mut *q, &mut *buf);
-                    self.local.waiters.take_into(woken);
-                }
-                let mut at = 0;
-                let mut inbox = Inbox::default();
-                // Frames this device encoded itself: they decode (a failure would end
-                // the batch, not the process).
-                while let Ok(Some((f, n))) = Frame::decode(&buf[at..]) {
-                    let len = f.payload_len() as usize;
-                    let Some(payload) = buf.get(at + n..at + n + len) else {
-                        break;
-                    };
-                    self.deliver(&mut inbox, &f, payload, &src);
-                    at += n + len;
-                }
-                drop(inbox);
-                buf.clear();
-            }
-            drop(buf);
-            if !self.local.dirty.load(Ordering::SeqCst) {
-                return;
-            }
-        }
-    }
-
-    /// Datagram `frame` (with `payload`) from `src` to the QP it names, in `inbox`'s run.
-    pub fn deliver(&self, inbox: &mut Inbox, frame: &Frame, payload: &[u8], src: &DatagramSource) {
-        let Frame::Datagram {
-            dst_qpn,
-            src_qpn,
-            qkey,
-            grh,
-            ..
-        } = *frame
-        else {
-            return;
-        };
-        if !self.port.is_up() {
-            // Arrived at a port that went down meanwhile: lost, as on the wire.
-            tracing::trace!(device = %self.name, dst_qpn, "UD: datagram dropped: the port is down");
-            return self.counters.ud_dropped();
-        }
-        if dst_qpn == crate::cm_msg::CM_QPN {
-            return self.to_gsi(qkey, payload, src);
-        }
-        if dst_qpn == MULTICAST_QPN {
-            return match grh.map(|h| Gid(h.dgid)).filter(|g| g.is_multicast()) {
-                Some(mgid) => self.deliver_to_group(inbox, frame, payload, src, mgid, src_qpn),
-                None => self.no_such_qp(dst_qpn),
-            };
-        }
-        if inbox.last.as_ref().is_none_or(|(n, _)| *n != dst_qpn) || inbox.group.is_some() {
-            inbox.finish();
-            match self.qps.lock().get(&dst_qpn).and_then(Weak::upgrade) {
-                Some(qp) if qp.qp_type == QpType::Ud => inbox.last = Some((dst_qpn, qp)),
-                _ => return self.no_such_qp(dst_qpn),
-            }
-        }
-        match &inbox.last {
-            Some((_, qp)) if !qp.destroyed.load(Ordering::Acquire) => {
-                qp.receive_datagram(frame, payload, src)
-            }
-            _ => self.no_such_qp(dst_qpn),
-        }
-    }
-
-    fn no_such_qp(&self, dst_qpn: u32) {
-        tracing::debug!(device = %self.name, dst_qpn, "UD: datagram dropped: no UD QP of that number");
-        self.counters.ud_dropped();
-    }
-}
-
-/// A run of datagrams handed to their QPs one after another (the datagrams of one read
-/// from a link, or of one drain of the device's own queue): the QP of consecutive
-/// datagrams is looked up once, and its completions become visible once, when the run
-/// moves to another QP or ends (dropped), as the progress engine delivers a
-/// connection's after each batch of frames.
-#[derive(Default)]
-pub struct Inbox {
-    last: Option<(u32, Arc<QpShared>)>,
-    /// The multicast group of the run, and its QPs on this device.
-    group: Option<(Gid, Vec<Arc<QpShared>>)>,
-    /// The list of a group's QPs that ended, for the next group.
-    spare: Option<Vec<Arc<QpShared>>>,
-}
-
-impl Inbox {
-    fn finish(&mut self) {
-        if let Some((_, qp)) = self.last.take() {
-            qp.datagrams_done();
-        }
-        if let Some((_, mut members)) = self.group.take() {
-            for qp in members.drain(..) {
-                qp.datagrams_done();
-            }
-            self.spare = Some(members);
-        }
-    }
-}
-
-impl Drop for Inbox {
-    fn drop(&mut self) {
-        self.finish();
-    }
-}
-
-impl SidePaths for Datagrams {
-    fn read_now(&self) -> bool {
-        // Taken out of the table's lock: delivering takes QP locks, which come before
-        // the table's in the lock order.
-        let polled: ArrayVec<Arc<Link>, POLLED_LINKS> = self.links.lock().polled.clone();
-        let mut any = false;
-        for link in &polled {
-            any |= link.read_now(self);
-        }
-        any
     }
 }
 

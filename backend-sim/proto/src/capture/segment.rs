@@ -9,7 +9,7 @@ use std::ops::Range;
 use super::headers::{ack_syndrome, nak_syndrome, Aeth, AtomicEth, Headers, Reth};
 use super::opcode::{op, Transport};
 use crate::psn;
-use crate::wire::Frame;
+use crate::wire::{Frame, PartKind};
 
 /// One packet of a message: its headers and the part of the message's payload it
 /// carries.
@@ -149,6 +149,7 @@ pub fn segments(frame: &Frame, cx: &Context) -> Vec<Segment> {
                 h
             })
         }
+        Frame::Part { .. } => part(frame, cx),
         Frame::CmpSwap {
             psn,
             addr,
@@ -215,6 +216,59 @@ pub fn segments(frame: &Frame, cx: &Context) -> Vec<Segment> {
         | Frame::CmLookup { .. }
         | Frame::CmAddress { .. } => Vec::new(),
     }
+}
+
+/// The packets of a [`Frame::Part`]: FIRST on the message's first packet, LAST on its
+/// last, MIDDLE between; the RETH (of the whole message's length) on a WRITE's first,
+/// the AETH on a READ response's first and last, [`Last`] on a SEND's or WRITE's last.
+fn part(frame: &Frame, cx: &Context) -> Vec<Segment> {
+    let Some(p) = frame.packets() else {
+        return Vec::new();
+    };
+    let ops = match (p.kind, p.imm, p.inv) {
+        (PartKind::Send, Some(_), _) => [op::SEND_FIRST, op::SEND_MIDDLE, op::SEND_LAST_IMM],
+        (PartKind::Send, None, Some(_)) => [op::SEND_FIRST, op::SEND_MIDDLE, op::SEND_LAST_INV],
+        (PartKind::Send, None, None) => [op::SEND_FIRST, op::SEND_MIDDLE, op::SEND_LAST],
+        (PartKind::Write, Some(_), _) => [op::WRITE_FIRST, op::WRITE_MIDDLE, op::WRITE_LAST_IMM],
+        (PartKind::Write, None, _) => [op::WRITE_FIRST, op::WRITE_MIDDLE, op::WRITE_LAST],
+        (PartKind::ReadResp, ..) => [
+            op::READ_RESPONSE_FIRST,
+            op::READ_RESPONSE_MIDDLE,
+            op::READ_RESPONSE_LAST,
+        ],
+    };
+    message(p.len, cx.mtu, |i, n| {
+        let (is_first, is_last) = (p.first && i == 0, p.last && i + 1 == n);
+        let opcode = match (is_first, is_last) {
+            (true, _) => ops[0],
+            (false, true) => ops[2],
+            (false, false) => ops[1],
+        };
+        let mut h = Headers::new(cx.transport.base() | opcode, cx.dst_qpn, psn::add(p.psn, i));
+        if p.kind == PartKind::ReadResp {
+            if is_first || is_last {
+                h.aeth = Some(Aeth {
+                    syndrome: ack_syndrome(),
+                    msn: cx.msn,
+                });
+            }
+            return h;
+        }
+        if is_first && p.kind == PartKind::Write {
+            h.reth = Some(Reth {
+                addr: p.addr,
+                rkey: p.rkey,
+                len: p.total,
+            });
+        }
+        if is_last {
+            h.imm = p.imm;
+            h.ieth = p.inv;
+            h.bth.solicited = p.solicited;
+            h.bth.ack_req = p.ack_req;
+        }
+        h
+    })
 }
 
 /// What the last packet of a SEND or WRITE carries.
@@ -350,5 +404,72 @@ mod tests {
             prop_assert_eq!(next, len);
             prop_assert_eq!(s.len() as u32, len.div_ceil(mtu).max(1));
         }
+    }
+
+    /// Parts of a message (the packets of a frame the network cut, or a resend from a
+    /// packet inside the message): a WRITE's first part carries the RETH of the whole
+    /// message and no LAST; its last part MIDDLE then LAST with the immediate and no
+    /// RETH; a READ response's parts the AETH on the message's first and last packet.
+    #[test]
+    fn parts_are_first_middle_last_of_their_message() {
+        let part = |psn, len, kind, first, last| Frame::Part {
+            psn,
+            len,
+            kind,
+            first,
+            last,
+            addr: if first { 0x1000 } else { 0 },
+            rkey: if first { 9 } else { 0 },
+            total: 3000,
+            imm: (kind == PartKind::Write).then_some(5),
+            solicited: false,
+            ack_req: last,
+            inv: None,
+        };
+        let shape = |f: &Frame| -> Vec<(u8, u32, bool, Option<u32>, bool, bool)> {
+            segments(f, &rc(1024))
+                .iter()
+                .map(|s| {
+                    let h = &s.headers;
+                    (
+                        h.bth.opcode,
+                        h.bth.psn,
+                        h.reth.is_some(),
+                        h.imm,
+                        h.aeth.is_some(),
+                        h.bth.ack_req,
+                    )
+                })
+                .collect()
+        };
+        assert_eq!(
+            shape(&part(0xff_ffff, 1024, PartKind::Write, true, false)),
+            [(op::WRITE_FIRST, 0xff_ffff, true, None, false, false)]
+        );
+        assert_eq!(
+            segments(&part(0xff_ffff, 1024, PartKind::Write, true, false), &rc(1024))[0]
+                .headers
+                .reth
+                .map(|r| r.len),
+            Some(3000)
+        );
+        assert_eq!(
+            shape(&part(0, 1976, PartKind::Write, false, true)),
+            [
+                (op::WRITE_MIDDLE, 0, false, None, false, false),
+                (op::WRITE_LAST_IMM, 1, false, Some(5), false, true)
+            ]
+        );
+        assert_eq!(
+            shape(&part(4, 2048, PartKind::ReadResp, true, false)),
+            [
+                (op::READ_RESPONSE_FIRST, 4, false, None, true, false),
+                (op::READ_RESPONSE_MIDDLE, 5, false, None, false, false)
+            ]
+        );
+        assert_eq!(
+            shape(&part(6, 952, PartKind::ReadResp, false, true)),
+            [(op::READ_RESPONSE_LAST, 6, false, None, true, false)]
+        );
     }
 }

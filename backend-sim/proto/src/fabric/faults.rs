@@ -22,6 +22,9 @@ pub struct FaultMix {
     /// flight and those queued are lost, both ends start new byte streams, and the
     /// requester resends what was not acknowledged (as after a reconnection).
     pub reset_ppm: u32,
+    /// Frames of a message of more than one packet that the network cuts into its
+    /// packets (parts per million), each then lost, duplicated and delayed on its own.
+    pub split_ppm: u32,
 }
 
 impl FaultMix {
@@ -34,11 +37,13 @@ impl FaultMix {
             jitter: Duration::ZERO,
             dup_gap: Duration::ZERO,
             reset_ppm: 0,
+            split_ppm: 0,
         }
     }
 
     /// Loss, duplication and reordering at the given rates (percent), on a 2 us link
-    /// whose frames vary by up to 20 us.
+    /// whose frames vary by up to 20 us; half of the frames of more than one packet are
+    /// cut into their packets.
     pub const fn lossy(loss_pct: u32, dup_pct: u32) -> FaultMix {
         FaultMix {
             loss_ppm: loss_pct * 10_000,
@@ -47,6 +52,7 @@ impl FaultMix {
             jitter: Duration::from_micros(20),
             dup_gap: Duration::from_micros(50),
             reset_ppm: 0,
+            split_ppm: 500_000,
         }
     }
 }
@@ -62,6 +68,8 @@ pub struct Decision {
     pub duplicate_after: Option<Duration>,
     /// The connection breaks as this frame is sent.
     pub reset: bool,
+    /// The frame is cut into its packets ([`super::split`]), if it has several.
+    pub split: bool,
 }
 
 /// The seed's decisions.
@@ -79,6 +87,7 @@ enum Purpose {
     DupGap,
     Key,
     Reset,
+    Split,
 }
 
 impl Decider {
@@ -117,6 +126,7 @@ impl Decider {
             delay: m.latency + within(Purpose::Delay, m.jitter),
             duplicate_after: (ppm(Purpose::Dup) < m.dup_ppm).then(|| within(Purpose::DupGap, m.dup_gap)),
             reset: ppm(Purpose::Reset) < m.reset_ppm,
+            split: ppm(Purpose::Split) < m.split_ppm,
         }
     }
 
@@ -197,6 +207,7 @@ mod tests {
                     delay: Duration::from_micros(1),
                     duplicate_after: None,
                     reset: false,
+                    split: false,
                 }
         ));
     }

@@ -28,26 +28,28 @@
 //! run out ([`workload::Spec::retries_exhausted`]) is checked against the model too. The
 //! requester of end A talks to the responder of end B through the same
 //! [`engine`](crate::engine) the TCP transport uses; frames travel as whole units
-//! (header and payload), each fed to the receiving reader in one piece.
+//! (header and payload), each fed to the receiving reader in one piece, but the network
+//! may cut a frame of several packets into one frame per packet ([`split`]), so that a
+//! packet inside a message is lost, duplicated or overtaken on its own.
 
+mod end;
 pub mod faults;
 pub mod net;
 pub mod port;
+mod split;
 pub mod workload;
+
+#[cfg(test)]
+mod lost_packets;
 
 #[cfg(test)]
 mod tests;
 
 use std::time::Duration;
 
-use verbs_api::{AccessFlags, AhAttr, Mtu, QpAttr, QpAttrMask as M, QpCap, QpState, QpType, WorkCompletion};
+use crate::wire::Frame;
 
-use crate::memory::MrTable;
-use crate::qp::{AvCheck, Qp, QpLimits};
-use crate::requester::Requester;
-use crate::responder::Responder;
-use crate::switches::Switches;
-
+pub use end::End;
 pub use faults::{Decision, FaultMix};
 pub use net::{Net, Sent, Stats, LOG_SETTING};
 pub use port::Port;
@@ -69,7 +71,17 @@ impl Dir {
     fn link(self) -> u64 {
         self as u64
     }
+
+    /// The direction of a link of the fabric's [`Net`].
+    fn of_link(link: u64) -> Dir {
+        if link == Dir::AtoB.link() {
+            Dir::AtoB
+        } else {
+            Dir::BtoA
+        }
+    }
 }
+
 /// The connection's attributes, as `ibv_modify_qp` would set them on both ends.
 #[derive(Clone, Copy, Debug)]
 pub struct Attrs {
@@ -83,6 +95,8 @@ pub struct Attrs {
     pub min_rnr_timer: u8,
     /// `path_mtu` in bytes.
     pub path_mtu: u32,
+    /// The first PSN of both directions (`sq_psn` and `rq_psn`).
+    pub psn: u32,
 }
 
 impl Default for Attrs {
@@ -93,6 +107,7 @@ impl Default for Attrs {
             rnr_retry: 7,
             min_rnr_timer: 1,
             path_mtu: 1024,
+            psn: 0,
         }
     }
 }
@@ -106,138 +121,6 @@ pub enum Broken {
     Stuck(String),
 }
 
-/// One end of the connection: a QP on the network, its memory, its completions.
-pub struct End {
-    /// The QP and its connection.
-    pub port: Port,
-    /// Its registered memory.
-    pub mrs: MrTable,
-    /// Its send completions, in the order they were produced (all of the run's, taken
-    /// from the QP after each step).
-    pub send_wc: Vec<WorkCompletion>,
-    /// Its receive completions, with the solicited bit (the same).
-    pub recv_wc: Vec<(WorkCompletion, bool)>,
-}
-
-impl End {
-    fn new(qpn: u32, dest_qpn: u32, attrs: &Attrs) -> End {
-        let cap = QpCap {
-            max_send_wr: 256,
-            max_recv_wr: 1024,
-            max_send_sge: 4,
-            max_recv_sge: 4,
-            max_inline_data: 64,
-        };
-        let req = Requester::new(qpn, PD, &cap, false);
-        let resp = Responder::new(qpn, PD, cap.max_recv_wr, 4);
-        let mut qp = Qp::new(QpType::Rc, cap, Switches::default(), req, resp);
-        // RESET -> INIT -> RTR -> RTS through `ibv_modify_qp`'s state machine, as an
-        // application brings an RC QP up.
-        let steps = [
-            (
-                QpAttr {
-                    qp_state: QpState::Init,
-                    port_num: 1,
-                    qp_access_flags: AccessFlags::REMOTE,
-                    ..Default::default()
-                },
-                M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS,
-            ),
-            (
-                QpAttr {
-                    qp_state: QpState::Rtr,
-                    path_mtu: Mtu::from_raw(attrs.path_mtu.trailing_zeros().saturating_sub(7))
-                        .unwrap_or(Mtu::Mtu1024),
-                    dest_qp_num: dest_qpn,
-                    rq_psn: 0,
-                    max_dest_rd_atomic: 16,
-                    min_rnr_timer: attrs.min_rnr_timer,
-                    ..Default::default()
-                },
-                M::STATE
-                    | M::AV
-                    | M::PATH_MTU
-                    | M::DEST_QPN
-                    | M::RQ_PSN
-                    | M::MAX_DEST_RD_ATOMIC
-                    | M::MIN_RNR_TIMER,
-            ),
-            (
-                QpAttr {
-                    qp_state: QpState::Rts,
-                    sq_psn: 0,
-                    timeout: attrs.timeout,
-                    retry_cnt: attrs.retry_cnt,
-                    rnr_retry: attrs.rnr_retry,
-                    max_rd_atomic: 4,
-                    ..Default::default()
-                },
-                M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
-            ),
-        ];
-        for (attr, mask) in steps {
-            qp.handle_modify(&attr, mask, &LIMITS, &Wired)
-                .expect("the fabric's attributes are legal");
-        }
-        End {
-            port: Port::new(qp),
-            mrs: MrTable::default(),
-            send_wc: Vec::new(),
-            recv_wc: Vec::new(),
-        }
-    }
-
-    /// `ibv_post_send` on this end's QP (in ERR the WR completes flushed).
-    pub fn post(&mut self, wr: &verbs_api::SendWr<'_>) -> Result<(), crate::requester::PostCheck> {
-        self.port.qp.handle_post_send(wr, &self.mrs, None)?;
-        self.port.qp.flush_posted_sends();
-        self.take_completions();
-        Ok(())
-    }
-
-    /// `ibv_post_recv` on this end's QP (in ERR the WR completes flushed where the
-    /// device does so).
-    pub fn post_recv(&mut self, wr: &verbs_api::RecvWr<'_>) -> Result<(), crate::recv_queue::PostRecvError> {
-        self.port.qp.handle_post_recv(wr)?;
-        self.port.qp.flush_posted_recvs();
-        self.take_completions();
-        Ok(())
-    }
-
-    /// The QP.
-    pub fn qp(&self) -> &Qp {
-        &self.port.qp
-    }
-
-    /// Whether the QP went to ERR.
-    pub fn in_error(&self) -> bool {
-        self.port.in_error()
-    }
-
-    /// Appends the completions the QP produced to this end's record of them.
-    fn take_completions(&mut self) {
-        let c = self.port.qp.poll_completions();
-        self.send_wc.append(c.send);
-        self.recv_wc.append(c.recv);
-    }
-}
-
-/// The device limits of the fabric's QPs.
-const LIMITS: QpLimits = QpLimits {
-    max_qp_init_rd_atom: 16,
-    max_qp_rd_atom: 16,
-};
-
-/// The fabric's addressing: the two ends are wired to each other, any address vector
-/// names the peer.
-struct Wired;
-
-impl AvCheck for Wired {
-    fn check_av(&self, _: &AhAttr) -> Result<(), (&'static str, String)> {
-        Ok(())
-    }
-}
-
 /// The connection, the network between its ends, and the virtual clock.
 pub struct Fabric {
     /// End A (QP 1).
@@ -249,8 +132,8 @@ pub struct Fabric {
 }
 
 impl Fabric {
-    /// A connected pair of QPs (both directions at PSN 0) under `seed`, with `mix`'s
-    /// faults and `attrs`.
+    /// A connected pair of QPs (both directions from PSN `attrs.psn`) under `seed`, with
+    /// `mix`'s faults and `attrs`.
     pub fn new(seed: u64, mix: FaultMix, attrs: Attrs) -> Fabric {
         Fabric {
             a: End::new(1, 2, &attrs),
@@ -300,6 +183,28 @@ impl Fabric {
         self.net.trace()
     }
 
+    /// Loses the packet of PSN `psn` going `dir` (a part of a message, cut by the
+    /// network) the first time it is sent, whatever the seed says: a test's way to lose
+    /// one packet inside a message.
+    pub fn lose_once(&mut self, dir: Dir, psn: u32) {
+        self.net.lose_once(dir.link(), psn);
+    }
+
+    /// Records every frame sent from now on, with its fate ([`Fabric::recorded`]).
+    pub fn record(&mut self) {
+        self.net.record();
+    }
+
+    /// The frames sent since [`Fabric::record`], each with its direction and whether it
+    /// was lost.
+    pub fn recorded(&self) -> Vec<(Dir, Frame, bool)> {
+        self.net
+            .recorded()
+            .iter()
+            .map(|&(link, frame, lost)| (Dir::of_link(link), frame, lost))
+            .collect()
+    }
+
     /// Builds what each end may send now and puts it on the network.
     fn transmit(&mut self) {
         let now = self.net.instant();
@@ -315,7 +220,7 @@ impl Fabric {
             if !end.port.take_frames(now, &mut bytes) {
                 continue;
             }
-            match self.net.send(dir.link(), &bytes) {
+            match self.net.send(dir.link(), end.port.path_mtu(), &bytes) {
                 Ok(Sent::Scheduled) => {}
                 Ok(Sent::Reset) => return self.reset(),
                 Err(m) => {
@@ -340,10 +245,11 @@ impl Fabric {
     /// Hands one frame to its receiver and runs the receiver's QP over it.
     fn deliver(&mut self, f: net::InFlight) {
         let now = self.net.instant();
-        let (dir, to) = if f.link == Dir::AtoB.link() {
-            (Dir::AtoB, &mut self.b)
+        let dir = Dir::of_link(f.link);
+        let to = if dir == Dir::AtoB {
+            &mut self.b
         } else {
-            (Dir::BtoA, &mut self.a)
+            &mut self.a
         };
         self.net.delivered(&f, &to.mrs);
         let r = to.port.receive(&f.bytes, &to.mrs, now);

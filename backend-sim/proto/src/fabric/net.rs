@@ -7,7 +7,9 @@
 //! (`backend-sim-det`) both schedule their frames here: a frame travels on a *link*, a
 //! number the caller chooses for one direction of one connection (the fabric's two
 //! directions are 0 and 1; the backend's are its QPs' numbers), which keys its decisions
-//! with the frame's opcode, PSN and how many times it was sent before.
+//! with the frame's opcode, PSN and how many times it was sent before. The network may
+//! cut a frame of several packets into one frame per packet at the sender's path MTU
+//! ([`super::split`]); each packet is then decided on its own, keyed by its own PSN.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -15,7 +17,8 @@ use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
 
-use super::faults::{self, Decider, FaultMix};
+use super::faults::{self, Decider, Decision, FaultMix};
+use super::split;
 use crate::memory::MrTable;
 use crate::wire::Frame;
 
@@ -32,6 +35,8 @@ pub struct Stats {
     pub timeouts: u64,
     /// Times a connection broke.
     pub resets: u64,
+    /// Frames cut into their packets.
+    pub split: u64,
 }
 
 /// A frame (header and payload) on its way.
@@ -88,6 +93,10 @@ pub struct Net {
     /// What the network did so far.
     pub stats: Stats,
     log: bool,
+    /// Packets (parts) to lose the first time they are sent, whatever the seed says.
+    lose_once: Vec<(u64, u32)>,
+    /// Every frame sent, with its link and whether it was lost, when recording.
+    recorded: Option<Vec<(u64, Frame, bool)>>,
 }
 
 /// The setting that has a run print every frame it carries to stderr, with its fate
@@ -108,6 +117,8 @@ impl Net {
             trace: faults::FNV_OFFSET,
             stats: Stats::default(),
             log: std::env::var_os(LOG_SETTING).is_some(),
+            lose_once: Vec::new(),
+            recorded: None,
         }
     }
 
@@ -171,8 +182,10 @@ impl Net {
     }
 
     /// Cuts `bytes` (whole frames a sender queued) into frames and schedules each on
-    /// `link` as the seed decides. `Err`: the bytes are not frames.
-    pub fn send(&mut self, link: u64, bytes: &[u8]) -> Result<Sent, String> {
+    /// `link` as the seed decides; a frame of several packets the seed says to cut is
+    /// cut at `mtu` (the sender's path MTU) and each packet decided on its own. `Err`:
+    /// the bytes are not frames.
+    pub fn send(&mut self, link: u64, mtu: u32, bytes: &[u8]) -> Result<Sent, String> {
         let mut off = 0;
         while off < bytes.len() {
             let (frame, hlen) = match Frame::decode(&bytes[off..]) {
@@ -186,34 +199,88 @@ impl Net {
             let end = (off + hlen + frame.payload_len() as usize).min(bytes.len());
             let unit = bytes[off..end].to_vec();
             off = end;
-            let opcode = unit[0];
-            let psn = frame.psn().unwrap_or(0);
-            let attempt = {
-                let n = self.attempts.entry((link, opcode, psn)).or_insert(0);
-                *n += 1;
-                *n - 1
-            };
-            let d = self.decide.frame(&self.mix, link, opcode, psn, attempt);
-            if d.reset {
+            let Some(d) = self.decide_unit(link, &frame, &unit) else {
                 return Ok(Sent::Reset);
+            };
+            if d.split {
+                if let Some(parts) = split::packets(&frame, &unit, hlen, mtu) {
+                    self.stats.split += 1;
+                    for part in parts {
+                        let Ok(Some((p, _))) = Frame::decode(&part) else {
+                            continue;
+                        };
+                        let Some(d) = self.decide_unit(link, &p, &part) else {
+                            return Ok(Sent::Reset);
+                        };
+                        self.send_unit(link, &p, part, d);
+                    }
+                    continue;
+                }
             }
-            if self.log {
-                eprintln!(
-                    "{:>10?} send {link:#x} {frame} lost={} delay={:?}",
-                    self.now, d.lost, d.delay
-                );
-            }
-            if d.lost {
-                self.stats.lost += 1;
-                continue;
-            }
-            if let Some(extra) = d.duplicate_after {
-                self.stats.duplicated += 1;
-                self.schedule(self.now + d.delay + extra, link, unit.clone());
-            }
-            self.schedule(self.now + d.delay, link, unit);
+            self.send_unit(link, &frame, unit, d);
         }
         Ok(Sent::Scheduled)
+    }
+
+    /// The fate of one frame `unit` (`frame`, decoded) on `link`: `None` if the
+    /// connection breaks as it is sent.
+    fn decide_unit(&mut self, link: u64, frame: &Frame, unit: &[u8]) -> Option<Decision> {
+        let opcode = unit[0];
+        let psn = frame.psn().unwrap_or(0);
+        let attempt = {
+            let n = self.attempts.entry((link, opcode, psn)).or_insert(0);
+            *n += 1;
+            *n - 1
+        };
+        let d = self.decide.frame(&self.mix, link, opcode, psn, attempt);
+        (!d.reset).then_some(d)
+    }
+
+    /// Puts `unit` on `link` as `d` says (or loses it: [`Net::lose_once`]).
+    fn send_unit(&mut self, link: u64, frame: &Frame, unit: Vec<u8>, mut d: Decision) {
+        if matches!(frame, Frame::Part { .. }) {
+            let psn = frame.psn().unwrap_or(0);
+            if let Some(i) = self.lose_once.iter().position(|&x| x == (link, psn)) {
+                self.lose_once.swap_remove(i);
+                d.lost = true;
+            }
+        }
+        if let Some(r) = &mut self.recorded {
+            r.push((link, *frame, d.lost));
+        }
+        if self.log {
+            eprintln!(
+                "{:>10?} send {link:#x} {frame} lost={} delay={:?}",
+                self.now, d.lost, d.delay
+            );
+        }
+        if d.lost {
+            self.stats.lost += 1;
+            return;
+        }
+        if let Some(extra) = d.duplicate_after {
+            self.stats.duplicated += 1;
+            self.schedule(self.now + d.delay + extra, link, unit.clone());
+        }
+        self.schedule(self.now + d.delay, link, unit);
+    }
+
+    /// Loses the packet of PSN `psn` on `link` (a part of a message, cut by the
+    /// network) the first time it is sent, whatever the seed says: a test's way to lose
+    /// one packet inside a message.
+    pub fn lose_once(&mut self, link: u64, psn: u32) {
+        self.lose_once.push((link, psn));
+    }
+
+    /// Records every frame sent from now on, with its fate ([`Net::recorded`]).
+    pub fn record(&mut self) {
+        self.recorded = Some(Vec::new());
+    }
+
+    /// The frames sent since [`Net::record`], each with its link and whether it was
+    /// lost.
+    pub fn recorded(&self) -> &[(u64, Frame, bool)] {
+        self.recorded.as_deref().unwrap_or(&[])
     }
 
     fn schedule(&mut self, at: Duration, link: u64, bytes: Vec<u8>) {
@@ -242,7 +309,8 @@ impl Net {
         if let Frame::Write { addr, rkey, .. }
         | Frame::Read { addr, rkey, .. }
         | Frame::CmpSwap { addr, rkey, .. }
-        | Frame::FetchAdd { addr, rkey, .. } = &mut frame
+        | Frame::FetchAdd { addr, rkey, .. }
+        | Frame::Part { addr, rkey, .. } = &mut frame
         {
             // A key the receiver does not know (a bad rkey on purpose) makes the address
             // meaningless to it: left out.

@@ -15,6 +15,7 @@ use verbs_api::QpState;
 use crate::connection::{AckPolicy, Connection};
 use crate::memory::MrTable;
 use crate::qp::{Qp, Stop};
+use crate::tx::FrameTap;
 
 /// A QP and its connection on an in-memory network.
 pub struct Port {
@@ -38,6 +39,16 @@ impl Port {
             last_tx: None,
             last_rx: None,
         }
+    }
+
+    /// The QP's path MTU in bytes, at which the network may cut its frames into packets.
+    pub fn path_mtu(&self) -> u32 {
+        self.qp.attr().path_mtu.bytes()
+    }
+
+    /// Shows every frame the QP queues to `tap` (a capture), across lost connections.
+    pub fn tap(&mut self, tap: Box<dyn FrameTap>) {
+        self.conn.tx.tap = Some(tap);
     }
 
     /// Whether the QP is in ERR.
@@ -117,7 +128,9 @@ impl Port {
     /// The connection broke: new byte streams (at once: the network is in memory), each
     /// half recovering as after a lost connection.
     pub fn lose_connection(&mut self) {
+        let tap = self.conn.tx.tap.take();
         self.conn = Connection::default();
+        self.conn.tx.tap = tap;
         self.qp.handle_connection_lost();
         self.qp.handle_connection_up();
     }

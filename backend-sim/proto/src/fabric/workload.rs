@@ -140,18 +140,18 @@ impl Kind {
     }
 }
 
-fn region(f: &mut Fabric, of_b: bool, len: usize) -> Arc<MrShared> {
+pub(super) fn region(f: &mut Fabric, of_b: bool, len: usize) -> Arc<MrShared> {
     let key = f.fresh_key(of_b);
     let mr = Arc::new(MrShared::new_owned(PD, key, len, AccessFlags::ALL).expect("a region of this size"));
     f.end(of_b).mrs.insert(mr.clone());
     mr
 }
 
-fn sge(m: &MrShared, off: usize, len: usize) -> Sge {
+pub(super) fn sge(m: &MrShared, off: usize, len: usize) -> Sge {
     Sge::new(m.addr() + off as u64, len as u32, m.key)
 }
 
-fn put(m: &Arc<MrShared>, at: usize, data: &[u8]) {
+pub(super) fn put(m: &Arc<MrShared>, at: usize, data: &[u8]) {
     Seg {
         mr: m.clone(),
         offset: at,
@@ -160,7 +160,7 @@ fn put(m: &Arc<MrShared>, at: usize, data: &[u8]) {
     .copy_in(0, data);
 }
 
-fn get(m: &Arc<MrShared>, at: usize, len: usize) -> Vec<u8> {
+pub(super) fn get(m: &Arc<MrShared>, at: usize, len: usize) -> Vec<u8> {
     let mut out = vec![0u8; len];
     Seg {
         mr: m.clone(),
@@ -169,6 +169,14 @@ fn get(m: &Arc<MrShared>, at: usize, len: usize) -> Vec<u8> {
     }
     .copy_out(0, &mut out);
     out
+}
+
+/// `len` bytes of a message, from `seed`: no two packets of a message alike (no period
+/// that divides a path MTU), so bytes sent from the wrong offset of a message show.
+pub(super) fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    (0..len as u64)
+        .map(|i| (i ^ (i >> 8).wrapping_mul(29) ^ seed.wrapping_mul(131)) as u8)
+        .collect()
 }
 
 fn word(b: &[u8], at: usize) -> u64 {
@@ -241,9 +249,7 @@ impl Flow {
         match rng.below(10) {
             0..=3 => {
                 len = rng.below(MAX_SEND as u64 + 1) as usize;
-                let data: Vec<u8> = (0..len)
-                    .map(|i| (i as u64 ^ id.wrapping_mul(131)) as u8)
-                    .collect();
+                let data = pattern(id, len);
                 put(local, at, &data);
                 self.sends.push(data);
                 kind = Kind::Send;
@@ -252,7 +258,7 @@ impl Flow {
             4 | 5 => {
                 let off = rng.below(REMOTE as u64) as usize;
                 len = (rng.below(MAX_RDMA as u64 + 1) as usize).min(REMOTE - off);
-                let byte = rng.next() as u8;
+                let data = pattern(rng.next(), len);
                 if self
                     .unfenced_reads
                     .iter()
@@ -261,8 +267,8 @@ impl Flow {
                     fence = true;
                     self.unfenced_reads.clear();
                 }
-                put(local, at, &vec![byte; len]);
-                self.model[off..off + len].fill(byte);
+                put(local, at, &data);
+                self.model[off..off + len].copy_from_slice(&data);
                 kind = Kind::Write((remote.addr() + off as u64, remote.key));
                 exp = Expect::Write;
             }

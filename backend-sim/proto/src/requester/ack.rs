@@ -3,6 +3,7 @@
 //! responder's reason; completions retire strictly in order (IBA 9.7.5.2, 9.7.5.2.8).
 
 use super::*;
+use crate::wire::PartKind;
 
 impl Requester {
     /// Handles a response frame. For a READ response, returns where its payload goes.
@@ -15,37 +16,32 @@ impl Requester {
         match *frame {
             Frame::Ack { psn } => {
                 // Acknowledges every SEND/WRITE up to `psn`.
+                // (A message is acknowledged by its last packet's PSN.)
                 let mut upto = self.sq.iter().take(self.next).rposition(|w| {
-                    w.sent && psn::diff(w.psn, psn) <= 0 && psn::diff(w.psn, psn) > -(1 << 22)
+                    let last = psn::add(w.psn, w.pkts.max(1) - 1);
+                    w.sent && psn::diff(last, psn) <= 0 && psn::diff(last, psn) > -(1 << 22)
                 });
                 if crate::plant::active(crate::plant::Plant::AckOffByOne) {
                     upto = upto.map(|i| (i + 1).min(self.next.saturating_sub(1)));
                 }
+                let mut progressed = self.ack_inside(upto.map_or(0, |i| i + 1), psn);
                 if let Some(i) = upto {
-                    if self.ack_through(i, true) {
-                        self.progress(now);
-                    }
+                    progressed |= self.ack_through(i, true);
+                }
+                if progressed {
+                    self.progress(now);
                 }
                 self.retire(out);
                 Ok(ReadSink::Discard)
             }
-            Frame::ReadResp { psn, len } => {
-                let Some(i) = self.find_sent(psn) else {
-                    return Ok(ReadSink::Discard);
-                };
-                let w = &self.sq[i];
-                if !matches!(w.op, WrOp::RdmaRead { .. }) || w.len != len as u64 {
-                    return self.fail(i, WcStatus::BadRespErr, out);
-                }
-                self.ack_through(i, false);
-                // A response restarts the timer, as every response packet does on an HCA
-                // (rxe's completer re-arms it after each): the responder has answered, and
-                // the payload that follows is timed from its own bytes (`on_timer`).
-                self.ack_deadline = self.attrs.timeout.map(|t| now + t);
-                self.receiving = Some(psn);
-                let segs = std::mem::take(&mut self.sq[i].local);
-                Ok(ReadSink::Into { psn, segs })
-            }
+            Frame::ReadResp { psn, len } => self.on_read_data(psn, len, true, now, out),
+            Frame::Part {
+                psn,
+                len,
+                kind: PartKind::ReadResp,
+                last,
+                ..
+            } => self.on_read_data(psn, len, last, now, out),
             Frame::AtomicResp { psn, orig } => {
                 let Some(i) = self.find_sent(psn) else {
                     return Ok(ReadSink::Discard);
@@ -75,7 +71,7 @@ impl Requester {
                 Ok(ReadSink::Discard)
             }
             Frame::Nak { psn, code, reason } => {
-                let Some(i) = self.find_sent(psn) else {
+                let Some((i, off)) = self.containing(psn) else {
                     return Ok(ReadSink::Discard);
                 };
                 if let Some(j) = self.unanswered_before(i) {
@@ -85,9 +81,11 @@ impl Requester {
                     // beyond it); the NAK, if it still holds, comes again.
                     return self.nak_retry(j, out);
                 }
-                // A NAK acknowledges everything before its PSN (IBA 9.7.5.1.2): that is
-                // progress, which renews the retry counts as an ACK's does.
-                if self.ack_through(i, false) {
+                // A NAK acknowledges everything before its PSN (IBA 9.7.5.1.2), packets of
+                // its own message included: that is progress, which renews the retry
+                // counts as an ACK's does.
+                let inside = code == NakCode::PsnSeq && self.nak_inside(i, off);
+                if self.ack_through(i, false) | inside {
                     self.progress(now);
                 }
                 match code {
@@ -136,9 +134,11 @@ impl Requester {
     pub fn read_done(&mut self, psn: u32, segs: Vec<Seg>, now: Instant, out: &mut Vec<WorkCompletion>) {
         self.receiving = None;
         if let Some(i) = self.find_sent(psn) {
-            let w = &mut self.sq[i];
-            w.local = segs;
-            w.status = Some(WcStatus::Success);
+            if !self.read_placed(i, segs) {
+                self.progress(now);
+                return;
+            }
+            self.sq[i].status = Some(WcStatus::Success);
             self.progress(now);
             self.retire(out);
         }
@@ -150,7 +150,7 @@ impl Requester {
     pub fn read_lost(&mut self, psn: u32, segs: Vec<Seg>, out: &mut Vec<WorkCompletion>) -> Option<Fatal> {
         self.receiving = None;
         let i = self.find_sent(psn)?;
-        self.sq[i].local = segs;
+        self.read_unplaced(i, segs);
         self.fail(i, WcStatus::LocProtErr, out).err()
     }
 
@@ -158,7 +158,7 @@ impl Requester {
     /// resend a NAK started is already under way (then nothing: the responder NAKs a
     /// sequence error once until the PSN it expects comes, so a second NAK for the same
     /// loss is a stale or duplicated copy; the timer covers a resend that is lost again).
-    fn nak_retry(&mut self, idx: usize, out: &mut Vec<WorkCompletion>) -> Result<ReadSink, Fatal> {
+    pub(super) fn nak_retry(&mut self, idx: usize, out: &mut Vec<WorkCompletion>) -> Result<ReadSink, Fatal> {
         if self.nak_retrying {
             return Ok(ReadSink::Discard);
         }
@@ -191,7 +191,7 @@ impl Requester {
 
     /// Marks every sent, unfinished SEND/WRITE strictly before `idx` (or up to and
     /// including `idx` when `inclusive`) as successful. Returns whether anything changed.
-    fn ack_through(&mut self, idx: usize, inclusive: bool) -> bool {
+    pub(super) fn ack_through(&mut self, idx: usize, inclusive: bool) -> bool {
         let end = if inclusive { idx + 1 } else { idx };
         let mut progressed = false;
         for w in self.sq.iter_mut().take(end) {
@@ -203,7 +203,7 @@ impl Requester {
         progressed
     }
 
-    fn progress(&mut self, now: Instant) {
+    pub(super) fn progress(&mut self, now: Instant) {
         self.nak_retrying = false;
         self.retry_left = self.attrs.retry_cnt;
         self.rnr_left = self.attrs.rnr_retry;

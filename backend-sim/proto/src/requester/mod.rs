@@ -34,8 +34,9 @@
 //! errors) produce a completion.
 //!
 //! The code is split by job: `post` (what `ibv_post_send` checks), `transmit`
-//! (WQEs into frames), `ack` (responses and retirement), `timer` (the ACK and RNR
-//! timers, a lost link, flush and reset); this file holds the state they share.
+//! (WQEs into frames), `ack` (responses and retirement), `resume` (resends from a PSN
+//! inside a message, READ responses in parts), `timer` (the ACK and RNR timers, a lost
+//! link, flush and reset); this file holds the state they share.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -59,6 +60,7 @@ use crate::wire::{Frame, NakCode, NakReason, MAX_DATAGRAM, MAX_MSG};
 
 mod ack;
 mod post;
+mod resume;
 mod timer;
 mod transmit;
 pub mod uc;
@@ -120,7 +122,13 @@ struct SendWqe {
     /// Resolved scatter list of a READ/atomic (where the response lands).
     local: Vec<Seg>,
     len: u64,
+    /// The PSN of the message's first packet.
     psn: u32,
+    /// The PSNs it takes (set when it is sent).
+    pkts: u32,
+    /// Its packets the responder acknowledged, or of a READ's response those placed: a
+    /// resend starts after them ([`resume`]).
+    done: u32,
     sent: bool,
     status: Option<WcStatus>,
     /// The completion's `vendor_err` when `status` is an error that carries one (the
@@ -146,6 +154,8 @@ impl SendWqe {
             local: Vec::new(),
             len: 0,
             psn: 0,
+            pkts: 1,
+            done: 0,
             sent: false,
             status: None,
             vendor_err: 0,
@@ -240,6 +250,10 @@ pub struct Requester {
     /// PSN of the READ whose response payload is arriving (its header was accepted, its
     /// scatter list is with the reader).
     receiving: Option<u32>,
+    /// The READ response payload arriving: its packets, whether it ends the response,
+    /// and whether it is the whole response (the scatter list the reader has is the
+    /// WQE's own, not a slice of it).
+    arriving: (u32, bool, bool),
     /// SQD: start nothing new.
     pub draining: bool,
     /// The peer QP's number (`dest_qp_num`), for what the requester logs.
@@ -317,6 +331,7 @@ impl Requester {
             nak_retrying: false,
             ack_deadline: None,
             receiving: None,
+            arriving: (0, true, true),
             draining: false,
             dest_qpn: 0,
             uc: false,

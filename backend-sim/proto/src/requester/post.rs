@@ -200,6 +200,8 @@ impl Requester {
         w.local.clear();
         w.len = data.len(wr);
         w.psn = 0;
+        w.pkts = 1;
+        w.done = 0;
         w.sent = false;
         w.status = None;
         w.vendor_err = 0;

@@ -15,7 +15,7 @@ impl Requester {
     /// side to take in). The responder also acknowledges whenever the stream pauses
     /// (the requester ran out of WQEs or of room), so nothing waits on a request that
     /// did not ask.
-    fn ack_req_due(&mut self) -> bool {
+    pub(super) fn ack_req_due(&mut self) -> bool {
         self.since_ack_req += 1;
         let due = self.since_ack_req >= (self.sq.len() / 2).max(1);
         if due {
@@ -94,6 +94,7 @@ impl Requester {
             }
             let w = &mut self.sq[idx];
             w.psn = psn;
+            w.pkts = packets;
             w.sent = true;
             self.psn = psn::add(psn, packets);
             if is_rd {
@@ -181,6 +182,10 @@ impl Requester {
     }
 
     fn build(&mut self, idx: usize, psn: u32, mrs: &MrTable, tx: &mut TxQueue) -> Result<(), WcStatus> {
+        let w = &self.sq[idx];
+        if w.done > 0 && w.done < w.pkts && w.status.is_none() {
+            return self.build_resumed(idx, psn, mrs, tx);
+        }
         let pd = self.pd;
         let ack_req = !self.sq[idx].op.is_read_or_atomic() && self.ack_req_due();
         // This READ/atomic and those already outstanding (see `Frame::Read`).

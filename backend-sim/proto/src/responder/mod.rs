@@ -70,6 +70,7 @@ use crate::wire::{Frame, NakCode, NakReason};
 mod ack;
 mod atomic;
 mod duplicate;
+mod part;
 mod place;
 mod read;
 mod recv;
@@ -80,6 +81,7 @@ mod write;
 pub mod uc;
 pub mod ud;
 
+pub(crate) use part::slice;
 pub(crate) use refuse::reason_of;
 pub use ud::{DatagramSource, UdOutcome};
 
@@ -178,6 +180,8 @@ pub struct Responder {
     /// A request the owed ACK covers asked for it: send it at the end of this batch.
     ack_asked: bool,
     scratch: Vec<Seg>,
+    /// A message whose first parts are in ([`part`]).
+    partial: Option<part::Partial>,
     /// The device profile's behavioural switches.
     sw: Switches,
 }
@@ -224,6 +228,7 @@ impl Responder {
             payload_ack_req: false,
             ack_asked: false,
             scratch: Vec::new(),
+            partial: None,
             sw: Switches::default(),
         }
     }
@@ -262,6 +267,7 @@ impl Responder {
         self.nak_psn = None;
         self.forget_ack();
         self.replay.clear();
+        self.forget_partial();
     }
 
     /// Sets the path MTU in bytes (`path_mtu`, given at RTR): the next expected PSN
@@ -335,6 +341,10 @@ impl Responder {
         }
         let d = psn::diff(psn, self.epsn);
         if d < 0 && !self.planted_reexecution(frame) {
+            if self.partial.is_some() && self.straddles(frame, psn) {
+                self.nak_psn = None;
+                return self.on_part(frame, psn, mrs, tx, out, force_rnr);
+            }
             return Ok(self.duplicate(frame, mrs, tx));
         }
         if d > 0 {
@@ -346,6 +356,9 @@ impl Responder {
             return Ok(Incoming::Discard);
         }
         self.nak_psn = None;
+        if self.for_part(frame) {
+            return self.on_part(frame, psn, mrs, tx, out, force_rnr);
+        }
         match *frame {
             Frame::Send { .. } => self.on_send(frame, psn, mrs, tx, out, force_rnr),
             Frame::Write { .. } => self.on_write(frame, psn, mrs, tx, out, force_rnr),
@@ -360,6 +373,10 @@ impl Responder {
     /// owe an ACK.
     pub fn payload_done(&mut self, sink: Vec<Seg>, mrs: &MrTable, out: &mut Vec<(WorkCompletion, bool)>) {
         let mut sink = sink;
+        if self.partial.is_some() && self.part_done() {
+            self.unplace(sink);
+            return;
+        }
         self.owed_bytes += sink.iter().map(|s| s.len).sum::<usize>();
         self.ack_asked |= std::mem::take(&mut self.payload_ack_req);
         sink.clear();
@@ -387,6 +404,7 @@ impl Responder {
         let mut sink = sink;
         sink.clear();
         self.scratch = sink;
+        self.forget_partial();
         if self.uc {
             return self.uc_payload_lost(out);
         }
@@ -423,7 +441,8 @@ impl Responder {
         }
         if let Some(psn) = self.payload_psn.take() {
             self.epsn = psn;
-            if self.taken.is_some() {
+            self.part_lost();
+            if self.taken.is_some() && !self.partly_in() {
                 self.taken = Some(Taken::Held);
             }
         }

@@ -55,6 +55,7 @@ impl Responder {
     /// `IBV_EVENT_QP_LAST_WQE_REACHED` (once until the next reset).
     pub fn flush(&mut self, out: &mut Vec<(WorkCompletion, bool)>) {
         self.payload_psn = None;
+        self.forget_partial();
         if self.taken.is_some() {
             self.fail_recv(WcStatus::WrFlushErr, out);
         }
@@ -86,6 +87,7 @@ impl Responder {
             }
         }
         self.payload_psn = None;
+        self.forget_partial();
         if let RecvSource::Own(q) = &mut self.source {
             q.drain(|_| {});
         }

@@ -61,7 +61,8 @@ impl Responder {
         let r = self.uc_execute(frame, psn, mrs, out, force_rnr);
         match r {
             Ok(Incoming::Sink(_)) => self.payload_ack_req = frame.ack_req(),
-            _ => self.uc_receipt(psn, frame.ack_req()),
+            // (Acknowledged by its last packet's PSN, as an ACK covers a message.)
+            _ => self.uc_receipt(psn::add(self.epsn, verbs_api::PSN_MASK), frame.ack_req()),
         }
         r
     }
@@ -78,7 +79,8 @@ impl Responder {
     pub fn uc_unaccepted(&mut self, frame: &Frame) {
         if let Some(psn) = frame.psn().filter(|_| frame.is_request()) {
             self.uc_drop(psn, "request", "the QP is not in RTR, RTS or SQD");
-            self.uc_receipt(psn, frame.ack_req());
+            let last = psn::add(psn, self.packets(frame.payload_len()) - 1);
+            self.uc_receipt(last, frame.ack_req());
         }
     }
 
@@ -196,7 +198,8 @@ impl Responder {
     /// to ERR); a WRITE is dropped (a WRITE_WITH_IMM's receive as for a failed rkey
     /// check).
     pub(super) fn uc_payload_lost(&mut self, out: &mut Vec<(WorkCompletion, bool)>) -> Option<Fatal> {
-        let psn = self.payload_psn.take().unwrap_or(self.epsn);
+        self.payload_psn = None;
+        let psn = psn::add(self.epsn, verbs_api::PSN_MASK);
         let ack_req = std::mem::take(&mut self.payload_ack_req);
         self.uc_receipt(psn, ack_req);
         match self.taken {

@@ -7,6 +7,7 @@ use verbs_api::QpType;
 
 use super::datagram::Grh;
 use super::nak::{NakCode, NakReason};
+use super::part::PartKind;
 use super::setup::{HelloReject, TOKEN_LEN, VERSION};
 
 /// One decoded frame (the header; payload bytes, if any, follow on the stream).
@@ -210,6 +211,36 @@ pub enum Frame {
         /// Payload length.
         len: u32,
     },
+    /// Some packets of a SEND, a WRITE or a READ response, cut at packet boundaries
+    /// (IBA's FIRST, MIDDLE and LAST packets, see [`part`](super::part)), followed by
+    /// `len` payload bytes: the packets from PSN `psn`, at byte `(psn - first PSN) *
+    /// path_mtu` of the message.
+    Part {
+        /// PSN of its first packet.
+        psn: u32,
+        /// Payload length (whole packets of the path MTU, but for the last part).
+        len: u32,
+        /// The message's kind.
+        kind: PartKind,
+        /// It holds the message's first packet (IBA's FIRST).
+        first: bool,
+        /// It holds the message's last packet (IBA's LAST).
+        last: bool,
+        /// A WRITE's first part: the RETH's remote address (0 otherwise).
+        addr: u64,
+        /// A WRITE's first part: the RETH's remote key (0 otherwise).
+        rkey: u32,
+        /// The whole message's length.
+        total: u32,
+        /// Immediate data (SEND or WRITE with immediate; on every part of the message).
+        imm: Option<u32>,
+        /// Solicited event.
+        solicited: bool,
+        /// The requester asks for an ACK.
+        ack_req: bool,
+        /// SEND_WITH_INV: the rkey the responder invalidates.
+        inv: Option<u32>,
+    },
     /// Atomic response for request `psn`: the original value of the word.
     AtomicResp {
         /// PSN of the atomic request.
@@ -243,6 +274,7 @@ impl Frame {
             Frame::Send { len, .. }
             | Frame::Write { len, .. }
             | Frame::ReadResp { len, .. }
+            | Frame::Part { len, .. }
             | Frame::Datagram { len, .. } => len,
             _ => 0,
         }
@@ -252,7 +284,9 @@ impl Frame {
     pub fn ack_req(&self) -> bool {
         matches!(
             self,
-            Frame::Send { ack_req: true, .. } | Frame::Write { ack_req: true, .. }
+            Frame::Send { ack_req: true, .. }
+                | Frame::Write { ack_req: true, .. }
+                | Frame::Part { ack_req: true, .. }
         )
     }
 
@@ -268,6 +302,7 @@ impl Frame {
             | Frame::Nak { psn, .. }
             | Frame::ReadResp { psn, .. }
             | Frame::AtomicResp { psn, .. }
+            | Frame::Part { psn, .. }
             | Frame::Datagram { psn, .. } => Some(psn),
             Frame::Hello { .. }
             | Frame::HelloAck
@@ -290,6 +325,10 @@ impl Frame {
                 | Frame::Read { .. }
                 | Frame::CmpSwap { .. }
                 | Frame::FetchAdd { .. }
+                | Frame::Part {
+                    kind: PartKind::Send | PartKind::Write,
+                    ..
+                }
         )
     }
 
@@ -297,7 +336,14 @@ impl Frame {
     pub fn is_response(&self) -> bool {
         matches!(
             self,
-            Frame::Ack { .. } | Frame::Nak { .. } | Frame::ReadResp { .. } | Frame::AtomicResp { .. }
+            Frame::Ack { .. }
+                | Frame::Nak { .. }
+                | Frame::ReadResp { .. }
+                | Frame::AtomicResp { .. }
+                | Frame::Part {
+                    kind: PartKind::ReadResp,
+                    ..
+                }
         )
     }
 }

@@ -144,6 +144,25 @@ impl Frame {
             ),
             Frame::ReadResp { psn, len } => (op::READ_RESP, 0, 0, psn, len, 0),
             Frame::AtomicResp { psn, .. } => (op::ATOMIC_RESP, 0, 0, psn, 0, 0),
+            Frame::Part {
+                psn,
+                len,
+                kind,
+                first,
+                last,
+                imm,
+                solicited,
+                ack_req,
+                inv,
+                ..
+            } => (
+                op::PART,
+                flags_of(imm, solicited, ack_req) | if inv.is_some() { F_INV } else { 0 },
+                Frame::part_aux(kind, first, last),
+                psn,
+                len,
+                imm.or(inv).unwrap_or(0),
+            ),
         };
         out[0] = opcode;
         out[1] = flags;
@@ -160,6 +179,7 @@ impl Frame {
             | Frame::CmLookup { .. }
             | Frame::CmAddress { .. } => self.encode_setup_ext(e),
             Frame::Datagram { .. } => self.encode_datagram_ext(e),
+            Frame::Part { .. } => self.encode_part_ext(e),
             _ => self.encode_data_ext(e),
         }
         BASE_LEN + ext_len(opcode).expect("encoder only emits known opcodes")
@@ -200,6 +220,7 @@ impl Frame {
         let frame = match opcode {
             op::DATAGRAM => Frame::decode_datagram(&b, e)?,
             op::NAK => Frame::decode_nak(&b)?,
+            op::PART => Frame::decode_part(&b, e)?,
             _ if setup => Frame::decode_setup(&b, e)?,
             _ => Frame::decode_data(&b, e)?,
         };

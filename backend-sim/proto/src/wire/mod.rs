@@ -24,7 +24,8 @@
 //! every frame starts with and the two functions that write and read whole headers
 //! (`header`), the opcodes and what each one's header holds (`opcode`), the extensions of
 //! requests and responses (`data`), of connection and link setup (`setup`), of datagrams
-//! (`datagram`), and the NAK's syndrome and reason (`nak`).
+//! (`datagram`), the NAK's syndrome and reason (`nak`), and the parts of a message cut
+//! at packet boundaries (`part`).
 
 mod data;
 mod datagram;
@@ -32,6 +33,7 @@ mod frame;
 mod header;
 mod nak;
 mod opcode;
+mod part;
 mod setup;
 
 pub use datagram::{Grh, DATAGRAM_HDR_LEN, GRH_LEN, MAX_DATAGRAM};
@@ -41,6 +43,7 @@ pub use header::{
 };
 pub use nak::{NakCode, NakReason};
 pub use opcode::header_len;
+pub use part::{Packets, PartKind};
 pub use setup::{setup_header_len, HelloReject, HELLO_MAGIC, TOKEN_LEN, VERSION};
 
 #[cfg(test)]

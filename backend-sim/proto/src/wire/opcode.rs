@@ -24,6 +24,7 @@ pub(super) mod op {
     pub const NAK: u8 = 0x21;
     pub const READ_RESP: u8 = 0x22;
     pub const ATOMIC_RESP: u8 = 0x23;
+    pub const PART: u8 = 0x24;
     pub const DATAGRAM: u8 = 0x30;
 }
 
@@ -40,6 +41,7 @@ pub(super) fn ext_len(opcode: u8) -> Option<usize> {
         op::WRITE | op::READ => 12,
         op::CMP_SWAP | op::FETCH_ADD => 28,
         op::ATOMIC_RESP => 8,
+        op::PART => 16,
         _ => return None,
     })
 }
@@ -57,6 +59,7 @@ pub(super) fn allowed_flags(opcode: u8) -> u8 {
     match opcode {
         op::SEND => F_IMM | F_SOLICITED | F_ACK_REQ | F_INV,
         op::WRITE => F_IMM | F_SOLICITED | F_ACK_REQ,
+        op::PART => F_IMM | F_SOLICITED | F_ACK_REQ | F_INV,
         op::DATAGRAM => F_IMM | F_SOLICITED | F_GRH,
         _ => 0,
     }
@@ -85,7 +88,7 @@ pub(super) fn is_setup(opcode: u8) -> bool {
 pub(super) fn uses_len(opcode: u8) -> bool {
     matches!(
         opcode,
-        op::SEND | op::WRITE | op::READ | op::READ_RESP | op::DATAGRAM
+        op::SEND | op::WRITE | op::READ | op::READ_RESP | op::DATAGRAM | op::PART
     )
 }
 
@@ -94,5 +97,8 @@ pub(super) fn uses_len(opcode: u8) -> bool {
 #[inline]
 pub(super) fn uses_aux(opcode: u8) -> bool {
     (is_setup(opcode) && opcode != op::HELLO_ACK)
-        || matches!(opcode, op::NAK | op::READ | op::CMP_SWAP | op::FETCH_ADD)
+        || matches!(
+            opcode,
+            op::NAK | op::READ | op::CMP_SWAP | op::FETCH_ADD | op::PART
+        )
 }

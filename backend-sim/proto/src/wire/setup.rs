@@ -11,7 +11,8 @@ use super::opcode::{header_len, op};
 
 /// Magic of the hello frame ("RSIM").
 pub const HELLO_MAGIC: u32 = 0x4d49_5352;
-/// Protocol version in the hello frame (8: the connection manager: a rendezvous at an
+/// Protocol version in the hello frame (9: a message's packets may travel apart, and a
+/// requester resends from a PSN inside a message ([`Frame::Part`]); 8: the connection manager: a rendezvous at an
 /// rdma_cm port ([`Frame::CmLookup`], [`Frame::CmAddress`]) and CM messages as datagrams
 /// to QP 1 ([`crate::cm_msg`]); 7: SEND_WITH_INV ([`F_INV`](super::F_INV)), and NAK
 /// reasons for memory windows; 6: a datagram's GRH says whether its source is the
@@ -25,7 +26,7 @@ pub const HELLO_MAGIC: u32 = 0x4d49_5352;
 /// [`F_ACK_REQ`](super::F_ACK_REQ)). A device refuses a hello of another version
 /// ([`HelloReject::Version`]): both ends of a connection must run builds that speak the
 /// same frames.
-pub const VERSION: u16 = 8;
+pub const VERSION: u16 = 9;
 /// Bytes of the token a hello carries.
 pub const TOKEN_LEN: usize = 16;
 

@@ -191,8 +191,55 @@ pub fn arb_frame() -> impl Strategy<Value = Frame> {
         )
             .prop_map(|(psn, (code, reason))| Frame::Nak { psn, code, reason }),
         (psn.clone(), len).prop_map(|(psn, len)| Frame::ReadResp { psn, len }),
-        (psn, any::<u64>()).prop_map(|(psn, orig)| Frame::AtomicResp { psn, orig }),
+        (psn.clone(), any::<u64>()).prop_map(|(psn, orig)| Frame::AtomicResp { psn, orig }),
+        arb_part(psn),
     ]
+}
+
+/// A valid [`Frame::Part`]: never both first and last, a RETH on a WRITE's first part
+/// only, no longer than its message, an invalidation on a SEND only, no flags on a READ
+/// response's. Its payload is a few packets at most (the tests that feed frames to a
+/// responder send each one's payload), its message of any length.
+fn arb_part(psn: std::ops::RangeInclusive<u32>) -> impl Strategy<Value = Frame> {
+    (
+        psn,
+        0u32..=8192,
+        0u32..=MAX_MSG,
+        prop_oneof![
+            Just(PartKind::Send),
+            Just(PartKind::Write),
+            Just(PartKind::ReadResp)
+        ],
+        0u8..3,
+        (any::<u64>(), any::<u32>()),
+        (
+            any::<Option<u32>>(),
+            any::<Option<u32>>(),
+            any::<bool>(),
+            any::<bool>(),
+        ),
+    )
+        .prop_map(
+            |(psn, a, b, kind, pos, (addr, rkey), (imm, inv, solicited, ack_req))| {
+                let (first, last) = (pos == 0, pos == 2);
+                let reth = kind == PartKind::Write && first;
+                let flags = kind != PartKind::ReadResp;
+                Frame::Part {
+                    psn,
+                    len: a,
+                    kind,
+                    first,
+                    last,
+                    addr: if reth { addr } else { 0 },
+                    rkey: if reth { rkey } else { 0 },
+                    total: a.max(b),
+                    imm: imm.filter(|_| flags),
+                    solicited: solicited && flags,
+                    ack_req: ack_req && flags,
+                    inv: inv.filter(|_| kind == PartKind::Send && imm.is_none()),
+                }
+            },
+        )
 }
 
 proptest! {
