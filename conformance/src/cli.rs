@@ -11,6 +11,17 @@ pub enum BackendKind {
     Sim,
     /// libibverbs: a real HCA or Soft-RoCE (build with `--features ibverbs`).
     Ibverbs,
+    /// The deterministic backend (backend-sim-det): one thread, a virtual clock, a seeded
+    /// faulty network (`--seed`, `--loss`, `--dup`); the runner only, without rdma_cm.
+    Det,
+}
+
+/// Exit code 2 after saying that this binary does not run on the deterministic backend.
+pub fn no_det() -> ExitCode {
+    eprintln!(
+        "error: --backend det runs in the conformance runner only (`conformance --backend det --seed N`)"
+    );
+    ExitCode::from(2)
 }
 
 /// The sim backend as configured by the environment (`RDMA_SIM_LISTEN`, ...), or exit
@@ -53,6 +64,7 @@ macro_rules! with_backend {
             }
             #[cfg(not(feature = "ibverbs"))]
             $crate::cli::BackendKind::Ibverbs => $crate::cli::not_built($rebuild),
+            $crate::cli::BackendKind::Det => $crate::cli::no_det(),
         }
     };
 }

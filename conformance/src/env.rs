@@ -53,7 +53,8 @@ impl Config {
 pub use backend_sim::Profile;
 
 /// The profile to expect of `device` on a backend named `backend` when none is given:
-/// the sim's is its own (`RDMA_SIM_PROFILE`, default `portable`), an `rxe*` device is rxe,
+/// the sim's is its own (`RDMA_SIM_PROFILE`, default `portable`), an `rxe*` device and
+/// the deterministic backend's (which plays the sim's rxe profile) are rxe,
 /// and any other HCA is taken for a ConnectX.
 pub fn default_profile(backend: &str, device: &str) -> Profile {
     if backend == "sim" {
@@ -61,7 +62,7 @@ pub fn default_profile(backend: &str, device: &str) -> Profile {
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or_default()
-    } else if device.starts_with("rxe") {
+    } else if backend == "det" || device.starts_with("rxe") {
         Profile::Rxe
     } else {
         Profile::Mlx5

@@ -199,4 +199,4 @@ pub fn run_case<B: Backend>(backend: &B, cfg: &Config, case: &Case<B>) -> CaseRe
     }
 }
 
-pub use cases::cases;
+pub use cases::{cases, verbs_cases};

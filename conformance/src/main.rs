@@ -13,6 +13,7 @@
 //! cargo run --release -p conformance -- --serve 0.0.0.0:18600            # host A
 //! cargo run --release -p conformance -- --peer HOST_A:18600 -f remote    # host B
 //! cargo run --release -p conformance --features ibverbs -- --backend ibverbs -d rxe0 -x 1
+//! cargo run --release -p conformance -- --backend det --seed 7 --loss 5 --dup 5 -f send
 //! ```
 
 use std::io::Write;
@@ -24,7 +25,7 @@ use conformance::cli::BackendKind;
 use conformance::report::{
     check_with, compare, json_rows, side_by_side, table, DeviceCaps, OneSided, Report,
 };
-use conformance::{cases, run_case, CaseReport, Config};
+use conformance::{cases, run_case, verbs_cases, Case, CaseReport, Config};
 use verbs_api::{Backend, Context};
 
 /// Run the verbs conformance suite against a backend.
@@ -93,6 +94,15 @@ struct Args {
     /// packets the device sends, in DIR/<case id>.pcap.
     #[arg(long, value_name = "DIR")]
     pcap: Option<std::path::PathBuf>,
+    /// With `--backend det`: the seed of the run (every delay, loss and duplicate).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// With `--backend det`: frames lost, in percent.
+    #[arg(long, default_value_t = 0)]
+    loss: u32,
+    /// With `--backend det`: frames duplicated, in percent.
+    #[arg(long, default_value_t = 0)]
+    dup: u32,
 }
 
 fn main() -> ExitCode {
@@ -184,11 +194,41 @@ fn main() -> ExitCode {
         // Read by `SimBackend::from_env` below (before any other thread exists).
         std::env::set_var("RDMA_SIM_PROFILE", p.name());
     }
+    if let BackendKind::Det = args.backend {
+        return run_det(&args);
+    }
     conformance::with_backend!(
         args.backend,
         "cargo run --release -p conformance --features ibverbs -- --backend ibverbs",
-        |b| run(b, &args)
+        |b| run(b, &args, cases())
     )
+}
+
+/// The suite but rdma_cm on a deterministic world of one device (`det0`) in this
+/// thread; the seed and the run's trace are printed to stderr (the same seed and
+/// cases give the same trace).
+fn run_det(args: &Args) -> ExitCode {
+    let mix = if args.loss == 0 && args.dup == 0 {
+        backend_sim_proto::fabric::FaultMix::clean(Duration::from_micros(2))
+    } else {
+        backend_sim_proto::fabric::FaultMix::lossy(args.loss, args.dup)
+    };
+    let det = backend_sim_det::Det::builder()
+        .seed(args.seed)
+        .mix(mix)
+        .hosts(["det0"])
+        .build();
+    let code = run(&det, args, verbs_cases());
+    eprintln!(
+        "det: seed {} (loss {}%, dup {}%): trace {:#018x}, {:?} of virtual time, {:?}",
+        args.seed,
+        args.loss,
+        args.dup,
+        det.trace(),
+        det.now(),
+        det.stats()
+    );
+    code
 }
 
 fn load(path: &str) -> Result<Report, String> {
@@ -210,7 +250,7 @@ fn device_caps<B: Backend>(backend: &B, device: &str) -> Option<DeviceCaps> {
     }
 }
 
-fn run<B: verbs_api::rdmacm::CmBackend>(backend: &B, args: &Args) -> ExitCode {
+fn run<B: Backend>(backend: &B, args: &Args, all: Vec<Case<B>>) -> ExitCode {
     let device = match &args.device {
         Some(d) => d.clone(),
         None => match backend.devices() {
@@ -246,7 +286,6 @@ fn run<B: verbs_api::rdmacm::CmBackend>(backend: &B, args: &Args) -> ExitCode {
             }
         };
     }
-    let all = cases::<B>();
     let selected: Vec<_> = all
         .iter()
         .filter(|c| {

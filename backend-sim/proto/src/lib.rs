@@ -140,3 +140,7 @@ mod uc_tests;
 mod ud_tests;
 
 pub use wire::NakReason;
+
+/// For [`impl_memory_region!`]: the verbs-api this crate is built with.
+#[doc(hidden)]
+pub use verbs_api as __verbs_api;

@@ -497,6 +497,13 @@ impl MrTable {
         mr
     }
 
+    /// Deregisters `mr` (`ibv_dereg_mr`): its key resolves to nothing from now on, and
+    /// once this returns no copy touches its memory (those in progress have finished).
+    pub fn deregister(&self, mr: &MrShared) {
+        self.remove(mr.key);
+        mr.kill();
+    }
+
     /// Looks a key up.
     pub fn get(&self, key: u32) -> Option<Arc<MrShared>> {
         self.keys.read().map.get(&key).cloned()
@@ -701,6 +708,35 @@ pub(crate) fn test_draw() -> u32 {
         x.set(v);
         v
     })
+}
+
+/// Implements `verbs_api::MemoryRegion` for `$t`, whose field `$f` is its region's
+/// `Arc<MrShared>`: the sim's regions and the deterministic backend's are both a
+/// [`MrShared`] seen through the verbs (lkey and rkey are its key).
+#[macro_export]
+macro_rules! impl_memory_region {
+    ($t:ty, $f:ident) => {
+        // SAFETY: `as_ptr()..as_ptr() + len()` is the region's memory, valid while the MR
+        // lives (owned: freed only after the last Arc; caller memory: the caller's
+        // contract, `reg_mr_raw`'s).
+        unsafe impl $crate::__verbs_api::MemoryRegion for $t {
+            fn as_ptr(&self) -> *mut u8 {
+                self.$f.base()
+            }
+            fn len(&self) -> usize {
+                self.$f.len()
+            }
+            fn lkey(&self) -> u32 {
+                self.$f.key
+            }
+            fn rkey(&self) -> u32 {
+                self.$f.key
+            }
+            fn access(&self) -> $crate::__verbs_api::AccessFlags {
+                self.$f.access
+            }
+        }
+    };
 }
 
 #[cfg(test)]

@@ -5,9 +5,7 @@
 
 use std::sync::Arc;
 
-use verbs_api::{
-    AccessFlags, AhAttr, Error, MemoryRegion, MwType, ProtectionDomain, QpCap, QpInitAttr, Result, SrqAttr,
-};
+use verbs_api::{AccessFlags, AhAttr, Error, MwType, ProtectionDomain, QpCap, QpInitAttr, Result, SrqAttr};
 
 use super::ah::SimAh;
 use super::backend::SimBackend;
@@ -313,28 +311,9 @@ impl SimMr {
 
 impl Drop for SimMr {
     fn drop(&mut self) {
-        self._pd.dev.mrs.remove(self.mr.key);
         // Waits for copies in progress; later ones find the region dead.
-        self.mr.kill();
+        self._pd.dev.mrs.deregister(&self.mr);
     }
 }
 
-// SAFETY: `as_ptr()..as_ptr() + len()` is the region's memory, valid while the MR lives
-// (owned: freed only after the last Arc; caller memory: the caller's contract).
-unsafe impl MemoryRegion for SimMr {
-    fn as_ptr(&self) -> *mut u8 {
-        self.mr.base()
-    }
-    fn len(&self) -> usize {
-        self.mr.len()
-    }
-    fn lkey(&self) -> u32 {
-        self.mr.key
-    }
-    fn rkey(&self) -> u32 {
-        self.mr.key
-    }
-    fn access(&self) -> AccessFlags {
-        self.mr.access
-    }
-}
+backend_sim_proto::impl_memory_region!(SimMr, mr);

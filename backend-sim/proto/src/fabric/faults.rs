@@ -1,10 +1,8 @@
 //! What the network does to each frame, decided by a hash of the seed and the frame's
-//! identity (direction, opcode, PSN, attempt), so that a decision does not depend on how
+//! identity (link, opcode, PSN, attempt), so that a decision does not depend on how
 //! many were made before it.
 
 use std::time::Duration;
-
-use super::Dir;
 
 /// The faults of a run: rates in parts per million, delays as ranges.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -106,10 +104,11 @@ impl Decider {
         h
     }
 
-    /// What happens to the `attempt`-th sending of the frame `opcode`/`psn` going `dir`.
-    pub fn frame(&self, m: &FaultMix, dir: Dir, opcode: u8, psn: u32, attempt: u32) -> Decision {
+    /// What happens to the `attempt`-th sending of the frame `opcode`/`psn` on `link`
+    /// (one direction of one connection, see [`super::net`]).
+    pub fn frame(&self, m: &FaultMix, link: u64, opcode: u8, psn: u32, attempt: u32) -> Decision {
         let id = [
-            dir as u64,
+            link,
             (u64::from(opcode) << 32) | u64::from(psn),
             u64::from(attempt),
         ];
@@ -133,7 +132,13 @@ impl Decider {
 
     /// The `n`-th key drawn for a region of end B (`of_b`) or A.
     pub fn key(&self, of_b: bool, n: u32) -> u32 {
-        (self.draw(Purpose::Key, [u64::from(of_b), u64::from(n), 0]) >> 32) as u32
+        self.choice(u64::from(of_b), u64::from(n))
+    }
+
+    /// The `n`-th choice of kind `what` (a key of device 1, a QPN, ...): 32 bits of the
+    /// seed's, apart from every other kind's and from the frames' decisions.
+    pub fn choice(&self, what: u64, n: u64) -> u32 {
+        (self.draw(Purpose::Key, [what, n, 0]) >> 32) as u32
     }
 }
 
@@ -171,17 +176,15 @@ mod tests {
     fn decisions_depend_on_the_frame_not_on_the_order_asked() {
         let d = Decider::new(5);
         let m = FaultMix::lossy(30, 30);
-        let first = d.frame(&m, Dir::AtoB, 4, 17, 0);
+        let first = d.frame(&m, 0, 4, 17, 0);
         for psn in 0..100 {
-            d.frame(&m, Dir::BtoA, 17, psn, 1);
+            d.frame(&m, 1, 17, psn, 1);
         }
-        assert_eq!(d.frame(&m, Dir::AtoB, 4, 17, 0), first);
+        assert_eq!(d.frame(&m, 0, 4, 17, 0), first);
         assert_ne!(
+            (0..64).map(|a| d.frame(&m, 0, 4, 17, a)).collect::<Vec<_>>(),
             (0..64)
-                .map(|a| d.frame(&m, Dir::AtoB, 4, 17, a))
-                .collect::<Vec<_>>(),
-            (0..64)
-                .map(|a| Decider::new(6).frame(&m, Dir::AtoB, 4, 17, a))
+                .map(|a| Decider::new(6).frame(&m, 0, 4, 17, a))
                 .collect::<Vec<_>>()
         );
     }
@@ -191,14 +194,14 @@ mod tests {
         let d = Decider::new(1);
         let m = FaultMix::lossy(10, 5);
         let n = 100_000u32;
-        let lost = (0..n).filter(|&p| d.frame(&m, Dir::AtoB, 4, p, 0).lost).count();
+        let lost = (0..n).filter(|&p| d.frame(&m, 0, 4, p, 0).lost).count();
         let dup = (0..n)
-            .filter(|&p| d.frame(&m, Dir::AtoB, 4, p, 0).duplicate_after.is_some())
+            .filter(|&p| d.frame(&m, 0, 4, p, 0).duplicate_after.is_some())
             .count();
         assert!((9_000..11_000).contains(&lost), "{lost} lost of {n}");
         assert!((4_300..5_700).contains(&dup), "{dup} duplicated of {n}");
         assert!((0..n).all(
-            |p| d.frame(&FaultMix::clean(Duration::from_micros(1)), Dir::AtoB, 4, p, 0)
+            |p| d.frame(&FaultMix::clean(Duration::from_micros(1)), 0, 4, p, 0)
                 == Decision {
                     lost: false,
                     delay: Duration::from_micros(1),

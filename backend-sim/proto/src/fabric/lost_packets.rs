@@ -265,8 +265,8 @@ fn the_capture_shows_the_nak_and_the_resend_from_the_packet() {
     }
     let seen = Seen::default();
     let mut f = pair(0);
-    f.a.tx.tap = Some(Box::new(Tap(seen.clone(), 2)));
-    f.b.tx.tap = Some(Box::new(Tap(seen.clone(), 1)));
+    f.a.port.tap(Box::new(Tap(seen.clone(), 2)));
+    f.b.port.tap(Box::new(Tap(seen.clone(), 1)));
     let src = region(&mut f, false, LEN);
     let dst = region(&mut f, true, LEN);
     put(&src, 0, &pattern(3, LEN));

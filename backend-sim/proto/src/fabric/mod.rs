@@ -34,6 +34,8 @@
 
 mod end;
 pub mod faults;
+pub mod net;
+pub mod port;
 mod split;
 pub mod workload;
 
@@ -43,16 +45,14 @@ mod lost_packets;
 #[cfg(test)]
 mod tests;
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
-
-use rustc_hash::FxHashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::wire::Frame;
 
 pub use end::End;
 pub use faults::{Decision, FaultMix};
+pub use net::{Net, Sent, Stats, LOG_SETTING};
+pub use port::Port;
 
 /// The protection domain of both ends' regions.
 pub const PD: u32 = 1;
@@ -64,6 +64,22 @@ pub enum Dir {
     AtoB,
     /// From B's responder back to A's requester.
     BtoA,
+}
+
+impl Dir {
+    /// The direction's link on the [`Net`].
+    fn link(self) -> u64 {
+        self as u64
+    }
+
+    /// The direction of a link of the fabric's [`Net`].
+    fn of_link(link: u64) -> Dir {
+        if link == Dir::AtoB.link() {
+            Dir::AtoB
+        } else {
+            Dir::BtoA
+        }
+    }
 }
 
 /// The connection's attributes, as `ibv_modify_qp` would set them on both ends.
@@ -105,102 +121,25 @@ pub enum Broken {
     Stuck(String),
 }
 
-/// A frame (header and payload) on its way.
-struct InFlight {
-    at: Duration,
-    seq: u64,
-    dir: Dir,
-    bytes: Vec<u8>,
-}
-
-// Ordered by delivery time, then by the order scheduled (the heap pops the least).
-impl PartialEq for InFlight {
-    fn eq(&self, o: &Self) -> bool {
-        (self.at, self.seq) == (o.at, o.seq)
-    }
-}
-impl Eq for InFlight {}
-impl PartialOrd for InFlight {
-    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for InFlight {
-    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        (self.at, self.seq).cmp(&(o.at, o.seq))
-    }
-}
-
 /// The connection, the network between its ends, and the virtual clock.
 pub struct Fabric {
     /// End A (QP 1).
     pub a: End,
     /// End B (QP 2).
     pub b: End,
-    mix: FaultMix,
-    decide: faults::Decider,
-    /// Times each (direction, opcode, PSN) was sent: the attempt a decision is keyed by.
-    attempts: FxHashMap<(Dir, u8, u32), u32>,
-    base: Instant,
-    now: Duration,
-    queue: BinaryHeap<Reverse<InFlight>>,
-    seq: u64,
-    trace: u64,
-    /// Frames delivered, lost and duplicated so far.
-    pub stats: Stats,
+    net: Net,
     broken: Option<Broken>,
-    /// Print every frame sent and delivered ([`LOG_SETTING`]).
-    log: bool,
-    /// The connection's path MTU, at which frames are cut into packets.
-    path_mtu: u32,
-    /// Packets (parts) to lose the first time they are sent, whatever the seed says.
-    lose_once: Vec<(Dir, u32)>,
-    /// Every frame sent and whether it was lost, when recording ([`Fabric::record`]).
-    recorded: Option<Vec<(Dir, Frame, bool)>>,
-}
-
-/// The setting that has a fabric print every frame it carries to stderr, with its fate
-/// (lost, delayed) and the virtual time: set it when replaying a failing seed.
-pub const LOG_SETTING: &str = "RDMA_FABRIC_LOG";
-
-/// What the network did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Stats {
-    /// Frames handed to the receiving end.
-    pub delivered: u64,
-    /// Frames lost.
-    pub lost: u64,
-    /// Extra copies made.
-    pub duplicated: u64,
-    /// Local ACK timeouts that fired.
-    pub timeouts: u64,
-    /// Times the connection broke.
-    pub resets: u64,
-    /// Frames cut into their packets.
-    pub split: u64,
 }
 
 impl Fabric {
-    /// A connected pair of QPs (both directions at PSN 0) under `seed`, with `mix`'s
-    /// faults and `attrs`.
+    /// A connected pair of QPs (both directions from PSN `attrs.psn`) under `seed`, with
+    /// `mix`'s faults and `attrs`.
     pub fn new(seed: u64, mix: FaultMix, attrs: Attrs) -> Fabric {
         Fabric {
             a: End::new(1, 2, &attrs),
             b: End::new(2, 1, &attrs),
-            mix,
-            decide: faults::Decider::new(seed),
-            attempts: FxHashMap::default(),
-            base: Instant::now(),
-            now: Duration::ZERO,
-            queue: BinaryHeap::new(),
-            seq: 0,
-            trace: faults::FNV_OFFSET,
-            stats: Stats::default(),
+            net: Net::new(seed, mix),
             broken: None,
-            log: std::env::var_os(LOG_SETTING).is_some(),
-            path_mtu: attrs.path_mtu,
-            lose_once: Vec::new(),
-            recorded: None,
         }
     }
 
@@ -217,7 +156,7 @@ impl Fabric {
     pub fn fresh_key(&mut self, table_of_b: bool) -> u32 {
         let mut n = 0u32;
         let table = if table_of_b { &self.b.mrs } else { &self.a.mrs };
-        let d = &self.decide;
+        let d = self.net.decider();
         table.fresh_key(|| {
             n += 1;
             d.key(table_of_b, n)
@@ -226,7 +165,12 @@ impl Fabric {
 
     /// The virtual time since the start.
     pub fn now(&self) -> Duration {
-        self.now
+        self.net.now()
+    }
+
+    /// What the network did so far.
+    pub fn stats(&self) -> Stats {
+        self.net.stats
     }
 
     /// What went wrong beyond the model, if anything.
@@ -236,236 +180,95 @@ impl Fabric {
 
     /// The hash of every delivery (time, direction, bytes) and completion so far.
     pub fn trace(&self) -> u64 {
-        self.trace
-    }
-
-    fn instant(&self) -> Instant {
-        self.base + self.now
-    }
-
-    /// Builds what each end may send now and puts it on the network.
-    fn transmit(&mut self) {
-        let now = self.instant();
-        self.a.transmit(now);
-        self.b.transmit(now);
-        self.launch(Dir::AtoB);
-        self.launch(Dir::BtoA);
-    }
-
-    /// Cuts what `dir`'s sender queued into frames and schedules each as the seed says.
-    fn launch(&mut self, dir: Dir) {
-        let mut bytes = Vec::new();
-        match dir {
-            Dir::AtoB => self.a.tx.drain_into(&mut bytes),
-            Dir::BtoA => self.b.tx.drain_into(&mut bytes),
-        }
-        if bytes.is_empty() {
-            return;
-        }
-        let now = self.instant();
-        match dir {
-            Dir::AtoB => self.a.last_tx = Some(now),
-            Dir::BtoA => self.b.last_tx = Some(now),
-        }
-        let mut off = 0;
-        while off < bytes.len() {
-            let (frame, hlen) = match Frame::decode(&bytes[off..]) {
-                Ok(Some(x)) => x,
-                other => {
-                    self.broken = Some(Broken::Protocol(format!(
-                        "{dir:?}: the sender queued bytes that are not a frame: {other:?}"
-                    )));
-                    return;
-                }
-            };
-            let end = off + hlen + frame.payload_len() as usize;
-            let unit = bytes[off..end.min(bytes.len())].to_vec();
-            off = end;
-            let Some(d) = self.decide_unit(dir, &frame, &unit) else {
-                return;
-            };
-            if d.split {
-                if let Some(parts) = split::packets(&frame, &unit, hlen, self.path_mtu) {
-                    self.stats.split += 1;
-                    for part in parts {
-                        let Ok(Some((p, _))) = Frame::decode(&part) else {
-                            continue;
-                        };
-                        let Some(d) = self.decide_unit(dir, &p, &part) else {
-                            return;
-                        };
-                        self.send_unit(dir, &p, part, d);
-                    }
-                    continue;
-                }
-            }
-            self.send_unit(dir, &frame, unit, d);
-        }
-    }
-
-    /// The fate of one frame `unit` (`frame`, decoded) going `dir`: `None` if the
-    /// connection broke as it was sent.
-    fn decide_unit(&mut self, dir: Dir, frame: &Frame, unit: &[u8]) -> Option<Decision> {
-        let opcode = unit[0];
-        let psn = frame.psn().unwrap_or(0);
-        let attempt = {
-            let n = self.attempts.entry((dir, opcode, psn)).or_insert(0);
-            *n += 1;
-            *n - 1
-        };
-        let d = self.decide.frame(&self.mix, dir, opcode, psn, attempt);
-        if d.reset {
-            self.reset();
-            return None;
-        }
-        Some(d)
+        self.net.trace()
     }
 
     /// Loses the packet of PSN `psn` going `dir` (a part of a message, cut by the
     /// network) the first time it is sent, whatever the seed says: a test's way to lose
     /// one packet inside a message.
     pub fn lose_once(&mut self, dir: Dir, psn: u32) {
-        self.lose_once.push((dir, psn));
+        self.net.lose_once(dir.link(), psn);
     }
 
     /// Records every frame sent from now on, with its fate ([`Fabric::recorded`]).
     pub fn record(&mut self) {
-        self.recorded = Some(Vec::new());
+        self.net.record();
     }
 
     /// The frames sent since [`Fabric::record`], each with its direction and whether it
     /// was lost.
-    pub fn recorded(&self) -> &[(Dir, Frame, bool)] {
-        self.recorded.as_deref().unwrap_or(&[])
+    pub fn recorded(&self) -> Vec<(Dir, Frame, bool)> {
+        self.net
+            .recorded()
+            .iter()
+            .map(|&(link, frame, lost)| (Dir::of_link(link), frame, lost))
+            .collect()
     }
 
-    /// Puts `unit` on the network as `d` says.
-    fn send_unit(&mut self, dir: Dir, frame: &Frame, unit: Vec<u8>, mut d: Decision) {
-        if matches!(frame, Frame::Part { .. }) {
-            if let Some(i) = self
-                .lose_once
-                .iter()
-                .position(|&x| x == (dir, frame.psn().unwrap_or(0)))
-            {
-                self.lose_once.swap_remove(i);
-                d.lost = true;
+    /// Builds what each end may send now and puts it on the network.
+    fn transmit(&mut self) {
+        let now = self.net.instant();
+        for dir in [Dir::AtoB, Dir::BtoA] {
+            let end = if dir == Dir::AtoB {
+                &mut self.a
+            } else {
+                &mut self.b
+            };
+            end.port.transmit(&end.mrs, now);
+            end.take_completions();
+            let mut bytes = Vec::new();
+            if !end.port.take_frames(now, &mut bytes) {
+                continue;
+            }
+            match self.net.send(dir.link(), end.port.path_mtu(), &bytes) {
+                Ok(Sent::Scheduled) => {}
+                Ok(Sent::Reset) => return self.reset(),
+                Err(m) => {
+                    self.broken = Some(Broken::Protocol(m));
+                    return;
+                }
             }
         }
-        if let Some(r) = &mut self.recorded {
-            r.push((dir, *frame, d.lost));
-        }
-        if self.log {
-            eprintln!(
-                "{:>10?} send {dir:?} {frame} lost={} delay={:?}",
-                self.now, d.lost, d.delay
-            );
-        }
-        if d.lost {
-            self.stats.lost += 1;
-            return;
-        }
-        if let Some(extra) = d.duplicate_after {
-            self.stats.duplicated += 1;
-            self.schedule(self.now + d.delay + extra, dir, unit.clone());
-        }
-        self.schedule(self.now + d.delay, dir, unit);
     }
 
     /// The connection breaks: everything in flight or queued is lost, both ends start
     /// new byte streams, and each half recovers as after a lost connection (the
     /// requester resends from its oldest unacknowledged WQE).
     fn reset(&mut self) {
-        self.stats.resets += 1;
-        if self.log {
-            eprintln!("{:>10?} connection reset", self.now);
+        self.net.drop_links(|_| true);
+        for end in [&mut self.a, &mut self.b] {
+            end.port.lose_connection();
+            end.take_completions();
         }
-        self.queue.clear();
-        self.a.lose_connection();
-        self.b.lose_connection();
     }
 
-    fn schedule(&mut self, at: Duration, dir: Dir, bytes: Vec<u8>) {
-        self.seq += 1;
-        self.queue.push(Reverse(InFlight {
-            at,
-            seq: self.seq,
-            dir,
-            bytes,
-        }));
-    }
-
-    /// Hands one frame to its receiver and runs the receiver's engine over it.
-    fn deliver(&mut self, f: InFlight) {
-        self.stats.delivered += 1;
-        let at = self.now.as_nanos().to_le_bytes();
-        self.mix_trace(&[f.dir as u8]);
-        self.mix_trace(&at);
-        self.trace_frame(f.dir, &f.bytes);
-        if self.log {
-            if let Ok(Some((fr, _))) = Frame::decode(&f.bytes) {
-                eprintln!("{:>10?} {:?} {fr}", self.now, f.dir);
-            }
-        }
-        let now = self.instant();
-        let to = match f.dir {
-            Dir::AtoB => &mut self.b,
-            Dir::BtoA => &mut self.a,
+    /// Hands one frame to its receiver and runs the receiver's QP over it.
+    fn deliver(&mut self, f: net::InFlight) {
+        let now = self.net.instant();
+        let dir = Dir::of_link(f.link);
+        let to = if dir == Dir::AtoB {
+            &mut self.b
+        } else {
+            &mut self.a
         };
-        if let Err(m) = to.receive(&f.bytes, now) {
-            self.broken = Some(Broken::Protocol(format!("{:?} receiver: {m}", f.dir)));
+        self.net.delivered(&f, &to.mrs);
+        let r = to.port.receive(&f.bytes, &to.mrs, now);
+        to.take_completions();
+        if let Err(m) = r {
+            self.broken = Some(Broken::Protocol(format!("{dir:?} receiver: {m}")));
         }
-    }
-
-    /// Folds a frame into the trace with its remote addresses as offsets into their
-    /// regions: the regions' addresses are the allocator's, not the seed's.
-    fn trace_frame(&mut self, dir: Dir, unit: &[u8]) {
-        let Ok(Some((mut frame, hlen))) = Frame::decode(unit) else {
-            return self.mix_trace(unit);
-        };
-        if let Frame::Write { addr, rkey, .. }
-        | Frame::Read { addr, rkey, .. }
-        | Frame::CmpSwap { addr, rkey, .. }
-        | Frame::FetchAdd { addr, rkey, .. }
-        | Frame::Part { addr, rkey, .. } = &mut frame
-        {
-            let target = if dir == Dir::AtoB {
-                &self.b.mrs
-            } else {
-                &self.a.mrs
-            };
-            let base = target.get(*rkey).map_or(0, |m| m.addr());
-            *addr = addr.wrapping_sub(base);
-        }
-        let mut h = [0u8; crate::wire::MAX_HDR_LEN];
-        let n = frame.encode(&mut h);
-        self.mix_trace(&h[..n]);
-        // The payload's ends: its bytes are the workload's, which the model checks; a
-        // run that went another way shows in headers and times first.
-        let payload = &unit[hlen.min(unit.len())..];
-        let k = payload.len().min(16);
-        self.mix_trace(&payload[..k]);
-        self.mix_trace(&payload[payload.len() - k..]);
-    }
-
-    fn mix_trace(&mut self, bytes: &[u8]) {
-        self.trace = faults::fnv(self.trace, bytes);
     }
 
     /// Folds the completions produced since the last call into the trace.
     fn trace_completions(&mut self, seen: &mut [usize; 4]) {
-        let mut h = self.trace;
         for (k, end) in [&self.a, &self.b].into_iter().enumerate() {
             for w in &end.send_wc[seen[2 * k]..] {
-                h = faults::fnv(h, &[b'S', k as u8, w.status as u8, w.opcode as u8]);
-                h = faults::fnv(h, &w.wr_id.to_le_bytes());
+                self.net.trace_completion(k as u64, false, w);
             }
             for (w, _) in &end.recv_wc[seen[2 * k + 1]..] {
-                h = faults::fnv(h, &[b'R', k as u8, w.status as u8, w.opcode as u8]);
-                h = faults::fnv(h, &w.wr_id.to_le_bytes());
-                h = faults::fnv(h, &w.byte_len.to_le_bytes());
+                self.net.trace_completion(k as u64, true, w);
             }
         }
-        self.trace = h;
         *seen = self.completions_seen();
     }
 
@@ -491,12 +294,12 @@ impl Fabric {
             }
             self.transmit();
             self.trace_completions(&mut seen);
-            let next_frame = self.queue.peek().map(|Reverse(f)| f.at);
-            let next_timer = [self.a.next_deadline(), self.b.next_deadline()]
+            let next_frame = self.net.next_at();
+            let next_timer = [self.a.port.next_deadline(), self.b.port.next_deadline()]
                 .into_iter()
                 .flatten()
                 .min()
-                .map(|d| d.saturating_duration_since(self.base));
+                .map(|d| self.net.since_start(d));
             let next = match (next_frame, next_timer) {
                 (Some(f), Some(t)) => f.min(t),
                 (Some(f), None) => f,
@@ -504,26 +307,29 @@ impl Fabric {
                 (None, None) => return,
             };
             if next > until {
-                self.now = self.now.max(until);
+                self.net.advance(until);
                 return;
             }
             events += 1;
             if events > max_events {
                 self.broken = Some(Broken::Stuck(format!(
                     "{max_events} events and not settled at {:?}: {} + {} WQEs outstanding",
-                    self.now,
-                    self.a.qp.sq_outstanding(),
-                    self.b.qp.sq_outstanding()
+                    self.net.now(),
+                    self.a.qp().sq_outstanding(),
+                    self.b.qp().sq_outstanding()
                 )));
                 return;
             }
-            self.now = self.now.max(next);
+            self.net.advance(next);
             if next_frame == Some(next) {
-                let Reverse(f) = self.queue.pop().expect("peeked");
+                let f = self.net.pop().expect("peeked");
                 self.deliver(f);
             } else {
-                let now = self.instant();
-                self.stats.timeouts += self.a.on_timer(now) + self.b.on_timer(now);
+                let now = self.net.instant();
+                for end in [&mut self.a, &mut self.b] {
+                    self.net.stats.timeouts += end.port.on_timer(now);
+                    end.take_completions();
+                }
             }
         }
     }

@@ -330,7 +330,7 @@ impl Flow {
         if !me.in_error() {
             return Err(format!(
                 "{name} is in {:?}, not ERR, after its retries ran out",
-                me.qp.state()
+                me.qp().state()
             ));
         }
         let got: Vec<u64> = me.send_wc.iter().map(|w| w.wr_id).collect();
@@ -519,7 +519,7 @@ pub fn run(seed: u64, spec: &Spec) -> Result<Outcome, Violation> {
     }
     Ok(Outcome {
         trace: f.trace(),
-        stats: f.stats,
+        stats: f.stats(),
         took: f.now(),
     })
 }

@@ -1,0 +1,217 @@
+//! # backend-sim-det: verbs code on a deterministic, seeded, virtual-clock fabric
+//!
+//! A [`verbs_api::Backend`] whose devices all live in one process and one thread, on a
+//! virtual clock, over a network that loses, duplicates, delays and reorders frames as a
+//! seed decides. Code written generically over `B: Backend` (the client and server of an
+//! application, their sync polling loops) runs on it unchanged, and a run is a function
+//! of its seed: the same seed gives the same run, and a failing seed replays exactly.
+//!
+//! ## Design
+//!
+//! - **One world.** [`Det`] (the backend) holds a `World`: its devices (named by the
+//!   builder, each with one port, LID `n + 1`, GID `fe80::n+1`, its own MR table), every
+//!   QP's protocol core (`backend_sim_proto::qp::Qp`, the same state machine, requester
+//!   and responder the TCP sim runs), the CQs and completion channels, and the network.
+//!   Verbs objects are handles into it; every verb locks it for its whole length.
+//! - **One thread.** The world belongs to the thread that built it; a verb called from
+//!   another thread is refused (EOPNOTSUPP, "…single-threaded…"): a second thread's
+//!   timing is exactly what the seed cannot decide. Client and server run in the same
+//!   thread, interleaving their steps (post here, poll there).
+//! - **The network is the protocol crate's** (`backend_sim_proto::fabric::net`): a
+//!   frame's fate is drawn from the seed keyed by what is decided (its link, opcode,
+//!   PSN and attempt), not by the order of draws; a link is one direction of one
+//!   connection, `(sending QPN << 32) | receiving QPN`. A frame of several packets may
+//!   be cut into its packets at the sending QP's path MTU (`FaultMix::split_ppm`), each
+//!   then lost, duplicated or delayed on its own. Each QP is attached through
+//!   `fabric::port::Port`, which drives it through its public surface (`handle_frames`,
+//!   `poll_transmit`, `handle_timeout`, `handle_connection_lost`) as the two-QP fabric
+//!   does. QPNs and MR keys are drawn from the seed too (`Decider::choice`), so a run
+//!   never depends on the allocator or on the order objects were made in.
+//! - **Time moves when the program waits.** A verb that posts or modifies runs at the
+//!   current virtual time and puts the frames it causes on the network. Polling a CQ
+//!   that holds nothing advances the world to its next point in time (the next frame's
+//!   arrival or the next timer of a requester) and runs what is due then; so a sync
+//!   polling loop (`while cq.poll(..)? == 0 {}`) walks the run event by event, with no
+//!   thread and no wall-clock wait. `get_cq_event` and `get_async_event` advance it
+//!   the same way until their event comes (within their timeout, in virtual time).
+//! - **No hang.** When nothing can happen any more (no frame in flight, no timer armed)
+//!   the program waits for something nothing will produce: a blocking wait says so at
+//!   once; a polling loop is told after [`IDLE_POLLS`] empty polls in a row of an idle
+//!   world (a program may look at an empty CQ a few times by design). Both errors say
+//!   what to change (post the peer's work first, interleave the two sides).
+//! - **The trace.** Every delivery and every completion is folded into one hash
+//!   ([`Det::trace`]): two runs of the same seed compare in one number. It holds while
+//!   the program reads no wall clock (a wait bounded by `Instant::now()`, as
+//!   `verbs_api::poll_n`'s, ends after as many polls as the machine made meanwhile,
+//!   which nothing here can see or refuse).
+//!
+//! ## What it does not do
+//!
+//! RC QPs, and UC ones (the protocol core's UC; not exercised by this crate's tests).
+//! Refused with EOPNOTSUPP, saying so: UD QPs and address handles, SRQs, memory windows,
+//! `rereg_mr`, multicast; file descriptors (`async_fd`, a channel's `fd`) are -1,
+//! because waiting on one would wait outside the virtual world: use `get_cq_event` and
+//! `get_async_event`, which advance it. The device behaves as the sim's rxe profile
+//! (`Switches::RXE`). No rdma_cm, no tokio (a paused runtime would need its timers on
+//! this clock), no shrinker yet.
+//!
+//! ```
+//! use backend_sim_det::Det;
+//! use backend_sim_proto::fabric::FaultMix;
+//! use verbs_api::{Backend, Context};
+//!
+//! let det = Det::builder().seed(7).mix(FaultMix::lossy(5, 5)).hosts(["client", "server"]).build();
+//! let client = det.open("client").unwrap();
+//! assert_eq!(client.query_port(1).unwrap().lid, 1);
+//! ```
+
+#![warn(missing_docs)]
+
+mod cq;
+pub mod harness;
+mod objects;
+mod qp;
+mod refuse;
+mod world;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use backend_sim_proto::fabric::{FaultMix, Stats};
+use verbs_api::{Backend, DeviceInfo, Error, Result};
+
+pub use cq::{DetChannel, DetCq};
+pub use objects::{DetContext, DetMr, DetPd};
+pub use qp::DetQp;
+pub use refuse::{DetAh, DetMw, DetSrq};
+pub use world::IDLE_POLLS;
+
+use world::Shared;
+
+/// The deterministic backend: a world of devices on one seeded network (see the crate
+/// documentation). Cloning it gives another handle to the same world.
+#[derive(Clone)]
+pub struct Det {
+    shared: Arc<Shared>,
+}
+
+/// How a [`Det`] world is made: its seed, its network's faults, its devices.
+#[derive(Clone, Debug)]
+pub struct DetBuilder {
+    seed: u64,
+    mix: FaultMix,
+    hosts: Vec<String>,
+}
+
+impl Default for DetBuilder {
+    fn default() -> Self {
+        DetBuilder {
+            seed: 0,
+            mix: FaultMix::clean(Duration::from_micros(2)),
+            hosts: vec!["det0".into(), "det1".into()],
+        }
+    }
+}
+
+impl DetBuilder {
+    /// The seed every random choice of the run comes from.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// The network's faults (default: none, 2 us one way).
+    pub fn mix(mut self, mix: FaultMix) -> Self {
+        self.mix = mix;
+        self
+    }
+
+    /// The devices, by name (default `det0` and `det1`); device `n` has LID `n + 1`.
+    pub fn hosts<S: Into<String>>(mut self, names: impl IntoIterator<Item = S>) -> Self {
+        self.hosts = names.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// The world, owned by the calling thread.
+    pub fn build(self) -> Det {
+        Det {
+            shared: Shared::new(self.seed, self.mix, self.hosts),
+        }
+    }
+}
+
+impl Det {
+    /// A world to make ([`DetBuilder`]).
+    pub fn builder() -> DetBuilder {
+        DetBuilder::default()
+    }
+
+    /// The hash of every delivery and completion so far: the same seed and program give
+    /// the same trace.
+    pub fn trace(&self) -> u64 {
+        self.shared.lock_any().net.trace()
+    }
+
+    /// What the network did so far.
+    pub fn stats(&self) -> Stats {
+        self.shared.lock_any().net.stats
+    }
+
+    /// The virtual time since the world was made.
+    pub fn now(&self) -> Duration {
+        self.shared.lock_any().net.now()
+    }
+
+    /// Runs the world until nothing is left to happen (no frame in flight, no timer
+    /// armed) or virtual time `limit` has passed; whether it settled.
+    pub fn settle(&self, limit: Duration) -> Result<bool> {
+        let mut w = self.shared.enter("settle")?;
+        let until = w.net.now() + limit;
+        while w.advance(Some(until)) {}
+        Ok(w.idle())
+    }
+}
+
+impl Backend for Det {
+    type Context = DetContext;
+    type Pd = DetPd;
+    type Mr = DetMr;
+    type Cq = DetCq;
+    type Channel = DetChannel;
+    type Qp = DetQp;
+    type Srq = DetSrq;
+    type Ah = DetAh;
+    type Mw = DetMw;
+
+    fn name(&self) -> &'static str {
+        "det"
+    }
+
+    fn devices(&self) -> Result<Vec<DeviceInfo>> {
+        let w = self.shared.enter("ibv_get_device_list")?;
+        Ok(w.devices
+            .iter()
+            .enumerate()
+            .map(|(i, d)| DeviceInfo {
+                name: d.name.clone(),
+                guid: objects::guid(i),
+                transport: "InfiniBand".into(),
+            })
+            .collect())
+    }
+
+    fn open(&self, name: &str) -> Result<DetContext> {
+        let mut w = self.shared.enter("ibv_open_device")?;
+        match w.devices.iter().position(|d| d.name == name) {
+            Some(dev) => {
+                w.contexts.push(Default::default());
+                let id = w.contexts.len() - 1;
+                Ok(DetContext::new(self.shared.clone(), dev, id, name.into()))
+            }
+            None => Err(Error::DeviceNotFound {
+                name: name.into(),
+                available: w.devices.iter().map(|d| d.name.clone()).collect(),
+            }),
+        }
+    }
+}
