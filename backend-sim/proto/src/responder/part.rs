@@ -259,6 +259,23 @@ mod tests {
     use super::*;
     use crate::memory::MrShared;
 
+    /// A responder at `rq_psn` with path MTU 1024 and one receive (wr_id 7) posted for
+    /// the whole of a 4 KiB region (rkey/lkey 5), and the region's table.
+    fn with_a_receive(rq_psn: u32) -> (MrTable, Arc<MrShared>, Responder) {
+        let mrs = MrTable::default();
+        let mr = Arc::new(MrShared::new_owned(1, 5, 4096, AccessFlags::ALL).unwrap());
+        mrs.insert(mr.clone());
+        let mut resp = Responder::new(2, 1, 4, 1);
+        resp.connect(RespAttrs {
+            rq_psn,
+            min_rnr_timer: 1,
+        });
+        resp.set_path_mtu(1024);
+        resp.post(&RecvWr::new(7, &[Sge::new(mr.addr(), 4096, 5)]))
+            .unwrap();
+        (mrs, mr, resp)
+    }
+
     fn part(psn: u32, len: u32, first: bool, last: bool) -> Frame {
         Frame::Part {
             psn,
@@ -283,17 +300,7 @@ mod tests {
     /// receive with the message's bytes in place.
     #[test]
     fn a_lost_middle_is_nakked_once_and_the_receive_waits_for_it() {
-        let mrs = MrTable::default();
-        let mr = Arc::new(MrShared::new_owned(1, 5, 4096, AccessFlags::ALL).unwrap());
-        mrs.insert(mr.clone());
-        let mut resp = Responder::new(2, 1, 4, 1);
-        resp.connect(RespAttrs {
-            rq_psn: 10,
-            min_rnr_timer: 1,
-        });
-        resp.set_path_mtu(1024);
-        resp.post(&RecvWr::new(7, &[Sge::new(mr.addr(), 4096, 5)]))
-            .unwrap();
+        let (mrs, mr, mut resp) = with_a_receive(10);
         let (mut tx, mut out) = (TxQueue::new(), Vec::new());
         let data: Vec<u8> = (0..2500u32).map(|i| (i / 3) as u8).collect();
         let feed = |resp: &mut Responder, f: &Frame, tx: &mut TxQueue, out: &mut Vec<_>| {
@@ -342,17 +349,7 @@ mod tests {
     /// invalid request NAK, and the QP goes to ERR.
     #[test]
     fn a_part_of_another_message_is_an_invalid_request() {
-        let mrs = MrTable::default();
-        let mr = Arc::new(MrShared::new_owned(1, 5, 4096, AccessFlags::ALL).unwrap());
-        mrs.insert(mr.clone());
-        let mut resp = Responder::new(2, 1, 4, 1);
-        resp.connect(RespAttrs {
-            rq_psn: 0,
-            min_rnr_timer: 1,
-        });
-        resp.set_path_mtu(1024);
-        resp.post(&RecvWr::new(7, &[Sge::new(mr.addr(), 4096, 5)]))
-            .unwrap();
+        let (mrs, _, mut resp) = with_a_receive(0);
         let (mut tx, mut out) = (TxQueue::new(), Vec::new());
         let Incoming::Sink(s) = resp
             .on_request(&part(0, 1024, true, false), &mrs, &mut tx, &mut out)
