@@ -195,26 +195,12 @@ fn refused_requests_raise_access_and_request_errors() {
 /// returns fails the test instead of hanging it.)
 #[test]
 fn destroy_waits_for_the_acknowledgement() {
-    const HOLD: Duration = Duration::from_millis(300);
     let t = two(16, &RcParams::default());
     to_state(&t.a, QpState::Sqd, true);
     let ev = event(&t.c0, WAIT).expect("SQ_DRAINED");
     assert_eq!(ev.element, AsyncElement::Qp(t.a.qp_num()));
     let Two { c0, a, .. } = t;
-    let c0 = std::sync::Arc::new(c0);
-    let acker = {
-        let c0 = c0.clone();
-        std::thread::spawn(move || {
-            std::thread::sleep(HOLD);
-            c0.ack_async_event(ev);
-        })
-    };
-    let took = timed(HOLD + WAIT, move || drop(a));
-    acker.join().unwrap();
-    assert!(
-        took >= HOLD - Duration::from_millis(10),
-        "the QP went after {took:?}"
-    );
+    destroy_waits_for(c0, ev, a, "QP");
 
     let t = two(1, &RcParams::default());
     let mr = t.pd0.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
@@ -229,20 +215,37 @@ fn destroy_waits_for_the_acknowledgement() {
     assert_eq!(ev.element, AsyncElement::Cq(t.cq0.handle()));
     let Two { c0, a, cq0, .. } = t;
     drop(a);
-    let c0 = std::sync::Arc::new(c0);
+    destroy_waits_for(c0, ev, cq0, "CQ");
+}
+
+/// Drops `object` on one thread while another holds `ev` for a while and then
+/// acknowledges it: the drop must not return before the acknowledgement has begun. No
+/// clock is read: the acknowledging thread raises a flag just before it acknowledges,
+/// and the dropping thread looks at it once its drop has returned.
+fn destroy_waits_for<T: Send + 'static>(c0: SimContext, ev: AsyncEvent, object: T, what: &str) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    const HOLD: Duration = Duration::from_millis(300);
+    let acking = Arc::new(AtomicBool::new(false));
     let acker = {
-        let c0 = c0.clone();
+        let acking = acking.clone();
         std::thread::spawn(move || {
             std::thread::sleep(HOLD);
+            acking.store(true, Ordering::SeqCst);
             c0.ack_async_event(ev);
         })
     };
-    let took = timed(HOLD + WAIT, move || drop(cq0));
+    let seen = acking.clone();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        drop(object);
+        let _ = tx.send(seen.load(Ordering::SeqCst));
+    });
+    let acked_first = rx
+        .recv_timeout(HOLD + WAIT)
+        .unwrap_or_else(|_| panic!("the {what} was still being destroyed after {:?}", HOLD + WAIT));
     acker.join().unwrap();
-    assert!(
-        took >= HOLD - Duration::from_millis(10),
-        "the CQ went after {took:?}"
-    );
+    assert!(acked_first, "the {what} went before its event was acknowledged");
 }
 
 /// An event nobody took goes with its object: destroying it does not wait.
