@@ -729,9 +729,11 @@ fn a_connection_held_by_another_thread_is_not_spun_on() {
 #[test]
 fn an_ack_waiting_on_a_held_connection_costs_no_retry() {
     let dev = OneDevice::open();
-    // 16.8 ms, held 100 ms: five timeouts and more.
+    // 67 ms, held 400 ms: five timeouts and more. (Not shorter: a thread preempted for
+    // a timeout's length between the post and the hold would see a true timeout, the
+    // ACK not yet sent, on a loaded machine.)
     let p = RcParams {
-        timeout: 12,
+        timeout: 14,
         retry_cnt: 7,
         ..RcParams::default()
     };
@@ -750,7 +752,7 @@ fn an_ack_waiting_on_a_held_connection_costs_no_retry() {
             .unwrap();
         let a_io = conn.io.lock();
         drop(b_io);
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(Duration::from_millis(400));
         drop(a_io);
     }
     let wc = poll_n(&dev.cq, 1, Duration::from_secs(5)).unwrap();
