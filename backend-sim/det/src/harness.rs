@@ -1,15 +1,22 @@
-//! Running a test under many seeds, and replaying the one that failed: the first piece
-//! of the user harness. A failure prints its seed, its trace and the command that
-//! replays it ([`SEED_SETTING`] picks one seed; the test's name is the name libtest
-//! gives the test's thread).
+//! Running a test under many seeds, shrinking the one that failed and replaying it: the
+//! user harness. A failure prints its seed, its trace, the command that replays it
+//! ([`SEED_SETTING`] picks one seed; the test's name is the name libtest gives the
+//! test's thread), the schedule of the failing run reduced by the [shrinker](crate::shrink)
+//! (one line per fault) and the command that replays that schedule alone
+//! ([`SCHEDULE_SETTING`]).
 
 use std::fmt;
 use std::ops::Range;
 
-use crate::{Det, DetBuilder};
+use crate::shrink::{self, Shrunk};
+use crate::{Det, DetBuilder, Schedule};
 
 /// The setting that runs only the seed it names (a replay).
 pub const SEED_SETTING: &str = "DET_SEED";
+
+/// The setting that runs the seed [`SEED_SETTING`] names under the schedule it holds
+/// (faults separated by `;`, as a [`Failure`] prints them) instead of the seed's faults.
+pub const SCHEDULE_SETTING: &str = "DET_SCHEDULE";
 
 /// A seed whose run failed.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -22,15 +29,37 @@ pub struct Failure {
     pub trace: u64,
     /// The command that runs this seed alone.
     pub replay: String,
+    /// Every fault the network applied in the run, up to the failure.
+    pub schedule: Schedule,
+    /// The schedule reduced while the test still fails; `None` when the failure did not
+    /// repeat from the schedule (the test reads something the seed does not decide).
+    pub shrunk: Option<Shrunk>,
+}
+
+impl Failure {
+    /// The command that runs this seed under the reduced schedule alone.
+    pub fn replay_shrunk(&self) -> Option<String> {
+        self.shrunk
+            .as_ref()
+            .map(|s| replay_schedule_command(self.seed, &s.schedule))
+    }
 }
 
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
+        writeln!(
             f,
-            "seed {}: {} (trace {:#018x})\nreplay: {}",
-            self.seed, self.what, self.trace, self.replay
-        )
+            "seed {}: {} (trace {:#018x}, {} faults)",
+            self.seed,
+            self.what,
+            self.trace,
+            self.schedule.len()
+        )?;
+        write!(f, "replay: {}", self.replay)?;
+        if let (Some(s), Some(cmd)) = (&self.shrunk, self.replay_shrunk()) {
+            write!(f, "\n{s}replay the shrunk schedule: {cmd}")?;
+        }
+        Ok(())
     }
 }
 
@@ -42,35 +71,104 @@ pub fn seeds(seeds: Range<u64>) -> Range<u64> {
     }
 }
 
-/// The command that replays `seed` of the test running in this thread.
-pub fn replay_command(seed: u64) -> String {
-    let package = std::env::var("CARGO_PKG_NAME").unwrap_or_else(|_| "<package>".into());
-    let test = std::thread::current()
+/// The name of the test running in this thread, as libtest names it.
+fn test_name() -> String {
+    std::thread::current()
         .name()
         .filter(|n| *n != "main")
-        .map_or_else(|| "<test>".to_string(), str::to_string);
-    format!("{SEED_SETTING}={seed} cargo test -p {package} -- --exact {test}")
+        .map_or_else(|| "<test>".to_string(), str::to_string)
+}
+
+fn package() -> String {
+    std::env::var("CARGO_PKG_NAME").unwrap_or_else(|_| "<package>".into())
+}
+
+/// The command that replays `seed` of the test running in this thread.
+pub fn replay_command(seed: u64) -> String {
+    format!(
+        "{SEED_SETTING}={seed} cargo test -p {} -- --exact {}",
+        package(),
+        test_name()
+    )
+}
+
+/// The command that runs `seed` of the test running in this thread under `schedule`
+/// alone.
+pub fn replay_schedule_command(seed: u64, schedule: &Schedule) -> String {
+    format!(
+        "{SEED_SETTING}={seed} {SCHEDULE_SETTING}='{}' cargo test -p {} -- --exact {}",
+        schedule.to_line(),
+        package(),
+        test_name()
+    )
 }
 
 /// Runs `test` in a world made by `builder` with each seed of [`seeds`]`(range)`;
-/// stops at the first failure. `Ok`: the traces of the runs, in seed order.
+/// stops at the first failure, whose schedule it shrinks ([`shrink::shrink`], within
+/// [`shrink::MAX_RUNS`] runs). `Ok`: the traces of the runs, in seed order.
+///
+/// With [`SCHEDULE_SETTING`] set, runs only the seed [`SEED_SETTING`] names, under that
+/// schedule instead of the seed's faults (a replay of a printed one).
 pub fn check_seeds<E: fmt::Display>(
     builder: &DetBuilder,
     range: Range<u64>,
     mut test: impl FnMut(&Det) -> Result<(), E>,
 ) -> Result<Vec<u64>, Failure> {
+    let (range, forced) = match std::env::var(SCHEDULE_SETTING)
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+    {
+        Some(text) => {
+            let (seed, schedule) = schedule_setting(&text)?;
+            (seed..seed + 1, Some(schedule))
+        }
+        None => (seeds(range), None),
+    };
     let mut traces = Vec::new();
-    for seed in seeds(range) {
-        let det = builder.clone().seed(seed).build();
+    for seed in range {
+        let mut b = builder.clone().seed(seed);
+        if let Some(s) = &forced {
+            b = b.schedule(s.clone());
+        }
+        let det = b.build();
         if let Err(e) = test(&det) {
+            let schedule = det.schedule();
+            let shrunk = shrink::shrink(builder, seed, &schedule, shrink::MAX_RUNS, &mut test);
             return Err(Failure {
                 seed,
                 what: e.to_string(),
                 trace: det.trace(),
-                replay: replay_command(seed),
+                replay: match &forced {
+                    Some(_) => replay_schedule_command(seed, &schedule),
+                    None => replay_command(seed),
+                },
+                schedule,
+                shrunk,
             });
         }
         traces.push(det.trace());
     }
     Ok(traces)
+}
+
+/// The seed and the schedule [`SCHEDULE_SETTING`] asks for; a setting that cannot be
+/// run is a failure saying why.
+fn schedule_setting(text: &str) -> Result<(u64, Schedule), Failure> {
+    let refused = |what: String| Failure {
+        seed: 0,
+        what,
+        trace: 0,
+        replay: String::new(),
+        schedule: Schedule::default(),
+        shrunk: None,
+    };
+    let schedule: Schedule = text
+        .parse()
+        .map_err(|e| refused(format!("{SCHEDULE_SETTING} does not read as a schedule: {e}")))?;
+    match std::env::var(SEED_SETTING).ok().and_then(|s| s.parse().ok()) {
+        Some(seed) => Ok((seed, schedule)),
+        None => Err(refused(format!(
+            "{SCHEDULE_SETTING} needs {SEED_SETTING}: the seed chooses the QPNs its links name"
+        ))),
+    }
 }
