@@ -5,8 +5,11 @@
 //! (one line per fault) and the command that replays that schedule alone
 //! ([`SCHEDULE_SETTING`]).
 
+use std::cell::Cell;
 use std::fmt;
 use std::ops::Range;
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::Once;
 
 use crate::shrink::{self, Shrunk};
 use crate::{Det, DetBuilder, Schedule};
@@ -105,7 +108,9 @@ pub fn replay_schedule_command(seed: u64, schedule: &Schedule) -> String {
 
 /// Runs `test` in a world made by `builder` with each seed of [`seeds`]`(range)`;
 /// stops at the first failure, whose schedule it shrinks ([`shrink::shrink`], within
-/// [`shrink::MAX_RUNS`] runs). `Ok`: the traces of the runs, in seed order.
+/// [`shrink::MAX_RUNS`] runs). `Ok`: the traces of the runs, in seed order. A test
+/// fails by returning `Err` or by panicking (an `assert!`): either way the failure says
+/// what, with its seed and schedule.
 ///
 /// With [`SCHEDULE_SETTING`] set, runs only the seed [`SEED_SETTING`] names, under that
 /// schedule instead of the seed's faults (a replay of a printed one).
@@ -131,12 +136,12 @@ pub fn check_seeds<E: fmt::Display>(
             b = b.schedule(s.clone());
         }
         let det = b.build();
-        if let Err(e) = test(&det) {
+        if let Err(e) = run_test(&mut test, &det) {
             let schedule = det.schedule();
             let shrunk = shrink::shrink(builder, seed, &schedule, shrink::MAX_RUNS, &mut test);
             return Err(Failure {
                 seed,
-                what: e.to_string(),
+                what: e,
                 trace: det.trace(),
                 replay: match &forced {
                     Some(_) => replay_schedule_command(seed, &schedule),
@@ -170,5 +175,42 @@ fn schedule_setting(text: &str) -> Result<(u64, Schedule), Failure> {
         None => Err(refused(format!(
             "{SCHEDULE_SETTING} needs {SEED_SETTING}: the seed chooses the QPNs its links name"
         ))),
+    }
+}
+
+thread_local! {
+    /// Whether a panic of this thread is the harness's to report (not printed).
+    static QUIET: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `test` in `det`: its error, or the message of its panic (an `assert!` in the
+/// test is a failure like an `Err`, with a seed and a schedule to shrink). The panic is
+/// not printed, as the failure will be; other threads' panics print as before.
+pub(crate) fn run_test<E: fmt::Display>(
+    test: &mut impl FnMut(&Det) -> Result<(), E>,
+    det: &Det,
+) -> Result<(), String> {
+    static HOOK: Once = Once::new();
+    HOOK.call_once(|| {
+        let previous = panic::take_hook();
+        panic::set_hook(Box::new(move |info| {
+            if !QUIET.with(Cell::get) {
+                previous(info);
+            }
+        }));
+    });
+    QUIET.with(|q| q.set(true));
+    let r = panic::catch_unwind(AssertUnwindSafe(|| test(det)));
+    QUIET.with(|q| q.set(false));
+    match r {
+        Ok(r) => r.map_err(|e| e.to_string()),
+        Err(payload) => {
+            let msg = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic without a message".into());
+            Err(format!("panicked: {msg}"))
+        }
     }
 }

@@ -13,15 +13,18 @@
 //!    it, the shortest beginning that still fails (bisected);
 //! 2. **drop faults**: halves, then quarters and so on down to one fault at a time
 //!    (delta debugging's complements), keeping every removal after which it still fails;
+//!    then each fault on a resent frame is moved to the frame's first sending (which
+//!    needs none of the faults that caused the resends) and step 2 runs again;
 //! 3. **shorten delays**: each remaining delay and duplicate gap halved while it still
 //!    fails.
 //!
-//! "Still fails" means the test returns an error, whichever: a smaller schedule may show
+//! "Still fails" means the test returns an error or panics, whichever: a smaller schedule may show
 //! the bug by another of its symptoms, and the reduced run's own message is reported.
 
 use std::fmt;
 use std::time::Duration;
 
+use crate::harness::run_test;
 use crate::{Det, DetBuilder, Fault, Schedule, What};
 
 /// Runs a shrink makes at most, unless told otherwise.
@@ -61,13 +64,19 @@ impl fmt::Display for Shrunk {
     }
 }
 
-/// Runs the test under candidate schedules, counting runs.
+/// Runs the test under candidate schedules, counting runs, keeping the smallest that
+/// fails.
 struct Runner<'a, T> {
     builder: &'a DetBuilder,
     seed: u64,
     test: T,
     runs: u32,
     max_runs: u32,
+    /// The schedule that fails, as reduced so far; what the test said under it and the
+    /// run's trace.
+    best: Vec<Fault>,
+    what: String,
+    trace: u64,
 }
 
 impl<T, E> Runner<'_, T>
@@ -75,10 +84,11 @@ where
     T: FnMut(&Det) -> Result<(), E>,
     E: fmt::Display,
 {
-    /// What the test says under `faults` alone and its trace, if it fails; `None` if it
-    /// passes or the budget is spent.
-    fn fails(&mut self, faults: &[Fault]) -> Option<(String, u64)> {
-        if self.runs >= self.max_runs {
+    /// What the test says under `faults` alone, the run's trace and the faults it
+    /// applied (those of `faults` whose frames were sent, at the times they were), if it
+    /// fails; `None` if it passes or the budget is spent.
+    fn fails(&mut self, faults: &[Fault]) -> Option<(String, u64, Vec<Fault>)> {
+        if self.spent() {
             return None;
         }
         self.runs += 1;
@@ -88,8 +98,92 @@ where
             .seed(self.seed)
             .schedule(Schedule::from(faults.to_vec()))
             .build();
-        let r = (self.test)(&det);
-        r.err().map(|e| (e.to_string(), det.trace()))
+        let r = run_test(&mut self.test, &det);
+        r.err().map(|e| (e, det.trace(), det.schedule().faults))
+    }
+
+    fn spent(&self) -> bool {
+        self.runs >= self.max_runs
+    }
+
+    /// Whether the test fails under `cand`, whose faults applied then become the best.
+    fn keep(&mut self, cand: Vec<Fault>) -> bool {
+        match self.fails(&cand) {
+            Some((what, trace, applied)) => {
+                (self.best, self.what, self.trace) = (applied, what, trace);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The shortest beginning of the schedule that still fails (bisected).
+    fn cut(&mut self) {
+        let (mut lo, mut hi) = (0, self.best.len());
+        while lo < hi && !self.spent() {
+            let mid = (lo + hi) / 2;
+            if self.keep(self.best[..mid].to_vec()) {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+    }
+
+    /// Removes chunks of faults, halves first, then ever smaller chunks down to one
+    /// fault at a time, while the test still fails (delta debugging's complements).
+    fn drop_faults(&mut self) {
+        let mut chunks = 2usize;
+        while !self.best.is_empty() && !self.spent() {
+            let len = self.best.len();
+            let size = len.div_ceil(chunks.min(len));
+            let removed = (0..len).step_by(size).any(|start| {
+                let cand = [&self.best[..start], &self.best[(start + size).min(len)..]].concat();
+                self.keep(cand)
+            });
+            if removed {
+                chunks = (chunks - 1).max(2);
+            } else if size == 1 {
+                return;
+            } else {
+                chunks = chunks.saturating_mul(2);
+            }
+        }
+    }
+
+    /// Moves each fault on a resent frame to its first sending, where it still fails:
+    /// a fault keyed to the third sending needs the faults that caused the first two
+    /// resends, which the first sending does not. Whether any moved.
+    fn first_sendings(&mut self) -> bool {
+        let mut moved = false;
+        for i in 0..self.best.len() {
+            if self.best[i].key.attempt == 0 || self.spent() {
+                continue;
+            }
+            let mut cand = self.best.clone();
+            cand[i].key.attempt = 0;
+            moved |= self.keep(cand);
+        }
+        moved
+    }
+
+    /// Halves each delay and duplicate gap while the test still fails.
+    fn shorten(&mut self) {
+        for i in 0..self.best.len() {
+            while let What::Delay(d) | What::Duplicate(d) = self.best[i].what {
+                if d < Duration::from_micros(1) || self.spent() {
+                    break;
+                }
+                let mut cand = self.best.clone();
+                cand[i].what = match cand[i].what {
+                    What::Delay(_) => What::Delay(d / 2),
+                    _ => What::Duplicate(d / 2),
+                };
+                if !self.keep(cand) {
+                    break;
+                }
+            }
+        }
     }
 }
 
@@ -110,79 +204,24 @@ pub fn shrink<E: fmt::Display>(
         test,
         runs: 0,
         max_runs,
+        best: Vec::new(),
+        what: String::new(),
+        trace: 0,
     };
-    let mut best = schedule.faults.clone();
-    let (mut what, mut trace) = r.fails(&best)?;
-    let mut keep = |r: &mut Runner<_>, cand: Vec<Fault>, best: &mut Vec<Fault>| match r.fails(&cand) {
-        Some(x) => {
-            *best = cand;
-            (what, trace) = x;
-            true
-        }
-        None => false,
-    };
-
-    // 1. The shortest beginning that still fails.
-    let (mut lo, mut hi) = (0, best.len());
-    while lo < hi {
-        let mid = (lo + hi) / 2;
-        if keep(&mut r, best[..mid].to_vec(), &mut best) {
-            hi = mid;
-        } else {
-            lo = mid + 1;
-        }
+    if !r.keep(schedule.faults.clone()) {
+        return None;
     }
-
-    // 2. Complements of ever smaller chunks, down to one fault at a time.
-    let mut chunks = 2usize;
-    while best.len() > 1 && r.runs < r.max_runs {
-        let size = best.len().div_ceil(chunks);
-        let mut removed = false;
-        for start in (0..best.len()).step_by(size) {
-            let cand: Vec<Fault> = best[..start]
-                .iter()
-                .chain(&best[(start + size).min(best.len())..])
-                .cloned()
-                .collect();
-            if keep(&mut r, cand, &mut best) {
-                removed = true;
-                break;
-            }
-        }
-        if removed {
-            chunks = (chunks - 1).max(2);
-        } else if size == 1 {
-            break;
-        } else {
-            chunks = (chunks * 2).min(best.len());
-        }
+    r.cut();
+    r.drop_faults();
+    if r.first_sendings() {
+        r.drop_faults();
     }
-    if best.len() == 1 && r.runs < r.max_runs {
-        keep(&mut r, Vec::new(), &mut best);
-    }
-
-    // 3. Each delay and duplicate gap halved while it still fails.
-    for i in 0..best.len() {
-        while let What::Delay(d) | What::Duplicate(d) = best[i].what {
-            if d < Duration::from_micros(1) || r.runs >= r.max_runs {
-                break;
-            }
-            let mut cand = best.clone();
-            cand[i].what = match best[i].what {
-                What::Delay(_) => What::Delay(d / 2),
-                _ => What::Duplicate(d / 2),
-            };
-            if !keep(&mut r, cand, &mut best) {
-                break;
-            }
-        }
-    }
-
+    r.shorten();
     Some(Shrunk {
-        schedule: Schedule::from(best),
+        schedule: Schedule::from(r.best),
         from: schedule.len(),
-        what,
-        trace,
+        what: r.what,
+        trace: r.trace,
         runs: r.runs,
     })
 }

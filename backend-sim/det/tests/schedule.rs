@@ -7,6 +7,7 @@ mod common;
 
 use std::time::Duration;
 
+use backend_sim_det::harness::check_seeds;
 use backend_sim_det::{Det, DetBuilder, FaultMix, Schedule, What};
 
 const SEEDS: u64 = 12;
@@ -125,4 +126,24 @@ fn the_builder_knobs_are_the_fault_mix() {
         (m.loss_ppm, m.dup_ppm, m.split_ppm, m.reset_ppm),
         (1_000_000, 0, 2_500, 0)
     );
+}
+
+#[test]
+fn a_panicking_test_fails_with_its_seed_and_shrinks_to_the_one_fault_it_needs() {
+    let lossy = hosts().loss(5).jitter(Duration::from_micros(20)).split(50);
+    let found = check_seeds(&lossy, 0..50, |det| {
+        common::client_server(det)?;
+        assert_eq!(det.stats().lost, 0, "a frame was lost");
+        Ok::<(), String>(())
+    })
+    .expect_err("5% loss loses a frame within 50 seeds");
+    assert!(
+        found.what.starts_with("panicked: ") && found.what.contains("a frame was lost"),
+        "{found}"
+    );
+    assert!(found.schedule.len() > 10, "{found}");
+    let shrunk = found.shrunk.expect("the failure repeats from its schedule");
+    eprintln!("{shrunk}");
+    assert_eq!(shrunk.schedule.len(), 1, "{shrunk}");
+    assert_eq!(shrunk.schedule.faults[0].what, What::Drop, "{shrunk}");
 }
