@@ -36,7 +36,7 @@ pub struct Failure {
     pub schedule: Schedule,
     /// The schedule reduced while the test still fails; `None` when the failure did not
     /// repeat from the schedule (the test reads something the seed does not decide).
-    pub shrunk: Option<Shrunk>,
+    pub shrunk: Option<Box<Shrunk>>,
 }
 
 impl Failure {
@@ -138,7 +138,7 @@ pub fn check_seeds<E: fmt::Display>(
         let det = b.build();
         if let Err(e) = run_test(&mut test, &det) {
             let schedule = det.schedule();
-            let shrunk = shrink::shrink(builder, seed, &schedule, shrink::MAX_RUNS, &mut test);
+            let shrunk = shrink::shrink(builder, seed, &schedule, shrink::MAX_RUNS, &mut test).map(Box::new);
             return Err(Failure {
                 seed,
                 what: e,

@@ -45,6 +45,17 @@
 //!   `verbs_api::poll_n`'s, ends after as many polls as the machine made meanwhile,
 //!   which nothing here can see or refuse).
 //!
+//! - **The schedule.** Every fault the network applies is recorded ([`Det::schedule`]),
+//!   keyed as the seed's decisions are (link, opcode, PSN, attempt); a world built with
+//!   [`DetBuilder::schedule`] takes each frame's fate from a schedule instead of the
+//!   seed (the faults it lists, every other frame clean), so a failing run replays from
+//!   its schedule, and from any part of it. [`harness::check_seeds`] runs a test under
+//!   many seeds and, on a failure, has [`shrink`] reduce the failing run's schedule while
+//!   the test still fails, and prints it with the commands that replay the seed and the
+//!   reduced schedule (`DET_SEED`, `DET_SCHEDULE`).
+//! - **The name.** The backend is `Det` (`Backend::name` "det"), not `Sim`: the workspace
+//!   already names the TCP-backed simulator's types so (`SimBackend`, `SimQp`).
+//!
 //! ## What it does not do
 //!
 //! RC QPs, and UC ones (the protocol core's UC; not exercised by this crate's tests).
@@ -53,14 +64,22 @@
 //! because waiting on one would wait outside the virtual world: use `get_cq_event` and
 //! `get_async_event`, which advance it. The device behaves as the sim's rxe profile
 //! (`Switches::RXE`). No rdma_cm, no tokio (a paused runtime would need its timers on
-//! this clock), no shrinker yet.
+//! this clock).
 //!
 //! ```
+//! use std::time::Duration;
+//!
 //! use backend_sim_det::Det;
-//! use backend_sim_proto::fabric::FaultMix;
 //! use verbs_api::{Backend, Context};
 //!
-//! let det = Det::builder().seed(7).mix(FaultMix::lossy(5, 5)).hosts(["client", "server"]).build();
+//! let det = Det::builder()
+//!     .seed(7)
+//!     .hosts(["client", "server"])
+//!     .loss(5)
+//!     .dup(5)
+//!     .latency(Duration::from_micros(2))
+//!     .jitter(Duration::from_micros(20))
+//!     .build();
 //! let client = det.open("client").unwrap();
 //! assert_eq!(client.query_port(1).unwrap().lid, 1);
 //! ```
