@@ -35,7 +35,8 @@ pub struct Failure {
     /// Every fault the network applied in the run, up to the failure.
     pub schedule: Schedule,
     /// The schedule reduced while the test still fails; `None` when the failure did not
-    /// repeat from the schedule (the test reads something the seed does not decide).
+    /// repeat from the schedule (the test reads something the seed does not decide) or
+    /// no shrink was asked for ([`check_seeds_with`]).
     pub shrunk: Option<Box<Shrunk>>,
 }
 
@@ -117,6 +118,17 @@ pub fn replay_schedule_command(seed: u64, schedule: &Schedule) -> String {
 pub fn check_seeds<E: fmt::Display>(
     builder: &DetBuilder,
     range: Range<u64>,
+    test: impl FnMut(&Det) -> Result<(), E>,
+) -> Result<Vec<u64>, Failure> {
+    check_seeds_with(builder, range, shrink::MAX_RUNS, test)
+}
+
+/// [`check_seeds`], shrinking a failure within `shrink_runs` runs (0: not at all, for a
+/// search that expects failures and wants them fast).
+pub fn check_seeds_with<E: fmt::Display>(
+    builder: &DetBuilder,
+    range: Range<u64>,
+    shrink_runs: u32,
     mut test: impl FnMut(&Det) -> Result<(), E>,
 ) -> Result<Vec<u64>, Failure> {
     let (range, forced) = match std::env::var(SCHEDULE_SETTING)
@@ -138,7 +150,10 @@ pub fn check_seeds<E: fmt::Display>(
         let det = b.build();
         if let Err(e) = run_test(&mut test, &det) {
             let schedule = det.schedule();
-            let shrunk = shrink::shrink(builder, seed, &schedule, shrink::MAX_RUNS, &mut test).map(Box::new);
+            let shrunk = (shrink_runs > 0)
+                .then(|| shrink::shrink(builder, seed, &schedule, shrink_runs, &mut test))
+                .flatten()
+                .map(Box::new);
             return Err(Failure {
                 seed,
                 what: e,

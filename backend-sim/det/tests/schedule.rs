@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use backend_sim_det::harness::check_seeds;
+use backend_sim_det::harness::{check_seeds, check_seeds_with};
 use backend_sim_det::{Det, DetBuilder, FaultMix, Schedule, What};
 
 const SEEDS: u64 = 12;
@@ -131,12 +131,12 @@ fn the_builder_knobs_are_the_fault_mix() {
 #[test]
 fn a_panicking_test_fails_with_its_seed_and_shrinks_to_the_one_fault_it_needs() {
     let lossy = hosts().loss(5).jitter(Duration::from_micros(20)).split(50);
-    let found = check_seeds(&lossy, 0..50, |det| {
+    let test = |det: &Det| {
         common::client_server(det)?;
         assert_eq!(det.stats().lost, 0, "a frame was lost");
         Ok::<(), String>(())
-    })
-    .expect_err("5% loss loses a frame within 50 seeds");
+    };
+    let found = check_seeds(&lossy, 0..50, test).expect_err("5% loss loses a frame within 50 seeds");
     assert!(
         found.what.starts_with("panicked: ") && found.what.contains("a frame was lost"),
         "{found}"
@@ -146,4 +146,10 @@ fn a_panicking_test_fails_with_its_seed_and_shrinks_to_the_one_fault_it_needs() 
     eprintln!("{shrunk}");
     assert_eq!(shrunk.schedule.len(), 1, "{shrunk}");
     assert_eq!(shrunk.schedule.faults[0].what, What::Drop, "{shrunk}");
+    // Asked not to shrink, the search finds the same seed and leaves its schedule whole.
+    let unshrunk = check_seeds_with(&lossy, 0..50, 0, test).expect_err("the same seed fails");
+    assert_eq!(
+        (unshrunk.seed, &unshrunk.schedule, unshrunk.shrunk),
+        (found.seed, &found.schedule, None)
+    );
 }

@@ -265,12 +265,27 @@ impl FromStr for Schedule {
 
 /// The frame's kind as a word: its variant (and a part's kind).
 pub(super) fn kind(frame: &Frame) -> String {
+    use fmt::Write;
     if let Frame::Part { kind, .. } = frame {
         return format!("{kind:?}Part");
     }
-    let s = format!("{frame:?}");
-    let end = s.find(|c: char| !c.is_alphanumeric()).unwrap_or(s.len());
-    s[..end].to_string()
+    // The variant's name is the first thing its `Debug` writes: stop there rather than
+    // format every field of every faulted frame.
+    struct Name(String);
+    impl fmt::Write for Name {
+        fn write_str(&mut self, s: &str) -> fmt::Result {
+            let end = s.find(|c: char| !c.is_alphanumeric()).unwrap_or(s.len());
+            self.0.push_str(&s[..end]);
+            if end < s.len() {
+                Err(fmt::Error)
+            } else {
+                Ok(())
+            }
+        }
+    }
+    let mut name = Name(String::new());
+    let _ = write!(name, "{frame:?}");
+    name.0
 }
 
 /// The faults of a schedule by frame: what a forced network decides.
@@ -372,6 +387,12 @@ mod tests {
         assert!("at 1us 0x1->0x2 Write/0x111 psn 1 attempt 0 drop"
             .parse::<Schedule>()
             .is_err());
+    }
+
+    #[test]
+    fn a_frame_kind_is_its_variant() {
+        let f = Frame::Ack { psn: 7 };
+        assert_eq!(kind(&f), "Ack");
     }
 
     #[test]
