@@ -129,17 +129,37 @@ pub fn check_seeds_with<E: fmt::Display>(
     builder: &DetBuilder,
     range: Range<u64>,
     shrink_runs: u32,
+    test: impl FnMut(&Det) -> Result<(), E>,
+) -> Result<Vec<u64>, Failure> {
+    let setting = |name| std::env::var(name).ok().filter(|s| !s.trim().is_empty());
+    let replay = Replay {
+        seed: setting(SEED_SETTING),
+        schedule: setting(SCHEDULE_SETTING),
+    };
+    run_seeds(builder, range, shrink_runs, &replay, test)
+}
+
+/// What the settings ask to replay: [`SEED_SETTING`] and [`SCHEDULE_SETTING`].
+struct Replay {
+    seed: Option<String>,
+    schedule: Option<String>,
+}
+
+/// [`check_seeds_with`] under the settings `replay`.
+fn run_seeds<E: fmt::Display>(
+    builder: &DetBuilder,
+    range: Range<u64>,
+    shrink_runs: u32,
+    replay: &Replay,
     mut test: impl FnMut(&Det) -> Result<(), E>,
 ) -> Result<Vec<u64>, Failure> {
-    let (range, forced) = match std::env::var(SCHEDULE_SETTING)
-        .ok()
-        .filter(|s| !s.trim().is_empty())
-    {
+    let seed = replay.seed.as_deref().and_then(|s| s.trim().parse().ok());
+    let (range, forced) = match &replay.schedule {
         Some(text) => {
-            let (seed, schedule) = schedule_setting(&text)?;
+            let (seed, schedule) = schedule_setting(text, seed)?;
             (seed..seed + 1, Some(schedule))
         }
-        None => (seeds(range), None),
+        None => (seed.map_or(range, |s| s..s + 1), None),
     };
     let mut traces = Vec::new();
     for seed in range {
@@ -173,7 +193,7 @@ pub fn check_seeds_with<E: fmt::Display>(
 
 /// The seed and the schedule [`SCHEDULE_SETTING`] asks for; a setting that cannot be
 /// run is a failure saying why.
-fn schedule_setting(text: &str) -> Result<(u64, Schedule), Failure> {
+fn schedule_setting(text: &str, seed: Option<u64>) -> Result<(u64, Schedule), Failure> {
     let refused = |what: String| Failure {
         seed: 0,
         what,
@@ -185,7 +205,7 @@ fn schedule_setting(text: &str) -> Result<(u64, Schedule), Failure> {
     let schedule: Schedule = text
         .parse()
         .map_err(|e| refused(format!("{SCHEDULE_SETTING} does not read as a schedule: {e}")))?;
-    match std::env::var(SEED_SETTING).ok().and_then(|s| s.parse().ok()) {
+    match seed {
         Some(seed) => Ok((seed, schedule)),
         None => Err(refused(format!(
             "{SCHEDULE_SETTING} needs {SEED_SETTING}: the seed chooses the QPNs its links name"
@@ -227,5 +247,60 @@ pub(crate) fn run_test<E: fmt::Display>(
                 .unwrap_or_else(|| "a panic without a message".into());
             Err(format!("panicked: {msg}"))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Fault, FrameKey, What};
+    use verbs_api::Backend;
+
+    /// A test that passes: it opens a device (the plumbing of the settings is what is
+    /// tested here; tests/ replay schedules of real runs).
+    fn opens(det: &Det) -> Result<(), String> {
+        det.open("det0").map(drop).map_err(|e| e.to_string())
+    }
+
+    fn replay(seed: Option<&str>, schedule: Option<&str>) -> Replay {
+        Replay {
+            seed: seed.map(str::to_string),
+            schedule: schedule.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn the_seed_setting_runs_that_seed_alone() {
+        let b = Det::builder();
+        let all = run_seeds(&b, 0..3, 0, &replay(None, None), opens).unwrap();
+        let one = run_seeds(&b, 0..3, 0, &replay(Some("2"), None), opens).unwrap();
+        assert_eq!((all.len(), one), (3, vec![all[2]]));
+    }
+
+    #[test]
+    fn the_schedule_setting_runs_its_seed_under_it_and_refuses_what_it_cannot_run() {
+        let fault = Fault {
+            at: std::time::Duration::ZERO,
+            key: FrameKey {
+                link: 5 << 32 | 6,
+                opcode: 0x10,
+                psn: 1,
+                attempt: 0,
+            },
+            kind: "Send".into(),
+            what: What::Drop,
+        };
+        let text = Schedule::from(vec![fault]).to_line();
+        let b = Det::builder();
+        let ok = run_seeds(&b, 0..100, 0, &replay(Some("4"), Some(&text)), opens);
+        assert_eq!(ok.map(|t| t.len()), Ok(1));
+        let always = |_: &Det| Err::<(), _>("fails");
+        let f = run_seeds(&b, 0..100, 0, &replay(Some("4"), Some(&text)), always).unwrap_err();
+        assert_eq!(f.seed, 4);
+        assert!(f.replay.starts_with("DET_SEED=4 DET_SCHEDULE=''"), "{f}");
+        let f = run_seeds(&b, 0..100, 0, &replay(None, Some(&text)), opens).unwrap_err();
+        assert!(f.what.contains("DET_SCHEDULE needs DET_SEED"), "{f}");
+        let f = run_seeds(&b, 0..100, 0, &replay(Some("4"), Some("at 1us")), opens).unwrap_err();
+        assert!(f.what.contains("does not read as a schedule"), "{f}");
     }
 }
