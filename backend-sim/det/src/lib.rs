@@ -45,6 +45,17 @@
 //!   `verbs_api::poll_n`'s, ends after as many polls as the machine made meanwhile,
 //!   which nothing here can see or refuse).
 //!
+//! - **The schedule.** Every fault the network applies is recorded ([`Det::schedule`]),
+//!   keyed as the seed's decisions are (link, opcode, PSN, attempt); a world built with
+//!   [`DetBuilder::schedule`] takes each frame's fate from a schedule instead of the
+//!   seed (the faults it lists, every other frame clean), so a failing run replays from
+//!   its schedule, and from any part of it. [`harness::check_seeds`] runs a test under
+//!   many seeds and, on a failure, has [`shrink`] reduce the failing run's schedule while
+//!   the test still fails, and prints it with the commands that replay the seed and the
+//!   reduced schedule (`DET_SEED`, `DET_SCHEDULE`).
+//! - **The name.** The backend is `Det` (`Backend::name` "det"), not `Sim`: the workspace
+//!   already names the TCP-backed simulator's types so (`SimBackend`, `SimQp`).
+//!
 //! ## What it does not do
 //!
 //! RC QPs, and UC ones (the protocol core's UC; not exercised by this crate's tests).
@@ -53,14 +64,22 @@
 //! because waiting on one would wait outside the virtual world: use `get_cq_event` and
 //! `get_async_event`, which advance it. The device behaves as the sim's rxe profile
 //! (`Switches::RXE`). No rdma_cm, no tokio (a paused runtime would need its timers on
-//! this clock), no shrinker yet.
+//! this clock).
 //!
 //! ```
+//! use std::time::Duration;
+//!
 //! use backend_sim_det::Det;
-//! use backend_sim_proto::fabric::FaultMix;
 //! use verbs_api::{Backend, Context};
 //!
-//! let det = Det::builder().seed(7).mix(FaultMix::lossy(5, 5)).hosts(["client", "server"]).build();
+//! let det = Det::builder()
+//!     .seed(7)
+//!     .hosts(["client", "server"])
+//!     .loss(5)
+//!     .dup(5)
+//!     .latency(Duration::from_micros(2))
+//!     .jitter(Duration::from_micros(20))
+//!     .build();
 //! let client = det.open("client").unwrap();
 //! assert_eq!(client.query_port(1).unwrap().lid, 1);
 //! ```
@@ -72,12 +91,13 @@ pub mod harness;
 mod objects;
 mod qp;
 mod refuse;
+pub mod shrink;
 mod world;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use backend_sim_proto::fabric::{FaultMix, Stats};
+use backend_sim_proto::fabric::Stats;
 use verbs_api::{Backend, DeviceInfo, Error, Result};
 
 pub use cq::{DetChannel, DetCq};
@@ -85,6 +105,8 @@ pub use objects::{DetContext, DetMr, DetPd};
 pub use qp::DetQp;
 pub use refuse::{DetAh, DetMw, DetSrq};
 pub use world::IDLE_POLLS;
+
+pub use backend_sim_proto::fabric::{Fault, FaultMix, FrameKey, Schedule, What};
 
 use world::Shared;
 
@@ -101,6 +123,7 @@ pub struct DetBuilder {
     seed: u64,
     mix: FaultMix,
     hosts: Vec<String>,
+    schedule: Option<Schedule>,
 }
 
 impl Default for DetBuilder {
@@ -109,7 +132,18 @@ impl Default for DetBuilder {
             seed: 0,
             mix: FaultMix::clean(Duration::from_micros(2)),
             hosts: vec!["det0".into(), "det1".into()],
+            schedule: None,
         }
+    }
+}
+
+/// A rate in percent as parts per million: clamped to 0..=100, NaN as 0.
+fn ppm(pct: impl Into<f64>) -> u32 {
+    let p = pct.into();
+    if p.is_nan() {
+        0
+    } else {
+        (p.clamp(0.0, 100.0) * 10_000.0).round() as u32
     }
 }
 
@@ -120,10 +154,71 @@ impl DetBuilder {
         self
     }
 
-    /// The network's faults (default: none, 2 us one way).
+    /// The network's faults (default: none, 2 us one way), all at once; the methods
+    /// below set one each.
     pub fn mix(mut self, mix: FaultMix) -> Self {
         self.mix = mix;
         self
+    }
+
+    /// Frames lost, in percent (`.loss(5)`, `.loss(0.5)`).
+    pub fn loss(mut self, pct: impl Into<f64>) -> Self {
+        self.mix.loss_ppm = ppm(pct);
+        self
+    }
+
+    /// Frames delivered twice, in percent; the copy comes up to [`DetBuilder::dup_gap`]
+    /// after the first.
+    pub fn dup(mut self, pct: impl Into<f64>) -> Self {
+        self.mix.dup_ppm = ppm(pct);
+        self
+    }
+
+    /// The longest gap between a frame and its duplicate (default 0: right after it).
+    pub fn dup_gap(mut self, gap: Duration) -> Self {
+        self.mix.dup_gap = gap;
+        self
+    }
+
+    /// The shortest one-way delay of a frame (default 2 us).
+    pub fn latency(mut self, latency: Duration) -> Self {
+        self.mix.latency = latency;
+        self
+    }
+
+    /// Extra delay of up to `jitter`, drawn per frame: frames overtake each other (are
+    /// reordered) when it exceeds the gap between them.
+    pub fn jitter(mut self, jitter: Duration) -> Self {
+        self.mix.jitter = jitter;
+        self
+    }
+
+    /// Frames of more than one packet cut into their packets, in percent, each packet
+    /// then lost, duplicated and delayed on its own.
+    pub fn split(mut self, pct: impl Into<f64>) -> Self {
+        self.mix.split_ppm = ppm(pct);
+        self
+    }
+
+    /// Frames at which the connection breaks, in percent: what is in flight is lost and
+    /// both ends recover as after a reconnection.
+    pub fn reset(mut self, pct: impl Into<f64>) -> Self {
+        self.mix.reset_ppm = ppm(pct);
+        self
+    }
+
+    /// Frames decided by `schedule` instead of the seed: the faults it lists, and a
+    /// clean delivery after the latency for every other frame (the seed still chooses
+    /// QPNs and keys, which the schedule's links name). A schedule comes from
+    /// [`Det::schedule`] or a printed one read back (`str::parse`); see [`shrink`].
+    pub fn schedule(mut self, schedule: Schedule) -> Self {
+        self.schedule = Some(schedule);
+        self
+    }
+
+    /// The network's faults as set so far.
+    pub fn fault_mix(&self) -> FaultMix {
+        self.mix
     }
 
     /// The devices, by name (default `det0` and `det1`); device `n` has LID `n + 1`.
@@ -134,9 +229,15 @@ impl DetBuilder {
 
     /// The world, owned by the calling thread.
     pub fn build(self) -> Det {
-        Det {
-            shared: Shared::new(self.seed, self.mix, self.hosts),
+        let shared = Shared::new(self.seed, self.mix, self.hosts);
+        {
+            let mut w = shared.lock_any();
+            w.net.record_faults();
+            if let Some(s) = &self.schedule {
+                w.net.force(s);
+            }
         }
+        Det { shared }
     }
 }
 
@@ -150,6 +251,12 @@ impl Det {
     /// the same trace.
     pub fn trace(&self) -> u64 {
         self.shared.lock_any().net.trace()
+    }
+
+    /// Every fault the network applied so far, in order: the run's schedule, which
+    /// [`DetBuilder::schedule`] replays.
+    pub fn schedule(&self) -> Schedule {
+        Schedule::from(self.shared.lock_any().net.faults().to_vec())
     }
 
     /// What the network did so far.

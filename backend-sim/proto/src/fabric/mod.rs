@@ -36,6 +36,7 @@ mod end;
 pub mod faults;
 pub mod net;
 pub mod port;
+pub mod schedule;
 mod split;
 pub mod workload;
 
@@ -53,6 +54,7 @@ pub use end::End;
 pub use faults::{Decision, FaultMix};
 pub use net::{Net, Sent, Stats, LOG_SETTING};
 pub use port::Port;
+pub use schedule::{Fault, FrameKey, Schedule, What};
 
 /// The protection domain of both ends' regions.
 pub const PD: u32 = 1;

@@ -10,6 +10,9 @@
 //! with the frame's opcode, PSN and how many times it was sent before. The network may
 //! cut a frame of several packets into one frame per packet at the sender's path MTU
 //! ([`super::split`]); each packet is then decided on its own, keyed by its own PSN.
+//! The faults applied can be listed as the run goes ([`Net::record_faults`]), and a
+//! run can take its faults from such a list instead of the seed ([`Net::force`]): see
+//! [`super::schedule`].
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -18,6 +21,7 @@ use std::time::{Duration, Instant};
 use rustc_hash::FxHashMap;
 
 use super::faults::{self, Decider, Decision, FaultMix};
+use super::schedule::{self, Fault, FrameKey, Schedule, What};
 use super::split;
 use crate::memory::MrTable;
 use crate::wire::Frame;
@@ -97,6 +101,10 @@ pub struct Net {
     lose_once: Vec<(u64, u32)>,
     /// Every frame sent, with its link and whether it was lost, when recording.
     recorded: Option<Vec<(u64, Frame, bool)>>,
+    /// The faults applied so far, when recording them ([`Net::record_faults`]).
+    faults: Option<Vec<Fault>>,
+    /// The schedule that decides instead of the seed ([`Net::force`]).
+    forced: Option<schedule::Forced>,
 }
 
 /// The setting that has a run print every frame it carries to stderr, with its fate
@@ -119,6 +127,8 @@ impl Net {
             log: std::env::var_os(LOG_SETTING).is_some(),
             lose_once: Vec::new(),
             recorded: None,
+            faults: None,
+            forced: None,
         }
     }
 
@@ -199,32 +209,33 @@ impl Net {
             let end = (off + hlen + frame.payload_len() as usize).min(bytes.len());
             let unit = bytes[off..end].to_vec();
             off = end;
-            let Some(d) = self.decide_unit(link, &frame, &unit) else {
+            let (Some(d), key) = self.decide_unit(link, &frame, &unit) else {
                 return Ok(Sent::Reset);
             };
             if d.split {
                 if let Some(parts) = split::packets(&frame, &unit, hlen, mtu) {
                     self.stats.split += 1;
+                    self.note_fault(&key, &frame, What::Split);
                     for part in parts {
                         let Ok(Some((p, _))) = Frame::decode(&part) else {
                             continue;
                         };
-                        let Some(d) = self.decide_unit(link, &p, &part) else {
+                        let (Some(d), key) = self.decide_unit(link, &p, &part) else {
                             return Ok(Sent::Reset);
                         };
-                        self.send_unit(link, &p, part, d);
+                        self.send_unit(&key, &p, part, d);
                     }
                     continue;
                 }
             }
-            self.send_unit(link, &frame, unit, d);
+            self.send_unit(&key, &frame, unit, d);
         }
         Ok(Sent::Scheduled)
     }
 
-    /// The fate of one frame `unit` (`frame`, decoded) on `link`: `None` if the
-    /// connection breaks as it is sent.
-    fn decide_unit(&mut self, link: u64, frame: &Frame, unit: &[u8]) -> Option<Decision> {
+    /// The fate of one frame `unit` (`frame`, decoded) on `link`, and which sending of
+    /// which frame it is: `None` if the connection breaks as it is sent.
+    fn decide_unit(&mut self, link: u64, frame: &Frame, unit: &[u8]) -> (Option<Decision>, FrameKey) {
         let opcode = unit[0];
         let psn = frame.psn().unwrap_or(0);
         let attempt = {
@@ -232,12 +243,25 @@ impl Net {
             *n += 1;
             *n - 1
         };
-        let d = self.decide.frame(&self.mix, link, opcode, psn, attempt);
-        (!d.reset).then_some(d)
+        let key = FrameKey {
+            link,
+            opcode,
+            psn,
+            attempt,
+        };
+        let d = match &self.forced {
+            Some(f) => f.decision(&key, self.mix.latency),
+            None => self.decide.frame(&self.mix, link, opcode, psn, attempt),
+        };
+        if d.reset {
+            self.note_fault(&key, frame, What::Reset);
+        }
+        ((!d.reset).then_some(d), key)
     }
 
-    /// Puts `unit` on `link` as `d` says (or loses it: [`Net::lose_once`]).
-    fn send_unit(&mut self, link: u64, frame: &Frame, unit: Vec<u8>, mut d: Decision) {
+    /// Puts `unit` on its link as `d` says (or loses it: [`Net::lose_once`]).
+    fn send_unit(&mut self, key: &FrameKey, frame: &Frame, unit: Vec<u8>, mut d: Decision) {
+        let link = key.link;
         if matches!(frame, Frame::Part { .. }) {
             let psn = frame.psn().unwrap_or(0);
             if let Some(i) = self.lose_once.iter().position(|&x| x == (link, psn)) {
@@ -247,6 +271,11 @@ impl Net {
         }
         if let Some(r) = &mut self.recorded {
             r.push((link, *frame, d.lost));
+        }
+        if self.faults.is_some() {
+            for what in schedule::applied(&d, self.mix.latency) {
+                self.note_fault(key, frame, what);
+            }
         }
         if self.log {
             eprintln!(
@@ -281,6 +310,35 @@ impl Net {
     /// lost.
     pub fn recorded(&self) -> &[(u64, Frame, bool)] {
         self.recorded.as_deref().unwrap_or(&[])
+    }
+
+    /// Lists every fault applied from now on ([`Net::faults`]): the run's schedule.
+    pub fn record_faults(&mut self) {
+        self.faults.get_or_insert_with(Vec::new);
+    }
+
+    /// The faults applied since [`Net::record_faults`], in the order applied.
+    pub fn faults(&self) -> &[Fault] {
+        self.faults.as_deref().unwrap_or(&[])
+    }
+
+    /// From now on each frame's fate comes from `schedule`, not from the seed: the
+    /// faults it lists for that sending of that frame, and a clean delivery after the
+    /// latency for every frame it does not name ([`super::schedule`]).
+    pub fn force(&mut self, schedule: &Schedule) {
+        self.forced = Some(schedule::Forced::new(schedule));
+    }
+
+    /// Notes fault `what` applied to `frame` (sent as `key`), when recording.
+    fn note_fault(&mut self, key: &FrameKey, frame: &Frame, what: What) {
+        if let Some(faults) = &mut self.faults {
+            faults.push(Fault {
+                at: self.now,
+                key: *key,
+                kind: schedule::kind(frame),
+                what,
+            });
+        }
     }
 
     fn schedule(&mut self, at: Duration, link: u64, bytes: Vec<u8>) {
