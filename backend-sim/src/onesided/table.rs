@@ -250,7 +250,7 @@ impl OwnerTable {
                     break;
                 }
                 // A copy is a bounded memcpy: spin briefly, then give the CPU away.
-                spins += 1;
+                spins = spins.saturating_add(1);
                 match spins {
                     0..64 => std::hint::spin_loop(),
                     64..1024 => std::thread::yield_now(),

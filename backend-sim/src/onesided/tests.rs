@@ -444,3 +444,42 @@ impl Drop for StopOnDrop<'_> {
         self.0.store(true, Ordering::Relaxed);
     }
 }
+
+#[test]
+fn the_gate_opens_only_on_a_readable_probe_and_copies_keep_to_the_grant() {
+    let p = pair();
+    let me = rustix::process::getpid();
+    assert_eq!(Gate::probe(me, p.peer.probe_addr()), Gate::Open);
+    // A peer that names a bad address (garbage, or memory it unmapped) keeps the rings.
+    assert_eq!(Gate::probe(me, 0), Gate::Closed);
+    let target = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
+    let base = target.as_ptr() as u64;
+    p.owner.publish_mr(9, 1, RW, base, 24).unwrap();
+    let qp = p.owner.publish_qp(5, 1, RW).unwrap();
+    let g = p
+        .peer
+        .check(
+            &p.usage,
+            &Request {
+                qp_slot: qp.index(),
+                qpn: 5,
+                rkey: 9,
+                addr: base + 4,
+                len: 16,
+                op: Op::Write,
+            },
+        )
+        .unwrap();
+    // A source longer (or shorter) than the grant is refused before any byte moves.
+    assert!(cma::write(me, &g, &[0xff; 17]).is_err());
+    assert!(cma::write(me, &g, &[0xff; 15]).is_err());
+    assert!(target.iter().all(|w| w.load(Ordering::Relaxed) == 0));
+    assert!(cma::write(me, &g, &[0xff; 16]).unwrap());
+    let mut back = [0u8; 16];
+    assert!(cma::read(me, &g, &mut back).unwrap());
+    assert_eq!(back, [0xff; 16]);
+    // Bytes 0..4 and 20..24 of the region are outside the grant: untouched.
+    let words: Vec<u64> = target.iter().map(|w| w.load(Ordering::Relaxed)).collect();
+    assert_eq!(words[0].to_ne_bytes()[..4], [0; 4]);
+    assert_eq!(words[2].to_ne_bytes()[4..], [0; 4]);
+}
