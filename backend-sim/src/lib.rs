@@ -84,6 +84,7 @@ mod link;
 mod listener;
 pub mod mapping;
 mod mcast;
+pub mod onesided;
 mod port;
 mod port_addr;
 pub mod profile;
