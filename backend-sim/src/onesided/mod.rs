@@ -1,4 +1,4 @@
-//! The one-sided fast path's shared state (issue 43, item 2; design in `docs/sim.md`,
+//! The one-sided fast path's shared state (design in `docs/sim.md`,
 //! "The one-sided fast path"): a device's table of the regions and QPs a same-host peer
 //! may reach directly, the per-connection use counts that let deregistration and QP
 //! errors revoke that reach before they return, and the cross-process copies
@@ -9,8 +9,8 @@
 //! what the responder published. Anything it refuses goes over the rings, where the
 //! responder runs its own check and NAKs or errors exactly as before.
 //!
-//! The data path does not use it yet: `RDMA_SIM_ONE_SIDED` ([`enabled`]) is off by
-//! default and, on, changes nothing until the requester and responder are wired to it.
+//! The data path does not use it yet: no setting turns it on until the requester and
+//! responder are wired to it (docs/sim.md says what remains).
 
 pub mod cma;
 mod segment;
@@ -18,12 +18,3 @@ pub mod table;
 #[cfg(test)]
 mod tests;
 pub mod usage;
-
-/// The setting that turns the fast path on (`on`; anything else, or unset, is off).
-pub const SETTING: &str = "RDMA_SIM_ONE_SIDED";
-
-/// Whether `RDMA_SIM_ONE_SIDED=on`, read once per process.
-pub fn enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var(SETTING).is_ok_and(|v| v.trim() == "on"))
-}
