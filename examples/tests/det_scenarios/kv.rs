@@ -28,8 +28,9 @@ use crate::fabric::{self, verb, Node};
 pub const CLIENTS: usize = 2;
 /// Keys per client (PUT, GET, DELETE of half, GET again).
 const KEYS: u32 = 6;
-/// Bytes per value.
-const VALUE: usize = 40;
+/// Bytes per value: the largest, so that a PUT and the answer to a GET are two packets
+/// each (path MTU 1024), and a packet lost inside one is resent from there.
+const VALUE: usize = kv::MAX_VALUE;
 /// Requests a client keeps in flight.
 const WINDOW: usize = 6;
 /// Receives the server keeps posted per connection: fewer than a client's window, so
@@ -37,8 +38,9 @@ const WINDOW: usize = 6;
 const DEPTH: u32 = 4;
 /// Response slots per connection.
 const RESP_SLOTS: u32 = 2 * DEPTH;
-/// Turns (each client and the server polling once) before the run counts as stuck.
-const TURNS: usize = 200_000;
+/// Turns (each client and the server polling once) before the run counts as stuck:
+/// more than ten times what the longest seed takes.
+const TURNS: usize = 5_000;
 
 /// The hosts of the scenario.
 pub const HOSTS: [&str; 3] = ["server", "c0", "c1"];
