@@ -55,18 +55,18 @@ pub fn params() -> RcParams {
     }
 }
 
-/// Connects `a` (on `na`) and `b` (on `nb`) to each other, the endpoints exchanged by
+/// Connects `a` (on `na`) and `b` (on `nb`) to each other with `p`, the endpoints exchanged by
 /// copy as a side channel would. Nothing is sent until the caller posts: in one thread,
 /// receives posted right after this are posted before the peer's first SEND.
 pub fn rc_pair<B: Backend>(
     (na, a): (&Node<B>, &QpOf<B>),
     (nb, b): (&Node<B>, &QpOf<B>),
+    p: &RcParams,
 ) -> Result<(), String> {
-    let p = params();
-    let ea = local_endpoint(&na.ctx, a, &p, 100).map_err(verb)?;
-    let eb = local_endpoint(&nb.ctx, b, &p, 9000).map_err(verb)?;
-    connect_rc(b, &p, eb.psn, &ea).map_err(verb)?;
-    connect_rc(a, &p, ea.psn, &eb).map_err(verb)
+    let ea = local_endpoint(&na.ctx, a, p, 100).map_err(verb)?;
+    let eb = local_endpoint(&nb.ctx, b, p, 9000).map_err(verb)?;
+    connect_rc(b, p, eb.psn, &ea).map_err(verb)?;
+    connect_rc(a, p, ea.psn, &eb).map_err(verb)
 }
 
 /// The fault mixes each scenario runs under, by name: loss, duplication and reordering

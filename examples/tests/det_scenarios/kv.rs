@@ -18,7 +18,7 @@ use examples::kv::{self, MAX_REQ, MAX_RESP};
 use examples::lists;
 use std::time::Instant;
 use verbs_api::{
-    AccessFlags, Backend, CompletionQueue, MemoryRegion, MrOf, ProtectionDomain, QpOf, WcOpcode,
+    AccessFlags, Backend, CompletionQueue, MemoryRegion, MrOf, ProtectionDomain, QpOf, RcParams, WcOpcode,
     WorkCompletion,
 };
 
@@ -36,6 +36,10 @@ const WINDOW: usize = 6;
 /// Receives the server keeps posted per connection: fewer than a client's window, so
 /// that the queue runs dry and SENDs meet RNR NAKs between refills.
 const DEPTH: u32 = 4;
+/// The server takes a turn after this many turns of its clients: it is slower than
+/// they are, so that requests arrive while it is not looking and its receive queues run
+/// dry before it refills them.
+const SERVER_EVERY: usize = 3;
 /// Response slots per connection.
 const RESP_SLOTS: u32 = 2 * DEPTH;
 /// Turns (each client and the server polling once) before the run counts as stuck:
@@ -45,12 +49,24 @@ const TURNS: usize = 5_000;
 /// The hosts of the scenario.
 pub const HOSTS: [&str; 3] = ["server", "c0", "c1"];
 
-/// A bug planted in the server, for the test that shows a seed finds it.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Bugs {
-    /// A response slot is free again as soon as its SEND is posted, not when it
-    /// completes: a resent response carries whatever the slot holds by then.
+/// How a run is set up.
+#[derive(Clone, Copy, Debug)]
+pub struct Setup {
+    /// The clients' RNR retry count (7: retry for ever, as the example's default).
+    pub rnr_retry: u8,
+    /// A bug planted in the server, for the test that shows a seed finds it: a response
+    /// slot is free again as soon as its SEND is posted, not when it completes, so a
+    /// resent response carries whatever the slot holds by then.
     pub resp_slot_freed_at_post: bool,
+}
+
+impl Default for Setup {
+    fn default() -> Self {
+        Setup {
+            rnr_retry: 7,
+            resp_slot_freed_at_post: false,
+        }
+    }
 }
 
 /// What a run did, for the tests' totals.
@@ -93,13 +109,14 @@ struct Server<B: Backend> {
     resp: MrOf<B>,
     conns: Vec<Conn<B>>,
     store: Store,
-    bugs: Bugs,
+    /// [`Setup::resp_slot_freed_at_post`].
+    bug: bool,
     req: Vec<u8>,
     out: Vec<u8>,
 }
 
 /// Runs the clients' workloads against the server; `Err` says what broke the invariant.
-pub fn run<B: Backend>(b: &B, bugs: Bugs) -> Result<Outcome, String> {
+pub fn run<B: Backend>(b: &B, setup: Setup) -> Result<Outcome, String> {
     let snode = fabric::node(b, "server", 1024)?;
     let recv = reg(&snode, CLIENTS * DEPTH as usize * MAX_REQ)?;
     let resp = reg(&snode, CLIENTS * RESP_SLOTS as usize * MAX_RESP)?;
@@ -109,16 +126,20 @@ pub fn run<B: Backend>(b: &B, bugs: Bugs) -> Result<Outcome, String> {
         resp,
         conns: Vec::new(),
         store: Store::default(),
-        bugs,
+        bug: setup.resp_slot_freed_at_post,
         req: vec![0; MAX_REQ],
         out: vec![0; MAX_RESP],
+    };
+    let params = RcParams {
+        rnr_retry: setup.rnr_retry,
+        ..fabric::params()
     };
     let mut clients = Vec::new();
     for id in 0..CLIENTS {
         let node = fabric::node(b, HOSTS[1 + id], 256)?;
         let qp = fabric::rc_qp(&node, WINDOW as u32, WINDOW as u32)?;
         let sqp = fabric::rc_qp(&server.node, RESP_SLOTS, DEPTH)?;
-        fabric::rc_pair((&node, &qp), (&server.node, &sqp))?;
+        fabric::rc_pair((&node, &qp), (&server.node, &sqp), &params)?;
         server.post_recvs(&sqp, id, &(0..DEPTH).collect::<Vec<_>>())?;
         server.conns.push(Conn {
             qp: sqp,
@@ -152,7 +173,9 @@ pub fn run<B: Backend>(b: &B, bugs: Bugs) -> Result<Outcome, String> {
         for c in &mut clients {
             c.turn()?;
         }
-        server.turn()?;
+        if turns % SERVER_EVERY == 0 {
+            server.turn()?;
+        }
     }
     let mut want = Served::default();
     for c in &clients {
@@ -266,7 +289,7 @@ impl<B: Backend> Server<B> {
             if recv {
                 conn.slots.receive_completed(now);
                 conn.slots.request(slot, wc.byte_len);
-            } else if !self.bugs.resp_slot_freed_at_post {
+            } else if !self.bug {
                 conn.slots.response_sent(slot);
             }
         }
@@ -292,7 +315,7 @@ impl<B: Backend> Server<B> {
             let at = Self::resp_off(c, rslot);
             self.resp.write(at, &self.out[..rlen]).map_err(verb)?;
             let item = (wr_id(false, c, rslot), at, rlen);
-            if self.bugs.resp_slot_freed_at_post {
+            if self.bug {
                 // Posted at once, so that the next answer cannot overwrite it before the
                 // post; freed at once, so that a later one can before it completes.
                 lists::post_sends(&self.conns[c].qp, &self.resp, &[item]).map_err(verb)?;

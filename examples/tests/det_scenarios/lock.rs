@@ -117,7 +117,7 @@ pub fn run<B: Backend>(b: &B, bugs: Bugs) -> Result<Outcome, String> {
         let node = fabric::node(b, HOSTS[1 + id], 16)?;
         let qp = fabric::rc_qp(&node, 4, 1)?;
         let sqp: QpOf<B> = fabric::rc_qp(&server, 1, 1)?;
-        fabric::rc_pair((&node, &qp), (&server, &sqp))?;
+        fabric::rc_pair((&node, &qp), (&server, &sqp), &fabric::params())?;
         server_qps.push(sqp);
         let local = node.pd.reg_mr(32, AccessFlags::LOCAL_WRITE).map_err(verb)?;
         let mut c = Client {

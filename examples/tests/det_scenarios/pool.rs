@@ -65,7 +65,7 @@ pub fn run<B: Backend>(b: &B, bugs: Bugs) -> Result<Outcome, String> {
     }
     let oqp: QpOf<B> = fabric::rc_qp(&owner, 4, 4)?;
     let rqp: QpOf<B> = fabric::rc_qp(&reader, SLOTS as u32, 4)?;
-    fabric::rc_pair((&reader, &rqp), (&owner, &oqp))?;
+    fabric::rc_pair((&reader, &rqp), (&owner, &oqp), &fabric::params())?;
 
     // The owner's current version of each slot; the version each outstanding READ was
     // posted at.
