@@ -2,11 +2,16 @@
 //! deterministic backend (`backend-sim-det`): each scenario's verbs logic, generic over
 //! `verbs_api::Backend` and built on the example's own parts (`examples::kv`,
 //! `examples::pool`), runs its clients and server by turns in one thread, under
-//! [`SEEDS`] seeds in each of three fault mixes (loss, duplication and reordering; the
-//! same with messages cut into packets; broken connections), and checks the example's
-//! invariant. Every seed runs twice and must give the same trace. A bug planted in each
-//! scenario (behind a switch of the scenario's `Bugs`) passes on a perfect network and
-//! is found by a seed of a faulty one, which replays to the same failure.
+//! [`SEEDS`] seeds (or as many as [`SEEDS_SETTING`] says) in each of three fault mixes
+//! (loss, duplication and reordering; the same with messages cut into packets; broken
+//! connections), and checks the example's invariant. Every seed runs twice and must
+//! give the same trace. A bug planted in each scenario (a switch of the scenario's
+//! `Bugs` or `Setup`) passes on a perfect network and is found by a seed of a faulty
+//! one, which replays to the same failure.
+//!
+//! The scenarios are here and not in `examples/src`: the binaries run their sides in
+//! threads and processes over a side channel, these take turns in one thread and know
+//! of planted bugs.
 //!
 //! Replay one seed: `DET_SEED=<seed> cargo test -p examples --test det_scenarios -- --exact <test>`.
 
@@ -18,8 +23,18 @@ mod pool;
 use backend_sim_det::harness::{check_seeds, Failure};
 use backend_sim_det::{Det, DetBuilder};
 
-/// Seeds per fault mix.
+/// Seeds per fault mix, unless [`SEEDS_SETTING`] says otherwise.
 const SEEDS: u64 = 30;
+/// The setting that runs more (or fewer) seeds per fault mix: a longer sweep
+/// (`DET_SCENARIO_SEEDS=1000 cargo test --release -p examples --test det_scenarios`).
+const SEEDS_SETTING: &str = "DET_SCENARIO_SEEDS";
+
+fn seeds() -> u64 {
+    std::env::var(SEEDS_SETTING)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(SEEDS)
+}
 /// Seeds a planted bug is searched for in.
 const SEARCH: u64 = 200;
 
@@ -30,7 +45,7 @@ fn every_mix(hosts: &[&str], mut run: impl FnMut(&Det) -> Result<(), String>) {
     fabric::twice(&clean, 0..4, &mut run).unwrap_or_else(|f| panic!("clean network: {f}"));
     for (name, mix) in fabric::mixes() {
         let b = fabric::world(hosts, mix);
-        let traces = fabric::twice(&b, 0..SEEDS, &mut run).unwrap_or_else(|f| panic!("{name}: {f}"));
+        let traces = fabric::twice(&b, 0..seeds(), &mut run).unwrap_or_else(|f| panic!("{name}: {f}"));
         let mut distinct = traces.clone();
         distinct.sort_unstable();
         distinct.dedup();
