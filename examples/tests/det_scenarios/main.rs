@@ -18,6 +18,8 @@
 mod fabric;
 mod kv;
 mod lock;
+#[cfg(feature = "planted-bugs")]
+mod mutation;
 mod pool;
 
 use backend_sim_det::harness::{check_seeds, Failure};
