@@ -42,8 +42,8 @@ const DEPTH: u32 = 4;
 const SERVER_EVERY: usize = 3;
 /// Response slots per connection.
 const RESP_SLOTS: u32 = 2 * DEPTH;
-/// Turns (each client and the server polling once) before the run counts as stuck:
-/// more than ten times what the longest seed takes.
+/// Turns (each client polling once, the server every [`SERVER_EVERY`]th) before the run
+/// counts as stuck: more than ten times what the longest seed takes.
 const TURNS: usize = 5_000;
 
 /// The hosts of the scenario.
