@@ -110,6 +110,7 @@ pub mod psn;
 #[cfg(not(feature = "internals"))]
 mod psn;
 pub mod qp;
+pub mod queue_sizing;
 pub mod recv_queue;
 #[cfg(feature = "internals")]
 pub mod requester;

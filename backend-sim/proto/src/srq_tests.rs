@@ -207,7 +207,12 @@ fn the_limit_event_comes_once_from_the_qp_that_took_below_it() {
     let mut f = Fixture::new();
     f.post(0..10);
     f.srq
-        .modify(&SrqAttr::default().with_limit(7), SrqAttrMask::LIMIT, 16)
+        .modify(
+            &SrqAttr::default().with_limit(7),
+            SrqAttrMask::LIMIT,
+            16,
+            crate::queue_sizing::QueueSizing::AsAsked,
+        )
         .unwrap();
     for (qp, psn) in [('a', 0), ('b', 0), ('a', 1)] {
         f.request(qp, send(psn, 4)).unwrap();
