@@ -101,6 +101,7 @@ pub mod gid;
 pub mod io;
 pub mod link_rx;
 pub mod memory;
+pub mod opcode_table;
 #[cfg(feature = "internals")]
 pub mod plant;
 #[cfg(not(feature = "internals"))]

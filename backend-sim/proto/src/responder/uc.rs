@@ -38,11 +38,12 @@
 //! message that arrives starts anew, as a FIRST or ONLY packet re-synchronises a UC
 //! responder (IBA; rxe's `check_psn()`), and the gap is counted.
 
-use verbs_api::{AccessFlags, WcOpcode, WcStatus, WorkCompletion};
+use verbs_api::{WcOpcode, WcStatus, WorkCompletion, WrOpcode};
 
 use super::place::{Fill, Unplaced};
 use super::{reason_of, Incoming, Responder, Taken};
 use crate::memory::MrTable;
+use crate::opcode_table;
 use crate::psn;
 use crate::requester::Fatal;
 use crate::wire::Frame;
@@ -159,8 +160,13 @@ impl Responder {
                         return Ok(self.uc_drop(psn, "WRITE_WITH_IMM", "no receive posted"));
                     }
                 }
-                let check =
-                    mrs.resolve_remote(&self.target(), rkey, addr, len as u64, AccessFlags::REMOTE_WRITE);
+                let check = mrs.resolve_remote(
+                    &self.target(),
+                    rkey,
+                    addr,
+                    len as u64,
+                    opcode_table::row(WrOpcode::RdmaWrite).access,
+                );
                 let seg = match check {
                     Ok(s) => s,
                     Err(e) => {

@@ -2,10 +2,11 @@
 //! then its payload goes straight to the region; with an immediate it consumes a receive
 //! first (an RNR NAK without one).
 
-use verbs_api::{AccessFlags, WorkCompletion};
+use verbs_api::{WorkCompletion, WrOpcode};
 
 use super::{reason_of, Incoming, Responder};
 use crate::memory::MrTable;
+use crate::opcode_table;
 use crate::psn;
 use crate::requester::Fatal;
 use crate::tx::TxQueue;
@@ -41,8 +42,13 @@ impl Responder {
         if imm.is_some() && !self.take_recv_or_rnr(psn, tx, force_rnr) {
             return Ok(Incoming::Discard);
         }
-        let seg = match mrs.resolve_remote(&self.target(), rkey, addr, len as u64, AccessFlags::REMOTE_WRITE)
-        {
+        let seg = match mrs.resolve_remote(
+            &self.target(),
+            rkey,
+            addr,
+            len as u64,
+            opcode_table::row(WrOpcode::RdmaWrite).access,
+        ) {
             Ok(s) => s,
             Err(e) => {
                 let reason = reason_of(e);
@@ -65,7 +71,7 @@ impl Responder {
 
 #[cfg(test)]
 mod tests {
-    use verbs_api::{AsyncElement, AsyncEventType, WcStatus};
+    use verbs_api::{AccessFlags, AsyncElement, AsyncEventType, WcStatus};
 
     use super::super::RespAttrs;
     use super::*;
