@@ -97,6 +97,7 @@ pub mod engine;
 #[cfg(not(feature = "internals"))]
 mod engine;
 pub mod fabric;
+pub mod faults;
 pub mod gid;
 pub mod io;
 pub mod link_rx;

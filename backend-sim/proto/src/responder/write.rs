@@ -5,6 +5,7 @@
 use verbs_api::{WorkCompletion, WrOpcode};
 
 use super::{reason_of, Incoming, Responder};
+use crate::faults::ForcedRnr;
 use crate::memory::MrTable;
 use crate::opcode_table;
 use crate::psn;
@@ -21,7 +22,7 @@ impl Responder {
         mrs: &MrTable,
         tx: &mut TxQueue,
         out: &mut Vec<(WorkCompletion, bool)>,
-        force_rnr: &mut u32,
+        forced_rnr: &mut ForcedRnr,
     ) -> Result<Incoming, Fatal> {
         let Frame::Write {
             len,
@@ -39,7 +40,7 @@ impl Responder {
         // now (an SRQ's last one could go to another QP between a look and a
         // take); if the rkey check fails it completes in error
         // (`Switches::write_imm_bad_rkey`).
-        if imm.is_some() && !self.take_recv_or_rnr(psn, tx, force_rnr) {
+        if imm.is_some() && !self.take_recv_or_rnr(psn, tx, forced_rnr) {
             return Ok(Incoming::Discard);
         }
         let seg = match mrs.resolve_remote(
