@@ -31,7 +31,7 @@ use std::hash::Hasher;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use backend_sim_proto::fabric::faults::mix;
+use backend_sim_proto::faults::network::mix;
 
 /// The setting that seeds the choices of every device of the process.
 pub const SETTING: &str = "RDMA_SIM_SEED";

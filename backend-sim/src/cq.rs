@@ -23,6 +23,7 @@ use verbs_api::event_fd;
 use verbs_api::{Error, Result, WcStatus, WorkCompletion};
 
 use backend_sim_proto::qp::SqSlots;
+use backend_sim_proto::queue_sizing::QueueSizing;
 
 /// Arming state of a CQ.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -102,10 +103,11 @@ impl CqShared {
         self.cap.load(Ordering::Relaxed)
     }
 
-    /// `ibv_resize_cq` (`man ibv_resize_cq`): the CQ holds `cqe` completions from now on,
-    /// and those it holds stay, in order. Fewer than it holds is EINVAL, as rxe's
-    /// `rxe_cq_chk_attr()` refuses (`cqe < count`) and mlx5 does.
-    pub fn resize(&self, cqe: u32) -> Result<()> {
+    /// `ibv_resize_cq` (`man ibv_resize_cq`): the CQ holds `cqe` completions from now on
+    /// (or more, as `sizing` rounds it), and those it holds stay, in order. Asking for
+    /// fewer than it holds is EINVAL, as rxe's `rxe_cq_chk_attr()` refuses (`cqe <
+    /// count`, on the value asked) and mlx5 does.
+    pub fn resize(&self, cqe: u32, sizing: QueueSizing) -> Result<()> {
         let st = self.state.lock();
         if (cqe as usize) < st.entries.len() {
             return Err(Error::invalid(
@@ -116,7 +118,7 @@ impl CqShared {
                 ),
             ));
         }
-        self.cap.store(cqe, Ordering::Relaxed);
+        self.cap.store(sizing.cq_entries(cqe), Ordering::Relaxed);
         Ok(())
     }
 

@@ -4,6 +4,7 @@
 //! to ERR ([`Harness::enter_error`]).
 
 use backend_sim_proto::engine::{drive, Sides, Stop};
+use backend_sim_proto::faults::ForcedRnr;
 use backend_sim_proto::responder::DatagramSource;
 use backend_sim_proto::wire::{Frame, MAX_DATAGRAM};
 use verbs_api::WcStatus;
@@ -161,7 +162,7 @@ impl Harness {
                 accepting: !self.err,
                 send_wc: &mut self.send_wc,
                 recv_wc: &mut self.recv_wc,
-                force_rnr: &mut 0,
+                forced_rnr: &mut ForcedRnr::default(),
             };
             let r = drive(
                 &mut sides,

@@ -175,8 +175,8 @@ fn create(init: Init) -> Result<*mut ibv_qp, Errno> {
         .sim
         .create_qp(&attr)
         .map_err(|e| errno_of("ibv_create_qp", &e))?;
-    let granted = sim.query().map_err(|e| errno_of("ibv_create_qp", &e))?.cap;
-    // What the QP was given, as providers report it back.
+    // What the QP was given, as the profile's provider reports it back.
+    let granted = sim.created_cap(cap);
     // SAFETY: as for the read above.
     unsafe {
         init.cap.write(ibv_qp_cap {

@@ -87,8 +87,7 @@ fn create(
         .sim
         .create_srq(&asked)
         .map_err(|e| errno_of("ibv_create_srq", &e))?;
-    let granted = sim.query().map_err(|e| errno_of("ibv_create_srq", &e))?;
-    *attr = attr_to_c(&granted);
+    *attr = attr_to_c(&sim.created_attr(&asked));
     let handle = sim.handle();
     p.hold();
     let s = live::register(Box::new(Srq {

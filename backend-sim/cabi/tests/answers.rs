@@ -97,3 +97,55 @@ fn the_reply_address_of_a_datagram() {
         run_c_check("ah_from_wc", &[("RDMA_SIM_PROFILE", profile)], &[index], LIMIT);
     }
 }
+
+/// The sizes a program is given for its CQs, QPs and SRQs (queue_sizes.c): the lines
+/// rxe0 printed in CI's VM (Linux 6.1, rdma-core v44) under the rxe profile, where every
+/// queue is a ring of 2^k - 1 entries and `ibv_create_qp` / `ibv_create_srq` hand back
+/// the WR counts asked while the queries report the rounded ones; mlx5 rounds its CQs
+/// (rdma-core providers/mlx5/verbs.c); portable gives what was asked.
+#[test]
+fn queue_sizes_follow_the_profile() {
+    let sizes = |profile: &str| -> Vec<String> {
+        let (out, _) = run_c_check("queue_sizes", &[("RDMA_SIM_PROFILE", profile)], &[], LIMIT);
+        out.lines()
+            .filter(|l| l.starts_with("cq ") || l.starts_with("qp ") || l.starts_with("srq "))
+            .map(str::to_string)
+            .collect()
+    };
+    let rxe0 = [
+        "cq 1 cqe 1 resize 3 cqe 3",
+        "cq 2 cqe 3 resize 5 cqe 7",
+        "cq 4 cqe 7 resize 9 cqe 15",
+        "cq 8 cqe 15 resize 17 cqe 31",
+        "cq 100 cqe 127 resize 201 cqe 255",
+        "qp asked 16/4/1/1/0 created 16/4/1/1/16 queried 31/7/1/1/16",
+        "qp asked 1/1/1/1/0 created 1/1/1/1/16 queried 1/1/1/1/16",
+        "qp asked 31/32/2/3/64 created 31/32/4/3/64 queried 31/63/4/3/64",
+        "qp asked 5/6/5/1/100 created 5/6/6/1/100 queried 7/7/6/1/100",
+        "srq 1 created 1 queried 1 modify 3 queried 3",
+        "srq 100 created 100 queried 127 modify 201 queried 255",
+        "qp srq asked 3/5/1/1/0 created 3/5/1/1/16 queried 3/0/1/0/16",
+    ];
+    assert_eq!(sizes("rxe"), rxe0);
+    let as_asked_qps_and_srqs = [
+        "qp asked 16/4/1/1/0 created 16/4/1/1/0 queried 16/4/1/1/0",
+        "qp asked 1/1/1/1/0 created 1/1/1/1/0 queried 1/1/1/1/0",
+        "qp asked 31/32/2/3/64 created 31/32/2/3/64 queried 31/32/2/3/64",
+        "qp asked 5/6/5/1/100 created 5/6/5/1/100 queried 5/6/5/1/100",
+        "srq 1 created 1 queried 1 modify 3 queried 3",
+        "srq 100 created 100 queried 100 modify 201 queried 201",
+        "qp srq asked 3/5/1/1/0 created 3/0/1/0/0 queried 3/0/1/0/0",
+    ];
+    let portable_cqs = [
+        "cq 1 cqe 1 resize 3 cqe 3",
+        "cq 2 cqe 2 resize 5 cqe 5",
+        "cq 4 cqe 4 resize 9 cqe 9",
+        "cq 8 cqe 8 resize 17 cqe 17",
+        "cq 100 cqe 100 resize 201 cqe 201",
+    ];
+    assert_eq!(
+        sizes("portable"),
+        [&portable_cqs[..], &as_asked_qps_and_srqs[..]].concat()
+    );
+    assert_eq!(sizes("mlx5"), [&rxe0[..5], &as_asked_qps_and_srqs[..]].concat());
+}

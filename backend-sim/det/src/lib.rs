@@ -63,8 +63,9 @@
 //! `rereg_mr`, multicast; file descriptors (`async_fd`, a channel's `fd`) are -1,
 //! because waiting on one would wait outside the virtual world: use `get_cq_event` and
 //! `get_async_event`, which advance it. The device behaves as the sim's rxe profile
-//! (`Switches::RXE`). No rdma_cm, no tokio (a paused runtime would need its timers on
-//! this clock).
+//! (`Switches::RXE`), but for its queues, which hold what was asked (rxe's rounding,
+//! `Switches::queue_sizing`, is the driver's). No rdma_cm, no tokio (a paused runtime
+//! would need its timers on this clock).
 //!
 //! ```
 //! use std::time::Duration;

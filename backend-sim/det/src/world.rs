@@ -25,7 +25,7 @@ use crate::refuse::refused;
 /// nothing will produce (a hang on hardware).
 pub const IDLE_POLLS: u32 = 10_000;
 
-/// The kinds of the seed's choices ([`backend_sim_proto::fabric::faults::Decider::choice`]):
+/// The kinds of the seed's choices ([`backend_sim_proto::faults::network::Decider::choice`]):
 /// QPNs, and each device's keys (`KEYS + device`).
 const QPNS: u64 = 1 << 40;
 const KEYS: u64 = 1 << 41;

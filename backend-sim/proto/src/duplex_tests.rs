@@ -13,6 +13,7 @@ use verbs_api::{AccessFlags, QpCap, SendWr, Sge, WorkCompletion};
 
 use crate::connection::{AckPolicy, Connection};
 use crate::engine::Sides;
+use crate::faults::ForcedRnr;
 use crate::io::{RawSlice, Recv, Transmit};
 use crate::memory::{MrShared, MrTable};
 use crate::requester::{ReqAttrs, Requester};
@@ -138,7 +139,7 @@ impl Side {
             accepting: true,
             send_wc: &mut self.send_wc,
             recv_wc: &mut self.recv_wc,
-            force_rnr: &mut 0,
+            forced_rnr: &mut ForcedRnr::default(),
         };
         self.wire
             .receive(&mut sides, &self.mrs, now, self.policy)
@@ -317,7 +318,7 @@ fn a_driving_threads_ack_for_a_single_request_waits_for_its_next_post() {
             accepting: true,
             send_wc: &mut a.send_wc,
             recv_wc: &mut a.recv_wc,
-            force_rnr: &mut 0,
+            forced_rnr: &mut ForcedRnr::default(),
         };
         a.wire.receive(&mut sides, &a.mrs, now, AckPolicy::Delay).unwrap();
     }

@@ -12,6 +12,7 @@ use std::time::Instant;
 
 use verbs_api::{WcStatus, WorkCompletion};
 
+use crate::faults::ForcedRnr;
 use crate::memory::{MrTable, Seg};
 use crate::requester::{ReadSink, Requester};
 use crate::responder::{Incoming, Responder};
@@ -55,9 +56,9 @@ pub struct Sides<'a> {
     pub send_wc: &'a mut Vec<WorkCompletion>,
     /// Completions of the responder (with the solicited bit).
     pub recv_wc: &'a mut Vec<(WorkCompletion, bool)>,
-    /// Fault injection's count of SEND / WRITE_WITH_IMM requests still to be answered
-    /// with RNR whatever the receive queue holds (see [`Responder::on_request_rnr`]).
-    pub force_rnr: &'a mut u32,
+    /// Fault injection's RNR for SEND / WRITE_WITH_IMM requests, whatever the receive
+    /// queue holds (see [`Responder::on_request_rnr`]).
+    pub forced_rnr: &'a mut ForcedRnr,
 }
 
 /// State of one connection's reader between calls.
@@ -100,7 +101,7 @@ pub fn drive(
                 };
                 let len = f.payload_len() as usize;
                 let (incoming, fatal) = if sides.accepting {
-                    match resp.on_request_rnr(&f, mrs, tx, sides.recv_wc, sides.force_rnr) {
+                    match resp.on_request_rnr(&f, mrs, tx, sides.recv_wc, sides.forced_rnr) {
                         Ok(i) => (i, None),
                         Err(fatal) => (Incoming::Discard, Some(fatal.0)),
                     }
@@ -246,7 +247,7 @@ mod tests {
                 accepting: true,
                 send_wc: &mut swc,
                 recv_wc: &mut rwc,
-                force_rnr: &mut 0,
+                forced_rnr: &mut ForcedRnr::default(),
             };
             let r = drive(
                 &mut sides,

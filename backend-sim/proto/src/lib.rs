@@ -97,10 +97,12 @@ pub mod engine;
 #[cfg(not(feature = "internals"))]
 mod engine;
 pub mod fabric;
+pub mod faults;
 pub mod gid;
 pub mod io;
 pub mod link_rx;
 pub mod memory;
+pub mod opcode_table;
 #[cfg(feature = "internals")]
 pub mod plant;
 #[cfg(not(feature = "internals"))]
@@ -110,6 +112,7 @@ pub mod psn;
 #[cfg(not(feature = "internals"))]
 mod psn;
 pub mod qp;
+pub mod queue_sizing;
 pub mod recv_queue;
 #[cfg(feature = "internals")]
 pub mod requester;

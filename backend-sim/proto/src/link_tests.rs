@@ -11,6 +11,7 @@ use verbs_api::timers::{local_ack_timeout, rnr_timer};
 use verbs_api::{AccessFlags, QpCap, RecvWr, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion};
 
 use crate::engine::{drive, DriveState, Sides, Stop};
+use crate::faults::ForcedRnr;
 use crate::memory::{MrShared, MrTable};
 use crate::requester::{ReqAttrs, Requester};
 use crate::responder::{RespAttrs, Responder};
@@ -42,7 +43,7 @@ struct Link {
     /// Request bytes sent so far.
     sent_bytes: usize,
     /// Requests B answers with RNR whatever its receive queue holds (fault injection).
-    force_rnr: u32,
+    forced_rnr: ForcedRnr,
 }
 
 fn cap() -> QpCap {
@@ -92,7 +93,7 @@ impl Link {
             drop_requests: false,
             drop_responses: false,
             sent_bytes: 0,
-            force_rnr: 0,
+            forced_rnr: ForcedRnr::NONE,
         }
     }
 
@@ -129,7 +130,7 @@ impl Link {
             accepting: !self.b_err,
             send_wc: &mut swc,
             recv_wc: &mut self.recv_wc,
-            force_rnr: &mut self.force_rnr,
+            forced_rnr: &mut self.forced_rnr,
         };
         drive(
             &mut sides,
@@ -152,7 +153,7 @@ impl Link {
             accepting: false,
             send_wc: &mut self.send_wc,
             recv_wc: &mut rwc,
-            force_rnr: &mut 0,
+            forced_rnr: &mut ForcedRnr::default(),
         };
         drive(
             &mut sides,
@@ -484,7 +485,7 @@ fn forced_rnr_answers_rnr_despite_posted_receives() {
     let src = Link::mr(&l.a_mrs, 64);
     let dst = Link::mr(&l.b_mrs, 64);
     l.resp.post(&RecvWr::new(9, &[sge(&dst, 0, 64)])).unwrap();
-    l.force_rnr = 2;
+    l.forced_rnr = ForcedRnr::next(2);
     l.req
         .post(&SendWr::send(1, &[sge(&src, 0, 8)]).signaled(), &l.a_mrs)
         .unwrap();
@@ -868,7 +869,7 @@ proptest! {
             while off < bytes.len() {
                 off += rx.feed(&bytes[off..]);
                 let mut swc = Vec::new();
-                let mut sides = Sides { req: None, resp: Some(&mut resp), accepting, send_wc: &mut swc, recv_wc: &mut out, force_rnr: &mut 0 };
+                let mut sides = Sides { req: None, resp: Some(&mut resp), accepting, send_wc: &mut swc, recv_wc: &mut out, forced_rnr: &mut ForcedRnr::default() };
                 match drive(&mut sides, &mut rx, &table, &mut tx, Instant::now(), &mut st, usize::MAX, 0) {
                     Ok(()) => {}
                     Err(Stop::Fatal(_)) => accepting = false,
@@ -920,7 +921,7 @@ proptest! {
             while off < bytes.len() {
                 off += rx.feed(&bytes[off..]);
                 let mut swc = Vec::new();
-                let mut sides = Sides { req: None, resp: Some(&mut resp), accepting, send_wc: &mut swc, recv_wc: &mut out, force_rnr: &mut 0 };
+                let mut sides = Sides { req: None, resp: Some(&mut resp), accepting, send_wc: &mut swc, recv_wc: &mut out, forced_rnr: &mut ForcedRnr::default() };
                 match drive(&mut sides, &mut rx, &table, &mut tx, Instant::now(), &mut st, usize::MAX, 0) {
                     Ok(()) => {}
                     Err(Stop::Fatal(_)) => accepting = false,

@@ -24,6 +24,8 @@ use std::collections::VecDeque;
 use parking_lot::Mutex;
 use verbs_api::{Error, RecvWr, Sge, SrqAttr, SrqAttrMask};
 
+use crate::queue_sizing::QueueSizing;
+
 /// One receive WQE: its `wr_id` and scatter list.
 #[derive(Debug, Default)]
 pub struct RecvWqe {
@@ -210,11 +212,21 @@ impl SharedRecvQueue {
         }
     }
 
-    /// `ibv_modify_srq`: `MAX_WR` resizes to `attr.max_wr` (at most `max_srq_wr`),
-    /// `LIMIT` arms (non-zero) or disarms the limit. Each value is checked against what
-    /// the call leaves: a size below the receives queued or below the armed limit, and a
-    /// limit above the size, are EINVAL, and then nothing changes (`man ibv_modify_srq`).
-    pub fn modify(&self, attr: &SrqAttr, mask: SrqAttrMask, max_srq_wr: u32) -> Result<(), Error> {
+    /// `ibv_modify_srq`: `MAX_WR` resizes to `attr.max_wr` (at most `max_srq_wr`, then
+    /// rounded as `sizing` says), `LIMIT` arms (non-zero) or disarms the limit. Each
+    /// value is checked against what the call leaves: a size below the receives queued or
+    /// below the armed limit, and a limit above the size, are EINVAL, and then nothing
+    /// changes (`man ibv_modify_srq`). The device limit and the armed limit are checked
+    /// against the size asked, the receives queued and a new limit against the size the
+    /// SRQ will have, as rxe does (rxe_srq.c `rxe_srq_chk_attr()`, then
+    /// `rxe_queue_resize()`).
+    pub fn modify(
+        &self,
+        attr: &SrqAttr,
+        mask: SrqAttrMask,
+        max_srq_wr: u32,
+        sizing: QueueSizing,
+    ) -> Result<(), Error> {
         let bad = |name: &'static str, reason: String| Err(Error::InvalidAttr { name, reason });
         let mut st = self.state.lock();
         let cap = if mask.contains(SrqAttrMask::MAX_WR) {
@@ -227,6 +239,7 @@ impl SharedRecvQueue {
         } else {
             st.limit
         };
+        let mut cap = cap;
         if mask.contains(SrqAttrMask::MAX_WR) {
             if cap == 0 || cap > max_srq_wr {
                 return bad(
@@ -234,14 +247,15 @@ impl SharedRecvQueue {
                     format!("{cap} is outside 1..={max_srq_wr} (the device's max_srq_wr)"),
                 );
             }
+            if limit > 0 && cap < limit {
+                return bad("max_wr", format!("{cap} is below the armed srq_limit {limit}"));
+            }
+            cap = sizing.srq_entries(cap);
             if (cap as usize) < st.q.len() {
                 return bad(
                     "max_wr",
                     format!("{cap} is below the {} receives the SRQ holds", st.q.len()),
                 );
-            }
-            if limit > 0 && cap < limit {
-                return bad("max_wr", format!("{cap} is below the armed srq_limit {limit}"));
             }
         }
         if mask.contains(SrqAttrMask::LIMIT) && limit > cap {
@@ -299,8 +313,13 @@ mod tests {
         let srq = SharedRecvQueue::new(9, 16, 1, 0);
         srq.post_all(&(0..10).map(|i| wr(i, &sge)).collect::<Vec<_>>())
             .unwrap();
-        srq.modify(&SrqAttr::default().with_limit(7), SrqAttrMask::LIMIT, 100)
-            .unwrap();
+        srq.modify(
+            &SrqAttr::default().with_limit(7),
+            SrqAttrMask::LIMIT,
+            100,
+            QueueSizing::AsAsked,
+        )
+        .unwrap();
         assert_eq!(srq.query().srq_limit, 7);
         let mut w = RecvWqe::default();
         // 9, 8, 7 left: not below 7; 6 left: below.
@@ -308,8 +327,13 @@ mod tests {
         assert_eq!(fired, [false, false, false, true, false]);
         assert_eq!(srq.query().srq_limit, 0, "disarmed");
         // Armed while below: nothing until a WQE is taken.
-        srq.modify(&SrqAttr::default().with_limit(8), SrqAttrMask::LIMIT, 100)
-            .unwrap();
+        srq.modify(
+            &SrqAttr::default().with_limit(8),
+            SrqAttrMask::LIMIT,
+            100,
+            QueueSizing::AsAsked,
+        )
+        .unwrap();
         assert_eq!(srq.take_into(&mut w), Some(true));
         while srq.take_into(&mut w).is_some() {}
         assert_eq!(srq.take_into(&mut w), None, "an empty SRQ raises nothing");
@@ -330,17 +354,73 @@ mod tests {
             (SrqAttr::default().with_limit(9), SrqAttrMask::LIMIT), // above the size
             (SrqAttr::new(6, 1).with_limit(7), both),    // limit above the new size
         ] {
-            assert!(srq.modify(&a, m, 100).is_err(), "{a:?} {m:?}");
+            assert!(
+                srq.modify(&a, m, 100, QueueSizing::AsAsked).is_err(),
+                "{a:?} {m:?}"
+            );
             assert_eq!(srq.query(), before);
         }
         // 6 posted, limit 4: shrinking to 6 is allowed; below the limit is not.
-        srq.modify(&SrqAttr::new(6, 1), SrqAttrMask::MAX_WR, 100).unwrap();
-        let e = srq.modify(&SrqAttr::new(3, 1), SrqAttrMask::MAX_WR, 100);
+        srq.modify(
+            &SrqAttr::new(6, 1),
+            SrqAttrMask::MAX_WR,
+            100,
+            QueueSizing::AsAsked,
+        )
+        .unwrap();
+        let e = srq.modify(
+            &SrqAttr::new(3, 1),
+            SrqAttrMask::MAX_WR,
+            100,
+            QueueSizing::AsAsked,
+        );
         assert!(e.is_err());
         // Growing lets more be posted.
-        srq.modify(&SrqAttr::new(7, 1), SrqAttrMask::MAX_WR, 100).unwrap();
+        srq.modify(
+            &SrqAttr::new(7, 1),
+            SrqAttrMask::MAX_WR,
+            100,
+            QueueSizing::AsAsked,
+        )
+        .unwrap();
         srq.post_all(&[wr(6, &sge)]).unwrap();
         assert_eq!(srq.post_all(&[wr(7, &sge)]), Err((0, PostRecvError::Full)));
         assert_eq!(srq.query(), SrqAttr::new(7, 1).with_limit(4));
+    }
+
+    #[test]
+    fn a_rounding_device_resizes_to_its_ring_and_checks_what_it_holds() {
+        let sge = [Sge::new(0x1000, 8, 1)];
+        let srq = SharedRecvQueue::new(1, 8, 1, 0);
+        srq.post_all(&(0..6).map(|i| wr(i, &sge)).collect::<Vec<_>>())
+            .unwrap();
+        // 5 asked holds 7 on rxe: the 6 posted fit, where a device that gives 5 refuses.
+        let five = SrqAttr::new(5, 1);
+        assert!(srq
+            .modify(&five, SrqAttrMask::MAX_WR, 100, QueueSizing::AsAsked)
+            .is_err());
+        srq.modify(&five, SrqAttrMask::MAX_WR, 100, QueueSizing::All)
+            .unwrap();
+        assert_eq!(srq.query().max_wr, 7);
+        srq.post_all(&[wr(6, &sge)]).unwrap();
+        assert_eq!(srq.post_all(&[wr(7, &sge)]), Err((0, PostRecvError::Full)));
+        // A limit is checked against the rounded size: 7 fits in 7, 8 does not.
+        let both = SrqAttrMask::MAX_WR | SrqAttrMask::LIMIT;
+        srq.modify(&SrqAttr::new(4, 1).with_limit(7), both, 100, QueueSizing::All)
+            .unwrap_err();
+        srq.modify(
+            &SrqAttr::default().with_limit(7),
+            SrqAttrMask::LIMIT,
+            100,
+            QueueSizing::All,
+        )
+        .unwrap();
+        srq.modify(
+            &SrqAttr::default().with_limit(8),
+            SrqAttrMask::LIMIT,
+            100,
+            QueueSizing::All,
+        )
+        .unwrap_err();
     }
 }

@@ -190,10 +190,10 @@ fn receives_are_shared_fifo_and_an_empty_srq_is_rnr() {
 fn forced_rnr_takes_nothing_from_the_srq() {
     let mut f = Fixture::new();
     f.post(0..2);
-    let mut force = 1;
+    let mut force = crate::faults::ForcedRnr::next(1);
     let (mrs, tx, out) = (&f.mrs, &mut f.tx, &mut f.out);
     f.a.on_request_rnr(&send(0, 0), mrs, tx, out, &mut force).unwrap();
-    assert_eq!(force, 0);
+    assert_eq!(force.remaining(), 0);
     assert_eq!(f.frames(), [rnr(0)]);
     assert_eq!(f.srq.len(), 2);
     f.request('a', send(0, 0)).unwrap();
@@ -207,7 +207,12 @@ fn the_limit_event_comes_once_from_the_qp_that_took_below_it() {
     let mut f = Fixture::new();
     f.post(0..10);
     f.srq
-        .modify(&SrqAttr::default().with_limit(7), SrqAttrMask::LIMIT, 16)
+        .modify(
+            &SrqAttr::default().with_limit(7),
+            SrqAttrMask::LIMIT,
+            16,
+            crate::queue_sizing::QueueSizing::AsAsked,
+        )
         .unwrap();
     for (qp, psn) in [('a', 0), ('b', 0), ('a', 1)] {
         f.request(qp, send(psn, 4)).unwrap();

@@ -14,6 +14,8 @@
 
 use verbs_api::WcStatus;
 
+pub use crate::queue_sizing::QueueSizing;
+
 /// When a send queue slot becomes free again for `ibv_post_send`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum SlotRelease {
@@ -226,6 +228,13 @@ pub struct Switches {
     /// modelled: rxe's address resolution (`ibv_create_ah`, `ibv_modify_qp` to RTR)
     /// through the same missing route.
     pub port_down_fails_sends: bool,
+    /// Which queues are rounded up to a power of two minus one: the CQs (`cqe` at
+    /// `ibv_create_cq` and `ibv_resize_cq`), a QP's send and receive queues (the `cap`
+    /// of `ibv_query_qp`, which posting is checked against) and SRQs (`ibv_query_srq`'s
+    /// `max_wr`). rxe rounds all of them (rxe_queue.c `rxe_queue_init()`), mlx5 its CQs
+    /// (rdma-core providers/mlx5/verbs.c `create_cq()`); the verbs promise at least what
+    /// was asked, which `portable` gives and no more. See [`QueueSizing`].
+    pub queue_sizing: QueueSizing,
 }
 
 impl Switches {
@@ -258,6 +267,7 @@ impl Switches {
         mw_owner_checks: true,
         inv_flag_kernel_bit: false,
         port_down_fails_sends: false,
+        queue_sizing: QueueSizing::AsAsked,
     };
 
     /// Soft-RoCE as Linux 6.1 and rdma-core v44 implement it.
@@ -288,6 +298,7 @@ impl Switches {
         mw_owner_checks: false,
         inv_flag_kernel_bit: true,
         port_down_fails_sends: true,
+        queue_sizing: QueueSizing::All,
     };
 
     /// A ConnectX (mlx5) as rdma-core's mlx5 provider and the IBA it follows describe it.
@@ -318,6 +329,7 @@ impl Switches {
         mw_owner_checks: true,
         inv_flag_kernel_bit: false,
         port_down_fails_sends: false,
+        queue_sizing: QueueSizing::CqOnly,
     };
 }
 

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use verbs_api::{AccessFlags, QpCap, RecvWr, SendWr, Sge, WcStatus, WorkCompletion};
 
 use crate::engine::{drive, DriveState, Sides, Stop};
+use crate::faults::ForcedRnr;
 use crate::memory::{MrShared, MrTable};
 use crate::requester::{PostCheck, ReqAttrs, Requester, LINK_WAIT};
 use crate::responder::{Incoming, RespAttrs, Responder};
@@ -319,7 +320,7 @@ fn a_nak_on_a_uc_connection_is_a_protocol_error() {
         accepting: true,
         send_wc: &mut swc,
         recv_wc: &mut rwc,
-        force_rnr: &mut 0,
+        forced_rnr: &mut ForcedRnr::default(),
     };
     let r = drive(
         &mut sides,
@@ -394,7 +395,7 @@ proptest::proptest! {
             while at < bytes.len() {
                 at += rx.feed(&bytes[at..]);
                 let mut swc = Vec::new();
-                let mut sides = Sides { req: None, resp: Some(&mut r), accepting: true, send_wc: &mut swc, recv_wc: &mut out, force_rnr: &mut 0 };
+                let mut sides = Sides { req: None, resp: Some(&mut r), accepting: true, send_wc: &mut swc, recv_wc: &mut out, forced_rnr: &mut ForcedRnr::default() };
                 let d = drive(&mut sides, &mut rx, &mrs, &mut tx, Instant::now(), &mut st, usize::MAX, 0);
                 proptest::prop_assert!(d.is_ok(), "{d:?}");
             }

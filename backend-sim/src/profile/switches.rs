@@ -5,6 +5,8 @@
 
 use verbs_api::WcStatus;
 
+use backend_sim_proto::queue_sizing::QueueSizing;
+
 use super::{Profile, RecvError, SlotRelease, Switches};
 
 /// One switch of the table.
@@ -319,6 +321,24 @@ pub fn table() -> &'static [SwitchDoc] {
                     "fails: LOC_QP_OP_ERR, the QP to ERR",
                     "lost: RC and UC retried per retry_cnt, UD completes SUCCESS",
                 )
+            },
+        },
+        SwitchDoc {
+            name: "queue_sizing",
+            what: "the entries of a CQ, send queue, receive queue or SRQ asked for n",
+            source: "man ibv_create_cq, man ibv_create_qp (at least what was asked); rxe: \
+                     rxe_queue.c rxe_queue_init() gives every queue roundup_pow_of_two(n + 1) - 1, \
+                     ibv_create_qp and ibv_create_srq hand back the WR counts asked (observed on \
+                     rxe0); mlx5: rdma-core providers/mlx5/verbs.c create_cq() and mlx5_resize_cq() \
+                     align_queue_size(cqe + 1) - 1",
+            cases: &["profile.queue-sizes"],
+            value: |s| {
+                match s.queue_sizing {
+                    QueueSizing::AsAsked => "as asked",
+                    QueueSizing::CqOnly => "CQs 2^k - 1 >= n, the others as asked",
+                    QueueSizing::All => "every queue 2^k - 1 >= n (CQ 4 holds 7)",
+                }
+                .to_string()
             },
         },
     ];

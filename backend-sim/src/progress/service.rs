@@ -17,7 +17,7 @@ use super::fault_layer::{Armed, Gate, Open};
 use super::rest_wait::{Rest, RestWait};
 use super::{Mode, Progress, LARGE_IO};
 use crate::channel_signal::Deferral;
-use crate::fault_state::BreakPoint;
+use crate::faults::state::BreakPoint;
 use crate::link::ConnIo;
 use crate::qp::{Conn, QpInner};
 
@@ -296,7 +296,7 @@ impl Progress {
         let raised = if hold { crate::channel_signal::raised() } else { 0 };
         loop {
             let QpInner { qp: core, faults, .. } = &mut *g;
-            match core.handle_frames(wire, &qp.dev.mrs, now, policy, &mut faults.force_rnr) {
+            match core.handle_frames(wire, &qp.dev.mrs, now, policy, &mut faults.forced_rnr) {
                 Ok(()) => break,
                 Err(Stop::Fatal(status)) => {
                     tracing::debug!(qpn = qp.qpn, ?status, "QP to ERR");

@@ -17,7 +17,7 @@ use verbs_api::{AsyncElement, AsyncEvent, AsyncEventType, QpCap, QpState, QpType
 use crate::addressing::Addressing;
 use crate::counters::DeviceCounters;
 use crate::cq::{CqShared, SlotMark};
-use crate::fault_state::QpFaults;
+use crate::faults::state::QpFaults;
 use crate::memory::MrTable;
 use crate::profile::warnings::QpWarnings;
 use crate::recv_queue::SharedRecvQueue;

@@ -8,6 +8,7 @@
 
 use std::sync::Arc;
 
+use backend_sim_proto::faults::ForcedRnr;
 use backend_sim_proto::qp::{AvCheck, Effect, QpLimits};
 use parking_lot::MutexGuard;
 use verbs_api::{AhAttr, QpAttr, QpAttrMask as M, QpState, Result};
@@ -61,7 +62,7 @@ impl QpShared {
         match t.effect {
             Effect::Reset => {
                 self.clean_cqs("RESET");
-                g.faults.force_rnr = 0;
+                g.faults.forced_rnr = ForcedRnr::NONE;
                 self.note_busy(&mut g);
                 g.epoch += 1;
                 g.remote = None;

@@ -150,10 +150,13 @@ impl Context for SimContext {
                 format!("cqe {cqe} is outside 1..={}", self.dev.attr.max_cqe),
             ));
         }
+        // The device may give more than asked (`Switches::queue_sizing`: rxe and mlx5
+        // round up to a power of two minus one); the limit is on what was asked.
+        let entries = self.dev.profile.switches().queue_sizing.cq_entries(cqe);
         Ok(SimCq {
             cq: Arc::new(CqShared::new(
                 self.dev.next_handle(),
-                cqe,
+                entries,
                 channel.map(|c| c.ch.clone()),
             )),
             dev: self.dev.clone(),

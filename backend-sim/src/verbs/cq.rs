@@ -72,7 +72,7 @@ impl CompletionQueue for SimCq {
                 format!("cqe {cqe} is outside 1..={max}"),
             ));
         }
-        self.cq.resize(cqe)
+        self.cq.resize(cqe, self.dev.profile.switches().queue_sizing)
     }
     fn handle(&self) -> u32 {
         self.cq.handle

@@ -83,7 +83,10 @@ impl ProtectionDomain for SimPd {
             }
             0
         };
-        let srq = SharedRecvQueue::new(dev.next_handle(), attr.max_wr, attr.max_sge.max(1), limit);
+        // The SRQ may hold more than asked (`Switches::queue_sizing`: rxe rounds it up to
+        // a power of two minus one); the limit is on what was asked.
+        let entries = dev.profile.switches().queue_sizing.srq_entries(attr.max_wr);
+        let srq = SharedRecvQueue::new(dev.next_handle(), entries, attr.max_sge.max(1), limit);
         Ok(SimSrq {
             srq: Arc::new(srq),
             pd: self.pd.clone(),
@@ -167,6 +170,9 @@ impl ProtectionDomain for SimPd {
                 });
             }
         }
+        // The device may give more than asked (`Switches::queue_sizing`: rxe rounds its
+        // queues up to a power of two minus one and its SGEs to its WQE's size).
+        let c = dev.profile.switches().queue_sizing.qp_cap(c);
         let granted = QpCap {
             max_send_sge: c.max_send_sge.max(1),
             max_recv_sge: if attr.srq.is_some() {

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use verbs_api::{
-    AsyncElement, Error, Gid, MemoryWindow, MwBind, PostError, QpAttr, QpAttrMask, QpType, QueuePair, RecvWr,
-    Result, SendWr,
+    AsyncElement, Error, Gid, MemoryWindow, MwBind, PostError, QpAttr, QpAttrMask, QpCap, QpType, QueuePair,
+    RecvWr, Result, SendWr,
 };
 
 use crate::device::PdShared;
@@ -93,6 +93,20 @@ impl QueuePair for SimQp {
 }
 
 impl SimQp {
+    /// The capacities `ibv_create_qp` hands back for a QP created with `asked`: what it
+    /// got, except where the profile's device does not write its rounding back (rxe keeps
+    /// the WR counts asked there, while `ibv_query_qp` reports the rounded ones;
+    /// `Switches::queue_sizing`).
+    pub fn created_cap(&self, asked: QpCap) -> QpCap {
+        let granted = self.qp.query().cap;
+        self.pd
+            .dev
+            .profile
+            .switches()
+            .queue_sizing
+            .qp_created_cap(asked, granted)
+    }
+
     /// Whether the QP is attached to a multicast group (`ibv_destroy_qp` of the C ABI
     /// is EBUSY then, as uverbs answers; dropping the handle detaches it).
     pub fn is_mcast_attached(&self) -> bool {

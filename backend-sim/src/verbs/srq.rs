@@ -56,7 +56,13 @@ impl SharedReceiveQueue for SimSrq {
     }
 
     fn modify(&self, attr: &SrqAttr, mask: SrqAttrMask) -> Result<()> {
-        self.srq.modify(attr, mask, self.pd.dev.attr.max_srq_wr)
+        let dev = &self.pd.dev;
+        self.srq.modify(
+            attr,
+            mask,
+            dev.attr.max_srq_wr,
+            dev.profile.switches().queue_sizing,
+        )
     }
 
     fn query(&self) -> Result<SrqAttr> {
@@ -65,6 +71,20 @@ impl SharedReceiveQueue for SimSrq {
 
     fn handle(&self) -> u32 {
         self.srq.handle()
+    }
+}
+
+impl SimSrq {
+    /// The attributes `ibv_create_srq` hands back for an SRQ created with `asked`: what it
+    /// holds, except where the profile's device does not write its rounding back (rxe,
+    /// whose `ibv_query_srq` reports it all the same; `Switches::queue_sizing`).
+    pub fn created_attr(&self, asked: &SrqAttr) -> SrqAttr {
+        let held = self.srq.query();
+        let sizing = self.pd.dev.profile.switches().queue_sizing;
+        SrqAttr {
+            max_wr: sizing.srq_created_max_wr(asked.max_wr, held.max_wr),
+            ..held
+        }
     }
 }
 

@@ -5,8 +5,9 @@
 use std::time::Duration;
 
 use verbs_api::{
-    AccessFlags as A, Backend, CompletionChannel, CompletionQueue, Endpoint, MemoryRegion, QpAttr,
-    QpAttrMask as M, QpState, QueuePair, SendWr, WcStatus, WorkCompletion,
+    AccessFlags as A, Backend, CompletionChannel, CompletionQueue, Context, Endpoint, MemoryRegion,
+    ProtectionDomain, QpAttr, QpAttrMask as M, QpCap, QpInitAttr, QpState, QpType, QueuePair, SendWr,
+    SharedReceiveQueue, SrqAttr, SrqAttrMask, WcStatus, WorkCompletion,
 };
 
 use super::case;
@@ -31,6 +32,13 @@ pub fn list<B: Backend>() -> Vec<Case<B>> {
             "retry_cnt 7 towards a QP that never answers: RETRY_EXC_ERR after seven retries (IBA), or retried for ever (rxe)",
             "IBA 9.7.5.2.8; rxe_comp.c COMPST_ERROR_RETRY",
             retry_cnt_7
+        ),
+        case!(
+            "profile.queue-sizes",
+            "CQs, send and receive queues and SRQs asked for n hold 2^k - 1 >= n (rxe: every queue; mlx5: CQs), or n (portable)",
+            "man ibv_create_cq, man ibv_create_qp (at least what was asked); rxe_queue.c rxe_queue_init(); rdma-core providers/mlx5/verbs.c create_cq()",
+            queue_sizes,
+            requires [Srq, SrqResize]
         ),
     ]
 }
@@ -199,5 +207,65 @@ fn retry_cnt_7<B: Backend>(env: &Env<B>) -> CaseResult {
         env.observe("retry_cnt 7, no answer", format_args!("{:?}", wc.status));
         ensure_eq!(wc.status, WcStatus::RetryExcErr, "the WRITE after seven retries");
     }
+    Ok(Outcome::Pass)
+}
+
+/// 2^k - 1 >= n: a ring of a power of two slots, one kept empty.
+fn ring(n: u32) -> u32 {
+    (n + 1).next_power_of_two() - 1
+}
+
+fn queue_sizes<B: Backend>(env: &Env<B>) -> CaseResult {
+    let (rounds_cqs, rounds_all) = match env.profile {
+        Profile::Rxe => (true, true),
+        Profile::Mlx5 => (true, false),
+        Profile::Portable => (false, false),
+    };
+    let expect = |rounds: bool, n: u32| if rounds { ring(n) } else { n };
+    for asked in [1, 4, 100] {
+        let cq = env.ctx.create_cq(asked, None)?;
+        env.observe(format!("cqe of a CQ asked for {asked}"), cq.capacity());
+        ensure_eq!(
+            cq.capacity(),
+            expect(rounds_cqs, asked),
+            "cqe of a CQ asked for {asked}"
+        );
+        cq.resize(asked * 2 + 1)?;
+        env.observe(format!("cqe after a resize to {}", asked * 2 + 1), cq.capacity());
+        ensure_eq!(
+            cq.capacity(),
+            expect(rounds_cqs, asked * 2 + 1),
+            "cqe after a resize to {}",
+            asked * 2 + 1
+        );
+    }
+    let pd = env.ctx.alloc_pd()?;
+    let cq = env.ctx.create_cq(16, None)?;
+    let asked = QpCap {
+        max_send_wr: 16,
+        max_recv_wr: 4,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let qp = pd.create_qp(&QpInitAttr::new(QpType::Rc, &cq, &cq, asked))?;
+    let cap = qp.query()?.cap;
+    env.observe(
+        "ibv_query_qp cap of a QP asked for 16 sends and 4 receives",
+        format_args!("{}/{}", cap.max_send_wr, cap.max_recv_wr),
+    );
+    ensure_eq!(
+        (cap.max_send_wr, cap.max_recv_wr),
+        (expect(rounds_all, 16), expect(rounds_all, 4)),
+        "send and receive queue sizes"
+    );
+    let srq = pd.create_srq(&SrqAttr::new(100, 1))?;
+    let held = srq.query()?.max_wr;
+    env.observe("ibv_query_srq max_wr of an SRQ asked for 100", held);
+    ensure_eq!(held, expect(rounds_all, 100), "SRQ size");
+    srq.modify(&SrqAttr::new(201, 1), SrqAttrMask::MAX_WR)?;
+    let held = srq.query()?.max_wr;
+    env.observe("ibv_query_srq max_wr after a resize to 201", held);
+    ensure_eq!(held, expect(rounds_all, 201), "SRQ size after the resize");
     Ok(Outcome::Pass)
 }

@@ -43,17 +43,6 @@ fn pieces(len: u32, mtu: u32) -> impl Iterator<Item = Range<u32>> {
     (0..n).map(move |i| i * mtu..((i + 1) * mtu).min(len))
 }
 
-/// The opcode of packet `i` of `n` of an operation whose First, Middle, Last and Only
-/// opcodes are given.
-fn position(i: u32, n: u32, [first, middle, last, only]: [u8; 4]) -> u8 {
-    match (i, n) {
-        (_, 1) => only,
-        (0, _) => first,
-        (i, n) if i + 1 == n => last,
-        _ => middle,
-    }
-}
-
 /// The packets of `frame`, or none for frames that are not RoCE traffic (setup, link,
 /// verification and rdma_cm rendezvous frames of the sim's own).
 pub fn segments(frame: &Frame, cx: &Context) -> Vec<Segment> {
@@ -66,63 +55,6 @@ pub fn segments(frame: &Frame, cx: &Context) -> Vec<Segment> {
         })
     };
     match *frame {
-        Frame::Send {
-            psn,
-            len,
-            imm,
-            solicited,
-            ack_req,
-            inv,
-        } => {
-            let ops = match (imm, inv) {
-                (Some(_), _) => [
-                    op::SEND_FIRST,
-                    op::SEND_MIDDLE,
-                    op::SEND_LAST_IMM,
-                    op::SEND_ONLY_IMM,
-                ],
-                (None, Some(_)) => [
-                    op::SEND_FIRST,
-                    op::SEND_MIDDLE,
-                    op::SEND_LAST_INV,
-                    op::SEND_ONLY_INV,
-                ],
-                (None, None) => [op::SEND_FIRST, op::SEND_MIDDLE, op::SEND_LAST, op::SEND_ONLY],
-            };
-            let last = Last {
-                imm,
-                inv,
-                solicited,
-                ack_req,
-            };
-            data(cx, psn, len, ops, None, last)
-        }
-        Frame::Write {
-            psn,
-            len,
-            addr,
-            rkey,
-            imm,
-            solicited,
-            ack_req,
-        } => {
-            let ops = match imm {
-                Some(_) => [
-                    op::WRITE_FIRST,
-                    op::WRITE_MIDDLE,
-                    op::WRITE_LAST_IMM,
-                    op::WRITE_ONLY_IMM,
-                ],
-                None => [op::WRITE_FIRST, op::WRITE_MIDDLE, op::WRITE_LAST, op::WRITE_ONLY],
-            };
-            let last = Last {
-                imm,
-                inv: None,
-                solicited,
-                ack_req,
-            };
-            data(cx, psn, len, ops, Some(Reth { addr, rkey, len }), last)
-        }
         Frame::Read {
             psn, len, addr, rkey, ..
         } => {
@@ -134,22 +66,9 @@ pub fn segments(frame: &Frame, cx: &Context) -> Vec<Segment> {
                 payload: 0..0,
             }]
         }
-        Frame::ReadResp { psn, len } => {
-            let ops = [
-                op::READ_RESPONSE_FIRST,
-                op::READ_RESPONSE_MIDDLE,
-                op::READ_RESPONSE_LAST,
-                op::READ_RESPONSE_ONLY,
-            ];
-            message(len, cx.mtu, |i, n| {
-                let mut h = new(position(i, n, ops), psn::add(psn, i));
-                if i == 0 || i + 1 == n {
-                    h.aeth = aeth(ack_syndrome());
-                }
-                h
-            })
+        Frame::Send { .. } | Frame::Write { .. } | Frame::ReadResp { .. } | Frame::Part { .. } => {
+            message_packets(frame, cx)
         }
-        Frame::Part { .. } => part(frame, cx),
         Frame::CmpSwap {
             psn,
             addr,
@@ -218,29 +137,48 @@ pub fn segments(frame: &Frame, cx: &Context) -> Vec<Segment> {
     }
 }
 
-/// The packets of a [`Frame::Part`]: FIRST on the message's first packet, LAST on its
-/// last, MIDDLE between; the RETH (of the whole message's length) on a WRITE's first,
-/// the AETH on a READ response's first and last, [`Last`] on a SEND's or WRITE's last.
-fn part(frame: &Frame, cx: &Context) -> Vec<Segment> {
+/// The packets of a SEND, a WRITE, a READ response or a [`Frame::Part`] of one, read
+/// through [`Frame::packets`]: ONLY for a message of one packet, else FIRST on the
+/// message's first packet, LAST on its last, MIDDLE between; the RETH (of the whole
+/// message's length) on a WRITE's first, the AETH on a READ response's first and last,
+/// the immediate data, IETH, solicited event and AckReq on a SEND's or WRITE's last.
+fn message_packets(frame: &Frame, cx: &Context) -> Vec<Segment> {
     let Some(p) = frame.packets() else {
         return Vec::new();
     };
     let ops = match (p.kind, p.imm, p.inv) {
-        (PartKind::Send, Some(_), _) => [op::SEND_FIRST, op::SEND_MIDDLE, op::SEND_LAST_IMM],
-        (PartKind::Send, None, Some(_)) => [op::SEND_FIRST, op::SEND_MIDDLE, op::SEND_LAST_INV],
-        (PartKind::Send, None, None) => [op::SEND_FIRST, op::SEND_MIDDLE, op::SEND_LAST],
-        (PartKind::Write, Some(_), _) => [op::WRITE_FIRST, op::WRITE_MIDDLE, op::WRITE_LAST_IMM],
-        (PartKind::Write, None, _) => [op::WRITE_FIRST, op::WRITE_MIDDLE, op::WRITE_LAST],
+        (PartKind::Send, Some(_), _) => [
+            op::SEND_FIRST,
+            op::SEND_MIDDLE,
+            op::SEND_LAST_IMM,
+            op::SEND_ONLY_IMM,
+        ],
+        (PartKind::Send, None, Some(_)) => [
+            op::SEND_FIRST,
+            op::SEND_MIDDLE,
+            op::SEND_LAST_INV,
+            op::SEND_ONLY_INV,
+        ],
+        (PartKind::Send, None, None) => [op::SEND_FIRST, op::SEND_MIDDLE, op::SEND_LAST, op::SEND_ONLY],
+        (PartKind::Write, Some(_), _) => [
+            op::WRITE_FIRST,
+            op::WRITE_MIDDLE,
+            op::WRITE_LAST_IMM,
+            op::WRITE_ONLY_IMM,
+        ],
+        (PartKind::Write, None, _) => [op::WRITE_FIRST, op::WRITE_MIDDLE, op::WRITE_LAST, op::WRITE_ONLY],
         (PartKind::ReadResp, ..) => [
             op::READ_RESPONSE_FIRST,
             op::READ_RESPONSE_MIDDLE,
             op::READ_RESPONSE_LAST,
+            op::READ_RESPONSE_ONLY,
         ],
     };
     message(p.len, cx.mtu, |i, n| {
         let (is_first, is_last) = (p.first && i == 0, p.last && i + 1 == n);
         let opcode = match (is_first, is_last) {
-            (true, _) => ops[0],
+            (true, true) => ops[3],
+            (true, false) => ops[0],
             (false, true) => ops[2],
             (false, false) => ops[1],
         };
@@ -266,33 +204,6 @@ fn part(frame: &Frame, cx: &Context) -> Vec<Segment> {
             h.ieth = p.inv;
             h.bth.solicited = p.solicited;
             h.bth.ack_req = p.ack_req;
-        }
-        h
-    })
-}
-
-/// What the last packet of a SEND or WRITE carries.
-struct Last {
-    imm: Option<u32>,
-    /// SEND with Invalidate: the IETH's rkey.
-    inv: Option<u32>,
-    solicited: bool,
-    ack_req: bool,
-}
-
-/// The packets of a SEND or WRITE: the RETH (WRITE) on the first, [`Last`] on the last.
-fn data(cx: &Context, psn: u32, len: u32, ops: [u8; 4], reth: Option<Reth>, last: Last) -> Vec<Segment> {
-    message(len, cx.mtu, |i, n| {
-        let opcode = cx.transport.base() | position(i, n, ops);
-        let mut h = Headers::new(opcode, cx.dst_qpn, psn::add(psn, i));
-        if i == 0 {
-            h.reth = reth;
-        }
-        if i + 1 == n {
-            h.imm = last.imm;
-            h.ieth = last.inv;
-            h.bth.solicited = last.solicited;
-            h.bth.ack_req = last.ack_req;
         }
         h
     })

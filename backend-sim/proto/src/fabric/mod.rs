@@ -9,8 +9,8 @@
 //! or late, the way a real fabric exercises an HCA.
 //!
 //! Every decision is a hash of the seed and what is decided: the direction, the frame's
-//! opcode and PSN, and how many times that frame was sent before ([`faults`]), not the
-//! order of draws. Removing one fault (or changing the workload after some point) leaves
+//! opcode and PSN, and how many times that frame was sent before
+//! ([`faults::network`](crate::faults::network)), not the order of draws. Removing one fault (or changing the workload after some point) leaves
 //! the other decisions as they were, and the same seed with the same workload gives the
 //! same run: [`Fabric::trace`] hashes every delivery and every completion, so two runs
 //! compare in one number. [`workload`] drives a seeded mix of SENDs, WRITEs, READs and
@@ -33,7 +33,6 @@
 //! packet inside a message is lost, duplicated or overtaken on its own.
 
 mod end;
-pub mod faults;
 pub mod net;
 pub mod port;
 pub mod schedule;
@@ -50,8 +49,8 @@ use std::time::Duration;
 
 use crate::wire::Frame;
 
+pub use crate::faults::network::{Decision, FaultMix};
 pub use end::End;
-pub use faults::{Decision, FaultMix};
 pub use net::{Net, Sent, Stats, LOG_SETTING};
 pub use port::Port;
 pub use schedule::{Fault, FrameKey, Schedule, What};

@@ -20,9 +20,9 @@ use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
 
-use super::faults::{self, Decider, Decision, FaultMix};
 use super::schedule::{self, Fault, FrameKey, Schedule, What};
 use super::split;
+use crate::faults::network::{self, Decider, Decision, FaultMix};
 use crate::memory::MrTable;
 use crate::wire::Frame;
 
@@ -122,7 +122,7 @@ impl Net {
             now: Duration::ZERO,
             queue: BinaryHeap::new(),
             seq: 0,
-            trace: faults::FNV_OFFSET,
+            trace: network::FNV_OFFSET,
             stats: Stats::default(),
             log: std::env::var_os(LOG_SETTING).is_some(),
             lose_once: Vec::new(),
@@ -387,7 +387,7 @@ impl Net {
 
     /// Folds `bytes` into the trace.
     pub fn mix_trace(&mut self, bytes: &[u8]) {
-        self.trace = faults::fnv(self.trace, bytes);
+        self.trace = network::fnv(self.trace, bytes);
     }
 
     /// Folds a completion of end `end` into the trace (`recv`: of its receive queue).

@@ -13,6 +13,7 @@ use std::time::Instant;
 use verbs_api::QpState;
 
 use crate::connection::{AckPolicy, Connection};
+use crate::faults::ForcedRnr;
 use crate::memory::MrTable;
 use crate::qp::{Qp, Stop};
 use crate::tx::FrameTap;
@@ -22,7 +23,7 @@ pub struct Port {
     /// The QP: state machine, both halves, their completions.
     pub qp: Qp,
     conn: Connection,
-    force_rnr: u32,
+    forced_rnr: ForcedRnr,
     last_tx: Option<Instant>,
     last_rx: Option<Instant>,
 }
@@ -35,7 +36,7 @@ impl Port {
         Port {
             qp,
             conn: Connection::default(),
-            force_rnr: 0,
+            forced_rnr: ForcedRnr::NONE,
             last_tx: None,
             last_rx: None,
         }
@@ -96,7 +97,7 @@ impl Port {
             off += self.conn.reader.feed(&bytes[off..]);
             match self
                 .qp
-                .handle_frames(&mut self.conn, mrs, now, AckPolicy::Stream, &mut self.force_rnr)
+                .handle_frames(&mut self.conn, mrs, now, AckPolicy::Stream, &mut self.forced_rnr)
             {
                 Ok(()) if off >= bytes.len() => break,
                 Ok(()) => {}
@@ -114,7 +115,7 @@ impl Port {
         // Nothing is buffered now: this pass only sends the ACK owed (AckPolicy::Stream).
         match self
             .qp
-            .handle_frames(&mut self.conn, mrs, now, AckPolicy::Stream, &mut self.force_rnr)
+            .handle_frames(&mut self.conn, mrs, now, AckPolicy::Stream, &mut self.forced_rnr)
         {
             Ok(()) => Ok(()),
             Err(Stop::Fatal(_)) => {

@@ -1,5 +1,5 @@
 //! The schedule of a deterministic run: every fault the network applied, each keyed as
-//! the seed's [`Decider`](super::faults::Decider) keys its decisions (link, opcode, PSN,
+//! the seed's [`Decider`](crate::faults::network::Decider) keys its decisions (link, opcode, PSN,
 //! attempt), and the network that applies a given schedule instead of the seed's draws.
 //!
 //! A [`Net`](super::Net) that records ([`Net::record_faults`](super::Net::record_faults))
@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use rustc_hash::FxHashMap;
 
-use super::faults::Decision;
+use crate::faults::network::Decision;
 use crate::wire::Frame;
 
 /// Which sending of which frame a decision is about: the key the seed's decisions are

@@ -18,7 +18,8 @@ use std::time::Duration;
 
 use verbs_api::{AccessFlags, RecvWr, SendWr, Sge, WcOpcode, WcStatus};
 
-use super::{faults, Attrs, Fabric, FaultMix, Stats, PD};
+use super::{Attrs, Fabric, FaultMix, Stats, PD};
+use crate::faults::network;
 use crate::memory::{MrShared, Seg};
 use crate::requester::PostCheck;
 
@@ -101,7 +102,7 @@ struct Rng(u64);
 impl Rng {
     fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        faults::mix(self.0)
+        network::mix(self.0)
     }
     fn below(&mut self, n: u64) -> u64 {
         self.next() % n

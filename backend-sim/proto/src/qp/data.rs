@@ -11,6 +11,7 @@ use verbs_api::{RecvWr, SendWr, WcStatus};
 use super::{receives_in, Qp};
 use crate::connection::{AckPolicy, Connection};
 use crate::engine::{Sides, Stop};
+use crate::faults::ForcedRnr;
 use crate::memory::MrTable;
 use crate::recv_queue::PostRecvError;
 use crate::requester::ud::Emitted;
@@ -80,8 +81,8 @@ impl Qp {
 
     /// The frames buffered in `conn` at `now`: requests to the responder (dropped
     /// silently in a state that does not receive), responses to the requester; their
-    /// answers are queued in `conn`, ACKs as `policy` says. `force_rnr`: fault
-    /// injection's count of requests still to be answered with RNR. A [`Stop::Fatal`]
+    /// answers are queued in `conn`, ACKs as `policy` says. `forced_rnr`: fault
+    /// injection's RNR for requests that consume a receive. A [`Stop::Fatal`]
     /// means the QP goes to ERR: call again afterwards to keep the stream in sync.
     #[inline]
     pub fn handle_frames(
@@ -90,9 +91,9 @@ impl Qp {
         mrs: &MrTable,
         now: Instant,
         policy: AckPolicy,
-        force_rnr: &mut u32,
+        forced_rnr: &mut ForcedRnr,
     ) -> Result<(), Stop> {
-        conn.receive(&mut self.sides(force_rnr), mrs, now, policy)
+        conn.receive(&mut self.sides(forced_rnr), mrs, now, policy)
     }
 
     /// Turns the send queue's WQEs into frames queued in `conn` (as many as
@@ -106,14 +107,14 @@ impl Qp {
 
     /// The two halves as one connection's frames drive them (`engine::drive`), for a
     /// harness that feeds the engine itself.
-    pub(crate) fn sides<'a>(&'a mut self, force_rnr: &'a mut u32) -> Sides<'a> {
+    pub(crate) fn sides<'a>(&'a mut self, forced_rnr: &'a mut ForcedRnr) -> Sides<'a> {
         Sides {
             accepting: receives_in(self.state),
             req: Some(&mut self.req),
             resp: Some(&mut self.resp),
             send_wc: &mut self.send_wc,
             recv_wc: &mut self.recv_wc,
-            force_rnr,
+            forced_rnr,
         }
     }
 

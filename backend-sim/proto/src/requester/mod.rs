@@ -44,9 +44,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use verbs_api::timers::{rnr_timer, RNR_RETRY_INFINITE};
-use verbs_api::{SendFlags, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion, WrOp};
+use verbs_api::{QpType, SendFlags, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion, WrOp};
 
 use crate::memory::{LocalAccessError, MrTable, Seg};
+use crate::opcode_table;
 use crate::psn;
 
 /// The most PSNs a requester has outstanding (from the oldest unacknowledged to the
@@ -165,9 +166,11 @@ impl SendWqe {
     }
 
     fn completion(&self, qpn: u32, status: WcStatus) -> WorkCompletion {
-        let byte_len = match self.op {
-            WrOp::AtomicCmpAndSwp { .. } | WrOp::AtomicFetchAndAdd { .. } => 8,
-            _ => self.len as u32,
+        // An atomic's completion counts the 8 bytes of the original value it returns.
+        let byte_len = if opcode_table::row(self.op.opcode()).atomic_eth {
+            8
+        } else {
+            self.len as u32
         };
         WorkCompletion {
             wr_id: self.wr_id,

@@ -154,10 +154,8 @@ impl Requester {
         if data.sges(wr) > self.max_sge as usize {
             return Err(PostCheck::TooManySge);
         }
-        if self.uc
-            && self.sw.opcode_checked_at_post
-            && (matches!(wr.op, WrOp::RdmaRead { .. }) || wr.op.is_atomic())
-        {
+        let row = opcode_table::row(wr.op.opcode());
+        if self.uc && self.sw.opcode_checked_at_post && !row.allowed_on(QpType::Uc) {
             return Err(PostCheck::NotUc);
         }
         if let WrOp::AtomicCmpAndSwp { remote, .. } | WrOp::AtomicFetchAndAdd { remote, .. } = wr.op {
@@ -173,7 +171,7 @@ impl Requester {
         w.inline_data.clear();
         w.bind = None;
         if inline {
-            if matches!(wr.op, WrOp::RdmaRead { .. }) || wr.op.is_atomic() || wr.op.is_local() {
+            if !row.gathers {
                 self.spare.push(w);
                 return Err(PostCheck::InlineNotAllowed);
             }

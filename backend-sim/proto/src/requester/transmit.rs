@@ -194,7 +194,7 @@ impl Requester {
         if w.len > self.max_msg {
             return Err(WcStatus::LocLenErr);
         }
-        if self.uc && w.op.is_read_or_atomic() {
+        if self.uc && !opcode_table::row(w.op.opcode()).allowed_on(QpType::Uc) {
             // Accepted at post (`Switches::opcode_checked_at_post` off, as on rxe): UC
             // has no such operation, so it fails as it starts.
             return Err(WcStatus::LocQpOpErr);

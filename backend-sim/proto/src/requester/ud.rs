@@ -31,10 +31,11 @@
 
 use std::net::SocketAddr;
 
-use verbs_api::{SendWr, WcStatus, WrOp};
+use verbs_api::{QpType, SendWr, WcStatus};
 
 use super::{gather_status, Fatal, PostCheck, Requester};
 use crate::memory::MrTable;
+use crate::opcode_table;
 use crate::wire::{Frame, Grh, MAX_HDR_LEN};
 
 /// Where a UD send goes: the address handle's destination, resolved by the driver, and
@@ -88,7 +89,7 @@ impl Requester {
         if !self.ud {
             return Err(PostCheck::UdDestination);
         }
-        if self.sw.opcode_checked_at_post && !matches!(wr.op, WrOp::Send | WrOp::SendWithImm { .. }) {
+        if self.sw.opcode_checked_at_post && !opcode_table::row(wr.op.opcode()).allowed_on(QpType::Ud) {
             return Err(PostCheck::NotUd);
         }
         self.post_from(wr, mrs, Some(route), pieces)
@@ -133,7 +134,7 @@ impl Requester {
             w.status = Some(WcStatus::LocQpOpErr);
             return Err(Fatal(WcStatus::LocQpOpErr));
         };
-        if !matches!(w.op, WrOp::Send | WrOp::SendWithImm { .. }) {
+        if !opcode_table::row(w.op.opcode()).allowed_on(QpType::Ud) {
             // Accepted at post (`Switches::opcode_checked_at_post` off, as on rxe): UD
             // sends nothing else, so it fails as it starts.
             w.status = Some(WcStatus::LocQpOpErr);

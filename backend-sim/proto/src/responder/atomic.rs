@@ -5,10 +5,11 @@
 
 use std::sync::atomic::Ordering;
 
-use verbs_api::AccessFlags;
+use verbs_api::WrOpcode;
 
 use super::{reason_of, Incoming, Responder};
 use crate::memory::MrTable;
+use crate::opcode_table;
 use crate::psn;
 use crate::requester::Fatal;
 use crate::tx::TxQueue;
@@ -42,7 +43,13 @@ impl Responder {
         if let Some(reason) = self.rd_atomic_resources(inflight) {
             return self.refuse(psn, op, reason, rkey, addr, 8, tx);
         }
-        let seg = match mrs.resolve_remote(&self.target(), rkey, addr, 8, AccessFlags::REMOTE_ATOMIC) {
+        let seg = match mrs.resolve_remote(
+            &self.target(),
+            rkey,
+            addr,
+            8,
+            opcode_table::row(WrOpcode::AtomicCmpAndSwp).access,
+        ) {
             Ok(Some(s)) => s,
             Ok(None) => unreachable!("atomics always name 8 bytes"),
             Err(e) => return self.refuse(psn, op, reason_of(e), rkey, addr, 8, tx),

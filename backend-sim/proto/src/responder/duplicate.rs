@@ -2,10 +2,11 @@
 //! before. A SEND or WRITE is acknowledged again (by the next coalesced ACK), a READ is
 //! executed again, an atomic is answered with its saved result and not executed again.
 
-use verbs_api::AccessFlags;
+use verbs_api::WrOpcode;
 
 use super::{reason_of, Incoming, Responder};
 use crate::memory::MrTable;
+use crate::opcode_table;
 use crate::psn;
 use crate::tx::TxQueue;
 use crate::wire::{Frame, NakCode, NakReason};
@@ -38,7 +39,13 @@ impl Responder {
             Frame::Read {
                 psn, len, addr, rkey, ..
             } => {
-                match mrs.resolve_remote(&self.target(), rkey, addr, len as u64, AccessFlags::REMOTE_READ) {
+                match mrs.resolve_remote(
+                    &self.target(),
+                    rkey,
+                    addr,
+                    len as u64,
+                    opcode_table::row(WrOpcode::RdmaRead).access,
+                ) {
                     Ok(seg) => {
                         self.flush_ack(tx);
                         tx.push_reply(&Frame::ReadResp { psn, len }, self.msn);
@@ -79,6 +86,8 @@ impl Responder {
 
 #[cfg(test)]
 mod tests {
+    use verbs_api::AccessFlags;
+
     use super::super::tests::frames;
     use super::super::RespAttrs;
     use super::*;

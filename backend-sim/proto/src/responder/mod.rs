@@ -59,6 +59,7 @@ use std::sync::Arc;
 
 use verbs_api::{AccessFlags, AsyncElement, AsyncEvent, AsyncEventType, WcOpcode, WcStatus, WorkCompletion};
 
+use crate::faults::ForcedRnr;
 use crate::memory::{MrTable, Seg, Target};
 use crate::psn;
 use crate::recv_queue::{RecvQueue, RecvSource, RecvWqe, SharedRecvQueue};
@@ -319,31 +320,31 @@ impl Responder {
         tx: &mut TxQueue,
         out: &mut Vec<(WorkCompletion, bool)>,
     ) -> Result<Incoming, Fatal> {
-        self.on_request_rnr(frame, mrs, tx, out, &mut 0)
+        self.on_request_rnr(frame, mrs, tx, out, &mut ForcedRnr::default())
     }
 
-    /// [`Responder::on_request`], answering RNR to the next `force_rnr` SEND /
-    /// WRITE_WITH_IMM requests (counted down) whether or not receives are posted: the
-    /// driver's fault injection owns the count.
+    /// [`Responder::on_request`], answering RNR to the SEND and
+    /// WRITE_WITH_IMM requests `forced_rnr` refuses, whether or not receives are posted:
+    /// the driver's fault injection arms it.
     pub fn on_request_rnr(
         &mut self,
         frame: &Frame,
         mrs: &MrTable,
         tx: &mut TxQueue,
         out: &mut Vec<(WorkCompletion, bool)>,
-        force_rnr: &mut u32,
+        forced_rnr: &mut ForcedRnr,
     ) -> Result<Incoming, Fatal> {
         let Some(psn) = frame.psn().filter(|_| frame.is_request()) else {
             return Ok(Incoming::Discard);
         };
         if self.uc {
-            return self.on_uc_request(frame, psn, mrs, out, force_rnr);
+            return self.on_uc_request(frame, psn, mrs, out, forced_rnr);
         }
         let d = psn::diff(psn, self.epsn);
         if d < 0 && !self.planted_reexecution(frame) {
             if self.partial.is_some() && self.straddles(frame, psn) {
                 self.nak_psn = None;
-                return self.on_part(frame, psn, mrs, tx, out, force_rnr);
+                return self.on_part(frame, psn, mrs, tx, out, forced_rnr);
             }
             return Ok(self.duplicate(frame, mrs, tx));
         }
@@ -357,11 +358,11 @@ impl Responder {
         }
         self.nak_psn = None;
         if self.for_part(frame) {
-            return self.on_part(frame, psn, mrs, tx, out, force_rnr);
+            return self.on_part(frame, psn, mrs, tx, out, forced_rnr);
         }
         match *frame {
-            Frame::Send { .. } => self.on_send(frame, psn, mrs, tx, out, force_rnr),
-            Frame::Write { .. } => self.on_write(frame, psn, mrs, tx, out, force_rnr),
+            Frame::Send { .. } => self.on_send(frame, psn, mrs, tx, out, forced_rnr),
+            Frame::Write { .. } => self.on_write(frame, psn, mrs, tx, out, forced_rnr),
             Frame::Read { .. } => self.on_read(frame, psn, mrs, tx),
             Frame::CmpSwap { .. } | Frame::FetchAdd { .. } => self.on_atomic(frame, psn, mrs, tx),
             _ => Ok(Incoming::Discard),

@@ -12,6 +12,7 @@
 use verbs_api::WorkCompletion;
 
 use super::{Incoming, Responder};
+use crate::faults::ForcedRnr;
 use crate::memory::{MrTable, Seg};
 use crate::psn;
 use crate::requester::Fatal;
@@ -91,7 +92,7 @@ impl Responder {
         mrs: &MrTable,
         tx: &mut TxQueue,
         out: &mut Vec<(WorkCompletion, bool)>,
-        force_rnr: &mut u32,
+        forced_rnr: &mut ForcedRnr,
     ) -> Result<Incoming, Fatal> {
         let Some(c) = frame.packets().filter(|c| c.kind != PartKind::ReadResp) else {
             return self.out_of_sequence(psn, frame, tx);
@@ -102,7 +103,7 @@ impl Responder {
             if !c.first || c.last || !whole_packets {
                 return self.out_of_sequence(psn, frame, tx);
             }
-            return self.first_part(frame, psn, mrs, tx, out, force_rnr);
+            return self.first_part(frame, psn, mrs, tx, out, forced_rnr);
         };
         let off = psn::diff(psn, p.start);
         let at = (off.max(0) as usize).saturating_mul(mtu);
@@ -135,7 +136,7 @@ impl Responder {
         mrs: &MrTable,
         tx: &mut TxQueue,
         out: &mut Vec<(WorkCompletion, bool)>,
-        force_rnr: &mut u32,
+        forced_rnr: &mut ForcedRnr,
     ) -> Result<Incoming, Fatal> {
         let Frame::Part {
             len,
@@ -171,8 +172,8 @@ impl Responder {
             },
         };
         let r = match kind {
-            PartKind::Send => self.on_send(&whole, psn, mrs, tx, out, force_rnr),
-            _ => self.on_write(&whole, psn, mrs, tx, out, force_rnr),
+            PartKind::Send => self.on_send(&whole, psn, mrs, tx, out, forced_rnr),
+            _ => self.on_write(&whole, psn, mrs, tx, out, forced_rnr),
         };
         let Ok(Incoming::Sink(segs)) = r else {
             return r;

@@ -2,10 +2,11 @@
 //! (`max_dest_rd_atomic`, shared with the atomics), the remote access check, and the READ
 //! response, which carries the region's bytes.
 
-use verbs_api::AccessFlags;
+use verbs_api::WrOpcode;
 
 use super::{reason_of, Incoming, Responder};
 use crate::memory::MrTable;
+use crate::opcode_table;
 use crate::psn;
 use crate::requester::Fatal;
 use crate::tx::TxQueue;
@@ -35,7 +36,13 @@ impl Responder {
         if let Some(reason) = self.rd_atomic_resources(inflight) {
             return self.refuse(psn, "READ", reason, rkey, addr, len as u64, tx);
         }
-        let seg = match mrs.resolve_remote(&self.target(), rkey, addr, len as u64, AccessFlags::REMOTE_READ) {
+        let seg = match mrs.resolve_remote(
+            &self.target(),
+            rkey,
+            addr,
+            len as u64,
+            opcode_table::row(WrOpcode::RdmaRead).access,
+        ) {
             Ok(s) => s,
             Err(e) => return self.refuse(psn, "READ", reason_of(e), rkey, addr, len as u64, tx),
         };
@@ -67,7 +74,7 @@ impl Responder {
 
 #[cfg(test)]
 mod tests {
-    use verbs_api::{AsyncElement, AsyncEventType, WcStatus};
+    use verbs_api::{AccessFlags, AsyncElement, AsyncEventType, WcStatus};
 
     use super::super::tests::frames;
     use super::super::RespAttrs;

@@ -6,6 +6,7 @@
 use verbs_api::{AsyncElement, AsyncEventType, WcStatus};
 
 use super::{Incoming, Responder};
+use crate::faults::ForcedRnr;
 use crate::memory::RemoteAccessError;
 use crate::requester::Fatal;
 use crate::tx::TxQueue;
@@ -27,12 +28,16 @@ impl Responder {
     }
 
     /// Takes the receive a SEND or WRITE_WITH_IMM `psn` consumes; `false`: there was none
-    /// (or fault injection forces an RNR for the next `force_rnr` of them, counted down),
+    /// (or fault injection's [`ForcedRnr`] refuses it),
     /// and the request is answered with an RNR NAK of this QP's timer: requests are
     /// dropped until it is resent.
-    pub(super) fn take_recv_or_rnr(&mut self, psn: u32, tx: &mut TxQueue, force_rnr: &mut u32) -> bool {
-        if *force_rnr > 0 {
-            *force_rnr -= 1;
+    pub(super) fn take_recv_or_rnr(
+        &mut self,
+        psn: u32,
+        tx: &mut TxQueue,
+        forced_rnr: &mut ForcedRnr,
+    ) -> bool {
+        if forced_rnr.fire() {
             tx.mark_next(FORCED_RNR);
         } else if self.take_recv() {
             return true;

@@ -6,6 +6,7 @@ use verbs_api::{WcOpcode, WcStatus, WorkCompletion};
 
 use super::place::{Fill, Unplaced};
 use super::{Incoming, Responder};
+use crate::faults::ForcedRnr;
 use crate::memory::MrTable;
 use crate::psn;
 use crate::requester::Fatal;
@@ -21,7 +22,7 @@ impl Responder {
         mrs: &MrTable,
         tx: &mut TxQueue,
         out: &mut Vec<(WorkCompletion, bool)>,
-        force_rnr: &mut u32,
+        forced_rnr: &mut ForcedRnr,
     ) -> Result<Incoming, Fatal> {
         let Frame::Send {
             len,
@@ -33,7 +34,7 @@ impl Responder {
         else {
             return Ok(Incoming::Discard);
         };
-        if !self.take_recv_or_rnr(psn, tx, force_rnr) {
+        if !self.take_recv_or_rnr(psn, tx, forced_rnr) {
             return Ok(Incoming::Discard);
         }
         let segs = match self.place(len as u64, mrs, out) {

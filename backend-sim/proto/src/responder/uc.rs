@@ -38,11 +38,13 @@
 //! message that arrives starts anew, as a FIRST or ONLY packet re-synchronises a UC
 //! responder (IBA; rxe's `check_psn()`), and the gap is counted.
 
-use verbs_api::{AccessFlags, WcOpcode, WcStatus, WorkCompletion};
+use verbs_api::{WcOpcode, WcStatus, WorkCompletion, WrOpcode};
 
 use super::place::{Fill, Unplaced};
 use super::{reason_of, Incoming, Responder, Taken};
+use crate::faults::ForcedRnr;
 use crate::memory::MrTable;
+use crate::opcode_table;
 use crate::psn;
 use crate::requester::Fatal;
 use crate::wire::Frame;
@@ -56,9 +58,9 @@ impl Responder {
         psn: u32,
         mrs: &MrTable,
         out: &mut Vec<(WorkCompletion, bool)>,
-        force_rnr: &mut u32,
+        forced_rnr: &mut ForcedRnr,
     ) -> Result<Incoming, Fatal> {
-        let r = self.uc_execute(frame, psn, mrs, out, force_rnr);
+        let r = self.uc_execute(frame, psn, mrs, out, forced_rnr);
         match r {
             Ok(Incoming::Sink(_)) => self.payload_ack_req = frame.ack_req(),
             // (Acknowledged by its last packet's PSN, as an ACK covers a message.)
@@ -90,7 +92,7 @@ impl Responder {
         psn: u32,
         mrs: &MrTable,
         out: &mut Vec<(WorkCompletion, bool)>,
-        force_rnr: &mut u32,
+        forced_rnr: &mut ForcedRnr,
     ) -> Result<Incoming, Fatal> {
         if psn != self.epsn {
             self.uc_gaps += 1;
@@ -114,8 +116,7 @@ impl Responder {
                 solicited,
                 ..
             } => {
-                if *force_rnr > 0 {
-                    *force_rnr -= 1;
+                if forced_rnr.fire() {
                     return Ok(self.uc_drop(psn, "SEND", "fault injection forced RNR"));
                 }
                 if !self.take_recv() {
@@ -151,16 +152,20 @@ impl Responder {
                 ..
             } => {
                 if imm.is_some() {
-                    if *force_rnr > 0 {
-                        *force_rnr -= 1;
+                    if forced_rnr.fire() {
                         return Ok(self.uc_drop(psn, "WRITE_WITH_IMM", "fault injection forced RNR"));
                     }
                     if !self.take_recv() {
                         return Ok(self.uc_drop(psn, "WRITE_WITH_IMM", "no receive posted"));
                     }
                 }
-                let check =
-                    mrs.resolve_remote(&self.target(), rkey, addr, len as u64, AccessFlags::REMOTE_WRITE);
+                let check = mrs.resolve_remote(
+                    &self.target(),
+                    rkey,
+                    addr,
+                    len as u64,
+                    opcode_table::row(WrOpcode::RdmaWrite).access,
+                );
                 let seg = match check {
                     Ok(s) => s,
                     Err(e) => {

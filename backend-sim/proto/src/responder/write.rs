@@ -2,10 +2,12 @@
 //! then its payload goes straight to the region; with an immediate it consumes a receive
 //! first (an RNR NAK without one).
 
-use verbs_api::{AccessFlags, WorkCompletion};
+use verbs_api::{WorkCompletion, WrOpcode};
 
 use super::{reason_of, Incoming, Responder};
+use crate::faults::ForcedRnr;
 use crate::memory::MrTable;
+use crate::opcode_table;
 use crate::psn;
 use crate::requester::Fatal;
 use crate::tx::TxQueue;
@@ -20,7 +22,7 @@ impl Responder {
         mrs: &MrTable,
         tx: &mut TxQueue,
         out: &mut Vec<(WorkCompletion, bool)>,
-        force_rnr: &mut u32,
+        forced_rnr: &mut ForcedRnr,
     ) -> Result<Incoming, Fatal> {
         let Frame::Write {
             len,
@@ -38,11 +40,16 @@ impl Responder {
         // now (an SRQ's last one could go to another QP between a look and a
         // take); if the rkey check fails it completes in error
         // (`Switches::write_imm_bad_rkey`).
-        if imm.is_some() && !self.take_recv_or_rnr(psn, tx, force_rnr) {
+        if imm.is_some() && !self.take_recv_or_rnr(psn, tx, forced_rnr) {
             return Ok(Incoming::Discard);
         }
-        let seg = match mrs.resolve_remote(&self.target(), rkey, addr, len as u64, AccessFlags::REMOTE_WRITE)
-        {
+        let seg = match mrs.resolve_remote(
+            &self.target(),
+            rkey,
+            addr,
+            len as u64,
+            opcode_table::row(WrOpcode::RdmaWrite).access,
+        ) {
             Ok(s) => s,
             Err(e) => {
                 let reason = reason_of(e);
@@ -65,7 +72,7 @@ impl Responder {
 
 #[cfg(test)]
 mod tests {
-    use verbs_api::{AsyncElement, AsyncEventType, WcStatus};
+    use verbs_api::{AccessFlags, AsyncElement, AsyncEventType, WcStatus};
 
     use super::super::RespAttrs;
     use super::*;

@@ -68,7 +68,7 @@ pub struct Decision {
     pub duplicate_after: Option<Duration>,
     /// The connection breaks as this frame is sent.
     pub reset: bool,
-    /// The frame is cut into its packets ([`super::split`]), if it has several.
+    /// The frame is cut into its packets ([`split`](crate::fabric)), if it has several.
     pub split: bool,
 }
 
@@ -105,7 +105,7 @@ impl Decider {
     }
 
     /// What happens to the `attempt`-th sending of the frame `opcode`/`psn` on `link`
-    /// (one direction of one connection, see [`super::net`]).
+    /// (one direction of one connection, see [`net`](crate::fabric::net)).
     pub fn frame(&self, m: &FaultMix, link: u64, opcode: u8, psn: u32, attempt: u32) -> Decision {
         let id = [
             link,

@@ -1,9 +1,11 @@
 //! What fault injection has armed and counted: the data the fault layer of the data path
 //! reads (a QP's armed faults, under its lock; the device's counters). The API that arms
-//! them is [`faults`](crate::faults).
+//! them is [`faults`](crate::faults), this module's parent.
 
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
+
+use backend_sim_proto::faults::ForcedRnr;
 
 /// Where, in the next request a QP sends, its connection breaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,9 +29,9 @@ pub struct QpFaults {
     pub delay: Duration,
     /// Responses are held until this instant (set when a delayed response is queued).
     pub hold_until: Option<Instant>,
-    /// Answer RNR to this many more SEND / RDMA_WRITE_WITH_IMM requests, whether or not
-    /// receives are posted (the responder counts it down).
-    pub force_rnr: u32,
+    /// Answer RNR to the next SEND / RDMA_WRITE_WITH_IMM requests, whether or not
+    /// receives are posted (the responder fires it, one request at a time).
+    pub forced_rnr: ForcedRnr,
     /// Lose this many more of the QP's UD datagrams on the way (each WR completes
     /// successfully; nothing arrives).
     pub drop_datagrams: u32,

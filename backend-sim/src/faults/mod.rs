@@ -13,15 +13,18 @@
 //! bounded, and every signaled WR gets exactly one completion. A lost datagram is what
 //! UD allows: its WR completes successfully and nothing arrives.
 
+pub(crate) mod state;
+
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+use backend_sim_proto::faults::ForcedRnr;
 use verbs_api::{Error, Result};
 
 use crate::device::DeviceShared;
-pub use crate::fault_state::BreakPoint;
-use crate::fault_state::QpFaults;
+pub use crate::faults::state::BreakPoint;
+use crate::faults::state::QpFaults;
 use crate::progress::Progress;
 use crate::qp::QpShared;
 
@@ -141,7 +144,7 @@ impl Faults {
     /// them as if no receive were posted; a QP on an SRQ takes nothing from it).
     pub fn force_rnr(&self, qpn: u32, n: u32) -> Result<()> {
         let (qp, progress) = self.qp(qpn)?;
-        qp.inner.lock().faults.force_rnr = n;
+        qp.inner.lock().faults.forced_rnr = ForcedRnr::next(n);
         progress
             .counters
             .forced_rnr
