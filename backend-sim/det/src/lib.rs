@@ -89,8 +89,10 @@
 mod cq;
 pub mod harness;
 mod objects;
+mod paused;
 mod qp;
 mod refuse;
+pub mod rendezvous;
 pub mod shrink;
 mod world;
 
@@ -102,8 +104,10 @@ use verbs_api::{Backend, DeviceInfo, Error, Result};
 
 pub use cq::{DetChannel, DetCq};
 pub use objects::{DetContext, DetMr, DetPd};
+pub use paused::IDLE_WAIT;
 pub use qp::DetQp;
 pub use refuse::{DetAh, DetMw, DetSrq};
+pub use rendezvous::DetListener;
 pub use world::IDLE_POLLS;
 
 pub use backend_sim_proto::fabric::{Fault, FaultMix, FrameKey, Schedule, What};
