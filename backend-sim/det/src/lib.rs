@@ -268,9 +268,11 @@ impl Det {
         self.shared.lock_any().net.stats
     }
 
-    /// The virtual time since the world was made.
+    /// The virtual time since the world was made (inside the paused tokio runtime the
+    /// world is attached to, tokio's time: see [`IDLE_WAIT`]'s module).
     pub fn now(&self) -> Duration {
-        self.shared.lock_any().net.now()
+        let world = self.shared.lock_any().net.now();
+        self.shared.rt.virtual_now().map_or(world, |t| t.max(world))
     }
 
     /// Runs the world until nothing is left to happen (no frame in flight, no timer

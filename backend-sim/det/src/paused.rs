@@ -82,7 +82,7 @@ impl Runtime {
     }
 
     /// tokio's now as world time, when attached and called inside a runtime.
-    fn virtual_now(&self) -> Option<Duration> {
+    pub(crate) fn virtual_now(&self) -> Option<Duration> {
         let (at, base) = (*self.anchor.lock())?;
         Handle::try_current().ok()?;
         Some(base + Instant::now().saturating_duration_since(at))

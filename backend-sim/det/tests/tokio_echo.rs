@@ -321,3 +321,51 @@ fn the_rendezvous_refuses_as_cm_does() {
         assert_eq!(gone.0, libc::ECONNREFUSED, "{}", gone.1);
     });
 }
+
+/// The granularity of tokio's timers: a wait wakes at most this long after its event.
+const TICK: Duration = Duration::from_millis(1);
+
+#[test]
+fn a_wait_wakes_when_the_other_task_posts_not_at_its_idle_bound() {
+    let det = Det::builder().hosts(["client", "server"]).build();
+    let e = |x: verbs_api::Error| x.to_string();
+    let (sent, received) = paused_runtime()
+        .block_on(async {
+            let listener = det.listen("server", PORT).map_err(e)?;
+            let d = det.clone();
+            let server = tokio::spawn(async move {
+                let s = side(&d, "server").map_err(e)?;
+                post_receives(&s).map_err(e)?;
+                listener
+                    .accept(&s.ctx, &s.qp, &params(), &Offer::new())
+                    .await
+                    .map_err(e)?;
+                // Nothing is in flight now: this wait sleeps until the client posts.
+                ok("server receive", s.acq.completion(0).await)?;
+                Ok::<_, String>((d.now(), s))
+            });
+            let d = det.clone();
+            let client = tokio::spawn(async move {
+                let s = side(&d, "client").map_err(e)?;
+                d.connect("server", PORT, &s.ctx, &s.qp, &params(), &Offer::new())
+                    .await
+                    .map_err(e)?;
+                tokio::time::sleep(NAP).await;
+                let sent = d.now();
+                let sge = [s.mr.sge(0, 64).map_err(e)?];
+                ok("client send", s.acq.post_send(&s.qp, SendWr::send(1, &sge)).await)?;
+                Ok::<_, String>((sent, s))
+            });
+            let (r, s) = (
+                server.await.map_err(|j| j.to_string())??,
+                client.await.map_err(|j| j.to_string())??,
+            );
+            Ok::<_, String>((s.0, r.0))
+        })
+        .unwrap();
+    assert!(sent >= NAP, "sent at {sent:?}");
+    assert!(
+        received > sent && received <= sent + TICK,
+        "sent at {sent:?}, received at {received:?}"
+    );
+}
