@@ -120,7 +120,7 @@ pub use objects::{DetContext, DetMr, DetPd};
 pub use paused::IDLE_WAIT;
 pub use qp::DetQp;
 pub use refuse::{DetAh, DetMw, DetSrq};
-pub use rendezvous::DetListener;
+pub use rendezvous::{DetConnecting, DetListener};
 pub use world::IDLE_POLLS;
 
 pub use backend_sim_proto::fabric::{Fault, FaultMix, FrameKey, Schedule, What};

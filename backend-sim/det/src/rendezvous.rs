@@ -8,10 +8,16 @@
 //! As with cm, when either [`DetListener::accept`] or [`Det::connect`] returns, both QPs
 //! are in RTS; a QP in RESET is moved to INIT first, so receives may be posted before
 //! (after [`verbs_api::modify_to_init`]). Errors are cm's: no listener on the port is a
-//! refused connection (ECONNREFUSED), a port taken is EADDRINUSE, an unknown host
-//! EHOSTUNREACH, a peer that gives up ECONNRESET, a wait past the offer's timeout a
-//! timeout. Both calls run on a paused current_thread runtime, as every async wait of
-//! the world ([`crate::IDLE_WAIT`]); elsewhere they are refused, saying what to use.
+//! refused connection (ECONNREFUSED), a port taken is EADDRINUSE, listening on a host
+//! the world does not have EADDRNOTAVAIL, a peer that gives up ECONNRESET, a wait past
+//! the offer's timeout ETIMEDOUT. Both calls run on a paused current_thread runtime, as
+//! every async wait of the world ([`crate::IDLE_WAIT`]); elsewhere they are refused,
+//! saying what to use.
+//!
+//! Sync code in one thread takes the same exchange in turns, without tokio:
+//! [`Det::connect_start`] queues the client's request, [`DetListener::accept_now`]
+//! answers it (the server's QP in RTS) and [`DetConnecting::finish`] brings the client's
+//! QP up. A step out of turn fails with EAGAIN, saying which step comes first.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -169,21 +175,53 @@ impl Det {
         offer: &Offer,
     ) -> Result<Peer<()>> {
         attach(&self.shared, "Det::connect")?;
+        let mut c = self.request(host, port, ctx, qp, params, offer)?;
+        let to = c.to.clone();
+        let a = within(offer, "the server's answer to a det connection request", async {
+            (&mut c.answered).await.map_err(|_| refused(&to, UNANSWERED))
+        })
+        .await?;
+        c.come_up(a, qp, params)
+    }
+
+    /// The first of the two steps of a connection set up in one thread without tokio
+    /// (sync code): queues this side's request at the listener on `host`'s `port`,
+    /// which [`DetListener::accept_now`] answers; then [`DetConnecting::finish`] brings
+    /// `qp` to RTS. The steps are the in-memory `cm::connect`, taken in turn as a sync
+    /// client and server take theirs.
+    pub fn connect_start<C: Context, Q: QueuePair>(
+        &self,
+        host: &str,
+        port: u16,
+        ctx: &C,
+        qp: &Q,
+        params: &RcParams,
+        offer: &Offer,
+    ) -> Result<DetConnecting> {
+        self.request(host, port, ctx, qp, params, offer)
+    }
+
+    /// Sends the request of a connection to `host`'s `port`.
+    fn request<C: Context, Q: QueuePair>(
+        &self,
+        host: &str,
+        port: u16,
+        ctx: &C,
+        qp: &Q,
+        params: &RcParams,
+        offer: &Offer,
+    ) -> Result<DetConnecting> {
+        self.shared.check("rdma_connect")?;
         check_offer("connect", offer)?;
         let me = me(ctx, qp, params)?;
-        let refused = |why: &str| {
-            Error::cm(
-                "connect",
-                libc::ECONNREFUSED,
-                format!("connection to {host}:{port} refused: {why}"),
-            )
-        };
+        let to = format!("{host}:{port}");
         let tx = {
             let l = self.shared.rt.listeners.lock();
             match l.by_addr.get(&(host.to_string(), port)) {
                 Some(tx) => tx.clone(),
                 None => {
                     return Err(refused(
+                        &to,
                         "nothing listens there in this world (Det::listen on that host and port first)",
                     ))
                 }
@@ -194,18 +232,60 @@ impl Det {
             hello: hello(me, offer),
             answer,
         })
-        .map_err(|_| refused("the listener was dropped"))?;
-        let a = within(offer, "the server's answer to a det connection request", async {
-            answered
-                .await
-                .map_err(|_| refused("the listener was dropped before it accepted"))
-        })
-        .await?;
-        let up = bring_up(qp, params, &a.hello.endpoint, me.psn);
+        .map_err(|_| refused(&to, "the listener was dropped"))?;
+        Ok(DetConnecting { me, answered, to })
+    }
+}
+
+/// A client's connection request on its way ([`Det::connect_start`]).
+pub struct DetConnecting {
+    me: Endpoint,
+    answered: oneshot::Receiver<Answer>,
+    /// Where to: `host:port`.
+    to: String,
+}
+
+/// Why a connection whose listener went without answering failed.
+const UNANSWERED: &str = "the listener was dropped before it accepted";
+
+/// The refusal of a connection to `to`.
+fn refused(to: &str, why: &str) -> Error {
+    Error::cm(
+        "connect",
+        libc::ECONNREFUSED,
+        format!("connection to {to} refused: {why}"),
+    )
+}
+
+impl DetConnecting {
+    /// The second step: takes the server's answer (given by [`DetListener::accept_now`]
+    /// before) and brings `qp` to RTS towards the server's QP. With no answer yet it
+    /// fails (EAGAIN), saying to accept first; a listener dropped unanswered refuses.
+    pub fn finish<Q: QueuePair>(mut self, qp: &Q, params: &RcParams) -> Result<Peer<()>> {
+        match self.answered.try_recv() {
+            Ok(a) => self.come_up(a, qp, params),
+            Err(oneshot::error::TryRecvError::Empty) => Err(Error::cm(
+                "connect",
+                libc::EAGAIN,
+                "the server has not answered yet: call DetListener::accept_now before finish \
+                 (in one thread the server takes its step between the client's two)",
+            )),
+            Err(oneshot::error::TryRecvError::Closed) => Err(refused(&self.to, UNANSWERED)),
+        }
+    }
+
+    fn come_up<Q: QueuePair>(self, a: Answer, qp: &Q, params: &RcParams) -> Result<Peer<()>> {
+        let up = bring_up(qp, params, &a.hello.endpoint, self.me.psn);
         // The server waits for this; it fails too if this side could not come up.
         let _ = a.ready.send(up.as_ref().map(drop).map_err(ToString::to_string));
         up?;
-        Ok(peer(me, a.hello))
+        Ok(peer(self.me, a.hello))
+    }
+}
+
+impl std::fmt::Debug for DetConnecting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DetConnecting").field("me", &self.me).finish()
     }
 }
 
@@ -253,6 +333,47 @@ impl DetListener {
             }
         })
         .await
+    }
+}
+
+impl DetListener {
+    /// The server's step of a connection set up in one thread without tokio: takes the
+    /// request a [`Det::connect_start`] queued, answers it and brings `qp` to RTS
+    /// towards the client's QP, which comes up at [`DetConnecting::finish`]. With no
+    /// request queued it fails (EAGAIN), saying to start the client's first.
+    pub fn accept_now<C: Context, Q: QueuePair>(
+        &self,
+        ctx: &C,
+        qp: &Q,
+        params: &RcParams,
+        offer: &Offer,
+    ) -> Result<Peer<()>> {
+        self.shared.check("rdma_accept")?;
+        check_offer("accept", offer)?;
+        let none = || {
+            Error::cm(
+                "accept",
+                libc::EAGAIN,
+                "no connection request is queued: call Det::connect_start first (in one \
+                 thread the client asks before the server answers)",
+            )
+        };
+        let req = self
+            .requests
+            .try_lock()
+            .map_err(|_| none())?
+            .try_recv()
+            .map_err(|_| none())?;
+        let me = me(ctx, qp, params)?;
+        bring_up(qp, params, &req.hello.endpoint, me.psn)?;
+        let (ready, _) = oneshot::channel();
+        req.answer
+            .send(Answer {
+                hello: hello(me, offer),
+                ready,
+            })
+            .map_err(|_| Error::cm("accept", libc::ECONNRESET, "the client gave up before the answer"))?;
+        Ok(peer(me, req.hello))
     }
 }
 

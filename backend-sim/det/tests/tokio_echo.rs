@@ -369,3 +369,77 @@ fn a_wait_wakes_when_the_other_task_posts_not_at_its_idle_bound() {
         "sent at {sent:?}, received at {received:?}"
     );
 }
+
+/// A sync side (its context, PD, CQ, QP and region): no channel, a CQ polled in a loop.
+type SyncSide<B> = (
+    <B as Backend>::Context,
+    PdOf<B>,
+    verbs_api::CqOf<B>,
+    QpOf<B>,
+    MrOf<B>,
+);
+
+fn sync_side<B: Backend>(b: &B, host: &str) -> verbs_api::Result<SyncSide<B>> {
+    let ctx = b.open(host)?;
+    let pd = ctx.alloc_pd()?;
+    let cq = ctx.create_cq(16, None)?;
+    let cap = QpCap {
+        max_send_wr: 4,
+        max_recv_wr: 4,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let qp = pd.create_qp(&QpInitAttr::new(QpType::Rc, &cq, &cq, cap))?;
+    let mr = pd.reg_mr(SLOT, AccessFlags::ALL)?;
+    Ok((ctx, pd, cq, qp, mr))
+}
+
+#[test]
+fn the_two_step_rendezvous_connects_sync_code_in_one_thread() {
+    let det = stormy().seed(5).build();
+    let (cctx, _cpd, ccq, cqp, cmr) = sync_side(&det, "client").unwrap();
+    let (sctx, _spd, scq, sqp, smr) = sync_side(&det, "server").unwrap();
+    let listener = det.listen("server", PORT).unwrap();
+    let again = |e: verbs_api::Error| (e.errno(), e.to_string());
+    // The server's step before any request says what to do first.
+    let early = listener
+        .accept_now(&sctx, &sqp, &params(), &Offer::new())
+        .map_err(again)
+        .unwrap_err();
+    assert_eq!(early.0, libc::EAGAIN, "{}", early.1);
+    assert!(early.1.contains("connect_start"), "{}", early.1);
+    let c = det
+        .connect_start(
+            "server",
+            PORT,
+            &cctx,
+            &cqp,
+            &params(),
+            &Offer::new().private_data(*b"hi"),
+        )
+        .unwrap();
+    modify_to_init(&sqp, &params()).unwrap();
+    let sge = [smr.sge(0, SLOT).unwrap()];
+    sqp.post_recv(&[RecvWr::new(1, &sge)]).unwrap();
+    let at_server = listener
+        .accept_now(&sctx, &sqp, &params(), &Offer::new().mr(smr.remote()))
+        .unwrap();
+    assert_eq!(at_server.private_data, b"hi");
+    let at_client = c.finish(&cqp, &params()).unwrap();
+    assert_eq!((at_client.endpoint, at_client.mrs.len()), (at_server.local, 1));
+    assert_eq!(cqp.state().unwrap(), verbs_api::QpState::Rts);
+
+    // A sync polling loop (no tokio here): the poll moves the clock.
+    cmr.write(0, b"ping").unwrap();
+    let sge = [cmr.sge(0, 4).unwrap()];
+    cqp.post_send(&[SendWr::send(2, &sge).signaled()]).unwrap();
+    let mut wc = [WorkCompletion::default(); 1];
+    while scq.poll(&mut wc).unwrap() == 0 {}
+    assert_eq!(
+        (wc[0].wr_id, wc[0].status, wc[0].byte_len),
+        (1, WcStatus::Success, 4)
+    );
+    while ccq.poll(&mut wc).unwrap() == 0 {}
+    assert_eq!((wc[0].wr_id, wc[0].status), (2, WcStatus::Success));
+}
