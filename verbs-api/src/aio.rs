@@ -15,6 +15,11 @@
 //!
 //! [`AsyncEvents`] does the same for a device's asynchronous events (`async_fd`).
 //!
+//! A backend whose channel has no descriptor (the deterministic one, whose events come
+//! from its virtual clock) hands out its own wait instead
+//! ([`CompletionChannel::event_wait`]), which the loop above awaits where it would
+//! await the descriptor; nothing else changes.
+//!
 //! # Cancellation
 //!
 //! Dropping one of these futures only stops the waiting. The work request stays posted
@@ -80,7 +85,8 @@ impl State {
 /// A completion queue with its own channel, awaited on tokio.
 pub struct AsyncCq<B: Backend> {
     // Field order is drop order: deregister the fd before the CQ and channel go.
-    fd: AsyncFd<ChannelFd>,
+    // `None`: the channel waits without a descriptor (`CompletionChannel::event_wait`).
+    fd: Option<AsyncFd<ChannelFd>>,
     cq: CqOf<B>,
     channel: ChannelOf<B>,
     state: Mutex<State>,
@@ -122,16 +128,22 @@ impl<B: Backend> AsyncCq<B> {
                 "must be called inside a tokio runtime",
             ));
         }
-        // SAFETY: the descriptor belongs to `channel`, which this AsyncCq owns and drops
-        // only after `fd` (field order), so it stays open and the same file for the whole
-        // life of the registration; `channel.fd()` always returns the same descriptor.
-        let fd = unsafe {
-            AsyncFd::register_with_interest(ChannelFd(channel.fd()), tokio::io::Interest::READABLE)
-        }
-        .map_err(|e| Error::Os {
-            call: "register the completion channel with tokio",
-            source: std::io::Error::other(e.to_string()),
-        })?;
+        let fd = match channel.event_wait() {
+            Some(_) => None,
+            // SAFETY: the descriptor belongs to `channel`, which this AsyncCq owns and
+            // drops only after `fd` (field order), so it stays open and the same file for
+            // the whole life of the registration; `channel.fd()` always returns the same
+            // descriptor.
+            None => Some(
+                unsafe {
+                    AsyncFd::register_with_interest(ChannelFd(channel.fd()), tokio::io::Interest::READABLE)
+                }
+                .map_err(|e| Error::Os {
+                    call: "register the completion channel with tokio",
+                    source: std::io::Error::other(e.to_string()),
+                })?,
+            ),
+        };
         Ok(AsyncCq {
             fd,
             cq,
@@ -213,14 +225,29 @@ impl<B: Backend> AsyncCq<B> {
             if self.drain()? > 0 {
                 continue;
             }
-            tokio::select! {
-                r = self.fd.readable() => {
-                    let mut guard = r.map_err(|source| Error::Os { call: "poll the completion channel", source })?;
-                    self.take_events()?;
-                    guard.clear_ready();
-                    self.wakeups.fetch_add(1, Ordering::Relaxed);
+            match &self.fd {
+                Some(fd) => tokio::select! {
+                    r = fd.readable() => {
+                        let mut guard = r.map_err(|source| Error::Os { call: "poll the completion channel", source })?;
+                        self.take_events()?;
+                        guard.clear_ready();
+                        self.wakeups.fetch_add(1, Ordering::Relaxed);
+                    }
+                    _ = &mut notified => {}
+                },
+                None => {
+                    let wait = self.channel.event_wait().ok_or_else(|| {
+                        Error::invalid("AsyncCq", "the channel stopped offering its own wait")
+                    })?;
+                    tokio::select! {
+                        r = wait => {
+                            r?;
+                            self.take_events()?;
+                            self.wakeups.fetch_add(1, Ordering::Relaxed);
+                        }
+                        _ = &mut notified => {}
+                    }
                 }
-                _ = &mut notified => {}
             }
         }
     }

@@ -82,8 +82,8 @@ pub use qp::{
 pub use srq::{SrqAttr, SrqAttrMask};
 pub use traits::{
     AddressHandle, AhOf, Backend, ChannelOf, CompletionChannel, CompletionQueue, Context, ContextOf, CqOf,
-    MemoryRegion, MemoryWindow, MrOf, MwOf, PdOf, ProtectionDomain, QpOf, QueuePair, SharedReceiveQueue,
-    SrqOf,
+    EventWait, MemoryRegion, MemoryWindow, MrOf, MwOf, PdOf, ProtectionDomain, QpOf, QueuePair,
+    SharedReceiveQueue, SrqOf,
 };
 pub use wc::{WcOpcode, WcStatus, WorkCompletion};
 pub use wr::{RecvWr, RemoteAddr, SendWr, Sge, UdDest, WrOp, WrOpcode};

@@ -434,7 +434,19 @@ pub trait CompletionChannel: Send + Sync {
     /// A file descriptor that polls readable while an event is pending (for `poll(2)`,
     /// epoll or tokio's `AsyncFd`).
     fn fd(&self) -> RawFd;
+
+    /// For a channel that has no descriptor to wait on (a backend whose events come from
+    /// something other than the kernel, as a simulated clock): a future that resolves when
+    /// an event may be pending, which async waits (`aio::AsyncCq`) await instead
+    /// of the descriptor's readiness. It fails when this context cannot wait (the error
+    /// says what to change). `None`, the default: wait on [`CompletionChannel::fd`].
+    fn event_wait(&self) -> Option<EventWait<'_>> {
+        None
+    }
 }
+
+/// The future of [`CompletionChannel::event_wait`].
+pub type EventWait<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + Send + 'a>>;
 
 /// A shared receive queue (`struct ibv_srq`, see [`crate::srq`]).
 pub trait SharedReceiveQueue: Send + Sync {

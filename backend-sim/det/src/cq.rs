@@ -7,7 +7,7 @@ use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::Duration;
 
-use verbs_api::{CompletionChannel, CompletionQueue, Error, Result, WorkCompletion};
+use verbs_api::{CompletionChannel, CompletionQueue, Error, EventWait, Result, WorkCompletion};
 
 use crate::objects::MAX_CQE;
 use crate::refuse::refused;
@@ -44,7 +44,13 @@ impl CompletionQueue for DetCq {
         w.pump();
         let n = Self::take(&mut w, self.handle, wc)?;
         if n > 0 || wc.is_empty() {
+            self.shared.rt.progressed();
             return Ok(n);
+        }
+        if self.shared.rt.attached_here() {
+            // On a paused tokio runtime its timers move the clock, not a poll.
+            self.shared.rt.empty_poll(&w, self.handle)?;
+            return Ok(0);
         }
         if !w.advance(None) {
             w.idle_poll(&format!("CQ {}", self.handle))?;
@@ -121,5 +127,10 @@ impl CompletionChannel for DetChannel {
     fn fd(&self) -> RawFd {
         // No descriptor: waiting on one would wait outside the virtual world.
         -1
+    }
+
+    fn event_wait(&self) -> Option<EventWait<'_>> {
+        // The wait of an async CQ: a tokio timer at the world's next event.
+        Some(Box::pin(crate::paused::channel_event(&self.shared, self.handle)))
     }
 }

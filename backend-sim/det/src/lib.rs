@@ -62,10 +62,24 @@
 //! Refused with EOPNOTSUPP, saying so: UD QPs and address handles, SRQs, memory windows,
 //! `rereg_mr`, multicast; file descriptors (`async_fd`, a channel's `fd`) are -1,
 //! because waiting on one would wait outside the virtual world: use `get_cq_event` and
-//! `get_async_event`, which advance it. The device behaves as the sim's rxe profile
-//! (`Switches::RXE`), but for its queues, which hold what was asked (rxe's rounding,
-//! `Switches::queue_sizing`, is the driver's). No rdma_cm, no tokio (a paused runtime
-//! would need its timers on this clock).
+//! `get_async_event`, which advance it, or `AsyncCq`, whose wait the channel provides
+//! (below). The device behaves as the sim's rxe profile (`Switches::RXE`), but for its
+//! queues, which hold what was asked (rxe's rounding, `Switches::queue_sizing`, is the
+//! driver's). No rdma_cm:
+//! the [`rendezvous`] is its in-memory counterpart.
+//!
+//! ## Tokio tasks
+//!
+//! Async code (`verbs_api::aio::AsyncCq`, the [`rendezvous`]) runs as tokio tasks of a
+//! current_thread runtime with paused time in the world's thread. The first async wait
+//! attaches the world to the runtime; from then on the world's clock is tokio's: a
+//! completion channel's [`event_wait`](verbs_api::CompletionChannel::event_wait) sleeps
+//! on a tokio timer at the world's next event (tokio's paused clock jumps to it when
+//! every task waits), every verb first runs the world up to tokio's now, and a verb that
+//! may make an earlier event wakes the waits. An empty poll then no longer moves the
+//! clock. Refused, saying what to use: a multi-thread or unpaused runtime, a wait
+//! nothing will end ([`IDLE_WAIT`]), a polling loop that never awaits. Programs see
+//! completions at tokio's timer granularity (1 ms).
 //!
 //! ```
 //! use std::time::Duration;
@@ -90,8 +104,10 @@
 mod cq;
 pub mod harness;
 mod objects;
+mod paused;
 mod qp;
 mod refuse;
+pub mod rendezvous;
 pub mod shrink;
 mod world;
 
@@ -103,8 +119,10 @@ use verbs_api::{Backend, DeviceInfo, Error, Result};
 
 pub use cq::{DetChannel, DetCq};
 pub use objects::{DetContext, DetMr, DetPd};
+pub use paused::IDLE_WAIT;
 pub use qp::DetQp;
 pub use refuse::{DetAh, DetMw, DetSrq};
+pub use rendezvous::{DetConnecting, DetListener};
 pub use world::IDLE_POLLS;
 
 pub use backend_sim_proto::fabric::{Fault, FaultMix, FrameKey, Schedule, What};
@@ -265,9 +283,11 @@ impl Det {
         self.shared.lock_any().net.stats
     }
 
-    /// The virtual time since the world was made.
+    /// The virtual time since the world was made (inside the paused tokio runtime the
+    /// world is attached to, tokio's time: see [`IDLE_WAIT`]'s module).
     pub fn now(&self) -> Duration {
-        self.shared.lock_any().net.now()
+        let world = self.shared.lock_any().net.now();
+        self.shared.rt.virtual_now().map_or(world, |t| t.max(world))
     }
 
     /// Runs the world until nothing is left to happen (no frame in flight, no timer

@@ -34,6 +34,8 @@ const KEYS: u64 = 1 << 41;
 pub(crate) struct Shared {
     world: Mutex<World>,
     owner: ThreadId,
+    /// The tokio runtime the world may be attached to, and its rendezvous listeners.
+    pub(crate) rt: crate::paused::Runtime,
 }
 
 impl Shared {
@@ -59,6 +61,7 @@ impl Shared {
                 idle_polls: 0,
             }),
             owner: std::thread::current().id(),
+            rt: Default::default(),
         })
     }
 
@@ -73,9 +76,12 @@ impl Shared {
         }
         // Only the owner enters, one verb at a time: a world that is locked now is
         // being entered again from within a verb, which must not wait for itself.
-        self.world
+        let mut w = self
+            .world
             .try_lock()
-            .ok_or_else(|| refused(format!("{call} within another verb of the same world")))
+            .ok_or_else(|| refused(format!("{call} within another verb of the same world")))?;
+        self.rt.on_enter(call, &mut w);
+        Ok(w)
     }
 
     /// Refuses verb `call` from another thread, for verbs that need nothing of the world.
@@ -205,7 +211,7 @@ impl World {
     }
 
     /// When the next thing happens (a frame arrives, a requester's timer is due).
-    fn next_event(&self) -> Option<Duration> {
+    pub(crate) fn next_event(&self) -> Option<Duration> {
         let timers = self
             .qps
             .values()
