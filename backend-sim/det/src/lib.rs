@@ -67,6 +67,7 @@
 
 #![warn(missing_docs)]
 
+mod budget;
 mod cq;
 pub mod harness;
 mod objects;
@@ -78,8 +79,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use backend_sim_proto::fabric::{FaultMix, Stats};
+use backend_sim_proto::switches::Switches;
 use verbs_api::{Backend, DeviceInfo, Error, Result};
 
+pub use budget::DEFAULT_BUDGET;
 pub use cq::{DetChannel, DetCq};
 pub use objects::{DetContext, DetMr, DetPd};
 pub use qp::DetQp;
@@ -101,6 +104,8 @@ pub struct DetBuilder {
     seed: u64,
     mix: FaultMix,
     hosts: Vec<String>,
+    sw: Switches,
+    budget: Duration,
 }
 
 impl Default for DetBuilder {
@@ -109,6 +114,8 @@ impl Default for DetBuilder {
             seed: 0,
             mix: FaultMix::clean(Duration::from_micros(2)),
             hosts: vec!["det0".into(), "det1".into()],
+            sw: Switches::RXE,
+            budget: DEFAULT_BUDGET,
         }
     }
 }
@@ -132,10 +139,30 @@ impl DetBuilder {
         self
     }
 
+    /// How the devices behave where HCAs differ: the sim's profiles, `Switches::RXE`
+    /// (the default), `Switches::PORTABLE` or `Switches::MLX5`. Under loss, rxe's
+    /// `retry_cnt` 7 retries a lost fatal NAK for ever; `PORTABLE` and `MLX5` make it
+    /// seven retries, ending in `IBV_WC_RETRY_EXC_ERR`.
+    pub fn profile(mut self, sw: Switches) -> Self {
+        self.sw = sw;
+        self
+    }
+
+    /// How much virtual time a wait (a CQ poll that finds nothing, `get_cq_event`,
+    /// `get_async_event`) may run the world past the program's last step (a post, a
+    /// modify, a completion or an event taken) before it fails with
+    /// `verbs_api::Error::Timeout` naming what keeps the world busy (default
+    /// [`DEFAULT_BUDGET`]): a wait that would otherwise run for ever, the same on every
+    /// run of a seed.
+    pub fn budget(mut self, budget: Duration) -> Self {
+        self.budget = budget;
+        self
+    }
+
     /// The world, owned by the calling thread.
     pub fn build(self) -> Det {
         Det {
-            shared: Shared::new(self.seed, self.mix, self.hosts),
+            shared: Shared::new(self.seed, self.mix, self.hosts, self.sw, self.budget),
         }
     }
 }
