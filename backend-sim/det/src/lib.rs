@@ -34,6 +34,19 @@
 //!   polling loop (`while cq.poll(..)? == 0 {}`) walks the run event by event, with no
 //!   thread and no wall-clock wait. `get_cq_event` and `get_async_event` advance it
 //!   the same way until their event comes (within their timeout, in virtual time).
+//! - **A budget of virtual time.** A world can stay busy for ever on its own: a
+//!   requester behind a lost fatal NAK resends to a responder in ERR, which answers
+//!   nothing, and rxe's `retry_cnt` 7 (like any `rnr_retry` 7) never gives up. A wait
+//!   (a CQ poll that finds nothing, `get_cq_event`, `get_async_event`) runs the world at
+//!   most [`DetBuilder::budget`] (default [`DEFAULT_BUDGET`]) past the program's last
+//!   step (a post, a modify, a completion or an event taken), then fails with
+//!   `Error::Timeout` naming each QP that keeps retrying and why: the same virtual time
+//!   and the same error on every run of the seed, where a wall-clock bound would not be.
+//! - **Profiles.** The devices behave as one of the sim's profiles where HCAs differ
+//!   ([`DetBuilder::profile`]: `Switches::RXE`, the default, `PORTABLE` or `MLX5`),
+//!   including what a driver decides: when a send queue slot is free again (at
+//!   completion, or when its completion is polled) and whether RESET and destroy remove
+//!   the QP's completions from its CQs.
 //! - **No hang.** When nothing can happen any more (no frame in flight, no timer armed)
 //!   the program waits for something nothing will produce: a blocking wait says so at
 //!   once; a polling loop is told after [`IDLE_POLLS`] empty polls in a row of an idle
@@ -43,7 +56,8 @@
 //!   ([`Det::trace`]): two runs of the same seed compare in one number. It holds while
 //!   the program reads no wall clock (a wait bounded by `Instant::now()`, as
 //!   `verbs_api::poll_n`'s, ends after as many polls as the machine made meanwhile,
-//!   which nothing here can see or refuse).
+//!   which nothing here can see or refuse; the budget ends a wait for what never comes
+//!   before that bound does).
 //!
 //! ## What it does not do
 //!
@@ -51,8 +65,7 @@
 //! Refused with EOPNOTSUPP, saying so: UD QPs and address handles, SRQs, memory windows,
 //! `rereg_mr`, multicast; file descriptors (`async_fd`, a channel's `fd`) are -1,
 //! because waiting on one would wait outside the virtual world: use `get_cq_event` and
-//! `get_async_event`, which advance it. The device behaves as the sim's rxe profile
-//! (`Switches::RXE`). No rdma_cm, no tokio (a paused runtime would need its timers on
+//! `get_async_event`, which advance it. No rdma_cm, no tokio (a paused runtime would need its timers on
 //! this clock), no shrinker yet.
 //!
 //! ```
