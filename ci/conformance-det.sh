@@ -1,27 +1,76 @@
 #!/usr/bin/env bash
-# The conformance suite's send, rdma and atomic cases on the deterministic backend
-# (backend-sim-det) under a range of seeds and one fault mix, each seed run twice: every
-# case must pass and both runs must print the same trace. atomic.concurrent is left out:
-# it posts from four threads, which a deterministic world refuses.
+# The conformance suite on the deterministic backend (backend-sim-det) under a range of
+# seeds, each seed run twice: every case run must pass and both runs of a seed must print
+# the same trace. Each seed's device plays one profile in turn (portable, rxe, mlx5,
+# chosen by the seed), and runs three sets:
 #
-#   ci/conformance-det.sh FIRST LAST LOSS DUP    # e.g. ci/conformance-det.sh 0 49 10 10
+#   lossy  LOSS% lost, DUP% duplicated, frames reordered (20 us of jitter), half of the
+#          frames of several packets cut into their packets: every case of the groups
+#          below but those listed under "no loss" and "not run".
+#   no loss  the same network without loss: the cases whose outcome is one answer of the
+#          responder that must arrive, which a lost frame legitimately changes:
+#          - access.*, errors.flush-after-remote-error, errors.recv-too-small,
+#            errors.recv-bad-lkey, errors.no-responder-resources, events.responder-errors:
+#            the responder NAKs the request and goes to ERR; when that NAK is lost the
+#            requester resends to a QP in ERR, which answers nothing (IBA 10.3.1), so the
+#            status is RETRY_EXC_ERR (portable, mlx5) or, under rxe, whose retry_cnt 7
+#            retries for ever, the wait ends at the world's virtual-time budget;
+#          - cq.overflow: its requester has retry_cnt 1 by design (it must give up once the
+#            responder's CQ overflowed), so one SEND lost twice ends it before the overflow.
+#   clean  no fault at all: uc.* (UC loses a message that loses, or reorders, a packet:
+#          the cases check delivery).
+#
+# Not run (listed, not silently skipped):
+#   - errors.rd-atomic-over-limit: without loss, under reordering or duplication alone,
+#     some seeds end the READ the responder refuses in RETRY_EXC_ERR instead of
+#     REM_INV_REQ_ERR (e.g. seed 2: conformance --backend det --profile portable --seed 2
+#     --dup 10 -f errors.rd-atomic-over-limit); not yet explained, kept out until it is.
+#   - atomic.concurrent: posts from four threads, which a deterministic world refuses.
+#   - rnr.retry-count: measures the wall-clock time the RNR retries take.
+#   - mr.caller-memory-not-owned: expects EFAULT for memory across a hole; the
+#     deterministic backend does not probe the caller's memory.
+#   - aio.*: a tokio reactor on the completion channel's descriptor (the world has none).
+#   - remote.*: real TCP sockets to a peer runner.
+#   - port.*: a netdev to take down and a subnet manager; skipped on det.
+#   - srq.*, mw.*, ud.*, mcast.*, and the events cases on SRQs: refused by the backend
+#     (skipped: the device reports no such capability).
+#
+#   ci/conformance-det.sh FIRST LAST LOSS DUP    # e.g. ci/conformance-det.sh 0 19 10 10
 set -euo pipefail
-first=${1:-0} last=${2:-19} loss=${3:-5} dup=${4:-5}
+first=${1:-0} last=${2:-19} loss=${3:-10} dup=${4:-10}
 cd "$(dirname "$0")/.."
 cargo build --release -q -p conformance
 bin=target/release/conformance
-cases=(-f send. -f rdma. -f atomic.fetch -f atomic.cmp -f atomic.wrap)
-run() {
-    "$bin" --backend det --seed "$1" --loss "$loss" --dup "$dup" "${cases[@]}" 2>&1 >/dev/null || {
-        echo "seed $1: a case failed; replay: $bin --backend det --seed $1 --loss $loss --dup $dup ${cases[*]}" >&2
+groups=(-f atomic. -f cq. -f cq-resize. -f device. -f errors. -f events. -f mr. -f order. -f pd.
+    -f post. -f profile. -f qp. -f rdma. -f rnr. -f send.)
+no_loss=(errors.flush-after-remote-error errors.recv-too-small errors.recv-bad-lkey
+    errors.no-responder-resources events.responder-errors cq.overflow)
+not_run=(errors.rd-atomic-over-limit atomic.concurrent rnr.retry-count mr.caller-memory-not-owned)
+lossy=("${groups[@]}")
+for c in "${no_loss[@]}" "${not_run[@]}"; do lossy+=(--except "$c"); done
+nak=(-f access.)
+for c in "${no_loss[@]}"; do nak+=(-f "$c"); done
+profiles=(portable rxe mlx5)
+run() { # SEED PROFILE LOSS DUP CASES...
+    local seed=$1 profile=$2 l=$3 d=$4
+    shift 4
+    "$bin" --backend det --seed "$seed" --profile "$profile" --loss "$l" --dup "$d" "$@" 2>&1 >/dev/null || {
+        echo "seed $seed: a case failed; replay: $bin --backend det --seed $seed --profile $profile --loss $l --dup $d $*" >&2
         exit 1
     }
 }
-for seed in $(seq "$first" "$last"); do
-    a=$(run "$seed" | grep -o 'det: seed.*')
-    b=$(run "$seed" | grep -o 'det: seed.*')
+twice() { # SEED PROFILE LOSS DUP CASES...
+    local a b
+    a=$(run "$@" | grep -o 'det: seed.*')
+    b=$(run "$@" | grep -o 'det: seed.*')
     if [ "$a" != "$b" ]; then
-        echo "seed $seed: two runs differ:"; echo "  $a"; echo "  $b"; exit 1
+        echo "seed $1: two runs differ:"; echo "  $a"; echo "  $b"; exit 1
     fi
+}
+for seed in $(seq "$first" "$last"); do
+    p=${profiles[$((seed % 3))]}
+    twice "$seed" "$p" "$loss" "$dup" "${lossy[@]}"
+    twice "$seed" "$p" 0 "$dup" "${nak[@]}"
+    twice "$seed" "$p" 0 0 -f uc.
 done
-echo "seeds $first..=$last (loss $loss%, dup $dup%): every case passed, each seed's two runs gave the same trace"
+echo "seeds $first..=$last (profiles by seed; loss $loss%, dup $dup%; the no-loss and clean sets): every case passed, each seed's two runs gave the same trace"

@@ -12,7 +12,8 @@ pub enum BackendKind {
     /// libibverbs: a real HCA or Soft-RoCE (build with `--features ibverbs`).
     Ibverbs,
     /// The deterministic backend (backend-sim-det): one thread, a virtual clock, a seeded
-    /// faulty network (`--seed`, `--loss`, `--dup`); the runner only, without rdma_cm.
+    /// faulty network (`--seed`, `--loss`, `--dup`, `--split`, `--profile`, `--budget`); the
+    /// runner only, without rdma_cm.
     Det,
 }
 

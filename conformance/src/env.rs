@@ -408,8 +408,14 @@ impl<'a, B: Backend> Env<'a, B> {
         Ok(self.wait(cq, 1)?[0])
     }
 
-    /// Everything that arrives on `cq` within `quiet`.
+    /// Everything that arrives on `cq` within `quiet`. On the deterministic backend,
+    /// whose world does not move while the thread sleeps, `quiet` is virtual time: the
+    /// world runs that long (or until nothing is left to happen), then `cq` is polled.
     pub fn quiet(&self, cq: &B::Cq, quiet: Duration) -> Result<Vec<WorkCompletion>, Failure> {
+        if let Some(det) = (self.backend as &dyn std::any::Any).downcast_ref::<backend_sim_det::Det>() {
+            det.settle(quiet)?;
+            return Ok(poll_quiet(cq, Duration::ZERO)?);
+        }
         Ok(poll_quiet(cq, quiet)?)
     }
 

@@ -44,6 +44,9 @@ struct Args {
     /// Only cases whose id or group contains this text (repeatable).
     #[arg(long, short = 'f')]
     filter: Vec<String>,
+    /// Leave out the cases whose id is this (repeatable; applied after `--filter`).
+    #[arg(long, value_name = "ID")]
+    except: Vec<String>,
     /// Print a JSON array instead of the table.
     #[arg(long)]
     json: bool,
@@ -103,6 +106,16 @@ struct Args {
     /// With `--backend det`: frames duplicated, in percent.
     #[arg(long, default_value_t = 0)]
     dup: u32,
+    /// With `--backend det`: frames of several packets the network cuts into their
+    /// packets, in percent (each then lost, duplicated and delayed on its own); default:
+    /// 50 under loss or duplication, else 0.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(0..=100))]
+    split: Option<u32>,
+    /// With `--backend det`: how much virtual time, in seconds, a wait may run the world
+    /// past the program's last step before it fails naming what is stuck (a requester
+    /// retrying for ever).
+    #[arg(long, default_value_t = backend_sim_det::DEFAULT_BUDGET.as_secs_f64())]
+    budget: f64,
 }
 
 fn main() -> ExitCode {
@@ -205,25 +218,43 @@ fn main() -> ExitCode {
 }
 
 /// The suite but rdma_cm on a deterministic world of one device (`det0`) in this
-/// thread; the seed and the run's trace are printed to stderr (the same seed and
-/// cases give the same trace).
+/// thread, its device playing `--profile` (default rxe); the seed and the run's trace
+/// are printed to stderr (the same seed and cases give the same trace).
 fn run_det(args: &Args) -> ExitCode {
-    let mix = if args.loss == 0 && args.dup == 0 {
+    let mut mix = if args.loss == 0 && args.dup == 0 {
         backend_sim_proto::fabric::FaultMix::clean(Duration::from_micros(2))
     } else {
         backend_sim_proto::fabric::FaultMix::lossy(args.loss, args.dup)
     };
+    if let Some(pct) = args.split {
+        mix.split_ppm = pct * 10_000;
+    }
+    let budget = match Duration::try_from_secs_f64(args.budget) {
+        Ok(b) if !b.is_zero() => b,
+        _ => {
+            eprintln!(
+                "error: --budget {}: must be a positive number of seconds",
+                args.budget
+            );
+            return ExitCode::from(2);
+        }
+    };
+    let profile = args.profile.unwrap_or(conformance::Profile::Rxe);
     let det = backend_sim_det::Det::builder()
         .seed(args.seed)
         .mix(mix)
+        .profile(profile.switches())
+        .budget(budget)
         .hosts(["det0"])
         .build();
     let code = run(&det, args, verbs_cases());
     eprintln!(
-        "det: seed {} (loss {}%, dup {}%): trace {:#018x}, {:?} of virtual time, {:?}",
+        "det: seed {} (profile {}, loss {}%, dup {}%, split {}%): trace {:#018x}, {:?} of virtual time, {:?}",
         args.seed,
+        profile.name(),
         args.loss,
         args.dup,
+        mix.split_ppm / 10_000,
         det.trace(),
         det.now(),
         det.stats()
@@ -286,8 +317,17 @@ fn run<B: Backend>(backend: &B, args: &Args, all: Vec<Case<B>>) -> ExitCode {
             }
         };
     }
+    if let Some(x) = args
+        .except
+        .iter()
+        .find(|x| !all.iter().any(|c| c.id == x.as_str()))
+    {
+        eprintln!("error: --except {x}: no case has this id (`--list` lists them)");
+        return ExitCode::from(2);
+    }
     let selected: Vec<_> = all
         .iter()
+        .filter(|c| !args.except.iter().any(|x| c.id == x.as_str()))
         .filter(|c| {
             args.filter.is_empty()
                 || args

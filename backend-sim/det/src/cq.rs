@@ -29,7 +29,10 @@ impl DetCq {
         }
         let n = wc.len().min(cq.entries.len());
         for (slot, e) in wc.iter_mut().zip(cq.entries.drain(..n)) {
-            *slot = e;
+            *slot = e.wc;
+            if let Some((slots, upto)) = e.mark {
+                slots.release_through(upto);
+            }
         }
         if n > 0 {
             w.progressed();
@@ -52,7 +55,7 @@ impl CompletionQueue for DetCq {
             self.shared.rt.empty_poll(&w, self.handle)?;
             return Ok(0);
         }
-        if !w.advance(None) {
+        if !w.wait_step(|| format!("ibv_poll_cq on CQ {}", self.handle), None)? {
             w.idle_poll(&format!("CQ {}", self.handle))?;
         }
         Self::take(&mut w, self.handle, wc)
@@ -108,9 +111,10 @@ impl CompletionChannel for DetChannel {
         let until = timeout.map(|t| w.net.now() + t);
         loop {
             if let Some(cq) = w.channels[self.handle as usize].pop_front() {
+                w.progressed();
                 return Ok(Some(cq));
             }
-            if !w.advance(until) {
+            if !w.wait_step(|| "ibv_get_cq_event".into(), until)? {
                 return match timeout {
                     Some(_) => Ok(None),
                     None => Err(refused(

@@ -34,6 +34,19 @@
 //!   polling loop (`while cq.poll(..)? == 0 {}`) walks the run event by event, with no
 //!   thread and no wall-clock wait. `get_cq_event` and `get_async_event` advance it
 //!   the same way until their event comes (within their timeout, in virtual time).
+//! - **A budget of virtual time.** A world can stay busy for ever on its own: a
+//!   requester behind a lost fatal NAK resends to a responder in ERR, which answers
+//!   nothing, and rxe's `retry_cnt` 7 (like any `rnr_retry` 7) never gives up. A wait
+//!   (a CQ poll that finds nothing, `get_cq_event`, `get_async_event`) runs the world at
+//!   most [`DetBuilder::budget`] (default [`DEFAULT_BUDGET`]) past the program's last
+//!   step (a post, a modify, a completion or an event taken), then fails with
+//!   `Error::Timeout` naming each QP that keeps retrying and why: the same virtual time
+//!   and the same error on every run of the seed, where a wall-clock bound would not be.
+//! - **Profiles.** The devices behave as one of the sim's profiles where HCAs differ
+//!   ([`DetBuilder::profile`]: `Switches::RXE`, the default, `PORTABLE` or `MLX5`),
+//!   including what a driver decides: when a send queue slot is free again (at
+//!   completion, or when its completion is polled) and whether RESET and destroy remove
+//!   the QP's completions from its CQs.
 //! - **No hang.** When nothing can happen any more (no frame in flight, no timer armed)
 //!   the program waits for something nothing will produce: a blocking wait says so at
 //!   once; a polling loop is told after [`IDLE_POLLS`] empty polls in a row of an idle
@@ -43,7 +56,8 @@
 //!   ([`Det::trace`]): two runs of the same seed compare in one number. It holds while
 //!   the program reads no wall clock (a wait bounded by `Instant::now()`, as
 //!   `verbs_api::poll_n`'s, ends after as many polls as the machine made meanwhile,
-//!   which nothing here can see or refuse).
+//!   which nothing here can see or refuse; the budget ends a wait for what never comes
+//!   before that bound does).
 //!
 //! - **The schedule.** Every fault the network applies is recorded ([`Det::schedule`]),
 //!   keyed as the seed's decisions are (link, opcode, PSN, attempt); a world built with
@@ -63,10 +77,8 @@
 //! `rereg_mr`, multicast; file descriptors (`async_fd`, a channel's `fd`) are -1,
 //! because waiting on one would wait outside the virtual world: use `get_cq_event` and
 //! `get_async_event`, which advance it, or `AsyncCq`, whose wait the channel provides
-//! (below). The device behaves as the sim's rxe profile (`Switches::RXE`), but for its
-//! queues, which hold what was asked (rxe's rounding, `Switches::queue_sizing`, is the
-//! driver's). No rdma_cm:
-//! the [`rendezvous`] is its in-memory counterpart.
+//! (below). Its queues hold what was asked (rxe's rounding, `Switches::queue_sizing`,
+//! is the driver's). No rdma_cm: the [`rendezvous`] is its in-memory counterpart.
 //!
 //! ## Tokio tasks
 //!
@@ -101,6 +113,7 @@
 
 #![warn(missing_docs)]
 
+mod budget;
 mod cq;
 pub mod harness;
 mod objects;
@@ -115,8 +128,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use backend_sim_proto::fabric::Stats;
+use backend_sim_proto::switches::Switches;
 use verbs_api::{Backend, DeviceInfo, Error, Result};
 
+pub use budget::DEFAULT_BUDGET;
 pub use cq::{DetChannel, DetCq};
 pub use objects::{DetContext, DetMr, DetPd};
 pub use paused::IDLE_WAIT;
@@ -143,6 +158,8 @@ pub struct DetBuilder {
     mix: FaultMix,
     hosts: Vec<String>,
     schedule: Option<Schedule>,
+    sw: Switches,
+    budget: Duration,
 }
 
 impl Default for DetBuilder {
@@ -152,6 +169,8 @@ impl Default for DetBuilder {
             mix: FaultMix::clean(Duration::from_micros(2)),
             hosts: vec!["det0".into(), "det1".into()],
             schedule: None,
+            sw: Switches::RXE,
+            budget: DEFAULT_BUDGET,
         }
     }
 }
@@ -246,9 +265,29 @@ impl DetBuilder {
         self
     }
 
+    /// How the devices behave where HCAs differ: the sim's profiles, `Switches::RXE`
+    /// (the default), `Switches::PORTABLE` or `Switches::MLX5`. Under loss, rxe's
+    /// `retry_cnt` 7 retries a lost fatal NAK for ever; `PORTABLE` and `MLX5` make it
+    /// seven retries, ending in `IBV_WC_RETRY_EXC_ERR`.
+    pub fn profile(mut self, sw: Switches) -> Self {
+        self.sw = sw;
+        self
+    }
+
+    /// How much virtual time a wait (a CQ poll that finds nothing, `get_cq_event`,
+    /// `get_async_event`) may run the world past the program's last step (a post, a
+    /// modify, a completion or an event taken) before it fails with
+    /// `verbs_api::Error::Timeout` naming what keeps the world busy (default
+    /// [`DEFAULT_BUDGET`]): a wait that would otherwise run for ever, the same on every
+    /// run of a seed.
+    pub fn budget(mut self, budget: Duration) -> Self {
+        self.budget = budget;
+        self
+    }
+
     /// The world, owned by the calling thread.
     pub fn build(self) -> Det {
-        let shared = Shared::new(self.seed, self.mix, self.hosts);
+        let shared = Shared::new(self.seed, self.mix, self.hosts, self.sw, self.budget);
         {
             let mut w = shared.lock_any();
             w.net.record_faults();

@@ -199,9 +199,10 @@ impl Context for DetContext {
         let until = timeout.map(|t| w.net.now() + t);
         loop {
             if let Some(e) = w.contexts[self.id].pop_front() {
+                w.progressed();
                 return Ok(Some(e));
             }
-            if !w.advance(until) {
+            if !w.wait_step(|| "ibv_get_async_event".into(), until)? {
                 return match timeout {
                     Some(_) => Ok(None),
                     None => Err(refused(

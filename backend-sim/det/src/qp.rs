@@ -11,7 +11,6 @@ use backend_sim_proto::fabric::Port;
 use backend_sim_proto::memory::MrTable;
 use backend_sim_proto::qp::{AvCheck, Effect, PostCheck, Qp, QpConfig, QpLimits};
 use backend_sim_proto::recv_queue::PostRecvError;
-use backend_sim_proto::switches::Switches;
 use verbs_api::{
     AhAttr, Error, Gid, PostError, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, QueueKind,
     QueuePair, RecvWr, Result, SendWr,
@@ -109,7 +108,7 @@ impl DetQp {
             cap,
             sq_sig_all: attr.sq_sig_all,
             srq: None,
-            sw: Switches::RXE,
+            sw: w.sw,
             max_msg_sz: 1 << 31,
             mtu: 4096,
             roce: false,
@@ -211,7 +210,11 @@ impl QueuePair for DetQp {
         let slot = w.qps.get_mut(&self.qpn).expect("a live QP is in its world");
         let t = slot.port.qp.handle_modify(attr, mask, &LIMITS, &Av(&w.devices))?;
         match t.effect {
-            Effect::Reset => slot.port.forget_connection(),
+            Effect::Reset => {
+                slot.port.forget_connection();
+                let cqs = [slot.send_cq, slot.recv_cq];
+                w.clean_cqs(self.qpn, cqs);
+            }
             Effect::Error => {
                 // The ACKs owed leave first, then the QP goes to ERR.
                 w.pump();
@@ -221,6 +224,7 @@ impl QueuePair for DetQp {
             }
             Effect::None | Effect::Connect | Effect::Resume { .. } => {}
         }
+        w.progressed();
         w.pump();
         Ok(())
     }
@@ -288,8 +292,10 @@ impl QueuePair for DetQp {
 
 impl Drop for DetQp {
     fn drop(&mut self) {
-        if let Some(mut slot) = self.shared.lock_any().qps.remove(&self.qpn) {
+        let mut w = self.shared.lock_any();
+        if let Some(mut slot) = w.qps.remove(&self.qpn) {
             slot.port.qp.handle_destroy();
+            w.clean_cqs(self.qpn, [slot.send_cq, slot.recv_cq]);
         }
     }
 }

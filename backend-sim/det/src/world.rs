@@ -15,6 +15,8 @@ use std::time::Duration;
 use backend_sim_proto::fabric::net::InFlight;
 use backend_sim_proto::fabric::{FaultMix, Net, Port, Sent};
 use backend_sim_proto::memory::MrTable;
+use backend_sim_proto::qp::SqSlots;
+use backend_sim_proto::switches::Switches;
 use parking_lot::{Mutex, MutexGuard};
 use verbs_api::{AsyncEvent, Error, QpState, Result, WcStatus, WorkCompletion};
 
@@ -39,11 +41,22 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    /// A world of devices `hosts` under `seed`, owned by the calling thread.
-    pub(crate) fn new(seed: u64, mix: FaultMix, hosts: Vec<String>) -> Arc<Shared> {
+    /// A world of devices `hosts` under `seed`, its QPs behaving as `sw` says, its waits
+    /// bounded by `budget` (see [`crate::budget`]), owned by the calling thread.
+    pub(crate) fn new(
+        seed: u64,
+        mix: FaultMix,
+        hosts: Vec<String>,
+        sw: Switches,
+        budget: Duration,
+    ) -> Arc<Shared> {
         Arc::new(Shared {
             world: Mutex::new(World {
                 net: Net::new(seed, mix),
+                sw,
+                budget,
+                last_step: Duration::ZERO,
+                timeouts_at_step: 0,
                 devices: hosts
                     .into_iter()
                     .map(|name| Device {
@@ -112,9 +125,17 @@ pub(crate) struct QpSlot {
     pub(crate) recv_cq: u32,
 }
 
+/// A completion in a CQ, and for a send completion under `SlotRelease::AtPoll` the
+/// send queue slots polling it frees (every WQE of its QP up to the mark, see
+/// [`SqSlots`]).
+pub(crate) struct Entry {
+    pub(crate) wc: WorkCompletion,
+    pub(crate) mark: Option<(Arc<SqSlots>, u64)>,
+}
+
 /// A CQ's entries, capacity and notification.
 pub(crate) struct CqState {
-    pub(crate) entries: VecDeque<WorkCompletion>,
+    pub(crate) entries: VecDeque<Entry>,
     pub(crate) cap: u32,
     /// Completions that found it full.
     pub(crate) lost: u64,
@@ -126,6 +147,15 @@ pub(crate) struct CqState {
 /// The world.
 pub(crate) struct World {
     pub(crate) net: Net,
+    /// How every QP of the world behaves where devices differ.
+    pub(crate) sw: Switches,
+    /// How far a wait may run the world past the program's last step.
+    pub(crate) budget: Duration,
+    /// The virtual time of the program's last step (a post, a modify, a completion or an
+    /// event taken).
+    pub(crate) last_step: Duration,
+    /// The local ACK timeouts counted at that step.
+    pub(crate) timeouts_at_step: u64,
     pub(crate) devices: Vec<Device>,
     /// By QPN (unique in the world), iterated in order: every pass is deterministic.
     pub(crate) qps: BTreeMap<u32, QpSlot>,
@@ -193,20 +223,43 @@ impl World {
 
     /// Completions to their CQs (and the trace), events to their contexts.
     fn route(&mut self) {
+        let mut marks = Vec::new();
         for (&qpn, slot) in &mut self.qps {
-            let c = slot.port.qp.poll_completions();
-            for (w, recv, solicited) in c
-                .send
+            let mut c = slot.port.qp.poll_completions();
+            marks.clear();
+            c.take_marks(&mut marks);
+            let (send, slots) = c.send_with_slots();
+            let slots = slots.clone();
+            let mut marks = marks.drain(..);
+            let send: Vec<_> = send
                 .drain(..)
-                .map(|w| (w, false, false))
-                .chain(c.recv.drain(..).map(|(w, s)| (w, true, s)))
-            {
-                self.net.trace_completion(u64::from(qpn), recv, &w);
-                let h = if recv { slot.recv_cq } else { slot.send_cq };
-                push_completion(&mut self.cqs, &mut self.channels, h, w, solicited);
+                .map(|w| (w, marks.next().map(|upto| (slots.clone(), upto))))
+                .collect();
+            for (w, mark) in send {
+                self.net.trace_completion(u64::from(qpn), false, &w);
+                let e = Entry { wc: w, mark };
+                push_completion(&mut self.cqs, &mut self.channels, slot.send_cq, e, false);
+            }
+            for (w, solicited) in c.recv.drain(..) {
+                self.net.trace_completion(u64::from(qpn), true, &w);
+                let e = Entry { wc: w, mark: None };
+                push_completion(&mut self.cqs, &mut self.channels, slot.recv_cq, e, solicited);
             }
             slot.port.qp.check_drained();
             self.contexts[slot.ctx].extend(slot.port.qp.poll_events());
+        }
+    }
+
+    /// QP `qpn` was reset or destroyed: on a device that cleans CQs
+    /// (`Switches::cq_clean_on_reset`, mlx5) its completions leave its CQs.
+    pub(crate) fn clean_cqs(&mut self, qpn: u32, cqs: [u32; 2]) {
+        if !self.sw.cq_clean_on_reset {
+            return;
+        }
+        for h in cqs {
+            if let Some(cq) = self.cqs.get_mut(h as usize) {
+                cq.entries.retain(|e| e.wc.qp_num != qpn);
+            }
         }
     }
 
@@ -276,9 +329,12 @@ impl World {
         )))
     }
 
-    /// The program did something (a post, a completion taken): the idle count restarts.
+    /// The program did something (a post, a modify, a completion or an event taken): the
+    /// idle count and the budget of the next wait restart.
     pub(crate) fn progressed(&mut self) {
         self.idle_polls = 0;
+        self.last_step = self.net.now();
+        self.timeouts_at_step = self.net.stats.timeouts;
     }
 
     /// Frame `f` arrives: its QP takes it if it is the sender's peer and past INIT; a
@@ -316,14 +372,8 @@ impl World {
     }
 }
 
-/// Puts `w` in CQ `h` (counted lost when it is full), raising the event its arming asks.
-fn push_completion(
-    cqs: &mut [CqState],
-    channels: &mut [VecDeque<u32>],
-    h: u32,
-    w: WorkCompletion,
-    solicited: bool,
-) {
+/// Puts `e` in CQ `h` (counted lost when it is full), raising the event its arming asks.
+fn push_completion(cqs: &mut [CqState], channels: &mut [VecDeque<u32>], h: u32, e: Entry, solicited: bool) {
     let Some(cq) = cqs.get_mut(h as usize) else { return };
     if cq.entries.len() >= cq.cap as usize {
         cq.lost += 1;
@@ -331,8 +381,8 @@ fn push_completion(
     }
     let fires = cq
         .armed
-        .is_some_and(|only| !only || solicited || w.status != WcStatus::Success);
-    cq.entries.push_back(w);
+        .is_some_and(|only| !only || solicited || e.wc.status != WcStatus::Success);
+    cq.entries.push_back(e);
     if fires {
         cq.armed = None;
         if let Some(ch) = cq.channel.and_then(|c| channels.get_mut(c as usize)) {
