@@ -8,8 +8,7 @@
 # backend-sim-proto --features planted-bugs --lib every_planted): RnrOffByOne, as no case
 # det runs counts RNR retries (rnr.retry-count times them on the wall clock, so it fails
 # on det with or without the plant); ResendFromMessageStart, as no case of the subset
-# reaches the resend from inside a message on det (send.large and rdma.write caught
-# nothing at 30% loss).
+# makes det resend from inside a message.
 #
 #   ci/mutation-det.sh [N] [LOSS] [DUP]    # defaults: 20 seeds, 5% loss, 5% duplicates
 set -euo pipefail
