@@ -116,6 +116,11 @@ struct Args {
     /// retrying for ever).
     #[arg(long, default_value_t = backend_sim_det::DEFAULT_BUDGET.as_secs_f64())]
     budget: f64,
+    /// With `--backend det`: a bug planted on purpose (`NoDuplicateCheck`, `NoAtomicReplay`,
+    /// `AckOffByOne`, `ResendFromMessageStart`, `RnrOffByOne`) that the cases must catch,
+    /// for the mutation check (ci/mutation-det.sh); needs the `planted-bugs` feature.
+    #[arg(long, value_name = "NAME")]
+    plant: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -206,6 +211,10 @@ fn main() -> ExitCode {
     if let (Some(p), BackendKind::Sim) = (args.profile, args.backend) {
         // Read by `SimBackend::from_env` below (before any other thread exists).
         std::env::set_var("RDMA_SIM_PROFILE", p.name());
+    }
+    if let Err(e) = args.plant.as_deref().map_or(Ok(()), |p| plant(p, args.backend)) {
+        eprintln!("error: --plant: {e}");
+        return ExitCode::from(2);
     }
     if let BackendKind::Det = args.backend {
         return run_det(&args);
@@ -382,4 +391,22 @@ fn run<B: Backend>(backend: &B, args: &Args, all: Vec<Case<B>>) -> ExitCode {
     } else {
         ExitCode::SUCCESS
     }
+}
+
+/// Plants bug `name` in this thread, where the deterministic world runs the cases.
+#[cfg(feature = "planted-bugs")]
+fn plant(name: &str, backend: BackendKind) -> Result<(), String> {
+    use backend_sim_proto::plant::{set, Plant};
+    if !matches!(backend, BackendKind::Det) {
+        return Err("bugs are planted on the deterministic backend only (--backend det)".into());
+    }
+    let p =
+        Plant::from_name(name).ok_or_else(|| format!("no planted bug {name:?}; one of {:?}", Plant::ALL))?;
+    set(Some(p));
+    Ok(())
+}
+
+#[cfg(not(feature = "planted-bugs"))]
+fn plant(_: &str, _: BackendKind) -> Result<(), String> {
+    Err("this build has no planted bugs; build with `cargo build --release -p conformance --features planted-bugs`".into())
 }

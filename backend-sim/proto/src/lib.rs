@@ -62,7 +62,8 @@
 //! `requester` and `responder` (the two halves), `engine` (one connection's frames
 //! through both halves), `psn` (24-bit PSN arithmetic) and `plant` (bugs planted for the
 //! fabric's mutation check) are the crate's own; the `internals` feature makes them
-//! public for the fuzz harness, which drives a requester and a responder without a QP.
+//! public for the fuzz harness, which drives a requester and a responder without a QP
+//! (the `planted-bugs` feature makes `plant` public, for conformance's `--plant`).
 //!
 //! ```
 //! use std::sync::Arc;
@@ -103,9 +104,9 @@ pub mod io;
 pub mod link_rx;
 pub mod memory;
 pub mod opcode_table;
-#[cfg(feature = "internals")]
+#[cfg(any(feature = "internals", feature = "planted-bugs"))]
 pub mod plant;
-#[cfg(not(feature = "internals"))]
+#[cfg(not(any(feature = "internals", feature = "planted-bugs")))]
 mod plant;
 #[cfg(feature = "internals")]
 pub mod psn;

@@ -17,17 +17,29 @@ pub enum Plant {
     /// A SEND or WRITE resent from a packet inside the message carries the message's
     /// bytes from its start instead of from that packet's.
     ResendFromMessageStart = 8,
+    /// The requester takes `rnr_retry` as the number of attempts instead of retries after
+    /// the first (IBA 9.7.5.2.8): a SEND to an empty receive queue fails with
+    /// RNR_RETRY_EXC_ERR one RNR NAK early (a finite `rnr_retry` of 1 to 6).
+    RnrOffByOne = 16,
 }
 
 impl Plant {
     /// Every planted bug.
-    #[cfg(any(all(test, feature = "planted-bugs"), feature = "internals"))]
-    pub const ALL: [Plant; 4] = [
+    #[cfg(any(feature = "planted-bugs", feature = "internals"))]
+    pub const ALL: [Plant; 5] = [
         Plant::NoDuplicateCheck,
         Plant::NoAtomicReplay,
         Plant::AckOffByOne,
         Plant::ResendFromMessageStart,
+        Plant::RnrOffByOne,
     ];
+
+    /// The plant of this name (its variant's name, e.g. `NoAtomicReplay`), for a runner's
+    /// command line.
+    #[cfg(feature = "planted-bugs")]
+    pub fn from_name(name: &str) -> Option<Plant> {
+        Plant::ALL.into_iter().find(|p| format!("{p:?}") == name)
+    }
 }
 
 #[cfg(feature = "planted-bugs")]
@@ -47,6 +59,13 @@ pub fn active(p: Plant) -> bool {
         let _ = p;
         false
     }
+}
+
+/// Plants `p` on this thread (none: `None`) until it is changed: what a runner that
+/// drives a deterministic world in its own thread (conformance's `--plant`) calls once.
+#[cfg(feature = "planted-bugs")]
+pub fn set(p: Option<Plant>) {
+    ACTIVE.with(|a| a.set(p.map_or(0, |p| p as u32)));
 }
 
 /// Runs `f` with `p` planted on this thread.

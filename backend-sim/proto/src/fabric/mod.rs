@@ -43,6 +43,9 @@ pub mod workload;
 mod lost_packets;
 
 #[cfg(test)]
+mod rnr_count;
+
+#[cfg(test)]
 mod tests;
 
 use std::time::Duration;

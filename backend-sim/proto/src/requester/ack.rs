@@ -91,7 +91,10 @@ impl Requester {
                 match code {
                     NakCode::Rnr { timer } => {
                         self.note_rnr(psn, timer, now);
-                        if self.rnr_left == 0 {
+                        let planted = self.rnr_left == 1
+                            && self.attrs.rnr_retry != RNR_RETRY_INFINITE
+                            && crate::plant::active(crate::plant::Plant::RnrOffByOne);
+                        if self.rnr_left == 0 || planted {
                             return self.fail(i, WcStatus::RnrRetryExcErr, out);
                         }
                         if self.attrs.rnr_retry != RNR_RETRY_INFINITE {
