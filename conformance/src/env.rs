@@ -412,11 +412,19 @@ impl<'a, B: Backend> Env<'a, B> {
     /// whose world does not move while the thread sleeps, `quiet` is virtual time: the
     /// world runs that long (or until nothing is left to happen), then `cq` is polled.
     pub fn quiet(&self, cq: &B::Cq, quiet: Duration) -> Result<Vec<WorkCompletion>, Failure> {
+        self.settle(quiet)?;
+        Ok(poll_quiet(cq, Duration::ZERO)?)
+    }
+
+    /// Lets `d` pass for the devices: the deterministic backend runs its world through
+    /// `d` of virtual time (a thread's sleep moves nothing there); the others sleep.
+    pub fn settle(&self, d: Duration) -> Result<(), Failure> {
         if let Some(det) = (self.backend as &dyn std::any::Any).downcast_ref::<backend_sim_det::Det>() {
-            det.settle(quiet)?;
-            return Ok(poll_quiet(cq, Duration::ZERO)?);
+            det.settle(d)?;
+        } else {
+            std::thread::sleep(d);
         }
-        Ok(poll_quiet(cq, quiet)?)
+        Ok(())
     }
 
     /// Checks a completion's status: `want` is what a real HCA reports; `alt` lists what a
@@ -568,8 +576,16 @@ pub fn errno_name(e: i32) -> String {
 
 /// A buffer with a recognisable pattern.
 pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    // Folding in the higher bytes of the offset keeps the pattern from repeating every
+    // 256 bytes: a packet placed at the wrong offset (a multiple of the path MTU) would
+    // otherwise carry the very bytes that belong there, and a wrong resend would pass.
     (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .map(|i| {
+            let x = i as u32;
+            ((x ^ (x >> 8) ^ (x >> 16)) as u8)
+                .wrapping_mul(31)
+                .wrapping_add(seed)
+        })
         .collect()
 }
 

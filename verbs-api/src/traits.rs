@@ -421,6 +421,14 @@ pub trait CompletionQueue: Send + Sync {
     /// holds stay, in order. Fewer entries than it holds now, 0, or more than the
     /// device's `max_cqe` is EINVAL, and the CQ stays as it was.
     fn resize(&self, cqe: u32) -> Result<()>;
+
+    /// Whether a poll that finds nothing moves the device's clock on (a simulated device
+    /// on a virtual clock, such as the deterministic backend's): a waiting loop then
+    /// polls again at once, since sleeping between polls would move nothing and only
+    /// cost wall time. `false` (the default) for hardware and for devices on real time.
+    fn empty_poll_moves_time(&self) -> bool {
+        false
+    }
 }
 
 /// A completion channel (`struct ibv_comp_channel`).

@@ -42,6 +42,12 @@ impl DetCq {
 }
 
 impl CompletionQueue for DetCq {
+    /// An empty poll runs the world to its next event (outside a tokio runtime, whose
+    /// timers move the clock instead).
+    fn empty_poll_moves_time(&self) -> bool {
+        !self.shared.rt.attached_here()
+    }
+
     fn poll(&self, wc: &mut [WorkCompletion]) -> Result<usize> {
         let mut w = self.shared.enter("ibv_poll_cq")?;
         w.pump();

@@ -145,7 +145,7 @@ fn qp_sqd_budget<B: Backend>(env: &Env<B>) -> CaseResult {
             std::time::Instant::now() < deadline,
             "the empty send queue never drained in SQD"
         );
-        std::thread::sleep(std::time::Duration::from_millis(1));
+        env.settle(std::time::Duration::from_millis(1))?;
     }
     let budget = QpAttr {
         rnr_retry: 0,

@@ -256,7 +256,7 @@ fn uc_empty_rq<B: Backend>(env: &Env<B>) -> CaseResult {
         "the sender's completion of the dropped SEND"
     );
     // Time for the message to reach the responder and be dropped there.
-    std::thread::sleep(QUIET);
+    env.settle(QUIET)?;
     env.expect_empty(&p.cq_b, "the responder's CQ after a SEND with no receive")?;
     ensure_eq!(p.b.state()?, QpState::Rts, "the responder's state");
     ensure_eq!(p.a.state()?, QpState::Rts, "the requester's state");
@@ -289,7 +289,7 @@ fn uc_bad_rkey<B: Backend>(env: &Env<B>) -> CaseResult {
         WcStatus::Success,
         "the sender's completion of the WRITE with a bad rkey"
     );
-    std::thread::sleep(QUIET);
+    env.settle(QUIET)?;
     ensure!(
         dst.to_vec().iter().all(|&b| b == 0),
         "memory changed by a WRITE with a bad rkey"

@@ -408,7 +408,7 @@ fn ud_wrong_qkey<B: Backend>(env: &Env<B>) -> CaseResult {
     let before = env.ctx.query_port(1)?.qkey_viol_cntr;
     // Bit 31 clear: a plain Q_Key, not "use the QP's own".
     u.send(env, 0, 1, 0, 5, QKEY ^ 0x00ff_0000)?;
-    std::thread::sleep(QUIET);
+    env.settle(QUIET)?;
     env.expect_empty(&u.cq_r, "the receiver's CQ after a datagram with the wrong Q_Key")?;
     let after = env.ctx.query_port(1)?.qkey_viol_cntr;
     // The counter is 16 bits wide and saturates (IBA PortInfo Q_KeyViolations).
@@ -435,7 +435,7 @@ fn ud_empty_rq<B: Backend>(env: &Env<B>) -> CaseResult {
     u.src.write(0, b"dropped")?;
     u.src.write(64, b"second")?;
     u.send(env, 0, 1, 0, 7, QKEY)?;
-    std::thread::sleep(QUIET);
+    env.settle(QUIET)?;
     env.expect_empty(
         &u.cq_r,
         "the receiver's CQ after a datagram with no receive posted",
@@ -492,7 +492,7 @@ fn ud_too_large<B: Backend>(env: &Env<B>) -> CaseResult {
     u.src.write(0, &data)?;
     u.post(1, 0, mtu + 1)?;
     u.send(env, 0, 1, 0, mtu + 1, QKEY)?;
-    std::thread::sleep(QUIET);
+    env.settle(QUIET)?;
     env.expect_empty(
         &u.cq_r,
         &format!(
