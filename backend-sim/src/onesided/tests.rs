@@ -125,25 +125,25 @@ fn a_request_inside_a_published_region_is_granted_and_every_other_refused() {
     assert_eq!(p.owner.revoke_qp(qp, LONG), Revoked::Drained);
 }
 
+/// A WRITE of 100 bytes at 4096 with rkey 1 by QP 5 through `qp_slot`: inside the
+/// region most tests publish (rkey 1, PD 1, 4096 bytes at 4096).
+fn write_100(qp_slot: u32) -> Request {
+    Request {
+        qp_slot,
+        qpn: 5,
+        rkey: 1,
+        addr: 4096,
+        len: 100,
+        op: Op::Write,
+    }
+}
+
 #[test]
 fn a_grant_holds_its_slot_until_dropped() {
     let p = pair();
     p.owner.publish_mr(1, 1, RW, 4096, 4096).unwrap();
     let qp = p.owner.publish_qp(5, 1, RW).unwrap();
-    let g = p
-        .peer
-        .check(
-            &p.usage,
-            &Request {
-                qp_slot: qp.index(),
-                qpn: 5,
-                rkey: 1,
-                addr: 4096,
-                len: 100,
-                op: Op::Write,
-            },
-        )
-        .unwrap();
+    let g = p.peer.check(&p.usage, &write_100(qp.index())).unwrap();
     assert!(p.usage.any_in_use());
     drop(g);
     assert!(!p.usage.any_in_use());
@@ -156,20 +156,7 @@ fn revocation_waits_for_a_held_grant(the_qp: bool) {
     let qp = p.owner.publish_qp(5, 1, RW).unwrap();
     let q = qp.index();
     let mr = p.owner.publish_mr(1, 1, RW, 4096, 4096).unwrap();
-    let g = p
-        .peer
-        .check(
-            &p.usage,
-            &Request {
-                qp_slot: q,
-                qpn: 5,
-                rkey: 1,
-                addr: 4096,
-                len: 100,
-                op: Op::Write,
-            },
-        )
-        .unwrap();
+    let g = p.peer.check(&p.usage, &write_100(q)).unwrap();
     let done = AtomicBool::new(false);
     std::thread::scope(|s| {
         let t = s.spawn(|| {
@@ -189,20 +176,7 @@ fn revocation_waits_for_a_held_grant(the_qp: bool) {
         drop(g);
         assert_eq!(t.join().unwrap(), Revoked::Drained);
     });
-    let again = p
-        .peer
-        .check(
-            &p.usage,
-            &Request {
-                qp_slot: q,
-                qpn: 5,
-                rkey: 1,
-                addr: 4096,
-                len: 100,
-                op: Op::Write,
-            },
-        )
-        .map(|_| ());
+    let again = p.peer.check(&p.usage, &write_100(q)).map(|_| ());
     let why = match the_qp {
         true => Refused::QpNotReady,
         false => Refused::NoRegion,
@@ -225,20 +199,7 @@ fn a_peer_that_holds_a_count_is_reported_stuck_and_a_gone_one_is_ignored() {
     let p = pair();
     let mr = p.owner.publish_mr(1, 1, RW, 4096, 4096).unwrap();
     let qp = p.owner.publish_qp(5, 1, RW).unwrap();
-    let g = p
-        .peer
-        .check(
-            &p.usage,
-            &Request {
-                qp_slot: qp.index(),
-                qpn: 5,
-                rkey: 1,
-                addr: 4096,
-                len: 100,
-                op: Op::Write,
-            },
-        )
-        .unwrap();
+    let g = p.peer.check(&p.usage, &write_100(qp.index())).unwrap();
     match p.owner.revoke_qp(qp, Duration::from_millis(20)) {
         Revoked::Stuck(peers) => assert!(peers.len() == 1 && Arc::ptr_eq(&peers[0], &p.conn)),
         Revoked::Drained => panic!("a held count drained"),
