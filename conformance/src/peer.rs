@@ -247,6 +247,15 @@ pub fn run_client<B: Backend, T>(
     match cfg.peer {
         Some(addr) => finish(connect(&addr.to_string())?),
         None => {
+            // The server half runs on a thread of its own, which a deterministic world
+            // refuses: say so at once rather than wait out the client's timeout.
+            if (backend as &dyn std::any::Any).is::<backend_sim_det::Det>() {
+                return Err(Failure(
+                    "the server half runs on another thread over a TCP side channel, which the \
+                     deterministic backend refuses (one thread, no sockets)"
+                        .into(),
+                ));
+            }
             let listener = CmListener::bind("127.0.0.1:0")?;
             let addr = listener.local_addr()?.to_string();
             std::thread::scope(|s| {
