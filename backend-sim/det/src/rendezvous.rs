@@ -175,7 +175,7 @@ impl Det {
         offer: &Offer,
     ) -> Result<Peer<()>> {
         attach(&self.shared, "Det::connect")?;
-        let mut c = self.request(host, port, ctx, qp, params, offer)?;
+        let mut c = self.connect_start(host, port, ctx, qp, params, offer)?;
         let to = c.to.clone();
         let a = within(offer, "the server's answer to a det connection request", async {
             (&mut c.answered).await.map_err(|_| refused(&to, UNANSWERED))
@@ -190,19 +190,6 @@ impl Det {
     /// `qp` to RTS. The steps are the in-memory `cm::connect`, taken in turn as a sync
     /// client and server take theirs.
     pub fn connect_start<C: Context, Q: QueuePair>(
-        &self,
-        host: &str,
-        port: u16,
-        ctx: &C,
-        qp: &Q,
-        params: &RcParams,
-        offer: &Offer,
-    ) -> Result<DetConnecting> {
-        self.request(host, port, ctx, qp, params, offer)
-    }
-
-    /// Sends the request of a connection to `host`'s `port`.
-    fn request<C: Context, Q: QueuePair>(
         &self,
         host: &str,
         port: u16,
