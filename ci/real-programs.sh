@@ -152,9 +152,11 @@ pair() {
     local rc=0 why=()
     timeout "$limit" "${run[@]}" "${cli[@]}" >"$clog" 2>&1 || rc=$?
     [ "$rc" = 0 ] || { status=FAIL; why+=("client $(exit_words "$rc")"); }
-    # A server that serves one client exits by itself; one that serves for ever (qperf)
-    # is stopped.
-    if ! wait_for "$pid" 5; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true;
+    # A server that serves one client exits by itself (given 5 s to); one that serves
+    # for ever (PAIR_STAYS=1: qperf's) is stopped once its client is done.
+    local grace=5
+    [ -z "${PAIR_STAYS:-}" ] || grace=0
+    if ! wait_for "$pid" "$grace"; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true;
     else
         rc=0
         wait "$pid" || rc=$?
@@ -208,7 +210,7 @@ fail_details() { # NAME REASONS LOG...
 # Whether process $1 ends within $2 seconds.
 wait_for() {
     local i
-    for i in $(seq $(($2 * 10))); do
+    for i in $(seq 0 $(($2 * 10))); do
         kill -0 "$1" 2>/dev/null || return 0
         sleep 0.1
     done
@@ -278,7 +280,8 @@ for a in FETCH_AND_ADD CMP_AND_SWAP; do
 done
 
 # ---------------------------------------------------------------- qperf
-# The server serves every test of a mode; -cp1 polls the CQ, the default waits for events.
+# A server per test (qperf's serves for ever); -cp1 polls the CQ, the default waits for
+# events.
 for mode in events polling; do
     opt=()
     [ "$mode" = events ] || opt=(-cp1)
@@ -288,7 +291,7 @@ for mode in events polling; do
         # C10-93.1.1, rxe_req.c), so nothing would be received. One MTU's worth is.
         size=()
         [ "$t" != ud_bw ] || size=(-m 1024)
-        pair "qperf-$t-$mode" portable "$qperf" -- qperf -lp @PORT@ ::: qperf -lp @PORT@ 127.0.0.1 -t 1 "${opt[@]}" "${size[@]}" "$t"
+        PAIR_STAYS=1 pair "qperf-$t-$mode" portable "$qperf" -- qperf -lp @PORT@ ::: qperf -lp @PORT@ 127.0.0.1 -t 1 "${opt[@]}" "${size[@]}" "$t"
     done
 done
 
