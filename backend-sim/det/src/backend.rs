@@ -1,5 +1,8 @@
 //! The deterministic backend as a [`verbs_api::Backend`]: its objects' types, its
-//! devices listed and opened by name (`ibv_get_device_list`, `ibv_open_device`).
+//! devices listed and opened by name (`ibv_get_device_list`, `ibv_open_device`), and its
+//! clock, which is virtual: [`Backend::settle`] runs the world instead of sleeping.
+
+use std::time::Duration;
 
 use verbs_api::{Backend, DeviceInfo, Error, Result};
 
@@ -37,6 +40,17 @@ impl Backend for Det {
                 transport: "InfiniBand".into(),
             })
             .collect())
+    }
+
+    /// Runs the world through `d` of virtual time, or until nothing is left to happen
+    /// ([`Det::settle`]): a thread's sleep would move nothing in it.
+    fn settle(&self, d: Duration) -> Result<()> {
+        Det::settle(self, d).map(drop)
+    }
+
+    /// Always: the world's clock moves as its program waits.
+    fn clock_is_virtual(&self) -> bool {
+        true
     }
 
     fn open(&self, name: &str) -> Result<DetContext> {
