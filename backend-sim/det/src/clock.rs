@@ -1,8 +1,13 @@
 //! A world's link to the tokio runtime it is attached to: one clock for both (the
-//! world's virtual time is the runtime's paused time since the attachment), the count
-//! of verbs that may have changed what happens next and the waits to wake then, and the
-//! count of empty polls at one instant. What an attachment means, and how an async wait
-//! uses it, is [`crate::paused`]'s.
+//! world's virtual time is the runtime's paused time since the attachment), the runtime
+//! the world is bound to, the count of verbs that may have changed what happens next
+//! and the waits to wake then, and the count of empty polls at one instant. What an
+//! attachment means, and how an async wait uses it, is [`crate::paused`]'s.
+//!
+//! A world is bound to the runtime it was attached in, by the runtime's id
+//! (`tokio::runtime::Handle::id`): another runtime's paused clock starts and jumps on
+//! its own, so a verb called from it would run the world by a clock that is not the
+//! world's. It is refused, naming both runtimes.
 
 use std::future::poll_fn;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -10,7 +15,7 @@ use std::task::{Poll, Waker};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use tokio::runtime::Handle;
+use tokio::runtime::{Handle, Id};
 use tokio::time::Instant;
 use verbs_api::Result;
 
@@ -34,6 +39,8 @@ struct Anchor {
     at: Instant,
     /// The world's time then.
     base: Duration,
+    /// The runtime the world is bound to.
+    runtime: Id,
 }
 
 /// A world's link to the tokio runtime it is attached to.
@@ -49,16 +56,38 @@ pub(crate) struct Runtime {
 }
 
 impl Runtime {
-    /// Attaches the world, whose time is `world_now`, to the runtime this is called in
-    /// (once: a later call changes nothing).
-    pub(crate) fn attach_here(&self, world_now: Duration) {
+    /// Attaches the world, whose time is `world_now`, to the runtime this is called in,
+    /// and binds it to that runtime (once: a later call changes nothing).
+    pub(crate) fn attach_here(&self, handle: &Handle, world_now: Duration) {
         let mut anchor = self.anchor.lock();
         if anchor.is_none() {
             *anchor = Some(Anchor {
                 at: Instant::now(),
                 base: world_now,
+                runtime: handle.id(),
             });
         }
+    }
+
+    /// Refuses verb `call` from inside a tokio runtime other than the one the world is
+    /// bound to. Outside any runtime (sync code beside the runtime) it may run.
+    pub(crate) fn check_runtime(&self, call: &str) -> Result<()> {
+        let Some(bound) = self.anchor.lock().map(|a| a.runtime) else {
+            return Ok(());
+        };
+        let Ok(here) = Handle::try_current().map(|h| h.id()) else {
+            return Ok(());
+        };
+        if here == bound {
+            return Ok(());
+        }
+        Err(refused(format!(
+            "{call} from tokio runtime {here}, but this deterministic world is bound to tokio \
+             runtime {bound}, the first it was awaited in: its virtual clock is that runtime's \
+             paused clock, which another runtime's does not follow. Use one runtime per world \
+             (spawn every task of the world on runtime {bound}), or build a world per runtime \
+             (Det::builder()..build() for each)"
+        )))
     }
 
     /// Called by every verb as it enters the world: wakes the waits (unless the verb
@@ -74,14 +103,17 @@ impl Runtime {
         }
     }
 
-    /// tokio's now as world time, when attached and called inside a runtime.
+    /// tokio's now as world time, when attached and called inside the runtime the world
+    /// is bound to.
     pub(crate) fn virtual_now(&self) -> Option<Duration> {
         let a = (*self.anchor.lock())?;
-        Handle::try_current().ok()?;
+        if Handle::try_current().ok()?.id() != a.runtime {
+            return None;
+        }
         Some(a.base + Instant::now().saturating_duration_since(a.at))
     }
 
-    /// Whether the world is attached and this is called inside the runtime.
+    /// Whether the world is attached and this is called inside its runtime.
     pub(crate) fn attached_here(&self) -> bool {
         self.virtual_now().is_some()
     }

@@ -89,8 +89,10 @@
 //! on a tokio timer at the world's next event (tokio's paused clock jumps to it when
 //! every task waits), every verb first runs the world up to tokio's now, and a verb that
 //! may make an earlier event wakes the waits. An empty poll then no longer moves the
-//! clock. Refused, saying what to use: a multi-thread or unpaused runtime, a wait
-//! nothing will end ([`IDLE_WAIT`]), a polling loop that never awaits. Programs see
+//! clock. The world is bound to that runtime: a verb or a wait from inside another one
+//! is refused, naming both. Refused too, saying what to use: a multi-thread or unpaused
+//! runtime, a wait nothing will end ([`IDLE_WAIT`]), a polling loop that never awaits.
+//! Programs see
 //! completions at tokio's timer granularity (1 ms).
 //!
 //! ```

@@ -6,7 +6,9 @@
 //! rendezvous) inside a tokio runtime, which must be a `current_thread` one with paused
 //! time (`#[tokio::test(start_paused = true)]`): anything else is refused, saying so.
 //! From then on one clock rules both: the world's virtual time is tokio's paused time
-//! since the attachment (plus the world's time then).
+//! since the attachment (plus the world's time then), and the world is bound to that
+//! runtime: a verb or a wait from inside another runtime is refused, naming both
+//! ([`crate::clock`]).
 //!
 //! - Every verb called inside the runtime first runs the world up to tokio's now, so a
 //!   post after `tokio::time::sleep(10 s)` happens 10 s later in the world too, and
@@ -61,7 +63,7 @@ pub(crate) fn attach(shared: &Shared, what: &str) -> Result<()> {
         )));
     }
     let w = shared.enter("attach to tokio")?;
-    shared.rt.attach_here(w.net.now());
+    shared.rt.attach_here(&handle, w.net.now());
     Ok(())
 }
 

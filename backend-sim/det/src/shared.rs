@@ -1,7 +1,8 @@
 //! The handle every verbs object holds on its world: the world behind a lock, the thread
 //! it belongs to, its link to a tokio runtime ([`crate::clock`]) and its rendezvous
-//! listeners. Every verb enters the world through it: from another thread it is refused
-//! (the world is single-threaded).
+//! listeners. Every verb enters the world through it: from another thread, or from
+//! another tokio runtime than the one the world is bound to, it is refused (the world is
+//! single-threaded, and a second runtime's clock is not the world's).
 
 use std::sync::Arc;
 use std::thread::ThreadId;
@@ -45,7 +46,8 @@ impl Shared {
         })
     }
 
-    /// The world, for verb `call` of the owning thread; another thread is refused.
+    /// The world, for verb `call` of the owning thread; another thread is refused, and
+    /// so is another tokio runtime than the one the world is bound to.
     pub(crate) fn enter(&self, call: &'static str) -> Result<MutexGuard<'_, World>> {
         if std::thread::current().id() != self.owner {
             return Err(refused(format!(
@@ -54,6 +56,7 @@ impl Shared {
                  the server in the thread that built it, interleaving their steps"
             )));
         }
+        self.rt.check_runtime(call)?;
         // Only the owner enters, one verb at a time: a world that is locked now is
         // being entered again from within a verb, which must not wait for itself.
         let mut w = self
