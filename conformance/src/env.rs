@@ -416,15 +416,11 @@ impl<'a, B: Backend> Env<'a, B> {
         Ok(poll_quiet(cq, Duration::ZERO)?)
     }
 
-    /// Lets `d` pass for the devices: the deterministic backend runs its world through
-    /// `d` of virtual time (a thread's sleep moves nothing there); the others sleep.
+    /// Lets `d` pass for the devices ([`Backend::settle`]): a backend on a virtual clock
+    /// runs its world through `d` of virtual time (a thread's sleep moves nothing there);
+    /// the others sleep.
     pub fn settle(&self, d: Duration) -> Result<(), Failure> {
-        if let Some(det) = (self.backend as &dyn std::any::Any).downcast_ref::<backend_sim_det::Det>() {
-            det.settle(d)?;
-        } else {
-            std::thread::sleep(d);
-        }
-        Ok(())
+        Ok(self.backend.settle(d)?)
     }
 
     /// Checks a completion's status: `want` is what a real HCA reports; `alt` lists what a

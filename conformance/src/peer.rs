@@ -247,14 +247,16 @@ pub fn run_client<B: Backend, T>(
     match cfg.peer {
         Some(addr) => finish(connect(&addr.to_string())?),
         None => {
-            // The server half runs on a thread of its own, which a deterministic world
-            // refuses: say so at once rather than wait out the client's timeout.
-            if (backend as &dyn std::any::Any).is::<backend_sim_det::Det>() {
-                return Err(Failure(
+            // The server half runs on a thread of its own, which a backend on a virtual
+            // clock cannot take part in: say so at once rather than wait out the client's
+            // timeout.
+            if backend.clock_is_virtual() {
+                return Err(Failure(format!(
                     "the server half runs on another thread over a TCP side channel, which the \
-                     deterministic backend refuses (one thread, no sockets)"
-                        .into(),
-                ));
+                     {} backend refuses: its clock is virtual, moved by one thread's verbs \
+                     (one thread, no sockets)",
+                    backend.name()
+                )));
             }
             let listener = CmListener::bind("127.0.0.1:0")?;
             let addr = listener.local_addr()?.to_string();

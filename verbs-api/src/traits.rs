@@ -96,6 +96,27 @@ pub trait Backend: Send + Sync + Sized + 'static {
             }),
         }
     }
+
+    /// Lets `d` of the devices' time pass: what a program does when it waits for
+    /// something that no completion announces (a message that should *not* arrive, a
+    /// peer's timer). On hardware and on devices on real time (the default) the calling
+    /// thread sleeps `d`. A simulated device on a virtual clock (the deterministic
+    /// backend's) does not move while a thread sleeps: it runs its world through `d` of
+    /// virtual time instead (or until nothing is left to happen in it), at no wall-clock
+    /// cost. Fails only where the backend refuses the calling thread.
+    fn settle(&self, d: Duration) -> Result<()> {
+        std::thread::sleep(d);
+        Ok(())
+    }
+
+    /// Whether the devices' clock is virtual (the deterministic backend's): then time
+    /// moves only as the program's verbs and waits move it, in the one thread that owns
+    /// the devices, so work of another thread (a server half on a thread of its own, a
+    /// peer behind a socket) cannot take part, and a wall-clock measure means nothing.
+    /// `false` (the default) for hardware and for devices on real time.
+    fn clock_is_virtual(&self) -> bool {
+        false
+    }
 }
 
 /// An open device (`struct ibv_context`).

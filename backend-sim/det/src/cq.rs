@@ -9,9 +9,10 @@ use std::time::Duration;
 
 use verbs_api::{CompletionChannel, CompletionQueue, Error, EventWait, Result, WorkCompletion};
 
-use crate::objects::MAX_CQE;
+use crate::limits::MAX_CQE;
 use crate::refuse::refused;
-use crate::world::{overflow, Shared, World};
+use crate::shared::Shared;
+use crate::world::{overflow, World};
 
 /// A completion queue of the deterministic world.
 pub struct DetCq {

@@ -5,14 +5,14 @@
 //! (one line per fault) and the command that replays that schedule alone
 //! ([`SCHEDULE_SETTING`]).
 
-use std::cell::Cell;
 use std::fmt;
 use std::ops::Range;
-use std::panic::{self, AssertUnwindSafe};
-use std::sync::Once;
 
+use backend_sim_proto::fabric::Schedule;
+
+use crate::det::{Det, DetBuilder};
+use crate::run::run_test;
 use crate::shrink::{self, Shrunk};
-use crate::{Det, DetBuilder, Schedule};
 
 /// The setting that runs only the seed it names (a replay).
 pub const SEED_SETTING: &str = "DET_SEED";
@@ -213,47 +213,10 @@ fn schedule_setting(text: &str, seed: Option<u64>) -> Result<(u64, Schedule), Fa
     }
 }
 
-thread_local! {
-    /// Whether a panic of this thread is the harness's to report (not printed).
-    static QUIET: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Runs `test` in `det`: its error, or the message of its panic (an `assert!` in the
-/// test is a failure like an `Err`, with a seed and a schedule to shrink). The panic is
-/// not printed, as the failure will be; other threads' panics print as before.
-pub(crate) fn run_test<E: fmt::Display>(
-    test: &mut impl FnMut(&Det) -> Result<(), E>,
-    det: &Det,
-) -> Result<(), String> {
-    static HOOK: Once = Once::new();
-    HOOK.call_once(|| {
-        let previous = panic::take_hook();
-        panic::set_hook(Box::new(move |info| {
-            if !QUIET.with(Cell::get) {
-                previous(info);
-            }
-        }));
-    });
-    QUIET.with(|q| q.set(true));
-    let r = panic::catch_unwind(AssertUnwindSafe(|| test(det)));
-    QUIET.with(|q| q.set(false));
-    match r {
-        Ok(r) => r.map_err(|e| e.to_string()),
-        Err(payload) => {
-            let msg = payload
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a panic without a message".into());
-            Err(format!("panicked: {msg}"))
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Fault, FrameKey, What};
+    use backend_sim_proto::fabric::{Fault, FrameKey, What};
     use verbs_api::Backend;
 
     /// A test that passes: it opens a device (the plumbing of the settings is what is

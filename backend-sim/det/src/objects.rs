@@ -13,53 +13,15 @@ use verbs_api::{
 };
 
 use crate::cq::{DetChannel, DetCq};
+use crate::det::Det;
+use crate::handles::{DetContext, DetPd};
+use crate::limits::{gid, guid, MAX_CQE, MAX_INLINE, MAX_MSG, MAX_QP_WR, MAX_RD_ATOM, MAX_SGE};
 use crate::qp::DetQp;
 use crate::refuse::{refused, DetAh, DetMw, DetSrq};
-use crate::world::{CqState, Shared};
-use crate::Det;
-
-/// The most entries a CQ, and WRs a queue, may have.
-pub(crate) const MAX_CQE: u32 = 1 << 16;
-const MAX_QP_WR: u32 = 1 << 14;
-const MAX_SGE: u32 = 32;
-const MAX_RD_ATOM: u32 = 16;
-const MAX_INLINE: u32 = 256;
-const MAX_MSG: u32 = 1 << 31;
-
-/// The node GUID of the world's `n`-th device.
-pub(crate) fn guid(n: usize) -> u64 {
-    0x0de7_0000_0000_0000 | (n as u64 + 1)
-}
-
-/// The GID of the world's `n`-th device (link-local, its index in the last bytes).
-pub(crate) fn gid(n: usize) -> Gid {
-    let mut g = [0u8; 16];
-    g[0] = 0xfe;
-    g[1] = 0x80;
-    g[8..].copy_from_slice(&guid(n).to_be_bytes());
-    Gid(g)
-}
-
-/// An open device of the deterministic world.
-#[derive(Clone)]
-pub struct DetContext {
-    pub(crate) shared: Arc<Shared>,
-    pub(crate) dev: usize,
-    /// Its queue of asynchronous events in the world.
-    pub(crate) id: usize,
-    name: String,
-}
+use crate::shared::Shared;
+use crate::world::CqState;
 
 impl DetContext {
-    pub(crate) fn new(shared: Arc<Shared>, dev: usize, id: usize, name: String) -> DetContext {
-        DetContext {
-            shared,
-            dev,
-            id,
-            name,
-        }
-    }
-
     fn check_port(&self, port_num: u8) -> Result<()> {
         if port_num == 1 {
             Ok(())
@@ -221,12 +183,6 @@ impl Context for DetContext {
     fn async_fd(&self) -> std::os::fd::RawFd {
         -1
     }
-}
-
-/// A protection domain of the deterministic world.
-pub struct DetPd {
-    pub(crate) ctx: DetContext,
-    pub(crate) handle: u32,
 }
 
 impl ProtectionDomain for DetPd {

@@ -17,9 +17,11 @@ use verbs_api::{
 };
 
 use crate::cq::DetCq;
-use crate::objects::{gid, DetPd};
+use crate::handles::DetPd;
+use crate::limits::gid;
 use crate::refuse::{refused, DetSrq};
-use crate::world::{Device, QpSlot, Shared};
+use crate::shared::Shared;
+use crate::world::{Device, QpSlot};
 
 /// The device limits a modify checks against.
 const LIMITS: QpLimits = QpLimits {

@@ -19,44 +19,19 @@
 //! answers it (the server's QP in RTS) and [`DetConnecting::finish`] brings the client's
 //! QP up. A step out of turn fails with EAGAIN, saying which step comes first.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
 use verbs_api::cm::{Offer, Peer, DEFAULT_TIMEOUT, MAX_MRS, MAX_PRIVATE};
 use verbs_api::{
     local_endpoint, modify_to_init, modify_to_rtr, modify_to_rts, Context, Endpoint, Error, QpState,
-    QueuePair, RcParams, RemoteMr, Result,
+    QueuePair, RcParams, Result,
 };
 
+use crate::det::Det;
+use crate::listeners::{Answer, Hello, Request};
 use crate::paused::attach;
-use crate::world::Shared;
-use crate::Det;
-
-/// One side's hello: its QP's endpoint and its offer.
-struct Hello {
-    endpoint: Endpoint,
-    mrs: Vec<RemoteMr>,
-    private_data: Vec<u8>,
-}
-
-/// A client's request, with where the answer goes.
-struct Request {
-    hello: Hello,
-    answer: oneshot::Sender<Answer>,
-}
-
-/// The server's answer, and where the client says its QP is in RTS (or why not).
-struct Answer {
-    hello: Hello,
-    ready: oneshot::Sender<std::result::Result<(), String>>,
-}
-
-/// The listeners of a world, by host name and port.
-#[derive(Default)]
-pub(crate) struct Listeners {
-    by_addr: BTreeMap<(String, u16), mpsc::UnboundedSender<Request>>,
-}
+use crate::shared::Shared;
 
 /// A server waiting for [`Det::connect`]s on one host name and port of its world
 /// (the in-memory `verbs_api::cm::CmListener`). Dropping it closes the port: requests
@@ -144,7 +119,7 @@ impl Det {
         }
         drop(w);
         let addr = (host.to_string(), port);
-        let mut l = self.shared.rt.listeners.lock();
+        let mut l = self.shared.listeners.lock();
         if l.by_addr.contains_key(&addr) {
             return Err(Error::cm(
                 "bind",
@@ -203,7 +178,7 @@ impl Det {
         let me = me(ctx, qp, params)?;
         let to = format!("{host}:{port}");
         let tx = {
-            let l = self.shared.rt.listeners.lock();
+            let l = self.shared.listeners.lock();
             match l.by_addr.get(&(host.to_string(), port)) {
                 Some(tx) => tx.clone(),
                 None => {
@@ -372,6 +347,6 @@ impl std::fmt::Debug for DetListener {
 
 impl Drop for DetListener {
     fn drop(&mut self) {
-        self.shared.rt.listeners.lock().by_addr.remove(&self.addr);
+        self.shared.listeners.lock().by_addr.remove(&self.addr);
     }
 }

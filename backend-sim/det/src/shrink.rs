@@ -24,8 +24,10 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::harness::run_test;
-use crate::{Det, DetBuilder, Fault, Schedule, What};
+use backend_sim_proto::fabric::{Fault, Schedule, What};
+
+use crate::det::{Det, DetBuilder};
+use crate::run::run_test;
 
 /// Runs a shrink makes at most, unless told otherwise.
 pub const MAX_RUNS: u32 = 400;

@@ -1,15 +1,15 @@
-//! The world: every device, QP, CQ and completion channel of a [`Det`](crate::Det) run,
+//! The world: every device, QP, CQ and completion channel of a deterministic run,
 //! the network between them, and the one loop that moves it: `pump` (each QP builds
 //! what it may send now, the frames go on the network, completions go to their CQs)
 //! and `advance` (the clock moves to the next frame's arrival or the next requester
 //! timer, and what is due then runs).
 //!
-//! The world belongs to the thread that built it ([`Shared::enter`] refuses any other),
-//! so nothing in a run depends on a scheduler: only on the seed and on the program.
+//! The world belongs to the thread that built it (its handle, `shared.rs`, refuses any
+//! other), so nothing in a run depends on a scheduler: only on the seed and on the
+//! program.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
-use std::thread::ThreadId;
 use std::time::Duration;
 
 use backend_sim_proto::fabric::net::InFlight;
@@ -17,7 +17,6 @@ use backend_sim_proto::fabric::{FaultMix, Net, Port, Sent};
 use backend_sim_proto::memory::MrTable;
 use backend_sim_proto::qp::SqSlots;
 use backend_sim_proto::switches::Switches;
-use parking_lot::{Mutex, MutexGuard};
 use verbs_api::{AsyncEvent, Error, QpState, Result, WcStatus, WorkCompletion};
 
 use crate::refuse::refused;
@@ -31,82 +30,6 @@ pub const IDLE_POLLS: u32 = 10_000;
 /// QPNs, and each device's keys (`KEYS + device`).
 const QPNS: u64 = 1 << 40;
 const KEYS: u64 = 1 << 41;
-
-/// The world and the thread it belongs to.
-pub(crate) struct Shared {
-    world: Mutex<World>,
-    owner: ThreadId,
-    /// The tokio runtime the world may be attached to, and its rendezvous listeners.
-    pub(crate) rt: crate::paused::Runtime,
-}
-
-impl Shared {
-    /// A world of devices `hosts` under `seed`, its QPs behaving as `sw` says, its waits
-    /// bounded by `budget` (see [`crate::budget`]), owned by the calling thread.
-    pub(crate) fn new(
-        seed: u64,
-        mix: FaultMix,
-        hosts: Vec<String>,
-        sw: Switches,
-        budget: Duration,
-    ) -> Arc<Shared> {
-        Arc::new(Shared {
-            world: Mutex::new(World {
-                net: Net::new(seed, mix),
-                sw,
-                budget,
-                last_step: Duration::ZERO,
-                timeouts_at_step: 0,
-                devices: hosts
-                    .into_iter()
-                    .map(|name| Device {
-                        name,
-                        mrs: MrTable::default(),
-                        keys: 0,
-                    })
-                    .collect(),
-                qps: BTreeMap::new(),
-                cqs: Vec::new(),
-                contexts: Vec::new(),
-                channels: Vec::new(),
-                qpns: 0,
-                pds: 0,
-                idle_polls: 0,
-            }),
-            owner: std::thread::current().id(),
-            rt: Default::default(),
-        })
-    }
-
-    /// The world, for verb `call` of the owning thread; another thread is refused.
-    pub(crate) fn enter(&self, call: &'static str) -> Result<MutexGuard<'_, World>> {
-        if std::thread::current().id() != self.owner {
-            return Err(refused(format!(
-                "{call} from another thread: a deterministic world is single-threaded (a \
-                 second thread's timing is not the seed's to decide); run the client and \
-                 the server in the thread that built it, interleaving their steps"
-            )));
-        }
-        // Only the owner enters, one verb at a time: a world that is locked now is
-        // being entered again from within a verb, which must not wait for itself.
-        let mut w = self
-            .world
-            .try_lock()
-            .ok_or_else(|| refused(format!("{call} within another verb of the same world")))?;
-        self.rt.on_enter(call, &mut w);
-        Ok(w)
-    }
-
-    /// Refuses verb `call` from another thread, for verbs that need nothing of the world.
-    pub(crate) fn check(&self, call: &'static str) -> Result<()> {
-        self.enter(call).map(drop)
-    }
-
-    /// The world from any thread, for what cannot fail (a drop, the trace).
-    pub(crate) fn lock_any(&self) -> MutexGuard<'_, World> {
-        self.world.lock()
-    }
-}
 
 /// One device: its name, its registered memory.
 pub(crate) struct Device {
@@ -170,6 +93,33 @@ pub(crate) struct World {
 }
 
 impl World {
+    /// A world of devices `hosts` under `seed`, its network's faults `mix`, its QPs
+    /// behaving as `sw` says, its waits bounded by `budget` (see [`crate::budget`]).
+    pub(crate) fn new(seed: u64, mix: FaultMix, hosts: Vec<String>, sw: Switches, budget: Duration) -> World {
+        World {
+            net: Net::new(seed, mix),
+            sw,
+            budget,
+            last_step: Duration::ZERO,
+            timeouts_at_step: 0,
+            devices: hosts
+                .into_iter()
+                .map(|name| Device {
+                    name,
+                    mrs: MrTable::default(),
+                    keys: 0,
+                })
+                .collect(),
+            qps: BTreeMap::new(),
+            cqs: Vec::new(),
+            contexts: Vec::new(),
+            channels: Vec::new(),
+            qpns: 0,
+            pds: 0,
+            idle_polls: 0,
+        }
+    }
+
     /// A QPN from the seed (24 bits, not 0 or 1, unused).
     pub(crate) fn fresh_qpn(&mut self) -> u32 {
         loop {

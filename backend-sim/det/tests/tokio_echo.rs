@@ -3,8 +3,9 @@
 //! rendezvous, on the deterministic fabric under loss, duplication and reordering: every
 //! seed passes, the same seed gives the same trace, and a `tokio::time::sleep` in the
 //! client follows the virtual clock. And what the world refuses: a runtime that is not a
-//! paused current_thread one, a wait nothing will end, a polling loop that never awaits,
-//! a connection nobody listens for.
+//! paused current_thread one, a second runtime after the one the world is bound to, a
+//! wait nothing will end, a polling loop that never awaits, a connection nobody listens
+//! for.
 
 use std::time::Duration;
 
@@ -252,6 +253,44 @@ fn a_runtime_that_is_not_a_paused_current_thread_one_is_refused() {
         .unwrap();
     let (m, _) = wait_in(&Det::builder().build(), running);
     assert!(m.contains("not paused") && m.contains("start_paused"), "{m}");
+}
+
+#[test]
+fn a_world_used_from_a_second_runtime_is_refused_naming_both() {
+    let det = Det::builder().build();
+    let first = paused_runtime();
+    let second = paused_runtime();
+    // The first async wait binds the world to the first runtime (it times out here).
+    let (s, bound) = first.block_on(async {
+        let s = side(&det, "det0").expect("a side");
+        let _ = tokio::time::timeout(Duration::from_millis(1), s.acq.next()).await;
+        (s, tokio::runtime::Handle::current().id())
+    });
+    let (other, wait, verb) = second.block_on(async {
+        // Bounded, so that a world that does not refuse shows as a wrong outcome here
+        // rather than as a hang.
+        let wait = tokio::time::timeout(Duration::from_secs(1), s.acq.next()).await;
+        let verb = det.open("det0").err().map(|e| e.to_string());
+        (tokio::runtime::Handle::current().id(), wait, verb)
+    });
+    let m = match wait {
+        Ok(Err(e)) => e.to_string(),
+        Ok(Ok(w)) => panic!("a completion from the second runtime: {w:?}"),
+        Err(_) => panic!("the wait from the second runtime was not refused"),
+    };
+    for m in [&m, &verb.expect("a verb from the second runtime refused")] {
+        assert!(
+            m.contains(&format!("runtime {other}")) && m.contains(&format!("runtime {bound}")),
+            "{m}"
+        );
+        assert!(
+            m.contains("one runtime per world") && m.contains("a world per runtime"),
+            "{m}"
+        );
+    }
+    // The runtime it is bound to still runs it.
+    let again = first.block_on(async { tokio::time::timeout(Duration::from_millis(1), s.acq.next()).await });
+    assert!(again.is_err(), "the first runtime's wait ended: {again:?}");
 }
 
 #[test]
