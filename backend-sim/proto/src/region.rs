@@ -275,3 +275,29 @@ impl Seg {
         })
     }
 }
+
+/// The bytes `at..at + len` of the scatter list `segs`, as ranges of the same regions:
+/// where a part of a message goes (the responder) or comes from (the requester resuming
+/// a message at a packet boundary).
+pub(crate) fn slice(segs: &[Seg], mut at: usize, len: usize) -> Vec<Seg> {
+    let mut out = Vec::new();
+    let mut left = len;
+    for s in segs {
+        if left == 0 {
+            break;
+        }
+        if at >= s.len {
+            at -= s.len;
+            continue;
+        }
+        let n = (s.len - at).min(left);
+        out.push(Seg {
+            mr: s.mr.clone(),
+            offset: s.offset + at,
+            len: n,
+        });
+        left -= n;
+        at = 0;
+    }
+    out
+}
