@@ -43,6 +43,7 @@ pub(super) fn ud_ah<B: Backend>(env: &Env<B>) -> CaseResult {
     }
     Ok(Outcome::Pass)
 }
+
 pub(super) fn ud_ah_udp_hint<B: Backend>(env: &Env<B>) -> CaseResult {
     let u = UdSetup::new(env, 1)?;
     let link_layer = env.ctx.query_port(1)?.link_layer;

@@ -48,6 +48,7 @@ pub(super) fn ud_qkey_high_bit<B: Backend>(env: &Env<B>) -> CaseResult {
     ensure!(wc.is_ok(), "the datagram sent with QKEY: {wc:?}");
     Ok(Outcome::Pass)
 }
+
 pub(super) fn ud_wrong_qkey<B: Backend>(env: &Env<B>) -> CaseResult {
     let u = UdSetup::new(env, 1)?;
     u.src.write(0, b"wrong")?;
@@ -77,6 +78,7 @@ pub(super) fn ud_wrong_qkey<B: Backend>(env: &Env<B>) -> CaseResult {
     );
     Ok(Outcome::Pass)
 }
+
 pub(super) fn ud_empty_rq<B: Backend>(env: &Env<B>) -> CaseResult {
     let u = UdSetup::new(env, 1)?;
     u.src.write(0, b"dropped")?;
@@ -96,6 +98,7 @@ pub(super) fn ud_empty_rq<B: Backend>(env: &Env<B>) -> CaseResult {
     ensure_eq!(read_back(&u.dst, GRH, 6)?, b"second".to_vec(), "payload");
     Ok(Outcome::Pass)
 }
+
 /// rxe fails the receive as malformed and moves the QP to ERR.
 const RXE_UD_TOO_SMALL: &str = "rxe's copy_data() returns -EINVAL when the datagram and its 40 bytes of GRH exceed the \
 receive's SGEs (rxe_mr.c), send_data_in() reports RESPST_ERR_MALFORMED_WQE, completed as LOC_QP_OP_ERR, and the QP \
@@ -126,6 +129,7 @@ pub(super) fn ud_recv_too_small<B: Backend>(env: &Env<B>) -> CaseResult {
     );
     Ok(Outcome::Pass)
 }
+
 pub(super) fn ud_too_large<B: Backend>(env: &Env<B>) -> CaseResult {
     let u = UdSetup::new(env, 1)?;
     let mtu = env.ctx.query_port(1)?.active_mtu.bytes() as usize;

@@ -93,6 +93,7 @@ pub(super) fn ud_modify_masks<B: Backend>(env: &Env<B>) -> CaseResult {
     ensure_eq!(qp.state()?, QpState::Reset, "state after RTS -> RESET");
     Ok(Outcome::Pass)
 }
+
 /// rxe accepts the post and fails the WR when it executes.
 const RXE_WRITE_ON_UD: &str = "RDMA WRITE on UD is accepted by post_send, then completes with LOC_QP_OP_ERR and \
 the QP goes to ERR: rdma-core providers/rxe/rxe.c validate_send_wr() does not check the opcode against the QP \
@@ -136,6 +137,7 @@ pub(super) fn ud_opcode_write<B: Backend>(env: &Env<B>) -> CaseResult {
     env.expect_empty(&u.cq_r, "the receiver's CQ")?;
     Ok(Outcome::Pass)
 }
+
 /// The QP under test is `r`; it sends to `s[0]` (which posts no receive: what reached it
 /// would be dropped), and `s[0]` sends it the datagram its receive waits for.
 pub(super) fn ud_send_error<B: Backend>(env: &Env<B>) -> CaseResult {
@@ -167,6 +169,7 @@ pub(super) fn ud_send_error<B: Backend>(env: &Env<B>) -> CaseResult {
         },
     )
 }
+
 pub(super) fn ud_destination<B: Backend>(env: &Env<B>) -> CaseResult {
     let u = UdSetup::new(env, 1)?;
     let sge = [u.src.sge(0, 8)?];

@@ -56,6 +56,7 @@ pub(super) fn ud_send_recv<B: Backend>(env: &Env<B>) -> CaseResult {
     ensure_eq!(wc.src_qp, u.s[0].qp_num(), "src_qp");
     Ok(Outcome::Pass)
 }
+
 pub(super) fn ud_grh<B: Backend>(env: &Env<B>) -> CaseResult {
     let u = UdSetup::new(env, 1)?;
     u.dst.fill(0xee);
@@ -146,6 +147,7 @@ pub(super) fn ud_grh<B: Backend>(env: &Env<B>) -> CaseResult {
     }
     Ok(Outcome::Pass)
 }
+
 pub(super) fn ud_two_senders<B: Backend>(env: &Env<B>) -> CaseResult {
     let u = UdSetup::new(env, 2)?;
     u.src.write(0, b"from s0")?;
@@ -176,6 +178,7 @@ pub(super) fn ud_two_senders<B: Backend>(env: &Env<B>) -> CaseResult {
     }
     Ok(Outcome::Pass)
 }
+
 pub(super) fn ud_srq<B: Backend>(env: &Env<B>) -> CaseResult {
     let params = env.params();
     let pd = env.ctx.alloc_pd()?;
