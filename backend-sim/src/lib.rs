@@ -67,6 +67,7 @@ mod addressing;
 pub mod capture;
 mod channel_signal;
 pub mod choices;
+mod comp_channel;
 pub mod control;
 pub mod counters;
 mod cpu_share;

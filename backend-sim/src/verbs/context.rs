@@ -13,7 +13,8 @@ use super::backend::SimBackend;
 use super::cq::SimChannel;
 use super::cq::SimCq;
 use super::pd::SimPd;
-use crate::cq::{ChannelShared, CqShared};
+use crate::comp_channel::ChannelShared;
+use crate::cq::CqShared;
 use crate::device::{DeviceShared, PdShared};
 use crate::faults;
 
