@@ -77,6 +77,7 @@ mod device;
 mod epoll;
 #[cfg(test)]
 mod event_tests;
+mod fault_state;
 pub mod faults;
 mod host_addrs;
 mod lid_port;
