@@ -68,7 +68,7 @@ impl SimContext {
 
     /// What this device's responders dropped silently so far, and its requesters' local
     /// ACK timeouts (see [`crate::counters`]).
-    pub fn counters(&self) -> crate::Counters {
+    pub fn counters(&self) -> crate::counters::Counters {
         self.dev.counters.snapshot()
     }
 }
