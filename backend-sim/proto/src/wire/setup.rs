@@ -10,17 +10,21 @@ pub const HELLO_MAGIC: u32 = 0x4d49_5352;
 /// QP pair, the connector follows the hello's answer with one message that passes the
 /// shared-memory rings its frames then take, or says they stay on the socket; 9: a
 /// message's packets may travel apart, and a requester resends from a PSN inside a
-/// message ([`Frame::Part`](super::Frame::Part)); 8: the connection manager: a rendezvous at an
-/// rdma_cm port ([`Frame::CmLookup`](super::Frame::CmLookup), [`Frame::CmAddress`](super::Frame::CmAddress)) and CM messages as datagrams
-/// to QP 1 ([`crate::cm_msg`]); 7: SEND_WITH_INV ([`F_INV`](super::F_INV)), and NAK
-/// reasons for memory windows; 6: a datagram's GRH says whether its source is the
-/// sender's default GID ([`Grh::src_default`](super::Grh::src_default)), and READs and
-/// atomics carry the requester's count of them outstanding ([`Frame::Read`](super::Frame::Read)'s
-/// `inflight`); 5: links between devices carry UD datagrams ([`Frame::LinkHello`](super::Frame::LinkHello),
-/// [`Frame::LinkVerify`](super::Frame::LinkVerify), [`Frame::Datagram`](super::Frame::Datagram)); 4: hellos name the QP type, RC or UC, and
-/// a UC connection's responder acknowledges every message it took in; 3: hellos carry a
-/// token that the passive side checks with the claimed peer device ([`Frame::Verify`](super::Frame::Verify)),
-/// and a NAK may carry a [`NakReason`](super::NakReason); 2: SEND and WRITE may carry
+/// message ([`Frame::Part`](super::Frame::Part)); 8: the connection manager: a rendezvous
+/// at an rdma_cm port ([`Frame::CmLookup`](super::Frame::CmLookup),
+/// [`Frame::CmAddress`](super::Frame::CmAddress)) and CM messages as datagrams to QP 1
+/// ([`crate::cm_msg`]); 7: SEND_WITH_INV ([`F_INV`](super::F_INV)), and NAK reasons for
+/// memory windows; 6: a datagram's GRH says whether its source is the sender's default
+/// GID ([`Grh::src_default`](super::Grh::src_default)), and READs and atomics carry the
+/// requester's count of them outstanding ([`Frame::Read`](super::Frame::Read)'s
+/// `inflight`); 5: links between devices carry UD datagrams
+/// ([`Frame::LinkHello`](super::Frame::LinkHello),
+/// [`Frame::LinkVerify`](super::Frame::LinkVerify),
+/// [`Frame::Datagram`](super::Frame::Datagram)); 4: hellos name the QP type, RC or UC,
+/// and a UC connection's responder acknowledges every message it took in; 3: hellos carry
+/// a token that the passive side checks with the claimed peer device
+/// ([`Frame::Verify`](super::Frame::Verify)), and a NAK may carry a
+/// [`NakReason`](super::NakReason); 2: SEND and WRITE may carry
 /// [`F_ACK_REQ`](super::F_ACK_REQ)). A device refuses a hello of another version
 /// ([`HelloReject::Version`]): both ends of a connection must run builds that speak the
 /// same frames.
