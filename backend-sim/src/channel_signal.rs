@@ -15,7 +15,7 @@
 use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 
-use crate::cq::ChannelShared;
+use crate::comp_channel::ChannelShared;
 
 thread_local! {
     /// Twice the number of this thread's open [`Deferral`]s, plus one while [`DEFERRED`]

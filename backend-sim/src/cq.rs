@@ -9,21 +9,22 @@
 //! - `req_notify` arms the CQ once: the next completion (or, solicited-only, the next
 //!   solicited or unsuccessful one, IBA 11.4.2.2) puts one event on the channel and
 //!   disarms it.
-//! - A channel is a queue of CQ handles plus an `eventfd` in semaphore mode, so its fd
-//!   polls readable exactly while events are pending.
+//! - An armed CQ's event goes to its completion channel ([`ChannelShared`], defined in
+//!   `comp_channel`, below this module and below `channel_signal`, which decides when a
+//!   channel is written).
 
 use std::collections::VecDeque;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
-use verbs_api::event_fd;
+use parking_lot::Mutex;
 use verbs_api::{Error, Result, WcStatus, WorkCompletion};
 
 use backend_sim_proto::qp::SqSlots;
 use backend_sim_proto::queue_sizing::QueueSizing;
+
+pub use crate::comp_channel::ChannelShared;
 
 /// Arming state of a CQ.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -289,102 +290,10 @@ impl CqShared {
     }
 }
 
-/// A completion channel.
-pub struct ChannelShared {
-    events: Mutex<VecDeque<u32>>,
-    cv: Condvar,
-    efd: OwnedFd,
-    /// Runs on the signalling thread as each event is posted (tests).
-    #[cfg(test)]
-    pub on_post: Mutex<Option<Box<dyn Fn() + Send>>>,
-}
-
-impl ChannelShared {
-    /// A channel with its eventfd.
-    pub fn new() -> Result<Self> {
-        Ok(ChannelShared {
-            events: Mutex::new(VecDeque::new()),
-            cv: Condvar::new(),
-            efd: event_fd::new("eventfd (completion channel)")?,
-            #[cfg(test)]
-            on_post: Mutex::new(None),
-        })
-    }
-
-    /// Queues an event of CQ `cq` and wakes the channel's waiters (callers go through
-    /// [`crate::channel_signal::signal`], which decides when).
-    pub(crate) fn post(&self, cq: u32) {
-        #[cfg(test)]
-        if let Some(f) = &*self.on_post.lock() {
-            f();
-        }
-        self.events.lock().push_back(cq);
-        event_fd::signal(self.efd.as_fd());
-        self.cv.notify_all();
-    }
-
-    /// Whether an event waits (`ibv_get_cq_event` would not block).
-    pub fn has_event(&self) -> bool {
-        !self.events.lock().is_empty()
-    }
-
-    /// `ibv_get_cq_event` with a timeout.
-    pub fn get_event(&self, timeout: Option<Duration>) -> Result<Option<u32>> {
-        let deadline = timeout.map(|t| Instant::now() + t);
-        let mut q = self.events.lock();
-        loop {
-            if let Some(cq) = q.pop_front() {
-                event_fd::take_nowait(self.efd.as_fd());
-                return Ok(Some(cq));
-            }
-            match deadline {
-                None => self.cv.wait(&mut q),
-                Some(d) => {
-                    if self.cv.wait_until(&mut q, d).timed_out() && q.is_empty() {
-                        return Ok(None);
-                    }
-                }
-            }
-        }
-    }
-
-    /// `ibv_get_cq_event` as libibverbs does it: a `read(2)` of [`fd`](Self::fd) in the
-    /// calling thread, then the event: it waits unless the descriptor is `O_NONBLOCK`
-    /// (EAGAIN), and a signal interrupts the wait (EINTR) unless its handler was installed
-    /// with `SA_RESTART` (see [`verbs_api::event_fd`]).
-    pub fn read_event(&self) -> Result<u32> {
-        loop {
-            event_fd::take(self.efd.as_fd(), "ibv_get_cq_event (read of the channel's fd)")?;
-            // The count taken stands for a queued event (one taken with a timeout
-            // meanwhile leaves this reader without one: it waits for the next).
-            if let Some(cq) = self.events.lock().pop_front() {
-                return Ok(cq);
-            }
-        }
-    }
-
-    /// The next event if one is queued, its count taken off the descriptor without
-    /// waiting whatever its mode (a reader of [`ChannelShared::read_event`]'s kind).
-    pub fn try_take(&self) -> Option<u32> {
-        loop {
-            if !event_fd::take_nowait(self.efd.as_fd()) {
-                return None;
-            }
-            // (A count whose event a reader with a timeout took: look again.)
-            if let Some(cq) = self.events.lock().pop_front() {
-                return Some(cq);
-            }
-        }
-    }
-
-    /// The eventfd.
-    pub fn fd(&self) -> RawFd {
-        self.efd.as_raw_fd()
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::time::{Duration, Instant};
+
     use super::*;
 
     fn wc(id: u64, status: WcStatus) -> WorkCompletion {

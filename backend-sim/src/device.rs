@@ -37,7 +37,6 @@ use crate::choices::{Choice, Choices};
 use crate::counters::DeviceCounters;
 use crate::datagram::Datagrams;
 use crate::mcast::Multicast;
-use crate::memory::MrTable;
 use crate::port::Port;
 use crate::profile::attrs::{IBV_DEVICE_MEM_WINDOW, IBV_DEVICE_MEM_WINDOW_TYPE_2B, IBV_DEVICE_SRQ_RESIZE};
 use crate::profile::warnings::Advice;
@@ -45,6 +44,7 @@ use crate::profile::{Attrs, Profile};
 use crate::progress::Progress;
 use crate::qp::{Conn, DataPath, QpDevice, QpInner, QpShared, QpTable};
 use crate::transport::Setup;
+use backend_sim_proto::memory::MrTable;
 
 /// One simulated HCA.
 pub struct DeviceShared {

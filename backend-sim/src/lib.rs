@@ -67,6 +67,7 @@ mod addressing;
 pub mod capture;
 mod channel_signal;
 pub mod choices;
+mod comp_channel;
 pub mod control;
 pub mod counters;
 mod cpu_share;
@@ -76,6 +77,7 @@ mod device;
 mod epoll;
 #[cfg(test)]
 mod event_tests;
+mod fault_state;
 pub mod faults;
 mod host_addrs;
 mod lid_port;
@@ -116,5 +118,8 @@ pub use verbs::pd::{SimMr, SimPd};
 pub use verbs::qp::SimQp;
 pub use verbs::srq::SimSrq;
 
-// The protocol core's modules under their own names, for the driver's paths.
-use backend_sim_proto::{cm_msg, link_rx, memory, recv_queue, rx, window, wire};
+// The protocol core's modules under their own names, for the paths of qp/, progress/,
+// verbs/pd.rs and transport.rs. The rest of the driver names them as
+// `backend_sim_proto::...`, so that no module below the crate root takes names from it;
+// once those do too, this line goes.
+use backend_sim_proto::{memory, recv_queue, rx, window, wire};

@@ -45,7 +45,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::addressing::canonical;
-use crate::wire::{
+use backend_sim_proto::wire::{
     setup_header_len, Frame, HelloReject, WireError, BASE_LEN, MAX_HDR_LEN, TOKEN_LEN, VERSION,
 };
 

@@ -64,6 +64,9 @@
 //! fabric's mutation check) are the crate's own; the `internals` feature makes them
 //! public for the fuzz harness, which drives a requester and a responder without a QP
 //! (the `planted-bugs` feature makes `plant` public, for conformance's `--plant`).
+//! `region` (one registered region and a range of it, below both `window` and
+//! `memory`) is private too; its types are public as [`memory::MrShared`] and
+//! [`memory::Seg`].
 //!
 //! ```
 //! use std::sync::Arc;
@@ -115,6 +118,7 @@ mod psn;
 pub mod qp;
 pub mod queue_sizing;
 pub mod recv_queue;
+mod region;
 #[cfg(feature = "internals")]
 pub mod requester;
 #[cfg(not(feature = "internals"))]

@@ -29,7 +29,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use verbs_api::{AccessFlags, MwType};
 
-use crate::memory::MrShared;
+use crate::region::MrShared;
 
 /// What a window is bound to.
 #[derive(Clone)]

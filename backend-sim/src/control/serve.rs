@@ -21,18 +21,12 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixListener;
 
-use super::status::DeviceStatus;
+use super::status::{DeviceStatus, PORT_ADDR, PORT_DOWN, PORT_UP};
 
 /// How long one client may take to send its request, and to read a snapshot.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(1);
 /// The longest request read.
 const REQUEST_MAX: u64 = 64;
-/// The request that takes the device's port down.
-pub const PORT_DOWN: &str = "port down\n";
-/// The request that brings it back.
-pub const PORT_UP: &str = "port up\n";
-/// The request that changes its port's address (a new LID, or a GID added).
-pub const PORT_ADDR: &str = "port addr\n";
 
 /// What a device shows of itself, and the fault a client may ask of it.
 pub trait Source: Send + Sync {

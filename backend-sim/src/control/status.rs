@@ -1,5 +1,7 @@
-//! What a device's control endpoint says ([`DeviceStatus`], [`QpStatus`]) and the client
-//! that collects it from every live device of this user ([`list`]).
+//! What a device's control endpoint says ([`DeviceStatus`], [`QpStatus`]), the requests
+//! a client may send it ([`PORT_DOWN`], [`PORT_UP`], [`PORT_ADDR`]), and the client that
+//! collects it from every live device of this user ([`list`]). The endpoint's side
+//! (`serve`) speaks this format; this module does not name it.
 
 use std::io::{self, BufRead};
 use std::path::{Path, PathBuf};
@@ -152,6 +154,13 @@ fn ask(path: &Path, request: &str) -> io::Result<DeviceStatus> {
     serde_json::from_str(&line).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
+/// The request (the bytes a client sends before it shuts its side down) that takes the device's port down.
+pub const PORT_DOWN: &str = "port down\n";
+/// The request that brings it back.
+pub const PORT_UP: &str = "port up\n";
+/// The request that changes its port's address (a new LID, or a GID added).
+pub const PORT_ADDR: &str = "port addr\n";
+
 /// What `rdma-sim port` does to a device's port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PortRequest {
@@ -175,9 +184,9 @@ pub fn set_port(
     request: PortRequest,
 ) -> io::Result<Vec<Found>> {
     let request = match request {
-        PortRequest::Down => super::serve::PORT_DOWN,
-        PortRequest::Up => super::serve::PORT_UP,
-        PortRequest::Address => super::serve::PORT_ADDR,
+        PortRequest::Down => PORT_DOWN,
+        PortRequest::Up => PORT_UP,
+        PortRequest::Address => PORT_ADDR,
     };
     let mut done = Vec::new();
     for f in list(dir)? {

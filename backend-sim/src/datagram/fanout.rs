@@ -20,10 +20,10 @@ use verbs_api::Gid;
 use super::link::Link;
 use super::{Datagrams, Inbox, Queued, Target, WRITE_NOW};
 use crate::qp::QpShared;
-use crate::wire::{Frame, DATAGRAM_HDR_LEN, MAX_DATAGRAM};
 use backend_sim_proto::qp::DatagramSource;
 use backend_sim_proto::qp::Qp;
 use backend_sim_proto::qp::{Emitted, Fatal};
+use backend_sim_proto::wire::{Frame, DATAGRAM_HDR_LEN, MAX_DATAGRAM};
 
 /// What became of a multicast datagram.
 pub enum Sent {

@@ -19,9 +19,9 @@ use super::link::Link;
 use super::table::Slot;
 use super::{setup, Datagrams, GSI_QUEUE_MAX};
 use crate::addressing::gid_addr;
-use crate::cm_msg::{CM_QKEY, CM_QPN};
-use crate::wire::{Frame, MAX_HDR_LEN};
+use backend_sim_proto::cm_msg::{CM_QKEY, CM_QPN};
 use backend_sim_proto::qp::DatagramSource;
+use backend_sim_proto::wire::{Frame, MAX_HDR_LEN};
 
 /// What takes a device's CM datagrams: its connection manager.
 pub trait Gsi: Send + Sync {

@@ -37,10 +37,10 @@ use tokio::sync::Notify;
 
 use super::waiters::Waiters;
 use super::{queue_buf, Datagrams, Inbox, Queued, GSI_QUEUE_MAX, QUEUE_MAX};
-use crate::link_rx::LinkReader;
 use crate::qp::QpShared;
 use crate::sys::{monotonic_ns, Sock};
 use backend_sim_proto::io::{RawSlice, Transmit};
+use backend_sim_proto::link_rx::LinkReader;
 use backend_sim_proto::qp::DatagramSource;
 
 /// How long a link may have bytes waiting that the other device does not read before it

@@ -54,9 +54,9 @@ use crate::mcast::Multicast;
 use crate::progress::Progress;
 use crate::qp::{QpShared, QpTable};
 use crate::verify::Claims;
-use crate::wire::{DATAGRAM_HDR_LEN, MAX_DATAGRAM};
 use backend_sim_proto::qp::DatagramSource;
 use backend_sim_proto::qp::{Emitted, UdRoute};
+use backend_sim_proto::wire::{DATAGRAM_HDR_LEN, MAX_DATAGRAM};
 
 mod fanout;
 pub mod gsi;

@@ -13,8 +13,8 @@ use super::link::Link;
 use super::{Datagrams, POLLED_LINKS};
 use crate::progress::SidePaths;
 use crate::qp::QpShared;
-use crate::wire::Frame;
 use backend_sim_proto::qp::DatagramSource;
+use backend_sim_proto::wire::Frame;
 
 impl Datagrams {
     /// Delivers the datagrams queued for this device's own QPs (any thread may; one
@@ -76,7 +76,7 @@ impl Datagrams {
             tracing::trace!(device = %self.name, dst_qpn, "UD: datagram dropped: the port is down");
             return self.counters.ud_dropped();
         }
-        if dst_qpn == crate::cm_msg::CM_QPN {
+        if dst_qpn == backend_sim_proto::cm_msg::CM_QPN {
             return self.to_gsi(qkey, payload, src);
         }
         if dst_qpn == MULTICAST_QPN {

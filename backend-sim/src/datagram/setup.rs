@@ -37,8 +37,8 @@ use crate::addressing::{canonical, gid_addr};
 use crate::same_host::Transport;
 use crate::stream::Stream;
 use crate::verify::{self, send_frame};
-use crate::wire::{Frame, HelloReject, TOKEN_LEN, VERSION};
 use backend_sim_proto::qp::DatagramSource;
+use backend_sim_proto::wire::{Frame, HelloReject, TOKEN_LEN, VERSION};
 
 /// Bound on opening a link: connecting, the hello, and the other device's check of it.
 pub const LINK_SETUP_TIMEOUT: Duration = Duration::from_secs(5);

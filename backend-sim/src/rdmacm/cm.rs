@@ -27,7 +27,7 @@ use verbs_api::{AsyncEventType, Error, Mtu, QpType, Result};
 use super::manager::{new_conn_id, Core, Dev, Id, Ids, Outbox, State};
 use super::rendezvous::Found;
 use super::route::{self, Peer};
-use crate::cm_msg::{self, Body, CmMsg, Kind, Rep, Req, SidrRep, SidrReq};
+use backend_sim_proto::cm_msg::{self, Body, CmMsg, Kind, Rep, Req, SidrRep, SidrReq};
 
 mod incoming;
 

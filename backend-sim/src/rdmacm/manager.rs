@@ -26,10 +26,10 @@ use super::cm::Conn;
 use super::rendezvous::{self, Found, Rendezvous};
 use super::route::{self, Peer};
 use crate::choices::{Choice, Choices};
-use crate::cm_msg::CmMsg;
 use crate::datagram::gsi::Gsi;
 use crate::device::DeviceShared;
 use crate::verbs::context::SimContext;
+use backend_sim_proto::cm_msg::CmMsg;
 use backend_sim_proto::qp::DatagramSource;
 
 mod addresses;

@@ -27,7 +27,7 @@ use tokio::net::TcpStream;
 use super::manager::Core;
 use super::route::Peer;
 use crate::verify::{read_first, read_one, send_frame};
-use crate::wire::{Frame, HelloReject};
+use backend_sim_proto::wire::{Frame, HelloReject};
 
 /// A listening TCP port of the rendezvous, served while it lives.
 pub struct Rendezvous {

@@ -21,7 +21,7 @@ use verbs_api::{AddressHandle, AhAttr, Error, Result};
 
 use crate::device::{DeviceShared, PdShared};
 use crate::qp::ud::AhRoute;
-use crate::wire::Grh;
+use backend_sim_proto::wire::Grh;
 
 /// The bits of a GRH's flow label (IBA 8.3.1, `IB_GRH_FLOWLABEL_MASK`).
 const FLOW_LABEL_MASK: u32 = 0xf_ffff;

@@ -13,7 +13,8 @@ use super::backend::SimBackend;
 use super::cq::SimChannel;
 use super::cq::SimCq;
 use super::pd::SimPd;
-use crate::cq::{ChannelShared, CqShared};
+use crate::comp_channel::ChannelShared;
+use crate::cq::CqShared;
 use crate::device::{DeviceShared, PdShared};
 use crate::faults;
 
@@ -67,7 +68,7 @@ impl SimContext {
 
     /// What this device's responders dropped silently so far, and its requesters' local
     /// ACK timeouts (see [`crate::counters`]).
-    pub fn counters(&self) -> crate::Counters {
+    pub fn counters(&self) -> crate::counters::Counters {
         self.dev.counters.snapshot()
     }
 }

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use verbs_api::{AsyncElement, CompletionChannel, CompletionQueue, Result, WorkCompletion};
 
-use crate::cq::{ChannelShared, CqShared};
+use crate::comp_channel::ChannelShared;
+use crate::cq::CqShared;
 use crate::device::DeviceShared;
 
 /// A completion queue of the sim.

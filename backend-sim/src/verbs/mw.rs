@@ -8,7 +8,7 @@ use std::sync::Arc;
 use verbs_api::{BindMw, Error, MemoryWindow, MwType, Result};
 
 use crate::device::{DeviceShared, PdShared};
-use crate::window::{BindReq, MwShared};
+use backend_sim_proto::window::{BindReq, MwShared};
 
 /// A memory window of the sim. Dropping it deallocates it (`ibv_dealloc_mw`), bound or
 /// not: its rkey is refused from then on.

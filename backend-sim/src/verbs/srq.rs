@@ -16,7 +16,7 @@ use std::sync::Arc;
 use verbs_api::{AsyncElement, Error, PostError, RecvWr, Result, SharedReceiveQueue, SrqAttr, SrqAttrMask};
 
 use crate::device::PdShared;
-use crate::recv_queue::{PostRecvError, SharedRecvQueue};
+use backend_sim_proto::recv_queue::{PostRecvError, SharedRecvQueue};
 
 /// A shared receive queue of the sim.
 pub struct SimSrq {

@@ -23,7 +23,7 @@
 //! data. Each packet placed is progress: the retry counts start afresh.
 
 use super::*;
-use crate::responder::slice;
+use crate::region::slice;
 use crate::wire::PartKind;
 
 impl Requester {

@@ -82,7 +82,6 @@ mod write;
 pub mod uc;
 pub mod ud;
 
-pub(crate) use part::slice;
 pub(crate) use refuse::reason_of;
 pub use ud::{DatagramSource, UdOutcome};
 

@@ -15,6 +15,7 @@ use super::{Incoming, Responder};
 use crate::faults::ForcedRnr;
 use crate::memory::{MrTable, Seg};
 use crate::psn;
+use crate::region::slice;
 use crate::requester::Fatal;
 use crate::tx::TxQueue;
 use crate::wire::{Frame, NakCode, PartKind};
@@ -33,30 +34,6 @@ pub(super) struct Partial {
     total: usize,
     /// Where the part whose payload is arriving ends, and whether it is the last.
     arriving: Option<(usize, bool)>,
-}
-
-/// The bytes `at..at + len` of the scatter list `segs`.
-pub(crate) fn slice(segs: &[Seg], mut at: usize, len: usize) -> Vec<Seg> {
-    let mut out = Vec::new();
-    let mut left = len;
-    for s in segs {
-        if left == 0 {
-            break;
-        }
-        if at >= s.len {
-            at -= s.len;
-            continue;
-        }
-        let n = (s.len - at).min(left);
-        out.push(Seg {
-            mr: s.mr.clone(),
-            offset: s.offset + at,
-            len: n,
-        });
-        left -= n;
-        at = 0;
-    }
-    out
 }
 
 impl Responder {

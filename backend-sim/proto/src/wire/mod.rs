@@ -20,22 +20,27 @@
 //! more, anything malformed (unknown opcode, a length beyond the message limit, a PSN or
 //! QPN wider than 24 bits, bad magic) is a [`WireError`], never a panic.
 //!
-//! The modules, one job each: [`Frame`] and its accessors (`frame`), the base header
-//! every frame starts with and the two functions that write and read whole headers
-//! (`header`), the opcodes and what each one's header holds (`opcode`), the extensions of
-//! requests and responses (`data`), of connection and link setup (`setup`), of datagrams
-//! (`datagram`), the NAK's syndrome and reason (`nak`), and the parts of a message cut
-//! at packet boundaries (`part`).
+//! The modules, one job each, from the bottom up: the base header every frame starts
+//! with, its flags and size limits (`header`); the opcodes and what each one's header
+//! holds (`opcode`); the values the frame kinds carry: a datagram's GRH fields
+//! (`datagram`), a NAK's syndrome and reason (`nak`), a part's kind (`part`), the setup
+//! frames' version, token and refusals (`setup`); [`Frame`] and its accessors, and
+//! [`WireError`] (`frame`); a frame seen as the packets of its message, cut at packet
+//! boundaries (`packets`); and on top the writing and reading of whole headers, the base
+//! header in `codec` and each kind's extension in `codec::{data, datagram, nak, part,
+//! setup}`. No module imports one above it.
 
-mod data;
+mod codec;
 mod datagram;
 mod frame;
 mod header;
 mod nak;
 mod opcode;
+mod packets;
 mod part;
 mod setup;
 
+pub use codec::setup_header_len;
 pub use datagram::{Grh, DATAGRAM_HDR_LEN, GRH_LEN, MAX_DATAGRAM};
 pub use frame::{Frame, WireError};
 pub use header::{
@@ -43,8 +48,9 @@ pub use header::{
 };
 pub use nak::{NakCode, NakReason};
 pub use opcode::header_len;
-pub use part::{Packets, PartKind};
-pub use setup::{setup_header_len, HelloReject, HELLO_MAGIC, TOKEN_LEN, VERSION};
+pub use packets::Packets;
+pub use part::PartKind;
+pub use setup::{HelloReject, HELLO_MAGIC, TOKEN_LEN, VERSION};
 
 #[cfg(test)]
 pub(crate) mod tests;

@@ -1,6 +1,8 @@
 //! What fault injection has armed and counted: the data the fault layer of the data path
 //! reads (a QP's armed faults, under its lock; the device's counters). The API that arms
-//! them is [`faults`](crate::faults), this module's parent.
+//! them is [`faults`](crate::faults), which stands above the device, its progress and its
+//! QPs; this module is below them all (a QP holds its [`QpFaults`]), so that the data
+//! path and the API that arms it do not import each other.
 
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};

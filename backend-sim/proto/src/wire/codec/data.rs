@@ -3,9 +3,9 @@
 //! AtomicETH, ACKs, READ responses, atomic responses with their AtomicAckETH. (NAKs are
 //! in `nak`.)
 
-use super::frame::{Frame, WireError};
-use super::header::{u32_at, u64_at, Base, F_INV};
-use super::opcode::op;
+use crate::wire::frame::{Frame, WireError};
+use crate::wire::header::{u32_at, u64_at, Base, F_INV};
+use crate::wire::opcode::op;
 
 impl Frame {
     /// Writes the extension of a request or response (a SEND, an ACK and a READ response

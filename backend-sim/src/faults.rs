@@ -13,8 +13,6 @@
 //! bounded, and every signaled WR gets exactly one completion. A lost datagram is what
 //! UD allows: its WR completes successfully and nothing arrives.
 
-pub(crate) mod state;
-
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -23,8 +21,10 @@ use backend_sim_proto::faults::ForcedRnr;
 use verbs_api::{Error, Result};
 
 use crate::device::DeviceShared;
-pub use crate::faults::state::BreakPoint;
-use crate::faults::state::QpFaults;
+/// The data the fault layer reads, under the path by which qp/ and progress/ still name it.
+pub(crate) use crate::fault_state as state;
+pub use crate::fault_state::BreakPoint;
+use crate::fault_state::QpFaults;
 use crate::progress::Progress;
 use crate::qp::QpShared;
 
