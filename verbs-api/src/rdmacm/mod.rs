@@ -76,10 +76,10 @@ impl PortSpace {
     }
 
     /// The QP type `rdma_create_id` gives an id of this port space.
-    pub fn qp_type(self) -> crate::QpType {
+    pub fn qp_type(self) -> crate::qp::QpType {
         match self {
-            PortSpace::Udp | PortSpace::Ipoib => crate::QpType::Ud,
-            PortSpace::Tcp | PortSpace::Ib => crate::QpType::Rc,
+            PortSpace::Udp | PortSpace::Ipoib => crate::qp::QpType::Ud,
+            PortSpace::Tcp | PortSpace::Ib => crate::qp::QpType::Rc,
         }
     }
 }
@@ -113,11 +113,11 @@ pub mod reject {
     /// takes it: the kernel's `rdma_reject` (`ucma_reject`) sends the consumer's reason
     /// ([`CONSUMER_DEFINED`], which 0 means) or [`VENDOR_OPTION_NOT_SUPPORTED`]
     /// (`rdma_reject_ece`), and refuses any other with EINVAL.
-    pub fn checked(reason: u8) -> crate::Result<u8> {
+    pub fn checked(reason: u8) -> crate::error::Result<u8> {
         match i32::from(reason) {
             0 | CONSUMER_DEFINED => Ok(CONSUMER_DEFINED as u8),
             VENDOR_OPTION_NOT_SUPPORTED => Ok(reason),
-            _ => Err(crate::Error::cm(
+            _ => Err(crate::error::Error::cm(
                 "rdma_reject",
                 libc::EINVAL,
                 format!(
@@ -270,10 +270,10 @@ impl ConnParam {
     /// The Q_Key a UD accept with these parameters answers with ([`UDP_QKEY`]), or
     /// EINVAL for a [`ConnParam::qkey`] it cannot carry, so that a program does not
     /// rely on a Q_Key that no HCA's rdma_cm would send.
-    pub fn ud_qkey(&self) -> crate::Result<u32> {
+    pub fn ud_qkey(&self) -> crate::error::Result<u32> {
         match self.qkey {
             0 | UDP_QKEY => Ok(UDP_QKEY),
-            other => Err(crate::Error::cm(
+            other => Err(crate::error::Error::cm(
                 "rdma_accept",
                 libc::EINVAL,
                 format!(
@@ -406,11 +406,12 @@ impl<I> fmt::Display for CmEvent<I> {
 /// The private data length an event reports for a message (rdma_cm's
 /// `private_data_len` on InfiniBand and RoCE: the whole area of the message, less
 /// rdma_cm's 36-byte header in a request of an IP port space).
-pub fn private_data_len(event: CmEventType, qp_type: crate::QpType) -> usize {
+pub fn private_data_len(event: CmEventType, qp_type: crate::qp::QpType) -> usize {
     match (event, qp_type) {
-        (CmEventType::ConnectRequest, crate::QpType::Ud) => 180,
+        (CmEventType::ConnectRequest, crate::qp::QpType::Ud) => 180,
         (CmEventType::ConnectRequest, _) => 56,
-        (CmEventType::Established, crate::QpType::Ud) | (CmEventType::Unreachable, crate::QpType::Ud) => 136,
+        (CmEventType::Established, crate::qp::QpType::Ud)
+        | (CmEventType::Unreachable, crate::qp::QpType::Ud) => 136,
         (CmEventType::ConnectResponse, _) => 196,
         (CmEventType::Rejected, _) => 148,
         _ => 0,
