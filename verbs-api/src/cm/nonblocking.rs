@@ -1,18 +1,23 @@
 //! The setup exchange of [`super`] on tokio: [`AsyncCmListener`] and [`connect_async`],
 //! interoperating with the blocking forms (the same hello, the same ready bytes).
 
-use super::*;
+use std::net::SocketAddr;
+use std::time::Duration;
+
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener as TokioListener, TcpStream as TokioStream, ToSocketAddrs as TokioAddrs};
 
-/// What the peer sent, with the side channel as a tokio stream.
-pub type AsyncPeer = Peer<TokioStream>;
-
-/// A client connected to an [`AsyncCmListener`], before the setup exchange.
-pub type AsyncIncoming = Incoming<TokioStream>;
-
-/// A client's connection request read by [`Incoming::<TokioStream>::request`].
-pub type AsyncConnectRequest = ConnectRequest<TokioStream>;
+use super::accept::{accept_retryable, fd_errno, Backoff, FdEpisode};
+use super::hello::{check_offer, check_ready, encode_hello, Hello, Offer, DEFAULT_TIMEOUT};
+use super::io::{aio_err, read_hello_async};
+use super::request::{AsyncConnectRequest, AsyncIncoming, ConnectRequest, Incoming};
+use super::requests::REQUEST_TIMEOUT;
+use super::requests_async;
+use super::setup::{bring_up, rand_psn, AsyncPeer};
+use crate::connect::{local_endpoint, RcParams};
+use crate::endpoint::Endpoint;
+use crate::error::{open_file_limit, Error, Result};
+use crate::traits::{Context, QueuePair};
 
 /// A server waiting for [`connect_async`]s (or blocking [`connect`]s).
 #[derive(Debug)]
@@ -208,26 +213,6 @@ pub async fn connect_async<C: Context, Q: QueuePair>(
     })
     .await
     .map_err(|_| Error::timeout(timeout, "the connection setup with the server did not finish"))?
-}
-
-/// A setup I/O error on the async form (timeouts come from `tokio::time::timeout`).
-fn aio_err(e: std::io::Error) -> Error {
-    setup_io_err(e, |source| Error::from_io("connection setup", source))
-}
-
-pub(super) async fn read_hello_async(s: &mut TokioStream) -> Result<Hello> {
-    let mut buf = Vec::new();
-    loop {
-        match parse_hello(&buf) {
-            Err(msg) => return Err(bad_hello(msg)),
-            Ok(HelloParse::Done(e, m, p)) => return Ok((e, m, p)),
-            Ok(HelloParse::Need(n)) => {
-                let at = buf.len();
-                buf.resize(n, 0);
-                s.read_exact(&mut buf[at..]).await.map_err(aio_err)?;
-            }
-        }
-    }
 }
 
 /// Both sides, once the hellos are exchanged: RTS towards the peer, the ready bytes.
