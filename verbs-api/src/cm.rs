@@ -45,6 +45,13 @@
 //! [`Endpoint::to_bytes`]) | MR count (2) | MRs (20 each, [`RemoteMr::to_bytes`]) | private
 //! data length (4) | private data; then one byte `R` each way. A peer that hangs up, stays
 //! silent past the timeout or sends anything else gets a clear [`Error`].
+//!
+//! [`Endpoint`]: crate::endpoint::Endpoint
+//! [`Endpoint::to_bytes`]: crate::endpoint::Endpoint::to_bytes
+//! [`RemoteMr::to_bytes`]: crate::endpoint::RemoteMr::to_bytes
+//! [`modify_to_init`]: crate::connect::modify_to_init
+//! [`Error`]: crate::error::Error
+//! [`Error::OutOfFiles`]: crate::error::Error::OutOfFiles
 
 mod accept;
 mod client;

@@ -363,7 +363,7 @@ pub trait QueuePair: Send + Sync {
 
     /// `ibv_bind_mw`: binds the type 1 window `mw` to `bind.bind_info` (or unbinds it, with
     /// no region) through this QP's send queue, as an `IBV_WR_BIND_MW` with the rkey
-    /// [`inc_rkey`](crate::mw::inc_rkey)`(mw.rkey())`, which the window's handle takes
+    /// [`inc_rkey`]`(mw.rkey())`, which the window's handle takes
     /// and the call returns. The bind completes as `IBV_WC_BIND_MW` (if signaled), or as
     /// `IBV_WC_MW_BIND_ERR` when the region, range or rights do not allow it. A type 2
     /// window is EINVAL (bind it with [`SendWr::bind_mw`](crate::SendWr::bind_mw)), a

@@ -142,7 +142,7 @@ pub(super) fn exchange_by(
     }
 }
 
-/// Connects to a [`CmListener`] at `addr`, exchanges endpoints and offers, and brings
+/// Connects to a [`CmListener`](super::CmListener) at `addr`, exchanges endpoints and offers, and brings
 /// `qp` to RTS towards the server's QP. A server that closes the connection without
 /// answering (one under a flood sheds connections that have said nothing yet) is
 /// connected to again within the offer's timeout; `qp` is untouched until it answers.

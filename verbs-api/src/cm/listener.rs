@@ -16,7 +16,7 @@ use crate::connect::RcParams;
 use crate::error::{Error, Result};
 use crate::traits::{Context, QueuePair};
 
-/// A server waiting for [`connect`]s.
+/// A server waiting for [`connect`](super::connect)s.
 #[derive(Debug)]
 pub struct CmListener {
     pub(super) listener: TcpListener,

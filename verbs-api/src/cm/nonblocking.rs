@@ -19,7 +19,7 @@ use crate::endpoint::Endpoint;
 use crate::error::{open_file_limit, Error, Result};
 use crate::traits::{Context, QueuePair};
 
-/// A server waiting for [`connect_async`]s (or blocking [`connect`]s).
+/// A server waiting for [`connect_async`]s (or blocking [`connect`](super::connect)s).
 #[derive(Debug)]
 pub struct AsyncCmListener {
     listener: std::sync::Arc<TokioListener>,
@@ -51,10 +51,10 @@ impl AsyncCmListener {
     }
 
     /// Waits up to `timeout` for the next client whose connection request (its hello)
-    /// arrives whole and well-formed, as [`CmListener::request`] does: a task of the
+    /// arrives whole and well-formed, as [`CmListener::request`](super::CmListener::request) does: a task of the
     /// current runtime accepts clients and reads each one's request on a task of its
     /// own, within the request timeout, with a flood of connections bounded
-    /// ([`SETUP_BOUND`]; a client that sends garbage or nothing in time is dropped
+    /// ([`SETUP_BOUND`](super::SETUP_BOUND); a client that sends garbage or nothing in time is dropped
     /// with a warning naming its address). Answer the request with
     /// [`ConnectRequest::<TokioStream>::accept`], on a task of its own to serve
     /// clients side by side. Use this or [`AsyncCmListener::incoming`] on a listener,
@@ -95,7 +95,7 @@ impl AsyncCmListener {
 
     /// Waits up to `timeout` for a client to connect; the setup exchange has not
     /// started ([`Incoming::<TokioStream>::request`]). Out of file descriptors, it
-    /// backs off, warns and fails as [`CmListener::incoming`] does.
+    /// backs off, warns and fails as [`CmListener::incoming`](super::CmListener::incoming) does.
     pub async fn incoming(&self, timeout: Duration) -> Result<AsyncIncoming> {
         let mut starved = None;
         let r = tokio::time::timeout(timeout, self.accept_tcp(&mut starved)).await;

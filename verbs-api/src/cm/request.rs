@@ -120,7 +120,7 @@ impl ConnectRequest<TcpStream> {
 }
 
 #[cfg(feature = "tokio")]
-/// A client connected to an [`AsyncCmListener`], before the setup exchange.
+/// A client connected to an [`AsyncCmListener`](super::AsyncCmListener), before the setup exchange.
 pub type AsyncIncoming = Incoming<tokio::net::TcpStream>;
 
 #[cfg(feature = "tokio")]

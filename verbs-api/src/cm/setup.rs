@@ -13,7 +13,7 @@ use crate::qp::{QpState, PSN_MASK};
 use crate::traits::QueuePair;
 
 /// What the peer sent; the TCP side channel stays open in `stream` (drop it to close):
-/// a std stream from [`connect`]/[`CmListener::accept`], a tokio one (`AsyncPeer`) from
+/// a std stream from [`connect`](super::connect)/[`CmListener::accept`](super::CmListener::accept), a tokio one (`AsyncPeer`) from
 /// the async forms.
 #[derive(Debug)]
 pub struct Peer<S = TcpStream> {
