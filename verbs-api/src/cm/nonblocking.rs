@@ -51,14 +51,17 @@ impl AsyncCmListener {
     }
 
     /// Waits up to `timeout` for the next client whose connection request (its hello)
-    /// arrives whole and well-formed, as [`CmListener::request`](super::CmListener::request) does: a task of the
+    /// arrives whole and well-formed, as [`CmListener::request`] does: a task of the
     /// current runtime accepts clients and reads each one's request on a task of its
     /// own, within the request timeout, with a flood of connections bounded
-    /// ([`SETUP_BOUND`](super::SETUP_BOUND); a client that sends garbage or nothing in time is dropped
+    /// ([`SETUP_BOUND`]; a client that sends garbage or nothing in time is dropped
     /// with a warning naming its address). Answer the request with
     /// [`ConnectRequest::<TokioStream>::accept`], on a task of its own to serve
     /// clients side by side. Use this or [`AsyncCmListener::incoming`] on a listener,
     /// not both.
+    ///
+    /// [`CmListener::request`]: super::CmListener::request
+    /// [`SETUP_BOUND`]: super::SETUP_BOUND
     pub async fn request(&self, timeout: Duration) -> Result<AsyncConnectRequest> {
         let mut r = self.requests.lock().await;
         let r = r.get_or_insert_with(|| requests_async::start(self.listener.clone(), self.request_timeout));

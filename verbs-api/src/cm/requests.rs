@@ -1,10 +1,12 @@
 //! Clients' connection requests, read from every client connected at once on the
-//! caller's thread ([`CmListener::request`](super::CmListener::request)), bounded as [`admission`] says: at most
+//! caller's thread ([`CmListener::request`]), bounded as [`admission`] says: at most
 //! [`SETUP_BOUND`]`.max` connections in setup (beyond that a newcomer sheds one that has
 //! sent nothing, or the oldest once it has waited), none past its request timeout
 //! ([`REQUEST_TIMEOUT`] unless set otherwise), descriptors kept in reserve for the
 //! clients being served, and no thread per connection. Clients speak first (the hello),
 //! so a flood's silent connections give way to a client whose request arrives.
+//!
+//! [`CmListener::request`]: super::CmListener::request
 
 use std::collections::VecDeque;
 use std::io::Read;

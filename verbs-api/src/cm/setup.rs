@@ -13,8 +13,10 @@ use crate::qp::{QpState, PSN_MASK};
 use crate::traits::QueuePair;
 
 /// What the peer sent; the TCP side channel stays open in `stream` (drop it to close):
-/// a std stream from [`connect`](super::connect)/[`CmListener::accept`](super::CmListener::accept), a tokio one (`AsyncPeer`) from
-/// the async forms.
+/// a std stream from [`connect`](super::connect)/[`CmListener::accept`], a tokio one
+/// (`AsyncPeer`) from the async forms.
+///
+/// [`CmListener::accept`]: super::CmListener::accept
 #[derive(Debug)]
 pub struct Peer<S = TcpStream> {
     /// This side's endpoint as sent to the peer (its `psn` is the QP's first send PSN).
