@@ -451,7 +451,7 @@ mod nonblocking {
                             listener = %gate.name,
                             "{}{}; {}; shed {} connection(s) still in setup, established connections \
                              keep running; retrying",
-                            crate::Error::from_io("accept failed", e),
+                            crate::error::Error::from_io("accept failed", e),
                             held_back_note(n),
                             hint(),
                             shed.len()

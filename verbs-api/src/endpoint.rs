@@ -6,7 +6,7 @@
 
 use crate::device::Gid;
 use crate::error::{Error, Result};
-use crate::wr::RemoteAddr;
+use crate::sge::RemoteAddr;
 
 /// The address of one end of an RC connection.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -132,6 +132,15 @@ impl RemoteMr {
             rkey: u32::from_be_bytes(r),
             len: u64::from_be_bytes(l),
         })
+    }
+}
+
+impl From<RemoteMr> for RemoteAddr {
+    fn from(r: RemoteMr) -> Self {
+        RemoteAddr {
+            addr: r.addr,
+            rkey: r.rkey,
+        }
     }
 }
 

@@ -40,6 +40,7 @@
 #![warn(missing_docs)]
 
 pub mod admission;
+mod ah;
 #[cfg(feature = "tokio")]
 pub mod aio;
 pub mod cm;
@@ -52,15 +53,18 @@ pub mod event_fd;
 pub mod event_queue;
 pub mod flags;
 pub mod mcast;
+mod mr;
 pub mod mw;
 pub mod poll;
 pub mod qp;
 pub mod rdmacm;
+mod sge;
 pub mod srq;
 pub mod timers;
 pub mod traits;
 pub mod transitions;
 pub mod wc;
+mod window;
 pub mod wr;
 
 pub use connect::{

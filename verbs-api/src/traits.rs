@@ -27,15 +27,20 @@ use std::os::fd::RawFd;
 use std::time::Duration;
 
 use crate::device::{Capabilities, DeviceAttr, DeviceInfo, Gid, PortAttr};
-use crate::endpoint::RemoteMr;
 use crate::error::{Error, PostError, Result};
 use crate::event::AsyncEvent;
 use crate::flags::{AccessFlags, QpAttrMask};
-use crate::mw::{MwBind, MwType};
 use crate::qp::{AhAttr, QpAttr, QpInitAttr, QpState, QpType};
 use crate::srq::{SrqAttr, SrqAttrMask};
 use crate::wc::WorkCompletion;
-use crate::wr::{RecvWr, SendWr, Sge};
+use crate::window::{inc_rkey, MwBind, MwType};
+use crate::wr::{RecvWr, SendWr};
+
+// The verbs objects a work request names by reference sit below the work requests; they
+// are verbs traits all the same, and are named here.
+pub use crate::ah::AddressHandle;
+pub use crate::mr::MemoryRegion;
+pub use crate::window::MemoryWindow;
 
 /// The context type of backend `B`.
 pub type ContextOf<B> = <B as Backend>::Context;
@@ -235,183 +240,6 @@ pub trait ProtectionDomain: Send + Sync + Sized {
     ) -> Result<()>;
 }
 
-/// A registered memory region (`struct ibv_mr`).
-///
-/// # Safety
-///
-/// Implementors guarantee that `as_ptr()..as_ptr() + len()` is valid for reads and writes
-/// for as long as the region exists (the default accessors rely on it).
-pub unsafe trait MemoryRegion: std::any::Any + Send + Sync {
-    /// Start of the region.
-    fn as_ptr(&self) -> *mut u8;
-    /// Length in bytes.
-    fn len(&self) -> usize;
-    /// Local key, for SGEs.
-    fn lkey(&self) -> u32;
-    /// Remote key, for peers.
-    fn rkey(&self) -> u32;
-    /// The access flags it was registered with.
-    fn access(&self) -> AccessFlags;
-
-    /// Whether the region is empty.
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// The region's address as the HCA sees it (`ibv_mr::addr`).
-    fn addr(&self) -> u64 {
-        self.as_ptr() as u64
-    }
-
-    /// An SGE for `len` bytes at `offset`, checked against the region.
-    fn sge(&self, offset: usize, len: usize) -> Result<Sge> {
-        check_range(offset, len, self.len())?;
-        let length =
-            u32::try_from(len).map_err(|_| Error::invalid("sge", format!("length {len} exceeds 32 bits")))?;
-        Ok(Sge {
-            addr: self.addr() + offset as u64,
-            length,
-            lkey: self.lkey(),
-        })
-    }
-
-    /// An SGE covering the whole region (the length saturates at 2^32 - 1).
-    fn sge_all(&self) -> Sge {
-        Sge {
-            addr: self.addr(),
-            length: u32::try_from(self.len()).unwrap_or(u32::MAX),
-            lkey: self.lkey(),
-        }
-    }
-
-    /// The descriptor a peer needs for one-sided access to the whole region.
-    fn remote(&self) -> RemoteMr {
-        RemoteMr {
-            addr: self.addr(),
-            rkey: self.rkey(),
-            len: self.len() as u64,
-        }
-    }
-
-    /// Copies `buf.len()` bytes at `offset` out of the region.
-    fn read(&self, offset: usize, buf: &mut [u8]) -> Result<()> {
-        check_range(offset, buf.len(), self.len())?;
-        // SAFETY: the range is inside the region (checked above), which the trait contract
-        // keeps valid while `self` lives; `buf` is a distinct Rust buffer, so the ranges do
-        // not overlap. No reference into the region is created.
-        unsafe { std::ptr::copy_nonoverlapping(self.as_ptr().add(offset), buf.as_mut_ptr(), buf.len()) };
-        Ok(())
-    }
-
-    /// Copies `data` into the region at `offset`.
-    fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
-        check_range(offset, data.len(), self.len())?;
-        // SAFETY: as in `read`; the destination range is inside the region.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.as_ptr().add(offset), data.len()) };
-        Ok(())
-    }
-
-    /// Sets every byte of the region to `byte`.
-    fn fill(&self, byte: u8) {
-        // SAFETY: the whole region is valid for writes (trait contract).
-        unsafe { std::ptr::write_bytes(self.as_ptr(), byte, self.len()) };
-    }
-
-    /// A copy of the whole region.
-    fn to_vec(&self) -> Vec<u8> {
-        let mut v = vec![0u8; self.len()];
-        self.read(0, &mut v).expect("whole region is in bounds");
-        v
-    }
-
-    /// Reads a native-endian 64-bit word at `offset`. At an 8-byte aligned address this
-    /// is an atomic load, so it never tears against remote atomics on the same word.
-    fn read_u64(&self, offset: usize) -> Result<u64> {
-        check_range(offset, 8, self.len())?;
-        // SAFETY: in bounds (checked above).
-        let p = unsafe { self.as_ptr().add(offset) };
-        if (p as usize) % 8 == 0 {
-            // SAFETY: `p` is 8-byte aligned, in bounds and valid for the region's life;
-            // all concurrent accesses by the HCA to aligned words are atomic too.
-            Ok(unsafe { std::sync::atomic::AtomicU64::from_ptr(p.cast()) }
-                .load(std::sync::atomic::Ordering::SeqCst))
-        } else {
-            let mut b = [0u8; 8];
-            self.read(offset, &mut b)?;
-            Ok(u64::from_ne_bytes(b))
-        }
-    }
-
-    /// Writes a native-endian 64-bit word at `offset` (an atomic store when aligned).
-    fn write_u64(&self, offset: usize, value: u64) -> Result<()> {
-        check_range(offset, 8, self.len())?;
-        // SAFETY: in bounds (checked above).
-        let p = unsafe { self.as_ptr().add(offset) };
-        if (p as usize) % 8 == 0 {
-            // SAFETY: as in `read_u64`.
-            unsafe { std::sync::atomic::AtomicU64::from_ptr(p.cast()) }
-                .store(value, std::sync::atomic::Ordering::SeqCst);
-            Ok(())
-        } else {
-            self.write(offset, &value.to_ne_bytes())
-        }
-    }
-}
-
-impl dyn MemoryRegion {
-    /// The region as its backend's type `T`, if it is one (`<dyn Any>::downcast_ref` for
-    /// the `MemoryRegion` object): how a backend recognises its own regions in a
-    /// window's bind.
-    pub fn downcast_ref<T: MemoryRegion>(&self) -> Option<&T> {
-        if <dyn MemoryRegion as std::any::Any>::type_id(self) == std::any::TypeId::of::<T>() {
-            // SAFETY: the object's concrete type is T (checked just above), so the data
-            // pointer of the trait object points to a live T for as long as `self` is
-            // borrowed.
-            Some(unsafe { &*(self as *const dyn MemoryRegion as *const T) })
-        } else {
-            None
-        }
-    }
-}
-
-/// A memory window (`struct ibv_mw`, see [`crate::mw`]). A work request names it by
-/// reference ([`crate::BindMw`]), so a backend recognises its own windows (the trait is
-/// `Any`) and refuses another backend's with EINVAL.
-pub trait MemoryWindow: std::any::Any + Send + Sync {
-    /// The window's rkey as the application holds it (`ibv_mw::rkey`): the one it was
-    /// allocated with, then the rkey of the last bind posted for it (as rxe's and mlx5's
-    /// `ibv_bind_mw` update it for a type 1 window; this API does the same for a type 2
-    /// window bound through [`SendWr::bind_mw`](crate::SendWr::bind_mw)). A bind that
-    /// fails in the send queue leaves the window's real rkey as it was.
-    fn rkey(&self) -> u32;
-
-    /// Its type.
-    fn mw_type(&self) -> MwType;
-}
-
-impl dyn MemoryWindow {
-    /// The window as its backend's type `T`, if it is one.
-    pub fn downcast_ref<T: MemoryWindow>(&self) -> Option<&T> {
-        if <dyn MemoryWindow as std::any::Any>::type_id(self) == std::any::TypeId::of::<T>() {
-            // SAFETY: as in `<dyn MemoryRegion>::downcast_ref`.
-            Some(unsafe { &*(self as *const dyn MemoryWindow as *const T) })
-        } else {
-            None
-        }
-    }
-}
-
-fn check_range(offset: usize, len: usize, region: usize) -> Result<()> {
-    match offset.checked_add(len) {
-        Some(end) if end <= region => Ok(()),
-        _ => Err(Error::OutOfBounds {
-            offset,
-            end: offset.saturating_add(len),
-            len: region,
-        }),
-    }
-}
-
 /// A completion queue (`struct ibv_cq`).
 pub trait CompletionQueue: Send + Sync {
     /// `ibv_poll_cq`: moves up to `wc.len()` completions into `wc`, oldest first, and
@@ -497,14 +325,6 @@ pub trait SharedReceiveQueue: Send + Sync {
     fn handle(&self) -> u32;
 }
 
-/// An address handle (`struct ibv_ah`): where a UD send goes. A send WR names it by
-/// reference ([`SendWr::ud`](crate::SendWr::ud)), so a backend recognises its own handles
-/// (the trait is `Any`) and refuses another backend's with EINVAL.
-pub trait AddressHandle: std::any::Any + Send + Sync {
-    /// The attributes it was created with.
-    fn attr(&self) -> AhAttr;
-}
-
 /// A queue pair (`struct ibv_qp`).
 pub trait QueuePair: Send + Sync {
     /// The QP number.
@@ -543,14 +363,14 @@ pub trait QueuePair: Send + Sync {
 
     /// `ibv_bind_mw`: binds the type 1 window `mw` to `bind.bind_info` (or unbinds it, with
     /// no region) through this QP's send queue, as an `IBV_WR_BIND_MW` with the rkey
-    /// [`inc_rkey`](crate::mw::inc_rkey)`(mw.rkey())`, which the window's handle takes
+    /// [`inc_rkey`]`(mw.rkey())`, which the window's handle takes
     /// and the call returns. The bind completes as `IBV_WC_BIND_MW` (if signaled), or as
     /// `IBV_WC_MW_BIND_ERR` when the region, range or rights do not allow it. A type 2
     /// window is EINVAL (bind it with [`SendWr::bind_mw`](crate::SendWr::bind_mw)), a
     /// region of another PD than the window's EPERM (the backends check it; this
     /// default, for QPs that wrap another, posts the bind without that check).
     fn bind_mw(&self, mw: &dyn MemoryWindow, bind: &MwBind<'_>) -> Result<u32> {
-        crate::mw::post_type1_bind(self, mw, bind)
+        post_type1_bind(self, mw, bind)
     }
 
     /// `ibv_attach_mcast`: attaches this UD QP to the multicast group of MGID `gid` and
@@ -565,4 +385,32 @@ pub trait QueuePair: Send + Sync {
     /// `ibv_detach_mcast`: detaches this QP from the group it was attached to with the
     /// same `gid` and `lid`; EINVAL if it was not.
     fn detach_mcast(&self, gid: &Gid, lid: u16) -> Result<()>;
+}
+
+/// `ibv_bind_mw` as rxe's and mlx5's providers do it, after libibverbs' own checks: a
+/// `IBV_WR_BIND_MW` of the type 1 window `mw` on `qp` with the rkey [`inc_rkey`] of its
+/// current one, which it returns (see [`QueuePair::bind_mw`]; the check that the region
+/// belongs to the window's PD is the backend's).
+pub fn post_type1_bind<Q: QueuePair + ?Sized>(
+    qp: &Q,
+    mw: &dyn MemoryWindow,
+    bind: &MwBind<'_>,
+) -> Result<u32> {
+    if mw.mw_type() != MwType::Type1 {
+        return Err(Error::invalid(
+            "ibv_bind_mw",
+            "the window is of type 2: bind it with an IBV_WR_BIND_MW work request",
+        ));
+    }
+    let info = &bind.bind_info;
+    if info.mr.is_none() && (info.addr != 0 || info.length != 0) {
+        return Err(Error::invalid(
+            "ibv_bind_mw",
+            "a bind without a memory region must have address and length 0",
+        ));
+    }
+    let rkey = inc_rkey(mw.rkey());
+    let wr = SendWr::bind_mw(bind.wr_id, mw, rkey, *info).with_flags(bind.send_flags);
+    qp.post_send(&[wr]).map_err(|e| e.error)?;
+    Ok(rkey)
 }

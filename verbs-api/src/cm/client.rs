@@ -1,4 +1,4 @@
-//! The client's side of the hello exchange ([`connect`](super::connect),
+//! The client's side of the hello exchange ([`connect`],
 //! [`exchange`]): connect, send this side's hello, read the server's.
 //!
 //! A server under a flood of connections sheds those that have said nothing yet
@@ -14,12 +14,14 @@ use std::io::Write;
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::Instant;
 
-use super::{
-    arm, check_offer, deadline_after, encode_hello, io_err, read_hello, setup_io_err, Backoff, Hello, Offer,
-    Peer, DEFAULT_TIMEOUT,
-};
+use super::accept::Backoff;
+use super::hello::{check_offer, encode_hello, Hello, Offer, DEFAULT_TIMEOUT};
+use super::io::{arm, deadline_after, io_err, read_hello, setup_io_err};
+use super::setup::{finish, rand_psn, Peer};
+use crate::connect::{local_endpoint, RcParams};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
+use crate::traits::{Context, QueuePair};
 
 /// How one attempt ended, when it did not get the server's hello.
 enum Attempt {
@@ -140,6 +142,33 @@ pub(super) fn exchange_by(
     }
 }
 
+/// Connects to a [`CmListener`](super::CmListener) at `addr`, exchanges endpoints and offers, and brings
+/// `qp` to RTS towards the server's QP. A server that closes the connection without
+/// answering (one under a flood sheds connections that have said nothing yet) is
+/// connected to again within the offer's timeout; `qp` is untouched until it answers.
+pub fn connect<C: Context, Q: QueuePair>(
+    addr: impl ToSocketAddrs,
+    ctx: &C,
+    qp: &Q,
+    params: &RcParams,
+    offer: &Offer,
+) -> Result<Peer> {
+    let deadline = deadline_after(offer.timeout.unwrap_or(DEFAULT_TIMEOUT));
+    check_offer(offer)?;
+    let me = local_endpoint(ctx, qp, params, rand_psn())?;
+    // The client speaks first; the server answers after reading, so a stray connection
+    // that sends nothing learns nothing.
+    let p = exchange_by(addr, &me, offer, deadline)?;
+    finish(
+        p.stream,
+        deadline,
+        qp,
+        params,
+        me,
+        (p.endpoint, p.mrs, p.private_data),
+    )
+}
+
 /// The client's side of the exchange without a QP: sends `me` and `offer` to the
 /// [`CmListener`](super::CmListener) at `addr` and returns the server's endpoint, offer
 /// and the connection, within the offer's timeout (connecting again while the server
@@ -166,8 +195,8 @@ mod nonblocking {
     use tokio::net::{lookup_host, TcpStream, ToSocketAddrs};
 
     use super::*;
-    use crate::cm::nonblocking::read_hello_async;
-    use crate::cm::AsyncPeer;
+    use crate::cm::io::read_hello_async;
+    use crate::cm::setup::AsyncPeer;
 
     /// One attempt: the server's hello, or how it went.
     async fn attempt(mut stream: TcpStream, hello: &[u8]) -> Result<(TcpStream, Hello), Attempt> {

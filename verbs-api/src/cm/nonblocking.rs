@@ -1,20 +1,25 @@
 //! The setup exchange of [`super`] on tokio: [`AsyncCmListener`] and [`connect_async`],
 //! interoperating with the blocking forms (the same hello, the same ready bytes).
 
-use super::*;
+use std::net::SocketAddr;
+use std::time::Duration;
+
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener as TokioListener, TcpStream as TokioStream, ToSocketAddrs as TokioAddrs};
 
-/// What the peer sent, with the side channel as a tokio stream.
-pub type AsyncPeer = Peer<TokioStream>;
+use super::accept::{accept_retryable, fd_errno, Backoff, FdEpisode};
+use super::hello::{check_offer, check_ready, encode_hello, Hello, Offer, DEFAULT_TIMEOUT};
+use super::io::{aio_err, read_hello_async};
+use super::request::{AsyncConnectRequest, AsyncIncoming, ConnectRequest, Incoming};
+use super::requests::REQUEST_TIMEOUT;
+use super::requests_async;
+use super::setup::{bring_up, rand_psn, AsyncPeer};
+use crate::connect::{local_endpoint, RcParams};
+use crate::endpoint::Endpoint;
+use crate::error::{open_file_limit, Error, Result};
+use crate::traits::{Context, QueuePair};
 
-/// A client connected to an [`AsyncCmListener`], before the setup exchange.
-pub type AsyncIncoming = Incoming<TokioStream>;
-
-/// A client's connection request read by [`Incoming::<TokioStream>::request`].
-pub type AsyncConnectRequest = ConnectRequest<TokioStream>;
-
-/// A server waiting for [`connect_async`]s (or blocking [`connect`]s).
+/// A server waiting for [`connect_async`]s (or blocking [`connect`](super::connect)s).
 #[derive(Debug)]
 pub struct AsyncCmListener {
     listener: std::sync::Arc<TokioListener>,
@@ -54,6 +59,9 @@ impl AsyncCmListener {
     /// [`ConnectRequest::<TokioStream>::accept`], on a task of its own to serve
     /// clients side by side. Use this or [`AsyncCmListener::incoming`] on a listener,
     /// not both.
+    ///
+    /// [`CmListener::request`]: super::CmListener::request
+    /// [`SETUP_BOUND`]: super::SETUP_BOUND
     pub async fn request(&self, timeout: Duration) -> Result<AsyncConnectRequest> {
         let mut r = self.requests.lock().await;
         let r = r.get_or_insert_with(|| requests_async::start(self.listener.clone(), self.request_timeout));
@@ -90,7 +98,7 @@ impl AsyncCmListener {
 
     /// Waits up to `timeout` for a client to connect; the setup exchange has not
     /// started ([`Incoming::<TokioStream>::request`]). Out of file descriptors, it
-    /// backs off, warns and fails as [`CmListener::incoming`] does.
+    /// backs off, warns and fails as [`CmListener::incoming`](super::CmListener::incoming) does.
     pub async fn incoming(&self, timeout: Duration) -> Result<AsyncIncoming> {
         let mut starved = None;
         let r = tokio::time::timeout(timeout, self.accept_tcp(&mut starved)).await;
@@ -208,26 +216,6 @@ pub async fn connect_async<C: Context, Q: QueuePair>(
     })
     .await
     .map_err(|_| Error::timeout(timeout, "the connection setup with the server did not finish"))?
-}
-
-/// A setup I/O error on the async form (timeouts come from `tokio::time::timeout`).
-fn aio_err(e: std::io::Error) -> Error {
-    setup_io_err(e, |source| Error::from_io("connection setup", source))
-}
-
-pub(super) async fn read_hello_async(s: &mut TokioStream) -> Result<Hello> {
-    let mut buf = Vec::new();
-    loop {
-        match parse_hello(&buf) {
-            Err(msg) => return Err(bad_hello(msg)),
-            Ok(HelloParse::Done(e, m, p)) => return Ok((e, m, p)),
-            Ok(HelloParse::Need(n)) => {
-                let at = buf.len();
-                buf.resize(n, 0);
-                s.read_exact(&mut buf[at..]).await.map_err(aio_err)?;
-            }
-        }
-    }
 }
 
 /// Both sides, once the hellos are exchanged: RTS towards the peer, the ready bytes.

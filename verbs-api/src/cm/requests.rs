@@ -5,6 +5,8 @@
 //! ([`REQUEST_TIMEOUT`] unless set otherwise), descriptors kept in reserve for the
 //! clients being served, and no thread per connection. Clients speak first (the hello),
 //! so a flood's silent connections give way to a client whose request arrives.
+//!
+//! [`CmListener::request`]: super::CmListener::request
 
 use std::collections::VecDeque;
 use std::io::Read;
@@ -12,14 +14,15 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use super::{
-    accept_retryable, bad_hello, deadline_after, fd_errno, parse_hello, setup_io_err, Backoff, CmListener,
-    ConnectRequest, Hello, HelloParse,
-};
+use super::accept::FdEpisode;
+use super::accept::{accept_retryable, fd_errno, Backoff};
+use super::hello::{bad_hello, parse_hello, Hello, HelloParse};
+use super::io::setup_io_err;
+use super::request::ConnectRequest;
 use crate::admission::{self, held_back_note, Admitted, Bound, InSetup, WarnBudget};
 use crate::error::{Error, Result};
 
-/// The bound on a [`CmListener`]'s connections in setup: 64 at once, one shed for a
+/// The bound on a [`CmListener`](super::CmListener)'s connections in setup: 64 at once, one shed for a
 /// newcomer once it has waited 200 ms (at any age if it has sent nothing), and 64
 /// descriptors kept free.
 pub const SETUP_BOUND: Bound = Bound {
@@ -29,13 +32,13 @@ pub const SETUP_BOUND: Bound = Bound {
 };
 
 /// How long a client may take, once connected, to send its whole connection request
-/// ([`CmListener::with_request_timeout`] sets another).
+/// ([`CmListener::with_request_timeout`](super::CmListener::with_request_timeout) sets another).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Warnings about dropped clients: the first 8 in each 10 s, then a count.
 pub(super) const WARNINGS: (Duration, u32) = (Duration::from_secs(10), 8);
 
-/// The connections of a [`CmListener`] whose request has not arrived yet, and those whose
+/// The connections of a [`CmListener`](super::CmListener) whose request has not arrived yet, and those whose
 /// request arrived while room was made (taken first).
 #[derive(Debug)]
 pub(super) struct Pending {
@@ -118,7 +121,7 @@ impl Conn {
 impl Pending {
     /// A client whose request arrived, if one did: reads every connection, drops those
     /// that failed or ran out of time (with a warning naming them).
-    fn take_arrived(&mut self) -> Option<ConnectRequest> {
+    pub(super) fn take_arrived(&mut self) -> Option<ConnectRequest> {
         let timeout = self.request_timeout;
         for (at, c) in self.set.iter_mut() {
             c.advance();
@@ -200,8 +203,12 @@ impl Pending {
 
     /// Accepts every connection waiting; `Err` with the pause to take when out of
     /// descriptors (after shedding the oldest half in setup), or the listener's failure.
-    fn accept_waiting(&mut self, cl: &CmListener, backoff: &mut Backoff) -> Result<Option<Duration>> {
-        let l = &cl.listener;
+    pub(super) fn accept_waiting(
+        &mut self,
+        l: &TcpListener,
+        fds: &FdEpisode,
+        backoff: &mut Backoff,
+    ) -> Result<Option<Duration>> {
         loop {
             if self.arrived.len() >= self.set.bound().max {
                 // Requests wait to be taken: newcomers wait in the listen backlog.
@@ -209,7 +216,7 @@ impl Pending {
             }
             match l.accept() {
                 Ok((stream, peer)) => {
-                    cl.fds.recovered(l.local_addr().ok());
+                    fds.recovered(l.local_addr().ok());
                     *backoff = Backoff::default();
                     self.admit(stream, peer);
                 }
@@ -217,7 +224,7 @@ impl Pending {
                 Err(e) if accept_retryable(&e) => {}
                 Err(e) => match fd_errno(&e) {
                     Some(errno) => {
-                        cl.fds.starved(l.local_addr().ok(), errno);
+                        fds.starved(l.local_addr().ok(), errno);
                         drop(self.set.shed_half());
                         return Ok(Some(backoff.next()));
                     }
@@ -229,7 +236,7 @@ impl Pending {
 
     /// Waits until the listener or a connection in setup is readable, a request runs out
     /// of time, `pause` passes or `deadline` comes.
-    fn wait(&mut self, l: &TcpListener, deadline: Instant, pause: Option<Duration>) {
+    pub(super) fn wait(&mut self, l: &TcpListener, deadline: Instant, pause: Option<Duration>) {
         let now = Instant::now();
         let mut until = deadline;
         if let Some(p) = pause {
@@ -270,54 +277,5 @@ fn request(stream: TcpStream, peer: SocketAddr, (endpoint, mrs, private_data): H
         endpoint,
         mrs,
         private_data,
-    }
-}
-
-impl CmListener {
-    /// Waits up to `timeout` for the next client whose connection request (its hello)
-    /// arrives whole and well-formed, reading every client connected meanwhile at once,
-    /// on this thread: a client that sends garbage, hangs up or sends nothing within the
-    /// request timeout ([`REQUEST_TIMEOUT`] by default) is dropped with a warning naming
-    /// its address, and a flood of connections is bounded ([`SETUP_BOUND`]: a client
-    /// whose request arrives is served while strangers connect and say nothing).
-    /// Connections in setup stay with the listener from one call to the next. Answer the
-    /// request with [`ConnectRequest::accept`].
-    ///
-    /// Fails with [`Error::Timeout`] when no request arrived within `timeout`, and with
-    /// [`Error::OutOfFiles`] when the process was out of descriptors at the end of it.
-    pub fn request(&self, timeout: Duration) -> Result<ConnectRequest> {
-        let deadline = deadline_after(timeout);
-        let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        let l = &self.listener;
-        l.set_nonblocking(true).map_err(|e| Error::from_io("fcntl", e))?;
-        let mut backoff = Backoff::default();
-        let r = loop {
-            let pause = match p.accept_waiting(self, &mut backoff) {
-                Ok(pause) => pause,
-                Err(e) => break Err(e),
-            };
-            if let Some(r) = p.take_arrived() {
-                break Ok(r);
-            }
-            if Instant::now() >= deadline {
-                break Err(match pause {
-                    Some(_) => Error::from_io("accept", std::io::Error::from_raw_os_error(libc::EMFILE)),
-                    None => Error::timeout(timeout, "no client sent a connection request"),
-                });
-            }
-            p.wait(l, deadline, pause);
-        };
-        let _ = l.set_nonblocking(false);
-        r
-    }
-
-    /// The same listener, giving each client `timeout` to send its whole connection
-    /// request ([`CmListener::request`]; [`REQUEST_TIMEOUT`] by default).
-    pub fn with_request_timeout(self, timeout: Duration) -> Self {
-        self.pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .request_timeout = timeout;
-        self
     }
 }

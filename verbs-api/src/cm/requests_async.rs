@@ -14,7 +14,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 
-use super::{AsyncConnectRequest, Incoming, SETUP_BOUND, WARNINGS};
+use super::request::{AsyncConnectRequest, Incoming};
+use super::requests::{SETUP_BOUND, WARNINGS};
 use crate::admission::{self, held_back_note, Spoke, WarnBudget};
 use crate::error::Error;
 

@@ -7,7 +7,8 @@ use std::time::Duration;
 use futures_util::Stream;
 use tokio::io::unix::AsyncFd;
 
-use super::{CmEvent, CmEventChannel, CmIdOf};
+use super::traits::{CmEventChannel, CmIdOf};
+use super::types::CmEvent;
 use crate::error::{Error, Result};
 
 struct ChannelFd(RawFd);

@@ -6,7 +6,8 @@
 
 use std::time::Duration;
 
-use super::{CmEvent, CmEventChannel, CmEventType, CmId, CmIdOf, ConnParam};
+use super::traits::{CmEventChannel, CmId, CmIdOf};
+use super::types::{CmEvent, CmEventType, ConnParam, MAX_RD_ATOMIC};
 use crate::error::{Error, Result};
 use crate::flags::QpAttrMask;
 use crate::qp::{QpAttr, QpState, QpType};
@@ -34,18 +35,18 @@ pub fn init<I: CmId, Q: QueuePair>(id: &I, qp: &Q) -> Result<()> {
 }
 
 /// Moves `qp` to RTR and RTS with the id's attributes, `max_dest_rd_atomic` and
-/// `max_rd_atomic` as given unless [`super::MAX_RD_ATOMIC`].
+/// `max_rd_atomic` as given unless [`MAX_RD_ATOMIC`].
 fn rtr_rts<I: CmId, Q: QueuePair>(id: &I, qp: &Q, resp_res: u8, init_depth: u8) -> Result<()> {
     // librdmacm first refreshes INIT: the connection's access flags come with the request.
     let (attr, mask) = id.init_qp_attr(QpState::Init)?;
     qp.modify(&attr, mask)?;
     let (mut attr, mask) = id.init_qp_attr(QpState::Rtr)?;
-    if resp_res != super::MAX_RD_ATOMIC {
+    if resp_res != MAX_RD_ATOMIC {
         attr.max_dest_rd_atomic = resp_res;
     }
     qp.modify(&attr, mask)?;
     let (mut attr, mask) = id.init_qp_attr(QpState::Rts)?;
-    if init_depth != super::MAX_RD_ATOMIC {
+    if init_depth != MAX_RD_ATOMIC {
         attr.max_rd_atomic = init_depth;
     }
     qp.modify(&attr, mask)
@@ -73,7 +74,7 @@ pub fn connect<I: CmId, Q: QueuePair>(id: &I, qp: &Q, param: &ConnParam) -> Resu
 /// then [`CmId::establish`] (what librdmacm does before it reports `ESTABLISHED` for an
 /// id with a QP). On failure the QP goes to ERR.
 pub fn complete_connect<I: CmId, Q: QueuePair>(id: &I, qp: &Q) -> Result<()> {
-    let r = rtr_rts(id, qp, super::MAX_RD_ATOMIC, super::MAX_RD_ATOMIC).and_then(|()| id.establish());
+    let r = rtr_rts(id, qp, MAX_RD_ATOMIC, MAX_RD_ATOMIC).and_then(|()| id.establish());
     if r.is_err() {
         let _ = to_err(qp);
     }

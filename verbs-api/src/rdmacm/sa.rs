@@ -4,7 +4,7 @@
 //! kernel's `ib_sa_pack_path`, librdmacm's `ucma_convert_path`), so that the backends
 //! and the sim's C ABI read and write it one way.
 
-use super::PathRecord;
+use super::types::PathRecord;
 use crate::device::{Gid, Mtu};
 
 /// The size of a packed path record.

@@ -7,7 +7,7 @@ use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{CmAddr, CmEvent, CmOption, PathRecord, PortSpace};
+use super::types::{CmAddr, CmEvent, CmOption, ConnParam, PathRecord, PortSpace};
 use crate::device::Gid;
 use crate::error::Result;
 use crate::event::AsyncEventType;
@@ -97,12 +97,12 @@ pub trait CmId: Send + Sync + Sized {
 
     /// `rdma_connect` with `param` (whose `qp_num` names this side's QP, in INIT); for a
     /// UD id, resolves the service's QP.
-    fn connect(&self, param: &super::ConnParam) -> Result<()>;
+    fn connect(&self, param: &ConnParam) -> Result<()>;
 
     /// `rdma_accept` of a connection request with `param` (this side's QP, in RTS for RC;
     /// see [`super::qp::accept`]). With `None` on the active side after
     /// [`super::CmEventType::ConnectResponse`]: [`CmId::establish`].
-    fn accept(&self, param: Option<&super::ConnParam>) -> Result<()>;
+    fn accept(&self, param: Option<&ConnParam>) -> Result<()>;
 
     /// `rdma_establish`: the active side's QP is in RTS; completes the connection.
     fn establish(&self) -> Result<()> {
