@@ -86,8 +86,10 @@ impl Progress {
     /// every connection of its device each turn, and a message that arrives during a
     /// turn waits for the rest of it. A socket has no such look: reading it is how its
     /// news is found.
+    /// Takes no lock but the connection's, without waiting: callers may hold the
+    /// poller's table.
     #[inline]
-    fn quiet_look(&self, conn: &Conn) -> bool {
+    pub(super) fn quiet_look(&self, conn: &Conn) -> bool {
         if !super::ring_wire::nothing_new(conn)
             || conn.qp.fault_armed.load(Ordering::Acquire)
             || conn.pending.load(Ordering::Relaxed)

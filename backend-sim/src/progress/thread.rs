@@ -452,7 +452,9 @@ impl Progress {
     /// others may follow a long write, and read their own).
     pub(super) fn peek_few(&self, mode: Mode, mut clock: Option<Stamp>) -> Option<bool> {
         let mut direct: [Option<Arc<Conn>>; DIRECT_MAX] = Default::default();
-        if !self.poller.few_into(&mut direct) {
+        // (Connections over rings with nothing new are passed over under the table's
+        // lock: see `quiet_look`.)
+        if !self.poller.few_into(&mut direct, |c| self.quiet_look(c)) {
             return None;
         }
         let mut work = false;
