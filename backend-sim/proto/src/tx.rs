@@ -750,7 +750,11 @@ mod tests {
                     q.write_at_most(&mut crate::io::ToWrite(&mut wire), budget)
                         .unwrap();
                 }
-                assert_eq!(frames(&wire), [(w, 1), (a, 7)], "budget {budget}, {started} first");
+                assert_eq!(
+                    frames(&wire),
+                    [(w, 1), (a, 7)],
+                    "budget {budget}, {started} first"
+                );
                 let ack = {
                     let mut t = TxQueue::new();
                     t.push_frame(&Frame::Ack { psn: 7 });

@@ -310,18 +310,23 @@ fn a_look_at_quiet_rings_ends_without_a_round() {
     assert!(!ca.pending.load(Ordering::SeqCst));
 
     let mr = pd.reg_mr(64, AccessFlags::ALL).unwrap();
-    qb.post_recv(&[RecvWr::new(7, &[mr.sge(0, 8).unwrap()])])
-        .unwrap();
+    qb.post_recv(&[RecvWr::new(7, &[mr.sge(0, 8).unwrap()])]).unwrap();
     qa.post_send(&[SendWr::send(9, &[mr.sge(8, 8).unwrap()]).signaled()])
         .unwrap();
     // The SEND is in the receiver's ring: the look reads and delivers it.
     let deadline = Instant::now() + Duration::from_secs(10);
     while !progress.service_inner(&cb, Mode::User, true, None) {
-        assert!(Instant::now() < deadline, "the SEND never reached the receiver's ring");
+        assert!(
+            Instant::now() < deadline,
+            "the SEND never reached the receiver's ring"
+        );
     }
     let wcs = poll_n(&cq, 2, Duration::from_secs(10)).unwrap();
     assert!(wcs.iter().all(|w| w.is_ok()), "{wcs:?}");
     let mut ops: Vec<_> = wcs.iter().map(|w| w.opcode).collect();
     ops.sort_by_key(|o| *o as u32);
-    assert!(ops.contains(&WcOpcode::Recv) && ops.contains(&WcOpcode::Send), "{ops:?}");
+    assert!(
+        ops.contains(&WcOpcode::Recv) && ops.contains(&WcOpcode::Send),
+        "{ops:?}"
+    );
 }
