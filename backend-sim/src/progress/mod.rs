@@ -203,9 +203,6 @@ pub struct Progress {
     /// channel (tests).
     #[cfg(test)]
     spun_after_signal: AtomicU64,
-    /// Looks at a connection over rings that ended without a round (tests).
-    #[cfg(test)]
-    quiet_looks: AtomicU64,
 }
 
 /// Receive paths of a device that are not QP connections (its UD links, which tasks on
@@ -250,8 +247,6 @@ impl Progress {
             held_seen: AtomicU64::new(0),
             #[cfg(test)]
             spun_after_signal: AtomicU64::new(0),
-            #[cfg(test)]
-            quiet_looks: AtomicU64::new(0),
         })
     }
 
@@ -439,12 +434,6 @@ impl Progress {
     #[cfg(test)]
     pub fn spun_after_signal(&self) -> u64 {
         self.spun_after_signal.load(Ordering::Relaxed)
-    }
-
-    /// How many looks at a connection over rings ended without a round (tests).
-    #[cfg(test)]
-    pub fn quiet_looks(&self) -> u64 {
-        self.quiet_looks.load(Ordering::Relaxed)
     }
 
     /// How many threads wait on the connections in `ibv_get_cq_event` now (tests).

@@ -118,7 +118,9 @@ impl Poller {
         if conns.len() > DIRECT_MAX {
             return false;
         }
-        for (slot, c) in out.iter_mut().zip(conns.values().filter(|c| !quiet(c))) {
+        // (Only a connection over rings can be quiet: sockets are not asked.)
+        let rings = self.rings.load(Ordering::Relaxed) > 0;
+        for (slot, c) in out.iter_mut().zip(conns.values().filter(|c| !rings || !quiet(c))) {
             *slot = Some(c.clone());
         }
         true

@@ -21,6 +21,12 @@ use crate::faults::state::BreakPoint;
 use crate::link::ConnIo;
 use crate::qp::{Conn, QpInner};
 
+#[cfg(test)]
+thread_local! {
+    /// Looks of this thread that [`Progress::quiet_look`] ended (tests).
+    static QUIET_LOOKS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
 /// What [`Progress::process`] did.
 enum Processed {
     /// Go on; `ack_later`: an ACK is owed and left for later (delayed ACK); `held`: it
@@ -105,9 +111,16 @@ impl Progress {
         let quiet = idle && !conn.pending.load(Ordering::SeqCst);
         #[cfg(test)]
         if quiet {
-            self.quiet_looks.fetch_add(1, Ordering::Relaxed);
+            QUIET_LOOKS.set(QUIET_LOOKS.get() + 1);
         }
         quiet
+    }
+
+    /// How many looks of the calling thread at a connection over rings ended without a
+    /// round (tests).
+    #[cfg(test)]
+    pub(super) fn quiet_looks_here() -> u64 {
+        QUIET_LOOKS.get()
     }
 
     /// The rounds of [`Progress::service_inner`], until nothing moves or another thread

@@ -290,11 +290,10 @@ fn a_look_at_quiet_rings_ends_without_a_round() {
         }
     };
     let (ca, cb) = (conn_of(&qa), conn_of(&qb));
-    // This thread alone looks at the connections from here on.
+    // This thread alone looks at the connections from here on (its own looks counted).
     let progress = &ctx.dev.progress;
     progress.shutdown();
-    std::thread::sleep(Duration::from_millis(50));
-    let quiet = || progress.quiet_looks();
+    let quiet = Progress::quiet_looks_here;
 
     let q0 = quiet();
     assert!(!progress.service_inner(&ca, Mode::User, true, None));
