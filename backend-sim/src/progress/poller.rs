@@ -109,13 +109,18 @@ impl Poller {
         out.extend(self.conns.lock().values().cloned());
     }
 
-    /// Every connection if there are at most [`DIRECT_MAX`], into `out`; false if more.
-    pub fn few_into(&self, out: &mut [Option<Arc<Conn>>; DIRECT_MAX]) -> bool {
+    /// Every connection if there are at most [`DIRECT_MAX`], into `out`, but those
+    /// `quiet` says a look would find nothing at (asked under the table's lock: it must
+    /// neither block nor touch the table); false if more. A quiet connection costs the
+    /// caller no reference taken and given back.
+    pub fn few_into(&self, out: &mut [Option<Arc<Conn>>; DIRECT_MAX], quiet: impl Fn(&Conn) -> bool) -> bool {
         let conns = self.conns.lock();
         if conns.len() > DIRECT_MAX {
             return false;
         }
-        for (slot, c) in out.iter_mut().zip(conns.values()) {
+        // (Only a connection over rings can be quiet: sockets are not asked.)
+        let rings = self.rings.load(Ordering::Relaxed) > 0;
+        for (slot, c) in out.iter_mut().zip(conns.values().filter(|c| !rings || !quiet(c))) {
             *slot = Some(c.clone());
         }
         true

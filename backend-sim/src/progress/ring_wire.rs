@@ -64,6 +64,13 @@ pub(super) fn arm_before_sleep<'a>(
     conns.into_iter().any(|c| has_news(c))
 }
 
+/// Whether `conn` goes over rings that have nothing new for a thread that services it
+/// (false for a connection over its socket, whose news only a read finds).
+#[inline]
+pub(super) fn nothing_new(conn: &Conn) -> bool {
+    conn.ring_peek.get().is_some_and(|p| !p.has_news())
+}
+
 /// Whether `conn` goes over rings with news for a thread that services it.
 pub(super) fn has_news(conn: &Conn) -> bool {
     conn.ring_peek.get().is_some_and(|p| p.has_news())

@@ -256,3 +256,76 @@ fn the_nap_after_the_window_doubles_up_to_the_grace_period() {
     }
     assert!(naps < 10, "{naps} sleeps to reach the grace period");
 }
+
+/// A look for news at a connection over rings that has none ends without a round (the
+/// spinning poller's turn); one at a connection that has bytes in its ring, or for
+/// which a round was asked, still runs one, and the SEND and its ACK arrive as before.
+#[test]
+fn a_look_at_quiet_rings_ends_without_a_round() {
+    use verbs_api::{
+        connect_rc, local_endpoint, poll_n, AccessFlags, Backend, Context, MemoryRegion, ProtectionDomain,
+        QpCap, QpInitAttr, QueuePair, RcParams, RecvWr, SendWr, WcOpcode,
+    };
+    let ctx = crate::SimBackend::default().open("sim0").unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(16, None).unwrap();
+    let cap = QpCap::new(8, 8);
+    let qa = pd.create_qp(&QpInitAttr::rc(&cq, &cq, cap)).unwrap();
+    let qb = pd.create_qp(&QpInitAttr::rc(&cq, &cq, cap)).unwrap();
+    let p = RcParams::default();
+    let ea = local_endpoint(&ctx, &qa, &p, 1).unwrap();
+    let eb = local_endpoint(&ctx, &qb, &p, 2).unwrap();
+    connect_rc(&qa, &p, 1, &eb).unwrap();
+    connect_rc(&qb, &p, 2, &ea).unwrap();
+    let conn_of = |q: &crate::SimQp| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(c) = q.qp.inner.lock().conn.clone() {
+                if c.ring_peek.get().is_some() {
+                    return c;
+                }
+            }
+            assert!(Instant::now() < deadline, "no connection over rings");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    let (ca, cb) = (conn_of(&qa), conn_of(&qb));
+    // This thread alone looks at the connections from here on (its own looks counted).
+    let progress = &ctx.dev.progress;
+    progress.shutdown();
+    let quiet = Progress::quiet_looks_here;
+
+    let q0 = quiet();
+    assert!(!progress.service_inner(&ca, Mode::User, true, None));
+    assert_eq!(quiet(), q0 + 1, "a look at rings with nothing new ran a round");
+    // A spinning thread's look at the device passes over both.
+    assert_eq!(progress.peek_few(Mode::User, None), Some(false));
+    assert_eq!(quiet(), q0 + 3, "a spinning look at quiet rings ran a round");
+
+    // A round asked for is run (and the request taken), even with nothing new.
+    ca.pending.store(true, Ordering::SeqCst);
+    progress.service_inner(&ca, Mode::User, true, None);
+    assert_eq!(quiet(), q0 + 3, "a look skipped the round asked for");
+    assert!(!ca.pending.load(Ordering::SeqCst));
+
+    let mr = pd.reg_mr(64, AccessFlags::ALL).unwrap();
+    qb.post_recv(&[RecvWr::new(7, &[mr.sge(0, 8).unwrap()])]).unwrap();
+    qa.post_send(&[SendWr::send(9, &[mr.sge(8, 8).unwrap()]).signaled()])
+        .unwrap();
+    // The SEND is in the receiver's ring: the look reads and delivers it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !progress.service_inner(&cb, Mode::User, true, None) {
+        assert!(
+            Instant::now() < deadline,
+            "the SEND never reached the receiver's ring"
+        );
+    }
+    let wcs = poll_n(&cq, 2, Duration::from_secs(10)).unwrap();
+    assert!(wcs.iter().all(|w| w.is_ok()), "{wcs:?}");
+    let mut ops: Vec<_> = wcs.iter().map(|w| w.opcode).collect();
+    ops.sort_by_key(|o| *o as u32);
+    assert!(
+        ops.contains(&WcOpcode::Recv) && ops.contains(&WcOpcode::Send),
+        "{ops:?}"
+    );
+}

@@ -249,7 +249,10 @@ impl Progress {
                 work |= self.flush_acks();
                 work |= self.run_ready();
             }
-            work |= self.run_timers();
+            // A spinning turn's clock is fresh enough for its timers (a timer that came
+            // due during the turn runs in the next, which follows at once); a turn that
+            // may have slept reads it again.
+            work |= self.run_timers_at(if spinning { now } else { Instant::now() });
             work |= self.release_held(&mut due);
             if work {
                 let t = Instant::now();
@@ -320,6 +323,12 @@ impl Progress {
     }
 
     pub(super) fn run_ready(&self) -> bool {
+        // A plain look first, as a poll's: a spinning turn usually finds nothing queued,
+        // and the queue's lock is taken only when something may be. (A push that the look
+        // misses is seen by the next turn; a thread about to sleep looks once more.)
+        if !self.ready.pending() {
+            return false;
+        }
         let mut work = false;
         while let Some(qp) = self.ready.pop() {
             let conn = qp.inner.lock().conn.clone();
@@ -332,7 +341,11 @@ impl Progress {
     }
 
     pub(super) fn run_timers(&self) -> bool {
-        let now = Instant::now();
+        self.run_timers_at(Instant::now())
+    }
+
+    /// [`Progress::run_timers`] with the clock `now` the caller has just read.
+    fn run_timers_at(&self, now: Instant) -> bool {
         if !self.timers.due(self.clock.nanos(now)) {
             return false;
         }
@@ -452,7 +465,9 @@ impl Progress {
     /// others may follow a long write, and read their own).
     pub(super) fn peek_few(&self, mode: Mode, mut clock: Option<Stamp>) -> Option<bool> {
         let mut direct: [Option<Arc<Conn>>; DIRECT_MAX] = Default::default();
-        if !self.poller.few_into(&mut direct) {
+        // (Connections over rings with nothing new are passed over under the table's
+        // lock: see `quiet_look`.)
+        if !self.poller.few_into(&mut direct, |c| self.quiet_look(c)) {
             return None;
         }
         let mut work = false;

@@ -61,7 +61,9 @@ fn read_nothing(s: &mut TcpStream, buf: &mut [u8]) -> Res<()> {
 
 /// The sim in one thread (see the module docs).
 pub fn sim_ns_per_message(messages: u64) -> Res<Cost> {
-    let sim = backend_sim::SimBackend::default();
+    // The environment's configuration, as `perf` takes it: `RDMA_SIM_TRANSPORT=tcp`
+    // measures the TCP path, the default the same-host one.
+    let sim = backend_sim::SimBackend::from_env()?;
     let ctx = sim.open("sim0")?;
     let pd = ctx.alloc_pd()?;
     let cqs = [ctx.create_cq(64, None)?, ctx.create_cq(64, None)?];
