@@ -26,7 +26,6 @@
 #     REM_INV_REQ_ERR (e.g. seed 2: conformance --backend det --profile portable --seed 2
 #     --dup 10 -f errors.rd-atomic-over-limit); not yet explained, kept out until it is.
 #   - atomic.concurrent: posts from four threads, which a deterministic world refuses.
-#   - rnr.retry-count: measures the wall-clock time the RNR retries take.
 #   - mr.caller-memory-not-owned: expects EFAULT for memory across a hole; the
 #     deterministic backend does not probe the caller's memory.
 #   - aio.*: a tokio reactor on the completion channel's descriptor (the world has none).
@@ -46,7 +45,7 @@ groups=(-f atomic. -f cq. -f cq-resize. -f device. -f errors. -f events. -f mr. 
 no_loss=(errors.flush-after-remote-error errors.recv-too-small errors.recv-bad-lkey
     errors.no-responder-resources events.responder-errors)
 in_order=(cq.overflow errors.rd-atomic-over-limit)
-not_run=(atomic.concurrent rnr.retry-count mr.caller-memory-not-owned)
+not_run=(atomic.concurrent mr.caller-memory-not-owned)
 lossy=("${groups[@]}")
 for c in "${no_loss[@]}" "${in_order[@]}" "${not_run[@]}"; do lossy+=(--except "$c"); done
 nak=(-f access.)
