@@ -72,8 +72,9 @@
 //!
 //! ## What it does not do
 //!
-//! RC QPs, and UC ones (the protocol core's UC; not exercised by this crate's tests).
-//! Refused with EOPNOTSUPP, saying so: UD QPs and address handles, SRQs, memory windows,
+//! RC QPs, and UC ones (the protocol core's UC; not exercised by this crate's tests), with
+//! their own receive queues or a shared one (SRQ, with its limit event).
+//! Refused with EOPNOTSUPP, saying so: UD QPs and address handles, memory windows,
 //! `rereg_mr`, multicast; file descriptors (`async_fd`, a channel's `fd`) are -1,
 //! because waiting on one would wait outside the virtual world: use `get_cq_event` and
 //! `get_async_event`, which advance it, or `AsyncCq`, whose wait the channel provides
@@ -122,6 +123,7 @@ mod qp;
 mod refuse;
 pub mod rendezvous;
 pub mod shrink;
+mod srq;
 mod world;
 
 use std::sync::Arc;
@@ -136,8 +138,9 @@ pub use cq::{DetChannel, DetCq};
 pub use objects::{DetContext, DetMr, DetPd};
 pub use paused::IDLE_WAIT;
 pub use qp::DetQp;
-pub use refuse::{DetAh, DetMw, DetSrq};
+pub use refuse::{DetAh, DetMw};
 pub use rendezvous::{DetConnecting, DetListener};
+pub use srq::DetSrq;
 pub use world::IDLE_POLLS;
 
 pub use backend_sim_proto::fabric::{Fault, FaultMix, FrameKey, Schedule, What};

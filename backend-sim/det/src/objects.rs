@@ -14,13 +14,17 @@ use verbs_api::{
 
 use crate::cq::{DetChannel, DetCq};
 use crate::qp::DetQp;
-use crate::refuse::{refused, DetAh, DetMw, DetSrq};
+use crate::refuse::{refused, DetAh, DetMw};
+use crate::srq::{DetSrq, MAX_SRQ_SGE};
 use crate::world::{CqState, Shared};
 use crate::Det;
 
 /// The most entries a CQ, and WRs a queue, may have.
 pub(crate) const MAX_CQE: u32 = 1 << 16;
 const MAX_QP_WR: u32 = 1 << 14;
+/// The most receives an SRQ may hold.
+pub(crate) const MAX_SRQ_WR: u32 = 1 << 14;
+const MAX_SRQ: u32 = 1 << 16;
 const MAX_SGE: u32 = 32;
 const MAX_RD_ATOM: u32 = 16;
 const MAX_INLINE: u32 = 256;
@@ -100,6 +104,9 @@ impl Context for DetContext {
             atomic_cap: AtomicCap::Hca,
             max_pkeys: 1,
             phys_port_cnt: 1,
+            max_srq: MAX_SRQ,
+            max_srq_wr: MAX_SRQ_WR,
+            max_srq_sge: MAX_SRQ_SGE,
             ..Default::default()
         })
     }
@@ -138,6 +145,11 @@ impl Context for DetContext {
         c.atomic_cap = AtomicCap::Hca;
         c.imm_data = true;
         c.uc = true;
+        c.srq = true;
+        c.max_srq = MAX_SRQ;
+        c.max_srq_wr = MAX_SRQ_WR;
+        c.max_srq_sge = MAX_SRQ_SGE;
+        c.srq_resize = true;
         c.max_inline_data = MAX_INLINE;
         c.max_send_sge = MAX_SGE;
         c.max_recv_sge = MAX_SGE;
@@ -250,10 +262,8 @@ impl ProtectionDomain for DetPd {
         DetQp::create(self, attr)
     }
 
-    fn create_srq(&self, _: &SrqAttr) -> Result<DetSrq> {
-        Err(refused(
-            "ibv_create_srq: shared receive queues are not in the deterministic world yet",
-        ))
+    fn create_srq(&self, attr: &SrqAttr) -> Result<DetSrq> {
+        DetSrq::create(self, attr)
     }
 
     fn create_ah(&self, _: &verbs_api::AhAttr) -> Result<DetAh> {

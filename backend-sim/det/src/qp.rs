@@ -18,7 +18,8 @@ use verbs_api::{
 
 use crate::cq::DetCq;
 use crate::objects::{gid, DetPd};
-use crate::refuse::{refused, DetSrq};
+use crate::refuse::refused;
+use crate::srq::DetSrq;
 use crate::world::{Device, QpSlot, Shared};
 
 /// The device limits a modify checks against.
@@ -66,8 +67,8 @@ impl AvCheck for Av<'_> {
 impl DetQp {
     pub(crate) fn create(pd: &DetPd, attr: &QpInitAttr<'_, DetCq, DetSrq>) -> Result<DetQp> {
         let shared = &pd.ctx.shared;
-        if let Some(srq) = attr.srq {
-            match *srq {}
+        if attr.srq.is_some_and(|s| !s.is_of(shared)) {
+            return Err(Error::invalid("ibv_create_qp", "an SRQ of another world"));
         }
         if attr.qp_type == QpType::Ud {
             return Err(refused(
@@ -107,7 +108,7 @@ impl DetQp {
             qp_type: attr.qp_type,
             cap,
             sq_sig_all: attr.sq_sig_all,
-            srq: None,
+            srq: attr.srq.map(|s| s.srq.clone()),
             sw: w.sw,
             max_msg_sz: 1 << 31,
             mtu: 4096,
