@@ -9,7 +9,7 @@ use verbs_api::{
 
 use super::case;
 use crate::env::{pattern, read_back};
-use crate::{ensure, ensure_eq, Case, CaseResult, Env, Outcome};
+use crate::{ensure, ensure_eq, Case, CaseResult, Env, Failure, Outcome, Pair};
 
 pub fn list<B: Backend>() -> Vec<Case<B>> {
     vec![
@@ -89,11 +89,17 @@ fn before_last_retry() -> Duration {
     rnr_timer(COUNTED_TIMER) * (2 * u32::from(COUNTED_RETRIES) - 1) / 2
 }
 
-fn rnr_retry_count<B: Backend>(env: &Env<B>) -> CaseResult {
+/// A pair whose A retries RNR NAKs `COUNTED_RETRIES` times, told by B to wait
+/// `COUNTED_TIMER` periods.
+fn counted_pair<B: Backend>(env: &Env<B>) -> Result<Pair<B>, Failure> {
     let mut o = env.opts();
     o.a.rnr_retry = COUNTED_RETRIES;
     o.b.min_rnr_timer = COUNTED_TIMER;
-    let p = env.pair(&o)?;
+    env.pair(&o)
+}
+
+fn rnr_retry_count<B: Backend>(env: &Env<B>) -> CaseResult {
+    let p = counted_pair(env)?;
     let mr = env.mr(&p.pd, 64, A::LOCAL_WRITE)?;
     p.a.post_send(&[SendWr::send(1, &[mr.sge(0, 8)?]).signaled()])?;
     let early = env.quiet(&p.cq_a, before_last_retry())?;
@@ -109,10 +115,7 @@ fn rnr_retry_count<B: Backend>(env: &Env<B>) -> CaseResult {
 }
 
 fn rnr_last_retry<B: Backend>(env: &Env<B>) -> CaseResult {
-    let mut o = env.opts();
-    o.a.rnr_retry = COUNTED_RETRIES;
-    o.b.min_rnr_timer = COUNTED_TIMER;
-    let p = env.pair(&o)?;
+    let p = counted_pair(env)?;
     let mr = env.mr(&p.pd, 4096, A::LOCAL_WRITE)?;
     let data = pattern(100, 5);
     mr.write(0, &data)?;
