@@ -16,7 +16,13 @@
 #            status is RETRY_EXC_ERR (portable, mlx5) or, under rxe, whose retry_cnt 7
 #            retries for ever, the wait ends at the world's virtual-time budget;
 #          - cq.overflow: its requester has retry_cnt 1 by design (it must give up once the
-#            responder's CQ overflowed), so one SEND lost twice ends it before the overflow.
+#            responder's CQ overflowed), so one SEND lost twice ends it before the overflow;
+#          - rnr.infinite: thousands of RNR retries (min_rnr_timer 0.01 ms for 300 ms), and
+#            each lost SEND or RNR NAK costs a local ACK timeout, which no RNR NAK renews
+#            (the protocol core renews retry_cnt on progress only), so under 10% loss a few
+#            seeds in a hundred reach retry_cnt's timeouts: RETRY_EXC_ERR (e.g. alone:
+#            conformance --backend det --profile portable --seed 33 --loss 10 --dup 10
+#            -f rnr.infinite).
 #   clean  no fault at all: uc.* (UC loses a message that loses, or reorders, a packet:
 #          the cases check delivery).
 #
@@ -48,7 +54,7 @@ bin=target/release/conformance
 groups=(-f atomic. -f cq. -f cq-resize. -f device. -f errors. -f events. -f mr. -f order. -f pd.
     -f post. -f profile. -f qp. -f rdma. -f rnr. -f send. -f srq.)
 no_loss=(errors.flush-after-remote-error errors.recv-too-small errors.recv-bad-lkey
-    errors.no-responder-resources events.responder-errors)
+    errors.no-responder-resources events.responder-errors rnr.infinite)
 in_order=(cq.overflow errors.rd-atomic-over-limit)
 not_run=(atomic.concurrent mr.caller-memory-not-owned events.fd-and-ack events.async-stream
     events.destroy-waits-for-ack profile.queue-sizes)
