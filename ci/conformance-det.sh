@@ -17,12 +17,13 @@
 #            retries for ever, the wait ends at the world's virtual-time budget;
 #          - cq.overflow: its requester has retry_cnt 1 by design (it must give up once the
 #            responder's CQ overflowed), so one SEND lost twice ends it before the overflow;
-#          - rnr.infinite: thousands of RNR retries (min_rnr_timer 0.01 ms for 300 ms), and
-#            each lost SEND or RNR NAK costs a local ACK timeout, which no RNR NAK renews
-#            (the protocol core renews retry_cnt on progress only), so under 10% loss a few
-#            seeds in a hundred reach retry_cnt's timeouts: RETRY_EXC_ERR (e.g. alone:
-#            conformance --backend det --profile portable --seed 33 --loss 10 --dup 10
-#            -f rnr.infinite).
+#          - rnr.infinite, rnr.recovery, srq.rnr: hundreds to thousands of RNR retries
+#            (rnr_retry 7 for 300 ms), and each lost SEND or RNR NAK costs a local ACK
+#            timeout, which no RNR NAK renews (the protocol core renews retry_cnt on
+#            progress only), so under 10% loss a seed or two in a hundred reach
+#            retry_cnt's timeouts: RETRY_EXC_ERR (e.g. alone: conformance --backend det
+#            --profile portable --seed 33 --loss 10 --dup 10 -f rnr.infinite; seed 83,
+#            mlx5, for the other two).
 #   clean  no fault at all: uc.* (UC loses a message that loses, or reorders, a packet:
 #          the cases check delivery).
 #
@@ -54,7 +55,7 @@ bin=target/release/conformance
 groups=(-f atomic. -f cq. -f cq-resize. -f device. -f errors. -f events. -f mr. -f order. -f pd.
     -f post. -f profile. -f qp. -f rdma. -f rnr. -f send. -f srq.)
 no_loss=(errors.flush-after-remote-error errors.recv-too-small errors.recv-bad-lkey
-    errors.no-responder-resources events.responder-errors rnr.infinite)
+    errors.no-responder-resources events.responder-errors rnr.infinite rnr.recovery srq.rnr)
 in_order=(cq.overflow errors.rd-atomic-over-limit)
 not_run=(atomic.concurrent mr.caller-memory-not-owned events.fd-and-ack events.async-stream
     events.destroy-waits-for-ack profile.queue-sizes)
