@@ -300,7 +300,7 @@ fn expectations() -> Vec<(&'static str, Check)> {
             assert!(c.has_note("status RnrRetryExcErr"), "{id}: {:?}", c.notes);
         }),
         ("rnr.retry-count", |c, id| {
-            // rnr_retry 3: the SEND and 3 resends of its PSN, each RNR NAKed with timer 18.
+            // rnr_retry 3: the SEND and 3 resends of its PSN, each RNR NAKed with timer 27.
             let reqs = c.requests();
             assert_eq!(reqs.len(), 4, "{id}: {:?}", c.pkts);
             assert!(
@@ -308,7 +308,7 @@ fn expectations() -> Vec<(&'static str, Check)> {
                     .all(|p| p.opcode == op::SEND_ONLY && p.psn == reqs[0].psn),
                 "{id}"
             );
-            assert_eq!(c.naks(), [syndrome::rnr(18); 4], "{id}");
+            assert_eq!(c.naks(), [syndrome::rnr(27); 4], "{id}");
         }),
         ("rnr.recovery", |c, id| {
             // RNR NAKs with timer 14 until the receive is posted, then the SEND's ACK.

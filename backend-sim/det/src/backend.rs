@@ -12,7 +12,8 @@ use crate::handles::{DetContext, DetPd};
 use crate::limits::guid;
 use crate::objects::DetMr;
 use crate::qp::DetQp;
-use crate::refuse::{DetAh, DetMw, DetSrq};
+use crate::refuse::{DetAh, DetMw};
+use crate::srq::DetSrq;
 
 impl Backend for Det {
     type Context = DetContext;

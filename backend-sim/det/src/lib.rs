@@ -72,8 +72,9 @@
 //!
 //! ## What it does not do
 //!
-//! RC QPs, and UC ones (the protocol core's UC; not exercised by this crate's tests).
-//! Refused with EOPNOTSUPP, saying so: UD QPs and address handles, SRQs, memory windows,
+//! RC QPs, and UC ones (the protocol core's UC; not exercised by this crate's tests), with
+//! their own receive queues or a shared one (SRQ, with its limit event).
+//! Refused with EOPNOTSUPP, saying so: UD QPs and address handles, memory windows,
 //! `rereg_mr`, multicast; file descriptors (`async_fd`, a channel's `fd`) are -1,
 //! because waiting on one would wait outside the virtual world: use `get_cq_event` and
 //! `get_async_event`, which advance it, or `AsyncCq`, whose wait the channel provides
@@ -135,6 +136,7 @@ pub mod rendezvous;
 mod run;
 mod shared;
 pub mod shrink;
+mod srq;
 mod world;
 
 pub use budget::DEFAULT_BUDGET;
@@ -144,8 +146,9 @@ pub use handles::{DetContext, DetPd};
 pub use objects::DetMr;
 pub use paused::IDLE_WAIT;
 pub use qp::DetQp;
-pub use refuse::{DetAh, DetMw, DetSrq};
+pub use refuse::{DetAh, DetMw};
 pub use rendezvous::{DetConnecting, DetListener};
+pub use srq::DetSrq;
 pub use world::IDLE_POLLS;
 
 pub use backend_sim_proto::fabric::{Fault, FaultMix, FrameKey, Schedule, What};

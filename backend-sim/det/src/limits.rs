@@ -9,6 +9,12 @@ use verbs_api::Gid;
 pub(crate) const MAX_CQE: u32 = 1 << 16;
 /// The most WRs a queue may hold.
 pub(crate) const MAX_QP_WR: u32 = 1 << 14;
+/// The most receives an SRQ may hold.
+pub(crate) const MAX_SRQ_WR: u32 = 1 << 14;
+/// The most SRQs a device may have.
+pub(crate) const MAX_SRQ: u32 = 1 << 16;
+/// The most scatter/gather entries a receive posted to an SRQ may have.
+pub(crate) const MAX_SRQ_SGE: u32 = 32;
 /// The most scatter/gather entries a WR may have.
 pub(crate) const MAX_SGE: u32 = 32;
 /// The most RDMA READs and atomics in flight, each way.

@@ -15,10 +15,14 @@ use verbs_api::{
 use crate::cq::{DetChannel, DetCq};
 use crate::det::Det;
 use crate::handles::{DetContext, DetPd};
-use crate::limits::{gid, guid, MAX_CQE, MAX_INLINE, MAX_MSG, MAX_QP_WR, MAX_RD_ATOM, MAX_SGE};
+use crate::limits::{
+    gid, guid, MAX_CQE, MAX_INLINE, MAX_MSG, MAX_QP_WR, MAX_RD_ATOM, MAX_SGE, MAX_SRQ, MAX_SRQ_SGE,
+    MAX_SRQ_WR,
+};
 use crate::qp::DetQp;
-use crate::refuse::{refused, DetAh, DetMw, DetSrq};
+use crate::refuse::{refused, DetAh, DetMw};
 use crate::shared::Shared;
+use crate::srq::DetSrq;
 use crate::world::CqState;
 
 impl DetContext {
@@ -62,6 +66,9 @@ impl Context for DetContext {
             atomic_cap: AtomicCap::Hca,
             max_pkeys: 1,
             phys_port_cnt: 1,
+            max_srq: MAX_SRQ,
+            max_srq_wr: MAX_SRQ_WR,
+            max_srq_sge: MAX_SRQ_SGE,
             ..Default::default()
         })
     }
@@ -100,6 +107,11 @@ impl Context for DetContext {
         c.atomic_cap = AtomicCap::Hca;
         c.imm_data = true;
         c.uc = true;
+        c.srq = true;
+        c.max_srq = MAX_SRQ;
+        c.max_srq_wr = MAX_SRQ_WR;
+        c.max_srq_sge = MAX_SRQ_SGE;
+        c.srq_resize = true;
         c.max_inline_data = MAX_INLINE;
         c.max_send_sge = MAX_SGE;
         c.max_recv_sge = MAX_SGE;
@@ -206,10 +218,8 @@ impl ProtectionDomain for DetPd {
         DetQp::create(self, attr)
     }
 
-    fn create_srq(&self, _: &SrqAttr) -> Result<DetSrq> {
-        Err(refused(
-            "ibv_create_srq: shared receive queues are not in the deterministic world yet",
-        ))
+    fn create_srq(&self, attr: &SrqAttr) -> Result<DetSrq> {
+        DetSrq::create(self, attr)
     }
 
     fn create_ah(&self, _: &verbs_api::AhAttr) -> Result<DetAh> {

@@ -19,8 +19,9 @@ use verbs_api::{
 use crate::cq::DetCq;
 use crate::handles::DetPd;
 use crate::limits::gid;
-use crate::refuse::{refused, DetSrq};
+use crate::refuse::refused;
 use crate::shared::Shared;
+use crate::srq::DetSrq;
 use crate::world::{Device, QpSlot};
 
 /// The device limits a modify checks against.
@@ -68,8 +69,8 @@ impl AvCheck for Av<'_> {
 impl DetQp {
     pub(crate) fn create(pd: &DetPd, attr: &QpInitAttr<'_, DetCq, DetSrq>) -> Result<DetQp> {
         let shared = &pd.ctx.shared;
-        if let Some(srq) = attr.srq {
-            match *srq {}
+        if attr.srq.is_some_and(|s| !s.is_of(shared)) {
+            return Err(Error::invalid("ibv_create_qp", "an SRQ of another world"));
         }
         if attr.qp_type == QpType::Ud {
             return Err(refused(
@@ -109,7 +110,7 @@ impl DetQp {
             qp_type: attr.qp_type,
             cap,
             sq_sig_all: attr.sq_sig_all,
-            srq: None,
+            srq: attr.srq.map(|s| s.srq.clone()),
             sw: w.sw,
             max_msg_sz: 1 << 31,
             mtu: 4096,

@@ -89,6 +89,7 @@ pub(crate) struct World {
     pub(crate) channels: Vec<VecDeque<u32>>,
     qpns: u64,
     pds: u32,
+    srqs: u32,
     idle_polls: u32,
 }
 
@@ -116,6 +117,7 @@ impl World {
             channels: Vec::new(),
             qpns: 0,
             pds: 0,
+            srqs: 0,
             idle_polls: 0,
         }
     }
@@ -146,6 +148,12 @@ impl World {
     pub(crate) fn fresh_pd(&mut self) -> u32 {
         self.pds += 1;
         self.pds
+    }
+
+    /// An SRQ handle (what its limit event names).
+    pub(crate) fn fresh_srq(&mut self) -> u32 {
+        self.srqs += 1;
+        self.srqs
     }
 
     /// Each QP builds what it may send now and its frames go on the network; every

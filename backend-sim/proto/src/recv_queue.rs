@@ -22,7 +22,7 @@
 use std::collections::VecDeque;
 
 use parking_lot::Mutex;
-use verbs_api::{Error, RecvWr, Sge, SrqAttr, SrqAttrMask};
+use verbs_api::{Error, PostError, RecvWr, Sge, SrqAttr, SrqAttrMask};
 
 use crate::queue_sizing::QueueSizing;
 
@@ -175,6 +175,38 @@ impl SharedRecvQueue {
             st.q.post(wr).map_err(|e| (i, e))?;
         }
         Ok(())
+    }
+
+    /// `ibv_post_srq_recv` as the verbs answer it: [`post_all`](Self::post_all), its
+    /// refusal in the verbs' words (ENOMEM past `max_wr`, EINVAL past `max_sge`).
+    pub fn post_srq_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
+        self.post_all(wrs).map_err(|(index, e)| {
+            let error = match e {
+                PostRecvError::Full => Error::NoMemory {
+                    call: "ibv_post_srq_recv",
+                    reason: format!(
+                        "SRQ {} holds {} receives, its max_wr",
+                        self.handle,
+                        self.query().max_wr
+                    ),
+                },
+                PostRecvError::TooManySge => Error::invalid(
+                    "ibv_post_srq_recv",
+                    format!(
+                        "{} SGEs exceed the SRQ's max_sge {}",
+                        wrs[index].sg_list.len(),
+                        self.query().max_sge
+                    ),
+                ),
+                // Only a QP's own receive queue refuses with this.
+                PostRecvError::HasSrq => Error::invalid("ibv_post_srq_recv", "a post to an SRQ's own QP"),
+            };
+            PostError {
+                index,
+                wr_id: wrs[index].wr_id,
+                error,
+            }
+        })
     }
 
     /// Moves the oldest receive into `dst`: `None` if the SRQ is empty, else whether this

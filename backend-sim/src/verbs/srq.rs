@@ -13,10 +13,10 @@
 
 use std::sync::Arc;
 
-use verbs_api::{AsyncElement, Error, PostError, RecvWr, Result, SharedReceiveQueue, SrqAttr, SrqAttrMask};
+use verbs_api::{AsyncElement, PostError, RecvWr, Result, SharedReceiveQueue, SrqAttr, SrqAttrMask};
 
 use crate::device::PdShared;
-use backend_sim_proto::recv_queue::{PostRecvError, SharedRecvQueue};
+use backend_sim_proto::recv_queue::SharedRecvQueue;
 
 /// A shared receive queue of the sim.
 pub struct SimSrq {
@@ -27,32 +27,7 @@ pub struct SimSrq {
 
 impl SharedReceiveQueue for SimSrq {
     fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
-        self.srq.post_all(wrs).map_err(|(index, e)| {
-            let error = match e {
-                PostRecvError::Full => Error::NoMemory {
-                    call: "ibv_post_srq_recv",
-                    reason: format!(
-                        "SRQ {} holds {} receives, its max_wr",
-                        self.srq.handle(),
-                        self.srq.query().max_wr
-                    ),
-                },
-                PostRecvError::TooManySge => Error::invalid(
-                    "ibv_post_srq_recv",
-                    format!(
-                        "{} SGEs exceed the SRQ's max_sge {}",
-                        wrs[index].sg_list.len(),
-                        self.srq.query().max_sge
-                    ),
-                ),
-                PostRecvError::HasSrq => unreachable!("an SRQ posts to itself"),
-            };
-            PostError {
-                index,
-                wr_id: wrs[index].wr_id,
-                error,
-            }
-        })
+        self.srq.post_srq_recv(wrs)
     }
 
     fn modify(&self, attr: &SrqAttr, mask: SrqAttrMask) -> Result<()> {

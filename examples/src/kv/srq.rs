@@ -8,7 +8,10 @@
 //! receives than the limit, the event fires at the next receive taken, which is the next
 //! chance to refill. An empty SRQ takes no receive, so no event would come: then the
 //! limit is left unarmed ([`SrqPool::can_arm`]) and the next slots answered are posted
-//! at once instead ([`SrqPool::must_post_now`]).
+//! at once instead ([`SrqPool::must_post_now`]). The completions polled cannot tell
+//! that the SRQ is not empty (receives taken are polled later), so the limit is armed
+//! only right after a post put receives in it: an event that finds nothing freed to
+//! post leaves it unarmed.
 
 use std::time::Instant;
 
@@ -26,6 +29,9 @@ pub struct SrqPool {
     free: Vec<u32>,
     /// Whether the limit is armed.
     armed: bool,
+    /// Whether receives were posted since the last event: then the SRQ surely holds one
+    /// to take, and an armed limit will fire.
+    just_posted: bool,
     /// Limit events handled.
     pub events: u64,
     /// Refills (one `post_srq_recv` each), on an event or because the SRQ was empty.
@@ -49,6 +55,7 @@ impl SrqPool {
             posted: depth,
             free: Vec::new(),
             armed: false,
+            just_posted: depth > 0,
             events: 0,
             refills: 0,
             refills_unarmed: 0,
@@ -86,6 +93,7 @@ impl SrqPool {
     pub fn event(&mut self) {
         self.events += 1;
         self.armed = false;
+        self.just_posted = false;
     }
 
     /// Whether freed slots must be posted without waiting for an event: the limit is
@@ -105,16 +113,18 @@ impl SrqPool {
             return;
         }
         self.posted += n;
+        self.just_posted = true;
         self.refills += 1;
         self.refills_unarmed += u64::from(!on_event);
         self.reposted += u64::from(n);
         self.dry.refilled(now);
     }
 
-    /// Whether arming the limit now can bring an event: only if some receive is posted
-    /// to be taken.
+    /// Whether arming the limit now surely brings an event: only if some receive is
+    /// in the SRQ to be taken, which is certain right after a post only (the receives
+    /// the completions count as posted may have been taken already, unpolled).
     pub fn can_arm(&self) -> bool {
-        self.posted > 0
+        self.just_posted
     }
 
     /// The limit was armed.
@@ -162,5 +172,24 @@ mod tests {
             p.can_arm(),
             "below the limit, but the next receive taken fires the event"
         );
+    }
+
+    /// The event came before any slot was freed: the receives the completions count as
+    /// posted may all be taken already, so arming again could bring no event while the
+    /// freed slots wait for one.
+    #[test]
+    fn an_event_with_nothing_to_post_leaves_the_limit_unarmed() {
+        let now = Instant::now();
+        let mut p = SrqPool::new(8, 4);
+        p.armed();
+        for _ in 0..5 {
+            p.taken(now);
+        }
+        p.event();
+        assert!(p.take_batch().is_empty());
+        p.reposted(0, now, true);
+        assert!(!p.can_arm(), "3 receives counted, none surely left");
+        p.freed([0, 1]);
+        assert!(p.must_post_now(), "unarmed: what is freed is posted at once");
     }
 }

@@ -10,7 +10,7 @@ use backend_sim_det::{Det, DetBuilder};
 use backend_sim_proto::fabric::FaultMix;
 use verbs_api::{
     connect_rc, local_endpoint, Backend, Context, CqOf, PdOf, ProtectionDomain, QpCap, QpInitAttr, QpOf,
-    QpType, RcParams,
+    QpType, RcParams, SrqOf,
 };
 
 /// The error of a verb, as the scenarios report it.
@@ -35,6 +35,16 @@ pub fn node<B: Backend>(b: &B, name: &str, cqe: u32) -> Result<Node<B>, String> 
 
 /// An RC QP on `n` whose send and receive queues hold `send` and `recv` WRs.
 pub fn rc_qp<B: Backend>(n: &Node<B>, send: u32, recv: u32) -> Result<QpOf<B>, String> {
+    rc_qp_on(n, send, recv, None)
+}
+
+/// [`rc_qp`], taking its receives from `srq` if one is given.
+pub fn rc_qp_on<B: Backend>(
+    n: &Node<B>,
+    send: u32,
+    recv: u32,
+    srq: Option<&SrqOf<B>>,
+) -> Result<QpOf<B>, String> {
     let cap = QpCap {
         max_send_wr: send,
         max_recv_wr: recv,
@@ -42,8 +52,12 @@ pub fn rc_qp<B: Backend>(n: &Node<B>, send: u32, recv: u32) -> Result<QpOf<B>, S
         max_recv_sge: 1,
         max_inline_data: 0,
     };
-    n.pd.create_qp(&QpInitAttr::new(QpType::Rc, &n.cq, &n.cq, cap))
-        .map_err(verb)
+    let attr = QpInitAttr::new(QpType::Rc, &n.cq, &n.cq, cap);
+    let attr = match srq {
+        Some(s) => attr.with_srq(s),
+        None => attr,
+    };
+    n.pd.create_qp(&attr).map_err(verb)
 }
 
 /// The connection parameters: a local ACK timeout of about 4 ms (virtual) so that a lost

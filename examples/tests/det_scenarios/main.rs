@@ -90,6 +90,26 @@ fn kv_rpc_every_request_gets_exactly_its_reply() {
     assert!(dry > 0);
 }
 
+/// kv-rpc's SRQ variant: the server's QPs share one SRQ, refilled when its limit event
+/// comes; the same invariant, and the SRQ ran dry (SENDs meet RNR NAKs there too) and
+/// its limit event fired.
+#[test]
+fn kv_rpc_on_an_srq_refilled_on_its_limit_event_answers_every_request_once() {
+    let setup = kv::Setup {
+        srq: true,
+        ..kv::Setup::default()
+    };
+    let (mut dry, mut events) = (0, 0);
+    every_mix(&kv::HOSTS, |d| {
+        let o = kv::run(d, setup)?;
+        dry += o.dry;
+        events += o.srq_events;
+        Ok(())
+    });
+    assert!(dry > 0, "the SRQ never ran dry");
+    assert!(events > 0, "the SRQ's limit event never came");
+}
+
 /// The receive queues run dry between refills: with no RNR retry the first SEND that
 /// meets an empty one fails with IBV_WC_RNR_RETRY_EXC_ERR (as the example's
 /// `demo --no-refill --rnr-retry 0`), on a perfect network already; with retries (the

@@ -109,7 +109,7 @@ impl<B: Backend> Shared<B> {
         })
     }
 
-    /// Arms the limit, unless the SRQ is empty (see [`SrqPool::can_arm`]).
+    /// Arms the limit, unless the SRQ may be empty (see [`SrqPool::can_arm`]).
     fn arm(&mut self) -> Res<()> {
         if !self.pool.can_arm() {
             return Ok(());
