@@ -9,10 +9,13 @@
 //! what the responder published. Anything it refuses goes over the rings, where the
 //! responder runs its own check and NAKs or errors exactly as before.
 //!
-//! The data path does not use it yet: no setting turns it on until the requester and
-//! responder are wired to it (docs/sim.md says what remains).
+//! [`owner`] is a device's side (what it publishes and revokes, the setting), [`link`]
+//! one connection's (the requester's check and copy, offered to the protocol core).
 
 pub mod cma;
+pub mod exchange;
+pub mod link;
+pub mod owner;
 mod segment;
 pub mod table;
 #[cfg(test)]

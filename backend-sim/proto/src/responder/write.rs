@@ -1,6 +1,8 @@
 //! An incoming RDMA WRITE or WRITE_WITH_IMM (IBA 9.7.4.1.5): the remote access check,
 //! then its payload goes straight to the region; with an immediate it consumes a receive
-//! first (an RNR NAK without one).
+//! first (an RNR NAK without one). A [`Frame::WritePlaced`] (the same-host requester
+//! moved the data itself) meets every one of these rules and only has no payload to
+//! place.
 
 use verbs_api::{WorkCompletion, WrOpcode};
 
@@ -14,7 +16,7 @@ use crate::tx::TxQueue;
 use crate::wire::{Frame, NakReason};
 
 impl Responder {
-    /// A new WRITE `frame` of PSN `psn`, the expected one.
+    /// A new WRITE (or placed WRITE) `frame` of PSN `psn`, the expected one.
     pub(super) fn on_write(
         &mut self,
         frame: &Frame,
@@ -24,17 +26,26 @@ impl Responder {
         out: &mut Vec<(WorkCompletion, bool)>,
         forced_rnr: &mut ForcedRnr,
     ) -> Result<Incoming, Fatal> {
-        let Frame::Write {
+        let (Frame::Write {
             len,
             addr,
             rkey,
             imm,
             solicited,
             ..
-        } = *frame
+        }
+        | Frame::WritePlaced {
+            len,
+            addr,
+            rkey,
+            imm,
+            solicited,
+            ..
+        }) = *frame
         else {
             return Ok(Incoming::Discard);
         };
+        let placed = matches!(frame, Frame::WritePlaced { .. });
         // Resources (a receive for the immediate) are checked before the rkey, as
         // the responder state machines of rxe and the IBA do. The receive is taken
         // now (an SRQ's last one could go to another QP between a look and a
@@ -63,6 +74,8 @@ impl Responder {
                 return self.refuse(psn, "WRITE", reason, rkey, addr, len as u64, tx);
             }
         };
+        // A placed WRITE's data is in already: nothing follows the header to sink.
+        let seg = if placed { None } else { seg };
         let sunk = self.sink_write(psn, seg, len, imm, solicited);
         self.payload_ack_req = frame.ack_req();
         self.epsn = psn::add(psn, self.packets(len));

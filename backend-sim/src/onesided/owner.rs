@@ -1,0 +1,123 @@
+//! A device's side of the one-sided fast path: its owner table ([`super::table`]), what
+//! it publishes there (regions with a remote right at `ibv_reg_mr`, RC QPs while they
+//! accept requests) and the revocations that `ibv_dereg_mr`, a QP's move to ERR or
+//! RESET and its destruction make before they return; and the setting that turns the
+//! fast path off (`RDMA_SIM_ONESIDED=off`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::memory::MrShared;
+use verbs_api::AccessFlags;
+
+use super::table::{MrSlot, OwnerTable, QpSlot, Revoked};
+use super::usage::{Peer, Usage};
+
+/// The setting: `off` keeps every WRITE on the connection (for comparing the paths).
+pub const SETTING: &str = "RDMA_SIM_ONESIDED";
+
+/// How long a revocation waits for a peer's copy before it gives up on that peer: a copy
+/// is a bounded `memcpy`, so only a stopped or hostile peer holds a count this long.
+const BOUND: Duration = Duration::from_secs(1);
+
+/// Whether this process offers and uses the fast path: yes unless `RDMA_SIM_ONESIDED=off`.
+pub fn enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var(SETTING).map_or(true, |v| v != "off"))
+}
+
+/// A device's owner table, and the word of its memory that peers probe.
+pub struct Owner {
+    table: OwnerTable,
+    /// The probed word (boxed: its address is in the table, and stays put).
+    _probe: Box<u64>,
+}
+
+impl Owner {
+    /// A device's owner table, or `None` if the fast path is off or no table could be
+    /// made (the device's connections then carry every WRITE).
+    pub fn open() -> Option<Arc<Owner>> {
+        if !enabled() {
+            return None;
+        }
+        // Never zero, so that a word of zeroes elsewhere does not pass for it.
+        let probe = Box::new(rand::random::<u64>() | 1);
+        match OwnerTable::create(std::ptr::from_ref::<u64>(&probe) as u64, *probe) {
+            Ok(table) => Some(Arc::new(Owner { table, _probe: probe })),
+            Err(e) => {
+                tracing::warn!("no one-sided table ({e}): same-host WRITEs go over the connection");
+                None
+            }
+        }
+    }
+
+    /// The table, for a connection's setup to send and register peers in.
+    pub fn table(&self) -> &OwnerTable {
+        &self.table
+    }
+
+    /// A peer connection whose use counts are `usage`; forgotten when the returned
+    /// handle drops.
+    pub fn add_peer(self: &Arc<Self>, usage: Usage) -> PeerHandle {
+        PeerHandle {
+            owner: self.clone(),
+            peer: self.table.add_peer_from(usage),
+        }
+    }
+
+    /// Publishes region `mr` if a peer may reach it directly: it has a remote right and
+    /// bytes (windows are never published: their rkeys go over the connection).
+    pub fn publish_mr(&self, mr: &MrShared) -> Option<MrSlot> {
+        let remote = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+        if !mr.access.intersects(remote) || mr.is_empty() {
+            return None;
+        }
+        self.table
+            .publish_mr(mr.key, mr.pd, mr.access, mr.addr(), mr.len() as u64)
+    }
+
+    /// Revokes a region: once this returns no peer copies into it.
+    pub fn revoke_mr(&self, slot: MrSlot) {
+        self.settle(self.table.revoke_mr(slot, BOUND), "a region");
+    }
+
+    /// Publishes RC QP `qpn` of PD `pd` with remote rights `access`.
+    pub fn publish_qp(&self, qpn: u32, pd: u32, access: AccessFlags) -> Option<QpSlot> {
+        self.table.publish_qp(qpn, pd, access)
+    }
+
+    /// Revokes a QP: once this returns no copy that checked it runs.
+    pub fn revoke_qp(&self, slot: QpSlot) {
+        self.settle(self.table.revoke_qp(slot, BOUND), "a QP");
+    }
+
+    fn settle(&self, r: Revoked, what: &str) {
+        if let Revoked::Stuck(peers) = r {
+            // A same-user process that holds a count this long is stopped or hostile; it
+            // could write this process's memory with `process_vm_writev` anyway. Its
+            // counts are not waited for again.
+            tracing::warn!(
+                "revoking {what}: {} same-host peer(s) held the one-sided fast path past {BOUND:?}; no longer waited for",
+                peers.len()
+            );
+            for p in peers {
+                p.mark_gone();
+            }
+        }
+    }
+}
+
+/// A peer connection registered with a device's table; dropping it (the connection
+/// ended) closes the connection's fast path, waits for the peer's copies under way, and
+/// tells revocations to stop waiting for that peer.
+pub struct PeerHandle {
+    owner: Arc<Owner>,
+    peer: Arc<Peer>,
+}
+
+impl Drop for PeerHandle {
+    fn drop(&mut self) {
+        let r = self.owner.table.close_peer(&self.peer, BOUND);
+        self.owner.settle(r, "a closed connection's fast path");
+    }
+}
