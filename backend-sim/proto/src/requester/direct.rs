@@ -58,3 +58,119 @@ impl Requester {
         Some(d)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use verbs_api::{AccessFlags, QpCap};
+
+    use super::*;
+    use crate::memory::MrShared;
+
+    /// A fast path that places or refuses as told, and records what it was asked.
+    struct Fake {
+        place: Mutex<bool>,
+        asked: Mutex<Vec<(u32, u32, u64, u64)>>,
+    }
+
+    impl DirectWrite for Fake {
+        fn min_len(&self) -> u64 {
+            32
+        }
+        fn write(&self, dest_qpn: u32, rkey: u32, addr: u64, segs: &[Seg]) -> bool {
+            let len = segs.iter().map(|s| s.len as u64).sum();
+            self.asked.lock().unwrap().push((dest_qpn, rkey, addr, len));
+            *self.place.lock().unwrap()
+        }
+    }
+
+    /// The frames `req` sends now: each one's header and how many payload bytes follow.
+    fn sent(req: &mut Requester, mrs: &MrTable) -> Vec<(Frame, usize)> {
+        let (mut tx, mut out, mut wire) = (TxQueue::new(), Vec::new(), Vec::new());
+        req.poll_transmit(mrs, Instant::now(), &mut tx, 64, &mut out)
+            .unwrap();
+        tx.drain_into(&mut wire);
+        let mut frames = Vec::new();
+        let mut at = 0;
+        while at < wire.len() {
+            let (f, head) = Frame::decode(&wire[at..]).unwrap().unwrap();
+            let payload = f.payload_len() as usize;
+            frames.push((f, payload));
+            at += head + payload;
+        }
+        frames
+    }
+
+    fn kinds(frames: &[(Frame, usize)]) -> Vec<(&'static str, usize)> {
+        frames
+            .iter()
+            .map(|(f, n)| match f {
+                Frame::WritePlaced { .. } => ("placed", *n),
+                Frame::Write { .. } => ("write", *n),
+                Frame::Send { .. } => ("send", *n),
+                _ => ("other", *n),
+            })
+            .collect()
+    }
+
+    /// The fast path is asked only for a long enough RC WRITE whose predecessors all
+    /// completed or were placed, once per WQE: a placed WRITE goes as a header without
+    /// payload, a refused one and every resend as a WRITE with its payload, and after a
+    /// resend the WRITEs behind it go the normal way too (RC ordering).
+    #[test]
+    fn placed_only_in_order_once_and_resent_with_payload() {
+        let mrs = MrTable::default();
+        let mr = Arc::new(MrShared::new_owned(1, 7, 4096, AccessFlags::LOCAL_WRITE).unwrap());
+        mrs.insert(mr.clone());
+        let mut req = Requester::new(1, 1, &QpCap::new(16, 1), false);
+        req.connect(ReqAttrs {
+            sq_psn: 0,
+            timeout: None,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            max_rd_atomic: 1,
+        });
+        req.dest_qpn = 0x42;
+        let fake = Arc::new(Fake {
+            place: Mutex::new(true),
+            asked: Mutex::new(Vec::new()),
+        });
+        req.set_direct(Some(fake.clone()));
+        let long = [Sge::new(mr.addr(), 64, 7)];
+        let short = [Sge::new(mr.addr(), 16, 7)];
+        let post = |req: &mut Requester, wr: &SendWr<'_>| req.post(wr, &mrs).unwrap();
+        post(&mut req, &SendWr::write(1, &long, (0x9000, 5)));
+        post(&mut req, &SendWr::write(2, &short, (0x9000, 5)));
+        post(&mut req, &SendWr::write(3, &long, (0x9100, 5)));
+        let f = sent(&mut req, &mrs);
+        // The short one goes with its payload; the one after it waits for it to complete.
+        assert_eq!(kinds(&f), [("placed", 0), ("write", 16), ("write", 64)]);
+        assert_eq!(*fake.asked.lock().unwrap(), [(0x42, 5, 0x9000, 64)]);
+        let mut out = Vec::new();
+        let last = f.last().unwrap().0.psn().unwrap();
+        req.on_response(&Frame::Ack { psn: last }, Instant::now(), &mut out)
+            .unwrap();
+        // All complete: the next long WRITE is asked; refused, it carries its payload.
+        *fake.place.lock().unwrap() = false;
+        post(&mut req, &SendWr::write(4, &long, (0x9200, 5)));
+        assert_eq!(kinds(&sent(&mut req, &mrs)), [("write", 64)]);
+        *fake.place.lock().unwrap() = true;
+        let acked = req.psn.wrapping_sub(1) & verbs_api::PSN_MASK;
+        req.on_response(&Frame::Ack { psn: acked }, Instant::now(), &mut out)
+            .unwrap();
+        post(&mut req, &SendWr::write(5, &long, (0x9300, 5)));
+        post(&mut req, &SendWr::write_with_imm(6, &long, (0x9400, 5), 77));
+        assert_eq!(kinds(&sent(&mut req, &mrs)), [("placed", 0), ("placed", 0)]);
+        // The connection is lost: both are resent with their payloads, the fast path
+        // not asked again, and a WRITE posted behind them is not asked either.
+        req.on_connection_lost();
+        post(&mut req, &SendWr::write(7, &long, (0x9500, 5)));
+        let asked = fake.asked.lock().unwrap().len();
+        assert_eq!(
+            kinds(&sent(&mut req, &mrs)),
+            [("write", 64), ("write", 64), ("write", 64)]
+        );
+        assert_eq!(fake.asked.lock().unwrap().len(), asked);
+    }
+}

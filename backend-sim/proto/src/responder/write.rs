@@ -85,6 +85,8 @@ impl Responder {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use verbs_api::{AccessFlags, AsyncElement, AsyncEventType, WcStatus};
 
     use super::super::RespAttrs;
@@ -116,5 +118,74 @@ mod tests {
         ));
         let evs: Vec<_> = resp.take_events().map(|e| (e.event_type, e.element)).collect();
         assert_eq!(evs, [(AsyncEventType::QpAccessErr, AsyncElement::Qp(2))]);
+    }
+
+    /// A placed WRITE_WITH_IMM (the requester moved the data itself) consumes exactly
+    /// one receive, which completes with the immediate and the message's length, and
+    /// advances the PSN by the message's packets; the responder writes nothing (a
+    /// hostile peer's placed frame moves no memory). Refused by the access check, it
+    /// meets the NAK a WRITE meets.
+    #[test]
+    fn a_placed_write_runs_every_rule_but_placement() {
+        use verbs_api::{RecvWr, Sge, WcOpcode};
+
+        use crate::memory::MrShared;
+
+        let mrs = MrTable::default();
+        let target = Arc::new(
+            MrShared::new_owned(1, 5, 8192, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE).unwrap(),
+        );
+        mrs.insert(target.clone());
+        let mut resp = Responder::new(2, 1, 4, 1);
+        resp.set_path_mtu(1024);
+        resp.connect(RespAttrs {
+            rq_psn: 0,
+            min_rnr_timer: 1,
+        });
+        resp.access = AccessFlags::REMOTE;
+        let sges = [Sge::new(target.addr(), 8, 5)];
+        for id in [10, 11] {
+            resp.post(&RecvWr::new(id, &sges)).unwrap();
+        }
+        let (mut tx, mut out) = (TxQueue::new(), Vec::new());
+        let placed = |psn, rkey| Frame::WritePlaced {
+            psn,
+            len: 4096,
+            addr: target.addr() + 64,
+            rkey,
+            imm: Some(0xabcd),
+            solicited: false,
+            ack_req: true,
+        };
+        match resp.on_request(&placed(0, 5), &mrs, &mut tx, &mut out) {
+            Ok(Incoming::Sink(segs)) => {
+                assert!(segs.is_empty(), "a placed WRITE has nowhere to sink: {segs:?}");
+                resp.payload_done(segs, &mrs, &mut out);
+            }
+            other => panic!("{other:?}"),
+        }
+        let wcs: Vec<_> = out
+            .iter()
+            .map(|(w, _)| (w.wr_id, w.status, w.opcode, w.imm_data, w.byte_len))
+            .collect();
+        assert_eq!(
+            wcs,
+            [(10, WcStatus::Success, WcOpcode::RecvRdmaWithImm, 0xabcd, 4096)]
+        );
+        assert_eq!(resp.expected_psn(), 4, "4 KiB at MTU 1024 take four PSNs");
+        let mut bytes = vec![0xffu8; 8192];
+        assert!(target.copy_out(0, &mut bytes));
+        assert!(
+            bytes.iter().all(|&b| b == 0),
+            "the responder wrote memory for a placed WRITE"
+        );
+        // A bad rkey: the NAK a WRITE meets, and the receive it took completes in error.
+        out.clear();
+        assert!(matches!(
+            resp.on_request(&placed(4, 99), &mrs, &mut tx, &mut out),
+            Err(Fatal(WcStatus::RemAccessErr))
+        ));
+        assert_eq!(out.len(), 1, "{out:?}");
+        assert_eq!(out[0].0.wr_id, 11);
     }
 }
