@@ -70,7 +70,7 @@ pub(crate) async fn offer(stream: &Stream, owner: Option<&Arc<Owner>>) -> io::Re
     exchange::send(s.as_fd(), &[o.table().fd(), usage.as_fd()])?;
     let answer = read(s, 1).await?;
     let theirs = answer.as_ref().map(|fds| fds[0].as_fd());
-    let link = Link::new(theirs, usage.as_fd(), peer_pid(s), Some(registered));
+    let link = Link::new(o, theirs, usage.as_fd(), peer_pid(s), Some(registered));
     Ok((Some(rings), Some(Arc::new(link))))
 }
 
@@ -107,7 +107,7 @@ pub(crate) async fn accept(stream: &Stream, owner: Option<&Arc<Owner>>) -> io::R
         Some(_) => exchange::send(s.as_fd(), &[o.table().fd()])?,
         None => exchange::send(s.as_fd(), &[])?,
     }
-    let link = Link::new(Some(table), usage, peer_pid(s), registered);
+    let link = Link::new(o, Some(table), usage, peer_pid(s), registered);
     Ok((Some(rings), Some(Arc::new(link))))
 }
 

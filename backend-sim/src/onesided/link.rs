@@ -33,6 +33,8 @@ pub struct Link {
 }
 
 struct Out {
+    /// This side's device, which counts what it placed.
+    owner: Arc<Owner>,
     table: PeerTable,
     usage: Usage,
     pid: Pid,
@@ -46,18 +48,19 @@ impl Link {
     }
 
     /// A connection's fast path: into process `pid`, whose table is `peer_table` (if it
-    /// sent one), with the connection's use counts `usage`; and `registered`, the peer's
-    /// into this side's memory. The way out is left out, with a debug message, if the
+    /// sent one), with the connection's use counts `usage`, for `owner`'s device; and
+    /// `registered`, the peer's into this side's memory. The way out is left out, with a debug message, if the
     /// table is not one this build makes or this process may not copy into the peer's
     /// memory ([`Gate`]).
     pub fn new(
+        owner: &Arc<Owner>,
         peer_table: Option<BorrowedFd<'_>>,
         usage: BorrowedFd<'_>,
         pid: Option<Pid>,
         registered: Option<PeerHandle>,
     ) -> Link {
         let out = match (peer_table, pid) {
-            (Some(t), Some(pid)) => Out::new(t, usage, pid)
+            (Some(t), Some(pid)) => Out::new(owner, t, usage, pid)
                 .inspect_err(|e| tracing::debug!("no one-sided fast path to the peer: {e}"))
                 .ok(),
             _ => None,
@@ -75,7 +78,12 @@ impl Link {
 }
 
 impl Out {
-    fn new(peer_table: BorrowedFd<'_>, usage: BorrowedFd<'_>, pid: Pid) -> io::Result<Out> {
+    fn new(
+        owner: &Arc<Owner>,
+        peer_table: BorrowedFd<'_>,
+        usage: BorrowedFd<'_>,
+        pid: Pid,
+    ) -> io::Result<Out> {
         let table = PeerTable::map(peer_table)?;
         if Gate::probe(pid, table.probe_addr(), table.probe_value()) != Gate::Open {
             return Err(io::Error::new(
@@ -84,6 +92,7 @@ impl Out {
             ));
         }
         Ok(Out {
+            owner: owner.clone(),
             table,
             usage: Usage::map(usage)?,
             pid,
@@ -118,6 +127,10 @@ impl DirectWrite for Link {
         let Ok(grant) = o.table.check(&o.usage, &req) else {
             return false;
         };
-        cma::write_segs(o.pid, &grant, segs).unwrap_or(false)
+        let placed = cma::write_segs(o.pid, &grant, segs).unwrap_or(false);
+        if placed {
+            o.owner.count_placed();
+        }
+        placed
     }
 }

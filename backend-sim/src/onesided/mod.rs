@@ -21,3 +21,5 @@ pub mod table;
 #[cfg(test)]
 mod tests;
 pub mod usage;
+#[cfg(test)]
+mod verbs_tests;

@@ -4,6 +4,7 @@
 //! RESET and its destruction make before they return; and the setting that turns the
 //! fast path off (`RDMA_SIM_ONESIDED=off`).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,6 +30,8 @@ pub fn enabled() -> bool {
 /// A device's owner table, and the word of its memory that peers probe.
 pub struct Owner {
     table: OwnerTable,
+    /// WRITEs this device's requesters placed in peers' memory.
+    placed: AtomicU64,
     /// The probed word (boxed: its address is in the table, and stays put).
     _probe: Box<u64>,
 }
@@ -43,12 +46,26 @@ impl Owner {
         // Never zero, so that a word of zeroes elsewhere does not pass for it.
         let probe = Box::new(rand::random::<u64>() | 1);
         match OwnerTable::create(std::ptr::from_ref::<u64>(&probe) as u64, *probe) {
-            Ok(table) => Some(Arc::new(Owner { table, _probe: probe })),
+            Ok(table) => Some(Arc::new(Owner {
+                table,
+                placed: AtomicU64::new(0),
+                _probe: probe,
+            })),
             Err(e) => {
                 tracing::warn!("no one-sided table ({e}): same-host WRITEs go over the connection");
                 None
             }
         }
+    }
+
+    /// How many WRITEs this device's requesters placed in same-host peers' memory.
+    pub fn placed(&self) -> u64 {
+        self.placed.load(Ordering::Relaxed)
+    }
+
+    /// Counts a WRITE placed by this device's requester.
+    pub(super) fn count_placed(&self) {
+        self.placed.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The table, for a connection's setup to send and register peers in.
