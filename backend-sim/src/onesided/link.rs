@@ -18,11 +18,6 @@ use super::table::{Op, PeerTable, Request};
 use super::usage::Usage;
 use crate::memory::Seg;
 
-/// The shortest WRITE placed directly: below it the connection's rings carry the
-/// payload for less than the check and the system call cost (docs/sim.md, "The one-sided
-/// fast path", says how it was chosen).
-pub const MIN_LEN: u64 = 16 << 10;
-
 /// A connection's fast path (see the module docs).
 pub struct Link {
     /// This side's way into the peer's memory, if the peer sent its table and this
@@ -102,8 +97,8 @@ impl Out {
 
 impl DirectWrite for Link {
     fn min_len(&self) -> u64 {
-        match self.out {
-            Some(_) => MIN_LEN,
+        match &self.out {
+            Some(o) => o.owner.min_len(),
             None => u64::MAX,
         }
     }

@@ -2,7 +2,9 @@
 //! it publishes there (regions with a remote right at `ibv_reg_mr`, RC QPs while they
 //! accept requests) and the revocations that `ibv_dereg_mr`, a QP's move to ERR or
 //! RESET and its destruction make before they return; and the setting that turns the
-//! fast path off (`RDMA_SIM_ONESIDED=off`).
+//! fast path off (`RDMA_SIM_ONESIDED=off`) or sets the shortest WRITE it takes
+//! (`RDMA_SIM_ONESIDED=<bytes>`, e.g. 1 to put every WRITE it may take through it, as a
+//! test of the path does).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -14,22 +16,42 @@ use verbs_api::AccessFlags;
 use super::table::{MrSlot, OwnerTable, QpSlot, Revoked};
 use super::usage::{Peer, Usage};
 
-/// The setting: `off` keeps every WRITE on the connection (for comparing the paths).
+/// The setting: `off` keeps every WRITE on the connection (for comparing the paths); a
+/// number is the shortest WRITE placed directly (default [`MIN_LEN`]).
 pub const SETTING: &str = "RDMA_SIM_ONESIDED";
+
+/// The shortest WRITE placed directly by default: below it the connection's rings carry
+/// the payload for less than the check and the system call cost (docs/sim.md, "The
+/// one-sided fast path", says how it was chosen).
+pub const MIN_LEN: u64 = 16 << 10;
 
 /// How long a revocation waits for a peer's copy before it gives up on that peer: a copy
 /// is a bounded `memcpy`, so only a stopped or hostile peer holds a count this long.
 const BOUND: Duration = Duration::from_secs(1);
 
-/// Whether this process offers and uses the fast path: yes unless `RDMA_SIM_ONESIDED=off`.
-pub fn enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var(SETTING).map_or(true, |v| v != "off"))
+/// The shortest WRITE this process places directly, or `None` if it neither offers nor
+/// uses the fast path (`RDMA_SIM_ONESIDED=off`). A value that is neither `off`, `on` nor
+/// a number is warned about and taken as the default.
+pub fn min_len() -> Option<u64> {
+    static MIN: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *MIN.get_or_init(|| match std::env::var(SETTING).as_deref() {
+        Err(_) | Ok("on") | Ok("") => Some(MIN_LEN),
+        Ok("off") => None,
+        Ok(v) => match v.parse::<u64>() {
+            Ok(n) => Some(n.max(1)),
+            Err(_) => {
+                tracing::warn!("{SETTING}={v:?}: neither off, on nor a byte count; the fast path stays on");
+                Some(MIN_LEN)
+            }
+        },
+    })
 }
 
 /// A device's owner table, and the word of its memory that peers probe.
 pub struct Owner {
     table: OwnerTable,
+    /// The shortest WRITE its requesters place directly.
+    min_len: u64,
     /// WRITEs this device's requesters placed in peers' memory.
     placed: AtomicU64,
     /// The probed word (boxed: its address is in the table, and stays put).
@@ -40,14 +62,13 @@ impl Owner {
     /// A device's owner table, or `None` if the fast path is off or no table could be
     /// made (the device's connections then carry every WRITE).
     pub fn open() -> Option<Arc<Owner>> {
-        if !enabled() {
-            return None;
-        }
+        let min_len = min_len()?;
         // Never zero, so that a word of zeroes elsewhere does not pass for it.
         let probe = Box::new(rand::random::<u64>() | 1);
         match OwnerTable::create(std::ptr::from_ref::<u64>(&probe) as u64, *probe) {
             Ok(table) => Some(Arc::new(Owner {
                 table,
+                min_len,
                 placed: AtomicU64::new(0),
                 _probe: probe,
             })),
@@ -56,6 +77,11 @@ impl Owner {
                 None
             }
         }
+    }
+
+    /// The shortest WRITE this device's requesters place directly.
+    pub fn min_len(&self) -> u64 {
+        self.min_len
     }
 
     /// How many WRITEs this device's requesters placed in same-host peers' memory.
