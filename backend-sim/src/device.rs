@@ -226,8 +226,10 @@ impl DeviceShared {
             port.clone(),
             transport,
         ));
+        let capture: crate::capture::Slot =
+            Arc::new(capture.map(std::sync::OnceLock::from).unwrap_or_default());
         let onesided = match transport {
-            crate::same_host::Transport::Auto => crate::onesided::owner::Owner::open(),
+            crate::same_host::Transport::Auto => crate::onesided::owner::Owner::open(capture.clone()),
             crate::same_host::Transport::Tcp => None,
         };
         let setup = Arc::new(Setup {
@@ -261,7 +263,7 @@ impl DeviceShared {
             datagrams,
             mcast,
             port,
-            capture: Arc::new(capture.map(std::sync::OnceLock::from).unwrap_or_default()),
+            capture,
             onesided,
             shutdown: Mutex::new(Some(tx)),
             control: Mutex::new(None),

@@ -104,7 +104,7 @@ impl DirectWrite for Link {
     }
 
     fn write(&self, dest_qpn: u32, rkey: u32, addr: u64, segs: &[Seg]) -> bool {
-        let Some(o) = &self.out else {
+        let Some(o) = self.out.as_ref().filter(|o| !o.owner.captures()) else {
             return false;
         };
         let len = segs.iter().map(|s| s.len as u64).sum();

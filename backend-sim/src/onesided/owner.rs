@@ -54,14 +54,17 @@ pub struct Owner {
     min_len: u64,
     /// WRITEs this device's requesters placed in peers' memory.
     placed: AtomicU64,
+    /// The device's capture: while it captures, its requesters place nothing, so that
+    /// the capture shows every WRITE's packets with their bytes.
+    capture: crate::capture::Slot,
     /// The probed word (boxed: its address is in the table, and stays put).
     _probe: Box<u64>,
 }
 
 impl Owner {
     /// A device's owner table, or `None` if the fast path is off or no table could be
-    /// made (the device's connections then carry every WRITE).
-    pub fn open() -> Option<Arc<Owner>> {
+    /// made (the device's connections then carry every WRITE); `capture` is the device's.
+    pub fn open(capture: crate::capture::Slot) -> Option<Arc<Owner>> {
         let min_len = min_len()?;
         // Never zero, so that a word of zeroes elsewhere does not pass for it.
         let probe = Box::new(rand::random::<u64>() | 1);
@@ -70,6 +73,7 @@ impl Owner {
                 table,
                 min_len,
                 placed: AtomicU64::new(0),
+                capture,
                 _probe: probe,
             })),
             Err(e) => {
@@ -87,6 +91,11 @@ impl Owner {
     /// How many WRITEs this device's requesters placed in same-host peers' memory.
     pub fn placed(&self) -> u64 {
         self.placed.load(Ordering::Relaxed)
+    }
+
+    /// Whether the device captures its traffic (and so places nothing).
+    pub(super) fn captures(&self) -> bool {
+        self.capture.get().is_some()
     }
 
     /// Counts a WRITE placed by this device's requester.
