@@ -65,10 +65,16 @@ pub fn write(pid: Pid, grant: &Granted<'_>, src: &[u8]) -> io::Result<bool> {
     }
 }
 
+/// The most local ranges [`write_segs`] copies from in one call (a WR's gather list
+/// longer than this goes over the rings): the list of ranges lives on the stack, so the
+/// data path allocates nothing.
+pub const MAX_SEGS: usize = 32;
+
 /// Copies the bytes of the local ranges `segs` (registered memory of this process, each
 /// region pinned while the copy runs) into the granted range of process `pid`, in order.
-/// `Ok(false)`: a region was deregistered meanwhile, or the copy stopped short (the
-/// request must go over the rings). Their lengths must add up to the grant's.
+/// `Ok(false)`: more than [`MAX_SEGS`] ranges, a region was deregistered meanwhile, or
+/// the copy stopped short (the request must go over the rings). Their lengths must add
+/// up to the grant's.
 pub fn write_segs(pid: Pid, grant: &Granted<'_>, segs: &[Seg]) -> io::Result<bool> {
     let total: usize = segs.iter().map(|s| s.len).sum();
     if total != grant.len {
@@ -77,31 +83,41 @@ pub fn write_segs(pid: Pid, grant: &Granted<'_>, segs: &[Seg]) -> io::Result<boo
             "the sources are not the granted length",
         ));
     }
-    let mut local = Vec::with_capacity(segs.len());
-    Ok(pinned(pid, grant, segs, &mut local).transpose()?.unwrap_or(false))
+    if segs.len() > MAX_SEGS {
+        return Ok(false);
+    }
+    let mut local = [libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }; MAX_SEGS];
+    Ok(pinned(pid, grant, segs, &mut local, 0)
+        .transpose()?
+        .unwrap_or(false))
 }
 
 /// Pins the regions of `segs` one after the other (each pin lasts until the copy
-/// returned), then copies from all of them with one call. `None`: a region is dead.
+/// returned), noting each range in `local` from index `at`, then copies from all of them
+/// with one call. `None`: a region is dead.
 fn pinned(
     pid: Pid,
     grant: &Granted<'_>,
     segs: &[Seg],
-    local: &mut Vec<libc::iovec>,
+    local: &mut [libc::iovec; MAX_SEGS],
+    at: usize,
 ) -> Option<io::Result<bool>> {
     let Some((first, rest)) = segs.split_first() else {
         let remote = libc::iovec {
             iov_base: grant.addr as usize as *mut libc::c_void,
             iov_len: grant.len,
         };
-        // SAFETY: every `local` entry describes a range of a region pinned by a caller up
-        // this recursion (readable for its length; the kernel only reads it); `remote` is
-        // an address in another process, which the kernel checks.
+        // SAFETY: the first `at` entries of `local` describe ranges of regions pinned by
+        // callers up this recursion (readable for their lengths; the kernel only reads
+        // them); `remote` is an address in another process, which the kernel checks.
         let n = unsafe {
             libc::process_vm_writev(
                 pid.as_raw_nonzero().get(),
                 local.as_ptr(),
-                local.len() as libc::c_ulong,
+                at as libc::c_ulong,
                 &remote,
                 1,
                 0,
@@ -114,11 +130,11 @@ fn pinned(
     };
     first
         .with_ptr(|p| {
-            local.push(libc::iovec {
+            local[at] = libc::iovec {
                 iov_base: p.cast(),
                 iov_len: first.len,
-            });
-            pinned(pid, grant, rest, local)
+            };
+            pinned(pid, grant, rest, local, at + 1)
         })
         .flatten()
 }
