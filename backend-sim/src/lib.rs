@@ -77,6 +77,7 @@ mod epoll;
 #[cfg(test)]
 mod event_tests;
 pub mod faults;
+mod fd_pass;
 mod host_addrs;
 mod lid_port;
 mod link;
