@@ -1,5 +1,5 @@
 //! The messages that set a same-host connection's fast path up, on its unix socket right
-//! after the rings' segment ([`crate::ring_setup`]), each one byte with descriptors
+//! after the rings' segment (`ring_setup.rs`), each one byte with descriptors
 //! (`SCM_RIGHTS`, `man 7 unix`):
 //!
 //! - the connector's offer: its owner table and the connection's use counts, or a byte

@@ -2,7 +2,7 @@
 //! and the connection's use counts, through which this side's requester places RC WRITEs
 //! itself ([`DirectWrite`], called by the protocol core), and this side's registration
 //! of the same counts with its own table, so that its revocations wait for the peer's
-//! copies. Made at the connection's setup ([`crate::ring_setup`]); dropped when the
+//! copies. Made at the connection's setup (`ring_setup.rs`); dropped when the
 //! connection ends, which closes the fast path both ways and waits for copies under way.
 
 use std::io;

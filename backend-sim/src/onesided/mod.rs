@@ -10,7 +10,11 @@
 //! responder runs its own check and NAKs or errors exactly as before.
 //!
 //! [`owner`] is a device's side (what it publishes and revokes, the setting), [`link`]
-//! one connection's (the requester's check and copy, offered to the protocol core).
+//! one connection's (the requester's check and copy, offered to the protocol core),
+//! [`exchange`] the setup messages that pass the segments. RC WRITE and WRITE_WITH_IMM
+//! take the path; READ does not yet (the copy and the check exist, [`cma::read`] and
+//! [`table::Op::Read`], but no frame tells the responder of a READ placed), and atomics
+//! cannot (a cross-process copy is no atomic operation).
 
 pub mod cma;
 pub mod exchange;
