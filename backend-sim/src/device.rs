@@ -83,6 +83,9 @@ pub struct DeviceShared {
     pub port: Arc<Port>,
     /// Its capture, if on ([`crate::capture`]).
     pub capture: crate::capture::Slot,
+    /// Its table for same-host peers' one-sided fast path (none over TCP only, or with
+    /// `RDMA_SIM_ONESIDED=off`).
+    pub onesided: Option<Arc<crate::onesided::owner::Owner>>,
     shutdown: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
     /// Its listeners, by address: the one peers reach it at, and on an Ethernet (RoCE)
     /// port one per address added to its GID table ([`crate::port_addr`]); each with
@@ -223,7 +226,14 @@ impl DeviceShared {
             port.clone(),
             transport,
         ));
+        let capture: crate::capture::Slot =
+            Arc::new(capture.map(std::sync::OnceLock::from).unwrap_or_default());
+        let onesided = match transport {
+            crate::same_host::Transport::Auto => crate::onesided::owner::Owner::open(capture.clone()),
+            crate::same_host::Transport::Tcp => None,
+        };
         let setup = Arc::new(Setup {
+            onesided: onesided.clone(),
             name: name.to_string(),
             rt: handle,
             addr: addr.clone(),
@@ -253,7 +263,8 @@ impl DeviceShared {
             datagrams,
             mcast,
             port,
-            capture: Arc::new(capture.map(std::sync::OnceLock::from).unwrap_or_default()),
+            capture,
+            onesided,
             shutdown: Mutex::new(Some(tx)),
             control: Mutex::new(None),
             listeners: Mutex::default(),
@@ -411,6 +422,7 @@ impl DeviceShared {
             advice: self.advice.clone(),
             port: self.port.clone(),
             capture: self.capture.clone(),
+            onesided: self.onesided.clone(),
         }
     }
 

@@ -79,6 +79,7 @@ mod epoll;
 mod event_tests;
 mod fault_state;
 pub mod faults;
+mod fd_pass;
 mod host_addrs;
 mod lid_port;
 mod link;

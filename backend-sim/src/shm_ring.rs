@@ -62,15 +62,13 @@
 //! line (but for the marks, each cleared once per time set).
 
 use std::io;
-use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use backend_sim_proto::io::{RawSlice, Recv, Transmit};
 use rustix::fs::SealFlags;
-use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer};
-use rustix::net::{SendAncillaryMessage, SendFlags};
+use rustix::net::{RecvFlags, SendFlags};
 
 /// Bytes of each direction's ring (a power of two) while the process has fewer than
 /// [`LARGE_BUDGET`] bytes of such segments mapped: as much as the unix socket's send
@@ -179,37 +177,13 @@ fn invalid(why: impl std::fmt::Display) -> io::Error {
 /// Sends the segment `seg` over the connected unix socket `sock` (one byte carrying the
 /// descriptor), without blocking: `WouldBlock` if the socket's buffer is full.
 pub fn send_segment(sock: BorrowedFd<'_>, seg: BorrowedFd<'_>) -> io::Result<()> {
-    let fds = [seg];
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-    let mut control = SendAncillaryBuffer::new(&mut space);
-    if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
-        return Err(io::Error::other(
-            "no room for the descriptor in the control buffer",
-        ));
-    }
-    let byte = [SEGMENT_TAG];
-    let flags = SendFlags::DONTWAIT | SendFlags::NOSIGNAL;
-    let n = rustix::net::sendmsg(sock, &[io::IoSlice::new(&byte)], &mut control, flags)?;
-    if n != 1 {
-        return Err(io::Error::new(
-            io::ErrorKind::WriteZero,
-            "the segment's byte was not sent",
-        ));
-    }
-    Ok(())
+    crate::fd_pass::send(sock, SEGMENT_TAG, &[seg])
 }
 
 /// Tells the acceptor that the connection stays on the socket (one byte, no descriptor),
 /// without blocking.
 pub fn send_no_segment(sock: BorrowedFd<'_>) -> io::Result<()> {
-    let flags = SendFlags::DONTWAIT | SendFlags::NOSIGNAL;
-    match rustix::net::send(sock, &[NO_SEGMENT_TAG], flags)? {
-        1 => Ok(()),
-        _ => Err(io::Error::new(
-            io::ErrorKind::WriteZero,
-            "the choice's byte was not sent",
-        )),
-    }
+    crate::fd_pass::send(sock, NO_SEGMENT_TAG, &[])
 }
 
 /// Receives a segment sent by [`send_segment`] from `sock` (`None`: the peer sent
@@ -217,31 +191,11 @@ pub fn send_no_segment(sock: BorrowedFd<'_>) -> io::Result<()> {
 /// (`WouldBlock`: not there yet). Anything but one byte with exactly one descriptor is
 /// refused (`InvalidData`), and every descriptor that came with it closed.
 pub fn recv_segment(sock: BorrowedFd<'_>) -> io::Result<Option<OwnedFd>> {
-    // Room for two: a second descriptor is seen (and closed) rather than cut off.
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
-    let mut control = RecvAncillaryBuffer::new(&mut space);
-    let mut byte = [0u8; 1];
-    let flags = RecvFlags::DONTWAIT | RecvFlags::CMSG_CLOEXEC;
-    let got = rustix::net::recvmsg(sock, &mut [io::IoSliceMut::new(&mut byte)], &mut control, flags)?;
-    let mut fds: Vec<OwnedFd> = Vec::new();
-    for msg in control.drain() {
-        if let RecvAncillaryMessage::ScmRights(rights) = msg {
-            fds.extend(rights);
-        }
-    }
-    if got.bytes == 0 {
-        return Err(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            "the peer closed before sending its ring segment",
-        ));
-    }
-    if got.flags.contains(ReturnFlags::CTRUNC) {
-        return Err(invalid("more control data than one descriptor"));
-    }
-    if byte[0] == NO_SEGMENT_TAG && fds.is_empty() {
+    let (byte, fds) = crate::fd_pass::recv(sock)?;
+    if byte == NO_SEGMENT_TAG && fds.is_empty() {
         return Ok(None);
     }
-    if byte[0] != SEGMENT_TAG {
+    if byte != SEGMENT_TAG {
         return Err(invalid("not the segment's byte"));
     }
     match <[OwnedFd; 1]>::try_from(fds) {

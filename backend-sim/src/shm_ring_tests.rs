@@ -310,6 +310,8 @@ fn the_segment_crosses_the_socket() {
 /// Two descriptors, none, or the wrong byte: refused, and what came closed.
 #[test]
 fn anything_but_one_descriptor_is_refused() {
+    use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage};
+    use std::mem::MaybeUninit;
     let send = |s: &UnixStream, byte: u8, fds: &[BorrowedFd<'_>]| {
         let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(8))];
         let mut control = SendAncillaryBuffer::new(&mut space);

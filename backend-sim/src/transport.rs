@@ -75,6 +75,8 @@ pub struct Setup {
     pub port: Arc<crate::port::Port>,
     /// How its connections run.
     pub transport: Transport,
+    /// Its table for same-host peers' one-sided fast path, if it has one.
+    pub onesided: Option<Arc<crate::onesided::owner::Owner>>,
     /// Its counters (of connections set up, by path).
     pub counters: Arc<crate::counters::DeviceCounters>,
 }
@@ -418,6 +420,7 @@ async fn serve_inbound(dev: Weak<Setup>, mut stream: Stream) -> io::Result<()> {
     let counters = dev.counters.clone();
     let advertised = dev.addr.advertise.ip();
     let port = dev.port.clone();
+    let onesided = dev.onesided.clone();
     drop(dev);
     let (qp, expect) = match (qp, verdict) {
         (Some(qp), Ok(expect)) => (qp, expect),
@@ -460,14 +463,17 @@ async fn serve_inbound(dev: Weak<Setup>, mut stream: Stream) -> io::Result<()> {
         return Err(proto("the QP changed while its hello was checked"));
     };
     send_frame(&mut stream, &Frame::HelloAck).await?;
-    let rings = tokio::time::timeout(SETUP_TIMEOUT, crate::ring_setup::accept(&stream))
-        .await
-        .map_err(|_| {
-            io::Error::new(
-                io::ErrorKind::TimedOut,
-                "no ring segment after the hello's answer",
-            )
-        })??;
+    let (rings, link) = tokio::time::timeout(
+        SETUP_TIMEOUT,
+        crate::ring_setup::accept(&stream, onesided.as_ref()),
+    )
+    .await
+    .map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::TimedOut,
+            "no ring segment after the hello's answer",
+        )
+    })??;
     if let Stream::Unix(_, local, peer) = &mut stream {
         // The peer is the device the QP's address vector names (its check said so); this
         // end, a wildcard listener's, is at the IP the device advertises.
@@ -504,6 +510,7 @@ async fn serve_inbound(dev: Weak<Setup>, mut stream: Stream) -> io::Result<()> {
             qp.link_lost(&mut g);
             g.qp.handle_connection_up();
             let old = g.conn.replace(conn.clone());
+            qp.offer_direct(&mut g, link);
             qp.note_link(&mut g);
             old
         }
@@ -566,7 +573,7 @@ async fn connector_task(dev: Arc<Setup>, qp: Arc<QpShared>, epoch: u64) {
             }
         };
         match attempt {
-            Ok((stream, rings)) => {
+            Ok((stream, (rings, link))) => {
                 backoff = Duration::from_micros(100);
                 let progress = dev.progress.clone();
                 let conn = match stream.into_data().and_then(|s| {
@@ -605,6 +612,7 @@ async fn connector_task(dev: Arc<Setup>, qp: Arc<QpShared>, epoch: u64) {
                     g.qp.handle_connection_set_up();
                     g.conn = Some(conn.clone());
                     g.qp.handle_connection_up();
+                    qp.offer_direct(&mut g, link);
                     qp.note_link(&mut g);
                 }
                 progress.activate(&conn);
@@ -629,7 +637,11 @@ async fn connector_task(dev: Arc<Setup>, qp: Arc<QpShared>, epoch: u64) {
     }
 }
 
-async fn connect(dev: &Setup, qp: &QpShared, remote: SocketAddr) -> io::Result<(Stream, Option<Rings>)> {
+async fn connect(
+    dev: &Setup,
+    qp: &QpShared,
+    remote: SocketAddr,
+) -> io::Result<(Stream, crate::ring_setup::SetUp)> {
     if !dev.port.is_up() {
         // As a packet sent through a port that is down: lost, and retried per
         // `retry_cnt` while the connector waits for the port (see `DeviceShared::set_port`).
@@ -669,8 +681,10 @@ async fn connect(dev: &Setup, qp: &QpShared, remote: SocketAddr) -> io::Result<(
     drop(claim);
     match answer {
         Frame::HelloAck => {
-            let rings = crate::ring_setup::offer(&stream)?;
-            Ok((stream, rings))
+            let set_up = tokio::time::timeout(SETUP_TIMEOUT, crate::ring_setup::offer(&stream, dev.onesided.as_ref()))
+                .await
+                .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no answer to the fast path's offer"))??;
+            Ok((stream, set_up))
         }
         // Permanent: `Unsupported` tells the connector to stop trying.
         Frame::HelloNak {

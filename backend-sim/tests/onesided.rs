@@ -85,7 +85,8 @@ fn nonzero(target: &[AtomicU64]) -> usize {
 fn owner() {
     let target = words(LEN);
     let base = target.as_ptr() as u64;
-    let table = OwnerTable::create(base).unwrap();
+    // The probe is the target's first word, zero until a write lands.
+    let table = OwnerTable::create(base, 0).unwrap();
     let (_peer, usage_fd) = table.add_peer().unwrap();
     let qp = table.publish_qp(QPN, PD, RW).unwrap();
     let mut out = std::io::stdout().lock();
@@ -131,7 +132,10 @@ fn no_write_lands_after_the_owner_revokes() {
     let usage = Usage::map(open_theirs(pid, f[1] as i32, true).as_fd()).unwrap();
     let (qp_slot, base) = (f[2] as u32, f[3]);
     let them = Pid::from_raw(pid as i32).unwrap();
-    assert_eq!(Gate::probe(them, table.probe_addr()), Gate::Open);
+    assert_eq!(
+        Gate::probe(them, table.probe_addr(), table.probe_value()),
+        Gate::Open
+    );
     let stop = AtomicBool::new(false);
     let landed = AtomicU64::new(0);
     std::thread::scope(|s| {
@@ -211,7 +215,8 @@ fn holder() {
 fn a_killed_requester_holding_a_region_does_not_block_its_revocation() {
     let target = words(4096);
     let base = target.as_ptr() as u64;
-    let table = OwnerTable::create(base).unwrap();
+    // The probe is the target's first word, zero until a write lands.
+    let table = OwnerTable::create(base, 0).unwrap();
     let (peer, usage_fd) = table.add_peer().unwrap();
     let qp = table.publish_qp(QPN, PD, RW).unwrap();
     let mr = table.publish_mr(KEY, PD, RW, base, 4096).unwrap();

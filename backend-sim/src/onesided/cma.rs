@@ -4,13 +4,17 @@
 //!
 //! The calls need the right to ptrace the peer ("Ptrace access mode checking" in
 //! `man 2 ptrace`: same user and no stricter policy). [`Gate::probe`] tests it once per
-//! peer by reading the word the peer named in its table: refused (or a bad address), the
-//! peer's requests stay on the rings. A zero-length call proves nothing (the kernel
-//! returns before it checks), so the probe reads one byte.
+//! peer by reading the word the peer named in its table, which must hold the value the
+//! table says (so a process that is not the table's owner, but for the address could be,
+//! never passes): refused, a bad address or another value, the peer's requests stay on
+//! the rings. A zero-length call proves nothing (the kernel returns before it checks), so
+//! the probe reads the whole word.
 
 use std::io;
 
 use rustix::process::Pid;
+
+use crate::memory::Seg;
 
 use super::table::Granted;
 
@@ -24,11 +28,11 @@ pub enum Gate {
 }
 
 impl Gate {
-    /// Reads one byte at `probe_addr` in process `pid`.
-    pub fn probe(pid: Pid, probe_addr: u64) -> Gate {
-        let mut byte = 0u8;
-        match read_raw(pid, probe_addr, std::ptr::from_mut(&mut byte), 1) {
-            Ok(1) => Gate::Open,
+    /// Reads the word at `probe_addr` in process `pid`: open if it holds `value`.
+    pub fn probe(pid: Pid, probe_addr: u64, value: u64) -> Gate {
+        let mut word = [0u8; 8];
+        match read_raw(pid, probe_addr, word.as_mut_ptr(), 8) {
+            Ok(8) if u64::from_ne_bytes(word) == value => Gate::Open,
             _ => Gate::Closed,
         }
     }
@@ -59,6 +63,80 @@ pub fn write(pid: Pid, grant: &Granted<'_>, src: &[u8]) -> io::Result<bool> {
         -1 => Err(io::Error::last_os_error()),
         n => Ok(n as usize == grant.len),
     }
+}
+
+/// The most local ranges [`write_segs`] copies from in one call (a WR's gather list
+/// longer than this goes over the rings): the list of ranges lives on the stack, so the
+/// data path allocates nothing.
+pub const MAX_SEGS: usize = 32;
+
+/// Copies the bytes of the local ranges `segs` (registered memory of this process, each
+/// region pinned while the copy runs) into the granted range of process `pid`, in order.
+/// `Ok(false)`: more than [`MAX_SEGS`] ranges, a region was deregistered meanwhile, or
+/// the copy stopped short (the request must go over the rings). Their lengths must add
+/// up to the grant's.
+pub fn write_segs(pid: Pid, grant: &Granted<'_>, segs: &[Seg]) -> io::Result<bool> {
+    let total: usize = segs.iter().map(|s| s.len).sum();
+    if total != grant.len {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "the sources are not the granted length",
+        ));
+    }
+    if segs.len() > MAX_SEGS {
+        return Ok(false);
+    }
+    let mut local = [libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }; MAX_SEGS];
+    Ok(pinned(pid, grant, segs, &mut local, 0)
+        .transpose()?
+        .unwrap_or(false))
+}
+
+/// Pins the regions of `segs` one after the other (each pin lasts until the copy
+/// returned), noting each range in `local` from index `at`, then copies from all of them
+/// with one call. `None`: a region is dead.
+fn pinned(
+    pid: Pid,
+    grant: &Granted<'_>,
+    segs: &[Seg],
+    local: &mut [libc::iovec; MAX_SEGS],
+    at: usize,
+) -> Option<io::Result<bool>> {
+    let Some((first, rest)) = segs.split_first() else {
+        let remote = libc::iovec {
+            iov_base: grant.addr as usize as *mut libc::c_void,
+            iov_len: grant.len,
+        };
+        // SAFETY: the first `at` entries of `local` describe ranges of regions pinned by
+        // callers up this recursion (readable for their lengths; the kernel only reads
+        // them); `remote` is an address in another process, which the kernel checks.
+        let n = unsafe {
+            libc::process_vm_writev(
+                pid.as_raw_nonzero().get(),
+                local.as_ptr(),
+                at as libc::c_ulong,
+                &remote,
+                1,
+                0,
+            )
+        };
+        return Some(match n {
+            -1 => Err(io::Error::last_os_error()),
+            n => Ok(n as usize == grant.len),
+        });
+    };
+    first
+        .with_ptr(|p| {
+            local[at] = libc::iovec {
+                iov_base: p.cast(),
+                iov_len: first.len,
+            };
+            pinned(pid, grant, rest, local, at + 1)
+        })
+        .flatten()
 }
 
 /// Copies the granted range of process `pid` into `dst` (`dst.len()` must be the

@@ -9,12 +9,21 @@
 //! what the responder published. Anything it refuses goes over the rings, where the
 //! responder runs its own check and NAKs or errors exactly as before.
 //!
-//! The data path does not use it yet: no setting turns it on until the requester and
-//! responder are wired to it (docs/sim.md says what remains).
+//! [`owner`] is a device's side (what it publishes and revokes, the setting), [`link`]
+//! one connection's (the requester's check and copy, offered to the protocol core),
+//! [`exchange`] the setup messages that pass the segments. RC WRITE and WRITE_WITH_IMM
+//! take the path; READ does not yet (the copy and the check exist, [`cma::read`] and
+//! [`table::Op::Read`], but no frame tells the responder of a READ placed), and atomics
+//! cannot (a cross-process copy is no atomic operation).
 
 pub mod cma;
+pub mod exchange;
+pub mod link;
+pub mod owner;
 mod segment;
 pub mod table;
 #[cfg(test)]
 mod tests;
 pub mod usage;
+#[cfg(test)]
+mod verbs_tests;

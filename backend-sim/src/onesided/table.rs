@@ -4,14 +4,17 @@
 //! run by the requester (IBA 9.7.4.1.4; the sim's own is `MrTable::resolve_remote`).
 //!
 //! Layout (all little words, offsets fixed by this build):
-//! - a header: a magic word, and the address of a word of the owner's memory a peer may
-//!   read to learn whether it may copy to and from this process ([`super::cma`]);
+//! - a header: a magic word, the address of a word of the owner's memory a peer may
+//!   read to learn whether it may copy to and from this process ([`super::cma`]), and the
+//!   value that word holds (random per table: a process that is not the owner, such as a
+//!   forked relative with the same addresses, holds another);
 //! - [`MR_SLOTS`] region slots of 32 bytes: state (`generation << 1 | alive`), rkey, PD,
 //!   access flags, address, length. A region's place is found from its rkey by at most
 //!   [`PROBES`] steps of linear probing; a region that finds none free is not published
 //!   (it is reached over the rings);
 //! - [`QP_SLOTS`] QP slots of 16 bytes: state, QP number, PD, access flags; alive only
-//!   while the QP accepts requests (RTR or RTS).
+//!   while the QP accepts requests (RTR, RTS or SQD). A QP's place is found from its
+//!   number as a region's from its rkey ([`PeerTable::find_qp`]).
 //!
 //! Revocation ([`OwnerTable::revoke_mr`], [`OwnerTable::revoke_qp`]): the owner stores
 //! the slot dead, then waits until no peer's use count for it is raised (or the peer is
@@ -44,6 +47,7 @@ pub const PROBES: usize = 8;
 const MAGIC: u64 = u64::from_le_bytes(*b"rsim1sd1");
 const HEADER: usize = 64;
 const PROBE_ADDR: usize = 8;
+const PROBE_VALUE: usize = 16;
 const MR_SLOT: usize = 32;
 const QP_SLOT: usize = 16;
 const QP_BASE: usize = HEADER + MR_SLOTS * MR_SLOT;
@@ -64,6 +68,11 @@ fn qp_off(slot: usize) -> usize {
 /// makes them a sequence).
 pub(super) fn home(key: u32) -> usize {
     (key.wrapping_mul(0x9E37_79B1) >> 20) as usize % MR_SLOTS
+}
+
+/// The first place of QP number `qpn` among the QP slots.
+fn qp_home(qpn: u32) -> usize {
+    (qpn.wrapping_mul(0x9E37_79B1) >> 20) as usize % QP_SLOTS
 }
 
 /// The operation a requester wants to run directly.
@@ -102,6 +111,8 @@ pub enum Refused {
     NoRight,
     /// The range is not inside the region.
     OutOfBounds,
+    /// The connection was closed by one side ([`Usage::close`]).
+    Closed,
 }
 
 /// The owner's table: it publishes its regions and QPs and revokes them.
@@ -145,10 +156,12 @@ pub enum Revoked {
 
 impl OwnerTable {
     /// A fresh table (no region or QP published); `probe` is the address of a word of
-    /// this process's memory peers read to test their right to copy.
-    pub fn create(probe: u64) -> io::Result<OwnerTable> {
+    /// this process's memory peers read to test their right to copy, `value` what it
+    /// holds.
+    pub fn create(probe: u64, value: u64) -> io::Result<OwnerTable> {
         let (fd, map) = segment::create("rdma-sim-onesided-table", LEN, true)?;
         map.u64_at(0).store(MAGIC, Ordering::Relaxed);
+        map.u64_at(PROBE_VALUE).store(value, Ordering::Relaxed);
         map.u64_at(PROBE_ADDR).store(probe, Ordering::Release);
         Ok(OwnerTable {
             map,
@@ -172,6 +185,23 @@ impl OwnerTable {
         let peer = Arc::new(Peer::new(usage));
         self.peers.lock().push(peer.clone());
         Ok((peer, fd))
+    }
+
+    /// A new peer connection whose use counts `usage` the peer made (it sent their
+    /// segment): a revocation waits for them as for those of [`OwnerTable::add_peer`].
+    pub fn add_peer_from(&self, usage: Usage) -> Arc<Peer> {
+        let peer = Arc::new(Peer::new(usage));
+        self.peers.lock().push(peer.clone());
+        peer
+    }
+
+    /// Closes a peer's connection ([`Usage::close`]), waits up to `bound` for its copies
+    /// to end, then forgets it: revocations no longer wait for it.
+    pub fn close_peer(&self, peer: &Arc<Peer>, bound: Duration) -> Revoked {
+        peer.usage().close();
+        let r = self.drain_one(peer, bound, Usage::any_in_use);
+        self.remove_peer(peer);
+        r
     }
 
     /// Forgets a peer whose connection ended (after [`Peer::mark_gone`]).
@@ -200,10 +230,13 @@ impl OwnerTable {
         Some(MrSlot(slot))
     }
 
-    /// Publishes a QP that accepts requests (RTR or RTS): `None` if no slot is free.
+    /// Publishes a QP that accepts requests (RTR, RTS or SQD): `None` if its places are
+    /// all taken (its requests then go over the rings).
     pub fn publish_qp(&self, qpn: u32, pd: u32, access: AccessFlags) -> Option<QpSlot> {
         let mut taken = self.taken.lock();
-        let slot = taken.qp.iter().position(|t| !t)?;
+        let slot = (0..PROBES)
+            .map(|i| (qp_home(qpn) + i) % QP_SLOTS)
+            .find(|&s| !taken.qp[s])?;
         taken.qp[slot] = true;
         let o = qp_off(slot);
         self.map.u32_at(o + 4).store(qpn, Ordering::Relaxed);
@@ -243,25 +276,34 @@ impl OwnerTable {
         let start = Instant::now();
         let mut stuck = Vec::new();
         for p in peers {
-            let mut spins = 0u32;
-            while !p.is_gone() && held(p.usage()) {
-                if start.elapsed() >= bound {
-                    stuck.push(p.clone());
-                    break;
-                }
-                // A copy is a bounded memcpy: spin briefly, then give the CPU away.
-                spins = spins.saturating_add(1);
-                match spins {
-                    0..64 => std::hint::spin_loop(),
-                    64..1024 => std::thread::yield_now(),
-                    _ => std::thread::sleep(Duration::from_micros(50)),
-                }
+            let left = bound.saturating_sub(start.elapsed());
+            if let Revoked::Stuck(mut s) = self.drain_one(&p, left, &held) {
+                stuck.append(&mut s);
             }
         }
         match stuck.is_empty() {
             true => Revoked::Drained,
             false => Revoked::Stuck(stuck),
         }
+    }
+
+    /// Waits until peer `p` is gone or its counts are not `held`, or `bound` passed.
+    fn drain_one(&self, p: &Arc<Peer>, bound: Duration, held: impl Fn(&Usage) -> bool) -> Revoked {
+        let start = Instant::now();
+        let mut spins = 0u32;
+        while !p.is_gone() && held(p.usage()) {
+            if start.elapsed() >= bound {
+                return Revoked::Stuck(vec![p.clone()]);
+            }
+            // A copy is a bounded memcpy: spin briefly, then give the CPU away.
+            spins = spins.saturating_add(1);
+            match spins {
+                0..64 => std::hint::spin_loop(),
+                64..1024 => std::thread::yield_now(),
+                _ => std::thread::sleep(Duration::from_micros(50)),
+            }
+        }
+        Revoked::Drained
     }
 }
 
@@ -369,6 +411,21 @@ impl PeerTable {
         self.map.u64_at(PROBE_ADDR).load(Ordering::Acquire)
     }
 
+    /// The value the word at [`PeerTable::probe_addr`] holds in the owner's memory.
+    pub fn probe_value(&self) -> u64 {
+        self.map.u64_at(PROBE_VALUE).load(Ordering::Acquire)
+    }
+
+    /// The slot of the peer's QP `qpn`, if it is published (alive) now; the check
+    /// confirms it under the use count.
+    pub fn find_qp(&self, qpn: u32) -> Option<u32> {
+        (0..PROBES).map(|i| (qp_home(qpn) + i) % QP_SLOTS).find_map(|s| {
+            let o = qp_off(s);
+            let alive = self.map.u32_at(o).load(Ordering::Relaxed) & ALIVE != 0;
+            (alive && self.map.u32_at(o + 4).load(Ordering::Relaxed) == qpn).then_some(s as u32)
+        })
+    }
+
     /// The responder's remote access check of request `r`, run against the peer's
     /// table with this connection's use counts `usage`.
     pub fn check<'a>(&self, usage: &'a Usage, r: &Request) -> Result<Granted<'a>, Refused> {
@@ -405,6 +462,9 @@ impl PeerTable {
             addr: 0,
             len: 0,
         };
+        if usage.is_closed() {
+            return Err(Refused::Closed);
+        }
         let o = mr_off(slot);
         if self.map.u32_at(o).load(Ordering::SeqCst) & ALIVE == 0
             || self.map.u32_at(o + 4).load(Ordering::Relaxed) != rkey

@@ -24,8 +24,8 @@ struct Pair {
 }
 
 fn pair() -> Pair {
-    static PROBE: u8 = 0;
-    let owner = OwnerTable::create(std::ptr::from_ref(&PROBE) as u64).unwrap();
+    static PROBE: u64 = 0x5eed;
+    let owner = OwnerTable::create(std::ptr::from_ref(&PROBE) as u64, PROBE).unwrap();
     let peer = PeerTable::map(owner.fd()).unwrap();
     let (conn, fd) = owner.add_peer().unwrap();
     let usage = Usage::map(fd.as_fd()).unwrap();
@@ -346,7 +346,10 @@ fn a_segment_not_made_as_this_build_makes_it_is_refused() {
 fn no_copy_lands_after_a_revocation_returns() {
     let p = pair();
     let me = rustix::process::getpid();
-    assert_eq!(Gate::probe(me, p.peer.probe_addr()), Gate::Open);
+    assert_eq!(
+        Gate::probe(me, p.peer.probe_addr(), p.peer.probe_value()),
+        Gate::Open
+    );
     let len = 1 << 20;
     let target: Vec<AtomicU64> = (0..len / 8).map(|_| AtomicU64::new(0)).collect();
     let base = target.as_ptr() as u64;
@@ -410,9 +413,17 @@ impl Drop for StopOnDrop<'_> {
 fn the_gate_opens_only_on_a_readable_probe_and_copies_keep_to_the_grant() {
     let p = pair();
     let me = rustix::process::getpid();
-    assert_eq!(Gate::probe(me, p.peer.probe_addr()), Gate::Open);
+    assert_eq!(
+        Gate::probe(me, p.peer.probe_addr(), p.peer.probe_value()),
+        Gate::Open
+    );
+    assert_eq!(
+        Gate::probe(me, p.peer.probe_addr(), p.peer.probe_value() ^ 1),
+        Gate::Closed,
+        "a word that does not hold the table's value opened the gate"
+    );
     // A peer that names a bad address (garbage, or memory it unmapped) keeps the rings.
-    assert_eq!(Gate::probe(me, 0), Gate::Closed);
+    assert_eq!(Gate::probe(me, 0, 0), Gate::Closed);
     let target = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
     let base = target.as_ptr() as u64;
     p.owner.publish_mr(9, 1, RW, base, 24).unwrap();

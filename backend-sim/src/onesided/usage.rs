@@ -3,6 +3,13 @@
 //! raises a slot's count before it checks the slot and lowers it once its copy ended;
 //! the responder, revoking a slot, waits until the count is zero or the peer is gone.
 //!
+//! After the counts, one word says the connection is closed: the side whose connection
+//! ends stores it (`SeqCst`) and waits until the counts drain; a requester reads it after
+//! raising its count and refuses once it is set, so no copy of a connection one side
+//! closed runs after that side stopped waiting for it (the store-then-load argument of
+//! [`super::table`]'s revocation). Either side may close it: the segment serves both
+//! directions of the connection.
+//!
 //! The counts are the one thing the requester writes into shared state. A hostile peer
 //! can only make the responder's revocation wait (up to its bound, after which the
 //! connection is closed); the responder never indexes anything with what it reads here.
@@ -15,7 +22,10 @@ use super::segment::{self, Mapping};
 use super::table::MR_SLOTS;
 
 /// The size of a use-count segment.
-pub const LEN: usize = MR_SLOTS * 4;
+pub const LEN: usize = CLOSED + 64;
+
+/// Where the word that says the connection is closed sits.
+const CLOSED: usize = MR_SLOTS * 4;
 
 /// One connection's use counts, seen from either side.
 pub struct Usage {
@@ -43,6 +53,16 @@ impl Usage {
     /// Whether any slot's count is not zero (a QP's revocation waits for all of them).
     pub(super) fn any_in_use(&self) -> bool {
         (0..MR_SLOTS).any(|s| self.count(s).load(Ordering::SeqCst) != 0)
+    }
+
+    /// Says the connection is closed: requesters refuse from now on (see the module docs).
+    pub fn close(&self) {
+        self.map.u32_at(CLOSED).store(1, Ordering::SeqCst);
+    }
+
+    /// Whether either side closed the connection ([`Usage::close`]).
+    pub(super) fn is_closed(&self) -> bool {
+        self.map.u32_at(CLOSED).load(Ordering::SeqCst) != 0
     }
 }
 
@@ -72,6 +92,7 @@ impl Peer {
         self.gone.load(Ordering::SeqCst)
     }
 
+    /// The peer's use counts.
     pub(super) fn usage(&self) -> &Usage {
         &self.usage
     }

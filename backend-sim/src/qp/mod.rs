@@ -63,6 +63,9 @@ pub struct QpInner {
     /// Scratch for the marks of the send completions
     /// ([`Completions::take_marks`](backend_sim_proto::qp::Completions::take_marks)).
     marks: Vec<u64>,
+    /// Where an RC QP that accepts requests is published for same-host peers' fast
+    /// path, with the remote rights published ([`QpShared::sync_onesided`]).
+    onesided: Option<(crate::onesided::table::QpSlot, verbs_api::AccessFlags)>,
 }
 
 pub use backend_sim_proto::qp::receives_in;
@@ -122,12 +125,16 @@ pub struct QpDevice {
     pub port: Arc<crate::port::Port>,
     /// Its capture, if on ([`crate::capture`]).
     pub capture: crate::capture::Slot,
+    /// Its table for same-host peers' one-sided fast path, if it has one.
+    pub onesided: Option<Arc<crate::onesided::owner::Owner>>,
 }
 
 /// One QP, shared by the user's handle and the transport tasks.
 pub struct QpShared {
     /// QP number.
     pub qpn: u32,
+    /// The handle of its PD.
+    pub pd: u32,
     /// Its transport: RC, UC or UD.
     pub qp_type: QpType,
     /// What it takes from its device.
@@ -224,7 +231,9 @@ impl QpShared {
                 busy: false,
                 awaits_link: false,
                 marks: Vec::new(),
+                onesided: None,
             }),
+            pd,
             dev,
             send_cq,
             recv_cq,
@@ -263,8 +272,40 @@ impl QpShared {
         }
     }
 
+    /// Publishes the QP for same-host peers' one-sided fast path while it is an RC QP
+    /// that accepts requests (RTR, RTS, SQD), with its PD and remote rights as they are
+    /// now; revokes it otherwise (ERR, RESET, destroy), waiting for peers' copies that
+    /// checked it before this returns.
+    pub(crate) fn sync_onesided(&self, g: &mut QpInner) {
+        let Some(owner) = &self.dev.onesided else {
+            return;
+        };
+        let access = g.qp.attr().qp_access_flags;
+        let want = self.qp_type == QpType::Rc
+            && receives_in(g.qp.state())
+            && !self.destroyed.load(Ordering::Acquire);
+        match g.onesided.take() {
+            Some((slot, was)) if want && was == access => g.onesided = Some((slot, was)),
+            old => {
+                if let Some((slot, _)) = old {
+                    owner.revoke_qp(slot);
+                }
+                if want {
+                    g.onesided = owner.publish_qp(self.qpn, self.pd, access).map(|s| (s, access));
+                }
+            }
+        }
+    }
+
+    /// Offers the requester the fast path of the connection just installed (`None`:
+    /// the connection has none).
+    pub(crate) fn offer_direct(&self, g: &mut QpInner, link: Option<Arc<crate::onesided::link::Link>>) {
+        g.qp.set_direct(link.map(|l| l as Arc<dyn backend_sim_proto::qp::DirectWrite>));
+    }
+
     /// Closes both connections (RESET, destroy).
     fn close_conns(&self, g: &mut QpInner) {
+        g.qp.set_direct(None);
         for c in [g.conn.take(), g.self_conn.take()].into_iter().flatten() {
             self.dev.path.close(&c);
         }
@@ -310,6 +351,7 @@ impl QpShared {
     /// Returns the state it left, `None` if it was in ERR already.
     fn flush_to_error(&self, g: &mut QpInner) -> Option<QpState> {
         let from = g.qp.enter_error()?;
+        self.sync_onesided(g);
         self.note_link(g);
         self.req_wake.notify_one();
         Some(from)
@@ -396,6 +438,7 @@ impl QpShared {
     /// flight on it is resent (RC) or lost (UC, whose WRs then complete), and a request
     /// half received is forgotten.
     pub fn link_lost(&self, g: &mut QpInner) {
+        g.qp.set_direct(None);
         g.qp.handle_connection_lost();
         self.deliver(g);
     }

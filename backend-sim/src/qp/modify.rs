@@ -59,6 +59,7 @@ impl QpShared {
                 crate::capture::notes::state(cap, self.qpn, t.from, t.to);
             }
         }
+        self.sync_onesided(&mut g);
         match t.effect {
             Effect::Reset => {
                 self.clean_cqs("RESET");

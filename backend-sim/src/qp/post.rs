@@ -377,6 +377,7 @@ impl QpShared {
         drop(self.flush_owed_acks(self.inner.lock()));
         self.destroyed.store(true, Ordering::Release);
         let mut g = self.inner.lock();
+        self.sync_onesided(&mut g);
         g.epoch += 1;
         g.qp.handle_destroy();
         self.clean_cqs("destroy");

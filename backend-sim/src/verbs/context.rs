@@ -29,6 +29,12 @@ impl SimContext {
         self.dev.addr.listen_addr()
     }
 
+    /// How many RDMA WRITEs this device's requesters placed in same-host peers' memory
+    /// themselves (the one-sided fast path, docs/sim.md); 0 with the path off.
+    pub fn onesided_placed(&self) -> u64 {
+        self.dev.onesided.as_ref().map_or(0, |o| o.placed())
+    }
+
     /// The TCP address peers reach this device at: [`listen_addr`](Self::listen_addr),
     /// with a wildcard IP replaced by the advertised one (GID index 0).
     pub fn advertised_addr(&self) -> SocketAddr {

@@ -16,6 +16,7 @@ use super::srq::SimSrq;
 use crate::choices::Choice;
 use crate::device::PdShared;
 use crate::memory::MrShared;
+use crate::onesided::table::MrSlot;
 use crate::qp::QpShared;
 use crate::recv_queue::SharedRecvQueue;
 
@@ -259,9 +260,12 @@ impl SimPd {
         // SAFETY: the memory is the region's own (kept by `backing` below) or the
         // caller's new memory, valid by the contract of this function.
         let new = unsafe { MrShared::new_borrowed(self.pd.handle, mr.mr.key, base, len, access) };
+        // Same-host peers stop reaching the region as it was before it changes.
+        mr.revoke();
         let old = std::mem::replace(&mut mr.mr, Arc::new(new));
         dev.mrs.insert(mr.mr.clone());
         old.kill();
+        mr.published = dev.onesided.as_ref().and_then(|o| o.publish_mr(&mr.mr));
         if translation.is_none() {
             // The region's memory, if it owns it, lives as long as the region.
             mr.backing.get_or_insert(old);
@@ -290,16 +294,29 @@ pub struct SimMr {
     /// After `ibv_rereg_mr` without a new translation: the region it was registered as
     /// first, which owns the memory (an owned buffer) the region now borrows.
     backing: Option<Arc<MrShared>>,
+    /// Its place in the device's table for same-host peers' one-sided fast path, if
+    /// published there.
+    published: Option<MrSlot>,
 }
 
 impl SimMr {
     fn register(pd: &SimPd, mr: MrShared) -> SimMr {
         let mr = Arc::new(mr);
         pd.pd.dev.mrs.insert(mr.clone());
+        let published = pd.pd.dev.onesided.as_ref().and_then(|o| o.publish_mr(&mr));
         SimMr {
             mr,
             _pd: pd.pd.clone(),
             backing: None,
+            published,
+        }
+    }
+
+    /// Takes the region out of the fast path's table, waiting for same-host peers'
+    /// copies into it to end.
+    fn revoke(&mut self) {
+        if let (Some(slot), Some(o)) = (self.published.take(), &self._pd.dev.onesided) {
+            o.revoke_mr(slot);
         }
     }
 
@@ -317,7 +334,9 @@ impl SimMr {
 
 impl Drop for SimMr {
     fn drop(&mut self) {
-        // Waits for copies in progress; later ones find the region dead.
+        // Same-host peers' direct copies first (waited for), then the device's own:
+        // it waits for copies in progress; later ones find the region dead.
+        self.revoke();
         self._pd.dev.mrs.deregister(&self.mr);
     }
 }

@@ -69,6 +69,31 @@ pub fn segments(frame: &Frame, cx: &Context) -> Vec<Segment> {
         Frame::Send { .. } | Frame::Write { .. } | Frame::ReadResp { .. } | Frame::Part { .. } => {
             message_packets(frame, cx)
         }
+        Frame::WritePlaced {
+            psn,
+            len,
+            addr,
+            rkey,
+            imm,
+            solicited,
+            ack_req,
+        } => {
+            // The data went straight to the responder's memory (the same-host fast
+            // path): the frame is the WRITE's header alone, so the capture shows one WRITE
+            // ONLY packet whose RETH names the whole length and which carries no bytes.
+            // Its PSNs after the first are not on the wire: the next packet's PSN skips them.
+            let opcode = if imm.is_some() {
+                op::WRITE_ONLY_IMM
+            } else {
+                op::WRITE_ONLY
+            };
+            one(new(opcode, psn), |h| {
+                h.reth = Some(Reth { addr, rkey, len });
+                h.imm = imm;
+                h.bth.solicited = solicited;
+                h.bth.ack_req = ack_req;
+            })
+        }
         Frame::CmpSwap {
             psn,
             addr,

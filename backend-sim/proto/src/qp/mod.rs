@@ -24,6 +24,7 @@ use crate::requester::Requester;
 use crate::responder::Responder;
 use crate::switches::Switches;
 
+pub use crate::requester::DirectWrite;
 pub use modify::{AvCheck, Effect, QpLimits, Transition};
 pub use owed::Completions;
 
@@ -226,6 +227,14 @@ impl Qp {
         self.sqd_event_due = false;
         self.req.flush(&mut self.send_wc);
         Some(from)
+    }
+
+    /// Offers (`Some`) or withdraws (`None`) the one-sided fast path of the QP's
+    /// connection to its requester ([`crate::requester::DirectWrite`]): the driver offers
+    /// it with a same-host connection that has one and withdraws it when the connection
+    /// ends.
+    pub fn set_direct(&mut self, direct: Option<std::sync::Arc<dyn DirectWrite>>) {
+        self.req.set_direct(direct);
     }
 
     /// The QP's connection to its peer is up (set up, or accepted): a transport error

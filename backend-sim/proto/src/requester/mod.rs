@@ -60,6 +60,7 @@ use crate::window::{BindReq, Invalidator, OnQp};
 use crate::wire::{Frame, NakCode, NakReason, MAX_DATAGRAM, MAX_MSG};
 
 mod ack;
+mod direct;
 mod post;
 mod resume;
 mod timer;
@@ -67,6 +68,7 @@ mod transmit;
 pub mod uc;
 pub mod ud;
 
+pub use direct::DirectWrite;
 pub use post::gather_shape;
 pub(crate) use post::gather_status;
 pub use uc::LINK_WAIT;
@@ -131,6 +133,10 @@ struct SendWqe {
     /// resend starts after them ([`resume`]).
     done: u32,
     sent: bool,
+    /// The fast path was asked for this WQE ([`direct`]): it is asked once.
+    direct_tried: bool,
+    /// Its last send placed the data directly ([`direct`]).
+    placed: bool,
     status: Option<WcStatus>,
     /// The completion's `vendor_err` when `status` is an error that carries one (the
     /// responder's [`NakReason`]).
@@ -158,6 +164,8 @@ impl SendWqe {
             pkts: 1,
             done: 0,
             sent: false,
+            direct_tried: false,
+            placed: false,
             status: None,
             vendor_err: 0,
             route: None,
@@ -298,6 +306,8 @@ pub struct Requester {
     /// For each completion `retire` produced and the driver has not taken: the number of
     /// the last WQE it covers ([`SqSlots`]).
     marks: Vec<u64>,
+    /// The connection's one-sided fast path, offered by the driver ([`direct`]).
+    direct: Option<Arc<dyn DirectWrite>>,
 }
 
 impl Requester {
@@ -352,6 +362,7 @@ impl Requester {
             retired: 0,
             slots: Arc::default(),
             marks: Vec::new(),
+            direct: None,
         }
     }
 

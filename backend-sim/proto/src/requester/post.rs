@@ -201,6 +201,8 @@ impl Requester {
         w.pkts = 1;
         w.done = 0;
         w.sent = false;
+        w.direct_tried = false;
+        w.placed = false;
         w.status = None;
         w.vendor_err = 0;
         w.route = route;

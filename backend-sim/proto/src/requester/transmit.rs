@@ -184,8 +184,10 @@ impl Requester {
     fn build(&mut self, idx: usize, psn: u32, mrs: &MrTable, tx: &mut TxQueue) -> Result<(), WcStatus> {
         let w = &self.sq[idx];
         if w.done > 0 && w.done < w.pkts && w.status.is_none() {
+            self.sq[idx].placed = false;
             return self.build_resumed(idx, psn, mrs, tx);
         }
+        let direct = self.direct_for(idx);
         let pd = self.pd;
         let ack_req = !self.sq[idx].op.is_read_or_atomic() && self.ack_req_due();
         // This READ/atomic and those already outstanding (see `Frame::Read`).
@@ -212,6 +214,11 @@ impl Requester {
                     mrs.resolve_local(pd, &w.sges, false, segs)
                         .map_err(|e| gather_status(sw, e))?;
                 }
+                let remote = w.op.remote();
+                w.placed = match (&direct, remote) {
+                    (Some(d), Some(r)) => d.write(self.dest_qpn, r.rkey, r.addr, segs),
+                    _ => false,
+                };
                 let frame = match w.op {
                     WrOp::Send | WrOp::SendWithImm { .. } | WrOp::SendWithInv { .. } => Frame::Send {
                         psn,
@@ -221,8 +228,20 @@ impl Requester {
                         ack_req,
                         inv: w.op.invalidate_rkey(),
                     },
+                    _ if w.placed => {
+                        let r = remote.expect("RDMA op has a remote address");
+                        Frame::WritePlaced {
+                            psn,
+                            len,
+                            addr: r.addr,
+                            rkey: r.rkey,
+                            imm: w.op.imm_data(),
+                            solicited: w.solicited,
+                            ack_req,
+                        }
+                    }
                     _ => {
-                        let r = w.op.remote().expect("RDMA op has a remote address");
+                        let r = remote.expect("RDMA op has a remote address");
                         Frame::Write {
                             psn,
                             len,
@@ -235,7 +254,9 @@ impl Requester {
                     }
                 };
                 tx.push_frame(&frame);
-                if w.inline {
+                if w.placed {
+                    segs.clear();
+                } else if w.inline {
                     tx.push_bytes(&w.inline_data);
                 } else {
                     for s in segs.iter() {

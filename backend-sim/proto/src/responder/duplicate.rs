@@ -23,7 +23,7 @@ impl Responder {
 
     pub(super) fn duplicate(&mut self, frame: &Frame, mrs: &MrTable, tx: &mut TxQueue) -> Incoming {
         match *frame {
-            Frame::Send { .. } | Frame::Write { .. } | Frame::Part { .. } => {
+            Frame::Send { .. } | Frame::Write { .. } | Frame::WritePlaced { .. } | Frame::Part { .. } => {
                 // Owed, not queued: one ACK of the last executed PSN answers a whole run
                 // of duplicates, so a peer resending the same SEND without reading the
                 // answers cannot make this side queue an ACK per copy.

@@ -361,7 +361,9 @@ impl Responder {
         }
         match *frame {
             Frame::Send { .. } => self.on_send(frame, psn, mrs, tx, out, forced_rnr),
-            Frame::Write { .. } => self.on_write(frame, psn, mrs, tx, out, forced_rnr),
+            Frame::Write { .. } | Frame::WritePlaced { .. } => {
+                self.on_write(frame, psn, mrs, tx, out, forced_rnr)
+            }
             Frame::Read { .. } => self.on_read(frame, psn, mrs, tx),
             Frame::CmpSwap { .. } | Frame::FetchAdd { .. } => self.on_atomic(frame, psn, mrs, tx),
             _ => Ok(Incoming::Discard),

@@ -145,6 +145,27 @@ pub enum Frame {
         /// The requester asks for an ACK ([`F_ACK_REQ`](super::F_ACK_REQ)).
         ack_req: bool,
     },
+    /// An RDMA WRITE / WRITE_WITH_IMM of `len` bytes that the requester already placed
+    /// in the responder's memory itself (a same-host peer's one-sided fast path, see
+    /// docs/sim.md): no payload follows. The responder runs every rule of a WRITE on it
+    /// (PSN, duplicates, the access check, a receive for the immediate, RNR, MSN, ACK)
+    /// and only skips moving data, so one from a hostile peer moves no memory.
+    WritePlaced {
+        /// Packet sequence number.
+        psn: u32,
+        /// The message's length (no payload follows).
+        len: u32,
+        /// Remote virtual address.
+        addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Immediate data.
+        imm: Option<u32>,
+        /// Solicited event.
+        solicited: bool,
+        /// The requester asks for an ACK ([`F_ACK_REQ`](super::F_ACK_REQ)).
+        ack_req: bool,
+    },
     /// RDMA READ request of `len` bytes.
     Read {
         /// Packet sequence number.
@@ -286,6 +307,7 @@ impl Frame {
             self,
             Frame::Send { ack_req: true, .. }
                 | Frame::Write { ack_req: true, .. }
+                | Frame::WritePlaced { ack_req: true, .. }
                 | Frame::Part { ack_req: true, .. }
         )
     }
@@ -295,6 +317,7 @@ impl Frame {
         match *self {
             Frame::Send { psn, .. }
             | Frame::Write { psn, .. }
+            | Frame::WritePlaced { psn, .. }
             | Frame::Read { psn, .. }
             | Frame::CmpSwap { psn, .. }
             | Frame::FetchAdd { psn, .. }
@@ -322,6 +345,7 @@ impl Frame {
             self,
             Frame::Send { .. }
                 | Frame::Write { .. }
+                | Frame::WritePlaced { .. }
                 | Frame::Read { .. }
                 | Frame::CmpSwap { .. }
                 | Frame::FetchAdd { .. }

@@ -20,6 +20,7 @@ pub(super) mod op {
     pub const READ: u8 = 0x12;
     pub const CMP_SWAP: u8 = 0x13;
     pub const FETCH_ADD: u8 = 0x14;
+    pub const WRITE_PLACED: u8 = 0x15;
     pub const ACK: u8 = 0x20;
     pub const NAK: u8 = 0x21;
     pub const READ_RESP: u8 = 0x22;
@@ -38,7 +39,7 @@ pub(super) fn ext_len(opcode: u8) -> Option<usize> {
         op::CM_ADDRESS => 24,
         op::DATAGRAM => 36,
         op::HELLO_ACK | op::HELLO_NAK | op::SEND | op::ACK | op::NAK | op::READ_RESP => 0,
-        op::WRITE | op::READ => 12,
+        op::WRITE | op::WRITE_PLACED | op::READ => 12,
         op::CMP_SWAP | op::FETCH_ADD => 28,
         op::ATOMIC_RESP => 8,
         op::PART => 16,
@@ -58,7 +59,7 @@ pub fn header_len(opcode: u8) -> Option<usize> {
 pub(super) fn allowed_flags(opcode: u8) -> u8 {
     match opcode {
         op::SEND => F_IMM | F_SOLICITED | F_ACK_REQ | F_INV,
-        op::WRITE => F_IMM | F_SOLICITED | F_ACK_REQ,
+        op::WRITE | op::WRITE_PLACED => F_IMM | F_SOLICITED | F_ACK_REQ,
         op::PART => F_IMM | F_SOLICITED | F_ACK_REQ | F_INV,
         op::DATAGRAM => F_IMM | F_SOLICITED | F_GRH,
         _ => 0,
@@ -88,7 +89,7 @@ pub(super) fn is_setup(opcode: u8) -> bool {
 pub(super) fn uses_len(opcode: u8) -> bool {
     matches!(
         opcode,
-        op::SEND | op::WRITE | op::READ | op::READ_RESP | op::DATAGRAM | op::PART
+        op::SEND | op::WRITE | op::WRITE_PLACED | op::READ | op::READ_RESP | op::DATAGRAM | op::PART
     )
 }
 

@@ -138,6 +138,26 @@ pub fn arb_frame() -> impl Strategy<Value = Frame> {
                 solicited,
                 ack_req
             }),
+        (
+            psn.clone(),
+            len.clone(),
+            any::<u64>(),
+            any::<u32>(),
+            any::<Option<u32>>(),
+            any::<bool>(),
+            any::<bool>()
+        )
+            .prop_map(
+                |(psn, len, addr, rkey, imm, solicited, ack_req)| Frame::WritePlaced {
+                    psn,
+                    len,
+                    addr,
+                    rkey,
+                    imm,
+                    solicited,
+                    ack_req
+                }
+            ),
         (psn.clone(), len.clone(), any::<u64>(), any::<u32>(), any::<u16>()).prop_map(
             |(psn, len, addr, rkey, inflight)| Frame::Read {
                 psn,

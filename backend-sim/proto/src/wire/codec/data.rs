@@ -13,7 +13,9 @@ impl Frame {
     #[inline]
     pub(super) fn encode_data_ext(&self, e: &mut [u8]) {
         match *self {
-            Frame::Write { addr, rkey, .. } | Frame::Read { addr, rkey, .. } => {
+            Frame::Write { addr, rkey, .. }
+            | Frame::WritePlaced { addr, rkey, .. }
+            | Frame::Read { addr, rkey, .. } => {
                 e[0..8].copy_from_slice(&addr.to_le_bytes());
                 e[8..12].copy_from_slice(&rkey.to_le_bytes());
             }
@@ -55,6 +57,15 @@ impl Frame {
                 inv: (flags & F_INV != 0).then_some(imm_raw),
             },
             op::WRITE => Frame::Write {
+                psn,
+                len,
+                addr: u64_at(e, 0),
+                rkey: u32_at(e, 8),
+                imm,
+                solicited,
+                ack_req,
+            },
+            op::WRITE_PLACED => Frame::WritePlaced {
                 psn,
                 len,
                 addr: u64_at(e, 0),

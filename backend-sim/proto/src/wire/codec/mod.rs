@@ -78,6 +78,21 @@ impl Frame {
                 len,
                 imm.unwrap_or(0),
             ),
+            Frame::WritePlaced {
+                psn,
+                len,
+                imm,
+                solicited,
+                ack_req,
+                ..
+            } => (
+                op::WRITE_PLACED,
+                flags_of(imm, solicited, ack_req),
+                0,
+                psn,
+                len,
+                imm.unwrap_or(0),
+            ),
             Frame::Read {
                 psn, len, inflight, ..
             } => (op::READ, 0, inflight, psn, len, 0),

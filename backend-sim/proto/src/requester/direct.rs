@@ -1,0 +1,176 @@
+//! The requester's side of the same-host one-sided fast path (docs/sim.md "The one-sided
+//! fast path"): an RC WRITE the driver may place in the responder's memory itself, after
+//! running the responder's access check on state the responder publishes. The protocol
+//! core stays free of I/O: the driver hands it a [`DirectWrite`] for the connection, and
+//! the core decides which WQEs may ask it and sends what it placed as a
+//! [`Frame::WritePlaced`](crate::wire::Frame::WritePlaced), which the responder runs every
+//! rule of a WRITE on but moving the data.
+//!
+//! RC ordering: a WQE may go this way only when every WQE before it has completed or went
+//! this way too, so no earlier message still travelling over the connection lands after
+//! (or reads before) the data placed now. A WQE asks once: a resend (a rewind after a
+//! lost connection, a timeout or an RNR NAK) carries the payload the normal way, and
+//! clears the mark, so WQEs after it go the normal way as well.
+
+use super::*;
+
+/// What the driver offers for one connection: the check and the copy of the fast path.
+pub trait DirectWrite: Send + Sync {
+    /// The shortest message worth placing directly (shorter ones are cheaper over the
+    /// connection).
+    fn min_len(&self) -> u64;
+
+    /// Runs the responder's remote access check for a WRITE of the bytes of `segs` (the
+    /// WQE's gather list, resolved and checked) to `addr` under `rkey` at the peer's QP
+    /// `dest_qpn`, and copies them there. True if every byte was placed; false leaves the
+    /// WQE to the normal way (bytes a short copy wrote lie inside the checked range, and
+    /// the normal WRITE overwrites them).
+    fn write(&self, dest_qpn: u32, rkey: u32, addr: u64, segs: &[Seg]) -> bool;
+}
+
+impl Requester {
+    /// Offers (or, with `None`, withdraws) the fast path of the QP's connection.
+    pub fn set_direct(&mut self, direct: Option<Arc<dyn DirectWrite>>) {
+        self.direct = direct;
+    }
+
+    /// The fast path, if WQE `idx` may ask it (an RC WRITE from registered memory, long
+    /// enough, never asked before, with every WQE before it complete or placed); marks
+    /// the WQE as having asked.
+    pub(super) fn direct_for(&mut self, idx: usize) -> Option<Arc<dyn DirectWrite>> {
+        let d = self.direct.as_ref()?;
+        if self.uc || self.ud {
+            return None;
+        }
+        let w = &self.sq[idx];
+        if !matches!(w.op, WrOp::RdmaWrite { .. } | WrOp::RdmaWriteWithImm { .. })
+            || w.inline
+            || w.direct_tried
+            || w.len < d.min_len()
+        {
+            return None;
+        }
+        if !self.sq.iter().take(idx).all(|e| e.status.is_some() || e.placed) {
+            return None;
+        }
+        let d = d.clone();
+        self.sq[idx].direct_tried = true;
+        Some(d)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use verbs_api::{AccessFlags, QpCap};
+
+    use super::*;
+    use crate::memory::MrShared;
+
+    /// A fast path that places or refuses as told, and records what it was asked.
+    struct Fake {
+        place: Mutex<bool>,
+        asked: Mutex<Vec<(u32, u32, u64, u64)>>,
+    }
+
+    impl DirectWrite for Fake {
+        fn min_len(&self) -> u64 {
+            32
+        }
+        fn write(&self, dest_qpn: u32, rkey: u32, addr: u64, segs: &[Seg]) -> bool {
+            let len = segs.iter().map(|s| s.len as u64).sum();
+            self.asked.lock().unwrap().push((dest_qpn, rkey, addr, len));
+            *self.place.lock().unwrap()
+        }
+    }
+
+    /// The frames `req` sends now: each one's header and how many payload bytes follow.
+    fn sent(req: &mut Requester, mrs: &MrTable) -> Vec<(Frame, usize)> {
+        let (mut tx, mut out, mut wire) = (TxQueue::new(), Vec::new(), Vec::new());
+        req.poll_transmit(mrs, Instant::now(), &mut tx, 64, &mut out)
+            .unwrap();
+        tx.drain_into(&mut wire);
+        let mut frames = Vec::new();
+        let mut at = 0;
+        while at < wire.len() {
+            let (f, head) = Frame::decode(&wire[at..]).unwrap().unwrap();
+            let payload = f.payload_len() as usize;
+            frames.push((f, payload));
+            at += head + payload;
+        }
+        frames
+    }
+
+    fn kinds(frames: &[(Frame, usize)]) -> Vec<(&'static str, usize)> {
+        frames
+            .iter()
+            .map(|(f, n)| match f {
+                Frame::WritePlaced { .. } => ("placed", *n),
+                Frame::Write { .. } => ("write", *n),
+                Frame::Send { .. } => ("send", *n),
+                _ => ("other", *n),
+            })
+            .collect()
+    }
+
+    /// The fast path is asked only for a long enough RC WRITE whose predecessors all
+    /// completed or were placed, once per WQE: a placed WRITE goes as a header without
+    /// payload, a refused one and every resend as a WRITE with its payload, and after a
+    /// resend the WRITEs behind it go the normal way too (RC ordering).
+    #[test]
+    fn placed_only_in_order_once_and_resent_with_payload() {
+        let mrs = MrTable::default();
+        let mr = Arc::new(MrShared::new_owned(1, 7, 4096, AccessFlags::LOCAL_WRITE).unwrap());
+        mrs.insert(mr.clone());
+        let mut req = Requester::new(1, 1, &QpCap::new(16, 1), false);
+        req.connect(ReqAttrs {
+            sq_psn: 0,
+            timeout: None,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            max_rd_atomic: 1,
+        });
+        req.dest_qpn = 0x42;
+        let fake = Arc::new(Fake {
+            place: Mutex::new(true),
+            asked: Mutex::new(Vec::new()),
+        });
+        req.set_direct(Some(fake.clone()));
+        let long = [Sge::new(mr.addr(), 64, 7)];
+        let short = [Sge::new(mr.addr(), 16, 7)];
+        let post = |req: &mut Requester, wr: &SendWr<'_>| req.post(wr, &mrs).unwrap();
+        post(&mut req, &SendWr::write(1, &long, (0x9000, 5)));
+        post(&mut req, &SendWr::write(2, &short, (0x9000, 5)));
+        post(&mut req, &SendWr::write(3, &long, (0x9100, 5)));
+        let f = sent(&mut req, &mrs);
+        // The short one goes with its payload; the one after it waits for it to complete.
+        assert_eq!(kinds(&f), [("placed", 0), ("write", 16), ("write", 64)]);
+        assert_eq!(*fake.asked.lock().unwrap(), [(0x42, 5, 0x9000, 64)]);
+        let mut out = Vec::new();
+        let last = f.last().unwrap().0.psn().unwrap();
+        req.on_response(&Frame::Ack { psn: last }, Instant::now(), &mut out)
+            .unwrap();
+        // All complete: the next long WRITE is asked; refused, it carries its payload.
+        *fake.place.lock().unwrap() = false;
+        post(&mut req, &SendWr::write(4, &long, (0x9200, 5)));
+        assert_eq!(kinds(&sent(&mut req, &mrs)), [("write", 64)]);
+        *fake.place.lock().unwrap() = true;
+        let acked = req.psn.wrapping_sub(1) & verbs_api::PSN_MASK;
+        req.on_response(&Frame::Ack { psn: acked }, Instant::now(), &mut out)
+            .unwrap();
+        post(&mut req, &SendWr::write(5, &long, (0x9300, 5)));
+        post(&mut req, &SendWr::write_with_imm(6, &long, (0x9400, 5), 77));
+        assert_eq!(kinds(&sent(&mut req, &mrs)), [("placed", 0), ("placed", 0)]);
+        // The connection is lost: both are resent with their payloads, the fast path
+        // not asked again, and a WRITE posted behind them is not asked either.
+        req.on_connection_lost();
+        post(&mut req, &SendWr::write(7, &long, (0x9500, 5)));
+        let asked = fake.asked.lock().unwrap().len();
+        assert_eq!(
+            kinds(&sent(&mut req, &mrs)),
+            [("write", 64), ("write", 64), ("write", 64)]
+        );
+        assert_eq!(fake.asked.lock().unwrap().len(), asked);
+    }
+}
