@@ -21,8 +21,6 @@ use backend_sim_proto::faults::ForcedRnr;
 use verbs_api::{Error, Result};
 
 use crate::device::DeviceShared;
-/// The data the fault layer reads, under the path by which qp/ and progress/ still name it.
-pub(crate) use crate::fault_state as state;
 pub use crate::fault_state::BreakPoint;
 use crate::fault_state::QpFaults;
 use crate::progress::Progress;

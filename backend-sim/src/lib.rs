@@ -118,9 +118,3 @@ pub use verbs::mw::SimMw;
 pub use verbs::pd::{SimMr, SimPd};
 pub use verbs::qp::SimQp;
 pub use verbs::srq::SimSrq;
-
-// The protocol core's modules under their own names, for the paths of qp/, progress/,
-// verbs/pd.rs and transport.rs. The rest of the driver names them as
-// `backend_sim_proto::...`, so that no module below the crate root takes names from it;
-// once those do too, this line goes.
-use backend_sim_proto::{memory, recv_queue, rx, window, wire};

@@ -27,7 +27,7 @@
 //!   [`Qp::handle_connecting`](backend_sim_proto::qp::Qp::handle_connecting)): an
 //!   HCA has nothing to set up, and a loaded machine must not turn the sim's hello into
 //!   lost packets.
-//! - A hello of another protocol version ([`wire::VERSION`](crate::wire::VERSION): another
+//! - A hello of another protocol version ([`wire::VERSION`](backend_sim_proto::wire::VERSION): another
 //!   build of the sim) is refused as such (`HelloReject::Version`, and a warning on both
 //!   sides); that refusal is final: the connecting QP stops trying, and its WRs end in
 //!   `IBV_WC_RETRY_EXC_ERR` with `vendor_err` EPROTO.
@@ -45,12 +45,12 @@ use crate::datagram::Datagrams;
 use crate::listener::{fd_limit_hint, is_out_of_fds};
 use crate::progress::Progress;
 use crate::qp::{Conn, QpInner, QpShared, QpTable};
-use crate::rx::Reader;
 use crate::same_host::Transport;
 use crate::shm_ring::Rings;
 use crate::stream::Stream;
 use crate::verify::{self, send_frame};
-use crate::wire::{Frame, HelloReject, TOKEN_LEN, VERSION};
+use backend_sim_proto::rx::Reader;
+use backend_sim_proto::wire::{Frame, HelloReject, TOKEN_LEN, VERSION};
 
 /// Bound on connecting and on the hello exchange.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(5);

@@ -14,7 +14,7 @@ use std::io;
 
 use rustix::process::Pid;
 
-use crate::memory::Seg;
+use backend_sim_proto::memory::Seg;
 
 use super::table::Granted;
 

@@ -16,7 +16,7 @@ use super::cma::{self, Gate};
 use super::owner::{Owner, PeerHandle};
 use super::table::{Op, PeerTable, Request};
 use super::usage::Usage;
-use crate::memory::Seg;
+use backend_sim_proto::memory::Seg;
 
 /// A connection's fast path (see the module docs).
 pub struct Link {

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::memory::MrShared;
+use backend_sim_proto::memory::MrShared;
 use verbs_api::AccessFlags;
 
 use super::table::{MrSlot, OwnerTable, QpSlot, Revoked};

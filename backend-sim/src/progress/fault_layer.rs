@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::Progress;
-use crate::faults::state::BreakPoint;
+use crate::fault_state::BreakPoint;
 use crate::link::ConnIo;
 use crate::qp::{Conn, QpInner};
 

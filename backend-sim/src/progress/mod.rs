@@ -93,10 +93,10 @@ use std::time::{Duration, Instant};
 use backend_sim_proto::connection::{AckPolicy, Connection};
 use parking_lot::Mutex;
 
-use crate::faults::state::FaultCounters;
+use crate::fault_state::FaultCounters;
 use crate::link::{ConnIo, EpReg};
 use crate::qp::{Conn, QpShared};
-use crate::rx::Reader;
+use backend_sim_proto::rx::Reader;
 use verbs_api::QpState;
 
 mod acks;

@@ -17,7 +17,7 @@ use super::fault_layer::{Armed, Gate, Open};
 use super::rest_wait::{Rest, RestWait};
 use super::{Mode, Progress, LARGE_IO};
 use crate::channel_signal::Deferral;
-use crate::faults::state::BreakPoint;
+use crate::fault_state::BreakPoint;
 use crate::link::ConnIo;
 use crate::qp::{Conn, QpInner};
 

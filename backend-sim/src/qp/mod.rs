@@ -17,10 +17,10 @@ use verbs_api::{AsyncElement, AsyncEvent, AsyncEventType, QpCap, QpState, QpType
 use crate::addressing::Addressing;
 use crate::counters::DeviceCounters;
 use crate::cq::{CqShared, SlotMark};
-use crate::faults::state::QpFaults;
-use crate::memory::MrTable;
+use crate::fault_state::QpFaults;
 use crate::profile::warnings::QpWarnings;
-use crate::recv_queue::SharedRecvQueue;
+use backend_sim_proto::memory::MrTable;
+use backend_sim_proto::recv_queue::SharedRecvQueue;
 
 mod modify;
 mod post;

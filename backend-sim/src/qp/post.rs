@@ -12,9 +12,9 @@ use verbs_api::{
 
 use super::ud::{AhRoute, UdPostError};
 use super::{QpInner, QpShared};
-use crate::recv_queue::PostRecvError;
-use crate::window::BindReq;
 use backend_sim_proto::qp::{gather_shape, PostCheck};
+use backend_sim_proto::recv_queue::PostRecvError;
+use backend_sim_proto::window::BindReq;
 
 impl QpShared {
     /// `ibv_post_send`. A UD send's address handle is resolved by `route_of` (`None`:

@@ -13,8 +13,8 @@ use std::net::SocketAddr;
 use verbs_api::{AddressHandle, Error, SendWr};
 
 use super::{QpInner, QpShared};
-use crate::wire::{Frame, Grh};
 use backend_sim_proto::qp::{DatagramSource, PostCheck, UdOutcome, UdRoute};
+use backend_sim_proto::wire::{Frame, Grh};
 
 /// Where an address handle of this device leads (`ibv_create_ah` resolves it once).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -15,10 +15,10 @@ use super::qp::SimQp;
 use super::srq::SimSrq;
 use crate::choices::Choice;
 use crate::device::PdShared;
-use crate::memory::MrShared;
 use crate::onesided::table::MrSlot;
 use crate::qp::QpShared;
-use crate::recv_queue::SharedRecvQueue;
+use backend_sim_proto::memory::MrShared;
+use backend_sim_proto::recv_queue::SharedRecvQueue;
 
 /// A protection domain of the sim.
 pub struct SimPd {
