@@ -96,6 +96,7 @@ pub mod rdmacm;
 mod ring_setup;
 pub mod same_host;
 pub mod shm_ring;
+mod shm_segment;
 mod signal_restart;
 pub mod sockopt;
 mod stream;

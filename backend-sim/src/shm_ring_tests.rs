@@ -4,8 +4,9 @@
 //! anything but one descriptor, and two threads sleeping on the doorbell lose no wake-up.
 
 use super::*;
+use crate::shm_segment::{create_with, required_seals, segment_len, SEGMENT_TAG};
 use std::collections::VecDeque;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
