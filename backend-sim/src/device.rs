@@ -84,7 +84,7 @@ pub struct DeviceShared {
     /// Its capture, if on ([`crate::capture`]).
     pub capture: crate::capture::Slot,
     /// Its table for same-host peers' one-sided fast path (none over TCP only, or with
-    /// `RDMA_SIM_ONESIDED=off`).
+    /// the fast path off: `RDMA_SIM_ONESIDED` unset or `off`).
     pub onesided: Option<Arc<crate::onesided::owner::Owner>>,
     shutdown: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
     /// Its listeners, by address: the one peers reach it at, and on an Ethernet (RoCE)

@@ -2,9 +2,14 @@
 //! it publishes there (regions with a remote right at `ibv_reg_mr`, RC QPs while they
 //! accept requests) and the revocations that `ibv_dereg_mr`, a QP's move to ERR or
 //! RESET and its destruction make before they return; and the setting that turns the
-//! fast path off (`RDMA_SIM_ONESIDED=off`) or sets the shortest WRITE it takes
+//! fast path on (`RDMA_SIM_ONESIDED=on`) or sets the shortest WRITE it takes
 //! (`RDMA_SIM_ONESIDED=<bytes>`, e.g. 1 to put every WRITE it may take through it, as a
 //! test of the path does).
+//!
+//! It is off unless asked for: `process_vm_writev` pins the peer's pages and copies them
+//! in the kernel, a few times slower per byte than the two in-cache copies through the
+//! rings, which two threads overlap (docs/sim.md, "The one-sided fast path", gives the
+//! figures and the command).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -16,8 +21,9 @@ use verbs_api::AccessFlags;
 use super::table::{MrSlot, OwnerTable, QpSlot, Revoked};
 use super::usage::{Peer, Usage};
 
-/// The setting: `off` keeps every WRITE on the connection (for comparing the paths); a
-/// number is the shortest WRITE placed directly (default [`MIN_LEN`]).
+/// The setting: `on` places WRITEs of [`MIN_LEN`] bytes and more directly, a number is
+/// the shortest WRITE placed directly; unset or `off`, every WRITE stays on the
+/// connection.
 pub const SETTING: &str = "RDMA_SIM_ONESIDED";
 
 /// The shortest WRITE placed directly by default: below it the connection's rings carry
@@ -29,19 +35,25 @@ pub const MIN_LEN: u64 = 16 << 10;
 /// is a bounded `memcpy`, so only a stopped or hostile peer holds a count this long.
 const BOUND: Duration = Duration::from_secs(1);
 
+/// Unset: off for programs; on in this crate's own unit tests, whose subject the fast
+/// path is (they share one process, so a test cannot set the variable before the others
+/// read it).
+const DEFAULT: Option<u64> = if cfg!(test) { Some(MIN_LEN) } else { None };
+
 /// The shortest WRITE this process places directly, or `None` if it neither offers nor
-/// uses the fast path (`RDMA_SIM_ONESIDED=off`). A value that is neither `off`, `on` nor
-/// a number is warned about and taken as the default.
+/// uses the fast path (unset, or `RDMA_SIM_ONESIDED=off`). A value that is neither
+/// `off`, `on` nor a number is warned about and taken as unset.
 pub fn min_len() -> Option<u64> {
     static MIN: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
     *MIN.get_or_init(|| match std::env::var(SETTING).as_deref() {
-        Err(_) | Ok("on") | Ok("") => Some(MIN_LEN),
+        Err(_) | Ok("") => DEFAULT,
+        Ok("on") => Some(MIN_LEN),
         Ok("off") => None,
         Ok(v) => match v.parse::<u64>() {
             Ok(n) => Some(n.max(1)),
             Err(_) => {
-                tracing::warn!("{SETTING}={v:?}: neither off, on nor a byte count; the fast path stays on");
-                Some(MIN_LEN)
+                tracing::warn!("{SETTING}={v:?}: neither off, on nor a byte count; taken as unset (off)");
+                DEFAULT
             }
         },
     })
