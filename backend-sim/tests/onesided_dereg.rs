@@ -18,6 +18,9 @@ use verbs_api::{
     ProtectionDomain, QpCap, QpInitAttr, QueuePair, RcParams, SendWr, Sge, WcStatus, WorkCompletion,
 };
 
+mod common;
+use common::{hex, unhex};
+
 const LEN: usize = 1 << 20;
 const ROUNDS: usize = 20;
 const WAIT: Duration = Duration::from_secs(20);
@@ -39,17 +42,6 @@ fn main() {
         no_placed_write_lands_after_dereg_mr_returns();
     }
     println!("test onesided_dereg::no_placed_write_lands_after_dereg_mr_returns ... ok");
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-        .collect()
 }
 
 /// A device, PD, CQ and RC QP of this process.

@@ -17,6 +17,9 @@ use backend_sim::{SimBackend, SimConfig, SimContext, SimCq, SimMr, SimPd, SimQp}
 use backend_sim_proto::wire::{Frame, BASE_LEN, MAX_HDR_LEN, TOKEN_LEN};
 use verbs_api::*;
 
+mod common;
+use common::{hex, unhex};
+
 const WAIT: Duration = Duration::from_secs(10);
 
 fn main() {
@@ -514,17 +517,6 @@ fn corrupt_rings() {
         found += 1;
     }
     assert!(found > 0, "the peer has a ring segment mapped");
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-        .collect()
 }
 
 /// The peer process (see [`peer`]), connected to an RC QP of this process over the

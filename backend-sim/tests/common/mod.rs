@@ -424,3 +424,16 @@ pub fn connect_uc(qp: &backend_sim::SimQp, p: &RcParams, psn: u32, remote: &Endp
     };
     qp.modify(&rts, QpAttrMask::STATE | QpAttrMask::SQ_PSN)
 }
+
+/// Bytes as hex, for handing an endpoint to a peer process over a pipe.
+pub fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// The bytes of [`hex`]'s text.
+pub fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
