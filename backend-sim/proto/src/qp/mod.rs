@@ -24,7 +24,7 @@ use crate::requester::Requester;
 use crate::responder::Responder;
 use crate::switches::Switches;
 
-pub use crate::requester::DirectWrite;
+pub use crate::requester::{DirectAtomic, DirectWrite};
 pub use modify::{AvCheck, Effect, QpLimits, Transition};
 pub use owed::Completions;
 

@@ -26,6 +26,44 @@ pub trait DirectWrite: Send + Sync {
     /// WQE to the normal way (bytes a short copy wrote lie inside the checked range, and
     /// the normal WRITE overwrites them).
     fn write(&self, dest_qpn: u32, rkey: u32, addr: u64, segs: &[Seg]) -> bool;
+
+    /// Runs the responder's remote access check for an RDMA READ of the bytes at `addr`
+    /// under `rkey` at the peer's QP `dest_qpn` (as many as `segs` hold: the WQE's
+    /// scatter list, resolved and checked), and copies them into `segs`. True if every
+    /// byte arrived; false leaves the WQE to the normal way. A driver that cannot read
+    /// the peer's memory keeps the default.
+    fn read(&self, dest_qpn: u32, rkey: u32, addr: u64, segs: &[Seg]) -> bool {
+        let _ = (dest_qpn, rkey, addr, segs);
+        false
+    }
+
+    /// Runs the responder's remote access check for an atomic operation on the 8 bytes
+    /// at `addr` under `rkey` at the peer's QP `dest_qpn` and executes it there as one
+    /// CPU atomic on memory both processes map (atomic with the responder's own atomics
+    /// on that word, IBA 9.4.5). `Some(original value)` if it was executed; `None` leaves
+    /// the WQE to the normal way. A driver without such a mapping keeps the default.
+    fn atomic(&self, dest_qpn: u32, rkey: u32, addr: u64, op: DirectAtomic) -> Option<u64> {
+        let _ = (dest_qpn, rkey, addr, op);
+        None
+    }
+}
+
+/// An atomic operation the fast path may execute on the responder's memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DirectAtomic {
+    /// FETCH_AND_ADD: adds `add` (wrapping) and returns the original value.
+    FetchAdd {
+        /// The addend.
+        add: u64,
+    },
+    /// COMPARE_AND_SWAP: stores `swap` if the word equals `compare`, returns the
+    /// original value either way.
+    CompareSwap {
+        /// The value compared with.
+        compare: u64,
+        /// The value stored on a match.
+        swap: u64,
+    },
 }
 
 impl Requester {

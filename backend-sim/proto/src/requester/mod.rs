@@ -68,7 +68,7 @@ mod transmit;
 pub mod uc;
 pub mod ud;
 
-pub use direct::DirectWrite;
+pub use direct::{DirectAtomic, DirectWrite};
 pub use post::gather_shape;
 pub(crate) use post::gather_status;
 pub use uc::LINK_WAIT;
