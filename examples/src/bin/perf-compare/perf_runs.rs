@@ -1,6 +1,11 @@
 //! The sim's figures come from the `perf` tool, run as a separate process (two, with its
 //! loopback server), as a user would run it: [`perf`] runs it with `--json` and parses
 //! its rows.
+//!
+//! Each row measures the sim over the path its baseline runs on: the rows against
+//! loopback TCP over TCP ([`perf1`] sets `RDMA_SIM_TRANSPORT=tcp`), the rows against
+//! shared-memory transports over the same-host path ([`perf1_same_host`] sets `auto`),
+//! whatever the environment says; the curves ([`perf`]) take the environment's.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -48,13 +53,18 @@ fn perf_exe() -> Res<PathBuf> {
     Ok(p)
 }
 
-/// Runs `perf ARGS --json` and returns its rows.
+/// Runs `perf ARGS --json` and returns its rows, over the path the environment names.
 pub fn perf(args: &[String]) -> Res<Vec<PerfRow>> {
-    let out = Command::new(perf_exe()?)
-        .args(args)
-        .arg("--json")
-        .output()
-        .context("running perf")?;
+    perf_over(None, args)
+}
+
+/// Runs `perf ARGS --json` with `RDMA_SIM_TRANSPORT` set to `transport` (unless `None`).
+fn perf_over(transport: Option<&str>, args: &[String]) -> Res<Vec<PerfRow>> {
+    let mut cmd = Command::new(perf_exe()?);
+    if let Some(t) = transport {
+        cmd.env("RDMA_SIM_TRANSPORT", t);
+    }
+    let out = cmd.args(args).arg("--json").output().context("running perf")?;
     if !out.status.success() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         let tail: Vec<&str> = stderr.lines().rev().take(10).collect();
@@ -72,10 +82,20 @@ pub fn perf(args: &[String]) -> Res<Vec<PerfRow>> {
         .collect()
 }
 
-/// Runs `perf ARGS --json` for one row.
+/// Runs `perf ARGS --json` over loopback TCP for one row (the rows whose baseline is TCP).
 pub fn perf1(args: &[&str]) -> Res<PerfRow> {
+    perf1_over("tcp", args)
+}
+
+/// Runs `perf ARGS --json` over the same-host path for one row (the rows whose baseline
+/// is a shared-memory transport).
+pub fn perf1_same_host(args: &[&str]) -> Res<PerfRow> {
+    perf1_over("auto", args)
+}
+
+fn perf1_over(transport: &str, args: &[&str]) -> Res<PerfRow> {
     let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-    perf(&args)?
+    perf_over(Some(transport), &args)?
         .into_iter()
         .next()
         .ok_or_else(|| anyhow!("perf printed no result"))

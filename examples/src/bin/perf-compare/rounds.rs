@@ -11,7 +11,7 @@ use examples::{peers, streams, Res};
 
 use crate::bracket::{bracketed, Baseline as _, Stream};
 use crate::multi_qp::multi_qp_write_bw;
-use crate::perf_runs::perf1;
+use crate::perf_runs::{perf1, perf1_same_host};
 use crate::report::Pair;
 use crate::rows::{
     peer_key, COST_MESSAGES_PER_LAT_ITER, PEER_ITERS_PER_LAT_ITER, PEER_ROWS, QP_ROWS, RATE_MSGS,
@@ -225,14 +225,14 @@ impl Rounds {
             };
             let reference = || peer.measure(iters);
             let sim = || match peer.is_bandwidth() {
-                true => Ok(perf1(&[test, "-s", &size, "-n", &bw_n])?.bw_avg_mbps),
-                false => Ok(perf1(&[test, "-s", "8", "-n", &n])?.t_typical_us),
+                true => Ok(perf1_same_host(&[test, "-s", &size, "-n", &bw_n])?.bw_avg_mbps),
+                false => Ok(perf1_same_host(&[test, "-s", "8", "-n", &n])?.t_typical_us),
             };
             let b = bracketed(reference()?, sim, reference)?;
             pair(&mut self.pairs, &peer_key(test, peer), b.sim, b.base, b.tries);
         }
         let n = RATE_MSGS.to_string();
-        let row = perf1(&["write_bw", "-s", "64", "-t", "128", "-n", &n])?;
+        let row = perf1_same_host(&["write_bw", "-s", "64", "-t", "128", "-n", &n])?;
         pair(&mut self.pairs, SHM_RATE_ROW, row.msg_rate_mpps, SHM_RATE_MPPS, 1);
         Ok(())
     }

@@ -100,7 +100,7 @@ pub fn add_targets(targets: &mut Vec<Target>, rounds: &Rounds, want: &dyn Fn(Gro
     if want(Group::Bw) {
         for k in ["write_bw", "read_bw", "send_bw"] {
             let base = format!("TCP stream {:.0} MB/s", t.base(k));
-            t.row(&format!("{k} 1 MiB"), k, "MB/s", base, Goal::AtLeast(0.8));
+            t.row(&format!("{k} 1 MiB"), k, "MB/s", base, Goal::AtLeast(0.9));
         }
     }
     if want(Group::Rate) {
