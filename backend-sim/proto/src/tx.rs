@@ -652,7 +652,8 @@ mod tests {
             for r in iov {
                 let n = r.len.min(room);
                 // SAFETY: the caller guarantees each run is readable for its length.
-                self.out.extend_from_slice(unsafe { std::slice::from_raw_parts(r.base, n) });
+                self.out
+                    .extend_from_slice(unsafe { std::slice::from_raw_parts(r.base, n) });
                 room -= n;
             }
             Ok(self.step - room)
@@ -671,7 +672,12 @@ mod tests {
         assert_eq!((q.unsent_replies(), q.urgent()), (1, true));
         let mut wire = Vec::new();
         let all = q.pending();
-        let n = q.write_to(&mut Trickle { out: &mut wire, step: usize::MAX }).unwrap();
+        let n = q
+            .write_to(&mut Trickle {
+                out: &mut wire,
+                step: usize::MAX,
+            })
+            .unwrap();
         assert_eq!(n, all);
         assert!(q.is_empty());
         assert_eq!((q.unsent_replies(), q.urgent(), q.pending()), (0, false, 0));
@@ -680,11 +686,19 @@ mod tests {
         wire.clear();
         q.push_frame(&send(5, 3));
         q.push_bytes(b"abc");
-        q.write_to(&mut Trickle { out: &mut wire, step: 5 }).unwrap();
+        q.write_to(&mut Trickle {
+            out: &mut wire,
+            step: 5,
+        })
+        .unwrap();
         // The SEND is under way: the response goes after it.
         q.push_reply(&Frame::Ack { psn: 4 }, 0);
         while !q.is_empty() {
-            q.write_to(&mut Trickle { out: &mut wire, step: 5 }).unwrap();
+            q.write_to(&mut Trickle {
+                out: &mut wire,
+                step: 5,
+            })
+            .unwrap();
         }
         assert_eq!(frames(&wire), [(0x10, 5), (0x20, 4)]);
         assert_eq!(&wire[16..19], b"abc");

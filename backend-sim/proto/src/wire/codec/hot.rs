@@ -37,8 +37,8 @@ pub(super) fn decode(buf: &[u8]) -> Option<(Frame, usize)> {
     match opcode {
         op::SEND => {
             let inv = (flags & F_INV != 0).then_some(imm_raw);
-            let bad_flags = flags & !(F_IMM | F_SOLICITED | F_ACK_REQ | F_INV) != 0
-                || (imm.is_some() && inv.is_some());
+            let bad_flags =
+                flags & !(F_IMM | F_SOLICITED | F_ACK_REQ | F_INV) != 0 || (imm.is_some() && inv.is_some());
             if bad_flags || len > MAX_MSG || (imm.is_none() && inv.is_none() && imm_raw != 0) {
                 return None;
             }
