@@ -247,7 +247,10 @@ impl Rings {
         unsafe {
             let ring = self.map.base.add(self.rx_data);
             std::ptr::copy_nonoverlapping(ring.add(off), dst, first);
-            std::ptr::copy_nonoverlapping(ring, dst.add(first), n - first);
+            // (Only a run that wraps has a second part: a copy call saved per read.)
+            if n > first {
+                std::ptr::copy_nonoverlapping(ring, dst.add(first), n - first);
+            }
         }
         self.rx_head = self.rx_head.wrapping_add(n as u64);
         self.map
@@ -287,7 +290,9 @@ impl Rings {
                 let ring = self.map.base.add(self.tx_data);
                 let src = run.base.add(from);
                 std::ptr::copy_nonoverlapping(src, ring.add(off), first);
-                std::ptr::copy_nonoverlapping(src.add(first), ring, n - first);
+                if n > first {
+                    std::ptr::copy_nonoverlapping(src.add(first), ring, n - first);
+                }
             }
             done += n;
             room -= n;

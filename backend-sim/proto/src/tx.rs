@@ -345,6 +345,21 @@ impl TxQueue {
     }
 
     fn advance(&mut self, mut n: usize) {
+        if n == self.pending && !self.dead {
+            // Everything queued went (the usual end of a small message's write): every
+            // part and every response is done, with no walk over them.
+            for q in &mut self.lanes {
+                q.parts.clear();
+                q.head_off = 0;
+            }
+            self.cur = None;
+            self.pending = 0;
+            self.resp_written = self.resp_queued;
+            self.replies.clear();
+            self.arena.clear();
+            self.urgent = false;
+            return;
+        }
         self.pending -= n;
         while n > 0 {
             let l = self.next_lane();
@@ -623,6 +638,82 @@ mod tests {
         use std::io::Read;
         (&b).read_exact(&mut got).unwrap();
         assert!(got == pattern, "bytes arrived out of order");
+    }
+
+    /// A transmitter that takes at most `step` bytes per call.
+    struct Trickle<'a> {
+        out: &'a mut Vec<u8>,
+        step: usize,
+    }
+
+    impl Transmit for Trickle<'_> {
+        unsafe fn transmit(&mut self, iov: &[RawSlice]) -> io::Result<usize> {
+            let mut room = self.step;
+            for r in iov {
+                let n = r.len.min(room);
+                // SAFETY: the caller guarantees each run is readable for its length.
+                self.out
+                    .extend_from_slice(unsafe { std::slice::from_raw_parts(r.base, n) });
+                room -= n;
+            }
+            Ok(self.step - room)
+        }
+    }
+
+    /// A write that takes everything queued leaves the queue as new: no response left
+    /// unsent, nothing urgent, and frames queued afterwards go out whole and in order
+    /// however the next writes cut them.
+    #[test]
+    fn a_queue_written_whole_starts_over_clean() {
+        let mut q = TxQueue::new();
+        q.push_reply(&Frame::Ack { psn: 3 }, 0);
+        q.push_frame(&send(4, 5));
+        q.push_bytes(b"hello");
+        assert_eq!((q.unsent_replies(), q.urgent()), (1, true));
+        let mut wire = Vec::new();
+        let all = q.pending();
+        let n = q
+            .write_to(&mut Trickle {
+                out: &mut wire,
+                step: usize::MAX,
+            })
+            .unwrap();
+        assert_eq!(n, all);
+        assert!(q.is_empty());
+        assert_eq!((q.unsent_replies(), q.urgent(), q.pending()), (0, false, 0));
+        assert_eq!(frames(&wire), [(0x20, 3), (0x10, 4)]);
+
+        wire.clear();
+        q.push_reply(&Frame::Ack { psn: 4 }, 0);
+        q.push_frame(&send(5, 3));
+        q.push_bytes(b"abc");
+        let mut written = 0;
+        while !q.is_empty() {
+            let mut out = Trickle {
+                out: &mut wire,
+                step: 5,
+            };
+            written += q.write_at_most(&mut out, 5).unwrap();
+            if written >= 16 && !q.is_empty() {
+                // The ACK is out, the SEND not yet: the response counts as sent.
+                assert_eq!(q.unsent_replies(), 0, "{written} bytes written");
+            }
+        }
+        assert_eq!(frames(&wire), [(0x20, 4), (0x10, 5)]);
+        assert_eq!(&wire[32..35], b"abc");
+        assert_eq!((q.unsent_replies(), q.urgent()), (0, false));
+    }
+
+    /// A SEND header of `len` payload bytes.
+    fn send(psn: u32, len: u32) -> Frame {
+        Frame::Send {
+            psn,
+            len,
+            imm: None,
+            solicited: false,
+            ack_req: false,
+            inv: None,
+        }
     }
 
     /// The frames in `bytes`, payloads skipped, as (opcode byte, PSN).

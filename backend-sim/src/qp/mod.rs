@@ -371,6 +371,12 @@ impl QpShared {
         loop {
             let QpInner { qp, marks, .. } = &mut *g;
             let mut c = qp.poll_completions();
+            if c.send.is_empty() && c.recv.is_empty() {
+                // Nothing to push (a round that only transmitted, say): what is left
+                // below, without taking the queues and counting the send queue again.
+                self.after_delivery(g);
+                return;
+            }
             let ok_s = c.send.is_empty() || self.push_send(&mut c, marks);
             let ok_r =
                 c.recv.is_empty() || self.recv_cq.push_all(c.recv.drain(..).map(|(w, s)| (w, s, None)));
@@ -383,16 +389,23 @@ impl QpShared {
                 c.recv.clear();
                 // (Again: an overflow's flush may have emptied it.)
                 self.note_busy(g);
-                if g.qp.sqd_event_due() && g.qp.check_drained() {
-                    tracing::debug!(qpn = self.qpn, "send queue drained (SQD)");
-                }
-                if g.qp.has_news() {
-                    self.take_news(g);
-                }
+                self.after_delivery(g);
                 return;
             }
             tracing::warn!(qpn = self.qpn, "completion queue overflow: QP to ERR");
             self.flush_to_error(g);
+        }
+    }
+
+    /// What follows a delivery: the SQ_DRAINED event once SQD has drained, and the
+    /// events and counts the state machines raised.
+    #[inline]
+    fn after_delivery(&self, g: &mut QpInner) {
+        if g.qp.sqd_event_due() && g.qp.check_drained() {
+            tracing::debug!(qpn = self.qpn, "send queue drained (SQD)");
+        }
+        if g.qp.has_news() {
+            self.take_news(g);
         }
     }
 

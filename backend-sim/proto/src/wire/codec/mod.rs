@@ -1,11 +1,13 @@
 //! The two functions that write and read a whole header ([`Frame::encode`],
 //! [`Frame::decode`]): the base header here, the extension in the module of its frame
 //! kind (`data`, `datagram`, `nak`, `part`, `setup`), each of which reads its fields
-//! into a [`Frame`] and checks them. This is the top of the wire format: it stands on
+//! into a [`Frame`] and checks them; the frames of every message's path also have a
+//! one-pass reader (`hot`), tried first. This is the top of the wire format: it stands on
 //! [`Frame`] and on the value types the frame kinds carry.
 
 mod data;
 mod datagram;
+mod hot;
 mod nak;
 mod part;
 mod setup;
@@ -152,8 +154,18 @@ impl Frame {
 
     /// Decodes one header from the front of `buf`. `Ok(None)`: more bytes are needed.
     /// `Ok(Some((frame, n)))`: the header took `n` bytes (its payload, if any, follows).
+    /// The frames of every message's path are read by a one-pass reader first (`hot`),
+    /// which leaves everything else, and every refusal, to the general one.
     #[inline]
     pub fn decode(buf: &[u8]) -> Result<Option<(Frame, usize)>, WireError> {
+        match hot::decode(buf) {
+            Some(hit) => Ok(Some(hit)),
+            None => Frame::decode_general(buf),
+        }
+    }
+
+    /// [`Frame::decode`] for any frame, through the opcode's tables.
+    fn decode_general(buf: &[u8]) -> Result<Option<(Frame, usize)>, WireError> {
         if buf.len() < BASE_LEN {
             return Ok(None);
         }
