@@ -334,19 +334,26 @@ fn an_atomic_racing_the_owners_own_atomics_loses_no_increment() {
         offset: 64,
         len: 8,
     };
-    std::thread::scope(|s| {
-        // The owner's responder runs its atomics on its own region, as `Seg::atomic`.
-        s.spawn(|| {
-            for _ in 0..N {
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let owners = std::thread::scope(|s| {
+        // The owner's responder runs its atomics on its own region, as `Seg::atomic`,
+        // for as long as the requester runs its own.
+        let owner = s.spawn(|| {
+            let mut n = 0u64;
+            while !done.load(Ordering::Relaxed) || n < N {
                 word.atomic(|w| w.fetch_add(1, Ordering::SeqCst)).unwrap();
+                n += 1;
             }
+            n
         });
         for _ in 0..N {
             let add = DirectAtomic::FetchAdd { add: 1 };
             assert!(t.link.atomic(QPN, 0x31, r.mr.addr() + 64, add).is_some());
         }
+        done.store(true, Ordering::Relaxed);
+        owner.join().unwrap()
     });
-    assert_eq!(word.atomic(|w| w.load(Ordering::SeqCst)), Some(2 * N));
+    assert_eq!(word.atomic(|w| w.load(Ordering::SeqCst)), Some(N + owners));
 }
 
 #[test]
