@@ -17,7 +17,6 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use rustix::fs::{Mode, OFlags, SealFlags};
-use rustix::mm::{MapFlags, ProtFlags};
 use rustix::process::Pid;
 
 use super::table::{Granted, MapRef};
@@ -149,21 +148,7 @@ fn open(pid: Pid, m: &MapRef) -> io::Result<View> {
     if !seals.contains(SealFlags::SHRINK) {
         return Err(invalid("not sealed against shrinking"));
     }
-    // SAFETY: a fresh shared mapping at an address the kernel chooses (it replaces
-    // nothing); the file is at least `len` bytes and cannot shrink, so every page stays
-    // backed.
-    let base = unsafe {
-        rustix::mm::mmap(
-            std::ptr::null_mut(),
-            len,
-            ProtFlags::READ | ProtFlags::WRITE,
-            MapFlags::SHARED,
-            &fd,
-            0,
-        )
-    }?;
-    Ok(View {
-        base: base.cast(),
-        len,
-    })
+    // SAFETY: the file is at least `len` bytes long and sealed against shrinking.
+    let base = unsafe { super::segment::map_shared(rustix::fd::AsFd::as_fd(&fd), len, true) }?;
+    Ok(View { base, len })
 }

@@ -72,21 +72,11 @@ impl Swapped {
         // The size never changes, so a peer's mapping never meets a missing page.
         rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
         let ino = rustix::fs::fstat(&fd)?.st_ino;
-        // SAFETY: a fresh shared mapping of the memfd, `len` bytes long, at an address
-        // the kernel chooses (it replaces nothing).
-        let tmp = unsafe {
-            rustix::mm::mmap(
-                std::ptr::null_mut(),
-                len,
-                ProtFlags::READ | ProtFlags::WRITE,
-                MapFlags::SHARED,
-                &fd,
-                0,
-            )
-        }?;
+        // SAFETY: the memfd is `len` bytes long and sealed against shrinking.
+        let tmp = unsafe { super::segment::map_shared(fd.as_fd(), len, true) }?;
         // SAFETY: `tmp` is the mapping just made; the range is mapped by the caller's
         // contract and checked writable private memory.
-        unsafe { move_over(tmp.cast(), addr, len) }?;
+        unsafe { move_over(tmp, addr, len) }?;
         reg.push(Entry {
             addr,
             len,
