@@ -89,15 +89,12 @@ fn the_swap_keeps_addresses_and_bytes_and_moves_the_pages_back() {
 fn ineligible_ranges_are_left_alone() {
     let page = swap::page_size();
     let p = anon(4 * page, |_| 1) as usize;
-    // SAFETY (each call): the mapping lives for the whole test.
-    assert!(
-        unsafe { Swapped::new(p + 8, page) }.is_err(),
-        "an unaligned start"
-    );
-    assert!(
-        unsafe { Swapped::new(p, page + 8) }.is_err(),
-        "an unaligned length"
-    );
+    // SAFETY: the mapping lives for the whole test.
+    let unaligned = unsafe { Swapped::new(p + 8, page) };
+    assert!(unaligned.is_err(), "an unaligned start");
+    // SAFETY: as above.
+    let short = unsafe { Swapped::new(p, page + 8) };
+    assert!(short.is_err(), "an unaligned length");
     // SAFETY: as above; the range runs past the mapping's end.
     let past = unsafe { Swapped::new(p + 2 * page, 4 * page) };
     assert!(past.is_err(), "a range only partly mapped");
