@@ -95,9 +95,13 @@ fn ineligible_ranges_are_left_alone() {
     // SAFETY: as above.
     let short = unsafe { Swapped::new(p, page + 8) };
     assert!(short.is_err(), "an unaligned length");
-    // SAFETY: as above; the range runs past the mapping's end.
-    let past = unsafe { Swapped::new(p + 2 * page, 4 * page) };
-    assert!(past.is_err(), "a range only partly mapped");
+    // The last page made inaccessible: a range over it is partly ineligible (a range
+    // past the mapping's end would meet whatever another thread maps there).
+    // SAFETY: the page is the test's own, never touched again.
+    unsafe { rustix::mm::mprotect((p + 3 * page) as *mut _, page, rustix::mm::MprotectFlags::empty()) }.unwrap();
+    // SAFETY: as above.
+    let past = unsafe { Swapped::new(p + 2 * page, 2 * page) };
+    assert!(past.is_err(), "a range only partly private writable memory");
     // A file's pages and shared pages are not the program's private memory.
     let file = tempfile_of(4 * page);
     let shared = [rustix::mm::MapFlags::PRIVATE, rustix::mm::MapFlags::SHARED].map(|flags| {
