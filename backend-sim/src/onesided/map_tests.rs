@@ -98,7 +98,8 @@ fn ineligible_ranges_are_left_alone() {
     // The last page made inaccessible: a range over it is partly ineligible (a range
     // past the mapping's end would meet whatever another thread maps there).
     // SAFETY: the page is the test's own, never touched again.
-    unsafe { rustix::mm::mprotect((p + 3 * page) as *mut _, page, rustix::mm::MprotectFlags::empty()) }.unwrap();
+    unsafe { rustix::mm::mprotect((p + 3 * page) as *mut _, page, rustix::mm::MprotectFlags::empty()) }
+        .unwrap();
     // SAFETY: as above.
     let past = unsafe { Swapped::new(p + 2 * page, 2 * page) };
     assert!(past.is_err(), "a range only partly private writable memory");
@@ -413,4 +414,14 @@ fn memfd_of(len: u64, sealed: bool) -> OwnedFd {
         rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW).unwrap();
     }
     fd
+}
+
+#[test]
+fn map_is_on_with_pages_moved_and_the_rest_reads_as_before() {
+    use super::owner::{parse, MIN_LEN};
+    let on = |min_len, map| Some(Setting { min_len, map });
+    assert_eq!(parse(Some("map")), on(MIN_LEN, true));
+    assert_eq!(parse(Some("on")), on(MIN_LEN, false));
+    assert_eq!(parse(Some("4096")), on(4096, false));
+    assert_eq!(parse(Some("off")), None);
 }

@@ -68,7 +68,8 @@ pub fn setting() -> Option<Setting> {
     *SET.get_or_init(|| parse(std::env::var(SETTING).ok().as_deref()))
 }
 
-fn parse(v: Option<&str>) -> Option<Setting> {
+/// What the setting's value `v` (`None`: unset) asks for (see [`setting`]).
+pub(super) fn parse(v: Option<&str>) -> Option<Setting> {
     let on = |min_len, map| Some(Setting { min_len, map });
     match v {
         None | Some("") => DEFAULT,
