@@ -3,16 +3,15 @@
 //! and runs READs and atomics itself ([`DirectWrite`], called by the protocol core:
 //! `memcpy` and CPU atomics on the peer's memfd-backed regions, [`super::mapped`];
 //! `process_vm_writev`/`readv` on its other regions; atomics only on the former), and
-//! this side's registration
-//! of the same counts with its own table, so that its revocations wait for the peer's
-//! copies. Made at the connection's setup (`ring_setup.rs`); dropped when the
-//! connection ends, which closes the fast path both ways and waits for copies under way.
+//! this side's registration of the same counts with its own table, so that its
+//! revocations wait for the peer's copies. Made at the connection's setup
+//! (`ring_setup.rs`); dropped when the connection ends, which closes the fast path both
+//! ways and waits for copies under way.
 
 use std::io;
 use std::os::fd::BorrowedFd;
-use std::sync::Arc;
-
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use backend_sim_proto::qp::{DirectAtomic, DirectWrite};
 use rustix::process::Pid;
