@@ -425,3 +425,38 @@ fn map_is_on_with_pages_moved_and_the_rest_reads_as_before() {
     assert_eq!(parse(Some("4096")), on(4096, false));
     assert_eq!(parse(Some("off")), None);
 }
+
+/// The verbs allow a program to unmap a region's memory before it deregisters it:
+/// moving the pages back then touches nothing, neither a hole nor what the program
+/// mapped there since.
+#[test]
+fn memory_unmapped_before_deregistration_is_left_alone() {
+    let p = anon(LEN, pattern);
+    // SAFETY: the range stays the test's own; unmapped below, as a program may.
+    let s = unsafe { Swapped::new(p as usize, LEN) }.unwrap();
+    // SAFETY: the range is the test's own mapping.
+    unsafe { rustix::mm::munmap(p.cast(), LEN) }.unwrap();
+    drop(s);
+    let q = anon(2 * LEN, |_| 0);
+    // SAFETY: as above.
+    let s = unsafe { Swapped::new(q as usize, LEN) }.unwrap();
+    // The program maps something else at the region's address (shared memory).
+    // SAFETY: replaces the test's own mapping with a fresh one.
+    let again: *mut u8 = unsafe {
+        rustix::mm::mmap_anonymous(
+            q.cast(),
+            LEN,
+            rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+            rustix::mm::MapFlags::SHARED | rustix::mm::MapFlags::FIXED,
+        )
+    }
+    .unwrap()
+    .cast();
+    assert_eq!(again, q);
+    // SAFETY: inside the mapping just made.
+    unsafe { std::ptr::write_bytes(q, 0x5a, LEN) };
+    drop(s);
+    assert!(holds(q, LEN, |_| 0x5a));
+    let line = maps_line(q as usize);
+    assert!(line.contains(" rw-s ") && !line.contains("memfd"), "{line}");
+}

@@ -38,6 +38,7 @@ struct Entry {
     addr: usize,
     len: usize,
     fd: RawFd,
+    ino: u64,
 }
 
 /// A region whose pages live in a memfd; moved back into private anonymous memory on
@@ -81,6 +82,7 @@ impl Swapped {
             addr,
             len,
             fd: fd.as_raw_fd(),
+            ino,
         });
         Ok(Swapped {
             addr,
@@ -114,8 +116,15 @@ impl Drop for Swapped {
         }
         let mut reg = SWAPPED.lock();
         reg.retain(|e| e.addr != self.addr);
-        // SAFETY: the range is this value's swapped region, still mapped (its owner
-        // keeps the memory until this drop).
+        if !still_ours(self.addr, self.len, self.ino) {
+            // The program unmapped (or replaced) the memory before it deregistered the
+            // region, which the verbs allow: there is nothing to move back, and what is
+            // mapped there now is not the sim's to touch.
+            tracing::debug!("a deregistered region's memory was unmapped before ibv_dereg_mr: left as it is");
+            return;
+        }
+        // SAFETY: the range is this value's swapped region, still mapped as the sim
+        // left it (checked just now).
         if let Err(e) = unsafe { privatize(self.addr, self.len) } {
             // The pages stay in the memfd: still the program's memory, at the same
             // addresses, only not private (a peer no longer reaches it: it was revoked).
@@ -124,6 +133,35 @@ impl Drop for Swapped {
             );
         }
     }
+}
+
+/// Whether `addr..addr + len` is still exactly one mapping of the memfd with inode
+/// `ino` (`/proc/self/map_files`, whose entry exists only for a mapping of exactly that
+/// range). Allocates nothing: the fork handler calls it.
+fn still_ours(addr: usize, len: usize, ino: u64) -> bool {
+    const PREFIX: &[u8] = b"/proc/self/map_files/";
+    let mut path = [0u8; 64];
+    path[..PREFIX.len()].copy_from_slice(PREFIX);
+    let mut at = PREFIX.len();
+    at = hex_into(&mut path, at, addr);
+    path[at] = b'-';
+    at = hex_into(&mut path, at + 1, addr.wrapping_add(len));
+    let Ok(path) = std::ffi::CStr::from_bytes_until_nul(&path[..=at]) else {
+        return false;
+    };
+    rustix::fs::stat(path).is_ok_and(|st| st.st_ino == ino)
+}
+
+/// Writes `v` in lowercase hexadecimal (no leading zeros) into `buf` at `at`; returns
+/// where it ended. `buf` holds the 16 digits a `usize` may take from any `at` it is
+/// given here.
+fn hex_into(buf: &mut [u8; 64], at: usize, v: usize) -> usize {
+    let digits = (usize::BITS - v.leading_zeros()).div_ceil(4).max(1) as usize;
+    for i in 0..digits {
+        let d = (v >> (4 * (digits - 1 - i))) & 0xf;
+        buf[at + i] = b"0123456789abcdef"[d];
+    }
+    at + digits
 }
 
 /// The size of a page.
@@ -256,8 +294,12 @@ extern "C" fn child() {
     // one thread: nothing else touches the list.
     let reg = unsafe { &mut *SWAPPED.data_ptr() };
     for e in reg.iter() {
-        // SAFETY: a swapped region is mapped until its `Swapped` drops, and the child's
-        // address space is a copy of the parent's.
+        if !still_ours(e.addr, e.len, e.ino) {
+            // The parent unmapped the memory before deregistering it: nothing to share.
+            continue;
+        }
+        // SAFETY: the range is still the region's memfd mapping (checked just now), in
+        // the child's copy of the parent's address space.
         let _ = unsafe { privatize(e.addr, e.len) };
         // SAFETY: the child's copy of the memfd's descriptor, not used again in the child
         // (the `Swapped` it belongs to knows of the fork and leaves it alone).
