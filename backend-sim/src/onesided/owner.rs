@@ -179,7 +179,14 @@ impl Owner {
         // SAFETY: a region's memory stays mapped while it is registered, and the caller
         // drops the value before the registration ends.
         unsafe { Swapped::new(mr.addr() as usize, mr.len()) }
-            .inspect_err(|e| tracing::debug!(rkey = mr.key, "{e}"))
+            .inspect_err(|e| match e.kind() {
+                // Memory the mode does not take: the common case, not worth a warning.
+                std::io::ErrorKind::Unsupported => tracing::debug!(rkey = mr.key, "{e}"),
+                _ => tracing::warn!(
+                    rkey = mr.key,
+                    "the region's pages stay where they are, reached without map mode: {e}"
+                ),
+            })
             .ok()
     }
 
