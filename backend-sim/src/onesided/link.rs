@@ -76,6 +76,12 @@ impl Link {
         }
     }
 
+    /// How many of the peer's regions this side maps now.
+    #[cfg(test)]
+    pub(super) fn mapped_regions(&self) -> usize {
+        self.out.as_ref().map_or(0, |o| o.regions.cached())
+    }
+
     /// Whether this side may place WRITEs in the peer's memory.
     pub fn goes_out(&self) -> bool {
         self.out.is_some()
@@ -146,7 +152,7 @@ impl Out {
     /// mapped region if it has one, else with `process_vm_*` if allowed: true if every
     /// byte moved.
     fn copy(&self, g: &Granted<'_>, segs: &[Seg], op: Op) -> bool {
-        let Some(view) = self.regions.view(g) else {
+        let Some(view) = self.regions.view(g, |s| self.table.published_map(s)) else {
             let r = match op {
                 Op::Write if self.cma => cma::write_segs(self.pid, g, segs),
                 Op::Read if self.cma => cma::read_segs(self.pid, g, segs),
@@ -201,7 +207,7 @@ impl DirectWrite for Link {
     fn atomic(&self, dest_qpn: u32, rkey: u32, addr: u64, op: DirectAtomic) -> Option<u64> {
         let o = self.out.as_ref()?;
         let g = o.grant(dest_qpn, rkey, addr, 8, Op::Atomic)?;
-        let view = o.regions.view(&g)?;
+        let view = o.regions.view(&g, |s| o.table.published_map(s))?;
         let word = view.at(g.mapped.as_ref()?, g.addr, 8)?;
         if word as usize % 8 != 0 {
             return None;

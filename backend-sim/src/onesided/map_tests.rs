@@ -305,6 +305,14 @@ fn writes_reads_and_atomics_go_through_the_mapping_and_keep_every_check() {
     assert!(t.link.write(QPN, 0x77, again.mr.addr(), &[local(64, 6)]));
     assert_eq!(bytes(&again.mr, 0, 64), vec![6; 64]);
     assert_eq!(bytes(&r.mr, 0, 64), vec![0; 64]);
+    // A region deregistered is unmapped here once another is mapped: the one with the
+    // key again and the one without the right are what stays.
+    assert_eq!(t.link.mapped_regions(), 2);
+    let w_slot = w.slot.unwrap();
+    t.a.revoke_mr(w_slot);
+    let third = region(&t, 0x123, ALL);
+    assert!(t.link.write(QPN, 0x123, third.mr.addr(), &[local(64, 7)]));
+    assert_eq!(t.link.mapped_regions(), 2);
 }
 
 #[test]
@@ -399,7 +407,11 @@ fn a_memfd_that_does_not_check_out_is_never_mapped() {
         };
         let g = peer.check(&usage, &req).unwrap();
         let regions = Regions::new(rustix::process::getpid());
-        assert_eq!(regions.view(&g).is_some(), ok, "{what}");
+        assert_eq!(
+            regions.view(&g, |s| peer.published_map(s)).is_some(),
+            ok,
+            "{what}"
+        );
         assert_eq!(regions.cached(), ok as usize, "{what}");
         drop(g);
         owner.revoke_mr(slot, std::time::Duration::from_secs(5));

@@ -76,7 +76,15 @@ impl Regions {
     /// The mapping of the region `g` granted, if its owner published a memfd for it and
     /// it checks out (opened and mapped now if not cached for the slot's generation).
     /// `None` sends the request the other way (a `process_vm_*` copy or the rings).
-    pub fn view(&self, g: &Granted<'_>) -> Option<Arc<View>> {
+    ///
+    /// Before a new mapping is made, those of slots `published` no longer names
+    /// (deregistered regions: a slot's generation and inode, if alive with a memfd) are
+    /// dropped, so that a peer's deregistered regions are not kept alive here for long.
+    pub fn view(
+        &self,
+        g: &Granted<'_>,
+        published: impl Fn(usize) -> Option<(u32, u64)>,
+    ) -> Option<Arc<View>> {
         let m = g.mapped.as_ref()?;
         let mut cache = self.cache.lock();
         if let Some(c) = cache.get(&m.slot) {
@@ -84,8 +92,10 @@ impl Regions {
                 return Some(c.view.clone());
             }
         }
-        // The slot was published again (or never seen): its old mapping goes.
+        // The slot was published again (or never seen): its old mapping goes, and so
+        // do those of regions deregistered since.
         cache.remove(&m.slot);
+        cache.retain(|&slot, c| published(slot) == Some((c.generation, c.ino)));
         match open(self.pid, m) {
             Ok(view) => {
                 let view = Arc::new(view);

@@ -457,6 +457,19 @@ impl PeerTable {
         self.map.u64_at(PROBE_VALUE).load(Ordering::Acquire)
     }
 
+    /// Region slot `slot`'s generation and memfd inode number if it is published (alive)
+    /// now with a memfd, as the table says at this moment (read without a use count:
+    /// only good for dropping mappings no longer published).
+    pub fn published_map(&self, slot: usize) -> Option<(u32, u64)> {
+        if slot >= MR_SLOTS {
+            return None;
+        }
+        let o = mr_off(slot);
+        let state = self.map.u32_at(o).load(Ordering::Acquire);
+        let ino = self.map.u64_at(o + 32).load(Ordering::Relaxed);
+        (state & ALIVE != 0 && ino != 0).then_some((state >> 1, ino))
+    }
+
     /// The slot of the peer's QP `qpn`, if it is published (alive) now; the check
     /// confirms it under the use count.
     pub fn find_qp(&self, qpn: u32) -> Option<u32> {
