@@ -511,7 +511,15 @@ impl crate::control::Source for DeviceShared {
         let counters = c
             .named()
             .into_iter()
-            .chain([("qkey_violations", u64::from(self.counters.qkey_violations()))])
+            .chain([
+                ("qkey_violations", u64::from(self.counters.qkey_violations())),
+                // WRITEs, READs and atomics its requesters executed on same-host peers'
+                // memory themselves (the one-sided fast path).
+                (
+                    "onesided_placed",
+                    self.onesided.as_ref().map_or(0, |o| o.placed()),
+                ),
+            ])
             .map(|(k, v)| (k.to_string(), v))
             .collect();
         let program = std::fs::read_to_string("/proc/self/comm")

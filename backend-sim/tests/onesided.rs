@@ -103,7 +103,7 @@ fn owner() {
     for line in std::io::stdin().lock().lines() {
         match line.unwrap().as_str() {
             "publish" => {
-                slot = table.publish_mr(KEY, PD, RW, base, LEN as u64);
+                slot = table.publish_mr(KEY, PD, RW, (base, LEN as u64), None);
                 writeln!(out, "published {}", slot.is_some()).unwrap();
             }
             "revoke" => {
@@ -219,7 +219,7 @@ fn a_killed_requester_holding_a_region_does_not_block_its_revocation() {
     let table = OwnerTable::create(base, 0).unwrap();
     let (peer, usage_fd) = table.add_peer().unwrap();
     let qp = table.publish_qp(QPN, PD, RW).unwrap();
-    let mr = table.publish_mr(KEY, PD, RW, base, 4096).unwrap();
+    let mr = table.publish_mr(KEY, PD, RW, (base, 4096), None).unwrap();
     let args = [
         table.fd().as_raw_fd().to_string(),
         usage_fd.as_raw_fd().to_string(),

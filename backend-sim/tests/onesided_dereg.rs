@@ -4,9 +4,14 @@
 //! and the writer's WRs end as WRITEs to a deregistered rkey end (`REM_ACCESS_ERR`, the
 //! reason "deregistered region" in `vendor_err`).
 //!
-//! Its own `main`: it runs itself again as the writer. The two exchange their QPs'
-//! endpoints on the writer's stdin and stdout.
+//! It runs with the fast path `on` (`process_vm_writev`) and in map mode (the region's
+//! pages in a memfd the writer maps and copies into with `memcpy`; the pages are a memfd
+//! while registered and ordinary again once `ibv_dereg_mr` returned).
+//!
+//! Its own `main`: it runs itself again once per mode, and each of those again as the
+//! writer. The two exchange their QPs' endpoints on the writer's stdin and stdout.
 
+use std::alloc::Layout;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,16 +37,49 @@ fn main() {
         println!("onesided_dereg: test");
         return;
     }
-    // The fast path is this test's subject, and off unless asked for; the writer, a child
-    // of this process, inherits the setting.
-    std::env::set_var(backend_sim::onesided::owner::SETTING, "on");
     if std::env::var("ONESIDED_ROLE").as_deref() == Ok("writer") {
         return writer();
     }
+    // The fast path is this test's subject, and off unless asked for; each mode's run,
+    // a child of this process, and its writer inherit the setting.
+    let Ok(mode) = std::env::var(MODE) else {
+        for mode in ["on", "map"] {
+            let status = Command::new(std::env::current_exe().unwrap())
+                .env(MODE, mode)
+                .env(backend_sim::onesided::owner::SETTING, mode)
+                .status()
+                .unwrap();
+            assert!(status.success(), "the run in mode {mode} failed");
+        }
+        return;
+    };
     for _ in 0..ROUNDS {
-        no_placed_write_lands_after_dereg_mr_returns();
+        no_placed_write_lands_after_dereg_mr_returns(mode == "map");
     }
-    println!("test onesided_dereg::no_placed_write_lands_after_dereg_mr_returns ... ok");
+    println!("test onesided_dereg::no_placed_write_lands_after_dereg_mr_returns ({mode}) ... ok");
+}
+
+/// Names the mode of a run of this test (`on` or `map`).
+const MODE: &str = "ONESIDED_DEREG_MODE";
+
+/// Whether the page at `addr` lies in a region memfd of the sim (`/proc/self/maps`).
+fn in_memfd(addr: usize) -> bool {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    maps.lines().any(|l| {
+        let (lo, hi) = l.split_once(' ').unwrap().0.split_once('-').unwrap();
+        let (lo, hi) = (
+            usize::from_str_radix(lo, 16).unwrap(),
+            usize::from_str_radix(hi, 16).unwrap(),
+        );
+        (lo..hi).contains(&addr) && l.contains("rdma-sim-mr")
+    })
+}
+
+/// Whether this process maps any region memfd of the sim.
+fn maps_a_region() -> bool {
+    std::fs::read_to_string("/proc/self/maps")
+        .unwrap()
+        .contains("rdma-sim-mr")
 }
 
 /// A device, PD, CQ and RC QP of this process.
@@ -62,14 +100,25 @@ fn side() -> Side {
     Side { ctx, pd, cq, qp }
 }
 
-fn no_placed_write_lands_after_dereg_mr_returns() {
+fn no_placed_write_lands_after_dereg_mr_returns(map: bool) {
     let me = side();
-    let target: Vec<AtomicU64> = (0..LEN / 8).map(|_| AtomicU64::new(0)).collect();
-    let base = target.as_ptr() as *mut u8;
+    // Page-aligned, as map mode needs (and as perftest allocates).
+    let layout = Layout::from_size_align(LEN, 4096).unwrap();
+    // SAFETY: the layout has a non-zero size.
+    let base = unsafe { std::alloc::alloc_zeroed(layout) };
+    assert!(!base.is_null());
+    // SAFETY: `LEN` zeroed bytes, 8-byte aligned, are `LEN / 8` valid `AtomicU64`s, used
+    // only through this slice until they are freed at the end.
+    let target: &[AtomicU64] = unsafe { std::slice::from_raw_parts(base.cast(), LEN / 8) };
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
-    // SAFETY: `target` outlives the region (it is dropped below, before `target`), and
-    // every access to it here is atomic.
+    // SAFETY: `target` outlives the region (it is dropped below, before `target` is
+    // freed), and every access to it here is atomic.
     let mr = unsafe { me.pd.reg_mr_raw(base, LEN, access) }.unwrap();
+    assert_eq!(
+        in_memfd(base as usize),
+        map,
+        "map mode did not move the region's pages"
+    );
     let p = RcParams::default();
     let mine = local_endpoint(&me.ctx, &me.qp, &p, 1).unwrap();
     let mut child = Command::new(std::env::current_exe().unwrap())
@@ -93,6 +142,10 @@ fn no_placed_write_lands_after_dereg_mr_returns() {
         std::thread::sleep(Duration::from_millis(1));
     }
     drop(mr);
+    assert!(
+        !in_memfd(base as usize),
+        "the pages stayed in the memfd after ibv_dereg_mr"
+    );
     // Cleared from the end: a copy still running (which writes its range in order)
     // leaves bytes behind it.
     target.iter().rev().for_each(|w| w.store(0, Ordering::Relaxed));
@@ -106,9 +159,16 @@ fn no_placed_write_lands_after_dereg_mr_returns() {
         r[3].parse::<u64>().unwrap() > 0,
         "no WRITE was placed directly: {report}"
     );
+    assert_eq!(
+        r[4] == "mapped",
+        map,
+        "whether the writer mapped the region: {report}"
+    );
     drop(to);
     assert!(child.wait().unwrap().success());
     drop(me);
+    // SAFETY: allocated above with `layout`; the region is gone, no slice is used after.
+    unsafe { std::alloc::dealloc(base, layout) };
 }
 
 /// The writer: connects to the parent's QP and WRITEs 1 MiB messages, four outstanding,
@@ -147,7 +207,13 @@ fn writer() {
         ok += n as u64;
     };
     let placed = me.ctx.onesided_placed();
-    writeln!(out, "{:?} {} {ok} {placed}", failed.status, failed.vendor_err).unwrap();
+    let mapped = if maps_a_region() { "mapped" } else { "copied" };
+    writeln!(
+        out,
+        "{:?} {} {ok} {placed} {mapped}",
+        failed.status, failed.vendor_err
+    )
+    .unwrap();
     out.flush().unwrap();
     // Waits for the parent to have read the report.
     let _ = lines.next();

@@ -76,11 +76,31 @@ pub const MAX_SEGS: usize = 32;
 /// the copy stopped short (the request must go over the rings). Their lengths must add
 /// up to the grant's.
 pub fn write_segs(pid: Pid, grant: &Granted<'_>, segs: &[Seg]) -> io::Result<bool> {
+    segs_call(pid, grant, segs, Dir::Write)
+}
+
+/// Copies the granted range of process `pid` into the local ranges `segs` (registered
+/// memory of this process, each region pinned while the copy runs), in order; as
+/// [`write_segs`] otherwise (`Ok(false)`: the bytes in `segs` must not be used).
+pub fn read_segs(pid: Pid, grant: &Granted<'_>, segs: &[Seg]) -> io::Result<bool> {
+    segs_call(pid, grant, segs, Dir::Read)
+}
+
+/// Which way a copy goes.
+#[derive(Clone, Copy)]
+enum Dir {
+    /// From this process into the peer (`process_vm_writev`).
+    Write,
+    /// From the peer into this process (`process_vm_readv`).
+    Read,
+}
+
+fn segs_call(pid: Pid, grant: &Granted<'_>, segs: &[Seg], dir: Dir) -> io::Result<bool> {
     let total: usize = segs.iter().map(|s| s.len).sum();
     if total != grant.len {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
-            "the sources are not the granted length",
+            "the local ranges are not the granted length",
         ));
     }
     if segs.len() > MAX_SEGS {
@@ -90,31 +110,37 @@ pub fn write_segs(pid: Pid, grant: &Granted<'_>, segs: &[Seg]) -> io::Result<boo
         iov_base: std::ptr::null_mut(),
         iov_len: 0,
     }; MAX_SEGS];
-    Ok(pinned(pid, grant, segs, &mut local, 0)
+    Ok(pinned(pid, grant, segs, &mut local, 0, dir)
         .transpose()?
         .unwrap_or(false))
 }
 
 /// Pins the regions of `segs` one after the other (each pin lasts until the copy
-/// returned), noting each range in `local` from index `at`, then copies from all of them
-/// with one call. `None`: a region is dead.
+/// returned), noting each range in `local` from index `at`, then copies from or into all
+/// of them with one call. `None`: a region is dead.
 fn pinned(
     pid: Pid,
     grant: &Granted<'_>,
     segs: &[Seg],
     local: &mut [libc::iovec; MAX_SEGS],
     at: usize,
+    dir: Dir,
 ) -> Option<io::Result<bool>> {
     let Some((first, rest)) = segs.split_first() else {
         let remote = libc::iovec {
             iov_base: grant.addr as usize as *mut libc::c_void,
             iov_len: grant.len,
         };
+        let call = match dir {
+            Dir::Write => libc::process_vm_writev,
+            Dir::Read => libc::process_vm_readv,
+        };
         // SAFETY: the first `at` entries of `local` describe ranges of regions pinned by
-        // callers up this recursion (readable for their lengths; the kernel only reads
-        // them); `remote` is an address in another process, which the kernel checks.
+        // callers up this recursion (readable and writable for their lengths: the
+        // kernel reads them for a write and fills them for a read, never past them);
+        // `remote` is an address in another process, which the kernel checks.
         let n = unsafe {
-            libc::process_vm_writev(
+            call(
                 pid.as_raw_nonzero().get(),
                 local.as_ptr(),
                 at as libc::c_ulong,
@@ -134,7 +160,7 @@ fn pinned(
                 iov_base: p.cast(),
                 iov_len: first.len,
             };
-            pinned(pid, grant, rest, local, at + 1)
+            pinned(pid, grant, rest, local, at + 1, dir)
         })
         .flatten()
 }

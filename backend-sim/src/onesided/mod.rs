@@ -11,16 +11,22 @@
 //!
 //! [`owner`] is a device's side (what it publishes and revokes, the setting), [`link`]
 //! one connection's (the requester's check and copy, offered to the protocol core),
-//! [`exchange`] the setup messages that pass the segments. RC WRITE and WRITE_WITH_IMM
-//! take the path; READ does not yet (the copy and the check exist, [`cma::read`] and
-//! [`table::Op::Read`], but no frame tells the responder of a READ placed), and atomics
-//! cannot (a cross-process copy is no atomic operation).
+//! [`exchange`] the setup messages that pass the segments. Copies go with
+//! `process_vm_writev`/`readv` ([`cma`]) or, in map mode, with `memcpy` on the peer's
+//! regions, whose pages the owner moved into memfds ([`swap`]) and the requester maps
+//! ([`mapped`]); atomics only the latter way (a cross-process copy is no atomic
+//! operation). RC WRITE and WRITE_WITH_IMM take the path; READ and atomics are offered to
+//! the protocol core ([`link::Link`]'s `read` and `atomic`).
 
 pub mod cma;
 pub mod exchange;
 pub mod link;
+#[cfg(test)]
+mod map_tests;
+pub mod mapped;
 pub mod owner;
 mod segment;
+pub mod swap;
 pub mod table;
 #[cfg(test)]
 mod tests;

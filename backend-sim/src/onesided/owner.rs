@@ -4,13 +4,15 @@
 //! RESET and its destruction make before they return; and the setting that turns the
 //! fast path on (`RDMA_SIM_ONESIDED=on`) or sets the shortest WRITE it takes
 //! (`RDMA_SIM_ONESIDED=<bytes>`, e.g. 1 to put every WRITE it may take through it, as a
-//! test of the path does).
+//! test of the path does), or turns it on in map mode (`RDMA_SIM_ONESIDED=map`: as `on`,
+//! and the pages of eligible regions move into memfds peers map, [`super::swap`]).
 //!
 //! It is off unless asked for: `process_vm_writev` pins the peer's pages and copies them
 //! in the kernel, a few times slower per byte than the two in-cache copies through the
 //! rings, which two threads overlap (docs/sim.md, "The one-sided fast path", gives the
 //! figures and the command).
 
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,12 +20,13 @@ use std::time::Duration;
 use backend_sim_proto::memory::MrShared;
 use verbs_api::AccessFlags;
 
+use super::swap::Swapped;
 use super::table::{MrSlot, OwnerTable, QpSlot, Revoked};
 use super::usage::{Peer, Usage};
 
 /// The setting: `on` places WRITEs of [`MIN_LEN`] bytes and more directly, a number is
-/// the shortest WRITE placed directly; unset or `off`, every WRITE stays on the
-/// connection.
+/// the shortest WRITE placed directly, `map` is `on` with regions' pages in memfds
+/// ([`Setting::map`]); unset or `off`, every WRITE stays on the connection.
 pub const SETTING: &str = "RDMA_SIM_ONESIDED";
 
 /// The shortest WRITE placed directly by default: below it the connection's rings carry
@@ -38,32 +41,58 @@ const BOUND: Duration = Duration::from_secs(1);
 /// Unset: off for programs; on in this crate's own unit tests, whose subject the fast
 /// path is (they share one process, so a test cannot set the variable before the others
 /// read it).
-const DEFAULT: Option<u64> = if cfg!(test) { Some(MIN_LEN) } else { None };
+const DEFAULT: Option<Setting> = if cfg!(test) {
+    Some(Setting {
+        min_len: MIN_LEN,
+        map: false,
+    })
+} else {
+    None
+};
 
-/// The shortest WRITE this process places directly, or `None` if it neither offers nor
-/// uses the fast path (unset, or `RDMA_SIM_ONESIDED=off`). A value that is neither
-/// `off`, `on` nor a number is warned about and taken as unset.
-pub fn min_len() -> Option<u64> {
-    static MIN: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
-    *MIN.get_or_init(|| match std::env::var(SETTING).as_deref() {
-        Err(_) | Ok("") => DEFAULT,
-        Ok("on") => Some(MIN_LEN),
-        Ok("off") => None,
-        Ok(v) => match v.parse::<u64>() {
-            Ok(n) => Some(n.max(1)),
+/// What [`SETTING`] asks of a process whose fast path is on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Setting {
+    /// The shortest WRITE placed directly.
+    pub min_len: u64,
+    /// Whether eligible regions' pages move into memfds that peers map at `ibv_reg_mr`
+    /// (`map`), so that peers copy with `memcpy` and run atomics on them.
+    pub map: bool,
+}
+
+/// The fast path's setting in this process, or `None` if it neither offers nor uses the
+/// fast path (unset, or `RDMA_SIM_ONESIDED=off`). A value that is neither `off`, `on`,
+/// `map` nor a number is warned about and taken as unset.
+pub fn setting() -> Option<Setting> {
+    static SET: std::sync::OnceLock<Option<Setting>> = std::sync::OnceLock::new();
+    *SET.get_or_init(|| parse(std::env::var(SETTING).ok().as_deref()))
+}
+
+/// What the setting's value `v` (`None`: unset) asks for (see [`setting`]).
+pub(super) fn parse(v: Option<&str>) -> Option<Setting> {
+    let on = |min_len, map| Some(Setting { min_len, map });
+    match v {
+        None | Some("") => DEFAULT,
+        Some("on") => on(MIN_LEN, false),
+        Some("map") => on(MIN_LEN, true),
+        Some("off") => None,
+        Some(v) => match v.parse::<u64>() {
+            Ok(n) => on(n.max(1), false),
             Err(_) => {
-                tracing::warn!("{SETTING}={v:?}: neither off, on nor a byte count; taken as unset (off)");
+                tracing::warn!(
+                    "{SETTING}={v:?}: neither off, on, map nor a byte count; taken as unset (off)"
+                );
                 DEFAULT
             }
         },
-    })
+    }
 }
 
 /// A device's owner table, and the word of its memory that peers probe.
 pub struct Owner {
     table: OwnerTable,
-    /// The shortest WRITE its requesters place directly.
-    min_len: u64,
+    /// The shortest WRITE its requesters place directly, and whether regions are mapped.
+    setting: Setting,
     /// WRITEs this device's requesters placed in peers' memory.
     placed: AtomicU64,
     /// The device's capture: while it captures, its requesters place nothing, so that
@@ -77,13 +106,17 @@ impl Owner {
     /// A device's owner table, or `None` if the fast path is off or no table could be
     /// made (the device's connections then carry every WRITE); `capture` is the device's.
     pub fn open(capture: crate::capture::Slot) -> Option<Arc<Owner>> {
-        let min_len = min_len()?;
+        Owner::with_setting(capture, setting()?)
+    }
+
+    /// As [`Owner::open`], with `setting` rather than the process's.
+    pub fn with_setting(capture: crate::capture::Slot, setting: Setting) -> Option<Arc<Owner>> {
         // Never zero, so that a word of zeroes elsewhere does not pass for it.
         let probe = Box::new(rand::random::<u64>() | 1);
         match OwnerTable::create(std::ptr::from_ref::<u64>(&probe) as u64, *probe) {
             Ok(table) => Some(Arc::new(Owner {
                 table,
-                min_len,
+                setting,
                 placed: AtomicU64::new(0),
                 capture,
                 _probe: probe,
@@ -97,12 +130,18 @@ impl Owner {
 
     /// The shortest WRITE this device's requesters place directly.
     pub fn min_len(&self) -> u64 {
-        self.min_len
+        self.setting.min_len
     }
 
-    /// How many WRITEs this device's requesters placed in same-host peers' memory.
+    /// How many WRITEs, READs and atomics this device's requesters executed directly on
+    /// same-host peers' memory.
     pub fn placed(&self) -> u64 {
         self.placed.load(Ordering::Relaxed)
+    }
+
+    /// Whether this device moves its regions' pages into memfds (map mode).
+    pub fn maps(&self) -> bool {
+        self.setting.map
     }
 
     /// Whether the device captures its traffic (and so places nothing).
@@ -110,7 +149,7 @@ impl Owner {
         self.capture.get().is_some()
     }
 
-    /// Counts a WRITE placed by this device's requester.
+    /// Counts an operation executed directly by this device's requester.
     pub(super) fn count_placed(&self) {
         self.placed.fetch_add(1, Ordering::Relaxed);
     }
@@ -129,15 +168,38 @@ impl Owner {
         }
     }
 
-    /// Publishes region `mr` if a peer may reach it directly: it has a remote right and
-    /// bytes (windows are never published: their rkeys go over the connection).
-    pub fn publish_mr(&self, mr: &MrShared) -> Option<MrSlot> {
-        let remote = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
-        if !mr.access.intersects(remote) || mr.is_empty() {
+    /// In map mode, moves the pages of region `mr` (not yet in the device's table) into
+    /// a memfd, if it has a remote right and its memory is eligible ([`super::swap`]);
+    /// `None` otherwise, with a debug event saying why. The pages move back when the
+    /// returned value drops, which must be after the region was revoked and killed.
+    pub fn map_region(&self, mr: &MrShared) -> Option<Swapped> {
+        if !self.setting.map || !remote(mr) {
             return None;
         }
+        // SAFETY: a region's memory stays mapped while it is registered, and the caller
+        // drops the value before the registration ends.
+        unsafe { Swapped::new(mr.addr() as usize, mr.len()) }
+            .inspect_err(|e| match e.kind() {
+                // Memory the mode does not take: the common case, not worth a warning.
+                std::io::ErrorKind::Unsupported => tracing::debug!(rkey = mr.key, "{e}"),
+                _ => tracing::warn!(
+                    rkey = mr.key,
+                    "the region's pages stay where they are, reached without map mode: {e}"
+                ),
+            })
+            .ok()
+    }
+
+    /// Publishes region `mr` if a peer may reach it directly: it has a remote right and
+    /// bytes (windows are never published: their rkeys go over the connection); with
+    /// the memfd its pages are in, if [`Owner::map_region`] moved them.
+    pub fn publish_mr(&self, mr: &MrShared, mapped: Option<&Swapped>) -> Option<MrSlot> {
+        if !remote(mr) {
+            return None;
+        }
+        let mapped = mapped.and_then(|s| Some((s.fd()?.as_raw_fd() as u32, s.ino())));
         self.table
-            .publish_mr(mr.key, mr.pd, mr.access, mr.addr(), mr.len() as u64)
+            .publish_mr(mr.key, mr.pd, mr.access, (mr.addr(), mr.len() as u64), mapped)
     }
 
     /// Revokes a region: once this returns no peer copies into it.
@@ -169,6 +231,12 @@ impl Owner {
             }
         }
     }
+}
+
+/// Whether region `mr` has bytes and a remote right.
+fn remote(mr: &MrShared) -> bool {
+    let rights = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
+    mr.access.intersects(rights) && !mr.is_empty()
 }
 
 /// A peer connection registered with a device's table; dropping it (the connection

@@ -60,6 +60,24 @@ fn invalid(why: impl std::fmt::Display) -> io::Error {
     )
 }
 
+/// A fresh shared mapping of the first `len` bytes of `fd` (readable, and writable if
+/// `writable`) at an address the kernel chooses; the caller unmaps it.
+///
+/// # Safety
+///
+/// The file must stay at least `len` bytes long while it is mapped (sealed against
+/// shrinking), so that every page of the mapping stays backed.
+pub(super) unsafe fn map_shared(fd: BorrowedFd<'_>, len: usize, writable: bool) -> io::Result<*mut u8> {
+    let prot = match writable {
+        true => ProtFlags::READ | ProtFlags::WRITE,
+        false => ProtFlags::READ,
+    };
+    // SAFETY: a fresh mapping chosen by the kernel (null hint) replaces nothing; the
+    // pages stay backed by the caller's contract.
+    let base = unsafe { rustix::mm::mmap(std::ptr::null_mut(), len, prot, MapFlags::SHARED, fd, 0) }?;
+    Ok(base.cast())
+}
+
 /// A shared mapping of a whole segment; unmapped on drop.
 pub(super) struct Mapping {
     base: *mut u8,
@@ -74,18 +92,10 @@ unsafe impl Sync for Mapping {}
 
 impl Mapping {
     fn new(seg: BorrowedFd<'_>, len: usize, writable: bool) -> io::Result<Mapping> {
-        let prot = match writable {
-            true => ProtFlags::READ | ProtFlags::WRITE,
-            false => ProtFlags::READ,
-        };
-        // SAFETY: a fresh mapping chosen by the kernel (null hint) replaces nothing; the
-        // file is `len` bytes long and sealed (or about to be, by its maker) against
-        // shrinking, so every page stays backed.
-        let base = unsafe { rustix::mm::mmap(std::ptr::null_mut(), len, prot, MapFlags::SHARED, seg, 0) }?;
-        Ok(Mapping {
-            base: base.cast(),
-            len,
-        })
+        // SAFETY: the file is `len` bytes long and sealed (or about to be, by its maker)
+        // against shrinking.
+        let base = unsafe { map_shared(seg, len, writable) }?;
+        Ok(Mapping { base, len })
     }
 
     /// The 32-bit word at byte `off`. Panics if `off` is not an aligned offset inside

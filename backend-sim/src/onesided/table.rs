@@ -8,8 +8,11 @@
 //!   read to learn whether it may copy to and from this process ([`super::cma`]), and the
 //!   value that word holds (random per table: a process that is not the owner, such as a
 //!   forked relative with the same addresses, holds another);
-//! - [`MR_SLOTS`] region slots of 32 bytes: state (`generation << 1 | alive`), rkey, PD,
-//!   access flags, address, length. A region's place is found from its rkey by at most
+//! - [`MR_SLOTS`] region slots of 48 bytes: state (`generation << 1 | alive`), rkey, PD,
+//!   access flags, address, length, and for a region whose pages live in a memfd (map
+//!   mode, [`super::swap`]) the memfd's inode number and the owner's descriptor number
+//!   for it (zero and zero otherwise), which a peer opens through `/proc`
+//!   ([`super::mapped`]). A region's place is found from its rkey by at most
 //!   [`PROBES`] steps of linear probing; a region that finds none free is not published
 //!   (it is reached over the rings);
 //! - [`QP_SLOTS`] QP slots of 16 bytes: state, QP number, PD, access flags; alive only
@@ -44,11 +47,11 @@ pub const QP_SLOTS: usize = 1024;
 /// How many places a region's rkey may take, from its hash on.
 pub const PROBES: usize = 8;
 
-const MAGIC: u64 = u64::from_le_bytes(*b"rsim1sd1");
+const MAGIC: u64 = u64::from_le_bytes(*b"rsim1sd2");
 const HEADER: usize = 64;
 const PROBE_ADDR: usize = 8;
 const PROBE_VALUE: usize = 16;
-const MR_SLOT: usize = 32;
+const MR_SLOT: usize = 48;
 const QP_SLOT: usize = 16;
 const QP_BASE: usize = HEADER + MR_SLOTS * MR_SLOT;
 /// The size of a table segment.
@@ -82,6 +85,8 @@ pub enum Op {
     Write,
     /// RDMA READ: needs `REMOTE_READ`.
     Read,
+    /// An atomic on one aligned 8-byte word: needs `REMOTE_ATOMIC`.
+    Atomic,
 }
 
 impl Op {
@@ -89,6 +94,7 @@ impl Op {
         match self {
             Op::Write => AccessFlags::REMOTE_WRITE,
             Op::Read => AccessFlags::REMOTE_READ,
+            Op::Atomic => AccessFlags::REMOTE_ATOMIC,
         }
     }
 }
@@ -98,7 +104,8 @@ impl Op {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Refused {
     /// Zero bytes, or an aligned 8-byte word (which the sim stores as one atomic word,
-    /// which a cross-process copy does not promise).
+    /// which a cross-process copy does not promise); for an atomic, anything but one
+    /// aligned 8-byte word.
     NotTaken,
     /// No live region with this rkey in its places (not published, a window, or
     /// deregistered).
@@ -210,9 +217,17 @@ impl OwnerTable {
         self.peers.lock().retain(|p| !Arc::ptr_eq(p, peer));
     }
 
-    /// Publishes a region: `None` if its places are all taken (it is then reached over
-    /// the rings only).
-    pub fn publish_mr(&self, key: u32, pd: u32, access: AccessFlags, addr: u64, len: u64) -> Option<MrSlot> {
+    /// Publishes a region, with `mapped` (the owner's descriptor number and the inode
+    /// number of the memfd holding its pages) if it has one: `None` if its places are
+    /// all taken (it is then reached over the rings only).
+    pub fn publish_mr(
+        &self,
+        key: u32,
+        pd: u32,
+        access: AccessFlags,
+        (addr, len): (u64, u64),
+        mapped: Option<(u32, u64)>,
+    ) -> Option<MrSlot> {
         let mut taken = self.taken.lock();
         let slot = (0..PROBES)
             .map(|i| (home(key) + i) % MR_SLOTS)
@@ -224,6 +239,9 @@ impl OwnerTable {
         self.map.u32_at(o + 12).store(access.bits(), Ordering::Relaxed);
         self.map.u64_at(o + 16).store(addr, Ordering::Relaxed);
         self.map.u64_at(o + 24).store(len, Ordering::Relaxed);
+        let (fd, ino) = mapped.unwrap_or((0, 0));
+        self.map.u64_at(o + 32).store(ino, Ordering::Relaxed);
+        self.map.u32_at(o + 40).store(fd, Ordering::Relaxed);
         let state = self.map.u32_at(o);
         let next_gen = (state.load(Ordering::Relaxed) >> 1).wrapping_add(1);
         state.store(next_gen << 1 | ALIVE, Ordering::SeqCst);
@@ -326,11 +344,14 @@ impl OwnerTable {
                     .u32_at(o + at)
                     .store(small(rng, max) as u32, Ordering::Relaxed);
             }
-            for at in [16, 24] {
+            for at in [16, 24, 32] {
                 self.map
                     .u64_at(o + at)
                     .store(small(rng, 1 << 16), Ordering::Relaxed);
             }
+            self.map
+                .u32_at(o + 40)
+                .store(small(rng, 64) as u32, Ordering::Relaxed);
         }
         for s in 0..QP_SLOTS {
             let o = qp_off(s);
@@ -343,7 +364,7 @@ impl OwnerTable {
     }
 }
 
-/// A WRITE or READ the requester would run directly.
+/// A WRITE, READ or atomic the requester would run directly.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Request {
     /// The QP slot the peer named for its QP at connection setup.
@@ -356,7 +377,7 @@ pub struct Request {
     pub addr: u64,
     /// How many bytes.
     pub len: u64,
-    /// WRITE or READ.
+    /// WRITE, READ or atomic.
     pub op: Op,
 }
 
@@ -374,6 +395,26 @@ pub struct Granted<'a> {
     pub addr: u64,
     /// How many bytes.
     pub len: usize,
+    /// Where the region's pages are, if the owner moved them into a memfd.
+    pub mapped: Option<MapRef>,
+}
+
+/// A granted region's memfd as the owner's table names it (read under the use count,
+/// so it is the one of the region granted; [`super::mapped`] checks it all the same).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapRef {
+    /// The region slot.
+    pub slot: usize,
+    /// The slot's generation: the slot was published again if it changed.
+    pub generation: u32,
+    /// The owner's descriptor number for the memfd.
+    pub fd: u32,
+    /// The memfd's inode number.
+    pub ino: u64,
+    /// The region's first address in the owner's memory (offset 0 of the memfd).
+    pub region_addr: u64,
+    /// The region's length.
+    pub region_len: u64,
 }
 
 impl Drop for Granted<'_> {
@@ -416,6 +457,19 @@ impl PeerTable {
         self.map.u64_at(PROBE_VALUE).load(Ordering::Acquire)
     }
 
+    /// Region slot `slot`'s generation and memfd inode number if it is published (alive)
+    /// now with a memfd, as the table says at this moment (read without a use count:
+    /// only good for dropping mappings no longer published).
+    pub fn published_map(&self, slot: usize) -> Option<(u32, u64)> {
+        if slot >= MR_SLOTS {
+            return None;
+        }
+        let o = mr_off(slot);
+        let state = self.map.u32_at(o).load(Ordering::Acquire);
+        let ino = self.map.u64_at(o + 32).load(Ordering::Relaxed);
+        (state & ALIVE != 0 && ino != 0).then_some((state >> 1, ino))
+    }
+
     /// The slot of the peer's QP `qpn`, if it is published (alive) now; the check
     /// confirms it under the use count.
     pub fn find_qp(&self, qpn: u32) -> Option<u32> {
@@ -437,7 +491,12 @@ impl PeerTable {
             len,
             op,
         } = *r;
-        if len == 0 || (len == 8 && addr % 8 == 0) || len > isize::MAX as u64 {
+        let word = len == 8 && addr % 8 == 0;
+        let not_taken = match op {
+            Op::Atomic => !word,
+            Op::Write | Op::Read => len == 0 || word || len > isize::MAX as u64,
+        };
+        if not_taken {
             return Err(Refused::NotTaken);
         }
         let qp_slot = qp_slot as usize;
@@ -461,14 +520,14 @@ impl PeerTable {
             slot,
             addr: 0,
             len: 0,
+            mapped: None,
         };
         if usage.is_closed() {
             return Err(Refused::Closed);
         }
         let o = mr_off(slot);
-        if self.map.u32_at(o).load(Ordering::SeqCst) & ALIVE == 0
-            || self.map.u32_at(o + 4).load(Ordering::Relaxed) != rkey
-        {
+        let state = self.map.u32_at(o).load(Ordering::SeqCst);
+        if state & ALIVE == 0 || self.map.u32_at(o + 4).load(Ordering::Relaxed) != rkey {
             return Err(Refused::NoRegion);
         }
         let mr_pd = self.map.u32_at(o + 8).load(Ordering::Relaxed);
@@ -499,6 +558,15 @@ impl PeerTable {
         }
         held.addr = addr;
         held.len = len as usize;
+        let ino = self.map.u64_at(o + 32).load(Ordering::Relaxed);
+        held.mapped = (ino != 0).then(|| MapRef {
+            slot,
+            generation: state >> 1,
+            fd: self.map.u32_at(o + 40).load(Ordering::Relaxed),
+            ino,
+            region_addr: mr_addr,
+            region_len: mr_len,
+        });
         Ok(held)
     }
 }

@@ -40,7 +40,7 @@ fn pair() -> Pair {
 #[test]
 fn a_request_inside_a_published_region_is_granted_and_every_other_refused() {
     let p = pair();
-    let mr = p.owner.publish_mr(0x1234, 7, RW, 0x10000, 4096).unwrap();
+    let mr = p.owner.publish_mr(0x1234, 7, RW, (0x10000, 4096), None).unwrap();
     let qp = p.owner.publish_qp(99, 7, RW).unwrap();
     let q = qp.index();
     let check = |qp_slot, qpn, rkey, addr, len, op| {
@@ -112,7 +112,7 @@ fn a_request_inside_a_published_region_is_granted_and_every_other_refused() {
         Ok(16)
     );
     p.owner
-        .publish_mr(0x5678, 7, AccessFlags::REMOTE_WRITE, 0x20000, 64)
+        .publish_mr(0x5678, 7, AccessFlags::REMOTE_WRITE, (0x20000, 64), None)
         .unwrap();
     assert_eq!(check(q, 99, 0x5678, 0x20000, 16, Op::Read), Err(Refused::NoRight));
     // Every refusal and every dropped grant lowered the count it raised.
@@ -141,7 +141,7 @@ fn write_100(qp_slot: u32) -> Request {
 #[test]
 fn a_grant_holds_its_slot_until_dropped() {
     let p = pair();
-    p.owner.publish_mr(1, 1, RW, 4096, 4096).unwrap();
+    p.owner.publish_mr(1, 1, RW, (4096, 4096), None).unwrap();
     let qp = p.owner.publish_qp(5, 1, RW).unwrap();
     let g = p.peer.check(&p.usage, &write_100(qp.index())).unwrap();
     assert!(p.usage.any_in_use());
@@ -155,7 +155,7 @@ fn revocation_waits_for_a_held_grant(the_qp: bool) {
     let p = pair();
     let qp = p.owner.publish_qp(5, 1, RW).unwrap();
     let q = qp.index();
-    let mr = p.owner.publish_mr(1, 1, RW, 4096, 4096).unwrap();
+    let mr = p.owner.publish_mr(1, 1, RW, (4096, 4096), None).unwrap();
     let g = p.peer.check(&p.usage, &write_100(q)).unwrap();
     let done = AtomicBool::new(false);
     std::thread::scope(|s| {
@@ -197,7 +197,7 @@ fn a_qp_error_waits_for_a_copy_in_progress() {
 #[test]
 fn a_peer_that_holds_a_count_is_reported_stuck_and_a_gone_one_is_ignored() {
     let p = pair();
-    let mr = p.owner.publish_mr(1, 1, RW, 4096, 4096).unwrap();
+    let mr = p.owner.publish_mr(1, 1, RW, (4096, 4096), None).unwrap();
     let qp = p.owner.publish_qp(5, 1, RW).unwrap();
     let g = p.peer.check(&p.usage, &write_100(qp.index())).unwrap();
     match p.owner.revoke_qp(qp, Duration::from_millis(20)) {
@@ -225,14 +225,14 @@ fn a_region_whose_places_are_taken_is_not_published_and_a_freed_place_is_reused(
     }
     let slots: Vec<_> = same[..table::PROBES]
         .iter()
-        .map(|&k| p.owner.publish_mr(k, 1, RW, 4096, 4096).unwrap())
+        .map(|&k| p.owner.publish_mr(k, 1, RW, (4096, 4096), None).unwrap())
         .collect();
     let last = same[table::PROBES];
-    assert!(p.owner.publish_mr(last, 1, RW, 4096, 4096).is_none());
+    assert!(p.owner.publish_mr(last, 1, RW, (4096, 4096), None).is_none());
     let mut slots = slots.into_iter();
     let first = slots.next().unwrap();
     assert_eq!(p.owner.revoke_mr(first, LONG), Revoked::Drained);
-    p.owner.publish_mr(last, 1, RW, 8192, 4096).unwrap();
+    p.owner.publish_mr(last, 1, RW, (8192, 4096), None).unwrap();
     // The reused place answers for the new key only.
     assert!(p
         .peer
@@ -383,7 +383,7 @@ fn no_copy_lands_after_a_revocation_returns() {
             }
         });
         for _ in 0..30 {
-            let mr = p.owner.publish_mr(77, 1, RW, base, len as u64).unwrap();
+            let mr = p.owner.publish_mr(77, 1, RW, (base, len as u64), None).unwrap();
             let before = landed.load(Ordering::Relaxed);
             while landed.load(Ordering::Relaxed) < before + 2 {
                 std::thread::yield_now();
@@ -426,7 +426,7 @@ fn the_gate_opens_only_on_a_readable_probe_and_copies_keep_to_the_grant() {
     assert_eq!(Gate::probe(me, 0, 0), Gate::Closed);
     let target = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
     let base = target.as_ptr() as u64;
-    p.owner.publish_mr(9, 1, RW, base, 24).unwrap();
+    p.owner.publish_mr(9, 1, RW, (base, 24), None).unwrap();
     let qp = p.owner.publish_qp(5, 1, RW).unwrap();
     let g = p
         .peer

@@ -15,6 +15,7 @@ use super::qp::SimQp;
 use super::srq::SimSrq;
 use crate::choices::Choice;
 use crate::device::PdShared;
+use crate::onesided::swap::Swapped;
 use crate::onesided::table::MrSlot;
 use crate::qp::QpShared;
 use backend_sim_proto::memory::MrShared;
@@ -265,7 +266,13 @@ impl SimPd {
         let old = std::mem::replace(&mut mr.mr, Arc::new(new));
         dev.mrs.insert(mr.mr.clone());
         old.kill();
-        mr.published = dev.onesided.as_ref().and_then(|o| o.publish_mr(&mr.mr));
+        // The old range's pages go back to private memory before the new range's move
+        // (they may be the same pages).
+        mr.mapped = None;
+        if let Some(o) = &dev.onesided {
+            mr.mapped = o.map_region(&mr.mr);
+            mr.published = o.publish_mr(&mr.mr, mr.mapped.as_ref());
+        }
         if translation.is_none() {
             // The region's memory, if it owns it, lives as long as the region.
             mr.backing.get_or_insert(old);
@@ -297,18 +304,26 @@ pub struct SimMr {
     /// Its place in the device's table for same-host peers' one-sided fast path, if
     /// published there.
     published: Option<MrSlot>,
+    /// In map mode, the memfd its pages were moved into (moved back when this drops,
+    /// which `drop` does after the region is revoked and dead).
+    mapped: Option<Swapped>,
 }
 
 impl SimMr {
     fn register(pd: &SimPd, mr: MrShared) -> SimMr {
         let mr = Arc::new(mr);
+        let o = pd.pd.dev.onesided.as_ref();
+        // Moved before the region is in the device's table, so that no WRITE over the
+        // connection lands in it while its bytes are copied.
+        let mapped = o.and_then(|o| o.map_region(&mr));
         pd.pd.dev.mrs.insert(mr.clone());
-        let published = pd.pd.dev.onesided.as_ref().and_then(|o| o.publish_mr(&mr));
+        let published = o.and_then(|o| o.publish_mr(&mr, mapped.as_ref()));
         SimMr {
             mr,
             _pd: pd.pd.clone(),
             backing: None,
             published,
+            mapped,
         }
     }
 
@@ -338,6 +353,9 @@ impl Drop for SimMr {
         // it waits for copies in progress; later ones find the region dead.
         self.revoke();
         self._pd.dev.mrs.deregister(&self.mr);
+        // The pages back in private memory while the region's memory is still there
+        // (an owned buffer goes with the last reference, `self.mr` perhaps).
+        self.mapped = None;
     }
 }
 

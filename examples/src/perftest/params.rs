@@ -59,6 +59,15 @@ pub enum Ready {
     Err(String),
 }
 
+/// The size of a page (`sysconf(_SC_PAGESIZE)`; 4096 if it does not say).
+fn page_size() -> usize {
+    // SAFETY: `sysconf` reads a constant of the system; no memory is passed.
+    match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+        n if n > 0 => n as usize,
+        _ => 4096,
+    }
+}
+
 impl Cfg {
     /// The largest message.
     pub fn max_size(&self) -> u64 {
@@ -77,6 +86,14 @@ impl Cfg {
         } else {
             max
         }
+    }
+
+    /// The size of a side's region: its two areas, rounded up to whole pages, as
+    /// perftest's `memalign(page_size, ..)` buffers are, so that a backend that treats
+    /// whole pages specially (the sim's map mode, `RDMA_SIM_ONESIDED=map`, moves a
+    /// page-aligned region's pages into shared memory) takes the region.
+    pub fn region_size(&self) -> usize {
+        (2 * self.area_size()).next_multiple_of(page_size())
     }
 
     /// The run `cli` asks for: sizes and iterations, perftest's defaults.

@@ -43,8 +43,8 @@ pub(crate) fn client<B: Backend>(b: &B, cli: &PerfCli, cfg: &Cfg, addr: &str) ->
     let pd = ctx.alloc_pd()?;
     let max = cfg.area_size();
     let mr = pd
-        .reg_mr(2 * max, mw::region_access(cfg.mw))
-        .with_context(|| format!("registering {} bytes", 2 * max))?;
+        .reg_mr(cfg.region_size(), mw::region_access(cfg.mw))
+        .with_context(|| format!("registering {} bytes", cfg.region_size()))?;
     let window = cfg.mw.then(|| mw::Window::<B>::alloc(&pd)).transpose()?;
     let test = cfg.test;
     let send_wr = if test.is_lat() { 16 } else { cfg.tx_depth };

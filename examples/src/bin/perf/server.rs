@@ -92,8 +92,8 @@ pub(crate) fn server<B: Backend>(b: &B, cli: &PerfCli) -> Res<()> {
     }
     let max = cfg.area_size();
     let mr = pd
-        .reg_mr(2 * max, mw::region_access(cfg.mw))
-        .with_context(|| format!("registering {} bytes", 2 * max))?;
+        .reg_mr(cfg.region_size(), mw::region_access(cfg.mw))
+        .with_context(|| format!("registering {} bytes", cfg.region_size()))?;
     let ud = ud_peer::<B>(&pd, cli, &params, &peer.endpoint)?;
     let Made { rc, recv_cq, srq } = made;
     let inline = cfg.inline.min(rc.cap.max_inline_data);
