@@ -94,6 +94,37 @@ pub fn segments(frame: &Frame, cx: &Context) -> Vec<Segment> {
                 h.bth.ack_req = ack_req;
             })
         }
+        // A READ or an atomic the requester executed itself (the same-host fast path):
+        // the capture shows the request it stands for, answered by an ACK.
+        Frame::ReadPlaced {
+            psn, len, addr, rkey, ..
+        } => one(new(op::READ_REQUEST, psn), |h| {
+            h.reth = Some(Reth { addr, rkey, len });
+            h.bth.ack_req = true;
+        }),
+        Frame::AtomicPlaced {
+            psn,
+            addr,
+            rkey,
+            compare,
+            swap_add,
+            ..
+        } => {
+            let opcode = if compare.is_some() {
+                op::COMPARE_SWAP
+            } else {
+                op::FETCH_ADD
+            };
+            one(new(opcode, psn), |h| {
+                h.atomic_eth = Some(AtomicEth {
+                    addr,
+                    rkey,
+                    swap_add,
+                    compare: compare.unwrap_or(0),
+                });
+                h.bth.ack_req = true;
+            })
+        }
         Frame::CmpSwap {
             psn,
             addr,
