@@ -135,8 +135,12 @@ struct SendWqe {
     sent: bool,
     /// The fast path was asked for this WQE ([`direct`]): it is asked once.
     direct_tried: bool,
-    /// Its last send placed the data directly ([`direct`]).
+    /// Its last send placed the data directly ([`direct`]); a READ or atomic: the
+    /// driver executed it, and every send of it is its notice.
     placed: bool,
+    /// Its completion was delivered before the responder acknowledged it (a placed READ
+    /// or atomic, [`direct`]): it retires later without a second one.
+    reported: bool,
     status: Option<WcStatus>,
     /// The completion's `vendor_err` when `status` is an error that carries one (the
     /// responder's [`NakReason`]).
@@ -166,11 +170,23 @@ impl SendWqe {
             sent: false,
             direct_tried: false,
             placed: false,
+            reported: false,
             status: None,
             vendor_err: 0,
             route: None,
             bind: None,
         }
+    }
+
+    /// A READ or atomic the driver executed ([`direct`]): done, but for its notice.
+    fn executed(&self) -> bool {
+        self.placed && self.op.is_read_or_atomic()
+    }
+
+    /// A READ or atomic sent and waiting for its response: one of the `max_rd_atomic`
+    /// outstanding (a notice of an executed one waits for nothing of the responder's).
+    fn holds_rd_atomic(&self) -> bool {
+        self.sent && self.op.is_read_or_atomic() && !self.placed
     }
 
     fn completion(&self, qpn: u32, status: WcStatus) -> WorkCompletion {
@@ -492,5 +508,7 @@ pub enum PostCheck {
     BadBind,
 }
 
+#[cfg(test)]
+mod placed_tests;
 #[cfg(test)]
 mod tests;

@@ -203,6 +203,7 @@ impl Requester {
         w.sent = false;
         w.direct_tried = false;
         w.placed = false;
+        w.reported = false;
         w.status = None;
         w.vendor_err = 0;
         w.route = route;
