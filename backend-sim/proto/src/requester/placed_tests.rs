@@ -178,6 +178,14 @@ fn executed_read_and_atomic_complete_early_and_in_order() {
     assert!(mr.copy_out(256, &mut read));
     assert!(read.iter().all(|&b| b == 0xab));
     assert_eq!(req.outstanding(), 2, "the notices hold their slots until acknowledged");
+    // A READ response for the READ's notice (no responder sends one) goes nowhere.
+    let mut out = Vec::new();
+    let stray = Frame::ReadResp { psn: 102, len: 2048 };
+    assert!(matches!(
+        req.on_response(&stray, Instant::now(), &mut out),
+        Ok(ReadSink::Discard)
+    ));
+    assert!(out.is_empty());
     assert_eq!(ack(&mut req, 103), Vec::<u64>::new());
     assert_eq!(req.outstanding(), 0);
     // Nothing unfinished ahead: each completes as it is sent, and with max_rd_atomic 1
@@ -221,7 +229,22 @@ fn resends_are_notices_and_an_atomic_executes_once() {
     assert!(out.is_empty(), "{out:?}");
     assert_eq!(word(&mr, 0), 7);
     assert_eq!(fake.atomics.load(Ordering::SeqCst), 1, "the atomic was executed again");
-    assert_eq!(ack(&mut req, 100), Vec::<u64>::new());
+    // A sequence NAK for the WRITE behind it resends the WRITE alone: the notice is no
+    // READ or atomic waiting for its response, and the NAK acknowledges it.
+    let short = [Sge::new(mr.addr() + 64, 16, 7)];
+    req.post(&SendWr::write(2, &short, (0x9000, 5)), &mrs).unwrap();
+    assert!(matches!(send(&mut req, &mrs, t0).0[0].0, Frame::Write { psn: 101, .. }));
+    let nak = Frame::Nak {
+        psn: 101,
+        code: NakCode::PsnSeq,
+        reason: None,
+    };
+    req.on_response(&nak, t0, &mut out).unwrap();
+    let again = send(&mut req, &mrs, t0).0;
+    assert_eq!(again.len(), 1, "{again:?}");
+    assert!(matches!(again[0].0, Frame::Write { psn: 101, .. }));
+    assert_eq!(ack(&mut req, 101), Vec::<u64>::new());
+    assert!(out.is_empty(), "{out:?}");
     assert_eq!(req.outstanding(), 0);
 }
 
