@@ -343,6 +343,74 @@ mod tests {
         );
     }
 
+    /// A notice of a READ or an atomic the requester executed itself shows as the
+    /// request it stands for (one packet, its RETH or AtomicETH), as a capture of the
+    /// responder's side sees it.
+    #[test]
+    fn notices_show_as_the_requests_they_stand_for() {
+        let (addr, rkey) = (0x7f00_0000_1000, 0x99);
+        let pairs = [
+            (
+                Frame::ReadPlaced {
+                    psn: 5,
+                    len: 3000,
+                    addr,
+                    rkey,
+                    ack_req: false,
+                },
+                Frame::Read {
+                    psn: 5,
+                    len: 3000,
+                    addr,
+                    rkey,
+                    inflight: 1,
+                },
+            ),
+            (
+                Frame::AtomicPlaced {
+                    psn: 8,
+                    addr,
+                    rkey,
+                    compare: Some(1),
+                    swap_add: 2,
+                    ack_req: true,
+                },
+                Frame::CmpSwap {
+                    psn: 8,
+                    inflight: 1,
+                    addr,
+                    rkey,
+                    compare: 1,
+                    swap: 2,
+                },
+            ),
+            (
+                Frame::AtomicPlaced {
+                    psn: 9,
+                    addr,
+                    rkey,
+                    compare: None,
+                    swap_add: 3,
+                    ack_req: false,
+                },
+                Frame::FetchAdd {
+                    psn: 9,
+                    inflight: 1,
+                    addr,
+                    rkey,
+                    add: 3,
+                },
+            ),
+        ];
+        for (notice, request) in pairs {
+            assert_eq!(
+                segments(&notice, &rc(1024)),
+                segments(&request, &rc(1024)),
+                "{notice:?}"
+            );
+        }
+    }
+
     proptest! {
         /// Every packet of every message has its opcode's headers, payload within the
         /// MTU, the payload covered exactly once, and consecutive PSNs.

@@ -111,7 +111,8 @@ fn word(mr: &MrShared, at: usize) -> u64 {
 
 fn ack(req: &mut Requester, psn: u32) -> Vec<u64> {
     let mut out = Vec::new();
-    req.on_response(&Frame::Ack { psn }, Instant::now(), &mut out).unwrap();
+    req.on_response(&Frame::Ack { psn }, Instant::now(), &mut out)
+        .unwrap();
     ids(&out)
 }
 
@@ -170,14 +171,21 @@ fn executed_read_and_atomic_complete_early_and_in_order() {
             ),
         ]
     );
-    assert!(done.is_empty(), "completed before the WRITE ahead of them: {done:?}");
+    assert!(
+        done.is_empty(),
+        "completed before the WRITE ahead of them: {done:?}"
+    );
     assert_eq!(req.next_psn(), 104, "the READ's notice takes its two PSNs");
     assert_eq!(ack(&mut req, 100), [1, 2, 3]);
     assert_eq!(word(&mr, 128), 41);
     let mut read = vec![0u8; 2048];
     assert!(mr.copy_out(256, &mut read));
     assert!(read.iter().all(|&b| b == 0xab));
-    assert_eq!(req.outstanding(), 2, "the notices hold their slots until acknowledged");
+    assert_eq!(
+        req.outstanding(),
+        2,
+        "the notices hold their slots until acknowledged"
+    );
     // A READ response for the READ's notice (no responder sends one) goes nowhere.
     let mut out = Vec::new();
     let stray = Frame::ReadResp { psn: 102, len: 2048 };
@@ -205,8 +213,11 @@ fn resends_are_notices_and_an_atomic_executes_once() {
     let fake = Fake::new(false, true, Some(7));
     let (mut req, mrs, mr) = setup(fake.clone(), 1);
     let word_sge = [Sge::new(mr.addr(), 8, 7)];
-    req.post(&SendWr::fetch_and_add(1, &word_sge, (0x9100, 5), 1).signaled(), &mrs)
-        .unwrap();
+    req.post(
+        &SendWr::fetch_and_add(1, &word_sge, (0x9100, 5), 1).signaled(),
+        &mrs,
+    )
+    .unwrap();
     let t0 = Instant::now();
     let (first, done) = send(&mut req, &mrs, t0);
     assert_eq!(done, [1]);
@@ -214,7 +225,9 @@ fn resends_are_notices_and_an_atomic_executes_once() {
     let mut out = Vec::new();
     req.on_connection_lost();
     assert_eq!(send(&mut req, &mrs, t0).0, first);
-    assert!(req.on_timer(t0 + Duration::from_millis(20), None, None, &mut out).unwrap());
+    assert!(req
+        .on_timer(t0 + Duration::from_millis(20), None, None, &mut out)
+        .unwrap());
     assert_eq!(send(&mut req, &mrs, t0).0, first);
     let nak = Frame::Nak {
         psn: 100,
@@ -228,12 +241,19 @@ fn resends_are_notices_and_an_atomic_executes_once() {
         .unwrap();
     assert!(out.is_empty(), "{out:?}");
     assert_eq!(word(&mr, 0), 7);
-    assert_eq!(fake.atomics.load(Ordering::SeqCst), 1, "the atomic was executed again");
+    assert_eq!(
+        fake.atomics.load(Ordering::SeqCst),
+        1,
+        "the atomic was executed again"
+    );
     // A sequence NAK for the WRITE behind it resends the WRITE alone: the notice is no
     // READ or atomic waiting for its response, and the NAK acknowledges it.
     let short = [Sge::new(mr.addr() + 64, 16, 7)];
     req.post(&SendWr::write(2, &short, (0x9000, 5)), &mrs).unwrap();
-    assert!(matches!(send(&mut req, &mrs, t0).0[0].0, Frame::Write { psn: 101, .. }));
+    assert!(matches!(
+        send(&mut req, &mrs, t0).0[0].0,
+        Frame::Write { psn: 101, .. }
+    ));
     let nak = Frame::Nak {
         psn: 101,
         code: NakCode::PsnSeq,
@@ -256,17 +276,37 @@ fn refused_ones_go_the_normal_way() {
     let (mut req, mrs, mr) = setup(fake.clone(), 4);
     let word_sge = [Sge::new(mr.addr(), 8, 7)];
     let read_sge = [Sge::new(mr.addr() + 64, 64, 7)];
-    req.post(&SendWr::cmp_and_swp(1, &word_sge, (0x9100, 5), 0, 1).signaled(), &mrs)
-        .unwrap();
+    req.post(
+        &SendWr::cmp_and_swp(1, &word_sge, (0x9100, 5), 0, 1).signaled(),
+        &mrs,
+    )
+    .unwrap();
     req.post(&SendWr::read(2, &read_sge, (0x9200, 5)).signaled(), &mrs)
         .unwrap();
     let (frames, done) = send(&mut req, &mrs, Instant::now());
     assert!(done.is_empty());
-    assert!(matches!(frames[0].0, Frame::CmpSwap { psn: 100, .. }), "{frames:?}");
-    assert!(matches!(frames[1].0, Frame::Read { psn: 101, len: 64, .. }), "{frames:?}");
+    assert!(
+        matches!(frames[0].0, Frame::CmpSwap { psn: 100, .. }),
+        "{frames:?}"
+    );
+    assert!(
+        matches!(
+            frames[1].0,
+            Frame::Read {
+                psn: 101,
+                len: 64,
+                ..
+            }
+        ),
+        "{frames:?}"
+    );
     assert_eq!(fake.atomics.load(Ordering::SeqCst), 1);
     // The READ was not asked: the atomic before it is unanswered (RC ordering).
-    assert_eq!(fake.reads.load(Ordering::SeqCst), 0, "asked behind an unanswered atomic");
+    assert_eq!(
+        fake.reads.load(Ordering::SeqCst),
+        0,
+        "asked behind an unanswered atomic"
+    );
     let mut out = Vec::new();
     let now = Instant::now();
     req.on_response(&Frame::AtomicResp { psn: 100, orig: 55 }, now, &mut out)
@@ -281,12 +321,18 @@ fn refused_ones_go_the_normal_way() {
     assert_eq!(ids(&out), [1, 2]);
     assert_eq!(word(&mr, 0), 55);
     // Resent after a lost connection: still the normal way, not asked again.
-    req.post(&SendWr::fetch_and_add(3, &word_sge, (0x9100, 5), 1).signaled(), &mrs)
-        .unwrap();
+    req.post(
+        &SendWr::fetch_and_add(3, &word_sge, (0x9100, 5), 1).signaled(),
+        &mrs,
+    )
+    .unwrap();
     send(&mut req, &mrs, now);
     req.on_connection_lost();
     let (frames, _) = send(&mut req, &mrs, now);
-    assert!(matches!(frames[0].0, Frame::FetchAdd { psn: 102, .. }), "{frames:?}");
+    assert!(
+        matches!(frames[0].0, Frame::FetchAdd { psn: 102, .. }),
+        "{frames:?}"
+    );
     assert_eq!(fake.atomics.load(Ordering::SeqCst), 2);
 }
 
@@ -297,10 +343,16 @@ fn a_nak_of_a_notice_errors_without_a_second_completion() {
     let fake = Fake::new(false, true, Some(1));
     let (mut req, mrs, mr) = setup(fake, 1);
     let word_sge = [Sge::new(mr.addr(), 8, 7)];
-    req.post(&SendWr::fetch_and_add(1, &word_sge, (0x9100, 5), 1).signaled(), &mrs)
-        .unwrap();
-    req.post(&SendWr::fetch_and_add(2, &word_sge, (0x9100, 5), 1).signaled(), &mrs)
-        .unwrap();
+    req.post(
+        &SendWr::fetch_and_add(1, &word_sge, (0x9100, 5), 1).signaled(),
+        &mrs,
+    )
+    .unwrap();
+    req.post(
+        &SendWr::fetch_and_add(2, &word_sge, (0x9100, 5), 1).signaled(),
+        &mrs,
+    )
+    .unwrap();
     assert_eq!(send(&mut req, &mrs, Instant::now()).1, [1, 2]);
     let mut out = Vec::new();
     let nak = Frame::Nak {
@@ -345,7 +397,8 @@ fn a_responder_accepts_what_follows_a_notice() {
     let small = [Sge::new(mr.addr() + 3072, 16, 7)];
     let raddr = (remote.addr(), 9);
     req.post(&SendWr::read(1, &big, raddr).signaled(), &mrs).unwrap();
-    req.post(&SendWr::read(2, &small, raddr).signaled(), &mrs).unwrap();
+    req.post(&SendWr::read(2, &small, raddr).signaled(), &mrs)
+        .unwrap();
     let (frames, done) = send(&mut req, &mrs, Instant::now());
     assert_eq!(done, [1]);
     let (mut tx, mut rout) = (TxQueue::new(), Vec::new());
@@ -355,7 +408,11 @@ fn a_responder_accepts_what_follows_a_notice() {
             Ok(Incoming::Discard)
         ));
     }
-    assert_eq!(resp.expected_psn(), 104, "3000 bytes at MTU 1024: three PSNs, then one");
+    assert_eq!(
+        resp.expected_psn(),
+        104,
+        "3000 bytes at MTU 1024: three PSNs, then one"
+    );
     let mut out = Vec::new();
     let now = Instant::now();
     for (f, payload) in decode(&mut tx) {

@@ -21,7 +21,9 @@ impl Responder {
     /// A new notice `frame` of PSN `psn`, the expected one.
     pub(super) fn on_placed(&mut self, frame: &Frame, psn: u32, tx: &mut TxQueue) -> Result<Incoming, Fatal> {
         let (op, pkts, rkey, addr, len) = match *frame {
-            Frame::ReadPlaced { len, rkey, addr, .. } => ("READ", self.packets(len), rkey, addr, u64::from(len)),
+            Frame::ReadPlaced { len, rkey, addr, .. } => {
+                ("READ", self.packets(len), rkey, addr, u64::from(len))
+            }
             Frame::AtomicPlaced {
                 rkey, addr, compare, ..
             } => {

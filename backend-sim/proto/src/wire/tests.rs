@@ -158,15 +158,20 @@ pub fn arb_frame() -> impl Strategy<Value = Frame> {
                     ack_req
                 }
             ),
-        (psn.clone(), len.clone(), any::<u64>(), any::<u32>(), any::<bool>()).prop_map(
-            |(psn, len, addr, rkey, ack_req)| Frame::ReadPlaced {
+        (
+            psn.clone(),
+            len.clone(),
+            any::<u64>(),
+            any::<u32>(),
+            any::<bool>()
+        )
+            .prop_map(|(psn, len, addr, rkey, ack_req)| Frame::ReadPlaced {
                 psn,
                 len,
                 addr,
                 rkey,
                 ack_req
-            }
-        ),
+            }),
         (
             psn.clone(),
             any::<u64>(),
