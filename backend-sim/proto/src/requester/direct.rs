@@ -28,7 +28,8 @@
 //! no responder resources (`max_dest_rd_atomic` 0, which the published state does not
 //! show) or the peer misbehaves: the WQE then fails as for that NAK (its status moves
 //! the QP to ERR, the WQEs behind it are flushed) without a second completion for the
-//! one already produced.
+//! one already produced. A notice never acknowledged (the peer went away) ends the same
+//! way once `retry_cnt` is spent.
 
 use super::*;
 
