@@ -250,6 +250,9 @@ impl Requester {
                 out.push(wc);
             }
             let mut w = self.sq.pop_front().expect("front exists");
+            if w.reported {
+                self.early -= 1;
+            }
             if w.holds_rd_atomic() {
                 self.rd_inflight -= 1;
             }

@@ -184,7 +184,11 @@ impl Requester {
                 break;
             }
             number += 1;
-            if std::mem::replace(&mut w.reported, true) || !w.signaled {
+            if std::mem::replace(&mut w.reported, true) {
+                continue;
+            }
+            self.early += 1;
+            if !w.signaled {
                 continue;
             }
             if self.sw.sq_slot_release == SlotRelease::AtPoll {

@@ -324,6 +324,10 @@ pub struct Requester {
     marks: Vec<u64>,
     /// The connection's one-sided fast path, offered by the driver ([`direct`]).
     direct: Option<Arc<dyn DirectWrite>>,
+    /// WQEs at the front of `sq` whose completions went early ([`direct`]): complete as
+    /// the application sees them, so their slots are free (or, under
+    /// [`SlotRelease::AtPoll`], held until polled), though they wait for an ACK.
+    early: usize,
 }
 
 impl Requester {
@@ -379,6 +383,7 @@ impl Requester {
             slots: Arc::default(),
             marks: Vec::new(),
             direct: None,
+            early: 0,
         }
     }
 
@@ -401,8 +406,15 @@ impl Requester {
     pub fn held_unpolled(&self) -> u64 {
         match self.sw.sq_slot_release {
             SlotRelease::AtCompletion => 0,
-            SlotRelease::AtPoll => self.retired.saturating_sub(self.slots.freed()),
+            SlotRelease::AtPoll => (self.retired + self.early as u64).saturating_sub(self.slots.freed()),
         }
+    }
+
+    /// WQEs posted and not complete as the application sees them (a READ or atomic
+    /// whose completion went early is complete): those that hold a slot whatever was
+    /// polled.
+    fn pending(&self) -> usize {
+        self.sq.len() - self.early
     }
 
     /// Moves the marks of the completions produced since the last call into `out`, one
@@ -451,7 +463,8 @@ impl Requester {
         self.psn
     }
 
-    /// WQEs posted and not yet completed.
+    /// WQEs posted and not yet retired (completed and, for a READ or atomic whose
+    /// completion went early, its notice acknowledged).
     pub fn outstanding(&self) -> usize {
         self.sq.len()
     }

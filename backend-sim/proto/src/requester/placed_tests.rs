@@ -58,10 +58,15 @@ impl DirectWrite for Fake {
 /// A connected RC requester with the fast path `fake`, and its local region (4 KiB,
 /// lkey 7) in `mrs`.
 fn setup(fake: Arc<Fake>, max_rd_atomic: u8) -> (Requester, MrTable, Arc<MrShared>) {
+    setup_with(fake, max_rd_atomic, 16, Switches::default())
+}
+
+/// The same with a send queue of `cap` WQEs, on a device with the switches `sw`.
+fn setup_with(fake: Arc<Fake>, max_rd_atomic: u8, cap: u32, sw: Switches) -> (Requester, MrTable, Arc<MrShared>) {
     let mrs = MrTable::default();
     let mr = Arc::new(MrShared::new_owned(1, 7, 4096, AccessFlags::LOCAL_WRITE).unwrap());
     mrs.insert(mr.clone());
-    let mut req = Requester::new(1, 1, &QpCap::new(16, 1), false);
+    let mut req = Requester::new(1, 1, &QpCap::new(cap, 1), false).with_profile(sw, MAX_MSG, 4096);
     req.connect(ReqAttrs {
         sq_psn: 100,
         timeout: Some(Duration::from_millis(10)),
@@ -426,4 +431,39 @@ fn a_responder_accepts_what_follows_a_notice() {
     let mut got = [0u8; 16];
     assert!(mr.copy_out(3072, &mut got));
     assert_eq!(got, [5; 16]);
+}
+
+/// An early completion frees its WQE's slot as any completion does, though the WQE
+/// waits for its notice's ACK: at once, or under `SlotRelease::AtPoll` once polled.
+#[test]
+fn an_early_completion_frees_the_slot() {
+    for at_poll in [false, true] {
+        let sw = Switches {
+            sq_slot_release: if at_poll {
+                SlotRelease::AtPoll
+            } else {
+                SlotRelease::AtCompletion
+            },
+            ..Switches::default()
+        };
+        let (mut req, mrs, mr) = setup_with(Fake::new(false, true, Some(0)), 1, 1, sw);
+        let word_sge = [Sge::new(mr.addr(), 8, 7)];
+        let faa = |id| SendWr::fetch_and_add(id, &word_sge, (0x9100, 5), 1).signaled();
+        req.post(&faa(1), &mrs).unwrap();
+        assert_eq!(send(&mut req, &mrs, Instant::now()).1, [1]);
+        assert_eq!(req.outstanding(), 1, "the notice is unacknowledged");
+        if at_poll {
+            assert_eq!(req.post(&faa(2), &mrs), Err(PostCheck::FullUnpolled));
+            let mut marks = Vec::new();
+            req.take_marks(&mut marks);
+            assert_eq!(marks, [1]);
+            req.slots().release_through(marks[0]);
+        }
+        req.post(&faa(2), &mrs).unwrap();
+        assert_eq!(req.post(&faa(3), &mrs), Err(PostCheck::Full));
+        assert_eq!(send(&mut req, &mrs, Instant::now()).1, [2]);
+        assert_eq!(ack(&mut req, 101), Vec::<u64>::new());
+        assert_eq!(req.outstanding(), 0);
+        assert_eq!(req.held_unpolled(), u64::from(at_poll));
+    }
 }

@@ -145,10 +145,10 @@ impl Requester {
         route: Option<UdRoute>,
         data: impl InlineSource,
     ) -> Result<(), PostCheck> {
-        if self.sq.len() >= self.cap {
+        if self.pending() >= self.cap {
             return Err(PostCheck::Full);
         }
-        if self.sq.len() as u64 + self.held_unpolled() >= self.cap as u64 {
+        if self.pending() as u64 + self.held_unpolled() >= self.cap as u64 {
             return Err(PostCheck::FullUnpolled);
         }
         if data.sges(wr) > self.max_sge as usize {

@@ -191,6 +191,7 @@ impl Requester {
     pub fn reset(&mut self) {
         self.retired += self.sq.len() as u64;
         self.slots.release_through(self.retired);
+        self.early = 0;
         self.marks.clear();
         while let Some(mut w) = self.sq.pop_front() {
             w.local.clear();
