@@ -12,7 +12,10 @@
 //!
 //! RC ordering: a WQE may go this way only when every WQE before it has completed or went
 //! this way too, so no earlier message still travelling over the connection lands after
-//! (or reads before) the data placed now. A WQE asks once. A placed WRITE completes on
+//! (or reads before) the data placed now. A WQE asks on its first send only, whatever
+//! the answer: a resend of one that went the normal way (a WQE behind one still
+//! unanswered, or refused) goes the normal way again, since the responder may have
+//! executed it already and lost only its answer. A placed WRITE completes on
 //! the ACK as always, and a resend of it (a rewind after a lost connection, a timeout or
 //! an RNR NAK) carries the payload the normal way and clears the mark, so WQEs after it
 //! go the normal way as well.
@@ -92,11 +95,14 @@ impl Requester {
     }
 
     /// The fast path, if WQE `idx` may ask it (an RC WRITE from registered memory or
-    /// READ, long enough, or an atomic; never asked before, with every WQE before it
-    /// complete or placed); marks the WQE as having asked.
+    /// READ, long enough, or an atomic; on its first send, with every WQE before it
+    /// complete or placed); marks the WQE as sent once.
     pub(super) fn direct_for(&mut self, idx: usize) -> Option<Arc<dyn DirectWrite>> {
+        // Only on its first send: one that went the normal way may have been executed by
+        // the responder already, its answer lost (an atomic must not run twice).
+        let first = !std::mem::replace(&mut self.sq[idx].direct_tried, true);
         let d = self.direct.as_ref()?;
-        if self.uc || self.ud {
+        if !first || self.uc || self.ud {
             return None;
         }
         let w = &self.sq[idx];
@@ -107,15 +113,13 @@ impl Requester {
             WrOp::AtomicCmpAndSwp { .. } | WrOp::AtomicFetchAndAdd { .. } => true,
             _ => false,
         };
-        if !kind_fits || w.direct_tried {
+        if !kind_fits {
             return None;
         }
         if !self.sq.iter().take(idx).all(|e| e.status.is_some() || e.placed) {
             return None;
         }
-        let d = d.clone();
-        self.sq[idx].direct_tried = true;
-        Some(d)
+        Some(d.clone())
     }
 
     /// Asks the driver to execute atomic WQE `idx` on `remote`; if it did, stores the

@@ -133,7 +133,8 @@ struct SendWqe {
     /// resend starts after them ([`resume`]).
     done: u32,
     sent: bool,
-    /// The fast path was asked for this WQE ([`direct`]): it is asked once.
+    /// The WQE was built once ([`direct`]): the fast path is asked on its first send
+    /// only.
     direct_tried: bool,
     /// Its last send placed the data directly ([`direct`]); a READ or atomic: the
     /// driver executed it, and every send of it is its notice.

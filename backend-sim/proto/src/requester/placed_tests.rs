@@ -62,7 +62,12 @@ fn setup(fake: Arc<Fake>, max_rd_atomic: u8) -> (Requester, MrTable, Arc<MrShare
 }
 
 /// The same with a send queue of `cap` WQEs, on a device with the switches `sw`.
-fn setup_with(fake: Arc<Fake>, max_rd_atomic: u8, cap: u32, sw: Switches) -> (Requester, MrTable, Arc<MrShared>) {
+fn setup_with(
+    fake: Arc<Fake>,
+    max_rd_atomic: u8,
+    cap: u32,
+    sw: Switches,
+) -> (Requester, MrTable, Arc<MrShared>) {
     let mrs = MrTable::default();
     let mr = Arc::new(MrShared::new_owned(1, 7, 4096, AccessFlags::LOCAL_WRITE).unwrap());
     mrs.insert(mr.clone());
@@ -466,4 +471,40 @@ fn an_early_completion_frees_the_slot() {
         assert_eq!(req.outstanding(), 0);
         assert_eq!(req.held_unpolled(), u64::from(at_poll));
     }
+}
+
+/// An atomic first sent the normal way (behind an unanswered READ) is never asked when
+/// it is resent: the responder may have executed it and lost only its answer.
+#[test]
+fn a_resend_of_one_sent_the_normal_way_is_never_asked() {
+    let fake = Fake::new(false, false, Some(1));
+    let (mut req, mrs, mr) = setup(fake.clone(), 4);
+    let read_sge = [Sge::new(mr.addr() + 64, 64, 7)];
+    let word_sge = [Sge::new(mr.addr(), 8, 7)];
+    req.post(&SendWr::read(1, &read_sge, (0x9200, 5)).signaled(), &mrs)
+        .unwrap();
+    req.post(
+        &SendWr::fetch_and_add(2, &word_sge, (0x9100, 5), 1).signaled(),
+        &mrs,
+    )
+    .unwrap();
+    let (frames, _) = send(&mut req, &mrs, Instant::now());
+    assert!(
+        matches!(frames[1].0, Frame::FetchAdd { psn: 101, .. }),
+        "{frames:?}"
+    );
+    let (now, mut out) = (Instant::now(), Vec::new());
+    match req.on_response(&Frame::ReadResp { psn: 100, len: 64 }, now, &mut out) {
+        Ok(ReadSink::Into { psn, segs }) => req.read_done(psn, segs, now, &mut out),
+        _ => panic!("the READ's response has nowhere to go"),
+    }
+    assert_eq!(ids(&out), [1]);
+    req.on_connection_lost();
+    let (frames, done) = send(&mut req, &mrs, now);
+    assert!(
+        matches!(frames[0].0, Frame::FetchAdd { psn: 101, .. }),
+        "{frames:?}"
+    );
+    assert!(done.is_empty());
+    assert_eq!(fake.atomics.load(Ordering::SeqCst), 0, "asked on a resend");
 }
