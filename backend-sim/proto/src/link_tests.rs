@@ -868,7 +868,8 @@ proptest! {
 /// bits of `fast_path` say ([`fast_path`]), and the ops may lose frames on the way.
 fn check_model(ops: Vec<Op>, fast_path: Option<u64>) -> Result<(), TestCaseError> {
     let mut l = Link::new(7, 7, 10, 1);
-    let local = Link::mr(&l.a_mrs, 64 * 1024);
+    // Room for 60 WRITEs or READs of 1200 bytes each, one after the other.
+    let local = Link::mr(&l.a_mrs, 128 * 1024);
     let remote = Link::mr(&l.b_mrs, 8 * 1024);
     if let Some(pattern) = fast_path {
         l.req
