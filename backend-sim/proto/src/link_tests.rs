@@ -735,6 +735,9 @@ enum Op {
     LoseRequests,
     /// The responses sent in the next pump vanish on the way.
     LoseResponses,
+    /// The connection breaks: what the next pump sends either way is lost, and both
+    /// sides learn it (the requester resends from its oldest unacknowledged WQE).
+    LoseConnection,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -886,7 +889,7 @@ fn check_model(ops: Vec<Op>, fast_path: Option<u64>) -> Result<(), TestCaseError
     // atomics after it wrote meanwhile.
     let lossy = ops
         .iter()
-        .any(|o| matches!(o, Op::LoseRequests | Op::LoseResponses));
+        .any(|o| matches!(o, Op::LoseRequests | Op::LoseResponses | Op::LoseConnection));
     let changed = |reads: &mut Vec<(u64, usize, Vec<u8>, std::ops::Range<usize>, bool)>,
                    r: std::ops::Range<usize>| {
         for e in reads.iter_mut() {
@@ -995,6 +998,13 @@ fn check_model(ops: Vec<Op>, fast_path: Option<u64>) -> Result<(), TestCaseError
                 l.drop_responses = true;
                 l.pump();
                 l.drop_responses = false;
+            }
+            Op::LoseConnection => {
+                (l.drop_requests, l.drop_responses) = (true, true);
+                l.pump();
+                (l.drop_requests, l.drop_responses) = (false, false);
+                l.req.on_connection_lost();
+                l.resp.connection_lost();
             }
         }
     }

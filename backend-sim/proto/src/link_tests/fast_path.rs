@@ -105,9 +105,10 @@ impl DirectWrite for InProcess {
 /// The model check's operations, and now and then frames lost on the way.
 fn lossy_op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        8 => op(),
+        12 => op(),
         1 => Just(Op::LoseRequests),
         1 => Just(Op::LoseResponses),
+        1 => Just(Op::LoseConnection),
     ]
 }
 
