@@ -866,6 +866,19 @@ proptest! {
     }
 }
 
+/// A READ of the model check.
+struct ModelRead {
+    id: u64,
+    /// Where it lands in the local region.
+    at: usize,
+    /// The model's bytes at its place in the stream.
+    want: Vec<u8>,
+    /// Its remote range.
+    range: std::ops::Range<usize>,
+    /// A WRITE or atomic posted after it changed that range.
+    later: bool,
+}
+
 /// Runs the model check of `random_operations_match_the_model` over `ops`; with
 /// `fast_path`, the requester's driver executes WRITEs, READs and atomics itself as the
 /// bits of `fast_path` say ([`fast_path`]), and the ops may lose frames on the way.
@@ -881,19 +894,16 @@ fn check_model(ops: Vec<Op>, fast_path: Option<u64>) -> Result<(), TestCaseError
     let rbufs = Link::mr(&l.b_mrs, 256 * 400);
     let mut model = vec![0u8; 8 * 1024];
     let mut expect_send: Vec<(u64, WcOpcode)> = Vec::new();
-    // Each READ: its id, where it lands, the model's bytes at its place in the stream,
-    // its remote range, and whether a later WRITE or atomic changed that range.
-    let mut reads: Vec<(u64, usize, Vec<u8>, std::ops::Range<usize>, bool)> = Vec::new();
+    let mut reads: Vec<ModelRead> = Vec::new();
     // A READ whose response is lost is executed again when resent (IBA 9.7.5.2.1: the
     // responder executes a repeated READ anew), so it may see what the WRITEs and
     // atomics after it wrote meanwhile.
     let lossy = ops
         .iter()
         .any(|o| matches!(o, Op::LoseRequests | Op::LoseResponses | Op::LoseConnection));
-    let changed = |reads: &mut Vec<(u64, usize, Vec<u8>, std::ops::Range<usize>, bool)>,
-                   r: std::ops::Range<usize>| {
+    let changed = |reads: &mut Vec<ModelRead>, r: std::ops::Range<usize>| {
         for e in reads.iter_mut() {
-            e.4 |= r.start < e.3.end && e.3.start < r.end;
+            e.later |= r.start < e.range.end && e.range.start < r.end;
         }
     };
     let mut faas: Vec<(u64, usize, u64)> = Vec::new();
@@ -950,7 +960,13 @@ fn check_model(ops: Vec<Op>, fast_path: Option<u64>) -> Result<(), TestCaseError
                         &l.a_mrs,
                     )
                     .unwrap();
-                reads.push((id, at, model[off..off + len].to_vec(), off..off + len, false));
+                reads.push(ModelRead {
+                    id,
+                    at,
+                    want: model[off..off + len].to_vec(),
+                    range: off..off + len,
+                    later: false,
+                });
                 expect_send.push((id, WcOpcode::RdmaRead));
             }
             Op::Faa { add } => {
@@ -1050,7 +1066,14 @@ fn check_model(ops: Vec<Op>, fast_path: Option<u64>) -> Result<(), TestCaseError
     let mut mem = vec![0u8; 8 * 1024];
     get(&remote, 0, &mut mem);
     prop_assert!(mem == model, "remote memory differs from the model");
-    for (rid, at, want, _, later) in reads {
+    for ModelRead {
+        id: rid,
+        at,
+        want,
+        later,
+        ..
+    } in reads
+    {
         if lossy && later {
             continue;
         }
