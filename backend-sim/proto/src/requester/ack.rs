@@ -187,7 +187,7 @@ impl Requester {
         self.sq
             .iter()
             .take(idx)
-            .position(|w| w.sent && w.status.is_none() && w.op.is_read_or_atomic() && !w.placed)
+            .position(|w| w.sent && w.status.is_none() && w.op.is_read_or_atomic() && !w.executed())
     }
 
     /// Position in `sq` of the sent WQE with `psn`.
