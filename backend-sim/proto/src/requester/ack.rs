@@ -292,10 +292,11 @@ impl Requester {
     ) -> Result<ReadSink, Fatal> {
         self.sq[idx].status = Some(status);
         // WQEs behind it that an ACK already finished (a WRITE after a READ whose
-        // response is still due) are flushed, not completed: completions come in order,
-        // and after an error only flushes follow, whatever the responder executed.
+        // response is still due), or that the driver executed and whose completion waits
+        // for this one ([`direct`]), are flushed, not completed: completions come in
+        // order, and after an error only flushes follow, whatever was executed.
         for w in self.sq.iter_mut().skip(idx + 1) {
-            if w.status == Some(WcStatus::Success) {
+            if w.status == Some(WcStatus::Success) || (w.executed() && !w.reported) {
                 w.status = Some(WcStatus::WrFlushErr);
             }
         }

@@ -508,3 +508,33 @@ fn a_resend_of_one_sent_the_normal_way_is_never_asked() {
     assert!(done.is_empty());
     assert_eq!(fake.atomics.load(Ordering::SeqCst), 0, "asked on a resend");
 }
+
+/// An executed atomic waiting for the placed WRITE ahead of it is flushed when that
+/// WRITE fails: after an error completion only flushes follow.
+#[test]
+fn one_waiting_behind_a_failed_write_is_flushed() {
+    let fake = Fake::new(true, false, Some(1));
+    let (mut req, mrs, mr) = setup(fake, 1);
+    let long = [Sge::new(mr.addr() + 64, 64, 7)];
+    let word_sge = [Sge::new(mr.addr(), 8, 7)];
+    req.post(&SendWr::write(1, &long, (0x9000, 5)).signaled(), &mrs)
+        .unwrap();
+    req.post(
+        &SendWr::fetch_and_add(2, &word_sge, (0x9100, 5), 1).signaled(),
+        &mrs,
+    )
+    .unwrap();
+    let (frames, done) = send(&mut req, &mrs, Instant::now());
+    assert!(matches!(frames[1].0, Frame::AtomicPlaced { .. }), "{frames:?}");
+    assert!(done.is_empty());
+    let mut out = Vec::new();
+    let nak = Frame::Nak {
+        psn: 100,
+        code: NakCode::RemoteAccess,
+        reason: Some(NakReason::OutOfBounds),
+    };
+    assert!(req.on_response(&nak, Instant::now(), &mut out).is_err());
+    req.flush(&mut out);
+    let got: Vec<_> = out.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(got, [(1, WcStatus::RemAccessErr), (2, WcStatus::WrFlushErr)]);
+}
