@@ -308,7 +308,7 @@ impl Requester {
     /// port that is down, `Switches::port_down_fails_sends`), and those behind it are
     /// flushed as after any error; `None` if there is none.
     pub fn fail_oldest(&mut self, status: WcStatus, out: &mut Vec<WorkCompletion>) -> Option<Fatal> {
-        let i = self.sq.iter().position(|w| w.status.is_none())?;
+        let i = self.oldest_unfinished()?;
         self.fail(i, status, out).err()
     }
 

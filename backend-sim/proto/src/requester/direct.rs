@@ -149,6 +149,17 @@ impl Requester {
         Ok(true)
     }
 
+    /// The oldest WQE not finished as the application sees it (one whose completion went
+    /// early is finished), else the oldest one unfinished: the WQE an error of the QP's
+    /// (retries spent, the port down) completes with, so that it is seen.
+    pub(super) fn oldest_unfinished(&self) -> Option<usize> {
+        let unfinished = |w: &Box<SendWqe>| w.status.is_none();
+        self.sq
+            .iter()
+            .position(|w| unfinished(w) && !w.reported)
+            .or_else(|| self.sq.iter().position(unfinished))
+    }
+
     /// Sends the notice of executed READ or atomic WQE `idx`, at `psn`.
     pub(super) fn push_notice(&mut self, idx: usize, psn: u32, tx: &mut TxQueue) {
         let ack_req = self.ack_req_due();

@@ -538,3 +538,36 @@ fn one_waiting_behind_a_failed_write_is_flushed() {
     let got: Vec<_> = out.iter().map(|w| (w.wr_id, w.status)).collect();
     assert_eq!(got, [(1, WcStatus::RemAccessErr), (2, WcStatus::WrFlushErr)]);
 }
+
+/// When the retries run out behind an unacknowledged notice, the error completes the
+/// first WQE whose completion has not gone yet; the completed one gets no second.
+#[test]
+fn spent_retries_fail_the_first_wqe_not_yet_completed() {
+    let fake = Fake::new(false, true, Some(1));
+    let (mut req, mrs, mr) = setup(fake, 1);
+    let word_sge = [Sge::new(mr.addr(), 8, 7)];
+    let short = [Sge::new(mr.addr() + 64, 16, 7)];
+    req.post(
+        &SendWr::fetch_and_add(1, &word_sge, (0x9100, 5), 1).signaled(),
+        &mrs,
+    )
+    .unwrap();
+    req.post(&SendWr::write(2, &short, (0x9000, 5)).signaled(), &mrs)
+        .unwrap();
+    let mut t = Instant::now();
+    assert_eq!(send(&mut req, &mrs, t).1, [1]);
+    let mut out = Vec::new();
+    let mut failed = false;
+    for _ in 0..20 {
+        t += Duration::from_millis(20);
+        if req.on_timer(t, None, None, &mut out).is_err() {
+            failed = true;
+            break;
+        }
+        send(&mut req, &mrs, t);
+    }
+    assert!(failed, "the retries never ran out");
+    req.flush(&mut out);
+    let got: Vec<_> = out.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(got, [(2, WcStatus::RetryExcErr)]);
+}

@@ -81,6 +81,7 @@ impl Requester {
                             dest_qpn = self.dest_qpn,
                             "local ACK timeout, no retries left: IBV_WC_RETRY_EXC_ERR"
                         );
+                        let i = self.oldest_unfinished().unwrap_or(i);
                         return self.fail(i, WcStatus::RetryExcErr, out).map(|_| true);
                     }
                     self.spend_retry();
