@@ -153,11 +153,10 @@ impl Requester {
     /// early is finished), else the oldest one unfinished: the WQE an error of the QP's
     /// (retries spent, the port down) completes with, so that it is seen.
     pub(super) fn oldest_unfinished(&self) -> Option<usize> {
-        let unfinished = |w: &Box<SendWqe>| w.status.is_none();
         self.sq
             .iter()
-            .position(|w| unfinished(w) && !w.reported)
-            .or_else(|| self.sq.iter().position(unfinished))
+            .position(|w| w.status.is_none() && !w.reported)
+            .or_else(|| self.sq.iter().position(|w| w.status.is_none()))
     }
 
     /// Sends the notice of executed READ or atomic WQE `idx`, at `psn`.
