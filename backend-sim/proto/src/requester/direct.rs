@@ -32,7 +32,9 @@
 //! show) or the peer misbehaves: the WQE then fails as for that NAK (its status moves
 //! the QP to ERR, the WQEs behind it are flushed) without a second completion for the
 //! one already produced. A notice never acknowledged (the peer went away) ends the same
-//! way once `retry_cnt` is spent.
+//! way once `retry_cnt` is spent; such an error of the QP's completes the first WQE whose
+//! completion has not gone yet, so that it is seen. One executed but waiting for a WQE
+//! ahead of it that then fails is flushed: after an error only flushes follow.
 
 use super::*;
 
