@@ -102,7 +102,7 @@ impl Requester {
     pub(super) fn direct_for(&mut self, idx: usize) -> Option<Arc<dyn DirectWrite>> {
         // Only on its first send: one that went the normal way may have been executed by
         // the responder already, its answer lost (an atomic must not run twice).
-        let first = !std::mem::replace(&mut self.sq[idx].direct_tried, true);
+        let first = !std::mem::replace(&mut self.sq[idx].built_once, true);
         let d = self.direct.as_ref()?;
         if !first || self.uc || self.ud {
             return None;

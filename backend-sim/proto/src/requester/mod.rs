@@ -135,7 +135,7 @@ struct SendWqe {
     sent: bool,
     /// The WQE was built once ([`direct`]): the fast path is asked on its first send
     /// only.
-    direct_tried: bool,
+    built_once: bool,
     /// Its last send placed the data directly ([`direct`]); a READ or atomic: the
     /// driver executed it, and every send of it is its notice.
     placed: bool,
@@ -169,7 +169,7 @@ impl SendWqe {
             pkts: 1,
             done: 0,
             sent: false,
-            direct_tried: false,
+            built_once: false,
             placed: false,
             reported: false,
             status: None,

@@ -201,7 +201,7 @@ impl Requester {
         w.pkts = 1;
         w.done = 0;
         w.sent = false;
-        w.direct_tried = false;
+        w.built_once = false;
         w.placed = false;
         w.reported = false;
         w.status = None;
