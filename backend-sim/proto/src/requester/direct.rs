@@ -91,6 +91,13 @@ pub enum DirectAtomic {
 }
 
 impl Requester {
+    /// Whether the frames built from now on are lost on the way (`true`: the QP has no
+    /// connection, and builds them only for their local checks): a WQE built so has not
+    /// had its first send, and may still ask the fast path once connected.
+    pub fn builds_are_lost(&mut self, lost: bool) {
+        self.lost_builds = lost;
+    }
+
     /// Offers (or, with `None`, withdraws) the fast path of the QP's connection.
     pub fn set_direct(&mut self, direct: Option<Arc<dyn DirectWrite>>) {
         self.direct = direct;
@@ -101,8 +108,10 @@ impl Requester {
     /// complete or placed); marks the WQE as sent once.
     pub(super) fn direct_for(&mut self, idx: usize) -> Option<Arc<dyn DirectWrite>> {
         // Only on its first send: one that went the normal way may have been executed by
-        // the responder already, its answer lost (an atomic must not run twice).
-        let first = !std::mem::replace(&mut self.sq[idx].built_once, true);
+        // the responder already, its answer lost (an atomic must not run twice). A frame
+        // built without a connection reached nobody.
+        let first = !self.sq[idx].built_once;
+        self.sq[idx].built_once |= !self.lost_builds;
         let d = self.direct.as_ref()?;
         if !first || self.uc || self.ud {
             return None;

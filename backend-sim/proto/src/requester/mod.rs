@@ -329,6 +329,9 @@ pub struct Requester {
     /// the application sees them, so their slots are free (or, under
     /// [`SlotRelease::AtPoll`], held until polled), though they wait for an ACK.
     early: usize,
+    /// The frames built now are lost on the way (there is no connection), so building
+    /// them is no first send ([`direct`]).
+    lost_builds: bool,
 }
 
 impl Requester {
@@ -385,6 +388,7 @@ impl Requester {
             marks: Vec::new(),
             direct: None,
             early: 0,
+            lost_builds: false,
         }
     }
 

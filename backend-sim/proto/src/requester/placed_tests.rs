@@ -571,3 +571,31 @@ fn spent_retries_fail_the_first_wqe_not_yet_completed() {
     let got: Vec<_> = out.iter().map(|w| (w.wr_id, w.status)).collect();
     assert_eq!(got, [(2, WcStatus::RetryExcErr)]);
 }
+
+/// A WQE built while the QP has no connection (its frame lost on the way, for the local
+/// checks only) still asks the fast path when it is first sent over one.
+#[test]
+fn a_build_without_a_connection_is_no_first_send() {
+    let fake = Fake::new(false, false, Some(3));
+    let (mut req, mrs, mr) = setup(fake.clone(), 1);
+    let word_sge = [Sge::new(mr.addr(), 8, 7)];
+    req.post(
+        &SendWr::fetch_and_add(1, &word_sge, (0x9100, 5), 1).signaled(),
+        &mrs,
+    )
+    .unwrap();
+    let direct = req.direct.take();
+    req.builds_are_lost(true);
+    let (lost, _) = send(&mut req, &mrs, Instant::now());
+    req.builds_are_lost(false);
+    assert!(matches!(lost[0].0, Frame::FetchAdd { .. }), "{lost:?}");
+    req.set_direct(direct);
+    req.on_connection_lost();
+    let (frames, done) = send(&mut req, &mrs, Instant::now());
+    assert!(
+        matches!(frames[0].0, Frame::AtomicPlaced { psn: 100, .. }),
+        "{frames:?}"
+    );
+    assert_eq!(done, [1]);
+    assert_eq!(fake.atomics.load(Ordering::SeqCst), 1);
+}
