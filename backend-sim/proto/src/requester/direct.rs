@@ -15,7 +15,8 @@
 //! (or reads before) the data placed now. A WQE asks on its first send only, whatever
 //! the answer: a resend of one that went the normal way (a WQE behind one still
 //! unanswered, or refused) goes the normal way again, since the responder may have
-//! executed it already and lost only its answer. A placed WRITE completes on
+//! executed it already and lost only its answer (a frame built while the QP has no
+//! connection reached nobody: [`Requester::builds_are_lost`]). A placed WRITE completes on
 //! the ACK as always, and a resend of it (a rewind after a lost connection, a timeout or
 //! an RNR NAK) carries the payload the normal way and clears the mark, so WQEs after it
 //! go the normal way as well.
