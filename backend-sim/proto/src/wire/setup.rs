@@ -11,7 +11,7 @@ pub const HELLO_MAGIC: u32 = 0x4d49_5352;
 /// [`Frame::ReadPlaced`](super::Frame::ReadPlaced) or
 /// [`Frame::AtomicPlaced`](super::Frame::AtomicPlaced); 11: a same-host connection's setup message also
 /// passes the one-sided fast path's tables and use counts, and a WRITE the requester
-/// placed itself travels as [`Frame::WritePlaced`], without its payload; 10: on a same-host (unix socket) connection of a
+/// placed itself travels as [`Frame::WritePlaced`](super::Frame::WritePlaced), without its payload; 10: on a same-host (unix socket) connection of a
 /// QP pair, the connector follows the hello's answer with one message that passes the
 /// shared-memory rings its frames then take, or says they stay on the socket; 9: a
 /// message's packets may travel apart, and a requester resends from a PSN inside a
