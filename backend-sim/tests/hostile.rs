@@ -153,6 +153,76 @@ fn crafted_frames_never_touch_memory_outside_the_region() {
     assert_eq!((wc[0].wr_id, wc[0].status), (7, WcStatus::Success));
 }
 
+/// A peer's notices of READs and atomics it claims to have executed itself (the
+/// same-host fast path's) check no key and move no memory, even naming bytes outside the
+/// region or a word inside it: they are acknowledged, take their PSNs, and the WRITE
+/// after them lands.
+#[test]
+fn notices_of_placed_reads_and_atomics_move_nothing() {
+    let ctx = SimBackend::default().open("sim0").unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(8, None).unwrap();
+    let victim = pd.create_qp(&QpInitAttr::rc(&cq, &cq, QpCap::new(4, 1))).unwrap();
+    let mut backing = vec![0xeeu8; 3 * 4096];
+    // SAFETY: `backing` outlives `mr` (dropped below) and is only read after that.
+    let mr = unsafe {
+        pd.reg_mr_raw(backing.as_mut_ptr().add(4096), 4096, AccessFlags::ALL)
+            .unwrap()
+    };
+    mr.fill(0);
+    let mut s = impersonate(&ctx, &victim, &RcParams::default());
+    let (rkey, base) = (mr.rkey(), mr.addr());
+    let mut attack = Vec::new();
+    attack.extend(frame(Frame::ReadPlaced {
+        psn: 0,
+        len: 2048,
+        addr: base - 8,
+        rkey: rkey ^ 1,
+        ack_req: false,
+    }));
+    attack.extend(frame(Frame::AtomicPlaced {
+        psn: 2,
+        addr: base,
+        rkey,
+        compare: None,
+        swap_add: 5,
+        ack_req: false,
+    }));
+    attack.extend(frame(Frame::AtomicPlaced {
+        psn: 3,
+        addr: base + 4096,
+        rkey,
+        compare: Some(0),
+        swap_add: 1,
+        ack_req: false,
+    }));
+    attack.extend(frame(Frame::Write {
+        psn: 4,
+        len: 8,
+        addr: base + 64,
+        rkey,
+        imm: None,
+        solicited: false,
+        ack_req: true,
+    }));
+    attack.extend([0x55; 8]);
+    s.write_all(&attack).unwrap();
+    let mut last = None;
+    while last != Some(4) {
+        match read_answer(&mut s) {
+            Some(Frame::Ack { psn }) => last = Some(psn),
+            other => panic!("expected ACKs up to PSN 4, got {other:?} after {last:?}"),
+        }
+    }
+    assert_eq!(victim.state().unwrap(), QpState::Rts);
+    drop(s);
+    drop(mr);
+    let mut want = vec![0xeeu8; 3 * 4096];
+    want[4096..8192].fill(0);
+    want[4096 + 64..4096 + 72].fill(0x55);
+    assert!(backing == want, "a notice moved memory");
+}
+
 #[test]
 fn a_peer_that_floods_without_reading_is_bounded() {
     // 2 KiB READ requests (whose responses are copied into the reply queue), never

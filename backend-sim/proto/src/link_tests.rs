@@ -18,6 +18,8 @@ use crate::responder::{RespAttrs, Responder};
 use crate::rx::Reader;
 use crate::tx::TxQueue;
 
+mod fast_path;
+
 const PD: u32 = 1;
 
 struct Link {
@@ -711,13 +713,31 @@ fn atomic_result_into_a_deregistered_buffer_fails() {
 /// One step of the random model check.
 #[derive(Clone, Debug)]
 enum Op {
-    Send { len: usize },
-    Write { off: usize, len: usize, byte: u8 },
-    Read { off: usize, len: usize },
-    Faa { add: u64 },
+    Send {
+        len: usize,
+    },
+    Write {
+        off: usize,
+        len: usize,
+        byte: u8,
+    },
+    Read {
+        off: usize,
+        len: usize,
+    },
+    Faa {
+        add: u64,
+    },
     Recv,
     Pump,
     Tick,
+    /// The requests sent in the next pump vanish on the way.
+    LoseRequests,
+    /// The responses sent in the next pump vanish on the way.
+    LoseResponses,
+    /// The connection breaks: what the next pump sends either way is lost, and both
+    /// sides learn it (the requester resends from its oldest unacknowledged WQE).
+    LoseConnection,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -739,99 +759,7 @@ proptest! {
     /// what the model says at their position in the stream.
     #[test]
     fn random_operations_match_the_model(ops in proptest::collection::vec(op(), 1..60)) {
-        let mut l = Link::new(7, 7, 10, 1);
-        let local = Link::mr(&l.a_mrs, 64 * 1024);
-        let remote = Link::mr(&l.b_mrs, 8 * 1024);
-        let rbufs = Link::mr(&l.b_mrs, 256 * 400);
-        let mut model = vec![0u8; 8 * 1024];
-        let mut expect_send: Vec<(u64, WcOpcode)> = Vec::new();
-        let mut reads: Vec<(u64, usize, Vec<u8>)> = Vec::new();
-        let mut faas: Vec<(u64, usize, u64)> = Vec::new();
-        let mut sends: Vec<Vec<u8>> = Vec::new();
-        let mut recvs_posted = 0usize;
-        let mut next_local = 0usize;
-        let mut id = 0u64;
-        for o in ops {
-            id += 1;
-            match o {
-                Op::Send { len } => {
-                    let data: Vec<u8> = (0..len).map(|i| (i as u8).wrapping_add(id as u8)).collect();
-                    let at = next_local; next_local += 300;
-                    put(&local, at, &data);
-                    l.req.post(&SendWr::send(id, &[sge(&local, at, len)]).signaled(), &l.a_mrs).unwrap();
-                    expect_send.push((id, WcOpcode::Send));
-                    sends.push(data);
-                }
-                Op::Write { off, len, byte } => {
-                    let len = len.min(8 * 1024 - off.min(8 * 1024));
-                    let at = next_local; next_local += 1200;
-                    put(&local, at, &vec![byte; len]);
-                    l.req.post(&SendWr::write(id, &[sge(&local, at, len)], (remote.addr() + off as u64, remote.key)).signaled(), &l.a_mrs).unwrap();
-                    model[off..off + len].fill(byte);
-                    expect_send.push((id, WcOpcode::RdmaWrite));
-                }
-                Op::Read { off, len } => {
-                    let len = len.min(8 * 1024 - off.min(8 * 1024));
-                    let at = next_local; next_local += 1200;
-                    l.req.post(&SendWr::read(id, &[sge(&local, at, len)], (remote.addr() + off as u64, remote.key)).signaled(), &l.a_mrs).unwrap();
-                    reads.push((id, at, model[off..off + len].to_vec()));
-                    expect_send.push((id, WcOpcode::RdmaRead));
-                }
-                Op::Faa { add } => {
-                    let at = next_local; next_local += 8;
-                    l.req.post(&SendWr::fetch_and_add(id, &[sge(&local, at, 8)], (remote.addr() + 4096, remote.key), add).signaled(), &l.a_mrs).unwrap();
-                    let mut w = [0u8; 8];
-                    w.copy_from_slice(&model[4096..4104]);
-                    let old = u64::from_ne_bytes(w);
-                    model[4096..4104].copy_from_slice(&old.wrapping_add(add).to_ne_bytes());
-                    faas.push((id, at, old));
-                    expect_send.push((id, WcOpcode::FetchAdd));
-                }
-                Op::Recv => {
-                    if recvs_posted < 400 {
-                        l.resp.post(&RecvWr::new(1000 + recvs_posted as u64, &[sge(&rbufs, recvs_posted * 256, 256)])).unwrap();
-                        recvs_posted += 1;
-                    }
-                }
-                Op::Pump => l.pump(),
-                Op::Tick => l.at(l.now + Duration::from_micros(20)),
-            }
-        }
-        // Enough receives for every SEND, then run the clock until everything is done.
-        while recvs_posted < sends.len() {
-            l.resp.post(&RecvWr::new(1000 + recvs_posted as u64, &[sge(&rbufs, recvs_posted * 256, 256)])).unwrap();
-            recvs_posted += 1;
-        }
-        for _ in 0..2000 {
-            l.at(l.now + rnr_timer(1));
-            if l.req.outstanding() == 0 { break; }
-        }
-        prop_assert!(!l.a_err && !l.b_err, "an error on a well-formed workload");
-        let s = l.take_send();
-        prop_assert_eq!(s.iter().map(|w| (w.wr_id, w.opcode)).collect::<Vec<_>>(), expect_send);
-        prop_assert!(s.iter().all(|w| w.status == WcStatus::Success));
-        let r = l.take_recv();
-        prop_assert_eq!(r.len(), sends.len());
-        for (k, (w, data)) in r.iter().zip(&sends).enumerate() {
-            prop_assert_eq!(w.wr_id, 1000 + k as u64);
-            prop_assert_eq!(w.byte_len as usize, data.len());
-            let mut got = vec![0u8; data.len()];
-            get(&rbufs, k * 256, &mut got);
-            prop_assert_eq!(&got, data);
-        }
-        let mut mem = vec![0u8; 8 * 1024];
-        get(&remote, 0, &mut mem);
-        prop_assert!(mem == model, "remote memory differs from the model");
-        for (rid, at, want) in reads {
-            let mut got = vec![0u8; want.len()];
-            get(&local, at, &mut got);
-            prop_assert!(got == want, "READ {} returned other bytes than the model", rid);
-        }
-        for (fid, at, old) in faas {
-            let mut got = [0u8; 8];
-            get(&local, at, &mut got);
-            prop_assert_eq!(u64::from_ne_bytes(got), old, "old value of FAA {}", fid);
-        }
+        check_model(ops, None)?;
     }
 
     /// Hostile bytes at a responder: never a panic, never a byte written outside the one
@@ -936,6 +864,229 @@ proptest! {
         prop_assert!(backing[..4096].iter().all(|&b| b == 0xee));
         prop_assert!(backing[8192..].iter().all(|&b| b == 0xee));
     }
+}
+
+/// A READ of the model check.
+struct ModelRead {
+    id: u64,
+    /// Where it lands in the local region.
+    at: usize,
+    /// The model's bytes at its place in the stream.
+    want: Vec<u8>,
+    /// Its remote range.
+    range: std::ops::Range<usize>,
+    /// A WRITE or atomic posted after it changed that range.
+    later: bool,
+}
+
+/// Runs the model check of `random_operations_match_the_model` over `ops`; with
+/// `fast_path`, the requester's driver executes WRITEs, READs and atomics itself as the
+/// bits of `fast_path` say ([`fast_path`]), and the ops may lose frames on the way.
+fn check_model(ops: Vec<Op>, fast_path: Option<u64>) -> Result<(), TestCaseError> {
+    let mut l = Link::new(7, 7, 10, 1);
+    // Room for 60 WRITEs or READs of 1200 bytes each, one after the other.
+    let local = Link::mr(&l.a_mrs, 128 * 1024);
+    let remote = Link::mr(&l.b_mrs, 8 * 1024);
+    if let Some(pattern) = fast_path {
+        l.req
+            .set_direct(Some(fast_path::InProcess::new(pattern, &remote)));
+    }
+    let rbufs = Link::mr(&l.b_mrs, 256 * 400);
+    let mut model = vec![0u8; 8 * 1024];
+    let mut expect_send: Vec<(u64, WcOpcode)> = Vec::new();
+    let mut reads: Vec<ModelRead> = Vec::new();
+    // A READ whose response is lost is executed again when resent (IBA 9.7.5.2.1: the
+    // responder executes a repeated READ anew), so it may see what the WRITEs and
+    // atomics after it wrote meanwhile.
+    let lossy = ops
+        .iter()
+        .any(|o| matches!(o, Op::LoseRequests | Op::LoseResponses | Op::LoseConnection));
+    let changed = |reads: &mut Vec<ModelRead>, r: std::ops::Range<usize>| {
+        for e in reads.iter_mut() {
+            e.later |= r.start < e.range.end && e.range.start < r.end;
+        }
+    };
+    let mut faas: Vec<(u64, usize, u64)> = Vec::new();
+    let mut sends: Vec<Vec<u8>> = Vec::new();
+    let mut recvs_posted = 0usize;
+    let mut next_local = 0usize;
+    let mut id = 0u64;
+    for o in ops {
+        id += 1;
+        match o {
+            Op::Send { len } => {
+                let data: Vec<u8> = (0..len).map(|i| (i as u8).wrapping_add(id as u8)).collect();
+                let at = next_local;
+                next_local += 300;
+                put(&local, at, &data);
+                l.req
+                    .post(&SendWr::send(id, &[sge(&local, at, len)]).signaled(), &l.a_mrs)
+                    .unwrap();
+                expect_send.push((id, WcOpcode::Send));
+                sends.push(data);
+            }
+            Op::Write { off, len, byte } => {
+                let len = len.min(8 * 1024 - off.min(8 * 1024));
+                let at = next_local;
+                next_local += 1200;
+                put(&local, at, &vec![byte; len]);
+                l.req
+                    .post(
+                        &SendWr::write(
+                            id,
+                            &[sge(&local, at, len)],
+                            (remote.addr() + off as u64, remote.key),
+                        )
+                        .signaled(),
+                        &l.a_mrs,
+                    )
+                    .unwrap();
+                model[off..off + len].fill(byte);
+                changed(&mut reads, off..off + len);
+                expect_send.push((id, WcOpcode::RdmaWrite));
+            }
+            Op::Read { off, len } => {
+                let len = len.min(8 * 1024 - off.min(8 * 1024));
+                let at = next_local;
+                next_local += 1200;
+                l.req
+                    .post(
+                        &SendWr::read(
+                            id,
+                            &[sge(&local, at, len)],
+                            (remote.addr() + off as u64, remote.key),
+                        )
+                        .signaled(),
+                        &l.a_mrs,
+                    )
+                    .unwrap();
+                reads.push(ModelRead {
+                    id,
+                    at,
+                    want: model[off..off + len].to_vec(),
+                    range: off..off + len,
+                    later: false,
+                });
+                expect_send.push((id, WcOpcode::RdmaRead));
+            }
+            Op::Faa { add } => {
+                let at = next_local;
+                next_local += 8;
+                l.req
+                    .post(
+                        &SendWr::fetch_and_add(
+                            id,
+                            &[sge(&local, at, 8)],
+                            (remote.addr() + 4096, remote.key),
+                            add,
+                        )
+                        .signaled(),
+                        &l.a_mrs,
+                    )
+                    .unwrap();
+                let mut w = [0u8; 8];
+                w.copy_from_slice(&model[4096..4104]);
+                let old = u64::from_ne_bytes(w);
+                model[4096..4104].copy_from_slice(&old.wrapping_add(add).to_ne_bytes());
+                faas.push((id, at, old));
+                changed(&mut reads, 4096..4104);
+                expect_send.push((id, WcOpcode::FetchAdd));
+            }
+            Op::Recv => {
+                if recvs_posted < 400 {
+                    l.resp
+                        .post(&RecvWr::new(
+                            1000 + recvs_posted as u64,
+                            &[sge(&rbufs, recvs_posted * 256, 256)],
+                        ))
+                        .unwrap();
+                    recvs_posted += 1;
+                }
+            }
+            Op::Pump => l.pump(),
+            Op::Tick => l.at(l.now + Duration::from_micros(20)),
+            Op::LoseRequests => {
+                l.drop_requests = true;
+                l.pump();
+                l.drop_requests = false;
+            }
+            Op::LoseResponses => {
+                l.drop_responses = true;
+                l.pump();
+                l.drop_responses = false;
+            }
+            Op::LoseConnection => {
+                (l.drop_requests, l.drop_responses) = (true, true);
+                l.pump();
+                (l.drop_requests, l.drop_responses) = (false, false);
+                l.req.on_connection_lost();
+                l.resp.connection_lost();
+            }
+        }
+    }
+    // Enough receives for every SEND, then run the clock until everything is done.
+    while recvs_posted < sends.len() {
+        l.resp
+            .post(&RecvWr::new(
+                1000 + recvs_posted as u64,
+                &[sge(&rbufs, recvs_posted * 256, 256)],
+            ))
+            .unwrap();
+        recvs_posted += 1;
+    }
+    for _ in 0..2000 {
+        l.at(l.now + rnr_timer(1));
+        if l.req.outstanding() == 0 {
+            break;
+        }
+    }
+    // Lost frames are resent after the local ACK timeout.
+    for _ in 0..64 {
+        if l.req.outstanding() == 0 || fast_path.is_none() {
+            break;
+        }
+        l.at(l.now + local_ack_timeout(10).unwrap());
+    }
+    prop_assert!(!l.a_err && !l.b_err, "an error on a well-formed workload");
+    let s = l.take_send();
+    prop_assert_eq!(
+        s.iter().map(|w| (w.wr_id, w.opcode)).collect::<Vec<_>>(),
+        expect_send
+    );
+    prop_assert!(s.iter().all(|w| w.status == WcStatus::Success));
+    let r = l.take_recv();
+    prop_assert_eq!(r.len(), sends.len());
+    for (k, (w, data)) in r.iter().zip(&sends).enumerate() {
+        prop_assert_eq!(w.wr_id, 1000 + k as u64);
+        prop_assert_eq!(w.byte_len as usize, data.len());
+        let mut got = vec![0u8; data.len()];
+        get(&rbufs, k * 256, &mut got);
+        prop_assert_eq!(&got, data);
+    }
+    let mut mem = vec![0u8; 8 * 1024];
+    get(&remote, 0, &mut mem);
+    prop_assert!(mem == model, "remote memory differs from the model");
+    for ModelRead {
+        id: rid,
+        at,
+        want,
+        later,
+        ..
+    } in reads
+    {
+        if lossy && later {
+            continue;
+        }
+        let mut got = vec![0u8; want.len()];
+        get(&local, at, &mut got);
+        prop_assert!(got == want, "READ {} returned other bytes than the model", rid);
+    }
+    for (fid, at, old) in faas {
+        let mut got = [0u8; 8];
+        get(&local, at, &mut got);
+        prop_assert_eq!(u64::from_ne_bytes(got), old, "old value of FAA {}", fid);
+    }
+    Ok(())
 }
 
 /// A refused remote access is logged at the responder (a warning: its QP goes to ERR and

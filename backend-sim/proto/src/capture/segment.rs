@@ -94,6 +94,37 @@ pub fn segments(frame: &Frame, cx: &Context) -> Vec<Segment> {
                 h.bth.ack_req = ack_req;
             })
         }
+        // A READ or an atomic the requester executed itself (the same-host fast path):
+        // the capture shows the request it stands for, answered by an ACK.
+        Frame::ReadPlaced {
+            psn, len, addr, rkey, ..
+        } => one(new(op::READ_REQUEST, psn), |h| {
+            h.reth = Some(Reth { addr, rkey, len });
+            h.bth.ack_req = true;
+        }),
+        Frame::AtomicPlaced {
+            psn,
+            addr,
+            rkey,
+            compare,
+            swap_add,
+            ..
+        } => {
+            let opcode = if compare.is_some() {
+                op::COMPARE_SWAP
+            } else {
+                op::FETCH_ADD
+            };
+            one(new(opcode, psn), |h| {
+                h.atomic_eth = Some(AtomicEth {
+                    addr,
+                    rkey,
+                    swap_add,
+                    compare: compare.unwrap_or(0),
+                });
+                h.bth.ack_req = true;
+            })
+        }
         Frame::CmpSwap {
             psn,
             addr,
@@ -310,6 +341,74 @@ mod tests {
                 msn: 7
             })
         );
+    }
+
+    /// A notice of a READ or an atomic the requester executed itself shows as the
+    /// request it stands for (one packet, its RETH or AtomicETH), as a capture of the
+    /// responder's side sees it.
+    #[test]
+    fn notices_show_as_the_requests_they_stand_for() {
+        let (addr, rkey) = (0x7f00_0000_1000, 0x99);
+        let pairs = [
+            (
+                Frame::ReadPlaced {
+                    psn: 5,
+                    len: 3000,
+                    addr,
+                    rkey,
+                    ack_req: false,
+                },
+                Frame::Read {
+                    psn: 5,
+                    len: 3000,
+                    addr,
+                    rkey,
+                    inflight: 1,
+                },
+            ),
+            (
+                Frame::AtomicPlaced {
+                    psn: 8,
+                    addr,
+                    rkey,
+                    compare: Some(1),
+                    swap_add: 2,
+                    ack_req: true,
+                },
+                Frame::CmpSwap {
+                    psn: 8,
+                    inflight: 1,
+                    addr,
+                    rkey,
+                    compare: 1,
+                    swap: 2,
+                },
+            ),
+            (
+                Frame::AtomicPlaced {
+                    psn: 9,
+                    addr,
+                    rkey,
+                    compare: None,
+                    swap_add: 3,
+                    ack_req: false,
+                },
+                Frame::FetchAdd {
+                    psn: 9,
+                    inflight: 1,
+                    addr,
+                    rkey,
+                    add: 3,
+                },
+            ),
+        ];
+        for (notice, request) in pairs {
+            assert_eq!(
+                segments(&notice, &rc(1024)),
+                segments(&request, &rc(1024)),
+                "{notice:?}"
+            );
+        }
     }
 
     proptest! {

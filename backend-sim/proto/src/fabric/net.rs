@@ -366,6 +366,9 @@ impl Net {
         }
         if let Frame::Write { addr, rkey, .. }
         | Frame::Read { addr, rkey, .. }
+        | Frame::WritePlaced { addr, rkey, .. }
+        | Frame::ReadPlaced { addr, rkey, .. }
+        | Frame::AtomicPlaced { addr, rkey, .. }
         | Frame::CmpSwap { addr, rkey, .. }
         | Frame::FetchAdd { addr, rkey, .. }
         | Frame::Part { addr, rkey, .. } = &mut frame

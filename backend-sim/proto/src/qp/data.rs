@@ -134,7 +134,10 @@ impl Qp {
     /// local checks run) and lost on the way, and the ACK timer runs. A [`Fatal`] moves
     /// the QP to ERR.
     pub fn transmit_unconnected(&mut self, mrs: &MrTable, now: Instant) -> Result<(), Fatal> {
-        self.transmit_into(mrs, now, &mut TxQueue::new(), usize::MAX)?;
+        self.req.builds_are_lost(true);
+        let built = self.transmit_into(mrs, now, &mut TxQueue::new(), usize::MAX);
+        self.req.builds_are_lost(false);
+        built?;
         self.req.arm_timer(now);
         Ok(())
     }

@@ -5,6 +5,23 @@
 use super::*;
 use crate::wire::PartKind;
 
+/// Stores an atomic's original value into its WQE's scatter list `local` (8 bytes, as
+/// far as the list holds them); false if a region there was deregistered meanwhile.
+pub(super) fn store_orig(local: &[Seg], orig: u64) -> bool {
+    let bytes = orig.to_ne_bytes();
+    let mut written = 0;
+    let mut stored = true;
+    for s in local {
+        let n = (8 - written).min(s.len);
+        stored &= s.copy_in(0, &bytes[written..written + n]);
+        written += n;
+        if written == 8 {
+            break;
+        }
+    }
+    stored
+}
+
 impl Requester {
     /// Handles a response frame. For a READ response, returns where its payload goes.
     pub fn on_response(
@@ -50,18 +67,7 @@ impl Requester {
                     return self.fail(i, WcStatus::BadRespErr, out);
                 }
                 self.ack_through(i, false);
-                let bytes = orig.to_ne_bytes();
-                let mut written = 0;
-                let mut stored = true;
-                for s in &self.sq[i].local {
-                    let n = (8 - written).min(s.len);
-                    stored &= s.copy_in(0, &bytes[written..written + n]);
-                    written += n;
-                    if written == 8 {
-                        break;
-                    }
-                }
-                if !stored {
+                if !store_orig(&self.sq[i].local, orig) {
                     // The local buffer was deregistered: the old value has nowhere to go.
                     return self.fail(i, WcStatus::LocProtErr, out);
                 }
@@ -181,7 +187,7 @@ impl Requester {
         self.sq
             .iter()
             .take(idx)
-            .position(|w| w.sent && w.status.is_none() && w.op.is_read_or_atomic())
+            .position(|w| w.sent && w.status.is_none() && w.op.is_read_or_atomic() && !w.executed())
     }
 
     /// Position in `sq` of the sent WQE with `psn`.
@@ -189,16 +195,17 @@ impl Requester {
         self.sq
             .iter()
             .take(self.next)
-            .position(|w| w.sent && w.status.is_none() && w.psn == psn)
+            .position(|w| w.sent && w.status.is_none() && w.psn == psn && !w.executed())
     }
 
-    /// Marks every sent, unfinished SEND/WRITE strictly before `idx` (or up to and
-    /// including `idx` when `inclusive`) as successful. Returns whether anything changed.
+    /// Marks every sent, unfinished SEND/WRITE (or notice of a placed READ or atomic)
+    /// strictly before `idx` (or up to and including `idx` when `inclusive`) as
+    /// successful. Returns whether anything changed.
     pub(super) fn ack_through(&mut self, idx: usize, inclusive: bool) -> bool {
         let end = if inclusive { idx + 1 } else { idx };
         let mut progressed = false;
         for w in self.sq.iter_mut().take(end) {
-            if w.sent && w.status.is_none() && !w.op.is_read_or_atomic() {
+            if w.sent && w.status.is_none() && (!w.op.is_read_or_atomic() || w.placed) {
                 w.status = Some(WcStatus::Success);
                 progressed = true;
             }
@@ -223,12 +230,14 @@ impl Requester {
         };
     }
 
-    /// Moves finished WQEs off the front of the queue, producing completions in order.
+    /// Moves finished WQEs off the front of the queue, producing completions in order
+    /// (none for a placed READ or atomic whose completion went early, which is then
+    /// produced for those now at the front: [`direct`]).
     pub(super) fn retire(&mut self, out: &mut Vec<WorkCompletion>) {
         while let Some(w) = self.sq.front() {
             let Some(status) = w.status else { break };
             self.retired += 1;
-            if w.signaled || status != WcStatus::Success {
+            if (w.signaled || status != WcStatus::Success) && !w.reported {
                 if self.sw.sq_slot_release == SlotRelease::AtPoll {
                     self.marks.push(self.retired);
                 }
@@ -241,7 +250,10 @@ impl Requester {
                 out.push(wc);
             }
             let mut w = self.sq.pop_front().expect("front exists");
-            if w.sent && w.op.is_read_or_atomic() {
+            if w.reported {
+                self.early -= 1;
+            }
+            if w.holds_rd_atomic() {
                 self.rd_inflight -= 1;
             }
             w.local.clear();
@@ -249,6 +261,7 @@ impl Requester {
             self.next = self.next.saturating_sub(1);
             self.started = self.started.saturating_sub(1);
         }
+        self.report_placed(out);
     }
 
     /// Rewinds to the WQE at `idx`: it and everything after it will be sent again, from
@@ -259,7 +272,7 @@ impl Requester {
         }
         let psn = self.sq[idx].psn;
         for w in self.sq.iter_mut().skip(idx).take(self.next - idx) {
-            if w.sent && w.op.is_read_or_atomic() {
+            if w.holds_rd_atomic() {
                 self.rd_inflight -= 1;
             }
             w.sent = false;
@@ -279,10 +292,11 @@ impl Requester {
     ) -> Result<ReadSink, Fatal> {
         self.sq[idx].status = Some(status);
         // WQEs behind it that an ACK already finished (a WRITE after a READ whose
-        // response is still due) are flushed, not completed: completions come in order,
-        // and after an error only flushes follow, whatever the responder executed.
+        // response is still due), or that the driver executed and whose completion waits
+        // for this one ([`direct`]), are flushed, not completed: completions come in
+        // order, and after an error only flushes follow, whatever was executed.
         for w in self.sq.iter_mut().skip(idx + 1) {
-            if w.status == Some(WcStatus::Success) {
+            if w.status == Some(WcStatus::Success) || (w.executed() && !w.reported) {
                 w.status = Some(WcStatus::WrFlushErr);
             }
         }
@@ -294,7 +308,7 @@ impl Requester {
     /// port that is down, `Switches::port_down_fails_sends`), and those behind it are
     /// flushed as after any error; `None` if there is none.
     pub fn fail_oldest(&mut self, status: WcStatus, out: &mut Vec<WorkCompletion>) -> Option<Fatal> {
-        let i = self.sq.iter().position(|w| w.status.is_none())?;
+        let i = self.oldest_unfinished()?;
         self.fail(i, status, out).err()
     }
 

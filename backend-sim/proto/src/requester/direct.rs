@@ -1,16 +1,41 @@
 //! The requester's side of the same-host one-sided fast path (docs/sim.md "The one-sided
-//! fast path"): an RC WRITE the driver may place in the responder's memory itself, after
-//! running the responder's access check on state the responder publishes. The protocol
-//! core stays free of I/O: the driver hands it a [`DirectWrite`] for the connection, and
-//! the core decides which WQEs may ask it and sends what it placed as a
+//! fast path"): an RC WRITE, RDMA READ or atomic the driver may execute on the
+//! responder's memory itself, after running the responder's access check on state the
+//! responder publishes. The protocol core stays free of I/O: the driver hands it a
+//! [`DirectWrite`] for the connection, and the core decides which WQEs may ask it and
+//! tells the responder what was executed: a placed WRITE as a
 //! [`Frame::WritePlaced`](crate::wire::Frame::WritePlaced), which the responder runs every
-//! rule of a WRITE on but moving the data.
+//! rule of a WRITE on but moving the data, a READ or atomic as a notice,
+//! [`Frame::ReadPlaced`](crate::wire::Frame::ReadPlaced) or
+//! [`Frame::AtomicPlaced`](crate::wire::Frame::AtomicPlaced), which takes the
+//! operation's PSNs so that the responder's PSN and MSN advance and its ACK covers it.
 //!
 //! RC ordering: a WQE may go this way only when every WQE before it has completed or went
 //! this way too, so no earlier message still travelling over the connection lands after
-//! (or reads before) the data placed now. A WQE asks once: a resend (a rewind after a
-//! lost connection, a timeout or an RNR NAK) carries the payload the normal way, and
-//! clears the mark, so WQEs after it go the normal way as well.
+//! (or reads before) the data placed now. A WQE asks on its first send only, whatever
+//! the answer: a resend of one that went the normal way (a WQE behind one still
+//! unanswered, or refused) goes the normal way again, since the responder may have
+//! executed it already and lost only its answer (a frame built while the QP has no
+//! connection reached nobody: [`Requester::builds_are_lost`]). A placed WRITE completes on
+//! the ACK as always, and a resend of it (a rewind after a lost connection, a timeout or
+//! an RNR NAK) carries the payload the normal way and clears the mark, so WQEs after it
+//! go the normal way as well.
+//!
+//! A placed READ or atomic is done when the driver returns (the data is in the WQE's
+//! scatter list, the original value in its 8 bytes): its completion is produced at once
+//! if every WQE before it has completed (or is such a READ or atomic), otherwise as soon
+//! as they have, so completions stay in order. It no longer counts against
+//! `max_rd_atomic` (the responder holds nothing for it) but keeps its send queue slot
+//! until the ACK of its notice, and every resend of it (rewind, timeout, PSN sequence
+//! NAK) is the notice again, never the operation: an atomic executes once. The ACK
+//! retires it without a second completion. A responder only NAKs a notice if its QP has
+//! no responder resources (`max_dest_rd_atomic` 0, which the published state does not
+//! show) or the peer misbehaves: the WQE then fails as for that NAK (its status moves
+//! the QP to ERR, the WQEs behind it are flushed) without a second completion for the
+//! one already produced. A notice never acknowledged (the peer went away) ends the same
+//! way once `retry_cnt` is spent; such an error of the QP's completes the first WQE whose
+//! completion has not gone yet, so that it is seen. One executed but waiting for a WQE
+//! ahead of it that then fails is flushed: after an error only flushes follow.
 
 use super::*;
 
@@ -67,33 +92,138 @@ pub enum DirectAtomic {
 }
 
 impl Requester {
+    /// Whether the frames built from now on are lost on the way (`true`: the QP has no
+    /// connection, and builds them only for their local checks): a WQE built so has not
+    /// had its first send, and may still ask the fast path once connected.
+    pub fn builds_are_lost(&mut self, lost: bool) {
+        self.lost_builds = lost;
+    }
+
     /// Offers (or, with `None`, withdraws) the fast path of the QP's connection.
     pub fn set_direct(&mut self, direct: Option<Arc<dyn DirectWrite>>) {
         self.direct = direct;
     }
 
-    /// The fast path, if WQE `idx` may ask it (an RC WRITE from registered memory, long
-    /// enough, never asked before, with every WQE before it complete or placed); marks
-    /// the WQE as having asked.
+    /// The fast path, if WQE `idx` may ask it (an RC WRITE from registered memory or
+    /// READ, long enough, or an atomic; on its first send, with every WQE before it
+    /// complete or placed); marks the WQE as sent once.
     pub(super) fn direct_for(&mut self, idx: usize) -> Option<Arc<dyn DirectWrite>> {
+        // Only on its first send: one that went the normal way may have been executed by
+        // the responder already, its answer lost (an atomic must not run twice). A frame
+        // built without a connection reached nobody.
+        let first = !self.sq[idx].built_once;
+        self.sq[idx].built_once |= !self.lost_builds;
         let d = self.direct.as_ref()?;
-        if self.uc || self.ud {
+        if !first || self.uc || self.ud {
             return None;
         }
         let w = &self.sq[idx];
-        if !matches!(w.op, WrOp::RdmaWrite { .. } | WrOp::RdmaWriteWithImm { .. })
-            || w.inline
-            || w.direct_tried
-            || w.len < d.min_len()
-        {
+        let kind_fits = match w.op {
+            WrOp::RdmaWrite { .. } | WrOp::RdmaWriteWithImm { .. } | WrOp::RdmaRead { .. } => {
+                !w.inline && w.len >= d.min_len()
+            }
+            WrOp::AtomicCmpAndSwp { .. } | WrOp::AtomicFetchAndAdd { .. } => true,
+            _ => false,
+        };
+        if !kind_fits {
             return None;
         }
         if !self.sq.iter().take(idx).all(|e| e.status.is_some() || e.placed) {
             return None;
         }
-        let d = d.clone();
-        self.sq[idx].direct_tried = true;
-        Some(d)
+        Some(d.clone())
+    }
+
+    /// Asks the driver to execute atomic WQE `idx` on `remote`; if it did, stores the
+    /// original value where the response's would go and marks the WQE placed. An error
+    /// if the value has nowhere to go (its local region was deregistered meanwhile): the
+    /// atomic was executed, so it may not go the normal way, and fails as a response
+    /// would with `IBV_WC_LOC_PROT_ERR`.
+    pub(super) fn place_atomic(
+        &mut self,
+        idx: usize,
+        d: &dyn DirectWrite,
+        remote: verbs_api::RemoteAddr,
+    ) -> Result<bool, WcStatus> {
+        let w = &mut self.sq[idx];
+        let op = match w.op {
+            WrOp::AtomicCmpAndSwp { compare, swap, .. } => DirectAtomic::CompareSwap { compare, swap },
+            WrOp::AtomicFetchAndAdd { add, .. } => DirectAtomic::FetchAdd { add },
+            _ => return Ok(false),
+        };
+        let Some(orig) = d.atomic(self.dest_qpn, remote.rkey, remote.addr, op) else {
+            return Ok(false);
+        };
+        w.placed = true;
+        if !ack::store_orig(&w.local, orig) {
+            return Err(WcStatus::LocProtErr);
+        }
+        Ok(true)
+    }
+
+    /// The oldest WQE not finished as the application sees it (one whose completion went
+    /// early is finished), else the oldest one unfinished: the WQE an error of the QP's
+    /// (retries spent, the port down) completes with, so that it is seen.
+    pub(super) fn oldest_unfinished(&self) -> Option<usize> {
+        self.sq
+            .iter()
+            .position(|w| w.status.is_none() && !w.reported)
+            .or_else(|| self.sq.iter().position(|w| w.status.is_none()))
+    }
+
+    /// Sends the notice of executed READ or atomic WQE `idx`, at `psn`.
+    pub(super) fn push_notice(&mut self, idx: usize, psn: u32, tx: &mut TxQueue) {
+        let ack_req = self.ack_req_due();
+        let w = &self.sq[idx];
+        let Some(r) = w.op.remote() else { return };
+        let (compare, swap_add) = match w.op {
+            WrOp::AtomicCmpAndSwp { compare, swap, .. } => (Some(compare), swap),
+            WrOp::AtomicFetchAndAdd { add, .. } => (None, add),
+            _ => {
+                tx.push_frame(&Frame::ReadPlaced {
+                    psn,
+                    len: w.len as u32,
+                    addr: r.addr,
+                    rkey: r.rkey,
+                    ack_req,
+                });
+                return;
+            }
+        };
+        tx.push_frame(&Frame::AtomicPlaced {
+            psn,
+            addr: r.addr,
+            rkey: r.rkey,
+            compare,
+            swap_add,
+            ack_req,
+        });
+    }
+
+    /// Produces the completions of the executed READs and atomics at the front of the
+    /// queue (behind only completed WQEs, which `retire` took off first) that have none
+    /// yet: they complete before the responder acknowledges their notices.
+    pub(super) fn report_placed(&mut self, out: &mut Vec<WorkCompletion>) {
+        let mut number = self.retired;
+        for w in self.sq.iter_mut() {
+            if w.status.is_some() || !w.executed() {
+                break;
+            }
+            number += 1;
+            if std::mem::replace(&mut w.reported, true) {
+                continue;
+            }
+            self.early += 1;
+            if !w.signaled {
+                continue;
+            }
+            if self.sw.sq_slot_release == SlotRelease::AtPoll {
+                // The number it will retire as: its slot is freed when it retires and
+                // this completion was polled, whichever comes last.
+                self.marks.push(number);
+            }
+            out.push(w.completion(self.qpn, WcStatus::Success));
+        }
     }
 }
 

@@ -133,10 +133,15 @@ struct SendWqe {
     /// resend starts after them ([`resume`]).
     done: u32,
     sent: bool,
-    /// The fast path was asked for this WQE ([`direct`]): it is asked once.
-    direct_tried: bool,
-    /// Its last send placed the data directly ([`direct`]).
+    /// The WQE was built once ([`direct`]): the fast path is asked on its first send
+    /// only.
+    built_once: bool,
+    /// Its last send placed the data directly ([`direct`]); a READ or atomic: the
+    /// driver executed it, and every send of it is its notice.
     placed: bool,
+    /// Its completion was delivered before the responder acknowledged it (a placed READ
+    /// or atomic, [`direct`]): it retires later without a second one.
+    reported: bool,
     status: Option<WcStatus>,
     /// The completion's `vendor_err` when `status` is an error that carries one (the
     /// responder's [`NakReason`]).
@@ -164,13 +169,25 @@ impl SendWqe {
             pkts: 1,
             done: 0,
             sent: false,
-            direct_tried: false,
+            built_once: false,
             placed: false,
+            reported: false,
             status: None,
             vendor_err: 0,
             route: None,
             bind: None,
         }
+    }
+
+    /// A READ or atomic the driver executed ([`direct`]): done, but for its notice.
+    fn executed(&self) -> bool {
+        self.placed && self.op.is_read_or_atomic()
+    }
+
+    /// A READ or atomic sent and waiting for its response: one of the `max_rd_atomic`
+    /// outstanding (a notice of an executed one waits for nothing of the responder's).
+    fn holds_rd_atomic(&self) -> bool {
+        self.sent && self.op.is_read_or_atomic() && !self.placed
     }
 
     fn completion(&self, qpn: u32, status: WcStatus) -> WorkCompletion {
@@ -308,6 +325,13 @@ pub struct Requester {
     marks: Vec<u64>,
     /// The connection's one-sided fast path, offered by the driver ([`direct`]).
     direct: Option<Arc<dyn DirectWrite>>,
+    /// WQEs at the front of `sq` whose completions went early ([`direct`]): complete as
+    /// the application sees them, so their slots are free (or, under
+    /// [`SlotRelease::AtPoll`], held until polled), though they wait for an ACK.
+    early: usize,
+    /// The frames built now are lost on the way (there is no connection), so building
+    /// them is no first send ([`direct`]).
+    lost_builds: bool,
 }
 
 impl Requester {
@@ -363,6 +387,8 @@ impl Requester {
             slots: Arc::default(),
             marks: Vec::new(),
             direct: None,
+            early: 0,
+            lost_builds: false,
         }
     }
 
@@ -385,8 +411,15 @@ impl Requester {
     pub fn held_unpolled(&self) -> u64 {
         match self.sw.sq_slot_release {
             SlotRelease::AtCompletion => 0,
-            SlotRelease::AtPoll => self.retired.saturating_sub(self.slots.freed()),
+            SlotRelease::AtPoll => (self.retired + self.early as u64).saturating_sub(self.slots.freed()),
         }
+    }
+
+    /// WQEs posted and not complete as the application sees them (a READ or atomic
+    /// whose completion went early is complete): those that hold a slot whatever was
+    /// polled.
+    fn pending(&self) -> usize {
+        self.sq.len() - self.early
     }
 
     /// Moves the marks of the completions produced since the last call into `out`, one
@@ -435,7 +468,8 @@ impl Requester {
         self.psn
     }
 
-    /// WQEs posted and not yet completed.
+    /// WQEs posted and not yet retired (completed and, for a READ or atomic whose
+    /// completion went early, its notice acknowledged).
     pub fn outstanding(&self) -> usize {
         self.sq.len()
     }
@@ -492,5 +526,7 @@ pub enum PostCheck {
     BadBind,
 }
 
+#[cfg(test)]
+mod placed_tests;
 #[cfg(test)]
 mod tests;

@@ -145,10 +145,10 @@ impl Requester {
         route: Option<UdRoute>,
         data: impl InlineSource,
     ) -> Result<(), PostCheck> {
-        if self.sq.len() >= self.cap {
+        if self.pending() >= self.cap {
             return Err(PostCheck::Full);
         }
-        if self.sq.len() as u64 + self.held_unpolled() >= self.cap as u64 {
+        if self.pending() as u64 + self.held_unpolled() >= self.cap as u64 {
             return Err(PostCheck::FullUnpolled);
         }
         if data.sges(wr) > self.max_sge as usize {
@@ -201,8 +201,9 @@ impl Requester {
         w.pkts = 1;
         w.done = 0;
         w.sent = false;
-        w.direct_tried = false;
+        w.built_once = false;
         w.placed = false;
+        w.reported = false;
         w.status = None;
         w.vendor_err = 0;
         w.route = route;

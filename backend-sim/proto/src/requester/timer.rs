@@ -81,6 +81,7 @@ impl Requester {
                             dest_qpn = self.dest_qpn,
                             "local ACK timeout, no retries left: IBV_WC_RETRY_EXC_ERR"
                         );
+                        let i = self.oldest_unfinished().unwrap_or(i);
                         return self.fail(i, WcStatus::RetryExcErr, out).map(|_| true);
                     }
                     self.spend_retry();
@@ -191,6 +192,7 @@ impl Requester {
     pub fn reset(&mut self) {
         self.retired += self.sq.len() as u64;
         self.slots.release_through(self.retired);
+        self.early = 0;
         self.marks.clear();
         while let Some(mut w) = self.sq.pop_front() {
             w.local.clear();

@@ -67,7 +67,7 @@ impl Requester {
             }
             let (is_rd, fence) = {
                 let w = &self.sq[idx];
-                (w.op.is_read_or_atomic(), w.fence)
+                (w.op.is_read_or_atomic() && !w.placed, w.fence)
             };
             if fence && self.rd_inflight > 0 {
                 break;
@@ -97,8 +97,11 @@ impl Requester {
             w.pkts = packets;
             w.sent = true;
             self.psn = psn::add(psn, packets);
-            if is_rd {
+            if w.holds_rd_atomic() {
                 self.rd_inflight += 1;
+            } else if w.executed() && !w.reported {
+                // Executed by the driver: it completes now, or once those before it have.
+                self.retire(out);
             }
             self.next += 1;
             self.started = self.started.max(self.next);
@@ -183,6 +186,11 @@ impl Requester {
 
     fn build(&mut self, idx: usize, psn: u32, mrs: &MrTable, tx: &mut TxQueue) -> Result<(), WcStatus> {
         let w = &self.sq[idx];
+        if w.executed() {
+            // Executed once: every resend is the notice, never the operation again.
+            self.push_notice(idx, psn, tx);
+            return Ok(());
+        }
         if w.done > 0 && w.done < w.pkts && w.status.is_none() {
             self.sq[idx].placed = false;
             return self.build_resumed(idx, psn, mrs, tx);
@@ -268,6 +276,11 @@ impl Requester {
             WrOp::RdmaRead { remote } => {
                 mrs.resolve_local(pd, &w.sges, true, &mut w.local)
                     .map_err(|_| WcStatus::LocProtErr)?;
+                if direct.is_some_and(|d| d.read(self.dest_qpn, remote.rkey, remote.addr, &w.local)) {
+                    w.placed = true;
+                    self.push_notice(idx, psn, tx);
+                    return Ok(());
+                }
                 tx.push_frame(&Frame::Read {
                     psn,
                     len,
@@ -283,6 +296,13 @@ impl Requester {
                 if total < 8 {
                     return Err(WcStatus::LocLenErr);
                 }
+                if let Some(d) = direct {
+                    if self.place_atomic(idx, &*d, remote)? {
+                        self.push_notice(idx, psn, tx);
+                        return Ok(());
+                    }
+                }
+                let w = &self.sq[idx];
                 let frame = match w.op {
                     WrOp::AtomicCmpAndSwp { compare, swap, .. } => Frame::CmpSwap {
                         psn,

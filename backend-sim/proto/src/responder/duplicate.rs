@@ -1,6 +1,7 @@
 //! Duplicate requests (IBA 9.7.5.1.3, 9.7.7): a PSN behind the expected one was executed
 //! before. A SEND or WRITE is acknowledged again (by the next coalesced ACK), a READ is
-//! executed again, an atomic is answered with its saved result and not executed again.
+//! executed again, an atomic is answered with its saved result and not executed again; a
+//! notice of a READ or atomic the requester executed itself is acknowledged again.
 
 use verbs_api::WrOpcode;
 
@@ -23,7 +24,12 @@ impl Responder {
 
     pub(super) fn duplicate(&mut self, frame: &Frame, mrs: &MrTable, tx: &mut TxQueue) -> Incoming {
         match *frame {
-            Frame::Send { .. } | Frame::Write { .. } | Frame::WritePlaced { .. } | Frame::Part { .. } => {
+            Frame::Send { .. }
+            | Frame::Write { .. }
+            | Frame::WritePlaced { .. }
+            | Frame::ReadPlaced { .. }
+            | Frame::AtomicPlaced { .. }
+            | Frame::Part { .. } => {
                 // Owed, not queued: one ACK of the last executed PSN answers a whole run
                 // of duplicates, so a peer resending the same SEND without reading the
                 // answers cannot make this side queue an ACK per copy.

@@ -7,7 +7,8 @@
 //!
 //! - a PSN behind the expected one is a duplicate: SEND/WRITE are acknowledged again
 //!   (by the next coalesced ACK) without executing, READs are executed again, atomics
-//!   return the saved result;
+//!   return the saved result, a notice of a READ or atomic the same-host requester
+//!   executed itself is acknowledged again ([`placed`]);
 //! - a PSN ahead of the expected one gets one PSN-sequence-error NAK, then everything is
 //!   dropped until the expected PSN arrives;
 //! - SEND, SEND_WITH_IMM and RDMA_WRITE_WITH_IMM consume the oldest posted receive, from
@@ -73,6 +74,7 @@ mod atomic;
 mod duplicate;
 mod part;
 mod place;
+mod placed;
 mod read;
 mod recv;
 mod refuse;
@@ -366,6 +368,7 @@ impl Responder {
             }
             Frame::Read { .. } => self.on_read(frame, psn, mrs, tx),
             Frame::CmpSwap { .. } | Frame::FetchAdd { .. } => self.on_atomic(frame, psn, mrs, tx),
+            Frame::ReadPlaced { .. } | Frame::AtomicPlaced { .. } => self.on_placed(frame, psn, tx),
             _ => Ok(Incoming::Discard),
         }
     }

@@ -166,6 +166,41 @@ pub enum Frame {
         /// The requester asks for an ACK ([`F_ACK_REQ`](super::F_ACK_REQ)).
         ack_req: bool,
     },
+    /// An RDMA READ of `len` bytes that the requester already executed itself (a
+    /// same-host peer's one-sided fast path, see docs/sim.md): it ran the responder's
+    /// access check on the state the responder publishes and copied the bytes. A notice
+    /// of what was executed: it takes the READ's PSNs, and the responder answers it with
+    /// an ACK of its last PSN, moving no data and checking no key, so one from a hostile
+    /// peer is as harmless as a READ of nothing.
+    ReadPlaced {
+        /// PSN of the READ (it takes as many as its response would).
+        psn: u32,
+        /// Bytes read (no payload follows, none is sent back).
+        len: u32,
+        /// Remote virtual address.
+        addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// The requester asks for an ACK ([`F_ACK_REQ`](super::F_ACK_REQ)).
+        ack_req: bool,
+    },
+    /// An atomic that the requester already executed itself on memory both processes map
+    /// (the same-host fast path): a notice of one PSN, answered with an ACK; the
+    /// responder executes nothing for it.
+    AtomicPlaced {
+        /// PSN of the atomic.
+        psn: u32,
+        /// Remote virtual address.
+        addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// CMP_AND_SWP: the compare operand; `None` for FETCH_AND_ADD.
+        compare: Option<u64>,
+        /// The swap operand (CMP_AND_SWP) or the addend (FETCH_AND_ADD).
+        swap_add: u64,
+        /// The requester asks for an ACK ([`F_ACK_REQ`](super::F_ACK_REQ)).
+        ack_req: bool,
+    },
     /// RDMA READ request of `len` bytes.
     Read {
         /// Packet sequence number.
@@ -301,13 +336,15 @@ impl Frame {
         }
     }
 
-    /// Whether the frame is a SEND or WRITE that asks for an ACK ([`F_ACK_REQ`](super::F_ACK_REQ)).
+    /// Whether the frame is a SEND, a WRITE or a notice of a placed operation that asks for an ACK ([`F_ACK_REQ`](super::F_ACK_REQ)).
     pub fn ack_req(&self) -> bool {
         matches!(
             self,
             Frame::Send { ack_req: true, .. }
                 | Frame::Write { ack_req: true, .. }
                 | Frame::WritePlaced { ack_req: true, .. }
+                | Frame::ReadPlaced { ack_req: true, .. }
+                | Frame::AtomicPlaced { ack_req: true, .. }
                 | Frame::Part { ack_req: true, .. }
         )
     }
@@ -318,6 +355,8 @@ impl Frame {
             Frame::Send { psn, .. }
             | Frame::Write { psn, .. }
             | Frame::WritePlaced { psn, .. }
+            | Frame::ReadPlaced { psn, .. }
+            | Frame::AtomicPlaced { psn, .. }
             | Frame::Read { psn, .. }
             | Frame::CmpSwap { psn, .. }
             | Frame::FetchAdd { psn, .. }
@@ -346,6 +385,8 @@ impl Frame {
             Frame::Send { .. }
                 | Frame::Write { .. }
                 | Frame::WritePlaced { .. }
+                | Frame::ReadPlaced { .. }
+                | Frame::AtomicPlaced { .. }
                 | Frame::Read { .. }
                 | Frame::CmpSwap { .. }
                 | Frame::FetchAdd { .. }

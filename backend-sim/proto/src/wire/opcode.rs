@@ -21,6 +21,9 @@ pub(super) mod op {
     pub const CMP_SWAP: u8 = 0x13;
     pub const FETCH_ADD: u8 = 0x14;
     pub const WRITE_PLACED: u8 = 0x15;
+    pub const READ_PLACED: u8 = 0x16;
+    pub const CMP_SWAP_PLACED: u8 = 0x17;
+    pub const FETCH_ADD_PLACED: u8 = 0x18;
     pub const ACK: u8 = 0x20;
     pub const NAK: u8 = 0x21;
     pub const READ_RESP: u8 = 0x22;
@@ -39,8 +42,8 @@ pub(super) fn ext_len(opcode: u8) -> Option<usize> {
         op::CM_ADDRESS => 24,
         op::DATAGRAM => 36,
         op::HELLO_ACK | op::HELLO_NAK | op::SEND | op::ACK | op::NAK | op::READ_RESP => 0,
-        op::WRITE | op::WRITE_PLACED | op::READ => 12,
-        op::CMP_SWAP | op::FETCH_ADD => 28,
+        op::WRITE | op::WRITE_PLACED | op::READ | op::READ_PLACED => 12,
+        op::CMP_SWAP | op::FETCH_ADD | op::CMP_SWAP_PLACED | op::FETCH_ADD_PLACED => 28,
         op::ATOMIC_RESP => 8,
         op::PART => 16,
         _ => return None,
@@ -60,6 +63,7 @@ pub(super) fn allowed_flags(opcode: u8) -> u8 {
     match opcode {
         op::SEND => F_IMM | F_SOLICITED | F_ACK_REQ | F_INV,
         op::WRITE | op::WRITE_PLACED => F_IMM | F_SOLICITED | F_ACK_REQ,
+        op::READ_PLACED | op::CMP_SWAP_PLACED | op::FETCH_ADD_PLACED => F_ACK_REQ,
         op::PART => F_IMM | F_SOLICITED | F_ACK_REQ | F_INV,
         op::DATAGRAM => F_IMM | F_SOLICITED | F_GRH,
         _ => 0,
@@ -89,7 +93,14 @@ pub(super) fn is_setup(opcode: u8) -> bool {
 pub(super) fn uses_len(opcode: u8) -> bool {
     matches!(
         opcode,
-        op::SEND | op::WRITE | op::WRITE_PLACED | op::READ | op::READ_RESP | op::DATAGRAM | op::PART
+        op::SEND
+            | op::WRITE
+            | op::WRITE_PLACED
+            | op::READ
+            | op::READ_PLACED
+            | op::READ_RESP
+            | op::DATAGRAM
+            | op::PART
     )
 }
 

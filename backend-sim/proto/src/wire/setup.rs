@@ -6,9 +6,12 @@
 
 /// Magic of the hello frame ("RSIM").
 pub const HELLO_MAGIC: u32 = 0x4d49_5352;
-/// Protocol version in the hello frame (11: a same-host connection's setup message also
+/// Protocol version in the hello frame (12: a READ or an atomic the requester executed
+/// itself on a same-host peer's memory travels as a notice,
+/// [`Frame::ReadPlaced`](super::Frame::ReadPlaced) or
+/// [`Frame::AtomicPlaced`](super::Frame::AtomicPlaced); 11: a same-host connection's setup message also
 /// passes the one-sided fast path's tables and use counts, and a WRITE the requester
-/// placed itself travels as [`Frame::WritePlaced`], without its payload; 10: on a same-host (unix socket) connection of a
+/// placed itself travels as [`Frame::WritePlaced`](super::Frame::WritePlaced), without its payload; 10: on a same-host (unix socket) connection of a
 /// QP pair, the connector follows the hello's answer with one message that passes the
 /// shared-memory rings its frames then take, or says they stay on the socket; 9: a
 /// message's packets may travel apart, and a requester resends from a PSN inside a
@@ -30,7 +33,7 @@ pub const HELLO_MAGIC: u32 = 0x4d49_5352;
 /// [`F_ACK_REQ`](super::F_ACK_REQ)). A device refuses a hello of another version
 /// ([`HelloReject::Version`]): both ends of a connection must run builds that speak the
 /// same frames.
-pub const VERSION: u16 = 11;
+pub const VERSION: u16 = 12;
 /// Bytes of the token a hello carries.
 pub const TOKEN_LEN: usize = 16;
 

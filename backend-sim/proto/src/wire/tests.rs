@@ -158,6 +158,38 @@ pub fn arb_frame() -> impl Strategy<Value = Frame> {
                     ack_req
                 }
             ),
+        (
+            psn.clone(),
+            len.clone(),
+            any::<u64>(),
+            any::<u32>(),
+            any::<bool>()
+        )
+            .prop_map(|(psn, len, addr, rkey, ack_req)| Frame::ReadPlaced {
+                psn,
+                len,
+                addr,
+                rkey,
+                ack_req
+            }),
+        (
+            psn.clone(),
+            any::<u64>(),
+            any::<u32>(),
+            any::<Option<u64>>(),
+            any::<u64>(),
+            any::<bool>()
+        )
+            .prop_map(
+                |(psn, addr, rkey, compare, swap_add, ack_req)| Frame::AtomicPlaced {
+                    psn,
+                    addr,
+                    rkey,
+                    compare,
+                    swap_add,
+                    ack_req
+                }
+            ),
         (psn.clone(), len.clone(), any::<u64>(), any::<u32>(), any::<u16>()).prop_map(
             |(psn, len, addr, rkey, inflight)| Frame::Read {
                 psn,

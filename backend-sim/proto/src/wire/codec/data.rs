@@ -15,6 +15,7 @@ impl Frame {
         match *self {
             Frame::Write { addr, rkey, .. }
             | Frame::WritePlaced { addr, rkey, .. }
+            | Frame::ReadPlaced { addr, rkey, .. }
             | Frame::Read { addr, rkey, .. } => {
                 e[0..8].copy_from_slice(&addr.to_le_bytes());
                 e[8..12].copy_from_slice(&rkey.to_le_bytes());
@@ -36,6 +37,23 @@ impl Frame {
                 e[8..12].copy_from_slice(&rkey.to_le_bytes());
                 e[12..20].copy_from_slice(&add.to_le_bytes());
                 e[20..28].copy_from_slice(&0u64.to_le_bytes());
+            }
+            Frame::AtomicPlaced {
+                addr,
+                rkey,
+                compare,
+                swap_add,
+                ..
+            } => {
+                // As CMP_SWAP's (compare, swap) or FETCH_ADD's (add, reserved 0).
+                let (first, second) = match compare {
+                    Some(c) => (c, swap_add),
+                    None => (swap_add, 0),
+                };
+                e[0..8].copy_from_slice(&addr.to_le_bytes());
+                e[8..12].copy_from_slice(&rkey.to_le_bytes());
+                e[12..20].copy_from_slice(&first.to_le_bytes());
+                e[20..28].copy_from_slice(&second.to_le_bytes());
             }
             Frame::AtomicResp { orig, .. } => e[0..8].copy_from_slice(&orig.to_le_bytes()),
             _ => {}
@@ -72,6 +90,29 @@ impl Frame {
                 rkey: u32_at(e, 8),
                 imm,
                 solicited,
+                ack_req,
+            },
+            op::READ_PLACED => Frame::ReadPlaced {
+                psn,
+                len,
+                addr: u64_at(e, 0),
+                rkey: u32_at(e, 8),
+                ack_req,
+            },
+            op::CMP_SWAP_PLACED => Frame::AtomicPlaced {
+                psn,
+                addr: u64_at(e, 0),
+                rkey: u32_at(e, 8),
+                compare: Some(u64_at(e, 12)),
+                swap_add: u64_at(e, 20),
+                ack_req,
+            },
+            op::FETCH_ADD_PLACED => Frame::AtomicPlaced {
+                psn,
+                addr: u64_at(e, 0),
+                rkey: u32_at(e, 8),
+                compare: None,
+                swap_add: u64_at(e, 12),
                 ack_req,
             },
             op::READ => Frame::Read {

@@ -95,6 +95,26 @@ impl Frame {
                 len,
                 imm.unwrap_or(0),
             ),
+            Frame::ReadPlaced {
+                psn, len, ack_req, ..
+            } => (op::READ_PLACED, flags_of(None, false, ack_req), 0, psn, len, 0),
+            Frame::AtomicPlaced {
+                psn,
+                compare,
+                ack_req,
+                ..
+            } => (
+                if compare.is_some() {
+                    op::CMP_SWAP_PLACED
+                } else {
+                    op::FETCH_ADD_PLACED
+                },
+                flags_of(None, false, ack_req),
+                0,
+                psn,
+                0,
+                0,
+            ),
             Frame::Read {
                 psn, len, inflight, ..
             } => (op::READ, 0, inflight, psn, len, 0),
@@ -210,7 +230,7 @@ impl Frame {
         {
             return Err(WireError::BadField("reserved field"));
         }
-        if opcode == op::FETCH_ADD && u64_at(e, 20) != 0 {
+        if matches!(opcode, op::FETCH_ADD | op::FETCH_ADD_PLACED) && u64_at(e, 20) != 0 {
             return Err(WireError::BadField("reserved field"));
         }
         Ok(Some((frame, BASE_LEN + ext)))
