@@ -26,6 +26,11 @@ struct Pair {
 }
 
 fn pair(transport: Transport) -> Pair {
+    pair_with(transport, &RcParams::default())
+}
+
+/// [`pair`], with `b` connected with `pb`'s attributes.
+fn pair_with(transport: Transport, pb: &RcParams) -> Pair {
     let ctx = SimBackend::new(SimConfig {
         transport,
         ..SimConfig::default()
@@ -41,7 +46,7 @@ fn pair(transport: Transport) -> Pair {
     let ea = local_endpoint(&ctx, &a, &p, 1).unwrap();
     let eb = local_endpoint(&ctx, &b, &p, 2).unwrap();
     connect_rc(&a, &p, 1, &eb).unwrap();
-    connect_rc(&b, &p, 2, &ea).unwrap();
+    connect_rc(&b, pb, 2, &ea).unwrap();
     Pair { ctx, pd, cq, a, b }
 }
 
@@ -157,4 +162,31 @@ fn a_refused_check_ends_as_without_the_fast_path() {
         assert_eq!(with, without, "{what}");
         assert_eq!(with.0, WcStatus::RemAccessErr, "{what}");
     }
+}
+
+/// A READ to a QP that accepts no READs (`max_dest_rd_atomic` 0: no responder
+/// resources) is not executed by the fast path: it ends with NAK-invalid request's
+/// status and reason, as where there is no fast path (TCP).
+#[test]
+fn a_read_of_a_qp_without_responder_resources_ends_as_without_the_fast_path() {
+    let none = RcParams {
+        max_dest_rd_atomic: 0,
+        ..RcParams::default()
+    };
+    let end = |transport| {
+        let p = pair_with(transport, &none);
+        let dst = p.pd.reg_mr(LEN, AccessFlags::LOCAL_WRITE).unwrap();
+        let src =
+            p.pd.reg_mr(LEN, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)
+                .unwrap();
+        let sge = [Sge::new(dst.addr(), LEN as u32, dst.lkey())];
+        let before = p.placed();
+        let got = p.run(&SendWr::read(5, &sge, (src.addr(), src.rkey())).signaled());
+        let w = got.iter().find(|w| w.wr_id == 5).unwrap();
+        (w.status, w.vendor_err, p.placed() - before)
+    };
+    let with = end(Transport::Auto);
+    let without = end(Transport::Tcp);
+    assert_eq!(with, without);
+    assert_eq!(with.0, WcStatus::RemInvReqErr);
 }

@@ -12,7 +12,7 @@ use backend_sim_proto::qp::{Completions, Qp, QpConfig};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 use verbs_api::event_queue::EventQueue;
-use verbs_api::{AsyncElement, AsyncEvent, AsyncEventType, QpCap, QpState, QpType};
+use verbs_api::{AccessFlags, AsyncElement, AsyncEvent, AsyncEventType, QpCap, QpState, QpType};
 
 use crate::addressing::Addressing;
 use crate::counters::DeviceCounters;
@@ -280,7 +280,13 @@ impl QpShared {
         let Some(owner) = &self.dev.onesided else {
             return;
         };
-        let access = g.qp.attr().qp_access_flags;
+        let attr = g.qp.attr();
+        let mut access = attr.qp_access_flags;
+        // Without responder resources the QP answers READs and atomics with
+        // NAK-invalid request (IBA 9.7.5.2.2); the path must not execute them first.
+        if attr.max_dest_rd_atomic == 0 {
+            access.remove(AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC);
+        }
         let want = self.qp_type == QpType::Rc
             && receives_in(g.qp.state())
             && !self.destroyed.load(Ordering::Acquire);
