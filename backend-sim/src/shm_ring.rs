@@ -88,6 +88,12 @@ const ROOM: usize = 3 * LINE;
 /// Bytes of one ring's control words.
 const CONTROL: usize = 4 * LINE;
 
+/// Bytes a copy into or out of a ring moves before it publishes its index: a large
+/// payload is then taken chunk by chunk while the rest of it is still being written,
+/// and its room refilled while the rest is being read, instead of the two sides taking
+/// turns over whole payloads.
+const CHUNK: usize = 64 << 10;
+
 /// Which end of the connection a side is: the connector produces into ring 0.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Side {
@@ -234,25 +240,43 @@ impl Rings {
     /// # Safety
     /// `dst` must be valid for writes of `len` bytes, and not otherwise borrowed.
     unsafe fn read(&mut self, dst: *mut u8, len: usize) -> io::Result<(usize, bool)> {
-        let n = self.readable()?.min(len);
-        if n == 0 {
+        let mut avail = self.readable()?;
+        if avail == 0 {
             return Ok((0, false));
         }
-        let off = (self.rx_head as usize) & (self.cap - 1);
-        let first = n.min(self.cap - off);
-        // SAFETY: `off + first <= cap` and `n - first <= cap`, so both runs lie in this
-        // side's receive ring inside the mapping; `dst` takes `n <= len` bytes (the
-        // caller's guarantee). Raw copies: the peer may write the ring meanwhile, which
-        // at worst gives bytes the protocol core rejects.
-        unsafe {
-            let ring = self.map.base.add(self.rx_data);
-            std::ptr::copy_nonoverlapping(ring.add(off), dst, first);
-            std::ptr::copy_nonoverlapping(ring, dst.add(first), n - first);
+        let mut done = 0;
+        while done < len {
+            if avail == 0 {
+                // Caught up: what the writer published meanwhile (it publishes chunk
+                // by chunk as well) is taken in this call too. (A bad tail now ends the
+                // call with what it read; the next one reports the broken rings.)
+                avail = self.readable().unwrap_or(0);
+                if avail == 0 {
+                    break;
+                }
+            }
+            let step = (len - done).min(avail).min(CHUNK);
+            let off = (self.rx_head as usize) & (self.cap - 1);
+            let first = step.min(self.cap - off);
+            // SAFETY: `off + first <= cap` and `step - first <= cap`, so both runs lie in
+            // this side's receive ring inside the mapping; `dst` takes `done + step <=
+            // len` bytes (the caller's guarantee). Raw copies: the peer may write the
+            // ring meanwhile, which at worst gives bytes the protocol core rejects.
+            unsafe {
+                let ring = self.map.base.add(self.rx_data);
+                let dst = dst.add(done);
+                std::ptr::copy_nonoverlapping(ring.add(off), dst, first);
+                std::ptr::copy_nonoverlapping(ring, dst.add(first), step - first);
+            }
+            done += step;
+            avail -= step;
+            // Published chunk by chunk: the writer refills what is taken while the rest
+            // is still being copied.
+            self.rx_head = self.rx_head.wrapping_add(step as u64);
+            self.map
+                .word(self.rx_ctl + HEAD)
+                .store(self.rx_head, Ordering::Release);
         }
-        self.rx_head = self.rx_head.wrapping_add(n as u64);
-        self.map
-            .word(self.rx_ctl + HEAD)
-            .store(self.rx_head, Ordering::Release);
         fence(Ordering::SeqCst);
         // A writer that wants room is rung once half the ring is free, not for every
         // frame read: it has that much to write at least, and the rest follows.
@@ -260,7 +284,7 @@ impl Rings {
         let wake = wanted
             && self.readable().is_ok_and(|left| left <= self.cap / 2)
             && self.map.word(self.rx_ctl + ROOM).swap(0, Ordering::Relaxed) != 0;
-        Ok((n, wake))
+        Ok((done, wake))
     }
 
     /// Writes as much of `iov`, past its first `skip` bytes, as there is room for: the
@@ -270,7 +294,7 @@ impl Rings {
     /// Every run must be valid for reads of its length.
     unsafe fn write(&mut self, iov: &[RawSlice], mut skip: usize) -> io::Result<(usize, bool)> {
         let mut room = self.writable()?;
-        let mut done = 0;
+        let (mut done, mut unpublished) = (0, 0);
         for run in iov {
             if room == 0 {
                 break;
@@ -278,16 +302,26 @@ impl Rings {
             let from = skip.min(run.len);
             skip -= from;
             let n = (run.len - from).min(room);
-            let off = (self.tx_tail.wrapping_add(done as u64) as usize) & (self.cap - 1);
-            let first = n.min(self.cap - off);
-            // SAFETY: both runs lie in this side's transmit ring (`off + first <= cap`,
-            // `n - first <= cap`); the source run is readable from `from` for
-            // `n <= run.len - from` bytes (the caller's guarantee).
-            unsafe {
-                let ring = self.map.base.add(self.tx_data);
-                let src = run.base.add(from);
-                std::ptr::copy_nonoverlapping(src, ring.add(off), first);
-                std::ptr::copy_nonoverlapping(src.add(first), ring, n - first);
+            let mut put = 0;
+            while put < n {
+                let step = (n - put).min(CHUNK);
+                let off = (self.tx_tail.wrapping_add(unpublished as u64) as usize) & (self.cap - 1);
+                let first = step.min(self.cap - off);
+                // SAFETY: both runs lie in this side's transmit ring (`off + first <=
+                // cap`, `step - first <= cap`); the source run is readable from `from +
+                // put` for `step <= run.len - from - put` bytes (the caller's guarantee).
+                unsafe {
+                    let ring = self.map.base.add(self.tx_data);
+                    let src = run.base.add(from + put);
+                    std::ptr::copy_nonoverlapping(src, ring.add(off), first);
+                    std::ptr::copy_nonoverlapping(src.add(first), ring, step - first);
+                }
+                put += step;
+                unpublished += step;
+                if unpublished >= CHUNK {
+                    self.publish_tail(unpublished);
+                    unpublished = 0;
+                }
             }
             done += n;
             room -= n;
@@ -295,10 +329,7 @@ impl Rings {
         if done == 0 {
             return Ok((0, false));
         }
-        self.tx_tail = self.tx_tail.wrapping_add(done as u64);
-        self.map
-            .word(self.tx_ctl + TAIL)
-            .store(self.tx_tail, Ordering::Release);
+        self.publish_tail(unpublished);
         fence(Ordering::SeqCst);
         let mut wake = self.map.word(self.tx_ctl + SLEEPERS).load(Ordering::Relaxed) != 0;
         if self.fresh {
@@ -306,6 +337,17 @@ impl Rings {
             wake |= self.map.word(self.tx_ctl + FRESH).swap(0, Ordering::Relaxed) != 0;
         }
         Ok((done, wake))
+    }
+
+    /// Publishes `n` more bytes written past the published tail.
+    fn publish_tail(&mut self, n: usize) {
+        if n == 0 {
+            return;
+        }
+        self.tx_tail = self.tx_tail.wrapping_add(n as u64);
+        self.map
+            .word(self.tx_ctl + TAIL)
+            .store(self.tx_tail, Ordering::Release);
     }
 
     /// Marks the ring this side writes "room wanted" (see the module docs), with the
