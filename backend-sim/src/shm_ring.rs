@@ -131,6 +131,9 @@ pub struct Rings {
     fresh: bool,
     /// What this side's threads share about the rings (see [`Peek`]).
     state: Arc<State>,
+    /// Stores of this side's shared indices (tests).
+    #[cfg(test)]
+    published: u64,
 }
 
 /// What a side's threads share about its rings beside the mapping.
@@ -183,6 +186,8 @@ impl Rings {
             broken: false,
             fresh: true,
             state: Arc::new(State::default()),
+            #[cfg(test)]
+            published: 0,
         })
     }
 
@@ -240,27 +245,18 @@ impl Rings {
     /// # Safety
     /// `dst` must be valid for writes of `len` bytes, and not otherwise borrowed.
     unsafe fn read(&mut self, dst: *mut u8, len: usize) -> io::Result<(usize, bool)> {
-        let mut avail = self.readable()?;
-        if avail == 0 {
+        let n = self.readable()?.min(len);
+        if n == 0 {
             return Ok((0, false));
         }
         let mut done = 0;
-        while done < len {
-            if avail == 0 {
-                // Caught up: what the writer published meanwhile (it publishes chunk
-                // by chunk as well) is taken in this call too. (A bad tail now ends the
-                // call with what it read; the next one reports the broken rings.)
-                avail = self.readable().unwrap_or(0);
-                if avail == 0 {
-                    break;
-                }
-            }
-            let step = (len - done).min(avail).min(CHUNK);
+        while done < n {
+            let step = (n - done).min(CHUNK);
             let off = (self.rx_head as usize) & (self.cap - 1);
             let first = step.min(self.cap - off);
             // SAFETY: `off + first <= cap` and `step - first <= cap`, so both runs lie in
-            // this side's receive ring inside the mapping; `dst` takes `done + step <=
-            // len` bytes (the caller's guarantee). Raw copies: the peer may write the
+            // this side's receive ring inside the mapping; `dst` takes `done + step <= n
+            // <= len` bytes (the caller's guarantee). Raw copies: the peer may write the
             // ring meanwhile, which at worst gives bytes the protocol core rejects.
             unsafe {
                 let ring = self.map.base.add(self.rx_data);
@@ -269,13 +265,9 @@ impl Rings {
                 std::ptr::copy_nonoverlapping(ring, dst.add(first), step - first);
             }
             done += step;
-            avail -= step;
             // Published chunk by chunk: the writer refills what is taken while the rest
             // is still being copied.
-            self.rx_head = self.rx_head.wrapping_add(step as u64);
-            self.map
-                .word(self.rx_ctl + HEAD)
-                .store(self.rx_head, Ordering::Release);
+            self.publish_head(step);
         }
         fence(Ordering::SeqCst);
         // A writer that wants room is rung once half the ring is free, not for every
@@ -339,6 +331,18 @@ impl Rings {
         Ok((done, wake))
     }
 
+    /// Publishes `n` more bytes read past the published head.
+    fn publish_head(&mut self, n: usize) {
+        self.rx_head = self.rx_head.wrapping_add(n as u64);
+        self.map
+            .word(self.rx_ctl + HEAD)
+            .store(self.rx_head, Ordering::Release);
+        #[cfg(test)]
+        {
+            self.published += 1;
+        }
+    }
+
     /// Publishes `n` more bytes written past the published tail.
     fn publish_tail(&mut self, n: usize) {
         if n == 0 {
@@ -348,6 +352,10 @@ impl Rings {
         self.map
             .word(self.tx_ctl + TAIL)
             .store(self.tx_tail, Ordering::Release);
+        #[cfg(test)]
+        {
+            self.published += 1;
+        }
     }
 
     /// Marks the ring this side writes "room wanted" (see the module docs), with the

@@ -8,7 +8,6 @@ use crate::shm_segment::{create_with, required_seals, segment_len, SEGMENT_TAG};
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use proptest::prelude::*;
@@ -693,72 +692,30 @@ fn a_segment_maps_with_the_capacity_its_size_gives() {
 /// A large copy publishes its index chunk by chunk, both ways: a reader takes the first
 /// chunks of a payload while the writer still copies the rest, and the writer refills
 /// what the reader freed while the reader still copies the rest, instead of the two
-/// sides taking turns over whole payloads (a READ response, a WRITE). Each side moves
-/// exactly `CALL` bytes per call and samples the other side's index while it waits
-/// for room or bytes for its next call: with the index published only at the end of a
-/// call, every sample would be a whole number of calls.
+/// sides taking turns over whole payloads (a READ response, a WRITE). Counted as the
+/// stores of each side's shared index during one call that moves a payload of about
+/// half the ring (with one store per call, every byte of a payload waited for its last).
 #[test]
 fn a_large_copy_is_published_chunk_by_chunk_both_ways() {
-    /// Two calls fit in the ring; neither is a whole number of chunks.
-    const CALL: usize = CAPACITY / 2 - 8;
-    /// Calls after which a side gives up (about 4 GiB: only a run with no sample taken
-    /// during the other side's copy gets that far).
-    const MAX_CALLS: usize = 4096;
-    let (mut c, mut a, raw) = pair(CAPACITY);
-    let raw = Arc::new(raw);
-    let done = Arc::new(AtomicBool::new(false));
-    // Seen mid-call by the writer (the reader's head) and by the reader (the tail).
-    let (head_mid, tail_mid) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
-    let index = |raw: &Mapping, word: usize| raw.word(word).load(Ordering::Acquire) as usize;
-    let writer = {
-        let (raw, done, head_mid, tail_mid) = (raw.clone(), done.clone(), head_mid.clone(), tail_mid.clone());
-        std::thread::spawn(move || {
-            let src: Vec<u8> = (0..CALL).map(|i| (i % 251) as u8).collect();
-            for _ in 0..MAX_CALLS {
-                if head_mid.load(Ordering::Relaxed) && tail_mid.load(Ordering::Relaxed) {
-                    break;
-                }
-                loop {
-                    let head = index(&raw, HEAD);
-                    if head % CALL != 0 {
-                        head_mid.store(true, Ordering::Relaxed);
-                    }
-                    if c.tx_tail as usize - head + CALL <= CAPACITY {
-                        break;
-                    }
-                    std::thread::yield_now();
-                }
-                assert_eq!(write(&mut c, &[&src]).unwrap(), CALL);
-            }
-            done.store(true, Ordering::Release);
-        })
-    };
-    let want: Vec<u8> = (0..CALL).map(|i| (i % 251) as u8).collect();
-    let mut dst = vec![0u8; CALL];
-    loop {
-        let finished = done.load(Ordering::Acquire);
-        let tail = index(&raw, TAIL);
-        if tail % CALL != 0 {
-            tail_mid.store(true, Ordering::Relaxed);
-        }
-        if tail - a.rx_head as usize >= CALL {
-            // SAFETY: `dst` is ours, `CALL` bytes, not otherwise borrowed for the call.
-            let (n, _) = unsafe { a.read(dst.as_mut_ptr(), CALL) }.unwrap();
-            assert_eq!(n, CALL);
-            assert!(dst == want, "the bytes changed on their way");
-        } else if finished {
-            break;
-        } else {
-            std::thread::yield_now();
-        }
+    let (mut c, mut a, _) = pair(CAPACITY);
+    let len = CAPACITY / 2 - 8;
+    let src: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+    let chunks = len.div_ceil(CHUNK) as u64;
+    assert!(chunks > 1);
+    // Off the ring's start, so that the copies wrap at its end too.
+    for round in 0..3 {
+        let before = (c.published, a.published);
+        assert_eq!(write(&mut c, &[&src[..8], &src[8..]]).unwrap(), len);
+        assert_eq!(
+            c.published - before.0,
+            chunks,
+            "round {round}: the writer's tail was not published chunk by chunk"
+        );
+        assert_eq!(read(&mut a, len).unwrap(), src, "round {round}");
+        assert_eq!(
+            a.published - before.1,
+            chunks,
+            "round {round}: the reader's head was not published chunk by chunk"
+        );
     }
-    writer.join().unwrap();
-    assert!(
-        tail_mid.load(Ordering::Relaxed),
-        "the reader never saw part of a write before the write's end"
-    );
-    assert!(
-        head_mid.load(Ordering::Relaxed),
-        "the writer never saw part of a read freed before the read's end"
-    );
 }
