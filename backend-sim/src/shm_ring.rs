@@ -88,6 +88,12 @@ const ROOM: usize = 3 * LINE;
 /// Bytes of one ring's control words.
 const CONTROL: usize = 4 * LINE;
 
+/// Bytes a copy into or out of a ring moves before it publishes its index: a large
+/// payload is then taken chunk by chunk while the rest of it is still being written,
+/// and its room refilled while the rest is being read, instead of the two sides taking
+/// turns over whole payloads.
+const CHUNK: usize = 64 << 10;
+
 /// Which end of the connection a side is: the connector produces into ring 0.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Side {
@@ -125,6 +131,9 @@ pub struct Rings {
     fresh: bool,
     /// What this side's threads share about the rings (see [`Peek`]).
     state: Arc<State>,
+    /// Stores of this side's shared indices (tests).
+    #[cfg(test)]
+    published: u64,
 }
 
 /// What a side's threads share about its rings beside the mapping.
@@ -177,6 +186,8 @@ impl Rings {
             broken: false,
             fresh: true,
             state: Arc::new(State::default()),
+            #[cfg(test)]
+            published: 0,
         })
     }
 
@@ -238,24 +249,29 @@ impl Rings {
         if n == 0 {
             return Ok((0, false));
         }
-        let off = (self.rx_head as usize) & (self.cap - 1);
-        let first = n.min(self.cap - off);
-        // SAFETY: `off + first <= cap` and `n - first <= cap`, so both runs lie in this
-        // side's receive ring inside the mapping; `dst` takes `n <= len` bytes (the
-        // caller's guarantee). Raw copies: the peer may write the ring meanwhile, which
-        // at worst gives bytes the protocol core rejects.
-        unsafe {
-            let ring = self.map.base.add(self.rx_data);
-            std::ptr::copy_nonoverlapping(ring.add(off), dst, first);
-            // (Only a run that wraps has a second part: a copy call saved per read.)
-            if n > first {
-                std::ptr::copy_nonoverlapping(ring, dst.add(first), n - first);
+        let mut done = 0;
+        while done < n {
+            let step = (n - done).min(CHUNK);
+            let off = (self.rx_head as usize) & (self.cap - 1);
+            let first = step.min(self.cap - off);
+            // SAFETY: `off + first <= cap` and `step - first <= cap`, so both runs lie in
+            // this side's receive ring inside the mapping; `dst` takes `done + step <= n
+            // <= len` bytes (the caller's guarantee). Raw copies: the peer may write the
+            // ring meanwhile, which at worst gives bytes the protocol core rejects.
+            unsafe {
+                let ring = self.map.base.add(self.rx_data);
+                let dst = dst.add(done);
+                std::ptr::copy_nonoverlapping(ring.add(off), dst, first);
+                // (Only a run that wraps has a second part: a copy call saved per read.)
+                if step > first {
+                    std::ptr::copy_nonoverlapping(ring, dst.add(first), step - first);
+                }
             }
+            done += step;
+            // Published chunk by chunk: the writer refills what is taken while the rest
+            // is still being copied.
+            self.publish_head(step);
         }
-        self.rx_head = self.rx_head.wrapping_add(n as u64);
-        self.map
-            .word(self.rx_ctl + HEAD)
-            .store(self.rx_head, Ordering::Release);
         fence(Ordering::SeqCst);
         // A writer that wants room is rung once half the ring is free, not for every
         // frame read: it has that much to write at least, and the rest follows.
@@ -263,7 +279,7 @@ impl Rings {
         let wake = wanted
             && self.readable().is_ok_and(|left| left <= self.cap / 2)
             && self.map.word(self.rx_ctl + ROOM).swap(0, Ordering::Relaxed) != 0;
-        Ok((n, wake))
+        Ok((done, wake))
     }
 
     /// Writes as much of `iov`, past its first `skip` bytes, as there is room for: the
@@ -273,7 +289,7 @@ impl Rings {
     /// Every run must be valid for reads of its length.
     unsafe fn write(&mut self, iov: &[RawSlice], mut skip: usize) -> io::Result<(usize, bool)> {
         let mut room = self.writable()?;
-        let mut done = 0;
+        let (mut done, mut unpublished) = (0, 0);
         for run in iov {
             if room == 0 {
                 break;
@@ -281,17 +297,27 @@ impl Rings {
             let from = skip.min(run.len);
             skip -= from;
             let n = (run.len - from).min(room);
-            let off = (self.tx_tail.wrapping_add(done as u64) as usize) & (self.cap - 1);
-            let first = n.min(self.cap - off);
-            // SAFETY: both runs lie in this side's transmit ring (`off + first <= cap`,
-            // `n - first <= cap`); the source run is readable from `from` for
-            // `n <= run.len - from` bytes (the caller's guarantee).
-            unsafe {
-                let ring = self.map.base.add(self.tx_data);
-                let src = run.base.add(from);
-                std::ptr::copy_nonoverlapping(src, ring.add(off), first);
-                if n > first {
-                    std::ptr::copy_nonoverlapping(src.add(first), ring, n - first);
+            let mut put = 0;
+            while put < n {
+                let step = (n - put).min(CHUNK);
+                let off = (self.tx_tail.wrapping_add(unpublished as u64) as usize) & (self.cap - 1);
+                let first = step.min(self.cap - off);
+                // SAFETY: both runs lie in this side's transmit ring (`off + first <=
+                // cap`, `step - first <= cap`); the source run is readable from `from +
+                // put` for `step <= run.len - from - put` bytes (the caller's guarantee).
+                unsafe {
+                    let ring = self.map.base.add(self.tx_data);
+                    let src = run.base.add(from + put);
+                    std::ptr::copy_nonoverlapping(src, ring.add(off), first);
+                    if step > first {
+                        std::ptr::copy_nonoverlapping(src.add(first), ring, step - first);
+                    }
+                }
+                put += step;
+                unpublished += step;
+                if unpublished >= CHUNK {
+                    self.publish_tail(unpublished);
+                    unpublished = 0;
                 }
             }
             done += n;
@@ -300,10 +326,7 @@ impl Rings {
         if done == 0 {
             return Ok((0, false));
         }
-        self.tx_tail = self.tx_tail.wrapping_add(done as u64);
-        self.map
-            .word(self.tx_ctl + TAIL)
-            .store(self.tx_tail, Ordering::Release);
+        self.publish_tail(unpublished);
         fence(Ordering::SeqCst);
         let mut wake = self.map.word(self.tx_ctl + SLEEPERS).load(Ordering::Relaxed) != 0;
         if self.fresh {
@@ -311,6 +334,33 @@ impl Rings {
             wake |= self.map.word(self.tx_ctl + FRESH).swap(0, Ordering::Relaxed) != 0;
         }
         Ok((done, wake))
+    }
+
+    /// Publishes `n` more bytes read past the published head.
+    fn publish_head(&mut self, n: usize) {
+        self.rx_head = self.rx_head.wrapping_add(n as u64);
+        self.map
+            .word(self.rx_ctl + HEAD)
+            .store(self.rx_head, Ordering::Release);
+        #[cfg(test)]
+        {
+            self.published += 1;
+        }
+    }
+
+    /// Publishes `n` more bytes written past the published tail.
+    fn publish_tail(&mut self, n: usize) {
+        if n == 0 {
+            return;
+        }
+        self.tx_tail = self.tx_tail.wrapping_add(n as u64);
+        self.map
+            .word(self.tx_ctl + TAIL)
+            .store(self.tx_tail, Ordering::Release);
+        #[cfg(test)]
+        {
+            self.published += 1;
+        }
     }
 
     /// Marks the ring this side writes "room wanted" (see the module docs), with the

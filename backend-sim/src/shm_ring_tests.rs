@@ -688,3 +688,34 @@ fn a_segment_maps_with_the_capacity_its_size_gives() {
         .expect("a segment of another size");
     assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
 }
+
+/// A large copy publishes its index chunk by chunk, both ways: a reader takes the first
+/// chunks of a payload while the writer still copies the rest, and the writer refills
+/// what the reader freed while the reader still copies the rest, instead of the two
+/// sides taking turns over whole payloads (a READ response, a WRITE). Counted as the
+/// stores of each side's shared index during one call that moves a payload of about
+/// half the ring (with one store per call, every byte of a payload waited for its last).
+#[test]
+fn a_large_copy_is_published_chunk_by_chunk_both_ways() {
+    let (mut c, mut a, _) = pair(CAPACITY);
+    let len = CAPACITY / 2 - 8;
+    let src: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+    let chunks = len.div_ceil(CHUNK) as u64;
+    assert!(chunks > 1);
+    // Off the ring's start, so that the copies wrap at its end too.
+    for round in 0..3 {
+        let before = (c.published, a.published);
+        assert_eq!(write(&mut c, &[&src[..8], &src[8..]]).unwrap(), len);
+        assert_eq!(
+            c.published - before.0,
+            chunks,
+            "round {round}: the writer's tail was not published chunk by chunk"
+        );
+        assert_eq!(read(&mut a, len).unwrap(), src, "round {round}");
+        assert_eq!(
+            a.published - before.1,
+            chunks,
+            "round {round}: the reader's head was not published chunk by chunk"
+        );
+    }
+}
