@@ -153,6 +153,11 @@ impl Out {
     /// byte moved.
     fn copy(&self, g: &Granted<'_>, segs: &[Seg], op: Op) -> bool {
         let Some(view) = self.regions.view(g, |s| self.table.published_map(s)) else {
+            // Shorter copies than this go the normal way: the caller's threshold (the
+            // setting's) is the mapped path's in map mode.
+            if (g.len as u64) < self.owner.cma_min_len() {
+                return false;
+            }
             let r = match op {
                 Op::Write if self.cma => cma::write_segs(self.pid, g, segs),
                 Op::Read if self.cma => cma::read_segs(self.pid, g, segs),

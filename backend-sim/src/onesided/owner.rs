@@ -26,13 +26,21 @@ use super::usage::{Peer, Usage};
 
 /// The setting: `on` places WRITEs of [`MIN_LEN`] bytes and more directly, a number is
 /// the shortest WRITE placed directly, `map` is `on` with regions' pages in memfds
-/// ([`Setting::map`]); unset or `off`, every WRITE stays on the connection.
+/// ([`Setting::map`]) and [`MAP_MIN_LEN`] as the shortest WRITE or READ placed through
+/// a mapping, `map:<bytes>` the same with that as the shortest; unset or `off`, every
+/// WRITE stays on the connection.
 pub const SETTING: &str = "RDMA_SIM_ONESIDED";
 
 /// The shortest WRITE placed directly by default: below it the connection's rings carry
 /// the payload for less than the check and the system call cost (docs/sim.md, "The
 /// one-sided fast path", says how it was chosen).
 pub const MIN_LEN: u64 = 16 << 10;
+
+/// The shortest WRITE or READ map mode places through a peer's mapped region by
+/// default: there a placed operation is a `memcpy` and no system call, so it pays from
+/// shorter lengths on (docs/sim.md, "Map mode", says how it was chosen). Copies with
+/// `process_vm_writev`/`readv` keep [`MIN_LEN`] in map mode ([`Setting::cma_min_len`]).
+pub const MAP_MIN_LEN: u64 = MIN_LEN;
 
 /// How long a revocation waits for a peer's copy before it gives up on that peer: a copy
 /// is a bounded `memcpy`, so only a stopped or hostile peer holds a count this long.
@@ -50,19 +58,39 @@ const DEFAULT: Option<Setting> = if cfg!(test) {
     None
 };
 
+#[cfg(test)]
+thread_local! {
+    /// The setting of the devices a unit test opens on its thread, if it chose one (the
+    /// tests share a process, so none may set the variable for the others).
+    pub(crate) static TEST_SETTING: std::cell::Cell<Option<Setting>> = const { std::cell::Cell::new(None) };
+}
+
 /// What [`SETTING`] asks of a process whose fast path is on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Setting {
-    /// The shortest WRITE placed directly.
+    /// The shortest WRITE (or READ) placed directly: in map mode, through a peer's
+    /// mapped region ([`Setting::cma_min_len`] for the others).
     pub min_len: u64,
     /// Whether eligible regions' pages move into memfds that peers map at `ibv_reg_mr`
     /// (`map`), so that peers copy with `memcpy` and run atomics on them.
     pub map: bool,
 }
 
+impl Setting {
+    /// The shortest WRITE or READ copied with `process_vm_writev`/`readv`: the setting's
+    /// own, except in map mode, whose number is for mapped regions (a system call per
+    /// copy does not pay below [`MIN_LEN`] whatever the mapped path does).
+    pub fn cma_min_len(&self) -> u64 {
+        match self.map {
+            true => self.min_len.max(MIN_LEN),
+            false => self.min_len,
+        }
+    }
+}
+
 /// The fast path's setting in this process, or `None` if it neither offers nor uses the
 /// fast path (unset, or `RDMA_SIM_ONESIDED=off`). A value that is neither `off`, `on`,
-/// `map` nor a number is warned about and taken as unset.
+/// `map`, `map:<bytes>` nor a number is warned about and taken as unset.
 pub fn setting() -> Option<Setting> {
     static SET: std::sync::OnceLock<Option<Setting>> = std::sync::OnceLock::new();
     *SET.get_or_init(|| parse(std::env::var(SETTING).ok().as_deref()))
@@ -74,17 +102,23 @@ pub(super) fn parse(v: Option<&str>) -> Option<Setting> {
     match v {
         None | Some("") => DEFAULT,
         Some("on") => on(MIN_LEN, false),
-        Some("map") => on(MIN_LEN, true),
+        Some("map") => on(MAP_MIN_LEN, true),
         Some("off") => None,
-        Some(v) => match v.parse::<u64>() {
-            Ok(n) => on(n.max(1), false),
-            Err(_) => {
-                tracing::warn!(
-                    "{SETTING}={v:?}: neither off, on, map nor a byte count; taken as unset (off)"
-                );
-                DEFAULT
+        Some(v) => {
+            let (n, map) = match v.strip_prefix("map:") {
+                Some(n) => (n, true),
+                None => (v, false),
+            };
+            match n.parse::<u64>() {
+                Ok(n) => on(n.max(1), map),
+                Err(_) => {
+                    tracing::warn!(
+                        "{SETTING}={v:?}: neither off, on, map, map:<bytes> nor a byte count; taken as unset (off)"
+                    );
+                    DEFAULT
+                }
             }
-        },
+        }
     }
 }
 
@@ -106,6 +140,10 @@ impl Owner {
     /// A device's owner table, or `None` if the fast path is off or no table could be
     /// made (the device's connections then carry every WRITE); `capture` is the device's.
     pub fn open(capture: crate::capture::Slot) -> Option<Arc<Owner>> {
+        #[cfg(test)]
+        if let Some(s) = TEST_SETTING.get() {
+            return Owner::with_setting(capture, s);
+        }
         Owner::with_setting(capture, setting()?)
     }
 
@@ -128,9 +166,15 @@ impl Owner {
         }
     }
 
-    /// The shortest WRITE this device's requesters place directly.
+    /// The shortest WRITE this device's requesters place directly (in map mode, through
+    /// a peer's mapped region).
     pub fn min_len(&self) -> u64 {
         self.setting.min_len
+    }
+
+    /// The shortest WRITE or READ they copy with `process_vm_writev`/`readv`.
+    pub fn cma_min_len(&self) -> u64 {
+        self.setting.cma_min_len()
     }
 
     /// How many WRITEs, READs and atomics this device's requesters executed directly on
