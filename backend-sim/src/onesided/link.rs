@@ -206,6 +206,12 @@ impl DirectWrite for Link {
     }
 
     fn read(&self, dest_qpn: u32, rkey: u32, addr: u64, segs: &[Seg]) -> bool {
+        // (The requester asks with the WRITEs' threshold: a shorter READ goes the normal
+        // way before any check.)
+        let len: u64 = segs.iter().map(|s| s.len as u64).sum();
+        if self.out.as_ref().is_none_or(|o| len < o.owner.read_min_len()) {
+            return false;
+        }
         self.copy(dest_qpn, rkey, addr, segs, Op::Read)
     }
 

@@ -188,8 +188,13 @@ struct Two {
 }
 
 fn two() -> Two {
-    let on = |map| Owner::with_setting(crate::capture::Slot::default(), Setting { min_len: 1, map }).unwrap();
-    let (a, b) = (on(true), on(false));
+    two_with(Setting::with_min_len(1, false))
+}
+
+/// [`two`], with `requester` as B's setting (A maps its regions).
+fn two_with(requester: Setting) -> Two {
+    let on = |s| Owner::with_setting(crate::capture::Slot::default(), s).unwrap();
+    let (a, b) = (on(Setting::with_min_len(1, true)), on(requester));
     let (_, ufd) = Usage::create().unwrap();
     let handle = Link::register(&a, ufd.as_fd()).unwrap();
     let link = Link::new(
@@ -315,6 +320,25 @@ fn writes_reads_and_atomics_go_through_the_mapping_and_keep_every_check() {
     assert_eq!(t.link.mapped_regions(), 2);
 }
 
+/// A READ shorter than the requester's shortest READ goes the normal way before any
+/// check (map mode's default keeps READs at 16 KiB while WRITEs start lower); one as
+/// long is placed.
+#[test]
+fn a_read_shorter_than_the_read_threshold_is_not_placed() {
+    let t = two_with(Setting {
+        min_len: 1,
+        read_min_len: 64,
+        map: true,
+    });
+    t.a.publish_qp(QPN, PD, ALL).unwrap();
+    let r = region(&t, 0x77, ALL);
+    let base = r.mr.addr();
+    assert!(r._mapped.is_some(), "an owned page-aligned region was not mapped");
+    assert!(t.link.write(QPN, 0x77, base, &[local(300, 0xab)]));
+    assert!(!t.link.read(QPN, 0x77, base, std::slice::from_ref(&local(63, 0))));
+    assert!(t.link.read(QPN, 0x77, base, std::slice::from_ref(&local(64, 0))));
+}
+
 #[test]
 fn an_atomic_on_an_unmapped_region_is_refused_and_copies_take_the_other_way() {
     let t = two();
@@ -431,8 +455,12 @@ fn memfd_of(len: u64, sealed: bool) -> OwnedFd {
 #[test]
 fn map_is_on_with_pages_moved_and_the_rest_reads_as_before() {
     use super::owner::{parse, MAP_MIN_LEN, MIN_LEN};
-    let on = |min_len, map| Some(Setting { min_len, map });
-    assert_eq!(parse(Some("map")), on(MAP_MIN_LEN, true));
+    let on = |min_len, map| Some(Setting::with_min_len(min_len, map));
+    let map = parse(Some("map")).unwrap();
+    assert_eq!(
+        (map.min_len, map.read_min_len, map.map),
+        (MAP_MIN_LEN, MIN_LEN, true)
+    );
     assert_eq!(parse(Some("on")), on(MIN_LEN, false));
     assert_eq!(parse(Some("4096")), on(4096, false));
     assert_eq!(parse(Some("map:4096")), on(4096, true));
@@ -503,10 +531,7 @@ fn rereg_in_map_mode_moves_the_region_and_the_peer_follows() {
         connect_rc, local_endpoint, poll_n, Backend, Context, MemoryRegion, ProtectionDomain, QpCap,
         QpInitAttr, QueuePair, RcParams, SendWr, Sge, WcStatus,
     };
-    super::owner::TEST_SETTING.set(Some(Setting {
-        min_len: 1,
-        map: true,
-    }));
+    super::owner::TEST_SETTING.set(Some(Setting::with_min_len(1, true)));
     let ctx = crate::SimBackend::new(crate::SimConfig {
         profile: crate::Profile::Mlx5,
         ..crate::SimConfig::default()

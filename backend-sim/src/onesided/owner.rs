@@ -26,9 +26,9 @@ use super::usage::{Peer, Usage};
 
 /// The setting: `on` places WRITEs of [`MIN_LEN`] bytes and more directly, a number is
 /// the shortest WRITE placed directly, `map` is `on` with regions' pages in memfds
-/// ([`Setting::map`]) and [`MAP_MIN_LEN`] as the shortest WRITE or READ placed through
-/// a mapping, `map:<bytes>` the same with that as the shortest; unset or `off`, every
-/// WRITE stays on the connection.
+/// ([`Setting::map`]) and [`MAP_MIN_LEN`] as the shortest WRITE placed through a mapping
+/// (READs keep [`MIN_LEN`]), `map:<bytes>` the same with that as the shortest WRITE and
+/// READ; unset or `off`, every WRITE stays on the connection.
 pub const SETTING: &str = "RDMA_SIM_ONESIDED";
 
 /// The shortest WRITE placed directly by default: below it the connection's rings carry
@@ -36,11 +36,13 @@ pub const SETTING: &str = "RDMA_SIM_ONESIDED";
 /// one-sided fast path", says how it was chosen).
 pub const MIN_LEN: u64 = 16 << 10;
 
-/// The shortest WRITE or READ map mode places through a peer's mapped region by
-/// default: there a placed operation is a `memcpy` and no system call, so it pays from
-/// shorter lengths on (docs/sim.md, "Map mode", says how it was chosen). Copies with
-/// `process_vm_writev`/`readv` keep [`MIN_LEN`] in map mode ([`Setting::cma_min_len`]).
-pub const MAP_MIN_LEN: u64 = MIN_LEN;
+/// The shortest WRITE map mode places through a peer's mapped region by default: there
+/// a placed WRITE is a `memcpy` and no system call, so it pays from shorter lengths on;
+/// below this the rings' copies, which the two sides' threads overlap, still carry more
+/// (docs/sim.md, "Map mode", says how it was chosen). A READ placed on the requester's
+/// thread forgoes the READs the rings keep in flight at once, and keeps [`MIN_LEN`];
+/// copies with `process_vm_writev`/`readv` keep it too ([`Setting::cma_min_len`]).
+pub const MAP_MIN_LEN: u64 = 4 << 10;
 
 /// How long a revocation waits for a peer's copy before it gives up on that peer: a copy
 /// is a bounded `memcpy`, so only a stopped or hostile peer holds a count this long.
@@ -52,6 +54,7 @@ const BOUND: Duration = Duration::from_secs(1);
 const DEFAULT: Option<Setting> = if cfg!(test) {
     Some(Setting {
         min_len: MIN_LEN,
+        read_min_len: MIN_LEN,
         map: false,
     })
 } else {
@@ -68,9 +71,11 @@ thread_local! {
 /// What [`SETTING`] asks of a process whose fast path is on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Setting {
-    /// The shortest WRITE (or READ) placed directly: in map mode, through a peer's
-    /// mapped region ([`Setting::cma_min_len`] for the others).
+    /// The shortest WRITE placed directly: in map mode, through a peer's mapped region
+    /// ([`Setting::cma_min_len`] for the others).
     pub min_len: u64,
+    /// The shortest READ placed directly (likewise).
+    pub read_min_len: u64,
     /// Whether eligible regions' pages move into memfds that peers map at `ibv_reg_mr`
     /// (`map`), so that peers copy with `memcpy` and run atomics on them.
     pub map: bool,
@@ -86,6 +91,15 @@ impl Setting {
             false => self.min_len,
         }
     }
+
+    /// The setting with `n` as the shortest WRITE and READ.
+    pub fn with_min_len(n: u64, map: bool) -> Setting {
+        Setting {
+            min_len: n,
+            read_min_len: n,
+            map,
+        }
+    }
 }
 
 /// The fast path's setting in this process, or `None` if it neither offers nor uses the
@@ -98,11 +112,15 @@ pub fn setting() -> Option<Setting> {
 
 /// What the setting's value `v` (`None`: unset) asks for (see [`setting`]).
 pub(super) fn parse(v: Option<&str>) -> Option<Setting> {
-    let on = |min_len, map| Some(Setting { min_len, map });
+    let on = |n, map| Some(Setting::with_min_len(n, map));
     match v {
         None | Some("") => DEFAULT,
         Some("on") => on(MIN_LEN, false),
-        Some("map") => on(MAP_MIN_LEN, true),
+        Some("map") => Some(Setting {
+            min_len: MAP_MIN_LEN,
+            read_min_len: MIN_LEN,
+            map: true,
+        }),
         Some("off") => None,
         Some(v) => {
             let (n, map) = match v.strip_prefix("map:") {
@@ -175,6 +193,11 @@ impl Owner {
     /// The shortest WRITE or READ they copy with `process_vm_writev`/`readv`.
     pub fn cma_min_len(&self) -> u64 {
         self.setting.cma_min_len()
+    }
+
+    /// The shortest READ they place directly.
+    pub fn read_min_len(&self) -> u64 {
+        self.setting.read_min_len
     }
 
     /// How many WRITEs, READs and atomics this device's requesters executed directly on
