@@ -5,7 +5,8 @@
 //! fast path on (`RDMA_SIM_ONESIDED=on`) or sets the shortest WRITE it takes
 //! (`RDMA_SIM_ONESIDED=<bytes>`, e.g. 1 to put every WRITE it may take through it, as a
 //! test of the path does), or turns it on in map mode (`RDMA_SIM_ONESIDED=map`: as `on`,
-//! and the pages of eligible regions move into memfds peers map, [`super::swap`]).
+//! and the pages of eligible regions move into memfds peers map, [`super::swap`]; with
+//! its own shortest WRITE, and READ, through a mapping: `RDMA_SIM_ONESIDED=map:<bytes>`).
 //!
 //! It is off unless asked for: `process_vm_writev` pins the peer's pages and copies them
 //! in the kernel, a few times slower per byte than the two in-cache copies through the
