@@ -527,29 +527,22 @@ fn mappings_of(ino: u64) -> usize {
 /// peer no longer maps the old memfd.
 #[test]
 fn rereg_in_map_mode_moves_the_region_and_the_peer_follows() {
-    use verbs_api::{
-        connect_rc, local_endpoint, poll_n, Backend, Context, MemoryRegion, ProtectionDomain, QpCap,
-        QpInitAttr, QueuePair, RcParams, SendWr, Sge, WcStatus,
-    };
+    use verbs_api::{poll_n, MemoryRegion, ProtectionDomain, QueuePair, RcParams, SendWr, Sge, WcStatus};
     super::owner::TEST_SETTING.set(Some(Setting::with_min_len(1, true)));
-    let ctx = crate::SimBackend::new(crate::SimConfig {
+    let config = crate::SimConfig {
         profile: crate::Profile::Mlx5,
         ..crate::SimConfig::default()
-    })
-    .open("sim0");
+    };
+    // (The setting is this thread's: it ends with the test whatever happens.)
+    let super::verbs_tests::Pair {
+        ctx,
+        pd,
+        cq,
+        a,
+        b: _b,
+    } = super::verbs_tests::pair_in(config, &RcParams::default());
     super::owner::TEST_SETTING.set(None);
-    let ctx = ctx.unwrap();
     let placed = || ctx.dev.onesided.as_ref().unwrap().placed();
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(16, None).unwrap();
-    let cap = QpCap::new(8, 4);
-    let a = pd.create_qp(&QpInitAttr::rc(&cq, &cq, cap)).unwrap();
-    let b = pd.create_qp(&QpInitAttr::rc(&cq, &cq, cap)).unwrap();
-    let p = RcParams::default();
-    let ea = local_endpoint(&ctx, &a, &p, 1).unwrap();
-    let eb = local_endpoint(&ctx, &b, &p, 2).unwrap();
-    connect_rc(&a, &p, 1, &eb).unwrap();
-    connect_rc(&b, &p, 2, &ea).unwrap();
 
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
     let (old, new) = (anon(LEN, |_| 0), anon(LEN, |_| 0));

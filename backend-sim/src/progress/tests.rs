@@ -263,20 +263,9 @@ fn the_nap_after_the_window_doubles_up_to_the_grace_period() {
 #[test]
 fn a_look_at_quiet_rings_ends_without_a_round() {
     use verbs_api::{
-        connect_rc, local_endpoint, poll_n, AccessFlags, Backend, Context, MemoryRegion, ProtectionDomain,
-        QpCap, QpInitAttr, QueuePair, RcParams, RecvWr, SendWr, WcOpcode,
+        poll_n, AccessFlags, MemoryRegion, ProtectionDomain, QueuePair, RecvWr, SendWr, WcOpcode,
     };
-    let ctx = crate::SimBackend::default().open("sim0").unwrap();
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(16, None).unwrap();
-    let cap = QpCap::new(8, 8);
-    let qa = pd.create_qp(&QpInitAttr::rc(&cq, &cq, cap)).unwrap();
-    let qb = pd.create_qp(&QpInitAttr::rc(&cq, &cq, cap)).unwrap();
-    let p = RcParams::default();
-    let ea = local_endpoint(&ctx, &qa, &p, 1).unwrap();
-    let eb = local_endpoint(&ctx, &qb, &p, 2).unwrap();
-    connect_rc(&qa, &p, 1, &eb).unwrap();
-    connect_rc(&qb, &p, 2, &ea).unwrap();
+    let (ctx, pd, cq, qa, qb) = connected_pair();
     let conn_of = |q: &crate::SimQp| {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
@@ -337,21 +326,8 @@ fn a_look_at_quiet_rings_ends_without_a_round() {
 #[test]
 fn a_break_armed_while_a_round_runs_without_faults_still_breaks_the_next_request() {
     use crate::fault_state::BreakPoint;
-    use verbs_api::{
-        connect_rc, local_endpoint, poll_n, AccessFlags, Backend, Context, MemoryRegion, ProtectionDomain,
-        QpCap, QpInitAttr, QueuePair, RcParams, RecvWr, SendWr,
-    };
-    let ctx = crate::SimBackend::default().open("sim0").unwrap();
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(16, None).unwrap();
-    let cap = QpCap::new(8, 8);
-    let qa = pd.create_qp(&QpInitAttr::rc(&cq, &cq, cap)).unwrap();
-    let qb = pd.create_qp(&QpInitAttr::rc(&cq, &cq, cap)).unwrap();
-    let p = RcParams::default();
-    let ea = local_endpoint(&ctx, &qa, &p, 1).unwrap();
-    let eb = local_endpoint(&ctx, &qb, &p, 2).unwrap();
-    connect_rc(&qa, &p, 1, &eb).unwrap();
-    connect_rc(&qb, &p, 2, &ea).unwrap();
+    use verbs_api::{poll_n, AccessFlags, MemoryRegion, ProtectionDomain, QueuePair, RecvWr, SendWr};
+    let (ctx, pd, cq, qa, qb) = connected_pair();
     // Armed as `Faults::break_connection` arms it, but every round keeps the gate of a
     // QP without faults (the flag that picks it is left unset).
     qa.qp.inner.lock().faults.break_at = Some(BreakPoint::AfterRequest);
@@ -364,4 +340,29 @@ fn a_break_armed_while_a_round_runs_without_faults_still_breaks_the_next_request
     assert!(!qa.qp.fault_armed.load(Ordering::Acquire));
     assert_eq!(ctx.dev.progress.counters.breaks.load(Ordering::Relaxed), 1);
     assert_eq!(qa.qp.inner.lock().faults.break_at, None);
+}
+
+/// One device with a PD and a CQ, and two RC QPs of it connected to each other.
+fn connected_pair() -> (
+    crate::SimContext,
+    crate::SimPd,
+    crate::SimCq,
+    crate::SimQp,
+    crate::SimQp,
+) {
+    use verbs_api::{
+        connect_rc, local_endpoint, Backend, Context, ProtectionDomain, QpCap, QpInitAttr, RcParams,
+    };
+    let ctx = crate::SimBackend::default().open("sim0").unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(16, None).unwrap();
+    let cap = QpCap::new(8, 8);
+    let qa = pd.create_qp(&QpInitAttr::rc(&cq, &cq, cap)).unwrap();
+    let qb = pd.create_qp(&QpInitAttr::rc(&cq, &cq, cap)).unwrap();
+    let p = RcParams::default();
+    let ea = local_endpoint(&ctx, &qa, &p, 1).unwrap();
+    let eb = local_endpoint(&ctx, &qb, &p, 2).unwrap();
+    connect_rc(&qa, &p, 1, &eb).unwrap();
+    connect_rc(&qb, &p, 2, &ea).unwrap();
+    (ctx, pd, cq, qa, qb)
 }
