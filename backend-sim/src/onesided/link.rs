@@ -153,6 +153,11 @@ impl Out {
     /// byte moved.
     fn copy(&self, g: &Granted<'_>, segs: &[Seg], op: Op) -> bool {
         let Some(view) = self.regions.view(g, |s| self.table.published_map(s)) else {
+            // Shorter copies than this go the normal way: the caller's threshold (the
+            // setting's) is the mapped path's in map mode.
+            if (g.len as u64) < self.owner.cma_min_len() {
+                return false;
+            }
             let r = match op {
                 Op::Write if self.cma => cma::write_segs(self.pid, g, segs),
                 Op::Read if self.cma => cma::read_segs(self.pid, g, segs),
@@ -201,6 +206,12 @@ impl DirectWrite for Link {
     }
 
     fn read(&self, dest_qpn: u32, rkey: u32, addr: u64, segs: &[Seg]) -> bool {
+        // (The requester asks with the WRITEs' threshold: a shorter READ goes the normal
+        // way before any check.)
+        let len: u64 = segs.iter().map(|s| s.len as u64).sum();
+        if self.out.as_ref().is_none_or(|o| len < o.owner.read_min_len()) {
+            return false;
+        }
         self.copy(dest_qpn, rkey, addr, segs, Op::Read)
     }
 

@@ -188,8 +188,13 @@ struct Two {
 }
 
 fn two() -> Two {
-    let on = |map| Owner::with_setting(crate::capture::Slot::default(), Setting { min_len: 1, map }).unwrap();
-    let (a, b) = (on(true), on(false));
+    two_with(Setting::with_min_len(1, false))
+}
+
+/// [`two`], with `requester` as B's setting (A maps its regions).
+fn two_with(requester: Setting) -> Two {
+    let on = |s| Owner::with_setting(crate::capture::Slot::default(), s).unwrap();
+    let (a, b) = (on(Setting::with_min_len(1, true)), on(requester));
     let (_, ufd) = Usage::create().unwrap();
     let handle = Link::register(&a, ufd.as_fd()).unwrap();
     let link = Link::new(
@@ -315,6 +320,25 @@ fn writes_reads_and_atomics_go_through_the_mapping_and_keep_every_check() {
     assert_eq!(t.link.mapped_regions(), 2);
 }
 
+/// A READ shorter than the requester's shortest READ goes the normal way before any
+/// check (map mode's default keeps READs at 16 KiB while WRITEs start lower); one as
+/// long is placed.
+#[test]
+fn a_read_shorter_than_the_read_threshold_is_not_placed() {
+    let t = two_with(Setting {
+        min_len: 1,
+        read_min_len: 64,
+        map: true,
+    });
+    t.a.publish_qp(QPN, PD, ALL).unwrap();
+    let r = region(&t, 0x77, ALL);
+    let base = r.mr.addr();
+    assert!(r._mapped.is_some(), "an owned page-aligned region was not mapped");
+    assert!(t.link.write(QPN, 0x77, base, &[local(300, 0xab)]));
+    assert!(!t.link.read(QPN, 0x77, base, std::slice::from_ref(&local(63, 0))));
+    assert!(t.link.read(QPN, 0x77, base, std::slice::from_ref(&local(64, 0))));
+}
+
 #[test]
 fn an_atomic_on_an_unmapped_region_is_refused_and_copies_take_the_other_way() {
     let t = two();
@@ -430,12 +454,22 @@ fn memfd_of(len: u64, sealed: bool) -> OwnedFd {
 
 #[test]
 fn map_is_on_with_pages_moved_and_the_rest_reads_as_before() {
-    use super::owner::{parse, MIN_LEN};
-    let on = |min_len, map| Some(Setting { min_len, map });
-    assert_eq!(parse(Some("map")), on(MIN_LEN, true));
+    use super::owner::{parse, MAP_MIN_LEN, MIN_LEN};
+    let on = |min_len, map| Some(Setting::with_min_len(min_len, map));
+    let map = parse(Some("map")).unwrap();
+    assert_eq!(
+        (map.min_len, map.read_min_len, map.map),
+        (MAP_MIN_LEN, MIN_LEN, true)
+    );
     assert_eq!(parse(Some("on")), on(MIN_LEN, false));
     assert_eq!(parse(Some("4096")), on(4096, false));
+    assert_eq!(parse(Some("map:4096")), on(4096, true));
+    assert_eq!(parse(Some("map:0")), on(1, true));
     assert_eq!(parse(Some("off")), None);
+    // A number with `map` is the mapped path's shortest; copies with `process_vm_*` keep
+    // theirs.
+    assert_eq!(parse(Some("map:64")).unwrap().cma_min_len(), MIN_LEN);
+    assert_eq!(parse(Some("64")).unwrap().cma_min_len(), 64);
 }
 
 /// The verbs allow a program to unmap a region's memory before it deregisters it:
@@ -471,4 +505,86 @@ fn memory_unmapped_before_deregistration_is_left_alone() {
     assert!(holds(q, LEN, |_| 0x5a));
     let line = maps_line(q as usize);
     assert!(line.contains(" rw-s ") && !line.contains("memfd"), "{line}");
+}
+
+/// The inode of the file `line` of `/proc/self/maps` maps.
+fn inode(line: &str) -> u64 {
+    line.split_whitespace().nth(4).unwrap().parse().unwrap()
+}
+
+/// How many mappings of this process map the file with inode `ino` (a memfd's).
+fn mappings_of(ino: u64) -> usize {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    maps.lines()
+        .filter(|l| l.contains("memfd:rdma-sim-mr") && inode(l) == ino)
+        .count()
+}
+
+/// `ibv_rereg_mr` of a region map mode moved (a profile that has rereg, mlx5's), to a
+/// new range: the old range's pages go back to private memory with their bytes, the new
+/// range's move into a new memfd published under the same keys, the peer's next WRITE
+/// through those keys lands there (placed through its mapping of the new memfd), and the
+/// peer no longer maps the old memfd.
+#[test]
+fn rereg_in_map_mode_moves_the_region_and_the_peer_follows() {
+    use verbs_api::{poll_n, MemoryRegion, ProtectionDomain, QueuePair, RcParams, SendWr, Sge, WcStatus};
+    super::owner::TEST_SETTING.set(Some(Setting::with_min_len(1, true)));
+    let config = crate::SimConfig {
+        profile: crate::Profile::Mlx5,
+        ..crate::SimConfig::default()
+    };
+    // (The setting is this thread's: it ends with the test whatever happens.)
+    let super::verbs_tests::Pair {
+        ctx,
+        pd,
+        cq,
+        a,
+        b: _b,
+    } = super::verbs_tests::pair_in(config, &RcParams::default());
+    super::owner::TEST_SETTING.set(None);
+    let placed = || ctx.dev.onesided.as_ref().unwrap().placed();
+
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    let (old, new) = (anon(LEN, |_| 0), anon(LEN, |_| 0));
+    // SAFETY: both mappings live for the whole test.
+    let mut dst = unsafe { pd.reg_mr_raw(old, LEN, access) }.unwrap();
+    let src = pd.reg_mr(LEN, AccessFlags::LOCAL_WRITE).unwrap();
+    let old_ino = inode(&maps_line(old as usize));
+    assert!(maps_line(old as usize).contains("memfd:rdma-sim-mr"));
+    let write = |fill: u8, to: (u64, u32)| {
+        src.write(0, &vec![fill; LEN]).unwrap();
+        let before = placed();
+        let sge = [Sge::new(src.addr(), LEN as u32, src.lkey())];
+        a.post_send(&[SendWr::write(1, &sge, to).signaled()]).unwrap();
+        let w = poll_n(&cq, 1, std::time::Duration::from_secs(10)).unwrap();
+        assert_eq!(w[0].status, WcStatus::Success, "{w:?}");
+        assert_eq!(placed(), before + 1, "the WRITE went the normal way");
+    };
+    write(0x11, (dst.addr(), dst.rkey()));
+    assert!(holds(old, LEN, |_| 0x11));
+    assert_eq!(mappings_of(old_ino), 2, "the owner's and the peer's mapping");
+
+    let keys = (dst.lkey(), dst.rkey());
+    // SAFETY: as above.
+    unsafe { pd.rereg_mr_raw(&mut dst, new, LEN, None) }.unwrap();
+    assert_eq!((dst.lkey(), dst.rkey(), dst.addr()), (keys.0, keys.1, new as u64));
+    let line = maps_line(old as usize);
+    assert!(!line.contains("memfd") && line.contains(" rw-p "), "{line}");
+    assert!(
+        holds(old, LEN, |_| 0x11),
+        "the old range's bytes changed on the way back"
+    );
+    let new_ino = inode(&maps_line(new as usize));
+    assert!(maps_line(new as usize).contains("memfd:rdma-sim-mr"));
+    assert_ne!(new_ino, old_ino);
+
+    write(0x22, (dst.addr(), dst.rkey()));
+    assert!(holds(new, LEN, |_| 0x22));
+    assert!(
+        holds(old, LEN, |_| 0x11),
+        "a WRITE after the rereg reached the old range"
+    );
+    assert_eq!(mappings_of(new_ino), 2, "the owner's and the peer's mapping");
+    assert_eq!(mappings_of(old_ino), 0, "the peer still maps the old memfd");
+    drop(dst);
 }

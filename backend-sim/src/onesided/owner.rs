@@ -5,7 +5,8 @@
 //! fast path on (`RDMA_SIM_ONESIDED=on`) or sets the shortest WRITE it takes
 //! (`RDMA_SIM_ONESIDED=<bytes>`, e.g. 1 to put every WRITE it may take through it, as a
 //! test of the path does), or turns it on in map mode (`RDMA_SIM_ONESIDED=map`: as `on`,
-//! and the pages of eligible regions move into memfds peers map, [`super::swap`]).
+//! and the pages of eligible regions move into memfds peers map, [`super::swap`]; with
+//! its own shortest WRITE, and READ, through a mapping: `RDMA_SIM_ONESIDED=map:<bytes>`).
 //!
 //! It is off unless asked for: `process_vm_writev` pins the peer's pages and copies them
 //! in the kernel, a few times slower per byte than the two in-cache copies through the
@@ -26,13 +27,23 @@ use super::usage::{Peer, Usage};
 
 /// The setting: `on` places WRITEs of [`MIN_LEN`] bytes and more directly, a number is
 /// the shortest WRITE placed directly, `map` is `on` with regions' pages in memfds
-/// ([`Setting::map`]); unset or `off`, every WRITE stays on the connection.
+/// ([`Setting::map`]) and [`MAP_MIN_LEN`] as the shortest WRITE placed through a mapping
+/// (READs keep [`MIN_LEN`]), `map:<bytes>` the same with that as the shortest WRITE and
+/// READ; unset or `off`, every WRITE stays on the connection.
 pub const SETTING: &str = "RDMA_SIM_ONESIDED";
 
 /// The shortest WRITE placed directly by default: below it the connection's rings carry
 /// the payload for less than the check and the system call cost (docs/sim.md, "The
 /// one-sided fast path", says how it was chosen).
 pub const MIN_LEN: u64 = 16 << 10;
+
+/// The shortest WRITE map mode places through a peer's mapped region by default: there
+/// a placed WRITE is a `memcpy` and no system call, so it pays from shorter lengths on;
+/// below this the rings' copies, which the two sides' threads overlap, still carry more
+/// (docs/sim.md, "Map mode", says how it was chosen). A READ placed on the requester's
+/// thread forgoes the READs the rings keep in flight at once, and keeps [`MIN_LEN`];
+/// copies with `process_vm_writev`/`readv` keep it too ([`Setting::cma_min_len`]).
+pub const MAP_MIN_LEN: u64 = 4 << 10;
 
 /// How long a revocation waits for a peer's copy before it gives up on that peer: a copy
 /// is a bounded `memcpy`, so only a stopped or hostile peer holds a count this long.
@@ -44,25 +55,57 @@ const BOUND: Duration = Duration::from_secs(1);
 const DEFAULT: Option<Setting> = if cfg!(test) {
     Some(Setting {
         min_len: MIN_LEN,
+        read_min_len: MIN_LEN,
         map: false,
     })
 } else {
     None
 };
 
+#[cfg(test)]
+thread_local! {
+    /// The setting of the devices a unit test opens on its thread, if it chose one (the
+    /// tests share a process, so none may set the variable for the others).
+    pub(crate) static TEST_SETTING: std::cell::Cell<Option<Setting>> = const { std::cell::Cell::new(None) };
+}
+
 /// What [`SETTING`] asks of a process whose fast path is on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Setting {
-    /// The shortest WRITE placed directly.
+    /// The shortest WRITE placed directly: in map mode, through a peer's mapped region
+    /// ([`Setting::cma_min_len`] for the others).
     pub min_len: u64,
+    /// The shortest READ placed directly (likewise).
+    pub read_min_len: u64,
     /// Whether eligible regions' pages move into memfds that peers map at `ibv_reg_mr`
     /// (`map`), so that peers copy with `memcpy` and run atomics on them.
     pub map: bool,
 }
 
+impl Setting {
+    /// The shortest WRITE or READ copied with `process_vm_writev`/`readv`: the setting's
+    /// own, except in map mode, whose number is for mapped regions (a system call per
+    /// copy does not pay below [`MIN_LEN`] whatever the mapped path does).
+    pub fn cma_min_len(&self) -> u64 {
+        match self.map {
+            true => self.min_len.max(MIN_LEN),
+            false => self.min_len,
+        }
+    }
+
+    /// The setting with `n` as the shortest WRITE and READ.
+    pub fn with_min_len(n: u64, map: bool) -> Setting {
+        Setting {
+            min_len: n,
+            read_min_len: n,
+            map,
+        }
+    }
+}
+
 /// The fast path's setting in this process, or `None` if it neither offers nor uses the
 /// fast path (unset, or `RDMA_SIM_ONESIDED=off`). A value that is neither `off`, `on`,
-/// `map` nor a number is warned about and taken as unset.
+/// `map`, `map:<bytes>` nor a number is warned about and taken as unset.
 pub fn setting() -> Option<Setting> {
     static SET: std::sync::OnceLock<Option<Setting>> = std::sync::OnceLock::new();
     *SET.get_or_init(|| parse(std::env::var(SETTING).ok().as_deref()))
@@ -70,21 +113,31 @@ pub fn setting() -> Option<Setting> {
 
 /// What the setting's value `v` (`None`: unset) asks for (see [`setting`]).
 pub(super) fn parse(v: Option<&str>) -> Option<Setting> {
-    let on = |min_len, map| Some(Setting { min_len, map });
+    let on = |n, map| Some(Setting::with_min_len(n, map));
     match v {
         None | Some("") => DEFAULT,
         Some("on") => on(MIN_LEN, false),
-        Some("map") => on(MIN_LEN, true),
+        Some("map") => Some(Setting {
+            min_len: MAP_MIN_LEN,
+            read_min_len: MIN_LEN,
+            map: true,
+        }),
         Some("off") => None,
-        Some(v) => match v.parse::<u64>() {
-            Ok(n) => on(n.max(1), false),
-            Err(_) => {
-                tracing::warn!(
-                    "{SETTING}={v:?}: neither off, on, map nor a byte count; taken as unset (off)"
-                );
-                DEFAULT
+        Some(v) => {
+            let (n, map) = match v.strip_prefix("map:") {
+                Some(n) => (n, true),
+                None => (v, false),
+            };
+            match n.parse::<u64>() {
+                Ok(n) => on(n.max(1), map),
+                Err(_) => {
+                    tracing::warn!(
+                        "{SETTING}={v:?}: neither off, on, map, map:<bytes> nor a byte count; taken as unset (off)"
+                    );
+                    DEFAULT
+                }
             }
-        },
+        }
     }
 }
 
@@ -106,6 +159,10 @@ impl Owner {
     /// A device's owner table, or `None` if the fast path is off or no table could be
     /// made (the device's connections then carry every WRITE); `capture` is the device's.
     pub fn open(capture: crate::capture::Slot) -> Option<Arc<Owner>> {
+        #[cfg(test)]
+        if let Some(s) = TEST_SETTING.get() {
+            return Owner::with_setting(capture, s);
+        }
         Owner::with_setting(capture, setting()?)
     }
 
@@ -128,9 +185,20 @@ impl Owner {
         }
     }
 
-    /// The shortest WRITE this device's requesters place directly.
+    /// The shortest WRITE this device's requesters place directly (in map mode, through
+    /// a peer's mapped region).
     pub fn min_len(&self) -> u64 {
         self.setting.min_len
+    }
+
+    /// The shortest WRITE or READ they copy with `process_vm_writev`/`readv`.
+    pub fn cma_min_len(&self) -> u64 {
+        self.setting.cma_min_len()
+    }
+
+    /// The shortest READ they place directly.
+    pub fn read_min_len(&self) -> u64 {
+        self.setting.read_min_len
     }
 
     /// How many WRITEs, READs and atomics this device's requesters executed directly on

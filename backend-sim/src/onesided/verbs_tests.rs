@@ -17,12 +17,12 @@ const LEN: usize = 64 << 10;
 const WAIT: Duration = Duration::from_secs(10);
 
 /// One device with a PD and a CQ, and two RC QPs of it connected to each other.
-struct Pair {
-    ctx: crate::SimContext,
-    pd: crate::SimPd,
-    cq: crate::SimCq,
-    a: crate::SimQp,
-    b: crate::SimQp,
+pub(super) struct Pair {
+    pub ctx: crate::SimContext,
+    pub pd: crate::SimPd,
+    pub cq: crate::SimCq,
+    pub a: crate::SimQp,
+    pub b: crate::SimQp,
 }
 
 fn pair(transport: Transport) -> Pair {
@@ -31,12 +31,16 @@ fn pair(transport: Transport) -> Pair {
 
 /// [`pair`], with `b` connected with `pb`'s attributes.
 fn pair_with(transport: Transport, pb: &RcParams) -> Pair {
-    let ctx = SimBackend::new(SimConfig {
+    let config = SimConfig {
         transport,
         ..SimConfig::default()
-    })
-    .open("sim0")
-    .unwrap();
+    };
+    pair_in(config, pb)
+}
+
+/// [`pair`] on a device of `config`, with `b` connected with `pb`'s attributes.
+pub(super) fn pair_in(config: SimConfig, pb: &RcParams) -> Pair {
+    let ctx = SimBackend::new(config).open("sim0").unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(64, None).unwrap();
     let cap = QpCap::new(16, 4);

@@ -1,9 +1,12 @@
 //! Fault injection as a layer of the data path: a round of service asks its [`Gate`]
 //! whether the responder is stalled, whether queued frames must wait, and whether the
 //! connection breaks at a point of the request just built. A connection of a QP without
-//! faults goes through [`Open`], whose answers are constants the compiler folds away; one
-//! with faults armed ([`crate::faults`]) through [`Armed`], which reads and updates the
-//! QP's armed faults (`QpFaults`).
+//! faults goes through [`Open`], whose stall and delay answers are constants the
+//! compiler folds away; one with faults armed ([`crate::faults`]) through [`Armed`],
+//! which reads and updates the QP's armed faults (`QpFaults`). Both read a break point
+//! under the QP's lock: the gate is chosen when a round begins, and a break armed
+//! meanwhile belongs to the next request the QP builds, which may be built in that
+//! round (a request posted after the break was armed went out whole otherwise).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -41,11 +44,32 @@ impl Gate for Open {
         false
     }
     #[inline(always)]
-    fn break_before(&mut self, _: &mut QpInner, _: bool) -> bool {
-        false
+    fn break_before(&mut self, g: &mut QpInner, has_unsent: bool) -> bool {
+        take_break_before(g, has_unsent)
     }
     #[inline(always)]
-    fn break_after(&mut self, _: &mut QpInner, _: usize) -> Option<BreakPoint> {
+    fn break_after(&mut self, g: &mut QpInner, built: usize) -> Option<BreakPoint> {
+        take_break_after(g, built)
+    }
+}
+
+/// Whether the QP's connection breaks before the next request (and the break is spent).
+#[inline(always)]
+fn take_break_before(g: &mut QpInner, has_unsent: bool) -> bool {
+    if g.faults.break_at == Some(BreakPoint::BeforeRequest) && has_unsent {
+        g.faults.break_at = None;
+        return true;
+    }
+    false
+}
+
+/// Where the QP's connection breaks in the `built` bytes of request just built, if it
+/// does (and the break is spent).
+#[inline(always)]
+fn take_break_after(g: &mut QpInner, built: usize) -> Option<BreakPoint> {
+    if built > 0 && g.faults.break_at.is_some() {
+        g.faults.break_at.take()
+    } else {
         None
     }
 }
@@ -102,19 +126,11 @@ impl Gate for Armed<'_> {
     }
 
     fn break_before(&mut self, g: &mut QpInner, has_unsent: bool) -> bool {
-        if g.faults.break_at == Some(BreakPoint::BeforeRequest) && has_unsent {
-            g.faults.break_at = None;
-            return true;
-        }
-        false
+        take_break_before(g, has_unsent)
     }
 
     fn break_after(&mut self, g: &mut QpInner, built: usize) -> Option<BreakPoint> {
-        if built > 0 {
-            g.faults.break_at.take()
-        } else {
-            None
-        }
+        take_break_after(g, built)
     }
 }
 

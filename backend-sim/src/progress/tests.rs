@@ -263,20 +263,9 @@ fn the_nap_after_the_window_doubles_up_to_the_grace_period() {
 #[test]
 fn a_look_at_quiet_rings_ends_without_a_round() {
     use verbs_api::{
-        connect_rc, local_endpoint, poll_n, AccessFlags, Backend, Context, MemoryRegion, ProtectionDomain,
-        QpCap, QpInitAttr, QueuePair, RcParams, RecvWr, SendWr, WcOpcode,
+        poll_n, AccessFlags, MemoryRegion, ProtectionDomain, QueuePair, RecvWr, SendWr, WcOpcode,
     };
-    let ctx = crate::SimBackend::default().open("sim0").unwrap();
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(16, None).unwrap();
-    let cap = QpCap::new(8, 8);
-    let qa = pd.create_qp(&QpInitAttr::rc(&cq, &cq, cap)).unwrap();
-    let qb = pd.create_qp(&QpInitAttr::rc(&cq, &cq, cap)).unwrap();
-    let p = RcParams::default();
-    let ea = local_endpoint(&ctx, &qa, &p, 1).unwrap();
-    let eb = local_endpoint(&ctx, &qb, &p, 2).unwrap();
-    connect_rc(&qa, &p, 1, &eb).unwrap();
-    connect_rc(&qb, &p, 2, &ea).unwrap();
+    let (ctx, pd, cq, qa, qb) = connected_pair();
     let conn_of = |q: &crate::SimQp| {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
@@ -328,4 +317,52 @@ fn a_look_at_quiet_rings_ends_without_a_round() {
         ops.contains(&WcOpcode::Recv) && ops.contains(&WcOpcode::Send),
         "{ops:?}"
     );
+}
+
+/// A break armed after a round chose its gate (the round saw no fault armed, as one that
+/// began just before the arming does) still breaks the next request the QP builds, in
+/// that round or a later one: the SEND posted after the arming is cut, resent over a new
+/// connection, and completes once.
+#[test]
+fn a_break_armed_while_a_round_runs_without_faults_still_breaks_the_next_request() {
+    use crate::fault_state::BreakPoint;
+    use verbs_api::{poll_n, AccessFlags, MemoryRegion, ProtectionDomain, QueuePair, RecvWr, SendWr};
+    let (ctx, pd, cq, qa, qb) = connected_pair();
+    // Armed as `Faults::break_connection` arms it, but every round keeps the gate of a
+    // QP without faults (the flag that picks it is left unset).
+    qa.qp.inner.lock().faults.break_at = Some(BreakPoint::AfterRequest);
+    let mr = pd.reg_mr(64, AccessFlags::ALL).unwrap();
+    qb.post_recv(&[RecvWr::new(7, &[mr.sge(0, 8).unwrap()])]).unwrap();
+    qa.post_send(&[SendWr::send(9, &[mr.sge(8, 8).unwrap()]).signaled()])
+        .unwrap();
+    let wcs = poll_n(&cq, 2, Duration::from_secs(10)).unwrap();
+    assert!(wcs.iter().all(|w| w.is_ok()), "{wcs:?}");
+    assert!(!qa.qp.fault_armed.load(Ordering::Acquire));
+    assert_eq!(ctx.dev.progress.counters.breaks.load(Ordering::Relaxed), 1);
+    assert_eq!(qa.qp.inner.lock().faults.break_at, None);
+}
+
+/// One device with a PD and a CQ, and two RC QPs of it connected to each other.
+fn connected_pair() -> (
+    crate::SimContext,
+    crate::SimPd,
+    crate::SimCq,
+    crate::SimQp,
+    crate::SimQp,
+) {
+    use verbs_api::{
+        connect_rc, local_endpoint, Backend, Context, ProtectionDomain, QpCap, QpInitAttr, RcParams,
+    };
+    let ctx = crate::SimBackend::default().open("sim0").unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(16, None).unwrap();
+    let cap = QpCap::new(8, 8);
+    let qa = pd.create_qp(&QpInitAttr::rc(&cq, &cq, cap)).unwrap();
+    let qb = pd.create_qp(&QpInitAttr::rc(&cq, &cq, cap)).unwrap();
+    let p = RcParams::default();
+    let ea = local_endpoint(&ctx, &qa, &p, 1).unwrap();
+    let eb = local_endpoint(&ctx, &qb, &p, 2).unwrap();
+    connect_rc(&qa, &p, 1, &eb).unwrap();
+    connect_rc(&qb, &p, 2, &ea).unwrap();
+    (ctx, pd, cq, qa, qb)
 }

@@ -4,8 +4,9 @@
 //!
 //! Each row measures the sim over the path its baseline runs on: the rows against
 //! loopback TCP over TCP ([`perf1`] sets `RDMA_SIM_TRANSPORT=tcp`), the rows against
-//! shared-memory transports over the same-host path ([`perf1_same_host`] sets `auto`),
-//! whatever the environment says; the curves ([`perf`]) take the environment's.
+//! shared-memory transports over the same-host path ([`perf1_same_host_in`] sets `auto`),
+//! whatever the environment says; the curves ([`perf`]) take the environment's. The rows
+//! run the fast path's default (`RDMA_SIM_ONESIDED` unset) unless a row asks for a mode.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -58,11 +59,23 @@ pub fn perf(args: &[String]) -> Res<Vec<PerfRow>> {
     perf_over(None, args)
 }
 
-/// Runs `perf ARGS --json` with `RDMA_SIM_TRANSPORT` set to `transport` (unless `None`).
-fn perf_over(transport: Option<&str>, args: &[String]) -> Res<Vec<PerfRow>> {
+/// The path a row's `perf` runs over: `RDMA_SIM_TRANSPORT`, and `RDMA_SIM_ONESIDED`
+/// (`None`: unset, the default).
+#[derive(Clone, Copy)]
+struct Path<'a> {
+    transport: &'a str,
+    onesided: Option<&'a str>,
+}
+
+/// Runs `perf ARGS --json` over `path` (unless `None`: the environment's).
+fn perf_over(path: Option<Path<'_>>, args: &[String]) -> Res<Vec<PerfRow>> {
     let mut cmd = Command::new(perf_exe()?);
-    if let Some(t) = transport {
-        cmd.env("RDMA_SIM_TRANSPORT", t);
+    if let Some(p) = path {
+        cmd.env("RDMA_SIM_TRANSPORT", p.transport);
+        match p.onesided {
+            Some(v) => cmd.env("RDMA_SIM_ONESIDED", v),
+            None => cmd.env_remove("RDMA_SIM_ONESIDED"),
+        };
     }
     let out = cmd.args(args).arg("--json").output().context("running perf")?;
     if !out.status.success() {
@@ -84,18 +97,31 @@ fn perf_over(transport: Option<&str>, args: &[String]) -> Res<Vec<PerfRow>> {
 
 /// Runs `perf ARGS --json` over loopback TCP for one row (the rows whose baseline is TCP).
 pub fn perf1(args: &[&str]) -> Res<PerfRow> {
-    perf1_over("tcp", args)
+    perf1_over(
+        Path {
+            transport: "tcp",
+            onesided: None,
+        },
+        args,
+    )
 }
 
 /// Runs `perf ARGS --json` over the same-host path for one row (the rows whose baseline
-/// is a shared-memory transport).
-pub fn perf1_same_host(args: &[&str]) -> Res<PerfRow> {
-    perf1_over("auto", args)
+/// is a shared-memory transport), with `RDMA_SIM_ONESIDED` set to `onesided` (`None`:
+/// unset, the default path).
+pub fn perf1_same_host_in(onesided: Option<&str>, args: &[&str]) -> Res<PerfRow> {
+    perf1_over(
+        Path {
+            transport: "auto",
+            onesided,
+        },
+        args,
+    )
 }
 
-fn perf1_over(transport: &str, args: &[&str]) -> Res<PerfRow> {
+fn perf1_over(path: Path<'_>, args: &[&str]) -> Res<PerfRow> {
     let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-    perf_over(Some(transport), &args)?
+    perf_over(Some(path), &args)?
         .into_iter()
         .next()
         .ok_or_else(|| anyhow!("perf printed no result"))

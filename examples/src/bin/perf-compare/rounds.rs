@@ -11,12 +11,12 @@ use examples::{peers, streams, Res};
 
 use crate::bracket::{bracketed, Baseline as _, Stream};
 use crate::multi_qp::multi_qp_write_bw;
-use crate::perf_runs::{perf1, perf1_same_host};
+use crate::perf_runs::{perf1, perf1_same_host_in};
 use crate::report::Pair;
 use crate::rows::{
-    peer_key, COST_MESSAGES_PER_LAT_ITER, PEER_ITERS_PER_LAT_ITER, PEER_ROWS, QP_ROWS, RATE_MSGS,
-    SHM_BW_ITERS, SHM_RATE_MPPS, SHM_RATE_ROW, SHM_ROWS, SHORT_ROW, SHORT_RUNS, SRQ_BW_ROW, SRQ_BW_TCP_ROW,
-    SRQ_RATE_ROW, TCP_QP_ROW, UD_ROW,
+    map_key, peer_key, COST_MESSAGES_PER_LAT_ITER, MAP_MODE, PEER_ITERS_PER_LAT_ITER, PEER_ROWS, QP_ROWS,
+    RATE_MSGS, SHM_BW_ITERS, SHM_RATE_MPPS, SHM_RATE_ROW, SHM_ROWS, SHORT_ROW, SHORT_RUNS, SRQ_BW_ROW,
+    SRQ_BW_TCP_ROW, SRQ_RATE_ROW, TCP_QP_ROW, UD_ROW,
 };
 use crate::tcp::{tcp_pingpong, tcp_stream, Peer};
 use crate::{cost, Cli, Group};
@@ -213,27 +213,40 @@ impl Rounds {
     }
 
     /// The sim's same-host path against UCX and libfabric over shared memory, each sim
-    /// test between two runs of its reference; and its message rate.
+    /// test between two runs of its reference (a test measured in map mode too: that
+    /// run next, between the default's second run of the reference and a third); and its
+    /// message rate, in both modes.
     fn same_host(&mut self, cli: &Cli) -> Res<()> {
         let n = cli.lat_iters.to_string();
         let bw_n = SHM_BW_ITERS.to_string();
         let size = peers::BW_SIZE.to_string();
-        for (peer, test, _) in SHM_ROWS {
+        for (peer, test, _, map) in SHM_ROWS {
             let iters = match peer.is_bandwidth() {
                 true => SHM_BW_ITERS,
                 false => cli.lat_iters * PEER_ITERS_PER_LAT_ITER,
             };
             let reference = || peer.measure(iters);
-            let sim = || match peer.is_bandwidth() {
-                true => Ok(perf1_same_host(&[test, "-s", &size, "-n", &bw_n])?.bw_avg_mbps),
-                false => Ok(perf1_same_host(&[test, "-s", "8", "-n", &n])?.t_typical_us),
+            let sim = |mode: Option<&str>| match peer.is_bandwidth() {
+                true => Ok(perf1_same_host_in(mode, &[test, "-s", &size, "-n", &bw_n])?.bw_avg_mbps),
+                false => Ok(perf1_same_host_in(mode, &[test, "-s", "8", "-n", &n])?.t_typical_us),
             };
-            let b = bracketed(reference()?, sim, reference)?;
-            pair(&mut self.pairs, &peer_key(test, peer), b.sim, b.base, b.tries);
+            let key = peer_key(test, peer);
+            let b = bracketed(reference()?, || sim(None), reference)?;
+            pair(&mut self.pairs, &key, b.sim, b.base, b.tries);
+            if map {
+                let b = bracketed(b.last, || sim(Some(MAP_MODE)), reference)?;
+                pair(&mut self.pairs, &map_key(&key), b.sim, b.base, b.tries);
+            }
         }
         let n = RATE_MSGS.to_string();
-        let row = perf1_same_host(&["write_bw", "-s", "64", "-t", "128", "-n", &n])?;
-        pair(&mut self.pairs, SHM_RATE_ROW, row.msg_rate_mpps, SHM_RATE_MPPS, 1);
+        for mode in [None, Some(MAP_MODE)] {
+            let row = perf1_same_host_in(mode, &["write_bw", "-s", "64", "-t", "128", "-n", &n])?;
+            let key = match mode {
+                None => SHM_RATE_ROW.to_string(),
+                Some(_) => map_key(SHM_RATE_ROW),
+            };
+            pair(&mut self.pairs, &key, row.msg_rate_mpps, SHM_RATE_MPPS, 1);
+        }
         Ok(())
     }
 

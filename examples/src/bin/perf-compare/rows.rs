@@ -64,14 +64,25 @@ pub fn peer_key(test: &str, peer: Reference) -> String {
 
 /// The same-host references and the sim's test paired with each (over its default path,
 /// the same-host one), with the target: at most this many times the reference's latency,
-/// or at least this fraction of its bandwidth (none: shown only).
-pub const SHM_ROWS: [(Reference, &str, Option<f64>); 5] = [
-    (Reference::UcxTagLatShm, "send_lat", Some(2.0)),
-    (Reference::FabricPingpongShm, "send_lat", None),
-    (Reference::UcxFetchAddShm, "atomic_lat", Some(2.0)),
-    (Reference::UcxPutBwShm, "write_bw", Some(0.8)),
-    (Reference::UcxGetShm, "read_bw", Some(0.8)),
+/// or at least this fraction of its bandwidth (none: shown only); and whether the test is
+/// measured in map mode too ([`MAP_MODE`], against the same reference, with the same
+/// target: the one-sided tests, which that mode serves).
+pub const SHM_ROWS: [(Reference, &str, Option<f64>, bool); 5] = [
+    (Reference::UcxTagLatShm, "send_lat", Some(2.0), false),
+    (Reference::FabricPingpongShm, "send_lat", None, false),
+    (Reference::UcxFetchAddShm, "atomic_lat", Some(2.0), true),
+    (Reference::UcxPutBwShm, "write_bw", Some(0.8), true),
+    (Reference::UcxGetShm, "read_bw", Some(0.8), true),
 ];
+
+/// The value of `RDMA_SIM_ONESIDED` of the same-host rows measured in the opt-in map
+/// mode (docs/sim.md, "Map mode"): the default rows run without the variable.
+pub const MAP_MODE: &str = "map";
+
+/// The key of a same-host row measured in map mode.
+pub fn map_key(key: &str) -> String {
+    format!("{key}/{MAP_MODE}")
+}
 
 /// Transfers of 1 MiB in each bandwidth run of the same-host rows, the sim's and UCX's.
 pub const SHM_BW_ITERS: u64 = 8000;

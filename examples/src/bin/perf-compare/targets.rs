@@ -9,8 +9,8 @@ use crate::multi_qp::Posting;
 use crate::report::{Pair, Target};
 use crate::rounds::Rounds;
 use crate::rows::{
-    peer_key, PEER_ROWS, QP_ROWS, RATE_MSGS, SHM_RATE_MPPS, SHM_RATE_ROW, SHM_ROWS, SHORT_ROW, SHORT_RUNS,
-    SRQ_BW_ROW, SRQ_BW_TCP_ROW, SRQ_RATE_ROW, TCP_QP_ROW, UD_ROW,
+    map_key, peer_key, MAP_MODE, PEER_ROWS, QP_ROWS, RATE_MSGS, SHM_RATE_MPPS, SHM_RATE_ROW, SHM_ROWS,
+    SHORT_ROW, SHORT_RUNS, SRQ_BW_ROW, SRQ_BW_TCP_ROW, SRQ_RATE_ROW, TCP_QP_ROW, UD_ROW,
 };
 use crate::Group;
 
@@ -224,29 +224,44 @@ fn peers(t: &mut Table<'_>) {
     }
 }
 
+/// The same-host rows: the default path's, then those in the opt-in map mode, labelled
+/// as such (`RDMA_SIM_ONESIDED=map`), against the same references and targets.
 fn same_host(t: &mut Table<'_>) {
-    for (peer, test, target) in SHM_ROWS {
-        let k = peer_key(test, peer);
-        let (unit, goal) = match peer.is_bandwidth() {
-            true => ("MB/s", target.map_or(Goal::None, Goal::AtLeast)),
-            false => ("us", target.map_or(Goal::None, Goal::AtMost)),
+    let map_label = format!("same host, RDMA_SIM_ONESIDED={MAP_MODE} (opt-in)");
+    for (label, in_map) in [("same host", false), (map_label.as_str(), true)] {
+        for (peer, test, target, map) in SHM_ROWS {
+            if in_map && !map {
+                continue;
+            }
+            let k = match in_map {
+                false => peer_key(test, peer),
+                true => map_key(&peer_key(test, peer)),
+            };
+            let (unit, goal) = match peer.is_bandwidth() {
+                true => ("MB/s", target.map_or(Goal::None, Goal::AtLeast)),
+                false => ("us", target.map_or(Goal::None, Goal::AtMost)),
+            };
+            let base = format!("{} {:.2} {unit}", peer.name(), t.base(&k));
+            t.row(
+                &format!("{label}: {test} vs {}", peer.name()),
+                &k,
+                unit,
+                base,
+                goal,
+            );
+        }
+        let k = match in_map {
+            false => SHM_RATE_ROW.to_string(),
+            true => map_key(SHM_RATE_ROW),
         };
-        let base = format!("{} {:.2} {unit}", peer.name(), t.base(&k));
         t.row(
-            &format!("same host: {test} vs {}", peer.name()),
+            &format!("{label}: write_bw 64 B, tx depth 128"),
             &k,
-            unit,
-            base,
-            goal,
+            "M msgs/s",
+            format!("{SHM_RATE_MPPS} M msgs/s"),
+            Goal::AtLeast(1.0),
         );
     }
-    t.row(
-        "same host: write_bw 64 B, tx depth 128",
-        SHM_RATE_ROW,
-        "M msgs/s",
-        format!("{SHM_RATE_MPPS} M msgs/s"),
-        Goal::AtLeast(1.0),
-    );
 }
 
 fn cost(t: &mut Table<'_>) {
