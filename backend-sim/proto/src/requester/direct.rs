@@ -16,15 +16,25 @@
 //! the answer: a resend of one that went the normal way (a WQE behind one still
 //! unanswered, or refused) goes the normal way again, since the responder may have
 //! executed it already and lost only its answer (a frame built while the QP has no
-//! connection reached nobody: [`Requester::builds_are_lost`]). A placed WRITE completes on
-//! the ACK as always, and a resend of it (a rewind after a lost connection, a timeout or
-//! an RNR NAK) carries the payload the normal way and clears the mark, so WQEs after it
-//! go the normal way as well.
+//! connection reached nobody: [`Requester::builds_are_lost`]). A placed WRITE_WITH_IMM
+//! completes on the ACK as always (it consumes a receive at the responder and may meet
+//! RNR there), and a resend of it (a rewind after a lost connection, a timeout or an RNR
+//! NAK) carries the payload the normal way and clears the mark, so WQEs after it go the
+//! normal way as well.
 //!
-//! A placed READ or atomic is done when the driver returns (the data is in the WQE's
-//! scatter list, the original value in its 8 bytes): its completion is produced at once
-//! if every WQE before it has completed (or is such a READ or atomic), otherwise as soon
-//! as they have, so completions stay in order. It no longer counts against
+//! A placed plain WRITE, READ or atomic is done when the driver returns (a WRITE's bytes
+//! are in the responder's memory, a READ's in the WQE's scatter list, an atomic's
+//! original value in its 8 bytes): its completion is produced at once if every WQE
+//! before it has completed (or is executed too), otherwise as soon as they have, so
+//! completions stay in order. For a WRITE that is sound because the driver's check and
+//! copy ran under the use count that `dereg_mr` and a move of the responder's QP to ERR
+//! wait for before they return: the bytes landed while the region and the QP were alive,
+//! exactly where the responder's own check would have put them, and the application may
+//! reuse its source buffer at once since every resend is the notice, never the bytes
+//! again. Its notice is its `WritePlaced` frame, which the responder runs every WRITE rule
+//! on (a failed check there, after a deregistration that raced with the copy, is a NAK
+//! that moves the QP to ERR, as for a READ's notice below). A READ or atomic no longer
+//! counts against
 //! `max_rd_atomic` (the responder holds nothing for it) but keeps its send queue slot
 //! until the ACK of its notice, and every resend of it (rewind, timeout, PSN sequence
 //! NAK) is the notice again, never the operation: an atomic executes once. The ACK
@@ -171,7 +181,8 @@ impl Requester {
             .or_else(|| self.sq.iter().position(|w| w.status.is_none()))
     }
 
-    /// Sends the notice of executed READ or atomic WQE `idx`, at `psn`.
+    /// Sends the notice of executed WQE `idx`, at `psn`: a plain WRITE's is its
+    /// `WritePlaced` (the responder runs a WRITE's rules on it and places nothing).
     pub(super) fn push_notice(&mut self, idx: usize, psn: u32, tx: &mut TxQueue) {
         let ack_req = self.ack_req_due();
         let w = &self.sq[idx];
@@ -179,6 +190,18 @@ impl Requester {
         let (compare, swap_add) = match w.op {
             WrOp::AtomicCmpAndSwp { compare, swap, .. } => (Some(compare), swap),
             WrOp::AtomicFetchAndAdd { add, .. } => (None, add),
+            WrOp::RdmaWrite { .. } => {
+                tx.push_frame(&Frame::WritePlaced {
+                    psn,
+                    len: w.len as u32,
+                    addr: r.addr,
+                    rkey: r.rkey,
+                    imm: None,
+                    solicited: w.solicited,
+                    ack_req,
+                });
+                return;
+            }
             _ => {
                 tx.push_frame(&Frame::ReadPlaced {
                     psn,
@@ -284,8 +307,9 @@ mod tests {
 
     /// The fast path is asked only for a long enough RC WRITE whose predecessors all
     /// completed or were placed, once per WQE: a placed WRITE goes as a header without
-    /// payload, a refused one and every resend as a WRITE with its payload, and after a
-    /// resend the WRITEs behind it go the normal way too (RC ordering).
+    /// payload, a refused one and every resend of a WRITE_WITH_IMM as a WRITE with its
+    /// payload (a plain one's resend is its notice again), and after a resend the WRITEs
+    /// behind it go the normal way too (RC ordering).
     #[test]
     fn placed_only_in_order_once_and_resent_with_payload() {
         let mrs = MrTable::default();
@@ -330,14 +354,16 @@ mod tests {
         post(&mut req, &SendWr::write(5, &long, (0x9300, 5)));
         post(&mut req, &SendWr::write_with_imm(6, &long, (0x9400, 5), 77));
         assert_eq!(kinds(&sent(&mut req, &mrs)), [("placed", 0), ("placed", 0)]);
-        // The connection is lost: both are resent with their payloads, the fast path
-        // not asked again, and a WRITE posted behind them is not asked either.
+        // The connection is lost: the plain WRITE, complete already, is resent as its
+        // notice (its source may have been reused); the WRITE_WITH_IMM with its payload,
+        // the fast path not asked again, and a WRITE posted behind them is not asked
+        // either.
         req.on_connection_lost();
         post(&mut req, &SendWr::write(7, &long, (0x9500, 5)));
         let asked = fake.asked.lock().unwrap().len();
         assert_eq!(
             kinds(&sent(&mut req, &mrs)),
-            [("write", 64), ("write", 64), ("write", 64)]
+            [("placed", 0), ("write", 64), ("write", 64)]
         );
         assert_eq!(fake.asked.lock().unwrap().len(), asked);
     }

@@ -1,4 +1,5 @@
-//! Tests of READs and atomics the driver executes itself ([`direct`](super::direct)):
+//! Tests of WRITEs, READs and atomics the driver executes itself
+//! ([`direct`](super::direct)):
 //! early and ordered completion, notices instead of requests on every resend, the normal
 //! way when the driver refuses, and PSN accounting that a real responder agrees with.
 
@@ -126,7 +127,8 @@ fn ack(req: &mut Requester, psn: u32) -> Vec<u64> {
     ids(&out)
 }
 
-/// An executed atomic and READ behind a placed WRITE that waits for its ACK complete when
+/// An executed atomic and READ behind a placed WRITE_WITH_IMM (which waits for its ACK:
+/// it consumes a receive and may meet RNR) complete when
 /// the WRITE does, in order, with their results in place; the ACK of their notices
 /// completes nothing again. One behind nothing unfinished completes as it is sent, and
 /// does not count against `max_rd_atomic` while its notice waits for the ACK.
@@ -138,7 +140,7 @@ fn executed_read_and_atomic_complete_early_and_in_order() {
     let word_sge = [Sge::new(mr.addr() + 128, 8, 7)];
     let read_sge = [Sge::new(mr.addr() + 256, 2048, 7)];
     let post = |req: &mut Requester, wr: SendWr<'_>| req.post(&wr.signaled(), &mrs).unwrap();
-    post(&mut req, SendWr::write(1, &long, (0x9000, 5)));
+    post(&mut req, SendWr::write_with_imm(1, &long, (0x9000, 5), 6));
     post(&mut req, SendWr::fetch_and_add(2, &word_sge, (0x9100, 5), 3));
     post(&mut req, SendWr::read(3, &read_sge, (0x9200, 5)));
     let (frames, done) = send(&mut req, &mrs, Instant::now());
@@ -152,7 +154,7 @@ fn executed_read_and_atomic_complete_early_and_in_order() {
                     len: 64,
                     addr: 0x9000,
                     rkey: 5,
-                    imm: None,
+                    imm: Some(6),
                     solicited: false,
                     ack_req: true
                 },
@@ -509,15 +511,15 @@ fn a_resend_of_one_sent_the_normal_way_is_never_asked() {
     assert_eq!(fake.atomics.load(Ordering::SeqCst), 0, "asked on a resend");
 }
 
-/// An executed atomic waiting for the placed WRITE ahead of it is flushed when that
-/// WRITE fails: after an error completion only flushes follow.
+/// An executed atomic waiting for the placed WRITE_WITH_IMM ahead of it is flushed when
+/// that WRITE fails: after an error completion only flushes follow.
 #[test]
 fn one_waiting_behind_a_failed_write_is_flushed() {
     let fake = Fake::new(true, false, Some(1));
     let (mut req, mrs, mr) = setup(fake, 1);
     let long = [Sge::new(mr.addr() + 64, 64, 7)];
     let word_sge = [Sge::new(mr.addr(), 8, 7)];
-    req.post(&SendWr::write(1, &long, (0x9000, 5)).signaled(), &mrs)
+    req.post(&SendWr::write_with_imm(1, &long, (0x9000, 5), 6).signaled(), &mrs)
         .unwrap();
     req.post(
         &SendWr::fetch_and_add(2, &word_sge, (0x9100, 5), 1).signaled(),
@@ -598,4 +600,40 @@ fn a_build_without_a_connection_is_no_first_send() {
     );
     assert_eq!(done, [1]);
     assert_eq!(fake.atomics.load(Ordering::SeqCst), 1);
+}
+
+/// A placed plain WRITE completes as it is sent; a placed WRITE_WITH_IMM waits for its
+/// ACK (it consumes a receive and may meet RNR), and a plain WRITE placed behind it
+/// completes after it, in order. A resend of a completed plain WRITE is its notice, never
+/// its bytes (the application may have reused them), and its ACK completes nothing again.
+#[test]
+fn a_placed_write_completes_early_but_not_one_with_imm() {
+    let (mut req, mrs, mr) = setup(Fake::new(true, false, None), 1);
+    let long = [Sge::new(mr.addr(), 64, 7)];
+    let post = |req: &mut Requester, wr: SendWr<'_>| req.post(&wr.signaled(), &mrs).unwrap();
+    post(&mut req, SendWr::write(1, &long, (0x9000, 5)));
+    post(&mut req, SendWr::write_with_imm(2, &long, (0x9100, 5), 9));
+    post(&mut req, SendWr::write(3, &long, (0x9200, 5)));
+    let t0 = Instant::now();
+    let (frames, done) = send(&mut req, &mrs, t0);
+    assert_eq!(frames.len(), 3);
+    assert!(frames
+        .iter()
+        .all(|(f, p)| matches!(f, Frame::WritePlaced { .. }) && p.is_empty()));
+    assert_eq!(done, [1], "only the plain WRITE ahead of the one with imm");
+    assert_eq!(req.outstanding(), 3, "the notices hold their slots");
+    assert_eq!(ack(&mut req, 100), Vec::<u64>::new());
+    assert_eq!(ack(&mut req, 101), [2, 3]);
+    assert_eq!(ack(&mut req, 102), Vec::<u64>::new());
+    assert_eq!(req.outstanding(), 0);
+    // Completed, then the connection is lost before its ACK: the resend is the notice.
+    post(&mut req, SendWr::write(4, &long, (0x9300, 5)));
+    let (first, done) = send(&mut req, &mrs, t0);
+    assert_eq!(done, [4]);
+    req.on_connection_lost();
+    let (again, done) = send(&mut req, &mrs, t0);
+    assert_eq!(again, first);
+    assert!(done.is_empty(), "completed twice: {done:?}");
+    assert_eq!(ack(&mut req, 103), Vec::<u64>::new());
+    assert_eq!(req.outstanding(), 0);
 }
