@@ -185,6 +185,11 @@ impl Requester {
     /// `WritePlaced` (the responder runs a WRITE's rules on it and places nothing).
     pub(super) fn push_notice(&mut self, idx: usize, psn: u32, tx: &mut TxQueue) {
         let ack_req = self.ack_req_due();
+        self.push_notice_with(idx, psn, ack_req, tx);
+    }
+
+    /// [`Requester::push_notice`] with the AckReq bit decided.
+    pub(super) fn push_notice_with(&mut self, idx: usize, psn: u32, ack_req: bool, tx: &mut TxQueue) {
         let w = &self.sq[idx];
         let Some(r) = w.op.remote() else { return };
         let (compare, swap_add) = match w.op {

@@ -50,6 +50,41 @@ impl Responder {
         self.ack_asked |= frame.ack_req();
         Ok(Incoming::Discard)
     }
+
+    /// A run of notices `frame` ([`Frame::PlacedRun`]) of first PSN `psn`, the expected
+    /// one or behind it. The PSNs of it already taken in are a duplicate (acknowledged
+    /// again); the rest advance the expected PSN to the run's end and count as the run's
+    /// messages in the MSN (in a run split so, at most one per PSN left: the peer that
+    /// sent it no longer agrees with this side on its messages, and nothing moves
+    /// either way).
+    pub(super) fn on_run(&mut self, frame: &Frame, psn: u32, tx: &mut TxQueue) -> Result<Incoming, Fatal> {
+        let Frame::PlacedRun {
+            pkts,
+            msgs,
+            rd_atomic,
+            ack_req,
+            ..
+        } = *frame
+        else {
+            return Ok(Incoming::Discard);
+        };
+        let seen = psn::diff(self.epsn, psn).max(0) as u32;
+        if seen < pkts {
+            if rd_atomic > 0 && self.max_dest_rd_atomic == 0 {
+                // As for a single notice of a READ or atomic (`on_placed`).
+                let reason = crate::wire::NakReason::NoRdAtomicResources;
+                let at = self.epsn;
+                return self.refuse(at, "READ", reason, 0, 0, 0, tx);
+            }
+            let msgs = if seen == 0 { msgs } else { msgs.min(pkts - seen) };
+            self.msn = (self.msn + msgs) & verbs_api::PSN_MASK;
+            self.epsn = psn::add(psn, pkts);
+        }
+        self.ack_owed = Some(psn::add(self.epsn, verbs_api::PSN_MASK));
+        self.owed_reqs += 1;
+        self.ack_asked |= ack_req;
+        Ok(Incoming::Discard)
+    }
 }
 
 #[cfg(test)]
