@@ -537,4 +537,6 @@ pub enum PostCheck {
 #[cfg(test)]
 mod placed_tests;
 #[cfg(test)]
+mod run_tests;
+#[cfg(test)]
 mod tests;

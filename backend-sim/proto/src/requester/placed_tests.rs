@@ -14,7 +14,7 @@ use crate::responder::{Incoming, RespAttrs, Responder};
 
 /// A driver that executes READs (filling the scatter list with `fill`) and atomics
 /// (returning `orig`) as told, and counts what it was asked.
-struct Fake {
+pub(super) struct Fake {
     write: bool,
     read: Mutex<bool>,
     orig: Mutex<Option<u64>>,
@@ -24,7 +24,7 @@ struct Fake {
 }
 
 impl Fake {
-    fn new(write: bool, read: bool, orig: Option<u64>) -> Arc<Self> {
+    pub(super) fn new(write: bool, read: bool, orig: Option<u64>) -> Arc<Self> {
         Arc::new(Fake {
             write,
             read: Mutex::new(read),
@@ -58,12 +58,12 @@ impl DirectWrite for Fake {
 
 /// A connected RC requester with the fast path `fake`, and its local region (4 KiB,
 /// lkey 7) in `mrs`.
-fn setup(fake: Arc<Fake>, max_rd_atomic: u8) -> (Requester, MrTable, Arc<MrShared>) {
+pub(super) fn setup(fake: Arc<Fake>, max_rd_atomic: u8) -> (Requester, MrTable, Arc<MrShared>) {
     setup_with(fake, max_rd_atomic, 16, Switches::default())
 }
 
 /// The same with a send queue of `cap` WQEs, on a device with the switches `sw`.
-fn setup_with(
+pub(super) fn setup_with(
     fake: Arc<Fake>,
     max_rd_atomic: u8,
     cap: u32,
@@ -87,7 +87,7 @@ fn setup_with(
 }
 
 /// Sends what may go now: the frames (with their payloads) and the completions.
-fn send(req: &mut Requester, mrs: &MrTable, now: Instant) -> (Vec<(Frame, Vec<u8>)>, Vec<u64>) {
+pub(super) fn send(req: &mut Requester, mrs: &MrTable, now: Instant) -> (Vec<(Frame, Vec<u8>)>, Vec<u64>) {
     let (mut tx, mut out) = (TxQueue::new(), Vec::new());
     req.poll_transmit(mrs, now, &mut tx, 64, &mut out).unwrap();
     (decode(&mut tx), ids(&out))
@@ -107,7 +107,7 @@ fn decode(tx: &mut TxQueue) -> Vec<(Frame, Vec<u8>)> {
     frames
 }
 
-fn ids(out: &[WorkCompletion]) -> Vec<u64> {
+pub(super) fn ids(out: &[WorkCompletion]) -> Vec<u64> {
     out.iter()
         .inspect(|wc| assert_eq!(wc.status, WcStatus::Success, "{wc:?}"))
         .map(|wc| wc.wr_id)
@@ -120,7 +120,7 @@ fn word(mr: &MrShared, at: usize) -> u64 {
     u64::from_ne_bytes(b)
 }
 
-fn ack(req: &mut Requester, psn: u32) -> Vec<u64> {
+pub(super) fn ack(req: &mut Requester, psn: u32) -> Vec<u64> {
     let mut out = Vec::new();
     req.on_response(&Frame::Ack { psn }, Instant::now(), &mut out)
         .unwrap();

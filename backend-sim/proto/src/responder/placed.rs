@@ -218,4 +218,50 @@ mod tests {
         resp.flush_ack(&mut tx);
         assert_eq!(frames(&mut tx), [Frame::Ack { psn: 10 }]);
     }
+
+    /// A run advances the expected PSN over its PSNs and the MSN by its messages; seen
+    /// again whole it is acknowledged again and counts nothing; one that overlaps the
+    /// expected PSN (a peer's own doing) takes in only its unseen PSNs, at most one
+    /// message each; a run with READs or atomics meets a QP without responder resources'
+    /// refusal. None of them touches memory.
+    #[test]
+    fn a_run_advances_by_itself_once_and_splits_at_the_expected_psn() {
+        let mrs = MrTable::default();
+        let (mut tx, mut out) = (TxQueue::new(), Vec::new());
+        let run = |psn, pkts, msgs, rd_atomic| Frame::PlacedRun {
+            psn,
+            pkts,
+            msgs,
+            rd_atomic,
+            ack_req: false,
+        };
+        let mut resp = responder(1);
+        resp.on_request(&run(10, 6, 4, 1), &mrs, &mut tx, &mut out)
+            .unwrap();
+        assert_eq!((resp.expected_psn(), resp.msn()), (16, 4));
+        resp.flush_ack(&mut tx);
+        assert_eq!(frames(&mut tx), [Frame::Ack { psn: 15 }]);
+        // Whole again: a duplicate.
+        resp.on_request(&run(10, 6, 4, 1), &mrs, &mut tx, &mut out)
+            .unwrap();
+        resp.flush_ack(&mut tx);
+        assert_eq!(frames(&mut tx), [Frame::Ack { psn: 15 }]);
+        assert_eq!((resp.expected_psn(), resp.msn()), (16, 4));
+        // Overlapping: PSNs 14 and 15 seen, 16-19 new; 6 messages claimed, 4 PSNs left.
+        resp.on_request(&run(14, 6, 6, 0), &mrs, &mut tx, &mut out)
+            .unwrap();
+        assert_eq!((resp.expected_psn(), resp.msn()), (20, 8));
+        resp.flush_ack(&mut tx);
+        assert_eq!(frames(&mut tx), [Frame::Ack { psn: 19 }]);
+        assert!(out.is_empty());
+        // Without responder resources: refused when it holds a READ or an atomic.
+        let mut resp = responder(0);
+        resp.on_request(&run(10, 2, 2, 0), &mrs, &mut tx, &mut out)
+            .unwrap();
+        assert_eq!(resp.expected_psn(), 12);
+        assert!(matches!(
+            resp.on_request(&run(12, 2, 2, 1), &mrs, &mut tx, &mut out),
+            Err(Fatal(WcStatus::RemInvReqErr))
+        ));
+    }
 }
