@@ -3,12 +3,14 @@
 //! responder's memory itself, after running the responder's access check on state the
 //! responder publishes. The protocol core stays free of I/O: the driver hands it a
 //! [`DirectWrite`] for the connection, and the core decides which WQEs may ask it and
-//! tells the responder what was executed: a placed WRITE as a
+//! tells the responder what was executed: a placed WRITE_WITH_IMM as a
 //! [`Frame::WritePlaced`](crate::wire::Frame::WritePlaced), which the responder runs every
-//! rule of a WRITE on but moving the data, a READ or atomic as a notice,
-//! [`Frame::ReadPlaced`](crate::wire::Frame::ReadPlaced) or
-//! [`Frame::AtomicPlaced`](crate::wire::Frame::AtomicPlaced), which takes the
-//! operation's PSNs so that the responder's PSN and MSN advance and its ACK covers it.
+//! rule of a WRITE on but moving the data, a plain WRITE, READ or atomic as a notice,
+//! [`Frame::ReadPlaced`](crate::wire::Frame::ReadPlaced),
+//! [`Frame::AtomicPlaced`](crate::wire::Frame::AtomicPlaced) or, for a WRITE or several
+//! operations in a row, [`Frame::PlacedRun`](crate::wire::Frame::PlacedRun), which takes
+//! the operations' PSNs so that the responder's PSN and MSN advance and its ACK covers
+//! them.
 //!
 //! RC ordering: a WQE may go this way only when every WQE before it has completed or went
 //! this way too, so no earlier message still travelling over the connection lands after
@@ -31,9 +33,10 @@
 //! wait for before they return: the bytes landed while the region and the QP were alive,
 //! exactly where the responder's own check would have put them, and the application may
 //! reuse its source buffer at once since every resend is the notice, never the bytes
-//! again. Its notice is its `WritePlaced` frame, which the responder runs every WRITE rule
-//! on (a failed check there, after a deregistration that raced with the copy, is a NAK
-//! that moves the QP to ERR, as for a READ's notice below). A READ or atomic no longer
+//! again. Its notice is a run of one ([`run`]), which the responder checks no key on, as
+//! for a READ's: a region deregistered after the copy does not turn a WRITE that landed
+//! and completed into an error of the QP's (the next WRITE fails the check and goes the
+//! normal way, where the responder refuses it). A READ or atomic no longer
 //! counts against
 //! `max_rd_atomic` (the responder holds nothing for it) but keeps its send queue slot
 //! until the ACK of its notice, and every resend of it (rewind, timeout, PSN sequence
@@ -181,8 +184,8 @@ impl Requester {
             .or_else(|| self.sq.iter().position(|w| w.status.is_none()))
     }
 
-    /// Sends the notice of executed WQE `idx`, at `psn`: a plain WRITE's is its
-    /// `WritePlaced` (the responder runs a WRITE's rules on it and places nothing).
+    /// Sends the notice of executed WQE `idx`, at `psn`: a plain WRITE's is a run of one
+    /// (which checks no key: the WRITE completed, its check passed where it counts).
     pub(super) fn push_notice(&mut self, idx: usize, psn: u32, tx: &mut TxQueue) {
         let ack_req = self.ack_req_due();
         self.push_notice_with(idx, psn, ack_req, tx);
@@ -196,13 +199,11 @@ impl Requester {
             WrOp::AtomicCmpAndSwp { compare, swap, .. } => (Some(compare), swap),
             WrOp::AtomicFetchAndAdd { add, .. } => (None, add),
             WrOp::RdmaWrite { .. } => {
-                tx.push_frame(&Frame::WritePlaced {
+                tx.push_frame(&Frame::PlacedRun {
                     psn,
-                    len: w.len as u32,
-                    addr: r.addr,
-                    rkey: r.rkey,
-                    imm: None,
-                    solicited: w.solicited,
+                    pkts: w.pkts,
+                    msgs: 1,
+                    rd_atomic: 0,
                     ack_req,
                 });
                 return;
@@ -303,6 +304,7 @@ mod tests {
             .iter()
             .map(|(f, n)| match f {
                 Frame::WritePlaced { .. } => ("placed", *n),
+                Frame::PlacedRun { .. } => ("run", *n),
                 Frame::Write { .. } => ("write", *n),
                 Frame::Send { .. } => ("send", *n),
                 _ => ("other", *n),
@@ -342,7 +344,7 @@ mod tests {
         post(&mut req, &SendWr::write(3, &long, (0x9100, 5)));
         let f = sent(&mut req, &mrs);
         // The short one goes with its payload; the one after it waits for it to complete.
-        assert_eq!(kinds(&f), [("placed", 0), ("write", 16), ("write", 64)]);
+        assert_eq!(kinds(&f), [("run", 0), ("write", 16), ("write", 64)]);
         assert_eq!(*fake.asked.lock().unwrap(), [(0x42, 5, 0x9000, 64)]);
         let mut out = Vec::new();
         let last = f.last().unwrap().0.psn().unwrap();
@@ -358,7 +360,7 @@ mod tests {
             .unwrap();
         post(&mut req, &SendWr::write(5, &long, (0x9300, 5)));
         post(&mut req, &SendWr::write_with_imm(6, &long, (0x9400, 5), 77));
-        assert_eq!(kinds(&sent(&mut req, &mrs)), [("placed", 0), ("placed", 0)]);
+        assert_eq!(kinds(&sent(&mut req, &mrs)), [("run", 0), ("placed", 0)]);
         // The connection is lost: the plain WRITE, complete already, is resent as its
         // notice (its source may have been reused); the WRITE_WITH_IMM with its payload,
         // the fast path not asked again, and a WRITE posted behind them is not asked
@@ -368,7 +370,7 @@ mod tests {
         let asked = fake.asked.lock().unwrap().len();
         assert_eq!(
             kinds(&sent(&mut req, &mrs)),
-            [("placed", 0), ("write", 64), ("write", 64)]
+            [("run", 0), ("write", 64), ("write", 64)]
         );
         assert_eq!(fake.asked.lock().unwrap().len(), asked);
     }

@@ -620,9 +620,24 @@ fn a_placed_write_completes_early_but_not_one_with_imm() {
     let t0 = Instant::now();
     let (frames, done) = send(&mut req, &mrs, t0);
     assert_eq!(frames.len(), 3);
-    assert!(frames
-        .iter()
-        .all(|(f, p)| matches!(f, Frame::WritePlaced { .. }) && p.is_empty()));
+    let got: Vec<_> = frames.iter().map(|(f, p)| (*f, p.len())).collect();
+    let one = |psn| Frame::PlacedRun {
+        psn,
+        pkts: 1,
+        msgs: 1,
+        rd_atomic: 0,
+        ack_req: true,
+    };
+    let imm = Frame::WritePlaced {
+        psn: 101,
+        len: 64,
+        addr: 0x9100,
+        rkey: 5,
+        imm: Some(9),
+        solicited: false,
+        ack_req: true,
+    };
+    assert_eq!(got, [(one(100), 0), (imm, 0), (one(102), 0)]);
     assert_eq!(done, [1], "only the plain WRITE ahead of the one with imm");
     assert_eq!(req.outstanding(), 3, "the notices hold their slots");
     assert_eq!(ack(&mut req, 100), Vec::<u64>::new());

@@ -9,7 +9,7 @@
 //! a QP's moves to SQD, ERR or RESET, its destruction and a lost connection meet no
 //! notice held back, and treat them exactly as single notices.
 //!
-//! A run of one goes as that WQE's own notice. Resends (a rewind, a timeout, a sequence
+//! A run of one READ or atomic goes as its own notice. Resends (a rewind, a timeout, a sequence
 //! NAK) are never coalesced: each executed WQE is resent as its own notice, so a run the
 //! responder meets again is either wholly seen (a duplicate) or not at all, and a partial
 //! overlap comes only from a misbehaving peer.
@@ -60,10 +60,12 @@ impl Requester {
         }
     }
 
-    /// Sends the notices held back, if any: one WQE's own notice, or one `PlacedRun`.
+    /// Sends the notices held back, if any: a READ's or atomic's own notice, or one
+    /// `PlacedRun`.
     pub(super) fn flush_notices(&mut self, tx: &mut TxQueue) {
         let Some(r) = self.run.take() else { return };
-        if r.msgs == 1 {
+        // (A plain WRITE's own notice is a run of one.)
+        if r.msgs == 1 && r.rd_atomic == 1 {
             if let Some(idx) = self.sq.iter().position(|w| w.executed() && w.psn == r.psn) {
                 self.push_notice_with(idx, r.psn, r.ack_req, tx);
                 return;
