@@ -120,6 +120,20 @@ fn word(mr: &MrShared, at: usize) -> u64 {
     u64::from_ne_bytes(b)
 }
 
+/// The responder of the QP `setup` connects to: PSNs from 100, MTU 1024, every remote
+/// right, four READs or atomics.
+pub(super) fn responder() -> Responder {
+    let mut resp = Responder::new(2, 2, 4, 1);
+    resp.set_path_mtu(1024);
+    resp.connect(RespAttrs {
+        rq_psn: 100,
+        min_rnr_timer: 1,
+    });
+    resp.access = AccessFlags::REMOTE;
+    resp.max_dest_rd_atomic = 4;
+    resp
+}
+
 pub(super) fn ack(req: &mut Requester, psn: u32) -> Vec<u64> {
     let mut out = Vec::new();
     req.on_response(&Frame::Ack { psn }, Instant::now(), &mut out)
@@ -400,14 +414,7 @@ fn a_responder_accepts_what_follows_a_notice() {
         len: 16,
     };
     assert!(seg.copy_in(0, &[5; 16]));
-    let mut resp = Responder::new(2, 2, 4, 1);
-    resp.set_path_mtu(1024);
-    resp.connect(RespAttrs {
-        rq_psn: 100,
-        min_rnr_timer: 1,
-    });
-    resp.access = AccessFlags::REMOTE;
-    resp.max_dest_rd_atomic = 4;
+    let mut resp = responder();
     let big = [Sge::new(mr.addr(), 3000, 7)];
     let small = [Sge::new(mr.addr() + 3072, 16, 7)];
     let raddr = (remote.addr(), 9);

@@ -2,11 +2,9 @@
 //! sent before any other request frame, at half the send queue and when the call ends,
 //! one frame for a run that a responder takes in whole; resends one notice each.
 
-use super::placed_tests::{ack, send, setup, setup_with, Fake};
+use super::placed_tests::{ack, responder, send, setup, setup_with, Fake};
 use super::*;
-use verbs_api::AccessFlags;
-
-use crate::responder::{Incoming, RespAttrs, Responder};
+use crate::responder::Incoming;
 
 /// Executed atomics' notices wait while the call goes on and leave, as one frame, before
 /// the SEND behind them (the responder sees PSNs in order); the WQE after the SEND goes
@@ -83,14 +81,7 @@ fn a_run_goes_as_one_frame_and_a_responder_takes_it_whole() {
         "{frames:?}"
     );
     assert_eq!(req.next_psn(), 107);
-    let mut resp = Responder::new(2, 2, 4, 1);
-    resp.set_path_mtu(1024);
-    resp.connect(RespAttrs {
-        rq_psn: 100,
-        min_rnr_timer: 1,
-    });
-    resp.access = AccessFlags::REMOTE;
-    resp.max_dest_rd_atomic = 4;
+    let mut resp = responder();
     let (rmrs, mut tx, mut rout) = (MrTable::default(), TxQueue::new(), Vec::new());
     assert!(matches!(
         resp.on_request(&frames[0].0, &rmrs, &mut tx, &mut rout),
