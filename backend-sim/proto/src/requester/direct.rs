@@ -3,12 +3,12 @@
 //! responder's memory itself, after running the responder's access check on state the
 //! responder publishes. The protocol core stays free of I/O: the driver hands it a
 //! [`DirectWrite`] for the connection, and the core decides which WQEs may ask it and
-//! tells the responder what was executed: a placed WRITE_WITH_IMM as a
+//! tells the responder what was executed: a placed WRITE as a
 //! [`Frame::WritePlaced`](crate::wire::Frame::WritePlaced), which the responder runs every
-//! rule of a WRITE on but moving the data, a plain WRITE, READ or atomic as a notice,
+//! rule of a WRITE on but moving the data, a READ or atomic as a notice,
 //! [`Frame::ReadPlaced`](crate::wire::Frame::ReadPlaced),
-//! [`Frame::AtomicPlaced`](crate::wire::Frame::AtomicPlaced) or, for a WRITE or several
-//! operations in a row, [`Frame::PlacedRun`](crate::wire::Frame::PlacedRun), which takes
+//! [`Frame::AtomicPlaced`](crate::wire::Frame::AtomicPlaced) or, for several in a row,
+//! [`Frame::PlacedRun`](crate::wire::Frame::PlacedRun) ([`run`](super::run)), which takes
 //! the operations' PSNs so that the responder's PSN and MSN advance and its ACK covers
 //! them.
 //!
@@ -18,26 +18,15 @@
 //! the answer: a resend of one that went the normal way (a WQE behind one still
 //! unanswered, or refused) goes the normal way again, since the responder may have
 //! executed it already and lost only its answer (a frame built while the QP has no
-//! connection reached nobody: [`Requester::builds_are_lost`]). A placed WRITE_WITH_IMM
-//! completes on the ACK as always (it consumes a receive at the responder and may meet
-//! RNR there), and a resend of it (a rewind after a lost connection, a timeout or an RNR
-//! NAK) carries the payload the normal way and clears the mark, so WQEs after it go the
-//! normal way as well.
+//! connection reached nobody: [`Requester::builds_are_lost`]). A placed WRITE completes on
+//! the ACK as always, and a resend of it (a rewind after a lost connection, a timeout or
+//! an RNR NAK) carries the payload the normal way and clears the mark, so WQEs after it
+//! go the normal way as well.
 //!
-//! A placed plain WRITE, READ or atomic is done when the driver returns (a WRITE's bytes
-//! are in the responder's memory, a READ's in the WQE's scatter list, an atomic's
-//! original value in its 8 bytes): its completion is produced at once if every WQE
-//! before it has completed (or is executed too), otherwise as soon as they have, so
-//! completions stay in order. For a WRITE that is sound because the driver's check and
-//! copy ran under the use count that `dereg_mr` and a move of the responder's QP to ERR
-//! wait for before they return: the bytes landed while the region and the QP were alive,
-//! exactly where the responder's own check would have put them, and the application may
-//! reuse its source buffer at once since every resend is the notice, never the bytes
-//! again. Its notice is a run of one ([`run`]), which the responder checks no key on, as
-//! for a READ's: a region deregistered after the copy does not turn a WRITE that landed
-//! and completed into an error of the QP's (the next WRITE fails the check and goes the
-//! normal way, where the responder refuses it). A READ or atomic no longer
-//! counts against
+//! A placed READ or atomic is done when the driver returns (the data is in the WQE's
+//! scatter list, the original value in its 8 bytes): its completion is produced at once
+//! if every WQE before it has completed (or is such a READ or atomic), otherwise as soon
+//! as they have, so completions stay in order. It no longer counts against
 //! `max_rd_atomic` (the responder holds nothing for it) but keeps its send queue slot
 //! until the ACK of its notice, and every resend of it (rewind, timeout, PSN sequence
 //! NAK) is the notice again, never the operation: an atomic executes once. The ACK
@@ -184,8 +173,7 @@ impl Requester {
             .or_else(|| self.sq.iter().position(|w| w.status.is_none()))
     }
 
-    /// Sends the notice of executed WQE `idx`, at `psn`: a plain WRITE's is a run of one
-    /// (which checks no key: the WRITE completed, its check passed where it counts).
+    /// Sends the notice of executed READ or atomic WQE `idx`, at `psn`.
     pub(super) fn push_notice(&mut self, idx: usize, psn: u32, tx: &mut TxQueue) {
         let ack_req = self.ack_req_due();
         self.push_notice_with(idx, psn, ack_req, tx);
@@ -198,16 +186,6 @@ impl Requester {
         let (compare, swap_add) = match w.op {
             WrOp::AtomicCmpAndSwp { compare, swap, .. } => (Some(compare), swap),
             WrOp::AtomicFetchAndAdd { add, .. } => (None, add),
-            WrOp::RdmaWrite { .. } => {
-                tx.push_frame(&Frame::PlacedRun {
-                    psn,
-                    pkts: w.pkts,
-                    msgs: 1,
-                    rd_atomic: 0,
-                    ack_req,
-                });
-                return;
-            }
             _ => {
                 tx.push_frame(&Frame::ReadPlaced {
                     psn,
@@ -304,7 +282,6 @@ mod tests {
             .iter()
             .map(|(f, n)| match f {
                 Frame::WritePlaced { .. } => ("placed", *n),
-                Frame::PlacedRun { .. } => ("run", *n),
                 Frame::Write { .. } => ("write", *n),
                 Frame::Send { .. } => ("send", *n),
                 _ => ("other", *n),
@@ -314,9 +291,8 @@ mod tests {
 
     /// The fast path is asked only for a long enough RC WRITE whose predecessors all
     /// completed or were placed, once per WQE: a placed WRITE goes as a header without
-    /// payload, a refused one and every resend of a WRITE_WITH_IMM as a WRITE with its
-    /// payload (a plain one's resend is its notice again), and after a resend the WRITEs
-    /// behind it go the normal way too (RC ordering).
+    /// payload, a refused one and every resend as a WRITE with its payload, and after a
+    /// resend the WRITEs behind it go the normal way too (RC ordering).
     #[test]
     fn placed_only_in_order_once_and_resent_with_payload() {
         let mrs = MrTable::default();
@@ -344,7 +320,7 @@ mod tests {
         post(&mut req, &SendWr::write(3, &long, (0x9100, 5)));
         let f = sent(&mut req, &mrs);
         // The short one goes with its payload; the one after it waits for it to complete.
-        assert_eq!(kinds(&f), [("run", 0), ("write", 16), ("write", 64)]);
+        assert_eq!(kinds(&f), [("placed", 0), ("write", 16), ("write", 64)]);
         assert_eq!(*fake.asked.lock().unwrap(), [(0x42, 5, 0x9000, 64)]);
         let mut out = Vec::new();
         let last = f.last().unwrap().0.psn().unwrap();
@@ -360,17 +336,15 @@ mod tests {
             .unwrap();
         post(&mut req, &SendWr::write(5, &long, (0x9300, 5)));
         post(&mut req, &SendWr::write_with_imm(6, &long, (0x9400, 5), 77));
-        assert_eq!(kinds(&sent(&mut req, &mrs)), [("run", 0), ("placed", 0)]);
-        // The connection is lost: the plain WRITE, complete already, is resent as its
-        // notice (its source may have been reused); the WRITE_WITH_IMM with its payload,
-        // the fast path not asked again, and a WRITE posted behind them is not asked
-        // either.
+        assert_eq!(kinds(&sent(&mut req, &mrs)), [("placed", 0), ("placed", 0)]);
+        // The connection is lost: both are resent with their payloads, the fast path
+        // not asked again, and a WRITE posted behind them is not asked either.
         req.on_connection_lost();
         post(&mut req, &SendWr::write(7, &long, (0x9500, 5)));
         let asked = fake.asked.lock().unwrap().len();
         assert_eq!(
             kinds(&sent(&mut req, &mrs)),
-            [("run", 0), ("write", 64), ("write", 64)]
+            [("write", 64), ("write", 64), ("write", 64)]
         );
         assert_eq!(fake.asked.lock().unwrap().len(), asked);
     }

@@ -137,11 +137,11 @@ struct SendWqe {
     /// The WQE was built once ([`direct`]): the fast path is asked on its first send
     /// only.
     built_once: bool,
-    /// Its last send placed the data directly ([`direct`]); a READ, atomic or plain
-    /// WRITE: the driver executed it, and every send of it is its notice.
+    /// Its last send placed the data directly ([`direct`]); a READ or atomic: the
+    /// driver executed it, and every send of it is its notice.
     placed: bool,
-    /// Its completion was delivered before the responder acknowledged it (an executed
-    /// WQE, [`direct`]): it retires later without a second one.
+    /// Its completion was delivered before the responder acknowledged it (a placed READ
+    /// or atomic, [`direct`]): it retires later without a second one.
     reported: bool,
     status: Option<WcStatus>,
     /// The completion's `vendor_err` when `status` is an error that carries one (the
@@ -180,11 +180,9 @@ impl SendWqe {
         }
     }
 
-    /// A READ, atomic or plain WRITE the driver executed ([`direct`]): done, but for its
-    /// notice. A placed WRITE_WITH_IMM is not: it consumes a receive at the responder and
-    /// may meet RNR there, so it completes on the ACK.
+    /// A READ or atomic the driver executed ([`direct`]): done, but for its notice.
     fn executed(&self) -> bool {
-        self.placed && (self.op.is_read_or_atomic() || matches!(self.op, WrOp::RdmaWrite { .. }))
+        self.placed && self.op.is_read_or_atomic()
     }
 
     /// A READ or atomic sent and waiting for its response: one of the `max_rd_atomic`

@@ -141,8 +141,8 @@ pub(super) fn ack(req: &mut Requester, psn: u32) -> Vec<u64> {
     ids(&out)
 }
 
-/// An executed atomic and READ behind a placed WRITE_WITH_IMM (which waits for its ACK:
-/// it consumes a receive and may meet RNR), their notices one run, complete when
+/// An executed atomic and READ behind a placed WRITE_WITH_IMM that waits for its ACK,
+/// their notices one run, complete when
 /// the WRITE does, in order, with their results in place; the ACK of their notices
 /// completes nothing again. One behind nothing unfinished completes as it is sent, and
 /// does not count against `max_rd_atomic` while its notice waits for the ACK.
@@ -610,55 +610,4 @@ fn a_build_without_a_connection_is_no_first_send() {
     );
     assert_eq!(done, [1]);
     assert_eq!(fake.atomics.load(Ordering::SeqCst), 1);
-}
-
-/// A placed plain WRITE completes as it is sent; a placed WRITE_WITH_IMM waits for its
-/// ACK (it consumes a receive and may meet RNR), and a plain WRITE placed behind it
-/// completes after it, in order. A resend of a completed plain WRITE is its notice, never
-/// its bytes (the application may have reused them), and its ACK completes nothing again.
-#[test]
-fn a_placed_write_completes_early_but_not_one_with_imm() {
-    let (mut req, mrs, mr) = setup(Fake::new(true, false, None), 1);
-    let long = [Sge::new(mr.addr(), 64, 7)];
-    let post = |req: &mut Requester, wr: SendWr<'_>| req.post(&wr.signaled(), &mrs).unwrap();
-    post(&mut req, SendWr::write(1, &long, (0x9000, 5)));
-    post(&mut req, SendWr::write_with_imm(2, &long, (0x9100, 5), 9));
-    post(&mut req, SendWr::write(3, &long, (0x9200, 5)));
-    let t0 = Instant::now();
-    let (frames, done) = send(&mut req, &mrs, t0);
-    assert_eq!(frames.len(), 3);
-    let got: Vec<_> = frames.iter().map(|(f, p)| (*f, p.len())).collect();
-    let one = |psn| Frame::PlacedRun {
-        psn,
-        pkts: 1,
-        msgs: 1,
-        rd_atomic: 0,
-        ack_req: true,
-    };
-    let imm = Frame::WritePlaced {
-        psn: 101,
-        len: 64,
-        addr: 0x9100,
-        rkey: 5,
-        imm: Some(9),
-        solicited: false,
-        ack_req: true,
-    };
-    assert_eq!(got, [(one(100), 0), (imm, 0), (one(102), 0)]);
-    assert_eq!(done, [1], "only the plain WRITE ahead of the one with imm");
-    assert_eq!(req.outstanding(), 3, "the notices hold their slots");
-    assert_eq!(ack(&mut req, 100), Vec::<u64>::new());
-    assert_eq!(ack(&mut req, 101), [2, 3]);
-    assert_eq!(ack(&mut req, 102), Vec::<u64>::new());
-    assert_eq!(req.outstanding(), 0);
-    // Completed, then the connection is lost before its ACK: the resend is the notice.
-    post(&mut req, SendWr::write(4, &long, (0x9300, 5)));
-    let (first, done) = send(&mut req, &mrs, t0);
-    assert_eq!(done, [4]);
-    req.on_connection_lost();
-    let (again, done) = send(&mut req, &mrs, t0);
-    assert_eq!(again, first);
-    assert!(done.is_empty(), "completed twice: {done:?}");
-    assert_eq!(ack(&mut req, 103), Vec::<u64>::new());
-    assert_eq!(req.outstanding(), 0);
 }

@@ -1,6 +1,5 @@
 //! Coalesced notices (docs/wire.md `PLACED_RUN`; docs/sim.md "The one-sided fast path"):
-//! the notices of consecutive WQEs the driver executed itself (plain WRITEs, READs,
-//! atomics), first sent in one call of `poll_transmit`, leave as one frame that takes
+//! the notices of consecutive READs and atomics the driver executed itself, first sent in one call of `poll_transmit`, leave as one frame that takes
 //! all their PSNs, instead of a frame each. Nothing waits for a notice but its WQE's send
 //! queue slot (the completion went early), so the notices are held while the call goes
 //! on and leave (a) before any other request frame of the QP, so the responder sees PSNs
@@ -9,7 +8,7 @@
 //! a QP's moves to SQD, ERR or RESET, its destruction and a lost connection meet no
 //! notice held back, and treat them exactly as single notices.
 //!
-//! A run of one READ or atomic goes as its own notice. Resends (a rewind, a timeout, a sequence
+//! A run of one goes as that WQE's own notice. Resends (a rewind, a timeout, a sequence
 //! NAK) are never coalesced: each executed WQE is resent as its own notice, so a run the
 //! responder meets again is either wholly seen (a duplicate) or not at all, and a partial
 //! overlap comes only from a misbehaving peer.
@@ -60,12 +59,10 @@ impl Requester {
         }
     }
 
-    /// Sends the notices held back, if any: a READ's or atomic's own notice, or one
-    /// `PlacedRun`.
+    /// Sends the notices held back, if any: one WQE's own notice, or one `PlacedRun`.
     pub(super) fn flush_notices(&mut self, tx: &mut TxQueue) {
         let Some(r) = self.run.take() else { return };
-        // (A plain WRITE's own notice is a run of one.)
-        if r.msgs == 1 && r.rd_atomic == 1 {
+        if r.msgs == 1 {
             if let Some(idx) = self.sq.iter().position(|w| w.executed() && w.psn == r.psn) {
                 self.push_notice_with(idx, r.psn, r.ack_req, tx);
                 return;

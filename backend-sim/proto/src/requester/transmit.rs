@@ -245,11 +245,6 @@ impl Requester {
                     (Some(d), Some(r)) => d.write(self.dest_qpn, r.rkey, r.addr, segs),
                     _ => false,
                 };
-                if w.executed() {
-                    segs.clear();
-                    self.defer_notice(idx, psn, pkts, ack_req, tx);
-                    return Ok(());
-                }
                 self.flush_notices(tx);
                 let w = &mut self.sq[idx];
                 let segs = &mut self.scratch;

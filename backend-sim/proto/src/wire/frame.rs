@@ -201,7 +201,7 @@ pub enum Frame {
         /// The requester asks for an ACK ([`F_ACK_REQ`](super::F_ACK_REQ)).
         ack_req: bool,
     },
-    /// A run of consecutive operations (plain WRITEs, READs, atomics) that the
+    /// A run of consecutive operations (READs and atomics) that the
     /// same-host requester executed itself and whose completions went early: one notice
     /// for them all, taking their PSNs. The responder advances its expected PSN over
     /// the run, counts its messages in the MSN and answers it with an ACK of its last
