@@ -94,6 +94,17 @@ pub fn segments(frame: &Frame, cx: &Context) -> Vec<Segment> {
                 h.bth.ack_req = ack_req;
             })
         }
+        // A run of operations the requester executed itself (the same-host fast path):
+        // the capture shows one empty WRITE ONLY packet at the run's first PSN; the
+        // run's other PSNs are not on the wire.
+        Frame::PlacedRun { psn, ack_req, .. } => one(new(op::WRITE_ONLY, psn), |h| {
+            h.reth = Some(Reth {
+                addr: 0,
+                rkey: 0,
+                len: 0,
+            });
+            h.bth.ack_req = ack_req;
+        }),
         // A READ or an atomic the requester executed itself (the same-host fast path):
         // the capture shows the request it stands for, answered by an ACK.
         Frame::ReadPlaced {

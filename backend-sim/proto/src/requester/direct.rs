@@ -6,9 +6,11 @@
 //! tells the responder what was executed: a placed WRITE as a
 //! [`Frame::WritePlaced`](crate::wire::Frame::WritePlaced), which the responder runs every
 //! rule of a WRITE on but moving the data, a READ or atomic as a notice,
-//! [`Frame::ReadPlaced`](crate::wire::Frame::ReadPlaced) or
-//! [`Frame::AtomicPlaced`](crate::wire::Frame::AtomicPlaced), which takes the
-//! operation's PSNs so that the responder's PSN and MSN advance and its ACK covers it.
+//! [`Frame::ReadPlaced`](crate::wire::Frame::ReadPlaced),
+//! [`Frame::AtomicPlaced`](crate::wire::Frame::AtomicPlaced) or, for several in a row,
+//! [`Frame::PlacedRun`](crate::wire::Frame::PlacedRun) ([`run`](super::run)), which takes
+//! the operations' PSNs so that the responder's PSN and MSN advance and its ACK covers
+//! them.
 //!
 //! RC ordering: a WQE may go this way only when every WQE before it has completed or went
 //! this way too, so no earlier message still travelling over the connection lands after
@@ -174,6 +176,11 @@ impl Requester {
     /// Sends the notice of executed READ or atomic WQE `idx`, at `psn`.
     pub(super) fn push_notice(&mut self, idx: usize, psn: u32, tx: &mut TxQueue) {
         let ack_req = self.ack_req_due();
+        self.push_notice_with(idx, psn, ack_req, tx);
+    }
+
+    /// [`Requester::push_notice`] with the AckReq bit decided.
+    pub(super) fn push_notice_with(&mut self, idx: usize, psn: u32, ack_req: bool, tx: &mut TxQueue) {
         let w = &self.sq[idx];
         let Some(r) = w.op.remote() else { return };
         let (compare, swap_add) = match w.op {

@@ -63,6 +63,7 @@ mod ack;
 mod direct;
 mod post;
 mod resume;
+mod run;
 mod timer;
 mod transmit;
 pub mod uc;
@@ -332,6 +333,10 @@ pub struct Requester {
     /// The frames built now are lost on the way (there is no connection), so building
     /// them is no first send ([`direct`]).
     lost_builds: bool,
+    /// Notices of executed WQEs first sent in this call of `poll_transmit`, not yet on
+    /// the wire ([`run`]): they leave as one frame before any other request frame, at a
+    /// bound, and when the call ends.
+    run: Option<run::NoticeRun>,
 }
 
 impl Requester {
@@ -389,6 +394,7 @@ impl Requester {
             direct: None,
             early: 0,
             lost_builds: false,
+            run: None,
         }
     }
 
@@ -528,5 +534,7 @@ pub enum PostCheck {
 
 #[cfg(test)]
 mod placed_tests;
+#[cfg(test)]
+mod run_tests;
 #[cfg(test)]
 mod tests;

@@ -1,4 +1,5 @@
-//! Tests of READs and atomics the driver executes itself ([`direct`](super::direct)):
+//! Tests of WRITEs, READs and atomics the driver executes itself
+//! ([`direct`](super::direct)):
 //! early and ordered completion, notices instead of requests on every resend, the normal
 //! way when the driver refuses, and PSN accounting that a real responder agrees with.
 
@@ -13,7 +14,7 @@ use crate::responder::{Incoming, RespAttrs, Responder};
 
 /// A driver that executes READs (filling the scatter list with `fill`) and atomics
 /// (returning `orig`) as told, and counts what it was asked.
-struct Fake {
+pub(super) struct Fake {
     write: bool,
     read: Mutex<bool>,
     orig: Mutex<Option<u64>>,
@@ -23,7 +24,7 @@ struct Fake {
 }
 
 impl Fake {
-    fn new(write: bool, read: bool, orig: Option<u64>) -> Arc<Self> {
+    pub(super) fn new(write: bool, read: bool, orig: Option<u64>) -> Arc<Self> {
         Arc::new(Fake {
             write,
             read: Mutex::new(read),
@@ -57,12 +58,12 @@ impl DirectWrite for Fake {
 
 /// A connected RC requester with the fast path `fake`, and its local region (4 KiB,
 /// lkey 7) in `mrs`.
-fn setup(fake: Arc<Fake>, max_rd_atomic: u8) -> (Requester, MrTable, Arc<MrShared>) {
+pub(super) fn setup(fake: Arc<Fake>, max_rd_atomic: u8) -> (Requester, MrTable, Arc<MrShared>) {
     setup_with(fake, max_rd_atomic, 16, Switches::default())
 }
 
 /// The same with a send queue of `cap` WQEs, on a device with the switches `sw`.
-fn setup_with(
+pub(super) fn setup_with(
     fake: Arc<Fake>,
     max_rd_atomic: u8,
     cap: u32,
@@ -86,7 +87,7 @@ fn setup_with(
 }
 
 /// Sends what may go now: the frames (with their payloads) and the completions.
-fn send(req: &mut Requester, mrs: &MrTable, now: Instant) -> (Vec<(Frame, Vec<u8>)>, Vec<u64>) {
+pub(super) fn send(req: &mut Requester, mrs: &MrTable, now: Instant) -> (Vec<(Frame, Vec<u8>)>, Vec<u64>) {
     let (mut tx, mut out) = (TxQueue::new(), Vec::new());
     req.poll_transmit(mrs, now, &mut tx, 64, &mut out).unwrap();
     (decode(&mut tx), ids(&out))
@@ -106,7 +107,7 @@ fn decode(tx: &mut TxQueue) -> Vec<(Frame, Vec<u8>)> {
     frames
 }
 
-fn ids(out: &[WorkCompletion]) -> Vec<u64> {
+pub(super) fn ids(out: &[WorkCompletion]) -> Vec<u64> {
     out.iter()
         .inspect(|wc| assert_eq!(wc.status, WcStatus::Success, "{wc:?}"))
         .map(|wc| wc.wr_id)
@@ -119,14 +120,29 @@ fn word(mr: &MrShared, at: usize) -> u64 {
     u64::from_ne_bytes(b)
 }
 
-fn ack(req: &mut Requester, psn: u32) -> Vec<u64> {
+/// The responder of the QP `setup` connects to: PSNs from 100, MTU 1024, every remote
+/// right, four READs or atomics.
+pub(super) fn responder() -> Responder {
+    let mut resp = Responder::new(2, 2, 4, 1);
+    resp.set_path_mtu(1024);
+    resp.connect(RespAttrs {
+        rq_psn: 100,
+        min_rnr_timer: 1,
+    });
+    resp.access = AccessFlags::REMOTE;
+    resp.max_dest_rd_atomic = 4;
+    resp
+}
+
+pub(super) fn ack(req: &mut Requester, psn: u32) -> Vec<u64> {
     let mut out = Vec::new();
     req.on_response(&Frame::Ack { psn }, Instant::now(), &mut out)
         .unwrap();
     ids(&out)
 }
 
-/// An executed atomic and READ behind a placed WRITE that waits for its ACK complete when
+/// An executed atomic and READ behind a placed WRITE_WITH_IMM that waits for its ACK,
+/// their notices one run, complete when
 /// the WRITE does, in order, with their results in place; the ACK of their notices
 /// completes nothing again. One behind nothing unfinished completes as it is sent, and
 /// does not count against `max_rd_atomic` while its notice waits for the ACK.
@@ -138,7 +154,7 @@ fn executed_read_and_atomic_complete_early_and_in_order() {
     let word_sge = [Sge::new(mr.addr() + 128, 8, 7)];
     let read_sge = [Sge::new(mr.addr() + 256, 2048, 7)];
     let post = |req: &mut Requester, wr: SendWr<'_>| req.post(&wr.signaled(), &mrs).unwrap();
-    post(&mut req, SendWr::write(1, &long, (0x9000, 5)));
+    post(&mut req, SendWr::write_with_imm(1, &long, (0x9000, 5), 6));
     post(&mut req, SendWr::fetch_and_add(2, &word_sge, (0x9100, 5), 3));
     post(&mut req, SendWr::read(3, &read_sge, (0x9200, 5)));
     let (frames, done) = send(&mut req, &mrs, Instant::now());
@@ -152,29 +168,18 @@ fn executed_read_and_atomic_complete_early_and_in_order() {
                     len: 64,
                     addr: 0x9000,
                     rkey: 5,
-                    imm: None,
+                    imm: Some(6),
                     solicited: false,
                     ack_req: true
                 },
                 0
             ),
             (
-                Frame::AtomicPlaced {
+                Frame::PlacedRun {
                     psn: 101,
-                    addr: 0x9100,
-                    rkey: 5,
-                    compare: None,
-                    swap_add: 3,
-                    ack_req: true
-                },
-                0
-            ),
-            (
-                Frame::ReadPlaced {
-                    psn: 102,
-                    len: 2048,
-                    addr: 0x9200,
-                    rkey: 5,
+                    pkts: 3,
+                    msgs: 2,
+                    rd_atomic: 2,
                     ack_req: true
                 },
                 0
@@ -211,7 +216,21 @@ fn executed_read_and_atomic_complete_early_and_in_order() {
     post(&mut req, SendWr::fetch_and_add(4, &word_sge, (0x9100, 5), 3));
     post(&mut req, SendWr::cmp_and_swp(5, &word_sge, (0x9100, 5), 41, 9));
     let (frames, done) = send(&mut req, &mrs, Instant::now());
-    assert_eq!(frames.len(), 2);
+    assert!(
+        matches!(
+            frames[..],
+            [(
+                Frame::PlacedRun {
+                    psn: 104,
+                    pkts: 2,
+                    msgs: 2,
+                    ..
+                },
+                _
+            )]
+        ),
+        "{frames:?}"
+    );
     assert_eq!(done, [4, 5]);
     assert_eq!(fake.atomics.load(Ordering::SeqCst), 3);
 }
@@ -395,14 +414,7 @@ fn a_responder_accepts_what_follows_a_notice() {
         len: 16,
     };
     assert!(seg.copy_in(0, &[5; 16]));
-    let mut resp = Responder::new(2, 2, 4, 1);
-    resp.set_path_mtu(1024);
-    resp.connect(RespAttrs {
-        rq_psn: 100,
-        min_rnr_timer: 1,
-    });
-    resp.access = AccessFlags::REMOTE;
-    resp.max_dest_rd_atomic = 4;
+    let mut resp = responder();
     let big = [Sge::new(mr.addr(), 3000, 7)];
     let small = [Sge::new(mr.addr() + 3072, 16, 7)];
     let raddr = (remote.addr(), 9);
@@ -509,15 +521,15 @@ fn a_resend_of_one_sent_the_normal_way_is_never_asked() {
     assert_eq!(fake.atomics.load(Ordering::SeqCst), 0, "asked on a resend");
 }
 
-/// An executed atomic waiting for the placed WRITE ahead of it is flushed when that
-/// WRITE fails: after an error completion only flushes follow.
+/// An executed atomic waiting for the placed WRITE_WITH_IMM ahead of it is flushed when
+/// that WRITE fails: after an error completion only flushes follow.
 #[test]
 fn one_waiting_behind_a_failed_write_is_flushed() {
     let fake = Fake::new(true, false, Some(1));
     let (mut req, mrs, mr) = setup(fake, 1);
     let long = [Sge::new(mr.addr() + 64, 64, 7)];
     let word_sge = [Sge::new(mr.addr(), 8, 7)];
-    req.post(&SendWr::write(1, &long, (0x9000, 5)).signaled(), &mrs)
+    req.post(&SendWr::write_with_imm(1, &long, (0x9000, 5), 6).signaled(), &mrs)
         .unwrap();
     req.post(
         &SendWr::fetch_and_add(2, &word_sge, (0x9100, 5), 1).signaled(),

@@ -25,8 +25,22 @@ impl Requester {
     }
 
     /// Builds request frames for as many WQEs as may go now, into `tx`. Local errors
-    /// complete the WQE and return [`Fatal`].
+    /// complete the WQE and return [`Fatal`]. Notices of executed WQEs built meanwhile
+    /// leave coalesced ([`run`]), all of them before this returns.
     pub fn poll_transmit(
+        &mut self,
+        mrs: &MrTable,
+        now: Instant,
+        tx: &mut TxQueue,
+        budget: usize,
+        out: &mut Vec<WorkCompletion>,
+    ) -> Result<usize, Fatal> {
+        let sent = self.transmit(mrs, now, tx, budget, out);
+        self.flush_notices(tx);
+        sent
+    }
+
+    fn transmit(
         &mut self,
         mrs: &MrTable,
         now: Instant,
@@ -187,14 +201,18 @@ impl Requester {
     fn build(&mut self, idx: usize, psn: u32, mrs: &MrTable, tx: &mut TxQueue) -> Result<(), WcStatus> {
         let w = &self.sq[idx];
         if w.executed() {
-            // Executed once: every resend is the notice, never the operation again.
+            // Executed once: every resend is the notice, never the operation again (its
+            // own: resends are not coalesced, see [`run`]).
+            self.flush_notices(tx);
             self.push_notice(idx, psn, tx);
             return Ok(());
         }
         if w.done > 0 && w.done < w.pkts && w.status.is_none() {
             self.sq[idx].placed = false;
+            self.flush_notices(tx);
             return self.build_resumed(idx, psn, mrs, tx);
         }
+        let pkts = self.packets_of(idx);
         let direct = self.direct_for(idx);
         let pd = self.pd;
         let ack_req = !self.sq[idx].op.is_read_or_atomic() && self.ack_req_due();
@@ -227,6 +245,9 @@ impl Requester {
                     (Some(d), Some(r)) => d.write(self.dest_qpn, r.rkey, r.addr, segs),
                     _ => false,
                 };
+                self.flush_notices(tx);
+                let w = &mut self.sq[idx];
+                let segs = &mut self.scratch;
                 let frame = match w.op {
                     WrOp::Send | WrOp::SendWithImm { .. } | WrOp::SendWithInv { .. } => Frame::Send {
                         psn,
@@ -278,9 +299,11 @@ impl Requester {
                     .map_err(|_| WcStatus::LocProtErr)?;
                 if direct.is_some_and(|d| d.read(self.dest_qpn, remote.rkey, remote.addr, &w.local)) {
                     w.placed = true;
-                    self.push_notice(idx, psn, tx);
+                    let ack_req = self.ack_req_due();
+                    self.defer_notice(idx, psn, pkts, ack_req, tx);
                     return Ok(());
                 }
+                self.flush_notices(tx);
                 tx.push_frame(&Frame::Read {
                     psn,
                     len,
@@ -298,10 +321,12 @@ impl Requester {
                 }
                 if let Some(d) = direct {
                     if self.place_atomic(idx, &*d, remote)? {
-                        self.push_notice(idx, psn, tx);
+                        let ack_req = self.ack_req_due();
+                        self.defer_notice(idx, psn, pkts, ack_req, tx);
                         return Ok(());
                     }
                 }
+                self.flush_notices(tx);
                 let w = &self.sq[idx];
                 let frame = match w.op {
                     WrOp::AtomicCmpAndSwp { compare, swap, .. } => Frame::CmpSwap {

@@ -342,6 +342,11 @@ impl Responder {
             return self.on_uc_request(frame, psn, mrs, out, forced_rnr);
         }
         let d = psn::diff(psn, self.epsn);
+        if d < 0 && matches!(frame, Frame::PlacedRun { .. }) {
+            // Wholly seen: acknowledged again; partly (only a peer's own doing: a run is
+            // never resent as one): its part from the expected PSN on is new.
+            return self.on_run(frame, psn, tx);
+        }
         if d < 0 && !self.planted_reexecution(frame) {
             if self.partial.is_some() && self.straddles(frame, psn) {
                 self.nak_psn = None;
@@ -369,6 +374,7 @@ impl Responder {
             Frame::Read { .. } => self.on_read(frame, psn, mrs, tx),
             Frame::CmpSwap { .. } | Frame::FetchAdd { .. } => self.on_atomic(frame, psn, mrs, tx),
             Frame::ReadPlaced { .. } | Frame::AtomicPlaced { .. } => self.on_placed(frame, psn, tx),
+            Frame::PlacedRun { .. } => self.on_run(frame, psn, tx),
             _ => Ok(Incoming::Discard),
         }
     }

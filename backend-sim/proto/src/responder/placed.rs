@@ -50,6 +50,41 @@ impl Responder {
         self.ack_asked |= frame.ack_req();
         Ok(Incoming::Discard)
     }
+
+    /// A run of notices `frame` ([`Frame::PlacedRun`]) of first PSN `psn`, the expected
+    /// one or behind it. The PSNs of it already taken in are a duplicate (acknowledged
+    /// again); the rest advance the expected PSN to the run's end and count as the run's
+    /// messages in the MSN (in a run split so, at most one per PSN left: the peer that
+    /// sent it no longer agrees with this side on its messages, and nothing moves
+    /// either way).
+    pub(super) fn on_run(&mut self, frame: &Frame, psn: u32, tx: &mut TxQueue) -> Result<Incoming, Fatal> {
+        let Frame::PlacedRun {
+            pkts,
+            msgs,
+            rd_atomic,
+            ack_req,
+            ..
+        } = *frame
+        else {
+            return Ok(Incoming::Discard);
+        };
+        let seen = psn::diff(self.epsn, psn).max(0) as u32;
+        if seen < pkts {
+            if rd_atomic > 0 && self.max_dest_rd_atomic == 0 {
+                // As for a single notice of a READ or atomic (`on_placed`).
+                let reason = crate::wire::NakReason::NoRdAtomicResources;
+                let at = self.epsn;
+                return self.refuse(at, "READ", reason, 0, 0, 0, tx);
+            }
+            let msgs = if seen == 0 { msgs } else { msgs.min(pkts - seen) };
+            self.msn = (self.msn + msgs) & verbs_api::PSN_MASK;
+            self.epsn = psn::add(psn, pkts);
+        }
+        self.ack_owed = Some(psn::add(self.epsn, verbs_api::PSN_MASK));
+        self.owed_reqs += 1;
+        self.ack_asked |= ack_req;
+        Ok(Incoming::Discard)
+    }
 }
 
 #[cfg(test)]
@@ -182,5 +217,51 @@ mod tests {
         resp.on_request(&notice, &mrs, &mut tx, &mut out).unwrap();
         resp.flush_ack(&mut tx);
         assert_eq!(frames(&mut tx), [Frame::Ack { psn: 10 }]);
+    }
+
+    /// A run advances the expected PSN over its PSNs and the MSN by its messages; seen
+    /// again whole it is acknowledged again and counts nothing; one that overlaps the
+    /// expected PSN (a peer's own doing) takes in only its unseen PSNs, at most one
+    /// message each; a run with READs or atomics meets a QP without responder resources'
+    /// refusal. None of them touches memory.
+    #[test]
+    fn a_run_advances_by_itself_once_and_splits_at_the_expected_psn() {
+        let mrs = MrTable::default();
+        let (mut tx, mut out) = (TxQueue::new(), Vec::new());
+        let run = |psn, pkts, msgs, rd_atomic| Frame::PlacedRun {
+            psn,
+            pkts,
+            msgs,
+            rd_atomic,
+            ack_req: false,
+        };
+        let mut resp = responder(1);
+        resp.on_request(&run(10, 6, 4, 1), &mrs, &mut tx, &mut out)
+            .unwrap();
+        assert_eq!((resp.expected_psn(), resp.msn()), (16, 4));
+        resp.flush_ack(&mut tx);
+        assert_eq!(frames(&mut tx), [Frame::Ack { psn: 15 }]);
+        // Whole again: a duplicate.
+        resp.on_request(&run(10, 6, 4, 1), &mrs, &mut tx, &mut out)
+            .unwrap();
+        resp.flush_ack(&mut tx);
+        assert_eq!(frames(&mut tx), [Frame::Ack { psn: 15 }]);
+        assert_eq!((resp.expected_psn(), resp.msn()), (16, 4));
+        // Overlapping: PSNs 14 and 15 seen, 16-19 new; 6 messages claimed, 4 PSNs left.
+        resp.on_request(&run(14, 6, 6, 0), &mrs, &mut tx, &mut out)
+            .unwrap();
+        assert_eq!((resp.expected_psn(), resp.msn()), (20, 8));
+        resp.flush_ack(&mut tx);
+        assert_eq!(frames(&mut tx), [Frame::Ack { psn: 19 }]);
+        assert!(out.is_empty());
+        // Without responder resources: refused when it holds a READ or an atomic.
+        let mut resp = responder(0);
+        resp.on_request(&run(10, 2, 2, 0), &mrs, &mut tx, &mut out)
+            .unwrap();
+        assert_eq!(resp.expected_psn(), 12);
+        assert!(matches!(
+            resp.on_request(&run(12, 2, 2, 1), &mrs, &mut tx, &mut out),
+            Err(Fatal(WcStatus::RemInvReqErr))
+        ));
     }
 }

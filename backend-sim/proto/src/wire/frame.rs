@@ -201,6 +201,25 @@ pub enum Frame {
         /// The requester asks for an ACK ([`F_ACK_REQ`](super::F_ACK_REQ)).
         ack_req: bool,
     },
+    /// A run of consecutive operations (READs and atomics) that the
+    /// same-host requester executed itself and whose completions went early: one notice
+    /// for them all, taking their PSNs. The responder advances its expected PSN over
+    /// the run, counts its messages in the MSN and answers it with an ACK of its last
+    /// PSN; it moves no data and checks no key, so one from a hostile peer is as harmless
+    /// as that many READs of nothing.
+    PlacedRun {
+        /// PSN of the run's first operation.
+        psn: u32,
+        /// The PSNs the run takes (at least 1).
+        pkts: u32,
+        /// The operations in the run (at least 1, at most `pkts`).
+        msgs: u32,
+        /// How many of them are READs or atomics (a responder without responder
+        /// resources refuses the run if any).
+        rd_atomic: u32,
+        /// The requester asks for an ACK ([`F_ACK_REQ`](super::F_ACK_REQ)).
+        ack_req: bool,
+    },
     /// RDMA READ request of `len` bytes.
     Read {
         /// Packet sequence number.
@@ -345,6 +364,7 @@ impl Frame {
                 | Frame::WritePlaced { ack_req: true, .. }
                 | Frame::ReadPlaced { ack_req: true, .. }
                 | Frame::AtomicPlaced { ack_req: true, .. }
+                | Frame::PlacedRun { ack_req: true, .. }
                 | Frame::Part { ack_req: true, .. }
         )
     }
@@ -357,6 +377,7 @@ impl Frame {
             | Frame::WritePlaced { psn, .. }
             | Frame::ReadPlaced { psn, .. }
             | Frame::AtomicPlaced { psn, .. }
+            | Frame::PlacedRun { psn, .. }
             | Frame::Read { psn, .. }
             | Frame::CmpSwap { psn, .. }
             | Frame::FetchAdd { psn, .. }
@@ -387,6 +408,7 @@ impl Frame {
                 | Frame::WritePlaced { .. }
                 | Frame::ReadPlaced { .. }
                 | Frame::AtomicPlaced { .. }
+                | Frame::PlacedRun { .. }
                 | Frame::Read { .. }
                 | Frame::CmpSwap { .. }
                 | Frame::FetchAdd { .. }

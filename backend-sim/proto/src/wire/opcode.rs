@@ -24,6 +24,7 @@ pub(super) mod op {
     pub const READ_PLACED: u8 = 0x16;
     pub const CMP_SWAP_PLACED: u8 = 0x17;
     pub const FETCH_ADD_PLACED: u8 = 0x18;
+    pub const PLACED_RUN: u8 = 0x19;
     pub const ACK: u8 = 0x20;
     pub const NAK: u8 = 0x21;
     pub const READ_RESP: u8 = 0x22;
@@ -44,7 +45,7 @@ pub(super) fn ext_len(opcode: u8) -> Option<usize> {
         op::HELLO_ACK | op::HELLO_NAK | op::SEND | op::ACK | op::NAK | op::READ_RESP => 0,
         op::WRITE | op::WRITE_PLACED | op::READ | op::READ_PLACED => 12,
         op::CMP_SWAP | op::FETCH_ADD | op::CMP_SWAP_PLACED | op::FETCH_ADD_PLACED => 28,
-        op::ATOMIC_RESP => 8,
+        op::ATOMIC_RESP | op::PLACED_RUN => 8,
         op::PART => 16,
         _ => return None,
     })
@@ -63,7 +64,7 @@ pub(super) fn allowed_flags(opcode: u8) -> u8 {
     match opcode {
         op::SEND => F_IMM | F_SOLICITED | F_ACK_REQ | F_INV,
         op::WRITE | op::WRITE_PLACED => F_IMM | F_SOLICITED | F_ACK_REQ,
-        op::READ_PLACED | op::CMP_SWAP_PLACED | op::FETCH_ADD_PLACED => F_ACK_REQ,
+        op::READ_PLACED | op::CMP_SWAP_PLACED | op::FETCH_ADD_PLACED | op::PLACED_RUN => F_ACK_REQ,
         op::PART => F_IMM | F_SOLICITED | F_ACK_REQ | F_INV,
         op::DATAGRAM => F_IMM | F_SOLICITED | F_GRH,
         _ => 0,
@@ -98,6 +99,7 @@ pub(super) fn uses_len(opcode: u8) -> bool {
             | op::WRITE_PLACED
             | op::READ
             | op::READ_PLACED
+            | op::PLACED_RUN
             | op::READ_RESP
             | op::DATAGRAM
             | op::PART

@@ -6,7 +6,9 @@
 
 /// Magic of the hello frame ("RSIM").
 pub const HELLO_MAGIC: u32 = 0x4d49_5352;
-/// Protocol version in the hello frame (12: a READ or an atomic the requester executed
+/// Protocol version in the hello frame (13: the notices of consecutive operations a
+/// same-host requester executed itself may travel as one
+/// [`Frame::PlacedRun`](super::Frame::PlacedRun); 12: a READ or an atomic the requester executed
 /// itself on a same-host peer's memory travels as a notice,
 /// [`Frame::ReadPlaced`](super::Frame::ReadPlaced) or
 /// [`Frame::AtomicPlaced`](super::Frame::AtomicPlaced); 11: a same-host connection's setup message also
@@ -33,7 +35,7 @@ pub const HELLO_MAGIC: u32 = 0x4d49_5352;
 /// [`F_ACK_REQ`](super::F_ACK_REQ)). A device refuses a hello of another version
 /// ([`HelloReject::Version`]): both ends of a connection must run builds that speak the
 /// same frames.
-pub const VERSION: u16 = 12;
+pub const VERSION: u16 = 13;
 /// Bytes of the token a hello carries.
 pub const TOKEN_LEN: usize = 16;
 

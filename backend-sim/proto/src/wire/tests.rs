@@ -190,6 +190,23 @@ pub fn arb_frame() -> impl Strategy<Value = Frame> {
                     ack_req
                 }
             ),
+        (
+            psn.clone(),
+            1u32..1 << 23,
+            any::<u32>(),
+            any::<u32>(),
+            any::<bool>()
+        )
+            .prop_map(|(psn, pkts, m, r, ack_req)| {
+                let msgs = 1 + m % pkts;
+                Frame::PlacedRun {
+                    psn,
+                    pkts,
+                    msgs,
+                    rd_atomic: r % (msgs + 1),
+                    ack_req,
+                }
+            }),
         (psn.clone(), len.clone(), any::<u64>(), any::<u32>(), any::<u16>()).prop_map(
             |(psn, len, addr, rkey, inflight)| Frame::Read {
                 psn,
@@ -347,4 +364,26 @@ fn rejects_unknown_and_oversized() {
     b[8..12].copy_from_slice(&4u32.to_le_bytes());
     b[4..8].copy_from_slice(&0x0100_0000u32.to_le_bytes());
     assert_eq!(Frame::decode(&b[..n]), Err(WireError::BadField("PSN")));
+}
+
+/// A run's counts that cannot be (no operation, more operations than PSNs, more READs
+/// and atomics than operations, half the PSN space or more) are refused as malformed.
+#[test]
+fn a_placed_run_with_impossible_counts_is_refused() {
+    let bad = [(4, 0, 0), (2, 3, 0), (4, 2, 3), (1 << 23, 1, 0)];
+    for (pkts, msgs, rd_atomic) in bad {
+        let mut hdr = [0u8; MAX_HDR_LEN];
+        let n = Frame::PlacedRun {
+            psn: 1,
+            pkts,
+            msgs,
+            rd_atomic,
+            ack_req: false,
+        }
+        .encode(&mut hdr);
+        assert!(
+            matches!(Frame::decode(&hdr[..n]), Err(WireError::BadField(_))),
+            "{pkts} {msgs} {rd_atomic}"
+        );
+    }
 }

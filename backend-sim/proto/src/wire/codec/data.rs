@@ -56,6 +56,10 @@ impl Frame {
                 e[20..28].copy_from_slice(&second.to_le_bytes());
             }
             Frame::AtomicResp { orig, .. } => e[0..8].copy_from_slice(&orig.to_le_bytes()),
+            Frame::PlacedRun { msgs, rd_atomic, .. } => {
+                e[0..4].copy_from_slice(&msgs.to_le_bytes());
+                e[4..8].copy_from_slice(&rd_atomic.to_le_bytes());
+            }
             _ => {}
         }
     }
@@ -137,6 +141,21 @@ impl Frame {
                 rkey: u32_at(e, 8),
                 add: u64_at(e, 12),
             },
+            op::PLACED_RUN => {
+                let (pkts, msgs, rd_atomic) = (len, u32_at(e, 0), u32_at(e, 4));
+                // A run takes fewer than half the PSN space (an ACK could not be told from
+                // one of the other half), each operation at least one PSN.
+                if msgs == 0 || msgs > pkts || rd_atomic > msgs || pkts >= 1 << 23 {
+                    return Err(WireError::BadField("placed run counts"));
+                }
+                Frame::PlacedRun {
+                    psn,
+                    pkts,
+                    msgs,
+                    rd_atomic,
+                    ack_req,
+                }
+            }
             op::ACK => Frame::Ack { psn },
             op::READ_RESP => Frame::ReadResp { psn, len },
             op::ATOMIC_RESP => Frame::AtomicResp {

@@ -115,6 +115,9 @@ impl Frame {
                 0,
                 0,
             ),
+            Frame::PlacedRun {
+                psn, pkts, ack_req, ..
+            } => (op::PLACED_RUN, flags_of(None, false, ack_req), 0, psn, pkts, 0),
             Frame::Read {
                 psn, len, inflight, ..
             } => (op::READ, 0, inflight, psn, len, 0),
