@@ -2,7 +2,8 @@
 //! and the connection's use counts, through which this side's requester places RC WRITEs
 //! and runs READs and atomics itself ([`DirectWrite`], called by the protocol core:
 //! `memcpy` and CPU atomics on the peer's memfd-backed regions, [`super::mapped`];
-//! `process_vm_writev`/`readv` on its other regions; atomics only on the former), and
+//! WRITEs also with `process_vm_writev` on its other regions; READs and atomics only on
+//! the former, see docs/sim.md's map mode caveats), and
 //! this side's registration of the same counts with its own table, so that its
 //! revocations wait for the peer's copies. Made at the connection's setup
 //! (`ring_setup.rs`); dropped when the connection ends, which closes the fast path both
@@ -160,7 +161,11 @@ impl Out {
             }
             let r = match op {
                 Op::Write if self.cma => cma::write_segs(self.pid, g, segs),
-                Op::Read if self.cma => cma::read_segs(self.pid, g, segs),
+                // READs are placed through a mapping (map mode) only: a placed READ
+                // completes before the responder has seen it, so the responder's rq_psn
+                // lags the completion and a requester whose max_rd_atomic exceeds the
+                // responder's max_dest_rd_atomic gets no NAK-invalid request (docs/sim.md,
+                // map mode's caveats); the CMA modes keep READs exact.
                 _ => return false,
             };
             return r.unwrap_or(false);

@@ -14,8 +14,9 @@
 //! [`exchange`] the setup messages that pass the segments. Copies go with
 //! `process_vm_writev`/`readv` ([`cma`]) or, in map mode, with `memcpy` on the peer's
 //! regions, whose pages the owner moved into memfds ([`swap`]) and the requester maps
-//! ([`mapped`]); atomics only the latter way (a cross-process copy is no atomic
-//! operation). RC WRITE and WRITE_WITH_IMM take the path; READ and atomics are offered to
+//! ([`mapped`]); READs and atomics only the latter way (a cross-process copy is no
+//! atomic operation, and a READ placed early has caveats the comparison modes should
+//! not carry: docs/sim.md, map mode). RC WRITE and WRITE_WITH_IMM take the path; READ and atomics are offered to
 //! the protocol core ([`link::Link`]'s `read` and `atomic`).
 
 pub mod cma;
